@@ -1,0 +1,481 @@
+//! Data frames of protocol v1 (normative text: docs/protocol.md).
+//!
+//! A data message is one or two ZeroMQ frames. The first frame is
+//!
+//! ```text
+//! key (UTF-8, 1..=512 bytes) | 0x00 | header (44 bytes) | body
+//! ```
+//!
+//! so that ZeroMQ prefix subscriptions select on the key. All integers are
+//! little-endian. The header:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | protocol version (1) |
+//! | 1 | 1 | kind: 1 sample, 2 batch |
+//! | 2 | 1 | flags: bit 0 = the payload continues in a second frame |
+//! | 3 | 1 | encoding: 0 raw bytes, 1 CBOR, 2 JSON |
+//! | 4 | 4 | domain tag (FNV-1a 32 of the domain name) |
+//! | 8 | 4 | schema id (0 = none) |
+//! | 12 | 16 | publisher node id |
+//! | 28 | 8 | sequence number of the (first) sample |
+//! | 36 | 8 | source timestamp, ns since the Unix epoch |
+//!
+//! For a sample, the body is the payload, or its first part when flag bit 0
+//! is set (the second ZeroMQ frame then holds the rest). For a batch, the body
+//! is one or more entries `u32 length | u64 timestamp_ns | payload`; entry
+//! `i` has sequence number `seq + i`, and every entry shares the header's
+//! encoding and schema id.
+
+use crate::key::{Key, KeyError, MAX_KEY_BYTES};
+
+/// The protocol version this crate reads and writes.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// Size of the fixed header that follows the key and its NUL terminator.
+pub const HEADER_LEN: usize = 44;
+/// Size of a batch entry's own header (`u32` length, `u64` timestamp).
+pub const BATCH_ENTRY_HEADER_LEN: usize = 12;
+/// Flag bit 0: the payload continues in a second ZeroMQ frame.
+pub const FLAG_PAYLOAD_FRAME: u8 = 0x01;
+/// Every flag bit this version knows.
+pub const KNOWN_FLAGS: u8 = FLAG_PAYLOAD_FRAME;
+
+/// What a data frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// One sample.
+    Sample = 1,
+    /// Consecutive samples of one key from one publisher.
+    Batch = 2,
+}
+
+/// How a payload is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Encoding {
+    /// Opaque bytes, passed through untouched.
+    Raw = 0,
+    /// CBOR (RFC 8949) with RFC 8746 typed arrays.
+    Cbor = 1,
+    /// UTF-8 JSON text, for debugging tools.
+    Json = 2,
+}
+
+impl Encoding {
+    /// The encoding for a wire byte, if this version knows it.
+    pub fn from_u8(b: u8) -> Option<Self> {
+        match b {
+            0 => Some(Encoding::Raw),
+            1 => Some(Encoding::Cbor),
+            2 => Some(Encoding::Json),
+            _ => None,
+        }
+    }
+}
+
+/// A node's 128-bit random identity.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct NodeId(pub [u8; 16]);
+
+impl NodeId {
+    /// Lower-case hexadecimal, 32 characters.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses 32 hexadecimal characters.
+    pub fn from_hex(s: &str) -> Option<Self> {
+        if s.len() != 32 || !s.is_ascii() {
+            return None;
+        }
+        let mut id = [0u8; 16];
+        for (i, b) in id.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(NodeId(id))
+    }
+}
+
+impl std::fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NodeId({})", self.to_hex())
+    }
+}
+
+impl std::fmt::Display for NodeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// The domain tag carried in every data frame: FNV-1a (32 bit) of the
+/// domain name's UTF-8 bytes. A frame whose tag differs from the receiver's
+/// domain is dropped and counted.
+pub fn domain_tag(domain: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in domain.as_bytes() {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// The fixed header of a data frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// What the frame carries.
+    pub kind: Kind,
+    /// Flag bits; see [`FLAG_PAYLOAD_FRAME`].
+    pub flags: u8,
+    /// Payload encoding.
+    pub encoding: Encoding,
+    /// [`domain_tag`] of the publisher's domain.
+    pub domain_tag: u32,
+    /// Schema id, 0 when none.
+    pub schema_id: u32,
+    /// The publishing node.
+    pub node_id: NodeId,
+    /// Per-(publisher, key) sequence number of the (first) sample; starts at 1.
+    pub seq: u64,
+    /// Source timestamp in nanoseconds since the Unix epoch.
+    pub timestamp_ns: u64,
+}
+
+impl Header {
+    /// Writes the 44 header bytes.
+    pub fn write(&self, out: &mut [u8; HEADER_LEN]) {
+        out[0] = PROTOCOL_VERSION;
+        out[1] = self.kind as u8;
+        out[2] = self.flags;
+        out[3] = self.encoding as u8;
+        out[4..8].copy_from_slice(&self.domain_tag.to_le_bytes());
+        out[8..12].copy_from_slice(&self.schema_id.to_le_bytes());
+        out[12..28].copy_from_slice(&self.node_id.0);
+        out[28..36].copy_from_slice(&self.seq.to_le_bytes());
+        out[36..44].copy_from_slice(&self.timestamp_ns.to_le_bytes());
+    }
+
+    /// Reads a header, checking version, kind, flags and encoding.
+    pub fn read(b: &[u8]) -> Result<Self, FrameError> {
+        if b.len() < HEADER_LEN {
+            return Err(FrameError::Truncated {
+                needed: HEADER_LEN,
+                got: b.len(),
+            });
+        }
+        if b[0] != PROTOCOL_VERSION {
+            return Err(FrameError::UnsupportedVersion(b[0]));
+        }
+        let kind = match b[1] {
+            1 => Kind::Sample,
+            2 => Kind::Batch,
+            k => return Err(FrameError::UnknownKind(k)),
+        };
+        let flags = b[2];
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(FrameError::UnknownFlags(flags));
+        }
+        if kind == Kind::Batch && flags & FLAG_PAYLOAD_FRAME != 0 {
+            return Err(FrameError::BadBatch("a batch cannot have a payload frame"));
+        }
+        let encoding = Encoding::from_u8(b[3]).ok_or(FrameError::UnknownEncoding(b[3]))?;
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok(Header {
+            kind,
+            flags,
+            encoding,
+            domain_tag: u32_at(4),
+            schema_id: u32_at(8),
+            node_id: NodeId(b[12..28].try_into().expect("16 bytes")),
+            seq: u64_at(28),
+            timestamp_ns: u64_at(36),
+        })
+    }
+}
+
+/// Why a data frame was refused. Receivers drop the frame, count it and log
+/// this message; they never stop on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The frame ends before a complete header.
+    #[error("truncated frame: needed {needed} bytes, got {got}")]
+    Truncated {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes present.
+        got: usize,
+    },
+    /// No NUL within the first `MAX_KEY_BYTES + 1` bytes.
+    #[error("no key terminator within {} bytes", MAX_KEY_BYTES + 1)]
+    NoKeyTerminator,
+    /// The key is not a valid published key.
+    #[error("bad key: {0}")]
+    BadKey(#[from] KeyError),
+    /// The version byte is not 1.
+    #[error("unsupported protocol version {0} (this node speaks version {PROTOCOL_VERSION})")]
+    UnsupportedVersion(u8),
+    /// The kind byte is not one this version knows.
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    /// A flag bit this version does not know is set.
+    #[error("unknown flag bits in {0:#04x}")]
+    UnknownFlags(u8),
+    /// The encoding byte is not one this version knows.
+    #[error("unknown encoding {0}")]
+    UnknownEncoding(u8),
+    /// A batch body is malformed.
+    #[error("malformed batch: {0}")]
+    BadBatch(&'static str),
+    /// The payload-frame flag and the presence of a second frame disagree.
+    #[error("payload frame flag is {flag} but the message has {frames} frame(s)")]
+    FrameCount {
+        /// Whether the flag was set.
+        flag: bool,
+        /// How many frames the message had.
+        frames: usize,
+    },
+}
+
+/// Bytes of the first frame before the body: key, NUL and header.
+pub fn head_len(key: &Key) -> usize {
+    key.as_str().len() + 1 + HEADER_LEN
+}
+
+/// Writes `key | 0 | header` into the start of `out`, which must hold at
+/// least [`head_len`] bytes; returns the number of bytes written.
+pub fn write_head(key: &Key, header: &Header, out: &mut [u8]) -> usize {
+    let k = key.as_str().as_bytes();
+    out[..k.len()].copy_from_slice(k);
+    out[k.len()] = 0;
+    let h: &mut [u8; HEADER_LEN] = (&mut out[k.len() + 1..k.len() + 1 + HEADER_LEN])
+        .try_into()
+        .expect("slice of HEADER_LEN");
+    header.write(h);
+    k.len() + 1 + HEADER_LEN
+}
+
+/// Encodes a whole single-frame message into a new vector.
+pub fn encode(key: &Key, header: &Header, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; head_len(key) + body.len()];
+    let n = write_head(key, header, &mut out);
+    out[n..].copy_from_slice(body);
+    out
+}
+
+/// A decoded first frame, borrowing from the frame bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameView<'a> {
+    /// The key (validated).
+    pub key: &'a str,
+    /// The header.
+    pub header: Header,
+    /// Offset of the body within the frame.
+    pub body_offset: usize,
+    /// The body.
+    pub body: &'a [u8],
+}
+
+/// Decodes the first frame of a data message.
+pub fn decode(frame: &'_ [u8]) -> Result<FrameView<'_>, FrameError> {
+    let search = &frame[..frame.len().min(MAX_KEY_BYTES + 1)];
+    let nul = search
+        .iter()
+        .position(|b| *b == 0)
+        .ok_or(if frame.len() <= MAX_KEY_BYTES {
+            FrameError::Truncated {
+                needed: frame.len() + 1 + HEADER_LEN,
+                got: frame.len(),
+            }
+        } else {
+            FrameError::NoKeyTerminator
+        })?;
+    let key_bytes = &frame[..nul];
+    let key = std::str::from_utf8(key_bytes).map_err(|e| {
+        FrameError::BadKey(KeyError::BadUtf8 {
+            offset: e.valid_up_to(),
+        })
+    })?;
+    // Validate without allocating on the hot path for the common case.
+    if key.is_empty() || key.contains('*') || key.split('/').any(str::is_empty) {
+        Key::new(key)?;
+    }
+    let header = Header::read(&frame[nul + 1..])?;
+    let body_offset = nul + 1 + HEADER_LEN;
+    let body = &frame[body_offset..];
+    if header.kind == Kind::Batch {
+        BatchEntries::new(body)?.try_for_each(|e| e.map(|_| ()))?;
+    }
+    Ok(FrameView {
+        key,
+        header,
+        body_offset,
+        body,
+    })
+}
+
+/// One entry of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchEntry<'a> {
+    /// Source timestamp of this sample.
+    pub timestamp_ns: u64,
+    /// Offset of the payload within the batch body.
+    pub offset: usize,
+    /// The payload.
+    pub payload: &'a [u8],
+}
+
+/// Iterates over the entries of a batch body.
+#[derive(Debug, Clone)]
+pub struct BatchEntries<'a> {
+    body: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> BatchEntries<'a> {
+    /// Starts iterating; an empty body is an error.
+    pub fn new(body: &'a [u8]) -> Result<Self, FrameError> {
+        if body.is_empty() {
+            return Err(FrameError::BadBatch("a batch has at least one entry"));
+        }
+        Ok(BatchEntries { body, pos: 0 })
+    }
+}
+
+impl<'a> Iterator for BatchEntries<'a> {
+    type Item = Result<BatchEntry<'a>, FrameError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = &self.body[self.pos..];
+        if rest.is_empty() {
+            return None;
+        }
+        if rest.len() < BATCH_ENTRY_HEADER_LEN {
+            self.pos = self.body.len();
+            return Some(Err(FrameError::BadBatch("truncated entry header")));
+        }
+        let len = u32::from_le_bytes(rest[0..4].try_into().expect("4 bytes")) as usize;
+        let timestamp_ns = u64::from_le_bytes(rest[4..12].try_into().expect("8 bytes"));
+        if rest.len() - BATCH_ENTRY_HEADER_LEN < len {
+            self.pos = self.body.len();
+            return Some(Err(FrameError::BadBatch("entry longer than the frame")));
+        }
+        let offset = self.pos + BATCH_ENTRY_HEADER_LEN;
+        self.pos = offset + len;
+        Some(Ok(BatchEntry {
+            timestamp_ns,
+            offset,
+            payload: &self.body[offset..offset + len],
+        }))
+    }
+}
+
+/// Appends one batch entry to `out`.
+pub fn push_batch_entry(out: &mut Vec<u8>, timestamp_ns: u64, payload: &[u8]) {
+    let len = u32::try_from(payload.len()).expect("batch entries are smaller than 4 GiB");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&timestamp_ns.to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        Header {
+            kind: Kind::Sample,
+            flags: 0,
+            encoding: Encoding::Raw,
+            domain_tag: domain_tag("lab"),
+            schema_id: 7,
+            node_id: NodeId([0xab; 16]),
+            seq: 42,
+            timestamp_ns: 1_700_000_000_000_000_000,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let key = Key::new("sr/ps/1/current").unwrap();
+        let bytes = encode(&key, &header(), b"hello");
+        assert_eq!(bytes.len(), head_len(&key) + 5);
+        let v = decode(&bytes).unwrap();
+        assert_eq!(v.key, "sr/ps/1/current");
+        assert_eq!(v.header, header());
+        assert_eq!(v.body, b"hello");
+    }
+
+    #[test]
+    fn refuses_bad_frames() {
+        let key = Key::new("a").unwrap();
+        let good = encode(&key, &header(), b"x");
+        assert!(matches!(
+            decode(&good[..10]),
+            Err(FrameError::Truncated { .. })
+        ));
+        assert!(matches!(decode(b"abc"), Err(FrameError::Truncated { .. })));
+        assert_eq!(decode(&[b'a'; 600]), Err(FrameError::NoKeyTerminator));
+        let mut v = good.clone();
+        v[2] = 9;
+        assert_eq!(decode(&v), Err(FrameError::UnsupportedVersion(9)));
+        let mut v = good.clone();
+        v[3] = 77;
+        assert_eq!(decode(&v), Err(FrameError::UnknownKind(77)));
+        let mut v = good.clone();
+        v[4] = 0x80;
+        assert_eq!(decode(&v), Err(FrameError::UnknownFlags(0x80)));
+        let mut v = good.clone();
+        v[5] = 200;
+        assert_eq!(decode(&v), Err(FrameError::UnknownEncoding(200)));
+        let mut v = good.clone();
+        v[0] = b'*';
+        assert!(matches!(decode(&v), Err(FrameError::BadKey(_))));
+        let mut v = good;
+        v[0] = 0xff;
+        assert!(matches!(
+            decode(&v),
+            Err(FrameError::BadKey(KeyError::BadUtf8 { .. }))
+        ));
+    }
+
+    #[test]
+    fn batch_entries() {
+        let key = Key::new("a/b").unwrap();
+        let mut body = Vec::new();
+        push_batch_entry(&mut body, 1, b"one");
+        push_batch_entry(&mut body, 2, b"");
+        push_batch_entry(&mut body, 3, b"three");
+        let h = Header {
+            kind: Kind::Batch,
+            ..header()
+        };
+        let bytes = encode(&key, &h, &body);
+        let v = decode(&bytes).unwrap();
+        let entries: Vec<_> = BatchEntries::new(v.body)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[2].payload, b"three");
+        assert_eq!(entries[1].timestamp_ns, 2);
+        let truncated = encode(&key, &h, &body[..body.len() - 1]);
+        assert!(matches!(decode(&truncated), Err(FrameError::BadBatch(_))));
+        let empty = encode(&key, &h, b"");
+        assert!(matches!(decode(&empty), Err(FrameError::BadBatch(_))));
+    }
+
+    #[test]
+    fn node_id_hex() {
+        let id = NodeId([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 255]);
+        assert_eq!(NodeId::from_hex(&id.to_hex()), Some(id));
+        assert_eq!(NodeId::from_hex("zz"), None);
+    }
+
+    #[test]
+    fn domain_tags_differ() {
+        assert_ne!(domain_tag("lab"), domain_tag("ops"));
+        assert_eq!(domain_tag(""), 0x811c_9dc5);
+    }
+}

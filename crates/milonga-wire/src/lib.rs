@@ -1,0 +1,19 @@
+//! The Milonga wire protocol, version 1.
+//!
+//! Everything another implementation needs to speak to Milonga, and nothing
+//! that does I/O: keys and key expressions ([`key`]), the data frame layout
+//! ([`frame`]), values ([`value`]) and their CBOR encoding ([`cbor`]). The
+//! normative text is `docs/protocol.md`; the golden vectors in
+//! `tests/vectors/` are checked against this crate.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod cbor;
+pub mod frame;
+pub mod key;
+pub mod value;
+
+pub use bytes::Bytes;
+pub use frame::{Encoding, FrameError, Header, Kind, NodeId};
+pub use key::{Key, KeyError, KeyExpr};
+pub use value::{Element, ElementType, TypedArray, Value};
