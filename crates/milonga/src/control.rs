@@ -1,0 +1,381 @@
+//! The node thread: discovery, the control socket, socket monitors.
+//!
+//! It never waits on user code: it touches a data socket or a subscription
+//! only when their lock is free (`try_lock`), and otherwise leaves a note
+//! that the user's thread applies.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::discovery::Announcement;
+use crate::error::OpenError;
+use crate::node::{lock, NodeInner};
+use crate::stats::{self, NodeStats};
+
+/// First frame of every control request and reply.
+pub const CONTROL_MAGIC: &[u8] = b"MILONGA-CTL/1";
+/// The one request of protocol v1: "who are you, and how are you doing".
+pub const CONTROL_INFO: &[u8] = b"info";
+
+/// What a node answers to `info`: its announcement and counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The node's announcement.
+    pub announcement: Announcement,
+    /// The node's counters.
+    pub stats: NodeStats,
+}
+
+const HANDSHAKE_FAILED: i32 = (zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) as i32;
+
+/// A socket monitor reporting failed handshakes (a peer that does not speak
+/// ZMTP, or speaks it wrongly) on `sock`.
+pub(crate) fn monitor(
+    inner: &NodeInner,
+    sock: &zmq::Socket,
+    what: &str,
+) -> Result<zmq::Socket, OpenError> {
+    let ep = format!("inproc://milonga-mon-{}-{what}", inner.id);
+    let err = |source| OpenError::Socket {
+        action: "monitor",
+        endpoint: ep.clone(),
+        source,
+    };
+    sock.monitor(&ep, HANDSHAKE_FAILED).map_err(err)?;
+    let pair = inner.ctx.socket(zmq::PAIR)?;
+    pair.set_linger(0).map_err(err)?;
+    pair.connect(&ep).map_err(err)?;
+    Ok(pair)
+}
+
+pub(crate) fn spawn(
+    inner: Arc<NodeInner>,
+    router: zmq::Socket,
+    monitor: zmq::Socket,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("milonga-node {}", inner.domain))
+        .spawn(move || Control::new(inner, router, monitor).run())
+}
+
+struct StaticPeer {
+    endpoint: String,
+    sock: zmq::Socket,
+    last_reply: Option<Instant>,
+    announcement: Option<Announcement>,
+    warned_domain: bool,
+}
+
+struct Control {
+    inner: Arc<NodeInner>,
+    router: zmq::Socket,
+    monitors: Vec<(String, zmq::Socket)>,
+    statics: Vec<StaticPeer>,
+    local: BTreeMap<String, Announcement>,
+    last_scan: Option<Instant>,
+    last_query: Option<Instant>,
+}
+
+impl Control {
+    fn new(inner: Arc<NodeInner>, router: zmq::Socket, monitor: zmq::Socket) -> Self {
+        let mut statics = Vec::new();
+        for ep in &inner.cfg.peers {
+            match inner.ctx.socket(zmq::DEALER).and_then(|s| {
+                let _ = crate::zmq_io::apply_common(&s, &inner.cfg);
+                let _ = s.set_sndhwm(4);
+                s.connect(ep).map_err(|source| OpenError::Socket {
+                    action: "connect",
+                    endpoint: ep.clone(),
+                    source,
+                })?;
+                Ok(s)
+            }) {
+                Ok(sock) => statics.push(StaticPeer {
+                    endpoint: ep.clone(),
+                    sock,
+                    last_reply: None,
+                    announcement: None,
+                    warned_domain: false,
+                }),
+                Err(err) => tracing::warn!(peer = %ep, %err, "ignoring a static peer"),
+            }
+        }
+        Control {
+            inner,
+            router,
+            monitors: vec![("control".into(), monitor)],
+            statics,
+            local: BTreeMap::new(),
+            last_scan: None,
+            last_query: None,
+        }
+    }
+
+    fn run(mut self) {
+        let interval = self.inner.cfg.discovery_interval();
+        while !self.inner.closed.load(Ordering::Acquire) {
+            self.wait(interval);
+            self.serve_control();
+            self.read_monitors();
+            self.read_statics();
+            self.query_statics();
+            self.scan_local();
+            self.drain_data_sockets();
+            if lock(&self.inner.state).announce_dirty {
+                self.inner.announce();
+            }
+        }
+    }
+
+    /// Sleeps until a control request, a monitor event or a static reply
+    /// arrives, or `interval` passes.
+    fn wait(&mut self, interval: Duration) {
+        let mut items = vec![self.router.as_poll_item(zmq::POLLIN)];
+        items.extend(
+            self.monitors
+                .iter()
+                .map(|(_, m)| m.as_poll_item(zmq::POLLIN)),
+        );
+        items.extend(
+            self.statics
+                .iter()
+                .map(|p| p.sock.as_poll_item(zmq::POLLIN)),
+        );
+        let _ = zmq::poll(&mut items, interval.as_millis() as i64);
+    }
+
+    fn serve_control(&mut self) {
+        while let Ok(frames) = self.router.recv_multipart(zmq::DONTWAIT) {
+            let ok = frames.len() == 3 && frames[1] == CONTROL_MAGIC && frames[2] == CONTROL_INFO;
+            if !ok {
+                let n = self
+                    .inner
+                    .counters
+                    .control_malformed
+                    .fetch_add(1, Ordering::Relaxed)
+                    + 1;
+                if n <= 10 || n % 1000 == 0 {
+                    tracing::warn!(
+                        dropped_so_far = n,
+                        frames = frames.len(),
+                        "dropped a malformed control request (expected [{}, info])",
+                        String::from_utf8_lossy(CONTROL_MAGIC)
+                    );
+                }
+                continue;
+            }
+            let info = NodeInfo {
+                announcement: self.inner.announcement(&lock(&self.inner.state)),
+                stats: self.inner.counters.snapshot(),
+            };
+            let body = serde_json::to_vec(&info).unwrap_or_default();
+            let reply: [&[u8]; 4] = [&frames[0], CONTROL_MAGIC, CONTROL_INFO, &body];
+            let _ = self.router.send_multipart(reply, zmq::DONTWAIT);
+        }
+    }
+
+    fn read_monitors(&mut self) {
+        // Data sockets created since the last turn bring their monitors.
+        for reliability in ["best-effort", "reliable"] {
+            let has = self.monitors.iter().any(|(w, _)| w == reliability);
+            if has {
+                continue;
+            }
+            let d = {
+                let st = lock(&self.inner.state);
+                match reliability {
+                    "best-effort" => st.data_best_effort.clone(),
+                    _ => st.data_reliable.clone(),
+                }
+            };
+            if let Some(d) = d {
+                let g = lock(&d.sock);
+                if let Ok(m) = monitor(&self.inner, &g.sock, reliability) {
+                    self.monitors.push((reliability.to_owned(), m));
+                }
+            }
+        }
+        for (what, m) in &self.monitors {
+            while let Ok(frames) = m.recv_multipart(zmq::DONTWAIT) {
+                let endpoint = frames
+                    .get(1)
+                    .map(|f| String::from_utf8_lossy(f).into_owned())
+                    .unwrap_or_default();
+                let n = self
+                    .inner
+                    .counters
+                    .handshakes_failed
+                    .fetch_add(1, Ordering::Relaxed)
+                    + 1;
+                if n <= 10 || n % 1000 == 0 {
+                    tracing::warn!(
+                        socket = %what,
+                        %endpoint,
+                        dropped_so_far = n,
+                        "dropped a connection whose peer does not speak ZMTP correctly"
+                    );
+                }
+            }
+        }
+    }
+
+    fn read_statics(&mut self) {
+        let domain = self.inner.domain.clone();
+        for p in &mut self.statics {
+            while let Ok(frames) = p.sock.recv_multipart(zmq::DONTWAIT) {
+                let parsed = (frames.len() == 3 && frames[0] == CONTROL_MAGIC)
+                    .then(|| serde_json::from_slice::<NodeInfo>(&frames[2]).ok())
+                    .flatten();
+                let Some(info) = parsed else {
+                    stats::inc(&self.inner.counters.control_malformed);
+                    tracing::warn!(peer = %p.endpoint, "dropped a malformed reply from a static peer");
+                    continue;
+                };
+                if info.announcement.domain != domain {
+                    stats::inc(&self.inner.counters.peers_foreign_domain);
+                    if !p.warned_domain {
+                        tracing::warn!(
+                            peer = %p.endpoint,
+                            their = %info.announcement.domain,
+                            ours = %domain,
+                            "ignoring a static peer of another domain"
+                        );
+                        p.warned_domain = true;
+                    }
+                    continue;
+                }
+                p.last_reply = Some(Instant::now());
+                p.announcement = Some(info.announcement);
+            }
+        }
+    }
+
+    fn query_statics(&mut self) {
+        if self.statics.is_empty() {
+            return;
+        }
+        let every = Duration::from_millis(self.inner.cfg.static_query_interval_ms.max(10));
+        if self.last_query.is_some_and(|t| t.elapsed() < every) {
+            return;
+        }
+        self.last_query = Some(Instant::now());
+        let expiry = (every * 3).max(Duration::from_millis(
+            self.inner.cfg.heartbeat_timeout_ms as u64,
+        ));
+        let mut changed = false;
+        for p in &mut self.statics {
+            let req: [&[u8]; 2] = [CONTROL_MAGIC, CONTROL_INFO];
+            let _ = p.sock.send_multipart(req, zmq::DONTWAIT);
+            if p.announcement.is_some() && p.last_reply.is_none_or(|t| t.elapsed() > expiry) {
+                tracing::info!(peer = %p.endpoint, "static peer stopped answering");
+                p.announcement = None;
+                changed = true;
+            }
+        }
+        if changed {
+            self.publish_peers();
+        }
+    }
+
+    fn scan_local(&mut self) {
+        let Some(dir) = &self.inner.local else {
+            self.publish_peers();
+            return;
+        };
+        // Re-read when the directory changes, and check liveness of known
+        // peers every 250 ms, which catches nodes killed with -9.
+        let due = self
+            .last_scan
+            .is_none_or(|t| t.elapsed() >= Duration::from_millis(250));
+        let mut dir = lock(dir);
+        if !due && !dir.changed() {
+            drop(dir);
+            self.publish_peers();
+            return;
+        }
+        self.last_scan = Some(Instant::now());
+        let mut bad = 0;
+        let found = dir.scan(&mut bad);
+        drop(dir);
+        stats::add(&self.inner.counters.announcements_malformed, bad);
+        let me = self.inner.id.to_hex();
+        self.local = found
+            .into_iter()
+            .filter(|(id, a)| {
+                if *id == me {
+                    return false;
+                }
+                if a.domain != self.inner.domain {
+                    stats::inc(&self.inner.counters.peers_foreign_domain);
+                    return false;
+                }
+                true
+            })
+            .collect();
+        self.publish_peers();
+    }
+
+    /// Merges local and static peers with this node and, if the set
+    /// changed, reconnects subscriptions.
+    fn publish_peers(&mut self) {
+        let mut peers = self.local.clone();
+        for p in &self.statics {
+            if let Some(a) = &p.announcement {
+                peers.insert(a.node_id.clone(), a.clone());
+            }
+        }
+        let changed = {
+            let mut st = lock(&self.inner.state);
+            let me = self.inner.announcement(&st);
+            peers.insert(me.node_id.clone(), me);
+            if st.peers != peers {
+                st.peers = peers;
+                true
+            } else {
+                false
+            }
+        };
+        if changed {
+            self.inner.reconcile();
+        }
+    }
+
+    /// Reads subscription messages so that they do not pile up in a
+    /// publisher socket nobody is putting on.
+    fn drain_data_sockets(&self) {
+        let socks = {
+            let st = lock(&self.inner.state);
+            [st.data_best_effort.clone(), st.data_reliable.clone()]
+        };
+        for d in socks.into_iter().flatten() {
+            if let Ok(mut g) = d.sock.try_lock() {
+                g.drain_subscriptions(&self.inner.counters);
+            }
+        }
+    }
+}
+
+/// Asks the node at `endpoint` for its [`NodeInfo`].
+pub(crate) fn query(inner: &NodeInner, endpoint: &str, timeout: Duration) -> Option<NodeInfo> {
+    let sock = inner.ctx.socket(zmq::DEALER).ok()?;
+    sock.set_linger(0).ok()?;
+    sock.set_maxmsgsize(16 << 20).ok()?;
+    sock.connect(endpoint).ok()?;
+    let req: [&[u8]; 2] = [CONTROL_MAGIC, CONTROL_INFO];
+    sock.send_multipart(req, 0).ok()?;
+    if sock.poll(zmq::POLLIN, timeout.as_millis() as i64).ok()? == 0 {
+        return None;
+    }
+    let frames = sock.recv_multipart(zmq::DONTWAIT).ok()?;
+    if frames.len() != 3 || frames[0] != CONTROL_MAGIC {
+        return None;
+    }
+    serde_json::from_slice(&frames[2]).ok()
+}

@@ -1,0 +1,217 @@
+//! Discovery: how nodes learn of each other.
+//!
+//! Every node has an [`Announcement`]: its identity, endpoints and
+//! publications. Two backends deliver announcements:
+//!
+//! - `local`: each node writes its announcement as a JSON file
+//!   `<runtime dir>/<domain>/<node id>.json` (atomically: write, then
+//!   rename). Peers notice the directory's modification time change and
+//!   re-read it. A file whose process is gone (by pid and process start
+//!   time, so a recycled pid does not fool it) is stale and removed by
+//!   whoever finds it; so a node killed with -9 leaves nothing that misleads.
+//! - `static`: the node asks each configured control endpoint for its
+//!   announcement (see docs/protocol.md, control messages) and forgets a
+//!   peer that stops answering.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use milonga_wire::NodeId;
+use serde::{Deserialize, Serialize};
+
+use crate::qos::Reliability;
+
+/// One publication in an announcement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublicationInfo {
+    /// The published key.
+    pub key: String,
+    /// The publisher's reliability.
+    pub reliability: Reliability,
+}
+
+/// What a node tells its domain about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Announcement {
+    /// Protocol version (1).
+    pub protocol: u8,
+    /// The domain.
+    pub domain: String,
+    /// The node id, 32 hex digits.
+    pub node_id: String,
+    /// Readable name, `name@host:pid`.
+    pub name: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Process start time (clock ticks after boot, from /proc), to tell a
+    /// recycled pid from the node's process.
+    pub start_time: u64,
+    /// The control endpoint (ROUTER).
+    pub control: String,
+    /// Data endpoint of best-effort publications, once one exists.
+    pub data_best_effort: Option<String>,
+    /// Data endpoint of reliable publications, once one exists.
+    pub data_reliable: Option<String>,
+    /// Publications.
+    pub publications: Vec<PublicationInfo>,
+}
+
+impl Announcement {
+    /// The node id, if well formed.
+    pub fn id(&self) -> Option<NodeId> {
+        NodeId::from_hex(&self.node_id)
+    }
+
+    /// The data endpoint serving publications of `reliability`.
+    pub fn data_endpoint(&self, reliability: Reliability) -> Option<&str> {
+        match reliability {
+            Reliability::BestEffort => self.data_best_effort.as_deref(),
+            Reliability::Reliable => self.data_reliable.as_deref(),
+        }
+    }
+}
+
+/// The start time of process `pid` (field 22 of /proc/pid/stat), or None
+/// if there is no such process.
+pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: skip past
+    // the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process that wrote `a` still runs.
+pub(crate) fn is_alive(a: &Announcement) -> bool {
+    match process_start_time(a.pid) {
+        Some(t) => t == a.start_time,
+        None => false,
+    }
+}
+
+/// The local discovery directory of one domain.
+#[derive(Debug)]
+pub(crate) struct LocalDir {
+    pub dir: PathBuf,
+    last_mtime: Option<SystemTime>,
+}
+
+impl LocalDir {
+    pub(crate) fn open(root: &Path, domain: &str) -> io::Result<LocalDir> {
+        let dir = root.join(domain);
+        fs::create_dir_all(&dir)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = fs::set_permissions(root, fs::Permissions::from_mode(0o700));
+        }
+        Ok(LocalDir {
+            dir,
+            last_mtime: None,
+        })
+    }
+
+    fn file_of(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// Writes (or replaces) this node's announcement atomically.
+    pub(crate) fn write(&self, a: &Announcement) -> io::Result<()> {
+        let tmp = self.dir.join(format!(".{}.tmp", a.node_id));
+        fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(a).map_err(io::Error::other)?,
+        )?;
+        fs::rename(&tmp, self.file_of(&a.node_id))
+    }
+
+    /// Removes this node's announcement.
+    pub(crate) fn remove(&self, id: &str) {
+        let _ = fs::remove_file(self.file_of(id));
+    }
+
+    /// Whether the directory changed since the last [`LocalDir::scan`].
+    pub(crate) fn changed(&self) -> bool {
+        let m = fs::metadata(&self.dir).and_then(|m| m.modified()).ok();
+        m.is_none() || m != self.last_mtime
+    }
+
+    /// Reads every live announcement; removes stale ones (and their ipc
+    /// socket files). Unreadable files are skipped and counted.
+    pub(crate) fn scan(&mut self, bad_files: &mut u64) -> BTreeMap<String, Announcement> {
+        self.last_mtime = fs::metadata(&self.dir).and_then(|m| m.modified()).ok();
+        let mut out = BTreeMap::new();
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return out;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.extension().and_then(|x| x.to_str()) != Some("json") {
+                continue;
+            }
+            let Ok(text) = fs::read(&path) else { continue };
+            match serde_json::from_slice::<Announcement>(&text) {
+                Ok(a) if is_alive(&a) => {
+                    out.insert(a.node_id.clone(), a);
+                }
+                Ok(a) => {
+                    tracing::info!(node = %a.name, "removing the announcement of a node that is gone");
+                    remove_ipc_files(&a);
+                    let _ = fs::remove_file(&path);
+                }
+                Err(err) => {
+                    *bad_files += 1;
+                    tracing::warn!(file = %path.display(), %err, "ignoring an unreadable announcement");
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Deletes the socket files of a dead node's ipc endpoints.
+pub(crate) fn remove_ipc_files(a: &Announcement) {
+    for ep in [&a.data_best_effort, &a.data_reliable]
+        .into_iter()
+        .flatten()
+        .chain(std::iter::once(&a.control))
+    {
+        if let Some(path) = ep.strip_prefix("ipc://") {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_alive_and_a_recycled_pid_is_not() {
+        let pid = std::process::id();
+        let t = process_start_time(pid).expect("own /proc entry");
+        let mut a = Announcement {
+            protocol: 1,
+            domain: "d".into(),
+            node_id: "00".repeat(16),
+            name: "n".into(),
+            host: "h".into(),
+            pid,
+            start_time: t,
+            control: "inproc://x".into(),
+            data_best_effort: None,
+            data_reliable: None,
+            publications: vec![],
+        };
+        assert!(is_alive(&a));
+        a.start_time += 1;
+        assert!(!is_alive(&a), "same pid, other start time: another process");
+        a.pid = u32::MAX - 1;
+        assert!(!is_alive(&a));
+    }
+}

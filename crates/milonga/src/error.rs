@@ -1,0 +1,142 @@
+//! Typed errors, one enum per family of operations. Each variant says why.
+
+use std::time::Duration;
+
+use milonga_wire::cbor::EncodeError;
+use milonga_wire::KeyError;
+
+/// Why a node could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The locator is malformed.
+    #[error("bad locator {locator:?}: {why}")]
+    BadLocator {
+        /// The locator given.
+        locator: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The locator names a deployment this version does not provide.
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+    },
+    /// A configuration value is invalid.
+    #[error("invalid configuration {key}: {why}")]
+    Config {
+        /// The key or variable.
+        key: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A socket could not be created or bound.
+    #[error("cannot {action} {endpoint}: {source}")]
+    Socket {
+        /// What was attempted (bind, connect, create).
+        action: &'static str,
+        /// The endpoint.
+        endpoint: String,
+        /// The libzmq error.
+        source: zmq::Error,
+    },
+    /// The runtime directory for local discovery is not usable.
+    #[error("runtime directory {path}: {source}")]
+    RuntimeDir {
+        /// The directory.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The node's control thread could not be started.
+    #[error("cannot start the node thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Why a publisher could not be declared.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublisherError {
+    /// The key is not a valid published key.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// This node already has a publisher for the key; sequence numbers are
+    /// per (node, key), so there can be only one. Share the handle instead.
+    #[error("this node already publishes {0:?}; share that Publisher instead")]
+    AlreadyDeclared(String),
+    /// The data socket could not be created.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The node is closed.
+    #[error("the node is closed")]
+    Closed,
+}
+
+/// Why a subscription could not be declared.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscribeError {
+    /// The key expression is invalid.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// A socket could not be created.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The dispatcher thread of a callback subscription could not start.
+    #[error("cannot start the dispatcher thread: {0}")]
+    Thread(std::io::Error),
+    /// The node is closed.
+    #[error("the node is closed")]
+    Closed,
+}
+
+/// Why a `put` did not send its sample.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PutError {
+    /// The value cannot be encoded.
+    #[error("cannot encode the value: {0}")]
+    Encode(#[from] EncodeError),
+    /// The encoded sample exceeds `max_message_bytes`.
+    #[error("sample of {size} bytes exceeds the limit of {limit} bytes (max_message_bytes)")]
+    TooLarge {
+        /// Encoded size.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// `try_put` on a reliable publisher whose slowest subscriber is full.
+    #[error("would block: a subscriber's queue is full (reliable publisher)")]
+    WouldBlock,
+    /// A reliable `put` waited its whole timeout for a slow subscriber.
+    #[error("timed out after {0:?} waiting for a slow subscriber (reliable publisher)")]
+    Timeout(Duration),
+    /// The node is closed.
+    #[error("the node is closed")]
+    Closed,
+    /// libzmq refused the message.
+    #[error("send failed: {0}")]
+    Socket(zmq::Error),
+}
+
+/// Why `recv` returned no event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecvError {
+    /// Nothing arrived before the timeout.
+    #[error("no event within the timeout")]
+    Timeout,
+    /// `try_recv` found nothing queued.
+    #[error("no event queued")]
+    Empty,
+    /// The subscription delivers to a callback, not to `recv`.
+    #[error("this subscription delivers to its callback; recv is not available")]
+    CallbackMode,
+    /// The node was closed.
+    #[error("the node is closed")]
+    Closed,
+    /// libzmq failed.
+    #[error("receive failed: {0}")]
+    Socket(zmq::Error),
+}

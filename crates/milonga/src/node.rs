@@ -1,0 +1,509 @@
+//! The node: one process's membership in a domain.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use milonga_wire::frame::domain_tag;
+use milonga_wire::{Key, KeyExpr, NodeId};
+
+use crate::config::{parse_locator, Config, Transport};
+use crate::control;
+use crate::discovery::{process_start_time, Announcement, LocalDir, PublicationInfo};
+use crate::error::{OpenError, PublisherError, SubscribeError};
+use crate::publisher::Publisher;
+use crate::qos::{PublisherQos, Reliability, SubscriberQos};
+use crate::sample::Event;
+use crate::stats::{Counters, NodeStats};
+use crate::subscriber::{SubShared, Subscriber};
+use crate::zmq_io::{self, ContextRef};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A data socket (XPUB) shared by the publishers of one reliability.
+pub(crate) struct DataSocket {
+    pub sock: Mutex<DataSock>,
+    pub endpoint: String,
+}
+
+pub(crate) struct DataSock {
+    pub sock: zmq::Socket,
+    /// Subscription prefix -> number of subscribers holding it.
+    pub subscriptions: HashMap<Vec<u8>, u32>,
+}
+
+impl DataSock {
+    /// Reads the subscribe/unsubscribe messages queued on the XPUB socket.
+    pub(crate) fn drain_subscriptions(&mut self, counters: &Counters) {
+        while let Ok(msg) = self.sock.recv_msg(zmq::DONTWAIT) {
+            match msg.first() {
+                Some(1) => {
+                    *self.subscriptions.entry(msg[1..].to_vec()).or_insert(0) += 1;
+                    crate::stats::inc(&counters.subscription_messages);
+                }
+                Some(0) => {
+                    if let Some(n) = self.subscriptions.get_mut(&msg[1..]) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.subscriptions.remove(&msg[1..]);
+                        }
+                    }
+                    crate::stats::inc(&counters.subscription_messages);
+                }
+                _ => {
+                    crate::stats::inc(&counters.frames_malformed);
+                    tracing::warn!(
+                        len = msg.len(),
+                        "dropped a message sent to a data port that is not a subscription"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Subscribers whose subscription lets `frame_prefix` (key + NUL) through.
+    pub(crate) fn subscribers_of(&self, frame_prefix: &[u8]) -> u32 {
+        self.subscriptions
+            .iter()
+            .filter(|(p, _)| frame_prefix.starts_with(p))
+            .map(|(_, n)| *n)
+            .sum()
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct NodeState {
+    pub publications: BTreeMap<String, Reliability>,
+    pub data_best_effort: Option<Arc<DataSocket>>,
+    pub data_reliable: Option<Arc<DataSocket>>,
+    pub subs: Vec<Weak<SubShared>>,
+    /// Live peers by node id (hex), this node included.
+    pub peers: BTreeMap<String, Announcement>,
+    pub announce_dirty: bool,
+}
+
+/// Shared by the node handle, its publishers, subscribers and its thread.
+pub(crate) struct NodeInner {
+    pub id: NodeId,
+    pub name: String,
+    pub domain: String,
+    pub domain_tag: u32,
+    pub cfg: Config,
+    pub counters: Counters,
+    pub closed: AtomicBool,
+    pub state: Mutex<NodeState>,
+    pub local: Option<Mutex<LocalDir>>,
+    pub control_endpoint: String,
+    pub host: String,
+    pub start_time: u64,
+    next_sub_id: AtomicU64,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    // Declared last: sockets above are closed before the context goes.
+    pub ctx: ContextRef,
+}
+
+/// A node: opens sockets in a domain, declares publishers and subscribers.
+///
+/// ```no_run
+/// let node = milonga::Node::open("milonga:///lab", "power-supply")?;
+/// let current = node.publisher("sr/ps/1/current")?;
+/// current.put(12.5)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Dropping the node closes it ([`Node::close`]).
+pub struct Node {
+    pub(crate) inner: Arc<NodeInner>,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned())
+}
+
+impl NodeInner {
+    /// The endpoint to bind for a new socket of role `role` (`c`, `be`, `r`).
+    pub(crate) fn endpoint_for(&self, role: &str, fixed: Option<&String>) -> String {
+        if let Some(e) = fixed {
+            return e.clone();
+        }
+        let short = &self.id.to_hex()[..12];
+        match self.cfg.transport {
+            Transport::Tcp => format!("tcp://{}:*", self.cfg.tcp_host),
+            Transport::Ipc => {
+                let dir = self.cfg.runtime_root().join(&self.domain);
+                format!("ipc://{}/{short}-{role}.sock", dir.display())
+            }
+            Transport::Inproc => format!("inproc://milonga-{}-{role}", self.id.to_hex()),
+        }
+    }
+
+    pub(crate) fn bind(&self, sock: &zmq::Socket, endpoint: &str) -> Result<String, OpenError> {
+        sock.bind(endpoint).map_err(|source| OpenError::Socket {
+            action: "bind",
+            endpoint: endpoint.to_owned(),
+            source,
+        })?;
+        Ok(sock
+            .get_last_endpoint()
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| endpoint.to_owned()))
+    }
+
+    /// The data socket for `reliability`, created on first use.
+    pub(crate) fn data_socket(
+        &self,
+        reliability: Reliability,
+    ) -> Result<Arc<DataSocket>, OpenError> {
+        let mut st = lock(&self.state);
+        let slot = match reliability {
+            Reliability::BestEffort => &mut st.data_best_effort,
+            Reliability::Reliable => &mut st.data_reliable,
+        };
+        if let Some(d) = slot {
+            return Ok(d.clone());
+        }
+        let mut sock = self.ctx.socket(zmq::XPUB)?;
+        let fixed = match reliability {
+            Reliability::BestEffort => self.cfg.data_endpoint.as_ref(),
+            Reliability::Reliable => self.cfg.reliable_data_endpoint.as_ref(),
+        };
+        let role = match reliability {
+            Reliability::BestEffort => "be",
+            Reliability::Reliable => "r",
+        };
+        let endpoint = self.endpoint_for(role, fixed);
+        let opt_err = |source| OpenError::Socket {
+            action: "configure",
+            endpoint: endpoint.clone(),
+            source,
+        };
+        zmq_io::apply_common(&sock, &self.cfg).map_err(opt_err)?;
+        // Subscription messages are tiny; refuse anything large on this side.
+        sock.set_maxmsgsize(4096).map_err(opt_err)?;
+        sock.set_linger(self.cfg.close_linger_ms).map_err(opt_err)?;
+        zmq_io::set_xpub_verboser(&mut sock).map_err(opt_err)?;
+        if reliability == Reliability::Reliable {
+            zmq_io::set_xpub_nodrop(&mut sock, true).map_err(opt_err)?;
+        }
+        let bound = self.bind(&sock, &endpoint)?;
+        let d = Arc::new(DataSocket {
+            sock: Mutex::new(DataSock {
+                sock,
+                subscriptions: HashMap::new(),
+            }),
+            endpoint: bound,
+        });
+        *slot = Some(d.clone());
+        st.announce_dirty = true;
+        Ok(d)
+    }
+
+    pub(crate) fn announcement(&self, st: &NodeState) -> Announcement {
+        Announcement {
+            protocol: milonga_wire::frame::PROTOCOL_VERSION,
+            domain: self.domain.clone(),
+            node_id: self.id.to_hex(),
+            name: self.name.clone(),
+            host: self.host.clone(),
+            pid: std::process::id(),
+            start_time: self.start_time,
+            control: self.control_endpoint.clone(),
+            data_best_effort: st.data_best_effort.as_ref().map(|d| d.endpoint.clone()),
+            data_reliable: st.data_reliable.as_ref().map(|d| d.endpoint.clone()),
+            publications: st
+                .publications
+                .iter()
+                .map(|(k, r)| PublicationInfo {
+                    key: k.clone(),
+                    reliability: *r,
+                })
+                .collect(),
+        }
+    }
+
+    /// Publishes the current announcement: in the local directory, and in
+    /// the peer table so that this node's own subscriptions see it.
+    pub(crate) fn announce(&self) {
+        let a = {
+            let mut st = lock(&self.state);
+            st.announce_dirty = false;
+            let a = self.announcement(&st);
+            st.peers.insert(a.node_id.clone(), a.clone());
+            a
+        };
+        if let Some(dir) = &self.local {
+            if let Err(err) = lock(dir).write(&a) {
+                tracing::warn!(%err, "cannot write the local announcement");
+            }
+        }
+        self.reconcile();
+    }
+
+    /// Connects every subscription to the data endpoints of the peers that
+    /// publish keys it matches, and disconnects it from the others.
+    pub(crate) fn reconcile(&self) {
+        let (subs, peers) = {
+            let mut st = lock(&self.state);
+            st.subs.retain(|w| w.strong_count() > 0);
+            let subs: Vec<_> = st.subs.iter().filter_map(Weak::upgrade).collect();
+            (subs, st.peers.values().cloned().collect::<Vec<_>>())
+        };
+        for s in subs {
+            s.set_endpoints(self.endpoints_for(&s.expr, &peers));
+        }
+    }
+
+    pub(crate) fn endpoints_for(&self, expr: &KeyExpr, peers: &[Announcement]) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        let me = std::process::id();
+        for a in peers {
+            for p in &a.publications {
+                if !expr.matches(&p.key) {
+                    continue;
+                }
+                if let Some(ep) = a.data_endpoint(p.reliability) {
+                    if ep.starts_with("inproc://") && a.pid != me {
+                        continue;
+                    }
+                    out.insert(ep.to_owned());
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Node {
+    /// Opens a node on `locator` (`milonga:///lab`) named `name`, with the
+    /// configuration from the environment (see docs/config.md).
+    pub fn open(locator: &str, name: &str) -> Result<Node, OpenError> {
+        Node::open_with(Config::from_env(locator, name)?)
+    }
+
+    /// Opens a node with an explicit configuration.
+    pub fn open_with(cfg: Config) -> Result<Node, OpenError> {
+        let loc = parse_locator(&cfg.locator)?;
+        let mut id = [0u8; 16];
+        getrandom::fill(&mut id).map_err(|e| OpenError::Config {
+            key: "node id".into(),
+            why: format!("no randomness available: {e}"),
+        })?;
+        let host = hostname();
+        let pid = std::process::id();
+        let name = format!("{}@{host}:{pid}", cfg.name);
+        let local = if cfg.local_discovery || cfg.transport == Transport::Ipc {
+            let root = cfg.runtime_root();
+            Some(Mutex::new(LocalDir::open(&root, &loc.domain).map_err(
+                |source| OpenError::RuntimeDir {
+                    path: root.display().to_string(),
+                    source,
+                },
+            )?))
+        } else {
+            None
+        };
+        let ctx = ContextRef::acquire();
+        let mut inner = NodeInner {
+            id: NodeId(id),
+            name,
+            domain_tag: domain_tag(&loc.domain),
+            domain: loc.domain,
+            counters: Counters::default(),
+            closed: AtomicBool::new(false),
+            state: Mutex::new(NodeState::default()),
+            local,
+            control_endpoint: String::new(),
+            host,
+            start_time: process_start_time(pid).unwrap_or(0),
+            next_sub_id: AtomicU64::new(1),
+            thread: Mutex::new(None),
+            ctx,
+            cfg,
+        };
+        let router = inner.ctx.socket(zmq::ROUTER)?;
+        let ep = inner.endpoint_for("c", inner.cfg.control_endpoint.as_ref());
+        zmq_io::apply_common(&router, &inner.cfg)
+            .and_then(|_| router.set_maxmsgsize(65_536))
+            .map_err(|source| OpenError::Socket {
+                action: "configure",
+                endpoint: ep.clone(),
+                source,
+            })?;
+        inner.control_endpoint = inner.bind(&router, &ep)?;
+        let inner = Arc::new(inner);
+        inner.announce();
+        let monitor = control::monitor(&inner, &router, "control")?;
+        let th = control::spawn(inner.clone(), router, monitor).map_err(OpenError::Thread)?;
+        *lock(&inner.thread) = Some(th);
+        tracing::debug!(node = %inner.name, id = %inner.id, domain = %inner.domain, "node open");
+        Ok(Node { inner })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    /// This node's name, `name@host:pid`.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The domain.
+    pub fn domain(&self) -> &str {
+        &self.inner.domain
+    }
+
+    /// The control endpoint static peers can be given.
+    pub fn control_endpoint(&self) -> &str {
+        &self.inner.control_endpoint
+    }
+
+    /// Declares a best-effort publisher of `key`.
+    pub fn publisher(&self, key: &str) -> Result<Publisher, PublisherError> {
+        self.publisher_with(key, PublisherQos::default())
+    }
+
+    /// Declares a publisher of `key` with `qos`.
+    pub fn publisher_with(
+        &self,
+        key: &str,
+        qos: PublisherQos,
+    ) -> Result<Publisher, PublisherError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(PublisherError::Closed);
+        }
+        let key = Key::new(key)?;
+        let data = self.inner.data_socket(qos.reliability)?;
+        {
+            let mut st = lock(&self.inner.state);
+            if st.publications.contains_key(key.as_str()) {
+                return Err(PublisherError::AlreadyDeclared(key.as_str().to_owned()));
+            }
+            st.publications
+                .insert(key.as_str().to_owned(), qos.reliability);
+        }
+        self.inner.announce();
+        Ok(Publisher::new(self.inner.clone(), key, qos, data))
+    }
+
+    /// Subscribes to `expr`; events queue for [`Subscriber::recv`].
+    pub fn subscribe(&self, expr: &str) -> Result<Subscriber, SubscribeError> {
+        self.subscribe_with(expr, SubscriberQos::default())
+    }
+
+    /// Subscribes to `expr` with `qos`; events queue for [`Subscriber::recv`].
+    pub fn subscribe_with(
+        &self,
+        expr: &str,
+        qos: SubscriberQos,
+    ) -> Result<Subscriber, SubscribeError> {
+        self.declare_subscriber(expr, qos, None)
+    }
+
+    /// Subscribes to `expr` with `qos`; `callback` runs for every event on a
+    /// dispatcher thread of this subscription.
+    pub fn subscribe_callback<F>(
+        &self,
+        expr: &str,
+        qos: SubscriberQos,
+        callback: F,
+    ) -> Result<Subscriber, SubscribeError>
+    where
+        F: FnMut(Event) + Send + 'static,
+    {
+        self.declare_subscriber(expr, qos, Some(Box::new(callback)))
+    }
+
+    fn declare_subscriber(
+        &self,
+        expr: &str,
+        qos: SubscriberQos,
+        callback: Option<Box<dyn FnMut(Event) + Send>>,
+    ) -> Result<Subscriber, SubscribeError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(SubscribeError::Closed);
+        }
+        let expr = KeyExpr::new(expr)?;
+        let id = self.inner.next_sub_id.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::new(SubShared::new(&self.inner, id, expr, &qos)?);
+        let peers: Vec<_> = {
+            let mut st = lock(&self.inner.state);
+            st.subs.push(Arc::downgrade(&shared));
+            st.peers.values().cloned().collect()
+        };
+        // Connect to the publishers known now, before returning.
+        shared.set_endpoints(self.inner.endpoints_for(&shared.expr, &peers));
+        Subscriber::start(self.inner.clone(), shared, callback)
+    }
+
+    /// The nodes this node currently knows in its domain, itself included.
+    pub fn peers(&self) -> Vec<Announcement> {
+        lock(&self.inner.state).peers.values().cloned().collect()
+    }
+
+    /// A snapshot of this node's counters.
+    pub fn stats(&self) -> NodeStats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Asks the node at `control_endpoint` for its announcement and
+    /// counters; `None` if it does not answer within `timeout`.
+    pub fn query(&self, control_endpoint: &str, timeout: Duration) -> Option<control::NodeInfo> {
+        control::query(&self.inner, control_endpoint, timeout)
+    }
+
+    /// Closes the node: its publishers and subscribers stop (their calls
+    /// return `Closed`), its announcement is withdrawn, and queued samples
+    /// get up to `close_linger_ms` to leave. Idempotent.
+    pub fn close(&self) {
+        close(&self.inner);
+    }
+}
+
+pub(crate) fn close(inner: &Arc<NodeInner>) {
+    if inner.closed.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    if let Some(th) = lock(&inner.thread).take() {
+        let _ = th.join();
+    }
+    let subs: Vec<_> = {
+        let mut st = lock(&inner.state);
+        st.publications.clear();
+        std::mem::take(&mut st.subs)
+    };
+    for s in subs.iter().filter_map(Weak::upgrade) {
+        s.wake();
+    }
+    if let Some(dir) = &inner.local {
+        let dir = lock(dir);
+        dir.remove(&inner.id.to_hex());
+        let a = inner.announcement(&lock(&inner.state));
+        crate::discovery::remove_ipc_files(&a);
+    }
+    tracing::debug!(node = %inner.name, "node closed");
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("name", &self.inner.name)
+            .field("id", &self.inner.id)
+            .field("domain", &self.inner.domain)
+            .finish()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        close(&self.inner);
+    }
+}

@@ -1,0 +1,251 @@
+//! Publishers: put samples of one key.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use milonga_wire::cbor::{encode_payload, to_cbor, Encoded};
+use milonga_wire::frame::{self, Encoding, Header, Kind, FLAG_PAYLOAD_FRAME, HEADER_LEN};
+use milonga_wire::{Bytes, Key, Value};
+
+use crate::error::PutError;
+use crate::node::{lock, DataSocket, NodeInner};
+use crate::qos::PublisherQos;
+use crate::stats;
+use crate::zmq_io;
+
+/// Offset of the sequence number within the header.
+const SEQ_OFFSET: usize = 28;
+
+/// A declared publisher of one key. `Send + Sync`: share it between threads
+/// (puts are serialised; sequence numbers follow the order of sends).
+/// Dropping it withdraws the publication.
+pub struct Publisher {
+    node: Arc<NodeInner>,
+    key: Key,
+    qos: PublisherQos,
+    data: Arc<DataSocket>,
+    /// `key | 0 | header` with the fields that never change filled in.
+    template: Vec<u8>,
+    /// Last sequence number sent; only touched with the data socket locked.
+    seq: std::sync::atomic::AtomicU64,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+#[derive(Clone, Copy)]
+enum Wait {
+    /// `try_put`: fail at once.
+    No,
+    /// Wait without a limit.
+    Forever,
+    /// Wait at most this long.
+    For(Duration),
+}
+
+impl Publisher {
+    pub(crate) fn new(
+        node: Arc<NodeInner>,
+        key: Key,
+        qos: PublisherQos,
+        data: Arc<DataSocket>,
+    ) -> Self {
+        let header = Header {
+            kind: Kind::Sample,
+            flags: 0,
+            encoding: Encoding::Raw,
+            domain_tag: node.domain_tag,
+            schema_id: 0,
+            node_id: node.id,
+            seq: 0,
+            timestamp_ns: 0,
+        };
+        let mut template = vec![0u8; frame::head_len(&key)];
+        frame::write_head(&key, &header, &mut template);
+        Publisher {
+            node,
+            key,
+            qos,
+            data,
+            template,
+            seq: Default::default(),
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &str {
+        self.key.as_str()
+    }
+
+    /// The QoS.
+    pub fn qos(&self) -> &PublisherQos {
+        &self.qos
+    }
+
+    /// Puts a value. Best effort never waits; reliable waits for room up to
+    /// the QoS `put_timeout`.
+    pub fn put(&self, value: impl Into<Value>) -> Result<(), PutError> {
+        let enc = encode_payload(&value.into(), self.node.cfg.zero_copy_threshold_bytes)?;
+        self.send(enc, 0, self.default_wait())
+    }
+
+    /// Puts a value, failing with [`PutError::WouldBlock`] at once instead of
+    /// waiting when a reliable publisher's subscriber is full.
+    pub fn try_put(&self, value: impl Into<Value>) -> Result<(), PutError> {
+        let enc = encode_payload(&value.into(), self.node.cfg.zero_copy_threshold_bytes)?;
+        self.send(enc, 0, Wait::No)
+    }
+
+    /// Puts a value, waiting at most `timeout` for room (reliable only).
+    pub fn put_timeout(&self, value: impl Into<Value>, timeout: Duration) -> Result<(), PutError> {
+        let enc = encode_payload(&value.into(), self.node.cfg.zero_copy_threshold_bytes)?;
+        self.send(enc, 0, Wait::For(timeout))
+    }
+
+    /// Puts a user type serialized with serde as CBOR, with `schema_id` in
+    /// the header (0 = none).
+    pub fn put_serde<T: serde::Serialize + ?Sized>(
+        &self,
+        value: &T,
+        schema_id: u32,
+    ) -> Result<(), PutError> {
+        let enc = Encoded {
+            encoding: Encoding::Cbor,
+            head: to_cbor(value)?,
+            tail: None,
+        };
+        self.send(enc, schema_id, self.default_wait())
+    }
+
+    fn default_wait(&self) -> Wait {
+        self.qos.put_timeout.map_or(Wait::Forever, Wait::For)
+    }
+
+    /// How many subscriptions currently match this key, as far as this
+    /// publisher's socket has heard (subscriptions travel asynchronously).
+    pub fn subscriber_count(&self) -> u32 {
+        let mut d = lock(&self.data.sock);
+        d.drain_subscriptions(&self.node.counters);
+        d.subscribers_of(&self.template[..self.key.as_str().len() + 1])
+    }
+
+    fn send(&self, enc: Encoded, schema_id: u32, wait: Wait) -> Result<(), PutError> {
+        if self.node.closed.load(Ordering::Acquire) {
+            return Err(PutError::Closed);
+        }
+        let tail_len = enc.tail.as_ref().map_or(0, Bytes::len);
+        let size = self.template.len() + enc.head.len() + tail_len;
+        if size > self.node.cfg.max_message_bytes {
+            return Err(PutError::TooLarge {
+                size,
+                limit: self.node.cfg.max_message_bytes,
+            });
+        }
+        let started = Instant::now();
+        let timestamp_ns = now_ns();
+        let mut msg = self.build(&enc, schema_id, 0, timestamp_ns);
+        let h = self.key.as_str().len() + 1;
+
+        let mut d = lock(&self.data.sock);
+        let seq = self.seq.load(Ordering::Relaxed) + 1;
+        msg[h + SEQ_OFFSET..h + SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());
+        let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
+        let mut msg = Some(msg);
+        loop {
+            let m = msg.take().expect("message present until sent");
+            // libzmq checks the high-water mark on the first frame only: once
+            // it is accepted, the payload frame is accepted too.
+            match d.sock.send(m, zmq::DONTWAIT | more) {
+                Ok(()) => break,
+                Err(zmq::Error::EAGAIN) => {}
+                Err(e) => return Err(PutError::Socket(e)),
+            }
+            // Only a reliable (XPUB_NODROP) socket returns EAGAIN.
+            let left = match wait {
+                Wait::No => {
+                    stats::inc(&self.node.counters.puts_blocked);
+                    return Err(PutError::WouldBlock);
+                }
+                Wait::Forever => Duration::MAX,
+                Wait::For(t) => t.saturating_sub(started.elapsed()),
+            };
+            if left.is_zero() {
+                stats::inc(&self.node.counters.puts_blocked);
+                let Wait::For(t) = wait else {
+                    unreachable!("only a bounded wait runs out")
+                };
+                return Err(PutError::Timeout(t));
+            }
+            if self.node.closed.load(Ordering::Acquire) {
+                return Err(PutError::Closed);
+            }
+            // Wait for room in slices, letting the node thread use the
+            // socket in between (it reads subscription messages).
+            let slice = left.min(Duration::from_millis(10));
+            let _ = d.sock.poll(zmq::POLLOUT, slice.as_millis().max(1) as i64);
+            drop(d);
+            d = lock(&self.data.sock);
+            msg = Some(self.build(&enc, schema_id, seq, timestamp_ns));
+        }
+        if let Some(tail) = enc.tail {
+            zmq_io::send_bytes(&mut d.sock, tail, 0).map_err(PutError::Socket)?;
+        }
+        self.seq.store(seq, Ordering::Relaxed);
+        drop(d);
+        stats::inc(&self.node.counters.samples_sent);
+        Ok(())
+    }
+
+    /// The first frame: `key | 0 | header | head of the payload`. Built
+    /// again for a retry after EAGAIN, because the `zmq` crate consumes the
+    /// message even when the send fails.
+    fn build(&self, enc: &Encoded, schema_id: u32, seq: u64, timestamp_ns: u64) -> zmq::Message {
+        let h = self.key.as_str().len() + 1;
+        let mut msg = zmq::Message::with_size(self.template.len() + enc.head.len());
+        let (head, body) = msg.split_at_mut(self.template.len());
+        head.copy_from_slice(&self.template);
+        body.copy_from_slice(&enc.head);
+        head[h + 2] = if enc.tail.is_some() {
+            FLAG_PAYLOAD_FRAME
+        } else {
+            0
+        };
+        head[h + 3] = enc.encoding as u8;
+        head[h + 8..h + 12].copy_from_slice(&schema_id.to_le_bytes());
+        head[h + SEQ_OFFSET..h + SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());
+        head[h + 36..h + HEADER_LEN].copy_from_slice(&timestamp_ns.to_le_bytes());
+        msg
+    }
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("key", &self.key.as_str())
+            .field("qos", &self.qos)
+            .finish()
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        let removed = lock(&self.node.state)
+            .publications
+            .remove(self.key.as_str())
+            .is_some();
+        if removed && !self.node.closed.load(Ordering::Acquire) {
+            self.node.announce();
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Publisher>();
+}

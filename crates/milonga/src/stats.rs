@@ -1,0 +1,65 @@
+//! Counters of a node: everything dropped is counted here.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// A snapshot of a node's counters.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+        #[non_exhaustive]
+        pub struct NodeStats { $($(#[$doc])* pub $name: u64,)* }
+
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters { $(pub $name: AtomicU64,)* }
+
+        impl Counters {
+            pub(crate) fn snapshot(&self) -> NodeStats {
+                NodeStats { $($name: self.$name.load(Relaxed),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Samples sent by this node's publishers.
+    samples_sent,
+    /// Samples delivered to this node's subscriptions.
+    samples_received,
+    /// Samples lost, as seen from gaps in sequence numbers, over all subscriptions.
+    samples_lost,
+    /// Data frames dropped as malformed (bad key, truncated header, unknown flags...).
+    frames_malformed,
+    /// Data frames dropped for an unsupported protocol version.
+    frames_bad_version,
+    /// Data frames dropped for an unknown kind or encoding.
+    frames_unknown_kind,
+    /// Data frames dropped because they came from another domain.
+    frames_foreign_domain,
+    /// Samples dropped because their payload did not decode.
+    payloads_malformed,
+    /// Samples dropped as duplicates or out of order.
+    samples_duplicate,
+    /// Connections dropped because the peer did not speak ZMTP correctly
+    /// (random bytes on a data or control port, for example).
+    handshakes_failed,
+    /// Control requests dropped as malformed.
+    control_malformed,
+    /// Peers ignored because they belong to another domain.
+    peers_foreign_domain,
+    /// Announcement files that could not be read.
+    announcements_malformed,
+    /// Subscribe/unsubscribe messages received by the data sockets.
+    subscription_messages,
+    /// Reliable puts that returned WouldBlock or Timeout.
+    puts_blocked,
+}
+
+pub(crate) fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}
+
+pub(crate) fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Relaxed);
+}

@@ -1,0 +1,507 @@
+//! Subscriptions: a key expression, a SUB socket, and the checks every
+//! received frame goes through before it becomes an [`Event`].
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use milonga_wire::cbor::decode_payload;
+use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRAME};
+use milonga_wire::{KeyExpr, NodeId};
+
+use crate::error::{OpenError, RecvError, SubscribeError};
+use crate::node::{lock, NodeInner};
+use crate::qos::SubscriberQos;
+use crate::sample::{Event, LostSamples, Sample};
+use crate::stats::{self, Counters};
+use crate::zmq_io::{self, message_bytes};
+
+/// Logs the first drops of a kind, then one in a thousand, so that a flood
+/// of bad input cannot flood the log; the counters count every one.
+fn log_drop(count: u64, what: &str, detail: &dyn std::fmt::Display) {
+    if count <= 10 || count % 1000 == 0 {
+        tracing::warn!(dropped_so_far = count, "dropped {what}: {detail}");
+    }
+}
+
+struct SubIo {
+    sock: zmq::Socket,
+    wake_rx: zmq::Socket,
+    connected: BTreeSet<String>,
+    applied: u64,
+    last_seq: HashMap<NodeId, HashMap<String, u64>>,
+    pending: VecDeque<Event>,
+}
+
+#[derive(Debug, Default)]
+struct Target {
+    endpoints: BTreeSet<String>,
+    generation: u64,
+}
+
+/// The part of a subscription the node thread also reaches.
+pub(crate) struct SubShared {
+    pub expr: KeyExpr,
+    node: Arc<NodeInner>,
+    io: Mutex<SubIo>,
+    target: Mutex<Target>,
+    wake_tx: Mutex<zmq::Socket>,
+    stop: AtomicBool,
+    lost_total: AtomicU64,
+    lost_by_publisher: Mutex<HashMap<NodeId, u64>>,
+}
+
+impl SubShared {
+    pub(crate) fn new(
+        node: &Arc<NodeInner>,
+        id: u64,
+        expr: KeyExpr,
+        qos: &SubscriberQos,
+    ) -> Result<Self, OpenError> {
+        let sock = node.ctx.socket(zmq::SUB)?;
+        let cfg_err = |source| OpenError::Socket {
+            action: "configure",
+            endpoint: format!("subscription {expr}"),
+            source,
+        };
+        zmq_io::apply_common(&sock, &node.cfg).map_err(cfg_err)?;
+        sock.set_rcvhwm(qos.queue_depth.unwrap_or(node.cfg.recv_hwm))
+            .map_err(cfg_err)?;
+        for p in expr.zmq_prefixes() {
+            sock.set_subscribe(&p).map_err(cfg_err)?;
+        }
+        let wake_ep = format!("inproc://milonga-wake-{}-{id}", node.id);
+        let wake_rx = node.ctx.socket(zmq::PAIR)?;
+        node.bind(&wake_rx, &wake_ep)?;
+        let wake_tx = node.ctx.socket(zmq::PAIR)?;
+        wake_tx.set_linger(0).map_err(cfg_err)?;
+        wake_tx
+            .connect(&wake_ep)
+            .map_err(|source| OpenError::Socket {
+                action: "connect",
+                endpoint: wake_ep.clone(),
+                source,
+            })?;
+        Ok(SubShared {
+            expr,
+            node: node.clone(),
+            io: Mutex::new(SubIo {
+                sock,
+                wake_rx,
+                connected: BTreeSet::new(),
+                applied: 0,
+                last_seq: HashMap::new(),
+                pending: VecDeque::new(),
+            }),
+            target: Mutex::new(Target::default()),
+            wake_tx: Mutex::new(wake_tx),
+            stop: AtomicBool::new(false),
+            lost_total: AtomicU64::new(0),
+            lost_by_publisher: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Sets the data endpoints this subscription should be connected to.
+    /// Applied at once if the socket is free, else by the thread using it,
+    /// which this wakes.
+    pub(crate) fn set_endpoints(&self, endpoints: BTreeSet<String>) {
+        {
+            let mut t = lock(&self.target);
+            if t.endpoints == endpoints {
+                return;
+            }
+            t.endpoints = endpoints;
+            t.generation += 1;
+        }
+        match self.io.try_lock() {
+            Ok(mut io) => self.apply(&mut io),
+            Err(_) => self.wake(),
+        }
+    }
+
+    /// Interrupts a thread blocked in `recv` so that it re-checks its state.
+    pub(crate) fn wake(&self) {
+        let _ = lock(&self.wake_tx).send(&[][..], zmq::DONTWAIT);
+    }
+
+    fn apply(&self, io: &mut SubIo) {
+        let t = lock(&self.target);
+        if t.generation == io.applied {
+            return;
+        }
+        io.applied = t.generation;
+        let gone: Vec<String> = io.connected.difference(&t.endpoints).cloned().collect();
+        for ep in gone {
+            let _ = io.sock.disconnect(&ep);
+            io.connected.remove(&ep);
+            tracing::debug!(expr = %self.expr, endpoint = %ep, "disconnected");
+        }
+        for ep in t.endpoints.difference(&io.connected.clone()) {
+            match io.sock.connect(ep) {
+                Ok(()) => {
+                    io.connected.insert(ep.clone());
+                    tracing::debug!(expr = %self.expr, endpoint = %ep, "connected");
+                }
+                Err(err) => {
+                    tracing::warn!(expr = %self.expr, endpoint = %ep, %err, "cannot connect")
+                }
+            }
+        }
+        if io.connected.is_empty() {
+            // No publisher left: forget sequence state, which keeps memory
+            // bounded across publishers that come and go.
+            io.last_seq.clear();
+        }
+    }
+
+    fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut io = lock(&self.io);
+        loop {
+            if let Some(ev) = io.pending.pop_front() {
+                return Ok(ev);
+            }
+            if self.node.closed.load(Ordering::Acquire) || self.stop.load(Ordering::Acquire) {
+                return Err(RecvError::Closed);
+            }
+            self.apply(&mut io);
+            match io.sock.recv_msg(zmq::DONTWAIT) {
+                Ok(first) => {
+                    self.handle(&mut io, first);
+                    continue;
+                }
+                Err(zmq::Error::EAGAIN) => {}
+                Err(e) => return Err(RecvError::Socket(e)),
+            }
+            let wait_ms = match deadline {
+                None => 1000,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(if timeout == Some(Duration::ZERO) {
+                            RecvError::Empty
+                        } else {
+                            RecvError::Timeout
+                        });
+                    }
+                    // Round up so that a wait never ends early.
+                    (left.as_micros().div_ceil(1000) as i64).min(1000)
+                }
+            };
+            let wake_ready = {
+                let mut items = [
+                    io.sock.as_poll_item(zmq::POLLIN),
+                    io.wake_rx.as_poll_item(zmq::POLLIN),
+                ];
+                zmq::poll(&mut items, wait_ms).map_err(RecvError::Socket)?;
+                items[1].is_readable()
+            };
+            if wake_ready {
+                while io.wake_rx.recv_msg(zmq::DONTWAIT).is_ok() {}
+            }
+        }
+    }
+
+    /// Checks one received message and queues the events it yields.
+    fn handle(&self, io: &mut SubIo, first: zmq::Message) {
+        let c = &self.node.counters;
+        let second = if first.get_more() {
+            match io.sock.recv_msg(0) {
+                Ok(m) if !m.get_more() => Some(m),
+                Ok(_) => {
+                    while let Ok(m) = io.sock.recv_msg(0) {
+                        if !m.get_more() {
+                            break;
+                        }
+                    }
+                    let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                    log_drop(n, "a data message", &"more than two frames");
+                    return;
+                }
+                Err(_) => return,
+            }
+        } else {
+            None
+        };
+        let frame = message_bytes(first);
+        let view = match frame::decode(&frame) {
+            Ok(v) => v,
+            Err(err) => {
+                let counter = match err {
+                    FrameError::UnsupportedVersion(_) => &c.frames_bad_version,
+                    FrameError::UnknownKind(_) | FrameError::UnknownEncoding(_) => {
+                        &c.frames_unknown_kind
+                    }
+                    _ => &c.frames_malformed,
+                };
+                let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(n, "a data frame", &err);
+                return;
+            }
+        };
+        let h = view.header;
+        if h.domain_tag != self.node.domain_tag {
+            let n = c.frames_foreign_domain.fetch_add(1, Ordering::Relaxed) + 1;
+            log_drop(
+                n,
+                "a frame of another domain",
+                &format_args!("key {}", view.key),
+            );
+            return;
+        }
+        let has_flag = h.flags & FLAG_PAYLOAD_FRAME != 0;
+        if has_flag != second.is_some() {
+            let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+            let err = FrameError::FrameCount {
+                flag: has_flag,
+                frames: 1 + usize::from(second.is_some()),
+            };
+            log_drop(n, "a data message", &err);
+            return;
+        }
+        if !self.expr.matches(view.key) {
+            // Prefix filtering lets through a superset; not an error.
+            return;
+        }
+        let key = view.key.to_owned();
+        let body_offset = view.body_offset;
+        match h.kind {
+            Kind::Sample => {
+                if !self.check_seq(io, c, h.node_id, &key, h.seq) {
+                    return;
+                }
+                let first = frame.slice(body_offset..);
+                match decode_payload(h.encoding, first, second.map(message_bytes)) {
+                    Ok(value) => {
+                        stats::inc(&c.samples_received);
+                        io.pending.push_back(Event::Sample(Sample {
+                            key,
+                            value,
+                            publisher: h.node_id,
+                            seq: h.seq,
+                            timestamp_ns: h.timestamp_ns,
+                            encoding: h.encoding,
+                            schema_id: h.schema_id,
+                        }));
+                    }
+                    Err(err) => {
+                        let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                        log_drop(n, "a sample whose payload does not decode", &err);
+                    }
+                }
+            }
+            Kind::Batch => {
+                // `decode` has validated every entry.
+                let entries = BatchEntries::new(view.body).into_iter().flatten().flatten();
+                for (i, e) in entries.enumerate() {
+                    let seq = h.seq + i as u64;
+                    if !self.check_seq(io, c, h.node_id, &key, seq) {
+                        continue;
+                    }
+                    let start = body_offset + e.offset;
+                    let payload = frame.slice(start..start + e.payload.len());
+                    match decode_payload(h.encoding, payload, None) {
+                        Ok(value) => {
+                            stats::inc(&c.samples_received);
+                            io.pending.push_back(Event::Sample(Sample {
+                                key: key.clone(),
+                                value,
+                                publisher: h.node_id,
+                                seq,
+                                timestamp_ns: e.timestamp_ns,
+                                encoding: h.encoding,
+                                schema_id: h.schema_id,
+                            }));
+                        }
+                        Err(err) => {
+                            let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                            log_drop(n, "a batched sample whose payload does not decode", &err);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether sample `seq` of (`node`, `key`) is new; queues a
+    /// [`Event::Lost`] when it reveals a gap.
+    fn check_seq(&self, io: &mut SubIo, c: &Counters, node: NodeId, key: &str, seq: u64) -> bool {
+        let per = io.last_seq.entry(node).or_default();
+        let Some(last) = per.get_mut(key) else {
+            per.insert(key.to_owned(), seq);
+            return true;
+        };
+        if seq <= *last {
+            let n = c.samples_duplicate.fetch_add(1, Ordering::Relaxed) + 1;
+            log_drop(
+                n,
+                "a duplicate or out-of-order sample",
+                &format_args!("{key} seq {seq} after {last}"),
+            );
+            return false;
+        }
+        let lost = seq - *last - 1;
+        let first_seq = *last + 1;
+        *last = seq;
+        if lost > 0 {
+            stats::add(&c.samples_lost, lost);
+            self.lost_total.fetch_add(lost, Ordering::Relaxed);
+            *lock(&self.lost_by_publisher).entry(node).or_insert(0) += lost;
+            io.pending.push_back(Event::Lost(LostSamples {
+                publisher: node,
+                key: key.to_owned(),
+                count: lost,
+                first_seq,
+            }));
+        }
+        true
+    }
+}
+
+/// A subscription. `Send + Sync`. Events queue for [`Subscriber::recv`]
+/// (and its variants, and the iterator), or go to the callback given at
+/// declaration. Dropping it undeclares the subscription.
+pub struct Subscriber {
+    shared: Arc<SubShared>,
+    dispatcher: Option<JoinHandle<()>>,
+}
+
+impl Subscriber {
+    pub(crate) fn start(
+        _node: Arc<NodeInner>,
+        shared: Arc<SubShared>,
+        callback: Option<Box<dyn FnMut(Event) + Send>>,
+    ) -> Result<Subscriber, SubscribeError> {
+        let dispatcher = match callback {
+            None => None,
+            Some(mut cb) => {
+                let s = shared.clone();
+                let th = std::thread::Builder::new()
+                    .name(format!("milonga-sub {}", shared.expr))
+                    .spawn(move || loop {
+                        match s.next_event(Some(Duration::from_millis(200))) {
+                            Ok(ev) => {
+                                let key = s.expr.to_string();
+                                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(ev)));
+                                if r.is_err() {
+                                    tracing::error!(expr = %key, "a subscription callback panicked; the subscription goes on");
+                                }
+                            }
+                            Err(RecvError::Timeout) => {}
+                            Err(_) => break,
+                        }
+                        if s.stop.load(Ordering::Acquire) {
+                            break;
+                        }
+                    })
+                    .map_err(SubscribeError::Thread)?;
+                Some(th)
+            }
+        };
+        Ok(Subscriber { shared, dispatcher })
+    }
+
+    fn check_mode(&self) -> Result<(), RecvError> {
+        if self.dispatcher.is_some() {
+            Err(RecvError::CallbackMode)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The key expression.
+    pub fn key_expr(&self) -> &str {
+        self.shared.expr.as_str()
+    }
+
+    /// Waits for the next event until the node closes.
+    pub fn recv(&self) -> Result<Event, RecvError> {
+        self.check_mode()?;
+        self.shared.next_event(None)
+    }
+
+    /// Waits at most `timeout` for the next event.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Event, RecvError> {
+        self.check_mode()?;
+        self.shared.next_event(Some(timeout))
+    }
+
+    /// The next event if one is queued, else [`RecvError::Empty`].
+    pub fn try_recv(&self) -> Result<Event, RecvError> {
+        self.check_mode()?;
+        self.shared.next_event(Some(Duration::ZERO))
+    }
+
+    /// Iterates over events until the node closes.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter { sub: self }
+    }
+
+    /// Samples lost, over all publishers, since the subscription began.
+    pub fn lost(&self) -> u64 {
+        self.shared.lost_total.load(Ordering::Relaxed)
+    }
+
+    /// Samples lost per publisher.
+    pub fn lost_by_publisher(&self) -> HashMap<NodeId, u64> {
+        lock(&self.shared.lost_by_publisher).clone()
+    }
+
+    /// Number of publisher data endpoints this subscription is connected to.
+    pub fn connected_endpoints(&self) -> usize {
+        match self.shared.io.try_lock() {
+            Ok(io) => io.connected.len(),
+            Err(_) => lock(&self.shared.target).endpoints.len(),
+        }
+    }
+}
+
+/// Blocking iterator over a subscription's events; ends when the node closes.
+#[derive(Debug)]
+pub struct Iter<'a> {
+    sub: &'a Subscriber,
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Event;
+    fn next(&mut self) -> Option<Event> {
+        self.sub.recv().ok()
+    }
+}
+
+impl<'a> IntoIterator for &'a Subscriber {
+    type Item = Event;
+    type IntoIter = Iter<'a>;
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}
+
+impl std::fmt::Debug for Subscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriber")
+            .field("key_expr", &self.key_expr())
+            .field("callback", &self.dispatcher.is_some())
+            .finish()
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake();
+        if let Some(th) = self.dispatcher.take() {
+            if th.thread().id() != std::thread::current().id() {
+                let _ = th.join();
+            }
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Subscriber>();
+}

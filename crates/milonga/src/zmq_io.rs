@@ -1,0 +1,171 @@
+//! Everything that touches libzmq beyond the safe `zmq` crate: the process
+//! context, socket options the crate does not expose, and zero-copy send and
+//! receive. The only module with `unsafe`.
+
+use std::os::raw::{c_int, c_void};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+
+use crate::config::Config;
+use crate::error::OpenError;
+
+/// Nodes of one process share one context, so that `inproc://` endpoints
+/// reach between them. The context is created by the first node and
+/// terminated when the last one closes, which lets queued messages leave
+/// (bounded by each socket's linger).
+static CONTEXT: Mutex<(usize, Option<zmq::Context>)> = Mutex::new((0, None));
+
+/// A reference on the process context; dropping the last one terminates it.
+pub(crate) struct ContextRef(Option<zmq::Context>);
+
+impl ContextRef {
+    pub(crate) fn acquire() -> ContextRef {
+        let mut g = CONTEXT.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 += 1;
+        let ctx = g.1.get_or_insert_with(|| {
+            let c = zmq::Context::new();
+            // One I/O thread per 1 GB/s is libzmq's guidance; one is right
+            // for these sizes, and every extra thread costs memory.
+            let _ = c.set_io_threads(1);
+            c
+        });
+        ContextRef(Some(ctx.clone()))
+    }
+
+    pub(crate) fn socket(&self, kind: zmq::SocketType) -> Result<zmq::Socket, OpenError> {
+        self.0
+            .as_ref()
+            .expect("context is present until drop")
+            .socket(kind)
+            .map_err(|source| OpenError::Socket {
+                action: "create a socket for",
+                endpoint: format!("{kind:?}"),
+                source,
+            })
+    }
+}
+
+impl Drop for ContextRef {
+    fn drop(&mut self) {
+        let mine = self.0.take();
+        let last = {
+            let mut g = CONTEXT.lock().unwrap_or_else(|e| e.into_inner());
+            g.0 -= 1;
+            if g.0 == 0 {
+                g.1.take()
+            } else {
+                None
+            }
+        };
+        drop(mine);
+        // Dropping the last clone runs zmq_ctx_term outside the lock: it
+        // waits for sockets' linger, and a new node may open meanwhile.
+        drop(last);
+    }
+}
+
+/// Options every Milonga socket gets: libzmq's defaults (no heartbeats, no
+/// size limit, infinite linger) are wrong for a control system.
+pub(crate) fn apply_common(sock: &zmq::Socket, cfg: &Config) -> zmq::Result<()> {
+    sock.set_heartbeat_ivl(cfg.heartbeat_interval_ms)?;
+    sock.set_heartbeat_timeout(cfg.heartbeat_timeout_ms)?;
+    sock.set_heartbeat_ttl(cfg.heartbeat_timeout_ms)?;
+    sock.set_maxmsgsize(i64::try_from(cfg.max_message_bytes).unwrap_or(i64::MAX))?;
+    sock.set_sndhwm(cfg.send_hwm)?;
+    sock.set_rcvhwm(cfg.recv_hwm)?;
+    sock.set_linger(0)?;
+    sock.set_reconnect_ivl(100)?;
+    sock.set_reconnect_ivl_max(2000)?;
+    if cfg.tcp_buffer_bytes > 0 {
+        sock.set_sndbuf(cfg.tcp_buffer_bytes)?;
+        sock.set_rcvbuf(cfg.tcp_buffer_bytes)?;
+    }
+    Ok(())
+}
+
+fn set_int(sock: &mut zmq::Socket, option: u32, value: c_int) -> zmq::Result<()> {
+    // SAFETY: the socket pointer is valid for the life of `sock`, which we
+    // borrow mutably so no other thread uses it; the option value is a c_int
+    // of the size passed, as libzmq expects for these integer options.
+    let rc = unsafe {
+        zmq_sys::zmq_setsockopt(
+            sock.as_mut_ptr(),
+            option as c_int,
+            (&value as *const c_int).cast::<c_void>(),
+            std::mem::size_of::<c_int>(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(last_error())
+    }
+}
+
+/// ZMQ_XPUB_NODROP: block (EAGAIN) instead of dropping at the HWM.
+pub(crate) fn set_xpub_nodrop(sock: &mut zmq::Socket, on: bool) -> zmq::Result<()> {
+    set_int(sock, zmq_sys::ZMQ_XPUB_NODROP, c_int::from(on))
+}
+
+/// ZMQ_XPUB_VERBOSER: pass every subscribe and unsubscribe to the
+/// application, so that the publisher can count its subscribers.
+pub(crate) fn set_xpub_verboser(sock: &mut zmq::Socket) -> zmq::Result<()> {
+    set_int(sock, zmq_sys::ZMQ_XPUB_VERBOSER, 1)
+}
+
+fn last_error() -> zmq::Error {
+    // SAFETY: zmq_errno only reads the thread's errno.
+    zmq::Error::from_raw(unsafe { zmq_sys::zmq_errno() })
+}
+
+unsafe extern "C" fn free_bytes(_data: *mut c_void, hint: *mut c_void) {
+    // SAFETY: `hint` is the Box<Bytes> leaked by `send_bytes`, handed back
+    // exactly once by libzmq when it releases the message.
+    drop(unsafe { Box::from_raw(hint.cast::<Bytes>()) });
+}
+
+/// Sends `data` as one frame without copying it: libzmq holds a reference
+/// on the buffer until the frame has left, then releases it.
+pub(crate) fn send_bytes(sock: &mut zmq::Socket, data: Bytes, flags: i32) -> zmq::Result<()> {
+    let len = data.len();
+    let ptr = data.as_ptr() as *mut c_void;
+    let hint = Box::into_raw(Box::new(data));
+    let mut msg = zmq_sys::zmq_msg_t::default();
+    // SAFETY: `ptr`/`len` stay valid while the Box<Bytes> behind `hint`
+    // lives; libzmq calls `free_bytes(ptr, hint)` once when done. It never
+    // writes through `ptr`.
+    let rc =
+        unsafe { zmq_sys::zmq_msg_init_data(&mut msg, ptr, len, Some(free_bytes), hint.cast()) };
+    if rc != 0 {
+        // SAFETY: init failed, so libzmq did not take the hint; reclaim it.
+        drop(unsafe { Box::from_raw(hint) });
+        return Err(last_error());
+    }
+    // SAFETY: `msg` is initialised; the socket pointer is valid and used by
+    // this thread only (we hold `&mut`).
+    let rc = unsafe { zmq_sys::zmq_msg_send(&mut msg, sock.as_mut_ptr(), flags as c_int) };
+    if rc < 0 {
+        let e = last_error();
+        // SAFETY: a failed send leaves the message with us; closing it runs
+        // `free_bytes`.
+        unsafe { zmq_sys::zmq_msg_close(&mut msg) };
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// A received frame shown as [`Bytes`] without a copy.
+struct MessageBytes(zmq::Message);
+
+impl AsRef<[u8]> for MessageBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Wraps a received message so that slices of it can outlive the receive
+/// call without a copy.
+pub(crate) fn message_bytes(msg: zmq::Message) -> Bytes {
+    Bytes::from_owner(MessageBytes(msg))
+}

@@ -1,0 +1,109 @@
+//! Publish/subscribe between nodes of one process, on every transport.
+
+use std::time::Duration;
+
+use milonga_testkit::wait_for;
+
+use milonga::{Config, Event, Node, PublisherQos, Transport, Value};
+
+fn open(domain: &str, name: &str, transport: Transport, dir: &std::path::Path) -> Node {
+    let mut cfg = Config::new(&format!("milonga:///{domain}"), name);
+    cfg.transport = transport;
+    cfg.runtime_dir = Some(dir.to_path_buf());
+    Node::open_with(cfg).expect("open node")
+}
+
+fn round_trip(transport: Transport) {
+    let dir = milonga_testkit::TempDir::new("inproc-test");
+    let a = open("t", "pub", transport, dir.path());
+    let b = open("t", "sub", transport, dir.path());
+    let p = a.publisher("sr/ps/1/current").unwrap();
+    let s = b.subscribe("sr/*/1/**").unwrap();
+    wait_for("subscription", Duration::from_secs(5), || {
+        p.subscriber_count() == 1
+    });
+    for i in 0..100 {
+        p.put(i as f64).unwrap();
+    }
+    p.put(vec![1.0f64; 200_000]).unwrap();
+    for i in 0..100u64 {
+        let ev = s.recv_timeout(Duration::from_secs(5)).unwrap();
+        let Event::Sample(sample) = ev else {
+            panic!("unexpected {ev:?}")
+        };
+        assert_eq!(sample.key, "sr/ps/1/current");
+        assert_eq!(sample.seq, i + 1);
+        assert_eq!(sample.value, Value::Float(i as f64));
+        assert_eq!(sample.publisher, a.id());
+    }
+    let big = s
+        .recv_timeout(Duration::from_secs(5))
+        .unwrap()
+        .into_sample()
+        .unwrap();
+    let Value::Typed(arr) = big.value else {
+        panic!("not an array")
+    };
+    assert_eq!(arr.len(), 200_000);
+    assert_eq!(s.lost(), 0);
+}
+
+#[test]
+fn tcp() {
+    round_trip(Transport::Tcp);
+}
+
+#[test]
+fn ipc() {
+    round_trip(Transport::Ipc);
+}
+
+#[test]
+fn inproc() {
+    round_trip(Transport::Inproc);
+}
+
+#[test]
+fn reliable_try_put_would_block() {
+    let dir = milonga_testkit::TempDir::new("wouldblock");
+    let mut cfg = Config::new("milonga:///wb", "pub");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    cfg.send_hwm = 10;
+    cfg.recv_hwm = 10;
+    cfg.transport = Transport::Inproc;
+    let a = Node::open_with(cfg.clone()).unwrap();
+    cfg.name = "sub".into();
+    let b = Node::open_with(cfg).unwrap();
+    let p = a.publisher_with("k", PublisherQos::reliable()).unwrap();
+    let s = b.subscribe("k").unwrap();
+    wait_for("subscription", Duration::from_secs(5), || {
+        p.subscriber_count() == 1
+    });
+    let mut sent = 0u64;
+    let blocked = loop {
+        match p.try_put(sent) {
+            Ok(()) => sent += 1,
+            Err(milonga::PutError::WouldBlock) => break true,
+            Err(e) => panic!("{e}"),
+        }
+        if sent > 1_000_000 {
+            break false;
+        }
+    };
+    assert!(
+        blocked,
+        "a reliable publisher must push back on a full subscriber"
+    );
+    assert!(matches!(
+        p.put_timeout(0u64, Duration::from_millis(50)),
+        Err(milonga::PutError::Timeout(_))
+    ));
+    for i in 0..sent {
+        let s = s
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap()
+            .into_sample()
+            .unwrap();
+        assert_eq!(s.seq, i + 1);
+    }
+}
