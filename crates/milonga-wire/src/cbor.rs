@@ -75,7 +75,7 @@ pub struct Encoded {
     /// The header's encoding byte.
     pub encoding: Encoding,
     /// Bytes that go in the first frame after the header.
-    pub head: Vec<u8>,
+    pub head: Bytes,
     /// Bytes that go, uncopied, in a second frame.
     pub tail: Option<Bytes>,
 }
@@ -87,12 +87,12 @@ pub fn encode_payload(value: &Value, split_at: usize) -> Result<Encoded, EncodeE
     match value {
         Value::Bytes(b) if b.len() >= split_at => Ok(Encoded {
             encoding: Encoding::Raw,
-            head: Vec::new(),
+            head: Bytes::new(),
             tail: Some(b.clone()),
         }),
         Value::Bytes(b) => Ok(Encoded {
             encoding: Encoding::Raw,
-            head: b.to_vec(),
+            head: b.clone(),
             tail: None,
         }),
         Value::Typed(a) if a.bytes().len() >= split_at => {
@@ -102,7 +102,7 @@ pub fn encode_payload(value: &Value, split_at: usize) -> Result<Encoded, EncodeE
                 .expect("writing to a Vec cannot fail");
             Ok(Encoded {
                 encoding: Encoding::Cbor,
-                head: e.into_writer(),
+                head: Bytes::from(e.into_writer()),
                 tail: Some(a.bytes().clone()),
             })
         }
@@ -111,7 +111,7 @@ pub fn encode_payload(value: &Value, split_at: usize) -> Result<Encoded, EncodeE
             encode_cbor(v, &mut out)?;
             Ok(Encoded {
                 encoding: Encoding::Cbor,
-                head: out,
+                head: Bytes::from(out),
                 tail: None,
             })
         }
@@ -485,7 +485,7 @@ mod tests {
             "the tail is the user's buffer"
         );
         assert_eq!(enc.head.len(), 2 + 5);
-        let back = decode_payload(enc.encoding, Bytes::from(enc.head), Some(tail.clone())).unwrap();
+        let back = decode_payload(enc.encoding, enc.head, Some(tail.clone())).unwrap();
         let Value::Typed(b) = back else { panic!() };
         assert_eq!(
             b.bytes().as_ptr(),
@@ -500,11 +500,8 @@ mod tests {
         let v = Value::Bytes(Bytes::from_static(b"\xff\x00raw"));
         let enc = encode_payload(&v, 65_536).unwrap();
         assert_eq!(enc.encoding, Encoding::Raw);
-        assert_eq!(enc.head, b"\xff\x00raw");
-        assert_eq!(
-            decode_payload(Encoding::Raw, Bytes::from(enc.head), None).unwrap(),
-            v
-        );
+        assert_eq!(enc.head, &b"\xff\x00raw"[..]);
+        assert_eq!(decode_payload(Encoding::Raw, enc.head, None).unwrap(), v);
     }
 
     #[test]

@@ -116,7 +116,7 @@ impl Publisher {
     ) -> Result<(), PutError> {
         let enc = Encoded {
             encoding: Encoding::Cbor,
-            head: to_cbor(value)?,
+            head: Bytes::from(to_cbor(value)?),
             tail: None,
         };
         self.send(enc, schema_id, self.default_wait())
@@ -156,11 +156,12 @@ impl Publisher {
         msg[h + SEQ_OFFSET..h + SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());
         let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
         let mut msg = Some(msg);
+        let mut flags = zmq::DONTWAIT;
         loop {
             let m = msg.take().expect("message present until sent");
             // libzmq checks the high-water mark on the first frame only: once
             // it is accepted, the payload frame is accepted too.
-            match d.sock.send(m, zmq::DONTWAIT | more) {
+            match d.sock.send(m, flags | more) {
                 Ok(()) => break,
                 Err(zmq::Error::EAGAIN) => {}
                 Err(e) => return Err(PutError::Socket(e)),
@@ -176,20 +177,21 @@ impl Publisher {
             };
             if left.is_zero() {
                 stats::inc(&self.node.counters.puts_blocked);
-                let Wait::For(t) = wait else {
-                    unreachable!("only a bounded wait runs out")
-                };
+                let Wait::For(t) = wait else { unreachable!("only a bounded wait runs out") };
                 return Err(PutError::Timeout(t));
             }
             if self.node.closed.load(Ordering::Acquire) {
                 return Err(PutError::Closed);
             }
-            // Wait for room in slices, letting the node thread use the
-            // socket in between (it reads subscription messages).
-            let slice = left.min(Duration::from_millis(10));
-            let _ = d.sock.poll(zmq::POLLOUT, slice.as_millis().max(1) as i64);
-            drop(d);
-            d = lock(&self.data.sock);
+            // Let libzmq wait for room (it wakes when the subscriber has read
+            // enough; XPUB's POLLOUT does not reflect the high-water mark),
+            // in slices so that a close or a deadline is noticed.
+            let slice = left.min(Duration::from_millis(100));
+            d.sock
+                .set_sndtimeo(slice.as_millis().max(1) as i32)
+                .map_err(PutError::Socket)?;
+            flags = 0;
+            // The `zmq` crate consumed the refused message: build it again.
             msg = Some(self.build(&enc, schema_id, seq, timestamp_ns));
         }
         if let Some(tail) = enc.tail {

@@ -1,0 +1,681 @@
+//! `milonga bench`: Milonga side by side with raw libzmq, in one run.
+//!
+//! pubsub: one publisher process and N subscriber processes (threads of one
+//! process for inproc). The publisher waits until all N subscriptions have
+//! reached it, sends as fast as it can for `--duration` seconds, then sends
+//! an end marker (an empty message). Each subscriber counts what it got
+//! between its first and its last data message: events/s = received /
+//! (t_last - t_first). lost = sent - received, measured the same way for
+//! both systems. Both use the same high-water marks: the number of messages
+//! that fit in 64 MiB, between 16 and 10,000.
+//!
+//! The raw baseline is libzmq as a careful user would write it: one XPUB
+//! (lossy for best effort, XPUB_NODROP and blocking sends for reliable),
+//! SUB sockets subscribed to everything, one frame per message, no
+//! encoding, no header.
+//!
+//! latency: two processes ping-pong one message at a time over PUB/SUB in
+//! each direction; the figures are one-way, half of each round trip.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use milonga::{Bytes, Config, Event, Node, PublisherQos, RecvError, Transport, Value};
+use serde::{Deserialize, Serialize};
+
+use crate::NetArgs;
+
+/// Options of `milonga bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    kind: BenchKind,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchKind {
+    /// Events per second per subscriber: 1 publisher, N subscribers.
+    Pubsub(PubsubArgs),
+    /// Ping-pong latency, one message in flight.
+    Latency(LatencyArgs),
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Table,
+    Csv,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Baseline {
+    /// Raw libzmq PUB/SUB in the same run.
+    RawZmq,
+    /// No baseline.
+    None,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+enum Mode {
+    Reliable,
+    BestEffort,
+}
+
+fn parse_list(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|x| x.trim().parse::<usize>().map_err(|e| format!("{x:?}: {e}")))
+        .collect()
+}
+
+#[derive(Args, Debug)]
+struct PubsubArgs {
+    /// Payload sizes in bytes.
+    #[arg(long, default_value = "92,4096,1048576", value_parser = parse_list)]
+    sizes: Vec<usize>,
+    /// Numbers of subscriber processes.
+    #[arg(long, default_value = "1,2,5,10", value_parser = parse_list)]
+    subs: Vec<usize>,
+    /// Transport.
+    #[arg(long = "transport", default_value = "tcp")]
+    bench_transport: Transport,
+    /// Delivery mode.
+    #[arg(long, value_enum, default_value = "reliable")]
+    mode: Mode,
+    /// Seconds of sending per cell.
+    #[arg(long, default_value_t = 2.0)]
+    duration: f64,
+    /// Baseline measured in the same run.
+    #[arg(long, value_enum, default_value = "raw-zmq")]
+    baseline: Baseline,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+#[derive(Args, Debug)]
+struct LatencyArgs {
+    /// Payload sizes in bytes.
+    #[arg(long, default_value = "92,4096,1048576", value_parser = parse_list)]
+    sizes: Vec<usize>,
+    /// Transport.
+    #[arg(long = "transport", default_value = "tcp")]
+    bench_transport: Transport,
+    /// Round trips per size (fewer for 1 MiB: a tenth, at least 100).
+    #[arg(long, default_value_t = 5000)]
+    round_trips: usize,
+    /// Baseline measured in the same run.
+    #[arg(long, value_enum, default_value = "raw-zmq")]
+    baseline: Baseline,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+/// Options of the hidden `milonga bench-worker` command.
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// The worker's role, as JSON.
+    spec: String,
+}
+
+/// Where a worker meets its peers.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct Place {
+    /// Raw: the endpoint the publisher binds. Milonga: the locator.
+    address: String,
+    /// Milonga: runtime directory and transport.
+    runtime_dir: String,
+    transport: String,
+    hwm: i32,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+#[serde(tag = "role", rename_all = "kebab-case")]
+enum Role {
+    RawPub { at: Place, size: usize, subs: usize, duration_s: f64, mode: Mode },
+    RawSub { at: Place, deadline_s: f64 },
+    MlgPub { at: Place, size: usize, subs: usize, duration_s: f64, mode: Mode },
+    MlgSub { at: Place, deadline_s: f64 },
+    RawPing { at: Place, back: String, size: usize, n: usize },
+    RawPong { at: Place, back: String },
+    MlgPing { at: Place, size: usize, n: usize },
+    MlgPong { at: Place },
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct Outcome {
+    sent: u64,
+    received: u64,
+    seconds: f64,
+    lost_reported: u64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// Runs `milonga bench`.
+pub fn run(_net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
+    match a.kind {
+        BenchKind::Pubsub(p) => pubsub(p),
+        BenchKind::Latency(l) => latency(l),
+    }
+}
+
+/// Runs a worker role in this process (`milonga bench-worker`).
+pub fn worker(a: WorkerArgs) -> Result<ExitCode> {
+    let role: Role = serde_json::from_str(&a.spec).context("bad worker spec")?;
+    let ctx = zmq::Context::new();
+    let out = run_role(&ctx, role)?;
+    println!("{}", serde_json::to_string(&out)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_role(ctx: &zmq::Context, role: Role) -> Result<Outcome> {
+    match role {
+        Role::RawPub { at, size, subs, duration_s, mode } => raw_pub(ctx, &at, size, subs, duration_s, mode),
+        Role::RawSub { at, deadline_s } => raw_sub(ctx, &at, deadline_s),
+        Role::MlgPub { at, size, subs, duration_s, mode } => mlg_pub(&at, size, subs, duration_s, mode),
+        Role::MlgSub { at, deadline_s } => mlg_sub(&at, deadline_s),
+        Role::RawPing { at, back, size, n } => raw_ping(ctx, &at, &back, size, n),
+        Role::RawPong { at, back } => raw_pong(ctx, &at, &back),
+        Role::MlgPing { at, size, n } => mlg_ping(&at, size, n),
+        Role::MlgPong { at } => mlg_pong(&at),
+    }
+}
+
+/// Starts workers: processes, or threads of this process for inproc.
+struct Workers {
+    procs: Vec<std::process::Child>,
+    threads: Vec<std::thread::JoinHandle<Result<Outcome>>>,
+}
+
+impl Workers {
+    fn start(roles: Vec<Role>, inproc: Option<&zmq::Context>) -> Result<Workers> {
+        let mut w = Workers { procs: Vec::new(), threads: Vec::new() };
+        for role in roles {
+            match inproc {
+                Some(ctx) => {
+                    let ctx = ctx.clone();
+                    w.threads.push(std::thread::spawn(move || run_role(&ctx, role)));
+                }
+                None => {
+                    let exe = std::env::current_exe()?;
+                    let child = Command::new(exe)
+                        .arg("bench-worker")
+                        .arg(serde_json::to_string(&role)?)
+                        .stdout(Stdio::piped())
+                        .stdin(Stdio::null())
+                        .spawn()
+                        .context("cannot start a bench worker")?;
+                    w.procs.push(child);
+                }
+            }
+        }
+        Ok(w)
+    }
+
+    fn finish(self) -> Result<Vec<Outcome>> {
+        let mut out = Vec::new();
+        for t in self.threads {
+            out.push(t.join().map_err(|_| anyhow!("a bench worker panicked"))??);
+        }
+        for mut p in self.procs {
+            let mut line = String::new();
+            BufReader::new(p.stdout.take().expect("piped")).read_line(&mut line)?;
+            let status = p.wait()?;
+            if !status.success() {
+                bail!("a bench worker failed ({status})");
+            }
+            out.push(serde_json::from_str(&line).with_context(|| format!("bad worker output {line:?}"))?);
+        }
+        Ok(out)
+    }
+}
+
+fn hwm_for(size: usize) -> i32 {
+    ((64usize << 20) / size.max(1)).clamp(16, 10_000) as i32
+}
+
+fn free_endpoint(transport: Transport, tag: &str) -> Result<String> {
+    Ok(match transport {
+        Transport::Tcp => {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            format!("tcp://127.0.0.1:{}", l.local_addr()?.port())
+        }
+        Transport::Ipc => format!("ipc:///tmp/mlg-bench-{}-{tag}.sock", std::process::id()),
+        Transport::Inproc => format!("inproc://mlg-bench-{tag}"),
+    })
+}
+
+struct Row {
+    system: &'static str,
+    size: usize,
+    subs: usize,
+    events_per_s: f64,
+    lost: u64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn pubsub(a: PubsubArgs) -> Result<ExitCode> {
+    let t = a.bench_transport;
+    let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
+    eprintln!(
+        "# milonga bench pubsub: transport {}, mode {:?}, {} s per cell, hwm = 64 MiB / size (16..10000) for both systems",
+        t.name(),
+        a.mode,
+        a.duration
+    );
+    eprintln!("# events_per_s_per_sub = median over subscribers of received / (last - first arrival); lost = sent - received, summed over subscribers");
+    if a.format == Format::Csv {
+        println!("system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost");
+    } else {
+        println!("{:<8} {:>6} {:>9} {:>5} {:>14} {:>10} {:>8}", "system", "transp", "bytes", "subs", "events/s/sub", "MB/s/sub", "lost");
+    }
+    let mut cell = 0;
+    for &size in &a.sizes {
+        for &subs in &a.subs {
+            let mut systems: Vec<&'static str> = vec!["milonga"];
+            if a.baseline == Baseline::RawZmq {
+                systems.insert(0, "raw-zmq");
+            }
+            for system in systems {
+                cell += 1;
+                let hwm = hwm_for(size);
+                let at = Place {
+                    address: if system == "raw-zmq" {
+                        free_endpoint(t, &cell.to_string())?
+                    } else {
+                        format!("milonga:///bench-{}-{cell}", std::process::id())
+                    },
+                    runtime_dir: tmp.display().to_string(),
+                    transport: t.name().to_owned(),
+                    hwm,
+                };
+                let deadline_s = a.duration + 20.0 + size as f64 / 1e6;
+                let sub_role = |at: Place| match system {
+                    "raw-zmq" => Role::RawSub { at, deadline_s },
+                    _ => Role::MlgSub { at, deadline_s },
+                };
+                let pub_role = match system {
+                    "raw-zmq" => Role::RawPub { at: at.clone(), size, subs, duration_s: a.duration, mode: a.mode },
+                    _ => Role::MlgPub { at: at.clone(), size, subs, duration_s: a.duration, mode: a.mode },
+                };
+                // Raw: the publisher binds first. Milonga: either order works.
+                let mut roles = vec![pub_role];
+                roles.extend((0..subs).map(|_| sub_role(at.clone())));
+                let outs = Workers::start(roles, inproc_ctx.as_ref())?.finish()?;
+                let sent = outs[0].sent;
+                let subs_out = &outs[1..];
+                let lost: u64 = subs_out.iter().map(|o| sent.saturating_sub(o.received)).sum();
+                let rates: Vec<f64> = subs_out
+                    .iter()
+                    .map(|o| if o.seconds > 0.0 { o.received as f64 / o.seconds } else { 0.0 })
+                    .collect();
+                let row = Row { system, size, subs, events_per_s: median(rates), lost };
+                print_row(&row, t, a.format)?;
+                if system == "milonga" {
+                    let reported: u64 = subs_out.iter().map(|o| o.lost_reported).sum();
+                    if reported > lost {
+                        eprintln!("# note: milonga subscribers reported {reported} lost (gaps), more than sent - received = {lost}");
+                    }
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_row(r: &Row, t: Transport, f: Format) -> Result<()> {
+    let mb = r.events_per_s * r.size as f64 / 1e6;
+    let mut o = std::io::stdout().lock();
+    match f {
+        Format::Csv => writeln!(o, "{},{},{},{},{:.0},{:.2},{}", r.system, t.name(), r.size, r.subs, r.events_per_s, mb, r.lost)?,
+        Format::Table => writeln!(o, "{:<8} {:>6} {:>9} {:>5} {:>14.0} {:>10.2} {:>8}", r.system, t.name(), r.size, r.subs, r.events_per_s, mb, r.lost)?,
+    }
+    o.flush()?;
+    Ok(())
+}
+
+// ---- raw libzmq ----
+
+fn raw_pub(ctx: &zmq::Context, at: &Place, size: usize, subs: usize, duration_s: f64, mode: Mode) -> Result<Outcome> {
+    let s = ctx.socket(zmq::XPUB)?;
+    s.set_sndhwm(at.hwm)?;
+    s.set_rcvhwm(at.hwm)?;
+    s.set_linger(5000)?;
+    s.set_xpub_verbose(true)?;
+    let mut s = s;
+    set_xpub_nodrop(&mut s, mode == Mode::Reliable)?;
+    s.bind(&at.address)?;
+    let mut joined = 0;
+    while joined < subs {
+        let m = s.recv_msg(0)?;
+        if m.first() == Some(&1) {
+            joined += 1;
+        }
+    }
+    let payload = vec![0xa5u8; size];
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(duration_s);
+    let mut sent = 0u64;
+    while Instant::now() < end {
+        for _ in 0..64 {
+            s.send(&payload[..], 0)?;
+            sent += 1;
+        }
+    }
+    end_markers(|| s.send(&[][..], zmq::DONTWAIT).is_ok());
+    Ok(Outcome { sent, seconds: start.elapsed().as_secs_f64(), ..Default::default() })
+}
+
+/// Sends end markers for 2 s (best effort may drop some; reliable sends
+/// them all once there is room).
+fn end_markers(mut send: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(2);
+    let mut sent_one = false;
+    while Instant::now() < end {
+        sent_one |= send();
+        std::thread::sleep(Duration::from_millis(if sent_one { 50 } else { 5 }));
+    }
+}
+
+fn set_xpub_nodrop(s: &mut zmq::Socket, on: bool) -> Result<()> {
+    let v: std::os::raw::c_int = on.into();
+    // SAFETY: valid socket, integer option of the size passed.
+    let rc = unsafe {
+        zmq_sys::zmq_setsockopt(
+            s.as_mut_ptr(),
+            zmq_sys::ZMQ_XPUB_NODROP as _,
+            (&v as *const std::os::raw::c_int).cast(),
+            std::mem::size_of_val(&v),
+        )
+    };
+    if rc != 0 {
+        bail!("cannot set ZMQ_XPUB_NODROP");
+    }
+    Ok(())
+}
+
+fn raw_sub(ctx: &zmq::Context, at: &Place, deadline_s: f64) -> Result<Outcome> {
+    let s = ctx.socket(zmq::SUB)?;
+    s.set_rcvhwm(at.hwm)?;
+    s.set_subscribe(b"")?;
+    s.connect(&at.address)?;
+    s.set_rcvtimeo((deadline_s * 1000.0) as i32)?;
+    let mut msg = zmq::Message::new();
+    let (mut first, mut last) = (None, Instant::now());
+    let mut received = 0u64;
+    loop {
+        if s.recv(&mut msg, 0).is_err() {
+            break;
+        }
+        if msg.is_empty() {
+            break;
+        }
+        last = Instant::now();
+        first.get_or_insert(last);
+        received += 1;
+    }
+    let seconds = first.map_or(0.0, |f| (last - f).as_secs_f64());
+    Ok(Outcome { received, seconds, ..Default::default() })
+}
+
+// ---- milonga ----
+
+fn mlg_config(at: &Place, name: &str) -> Result<Config> {
+    let mut c = Config::new(&at.address, name);
+    c.runtime_dir = Some(at.runtime_dir.clone().into());
+    c.transport = at.transport.parse().map_err(|e: String| anyhow!(e))?;
+    c.send_hwm = at.hwm;
+    c.recv_hwm = at.hwm;
+    c.close_linger_ms = 5000;
+    Ok(c)
+}
+
+fn mlg_pub(at: &Place, size: usize, subs: usize, duration_s: f64, mode: Mode) -> Result<Outcome> {
+    let node = Node::open_with(mlg_config(at, "bench-pub")?)?;
+    let qos = match mode {
+        Mode::Reliable => PublisherQos::reliable(),
+        Mode::BestEffort => PublisherQos::best_effort(),
+    };
+    let p = node.publisher_with("bench/data", qos)?;
+    let wait_end = Instant::now() + Duration::from_secs(30);
+    while (p.subscriber_count() as usize) < subs {
+        if Instant::now() > wait_end {
+            bail!("only {} of {subs} subscribers joined", p.subscriber_count());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let payload = Value::Bytes(Bytes::from(vec![0xa5u8; size]));
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(duration_s);
+    let mut sent = 0u64;
+    while Instant::now() < end {
+        for _ in 0..64 {
+            p.put(payload.clone())?;
+            sent += 1;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    end_markers(|| p.try_put(Value::Bytes(Bytes::new())).is_ok());
+    node.close();
+    Ok(Outcome { sent, seconds, ..Default::default() })
+}
+
+fn mlg_sub(at: &Place, deadline_s: f64) -> Result<Outcome> {
+    let node = Node::open_with(mlg_config(at, "bench-sub")?)?;
+    let sub = node.subscribe("bench/data")?;
+    let (mut first, mut last) = (None, Instant::now());
+    let mut received = 0u64;
+    let deadline = Duration::from_secs_f64(deadline_s);
+    loop {
+        match sub.recv_timeout(deadline) {
+            Ok(Event::Sample(s)) => {
+                if s.bytes().is_some_and(Bytes::is_empty) {
+                    break;
+                }
+                last = Instant::now();
+                first.get_or_insert(last);
+                received += 1;
+            }
+            Ok(_) => {}
+            Err(RecvError::Timeout) => break,
+            Err(e) => bail!(e),
+        }
+    }
+    let seconds = first.map_or(0.0, |f| (last - f).as_secs_f64());
+    let lost_reported = sub.lost();
+    Ok(Outcome { received, seconds, lost_reported, ..Default::default() })
+}
+
+// ---- latency ----
+
+fn percentiles(mut rtts_ns: Vec<u64>) -> (f64, f64) {
+    rtts_ns.sort_unstable();
+    let at = |q: f64| {
+        let i = ((rtts_ns.len() as f64 - 1.0) * q).round() as usize;
+        rtts_ns.get(i).copied().unwrap_or(0) as f64 / 2.0 / 1000.0
+    };
+    (at(0.5), at(0.99))
+}
+
+fn raw_pair(ctx: &zmq::Context, bind: &str, connect: &str, hwm: i32) -> Result<(zmq::Socket, zmq::Socket)> {
+    let p = ctx.socket(zmq::PUB)?;
+    p.set_sndhwm(hwm)?;
+    p.set_linger(0)?;
+    p.bind(bind)?;
+    let s = ctx.socket(zmq::SUB)?;
+    s.set_rcvhwm(hwm)?;
+    s.set_subscribe(b"")?;
+    s.connect(connect)?;
+    Ok((p, s))
+}
+
+fn raw_ping(ctx: &zmq::Context, at: &Place, back: &str, size: usize, n: usize) -> Result<Outcome> {
+    let (p, s) = raw_pair(ctx, &at.address, back, at.hwm)?;
+    let payload = vec![0x5au8; size];
+    // Warm up until the pong answers.
+    s.set_rcvtimeo(20)?;
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        p.send(&payload[..], 0)?;
+        if s.recv_msg(0).is_ok() {
+            break;
+        }
+        if Instant::now() > end {
+            bail!("raw pong never answered");
+        }
+    }
+    s.set_rcvtimeo(100)?;
+    while s.recv_msg(0).is_ok() {}
+    s.set_rcvtimeo(10_000)?;
+    let mut rtts = Vec::with_capacity(n);
+    let mut msg = zmq::Message::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        p.send(&payload[..], 0)?;
+        s.recv(&mut msg, 0).context("raw pong stopped answering")?;
+        rtts.push(t.elapsed().as_nanos() as u64);
+    }
+    p.send(&[][..], 0)?;
+    let (p50_us, p99_us) = percentiles(rtts);
+    Ok(Outcome { p50_us, p99_us, ..Default::default() })
+}
+
+fn raw_pong(ctx: &zmq::Context, at: &Place, back: &str) -> Result<Outcome> {
+    let (p, s) = raw_pair(ctx, back, &at.address, at.hwm)?;
+    s.set_rcvtimeo(60_000)?;
+    let mut msg = zmq::Message::new();
+    loop {
+        s.recv(&mut msg, 0).context("raw ping went silent")?;
+        if msg.is_empty() {
+            break;
+        }
+        p.send(&msg[..], 0)?;
+    }
+    Ok(Outcome::default())
+}
+
+fn mlg_ping(at: &Place, size: usize, n: usize) -> Result<Outcome> {
+    let node = Node::open_with(mlg_config(at, "bench-ping")?)?;
+    let p = node.publisher("bench/ping")?;
+    let s = node.subscribe("bench/pong")?;
+    let payload = Value::Bytes(Bytes::from(vec![0x5au8; size]));
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        p.put(payload.clone())?;
+        if s.recv_timeout(Duration::from_millis(20)).is_ok() {
+            break;
+        }
+        if Instant::now() > end {
+            bail!("milonga pong never answered");
+        }
+    }
+    while s.recv_timeout(Duration::from_millis(100)).is_ok() {}
+    let mut rtts = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        p.put(payload.clone())?;
+        loop {
+            match s.recv_timeout(Duration::from_secs(10)) {
+                Ok(Event::Sample(_)) => break,
+                Ok(_) => {}
+                Err(e) => bail!("milonga pong stopped answering: {e}"),
+            }
+        }
+        rtts.push(t.elapsed().as_nanos() as u64);
+    }
+    p.put(Value::Bytes(Bytes::new()))?;
+    node.close();
+    let (p50_us, p99_us) = percentiles(rtts);
+    Ok(Outcome { p50_us, p99_us, ..Default::default() })
+}
+
+fn mlg_pong(at: &Place) -> Result<Outcome> {
+    let node = Node::open_with(mlg_config(at, "bench-pong")?)?;
+    let p = node.publisher("bench/pong")?;
+    let s = node.subscribe("bench/ping")?;
+    loop {
+        match s.recv_timeout(Duration::from_secs(60)) {
+            Ok(Event::Sample(x)) => {
+                if x.bytes().is_some_and(Bytes::is_empty) {
+                    break;
+                }
+                p.put(x.value)?;
+            }
+            Ok(_) => {}
+            Err(e) => bail!("milonga ping went silent: {e}"),
+        }
+    }
+    node.close();
+    Ok(Outcome::default())
+}
+
+fn latency(a: LatencyArgs) -> Result<ExitCode> {
+    let t = a.bench_transport;
+    let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
+    eprintln!("# milonga bench latency: transport {}, one message in flight, one-way latency = round trip / 2", t.name());
+    if a.format == Format::Csv {
+        println!("system,transport,payload_bytes,latency_p50_us,latency_p99_us");
+    } else {
+        println!("{:<8} {:>6} {:>9} {:>10} {:>10} {:>8}", "system", "transp", "bytes", "p50 us", "p99 us", "trips");
+    }
+    let mut cell = 0;
+    for &size in &a.sizes {
+        let n = if size >= 1 << 20 { (a.round_trips / 10).max(100) } else { a.round_trips };
+        let mut systems: Vec<&'static str> = vec!["milonga"];
+        if a.baseline == Baseline::RawZmq {
+            systems.insert(0, "raw-zmq");
+        }
+        for system in systems {
+            cell += 1;
+            let at = Place {
+                address: if system == "raw-zmq" {
+                    free_endpoint(t, &format!("l{cell}a"))?
+                } else {
+                    format!("milonga:///bench-lat-{}-{cell}", std::process::id())
+                },
+                runtime_dir: tmp.display().to_string(),
+                transport: t.name().to_owned(),
+                hwm: hwm_for(size),
+            };
+            let roles = if system == "raw-zmq" {
+                let back = free_endpoint(t, &format!("l{cell}b"))?;
+                vec![
+                    Role::RawPing { at: at.clone(), back: back.clone(), size, n },
+                    Role::RawPong { at, back },
+                ]
+            } else {
+                vec![Role::MlgPing { at: at.clone(), size, n }, Role::MlgPong { at }]
+            };
+            let outs = Workers::start(roles, inproc_ctx.as_ref())?.finish()?;
+            let o = &outs[0];
+            let mut out = std::io::stdout().lock();
+            match a.format {
+                Format::Csv => writeln!(out, "{system},{},{size},{:.1},{:.1}", t.name(), o.p50_us, o.p99_us)?,
+                Format::Table => writeln!(out, "{system:<8} {:>6} {size:>9} {:>10.1} {:>10.1} {n:>8}", t.name(), o.p50_us, o.p99_us)?,
+            }
+            out.flush()?;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(ExitCode::SUCCESS)
+}

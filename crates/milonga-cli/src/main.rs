@@ -1,0 +1,298 @@
+//! `milonga`: publish, subscribe, list, demo and benchmark.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use milonga::{Config, Event, Node, PublisherQos, RecvError, Transport};
+
+mod bench;
+mod demo;
+mod json;
+
+/// Milonga: event and messaging middleware for control systems.
+#[derive(Parser, Debug)]
+#[command(name = "milonga", version, about, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    net: NetArgs,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Where the domain is and how to reach it; every command takes these.
+#[derive(Args, Debug, Clone)]
+pub struct NetArgs {
+    /// Domain locator, such as milonga:///lab.
+    #[arg(long, global = true, env = "MILONGA_LOCATOR", default_value = "milonga:///default")]
+    pub locator: String,
+    /// Control endpoint of a node on another host (static discovery); repeatable.
+    #[arg(long = "peer", global = true, value_name = "ENDPOINT")]
+    pub peers: Vec<String>,
+    /// Transport this node binds on: tcp, ipc or inproc.
+    #[arg(long, global = true, env = "MILONGA_TRANSPORT")]
+    pub transport: Option<Transport>,
+    /// Fixed control endpoint of this node, for peers on other hosts.
+    #[arg(long, global = true, env = "MILONGA_CONTROL_ENDPOINT")]
+    pub control_endpoint: Option<String>,
+}
+
+impl NetArgs {
+    /// The node configuration: environment, then these flags.
+    pub fn config(&self, name: &str) -> Result<Config> {
+        let mut c = Config::from_env(&self.locator, name)?;
+        c.locator = self.locator.clone();
+        c.peers.extend(self.peers.iter().cloned());
+        if let Some(t) = self.transport {
+            c.transport = t;
+        }
+        if let Some(e) = &self.control_endpoint {
+            c.control_endpoint = Some(e.clone());
+        }
+        Ok(c)
+    }
+
+    /// Opens a node named `name`.
+    pub fn open(&self, name: &str) -> Result<Node> {
+        Node::open_with(self.config(name)?).with_context(|| format!("cannot open {}", self.locator))
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Publish a JSON value (sent as CBOR) on a key.
+    Pub(PubArgs),
+    /// Subscribe to a key expression and print what arrives.
+    Sub(SubArgs),
+    /// List the nodes of the domain: endpoints, keys and counters.
+    Ls(LsArgs),
+    /// Run a small simulated control system and a live monitor.
+    Demo(demo::DemoArgs),
+    /// Measure throughput and latency against raw libzmq.
+    Bench(bench::BenchArgs),
+    /// A simulated device server (used by `demo`).
+    #[command(hide = true)]
+    Device(demo::DeviceArgs),
+    /// A benchmark worker process (used by `bench`).
+    #[command(hide = true)]
+    BenchWorker(bench::WorkerArgs),
+}
+
+#[derive(Args, Debug)]
+struct PubArgs {
+    /// The key, such as sr/ps/1/current.
+    key: String,
+    /// The value as JSON, such as 12.5 or '{"status": "ON"}'.
+    value: String,
+    /// Puts per second; may be fractional (0.5 = every two seconds).
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// Stop after this many puts (default: run until interrupted).
+    #[arg(long)]
+    count: Option<u64>,
+    /// Reliable delivery: wait for slow subscribers instead of dropping.
+    #[arg(long)]
+    reliable: bool,
+    /// Before the first put, wait until this many subscriptions match.
+    #[arg(long, default_value_t = 0)]
+    wait_subscribers: u32,
+    /// How long to wait for them, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    wait_timeout: f64,
+}
+
+#[derive(Args, Debug)]
+struct SubArgs {
+    /// Key expression: `*` is one chunk, `**` any number (sr/*/1/**).
+    expr: String,
+    /// One JSON object per line: key, seq, timestamp_ns, publisher, value;
+    /// status events (lost samples) as lines with an "event" field.
+    #[arg(long)]
+    json: bool,
+    /// Exit after this many samples.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Exit after this many seconds; with --count, exit status 2 if fewer
+    /// samples arrived.
+    #[arg(long)]
+    timeout: Option<f64>,
+}
+
+#[derive(Args, Debug)]
+struct LsArgs {
+    /// Print JSON: one array of nodes with their announcement and counters.
+    #[arg(long)]
+    json: bool,
+    /// How long to look for nodes, in seconds.
+    #[arg(long, default_value_t = 0.3)]
+    wait: f64,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Pub(a) => cmd_pub(&cli.net, a),
+        Cmd::Sub(a) => cmd_sub(&cli.net, a),
+        Cmd::Ls(a) => cmd_ls(&cli.net, a),
+        Cmd::Demo(a) => demo::run(&cli.net, a),
+        Cmd::Device(a) => demo::device(&cli.net, a),
+        Cmd::Bench(a) => bench::run(&cli.net, a),
+        Cmd::BenchWorker(a) => bench::worker(a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("milonga: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
+    if !(a.rate > 0.0 && a.rate.is_finite()) {
+        bail!("--rate must be a positive number of puts per second, got {}", a.rate);
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(&a.value).with_context(|| format!("VALUE {:?} is not JSON", a.value))?;
+    let value = json::from_json(&value);
+    let node = net.open("pub")?;
+    let qos = if a.reliable { PublisherQos::reliable() } else { PublisherQos::best_effort() };
+    let p = node.publisher_with(&a.key, qos)?;
+    if a.wait_subscribers > 0 {
+        let end = Instant::now() + Duration::from_secs_f64(a.wait_timeout);
+        while p.subscriber_count() < a.wait_subscribers {
+            if Instant::now() > end {
+                bail!(
+                    "only {} of {} subscribers after {} s",
+                    p.subscriber_count(),
+                    a.wait_subscribers,
+                    a.wait_timeout
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let period = Duration::from_secs_f64(1.0 / a.rate);
+    let start = Instant::now();
+    let mut n = 0u64;
+    while a.count.is_none_or(|c| n < c) {
+        p.put(value.clone())?;
+        n += 1;
+        if a.count.is_some_and(|c| n >= c) {
+            break;
+        }
+        let next = start + period.mul_f64(n as f64);
+        if let Some(d) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+    }
+    node.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
+    let node = net.open("sub")?;
+    let sub = node.subscribe(&a.expr)?;
+    let end = a.timeout.map(|t| Instant::now() + Duration::from_secs_f64(t));
+    let mut got = 0u64;
+    let out = std::io::stdout();
+    loop {
+        if a.count.is_some_and(|c| got >= c) {
+            return Ok(ExitCode::SUCCESS);
+        }
+        let ev = match end {
+            None => sub.recv(),
+            Some(e) => match e.checked_duration_since(Instant::now()) {
+                Some(left) => sub.recv_timeout(left),
+                None => Err(RecvError::Timeout),
+            },
+        };
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(RecvError::Timeout) => {
+                if let Some(c) = a.count {
+                    eprintln!("milonga sub: {got} of {c} samples before the timeout");
+                    return Ok(ExitCode::from(2));
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            Err(e) => bail!(e),
+        };
+        let mut o = out.lock();
+        if a.json {
+            writeln!(o, "{}", json::event_line(&ev))?;
+        } else {
+            match &ev {
+                Event::Sample(s) => writeln!(o, "{} [{}] {}", s.key, s.seq, json::short(&s.value))?,
+                Event::Lost(l) => writeln!(
+                    o,
+                    "! lost {} samples of {} from {} (from seq {})",
+                    l.count, l.key, l.publisher, l.first_seq
+                )?,
+                other => writeln!(o, "! {other:?}")?,
+            }
+        }
+        o.flush()?;
+        if matches!(ev, Event::Sample(_)) {
+            got += 1;
+        }
+    }
+}
+
+fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
+    let node = net.open("ls")?;
+    std::thread::sleep(Duration::from_secs_f64(a.wait));
+    let me = node.id().to_hex();
+    let mut rows = Vec::new();
+    for peer in node.peers().into_iter().filter(|p| p.node_id != me) {
+        let info = node.query(&peer.control, Duration::from_millis(500));
+        rows.push(serde_json::json!({
+            "name": peer.name,
+            "node_id": peer.node_id,
+            "host": peer.host,
+            "pid": peer.pid,
+            "control": peer.control,
+            "data_best_effort": peer.data_best_effort,
+            "data_reliable": peer.data_reliable,
+            "publications": peer.publications,
+            "stats": info.map(|i| i.stats),
+        }));
+    }
+    let mut o = std::io::stdout().lock();
+    if a.json {
+        writeln!(o, "{}", serde_json::Value::Array(rows))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(o, "domain {}: {} node(s)", node.domain(), rows.len())?;
+    for r in &rows {
+        writeln!(o, "{}  id {}  control {}", r["name"].as_str().unwrap_or("?"), r["node_id"].as_str().unwrap_or("?"), r["control"].as_str().unwrap_or("?"))?;
+        for (label, field) in [("best-effort data", "data_best_effort"), ("reliable data", "data_reliable")] {
+            if let Some(ep) = r[field].as_str() {
+                writeln!(o, "  {label}: {ep}")?;
+            }
+        }
+        for p in r["publications"].as_array().into_iter().flatten() {
+            writeln!(o, "  pub {} ({})", p["key"].as_str().unwrap_or("?"), p["reliability"].as_str().unwrap_or("?"))?;
+        }
+        if r["stats"].is_null() {
+            writeln!(o, "  (did not answer a control request)")?;
+        } else if let Some(s) = r["stats"].as_object() {
+            let nonzero: Vec<String> = s
+                .iter()
+                .filter(|(_, v)| v.as_u64().is_some_and(|n| n > 0))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            writeln!(o, "  stats: {}", if nonzero.is_empty() { "all zero".into() } else { nonzero.join(" ") })?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
