@@ -63,19 +63,13 @@ enum Mode {
     BestEffort,
 }
 
-fn parse_list(s: &str) -> Result<Vec<usize>, String> {
-    s.split(',')
-        .map(|x| x.trim().parse::<usize>().map_err(|e| format!("{x:?}: {e}")))
-        .collect()
-}
-
 #[derive(Args, Debug)]
 struct PubsubArgs {
     /// Payload sizes in bytes.
-    #[arg(long, default_value = "92,4096,1048576", value_parser = parse_list)]
+    #[arg(long, default_value = "92,4096,1048576", value_delimiter = ',')]
     sizes: Vec<usize>,
     /// Numbers of subscriber processes.
-    #[arg(long, default_value = "1,2,5,10", value_parser = parse_list)]
+    #[arg(long, default_value = "1,2,5,10", value_delimiter = ',')]
     subs: Vec<usize>,
     /// Transport.
     #[arg(long = "transport", default_value = "tcp")]
@@ -97,7 +91,7 @@ struct PubsubArgs {
 #[derive(Args, Debug)]
 struct LatencyArgs {
     /// Payload sizes in bytes.
-    #[arg(long, default_value = "92,4096,1048576", value_parser = parse_list)]
+    #[arg(long, default_value = "92,4096,1048576", value_delimiter = ',')]
     sizes: Vec<usize>,
     /// Transport.
     #[arg(long = "transport", default_value = "tcp")]

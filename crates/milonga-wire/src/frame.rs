@@ -298,8 +298,15 @@ pub fn decode(frame: &'_ [u8]) -> Result<FrameView<'_>, FrameError> {
             offset: e.valid_up_to(),
         })
     })?;
-    // Validate without allocating on the hot path for the common case.
-    if key.is_empty() || key.contains('*') || key.split('/').any(str::is_empty) {
+    // Validate without allocating on the hot path: only a bad key (which
+    // then fails) goes through `Key::new`.
+    let b = key.as_bytes();
+    let suspicious = b.is_empty()
+        || b[0] == b'/'
+        || b[b.len() - 1] == b'/'
+        || b.windows(2).any(|w| w == b"//")
+        || b.contains(&b'*');
+    if suspicious {
         Key::new(key)?;
     }
     let header = Header::read(&frame[nul + 1..])?;

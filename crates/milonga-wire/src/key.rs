@@ -144,6 +144,7 @@ enum Chunk {
 pub struct KeyExpr {
     text: String,
     chunks: Vec<Chunk>,
+    literal: bool,
 }
 
 impl KeyExpr {
@@ -170,7 +171,12 @@ impl KeyExpr {
             }
             chunks.push(chunk);
         }
-        Ok(KeyExpr { text, chunks })
+        let literal = chunks.iter().all(|c| matches!(c, Chunk::Literal(_)));
+        Ok(KeyExpr {
+            text,
+            chunks,
+            literal,
+        })
     }
 
     /// The expression as written.
@@ -180,11 +186,14 @@ impl KeyExpr {
 
     /// Whether the expression has no wildcard (it names one key).
     pub fn is_literal(&self) -> bool {
-        self.chunks.iter().all(|c| matches!(c, Chunk::Literal(_)))
+        self.literal
     }
 
     /// Whether `key` is selected by this expression.
     pub fn matches(&self, key: &str) -> bool {
+        if self.literal {
+            return key == self.text;
+        }
         let key: Vec<&str> = key.split('/').collect();
         // dp[j]: the first i expression chunks match the first j key chunks.
         let mut dp = vec![false; key.len() + 1];

@@ -32,8 +32,24 @@ struct SubIo {
     connected: BTreeSet<String>,
     applied: u64,
     last_seq: HashMap<NodeId, HashMap<String, u64>>,
+    /// The stream (publisher, key) of the last sample, kept out of
+    /// `last_seq`: most traffic repeats the same stream, and this spares a
+    /// hash lookup per sample.
+    current: Option<Stream>,
+    /// Whether a key matches a wildcard expression (bounded memo).
+    matches: HashMap<String, bool>,
     pending: VecDeque<Event>,
 }
+
+/// The last sequence number seen on one (publisher, key).
+struct Stream {
+    node: NodeId,
+    key: String,
+    last: u64,
+}
+
+/// Most keys a wildcard subscription remembers the match of.
+const MATCH_MEMO: usize = 4096;
 
 #[derive(Debug, Default)]
 struct Target {
@@ -93,6 +109,8 @@ impl SubShared {
                 connected: BTreeSet::new(),
                 applied: 0,
                 last_seq: HashMap::new(),
+                current: None,
+                matches: HashMap::new(),
                 pending: VecDeque::new(),
             }),
             target: Mutex::new(Target::default()),
@@ -153,11 +171,14 @@ impl SubShared {
             // No publisher left: forget sequence state, which keeps memory
             // bounded across publishers that come and go.
             io.last_seq.clear();
+            io.current = None;
         }
     }
 
     fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // The deadline is computed only when there is nothing to return at
+        // once: reading the clock costs as much as a small sample.
+        let mut deadline: Option<Instant> = None;
         let mut io = lock(&self.io);
         loop {
             if let Some(ev) = io.pending.pop_front() {
@@ -175,16 +196,14 @@ impl SubShared {
                 Err(zmq::Error::EAGAIN) => {}
                 Err(e) => return Err(RecvError::Socket(e)),
             }
-            let wait_ms = match deadline {
+            let wait_ms = match timeout {
                 None => 1000,
-                Some(d) => {
+                Some(Duration::ZERO) => return Err(RecvError::Empty),
+                Some(t) => {
+                    let d = *deadline.get_or_insert_with(|| Instant::now() + t);
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return Err(if timeout == Some(Duration::ZERO) {
-                            RecvError::Empty
-                        } else {
-                            RecvError::Timeout
-                        });
+                        return Err(RecvError::Timeout);
                     }
                     // Round up so that a wait never ends early.
                     (left.as_micros().div_ceil(1000) as i64).min(1000)
@@ -261,7 +280,7 @@ impl SubShared {
             log_drop(n, "a data message", &err);
             return;
         }
-        if !self.expr.matches(view.key) {
+        if !self.key_matches(io, view.key) {
             // Prefix filtering lets through a superset; not an error.
             return;
         }
@@ -325,26 +344,55 @@ impl SubShared {
         }
     }
 
+    /// Whether `key` matches the expression: ZeroMQ prefix filtering lets
+    /// through a superset of the keys a wildcard selects.
+    fn key_matches(&self, io: &mut SubIo, key: &str) -> bool {
+        if self.expr.is_literal() {
+            return self.expr.matches(key);
+        }
+        if let Some(m) = io.matches.get(key) {
+            return *m;
+        }
+        let m = self.expr.matches(key);
+        if io.matches.len() >= MATCH_MEMO {
+            io.matches.clear();
+        }
+        io.matches.insert(key.to_owned(), m);
+        m
+    }
+
     /// Whether sample `seq` of (`node`, `key`) is new; queues a
     /// [`Event::Lost`] when it reveals a gap.
     fn check_seq(&self, io: &mut SubIo, c: &Counters, node: NodeId, key: &str, seq: u64) -> bool {
-        let per = io.last_seq.entry(node).or_default();
-        let Some(last) = per.get_mut(key) else {
-            per.insert(key.to_owned(), seq);
-            return true;
-        };
-        if seq <= *last {
+        let hit = io
+            .current
+            .as_ref()
+            .is_some_and(|s| s.node == node && s.key == key);
+        if !hit {
+            if let Some(old) = io.current.take() {
+                io.last_seq.entry(old.node).or_default().insert(old.key, old.last);
+            }
+            match io.last_seq.get_mut(&node).and_then(|m| m.remove_entry(key)) {
+                Some((key, last)) => io.current = Some(Stream { node, key, last }),
+                None => {
+                    io.current = Some(Stream {
+                        node,
+                        key: key.to_owned(),
+                        last: seq,
+                    });
+                    return true;
+                }
+            }
+        }
+        let s = io.current.as_mut().expect("set above");
+        if seq <= s.last {
             let n = c.samples_duplicate.fetch_add(1, Ordering::Relaxed) + 1;
-            log_drop(
-                n,
-                "a duplicate or out-of-order sample",
-                &format_args!("{key} seq {seq} after {last}"),
-            );
+            log_drop(n, "a duplicate or out-of-order sample", &format_args!("{key} seq {seq} after {}", s.last));
             return false;
         }
-        let lost = seq - *last - 1;
-        let first_seq = *last + 1;
-        *last = seq;
+        let lost = seq - s.last - 1;
+        let first_seq = s.last + 1;
+        s.last = seq;
         if lost > 0 {
             stats::add(&c.samples_lost, lost);
             self.lost_total.fetch_add(lost, Ordering::Relaxed);
