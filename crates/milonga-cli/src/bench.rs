@@ -128,14 +128,46 @@ struct Place {
 #[derive(Serialize, Deserialize, Debug, Clone)]
 #[serde(tag = "role", rename_all = "kebab-case")]
 enum Role {
-    RawPub { at: Place, size: usize, subs: usize, duration_s: f64, mode: Mode },
-    RawSub { at: Place, deadline_s: f64 },
-    MlgPub { at: Place, size: usize, subs: usize, duration_s: f64, mode: Mode },
-    MlgSub { at: Place, deadline_s: f64 },
-    RawPing { at: Place, back: String, size: usize, n: usize },
-    RawPong { at: Place, back: String },
-    MlgPing { at: Place, size: usize, n: usize },
-    MlgPong { at: Place },
+    RawPub {
+        at: Place,
+        size: usize,
+        subs: usize,
+        duration_s: f64,
+        mode: Mode,
+    },
+    RawSub {
+        at: Place,
+        deadline_s: f64,
+    },
+    MlgPub {
+        at: Place,
+        size: usize,
+        subs: usize,
+        duration_s: f64,
+        mode: Mode,
+    },
+    MlgSub {
+        at: Place,
+        deadline_s: f64,
+    },
+    RawPing {
+        at: Place,
+        back: String,
+        size: usize,
+        n: usize,
+    },
+    RawPong {
+        at: Place,
+        back: String,
+    },
+    MlgPing {
+        at: Place,
+        size: usize,
+        n: usize,
+    },
+    MlgPong {
+        at: Place,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
@@ -167,9 +199,21 @@ pub fn worker(a: WorkerArgs) -> Result<ExitCode> {
 
 fn run_role(ctx: &zmq::Context, role: Role) -> Result<Outcome> {
     match role {
-        Role::RawPub { at, size, subs, duration_s, mode } => raw_pub(ctx, &at, size, subs, duration_s, mode),
+        Role::RawPub {
+            at,
+            size,
+            subs,
+            duration_s,
+            mode,
+        } => raw_pub(ctx, &at, size, subs, duration_s, mode),
         Role::RawSub { at, deadline_s } => raw_sub(ctx, &at, deadline_s),
-        Role::MlgPub { at, size, subs, duration_s, mode } => mlg_pub(&at, size, subs, duration_s, mode),
+        Role::MlgPub {
+            at,
+            size,
+            subs,
+            duration_s,
+            mode,
+        } => mlg_pub(&at, size, subs, duration_s, mode),
         Role::MlgSub { at, deadline_s } => mlg_sub(&at, deadline_s),
         Role::RawPing { at, back, size, n } => raw_ping(ctx, &at, &back, size, n),
         Role::RawPong { at, back } => raw_pong(ctx, &at, &back),
@@ -186,12 +230,16 @@ struct Workers {
 
 impl Workers {
     fn start(roles: Vec<Role>, inproc: Option<&zmq::Context>) -> Result<Workers> {
-        let mut w = Workers { procs: Vec::new(), threads: Vec::new() };
+        let mut w = Workers {
+            procs: Vec::new(),
+            threads: Vec::new(),
+        };
         for role in roles {
             match inproc {
                 Some(ctx) => {
                     let ctx = ctx.clone();
-                    w.threads.push(std::thread::spawn(move || run_role(&ctx, role)));
+                    w.threads
+                        .push(std::thread::spawn(move || run_role(&ctx, role)));
                 }
                 None => {
                     let exe = std::env::current_exe()?;
@@ -221,7 +269,10 @@ impl Workers {
             if !status.success() {
                 bail!("a bench worker failed ({status})");
             }
-            out.push(serde_json::from_str(&line).with_context(|| format!("bad worker output {line:?}"))?);
+            out.push(
+                serde_json::from_str(&line)
+                    .with_context(|| format!("bad worker output {line:?}"))?,
+            );
         }
         Ok(out)
     }
@@ -276,9 +327,14 @@ fn pubsub(a: PubsubArgs) -> Result<ExitCode> {
     );
     eprintln!("# events_per_s_per_sub = median over subscribers of received / (last - first arrival); lost = sent - received, summed over subscribers");
     if a.format == Format::Csv {
-        println!("system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost");
+        println!(
+            "system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost"
+        );
     } else {
-        println!("{:<8} {:>6} {:>9} {:>5} {:>14} {:>10} {:>8}", "system", "transp", "bytes", "subs", "events/s/sub", "MB/s/sub", "lost");
+        println!(
+            "{:<8} {:>6} {:>9} {:>5} {:>14} {:>10} {:>8}",
+            "system", "transp", "bytes", "subs", "events/s/sub", "MB/s/sub", "lost"
+        );
     }
     let mut cell = 0;
     for &size in &a.sizes {
@@ -306,8 +362,20 @@ fn pubsub(a: PubsubArgs) -> Result<ExitCode> {
                     _ => Role::MlgSub { at, deadline_s },
                 };
                 let pub_role = match system {
-                    "raw-zmq" => Role::RawPub { at: at.clone(), size, subs, duration_s: a.duration, mode: a.mode },
-                    _ => Role::MlgPub { at: at.clone(), size, subs, duration_s: a.duration, mode: a.mode },
+                    "raw-zmq" => Role::RawPub {
+                        at: at.clone(),
+                        size,
+                        subs,
+                        duration_s: a.duration,
+                        mode: a.mode,
+                    },
+                    _ => Role::MlgPub {
+                        at: at.clone(),
+                        size,
+                        subs,
+                        duration_s: a.duration,
+                        mode: a.mode,
+                    },
                 };
                 // Raw: the publisher binds first. Milonga: either order works.
                 let mut roles = vec![pub_role];
@@ -315,12 +383,27 @@ fn pubsub(a: PubsubArgs) -> Result<ExitCode> {
                 let outs = Workers::start(roles, inproc_ctx.as_ref())?.finish()?;
                 let sent = outs[0].sent;
                 let subs_out = &outs[1..];
-                let lost: u64 = subs_out.iter().map(|o| sent.saturating_sub(o.received)).sum();
+                let lost: u64 = subs_out
+                    .iter()
+                    .map(|o| sent.saturating_sub(o.received))
+                    .sum();
                 let rates: Vec<f64> = subs_out
                     .iter()
-                    .map(|o| if o.seconds > 0.0 { o.received as f64 / o.seconds } else { 0.0 })
+                    .map(|o| {
+                        if o.seconds > 0.0 {
+                            o.received as f64 / o.seconds
+                        } else {
+                            0.0
+                        }
+                    })
                     .collect();
-                let row = Row { system, size, subs, events_per_s: median(rates), lost };
+                let row = Row {
+                    system,
+                    size,
+                    subs,
+                    events_per_s: median(rates),
+                    lost,
+                };
                 print_row(&row, t, a.format)?;
                 if system == "milonga" {
                     let reported: u64 = subs_out.iter().map(|o| o.lost_reported).sum();
@@ -339,8 +422,28 @@ fn print_row(r: &Row, t: Transport, f: Format) -> Result<()> {
     let mb = r.events_per_s * r.size as f64 / 1e6;
     let mut o = std::io::stdout().lock();
     match f {
-        Format::Csv => writeln!(o, "{},{},{},{},{:.0},{:.2},{}", r.system, t.name(), r.size, r.subs, r.events_per_s, mb, r.lost)?,
-        Format::Table => writeln!(o, "{:<8} {:>6} {:>9} {:>5} {:>14.0} {:>10.2} {:>8}", r.system, t.name(), r.size, r.subs, r.events_per_s, mb, r.lost)?,
+        Format::Csv => writeln!(
+            o,
+            "{},{},{},{},{:.0},{:.2},{}",
+            r.system,
+            t.name(),
+            r.size,
+            r.subs,
+            r.events_per_s,
+            mb,
+            r.lost
+        )?,
+        Format::Table => writeln!(
+            o,
+            "{:<8} {:>6} {:>9} {:>5} {:>14.0} {:>10.2} {:>8}",
+            r.system,
+            t.name(),
+            r.size,
+            r.subs,
+            r.events_per_s,
+            mb,
+            r.lost
+        )?,
     }
     o.flush()?;
     Ok(())
@@ -348,7 +451,14 @@ fn print_row(r: &Row, t: Transport, f: Format) -> Result<()> {
 
 // ---- raw libzmq ----
 
-fn raw_pub(ctx: &zmq::Context, at: &Place, size: usize, subs: usize, duration_s: f64, mode: Mode) -> Result<Outcome> {
+fn raw_pub(
+    ctx: &zmq::Context,
+    at: &Place,
+    size: usize,
+    subs: usize,
+    duration_s: f64,
+    mode: Mode,
+) -> Result<Outcome> {
     let s = ctx.socket(zmq::XPUB)?;
     s.set_sndhwm(at.hwm)?;
     s.set_rcvhwm(at.hwm)?;
@@ -375,7 +485,11 @@ fn raw_pub(ctx: &zmq::Context, at: &Place, size: usize, subs: usize, duration_s:
         }
     }
     end_markers(|| s.send(&[][..], zmq::DONTWAIT).is_ok());
-    Ok(Outcome { sent, seconds: start.elapsed().as_secs_f64(), ..Default::default() })
+    Ok(Outcome {
+        sent,
+        seconds: start.elapsed().as_secs_f64(),
+        ..Default::default()
+    })
 }
 
 /// Sends end markers for 2 s (best effort may drop some; reliable sends
@@ -427,7 +541,11 @@ fn raw_sub(ctx: &zmq::Context, at: &Place, deadline_s: f64) -> Result<Outcome> {
         received += 1;
     }
     let seconds = first.map_or(0.0, |f| (last - f).as_secs_f64());
-    Ok(Outcome { received, seconds, ..Default::default() })
+    Ok(Outcome {
+        received,
+        seconds,
+        ..Default::default()
+    })
 }
 
 // ---- milonga ----
@@ -469,7 +587,11 @@ fn mlg_pub(at: &Place, size: usize, subs: usize, duration_s: f64, mode: Mode) ->
     let seconds = start.elapsed().as_secs_f64();
     end_markers(|| p.try_put(Value::Bytes(Bytes::new())).is_ok());
     node.close();
-    Ok(Outcome { sent, seconds, ..Default::default() })
+    Ok(Outcome {
+        sent,
+        seconds,
+        ..Default::default()
+    })
 }
 
 fn mlg_sub(at: &Place, deadline_s: f64) -> Result<Outcome> {
@@ -495,7 +617,12 @@ fn mlg_sub(at: &Place, deadline_s: f64) -> Result<Outcome> {
     }
     let seconds = first.map_or(0.0, |f| (last - f).as_secs_f64());
     let lost_reported = sub.lost();
-    Ok(Outcome { received, seconds, lost_reported, ..Default::default() })
+    Ok(Outcome {
+        received,
+        seconds,
+        lost_reported,
+        ..Default::default()
+    })
 }
 
 // ---- latency ----
@@ -509,7 +636,12 @@ fn percentiles(mut rtts_ns: Vec<u64>) -> (f64, f64) {
     (at(0.5), at(0.99))
 }
 
-fn raw_pair(ctx: &zmq::Context, bind: &str, connect: &str, hwm: i32) -> Result<(zmq::Socket, zmq::Socket)> {
+fn raw_pair(
+    ctx: &zmq::Context,
+    bind: &str,
+    connect: &str,
+    hwm: i32,
+) -> Result<(zmq::Socket, zmq::Socket)> {
     let p = ctx.socket(zmq::PUB)?;
     p.set_sndhwm(hwm)?;
     p.set_linger(0)?;
@@ -549,7 +681,11 @@ fn raw_ping(ctx: &zmq::Context, at: &Place, back: &str, size: usize, n: usize) -
     }
     p.send(&[][..], 0)?;
     let (p50_us, p99_us) = percentiles(rtts);
-    Ok(Outcome { p50_us, p99_us, ..Default::default() })
+    Ok(Outcome {
+        p50_us,
+        p99_us,
+        ..Default::default()
+    })
 }
 
 fn raw_pong(ctx: &zmq::Context, at: &Place, back: &str) -> Result<Outcome> {
@@ -598,7 +734,11 @@ fn mlg_ping(at: &Place, size: usize, n: usize) -> Result<Outcome> {
     p.put(Value::Bytes(Bytes::new()))?;
     node.close();
     let (p50_us, p99_us) = percentiles(rtts);
-    Ok(Outcome { p50_us, p99_us, ..Default::default() })
+    Ok(Outcome {
+        p50_us,
+        p99_us,
+        ..Default::default()
+    })
 }
 
 fn mlg_pong(at: &Place) -> Result<Outcome> {
@@ -630,11 +770,18 @@ fn latency(a: LatencyArgs) -> Result<ExitCode> {
     if a.format == Format::Csv {
         println!("system,transport,payload_bytes,latency_p50_us,latency_p99_us");
     } else {
-        println!("{:<8} {:>6} {:>9} {:>10} {:>10} {:>8}", "system", "transp", "bytes", "p50 us", "p99 us", "trips");
+        println!(
+            "{:<8} {:>6} {:>9} {:>10} {:>10} {:>8}",
+            "system", "transp", "bytes", "p50 us", "p99 us", "trips"
+        );
     }
     let mut cell = 0;
     for &size in &a.sizes {
-        let n = if size >= 1 << 20 { (a.round_trips / 10).max(100) } else { a.round_trips };
+        let n = if size >= 1 << 20 {
+            (a.round_trips / 10).max(100)
+        } else {
+            a.round_trips
+        };
         let mut systems: Vec<&'static str> = vec!["milonga"];
         if a.baseline == Baseline::RawZmq {
             systems.insert(0, "raw-zmq");
@@ -654,18 +801,42 @@ fn latency(a: LatencyArgs) -> Result<ExitCode> {
             let roles = if system == "raw-zmq" {
                 let back = free_endpoint(t, &format!("l{cell}b"))?;
                 vec![
-                    Role::RawPing { at: at.clone(), back: back.clone(), size, n },
+                    Role::RawPing {
+                        at: at.clone(),
+                        back: back.clone(),
+                        size,
+                        n,
+                    },
                     Role::RawPong { at, back },
                 ]
             } else {
-                vec![Role::MlgPing { at: at.clone(), size, n }, Role::MlgPong { at }]
+                vec![
+                    Role::MlgPing {
+                        at: at.clone(),
+                        size,
+                        n,
+                    },
+                    Role::MlgPong { at },
+                ]
             };
             let outs = Workers::start(roles, inproc_ctx.as_ref())?.finish()?;
             let o = &outs[0];
             let mut out = std::io::stdout().lock();
             match a.format {
-                Format::Csv => writeln!(out, "{system},{},{size},{:.1},{:.1}", t.name(), o.p50_us, o.p99_us)?,
-                Format::Table => writeln!(out, "{system:<8} {:>6} {size:>9} {:>10.1} {:>10.1} {n:>8}", t.name(), o.p50_us, o.p99_us)?,
+                Format::Csv => writeln!(
+                    out,
+                    "{system},{},{size},{:.1},{:.1}",
+                    t.name(),
+                    o.p50_us,
+                    o.p99_us
+                )?,
+                Format::Table => writeln!(
+                    out,
+                    "{system:<8} {:>6} {size:>9} {:>10.1} {:>10.1} {n:>8}",
+                    t.name(),
+                    o.p50_us,
+                    o.p99_us
+                )?,
             }
             out.flush()?;
         }

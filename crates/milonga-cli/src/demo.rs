@@ -86,13 +86,14 @@ pub fn device(net: &NetArgs, a: DeviceArgs) -> Result<ExitCode> {
     // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and has no
     // memory effects.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+    crate::catch_interrupts();
     let node = net.open(a.kind.name())?;
     let p = node.publisher(a.kind.key())?;
     let period = Duration::from_secs_f64(1.0 / a.kind.rate_hz());
     let start = Instant::now();
     let mut noise = Noise(0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id()));
     let mut n = 0u64;
-    while a.duration.is_none_or(|d| start.elapsed().as_secs_f64() < d) {
+    while a.duration.is_none_or(|d| start.elapsed().as_secs_f64() < d) && !crate::interrupted() {
         let t = start.elapsed().as_secs_f64();
         let value: Value = match a.kind {
             DeviceKind::PowerSupply => (100.0 + 0.5 * (t * 0.5).sin() + 0.01 * noise.next()).into(),
@@ -110,8 +111,12 @@ pub fn device(net: &NetArgs, a: DeviceArgs) -> Result<ExitCode> {
         };
         p.put(value)?;
         n += 1;
-        if let Some(d) = (start + period.mul_f64(n as f64)).checked_duration_since(Instant::now()) {
-            std::thread::sleep(d);
+        let next = start + period.mul_f64(n as f64);
+        while let Some(d) = next.checked_duration_since(Instant::now()) {
+            if crate::interrupted() {
+                break;
+            }
+            std::thread::sleep(d.min(Duration::from_millis(50)));
         }
     }
     node.close();
@@ -135,7 +140,8 @@ fn spawn_device(net: &NetArgs, kind: DeviceKind) -> Result<Child> {
         cmd.arg("--transport").arg(t.name());
     }
     cmd.arg("device").arg(kind.name()).stdin(Stdio::null());
-    cmd.spawn().with_context(|| format!("cannot start the {} device", kind.name()))
+    cmd.spawn()
+        .with_context(|| format!("cannot start the {} device", kind.name()))
 }
 
 fn stop(children: &mut [Child]) {
@@ -226,9 +232,17 @@ fn print_table(rows: &BTreeMap<String, Row>, t: Duration, tty: bool) -> Result<(
         write!(o, "\x1b[H\x1b[2J")?;
     }
     writeln!(o, "t = {:.1} s", t.as_secs_f64())?;
-    writeln!(o, "{:<26} {:>8} {:>8} {:>6}  last value", "key", "rate Hz", "samples", "lost")?;
+    writeln!(
+        o,
+        "{:<26} {:>8} {:>8} {:>6}  last value",
+        "key", "rate Hz", "samples", "lost"
+    )?;
     for (k, r) in rows {
-        writeln!(o, "{k:<26} {:>8.1} {:>8} {:>6}  {}", r.rate, r.total, r.lost, r.last)?;
+        writeln!(
+            o,
+            "{k:<26} {:>8.1} {:>8} {:>6}  {}",
+            r.rate, r.total, r.lost, r.last
+        )?;
     }
     o.flush()?;
     Ok(())

@@ -68,7 +68,11 @@ pub fn to_json(v: &Value) -> serde_json::Value {
         }
         Value::Typed(a) => {
             let n = a.len();
-            let all = |k: usize| (0..k).map(|i| float(a.get_f64(i).unwrap_or(f64::NAN))).collect::<Vec<_>>();
+            let all = |k: usize| {
+                (0..k)
+                    .map(|i| float(a.get_f64(i).unwrap_or(f64::NAN)))
+                    .collect::<Vec<_>>()
+            };
             if n <= FULL_ARRAY_LIMIT {
                 serde_json::Value::Array(all(n))
             } else {
@@ -83,10 +87,11 @@ pub fn to_json(v: &Value) -> serde_json::Value {
 
 /// Minimum and maximum of a typed array.
 pub fn summary(a: &milonga::TypedArray) -> (f64, f64) {
-    (0..a.len()).filter_map(|i| a.get_f64(i)).fold(
-        (f64::INFINITY, f64::NEG_INFINITY),
-        |(lo, hi), x| (lo.min(x), hi.max(x)),
-    )
+    (0..a.len())
+        .filter_map(|i| a.get_f64(i))
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+            (lo.min(x), hi.max(x))
+        })
 }
 
 /// A short human summary of a value, for tables.
@@ -94,7 +99,11 @@ pub fn short(v: &Value) -> String {
     match v {
         Value::Typed(a) => {
             let (min, max) = summary(a);
-            format!("{}[{}] min {min:.3} max {max:.3}", a.element().name(), a.len())
+            format!(
+                "{}[{}] min {min:.3} max {max:.3}",
+                a.element().name(),
+                a.len()
+            )
         }
         Value::Bytes(b) => format!("bytes[{}]", b.len()),
         Value::Float(f) => format!("{f:.4}"),

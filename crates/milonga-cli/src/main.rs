@@ -12,6 +12,27 @@ mod bench;
 mod demo;
 mod json;
 
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Makes SIGINT and SIGTERM set a flag that long-running commands check, so
+/// that they close their node (withdrawing its announcement) before exiting.
+pub fn catch_interrupts() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+/// Whether SIGINT or SIGTERM arrived (after [`catch_interrupts`]).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Milonga: event and messaging middleware for control systems.
 #[derive(Parser, Debug)]
 #[command(name = "milonga", version, about, propagate_version = true)]
@@ -26,7 +47,12 @@ struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct NetArgs {
     /// Domain locator, such as milonga:///lab.
-    #[arg(long, global = true, env = "MILONGA_LOCATOR", default_value = "milonga:///default")]
+    #[arg(
+        long,
+        global = true,
+        env = "MILONGA_LOCATOR",
+        default_value = "milonga:///default"
+    )]
     pub locator: String,
     /// Control endpoint of a node on another host (static discovery); repeatable.
     #[arg(long = "peer", global = true, value_name = "ENDPOINT")]
@@ -118,6 +144,10 @@ struct SubArgs {
     /// samples arrived.
     #[arg(long)]
     timeout: Option<f64>,
+    /// Sleep this many milliseconds after each sample: a deliberately slow
+    /// consumer, to see reliable back-pressure or best-effort loss.
+    #[arg(long, default_value_t = 0.0)]
+    sleep_ms: f64,
 }
 
 #[derive(Args, Debug)]
@@ -159,13 +189,20 @@ fn main() -> ExitCode {
 
 fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
     if !(a.rate > 0.0 && a.rate.is_finite()) {
-        bail!("--rate must be a positive number of puts per second, got {}", a.rate);
+        bail!(
+            "--rate must be a positive number of puts per second, got {}",
+            a.rate
+        );
     }
-    let value: serde_json::Value =
-        serde_json::from_str(&a.value).with_context(|| format!("VALUE {:?} is not JSON", a.value))?;
+    let value: serde_json::Value = serde_json::from_str(&a.value)
+        .with_context(|| format!("VALUE {:?} is not JSON", a.value))?;
     let value = json::from_json(&value);
     let node = net.open("pub")?;
-    let qos = if a.reliable { PublisherQos::reliable() } else { PublisherQos::best_effort() };
+    let qos = if a.reliable {
+        PublisherQos::reliable()
+    } else {
+        PublisherQos::best_effort()
+    };
     let p = node.publisher_with(&a.key, qos)?;
     if a.wait_subscribers > 0 {
         let end = Instant::now() + Duration::from_secs_f64(a.wait_timeout);
@@ -184,15 +221,19 @@ fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
     let period = Duration::from_secs_f64(1.0 / a.rate);
     let start = Instant::now();
     let mut n = 0u64;
-    while a.count.is_none_or(|c| n < c) {
+    catch_interrupts();
+    while a.count.is_none_or(|c| n < c) && !interrupted() {
         p.put(value.clone())?;
         n += 1;
         if a.count.is_some_and(|c| n >= c) {
             break;
         }
         let next = start + period.mul_f64(n as f64);
-        if let Some(d) = next.checked_duration_since(Instant::now()) {
-            std::thread::sleep(d);
+        while let Some(d) = next.checked_duration_since(Instant::now()) {
+            if interrupted() {
+                break;
+            }
+            std::thread::sleep(d.min(Duration::from_millis(100)));
         }
     }
     node.close();
@@ -202,22 +243,32 @@ fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
 fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
     let node = net.open("sub")?;
     let sub = node.subscribe(&a.expr)?;
-    let end = a.timeout.map(|t| Instant::now() + Duration::from_secs_f64(t));
+    let end = a
+        .timeout
+        .map(|t| Instant::now() + Duration::from_secs_f64(t));
+    catch_interrupts();
     let mut got = 0u64;
     let out = std::io::stdout();
     loop {
         if a.count.is_some_and(|c| got >= c) {
             return Ok(ExitCode::SUCCESS);
         }
+        if interrupted() {
+            node.close();
+            return Ok(ExitCode::SUCCESS);
+        }
+        // Wait in slices so that an interrupt is noticed.
+        let slice = Duration::from_millis(200);
         let ev = match end {
-            None => sub.recv(),
+            None => sub.recv_timeout(slice),
             Some(e) => match e.checked_duration_since(Instant::now()) {
-                Some(left) => sub.recv_timeout(left),
+                Some(left) => sub.recv_timeout(left.min(slice)),
                 None => Err(RecvError::Timeout),
             },
         };
         let ev = match ev {
             Ok(ev) => ev,
+            Err(RecvError::Timeout) if end.is_none_or(|e| Instant::now() < e) => continue,
             Err(RecvError::Timeout) => {
                 if let Some(c) = a.count {
                     eprintln!("milonga sub: {got} of {c} samples before the timeout");
@@ -244,6 +295,9 @@ fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
         o.flush()?;
         if matches!(ev, Event::Sample(_)) {
             got += 1;
+            if a.sleep_ms > 0.0 {
+                std::thread::sleep(Duration::from_secs_f64(a.sleep_ms / 1000.0));
+            }
         }
     }
 }
@@ -274,14 +328,28 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
     }
     writeln!(o, "domain {}: {} node(s)", node.domain(), rows.len())?;
     for r in &rows {
-        writeln!(o, "{}  id {}  control {}", r["name"].as_str().unwrap_or("?"), r["node_id"].as_str().unwrap_or("?"), r["control"].as_str().unwrap_or("?"))?;
-        for (label, field) in [("best-effort data", "data_best_effort"), ("reliable data", "data_reliable")] {
+        writeln!(
+            o,
+            "{}  id {}  control {}",
+            r["name"].as_str().unwrap_or("?"),
+            r["node_id"].as_str().unwrap_or("?"),
+            r["control"].as_str().unwrap_or("?")
+        )?;
+        for (label, field) in [
+            ("best-effort data", "data_best_effort"),
+            ("reliable data", "data_reliable"),
+        ] {
             if let Some(ep) = r[field].as_str() {
                 writeln!(o, "  {label}: {ep}")?;
             }
         }
         for p in r["publications"].as_array().into_iter().flatten() {
-            writeln!(o, "  pub {} ({})", p["key"].as_str().unwrap_or("?"), p["reliability"].as_str().unwrap_or("?"))?;
+            writeln!(
+                o,
+                "  pub {} ({})",
+                p["key"].as_str().unwrap_or("?"),
+                p["reliability"].as_str().unwrap_or("?")
+            )?;
         }
         if r["stats"].is_null() {
             writeln!(o, "  (did not answer a control request)")?;
@@ -291,7 +359,15 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
                 .filter(|(_, v)| v.as_u64().is_some_and(|n| n > 0))
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
-            writeln!(o, "  stats: {}", if nonzero.is_empty() { "all zero".into() } else { nonzero.join(" ") })?;
+            writeln!(
+                o,
+                "  stats: {}",
+                if nonzero.is_empty() {
+                    "all zero".into()
+                } else {
+                    nonzero.join(" ")
+                }
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)

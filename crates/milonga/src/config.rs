@@ -153,6 +153,23 @@ impl Config {
         if let Some(e) = var("MILONGA_RELIABLE_DATA_ENDPOINT") {
             c.reliable_data_endpoint = Some(e);
         }
+        for (k, slot) in [
+            ("MILONGA_SEND_HWM", &mut c.send_hwm),
+            ("MILONGA_RECV_HWM", &mut c.recv_hwm),
+        ] {
+            if let Some(v) = var(k) {
+                *slot = v.parse().map_err(|e| OpenError::Config {
+                    key: k.into(),
+                    why: format!("{v:?} is not a message count: {e}"),
+                })?;
+            }
+        }
+        if let Some(v) = var("MILONGA_MAX_MESSAGE_BYTES") {
+            c.max_message_bytes = v.parse().map_err(|e| OpenError::Config {
+                key: "MILONGA_MAX_MESSAGE_BYTES".into(),
+                why: format!("{v:?} is not a byte count: {e}"),
+            })?;
+        }
         if let Some(v) = var("MILONGA_LOCAL_DISCOVERY") {
             c.local_discovery = !matches!(v.as_str(), "0" | "false" | "off" | "no");
         }

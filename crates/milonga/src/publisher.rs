@@ -177,7 +177,9 @@ impl Publisher {
             };
             if left.is_zero() {
                 stats::inc(&self.node.counters.puts_blocked);
-                let Wait::For(t) = wait else { unreachable!("only a bounded wait runs out") };
+                let Wait::For(t) = wait else {
+                    unreachable!("only a bounded wait runs out")
+                };
                 return Err(PutError::Timeout(t));
             }
             if self.node.closed.load(Ordering::Acquire) {

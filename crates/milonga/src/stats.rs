@@ -39,6 +39,12 @@ counters! {
     frames_foreign_domain,
     /// Samples dropped because their payload did not decode.
     payloads_malformed,
+    /// Frames that passed a subscription's ZeroMQ prefix filter but not its
+    /// key expression (wildcard subscriptions only; a literal one never sees any).
+    frames_filtered,
+    /// Connections to publishers closed by the peer, or by libzmq after a
+    /// protocol violation such as an over-size frame (`max_message_bytes`).
+    connections_closed,
     /// Samples dropped as duplicates or out of order.
     samples_duplicate,
     /// Connections dropped because the peer did not speak ZMTP correctly

@@ -29,6 +29,8 @@ fn log_drop(count: u64, what: &str, detail: &dyn std::fmt::Display) {
 struct SubIo {
     sock: zmq::Socket,
     wake_rx: zmq::Socket,
+    /// Socket monitor: reports closed connections.
+    monitor: zmq::Socket,
     connected: BTreeSet<String>,
     applied: u64,
     last_seq: HashMap<NodeId, HashMap<String, u64>>,
@@ -88,6 +90,12 @@ impl SubShared {
         for p in expr.zmq_prefixes() {
             sock.set_subscribe(&p).map_err(cfg_err)?;
         }
+        let mon_ep = format!("inproc://milonga-submon-{}-{id}", node.id);
+        sock.monitor(&mon_ep, zmq_sys::ZMQ_EVENT_DISCONNECTED as i32)
+            .map_err(cfg_err)?;
+        let monitor = node.ctx.socket(zmq::PAIR)?;
+        monitor.set_linger(0).map_err(cfg_err)?;
+        monitor.connect(&mon_ep).map_err(cfg_err)?;
         let wake_ep = format!("inproc://milonga-wake-{}-{id}", node.id);
         let wake_rx = node.ctx.socket(zmq::PAIR)?;
         node.bind(&wake_rx, &wake_ep)?;
@@ -106,6 +114,7 @@ impl SubShared {
             io: Mutex::new(SubIo {
                 sock,
                 wake_rx,
+                monitor,
                 connected: BTreeSet::new(),
                 applied: 0,
                 last_seq: HashMap::new(),
@@ -209,17 +218,37 @@ impl SubShared {
                     (left.as_micros().div_ceil(1000) as i64).min(1000)
                 }
             };
-            let wake_ready = {
+            let (wake_ready, monitor_ready) = {
                 let mut items = [
                     io.sock.as_poll_item(zmq::POLLIN),
                     io.wake_rx.as_poll_item(zmq::POLLIN),
+                    io.monitor.as_poll_item(zmq::POLLIN),
                 ];
                 zmq::poll(&mut items, wait_ms).map_err(RecvError::Socket)?;
-                items[1].is_readable()
+                (items[1].is_readable(), items[2].is_readable())
             };
             if wake_ready {
                 while io.wake_rx.recv_msg(zmq::DONTWAIT).is_ok() {}
             }
+            if monitor_ready {
+                self.read_monitor(&io);
+            }
+        }
+    }
+
+    /// Counts connections that closed (the monitor reports each one).
+    fn read_monitor(&self, io: &SubIo) {
+        while let Ok(frames) = io.monitor.recv_multipart(zmq::DONTWAIT) {
+            let endpoint = frames
+                .get(1)
+                .map(|f| String::from_utf8_lossy(f).into_owned())
+                .unwrap_or_default();
+            stats::inc(&self.node.counters.connections_closed);
+            tracing::info!(
+                expr = %self.expr,
+                %endpoint,
+                "connection to a publisher closed (the peer went away, or sent a frame over max_message_bytes or broke ZMTP)"
+            );
         }
     }
 
@@ -282,6 +311,7 @@ impl SubShared {
         }
         if !self.key_matches(io, view.key) {
             // Prefix filtering lets through a superset; not an error.
+            stats::inc(&c.frames_filtered);
             return;
         }
         let key = view.key.to_owned();
@@ -370,7 +400,10 @@ impl SubShared {
             .is_some_and(|s| s.node == node && s.key == key);
         if !hit {
             if let Some(old) = io.current.take() {
-                io.last_seq.entry(old.node).or_default().insert(old.key, old.last);
+                io.last_seq
+                    .entry(old.node)
+                    .or_default()
+                    .insert(old.key, old.last);
             }
             match io.last_seq.get_mut(&node).and_then(|m| m.remove_entry(key)) {
                 Some((key, last)) => io.current = Some(Stream { node, key, last }),
@@ -387,7 +420,11 @@ impl SubShared {
         let s = io.current.as_mut().expect("set above");
         if seq <= s.last {
             let n = c.samples_duplicate.fetch_add(1, Ordering::Relaxed) + 1;
-            log_drop(n, "a duplicate or out-of-order sample", &format_args!("{key} seq {seq} after {}", s.last));
+            log_drop(
+                n,
+                "a duplicate or out-of-order sample",
+                &format_args!("{key} seq {seq} after {}", s.last),
+            );
             return false;
         }
         let lost = seq - s.last - 1;

@@ -1,0 +1,420 @@
+//! End-to-end tests with real processes: the `milonga` command against
+//! itself and against nodes of this test process.
+
+use std::process::Command;
+use std::time::Duration;
+
+use milonga::{Config, Node, PublisherQos};
+use milonga_testkit::{free_port, wait_for, Proc, TempDir};
+use serde_json::Value as Json;
+
+const T: Duration = Duration::from_secs(20);
+
+/// A `milonga` command in its own runtime directory and domain.
+struct Env {
+    dir: TempDir,
+    domain: String,
+}
+
+impl Env {
+    fn new(tag: &str) -> Env {
+        Env {
+            dir: TempDir::new(tag),
+            domain: format!("{tag}-{}", std::process::id()),
+        }
+    }
+
+    fn locator(&self) -> String {
+        format!("milonga:///{}", self.domain)
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_milonga"));
+        c.env("MILONGA_RUNTIME_DIR", self.dir.path())
+            .env("MILONGA_LOCATOR", self.locator())
+            .env_remove("MILONGA_PEERS")
+            .env_remove("MILONGA_TRANSPORT")
+            .args(args);
+        c
+    }
+
+    fn spawn(&self, args: &[&str]) -> Proc {
+        Proc::spawn(self.cmd(args))
+    }
+
+    fn config(&self, name: &str) -> Config {
+        let mut c = Config::new(&self.locator(), name);
+        c.runtime_dir = Some(self.dir.path().to_path_buf());
+        c
+    }
+
+    /// `milonga ls --json`.
+    fn ls(&self) -> Vec<Json> {
+        let out = self.cmd(&["ls", "--json"]).output().expect("run ls");
+        assert!(
+            out.status.success(),
+            "ls failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Json = serde_json::from_slice(&out.stdout).expect("ls prints JSON");
+        v.as_array().expect("an array").clone()
+    }
+}
+
+fn json_line(p: &Proc) -> Json {
+    let line = p.line(T).expect("a line before the timeout");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}"))
+}
+
+fn samples(p: &Proc, n: usize) -> Vec<Json> {
+    (0..n)
+        .map(|_| json_line(p))
+        .filter(|j| j.get("event").is_none())
+        .collect()
+}
+
+#[test]
+fn discovery_subscriber_first() {
+    let env = Env::new("subfirst");
+    let sub = env.spawn(&["sub", "lab/ps/*", "--json", "--count", "5"]);
+    let mut publ = env.spawn(&[
+        "pub",
+        "lab/ps/1",
+        "12.5",
+        "--rate",
+        "100",
+        "--count",
+        "5",
+        "--wait-subscribers",
+        "1",
+    ]);
+    let got = samples(&sub, 5);
+    assert_eq!(got.len(), 5);
+    for (i, s) in got.iter().enumerate() {
+        assert_eq!(s["key"], "lab/ps/1");
+        assert_eq!(s["value"], 12.5);
+        assert_eq!(s["seq"], i as u64 + 1, "no gap and no duplicate");
+        assert_eq!(s["publisher"].as_str().unwrap().len(), 32);
+        assert!(s["timestamp_ns"].as_u64().unwrap() > 1_600_000_000_000_000_000);
+    }
+    assert!(publ.wait_exit(T).unwrap().success());
+}
+
+#[test]
+fn discovery_publisher_first() {
+    let env = Env::new("pubfirst");
+    let _publ = env.spawn(&["pub", "lab/ps/1", r#"{"current": 3}"#, "--rate", "50"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut sub = env.spawn(&["sub", "lab/**", "--json", "--count", "3"]);
+    let got = samples(&sub, 3);
+    assert_eq!(got[0]["value"]["current"], 3);
+    // Joining mid-stream is not a loss: the first sequence number seen starts the count.
+    let seqs: Vec<u64> = got.iter().map(|s| s["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs[1], seqs[0] + 1);
+    assert!(sub.wait_exit(T).unwrap().success());
+}
+
+#[test]
+fn kill_9_of_a_publisher_leaves_nothing_that_blocks_or_misleads() {
+    let env = Env::new("kill9");
+    let sub = env.spawn(&["sub", "k9/**", "--json"]);
+    let mut a = env.spawn(&["pub", "k9/a", "1", "--rate", "100"]);
+    let _b = env.spawn(&["pub", "k9/b", "2", "--rate", "100"]);
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 2 {
+        seen.insert(json_line(&sub)["key"].as_str().unwrap().to_owned());
+    }
+    let a_pid = a.pid();
+    a.kill9();
+    // Its announcement disappears from the domain.
+    wait_for("the killed node to leave ls", T, || {
+        env.ls()
+            .iter()
+            .all(|n| n["pid"].as_u64() != Some(u64::from(a_pid)))
+    });
+    let files = std::fs::read_dir(env.dir.path().join(&env.domain))
+        .unwrap()
+        .count();
+    assert_eq!(files, 2, "only the live nodes' announcements remain");
+    // The subscriber goes on with the other publisher.
+    for _ in 0..20 {
+        let line = sub.line(T).expect("the subscriber still receives");
+        let _ = line;
+    }
+    // And a restarted publisher is found again, with no action from the subscriber.
+    let _a2 = env.spawn(&["pub", "k9/a", "3", "--rate", "100"]);
+    wait_for("samples from the restarted publisher", T, || {
+        json_line(&sub)["value"] == 3
+    });
+}
+
+#[test]
+fn wildcards_deliver_what_matches_and_nothing_else() {
+    let env = Env::new("wild");
+    let sub = env.spawn(&["sub", "sr/*/1/**", "--json"]);
+    let exact = env.spawn(&["sub", "a/b", "--json"]);
+    let _p1 = env.spawn(&["pub", "sr/ps/1/current", "1", "--rate", "50"]);
+    let _p2 = env.spawn(&["pub", "sr/bpm/1/pos/x", "2", "--rate", "50"]);
+    let _p3 = env.spawn(&["pub", "sr/ps/2/current", "3", "--rate", "50"]);
+    let _p4 = env.spawn(&["pub", "sr/ps", "4", "--rate", "50"]);
+    let _p5 = env.spawn(&["pub", "a/bc", "5", "--rate", "50"]);
+    let _p6 = env.spawn(&["pub", "a/b", "6", "--rate", "50"]);
+    let mut keys = std::collections::BTreeSet::new();
+    for _ in 0..100 {
+        keys.insert(json_line(&sub)["key"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        keys,
+        ["sr/bpm/1/pos/x", "sr/ps/1/current"]
+            .map(String::from)
+            .into()
+    );
+    for _ in 0..30 {
+        assert_eq!(json_line(&exact)["key"], "a/b");
+    }
+    // `a/bc` never reached the `a/b` subscriber's process: ZeroMQ filtered it
+    // at the publisher, so the subscriber had nothing to filter.
+    let nodes = env.ls();
+    let exact_node = nodes
+        .iter()
+        .find(|n| n["pid"].as_u64() == Some(u64::from(exact.pid())))
+        .expect("the a/b subscriber is listed");
+    assert_eq!(exact_node["stats"]["frames_filtered"], 0);
+    assert!(exact_node["stats"]["samples_received"].as_u64().unwrap() >= 30);
+}
+
+#[test]
+fn nodes_of_different_domains_never_exchange_a_sample() {
+    let a = Env::new("doma");
+    // Same runtime directory, another domain.
+    let b = Env {
+        dir: TempDir::new("unused"),
+        domain: format!("domb-{}", std::process::id()),
+    };
+    let b_cmd = |args: &[&str]| {
+        let mut c = b.cmd(args);
+        c.env("MILONGA_RUNTIME_DIR", a.dir.path());
+        c
+    };
+    let port = free_port();
+    let control = format!("tcp://127.0.0.1:{port}");
+    let _publ = Proc::spawn({
+        let mut c = a.cmd(&["pub", "shared/key", "1", "--rate", "100"]);
+        c.env("MILONGA_CONTROL_ENDPOINT", &control);
+        c
+    });
+    let same = a.spawn(&["sub", "shared/key", "--json", "--count", "3"]);
+    assert_eq!(samples(&same, 3).len(), 3, "the publisher works");
+    // A subscriber of domain B: by local discovery and by a static peer.
+    let mut other = Proc::spawn(b_cmd(&[
+        "sub",
+        "shared/key",
+        "--json",
+        "--count",
+        "1",
+        "--timeout",
+        "2",
+        "--peer",
+        &control,
+    ]));
+    let status = other.wait_exit(T).unwrap();
+    assert_eq!(status.code(), Some(2), "no sample crossed domains");
+    // The static peer of the other domain was seen, and refused, and counted.
+    let _watch = Proc::spawn(b_cmd(&["sub", "shared/key", "--peer", &control]));
+    wait_for("the foreign peer to be counted", T, || {
+        let out = b_cmd(&["ls", "--json"]).output().unwrap();
+        let nodes: Json = serde_json::from_slice(&out.stdout).unwrap();
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["stats"]["peers_foreign_domain"].as_u64().unwrap_or(0) > 0)
+    });
+}
+
+#[test]
+fn static_discovery_across_the_loopback() {
+    let env = Env::new("static");
+    let port = free_port();
+    let control = format!("tcp://127.0.0.1:{port}");
+    let _publ = Proc::spawn({
+        let mut c = env.cmd(&["pub", "far/ps", "7", "--rate", "50"]);
+        c.env("MILONGA_CONTROL_ENDPOINT", &control)
+            .env("MILONGA_LOCAL_DISCOVERY", "0");
+        c
+    });
+    let mut sub = Proc::spawn({
+        let mut c = env.cmd(&[
+            "sub", "far/**", "--json", "--count", "2", "--peer", &control,
+        ]);
+        c.env("MILONGA_LOCAL_DISCOVERY", "0");
+        c
+    });
+    let got = samples(&sub, 2);
+    assert_eq!(got[0]["value"], 7);
+    assert!(sub.wait_exit(T).unwrap().success());
+}
+
+#[test]
+fn reliable_mode_loses_nothing_to_a_slow_subscriber() {
+    let env = Env::new("reliable");
+    let mut cfg = env.config("reliable-pub");
+    cfg.send_hwm = 20;
+    let node = Node::open_with(cfg).unwrap();
+    let p = node
+        .publisher_with("rel/data", PublisherQos::reliable())
+        .unwrap();
+    let n = 3000u64;
+    let mut sub = Proc::spawn({
+        let mut c = env.cmd(&[
+            "sub",
+            "rel/data",
+            "--json",
+            "--count",
+            &n.to_string(),
+            "--sleep-ms",
+            "0.2",
+        ]);
+        c.env("MILONGA_RECV_HWM", "20");
+        c
+    });
+    wait_for("the subscriber", T, || p.subscriber_count() == 1);
+    let writer = std::thread::spawn(move || {
+        for i in 0..n {
+            p.put(i).unwrap();
+        }
+        p
+    });
+    let mut lost_events = 0;
+    let mut next = 1u64;
+    while next <= n {
+        let j = json_line(&sub);
+        if j.get("event").is_some() {
+            lost_events += 1;
+            continue;
+        }
+        assert_eq!(j["seq"], next, "in order, nothing missing");
+        assert_eq!(j["value"], next - 1);
+        next += 1;
+    }
+    assert_eq!(lost_events, 0);
+    let p = writer.join().unwrap();
+    assert!(sub.wait_exit(T).unwrap().success());
+    assert_eq!(node.stats().samples_sent, n);
+    drop(p);
+}
+
+#[test]
+fn best_effort_counts_exactly_what_it_dropped() {
+    let env = Env::new("besteffort");
+    let mut cfg = env.config("be-pub");
+    cfg.send_hwm = 20;
+    let node = Node::open_with(cfg).unwrap();
+    let p = node.publisher("be/data").unwrap();
+    let sub = Proc::spawn({
+        let mut c = env.cmd(&["sub", "be/data", "--json", "--sleep-ms", "0.5"]);
+        c.env("MILONGA_RECV_HWM", "20");
+        c
+    });
+    wait_for("the subscriber", T, || p.subscriber_count() == 1);
+    let n = 5000u64;
+    for i in 0..n {
+        p.put(i).unwrap();
+    }
+    // Let the queues drain, then one last sample that will get through and
+    // reveal any gap before it.
+    std::thread::sleep(Duration::from_secs(2));
+    p.put(n).unwrap();
+    let (mut received, mut lost) = (0u64, 0u64);
+    loop {
+        let j = json_line(&sub);
+        if j["event"] == "lost" {
+            lost += j["count"].as_u64().unwrap();
+            continue;
+        }
+        received += 1;
+        if j["seq"] == n + 1 {
+            break;
+        }
+    }
+    assert!(
+        lost > 0,
+        "the slow subscriber must have lost samples at a high-water mark of 20"
+    );
+    assert_eq!(
+        received + lost,
+        n + 1,
+        "every sample is either received or counted lost"
+    );
+}
+
+#[test]
+fn ls_lists_nodes_endpoints_and_keys() {
+    let env = Env::new("ls");
+    let publ = env.spawn(&["pub", "ls/ps/1", "1", "--rate", "10"]);
+    wait_for("the publisher in ls", T, || {
+        env.ls().iter().any(|n| {
+            n["pid"].as_u64() == Some(u64::from(publ.pid()))
+                && n["publications"][0]["key"] == "ls/ps/1"
+                && n["data_best_effort"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with("tcp://127.0.0.1:"))
+                && n["stats"]["samples_sent"].as_u64().is_some()
+        })
+    });
+    let out = env.cmd(&["ls"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("pub ls/ps/1 (best_effort)"), "{text}");
+}
+
+#[test]
+fn demo_runs_and_exits_zero() {
+    let env = Env::new("demo");
+    let out = env.cmd(&["demo", "--duration", "3"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for key in [
+        "demo/sr/ps/1/current",
+        "demo/sr/bpm/1/positions",
+        "demo/sr/cam/1/image",
+    ] {
+        assert!(text.contains(key), "{key} missing from the table:\n{text}");
+    }
+    assert!(
+        text.contains("f64[1024]") && text.contains("u8[1048576]"),
+        "{text}"
+    );
+    // It stopped its children: no device server remains in the domain.
+    let files = std::fs::read_dir(env.dir.path().join(&env.domain))
+        .unwrap()
+        .count();
+    assert_eq!(files, 0);
+}
+
+#[test]
+fn bad_cli_input_gets_a_clear_error() {
+    let env = Env::new("badcli");
+    let out = env
+        .cmd(&["pub", "a/*/b", "1", "--count", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("wildcard"), "{err}");
+    let out = env
+        .cmd(&["pub", "a/b", "{not json", "--count", "1"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not JSON"));
+    let out = env.cmd(&["sub", "a//b", "--count", "1"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty chunk"));
+    let out = env
+        .cmd(&["--locator", "milonga://host:1/x", "ls"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("later version"));
+}
