@@ -1,0 +1,34 @@
+# One entry point for developers and CI. `make demo` and `make test` are the
+# two commands of the README; .ci/run calls `make test`.
+CARGO ?= cargo
+
+.PHONY: setup demo test lint unit fuzz-smoke bench fuzz clean
+
+# Everything the project needs beyond a Rust toolchain, cmake and a C++
+# compiler (libzmq is built from source by the zmq crate).
+setup:
+	rustup component add rustfmt clippy
+
+demo: setup
+	$(CARGO) run --release -p milonga-cli -- demo
+
+lint: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
+
+unit:
+	$(CARGO) test --workspace
+
+test: lint unit
+
+bench:
+	$(CARGO) run --release -p milonga-cli -- bench pubsub --format csv
+	$(CARGO) run --release -p milonga-cli -- bench latency --format csv
+
+# Needs a nightly toolchain and cargo-fuzz (see docs/fuzzing.md).
+fuzz:
+	cd fuzz && $(CARGO) +nightly fuzz run frame_decode corpus/frame_decode ../tests/vectors -- -max_total_time=600
+
+clean:
+	$(CARGO) clean

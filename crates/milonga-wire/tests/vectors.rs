@@ -1,0 +1,519 @@
+//! Golden vectors (tests/vectors/ at the repository root): every `<name>.bin`
+//! (ZeroMQ frame 1, plus `<name>.frame2.bin` when a payload frame follows)
+//! must decode to what `<name>.json` describes, and the description must
+//! encode back to the same bytes. Implementations in other languages run the
+//! same check against the same files.
+//!
+//! `MILONGA_BLESS_VECTORS=1 cargo test -p milonga-wire --test vectors`
+//! rewrites the files from the cases below; review the diff before
+//! committing it.
+
+use std::path::PathBuf;
+
+use milonga_wire::cbor::{decode_payload, encode_cbor};
+use milonga_wire::frame::{
+    self, domain_tag, push_batch_entry, BatchEntries, Encoding, Header, Kind, NodeId,
+};
+use milonga_wire::value::{ElementType, TypedArray};
+use milonga_wire::{Bytes, Key, Value};
+use serde_json::{json, Value as Json};
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/vectors")
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn element(name: &str) -> ElementType {
+    use ElementType::*;
+    [U8, U16, U32, U64, I8, I16, I32, I64, F32, F64]
+        .into_iter()
+        .find(|e| e.name() == name)
+        .unwrap_or_else(|| panic!("unknown element {name}"))
+}
+
+/// A value in the vectors' lossless JSON form.
+fn value_json(v: &Value) -> Json {
+    match v {
+        Value::Null => json!({"type": "null"}),
+        Value::Bool(b) => json!({"type": "bool", "value": b}),
+        Value::Int(i) => json!({"type": "int", "value": i.to_string()}),
+        Value::Float(f) => json!({"type": "float", "value": f}),
+        Value::Text(s) => json!({"type": "text", "value": s}),
+        Value::Bytes(b) => json!({"type": "bytes", "hex": hex(b)}),
+        Value::Array(a) => {
+            json!({"type": "array", "items": a.iter().map(value_json).collect::<Vec<_>>()})
+        }
+        Value::Map(m) => {
+            json!({"type": "map", "pairs": m.iter().map(|(k, v)| json!([value_json(k), value_json(v)])).collect::<Vec<_>>()})
+        }
+        Value::Typed(t) => {
+            json!({"type": "typed", "element": t.element().name(), "hex": hex(t.bytes())})
+        }
+        Value::Tagged(t, v) => json!({"type": "tag", "tag": t, "value": value_json(v)}),
+        other => panic!("no vector form for {other:?}"),
+    }
+}
+
+fn value_from_json(j: &Json) -> Value {
+    match j["type"].as_str().unwrap() {
+        "null" => Value::Null,
+        "bool" => Value::Bool(j["value"].as_bool().unwrap()),
+        "int" => Value::Int(j["value"].as_str().unwrap().parse().unwrap()),
+        "float" => Value::Float(j["value"].as_f64().unwrap()),
+        "text" => Value::Text(j["value"].as_str().unwrap().to_owned()),
+        "bytes" => Value::Bytes(Bytes::from(unhex(j["hex"].as_str().unwrap()))),
+        "array" => Value::Array(
+            j["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(value_from_json)
+                .collect(),
+        ),
+        "map" => Value::Map(
+            j["pairs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| (value_from_json(&p[0]), value_from_json(&p[1])))
+                .collect(),
+        ),
+        "typed" => Value::Typed(
+            TypedArray::from_bytes(
+                element(j["element"].as_str().unwrap()),
+                Bytes::from(unhex(j["hex"].as_str().unwrap())),
+            )
+            .unwrap(),
+        ),
+        "tag" => Value::Tagged(
+            j["tag"].as_u64().unwrap(),
+            Box::new(value_from_json(&j["value"])),
+        ),
+        t => panic!("unknown value type {t}"),
+    }
+}
+
+fn encoding_name(e: Encoding) -> &'static str {
+    match e {
+        Encoding::Raw => "raw",
+        Encoding::Cbor => "cbor",
+        Encoding::Json => "json",
+    }
+}
+
+fn header_json(h: &Header, domain: &str) -> Json {
+    json!({
+        "version": 1,
+        "kind": match h.kind { Kind::Sample => "sample", Kind::Batch => "batch" },
+        "flags": h.flags,
+        "encoding": encoding_name(h.encoding),
+        "domain": domain,
+        "domain_tag": format!("{:#010x}", h.domain_tag),
+        "schema_id": h.schema_id,
+        "node_id": h.node_id.to_hex(),
+        "seq": h.seq,
+        "timestamp_ns": h.timestamp_ns,
+    })
+}
+
+fn header_from_json(j: &Json) -> Header {
+    let tag = domain_tag(j["domain"].as_str().unwrap());
+    assert_eq!(
+        format!("{tag:#010x}"),
+        j["domain_tag"],
+        "domain_tag is FNV-1a 32 of the domain"
+    );
+    Header {
+        kind: match j["kind"].as_str().unwrap() {
+            "sample" => Kind::Sample,
+            _ => Kind::Batch,
+        },
+        flags: j["flags"].as_u64().unwrap() as u8,
+        encoding: match j["encoding"].as_str().unwrap() {
+            "raw" => Encoding::Raw,
+            "cbor" => Encoding::Cbor,
+            _ => Encoding::Json,
+        },
+        domain_tag: tag,
+        schema_id: j["schema_id"].as_u64().unwrap() as u32,
+        node_id: NodeId::from_hex(j["node_id"].as_str().unwrap()).unwrap(),
+        seq: j["seq"].as_u64().unwrap(),
+        timestamp_ns: j["timestamp_ns"].as_u64().unwrap(),
+    }
+}
+
+/// One vector: frame bytes and their description.
+struct Case {
+    name: &'static str,
+    description: &'static str,
+    frame1: Vec<u8>,
+    frame2: Option<Vec<u8>>,
+    /// For valid vectors: key, header, and decoded values (one per sample).
+    expect: Result<(String, Json, Vec<Value>, Vec<u64>), &'static str>,
+}
+
+const NODE: NodeId = NodeId([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);
+const TS: u64 = 1_700_000_000_000_000_000;
+
+fn header(kind: Kind, encoding: Encoding, flags: u8, schema_id: u32, seq: u64) -> Header {
+    Header {
+        kind,
+        flags,
+        encoding,
+        domain_tag: domain_tag("lab"),
+        schema_id,
+        node_id: NODE,
+        seq,
+        timestamp_ns: TS,
+    }
+}
+
+fn cbor(v: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_cbor(v, &mut out).unwrap();
+    out
+}
+
+fn sample(
+    name: &'static str,
+    description: &'static str,
+    key: &str,
+    h: Header,
+    value: Value,
+) -> Case {
+    let body = match (&value, h.encoding) {
+        (Value::Bytes(b), Encoding::Raw) => b.to_vec(),
+        (v, _) => cbor(v),
+    };
+    let k = Key::new(key).unwrap();
+    Case {
+        name,
+        description,
+        frame1: frame::encode(&k, &h, &body),
+        frame2: None,
+        expect: Ok((
+            key.to_owned(),
+            header_json(&h, "lab"),
+            vec![value],
+            vec![TS],
+        )),
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = vec![
+        sample(
+            "sample_cbor_float",
+            "one sample: CBOR float64 12.5 on sr/ps/1/current, domain lab",
+            "sr/ps/1/current",
+            header(Kind::Sample, Encoding::Cbor, 0, 0, 1),
+            Value::Float(12.5),
+        ),
+        sample(
+            "sample_raw_bytes",
+            "raw encoding: the payload is the bytes, untouched",
+            "daq/raw",
+            header(Kind::Sample, Encoding::Raw, 0, 0, 7),
+            Value::Bytes(Bytes::from_static(b"\x00\x01\x02\xffraw")),
+        ),
+        sample(
+            "sample_cbor_map",
+            "a CBOR map of every scalar kind and a nested array",
+            "sr/ps/1/state",
+            header(Kind::Sample, Encoding::Cbor, 0, 0, 2),
+            Value::Map(vec![
+                (Value::from("current"), Value::Float(12.5)),
+                (Value::from("status"), Value::from("ON")),
+                (Value::from("ok"), Value::Bool(true)),
+                (Value::from("n"), Value::Int(-3)),
+                (Value::from("big"), Value::Int(u64::MAX.into())),
+                (Value::from("none"), Value::Null),
+                (
+                    Value::from("blob"),
+                    Value::Bytes(Bytes::from_static(b"\xca\xfe")),
+                ),
+                (
+                    Value::from("list"),
+                    Value::Array(vec![Value::Int(1), Value::Int(2)]),
+                ),
+            ]),
+        ),
+        sample(
+            "sample_f64_array",
+            "an RFC 8746 float64 little-endian typed array (tag 86), inline",
+            "sr/bpm/1/positions",
+            header(Kind::Sample, Encoding::Cbor, 0, 0, 3),
+            Value::from(vec![1.0f64, 2.5, -3.0]),
+        ),
+        sample(
+            "sample_schema_unicode_key",
+            "schema id 42, a key with non-ASCII characters, a tagged value (tag 1, epoch time)",
+            "µ/température",
+            header(Kind::Sample, Encoding::Cbor, 0, 42, 9),
+            Value::Tagged(1, Box::new(Value::Int(1_700_000_000))),
+        ),
+    ];
+    // A payload split over two frames: frame 1 ends with the CBOR head of a
+    // uint8 typed array (tag 64, byte string of 16), frame 2 holds the bytes.
+    {
+        let k = Key::new("sr/cam/1/image").unwrap();
+        let h = header(
+            Kind::Sample,
+            Encoding::Cbor,
+            frame::FLAG_PAYLOAD_FRAME,
+            0,
+            4,
+        );
+        let data: Vec<u8> = (0..16).collect();
+        v.push(Case {
+            name: "sample_split_u8_array",
+            description: "a uint8 typed array whose bytes travel in a second frame (flag bit 0)",
+            frame1: frame::encode(&k, &h, &[0xd8, 64, 0x50]),
+            frame2: Some(data.clone()),
+            expect: Ok((
+                "sr/cam/1/image".into(),
+                header_json(&h, "lab"),
+                vec![Value::from(data)],
+                vec![TS],
+            )),
+        });
+    }
+    // A batch of three raw samples with sequence numbers 10, 11, 12.
+    {
+        let k = Key::new("daq/adc/0").unwrap();
+        let h = header(Kind::Batch, Encoding::Raw, 0, 0, 10);
+        let mut body = Vec::new();
+        let payloads: [&[u8]; 3] = [b"one", b"", b"three"];
+        for (i, p) in payloads.iter().enumerate() {
+            push_batch_entry(&mut body, TS + i as u64, p);
+        }
+        v.push(Case {
+            name: "batch_three_samples",
+            description:
+                "kind 2: three samples of one key, seq 10..12, each with its own timestamp",
+            frame1: frame::encode(&k, &h, &body),
+            frame2: None,
+            expect: Ok((
+                "daq/adc/0".into(),
+                header_json(&h, "lab"),
+                payloads
+                    .iter()
+                    .map(|p| Value::Bytes(Bytes::copy_from_slice(p)))
+                    .collect(),
+                vec![TS, TS + 1, TS + 2],
+            )),
+        });
+    }
+    // Invalid frames: each must be refused with the named error.
+    let good = frame::encode(
+        &Key::new("a/b").unwrap(),
+        &header(Kind::Sample, Encoding::Raw, 0, 0, 1),
+        b"x",
+    );
+    let with = |i: usize, b: u8| {
+        let mut f = good.clone();
+        f[i] = b;
+        f
+    };
+    let bad = |name, description, frame1, err| Case {
+        name,
+        description,
+        frame1,
+        frame2: None,
+        expect: Err(err),
+    };
+    v.push(bad(
+        "bad_version",
+        "version byte 2: refused, counted in frames_bad_version",
+        with(4, 2),
+        "UnsupportedVersion",
+    ));
+    v.push(bad(
+        "bad_kind",
+        "kind 9: refused, counted in frames_unknown_kind",
+        with(5, 9),
+        "UnknownKind",
+    ));
+    v.push(bad(
+        "bad_flags",
+        "an unknown flag bit: refused",
+        with(6, 0x80),
+        "UnknownFlags",
+    ));
+    v.push(bad(
+        "bad_encoding",
+        "encoding 200: refused",
+        with(7, 200),
+        "UnknownEncoding",
+    ));
+    v.push(bad(
+        "truncated_header",
+        "the header stops after 20 bytes",
+        good[..24].to_vec(),
+        "Truncated",
+    ));
+    v.push(bad(
+        "key_with_wildcard",
+        "a published key may not hold '*'",
+        with(0, b'*'),
+        "BadKey",
+    ));
+    v.push(bad(
+        "key_bad_utf8",
+        "the key is not UTF-8",
+        with(0, 0xff),
+        "BadKey",
+    ));
+    {
+        let k = Key::new("daq/adc/0").unwrap();
+        let mut body = Vec::new();
+        push_batch_entry(&mut body, TS, b"abc");
+        body.pop();
+        v.push(bad(
+            "batch_truncated_entry",
+            "a batch entry claims more bytes than the frame holds",
+            frame::encode(&k, &header(Kind::Batch, Encoding::Raw, 0, 0, 1), &body),
+            "BadBatch",
+        ));
+    }
+    v
+}
+
+fn bless() {
+    let d = dir();
+    std::fs::create_dir_all(&d).unwrap();
+    for c in cases() {
+        std::fs::write(d.join(format!("{}.bin", c.name)), &c.frame1).unwrap();
+        if let Some(f2) = &c.frame2 {
+            std::fs::write(d.join(format!("{}.frame2.bin", c.name)), f2).unwrap();
+        }
+        let desc = match &c.expect {
+            Ok((key, header, values, ts)) => json!({
+                "name": c.name,
+                "description": c.description,
+                "valid": true,
+                "frames": 1 + usize::from(c.frame2.is_some()),
+                "key": key,
+                "header": header,
+                "samples": values.iter().zip(ts).enumerate().map(|(i, (v, t))| json!({
+                    "seq": header["seq"].as_u64().unwrap() + i as u64,
+                    "timestamp_ns": t,
+                    "value": value_json(v),
+                })).collect::<Vec<_>>(),
+            }),
+            Err(e) => json!({
+                "name": c.name,
+                "description": c.description,
+                "valid": false,
+                "frames": 1,
+                "error": e,
+            }),
+        };
+        std::fs::write(
+            d.join(format!("{}.json", c.name)),
+            serde_json::to_string_pretty(&desc).unwrap() + "\n",
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn golden_vectors_decode_and_reencode_byte_for_byte() {
+    if std::env::var_os("MILONGA_BLESS_VECTORS").is_some() {
+        bless();
+    }
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir()).expect("tests/vectors exists") {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let desc: Json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let name = desc["name"].as_str().unwrap();
+        let frame1 = std::fs::read(dir().join(format!("{name}.bin"))).unwrap();
+        let frame2 = std::fs::read(dir().join(format!("{name}.frame2.bin"))).ok();
+        let decoded = frame::decode(&frame1);
+        if desc["valid"] == false {
+            let err = decoded.expect_err(name);
+            assert!(
+                format!("{err:?}").starts_with(desc["error"].as_str().unwrap()),
+                "{name}: got {err:?}"
+            );
+            checked += 1;
+            continue;
+        }
+        let view = decoded.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(view.key, desc["key"], "{name}");
+        assert_eq!(
+            header_json(&view.header, desc["header"]["domain"].as_str().unwrap()),
+            desc["header"],
+            "{name}"
+        );
+        assert_eq!(
+            frame2.is_some(),
+            view.header.flags & frame::FLAG_PAYLOAD_FRAME != 0,
+            "{name}"
+        );
+        let samples = desc["samples"].as_array().unwrap();
+        let bodies: Vec<(u64, Bytes)> = match view.header.kind {
+            Kind::Sample => vec![(view.header.timestamp_ns, Bytes::copy_from_slice(view.body))],
+            Kind::Batch => BatchEntries::new(view.body)
+                .unwrap()
+                .map(|e| e.unwrap())
+                .map(|e| (e.timestamp_ns, Bytes::copy_from_slice(e.payload)))
+                .collect(),
+        };
+        assert_eq!(bodies.len(), samples.len(), "{name}");
+        for ((ts, body), s) in bodies.into_iter().zip(samples) {
+            let v = decode_payload(view.header.encoding, body, frame2.clone().map(Bytes::from))
+                .unwrap();
+            assert_eq!(value_json(&v), s["value"], "{name}");
+            assert_eq!(ts, s["timestamp_ns"].as_u64().unwrap(), "{name}");
+        }
+        // Re-encode from the description alone.
+        let h = header_from_json(&desc["header"]);
+        let key = Key::new(desc["key"].as_str().unwrap()).unwrap();
+        let body: Vec<u8> = match h.kind {
+            Kind::Batch => {
+                let mut b = Vec::new();
+                for s in samples {
+                    let Value::Bytes(p) = value_from_json(&s["value"]) else {
+                        panic!("{name}: raw batch")
+                    };
+                    push_batch_entry(&mut b, s["timestamp_ns"].as_u64().unwrap(), &p);
+                }
+                b
+            }
+            Kind::Sample => match (value_from_json(&samples[0]["value"]), frame2.as_ref()) {
+                (Value::Bytes(b), None) if h.encoding == Encoding::Raw => b.to_vec(),
+                (Value::Typed(t), Some(f2)) => {
+                    assert_eq!(t.bytes(), &f2[..], "{name}: frame 2 is the array's bytes");
+                    let whole = cbor(&Value::Typed(t.clone()));
+                    whole[..whole.len() - f2.len()].to_vec()
+                }
+                (v, _) => cbor(&v),
+            },
+        };
+        assert_eq!(
+            hex(&frame::encode(&key, &h, &body)),
+            hex(&frame1),
+            "{name}: re-encoding"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 14,
+        "only {checked} vectors found in {}",
+        dir().display()
+    );
+}
