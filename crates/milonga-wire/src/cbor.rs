@@ -185,12 +185,10 @@ pub fn decode_payload(
         (Encoding::Raw, None) => Ok(Value::Bytes(first)),
         (Encoding::Raw, Some(tail)) if first.is_empty() => Ok(Value::Bytes(tail)),
         (Encoding::Cbor, None) => decode_cbor(&first),
-        (Encoding::Cbor, Some(tail)) => {
-            if let Some(v) = split_view(&first, &tail)? {
-                return Ok(v);
-            }
-            decode_cbor(&concat(&first, &tail))
-        }
+        (Encoding::Cbor, Some(tail)) => match split_view(&first, &tail) {
+            Some(v) => v,
+            None => decode_cbor(&concat(&first, &tail)),
+        },
         (Encoding::Json, None) => json_text(first),
         (enc, Some(tail)) => decode_payload(enc, concat(&first, &tail), None),
     }
@@ -209,19 +207,21 @@ fn concat(a: &[u8], b: &[u8]) -> Bytes {
     Bytes::from(v)
 }
 
-/// Recognises `head` = [typed-array tag] + byte-string length == tail.len().
-fn split_view(head: &[u8], tail: &Bytes) -> Result<Option<Value>, DecodeError> {
+/// Recognises `head` = [typed-array tag] + byte-string length == tail.len(),
+/// the split Milonga writes, and views the tail without a copy. `None`
+/// for anything else, which the caller decodes the general way.
+fn split_view(head: &[u8], tail: &Bytes) -> Option<Result<Value, DecodeError>> {
     let mut d = Decoder::new(head);
     let mut element = None;
-    if d.datatype()? == Type::Tag {
-        let tag = d.tag()?.as_u64();
+    if d.datatype().ok()? == Type::Tag {
+        let tag = d.tag().ok()?.as_u64();
         match ElementType::from_cbor_tag(tag) {
             Some((el, false)) => element = Some(el),
-            _ => return Ok(None),
+            _ => return None,
         }
     }
-    if d.position() >= head.len() || d.datatype()? != Type::Bytes {
-        return Ok(None);
+    if d.position() >= head.len() || d.datatype().ok()? != Type::Bytes {
+        return None;
     }
     // Read the byte-string length without consuming bytes that are not there.
     let len = {
@@ -236,25 +236,25 @@ fn split_view(head: &[u8], tail: &Bytes) -> Result<Option<Value>, DecodeError> {
                 5,
             ),
             27 if rest.len() >= 9 => (u64::from_be_bytes(rest[1..9].try_into().expect("8")), 9),
-            _ => return Ok(None),
+            _ => return None,
         };
         if d.position() + n != head.len() {
-            return Ok(None);
+            return None;
         }
         len
     };
     if len != tail.len() as u64 {
-        return Ok(None);
+        return None;
     }
-    Ok(Some(match element {
-        None => Value::Bytes(tail.clone()),
-        Some(el) => Value::Typed(TypedArray::from_bytes(el, tail.clone()).map_err(|e| {
-            DecodeError::BadTypedArray {
+    Some(match element {
+        None => Ok(Value::Bytes(tail.clone())),
+        Some(el) => TypedArray::from_bytes(el, tail.clone())
+            .map(Value::Typed)
+            .map_err(|e| DecodeError::BadTypedArray {
                 tag: el.cbor_tag(),
                 why: e.to_string(),
-            }
-        })?),
-    }))
+            }),
+    })
 }
 
 /// Decodes one complete CBOR value from `buf`; byte strings and typed arrays

@@ -233,9 +233,10 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
     if !path
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        || !path.as_bytes()[0].is_ascii_alphanumeric()
     {
         return Err(bad(
-            "the domain name may hold only ASCII letters, digits, '-', '_' and '.'",
+            "the domain name must start with an ASCII letter or digit and hold only letters, digits, '-', '_' and '.'",
         ));
     }
     Ok(Locator {
@@ -260,6 +261,8 @@ mod tests {
         ));
         for bad in [
             "lab",
+            "milonga:///..",
+            "milonga:///.x",
             "http:///lab",
             "milonga:///",
             "milonga:///a/b",

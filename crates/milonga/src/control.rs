@@ -230,9 +230,10 @@ impl Control {
         let domain = self.inner.domain.clone();
         for p in &mut self.statics {
             while let Ok(frames) = p.sock.recv_multipart(zmq::DONTWAIT) {
-                let parsed = (frames.len() == 3 && frames[0] == CONTROL_MAGIC)
-                    .then(|| serde_json::from_slice::<NodeInfo>(&frames[2]).ok())
-                    .flatten();
+                let parsed =
+                    (frames.len() == 3 && frames[0] == CONTROL_MAGIC && frames[1] == CONTROL_INFO)
+                        .then(|| serde_json::from_slice::<NodeInfo>(&frames[2]).ok())
+                        .flatten();
                 let Some(info) = parsed else {
                     stats::inc(&self.inner.counters.control_malformed);
                     tracing::warn!(peer = %p.endpoint, "dropped a malformed reply from a static peer");

@@ -84,6 +84,8 @@ pub(crate) struct NodeState {
     /// Live peers by node id (hex), this node included.
     pub peers: BTreeMap<String, Announcement>,
     pub announce_dirty: bool,
+    /// Last sequence number of keys whose publisher was dropped.
+    pub last_seq: HashMap<String, u64>,
 }
 
 /// Shared by the node handle, its publishers, subscribers and its thread.
@@ -382,16 +384,17 @@ impl Node {
         }
         let key = Key::new(key)?;
         let data = self.inner.data_socket(qos.reliability)?;
-        {
+        let last_seq = {
             let mut st = lock(&self.inner.state);
             if st.publications.contains_key(key.as_str()) {
                 return Err(PublisherError::AlreadyDeclared(key.as_str().to_owned()));
             }
             st.publications
                 .insert(key.as_str().to_owned(), qos.reliability);
-        }
+            st.last_seq.get(key.as_str()).copied().unwrap_or(0)
+        };
         self.inner.announce();
-        Ok(Publisher::new(self.inner.clone(), key, qos, data))
+        Ok(Publisher::new(self.inner.clone(), key, qos, data, last_seq))
     }
 
     /// Subscribes to `expr`; events queue for [`Subscriber::recv`].

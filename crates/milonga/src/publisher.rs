@@ -16,6 +16,8 @@ use crate::zmq_io;
 
 /// Offset of the sequence number within the header.
 const SEQ_OFFSET: usize = 28;
+/// Offset of the source timestamp within the header.
+const TIMESTAMP_OFFSET: usize = 36;
 
 /// A declared publisher of one key. `Send + Sync`: share it between threads
 /// (puts are serialised; sequence numbers follow the order of sends).
@@ -49,11 +51,14 @@ enum Wait {
 }
 
 impl Publisher {
+    /// `last_seq` continues the sequence of an earlier publisher of the same
+    /// key in this node, so that subscribers see no false duplicates.
     pub(crate) fn new(
         node: Arc<NodeInner>,
         key: Key,
         qos: PublisherQos,
         data: Arc<DataSocket>,
+        last_seq: u64,
     ) -> Self {
         let header = Header {
             kind: Kind::Sample,
@@ -73,7 +78,7 @@ impl Publisher {
             qos,
             data,
             template,
-            seq: Default::default(),
+            seq: last_seq.into(),
         }
     }
 
@@ -147,13 +152,13 @@ impl Publisher {
             });
         }
         let started = Instant::now();
-        let timestamp_ns = now_ns();
-        let mut msg = self.build(&enc, schema_id, 0, timestamp_ns);
-        let h = self.key.as_str().len() + 1;
-
+        let mut msg = self.build(&enc, schema_id);
         let mut d = lock(&self.data.sock);
+        // Sequence number and timestamp are taken under the lock, so that
+        // both follow the order in which samples leave.
         let seq = self.seq.load(Ordering::Relaxed) + 1;
-        msg[h + SEQ_OFFSET..h + SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());
+        let timestamp_ns = now_ns();
+        self.stamp(&mut msg, seq, timestamp_ns);
         let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
         let mut msg = Some(msg);
         let mut flags = zmq::DONTWAIT;
@@ -194,7 +199,9 @@ impl Publisher {
                 .map_err(PutError::Socket)?;
             flags = 0;
             // The `zmq` crate consumed the refused message: build it again.
-            msg = Some(self.build(&enc, schema_id, seq, timestamp_ns));
+            let mut m = self.build(&enc, schema_id);
+            self.stamp(&mut m, seq, timestamp_ns);
+            msg = Some(m);
         }
         if let Some(tail) = enc.tail {
             zmq_io::send_bytes(&mut d.sock, tail, 0).map_err(PutError::Socket)?;
@@ -208,7 +215,7 @@ impl Publisher {
     /// The first frame: `key | 0 | header | head of the payload`. Built
     /// again for a retry after EAGAIN, because the `zmq` crate consumes the
     /// message even when the send fails.
-    fn build(&self, enc: &Encoded, schema_id: u32, seq: u64, timestamp_ns: u64) -> zmq::Message {
+    fn build(&self, enc: &Encoded, schema_id: u32) -> zmq::Message {
         let h = self.key.as_str().len() + 1;
         let mut msg = zmq::Message::with_size(self.template.len() + enc.head.len());
         let (head, body) = msg.split_at_mut(self.template.len());
@@ -221,9 +228,14 @@ impl Publisher {
         };
         head[h + 3] = enc.encoding as u8;
         head[h + 8..h + 12].copy_from_slice(&schema_id.to_le_bytes());
-        head[h + SEQ_OFFSET..h + SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());
-        head[h + 36..h + HEADER_LEN].copy_from_slice(&timestamp_ns.to_le_bytes());
         msg
+    }
+
+    /// Writes the sequence number and source timestamp into a built frame.
+    fn stamp(&self, msg: &mut zmq::Message, seq: u64, timestamp_ns: u64) {
+        let h = self.key.as_str().len() + 1;
+        msg[h + SEQ_OFFSET..h + SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());
+        msg[h + TIMESTAMP_OFFSET..h + HEADER_LEN].copy_from_slice(&timestamp_ns.to_le_bytes());
     }
 }
 
@@ -238,10 +250,14 @@ impl std::fmt::Debug for Publisher {
 
 impl Drop for Publisher {
     fn drop(&mut self) {
-        let removed = lock(&self.node.state)
-            .publications
-            .remove(self.key.as_str())
-            .is_some();
+        let removed = {
+            let mut st = lock(&self.node.state);
+            st.last_seq.insert(
+                self.key.as_str().to_owned(),
+                self.seq.load(Ordering::Relaxed),
+            );
+            st.publications.remove(self.key.as_str()).is_some()
+        };
         if removed && !self.node.closed.load(Ordering::Acquire) {
             self.node.announce();
         }

@@ -8,6 +8,7 @@ macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
         /// A snapshot of a node's counters.
         #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(default)]
         #[non_exhaustive]
         pub struct NodeStats { $($(#[$doc])* pub $name: u64,)* }
 

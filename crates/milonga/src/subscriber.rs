@@ -345,7 +345,11 @@ impl SubShared {
                 // `decode` has validated every entry.
                 let entries = BatchEntries::new(view.body).into_iter().flatten().flatten();
                 for (i, e) in entries.enumerate() {
-                    let seq = h.seq + i as u64;
+                    let Some(seq) = h.seq.checked_add(i as u64) else {
+                        let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                        log_drop(n, "a batch", &"sequence numbers overflow");
+                        break;
+                    };
                     if !self.check_seq(io, c, h.node_id, &key, seq) {
                         continue;
                     }

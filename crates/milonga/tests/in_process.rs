@@ -107,3 +107,48 @@ fn reliable_try_put_would_block() {
         assert_eq!(s.seq, i + 1);
     }
 }
+
+#[test]
+fn a_redeclared_publisher_continues_its_sequence() {
+    let dir = milonga_testkit::TempDir::new("redeclare");
+    let a = open("rd", "pub", Transport::Inproc, dir.path());
+    let b = open("rd", "sub", Transport::Inproc, dir.path());
+    let s = b.subscribe("k").unwrap();
+    for round in 0..2u64 {
+        let p = a.publisher("k").unwrap();
+        wait_for("subscription", Duration::from_secs(5), || {
+            p.subscriber_count() == 1
+        });
+        for i in 0..3 {
+            p.put(round * 3 + i).unwrap();
+        }
+        for i in 0..3 {
+            let got = s
+                .recv_timeout(Duration::from_secs(5))
+                .unwrap()
+                .into_sample()
+                .unwrap();
+            assert_eq!(got.seq, round * 3 + i + 1, "no restart at 1, no duplicate");
+        }
+    }
+    assert_eq!(b.stats().samples_duplicate, 0);
+}
+
+#[test]
+fn a_publisher_key_is_declared_once_per_node() {
+    let dir = milonga_testkit::TempDir::new("twice");
+    let a = open("tw", "pub", Transport::Inproc, dir.path());
+    let _p = a.publisher("k").unwrap();
+    assert!(matches!(
+        a.publisher("k"),
+        Err(milonga::PublisherError::AlreadyDeclared(_))
+    ));
+    assert!(matches!(
+        a.publisher("a/*"),
+        Err(milonga::PublisherError::Key(_))
+    ));
+    assert!(matches!(
+        a.subscribe("a/b*"),
+        Err(milonga::SubscribeError::Key(_))
+    ));
+}
