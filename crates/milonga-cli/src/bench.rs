@@ -41,6 +41,15 @@ enum BenchKind {
     Pubsub(PubsubArgs),
     /// Ping-pong latency, one message in flight.
     Latency(LatencyArgs),
+    /// Resident memory of an idle node (one publisher, one subscription).
+    Idle(IdleArgs),
+}
+
+#[derive(Args, Debug)]
+struct IdleArgs {
+    /// Seconds to stay idle before measuring.
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,7 +194,34 @@ pub fn run(_net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
     match a.kind {
         BenchKind::Pubsub(p) => pubsub(p),
         BenchKind::Latency(l) => latency(l),
+        BenchKind::Idle(i) => idle(i),
     }
+}
+
+/// Opens a node in a private domain with a publisher and a subscription,
+/// stays idle, then reads this process's resident set size from /proc.
+fn idle(a: IdleArgs) -> Result<ExitCode> {
+    let dir = std::env::temp_dir().join(format!("mlg-idle-{}", std::process::id()));
+    let mut cfg = Config::new(&format!("milonga:///idle-{}", std::process::id()), "idle");
+    cfg.runtime_dir = Some(dir.clone());
+    let node = Node::open_with(cfg)?;
+    let _p = node.publisher("idle/x")?;
+    let _s = node.subscribe("idle/**")?;
+    std::thread::sleep(Duration::from_secs_f64(a.duration));
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS in /proc/self/status")?;
+    println!(
+        "idle node (1 publisher, 1 subscription, {} s idle): RSS {:.1} MiB ({rss_kib} KiB), target < 10 MiB",
+        a.duration,
+        rss_kib as f64 / 1024.0
+    );
+    node.close();
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs a worker role in this process (`milonga bench-worker`).

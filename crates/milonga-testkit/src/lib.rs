@@ -143,3 +143,11 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free port")
 }
+
+/// Start time of process `pid` in clock ticks after boot (field 22 of
+/// /proc/pid/stat), as Milonga's local discovery records it.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}

@@ -16,6 +16,11 @@ use crate::value::{ElementType, TypedArray, Value};
 
 /// Deepest nesting of arrays, maps and tags a decoder accepts.
 pub const MAX_DEPTH: usize = 64;
+/// Most values (array items, map keys and values, scalars) one payload may
+/// hold. Each costs tens of bytes decoded, so this bounds the memory a
+/// hostile 64 MiB payload of one-byte items could claim. A typed array is
+/// one value, whatever its length.
+pub const MAX_ITEMS: usize = 1 << 20;
 
 /// Why a value could not be encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +45,11 @@ pub enum DecodeError {
     /// Nesting deeper than [`MAX_DEPTH`].
     #[error("CBOR nested deeper than {MAX_DEPTH} levels")]
     TooDeep,
+    /// More than [`MAX_ITEMS`] values; send numbers as a typed array.
+    #[error(
+        "more than {MAX_ITEMS} CBOR values in one payload (numeric arrays belong in typed arrays)"
+    )]
+    TooManyItems,
     /// Bytes remain after the top-level value.
     #[error("{0} trailing bytes after the CBOR value")]
     TrailingBytes(usize),
@@ -261,7 +271,8 @@ fn split_view(head: &[u8], tail: &Bytes) -> Option<Result<Value, DecodeError>> {
 /// borrow `buf` (a cheap reference-counted slice).
 pub fn decode_cbor(buf: &Bytes) -> Result<Value, DecodeError> {
     let mut d = Decoder::new(buf);
-    let v = read_value(&mut d, buf, 0)?;
+    let mut budget = MAX_ITEMS;
+    let v = read_value(&mut d, buf, 0, &mut budget)?;
     let rest = buf.len() - d.position();
     if rest != 0 {
         return Err(DecodeError::TrailingBytes(rest));
@@ -289,10 +300,16 @@ fn read_bytes(d: &mut Decoder<'_>, buf: &Bytes) -> Result<Bytes, DecodeError> {
     }
 }
 
-fn read_value(d: &mut Decoder<'_>, buf: &Bytes, depth: usize) -> Result<Value, DecodeError> {
+fn read_value(
+    d: &mut Decoder<'_>,
+    buf: &Bytes,
+    depth: usize,
+    budget: &mut usize,
+) -> Result<Value, DecodeError> {
     if depth > MAX_DEPTH {
         return Err(DecodeError::TooDeep);
     }
+    *budget = budget.checked_sub(1).ok_or(DecodeError::TooManyItems)?;
     Ok(match d.datatype()? {
         Type::Null | Type::Undefined => {
             d.skip()?;
@@ -326,12 +343,12 @@ fn read_value(d: &mut Decoder<'_>, buf: &Bytes, depth: usize) -> Result<Value, D
             match len {
                 Some(n) => {
                     for _ in 0..n {
-                        items.push(read_value(d, buf, depth + 1)?);
+                        items.push(read_value(d, buf, depth + 1, budget)?);
                     }
                 }
                 None => {
                     while d.datatype()? != Type::Break {
-                        items.push(read_value(d, buf, depth + 1)?);
+                        items.push(read_value(d, buf, depth + 1, budget)?);
                     }
                     d.skip()?;
                 }
@@ -344,14 +361,14 @@ fn read_value(d: &mut Decoder<'_>, buf: &Bytes, depth: usize) -> Result<Value, D
             match len {
                 Some(n) => {
                     for _ in 0..n {
-                        let k = read_value(d, buf, depth + 1)?;
-                        pairs.push((k, read_value(d, buf, depth + 1)?));
+                        let k = read_value(d, buf, depth + 1, budget)?;
+                        pairs.push((k, read_value(d, buf, depth + 1, budget)?));
                     }
                 }
                 None => {
                     while d.datatype()? != Type::Break {
-                        let k = read_value(d, buf, depth + 1)?;
-                        pairs.push((k, read_value(d, buf, depth + 1)?));
+                        let k = read_value(d, buf, depth + 1, budget)?;
+                        pairs.push((k, read_value(d, buf, depth + 1, budget)?));
                     }
                     d.skip()?;
                 }
@@ -376,7 +393,7 @@ fn read_value(d: &mut Decoder<'_>, buf: &Bytes, depth: usize) -> Result<Value, D
                     }
                     Value::Typed(TypedArray::from_bytes(el, bytes).map_err(|e| bad(e.to_string()))?)
                 }
-                None => Value::Tagged(tag, Box::new(read_value(d, buf, depth + 1)?)),
+                None => Value::Tagged(tag, Box::new(read_value(d, buf, depth + 1, budget)?)),
             }
         }
         Type::Simple => return Err(DecodeError::UnsupportedSimple(d.simple()?)),
@@ -522,6 +539,14 @@ mod tests {
         }
         let deep = vec![0x81; MAX_DEPTH + 5];
         assert_eq!(decode_cbor(&Bytes::from(deep)), Err(DecodeError::TooDeep));
+        // An array of MAX_ITEMS one-byte integers: refused before it is built.
+        let mut many = vec![0x9a];
+        many.extend_from_slice(&(MAX_ITEMS as u32).to_be_bytes());
+        many.resize(5 + MAX_ITEMS, 0x01);
+        assert_eq!(
+            decode_cbor(&Bytes::from(many)),
+            Err(DecodeError::TooManyItems)
+        );
     }
 
     #[test]

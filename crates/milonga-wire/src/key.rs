@@ -208,11 +208,7 @@ impl KeyExpr {
                         next[j] = reach;
                     }
                 }
-                Chunk::One => {
-                    for j in 1..=key.len() {
-                        next[j] = dp[j - 1];
-                    }
-                }
+                Chunk::One => next[1..].copy_from_slice(&dp[..key.len()]),
                 Chunk::Literal(l) => {
                     for j in 1..=key.len() {
                         next[j] = dp[j - 1] && key[j - 1] == l;

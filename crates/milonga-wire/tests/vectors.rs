@@ -152,6 +152,9 @@ fn header_from_json(j: &Json) -> Header {
     }
 }
 
+/// What a valid vector decodes to: key, header, values and timestamps.
+type Expected = (String, Json, Vec<Value>, Vec<u64>);
+
 /// One vector: frame bytes and their description.
 struct Case {
     name: &'static str,
@@ -159,7 +162,7 @@ struct Case {
     frame1: Vec<u8>,
     frame2: Option<Vec<u8>>,
     /// For valid vectors: key, header, and decoded values (one per sample).
-    expect: Result<(String, Json, Vec<Value>, Vec<u64>), &'static str>,
+    expect: Result<Expected, &'static str>,
 }
 
 const NODE: NodeId = NodeId([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);

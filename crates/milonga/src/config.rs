@@ -176,6 +176,12 @@ impl Config {
         Ok(c)
     }
 
+    /// The runtime directory, and whether it is the default shared
+    /// location (which must then be private to this user).
+    pub(crate) fn runtime_root_checked(&self) -> (PathBuf, bool) {
+        (self.runtime_root(), self.runtime_dir.is_none())
+    }
+
     pub(crate) fn runtime_root(&self) -> PathBuf {
         if let Some(d) = &self.runtime_dir {
             return d.clone();

@@ -55,14 +55,10 @@ pub(crate) fn monitor(
     Ok(pair)
 }
 
-pub(crate) fn spawn(
-    inner: Arc<NodeInner>,
-    router: zmq::Socket,
-    monitor: zmq::Socket,
-) -> std::io::Result<JoinHandle<()>> {
+pub(crate) fn spawn(ctl: Control) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("milonga-node {}", inner.domain))
-        .spawn(move || Control::new(inner, router, monitor).run())
+        .name(format!("milonga-node {}", ctl.inner.domain))
+        .spawn(move || ctl.run())
 }
 
 struct StaticPeer {
@@ -73,10 +69,11 @@ struct StaticPeer {
     warned_domain: bool,
 }
 
-struct Control {
+/// The node thread's state.
+pub(crate) struct Control {
     inner: Arc<NodeInner>,
     router: zmq::Socket,
-    monitors: Vec<(String, zmq::Socket)>,
+    monitors: Vec<(&'static str, zmq::Socket)>,
     statics: Vec<StaticPeer>,
     local: BTreeMap<String, Announcement>,
     last_scan: Option<Instant>,
@@ -84,7 +81,7 @@ struct Control {
 }
 
 impl Control {
-    fn new(inner: Arc<NodeInner>, router: zmq::Socket, monitor: zmq::Socket) -> Self {
+    pub(crate) fn new(inner: Arc<NodeInner>, router: zmq::Socket, monitor: zmq::Socket) -> Self {
         let mut statics = Vec::new();
         for ep in &inner.cfg.peers {
             match inner.ctx.socket(zmq::DEALER).and_then(|s| {
@@ -110,7 +107,7 @@ impl Control {
         Control {
             inner,
             router,
-            monitors: vec![("control".into(), monitor)],
+            monitors: vec![("control", monitor)],
             statics,
             local: BTreeMap::new(),
             last_scan: None,
@@ -183,25 +180,8 @@ impl Control {
 
     fn read_monitors(&mut self) {
         // Data sockets created since the last turn bring their monitors.
-        for reliability in ["best-effort", "reliable"] {
-            let has = self.monitors.iter().any(|(w, _)| w == reliability);
-            if has {
-                continue;
-            }
-            let d = {
-                let st = lock(&self.inner.state);
-                match reliability {
-                    "best-effort" => st.data_best_effort.clone(),
-                    _ => st.data_reliable.clone(),
-                }
-            };
-            if let Some(d) = d {
-                let g = lock(&d.sock);
-                if let Ok(m) = monitor(&self.inner, &g.sock, reliability) {
-                    self.monitors.push((reliability.to_owned(), m));
-                }
-            }
-        }
+        self.monitors
+            .append(&mut lock(&self.inner.state).new_monitors);
         for (what, m) in &self.monitors {
             while let Ok(frames) = m.recv_multipart(zmq::DONTWAIT) {
                 let endpoint = frames
@@ -285,7 +265,7 @@ impl Control {
         }
     }
 
-    fn scan_local(&mut self) {
+    pub(crate) fn scan_local(&mut self) {
         let Some(dir) = &self.inner.local else {
             self.publish_peers();
             return;

@@ -106,14 +106,33 @@ pub(crate) struct LocalDir {
 }
 
 impl LocalDir {
-    pub(crate) fn open(root: &Path, domain: &str) -> io::Result<LocalDir> {
-        let dir = root.join(domain);
-        fs::create_dir_all(&dir)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = fs::set_permissions(root, fs::Permissions::from_mode(0o700));
+    /// Opens (creating, mode 0700) `<root>/<domain>`. When `root` is the
+    /// default shared location (`private_root`), it must belong to this user
+    /// and be closed to others: otherwise another user could plant
+    /// announcements.
+    pub(crate) fn open(root: &Path, domain: &str, private_root: bool) -> io::Result<LocalDir> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        let mut b = fs::DirBuilder::new();
+        b.recursive(true).mode(0o700);
+        b.create(root)?;
+        if private_root {
+            let m = fs::metadata(root)?;
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::getuid() };
+            if m.uid() != uid || m.mode() & 0o077 != 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} must belong to uid {uid} with mode 0700 (it has uid {} and mode {:o})",
+                        root.display(),
+                        m.uid(),
+                        m.mode() & 0o777
+                    ),
+                ));
+            }
         }
+        let dir = root.join(domain);
+        b.create(&dir)?;
         Ok(LocalDir {
             dir,
             last_mtime: None,
@@ -165,7 +184,7 @@ impl LocalDir {
                 }
                 Ok(a) => {
                     tracing::info!(node = %a.name, "removing the announcement of a node that is gone");
-                    remove_ipc_files(&a);
+                    remove_ipc_files(&a, &self.dir);
                     let _ = fs::remove_file(&path);
                 }
                 Err(err) => {
@@ -178,15 +197,18 @@ impl LocalDir {
     }
 }
 
-/// Deletes the socket files of a dead node's ipc endpoints.
-pub(crate) fn remove_ipc_files(a: &Announcement) {
+/// Deletes the socket files of a dead node's ipc endpoints, only those
+/// inside `within` (the domain directory, where Milonga puts them).
+pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path) {
     for ep in [&a.data_best_effort, &a.data_reliable]
         .into_iter()
         .flatten()
         .chain(std::iter::once(&a.control))
     {
-        if let Some(path) = ep.strip_prefix("ipc://") {
-            let _ = fs::remove_file(path);
+        if let Some(path) = ep.strip_prefix("ipc://").map(Path::new) {
+            if path.parent() == Some(within) {
+                let _ = fs::remove_file(path);
+            }
         }
     }
 }

@@ -86,6 +86,8 @@ pub(crate) struct NodeState {
     pub announce_dirty: bool,
     /// Last sequence number of keys whose publisher was dropped.
     pub last_seq: HashMap<String, u64>,
+    /// Monitors of data sockets created since the node thread last looked.
+    pub new_monitors: Vec<(&'static str, zmq::Socket)>,
 }
 
 /// Shared by the node handle, its publishers, subscribers and its thread.
@@ -164,11 +166,11 @@ impl NodeInner {
         reliability: Reliability,
     ) -> Result<Arc<DataSocket>, OpenError> {
         let mut st = lock(&self.state);
-        let slot = match reliability {
-            Reliability::BestEffort => &mut st.data_best_effort,
-            Reliability::Reliable => &mut st.data_reliable,
+        let existing = match reliability {
+            Reliability::BestEffort => &st.data_best_effort,
+            Reliability::Reliable => &st.data_reliable,
         };
-        if let Some(d) = slot {
+        if let Some(d) = existing {
             return Ok(d.clone());
         }
         let mut sock = self.ctx.socket(zmq::XPUB)?;
@@ -176,7 +178,7 @@ impl NodeInner {
             Reliability::BestEffort => self.cfg.data_endpoint.as_ref(),
             Reliability::Reliable => self.cfg.reliable_data_endpoint.as_ref(),
         };
-        let role = match reliability {
+        let role: &'static str = match reliability {
             Reliability::BestEffort => "be",
             Reliability::Reliable => "r",
         };
@@ -195,6 +197,8 @@ impl NodeInner {
             zmq_io::set_xpub_nodrop(&mut sock, true).map_err(opt_err)?;
         }
         let bound = self.bind(&sock, &endpoint)?;
+        let monitor = control::monitor(self, &sock, role)?;
+        st.new_monitors.push((role, monitor));
         let d = Arc::new(DataSocket {
             sock: Mutex::new(DataSock {
                 sock,
@@ -202,7 +206,10 @@ impl NodeInner {
             }),
             endpoint: bound,
         });
-        *slot = Some(d.clone());
+        match reliability {
+            Reliability::BestEffort => st.data_best_effort = Some(d.clone()),
+            Reliability::Reliable => st.data_reliable = Some(d.clone()),
+        }
         st.announce_dirty = true;
         Ok(d)
     }
@@ -232,7 +239,15 @@ impl NodeInner {
 
     /// Publishes the current announcement: in the local directory, and in
     /// the peer table so that this node's own subscriptions see it.
+    ///
+    /// The directory lock is held from building to writing (lock order:
+    /// directory, then state), so that two concurrent announcements cannot
+    /// write an older one last, and none is written after `close`.
     pub(crate) fn announce(&self) {
+        let dir = self.local.as_ref().map(lock);
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
         let a = {
             let mut st = lock(&self.state);
             st.announce_dirty = false;
@@ -240,8 +255,8 @@ impl NodeInner {
             st.peers.insert(a.node_id.clone(), a.clone());
             a
         };
-        if let Some(dir) = &self.local {
-            if let Err(err) = lock(dir).write(&a) {
+        if let Some(dir) = dir {
+            if let Err(err) = dir.write(&a) {
                 tracing::warn!(%err, "cannot write the local announcement");
             }
         }
@@ -250,19 +265,31 @@ impl NodeInner {
 
     /// Connects every subscription to the data endpoints of the peers that
     /// publish keys it matches, and disconnects it from the others.
+    ///
+    /// Runs with the state lock held, so that a caller with an older view of
+    /// the peers cannot overwrite a newer one (lock order: state, then a
+    /// subscription's target; the subscription socket is only try-locked).
     pub(crate) fn reconcile(&self) {
-        let (subs, peers) = {
-            let mut st = lock(&self.state);
-            st.subs.retain(|w| w.strong_count() > 0);
-            let subs: Vec<_> = st.subs.iter().filter_map(Weak::upgrade).collect();
-            (subs, st.peers.values().cloned().collect::<Vec<_>>())
-        };
+        let mut st = lock(&self.state);
+        st.subs.retain(|w| w.strong_count() > 0);
+        let subs: Vec<_> = st.subs.iter().filter_map(Weak::upgrade).collect();
         for s in subs {
-            s.set_endpoints(self.endpoints_for(&s.expr, &peers));
+            self.connect_subscription(&st, &s);
         }
     }
 
-    pub(crate) fn endpoints_for(&self, expr: &KeyExpr, peers: &[Announcement]) -> BTreeSet<String> {
+    /// Points one subscription at the data endpoints of the peers in `st`.
+    pub(crate) fn connect_subscription(&self, st: &NodeState, s: &SubShared) {
+        let live = st.peers.values().filter_map(Announcement::id).collect();
+        let peers: Vec<&Announcement> = st.peers.values().collect();
+        s.set_endpoints(self.endpoints_for(&s.expr, &peers), live);
+    }
+
+    pub(crate) fn endpoints_for(
+        &self,
+        expr: &KeyExpr,
+        peers: &[&Announcement],
+    ) -> BTreeSet<String> {
         let mut out = BTreeSet::new();
         let me = std::process::id();
         for a in peers {
@@ -301,13 +328,15 @@ impl Node {
         let pid = std::process::id();
         let name = format!("{}@{host}:{pid}", cfg.name);
         let local = if cfg.local_discovery || cfg.transport == Transport::Ipc {
-            let root = cfg.runtime_root();
-            Some(Mutex::new(LocalDir::open(&root, &loc.domain).map_err(
-                |source| OpenError::RuntimeDir {
-                    path: root.display().to_string(),
-                    source,
-                },
-            )?))
+            let (root, private) = cfg.runtime_root_checked();
+            Some(Mutex::new(
+                LocalDir::open(&root, &loc.domain, private).map_err(|source| {
+                    OpenError::RuntimeDir {
+                        path: root.display().to_string(),
+                        source,
+                    }
+                })?,
+            ))
         } else {
             None
         };
@@ -340,10 +369,19 @@ impl Node {
             })?;
         inner.control_endpoint = inner.bind(&router, &ep)?;
         let inner = Arc::new(inner);
-        inner.announce();
         let monitor = control::monitor(&inner, &router, "control")?;
-        let th = control::spawn(inner.clone(), router, monitor).map_err(OpenError::Thread)?;
-        *lock(&inner.thread) = Some(th);
+        // Find the peers that exist now, so that a subscription declared
+        // right after `open` connects to them before it returns.
+        let mut ctl = control::Control::new(inner.clone(), router, monitor);
+        ctl.scan_local();
+        inner.announce();
+        match control::spawn(ctl) {
+            Ok(th) => *lock(&inner.thread) = Some(th),
+            Err(e) => {
+                close(&inner);
+                return Err(OpenError::Thread(e));
+            }
+        }
         tracing::debug!(node = %inner.name, id = %inner.id, domain = %inner.domain, "node open");
         Ok(Node { inner })
     }
@@ -437,13 +475,12 @@ impl Node {
         let expr = KeyExpr::new(expr)?;
         let id = self.inner.next_sub_id.fetch_add(1, Ordering::Relaxed);
         let shared = Arc::new(SubShared::new(&self.inner, id, expr, &qos)?);
-        let peers: Vec<_> = {
+        {
             let mut st = lock(&self.inner.state);
             st.subs.push(Arc::downgrade(&shared));
-            st.peers.values().cloned().collect()
-        };
-        // Connect to the publishers known now, before returning.
-        shared.set_endpoints(self.inner.endpoints_for(&shared.expr, &peers));
+            // Connect to the publishers known now, before returning.
+            self.inner.connect_subscription(&st, &shared);
+        }
         Subscriber::start(self.inner.clone(), shared, callback)
     }
 
@@ -490,7 +527,7 @@ pub(crate) fn close(inner: &Arc<NodeInner>) {
         let dir = lock(dir);
         dir.remove(&inner.id.to_hex());
         let a = inner.announcement(&lock(&inner.state));
-        crate::discovery::remove_ipc_files(&a);
+        crate::discovery::remove_ipc_files(&a, &dir.dir);
     }
     tracing::debug!(node = %inner.name, "node closed");
 }

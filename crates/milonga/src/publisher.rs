@@ -168,7 +168,8 @@ impl Publisher {
             // it is accepted, the payload frame is accepted too.
             match d.sock.send(m, flags | more) {
                 Ok(()) => break,
-                Err(zmq::Error::EAGAIN) => {}
+                // EINTR: a signal interrupted a blocking wait; wait again.
+                Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
                 Err(e) => return Err(PutError::Socket(e)),
             }
             // Only a reliable (XPUB_NODROP) socket returns EAGAIN.
@@ -204,7 +205,20 @@ impl Publisher {
             msg = Some(m);
         }
         if let Some(tail) = enc.tail {
-            zmq_io::send_bytes(&mut d.sock, tail, 0).map_err(PutError::Socket)?;
+            // The first frame is out: the payload frame must follow, or the
+            // next message would be glued to this one. libzmq accepts it
+            // (the high-water mark counts whole messages); only a signal
+            // can interrupt it.
+            loop {
+                match zmq_io::send_bytes(&mut d.sock, tail.clone(), 0) {
+                    Ok(()) => break,
+                    Err(zmq::Error::EINTR | zmq::Error::EAGAIN) => continue,
+                    Err(e) => {
+                        self.seq.store(seq, Ordering::Relaxed);
+                        return Err(PutError::Socket(e));
+                    }
+                }
+            }
         }
         self.seq.store(seq, Ordering::Relaxed);
         drop(d);

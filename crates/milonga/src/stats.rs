@@ -46,8 +46,11 @@ counters! {
     /// Connections to publishers closed by the peer, or by libzmq after a
     /// protocol violation such as an over-size frame (`max_message_bytes`).
     connections_closed,
-    /// Samples dropped as duplicates or out of order.
+    /// Samples dropped as duplicates.
     samples_duplicate,
+    /// Samples whose sequence number went backwards (corrupt or forged):
+    /// delivered, and the sequence baseline restarted from them.
+    sequence_resets,
     /// Connections dropped because the peer did not speak ZMTP correctly
     /// (random bytes on a data or control port, for example).
     handshakes_failed,

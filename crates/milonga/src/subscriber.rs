@@ -56,6 +56,8 @@ const MATCH_MEMO: usize = 4096;
 #[derive(Debug, Default)]
 struct Target {
     endpoints: BTreeSet<String>,
+    /// Nodes alive in the domain: sequence state of others is forgotten.
+    live: BTreeSet<NodeId>,
     generation: u64,
 }
 
@@ -133,13 +135,14 @@ impl SubShared {
     /// Sets the data endpoints this subscription should be connected to.
     /// Applied at once if the socket is free, else by the thread using it,
     /// which this wakes.
-    pub(crate) fn set_endpoints(&self, endpoints: BTreeSet<String>) {
+    pub(crate) fn set_endpoints(&self, endpoints: BTreeSet<String>, live: BTreeSet<NodeId>) {
         {
             let mut t = lock(&self.target);
-            if t.endpoints == endpoints {
+            if t.endpoints == endpoints && t.live == live {
                 return;
             }
             t.endpoints = endpoints;
+            t.live = live;
             t.generation += 1;
         }
         match self.io.try_lock() {
@@ -176,12 +179,19 @@ impl SubShared {
                 }
             }
         }
-        if io.connected.is_empty() {
-            // No publisher left: forget sequence state, which keeps memory
-            // bounded across publishers that come and go.
-            io.last_seq.clear();
+        // Forget the sequence state of nodes that left the domain, which
+        // keeps memory bounded across publishers that come and go; a
+        // publisher that is only briefly out of sight keeps its baseline, so
+        // what it lost meanwhile is still reported.
+        io.last_seq.retain(|id, _| t.live.contains(id));
+        if io
+            .current
+            .as_ref()
+            .is_some_and(|s| !t.live.contains(&s.node))
+        {
             io.current = None;
         }
+        lock(&self.lost_by_publisher).retain(|id, _| t.live.contains(id));
     }
 
     fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
@@ -203,6 +213,7 @@ impl SubShared {
                     continue;
                 }
                 Err(zmq::Error::EAGAIN) => {}
+                Err(zmq::Error::EINTR) => continue,
                 Err(e) => return Err(RecvError::Socket(e)),
             }
             let wait_ms = match timeout {
@@ -224,20 +235,26 @@ impl SubShared {
                     io.wake_rx.as_poll_item(zmq::POLLIN),
                     io.monitor.as_poll_item(zmq::POLLIN),
                 ];
-                zmq::poll(&mut items, wait_ms).map_err(RecvError::Socket)?;
+                match zmq::poll(&mut items, wait_ms) {
+                    // A signal handled elsewhere in the process: look again.
+                    Ok(_) | Err(zmq::Error::EINTR) => {}
+                    Err(e) => return Err(RecvError::Socket(e)),
+                }
                 (items[1].is_readable(), items[2].is_readable())
             };
             if wake_ready {
                 while io.wake_rx.recv_msg(zmq::DONTWAIT).is_ok() {}
             }
             if monitor_ready {
-                self.read_monitor(&io);
+                self.read_monitor(&mut io);
             }
         }
     }
 
-    /// Counts connections that closed (the monitor reports each one).
-    fn read_monitor(&self, io: &SubIo) {
+    /// Counts connections that closed (the monitor reports each one), and
+    /// connects again to an endpoint still wanted: libzmq does not
+    /// reconnect after a protocol error such as an over-size frame.
+    fn read_monitor(&self, io: &mut SubIo) {
         while let Ok(frames) = io.monitor.recv_multipart(zmq::DONTWAIT) {
             let endpoint = frames
                 .get(1)
@@ -249,6 +266,11 @@ impl SubShared {
                 %endpoint,
                 "connection to a publisher closed (the peer went away, or sent a frame over max_message_bytes or broke ZMTP)"
             );
+            if io.connected.remove(&endpoint) {
+                let _ = io.sock.disconnect(&endpoint);
+                // Make `apply` compare the target with what is connected.
+                io.applied = io.applied.wrapping_sub(1);
+            }
         }
     }
 
@@ -422,14 +444,23 @@ impl SubShared {
             }
         }
         let s = io.current.as_mut().expect("set above");
-        if seq <= s.last {
+        if seq == s.last {
             let n = c.samples_duplicate.fetch_add(1, Ordering::Relaxed) + 1;
+            log_drop(n, "a duplicate sample", &format_args!("{key} seq {seq}"));
+            return false;
+        }
+        if seq < s.last {
+            // A publisher's sequence never goes back; a frame that says so is
+            // corrupt or forged. Start over from it rather than let one bad
+            // frame mute the stream.
+            let n = c.sequence_resets.fetch_add(1, Ordering::Relaxed) + 1;
             log_drop(
                 n,
-                "a duplicate or out-of-order sample",
-                &format_args!("{key} seq {seq} after {}", s.last),
+                "the sequence baseline",
+                &format_args!("{key} went back from {} to {seq}", s.last),
             );
-            return false;
+            s.last = seq;
+            return true;
         }
         let lost = seq - s.last - 1;
         let first_seq = s.last + 1;
@@ -437,7 +468,9 @@ impl SubShared {
         if lost > 0 {
             stats::add(&c.samples_lost, lost);
             self.lost_total.fetch_add(lost, Ordering::Relaxed);
-            *lock(&self.lost_by_publisher).entry(node).or_insert(0) += lost;
+            let mut by = lock(&self.lost_by_publisher);
+            let e = by.entry(node).or_insert(0);
+            *e = e.saturating_add(lost);
             io.pending.push_back(Event::Lost(LostSamples {
                 publisher: node,
                 key: key.to_owned(),

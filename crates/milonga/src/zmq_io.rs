@@ -11,9 +11,12 @@ use crate::config::Config;
 use crate::error::OpenError;
 
 /// Nodes of one process share one context, so that `inproc://` endpoints
-/// reach between them. The context is created by the first node and
-/// terminated when the last one closes, which lets queued messages leave
-/// (bounded by each socket's linger).
+/// reach between them. The first node creates it; the last node to close
+/// releases this module's reference. Every socket holds a reference too
+/// (the `zmq` crate's design), so the context is terminated, which lets
+/// queued messages leave within each socket's linger, when the last socket
+/// closes. A node opened while an earlier generation's sockets still live
+/// gets a fresh context and cannot reach their `inproc://` endpoints.
 static CONTEXT: Mutex<(usize, Option<zmq::Context>)> = Mutex::new((0, None));
 
 /// A reference on the process context; dropping the last one terminates it.
@@ -59,7 +62,7 @@ impl Drop for ContextRef {
             }
         };
         drop(mine);
-        // Dropping the last clone runs zmq_ctx_term outside the lock: it
+        // Dropped outside the lock: if it is the last reference, zmq_ctx_term
         // waits for sockets' linger, and a new node may open meanwhile.
         drop(last);
     }

@@ -1,0 +1,204 @@
+//! Bad input from the network: every kind is dropped, counted and logged,
+//! and the node goes on serving. A forged peer (an announcement file that
+//! points at a raw libzmq PUB socket of this test) feeds a subscriber frames
+//! that a Milonga publisher would never send.
+
+use std::io::Write;
+use std::time::Duration;
+
+use milonga::wire::frame::{self, domain_tag, Encoding, Header, Kind, NodeId};
+use milonga::{Announcement, Config, Event, Key, Node, NodeStats, PublicationInfo, Reliability};
+use milonga_testkit::{free_port, process_start_time, wait_for, TempDir};
+
+const T: Duration = Duration::from_secs(10);
+const FORGER: NodeId = NodeId([9; 16]);
+
+fn header(domain: &str, kind: Kind, encoding: Encoding, seq: u64) -> Header {
+    Header {
+        kind,
+        flags: 0,
+        encoding,
+        domain_tag: domain_tag(domain),
+        schema_id: 0,
+        node_id: FORGER,
+        seq,
+        timestamp_ns: 1,
+    }
+}
+
+fn frame(domain: &str, kind: Kind, encoding: Encoding, seq: u64, body: &[u8]) -> Vec<u8> {
+    frame::encode(
+        &Key::new("bad/x").unwrap(),
+        &header(domain, kind, encoding, seq),
+        body,
+    )
+}
+
+/// Sends valid samples until one arrives (the connection is up), and
+/// returns the next sequence number to use.
+fn until_delivered(
+    pubsock: &zmq::Socket,
+    sub: &milonga::Subscriber,
+    node: &Node,
+    mut seq: u64,
+) -> u64 {
+    loop {
+        pubsock
+            .send(frame("bad", Kind::Sample, Encoding::Raw, seq, b"ok"), 0)
+            .unwrap();
+        seq += 1;
+        if let Ok(Event::Sample(s)) = sub.recv_timeout(Duration::from_millis(50)) {
+            assert_eq!(s.key, "bad/x");
+            while sub.try_recv().is_ok() {}
+            return seq;
+        }
+        assert!(
+            seq < 200,
+            "the forged publisher is never heard: {:?}",
+            node.stats()
+        );
+    }
+}
+
+#[test]
+fn malformed_frames_are_dropped_counted_and_the_node_goes_on() {
+    let dir = TempDir::new("badinput");
+    let mut cfg = Config::new("milonga:///bad", "victim");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    cfg.max_message_bytes = 1 << 20;
+    let node = Node::open_with(cfg).unwrap();
+    let sub = node.subscribe("bad/**").unwrap();
+
+    let ctx = zmq::Context::new();
+    let pubsock = ctx.socket(zmq::PUB).unwrap();
+    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    pubsock.bind(&endpoint).unwrap();
+    let forged = Announcement {
+        protocol: 1,
+        domain: "bad".into(),
+        node_id: FORGER.to_hex(),
+        name: "forger".into(),
+        host: "localhost".into(),
+        pid: std::process::id(),
+        start_time: process_start_time(std::process::id()).unwrap(),
+        control: "tcp://127.0.0.1:9".into(),
+        data_best_effort: Some(endpoint.clone()),
+        data_reliable: None,
+        publications: vec![PublicationInfo {
+            key: "bad/x".into(),
+            reliability: Reliability::BestEffort,
+        }],
+    };
+    let file = dir
+        .path()
+        .join("bad")
+        .join(format!("{}.json", FORGER.to_hex()));
+    std::fs::write(&file, serde_json::to_vec(&forged).unwrap()).unwrap();
+    wait_for("the subscriber to connect to the forged node", T, || {
+        sub.connected_endpoints() == 1
+    });
+    let mut seq = until_delivered(&pubsock, &sub, &node, 1);
+
+    let before = node.stats();
+    let mut bad_version = frame("bad", Kind::Sample, Encoding::Raw, seq, b"v2");
+    bad_version[6] = 2; // the version byte follows "bad/x\0"
+    let mut unknown_kind = frame("bad", Kind::Sample, Encoding::Raw, seq, b"k");
+    unknown_kind[7] = 42;
+    let truncated = frame("bad", Kind::Sample, Encoding::Raw, seq, b"")[..20].to_vec();
+    let mut random = b"bad/".to_vec();
+    random.extend((0..300u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8));
+    let foreign = frame("other-domain", Kind::Sample, Encoding::Raw, seq, b"foreign");
+    let bad_cbor = frame(
+        "bad",
+        Kind::Sample,
+        Encoding::Cbor,
+        seq,
+        &[0x5b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+    );
+    let flagged = {
+        let mut h = header("bad", Kind::Sample, Encoding::Raw, seq);
+        h.flags = frame::FLAG_PAYLOAD_FRAME;
+        frame::encode(&Key::new("bad/x").unwrap(), &h, b"")
+    };
+    for f in [
+        &bad_version,
+        &unknown_kind,
+        &truncated,
+        &random,
+        &foreign,
+        &bad_cbor,
+        &flagged,
+    ] {
+        pubsock.send(&f[..], 0).unwrap();
+    }
+    // Three frames in one message.
+    pubsock
+        .send_multipart([&b"bad/x"[..], b"two", b"three"], 0)
+        .unwrap();
+    seq = until_delivered(&pubsock, &sub, &node, seq + 1);
+    let after = node.stats();
+    let delta = |f: fn(&NodeStats) -> u64| f(&after) - f(&before);
+    assert_eq!(delta(|s| s.frames_bad_version), 1);
+    assert_eq!(delta(|s| s.frames_unknown_kind), 1);
+    assert_eq!(delta(|s| s.frames_foreign_domain), 1);
+    assert_eq!(delta(|s| s.payloads_malformed), 1);
+    // truncated, random bytes, a payload-frame flag without the frame, three frames
+    assert_eq!(delta(|s| s.frames_malformed), 4);
+
+    // An over-size message: libzmq closes the connection, the subscription
+    // counts it, reconnects, and delivery resumes.
+    let closed = node.stats().connections_closed;
+    pubsock
+        .send(
+            frame("bad", Kind::Sample, Encoding::Raw, seq, &vec![0u8; 2 << 20]),
+            0,
+        )
+        .unwrap();
+    seq += 1;
+    let mut next = seq;
+    wait_for("the over-size message to close the connection", T, || {
+        // recv drives the subscription's socket, which reads its monitor.
+        let _ = sub.recv_timeout(Duration::from_millis(20));
+        node.stats().connections_closed > closed
+    });
+    next = until_delivered(&pubsock, &sub, &node, next);
+    assert!(next > seq);
+    // Each oddity was logged and counted; none stopped the node.
+    let p = node.publisher("bad/own").unwrap();
+    p.put(1).unwrap();
+}
+
+#[test]
+fn garbage_on_the_data_and_control_ports_is_counted() {
+    let dir = TempDir::new("garbage");
+    let mut cfg = Config::new("milonga:///garbage", "target");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    let node = Node::open_with(cfg).unwrap();
+    let p = node.publisher("g/x").unwrap();
+    let data = node
+        .peers()
+        .into_iter()
+        .find(|a| a.node_id == node.id().to_hex())
+        .and_then(|a| a.data_best_effort)
+        .unwrap();
+    for endpoint in [node.control_endpoint().to_owned(), data] {
+        let addr = endpoint.strip_prefix("tcp://").unwrap();
+        // A ZMTP greeting with a mechanism nobody speaks, then junk.
+        let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0];
+        greeting.extend_from_slice(b"GARBAGE\0\0\0\0\0\0\0\0\0\0\0\0\0");
+        greeting.push(0);
+        greeting.extend_from_slice(&[0u8; 31]);
+        greeting.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef].repeat(64));
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let _ = s.write_all(&greeting);
+        // And bytes that are not ZMTP at all.
+        let mut s2 = std::net::TcpStream::connect(addr).unwrap();
+        let _ = s2.write_all(&[0x42; 512]);
+    }
+    wait_for("failed handshakes on both ports", T, || {
+        node.stats().handshakes_failed >= 2
+    });
+    // The node still publishes and answers control requests.
+    p.put(1).unwrap();
+    assert!(node.query(node.control_endpoint(), T).is_some());
+}
