@@ -622,6 +622,13 @@ fn mlg_pub(at: &Place, size: usize, subs: usize, duration_s: f64, mode: Mode) ->
     }
     let seconds = start.elapsed().as_secs_f64();
     end_markers(|| p.try_put(Value::Bytes(Bytes::new())).is_ok());
+    let st = node.stats();
+    if std::env::var_os("MILONGA_BENCH_DEBUG").is_some() {
+        eprintln!(
+            "# publisher: {} batches carried {} of {} samples",
+            st.batches_sent, st.samples_batched, st.samples_sent
+        );
+    }
     node.close();
     Ok(Outcome {
         sent,

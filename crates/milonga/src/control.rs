@@ -118,7 +118,17 @@ impl Control {
     fn run(mut self) {
         let interval = self.inner.cfg.discovery_interval();
         while !self.inner.closed.load(Ordering::Acquire) {
-            self.wait(interval);
+            // A waiting batch is retried every millisecond: it exists only
+            // while a subscriber is full, and must leave as soon as it can.
+            let batching = self.inner.batch_pending.load(Ordering::Acquire);
+            self.wait(if batching {
+                Duration::from_millis(1)
+            } else {
+                interval
+            });
+            if batching {
+                self.flush_batches();
+            }
             self.serve_control();
             self.read_monitors();
             self.read_statics();
@@ -326,6 +336,23 @@ impl Control {
         if changed {
             self.inner.reconcile();
         }
+    }
+
+    /// Tries to send a reliable publisher's waiting batch, without waiting
+    /// for the socket if a user thread holds it (that thread sends it).
+    fn flush_batches(&self) {
+        let d = lock(&self.inner.state).data_reliable.clone();
+        let Some(d) = d else {
+            self.inner.batch_pending.store(false, Ordering::Release);
+            return;
+        };
+        let guard = d.sock.try_lock();
+        if let Ok(mut g) = guard {
+            let _ = g.send_pending(zmq::DONTWAIT, &self.inner.counters);
+            if g.pending.is_none() {
+                self.inner.batch_pending.store(false, Ordering::Release);
+            }
+        };
     }
 
     /// Reads subscription messages so that they do not pile up in a

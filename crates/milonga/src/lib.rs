@@ -29,6 +29,7 @@
 //! [`Reliability::Reliable`] (the publisher waits; nothing is dropped).
 #![deny(missing_docs)]
 
+mod batch;
 mod config;
 mod control;
 mod discovery;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use milonga_wire::frame::domain_tag;
 use milonga_wire::{Key, KeyExpr, NodeId};
 
+use crate::batch::Pending;
 use crate::config::{parse_locator, Config, Transport};
 use crate::control;
 use crate::discovery::{process_start_time, Announcement, LocalDir, PublicationInfo};
@@ -34,6 +35,8 @@ pub(crate) struct DataSock {
     pub sock: zmq::Socket,
     /// Subscription prefix -> number of subscribers holding it.
     pub subscriptions: HashMap<Vec<u8>, u32>,
+    /// Samples of a reliable publisher waiting for the socket as one batch.
+    pub pending: Option<Pending>,
 }
 
 impl DataSock {
@@ -63,6 +66,17 @@ impl DataSock {
                 }
             }
         }
+    }
+
+    /// Tries to send the waiting batch, if any (see [`Pending::send`]).
+    pub(crate) fn send_pending(&mut self, flags: i32, counters: &Counters) -> zmq::Result<()> {
+        let n = self.pending.as_ref().map_or(0, Pending::samples);
+        Pending::send(&mut self.pending, &mut self.sock, flags)?;
+        if n > 0 {
+            crate::stats::inc(&counters.batches_sent);
+            crate::stats::add(&counters.samples_batched, n);
+        }
+        Ok(())
     }
 
     /// Subscribers whose subscription lets `frame_prefix` (key + NUL) through.
@@ -99,6 +113,8 @@ pub(crate) struct NodeInner {
     pub cfg: Config,
     pub counters: Counters,
     pub closed: AtomicBool,
+    /// A reliable publisher left a batch for the node thread to send.
+    pub batch_pending: AtomicBool,
     pub state: Mutex<NodeState>,
     pub local: Option<Mutex<LocalDir>>,
     pub control_endpoint: String,
@@ -203,6 +219,7 @@ impl NodeInner {
             sock: Mutex::new(DataSock {
                 sock,
                 subscriptions: HashMap::new(),
+                pending: None,
             }),
             endpoint: bound,
         });
@@ -348,6 +365,7 @@ impl Node {
             domain: loc.domain,
             counters: Counters::default(),
             closed: AtomicBool::new(false),
+            batch_pending: AtomicBool::new(false),
             state: Mutex::new(NodeState::default()),
             local,
             control_endpoint: String::new(),
@@ -514,6 +532,21 @@ pub(crate) fn close(inner: &Arc<NodeInner>) {
     }
     if let Some(th) = lock(&inner.thread).take() {
         let _ = th.join();
+    }
+    // A batch still waiting gets the linger time to leave.
+    let reliable = lock(&inner.state).data_reliable.clone();
+    if let Some(d) = reliable {
+        let mut g = lock(&d.sock);
+        if g.pending.is_some() {
+            let _ = g.sock.set_sndtimeo(inner.cfg.close_linger_ms.max(0));
+            if g.send_pending(0, &inner.counters).is_err() {
+                let n = g.pending.as_ref().map_or(0, Pending::samples);
+                tracing::warn!(
+                    samples = n,
+                    "closing with a batch that no subscriber took within close_linger_ms"
+                );
+            }
+        }
     }
     let subs: Vec<_> = {
         let mut st = lock(&inner.state);

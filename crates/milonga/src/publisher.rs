@@ -8,9 +8,10 @@ use milonga_wire::cbor::{encode_payload, to_cbor, Encoded};
 use milonga_wire::frame::{self, Encoding, Header, Kind, FLAG_PAYLOAD_FRAME, HEADER_LEN};
 use milonga_wire::{Bytes, Key, Value};
 
+use crate::batch::{Pending, MAX_ENTRY_BYTES};
 use crate::error::PutError;
-use crate::node::{lock, DataSocket, NodeInner};
-use crate::qos::PublisherQos;
+use crate::node::{lock, DataSock, DataSocket, NodeInner};
+use crate::qos::{PublisherQos, Reliability};
 use crate::stats;
 use crate::zmq_io;
 
@@ -152,6 +153,8 @@ impl Publisher {
             });
         }
         let started = Instant::now();
+        let reliable = self.qos.reliability == Reliability::Reliable;
+        let batchable = reliable && enc.tail.is_none() && enc.head.len() <= MAX_ENTRY_BYTES;
         let mut msg = self.build(&enc, schema_id);
         let mut d = lock(&self.data.sock);
         // Sequence number and timestamp are taken under the lock, so that
@@ -159,20 +162,90 @@ impl Publisher {
         let seq = self.seq.load(Ordering::Relaxed) + 1;
         let timestamp_ns = now_ns();
         self.stamp(&mut msg, seq, timestamp_ns);
-        let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
-        let mut msg = Some(msg);
-        let mut flags = zmq::DONTWAIT;
-        loop {
-            let m = msg.take().expect("message present until sent");
-            // libzmq checks the high-water mark on the first frame only: once
-            // it is accepted, the payload frame is accepted too.
-            match d.sock.send(m, flags | more) {
-                Ok(()) => break,
-                // EINTR: a signal interrupted a blocking wait; wait again.
-                Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
-                Err(e) => return Err(PutError::Socket(e)),
+        let head_len = self.template.len();
+
+        // A batch from earlier puts leaves first, or this sample joins it.
+        if d.pending.is_some() {
+            let busy = d.send_pending(zmq::DONTWAIT, &self.node.counters).is_err();
+            if busy {
+                let joins = batchable
+                    && d.pending
+                        .as_ref()
+                        .is_some_and(|p| p.accepts(&msg[..head_len], enc.head.len()));
+                if joins {
+                    if let Some(p) = d.pending.as_mut() {
+                        p.push(timestamp_ns, &enc.head);
+                    }
+                    return self.accepted(seq);
+                }
+                self.wait(&mut d, wait, started, |d, flags| {
+                    d.send_pending(flags, &self.node.counters)
+                })?;
             }
-            // Only a reliable (XPUB_NODROP) socket returns EAGAIN.
+        }
+
+        let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
+        match d.sock.send(msg, zmq::DONTWAIT | more) {
+            Ok(()) => {}
+            // Only a reliable (XPUB_NODROP) socket refuses a message.
+            Err(zmq::Error::EAGAIN | zmq::Error::EINTR) if batchable => {
+                let mut m = self.build(&enc, schema_id);
+                self.stamp(&mut m, seq, timestamp_ns);
+                d.pending = Some(Pending::start(&m[..head_len], timestamp_ns, &enc.head));
+                self.node.batch_pending.store(true, Ordering::Release);
+                return self.accepted(seq);
+            }
+            Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {
+                // The `zmq` crate consumed the refused message: each retry
+                // builds it again.
+                self.wait(&mut d, wait, started, |d, flags| {
+                    let mut m = self.build(&enc, schema_id);
+                    self.stamp(&mut m, seq, timestamp_ns);
+                    d.sock.send(m, flags | more)
+                })?;
+            }
+            Err(e) => return Err(PutError::Socket(e)),
+        }
+        if let Some(tail) = enc.tail {
+            // The first frame is out: the payload frame must follow, or the
+            // next message would be glued to this one. libzmq accepts it
+            // (the high-water mark counts whole messages); only a signal
+            // can interrupt it.
+            loop {
+                match zmq_io::send_bytes(&mut d.sock, tail.clone(), 0) {
+                    Ok(()) => break,
+                    Err(zmq::Error::EINTR | zmq::Error::EAGAIN) => continue,
+                    Err(e) => {
+                        self.seq.store(seq, Ordering::Relaxed);
+                        return Err(PutError::Socket(e));
+                    }
+                }
+            }
+        }
+        drop(d);
+        self.accepted(seq)
+    }
+
+    /// Records that sample `seq` was taken by the socket or a batch.
+    fn accepted(&self, seq: u64) -> Result<(), PutError> {
+        self.seq.store(seq, Ordering::Relaxed);
+        stats::inc(&self.node.counters.samples_sent);
+        Ok(())
+    }
+
+    /// Retries `attempt` (which must not consume what it sends on failure)
+    /// with blocking sends until it succeeds, `wait` runs out, or the node
+    /// closes. libzmq wakes a blocked send when a subscriber has read enough
+    /// (XPUB's POLLOUT does not reflect the high-water mark); the wait is
+    /// cut in slices so that a close or a deadline is noticed.
+    fn wait(
+        &self,
+        d: &mut DataSock,
+        wait: Wait,
+        started: Instant,
+        mut attempt: impl FnMut(&mut DataSock, i32) -> zmq::Result<()>,
+    ) -> Result<(), PutError> {
+        loop {
             let left = match wait {
                 Wait::No => {
                     stats::inc(&self.node.counters.puts_blocked);
@@ -191,39 +264,16 @@ impl Publisher {
             if self.node.closed.load(Ordering::Acquire) {
                 return Err(PutError::Closed);
             }
-            // Let libzmq wait for room (it wakes when the subscriber has read
-            // enough; XPUB's POLLOUT does not reflect the high-water mark),
-            // in slices so that a close or a deadline is noticed.
             let slice = left.min(Duration::from_millis(100));
             d.sock
                 .set_sndtimeo(slice.as_millis().max(1) as i32)
                 .map_err(PutError::Socket)?;
-            flags = 0;
-            // The `zmq` crate consumed the refused message: build it again.
-            let mut m = self.build(&enc, schema_id);
-            self.stamp(&mut m, seq, timestamp_ns);
-            msg = Some(m);
-        }
-        if let Some(tail) = enc.tail {
-            // The first frame is out: the payload frame must follow, or the
-            // next message would be glued to this one. libzmq accepts it
-            // (the high-water mark counts whole messages); only a signal
-            // can interrupt it.
-            loop {
-                match zmq_io::send_bytes(&mut d.sock, tail.clone(), 0) {
-                    Ok(()) => break,
-                    Err(zmq::Error::EINTR | zmq::Error::EAGAIN) => continue,
-                    Err(e) => {
-                        self.seq.store(seq, Ordering::Relaxed);
-                        return Err(PutError::Socket(e));
-                    }
-                }
+            match attempt(d, 0) {
+                Ok(()) => return Ok(()),
+                Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
+                Err(e) => return Err(PutError::Socket(e)),
             }
         }
-        self.seq.store(seq, Ordering::Relaxed);
-        drop(d);
-        stats::inc(&self.node.counters.samples_sent);
-        Ok(())
     }
 
     /// The first frame: `key | 0 | header | head of the payload`. Built

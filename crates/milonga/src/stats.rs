@@ -62,6 +62,11 @@ counters! {
     announcements_malformed,
     /// Subscribe/unsubscribe messages received by the data sockets.
     subscription_messages,
+    /// Samples a reliable publisher sent inside batches (a subscriber was
+    /// full, so they queued up and left together).
+    samples_batched,
+    /// Batches sent.
+    batches_sent,
     /// Reliable puts that returned WouldBlock or Timeout.
     puts_blocked,
 }

@@ -1,0 +1,175 @@
+//! Opportunistic batching of a reliable publisher's samples.
+//!
+//! When a reliable data socket cannot take a sample at once (a subscriber's
+//! queue is full), waiting in `put` would leave the socket idle the moment
+//! room appears, and every later sample would pay the full per-message cost
+//! of libzmq. Instead the sample starts a *batch* (a v1 frame of kind 2):
+//! later samples of the same key join it, and the whole batch leaves as one
+//! ZeroMQ message as soon as the socket takes it, tried at every put and by
+//! the node thread every millisecond. A sample never waits for a batch to
+//! fill: a batch exists only while the socket is busy, so it delays nothing
+//! that could have left earlier (seed 000, section 5.1). A batch is bounded
+//! (`MAX_BATCH_BYTES`); when it is full, `put` waits as before.
+
+use bytes::{Bytes, BytesMut};
+use milonga_wire::frame::{push_batch_entry, Kind, BATCH_ENTRY_HEADER_LEN};
+
+use crate::zmq_io;
+
+/// Largest batch frame, in bytes.
+pub(crate) const MAX_BATCH_BYTES: usize = 128 << 10;
+/// Largest sample payload that joins a batch; larger ones go alone.
+pub(crate) const MAX_ENTRY_BYTES: usize = 16 << 10;
+
+/// Header offsets (after the key and its NUL).
+const KIND: usize = 1;
+const SEQ: usize = 28;
+const HEADER: usize = 44;
+
+/// A batch waiting for the socket.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    /// `key | 0 | header (kind 2) | entries`.
+    frame: BytesMut,
+    /// `key | 0 | header` of the publisher, with kind 1 (for comparisons).
+    head: Bytes,
+    samples: u64,
+}
+
+impl Pending {
+    /// A batch holding one sample. `head` is the sample's own `key | 0 |
+    /// header` (encoding and schema filled in, sequence number and
+    /// timestamp of this sample).
+    pub(crate) fn start(head: &[u8], timestamp_ns: u64, payload: &[u8]) -> Pending {
+        let key_end = head.len() - HEADER;
+        let mut frame =
+            BytesMut::with_capacity(MAX_BATCH_BYTES.min(head.len() + 64 * (payload.len() + 12)));
+        frame.extend_from_slice(head);
+        frame[key_end + KIND] = Kind::Batch as u8;
+        let mut entry = Vec::with_capacity(BATCH_ENTRY_HEADER_LEN + payload.len());
+        push_batch_entry(&mut entry, timestamp_ns, payload);
+        frame.extend_from_slice(&entry);
+        Pending {
+            frame,
+            head: Bytes::copy_from_slice(head),
+            samples: 1,
+        }
+    }
+
+    /// Whether a sample with this `head` (same key, encoding and schema;
+    /// sequence number and timestamp may differ) and payload can join.
+    pub(crate) fn accepts(&self, head: &[u8], payload_len: usize) -> bool {
+        let key_end = head.len() - HEADER;
+        head.len() == self.head.len()
+            && head[..key_end + SEQ] == self.head[..key_end + SEQ]
+            && payload_len <= MAX_ENTRY_BYTES
+            && self.frame.len() + BATCH_ENTRY_HEADER_LEN + payload_len <= MAX_BATCH_BYTES
+    }
+
+    /// Appends a sample; its sequence number is the next of the batch.
+    pub(crate) fn push(&mut self, timestamp_ns: u64, payload: &[u8]) {
+        let len = u32::try_from(payload.len()).expect("entries are at most MAX_ENTRY_BYTES");
+        self.frame.extend_from_slice(&len.to_le_bytes());
+        self.frame.extend_from_slice(&timestamp_ns.to_le_bytes());
+        self.frame.extend_from_slice(payload);
+        self.samples += 1;
+    }
+
+    /// Number of samples in the batch.
+    pub(crate) fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Tries to send the batch with `flags`. On success the batch is gone;
+    /// on failure it stays, untouched, for the next try.
+    pub(crate) fn send(
+        slot: &mut Option<Pending>,
+        sock: &mut zmq::Socket,
+        flags: i32,
+    ) -> zmq::Result<()> {
+        let Some(p) = slot.as_mut() else {
+            return Ok(());
+        };
+        let frame = std::mem::take(&mut p.frame).freeze();
+        match zmq_io::send_bytes(sock, frame.clone(), flags) {
+            Ok(()) => {
+                *slot = None;
+                Ok(())
+            }
+            Err(e) => {
+                // The refused message released its reference: ours is the
+                // only one, and the buffer comes back without a copy.
+                p.frame = frame
+                    .try_into_mut()
+                    .unwrap_or_else(|f| BytesMut::from(&f[..]));
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use milonga_wire::frame::{self, decode, domain_tag, BatchEntries, Encoding, Header, NodeId};
+    use milonga_wire::Key;
+
+    fn head(key: &str, seq: u64, ts: u64, encoding: Encoding) -> Vec<u8> {
+        let k = Key::new(key).unwrap();
+        let h = Header {
+            kind: Kind::Sample,
+            flags: 0,
+            encoding,
+            domain_tag: domain_tag("d"),
+            schema_id: 0,
+            node_id: NodeId([1; 16]),
+            seq,
+            timestamp_ns: ts,
+        };
+        let mut out = vec![0; frame::head_len(&k)];
+        frame::write_head(&k, &h, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_batch_is_a_valid_v1_frame() {
+        let mut p = Pending::start(&head("a/b", 7, 100, Encoding::Raw), 100, b"one");
+        assert!(p.accepts(&head("a/b", 8, 101, Encoding::Raw), 3));
+        assert!(
+            !p.accepts(&head("a/c", 8, 101, Encoding::Raw), 3),
+            "another key"
+        );
+        assert!(
+            !p.accepts(&head("a/b", 8, 101, Encoding::Cbor), 3),
+            "another encoding"
+        );
+        assert!(!p.accepts(&head("a/b", 8, 101, Encoding::Raw), MAX_ENTRY_BYTES + 1));
+        p.push(101, b"two");
+        p.push(102, b"");
+        let f = p.frame.clone().freeze();
+        let v = decode(&f).unwrap();
+        assert_eq!(v.header.kind, Kind::Batch);
+        assert_eq!(v.header.seq, 7);
+        let e: Vec<_> = BatchEntries::new(v.body)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(e.len(), 3);
+        assert_eq!((e[1].payload, e[1].timestamp_ns), (&b"two"[..], 101));
+        assert_eq!(p.samples(), 3);
+    }
+
+    #[test]
+    fn a_batch_is_bounded() {
+        let payload = vec![0u8; MAX_ENTRY_BYTES];
+        let h = head("k", 1, 1, Encoding::Raw);
+        let mut p = Pending::start(&h, 1, &payload);
+        let mut n = 1;
+        while p.accepts(&h, payload.len()) {
+            p.push(1, &payload);
+            n += 1;
+        }
+        assert!(p.frame.len() <= MAX_BATCH_BYTES);
+        assert_eq!(n, MAX_BATCH_BYTES / (MAX_ENTRY_BYTES + 12));
+    }
+}
