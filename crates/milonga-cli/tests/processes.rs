@@ -304,7 +304,10 @@ fn reliable_mode_loses_nothing_to_a_slow_subscriber() {
     assert_eq!(stats.samples_sent, n);
     // The subscriber was slower than the publisher: samples queued up and
     // left in batches, which the subscriber unpacked in order above.
-    assert!(stats.batches_sent > 0 && stats.samples_batched > stats.batches_sent, "{stats:?}");
+    assert!(
+        stats.batches_sent > 0 && stats.samples_batched > stats.batches_sent,
+        "{stats:?}"
+    );
     drop(p);
 }
 

@@ -11,8 +11,8 @@
 //! that could have left earlier (seed 000, section 5.1). A batch is bounded
 //! (`MAX_BATCH_BYTES`); when it is full, `put` waits as before.
 
-use bytes::{Bytes, BytesMut};
-use milonga_wire::frame::{push_batch_entry, Kind, BATCH_ENTRY_HEADER_LEN};
+use bytes::BytesMut;
+use milonga_wire::frame::{Kind, BATCH_ENTRY_HEADER_LEN};
 
 use crate::zmq_io;
 
@@ -23,7 +23,8 @@ pub(crate) const MAX_ENTRY_BYTES: usize = 16 << 10;
 
 /// Header offsets (after the key and its NUL).
 const KIND: usize = 1;
-const SEQ: usize = 28;
+const ENCODING: usize = 3;
+const SCHEMA: usize = 8;
 const HEADER: usize = 44;
 
 /// A batch waiting for the socket.
@@ -31,48 +32,70 @@ const HEADER: usize = 44;
 pub(crate) struct Pending {
     /// `key | 0 | header (kind 2) | entries`.
     frame: BytesMut,
-    /// `key | 0 | header` of the publisher, with kind 1 (for comparisons).
-    head: Bytes,
+    /// Length of the key.
+    key_len: usize,
     samples: u64,
+    /// Samples added since the socket was last offered the batch.
+    since_offer: u32,
 }
+
+/// A busy socket is offered the batch again after this many more samples
+/// (and by the node thread every millisecond): each offer costs about as
+/// much as sending a small message, and a few samples' delay is a few
+/// microseconds.
+const OFFER_EVERY: u32 = 16;
 
 impl Pending {
     /// A batch holding one sample. `head` is the sample's own `key | 0 |
-    /// header` (encoding and schema filled in, sequence number and
-    /// timestamp of this sample).
+    /// header`, complete (encoding, schema, sequence number, timestamp).
     pub(crate) fn start(head: &[u8], timestamp_ns: u64, payload: &[u8]) -> Pending {
-        let key_end = head.len() - HEADER;
+        let key_len = head.len() - HEADER - 1;
         let mut frame =
             BytesMut::with_capacity(MAX_BATCH_BYTES.min(head.len() + 64 * (payload.len() + 12)));
         frame.extend_from_slice(head);
-        frame[key_end + KIND] = Kind::Batch as u8;
-        let mut entry = Vec::with_capacity(BATCH_ENTRY_HEADER_LEN + payload.len());
-        push_batch_entry(&mut entry, timestamp_ns, payload);
-        frame.extend_from_slice(&entry);
-        Pending {
+        frame[key_len + 1 + KIND] = Kind::Batch as u8;
+        let mut p = Pending {
             frame,
-            head: Bytes::copy_from_slice(head),
-            samples: 1,
-        }
+            key_len,
+            samples: 0,
+            since_offer: 0,
+        };
+        p.push(timestamp_ns, payload);
+        p
     }
 
-    /// Whether a sample with this `head` (same key, encoding and schema;
-    /// sequence number and timestamp may differ) and payload can join.
-    pub(crate) fn accepts(&self, head: &[u8], payload_len: usize) -> bool {
-        let key_end = head.len() - HEADER;
-        head.len() == self.head.len()
-            && head[..key_end + SEQ] == self.head[..key_end + SEQ]
+    /// Whether a sample of `key` with this encoding, schema id and payload
+    /// length can join.
+    pub(crate) fn accepts(
+        &self,
+        key: &[u8],
+        encoding: u8,
+        schema_id: u32,
+        payload_len: usize,
+    ) -> bool {
+        let h = self.key_len + 1;
+        key == &self.frame[..self.key_len]
+            && self.frame[h + ENCODING] == encoding
+            && self.frame[h + SCHEMA..h + SCHEMA + 4] == schema_id.to_le_bytes()
             && payload_len <= MAX_ENTRY_BYTES
             && self.frame.len() + BATCH_ENTRY_HEADER_LEN + payload_len <= MAX_BATCH_BYTES
     }
 
     /// Appends a sample; its sequence number is the next of the batch.
-    pub(crate) fn push(&mut self, timestamp_ns: u64, payload: &[u8]) {
+    /// Returns whether it is time to offer the batch to the socket again.
+    pub(crate) fn push(&mut self, timestamp_ns: u64, payload: &[u8]) -> bool {
         let len = u32::try_from(payload.len()).expect("entries are at most MAX_ENTRY_BYTES");
         self.frame.extend_from_slice(&len.to_le_bytes());
         self.frame.extend_from_slice(&timestamp_ns.to_le_bytes());
         self.frame.extend_from_slice(payload);
         self.samples += 1;
+        self.since_offer += 1;
+        if self.since_offer >= OFFER_EVERY {
+            self.since_offer = 0;
+            true
+        } else {
+            false
+        }
     }
 
     /// Number of samples in the batch.
@@ -134,16 +157,12 @@ mod tests {
     #[test]
     fn a_batch_is_a_valid_v1_frame() {
         let mut p = Pending::start(&head("a/b", 7, 100, Encoding::Raw), 100, b"one");
-        assert!(p.accepts(&head("a/b", 8, 101, Encoding::Raw), 3));
-        assert!(
-            !p.accepts(&head("a/c", 8, 101, Encoding::Raw), 3),
-            "another key"
-        );
-        assert!(
-            !p.accepts(&head("a/b", 8, 101, Encoding::Cbor), 3),
-            "another encoding"
-        );
-        assert!(!p.accepts(&head("a/b", 8, 101, Encoding::Raw), MAX_ENTRY_BYTES + 1));
+        assert!(p.accepts(b"a/b", 0, 0, 3));
+        assert!(!p.accepts(b"a/c", 0, 0, 3), "another key");
+        assert!(!p.accepts(b"a/bc", 0, 0, 3), "a longer key");
+        assert!(!p.accepts(b"a/b", 1, 0, 3), "another encoding");
+        assert!(!p.accepts(b"a/b", 0, 5, 3), "another schema");
+        assert!(!p.accepts(b"a/b", 0, 0, MAX_ENTRY_BYTES + 1));
         p.push(101, b"two");
         p.push(102, b"");
         let f = p.frame.clone().freeze();
@@ -165,7 +184,7 @@ mod tests {
         let h = head("k", 1, 1, Encoding::Raw);
         let mut p = Pending::start(&h, 1, &payload);
         let mut n = 1;
-        while p.accepts(&h, payload.len()) {
+        while p.accepts(b"k", 0, 0, payload.len()) {
             p.push(1, &payload);
             n += 1;
         }

@@ -83,9 +83,16 @@ pub struct Config {
     pub heartbeat_timeout_ms: i32,
     /// Largest message a node sends or accepts, in bytes. Default 64 MiB.
     pub max_message_bytes: usize,
-    /// Messages queued per connection on the sending side. Default 10,000.
+    /// Messages queued per subscriber connection by best-effort
+    /// publishers; beyond it the subscriber loses samples. Default 1000.
     pub send_hwm: i32,
-    /// Messages queued per connection on the receiving side. Default 10,000.
+    /// Messages queued per subscriber connection by reliable publishers,
+    /// beyond which `put` waits or samples queue up in a batch (a message is
+    /// then a batch of at most 128 KiB). Small, so that samples behind a
+    /// busy subscriber are batched early. Default 16.
+    pub reliable_send_hwm: i32,
+    /// Messages queued per publisher connection on the receiving side.
+    /// Default 1000.
     pub recv_hwm: i32,
     /// Kernel socket buffer sizes in bytes (0 = the OS default). Default 0.
     pub tcp_buffer_bytes: i32,
@@ -116,8 +123,9 @@ impl Config {
             heartbeat_interval_ms: 1000,
             heartbeat_timeout_ms: 3000,
             max_message_bytes: 64 << 20,
-            send_hwm: 10_000,
-            recv_hwm: 10_000,
+            send_hwm: 1000,
+            reliable_send_hwm: 16,
+            recv_hwm: 1000,
             tcp_buffer_bytes: 0,
             close_linger_ms: 1000,
             zero_copy_threshold_bytes: 64 << 10,
@@ -155,6 +163,7 @@ impl Config {
         }
         for (k, slot) in [
             ("MILONGA_SEND_HWM", &mut c.send_hwm),
+            ("MILONGA_RELIABLE_SEND_HWM", &mut c.reliable_send_hwm),
             ("MILONGA_RECV_HWM", &mut c.recv_hwm),
         ] {
             if let Some(v) = var(k) {

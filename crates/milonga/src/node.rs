@@ -211,6 +211,8 @@ impl NodeInner {
         zmq_io::set_xpub_verboser(&mut sock).map_err(opt_err)?;
         if reliability == Reliability::Reliable {
             zmq_io::set_xpub_nodrop(&mut sock, true).map_err(opt_err)?;
+            sock.set_sndhwm(self.cfg.reliable_send_hwm)
+                .map_err(opt_err)?;
         }
         let bound = self.bind(&sock, &endpoint)?;
         let monitor = control::monitor(self, &sock, role)?;

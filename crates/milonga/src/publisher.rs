@@ -155,34 +155,33 @@ impl Publisher {
         let started = Instant::now();
         let reliable = self.qos.reliability == Reliability::Reliable;
         let batchable = reliable && enc.tail.is_none() && enc.head.len() <= MAX_ENTRY_BYTES;
-        let mut msg = self.build(&enc, schema_id);
+        // Built before taking the lock, except on a reliable socket, where
+        // the sample may join a batch instead.
+        let mut msg = (!reliable).then(|| self.build(&enc, schema_id));
         let mut d = lock(&self.data.sock);
         // Sequence number and timestamp are taken under the lock, so that
         // both follow the order in which samples leave.
         let seq = self.seq.load(Ordering::Relaxed) + 1;
         let timestamp_ns = now_ns();
-        self.stamp(&mut msg, seq, timestamp_ns);
-        let head_len = self.template.len();
 
-        // A batch from earlier puts leaves first, or this sample joins it.
-        if d.pending.is_some() {
-            let busy = d.send_pending(zmq::DONTWAIT, &self.node.counters).is_err();
-            if busy {
-                let joins = batchable
-                    && d.pending
-                        .as_ref()
-                        .is_some_and(|p| p.accepts(&msg[..head_len], enc.head.len()));
-                if joins {
-                    if let Some(p) = d.pending.as_mut() {
-                        p.push(timestamp_ns, &enc.head);
-                    }
-                    return self.accepted(seq);
+        // A batch from earlier puts: this sample joins it, or it leaves first.
+        if let Some(p) = d.pending.as_mut() {
+            let key = self.key.as_str().as_bytes();
+            if batchable && p.accepts(key, enc.encoding as u8, schema_id, enc.head.len()) {
+                if p.push(timestamp_ns, &enc.head) {
+                    let _ = d.send_pending(zmq::DONTWAIT, &self.node.counters);
                 }
+                return self.accepted(seq);
+            }
+            if d.send_pending(zmq::DONTWAIT, &self.node.counters).is_err() {
                 self.wait(&mut d, wait, started, |d, flags| {
                     d.send_pending(flags, &self.node.counters)
                 })?;
             }
         }
+        let mut msg = msg.take().unwrap_or_else(|| self.build(&enc, schema_id));
+        self.stamp(&mut msg, seq, timestamp_ns);
+        let head_len = self.template.len();
 
         let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
         match d.sock.send(msg, zmq::DONTWAIT | more) {
