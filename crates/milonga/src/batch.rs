@@ -37,6 +37,8 @@ pub(crate) struct Pending {
     samples: u64,
     /// Samples added since the socket was last offered the batch.
     since_offer: u32,
+    /// Largest frame: `MAX_BATCH_BYTES`, or `max_message_bytes` if smaller.
+    limit: usize,
 }
 
 /// A busy socket is offered the batch again after this many more samples
@@ -48,7 +50,7 @@ const OFFER_EVERY: u32 = 16;
 impl Pending {
     /// A batch holding one sample. `head` is the sample's own `key | 0 |
     /// header`, complete (encoding, schema, sequence number, timestamp).
-    pub(crate) fn start(head: &[u8], timestamp_ns: u64, payload: &[u8]) -> Pending {
+    pub(crate) fn start(head: &[u8], timestamp_ns: u64, payload: &[u8], limit: usize) -> Pending {
         let key_len = head.len() - HEADER - 1;
         let mut frame =
             BytesMut::with_capacity(MAX_BATCH_BYTES.min(head.len() + 64 * (payload.len() + 12)));
@@ -59,6 +61,7 @@ impl Pending {
             key_len,
             samples: 0,
             since_offer: 0,
+            limit,
         };
         p.push(timestamp_ns, payload);
         p
@@ -74,11 +77,16 @@ impl Pending {
         payload_len: usize,
     ) -> bool {
         let h = self.key_len + 1;
-        key == &self.frame[..self.key_len]
+        self.is_key(key)
             && self.frame[h + ENCODING] == encoding
             && self.frame[h + SCHEMA..h + SCHEMA + 4] == schema_id.to_le_bytes()
             && payload_len <= MAX_ENTRY_BYTES
-            && self.frame.len() + BATCH_ENTRY_HEADER_LEN + payload_len <= MAX_BATCH_BYTES
+            && self.frame.len() + BATCH_ENTRY_HEADER_LEN + payload_len <= self.limit
+    }
+
+    /// Whether the batch holds samples of `key`.
+    pub(crate) fn is_key(&self, key: &[u8]) -> bool {
+        key == &self.frame[..self.key_len]
     }
 
     /// Appends a sample; its sequence number is the next of the batch.
@@ -156,7 +164,12 @@ mod tests {
 
     #[test]
     fn a_batch_is_a_valid_v1_frame() {
-        let mut p = Pending::start(&head("a/b", 7, 100, Encoding::Raw), 100, b"one");
+        let mut p = Pending::start(
+            &head("a/b", 7, 100, Encoding::Raw),
+            100,
+            b"one",
+            MAX_BATCH_BYTES,
+        );
         assert!(p.accepts(b"a/b", 0, 0, 3));
         assert!(!p.accepts(b"a/c", 0, 0, 3), "another key");
         assert!(!p.accepts(b"a/bc", 0, 0, 3), "a longer key");
@@ -182,7 +195,7 @@ mod tests {
     fn a_batch_is_bounded() {
         let payload = vec![0u8; MAX_ENTRY_BYTES];
         let h = head("k", 1, 1, Encoding::Raw);
-        let mut p = Pending::start(&h, 1, &payload);
+        let mut p = Pending::start(&h, 1, &payload, MAX_BATCH_BYTES);
         let mut n = 1;
         while p.accepts(b"k", 0, 0, payload.len()) {
             p.push(1, &payload);

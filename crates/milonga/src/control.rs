@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::discovery::Announcement;
 use crate::error::OpenError;
-use crate::node::{lock, NodeInner};
+use crate::node::{lock, try_lock, NodeInner};
 use crate::stats::{self, NodeStats};
 
 /// First frame of every control request and reply.
@@ -74,6 +74,8 @@ pub(crate) struct Control {
     inner: Arc<NodeInner>,
     router: zmq::Socket,
     monitors: Vec<(&'static str, zmq::Socket)>,
+    /// Woken by user threads (a batch started waiting).
+    wake: zmq::Socket,
     statics: Vec<StaticPeer>,
     local: BTreeMap<String, Announcement>,
     last_scan: Option<Instant>,
@@ -81,7 +83,12 @@ pub(crate) struct Control {
 }
 
 impl Control {
-    pub(crate) fn new(inner: Arc<NodeInner>, router: zmq::Socket, monitor: zmq::Socket) -> Self {
+    pub(crate) fn new(
+        inner: Arc<NodeInner>,
+        router: zmq::Socket,
+        monitor: zmq::Socket,
+        wake: zmq::Socket,
+    ) -> Self {
         let mut statics = Vec::new();
         for ep in &inner.cfg.peers {
             match inner.ctx.socket(zmq::DEALER).and_then(|s| {
@@ -108,6 +115,7 @@ impl Control {
             inner,
             router,
             monitors: vec![("control", monitor)],
+            wake,
             statics,
             local: BTreeMap::new(),
             last_scan: None,
@@ -126,7 +134,7 @@ impl Control {
             } else {
                 interval
             });
-            if batching {
+            if self.inner.batch_pending.load(Ordering::Acquire) {
                 self.flush_batches();
             }
             self.serve_control();
@@ -144,7 +152,10 @@ impl Control {
     /// Sleeps until a control request, a monitor event or a static reply
     /// arrives, or `interval` passes.
     fn wait(&mut self, interval: Duration) {
-        let mut items = vec![self.router.as_poll_item(zmq::POLLIN)];
+        let mut items = vec![
+            self.router.as_poll_item(zmq::POLLIN),
+            self.wake.as_poll_item(zmq::POLLIN),
+        ];
         items.extend(
             self.monitors
                 .iter()
@@ -156,6 +167,8 @@ impl Control {
                 .map(|p| p.sock.as_poll_item(zmq::POLLIN)),
         );
         let _ = zmq::poll(&mut items, interval.as_millis() as i64);
+        drop(items);
+        while self.wake.recv_msg(zmq::DONTWAIT).is_ok() {}
     }
 
     fn serve_control(&mut self) {
@@ -346,8 +359,8 @@ impl Control {
             self.inner.batch_pending.store(false, Ordering::Release);
             return;
         };
-        let guard = d.sock.try_lock();
-        if let Ok(mut g) = guard {
+        let guard = try_lock(&d.sock);
+        if let Some(mut g) = guard {
             let _ = g.send_pending(zmq::DONTWAIT, &self.inner.counters);
             if g.pending.is_none() {
                 self.inner.batch_pending.store(false, Ordering::Release);
@@ -363,7 +376,7 @@ impl Control {
             [st.data_best_effort.clone(), st.data_reliable.clone()]
         };
         for d in socks.into_iter().flatten() {
-            if let Ok(mut g) = d.sock.try_lock() {
+            if let Some(mut g) = try_lock(&d.sock) {
                 g.drain_subscriptions(&self.inner.counters);
             }
         }

@@ -25,6 +25,16 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The lock if it is free now (a poisoned lock is taken over, as [`lock`]
+/// does), else `None`.
+pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// A data socket (XPUB) shared by the publishers of one reliability.
 pub(crate) struct DataSocket {
     pub sock: Mutex<DataSock>,
@@ -122,6 +132,8 @@ pub(crate) struct NodeInner {
     pub start_time: u64,
     next_sub_id: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Wakes the node thread (see [`NodeInner::wake`]).
+    wake_tx: Mutex<zmq::Socket>,
     // Declared last: sockets above are closed before the context goes.
     pub ctx: ContextRef,
 }
@@ -147,6 +159,12 @@ fn hostname() -> String {
 }
 
 impl NodeInner {
+    /// Wakes the node thread now rather than at its next turn: a batch
+    /// started waiting.
+    pub(crate) fn wake(&self) {
+        let _ = lock(&self.wake_tx).send(&[][..], zmq::DONTWAIT);
+    }
+
     /// The endpoint to bind for a new socket of role `role` (`c`, `be`, `r`).
     pub(crate) fn endpoint_for(&self, role: &str, fixed: Option<&String>) -> String {
         if let Some(e) = fixed {
@@ -359,7 +377,31 @@ impl Node {
         } else {
             None
         };
+        for (key, v) in [
+            ("send_hwm", cfg.send_hwm),
+            ("reliable_send_hwm", cfg.reliable_send_hwm),
+            ("recv_hwm", cfg.recv_hwm),
+        ] {
+            if v < 1 {
+                return Err(OpenError::Config {
+                    key: key.into(),
+                    why: format!("{v} is not a number of messages (at least 1); libzmq would take 0 as no limit"),
+                });
+            }
+        }
         let ctx = ContextRef::acquire();
+        let wake_ep = format!("inproc://milonga-nodewake-{}", NodeId(id));
+        let wake_rx = ctx.socket(zmq::PAIR)?;
+        let wake_tx = ctx.socket(zmq::PAIR)?;
+        let wake_err = |source| OpenError::Socket {
+            action: "bind or connect",
+            endpoint: wake_ep.clone(),
+            source,
+        };
+        wake_rx.set_linger(0).map_err(wake_err)?;
+        wake_tx.set_linger(0).map_err(wake_err)?;
+        wake_rx.bind(&wake_ep).map_err(wake_err)?;
+        wake_tx.connect(&wake_ep).map_err(wake_err)?;
         let mut inner = NodeInner {
             id: NodeId(id),
             name,
@@ -375,6 +417,7 @@ impl Node {
             start_time: process_start_time(pid).unwrap_or(0),
             next_sub_id: AtomicU64::new(1),
             thread: Mutex::new(None),
+            wake_tx: Mutex::new(wake_tx),
             ctx,
             cfg,
         };
@@ -392,7 +435,7 @@ impl Node {
         let monitor = control::monitor(&inner, &router, "control")?;
         // Find the peers that exist now, so that a subscription declared
         // right after `open` connects to them before it returns.
-        let mut ctl = control::Control::new(inner.clone(), router, monitor);
+        let mut ctl = control::Control::new(inner.clone(), router, monitor, wake_rx);
         ctl.scan_local();
         inner.announce();
         match control::spawn(ctl) {
@@ -532,6 +575,7 @@ pub(crate) fn close(inner: &Arc<NodeInner>) {
     if inner.closed.swap(true, Ordering::AcqRel) {
         return;
     }
+    inner.wake();
     if let Some(th) = lock(&inner.thread).take() {
         let _ = th.join();
     }
@@ -540,7 +584,8 @@ pub(crate) fn close(inner: &Arc<NodeInner>) {
     if let Some(d) = reliable {
         let mut g = lock(&d.sock);
         if g.pending.is_some() {
-            let _ = g.sock.set_sndtimeo(inner.cfg.close_linger_ms.max(0));
+            // A negative linger waits as long as it takes, as libzmq's does.
+            let _ = g.sock.set_sndtimeo(inner.cfg.close_linger_ms.max(-1));
             if g.send_pending(0, &inner.counters).is_err() {
                 let n = g.pending.as_ref().map_or(0, Pending::samples);
                 tracing::warn!(

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use milonga_wire::cbor::{encode_payload, to_cbor, Encoded};
-use milonga_wire::frame::{self, Encoding, Header, Kind, FLAG_PAYLOAD_FRAME, HEADER_LEN};
+use milonga_wire::frame::{
+    self, Encoding, Header, Kind, BATCH_ENTRY_HEADER_LEN, FLAG_PAYLOAD_FRAME, HEADER_LEN,
+};
 use milonga_wire::{Bytes, Key, Value};
 
-use crate::batch::{Pending, MAX_ENTRY_BYTES};
+use crate::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
 use crate::error::PutError;
 use crate::node::{lock, DataSock, DataSocket, NodeInner};
 use crate::qos::{PublisherQos, Reliability};
@@ -154,19 +156,30 @@ impl Publisher {
         }
         let started = Instant::now();
         let reliable = self.qos.reliability == Reliability::Reliable;
-        let batchable = reliable && enc.tail.is_none() && enc.head.len() <= MAX_ENTRY_BYTES;
+        let batch_limit = MAX_BATCH_BYTES.min(self.node.cfg.max_message_bytes);
+        let batchable = reliable
+            && enc.tail.is_none()
+            && enc.head.len() <= MAX_ENTRY_BYTES
+            && self.template.len() + BATCH_ENTRY_HEADER_LEN + enc.head.len() <= batch_limit;
         // Built before taking the lock, except on a reliable socket, where
         // the sample may join a batch instead.
         let mut msg = (!reliable).then(|| self.build(&enc, schema_id));
         let mut d = lock(&self.data.sock);
+        // `close` may have run while we waited for the lock; after it, no
+        // batch would ever be sent.
+        if self.node.closed.load(Ordering::Acquire) {
+            return Err(PutError::Closed);
+        }
         // Sequence number and timestamp are taken under the lock, so that
         // both follow the order in which samples leave.
         let seq = self.seq.load(Ordering::Relaxed) + 1;
         let timestamp_ns = now_ns();
 
-        // A batch from earlier puts: this sample joins it, or it leaves first.
-        if let Some(p) = d.pending.as_mut() {
-            let key = self.key.as_str().as_bytes();
+        // A batch from earlier puts of this key: this sample joins it, or it
+        // leaves first. (A batch of another key need not: sequence numbers
+        // are per key, and this key's subscribers may have room.)
+        let key = self.key.as_str().as_bytes();
+        if let Some(p) = d.pending.as_mut().filter(|p| p.is_key(key)) {
             if batchable && p.accepts(key, enc.encoding as u8, schema_id, enc.head.len()) {
                 if p.push(timestamp_ns, &enc.head) {
                     let _ = d.send_pending(zmq::DONTWAIT, &self.node.counters);
@@ -187,11 +200,17 @@ impl Publisher {
         match d.sock.send(msg, zmq::DONTWAIT | more) {
             Ok(()) => {}
             // Only a reliable (XPUB_NODROP) socket refuses a message.
-            Err(zmq::Error::EAGAIN | zmq::Error::EINTR) if batchable => {
+            Err(zmq::Error::EAGAIN | zmq::Error::EINTR) if batchable && d.pending.is_none() => {
                 let mut m = self.build(&enc, schema_id);
                 self.stamp(&mut m, seq, timestamp_ns);
-                d.pending = Some(Pending::start(&m[..head_len], timestamp_ns, &enc.head));
+                d.pending = Some(Pending::start(
+                    &m[..head_len],
+                    timestamp_ns,
+                    &enc.head,
+                    batch_limit,
+                ));
                 self.node.batch_pending.store(true, Ordering::Release);
+                self.node.wake();
                 return self.accepted(seq);
             }
             Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {

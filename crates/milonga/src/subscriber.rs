@@ -12,7 +12,7 @@ use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRA
 use milonga_wire::{KeyExpr, NodeId};
 
 use crate::error::{OpenError, RecvError, SubscribeError};
-use crate::node::{lock, NodeInner};
+use crate::node::{lock, try_lock, NodeInner};
 use crate::qos::SubscriberQos;
 use crate::sample::{Event, LostSamples, Sample};
 use crate::stats::{self, Counters};
@@ -145,9 +145,9 @@ impl SubShared {
             t.live = live;
             t.generation += 1;
         }
-        match self.io.try_lock() {
-            Ok(mut io) => self.apply(&mut io),
-            Err(_) => self.wake(),
+        match try_lock(&self.io) {
+            Some(mut io) => self.apply(&mut io),
+            None => self.wake(),
         }
     }
 
@@ -573,9 +573,9 @@ impl Subscriber {
 
     /// Number of publisher data endpoints this subscription is connected to.
     pub fn connected_endpoints(&self) -> usize {
-        match self.shared.io.try_lock() {
-            Ok(io) => io.connected.len(),
-            Err(_) => lock(&self.shared.target).endpoints.len(),
+        match try_lock(&self.shared.io) {
+            Some(io) => io.connected.len(),
+            None => lock(&self.shared.target).endpoints.len(),
         }
     }
 }

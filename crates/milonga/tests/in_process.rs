@@ -152,3 +152,47 @@ fn a_publisher_key_is_declared_once_per_node() {
         Err(milonga::SubscribeError::Key(_))
     ));
 }
+
+#[test]
+fn a_full_subscriber_of_one_key_does_not_block_another_key() {
+    let dir = milonga_testkit::TempDir::new("crosskey");
+    let a = open("ck", "pub", Transport::Inproc, dir.path());
+    let b = open("ck", "sub", Transport::Inproc, dir.path());
+    let pa = a.publisher_with("k/a", PublisherQos::reliable()).unwrap();
+    let pb = a.publisher_with("k/b", PublisherQos::reliable()).unwrap();
+    let sa = b.subscribe("k/a").unwrap();
+    let _stalled = b
+        .subscribe_with("k/b", milonga::SubscriberQos::default().queue_depth(4))
+        .unwrap();
+    wait_for("subscriptions", Duration::from_secs(5), || {
+        pa.subscriber_count() == 1 && pb.subscriber_count() == 1
+    });
+    // Fill k/b's subscriber, its queue, and then a whole batch.
+    let mut n = 0;
+    while pb.try_put(n).is_ok() {
+        n += 1;
+        assert!(n < 1_000_000, "k/b never pushed back");
+    }
+    assert!(
+        a.stats().samples_batched == 0 && n > 16,
+        "k/b's samples wait in a batch"
+    );
+    // k/a's subscriber has room: its samples go through at once.
+    for i in 0..100u64 {
+        pa.try_put(i).expect("k/a is not held up by k/b");
+        let s = sa
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap()
+            .into_sample()
+            .unwrap();
+        assert_eq!(s.seq, i + 1);
+    }
+}
+
+#[test]
+fn a_zero_high_water_mark_is_refused() {
+    let mut cfg = Config::new("milonga:///hwm", "x");
+    cfg.reliable_send_hwm = 0;
+    let err = Node::open_with(cfg).unwrap_err();
+    assert!(err.to_string().contains("reliable_send_hwm"), "{err}");
+}
