@@ -134,7 +134,8 @@ struct SubArgs {
     /// Key expression: `*` is one chunk, `**` any number (sr/*/1/**).
     expr: String,
     /// One JSON object per line: key, seq, timestamp_ns, publisher, value;
-    /// status events (lost samples) as lines with an "event" field.
+    /// status events (lost samples) as lines with an "event" field, and a
+    /// last line `{"event": "summary", "lost": N, "lost_by_publisher": {..}}`.
     #[arg(long)]
     json: bool,
     /// Exit after this many samples.
@@ -243,6 +244,31 @@ fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
 fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
     let node = net.open("sub")?;
     let sub = node.subscribe(&a.expr)?;
+    let code = receive(&sub, &a)?;
+    // How many samples were lost, per publisher: a last JSON line
+    // (`"event": "summary"`) or a line on stderr.
+    let by: serde_json::Map<String, serde_json::Value> = sub
+        .lost_by_publisher()
+        .into_iter()
+        .map(|(id, n)| (id.to_hex(), n.into()))
+        .collect();
+    if a.json {
+        let line =
+            serde_json::json!({"event": "summary", "lost": sub.lost(), "lost_by_publisher": by});
+        println!("{line}");
+    } else if sub.lost() > 0 {
+        eprintln!(
+            "milonga sub: lost {} samples; by publisher: {}",
+            sub.lost(),
+            serde_json::Value::Object(by)
+        );
+    }
+    node.close();
+    Ok(code)
+}
+
+/// Prints events until the count, the timeout or an interrupt.
+fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
     let end = a
         .timeout
         .map(|t| Instant::now() + Duration::from_secs_f64(t));
@@ -250,11 +276,7 @@ fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
     let mut got = 0u64;
     let out = std::io::stdout();
     loop {
-        if a.count.is_some_and(|c| got >= c) {
-            return Ok(ExitCode::SUCCESS);
-        }
-        if interrupted() {
-            node.close();
+        if a.count.is_some_and(|c| got >= c) || interrupted() {
             return Ok(ExitCode::SUCCESS);
         }
         // Wait in slices so that an interrupt is noticed.

@@ -353,6 +353,16 @@ fn best_effort_counts_exactly_what_it_dropped() {
         n + 1,
         "every sample is either received or counted lost"
     );
+    // On exit the subscriber sums its losses per publisher.
+    sub.signal(libc::SIGINT);
+    let summary = loop {
+        let j = json_line(&sub);
+        if j["event"] == "summary" {
+            break j;
+        }
+    };
+    assert_eq!(summary["lost"], lost);
+    assert_eq!(summary["lost_by_publisher"][node.id().to_hex()], lost);
 }
 
 #[test]
