@@ -83,9 +83,6 @@ struct PubsubArgs {
     /// Numbers of subscriber processes.
     #[arg(long, default_value = "1,2,5,10", value_delimiter = ',')]
     subs: Vec<usize>,
-    /// Transport.
-    #[arg(long = "transport", default_value = "tcp")]
-    bench_transport: Transport,
     /// Delivery mode.
     #[arg(long, value_enum, default_value = "reliable")]
     mode: Mode,
@@ -105,9 +102,6 @@ struct LatencyArgs {
     /// Payload sizes in bytes.
     #[arg(long, default_value = "92,4096,1048576", value_delimiter = ',')]
     sizes: Vec<usize>,
-    /// Transport.
-    #[arg(long = "transport", default_value = "tcp")]
-    bench_transport: Transport,
     /// Round trips per size (fewer for 1 MiB: a tenth, at least 100).
     #[arg(long, default_value_t = 5000)]
     round_trips: usize,
@@ -193,10 +187,14 @@ struct Outcome {
 }
 
 /// Runs `milonga bench`.
-pub fn run(_net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
+///
+/// The benchmarks run in private domains of their own; of the common
+/// options they take only `--transport` (default tcp).
+pub fn run(net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
+    let t = net.transport.unwrap_or(Transport::Tcp);
     match a.kind {
-        BenchKind::Pubsub(p) => pubsub(p),
-        BenchKind::Latency(l) => latency(l),
+        BenchKind::Pubsub(p) => pubsub(p, t),
+        BenchKind::Latency(l) => latency(l, t),
         BenchKind::Idle(i) => idle(i),
     }
 }
@@ -353,8 +351,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn pubsub(a: PubsubArgs) -> Result<ExitCode> {
-    let t = a.bench_transport;
+fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
@@ -854,8 +851,7 @@ fn mlg_pong(at: &Place) -> Result<Outcome> {
     Ok(Outcome::default())
 }
 
-fn latency(a: LatencyArgs) -> Result<ExitCode> {
-    let t = a.bench_transport;
+fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);

@@ -394,3 +394,23 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// clap's own consistency checks over every command and option (two
+    /// options of one name, a default that does not parse, ...).
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn bench_takes_the_common_transport_option() {
+        let cli = Cli::try_parse_from(["milonga", "bench", "latency", "--transport", "ipc"])
+            .expect("parses");
+        assert_eq!(cli.net.transport, Some(Transport::Ipc));
+    }
+}

@@ -435,3 +435,69 @@ fn bad_cli_input_gets_a_clear_error() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("later version"));
 }
+
+/// A short run of each benchmark: the exact CSV columns, a row per system
+/// and cell, real figures, nothing lost in reliable mode.
+#[test]
+fn bench_prints_the_documented_csv() {
+    let env = Env::new("bench");
+    let run = |args: &[&str]| -> Vec<Vec<String>> {
+        let out = env.cmd(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split(',').map(str::to_owned).collect())
+            .collect()
+    };
+    let rows = run(&[
+        "bench",
+        "pubsub",
+        "--transport",
+        "ipc",
+        "--sizes",
+        "92",
+        "--subs",
+        "2",
+        "--duration",
+        "0.3",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(
+        rows[0].join(","),
+        "system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost"
+    );
+    let systems: Vec<&str> = rows[1..].iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(systems, ["raw-zmq", "milonga"]);
+    for r in &rows[1..] {
+        assert_eq!(&r[1..4], ["ipc", "92", "2"]);
+        assert!(r[4].parse::<f64>().unwrap() > 0.0, "{r:?}");
+        assert_eq!(r[6], "0", "reliable mode lost samples: {r:?}");
+    }
+    let rows = run(&[
+        "bench",
+        "latency",
+        "--transport",
+        "ipc",
+        "--sizes",
+        "92",
+        "--round-trips",
+        "200",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(
+        rows[0].join(","),
+        "system,transport,payload_bytes,latency_p50_us,latency_p99_us"
+    );
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for r in &rows[1..] {
+        let (p50, p99): (f64, f64) = (r[3].parse().unwrap(), r[4].parse().unwrap());
+        assert!(p50 > 0.0 && p99 >= p50, "{r:?}");
+    }
+}
