@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let Ok(view) = decode(f1) else { return };
     match view.header.kind {
-        Kind::Sample => {
+        Kind::Sample | Kind::Heartbeat => {
             let _ = decode_payload(view.header.encoding, Bytes::copy_from_slice(view.body), f2);
         }
         Kind::Batch => {

@@ -135,6 +135,22 @@ pub fn event_line(ev: &Event) -> serde_json::Value {
             "count": l.count,
             "first_seq": l.first_seq,
         }),
+        Event::PublisherAlive(a) => json!({
+            "event": "publisher_alive",
+            "publisher": a.publisher.to_hex(),
+            "name": a.name,
+        }),
+        Event::PublisherLost(l) => json!({
+            "event": "publisher_lost",
+            "publisher": l.publisher.to_hex(),
+            "name": l.name,
+            "reason": l.reason.as_str(),
+        }),
+        Event::DeadlineMissed(d) => json!({
+            "event": "deadline_missed",
+            "key": d.key,
+            "silent_ms": d.silent_for.as_secs_f64() * 1000.0,
+        }),
         other => json!({ "event": format!("{other:?}") }),
     }
 }

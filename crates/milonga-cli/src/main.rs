@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use milonga::{Config, Event, Node, PublisherQos, RecvError, Transport};
+use milonga::{Config, Event, Node, PublisherQos, RecvError, SubscriberQos, Transport};
 
 mod bench;
 mod demo;
@@ -134,7 +134,8 @@ struct SubArgs {
     /// Key expression: `*` is one chunk, `**` any number (sr/*/1/**).
     expr: String,
     /// One JSON object per line: key, seq, timestamp_ns, publisher, value;
-    /// status events (lost samples) as lines with an "event" field, and a
+    /// status events as lines with an "event" field (lost,
+    /// publisher_alive, publisher_lost, deadline_missed), and a
     /// last line `{"event": "summary", "lost": N, "lost_by_publisher": {..}}`.
     #[arg(long)]
     json: bool,
@@ -145,6 +146,10 @@ struct SubArgs {
     /// samples arrived.
     #[arg(long)]
     timeout: Option<f64>,
+    /// Report `deadline_missed` for a key silent longer than this many
+    /// milliseconds (and again each period until it speaks).
+    #[arg(long)]
+    deadline_ms: Option<f64>,
     /// Sleep this many milliseconds after each sample: a deliberately slow
     /// consumer, to see reliable back-pressure or best-effort loss.
     #[arg(long, default_value_t = 0.0)]
@@ -243,7 +248,14 @@ fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
 
 fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
     let node = net.open("sub")?;
-    let sub = node.subscribe(&a.expr)?;
+    let mut qos = SubscriberQos::default();
+    if let Some(ms) = a.deadline_ms {
+        if !(ms > 0.0 && ms.is_finite()) {
+            bail!("--deadline-ms must be a positive number of milliseconds, not {ms}");
+        }
+        qos = qos.deadline(Duration::from_secs_f64(ms / 1000.0));
+    }
+    let sub = node.subscribe_with(&a.expr, qos)?;
     let code = receive(&sub, &a)?;
     // How many samples were lost, per publisher: a last JSON line
     // (`"event": "summary"`) or a line on stderr.
@@ -310,6 +322,16 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
                     o,
                     "! lost {} samples of {} from {} (from seq {})",
                     l.count, l.key, l.publisher, l.first_seq
+                )?,
+                Event::PublisherAlive(p) => writeln!(o, "! alive: {} {}", p.publisher, p.name)?,
+                Event::PublisherLost(p) => {
+                    writeln!(o, "! lost ({}): {} {}", p.reason, p.publisher, p.name)?
+                }
+                Event::DeadlineMissed(d) => writeln!(
+                    o,
+                    "! deadline missed: {} silent for {:.0} ms",
+                    d.key,
+                    d.silent_for.as_secs_f64() * 1000.0
                 )?,
                 other => writeln!(o, "! {other:?}")?,
             }

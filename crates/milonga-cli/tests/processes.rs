@@ -66,11 +66,18 @@ fn json_line(p: &Proc) -> Json {
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}"))
 }
 
+/// The next line that is a sample, skipping status events.
+fn sample_line(p: &Proc) -> Json {
+    loop {
+        let j = json_line(p);
+        if j.get("event").is_none() {
+            return j;
+        }
+    }
+}
+
 fn samples(p: &Proc, n: usize) -> Vec<Json> {
-    (0..n)
-        .map(|_| json_line(p))
-        .filter(|j| j.get("event").is_none())
-        .collect()
+    (0..n).map(|_| sample_line(p)).collect()
 }
 
 #[test]
@@ -122,7 +129,7 @@ fn kill_9_of_a_publisher_leaves_nothing_that_blocks_or_misleads() {
     let _b = env.spawn(&["pub", "k9/b", "2", "--rate", "100"]);
     let mut seen = std::collections::BTreeSet::new();
     while seen.len() < 2 {
-        seen.insert(json_line(&sub)["key"].as_str().unwrap().to_owned());
+        seen.insert(sample_line(&sub)["key"].as_str().unwrap().to_owned());
     }
     let a_pid = a.pid();
     a.kill9();
@@ -144,7 +151,7 @@ fn kill_9_of_a_publisher_leaves_nothing_that_blocks_or_misleads() {
     // And a restarted publisher is found again, with no action from the subscriber.
     let _a2 = env.spawn(&["pub", "k9/a", "3", "--rate", "100"]);
     wait_for("samples from the restarted publisher", T, || {
-        json_line(&sub)["value"] == 3
+        sample_line(&sub)["value"] == 3
     });
 }
 
@@ -161,7 +168,7 @@ fn wildcards_deliver_what_matches_and_nothing_else() {
     let _p6 = env.spawn(&["pub", "a/b", "6", "--rate", "50"]);
     let mut keys = std::collections::BTreeSet::new();
     for _ in 0..100 {
-        keys.insert(json_line(&sub)["key"].as_str().unwrap().to_owned());
+        keys.insert(sample_line(&sub)["key"].as_str().unwrap().to_owned());
     }
     assert_eq!(
         keys,
@@ -170,7 +177,7 @@ fn wildcards_deliver_what_matches_and_nothing_else() {
             .into()
     );
     for _ in 0..30 {
-        assert_eq!(json_line(&exact)["key"], "a/b");
+        assert_eq!(sample_line(&exact)["key"], "a/b");
     }
     // `a/bc` never reached the `a/b` subscriber's process: ZeroMQ filtered it
     // at the publisher, so the subscriber had nothing to filter.
@@ -289,8 +296,11 @@ fn reliable_mode_loses_nothing_to_a_slow_subscriber() {
     let mut next = 1u64;
     while next <= n {
         let j = json_line(&sub);
-        if j.get("event").is_some() {
+        if j["event"] == "lost" {
             lost_events += 1;
+            continue;
+        }
+        if j.get("event").is_some() {
             continue;
         }
         assert_eq!(j["seq"], next, "in order, nothing missing");
@@ -337,6 +347,9 @@ fn best_effort_counts_exactly_what_it_dropped() {
         let j = json_line(&sub);
         if j["event"] == "lost" {
             lost += j["count"].as_u64().unwrap();
+            continue;
+        }
+        if j.get("event").is_some() {
             continue;
         }
         received += 1;
@@ -500,4 +513,77 @@ fn bench_prints_the_documented_csv() {
         let (p50, p99): (f64, f64) = (r[3].parse().unwrap(), r[4].parse().unwrap());
         assert!(p50 > 0.0 && p99 >= p50, "{r:?}");
     }
+}
+
+/// The next status line with `"event": event`, skipping samples and other
+/// events.
+fn event_line(p: &Proc, event: &str) -> Json {
+    loop {
+        let j = json_line(p);
+        if j["event"] == event {
+            return j;
+        }
+    }
+}
+
+/// Liveliness as a subscriber sees it: alive, killed (-9), restarted (a new
+/// node, not a gap), frozen (SIGSTOP: the lease runs out), thawed, closed.
+#[test]
+fn publisher_liveliness_is_reported_with_its_reason() {
+    let env = Env::new("live");
+    // A short lease, so that the frozen case takes a second, not three.
+    let short = |args: &[&str]| {
+        let mut c = env.cmd(args);
+        c.env("MILONGA_HEARTBEAT_INTERVAL_MS", "100")
+            .env("MILONGA_HEARTBEAT_TIMEOUT_MS", "500");
+        Proc::spawn(c)
+    };
+    let sub = short(&["sub", "lv/**", "--json"]);
+    let mut p1 = short(&["pub", "lv/x", "1", "--rate", "50"]);
+    let alive = event_line(&sub, "publisher_alive");
+    let first = alive["publisher"].as_str().unwrap().to_owned();
+    assert!(
+        alive["name"].as_str().unwrap().starts_with("pub@"),
+        "{alive}"
+    );
+    assert_eq!(sample_line(&sub)["publisher"], first.as_str());
+
+    p1.kill9();
+    let lost = event_line(&sub, "publisher_lost");
+    assert_eq!(lost["publisher"], first.as_str());
+    assert_eq!(lost["reason"], "disconnected");
+
+    // A restart is a new node: alive again, sequence numbers of its own.
+    let mut p2 = short(&["pub", "lv/x", "2", "--rate", "50"]);
+    let alive = event_line(&sub, "publisher_alive");
+    let second = alive["publisher"].as_str().unwrap().to_owned();
+    assert_ne!(second, first);
+    let s = sample_line(&sub);
+    assert_eq!(
+        (s["publisher"].as_str(), s["value"].as_u64()),
+        (Some(second.as_str()), Some(2))
+    );
+
+    p2.signal(libc::SIGSTOP);
+    let lost = event_line(&sub, "publisher_lost");
+    assert_eq!(
+        (lost["publisher"].as_str(), lost["reason"].as_str()),
+        (Some(second.as_str()), Some("lease_expired"))
+    );
+    p2.signal(libc::SIGCONT);
+    let alive = event_line(&sub, "publisher_alive");
+    assert_eq!(alive["publisher"], second.as_str(), "the same node, thawed");
+
+    p2.signal(libc::SIGINT);
+    let lost = event_line(&sub, "publisher_lost");
+    assert_eq!(
+        (lost["publisher"].as_str(), lost["reason"].as_str()),
+        (Some(second.as_str()), Some("closed"))
+    );
+    assert!(p2.wait_exit(T).unwrap().success());
+    // Nothing was counted lost: a restart is not a gap.
+    let mut sub = sub;
+    sub.signal(libc::SIGINT);
+    assert_eq!(event_line(&sub, "summary")["lost"], 0);
+    let _ = sub.wait_exit(T);
 }

@@ -48,7 +48,13 @@ pub enum Kind {
     Sample = 1,
     /// Consecutive samples of one key from one publisher.
     Batch = 2,
+    /// A node's heartbeat, on its liveliness socket under the key
+    /// [`HEARTBEAT_KEY`]; the body is a CBOR map (see docs/protocol.md).
+    Heartbeat = 3,
 }
+
+/// The key heartbeats are sent under.
+pub const HEARTBEAT_KEY: &str = "@hb";
 
 /// How a payload is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -170,6 +176,7 @@ impl Header {
         let kind = match b[1] {
             1 => Kind::Sample,
             2 => Kind::Batch,
+            3 => Kind::Heartbeat,
             k => return Err(FrameError::UnknownKind(k)),
         };
         let flags = b[2];
@@ -178,6 +185,11 @@ impl Header {
         }
         if kind == Kind::Batch && flags & FLAG_PAYLOAD_FRAME != 0 {
             return Err(FrameError::BadBatch("a batch cannot have a payload frame"));
+        }
+        if kind == Kind::Heartbeat && flags & FLAG_PAYLOAD_FRAME != 0 {
+            return Err(FrameError::BadHeartbeat(
+                "a heartbeat cannot have a payload frame",
+            ));
         }
         let encoding = Encoding::from_u8(b[3]).ok_or(FrameError::UnknownEncoding(b[3]))?;
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
@@ -229,6 +241,9 @@ pub enum FrameError {
     /// A batch body is malformed.
     #[error("malformed batch: {0}")]
     BadBatch(&'static str),
+    /// A heartbeat is malformed.
+    #[error("malformed heartbeat: {0}")]
+    BadHeartbeat(&'static str),
     /// The payload-frame flag and the presence of a second frame disagree.
     #[error("payload frame flag is {flag} but the message has {frames} frame(s)")]
     FrameCount {

@@ -9,7 +9,9 @@
 //! - no empty chunk (so no leading, trailing or doubled `/`);
 //! - no NUL byte (the wire terminates keys with NUL);
 //! - a published key has no `*` at all; in an expression `*` may only form a
-//!   whole chunk `*` or `**` (`a*` is refused rather than guessed at).
+//!   whole chunk `*` or `**` (`a*` is refused rather than guessed at);
+//! - a key or expression may not begin with `@`: such keys are Milonga's own
+//!   (heartbeats, `@hb`), made with [`Key::internal`].
 
 use std::fmt;
 
@@ -53,6 +55,12 @@ pub enum KeyError {
         /// The refused key.
         key: String,
     },
+    /// The key begins with `@`, which Milonga reserves for its own keys.
+    #[error("key {key:?} begins with '@', which is reserved for Milonga's own keys")]
+    Reserved {
+        /// The refused key.
+        key: String,
+    },
     /// A chunk mixes `*` with other characters (`a*`, `***`).
     #[error("key expression {expr:?}: chunk {chunk:?} mixes '*' with other characters; use '*' or '**' as a whole chunk")]
     PartialWildcard {
@@ -92,6 +100,20 @@ pub struct Key(String);
 impl Key {
     /// Validates `s` as a published key.
     pub fn new(s: impl Into<String>) -> Result<Self, KeyError> {
+        let s = s.into();
+        check_common(&s)?;
+        if s.contains('*') {
+            return Err(KeyError::Wildcard { key: s });
+        }
+        if s.starts_with('@') {
+            return Err(KeyError::Reserved { key: s });
+        }
+        Ok(Key(s))
+    }
+
+    /// One of Milonga's own keys (beginning with `@`, such as the heartbeat
+    /// key `@hb`): the rules of [`Key::new`] except the reservation.
+    pub fn internal(s: impl Into<String>) -> Result<Self, KeyError> {
         let s = s.into();
         check_common(&s)?;
         if s.contains('*') {
@@ -153,6 +175,9 @@ impl KeyExpr {
     pub fn new(s: impl Into<String>) -> Result<Self, KeyError> {
         let text = s.into();
         check_common(&text)?;
+        if text.starts_with('@') {
+            return Err(KeyError::Reserved { key: text });
+        }
         let mut chunks = Vec::new();
         for c in text.split('/') {
             let chunk = match c {
@@ -289,6 +314,13 @@ mod tests {
         assert!(matches!(Key::new("a/*"), Err(KeyError::Wildcard { .. })));
         assert!(matches!(Key::new("a/b*"), Err(KeyError::Wildcard { .. })));
         assert!(matches!(Key::new("a\0b"), Err(KeyError::Nul { .. })));
+        assert!(matches!(Key::new("@hb"), Err(KeyError::Reserved { .. })));
+        assert!(Key::new("a/@b").is_ok(), "only a leading '@' is reserved");
+        assert_eq!(Key::internal("@hb").unwrap().as_str(), "@hb");
+        assert!(matches!(
+            Key::internal("@h/*"),
+            Err(KeyError::Wildcard { .. })
+        ));
         assert!(matches!(
             Key::new("x".repeat(MAX_KEY_BYTES + 1)),
             Err(KeyError::TooLong { len: 513 })
@@ -307,6 +339,10 @@ mod tests {
 
     #[test]
     fn expr_validation_errors() {
+        assert!(matches!(
+            KeyExpr::new("@hb"),
+            Err(KeyError::Reserved { .. })
+        ));
         assert!(matches!(
             KeyExpr::new("a/b*"),
             Err(KeyError::PartialWildcard { .. })

@@ -10,7 +10,7 @@ use milonga_wire::Bytes;
 fn run(f1: &[u8], f2: Option<&[u8]>) {
     let Ok(view) = decode(f1) else { return };
     match view.header.kind {
-        Kind::Sample => {
+        Kind::Sample | Kind::Heartbeat => {
             let _ = decode_payload(
                 view.header.encoding,
                 Bytes::copy_from_slice(view.body),

@@ -114,7 +114,11 @@ fn encoding_name(e: Encoding) -> &'static str {
 fn header_json(h: &Header, domain: &str) -> Json {
     json!({
         "version": 1,
-        "kind": match h.kind { Kind::Sample => "sample", Kind::Batch => "batch" },
+        "kind": match h.kind {
+            Kind::Sample => "sample",
+            Kind::Batch => "batch",
+            Kind::Heartbeat => "heartbeat",
+        },
         "flags": h.flags,
         "encoding": encoding_name(h.encoding),
         "domain": domain,
@@ -136,6 +140,7 @@ fn header_from_json(j: &Json) -> Header {
     Header {
         kind: match j["kind"].as_str().unwrap() {
             "sample" => Kind::Sample,
+            "heartbeat" => Kind::Heartbeat,
             _ => Kind::Batch,
         },
         flags: j["flags"].as_u64().unwrap() as u8,
@@ -317,6 +322,24 @@ fn cases() -> Vec<Case> {
             )),
         });
     }
+    // A heartbeat: kind 3 under the reserved key `@hb`, a CBOR map body.
+    {
+        let k = Key::internal(frame::HEARTBEAT_KEY).unwrap();
+        let h = header(Kind::Heartbeat, Encoding::Cbor, 0, 0, 5);
+        let body = Value::Map(vec![(Value::from("leaving"), Value::Bool(true))]);
+        v.push(Case {
+            name: "heartbeat_leaving",
+            description: "kind 3: heartbeat number 5 of a node that is closing (leaving: true)",
+            frame1: frame::encode(&k, &h, &cbor(&body)),
+            frame2: None,
+            expect: Ok((
+                frame::HEARTBEAT_KEY.into(),
+                header_json(&h, "lab"),
+                vec![body],
+                vec![TS],
+            )),
+        });
+    }
     // Invalid frames: each must be refused with the named error.
     let good = frame::encode(
         &Key::new("a/b").unwrap(),
@@ -469,7 +492,9 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
         );
         let samples = desc["samples"].as_array().unwrap();
         let bodies: Vec<(u64, Bytes)> = match view.header.kind {
-            Kind::Sample => vec![(view.header.timestamp_ns, Bytes::copy_from_slice(view.body))],
+            Kind::Sample | Kind::Heartbeat => {
+                vec![(view.header.timestamp_ns, Bytes::copy_from_slice(view.body))]
+            }
             Kind::Batch => BatchEntries::new(view.body)
                 .unwrap()
                 .map(|e| e.unwrap())
@@ -485,8 +510,9 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
         }
         // Re-encode from the description alone.
         let h = header_from_json(&desc["header"]);
-        let key = Key::new(desc["key"].as_str().unwrap()).unwrap();
+        let key = Key::internal(desc["key"].as_str().unwrap()).unwrap();
         let body: Vec<u8> = match h.kind {
+            Kind::Heartbeat => cbor(&value_from_json(&samples[0]["value"])),
             Kind::Batch => {
                 let mut b = Vec::new();
                 for s in samples {
@@ -515,7 +541,7 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
         checked += 1;
     }
     assert!(
-        checked >= 14,
+        checked >= 16,
         "only {checked} vectors found in {}",
         dir().display()
     );

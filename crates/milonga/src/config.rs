@@ -77,9 +77,13 @@ pub struct Config {
     pub discovery_interval_ms: u64,
     /// How often static peers are asked who they are. Default 500 ms.
     pub static_query_interval_ms: u64,
-    /// ZMTP heartbeat interval on every connection. Default 1000 ms.
+    /// How often the node sends a Milonga heartbeat to the subscribers of
+    /// its publications, and the ZMTP heartbeat (PING) interval on every
+    /// connection. Default 1000 ms.
     pub heartbeat_interval_ms: i32,
-    /// A connection with no traffic for this long is closed. Default 3000 ms.
+    /// The lease: a subscriber reports a publisher node lost
+    /// (`lease_expired`) when no heartbeat came for this long, and a ZMTP
+    /// connection silent this long after a PING is closed. Default 3000 ms.
     pub heartbeat_timeout_ms: i32,
     /// Largest message a node sends or accepts, in bytes. Default 64 MiB.
     pub max_message_bytes: usize,
@@ -170,6 +174,20 @@ impl Config {
                 *slot = v.parse().map_err(|e| OpenError::Config {
                     key: k.into(),
                     why: format!("{v:?} is not a message count: {e}"),
+                })?;
+            }
+        }
+        for (k, slot) in [
+            (
+                "MILONGA_HEARTBEAT_INTERVAL_MS",
+                &mut c.heartbeat_interval_ms,
+            ),
+            ("MILONGA_HEARTBEAT_TIMEOUT_MS", &mut c.heartbeat_timeout_ms),
+        ] {
+            if let Some(v) = var(k) {
+                *slot = v.parse().map_err(|e| OpenError::Config {
+                    key: k.into(),
+                    why: format!("{v:?} is not a number of milliseconds: {e}"),
                 })?;
             }
         }

@@ -55,6 +55,46 @@ pub(crate) fn monitor(
     Ok(pair)
 }
 
+/// The node's liveliness socket: an XPUB on which the node thread sends a
+/// heartbeat every `heartbeat_interval_ms`, and at once to each new
+/// subscriber (it is verbose, so every subscription shows).
+pub(crate) fn liveliness_socket(inner: &NodeInner) -> Result<zmq::Socket, OpenError> {
+    let sock = inner.ctx.socket(zmq::XPUB)?;
+    let err = |source| OpenError::Socket {
+        action: "configure",
+        endpoint: "liveliness".into(),
+        source,
+    };
+    crate::zmq_io::apply_common(&sock, &inner.cfg).map_err(err)?;
+    sock.set_maxmsgsize(4096).map_err(err)?;
+    sock.set_xpub_verbose(true).map_err(err)?;
+    // The last heartbeat (leaving) gets a moment to go out on close.
+    sock.set_linger(inner.cfg.close_linger_ms.clamp(0, 200))
+        .map_err(err)?;
+    Ok(sock)
+}
+
+/// A heartbeat frame: kind 3 under `@hb`, body `{"leaving": bool}`.
+pub(crate) fn heartbeat_frame(inner: &NodeInner, seq: u64, leaving: bool) -> Vec<u8> {
+    use milonga_wire::frame::{self, Encoding, Header, Kind, HEARTBEAT_KEY};
+    use milonga_wire::{Key, Value};
+    let header = Header {
+        kind: Kind::Heartbeat,
+        flags: 0,
+        encoding: Encoding::Cbor,
+        domain_tag: inner.domain_tag,
+        schema_id: 0,
+        node_id: inner.id,
+        seq,
+        timestamp_ns: crate::publisher::now_ns(),
+    };
+    let body = Value::Map(vec![(Value::from("leaving"), Value::Bool(leaving))]);
+    let mut cbor = Vec::new();
+    milonga_wire::cbor::encode_cbor(&body, &mut cbor).expect("a small map encodes");
+    let key = Key::internal(HEARTBEAT_KEY).expect("a valid internal key");
+    frame::encode(&key, &header, &cbor)
+}
+
 pub(crate) fn spawn(ctl: Control) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("milonga-node {}", ctl.inner.domain))
@@ -76,6 +116,10 @@ pub(crate) struct Control {
     monitors: Vec<(&'static str, zmq::Socket)>,
     /// Woken by user threads (a batch started waiting).
     wake: zmq::Socket,
+    /// Heartbeats go out here.
+    live: zmq::Socket,
+    heartbeat_seq: u64,
+    next_heartbeat: Instant,
     statics: Vec<StaticPeer>,
     local: BTreeMap<String, Announcement>,
     last_scan: Option<Instant>,
@@ -88,6 +132,7 @@ impl Control {
         router: zmq::Socket,
         monitor: zmq::Socket,
         wake: zmq::Socket,
+        live: zmq::Socket,
     ) -> Self {
         let mut statics = Vec::new();
         for ep in &inner.cfg.peers {
@@ -116,6 +161,9 @@ impl Control {
             router,
             monitors: vec![("control", monitor)],
             wake,
+            live,
+            heartbeat_seq: 0,
+            next_heartbeat: Instant::now(),
             statics,
             local: BTreeMap::new(),
             last_scan: None,
@@ -143,10 +191,36 @@ impl Control {
             self.query_statics();
             self.scan_local();
             self.drain_data_sockets();
+            self.heartbeat();
             if lock(&self.inner.state).announce_dirty {
                 self.inner.announce();
             }
         }
+        // Tell subscribers this node is leaving, so that they report it
+        // `closed` rather than wait for the connection or the lease.
+        self.send_heartbeat(true);
+    }
+
+    /// Sends a heartbeat when one is due, or when a subscriber has just
+    /// connected (so that it hears of this node at once).
+    fn heartbeat(&mut self) {
+        let mut joined = false;
+        while let Ok(msg) = self.live.recv_msg(zmq::DONTWAIT) {
+            joined |= msg.first() == Some(&1);
+        }
+        if joined || Instant::now() >= self.next_heartbeat {
+            self.send_heartbeat(false);
+        }
+    }
+
+    fn send_heartbeat(&mut self, leaving: bool) {
+        self.heartbeat_seq += 1;
+        let frame = heartbeat_frame(&self.inner, self.heartbeat_seq, leaving);
+        // Never waits: a subscriber whose queue is full of heartbeats is
+        // not reading them anyway.
+        let _ = self.live.send(frame, zmq::DONTWAIT);
+        let every = Duration::from_millis(self.inner.cfg.heartbeat_interval_ms.max(1) as u64);
+        self.next_heartbeat = Instant::now() + every;
     }
 
     /// Sleeps until a control request, a monitor event or a static reply
@@ -155,6 +229,7 @@ impl Control {
         let mut items = vec![
             self.router.as_poll_item(zmq::POLLIN),
             self.wake.as_poll_item(zmq::POLLIN),
+            self.live.as_poll_item(zmq::POLLIN),
         ];
         items.extend(
             self.monitors

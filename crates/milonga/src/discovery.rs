@@ -57,6 +57,9 @@ pub struct Announcement {
     pub data_best_effort: Option<String>,
     /// Data endpoint of reliable publications, once one exists.
     pub data_reliable: Option<String>,
+    /// Liveliness endpoint: the node's heartbeats (XPUB, key `@hb`).
+    #[serde(default)]
+    pub liveliness: Option<String>,
     /// Publications.
     pub publications: Vec<PublicationInfo>,
 }
@@ -200,7 +203,7 @@ impl LocalDir {
 /// Deletes the socket files of a dead node's ipc endpoints, only those
 /// inside `within` (the domain directory, where Milonga puts them).
 pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path) {
-    for ep in [&a.data_best_effort, &a.data_reliable]
+    for ep in [&a.data_best_effort, &a.data_reliable, &a.liveliness]
         .into_iter()
         .flatten()
         .chain(std::iter::once(&a.control))
@@ -232,6 +235,7 @@ mod tests {
             control: "inproc://x".into(),
             data_best_effort: None,
             data_reliable: None,
+            liveliness: None,
             publications: vec![],
         };
         assert!(is_alive(&a));

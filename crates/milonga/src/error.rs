@@ -89,6 +89,9 @@ pub enum SubscribeError {
     /// The node is closed.
     #[error("the node is closed")]
     Closed,
+    /// A QoS setting is out of range.
+    #[error("invalid subscriber QoS: {0}")]
+    Qos(String),
 }
 
 /// Why a `put` did not send its sample.

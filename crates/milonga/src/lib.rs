@@ -49,7 +49,9 @@ pub use error::{OpenError, PublisherError, PutError, RecvError, SubscribeError};
 pub use node::Node;
 pub use publisher::Publisher;
 pub use qos::{PublisherQos, Reliability, SubscriberQos};
-pub use sample::{Event, LostSamples, Sample};
+pub use sample::{
+    DeadlineMissed, Event, LostReason, LostSamples, PublisherAlive, PublisherLost, Sample,
+};
 pub use stats::NodeStats;
 pub use subscriber::{Iter, Subscriber};
 

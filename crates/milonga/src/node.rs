@@ -128,6 +128,8 @@ pub(crate) struct NodeInner {
     pub state: Mutex<NodeState>,
     pub local: Option<Mutex<LocalDir>>,
     pub control_endpoint: String,
+    /// Where the node thread publishes heartbeats.
+    pub liveliness_endpoint: String,
     pub host: String,
     pub start_time: u64,
     next_sub_id: AtomicU64,
@@ -263,6 +265,7 @@ impl NodeInner {
             control: self.control_endpoint.clone(),
             data_best_effort: st.data_best_effort.as_ref().map(|d| d.endpoint.clone()),
             data_reliable: st.data_reliable.as_ref().map(|d| d.endpoint.clone()),
+            liveliness: Some(self.liveliness_endpoint.clone()),
             publications: st
                 .publications
                 .iter()
@@ -315,21 +318,20 @@ impl NodeInner {
         }
     }
 
-    /// Points one subscription at the data endpoints of the peers in `st`.
+    /// Points one subscription at the data and liveliness endpoints of the
+    /// peers in `st` that publish keys it matches.
     pub(crate) fn connect_subscription(&self, st: &NodeState, s: &SubShared) {
-        let live = st.peers.values().filter_map(Announcement::id).collect();
         let peers: Vec<&Announcement> = st.peers.values().collect();
-        s.set_endpoints(self.endpoints_for(&s.expr, &peers), live);
+        s.set_routes(self.routes_for(&s.expr, &peers));
     }
 
-    pub(crate) fn endpoints_for(
-        &self,
-        expr: &KeyExpr,
-        peers: &[&Announcement],
-    ) -> BTreeSet<String> {
-        let mut out = BTreeSet::new();
+    pub(crate) fn routes_for(&self, expr: &KeyExpr, peers: &[&Announcement]) -> Routes {
+        let mut r = Routes::default();
         let me = std::process::id();
         for a in peers {
+            let Some(id) = a.id() else { continue };
+            r.live.insert(id);
+            let mut matched = false;
             for p in &a.publications {
                 if !expr.matches(&p.key) {
                     continue;
@@ -338,12 +340,38 @@ impl NodeInner {
                     if ep.starts_with("inproc://") && a.pid != me {
                         continue;
                     }
-                    out.insert(ep.to_owned());
+                    r.endpoints.insert(ep.to_owned());
+                    r.keys.insert(p.key.clone());
+                    matched = true;
+                }
+            }
+            if matched {
+                r.publishers.insert(id, a.name.clone());
+                if let Some(ep) = &a.liveliness {
+                    r.endpoints.insert(ep.clone());
+                    r.liveliness.insert(ep.clone(), id);
                 }
             }
         }
-        out
+        r
     }
+}
+
+/// Where a subscription connects, and what it should know of its
+/// publishers: computed from discovery by [`NodeInner::routes_for`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Routes {
+    /// Data and liveliness endpoints to connect to.
+    pub endpoints: BTreeSet<String>,
+    /// Liveliness endpoint -> its node.
+    pub liveliness: BTreeMap<String, NodeId>,
+    /// Nodes publishing a matching key -> their names.
+    pub publishers: BTreeMap<NodeId, String>,
+    /// Matching keys announced by those nodes.
+    pub keys: BTreeSet<String>,
+    /// Every node alive in the domain: sequence state of others is
+    /// forgotten.
+    pub live: BTreeSet<NodeId>,
 }
 
 impl Node {
@@ -389,6 +417,15 @@ impl Node {
                 });
             }
         }
+        if cfg.heartbeat_interval_ms < 1 || cfg.heartbeat_timeout_ms <= cfg.heartbeat_interval_ms {
+            return Err(OpenError::Config {
+                key: "heartbeat_timeout_ms".into(),
+                why: format!(
+                    "the lease ({} ms) must be longer than the heartbeat interval ({} ms), which must be at least 1 ms",
+                    cfg.heartbeat_timeout_ms, cfg.heartbeat_interval_ms
+                ),
+            });
+        }
         let ctx = ContextRef::acquire();
         let wake_ep = format!("inproc://milonga-nodewake-{}", NodeId(id));
         let wake_rx = ctx.socket(zmq::PAIR)?;
@@ -413,6 +450,7 @@ impl Node {
             state: Mutex::new(NodeState::default()),
             local,
             control_endpoint: String::new(),
+            liveliness_endpoint: String::new(),
             host,
             start_time: process_start_time(pid).unwrap_or(0),
             next_sub_id: AtomicU64::new(1),
@@ -431,11 +469,14 @@ impl Node {
                 source,
             })?;
         inner.control_endpoint = inner.bind(&router, &ep)?;
+        let live = control::liveliness_socket(&inner)?;
+        let ep = inner.endpoint_for("hb", None);
+        inner.liveliness_endpoint = inner.bind(&live, &ep)?;
         let inner = Arc::new(inner);
         let monitor = control::monitor(&inner, &router, "control")?;
         // Find the peers that exist now, so that a subscription declared
         // right after `open` connects to them before it returns.
-        let mut ctl = control::Control::new(inner.clone(), router, monitor, wake_rx);
+        let mut ctl = control::Control::new(inner.clone(), router, monitor, wake_rx, live);
         ctl.scan_local();
         inner.announce();
         match control::spawn(ctl) {
@@ -536,6 +577,11 @@ impl Node {
             return Err(SubscribeError::Closed);
         }
         let expr = KeyExpr::new(expr)?;
+        if qos.deadline.is_some_and(|d| d.is_zero()) {
+            return Err(SubscribeError::Qos(
+                "a deadline must be longer than zero".into(),
+            ));
+        }
         let id = self.inner.next_sub_id.fetch_add(1, Ordering::Relaxed);
         let shared = Arc::new(SubShared::new(&self.inner, id, expr, &qos)?);
         {

@@ -36,7 +36,7 @@ pub struct Publisher {
     seq: std::sync::atomic::AtomicU64,
 }
 
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)

@@ -70,9 +70,20 @@ pub struct SubscriberQos {
     /// back (reliable) or the publisher drops (best effort). `None` uses
     /// the node's `recv_hwm`.
     pub queue_depth: Option<i32>,
+    /// Report [`crate::Event::DeadlineMissed`] for a key silent longer
+    /// than this (and again each period until it speaks). `None`: no
+    /// deadline.
+    pub deadline: Option<Duration>,
 }
 
 impl SubscriberQos {
+    /// Sets the deadline: the longest silence of a key before it is
+    /// reported.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
     /// Sets the per-publisher queue depth.
     pub fn queue_depth(mut self, depth: i32) -> Self {
         self.queue_depth = Some(depth);

@@ -56,6 +56,76 @@ pub struct LostSamples {
     pub first_seq: u64,
 }
 
+/// A publisher node a subscription hears from (again): its first heartbeat
+/// or sample, after it was unknown or lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublisherAlive {
+    /// The node. A restarted process is a new node: a new id, with sequence
+    /// numbers from 1 (a new epoch, not a gap).
+    pub publisher: NodeId,
+    /// Its name, `name@host:pid`, from discovery (empty if not known yet).
+    pub name: String,
+}
+
+/// Why a subscription stopped hearing from a publisher node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The node closed and said so (its last heartbeat was `leaving`).
+    Closed,
+    /// Its connection closed without a goodbye: the process died (killed,
+    /// crashed) or the connection broke.
+    Disconnected,
+    /// No heartbeat for longer than the lease (`heartbeat_timeout_ms`): the
+    /// process is frozen or overloaded, or the network is cut.
+    LeaseExpired,
+    /// Discovery no longer shows a publication of the node that matches:
+    /// it withdrew them, or left the domain.
+    Undeclared,
+}
+
+impl LostReason {
+    /// The name used in JSON output (`closed`, `disconnected`,
+    /// `lease_expired`, `undeclared`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LostReason::Closed => "closed",
+            LostReason::Disconnected => "disconnected",
+            LostReason::LeaseExpired => "lease_expired",
+            LostReason::Undeclared => "undeclared",
+        }
+    }
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A subscription stopped hearing from a publisher node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublisherLost {
+    /// The node.
+    pub publisher: NodeId,
+    /// Its name, as in [`PublisherAlive`].
+    pub name: String,
+    /// Why.
+    pub reason: LostReason,
+}
+
+/// A key stayed silent longer than the subscription's deadline
+/// ([`crate::SubscriberQos::deadline`]); repeated every deadline period
+/// until the key speaks again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadlineMissed {
+    /// The silent key.
+    pub key: String,
+    /// How long it has been silent (since its last sample, or since the
+    /// subscription learnt of the key).
+    pub silent_for: std::time::Duration,
+}
+
 /// What `recv` and callbacks deliver.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -64,6 +134,12 @@ pub enum Event {
     Sample(Sample),
     /// Samples were lost before the next one delivered.
     Lost(LostSamples),
+    /// A publisher node is alive: heard from for the first time, or again.
+    PublisherAlive(PublisherAlive),
+    /// A publisher node was lost.
+    PublisherLost(PublisherLost),
+    /// A key missed its deadline.
+    DeadlineMissed(DeadlineMissed),
 }
 
 impl Event {

@@ -1,7 +1,7 @@
 //! Subscriptions: a key expression, a SUB socket, and the checks every
 //! received frame goes through before it becomes an [`Event`].
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 
 use milonga_wire::cbor::decode_payload;
 use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRAME};
-use milonga_wire::{KeyExpr, NodeId};
+use milonga_wire::{Encoding, KeyExpr, NodeId, Value};
 
 use crate::error::{OpenError, RecvError, SubscribeError};
-use crate::node::{lock, try_lock, NodeInner};
+use crate::node::{lock, try_lock, NodeInner, Routes};
 use crate::qos::SubscriberQos;
-use crate::sample::{Event, LostSamples, Sample};
+use crate::sample::{
+    DeadlineMissed, Event, LostReason, LostSamples, PublisherAlive, PublisherLost, Sample,
+};
 use crate::stats::{self, Counters};
 use crate::zmq_io::{self, message_bytes};
 
@@ -41,7 +43,34 @@ struct SubIo {
     /// Whether a key matches a wildcard expression (bounded memo).
     matches: HashMap<String, bool>,
     pending: VecDeque<Event>,
+    /// Liveliness endpoint -> node, as last applied.
+    liveliness: BTreeMap<String, NodeId>,
+    /// The publisher nodes discovery shows for this subscription.
+    publishers: HashMap<NodeId, PubState>,
+    /// Per-key deadline state, when the QoS sets a deadline.
+    deadlines: HashMap<String, KeyDeadline>,
+    /// When a lease or a deadline may next run out (never later than the
+    /// first that does).
+    next_timer: Option<Instant>,
+    /// Messages handled: timers are checked every 256 under a flood.
+    handled: u32,
 }
+
+/// What a subscription knows of one publisher node's liveliness.
+struct PubState {
+    name: String,
+    alive: bool,
+    last_heard: Instant,
+}
+
+/// When a key last spoke, and when its deadline runs out.
+struct KeyDeadline {
+    last: Instant,
+    due: Instant,
+}
+
+/// Most keys a subscription watches deadlines of.
+const MAX_DEADLINE_KEYS: usize = 1 << 16;
 
 /// The last sequence number seen on one (publisher, key).
 struct Stream {
@@ -55,9 +84,7 @@ const MATCH_MEMO: usize = 4096;
 
 #[derive(Debug, Default)]
 struct Target {
-    endpoints: BTreeSet<String>,
-    /// Nodes alive in the domain: sequence state of others is forgotten.
-    live: BTreeSet<NodeId>,
+    routes: Routes,
     generation: u64,
 }
 
@@ -71,6 +98,8 @@ pub(crate) struct SubShared {
     stop: AtomicBool,
     lost_total: AtomicU64,
     lost_by_publisher: Mutex<HashMap<NodeId, u64>>,
+    deadline: Option<Duration>,
+    lease: Duration,
 }
 
 impl SubShared {
@@ -92,6 +121,9 @@ impl SubShared {
         for p in expr.zmq_prefixes() {
             sock.set_subscribe(&p).map_err(cfg_err)?;
         }
+        let mut hb = frame::HEARTBEAT_KEY.as_bytes().to_vec();
+        hb.push(0);
+        sock.set_subscribe(&hb).map_err(cfg_err)?;
         let mon_ep = format!("inproc://milonga-submon-{}-{id}", node.id);
         sock.monitor(&mon_ep, zmq_sys::ZMQ_EVENT_DISCONNECTED as i32)
             .map_err(cfg_err)?;
@@ -123,26 +155,32 @@ impl SubShared {
                 current: None,
                 matches: HashMap::new(),
                 pending: VecDeque::new(),
+                liveliness: BTreeMap::new(),
+                publishers: HashMap::new(),
+                deadlines: HashMap::new(),
+                next_timer: None,
+                handled: 0,
             }),
             target: Mutex::new(Target::default()),
             wake_tx: Mutex::new(wake_tx),
             stop: AtomicBool::new(false),
             lost_total: AtomicU64::new(0),
             lost_by_publisher: Mutex::new(HashMap::new()),
+            deadline: qos.deadline,
+            lease: Duration::from_millis(node.cfg.heartbeat_timeout_ms.max(1) as u64),
         })
     }
 
-    /// Sets the data endpoints this subscription should be connected to.
-    /// Applied at once if the socket is free, else by the thread using it,
-    /// which this wakes.
-    pub(crate) fn set_endpoints(&self, endpoints: BTreeSet<String>, live: BTreeSet<NodeId>) {
+    /// Sets where this subscription should be connected and which
+    /// publishers it follows. Applied at once if the socket is free, else by
+    /// the thread using it, which this wakes.
+    pub(crate) fn set_routes(&self, routes: Routes) {
         {
             let mut t = lock(&self.target);
-            if t.endpoints == endpoints && t.live == live {
+            if t.routes == routes {
                 return;
             }
-            t.endpoints = endpoints;
-            t.live = live;
+            t.routes = routes;
             t.generation += 1;
         }
         match try_lock(&self.io) {
@@ -162,13 +200,14 @@ impl SubShared {
             return;
         }
         io.applied = t.generation;
-        let gone: Vec<String> = io.connected.difference(&t.endpoints).cloned().collect();
+        let r = &t.routes;
+        let gone: Vec<String> = io.connected.difference(&r.endpoints).cloned().collect();
         for ep in gone {
             let _ = io.sock.disconnect(&ep);
             io.connected.remove(&ep);
             tracing::debug!(expr = %self.expr, endpoint = %ep, "disconnected");
         }
-        for ep in t.endpoints.difference(&io.connected.clone()) {
+        for ep in r.endpoints.difference(&io.connected.clone()) {
             match io.sock.connect(ep) {
                 Ok(()) => {
                     io.connected.insert(ep.clone());
@@ -179,19 +218,184 @@ impl SubShared {
                 }
             }
         }
+        io.liveliness = r.liveliness.clone();
+        // Publishers that no longer offer a matching key are lost to this
+        // subscription; new ones are followed (alive once heard from).
+        let now = Instant::now();
+        let dropped: Vec<NodeId> = io
+            .publishers
+            .keys()
+            .filter(|id| !r.publishers.contains_key(id))
+            .copied()
+            .collect();
+        for id in dropped {
+            self.mark_lost(io, id, LostReason::Undeclared);
+            io.publishers.remove(&id);
+        }
+        for (id, name) in &r.publishers {
+            let p = io.publishers.entry(*id).or_insert_with(|| PubState {
+                name: String::new(),
+                alive: false,
+                last_heard: now,
+            });
+            p.name.clone_from(name);
+        }
+        if let Some(d) = self.deadline {
+            for k in &r.keys {
+                if io.deadlines.len() >= MAX_DEADLINE_KEYS {
+                    break;
+                }
+                if !io.deadlines.contains_key(k) {
+                    io.deadlines.insert(
+                        k.clone(),
+                        KeyDeadline {
+                            last: now,
+                            due: now + d,
+                        },
+                    );
+                    io.next_timer = Some(io.next_timer.map_or(now + d, |t| t.min(now + d)));
+                }
+            }
+        }
         // Forget the sequence state of nodes that left the domain, which
         // keeps memory bounded across publishers that come and go; a
         // publisher that is only briefly out of sight keeps its baseline, so
         // what it lost meanwhile is still reported.
-        io.last_seq.retain(|id, _| t.live.contains(id));
+        io.last_seq.retain(|id, _| r.live.contains(id));
         if io
             .current
             .as_ref()
-            .is_some_and(|s| !t.live.contains(&s.node))
+            .is_some_and(|s| !r.live.contains(&s.node))
         {
             io.current = None;
         }
-        lock(&self.lost_by_publisher).retain(|id, _| t.live.contains(id));
+        lock(&self.lost_by_publisher).retain(|id, _| r.live.contains(id));
+    }
+
+    /// Reports publisher `id` lost, if it was alive.
+    fn mark_lost(&self, io: &mut SubIo, id: NodeId, reason: LostReason) {
+        let Some(p) = io.publishers.get_mut(&id) else {
+            return;
+        };
+        if !p.alive {
+            return;
+        }
+        p.alive = false;
+        tracing::info!(expr = %self.expr, publisher = %id, name = %p.name, %reason, "publisher lost");
+        io.pending.push_back(Event::PublisherLost(PublisherLost {
+            publisher: id,
+            name: p.name.clone(),
+            reason,
+        }));
+        // Its next sample must go through the slow path, which reports it
+        // alive again.
+        if io.current.as_ref().is_some_and(|s| s.node == id) {
+            let old = io.current.take().expect("checked");
+            io.last_seq
+                .entry(old.node)
+                .or_default()
+                .insert(old.key, old.last);
+        }
+    }
+
+    /// Reports publisher `id` alive, if it was not; `heard` refreshes its
+    /// lease (heartbeats do, samples need not).
+    fn note_alive(&self, io: &mut SubIo, id: NodeId, heard: Option<Instant>) {
+        let Some(p) = io.publishers.get_mut(&id) else {
+            return;
+        };
+        if let Some(now) = heard {
+            p.last_heard = now;
+        }
+        if p.alive {
+            return;
+        }
+        p.alive = true;
+        let now = heard.unwrap_or_else(Instant::now);
+        p.last_heard = now;
+        let expiry = now + self.lease;
+        io.next_timer = Some(io.next_timer.map_or(expiry, |t| t.min(expiry)));
+        io.pending.push_back(Event::PublisherAlive(PublisherAlive {
+            publisher: id,
+            name: p.name.clone(),
+        }));
+    }
+
+    /// Reports leases and deadlines that ran out by `now`, and sets when
+    /// the next may.
+    fn check_timers(&self, io: &mut SubIo, now: Instant) {
+        let mut next: Option<Instant> = None;
+        let mut earliest = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        let expired: Vec<NodeId> = io
+            .publishers
+            .iter()
+            .filter(|(_, p)| p.alive && now >= p.last_heard + self.lease)
+            .map(|(id, _)| *id)
+            .collect();
+        for p in io.publishers.values().filter(|p| p.alive) {
+            if now < p.last_heard + self.lease {
+                earliest(p.last_heard + self.lease);
+            }
+        }
+        if let Some(d) = self.deadline {
+            for (key, k) in io.deadlines.iter_mut() {
+                if now >= k.due {
+                    io.pending.push_back(Event::DeadlineMissed(DeadlineMissed {
+                        key: key.clone(),
+                        silent_for: now - k.last,
+                    }));
+                    k.due = now + d;
+                }
+                earliest(k.due);
+            }
+        }
+        io.next_timer = next;
+        for id in expired {
+            self.mark_lost(io, id, LostReason::LeaseExpired);
+        }
+    }
+
+    /// A heartbeat: the node is alive, or leaving.
+    fn on_heartbeat(&self, io: &mut SubIo, c: &Counters, node: NodeId, body: &[u8]) {
+        let leaving =
+            match decode_payload(Encoding::Cbor, bytes::Bytes::copy_from_slice(body), None) {
+                Ok(Value::Map(pairs)) => pairs
+                    .iter()
+                    .any(|(k, v)| *k == Value::from("leaving") && *v == Value::Bool(true)),
+                Ok(_) | Err(_) => {
+                    let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                    log_drop(n, "a heartbeat", &"its body is not a CBOR map");
+                    return;
+                }
+            };
+        if leaving {
+            self.mark_lost(io, node, LostReason::Closed);
+        } else {
+            self.note_alive(io, node, Some(Instant::now()));
+        }
+    }
+
+    /// Notes that `key` spoke, for its deadline.
+    fn note_deadline(io: &mut SubIo, d: Duration, key: &str) {
+        let now = Instant::now();
+        let full = io.deadlines.len() >= MAX_DEADLINE_KEYS;
+        match io.deadlines.get_mut(key) {
+            Some(k) => {
+                k.last = now;
+                k.due = now + d;
+            }
+            None if !full => {
+                io.deadlines.insert(
+                    key.to_owned(),
+                    KeyDeadline {
+                        last: now,
+                        due: now + d,
+                    },
+                );
+            }
+            None => {}
+        }
+        io.next_timer = Some(io.next_timer.map_or(now + d, |t| t.min(now + d)));
     }
 
     fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
@@ -210,12 +414,34 @@ impl SubShared {
             match io.sock.recv_msg(zmq::DONTWAIT) {
                 Ok(first) => {
                     self.handle(&mut io, first);
+                    // Under a flood the socket is never empty: look at the
+                    // timers every 256 messages all the same.
+                    io.handled = io.handled.wrapping_add(1);
+                    if io.handled % 256 == 0 && io.next_timer.is_some() {
+                        let now = Instant::now();
+                        if io.next_timer.is_some_and(|t| t <= now) {
+                            self.check_timers(&mut io, now);
+                        }
+                    }
                     continue;
                 }
                 Err(zmq::Error::EAGAIN) => {}
                 Err(zmq::Error::EINTR) => continue,
                 Err(e) => return Err(RecvError::Socket(e)),
             }
+            // Nothing to read: leases and deadlines, then wait until the
+            // next of them at most.
+            let timer_ms = match io.next_timer {
+                None => None,
+                Some(t) => {
+                    let now = Instant::now();
+                    if t <= now {
+                        self.check_timers(&mut io, now);
+                        continue;
+                    }
+                    Some((t - now).as_micros().div_ceil(1000) as i64)
+                }
+            };
             let wait_ms = match timeout {
                 None => 1000,
                 Some(Duration::ZERO) => return Err(RecvError::Empty),
@@ -229,6 +455,7 @@ impl SubShared {
                     (left.as_micros().div_ceil(1000) as i64).min(1000)
                 }
             };
+            let wait_ms = timer_ms.map_or(wait_ms, |t| t.min(wait_ms));
             let (wake_ready, monitor_ready) = {
                 let mut items = [
                     io.sock.as_poll_item(zmq::POLLIN),
@@ -261,6 +488,9 @@ impl SubShared {
                 .map(|f| String::from_utf8_lossy(f).into_owned())
                 .unwrap_or_default();
             stats::inc(&self.node.counters.connections_closed);
+            if let Some(id) = io.liveliness.get(&endpoint).copied() {
+                self.mark_lost(io, id, LostReason::Disconnected);
+            }
             tracing::info!(
                 expr = %self.expr,
                 %endpoint,
@@ -331,6 +561,10 @@ impl SubShared {
             log_drop(n, "a data message", &err);
             return;
         }
+        if h.kind == Kind::Heartbeat {
+            self.on_heartbeat(io, c, h.node_id, view.body);
+            return;
+        }
         if !self.key_matches(io, view.key) {
             // Prefix filtering lets through a superset; not an error.
             stats::inc(&c.frames_filtered);
@@ -347,6 +581,9 @@ impl SubShared {
                 match decode_payload(h.encoding, first, second.map(message_bytes)) {
                     Ok(value) => {
                         stats::inc(&c.samples_received);
+                        if let Some(d) = self.deadline {
+                            Self::note_deadline(io, d, &key);
+                        }
                         io.pending.push_back(Event::Sample(Sample {
                             key,
                             value,
@@ -363,6 +600,8 @@ impl SubShared {
                     }
                 }
             }
+            // Handled above, before key matching.
+            Kind::Heartbeat => {}
             Kind::Batch => {
                 // `decode` has validated every entry.
                 let entries = BatchEntries::new(view.body).into_iter().flatten().flatten();
@@ -380,6 +619,9 @@ impl SubShared {
                     match decode_payload(h.encoding, payload, None) {
                         Ok(value) => {
                             stats::inc(&c.samples_received);
+                            if let Some(d) = self.deadline {
+                                Self::note_deadline(io, d, &key);
+                            }
                             io.pending.push_back(Event::Sample(Sample {
                                 key: key.clone(),
                                 value,
@@ -406,6 +648,10 @@ impl SubShared {
         if self.expr.is_literal() {
             return self.expr.matches(key);
         }
+        // Milonga's own keys (`@...`) are never a user's sample.
+        if key.starts_with('@') {
+            return false;
+        }
         if let Some(m) = io.matches.get(key) {
             return *m;
         }
@@ -425,6 +671,7 @@ impl SubShared {
             .as_ref()
             .is_some_and(|s| s.node == node && s.key == key);
         if !hit {
+            self.note_alive(io, node, None);
             if let Some(old) = io.current.take() {
                 io.last_seq
                     .entry(old.node)
@@ -574,8 +821,15 @@ impl Subscriber {
     /// Number of publisher data endpoints this subscription is connected to.
     pub fn connected_endpoints(&self) -> usize {
         match try_lock(&self.shared.io) {
-            Some(io) => io.connected.len(),
-            None => lock(&self.shared.target).endpoints.len(),
+            Some(io) => io
+                .connected
+                .iter()
+                .filter(|e| !io.liveliness.contains_key(*e))
+                .count(),
+            None => {
+                let t = lock(&self.shared.target);
+                t.routes.endpoints.len() - t.routes.liveliness.len()
+            }
         }
     }
 }

@@ -13,6 +13,20 @@ fn open(domain: &str, name: &str, transport: Transport, dir: &std::path::Path) -
     Node::open_with(cfg).expect("open node")
 }
 
+/// The next sample, skipping status events (publisher alive, ...).
+fn next_sample(s: &milonga::Subscriber) -> milonga::Sample {
+    loop {
+        match s
+            .recv_timeout(Duration::from_secs(5))
+            .expect("an event in time")
+        {
+            Event::Sample(x) => return x,
+            Event::Lost(l) => panic!("unexpected loss: {l:?}"),
+            _ => {}
+        }
+    }
+}
+
 fn round_trip(transport: Transport) {
     let dir = milonga_testkit::TempDir::new("inproc-test");
     let a = open("t", "pub", transport, dir.path());
@@ -27,20 +41,13 @@ fn round_trip(transport: Transport) {
     }
     p.put(vec![1.0f64; 200_000]).unwrap();
     for i in 0..100u64 {
-        let ev = s.recv_timeout(Duration::from_secs(5)).unwrap();
-        let Event::Sample(sample) = ev else {
-            panic!("unexpected {ev:?}")
-        };
+        let sample = next_sample(&s);
         assert_eq!(sample.key, "sr/ps/1/current");
         assert_eq!(sample.seq, i + 1);
         assert_eq!(sample.value, Value::Float(i as f64));
         assert_eq!(sample.publisher, a.id());
     }
-    let big = s
-        .recv_timeout(Duration::from_secs(5))
-        .unwrap()
-        .into_sample()
-        .unwrap();
+    let big = next_sample(&s);
     let Value::Typed(arr) = big.value else {
         panic!("not an array")
     };
@@ -99,11 +106,7 @@ fn reliable_try_put_would_block() {
         Err(milonga::PutError::Timeout(_))
     ));
     for i in 0..sent {
-        let s = s
-            .recv_timeout(Duration::from_secs(5))
-            .unwrap()
-            .into_sample()
-            .unwrap();
+        let s = next_sample(&s);
         assert_eq!(s.seq, i + 1);
     }
 }
@@ -123,11 +126,7 @@ fn a_redeclared_publisher_continues_its_sequence() {
             p.put(round * 3 + i).unwrap();
         }
         for i in 0..3 {
-            let got = s
-                .recv_timeout(Duration::from_secs(5))
-                .unwrap()
-                .into_sample()
-                .unwrap();
+            let got = next_sample(&s);
             assert_eq!(got.seq, round * 3 + i + 1, "no restart at 1, no duplicate");
         }
     }
@@ -180,11 +179,7 @@ fn a_full_subscriber_of_one_key_does_not_block_another_key() {
     // k/a's subscriber has room: its samples go through at once.
     for i in 0..100u64 {
         pa.try_put(i).expect("k/a is not held up by k/b");
-        let s = sa
-            .recv_timeout(Duration::from_secs(5))
-            .unwrap()
-            .into_sample()
-            .unwrap();
+        let s = next_sample(&sa);
         assert_eq!(s.seq, i + 1);
     }
 }
@@ -195,4 +190,89 @@ fn a_zero_high_water_mark_is_refused() {
     cfg.reliable_send_hwm = 0;
     let err = Node::open_with(cfg).unwrap_err();
     assert!(err.to_string().contains("reliable_send_hwm"), "{err}");
+}
+
+/// The next event that is not a sample.
+fn next_status(s: &milonga::Subscriber) -> Event {
+    loop {
+        match s
+            .recv_timeout(Duration::from_secs(5))
+            .expect("an event in time")
+        {
+            Event::Sample(_) => {}
+            ev => return ev,
+        }
+    }
+}
+
+#[test]
+fn a_publisher_is_reported_alive_before_its_first_sample_and_closed_when_it_closes() {
+    let dir = milonga_testkit::TempDir::new("alive");
+    let a = open("al", "pub", Transport::Tcp, dir.path());
+    let b = open("al", "sub", Transport::Tcp, dir.path());
+    let s = b.subscribe("lv/**").unwrap();
+    let p = a.publisher("lv/x").unwrap();
+    wait_for("subscription", Duration::from_secs(5), || {
+        p.subscriber_count() == 1
+    });
+    p.put(1.0).unwrap();
+    match s.recv_timeout(Duration::from_secs(5)).unwrap() {
+        Event::PublisherAlive(al) => {
+            assert_eq!(al.publisher, a.id());
+            assert!(al.name.starts_with("pub@"), "{al:?}");
+        }
+        ev => panic!("expected publisher_alive first, got {ev:?}"),
+    }
+    assert_eq!(next_sample(&s).seq, 1);
+    a.close();
+    match next_status(&s) {
+        Event::PublisherLost(l) => {
+            assert_eq!(l.publisher, a.id());
+            assert_eq!(l.reason, milonga::LostReason::Closed);
+        }
+        ev => panic!("expected publisher_lost, got {ev:?}"),
+    }
+}
+
+#[test]
+fn a_silent_key_misses_its_deadline_each_period_until_it_speaks() {
+    let dir = milonga_testkit::TempDir::new("deadline");
+    let a = open("dl", "pub", Transport::Inproc, dir.path());
+    let b = open("dl", "sub", Transport::Inproc, dir.path());
+    let p = a.publisher("dl/k").unwrap();
+    let period = Duration::from_millis(100);
+    let s = b
+        .subscribe_with("dl/**", milonga::SubscriberQos::default().deadline(period))
+        .unwrap();
+    // Announced but silent: reported, and again one period later.
+    let mut missed = Vec::new();
+    while missed.len() < 2 {
+        if let Event::DeadlineMissed(d) = next_status(&s) {
+            assert_eq!(d.key, "dl/k");
+            assert!(d.silent_for >= period, "never before the deadline: {d:?}");
+            missed.push(d.silent_for);
+        }
+    }
+    assert!(missed[1] >= missed[0] + period, "{missed:?}");
+    wait_for("subscription", Duration::from_secs(5), || {
+        p.subscriber_count() == 1
+    });
+    p.put(1u64).unwrap();
+    let started = std::time::Instant::now();
+    let got = next_sample(&s);
+    assert_eq!(got.key, "dl/k");
+    // Silence counts again from that sample.
+    loop {
+        if let Event::DeadlineMissed(d) = next_status(&s) {
+            assert!(d.silent_for >= period && d.silent_for <= started.elapsed());
+            break;
+        }
+    }
+    assert!(matches!(
+        b.subscribe_with(
+            "dl/**",
+            milonga::SubscriberQos::default().deadline(Duration::ZERO)
+        ),
+        Err(milonga::SubscribeError::Qos(_))
+    ));
 }
