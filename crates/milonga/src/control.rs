@@ -114,6 +114,8 @@ pub(crate) struct Control {
     inner: Arc<NodeInner>,
     router: zmq::Socket,
     monitors: Vec<(&'static str, zmq::Socket)>,
+    /// Subscriptions' socket monitors (closed connections).
+    sub_monitors: Vec<(std::sync::Weak<crate::subscriber::SubShared>, zmq::Socket)>,
     /// Woken by user threads (a batch started waiting).
     wake: zmq::Socket,
     /// Heartbeats go out here.
@@ -160,6 +162,7 @@ impl Control {
             inner,
             router,
             monitors: vec![("control", monitor)],
+            sub_monitors: Vec::new(),
             wake,
             live,
             heartbeat_seq: 0,
@@ -199,6 +202,30 @@ impl Control {
         // Tell subscribers this node is leaving, so that they report it
         // `closed` rather than wait for the connection or the lease.
         self.send_heartbeat(true);
+        self.stop_monitors();
+    }
+
+    /// Stops the monitors this thread reads before their readers go (see
+    /// [`crate::zmq_io::stop_monitor`]). A subscription that outlives the
+    /// node gets its monitor's reader back, to drop after its own socket.
+    fn stop_monitors(&mut self) {
+        crate::zmq_io::stop_monitor(&mut self.router);
+        let socks = {
+            let st = lock(&self.inner.state);
+            [st.data_best_effort.clone(), st.data_reliable.clone()]
+        };
+        for d in socks.into_iter().flatten() {
+            crate::zmq_io::stop_monitor(&mut lock(&d.sock).sock);
+        }
+        {
+            let mut st = lock(&self.inner.state);
+            self.sub_monitors.append(&mut st.new_sub_monitors);
+        }
+        for (sub, m) in self.sub_monitors.drain(..) {
+            if let Some(sub) = sub.upgrade() {
+                *lock(&sub.monitor) = Some(m);
+            }
+        }
     }
 
     /// Sends a heartbeat when one is due, or when a subscriber has just
@@ -241,6 +268,11 @@ impl Control {
                 .iter()
                 .map(|p| p.sock.as_poll_item(zmq::POLLIN)),
         );
+        items.extend(
+            self.sub_monitors
+                .iter()
+                .map(|(_, m)| m.as_poll_item(zmq::POLLIN)),
+        );
         let _ = zmq::poll(&mut items, interval.as_millis() as i64);
         drop(items);
         while self.wake.recv_msg(zmq::DONTWAIT).is_ok() {}
@@ -277,9 +309,26 @@ impl Control {
     }
 
     fn read_monitors(&mut self) {
-        // Data sockets created since the last turn bring their monitors.
-        self.monitors
-            .append(&mut lock(&self.inner.state).new_monitors);
+        // Data sockets and subscriptions created since the last turn bring
+        // their monitors.
+        {
+            let mut st = lock(&self.inner.state);
+            self.monitors.append(&mut st.new_monitors);
+            self.sub_monitors.append(&mut st.new_sub_monitors);
+        }
+        self.sub_monitors.retain(|(sub, m)| {
+            let Some(sub) = sub.upgrade() else {
+                return false;
+            };
+            while let Ok(frames) = m.recv_multipart(zmq::DONTWAIT) {
+                let endpoint = frames
+                    .get(1)
+                    .map(|f| String::from_utf8_lossy(f).into_owned())
+                    .unwrap_or_default();
+                sub.connection_closed(endpoint);
+            }
+            true
+        });
         for (what, m) in &self.monitors {
             while let Ok(frames) = m.recv_multipart(zmq::DONTWAIT) {
                 let endpoint = frames

@@ -112,6 +112,10 @@ pub(crate) struct NodeState {
     pub last_seq: HashMap<String, u64>,
     /// Monitors of data sockets created since the node thread last looked.
     pub new_monitors: Vec<(&'static str, zmq::Socket)>,
+    /// Monitors of subscriptions declared since the node thread last
+    /// looked: it watches them and tells each subscription of closed
+    /// connections.
+    pub new_sub_monitors: Vec<(Weak<SubShared>, zmq::Socket)>,
 }
 
 /// Shared by the node handle, its publishers, subscribers and its thread.
@@ -587,6 +591,9 @@ impl Node {
         {
             let mut st = lock(&self.inner.state);
             st.subs.push(Arc::downgrade(&shared));
+            if let Some(m) = lock(&shared.monitor).take() {
+                st.new_sub_monitors.push((Arc::downgrade(&shared), m));
+            }
             // Connect to the publishers known now, before returning.
             self.inner.connect_subscription(&st, &shared);
         }

@@ -26,7 +26,6 @@ const TIMESTAMP_OFFSET: usize = 36;
 /// (puts are serialised; sequence numbers follow the order of sends).
 /// Dropping it withdraws the publication.
 pub struct Publisher {
-    node: Arc<NodeInner>,
     key: Key,
     qos: PublisherQos,
     data: Arc<DataSocket>,
@@ -34,6 +33,10 @@ pub struct Publisher {
     template: Vec<u8>,
     /// Last sequence number sent; only touched with the data socket locked.
     seq: std::sync::atomic::AtomicU64,
+    /// Declared last: dropped after `data`, so that if this holds the last
+    /// reference to the node, its socket is closed before the context is
+    /// terminated (which waits for every socket).
+    node: Arc<NodeInner>,
 }
 
 pub(crate) fn now_ns() -> u64 {

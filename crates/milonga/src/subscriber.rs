@@ -28,11 +28,20 @@ fn log_drop(count: u64, what: &str, detail: &dyn std::fmt::Display) {
     }
 }
 
+/// Prefix of the wake-up messages a subscription's own inproc PUB sends to
+/// its SUB socket, so that a thread blocked in `recv` on that one socket
+/// wakes (a zmq_poll over several sockets costs a dozen system calls per
+/// message; a blocking recv on one, as raw libzmq does, costs one).
+const WAKE: &[u8] = b"@w\0";
+
 struct SubIo {
     sock: zmq::Socket,
-    wake_rx: zmq::Socket,
-    /// Socket monitor: reports closed connections.
-    monitor: zmq::Socket,
+    /// The receive timeout currently set on `sock`, in ms.
+    rcvtimeo: i32,
+    /// Calls left that go straight to a blocking receive: set when a
+    /// non-blocking attempt found nothing, which means messages arrive one
+    /// at a time and trying first only costs a system call.
+    skip_try: u8,
     connected: BTreeSet<String>,
     applied: u64,
     last_seq: HashMap<NodeId, HashMap<String, u64>>,
@@ -54,6 +63,8 @@ struct SubIo {
     next_timer: Option<Instant>,
     /// Messages handled: timers are checked every 256 under a flood.
     handled: u32,
+    /// How many publishers are departing.
+    departing: usize,
 }
 
 /// What a subscription knows of one publisher node's liveliness.
@@ -61,6 +72,9 @@ struct PubState {
     name: String,
     alive: bool,
     last_heard: Instant,
+    /// Discovery no longer shows a matching publication: reported
+    /// `undeclared` once what already arrived from it has been read.
+    departing: bool,
 }
 
 /// When a key last spoke, and when its deadline runs out.
@@ -91,15 +105,24 @@ struct Target {
 /// The part of a subscription the node thread also reaches.
 pub(crate) struct SubShared {
     pub expr: KeyExpr,
-    node: Arc<NodeInner>,
     io: Mutex<SubIo>,
     target: Mutex<Target>,
     wake_tx: Mutex<zmq::Socket>,
+    /// The socket monitor (closed connections), until the node thread
+    /// takes it to watch.
+    pub(crate) monitor: Mutex<Option<zmq::Socket>>,
+    /// Endpoints whose connection closed, reported by the node thread.
+    closed_connections: Mutex<Vec<String>>,
+    has_closed_connections: AtomicBool,
     stop: AtomicBool,
     lost_total: AtomicU64,
     lost_by_publisher: Mutex<HashMap<NodeId, u64>>,
     deadline: Option<Duration>,
     lease: Duration,
+    /// Declared last: dropped after the sockets above, so that if this
+    /// holds the last reference to the node, they are closed before the
+    /// context is terminated (which waits for every socket).
+    node: Arc<NodeInner>,
 }
 
 impl SubShared {
@@ -131,24 +154,23 @@ impl SubShared {
         monitor.set_linger(0).map_err(cfg_err)?;
         monitor.connect(&mon_ep).map_err(cfg_err)?;
         let wake_ep = format!("inproc://milonga-wake-{}-{id}", node.id);
-        let wake_rx = node.ctx.socket(zmq::PAIR)?;
-        node.bind(&wake_rx, &wake_ep)?;
-        let wake_tx = node.ctx.socket(zmq::PAIR)?;
+        let wake_tx = node.ctx.socket(zmq::PUB)?;
         wake_tx.set_linger(0).map_err(cfg_err)?;
-        wake_tx
-            .connect(&wake_ep)
-            .map_err(|source| OpenError::Socket {
-                action: "connect",
-                endpoint: wake_ep.clone(),
-                source,
-            })?;
+        wake_tx.set_sndhwm(4).map_err(cfg_err)?;
+        node.bind(&wake_tx, &wake_ep)?;
+        sock.set_subscribe(WAKE).map_err(cfg_err)?;
+        sock.connect(&wake_ep).map_err(|source| OpenError::Socket {
+            action: "connect",
+            endpoint: wake_ep.clone(),
+            source,
+        })?;
         Ok(SubShared {
             expr,
             node: node.clone(),
             io: Mutex::new(SubIo {
                 sock,
-                wake_rx,
-                monitor,
+                rcvtimeo: -1,
+                skip_try: 0,
                 connected: BTreeSet::new(),
                 applied: 0,
                 last_seq: HashMap::new(),
@@ -160,9 +182,13 @@ impl SubShared {
                 deadlines: HashMap::new(),
                 next_timer: None,
                 handled: 0,
+                departing: 0,
             }),
             target: Mutex::new(Target::default()),
             wake_tx: Mutex::new(wake_tx),
+            monitor: Mutex::new(Some(monitor)),
+            closed_connections: Mutex::new(Vec::new()),
+            has_closed_connections: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             lost_total: AtomicU64::new(0),
             lost_by_publisher: Mutex::new(HashMap::new()),
@@ -191,7 +217,15 @@ impl SubShared {
 
     /// Interrupts a thread blocked in `recv` so that it re-checks its state.
     pub(crate) fn wake(&self) {
-        let _ = lock(&self.wake_tx).send(&[][..], zmq::DONTWAIT);
+        let _ = lock(&self.wake_tx).send(WAKE, zmq::DONTWAIT);
+    }
+
+    /// Called by the node thread, which watches the socket monitor: the
+    /// connection to `endpoint` closed.
+    pub(crate) fn connection_closed(&self, endpoint: String) {
+        lock(&self.closed_connections).push(endpoint);
+        self.has_closed_connections.store(true, Ordering::Release);
+        self.wake();
     }
 
     fn apply(&self, io: &mut SubIo) {
@@ -201,7 +235,28 @@ impl SubShared {
         }
         io.applied = t.generation;
         let r = &t.routes;
-        let gone: Vec<String> = io.connected.difference(&r.endpoints).cloned().collect();
+        // Publishers that no longer offer a matching key depart: they are
+        // reported once what already arrived from them has been read (a
+        // closing node says goodbye before its announcement goes), and
+        // their liveliness connection is kept until then.
+        let now = Instant::now();
+        for (id, p) in io.publishers.iter_mut() {
+            p.departing = !r.publishers.contains_key(id);
+        }
+        io.departing = io.publishers.values().filter(|p| p.departing).count();
+        let mut liveliness = r.liveliness.clone();
+        for (ep, id) in &io.liveliness {
+            if io.publishers.get(id).is_some_and(|p| p.departing) {
+                liveliness.insert(ep.clone(), *id);
+            }
+        }
+        io.liveliness = liveliness;
+        let gone: Vec<String> = io
+            .connected
+            .iter()
+            .filter(|ep| !r.endpoints.contains(*ep) && !io.liveliness.contains_key(*ep))
+            .cloned()
+            .collect();
         for ep in gone {
             let _ = io.sock.disconnect(&ep);
             io.connected.remove(&ep);
@@ -218,25 +273,12 @@ impl SubShared {
                 }
             }
         }
-        io.liveliness = r.liveliness.clone();
-        // Publishers that no longer offer a matching key are lost to this
-        // subscription; new ones are followed (alive once heard from).
-        let now = Instant::now();
-        let dropped: Vec<NodeId> = io
-            .publishers
-            .keys()
-            .filter(|id| !r.publishers.contains_key(id))
-            .copied()
-            .collect();
-        for id in dropped {
-            self.mark_lost(io, id, LostReason::Undeclared);
-            io.publishers.remove(&id);
-        }
         for (id, name) in &r.publishers {
             let p = io.publishers.entry(*id).or_insert_with(|| PubState {
                 name: String::new(),
                 alive: false,
                 last_heard: now,
+                departing: false,
             });
             p.name.clone_from(name);
         }
@@ -270,6 +312,36 @@ impl SubShared {
             io.current = None;
         }
         lock(&self.lost_by_publisher).retain(|id, _| r.live.contains(id));
+    }
+
+    /// Reports the departing publishers `undeclared` (unless they said
+    /// goodbye or their connection closed meanwhile), and disconnects
+    /// their liveliness endpoints. Called when the socket is empty.
+    fn settle_departures(&self, io: &mut SubIo) {
+        let departed: Vec<NodeId> = io
+            .publishers
+            .iter()
+            .filter(|(_, p)| p.departing)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in departed {
+            self.mark_lost(io, id, LostReason::Undeclared);
+            io.publishers.remove(&id);
+        }
+        io.departing = 0;
+        let wanted = lock(&self.target).routes.liveliness.clone();
+        let stale: Vec<String> = io
+            .liveliness
+            .keys()
+            .filter(|ep| !wanted.contains_key(*ep))
+            .cloned()
+            .collect();
+        for ep in stale {
+            io.liveliness.remove(&ep);
+            if io.connected.remove(&ep) {
+                let _ = io.sock.disconnect(&ep);
+            }
+        }
     }
 
     /// Reports publisher `id` lost, if it was alive.
@@ -411,26 +483,35 @@ impl SubShared {
                 return Err(RecvError::Closed);
             }
             self.apply(&mut io);
-            match io.sock.recv_msg(zmq::DONTWAIT) {
-                Ok(first) => {
-                    self.handle(&mut io, first);
-                    // Under a flood the socket is never empty: look at the
-                    // timers every 256 messages all the same.
-                    io.handled = io.handled.wrapping_add(1);
-                    if io.handled % 256 == 0 && io.next_timer.is_some() {
-                        let now = Instant::now();
-                        if io.next_timer.is_some_and(|t| t <= now) {
-                            self.check_timers(&mut io, now);
-                        }
+            // Closed connections and departed publishers are dealt with
+            // once what already arrived has been read: a closing node's
+            // goodbye comes before its connection closes and its
+            // announcement goes.
+            let closed = self.has_closed_connections.load(Ordering::Acquire);
+            // Under a flood, take what is there without reading the clock.
+            if io.skip_try == 0 || closed || io.departing > 0 || timeout == Some(Duration::ZERO) {
+                match io.sock.recv_msg(zmq::DONTWAIT) {
+                    Ok(first) => {
+                        self.received(&mut io, first);
+                        continue;
                     }
-                    continue;
+                    Err(zmq::Error::EAGAIN) if closed || io.departing > 0 => {
+                        if closed {
+                            self.read_closed_connections(&mut io);
+                        }
+                        if io.departing > 0 {
+                            self.settle_departures(&mut io);
+                        }
+                        continue;
+                    }
+                    Err(zmq::Error::EAGAIN) => io.skip_try = 16,
+                    Err(zmq::Error::EINTR) => continue,
+                    Err(e) => return Err(RecvError::Socket(e)),
                 }
-                Err(zmq::Error::EAGAIN) => {}
-                Err(zmq::Error::EINTR) => continue,
-                Err(e) => return Err(RecvError::Socket(e)),
+            } else {
+                io.skip_try -= 1;
             }
-            // Nothing to read: leases and deadlines, then wait until the
-            // next of them at most.
+            // Leases and deadlines, then wait until the next of them at most.
             let timer_ms = match io.next_timer {
                 None => None,
                 Some(t) => {
@@ -455,38 +536,43 @@ impl SubShared {
                     (left.as_micros().div_ceil(1000) as i64).min(1000)
                 }
             };
-            let wait_ms = timer_ms.map_or(wait_ms, |t| t.min(wait_ms));
-            let (wake_ready, monitor_ready) = {
-                let mut items = [
-                    io.sock.as_poll_item(zmq::POLLIN),
-                    io.wake_rx.as_poll_item(zmq::POLLIN),
-                    io.monitor.as_poll_item(zmq::POLLIN),
-                ];
-                match zmq::poll(&mut items, wait_ms) {
-                    // A signal handled elsewhere in the process: look again.
-                    Ok(_) | Err(zmq::Error::EINTR) => {}
-                    Err(e) => return Err(RecvError::Socket(e)),
-                }
-                (items[1].is_readable(), items[2].is_readable())
-            };
-            if wake_ready {
-                while io.wake_rx.recv_msg(zmq::DONTWAIT).is_ok() {}
+            let wait_ms = timer_ms.map_or(wait_ms, |t| t.min(wait_ms)).max(1) as i32;
+            if io.rcvtimeo != wait_ms {
+                io.sock.set_rcvtimeo(wait_ms).map_err(RecvError::Socket)?;
+                io.rcvtimeo = wait_ms;
             }
-            if monitor_ready {
-                self.read_monitor(&mut io);
+            // One blocking receive on one socket: wake-ups (a stop, new
+            // routes, a closed connection) arrive on it too.
+            match io.sock.recv_msg(0) {
+                Ok(first) => self.received(&mut io, first),
+                // A timeout, or a signal handled elsewhere: look again.
+                Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
+                Err(e) => return Err(RecvError::Socket(e)),
             }
         }
     }
 
-    /// Counts connections that closed (the monitor reports each one), and
-    /// connects again to an endpoint still wanted: libzmq does not
-    /// reconnect after a protocol error such as an over-size frame.
-    fn read_monitor(&self, io: &mut SubIo) {
-        while let Ok(frames) = io.monitor.recv_multipart(zmq::DONTWAIT) {
-            let endpoint = frames
-                .get(1)
-                .map(|f| String::from_utf8_lossy(f).into_owned())
-                .unwrap_or_default();
+    /// Handles a received message; under a flood the socket is never
+    /// empty, so the timers are looked at every 256 messages all the same.
+    fn received(&self, io: &mut SubIo, first: zmq::Message) {
+        self.handle(io, first);
+        io.handled = io.handled.wrapping_add(1);
+        if io.handled % 256 == 0 && io.next_timer.is_some() {
+            let now = Instant::now();
+            if io.next_timer.is_some_and(|t| t <= now) {
+                self.check_timers(io, now);
+            }
+        }
+    }
+
+    /// Counts connections that closed (the node thread watches the socket
+    /// monitor and reports each one), and connects again to an endpoint
+    /// still wanted: libzmq does not reconnect after a protocol error such
+    /// as an over-size frame.
+    fn read_closed_connections(&self, io: &mut SubIo) {
+        self.has_closed_connections.store(false, Ordering::Release);
+        let closed = std::mem::take(&mut *lock(&self.closed_connections));
+        for endpoint in closed {
             stats::inc(&self.node.counters.connections_closed);
             if let Some(id) = io.liveliness.get(&endpoint).copied() {
                 self.mark_lost(io, id, LostReason::Disconnected);
@@ -506,6 +592,9 @@ impl SubShared {
 
     /// Checks one received message and queues the events it yields.
     fn handle(&self, io: &mut SubIo, first: zmq::Message) {
+        if first.first() == Some(&b'@') && first.starts_with(WAKE) {
+            return;
+        }
         let c = &self.node.counters;
         let second = if first.get_more() {
             match io.sock.recv_msg(0) {
@@ -726,6 +815,14 @@ impl SubShared {
             }));
         }
         true
+    }
+}
+
+impl Drop for SubShared {
+    fn drop(&mut self) {
+        // Before the monitor's reader (the node thread's, or ours) goes.
+        let io = self.io.get_mut().unwrap_or_else(|e| e.into_inner());
+        zmq_io::stop_monitor(&mut io.sock);
     }
 }
 

@@ -117,6 +117,20 @@ pub(crate) fn set_xpub_verboser(sock: &mut zmq::Socket) -> zmq::Result<()> {
     set_int(sock, zmq_sys::ZMQ_XPUB_VERBOSER, 1)
 }
 
+/// Stops the socket monitor of `sock`. Must run before the PAIR socket
+/// reading the monitor is closed: libzmq sends monitor events with a
+/// blocking send from its I/O thread, so an event with nobody to take it
+/// (a connection closing later) would stall every socket of the context
+/// (libzmq issue 3575).
+pub(crate) fn stop_monitor(sock: &mut zmq::Socket) {
+    // SAFETY: the socket pointer is valid for the life of `sock`, borrowed
+    // mutably so no other thread uses it; a null endpoint is libzmq's
+    // documented-in-code way to stop monitoring.
+    unsafe {
+        zmq_sys::zmq_socket_monitor(sock.as_mut_ptr(), std::ptr::null(), 0);
+    }
+}
+
 fn last_error() -> zmq::Error {
     // SAFETY: zmq_errno only reads the thread's errno.
     zmq::Error::from_raw(unsafe { zmq_sys::zmq_errno() })

@@ -276,3 +276,30 @@ fn a_silent_key_misses_its_deadline_each_period_until_it_speaks() {
         Err(milonga::SubscribeError::Qos(_))
     ));
 }
+
+/// Handles that outlive their node drop without hanging: their sockets
+/// close before the ZeroMQ context is terminated, and no socket monitor is
+/// left without a reader.
+#[test]
+fn handles_outliving_their_node_drop_cleanly() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let dir = milonga_testkit::TempDir::new("outlive");
+        let a = open("ol", "pub", Transport::Tcp, dir.path());
+        let b = open("ol", "sub", Transport::Tcp, dir.path());
+        let p = a.publisher("ol/x").unwrap();
+        let s = b.subscribe("ol/x").unwrap();
+        wait_for("subscription", Duration::from_secs(5), || {
+            p.subscriber_count() == 1
+        });
+        drop(b);
+        drop(a);
+        assert!(matches!(p.put(1), Err(milonga::PutError::Closed)));
+        assert!(matches!(s.recv(), Err(milonga::RecvError::Closed)));
+        drop(s);
+        drop(p);
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("dropping the handles finished");
+}
