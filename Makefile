@@ -22,9 +22,16 @@ unit:
 
 test: lint unit
 
+# The runs recorded in docs/benchmarks.md: throughput and latency on tcp and
+# ipc, liveliness detection, idle memory.
 bench:
-	$(CARGO) run --release -p milonga-cli -- bench pubsub --format csv
-	$(CARGO) run --release -p milonga-cli -- bench latency --format csv
+	$(CARGO) build --release -p milonga-cli
+	./target/release/milonga bench pubsub --transport tcp --format csv
+	./target/release/milonga bench pubsub --transport ipc --format csv
+	./target/release/milonga bench latency --transport tcp --format csv
+	./target/release/milonga bench latency --transport ipc --format csv
+	./target/release/milonga bench liveliness --format csv
+	./target/release/milonga bench idle
 
 # Needs a nightly toolchain and cargo-fuzz (see docs/fuzzing.md).
 fuzz:

@@ -22,6 +22,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let Ok(view) = decode(f1) else { return };
     match view.header.kind {
+        Kind::History => {
+            let _ = milonga_wire::history::Reply::decode(&Bytes::copy_from_slice(view.body));
+        }
         Kind::Sample | Kind::Heartbeat => {
             let _ = decode_payload(view.header.encoding, Bytes::copy_from_slice(view.body), f2);
         }

@@ -46,6 +46,8 @@ enum BenchKind {
     Latency(LatencyArgs),
     /// Resident memory of an idle node (one publisher, one subscription).
     Idle(IdleArgs),
+    /// How fast a subscriber learns that a publisher died, froze or restarted.
+    Liveliness(crate::bench_liveliness::LivelinessArgs),
 }
 
 #[derive(Args, Debug)]
@@ -56,7 +58,7 @@ struct IdleArgs {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Format {
+pub(crate) enum Format {
     Table,
     Csv,
 }
@@ -70,7 +72,7 @@ enum Baseline {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-enum Mode {
+pub(crate) enum Mode {
     Reliable,
     BestEffort,
 }
@@ -122,18 +124,18 @@ pub struct WorkerArgs {
 
 /// Where a worker meets its peers.
 #[derive(Serialize, Deserialize, Debug, Clone)]
-struct Place {
+pub(crate) struct Place {
     /// Raw: the endpoint the publisher binds. Milonga: the locator.
-    address: String,
+    pub address: String,
     /// Milonga: runtime directory and transport.
-    runtime_dir: String,
-    transport: String,
-    hwm: i32,
+    pub runtime_dir: String,
+    pub transport: String,
+    pub hwm: i32,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 #[serde(tag = "role", rename_all = "kebab-case")]
-enum Role {
+pub(crate) enum Role {
     RawPub {
         at: Place,
         size: usize,
@@ -174,10 +176,14 @@ enum Role {
     MlgPong {
         at: Place,
     },
+    /// A publisher process for `bench liveliness`, killed by the bench.
+    LivePub {
+        at: Place,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
-struct Outcome {
+pub(crate) struct Outcome {
     sent: u64,
     received: u64,
     seconds: f64,
@@ -196,6 +202,7 @@ pub fn run(net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
         BenchKind::Pubsub(p) => pubsub(p, t),
         BenchKind::Latency(l) => latency(l, t),
         BenchKind::Idle(i) => idle(i),
+        BenchKind::Liveliness(l) => crate::bench_liveliness::run(l, t),
     }
 }
 
@@ -256,6 +263,7 @@ fn run_role(ctx: &zmq::Context, role: Role) -> Result<Outcome> {
         Role::RawPong { at, back } => raw_pong(ctx, &at, &back),
         Role::MlgPing { at, size, n } => mlg_ping(&at, size, n),
         Role::MlgPong { at } => mlg_pong(&at),
+        Role::LivePub { at } => crate::bench_liveliness::live_pub(&at),
     }
 }
 

@@ -151,6 +151,14 @@ pub fn event_line(ev: &Event) -> serde_json::Value {
             "key": d.key,
             "silent_ms": d.silent_for.as_secs_f64() * 1000.0,
         }),
+        Event::SubscriptionLive => json!({ "event": "subscription_live" }),
+        Event::IncompatibleQos(q) => json!({
+            "event": "incompatible_qos",
+            "publisher": q.publisher.to_hex(),
+            "key": q.key,
+            "policy": q.policy.as_str(),
+            "detail": q.detail,
+        }),
         other => json!({ "event": format!("{other:?}") }),
     }
 }

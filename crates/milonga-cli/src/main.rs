@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use milonga::{Config, Event, Node, PublisherQos, RecvError, SubscriberQos, Transport};
 
 mod bench;
+mod bench_liveliness;
 mod demo;
 mod json;
 
@@ -121,6 +122,9 @@ struct PubArgs {
     /// Reliable delivery: wait for slow subscribers instead of dropping.
     #[arg(long)]
     reliable: bool,
+    /// Keep the last N samples for late joiners and repair.
+    #[arg(long, default_value_t = 0)]
+    history: usize,
     /// Before the first put, wait until this many subscriptions match.
     #[arg(long, default_value_t = 0)]
     wait_subscribers: u32,
@@ -135,7 +139,8 @@ struct SubArgs {
     expr: String,
     /// One JSON object per line: key, seq, timestamp_ns, publisher, value;
     /// status events as lines with an "event" field (lost,
-    /// publisher_alive, publisher_lost, deadline_missed), and a
+    /// publisher_alive, publisher_lost, deadline_missed, subscription_live,
+    /// incompatible_qos), and a
     /// last line `{"event": "summary", "lost": N, "lost_by_publisher": {..}}`.
     #[arg(long)]
     json: bool,
@@ -146,6 +151,15 @@ struct SubArgs {
     /// samples arrived.
     #[arg(long)]
     timeout: Option<f64>,
+    /// On joining, first receive the last N samples publishers keep of
+    /// every matching key, then `subscription_live`, then the live stream.
+    #[arg(long, default_value_t = 0)]
+    last: usize,
+    /// Ask for reliable delivery: gaps from reliable publishers with
+    /// history are repaired; a best-effort publisher is reported as
+    /// `incompatible_qos`.
+    #[arg(long)]
+    reliable: bool,
     /// Report `deadline_missed` for a key silent longer than this many
     /// milliseconds (and again each period until it speaks).
     #[arg(long)]
@@ -208,7 +222,8 @@ fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
         PublisherQos::reliable()
     } else {
         PublisherQos::best_effort()
-    };
+    }
+    .history(a.history);
     let p = node.publisher_with(&a.key, qos)?;
     if a.wait_subscribers > 0 {
         let end = Instant::now() + Duration::from_secs_f64(a.wait_timeout);
@@ -248,7 +263,10 @@ fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
 
 fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
     let node = net.open("sub")?;
-    let mut qos = SubscriberQos::default();
+    let mut qos = SubscriberQos::default().last(a.last);
+    if a.reliable {
+        qos = qos.reliable();
+    }
     if let Some(ms) = a.deadline_ms {
         if !(ms > 0.0 && ms.is_finite()) {
             bail!("--deadline-ms must be a positive number of milliseconds, not {ms}");
@@ -327,6 +345,15 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
                 Event::PublisherLost(p) => {
                     writeln!(o, "! lost ({}): {} {}", p.reason, p.publisher, p.name)?
                 }
+                Event::SubscriptionLive => writeln!(o, "! live")?,
+                Event::IncompatibleQos(q) => writeln!(
+                    o,
+                    "! incompatible QoS ({}) on {} from {}: {}",
+                    q.policy.as_str(),
+                    q.key,
+                    q.publisher,
+                    q.detail
+                )?,
                 Event::DeadlineMissed(d) => writeln!(
                     o,
                     "! deadline missed: {} silent for {:.0} ms",

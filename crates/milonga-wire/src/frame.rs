@@ -51,6 +51,10 @@ pub enum Kind {
     /// A node's heartbeat, on its liveliness socket under the key
     /// [`HEARTBEAT_KEY`]; the body is a CBOR map (see docs/protocol.md).
     Heartbeat = 3,
+    /// Kept samples sent to one subscription in answer to its query, under
+    /// the key `@r/<token>`; the body is a CBOR map (see
+    /// [`crate::history::Reply`]).
+    History = 4,
 }
 
 /// The key heartbeats are sent under.
@@ -177,6 +181,7 @@ impl Header {
             1 => Kind::Sample,
             2 => Kind::Batch,
             3 => Kind::Heartbeat,
+            4 => Kind::History,
             k => return Err(FrameError::UnknownKind(k)),
         };
         let flags = b[2];
@@ -186,9 +191,9 @@ impl Header {
         if kind == Kind::Batch && flags & FLAG_PAYLOAD_FRAME != 0 {
             return Err(FrameError::BadBatch("a batch cannot have a payload frame"));
         }
-        if kind == Kind::Heartbeat && flags & FLAG_PAYLOAD_FRAME != 0 {
+        if matches!(kind, Kind::Heartbeat | Kind::History) && flags & FLAG_PAYLOAD_FRAME != 0 {
             return Err(FrameError::BadHeartbeat(
-                "a heartbeat cannot have a payload frame",
+                "a heartbeat or history frame cannot have a payload frame",
             ));
         }
         let encoding = Encoding::from_u8(b[3]).ok_or(FrameError::UnknownEncoding(b[3]))?;

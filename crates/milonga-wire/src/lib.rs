@@ -2,7 +2,8 @@
 //!
 //! Everything another implementation needs to speak to Milonga, and nothing
 //! that does I/O: keys and key expressions ([`key`]), the data frame layout
-//! ([`frame`]), values ([`value`]) and their CBOR encoding ([`cbor`]). The
+//! ([`frame`]), values ([`value`]) and their CBOR encoding ([`cbor`]), history
+//! queries and replies ([`history`]). The
 //! normative text is `docs/protocol.md`; the golden vectors in
 //! `tests/vectors/` are checked against this crate.
 #![forbid(unsafe_code)]
@@ -10,6 +11,7 @@
 
 pub mod cbor;
 pub mod frame;
+pub mod history;
 pub mod key;
 pub mod value;
 

@@ -10,6 +10,9 @@ use milonga_wire::Bytes;
 fn run(f1: &[u8], f2: Option<&[u8]>) {
     let Ok(view) = decode(f1) else { return };
     match view.header.kind {
+        Kind::History => {
+            let _ = milonga_wire::history::Reply::decode(&Bytes::copy_from_slice(view.body));
+        }
         Kind::Sample | Kind::Heartbeat => {
             let _ = decode_payload(
                 view.header.encoding,

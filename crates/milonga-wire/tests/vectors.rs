@@ -118,6 +118,7 @@ fn header_json(h: &Header, domain: &str) -> Json {
             Kind::Sample => "sample",
             Kind::Batch => "batch",
             Kind::Heartbeat => "heartbeat",
+            Kind::History => "history",
         },
         "flags": h.flags,
         "encoding": encoding_name(h.encoding),
@@ -141,6 +142,7 @@ fn header_from_json(j: &Json) -> Header {
         kind: match j["kind"].as_str().unwrap() {
             "sample" => Kind::Sample,
             "heartbeat" => Kind::Heartbeat,
+            "history" => Kind::History,
             _ => Kind::Batch,
         },
         flags: j["flags"].as_u64().unwrap() as u8,
@@ -340,6 +342,39 @@ fn cases() -> Vec<Case> {
             )),
         });
     }
+    // A history reply: kind 4 under `@r/<token>`, one key, two kept samples.
+    {
+        use milonga_wire::history::{Entry, KeyHistory, Reply};
+        let k = Key::internal("@r/000102030405060708090a0b0c0d0e0f-1").unwrap();
+        let h = header(Kind::History, Encoding::Cbor, 0, 0, 1);
+        let reply = Reply {
+            endpoint: "tcp://127.0.0.1:40002".into(),
+            keys: vec![KeyHistory {
+                key: "sr/ps/1/current".into(),
+                first: 8,
+                last: 9,
+                entries: (8..=9u64)
+                    .map(|seq| Entry {
+                        seq,
+                        timestamp_ns: TS + seq,
+                        encoding: Encoding::Cbor,
+                        schema_id: 0,
+                        payload: Bytes::from(cbor(&Value::Float(seq as f64))),
+                    })
+                    .collect(),
+            }],
+            done: true,
+        };
+        let body = reply.encode();
+        let value = milonga_wire::cbor::decode_cbor(&Bytes::from(body.clone())).unwrap();
+        v.push(Case {
+            name: "history_reply",
+            description: "kind 4: the last two samples (seq 8, 9) of sr/ps/1/current kept by the publisher at tcp://127.0.0.1:40002, for subscription token 000102030405060708090a0b0c0d0e0f-1",
+            frame1: frame::encode(&k, &h, &body),
+            frame2: None,
+            expect: Ok((k.as_str().into(), header_json(&h, "lab"), vec![value], vec![TS])),
+        });
+    }
     // Invalid frames: each must be refused with the named error.
     let good = frame::encode(
         &Key::new("a/b").unwrap(),
@@ -492,7 +527,7 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
         );
         let samples = desc["samples"].as_array().unwrap();
         let bodies: Vec<(u64, Bytes)> = match view.header.kind {
-            Kind::Sample | Kind::Heartbeat => {
+            Kind::Sample | Kind::Heartbeat | Kind::History => {
                 vec![(view.header.timestamp_ns, Bytes::copy_from_slice(view.body))]
             }
             Kind::Batch => BatchEntries::new(view.body)
@@ -512,7 +547,7 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
         let h = header_from_json(&desc["header"]);
         let key = Key::internal(desc["key"].as_str().unwrap()).unwrap();
         let body: Vec<u8> = match h.kind {
-            Kind::Heartbeat => cbor(&value_from_json(&samples[0]["value"])),
+            Kind::Heartbeat | Kind::History => cbor(&value_from_json(&samples[0]["value"])),
             Kind::Batch => {
                 let mut b = Vec::new();
                 for s in samples {
@@ -541,7 +576,7 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
         checked += 1;
     }
     assert!(
-        checked >= 16,
+        checked >= 17,
         "only {checked} vectors found in {}",
         dir().display()
     );

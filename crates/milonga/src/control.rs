@@ -501,7 +501,7 @@ impl Control {
         };
         for d in socks.into_iter().flatten() {
             if let Some(mut g) = try_lock(&d.sock) {
-                g.drain_subscriptions(&self.inner.counters);
+                g.drain_subscriptions(&self.inner);
             }
         }
     }

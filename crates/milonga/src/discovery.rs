@@ -31,6 +31,9 @@ pub struct PublicationInfo {
     pub key: String,
     /// The publisher's reliability.
     pub reliability: Reliability,
+    /// Samples it keeps per key for late joiners and repair.
+    #[serde(default)]
+    pub history: usize,
 }
 
 /// What a node tells its domain about itself.

@@ -34,6 +34,7 @@ mod config;
 mod control;
 mod discovery;
 mod error;
+mod history;
 mod node;
 mod publisher;
 mod qos;
@@ -50,7 +51,8 @@ pub use node::Node;
 pub use publisher::Publisher;
 pub use qos::{PublisherQos, Reliability, SubscriberQos};
 pub use sample::{
-    DeadlineMissed, Event, LostReason, LostSamples, PublisherAlive, PublisherLost, Sample,
+    DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
+    QosPolicy, Sample,
 };
 pub use stats::NodeStats;
 pub use subscriber::{Iter, Subscriber};

@@ -47,13 +47,24 @@ pub(crate) struct DataSock {
     pub subscriptions: HashMap<Vec<u8>, u32>,
     /// Samples of a reliable publisher waiting for the socket as one batch.
     pub pending: Option<Pending>,
+    /// The endpoint as announced (history queries name it).
+    pub endpoint: String,
+    /// Samples kept per key, for publishers with history.
+    pub histories: HashMap<String, crate::history::Kept>,
+    /// History replies sent, numbered from 1 (their header's seq).
+    pub replies: u64,
 }
 
 impl DataSock {
-    /// Reads the subscribe/unsubscribe messages queued on the XPUB socket.
-    pub(crate) fn drain_subscriptions(&mut self, counters: &Counters) {
+    /// Reads the subscribe/unsubscribe messages and history queries queued
+    /// on the XPUB socket, and answers the queries.
+    pub(crate) fn drain_subscriptions(&mut self, node: &NodeInner) {
+        let counters = &node.counters;
         while let Ok(msg) = self.sock.recv_msg(zmq::DONTWAIT) {
             match msg.first() {
+                Some(&milonga_wire::history::QUERY_TAG) => {
+                    crate::history::answer(self, node, &msg);
+                }
                 Some(1) => {
                     *self.subscriptions.entry(msg[1..].to_vec()).or_insert(0) += 1;
                     crate::stats::inc(&counters.subscription_messages);
@@ -101,7 +112,8 @@ impl DataSock {
 
 #[derive(Default)]
 pub(crate) struct NodeState {
-    pub publications: BTreeMap<String, Reliability>,
+    /// Declared publications: key -> (reliability, history depth).
+    pub publications: BTreeMap<String, (Reliability, usize)>,
     pub data_best_effort: Option<Arc<DataSocket>>,
     pub data_reliable: Option<Arc<DataSocket>>,
     pub subs: Vec<Weak<SubShared>>,
@@ -229,8 +241,10 @@ impl NodeInner {
             source,
         };
         zmq_io::apply_common(&sock, &self.cfg).map_err(opt_err)?;
-        // Subscription messages are tiny; refuse anything large on this side.
-        sock.set_maxmsgsize(4096).map_err(opt_err)?;
+        // Subscriptions and history queries are small; refuse anything
+        // large on this side.
+        sock.set_maxmsgsize(crate::history::MAX_QUERY_BYTES as i64)
+            .map_err(opt_err)?;
         sock.set_linger(self.cfg.close_linger_ms).map_err(opt_err)?;
         zmq_io::set_xpub_verboser(&mut sock).map_err(opt_err)?;
         if reliability == Reliability::Reliable {
@@ -246,6 +260,9 @@ impl NodeInner {
                 sock,
                 subscriptions: HashMap::new(),
                 pending: None,
+                endpoint: bound.clone(),
+                histories: HashMap::new(),
+                replies: 0,
             }),
             endpoint: bound,
         });
@@ -273,9 +290,10 @@ impl NodeInner {
             publications: st
                 .publications
                 .iter()
-                .map(|(k, r)| PublicationInfo {
+                .map(|(k, (r, h))| PublicationInfo {
                     key: k.clone(),
                     reliability: *r,
+                    history: *h,
                 })
                 .collect(),
         }
@@ -346,6 +364,14 @@ impl NodeInner {
                     }
                     r.endpoints.insert(ep.to_owned());
                     r.keys.insert(p.key.clone());
+                    r.publications.insert(
+                        (id, p.key.clone()),
+                        MatchedPublication {
+                            endpoint: ep.to_owned(),
+                            reliability: p.reliability,
+                            history: p.history,
+                        },
+                    );
                     matched = true;
                 }
             }
@@ -361,6 +387,16 @@ impl NodeInner {
     }
 }
 
+/// A publication a subscription matches, as announced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MatchedPublication {
+    /// The data endpoint serving it.
+    pub endpoint: String,
+    pub reliability: Reliability,
+    /// Samples kept per key.
+    pub history: usize,
+}
+
 /// Where a subscription connects, and what it should know of its
 /// publishers: computed from discovery by [`NodeInner::routes_for`].
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -373,6 +409,8 @@ pub(crate) struct Routes {
     pub publishers: BTreeMap<NodeId, String>,
     /// Matching keys announced by those nodes.
     pub keys: BTreeSet<String>,
+    /// Each matching publication, by (node, key).
+    pub publications: BTreeMap<(NodeId, String), MatchedPublication>,
     /// Every node alive in the domain: sequence state of others is
     /// forgotten.
     pub live: BTreeSet<NodeId>,
@@ -530,13 +568,19 @@ impl Node {
         }
         let key = Key::new(key)?;
         let data = self.inner.data_socket(qos.reliability)?;
+        if qos.history > 0 {
+            lock(&data.sock).histories.insert(
+                key.as_str().to_owned(),
+                crate::history::Kept::new(qos.history),
+            );
+        }
         let last_seq = {
             let mut st = lock(&self.inner.state);
             if st.publications.contains_key(key.as_str()) {
                 return Err(PublisherError::AlreadyDeclared(key.as_str().to_owned()));
             }
             st.publications
-                .insert(key.as_str().to_owned(), qos.reliability);
+                .insert(key.as_str().to_owned(), (qos.reliability, qos.history));
             st.last_seq.get(key.as_str()).copied().unwrap_or(0)
         };
         self.inner.announce();

@@ -141,7 +141,7 @@ impl Publisher {
     /// publisher's socket has heard (subscriptions travel asynchronously).
     pub fn subscriber_count(&self) -> u32 {
         let mut d = lock(&self.data.sock);
-        d.drain_subscriptions(&self.node.counters);
+        d.drain_subscriptions(&self.node);
         d.subscribers_of(&self.template[..self.key.as_str().len() + 1])
     }
 
@@ -187,6 +187,7 @@ impl Publisher {
                 if p.push(timestamp_ns, &enc.head) {
                     let _ = d.send_pending(zmq::DONTWAIT, &self.node.counters);
                 }
+                self.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
                 return self.accepted(seq);
             }
             if d.send_pending(zmq::DONTWAIT, &self.node.counters).is_err() {
@@ -214,6 +215,7 @@ impl Publisher {
                 ));
                 self.node.batch_pending.store(true, Ordering::Release);
                 self.node.wake();
+                self.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
                 return self.accepted(seq);
             }
             Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {
@@ -227,6 +229,7 @@ impl Publisher {
             }
             Err(e) => return Err(PutError::Socket(e)),
         }
+        self.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
         if let Some(tail) = enc.tail {
             // The first frame is out: the payload frame must follow, or the
             // next message would be glued to this one. libzmq accepts it
@@ -245,6 +248,15 @@ impl Publisher {
         }
         drop(d);
         self.accepted(seq)
+    }
+
+    /// Keeps sample `seq` in the history, if this publisher keeps one.
+    fn keep(&self, d: &mut DataSock, seq: u64, timestamp_ns: u64, enc: &Encoded, schema_id: u32) {
+        if self.qos.history > 0 {
+            if let Some(k) = d.histories.get_mut(self.key.as_str()) {
+                k.push(seq, timestamp_ns, enc, schema_id);
+            }
+        }
     }
 
     /// Records that sample `seq` was taken by the socket or a batch.
@@ -335,6 +347,9 @@ impl std::fmt::Debug for Publisher {
 
 impl Drop for Publisher {
     fn drop(&mut self) {
+        if self.qos.history > 0 {
+            lock(&self.data.sock).histories.remove(self.key.as_str());
+        }
         let removed = {
             let mut st = lock(&self.node.state);
             st.last_seq.insert(

@@ -39,6 +39,9 @@ pub struct PublisherQos {
     /// How long a reliable `put` waits for room; `None` waits as long as it
     /// takes.
     pub put_timeout: Option<Duration>,
+    /// Samples kept per key for late joiners and repair (0: none). Memory:
+    /// `history` samples of this key.
+    pub history: usize,
 }
 
 impl PublisherQos {
@@ -52,7 +55,14 @@ impl PublisherQos {
         PublisherQos {
             reliability: Reliability::Reliable,
             put_timeout: None,
+            history: 0,
         }
+    }
+
+    /// Keeps the last `depth` samples for late joiners and repair.
+    pub fn history(mut self, depth: usize) -> Self {
+        self.history = depth;
+        self
     }
 
     /// Sets how long a reliable `put` may wait.
@@ -74,9 +84,31 @@ pub struct SubscriberQos {
     /// than this (and again each period until it speaks). `None`: no
     /// deadline.
     pub deadline: Option<Duration>,
+    /// Durability `transient_local(last)`: on joining, first receive the
+    /// last `last` samples of every matching key that publishers keep,
+    /// then the live stream, then [`crate::Event::SubscriptionLive`]. 0
+    /// (default): live samples only.
+    pub last: usize,
+    /// Ask for reliable delivery: samples of reliable publishers that keep
+    /// history are repaired after a gap (a broken connection), and a
+    /// best-effort publisher is reported as
+    /// [`crate::Event::IncompatibleQos`].
+    pub reliable: bool,
 }
 
 impl SubscriberQos {
+    /// Asks for the last `n` kept samples of every matching key on joining.
+    pub fn last(mut self, n: usize) -> Self {
+        self.last = n;
+        self
+    }
+
+    /// Asks for reliable delivery, with repair of gaps.
+    pub fn reliable(mut self) -> Self {
+        self.reliable = true;
+        self
+    }
+
     /// Sets the deadline: the longest silence of a key before it is
     /// reported.
     pub fn deadline(mut self, deadline: Duration) -> Self {

@@ -126,6 +126,40 @@ pub struct DeadlineMissed {
     pub silent_for: std::time::Duration,
 }
 
+/// A QoS policy a subscription asked for and a publisher does not offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum QosPolicy {
+    /// Reliable delivery asked of a best-effort publisher.
+    Reliability,
+    /// More samples on joining than the publisher keeps.
+    History,
+}
+
+impl QosPolicy {
+    /// The name used in JSON output (`reliability`, `history`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QosPolicy::Reliability => "reliability",
+            QosPolicy::History => "history",
+        }
+    }
+}
+
+/// A matching publication offers less than the subscription asked for. It
+/// is still delivered, with what it offers: never a silent downgrade.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncompatibleQos {
+    /// The publishing node.
+    pub publisher: NodeId,
+    /// The key.
+    pub key: String,
+    /// Which policy.
+    pub policy: QosPolicy,
+    /// What was asked and what is offered.
+    pub detail: String,
+}
+
 /// What `recv` and callbacks deliver.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -140,6 +174,11 @@ pub enum Event {
     PublisherLost(PublisherLost),
     /// A key missed its deadline.
     DeadlineMissed(DeadlineMissed),
+    /// A subscription with `last > 0` has received what the publishers it
+    /// found when it was declared keep; what follows is live.
+    SubscriptionLive,
+    /// A matching publication offers less than the subscription asked for.
+    IncompatibleQos(IncompatibleQos),
 }
 
 impl Event {

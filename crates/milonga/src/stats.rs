@@ -69,6 +69,17 @@ counters! {
     batches_sent,
     /// Reliable puts that returned WouldBlock or Timeout.
     puts_blocked,
+    /// History queries answered by this node's publishers.
+    history_queries_answered,
+    /// History queries dropped as malformed (bad CBOR, bad expression or token).
+    history_queries_malformed,
+    /// History reply frames that could not be sent at once (the asking
+    /// subscriber's queue was full); it times out and goes on live.
+    history_replies_dropped,
+    /// History queries of this node's subscriptions that got no answer in time.
+    history_queries_unanswered,
+    /// Samples delivered from a publisher's history (late joining or repair).
+    samples_replayed,
 }
 
 pub(crate) fn inc(c: &AtomicU64) {

@@ -9,13 +9,15 @@ use std::time::{Duration, Instant};
 
 use milonga_wire::cbor::decode_payload;
 use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRAME};
-use milonga_wire::{Encoding, KeyExpr, NodeId, Value};
+use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
+use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
 
 use crate::error::{OpenError, RecvError, SubscribeError};
-use crate::node::{lock, try_lock, NodeInner, Routes};
-use crate::qos::SubscriberQos;
+use crate::node::{lock, try_lock, MatchedPublication, NodeInner, Routes};
+use crate::qos::{Reliability, SubscriberQos};
 use crate::sample::{
-    DeadlineMissed, Event, LostReason, LostSamples, PublisherAlive, PublisherLost, Sample,
+    DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
+    QosPolicy, Sample,
 };
 use crate::stats::{self, Counters};
 use crate::zmq_io::{self, message_bytes};
@@ -65,6 +67,43 @@ struct SubIo {
     handled: u32,
     /// How many publishers are departing.
     departing: usize,
+    /// The matching publications, as last applied.
+    matched: BTreeMap<(NodeId, String), MatchedPublication>,
+    /// History queries in flight, by publisher node: its samples wait.
+    joins: HashMap<NodeId, Join>,
+    /// Joins started by the first routes that are not finished.
+    initial_joins: usize,
+    /// Whether `SubscriptionLive` was queued (or is not wanted).
+    live_sent: bool,
+    /// Whether routes were applied once.
+    routed: bool,
+}
+
+/// A history query in flight to one publisher node: until it is answered
+/// (or times out), that node's samples wait here, so that kept samples come
+/// first and the live ones follow in order.
+struct Join {
+    /// Data endpoints asked and not done answering.
+    pending: BTreeSet<String>,
+    replies: Vec<KeyHistory>,
+    buffer: Vec<Sample>,
+    started: Instant,
+    /// Started by the subscription's first routes (`SubscriptionLive`
+    /// waits for it).
+    initial: bool,
+}
+
+/// How long a history query may go unanswered.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most live samples a node's join holds before it gives up waiting.
+const MAX_JOIN_BUFFER: usize = 100_000;
+
+/// What to do with a sample, from its sequence number.
+enum Verdict {
+    Deliver,
+    Drop,
+    /// A gap that history can repair: the last sequence number held.
+    Repair(u64),
 }
 
 /// What a subscription knows of one publisher node's liveliness.
@@ -75,7 +114,15 @@ struct PubState {
     /// Discovery no longer shows a matching publication: reported
     /// `undeclared` once what already arrived from it has been read.
     departing: bool,
+    /// When its liveliness connection closed: reported `disconnected`
+    /// after [`DISCONNECT_GRACE`], unless its goodbye arrives meanwhile.
+    disconnected_at: Option<Instant>,
 }
+
+/// How long a closed liveliness connection waits for a goodbye heartbeat
+/// still on its way (libzmq may report the close before the last message
+/// is readable) before the publisher is reported `disconnected`.
+const DISCONNECT_GRACE: Duration = Duration::from_millis(10);
 
 /// When a key last spoke, and when its deadline runs out.
 struct KeyDeadline {
@@ -119,6 +166,12 @@ pub(crate) struct SubShared {
     lost_by_publisher: Mutex<HashMap<NodeId, u64>>,
     deadline: Option<Duration>,
     lease: Duration,
+    /// Samples asked for on joining (`SubscriberQos::last`).
+    last: usize,
+    /// Whether gaps from reliable publishers with history are repaired.
+    reliable: bool,
+    /// This subscription's token: history replies come under `@r/<token>`.
+    token: String,
     /// Declared last: dropped after the sockets above, so that if this
     /// holds the last reference to the node, they are closed before the
     /// context is terminated (which waits for every socket).
@@ -132,7 +185,9 @@ impl SubShared {
         expr: KeyExpr,
         qos: &SubscriberQos,
     ) -> Result<Self, OpenError> {
-        let sock = node.ctx.socket(zmq::SUB)?;
+        // XSUB rather than SUB: it can send history queries upstream, on the
+        // same connections as its subscriptions (docs/protocol.md §4.3).
+        let sock = node.ctx.socket(zmq::XSUB)?;
         let cfg_err = |source| OpenError::Socket {
             action: "configure",
             endpoint: format!("subscription {expr}"),
@@ -141,12 +196,17 @@ impl SubShared {
         zmq_io::apply_common(&sock, &node.cfg).map_err(cfg_err)?;
         sock.set_rcvhwm(qos.queue_depth.unwrap_or(node.cfg.recv_hwm))
             .map_err(cfg_err)?;
-        for p in expr.zmq_prefixes() {
-            sock.set_subscribe(&p).map_err(cfg_err)?;
+        let token = format!("{}-{id}", node.id);
+        let mut prefixes = expr.zmq_prefixes();
+        prefixes.push(format!("{}\0", frame::HEARTBEAT_KEY).into_bytes());
+        prefixes.push(format!("{REPLY_KEY_PREFIX}{token}\0").into_bytes());
+        prefixes.push(WAKE.to_vec());
+        for p in prefixes {
+            let mut msg = Vec::with_capacity(p.len() + 1);
+            msg.push(1);
+            msg.extend_from_slice(&p);
+            sock.send(msg, 0).map_err(cfg_err)?;
         }
-        let mut hb = frame::HEARTBEAT_KEY.as_bytes().to_vec();
-        hb.push(0);
-        sock.set_subscribe(&hb).map_err(cfg_err)?;
         let mon_ep = format!("inproc://milonga-submon-{}-{id}", node.id);
         sock.monitor(&mon_ep, zmq_sys::ZMQ_EVENT_DISCONNECTED as i32)
             .map_err(cfg_err)?;
@@ -158,7 +218,6 @@ impl SubShared {
         wake_tx.set_linger(0).map_err(cfg_err)?;
         wake_tx.set_sndhwm(4).map_err(cfg_err)?;
         node.bind(&wake_tx, &wake_ep)?;
-        sock.set_subscribe(WAKE).map_err(cfg_err)?;
         sock.connect(&wake_ep).map_err(|source| OpenError::Socket {
             action: "connect",
             endpoint: wake_ep.clone(),
@@ -183,6 +242,11 @@ impl SubShared {
                 next_timer: None,
                 handled: 0,
                 departing: 0,
+                matched: BTreeMap::new(),
+                joins: HashMap::new(),
+                initial_joins: 0,
+                live_sent: qos.last == 0,
+                routed: false,
             }),
             target: Mutex::new(Target::default()),
             wake_tx: Mutex::new(wake_tx),
@@ -194,6 +258,9 @@ impl SubShared {
             lost_by_publisher: Mutex::new(HashMap::new()),
             deadline: qos.deadline,
             lease: Duration::from_millis(node.cfg.heartbeat_timeout_ms.max(1) as u64),
+            last: qos.last,
+            reliable: qos.reliable,
+            token,
         })
     }
 
@@ -262,10 +329,12 @@ impl SubShared {
             io.connected.remove(&ep);
             tracing::debug!(expr = %self.expr, endpoint = %ep, "disconnected");
         }
+        let mut fresh = Vec::new();
         for ep in r.endpoints.difference(&io.connected.clone()) {
             match io.sock.connect(ep) {
                 Ok(()) => {
                     io.connected.insert(ep.clone());
+                    fresh.push(ep.clone());
                     tracing::debug!(expr = %self.expr, endpoint = %ep, "connected");
                 }
                 Err(err) => {
@@ -273,12 +342,33 @@ impl SubShared {
                 }
             }
         }
+        self.check_qos(io, r);
+        io.matched = r.publications.clone();
+        // Ask the publishers just connected for what they keep: the last
+        // samples for a late joiner, what came after the last one held for
+        // a subscriber that comes back.
+        let initial = !io.routed;
+        io.routed = true;
+        if self.last > 0 || self.reliable {
+            let mut asked = BTreeSet::new();
+            for ((node, _), p) in &r.publications {
+                if p.history > 0 && fresh.contains(&p.endpoint) && asked.insert(&p.endpoint) {
+                    let since = self.held(io, *node);
+                    self.ask(io, *node, &p.endpoint, self.expr.as_str(), since, initial);
+                }
+            }
+        }
+        if initial && io.initial_joins == 0 && !io.live_sent {
+            io.live_sent = true;
+            io.pending.push_back(Event::SubscriptionLive);
+        }
         for (id, name) in &r.publishers {
             let p = io.publishers.entry(*id).or_insert_with(|| PubState {
                 name: String::new(),
                 alive: false,
                 last_heard: now,
                 departing: false,
+                disconnected_at: None,
             });
             p.name.clone_from(name);
         }
@@ -312,6 +402,232 @@ impl SubShared {
             io.current = None;
         }
         lock(&self.lost_by_publisher).retain(|id, _| r.live.contains(id));
+    }
+
+    /// Reports the matching publications that offer less than asked, once
+    /// each.
+    fn check_qos(&self, io: &mut SubIo, r: &Routes) {
+        for ((node, key), p) in &r.publications {
+            if io.matched.contains_key(&(*node, key.clone())) {
+                continue;
+            }
+            let mut report = |policy, detail: String| {
+                io.pending
+                    .push_back(Event::IncompatibleQos(IncompatibleQos {
+                        publisher: *node,
+                        key: key.clone(),
+                        policy,
+                        detail,
+                    }));
+            };
+            if self.reliable && p.reliability == Reliability::BestEffort {
+                report(
+                    QosPolicy::Reliability,
+                    "reliable asked, the publisher is best effort".into(),
+                );
+            }
+            if self.last > p.history {
+                report(
+                    QosPolicy::History,
+                    format!(
+                        "last {} asked, the publisher keeps {}",
+                        self.last, p.history
+                    ),
+                );
+            }
+        }
+    }
+
+    /// The last sequence number held of each key of `node`.
+    fn held(&self, io: &SubIo, node: NodeId) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = io
+            .last_seq
+            .get(&node)
+            .map(|m| m.iter().map(|(k, s)| (k.clone(), *s)).collect())
+            .unwrap_or_default();
+        if let Some(c) = io.current.as_ref().filter(|c| c.node == node) {
+            v.push((c.key.clone(), c.last));
+        }
+        // A query must fit a data socket's message limit.
+        v.truncate(1000);
+        v
+    }
+
+    /// Sends a history query to `endpoint` of `node` and holds that node's
+    /// samples until it is answered.
+    fn ask(
+        &self,
+        io: &mut SubIo,
+        node: NodeId,
+        endpoint: &str,
+        expr: &str,
+        since: Vec<(String, u64)>,
+        initial: bool,
+    ) -> bool {
+        let q = Query {
+            endpoint: endpoint.to_owned(),
+            token: self.token.clone(),
+            expr: expr.to_owned(),
+            last: self.last as u64,
+            since,
+        };
+        if let Err(err) = io.sock.send(q.encode(), zmq::DONTWAIT) {
+            tracing::warn!(%endpoint, %err, "cannot send a history query");
+            return false;
+        }
+        let now = Instant::now();
+        let j = io.joins.entry(node).or_insert_with(|| Join {
+            pending: BTreeSet::new(),
+            replies: Vec::new(),
+            buffer: Vec::new(),
+            started: now,
+            initial,
+        });
+        if j.pending.insert(endpoint.to_owned()) && initial && j.pending.len() == 1 {
+            io.initial_joins += 1;
+        }
+        let due = now + JOIN_TIMEOUT;
+        io.next_timer = Some(io.next_timer.map_or(due, |t| t.min(due)));
+        true
+    }
+
+    /// A history frame: kept samples for this subscription.
+    fn on_history(&self, io: &mut SubIo, c: &Counters, node: NodeId, key: &str, body: &[u8]) {
+        if key.strip_prefix(REPLY_KEY_PREFIX) != Some(self.token.as_str()) {
+            stats::inc(&c.frames_filtered);
+            return;
+        }
+        let reply = match Reply::decode(&Bytes::copy_from_slice(body)) {
+            Ok(r) => r,
+            Err(err) => {
+                let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(n, "a history frame", &err);
+                return;
+            }
+        };
+        let Some(j) = io.joins.get_mut(&node) else {
+            return; // late: the query timed out
+        };
+        if !j.pending.contains(&reply.endpoint) {
+            return;
+        }
+        j.replies.extend(reply.keys);
+        if reply.done {
+            j.pending.remove(&reply.endpoint);
+            if j.pending.is_empty() {
+                self.finish_join(io, c, node, true);
+            }
+        }
+    }
+
+    /// Delivers what a node's history query brought, then the samples of
+    /// that node that waited for it.
+    fn finish_join(&self, io: &mut SubIo, c: &Counters, node: NodeId, answered: bool) {
+        let Some(j) = io.joins.remove(&node) else {
+            return;
+        };
+        if !answered {
+            stats::inc(&c.history_queries_unanswered);
+            tracing::warn!(expr = %self.expr, publisher = %node, "a history query got no answer in time; going on live");
+        }
+        for kh in j.replies {
+            for e in kh.entries {
+                match decode_payload(e.encoding, e.payload, None) {
+                    Ok(value) => {
+                        let s = Sample {
+                            key: kh.key.clone(),
+                            value,
+                            publisher: node,
+                            seq: e.seq,
+                            timestamp_ns: e.timestamp_ns,
+                            encoding: e.encoding,
+                            schema_id: e.schema_id,
+                        };
+                        if self.held_at(io, node, &s.key).is_none_or(|l| s.seq > l) {
+                            stats::inc(&c.samples_replayed);
+                            self.deliver(io, c, s, false);
+                        }
+                    }
+                    Err(err) => {
+                        let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                        log_drop(n, "a kept sample whose payload does not decode", &err);
+                    }
+                }
+            }
+        }
+        for s in j.buffer {
+            // Live samples the reply already held are no duplicates.
+            if self.held_at(io, node, &s.key).is_some_and(|l| s.seq <= l) {
+                continue;
+            }
+            self.deliver(io, c, s, answered);
+        }
+        if j.initial {
+            io.initial_joins = io.initial_joins.saturating_sub(1);
+            if io.initial_joins == 0 && !io.live_sent {
+                io.live_sent = true;
+                io.pending.push_back(Event::SubscriptionLive);
+            }
+        }
+    }
+
+    /// The last sequence number held of (`node`, `key`).
+    fn held_at(&self, io: &SubIo, node: NodeId, key: &str) -> Option<u64> {
+        match &io.current {
+            Some(c) if c.node == node && c.key == key => Some(c.last),
+            _ => io.last_seq.get(&node).and_then(|m| m.get(key)).copied(),
+        }
+    }
+
+    /// Passes a decoded sample through the sequence check and queues it;
+    /// holds it if its node has a history query in flight, or asks for a
+    /// repair if it reveals a gap history can fill (`repair`).
+    fn deliver(&self, io: &mut SubIo, c: &Counters, s: Sample, repair: bool) {
+        if let Some(j) = (!io.joins.is_empty())
+            .then(|| io.joins.get_mut(&s.publisher))
+            .flatten()
+        {
+            if j.buffer.len() < MAX_JOIN_BUFFER {
+                j.buffer.push(s);
+                return;
+            }
+            let node = s.publisher;
+            self.finish_join(io, c, node, false);
+        }
+        match self.check_seq(io, c, s.publisher, &s.key, s.seq, repair) {
+            Verdict::Drop => {}
+            Verdict::Deliver => {
+                stats::inc(&c.samples_received);
+                if let Some(d) = self.deadline {
+                    Self::note_deadline(io, d, &s.key);
+                }
+                io.pending.push_back(Event::Sample(s));
+            }
+            Verdict::Repair(last) => {
+                let endpoint = io
+                    .matched
+                    .get(&(s.publisher, s.key.clone()))
+                    .map(|p| p.endpoint.clone());
+                if let Some(ep) = endpoint {
+                    let key = s.key.clone();
+                    self.ask(io, s.publisher, &ep, &key, vec![(key.clone(), last)], false);
+                }
+                // The sample waits for the repair; if the query could not
+                // be sent, it goes through and the gap is reported.
+                self.deliver(io, c, s, false);
+            }
+        }
+    }
+
+    /// Whether a gap on (`node`, `key`) can be repaired: the subscription
+    /// asks for reliability and the publication is reliable and keeps
+    /// history.
+    fn repairable(&self, io: &SubIo, node: NodeId, key: &str) -> bool {
+        self.reliable
+            && io
+                .matched
+                .get(&(node, key.to_owned()))
+                .is_some_and(|p| p.reliability == Reliability::Reliable && p.history > 0)
     }
 
     /// Reports the departing publishers `undeclared` (unless they said
@@ -349,6 +665,7 @@ impl SubShared {
         let Some(p) = io.publishers.get_mut(&id) else {
             return;
         };
+        p.disconnected_at = None;
         if !p.alive {
             return;
         }
@@ -404,9 +721,22 @@ impl SubShared {
             .filter(|(_, p)| p.alive && now >= p.last_heard + self.lease)
             .map(|(id, _)| *id)
             .collect();
+        let disconnected: Vec<NodeId> = io
+            .publishers
+            .iter()
+            .filter(|(_, p)| {
+                p.alive
+                    && p.disconnected_at
+                        .is_some_and(|t| now >= t + DISCONNECT_GRACE)
+            })
+            .map(|(id, _)| *id)
+            .collect();
         for p in io.publishers.values().filter(|p| p.alive) {
             if now < p.last_heard + self.lease {
                 earliest(p.last_heard + self.lease);
+            }
+            if let Some(t) = p.disconnected_at.filter(|t| now < *t + DISCONNECT_GRACE) {
+                earliest(t + DISCONNECT_GRACE);
             }
         }
         if let Some(d) = self.deadline {
@@ -421,9 +751,26 @@ impl SubShared {
                 earliest(k.due);
             }
         }
+        let late: Vec<NodeId> = io
+            .joins
+            .iter()
+            .filter(|(_, j)| now >= j.started + JOIN_TIMEOUT)
+            .map(|(id, _)| *id)
+            .collect();
+        for j in io.joins.values() {
+            if now < j.started + JOIN_TIMEOUT {
+                earliest(j.started + JOIN_TIMEOUT);
+            }
+        }
         io.next_timer = next;
+        for id in disconnected {
+            self.mark_lost(io, id, LostReason::Disconnected);
+        }
         for id in expired {
             self.mark_lost(io, id, LostReason::LeaseExpired);
+        }
+        for id in late {
+            self.finish_join(io, &self.node.counters, id, false);
         }
     }
 
@@ -575,7 +922,12 @@ impl SubShared {
         for endpoint in closed {
             stats::inc(&self.node.counters.connections_closed);
             if let Some(id) = io.liveliness.get(&endpoint).copied() {
-                self.mark_lost(io, id, LostReason::Disconnected);
+                if let Some(p) = io.publishers.get_mut(&id).filter(|p| p.alive) {
+                    let now = Instant::now();
+                    p.disconnected_at = Some(now);
+                    let due = now + DISCONNECT_GRACE;
+                    io.next_timer = Some(io.next_timer.map_or(due, |t| t.min(due)));
+                }
             }
             tracing::info!(
                 expr = %self.expr,
@@ -650,9 +1002,16 @@ impl SubShared {
             log_drop(n, "a data message", &err);
             return;
         }
-        if h.kind == Kind::Heartbeat {
-            self.on_heartbeat(io, c, h.node_id, view.body);
-            return;
+        match h.kind {
+            Kind::Heartbeat => {
+                self.on_heartbeat(io, c, h.node_id, view.body);
+                return;
+            }
+            Kind::History => {
+                self.on_history(io, c, h.node_id, view.key, view.body);
+                return;
+            }
+            Kind::Sample | Kind::Batch => {}
         }
         if !self.key_matches(io, view.key) {
             // Prefix filtering lets through a superset; not an error.
@@ -663,17 +1022,10 @@ impl SubShared {
         let body_offset = view.body_offset;
         match h.kind {
             Kind::Sample => {
-                if !self.check_seq(io, c, h.node_id, &key, h.seq) {
-                    return;
-                }
                 let first = frame.slice(body_offset..);
                 match decode_payload(h.encoding, first, second.map(message_bytes)) {
                     Ok(value) => {
-                        stats::inc(&c.samples_received);
-                        if let Some(d) = self.deadline {
-                            Self::note_deadline(io, d, &key);
-                        }
-                        io.pending.push_back(Event::Sample(Sample {
+                        let s = Sample {
                             key,
                             value,
                             publisher: h.node_id,
@@ -681,7 +1033,8 @@ impl SubShared {
                             timestamp_ns: h.timestamp_ns,
                             encoding: h.encoding,
                             schema_id: h.schema_id,
-                        }));
+                        };
+                        self.deliver(io, c, s, true);
                     }
                     Err(err) => {
                         let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -690,7 +1043,7 @@ impl SubShared {
                 }
             }
             // Handled above, before key matching.
-            Kind::Heartbeat => {}
+            Kind::Heartbeat | Kind::History => {}
             Kind::Batch => {
                 // `decode` has validated every entry.
                 let entries = BatchEntries::new(view.body).into_iter().flatten().flatten();
@@ -700,18 +1053,11 @@ impl SubShared {
                         log_drop(n, "a batch", &"sequence numbers overflow");
                         break;
                     };
-                    if !self.check_seq(io, c, h.node_id, &key, seq) {
-                        continue;
-                    }
                     let start = body_offset + e.offset;
                     let payload = frame.slice(start..start + e.payload.len());
                     match decode_payload(h.encoding, payload, None) {
                         Ok(value) => {
-                            stats::inc(&c.samples_received);
-                            if let Some(d) = self.deadline {
-                                Self::note_deadline(io, d, &key);
-                            }
-                            io.pending.push_back(Event::Sample(Sample {
+                            let s = Sample {
                                 key: key.clone(),
                                 value,
                                 publisher: h.node_id,
@@ -719,7 +1065,8 @@ impl SubShared {
                                 timestamp_ns: e.timestamp_ns,
                                 encoding: h.encoding,
                                 schema_id: h.schema_id,
-                            }));
+                            };
+                            self.deliver(io, c, s, true);
                         }
                         Err(err) => {
                             let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -753,8 +1100,17 @@ impl SubShared {
     }
 
     /// Whether sample `seq` of (`node`, `key`) is new; queues a
-    /// [`Event::Lost`] when it reveals a gap.
-    fn check_seq(&self, io: &mut SubIo, c: &Counters, node: NodeId, key: &str, seq: u64) -> bool {
+    /// [`Event::Lost`] when it reveals a gap, unless `repair` allows and
+    /// the publication can fill it from history.
+    fn check_seq(
+        &self,
+        io: &mut SubIo,
+        c: &Counters,
+        node: NodeId,
+        key: &str,
+        seq: u64,
+        repair: bool,
+    ) -> Verdict {
         let hit = io
             .current
             .as_ref()
@@ -775,7 +1131,7 @@ impl SubShared {
                         key: key.to_owned(),
                         last: seq,
                     });
-                    return true;
+                    return Verdict::Deliver;
                 }
             }
         }
@@ -783,7 +1139,7 @@ impl SubShared {
         if seq == s.last {
             let n = c.samples_duplicate.fetch_add(1, Ordering::Relaxed) + 1;
             log_drop(n, "a duplicate sample", &format_args!("{key} seq {seq}"));
-            return false;
+            return Verdict::Drop;
         }
         if seq < s.last {
             // A publisher's sequence never goes back; a frame that says so is
@@ -796,9 +1152,14 @@ impl SubShared {
                 &format_args!("{key} went back from {} to {seq}", s.last),
             );
             s.last = seq;
-            return true;
+            return Verdict::Deliver;
         }
         let lost = seq - s.last - 1;
+        if lost > 0 && repair && self.repairable(io, node, key) {
+            let last = io.current.as_ref().map_or(0, |s| s.last);
+            return Verdict::Repair(last);
+        }
+        let s = io.current.as_mut().expect("set above");
         let first_seq = s.last + 1;
         s.last = seq;
         if lost > 0 {
@@ -814,7 +1175,7 @@ impl SubShared {
                 first_seq,
             }));
         }
-        true
+        Verdict::Deliver
     }
 }
 

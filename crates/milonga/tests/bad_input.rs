@@ -95,6 +95,7 @@ fn malformed_frames_are_dropped_counted_and_the_node_goes_on() {
         publications: vec![PublicationInfo {
             key: "bad/x".into(),
             reliability: Reliability::BestEffort,
+            history: 0,
         }],
     };
     let file = dir

@@ -303,3 +303,83 @@ fn handles_outliving_their_node_drop_cleanly() {
     rx.recv_timeout(Duration::from_secs(20))
         .expect("dropping the handles finished");
 }
+
+/// Last value on subscribe: a subscriber joining 1,000 busy keys first gets
+/// the last samples kept of each, then the live stream, key by key with no
+/// gap and no duplicate at the seam, then `SubscriptionLive`.
+#[test]
+fn a_late_joiner_gets_kept_samples_then_the_live_stream_without_gap_or_duplicate() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    const KEYS: usize = 1000;
+    const KEPT: usize = 5;
+    let dir = milonga_testkit::TempDir::new("latejoin");
+    let a = open("lj", "pub", Transport::Tcp, dir.path());
+    let b = open("lj", "sub", Transport::Tcp, dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let pubs: Vec<_> = (0..KEYS)
+            .map(|i| {
+                a.publisher_with(&format!("lj/{i}"), PublisherQos::reliable().history(KEPT))
+                    .unwrap()
+            })
+            .collect();
+        let (stop, rounds) = (stop.clone(), rounds.clone());
+        std::thread::spawn(move || {
+            let mut r = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for p in &pubs {
+                    p.put(r).unwrap();
+                }
+                r += 1;
+                rounds.store(r, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    wait_for("ten rounds", Duration::from_secs(20), || {
+        rounds.load(Ordering::Relaxed) >= 10
+    });
+    let s = b
+        .subscribe_with("lj/**", milonga::SubscriberQos::default().last(KEPT))
+        .unwrap();
+    let mut seqs: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut before_live: Option<HashMap<String, usize>> = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "timed out");
+        match s.recv_timeout(Duration::from_secs(5)).expect("an event") {
+            Event::Sample(x) => seqs.entry(x.key).or_default().push(x.seq),
+            Event::SubscriptionLive => {
+                before_live = Some(seqs.iter().map(|(k, v)| (k.clone(), v.len())).collect())
+            }
+            Event::Lost(l) => panic!("lost {l:?}"),
+            _ => {}
+        }
+        if before_live.is_some() && seqs.len() == KEYS && seqs.values().all(|v| v.len() >= KEPT + 3)
+        {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let before_live = before_live.unwrap();
+    for (key, v) in &seqs {
+        assert!(
+            v[0] > 1,
+            "{key}: joined mid-stream, so its first sample is not seq 1"
+        );
+        for w in v.windows(2) {
+            assert_eq!(w[1], w[0] + 1, "{key}: no gap, no duplicate: {v:?}");
+        }
+        assert!(
+            before_live.get(key).copied().unwrap_or(0) >= KEPT,
+            "{key}: the {KEPT} kept samples came before subscription_live"
+        );
+    }
+    let st = b.stats();
+    assert!(st.samples_replayed >= (KEYS * KEPT) as u64, "{st:?}");
+    assert_eq!((st.samples_duplicate, st.samples_lost, s.lost()), (0, 0, 0));
+}

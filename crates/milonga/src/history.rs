@@ -1,0 +1,185 @@
+//! What a publisher keeps for late joiners and repair, and how it answers
+//! a history query (docs/protocol.md §4.3).
+//!
+//! A publisher with `PublisherQos::history(depth)` keeps its last `depth`
+//! samples (their encoded payloads, shared, not copied) in its data
+//! socket's state, so that a query read from that socket is answered under
+//! the same lock as puts: the reply holds everything up to the last put, and
+//! everything put afterwards reaches the asking subscriber live.
+
+use std::collections::{HashMap, VecDeque};
+
+use milonga_wire::cbor::Encoded;
+use milonga_wire::frame::{self, Encoding, Header, Kind};
+use milonga_wire::history::{Entry, KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
+use milonga_wire::{Bytes, Key, KeyExpr};
+
+use crate::node::{DataSock, NodeInner};
+use crate::stats;
+
+/// Largest history query a data socket accepts (its `ZMQ_MAXMSGSIZE`).
+pub(crate) const MAX_QUERY_BYTES: usize = 256 << 10;
+/// A reply frame is cut after about this many bytes of payload.
+const REPLY_FRAME_BYTES: usize = 1 << 20;
+
+/// One kept sample.
+#[derive(Debug, Clone)]
+struct KeptSample {
+    seq: u64,
+    timestamp_ns: u64,
+    encoding: Encoding,
+    schema_id: u32,
+    head: Bytes,
+    tail: Option<Bytes>,
+}
+
+impl KeptSample {
+    fn len(&self) -> usize {
+        self.head.len() + self.tail.as_ref().map_or(0, Bytes::len)
+    }
+
+    fn entry(&self) -> Entry {
+        let payload = match &self.tail {
+            None => self.head.clone(),
+            Some(t) => {
+                let mut v = Vec::with_capacity(self.len());
+                v.extend_from_slice(&self.head);
+                v.extend_from_slice(t);
+                Bytes::from(v)
+            }
+        };
+        Entry {
+            seq: self.seq,
+            timestamp_ns: self.timestamp_ns,
+            encoding: self.encoding,
+            schema_id: self.schema_id,
+            payload,
+        }
+    }
+}
+
+/// The last samples of one key.
+#[derive(Debug)]
+pub(crate) struct Kept {
+    depth: usize,
+    samples: VecDeque<KeptSample>,
+    /// Last sequence number put on the key.
+    last: u64,
+}
+
+impl Kept {
+    pub(crate) fn new(depth: usize) -> Kept {
+        Kept {
+            depth,
+            samples: VecDeque::with_capacity(depth.min(1024)),
+            last: 0,
+        }
+    }
+
+    /// Keeps a sample that was just accepted (sent or batched).
+    pub(crate) fn push(&mut self, seq: u64, timestamp_ns: u64, enc: &Encoded, schema_id: u32) {
+        if self.samples.len() >= self.depth {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(KeptSample {
+            seq,
+            timestamp_ns,
+            encoding: enc.encoding,
+            schema_id,
+            head: enc.head.clone(),
+            tail: enc.tail.clone(),
+        });
+        self.last = seq;
+    }
+
+    fn answer(&self, key: &str, since: Option<u64>, last: u64) -> (KeyHistory, usize) {
+        let first = self.samples.front().map_or(self.last + 1, |s| s.seq);
+        let chosen: Vec<&KeptSample> = match since {
+            Some(s) => self.samples.iter().filter(|k| k.seq > s).collect(),
+            None => {
+                let n = (last as usize).min(self.samples.len());
+                self.samples.iter().skip(self.samples.len() - n).collect()
+            }
+        };
+        let bytes = chosen.iter().map(|k| k.len() + 32).sum();
+        (
+            KeyHistory {
+                key: key.to_owned(),
+                first,
+                last: self.last,
+                entries: chosen.into_iter().map(KeptSample::entry).collect(),
+            },
+            bytes,
+        )
+    }
+}
+
+/// Answers a history query read from data socket `d`, if it names this
+/// socket's endpoint (a query reaches every publisher the subscription is
+/// connected to). Malformed queries are counted and dropped.
+pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
+    let c = &node.counters;
+    let q = match Query::decode(msg) {
+        Ok(q) => q,
+        Err(err) => {
+            stats::inc(&c.history_queries_malformed);
+            tracing::warn!(%err, "dropped a malformed history query");
+            return;
+        }
+    };
+    if q.endpoint != d.endpoint {
+        return;
+    }
+    let (expr, reply_key) = match (
+        KeyExpr::new(q.expr.as_str()),
+        Key::internal(format!("{REPLY_KEY_PREFIX}{}", q.token)),
+    ) {
+        (Ok(e), Ok(k)) => (e, k),
+        (Err(err), _) | (_, Err(err)) => {
+            stats::inc(&c.history_queries_malformed);
+            tracing::warn!(%err, "dropped a history query with a bad expression or token");
+            return;
+        }
+    };
+    let since: HashMap<&str, u64> = q.since.iter().map(|(k, s)| (k.as_str(), *s)).collect();
+    let mut frames: Vec<Reply> = vec![Reply {
+        endpoint: d.endpoint.clone(),
+        ..Reply::default()
+    }];
+    let mut size = 0;
+    let mut keys: Vec<&String> = d.histories.keys().filter(|k| expr.matches(k)).collect();
+    keys.sort();
+    for key in keys {
+        let (kh, bytes) = d.histories[key].answer(key, since.get(key.as_str()).copied(), q.last);
+        if size > 0 && size + bytes > REPLY_FRAME_BYTES {
+            frames.push(Reply {
+                endpoint: d.endpoint.clone(),
+                ..Reply::default()
+            });
+            size = 0;
+        }
+        size += bytes;
+        frames.last_mut().expect("one at least").keys.push(kh);
+    }
+    frames.last_mut().expect("one at least").done = true;
+    stats::inc(&c.history_queries_answered);
+    for r in frames {
+        d.replies += 1;
+        let header = Header {
+            kind: Kind::History,
+            flags: 0,
+            encoding: Encoding::Cbor,
+            domain_tag: node.domain_tag,
+            schema_id: 0,
+            node_id: node.id,
+            seq: d.replies,
+            timestamp_ns: crate::publisher::now_ns(),
+        };
+        let f = frame::encode(&reply_key, &header, &r.encode());
+        if d.sock.send(f, zmq::DONTWAIT).is_err() {
+            stats::inc(&c.history_replies_dropped);
+            tracing::warn!(token = %q.token, "could not send a history reply at once; the subscriber will go on live");
+            return;
+        }
+    }
+}
