@@ -38,10 +38,12 @@ fn bad(what: impl Into<String>) -> HistoryError {
 /// A subscriber's request for kept samples.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Query {
-    /// The data endpoint asked (as announced): a query reaches every
-    /// publisher the subscription is connected to, and only this one
-    /// answers.
-    pub endpoint: String,
+    /// The publisher node asked (32 hex digits): a query reaches every
+    /// publisher the subscription is connected to, and only this node's
+    /// data socket `socket` answers.
+    pub node: String,
+    /// Which of its data sockets: `"best_effort"` or `"reliable"`.
+    pub socket: String,
     /// The subscription's token: the reply goes under `@r/<token>`.
     pub token: String,
     /// Key expression: which keys.
@@ -104,7 +106,8 @@ impl Query {
             .map(|(k, s)| Value::Array(vec![Value::from(k.as_str()), Value::from(*s)]))
             .collect();
         let v = map(vec![
-            ("endpoint", Value::from(self.endpoint.as_str())),
+            ("node", Value::from(self.node.as_str())),
+            ("socket", Value::from(self.socket.as_str())),
             ("token", Value::from(self.token.as_str())),
             ("expr", Value::from(self.expr.as_str())),
             ("last", Value::from(self.last)),
@@ -135,7 +138,8 @@ impl Query {
             }
         }
         Ok(Query {
-            endpoint: text(field(&v, "endpoint")?, "endpoint")?,
+            node: text(field(&v, "node")?, "node")?,
+            socket: text(field(&v, "socket")?, "socket")?,
             token,
             expr: text(field(&v, "expr")?, "expr")?,
             last: uint(field(&v, "last")?, "last")?,
@@ -176,8 +180,9 @@ pub struct KeyHistory {
 /// The body of a history frame (kind 4).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Reply {
-    /// The data endpoint that answers (as in the query).
-    pub endpoint: String,
+    /// The data socket that answers (as in the query); the node is the
+    /// frame header's.
+    pub socket: String,
     /// The keys of this frame.
     pub keys: Vec<KeyHistory>,
     /// Whether this is the last frame of the reply.
@@ -213,7 +218,7 @@ impl Reply {
             })
             .collect();
         encode(&map(vec![
-            ("endpoint", Value::from(self.endpoint.as_str())),
+            ("socket", Value::from(self.socket.as_str())),
             ("keys", Value::Array(keys)),
             ("done", Value::Bool(self.done)),
         ]))
@@ -248,7 +253,7 @@ impl Reply {
             });
         }
         Ok(Reply {
-            endpoint: text(field(&v, "endpoint")?, "endpoint")?,
+            socket: text(field(&v, "socket")?, "socket")?,
             keys,
             done: matches!(field(&v, "done")?, Value::Bool(true)),
         })
@@ -262,7 +267,8 @@ mod tests {
     #[test]
     fn query_round_trip_and_refusals() {
         let q = Query {
-            endpoint: "tcp://127.0.0.1:5555".into(),
+            node: "00".repeat(16),
+            socket: "reliable".into(),
             token: "00ff-3".into(),
             expr: "sr/**".into(),
             last: 5,
@@ -279,7 +285,7 @@ mod tests {
     #[test]
     fn reply_round_trip() {
         let r = Reply {
-            endpoint: "ipc:///x".into(),
+            socket: "best_effort".into(),
             keys: vec![KeyHistory {
                 key: "k".into(),
                 first: 3,

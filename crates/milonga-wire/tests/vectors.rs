@@ -348,7 +348,7 @@ fn cases() -> Vec<Case> {
         let k = Key::internal("@r/000102030405060708090a0b0c0d0e0f-1").unwrap();
         let h = header(Kind::History, Encoding::Cbor, 0, 0, 1);
         let reply = Reply {
-            endpoint: "tcp://127.0.0.1:40002".into(),
+            socket: "reliable".into(),
             keys: vec![KeyHistory {
                 key: "sr/ps/1/current".into(),
                 first: 8,
@@ -369,7 +369,7 @@ fn cases() -> Vec<Case> {
         let value = milonga_wire::cbor::decode_cbor(&Bytes::from(body.clone())).unwrap();
         v.push(Case {
             name: "history_reply",
-            description: "kind 4: the last two samples (seq 8, 9) of sr/ps/1/current kept by the publisher at tcp://127.0.0.1:40002, for subscription token 000102030405060708090a0b0c0d0e0f-1",
+            description: "kind 4: the last two samples (seq 8, 9) of sr/ps/1/current kept by the publisher's reliable data socket, for subscription token 000102030405060708090a0b0c0d0e0f-1",
             frame1: frame::encode(&k, &h, &body),
             frame2: None,
             expect: Ok((k.as_str().into(), header_json(&h, "lab"), vec![value], vec![TS])),

@@ -111,6 +111,13 @@ impl Pending {
         self.samples
     }
 
+    /// The key and the sequence number of the first sample waiting.
+    pub(crate) fn first(&self) -> (&[u8], u64) {
+        let at = self.key_len + 1 + 28;
+        let seq = u64::from_le_bytes(self.frame[at..at + 8].try_into().expect("8 bytes"));
+        (&self.frame[..self.key_len], seq)
+    }
+
     /// Tries to send the batch with `flags`. On success the batch is gone;
     /// on failure it stays, untouched, for the next try.
     pub(crate) fn send(

@@ -200,7 +200,10 @@ impl Control {
             }
         }
         // Tell subscribers this node is leaving, so that they report it
-        // `closed` rather than wait for the connection or the lease.
+        // `closed` rather than wait for the connection or the lease. The
+        // subscriptions that arrived since the last turn are read first:
+        // the socket sends only to subscribers it knows of.
+        while self.live.recv_msg(zmq::DONTWAIT).is_ok() {}
         self.send_heartbeat(true);
         self.stop_monitors();
     }

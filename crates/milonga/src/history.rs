@@ -92,13 +92,24 @@ impl Kept {
         self.last = seq;
     }
 
-    fn answer(&self, key: &str, since: Option<u64>, last: u64) -> (KeyHistory, usize) {
-        let first = self.samples.front().map_or(self.last + 1, |s| s.seq);
+    /// What to send of this key: after `since`, or the `last` latest.
+    /// Samples from `waiting` on are still in a batch that has not left:
+    /// they will reach the subscriber live, so the answer stops before them.
+    fn answer(
+        &self,
+        key: &str,
+        since: Option<u64>,
+        last: u64,
+        waiting: Option<u64>,
+    ) -> (KeyHistory, usize) {
+        let sent_last = waiting.map_or(self.last, |w| w.saturating_sub(1).min(self.last));
+        let sent: Vec<&KeptSample> = self.samples.iter().filter(|k| k.seq <= sent_last).collect();
+        let first = sent.first().map_or(sent_last + 1, |s| s.seq);
         let chosen: Vec<&KeptSample> = match since {
-            Some(s) => self.samples.iter().filter(|k| k.seq > s).collect(),
+            Some(s) => sent.into_iter().filter(|k| k.seq > s).collect(),
             None => {
-                let n = (last as usize).min(self.samples.len());
-                self.samples.iter().skip(self.samples.len() - n).collect()
+                let n = (last as usize).min(sent.len());
+                sent[sent.len() - n..].to_vec()
             }
         };
         let bytes = chosen.iter().map(|k| k.len() + 32).sum();
@@ -106,7 +117,7 @@ impl Kept {
             KeyHistory {
                 key: key.to_owned(),
                 first,
-                last: self.last,
+                last: sent_last,
                 entries: chosen.into_iter().map(KeptSample::entry).collect(),
             },
             bytes,
@@ -127,7 +138,7 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
             return;
         }
     };
-    if q.endpoint != d.endpoint {
+    if q.node != node.id.to_hex() || q.socket != d.reliability.as_str() {
         return;
     }
     let (expr, reply_key) = match (
@@ -142,18 +153,28 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
         }
     };
     let since: HashMap<&str, u64> = q.since.iter().map(|(k, s)| (k.as_str(), *s)).collect();
+    let socket = d.reliability.as_str().to_owned();
     let mut frames: Vec<Reply> = vec![Reply {
-        endpoint: d.endpoint.clone(),
+        socket: socket.clone(),
         ..Reply::default()
     }];
     let mut size = 0;
     let mut keys: Vec<&String> = d.histories.keys().filter(|k| expr.matches(k)).collect();
     keys.sort();
+    let waiting = d.pending.as_ref().map(|p| {
+        let (k, seq) = p.first();
+        (k.to_vec(), seq)
+    });
     for key in keys {
-        let (kh, bytes) = d.histories[key].answer(key, since.get(key.as_str()).copied(), q.last);
+        let waiting = waiting
+            .as_ref()
+            .filter(|(k, _)| k == key.as_bytes())
+            .map(|(_, seq)| *seq);
+        let (kh, bytes) =
+            d.histories[key].answer(key, since.get(key.as_str()).copied(), q.last, waiting);
         if size > 0 && size + bytes > REPLY_FRAME_BYTES {
             frames.push(Reply {
-                endpoint: d.endpoint.clone(),
+                socket: socket.clone(),
                 ..Reply::default()
             });
             size = 0;

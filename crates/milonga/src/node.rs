@@ -47,8 +47,8 @@ pub(crate) struct DataSock {
     pub subscriptions: HashMap<Vec<u8>, u32>,
     /// Samples of a reliable publisher waiting for the socket as one batch.
     pub pending: Option<Pending>,
-    /// The endpoint as announced (history queries name it).
-    pub endpoint: String,
+    /// Best effort or reliable (history queries name the socket by it).
+    pub reliability: Reliability,
     /// Samples kept per key, for publishers with history.
     pub histories: HashMap<String, crate::history::Kept>,
     /// History replies sent, numbered from 1 (their header's seq).
@@ -260,7 +260,7 @@ impl NodeInner {
                 sock,
                 subscriptions: HashMap::new(),
                 pending: None,
-                endpoint: bound.clone(),
+                reliability,
                 histories: HashMap::new(),
                 replies: 0,
             }),

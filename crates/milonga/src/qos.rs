@@ -17,6 +17,16 @@ pub enum Reliability {
     Reliable,
 }
 
+impl Reliability {
+    /// `"best_effort"` or `"reliable"`, as in announcements.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reliability::BestEffort => "best_effort",
+            Reliability::Reliable => "reliable",
+        }
+    }
+}
+
 impl std::str::FromStr for Reliability {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

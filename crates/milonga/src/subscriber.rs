@@ -65,8 +65,6 @@ struct SubIo {
     next_timer: Option<Instant>,
     /// Messages handled: timers are checked every 256 under a flood.
     handled: u32,
-    /// How many publishers are departing.
-    departing: usize,
     /// The matching publications, as last applied.
     matched: BTreeMap<(NodeId, String), MatchedPublication>,
     /// History queries in flight, by publisher node: its samples wait.
@@ -83,7 +81,8 @@ struct SubIo {
 /// (or times out), that node's samples wait here, so that kept samples come
 /// first and the live ones follow in order.
 struct Join {
-    /// Data endpoints asked and not done answering.
+    /// Data sockets (`best_effort`, `reliable`) asked and not done
+    /// answering.
     pending: BTreeSet<String>,
     replies: Vec<KeyHistory>,
     buffer: Vec<Sample>,
@@ -111,9 +110,10 @@ struct PubState {
     name: String,
     alive: bool,
     last_heard: Instant,
-    /// Discovery no longer shows a matching publication: reported
-    /// `undeclared` once what already arrived from it has been read.
-    departing: bool,
+    /// When discovery stopped showing a matching publication of it:
+    /// reported `undeclared` [`DISCONNECT_GRACE`] later, unless its
+    /// goodbye (still on its way) or a closed connection comes first.
+    departing: Option<Instant>,
     /// When its liveliness connection closed: reported `disconnected`
     /// after [`DISCONNECT_GRACE`], unless its goodbye arrives meanwhile.
     disconnected_at: Option<Instant>,
@@ -241,7 +241,6 @@ impl SubShared {
                 deadlines: HashMap::new(),
                 next_timer: None,
                 handled: 0,
-                departing: 0,
                 matched: BTreeMap::new(),
                 joins: HashMap::new(),
                 initial_joins: 0,
@@ -303,17 +302,22 @@ impl SubShared {
         io.applied = t.generation;
         let r = &t.routes;
         // Publishers that no longer offer a matching key depart: they are
-        // reported once what already arrived from them has been read (a
-        // closing node says goodbye before its announcement goes), and
-        // their liveliness connection is kept until then.
+        // reported a moment later (a closing node says goodbye before its
+        // announcement goes, but discovery may be quicker than the
+        // goodbye), and their liveliness connection is kept until then.
         let now = Instant::now();
         for (id, p) in io.publishers.iter_mut() {
-            p.departing = !r.publishers.contains_key(id);
+            if r.publishers.contains_key(id) {
+                p.departing = None;
+            } else if p.departing.is_none() {
+                p.departing = Some(now);
+                let due = now + DISCONNECT_GRACE;
+                io.next_timer = Some(io.next_timer.map_or(due, |t| t.min(due)));
+            }
         }
-        io.departing = io.publishers.values().filter(|p| p.departing).count();
         let mut liveliness = r.liveliness.clone();
         for (ep, id) in &io.liveliness {
-            if io.publishers.get(id).is_some_and(|p| p.departing) {
+            if io.publishers.get(id).is_some_and(|p| p.departing.is_some()) {
                 liveliness.insert(ep.clone(), *id);
             }
         }
@@ -350,11 +354,26 @@ impl SubShared {
         let initial = !io.routed;
         io.routed = true;
         if self.last > 0 || self.reliable {
+            // A publisher that appears after the subscription began (a
+            // restarted one, say) put nothing this subscription has seen:
+            // a reliable subscription asks for all it kept.
+            let last = if self.reliable && !initial {
+                u64::MAX
+            } else {
+                self.last as u64
+            };
             let mut asked = BTreeSet::new();
             for ((node, _), p) in &r.publications {
                 if p.history > 0 && fresh.contains(&p.endpoint) && asked.insert(&p.endpoint) {
-                    let since = self.held(io, *node);
-                    self.ask(io, *node, &p.endpoint, self.expr.as_str(), since, initial);
+                    let q = Query {
+                        node: node.to_hex(),
+                        socket: p.reliability.as_str().to_owned(),
+                        token: self.token.clone(),
+                        expr: self.expr.as_str().to_owned(),
+                        last,
+                        since: self.held(io, *node),
+                    };
+                    self.ask(io, *node, q, initial);
                 }
             }
         }
@@ -367,7 +386,7 @@ impl SubShared {
                 name: String::new(),
                 alive: false,
                 last_heard: now,
-                departing: false,
+                departing: None,
                 disconnected_at: None,
             });
             p.name.clone_from(name);
@@ -455,24 +474,9 @@ impl SubShared {
 
     /// Sends a history query to `endpoint` of `node` and holds that node's
     /// samples until it is answered.
-    fn ask(
-        &self,
-        io: &mut SubIo,
-        node: NodeId,
-        endpoint: &str,
-        expr: &str,
-        since: Vec<(String, u64)>,
-        initial: bool,
-    ) -> bool {
-        let q = Query {
-            endpoint: endpoint.to_owned(),
-            token: self.token.clone(),
-            expr: expr.to_owned(),
-            last: self.last as u64,
-            since,
-        };
+    fn ask(&self, io: &mut SubIo, node: NodeId, q: Query, initial: bool) -> bool {
         if let Err(err) = io.sock.send(q.encode(), zmq::DONTWAIT) {
-            tracing::warn!(%endpoint, %err, "cannot send a history query");
+            tracing::warn!(publisher = %node, %err, "cannot send a history query");
             return false;
         }
         let now = Instant::now();
@@ -483,7 +487,7 @@ impl SubShared {
             started: now,
             initial,
         });
-        if j.pending.insert(endpoint.to_owned()) && initial && j.pending.len() == 1 {
+        if j.pending.insert(q.socket) && initial && j.pending.len() == 1 {
             io.initial_joins += 1;
         }
         let due = now + JOIN_TIMEOUT;
@@ -508,12 +512,12 @@ impl SubShared {
         let Some(j) = io.joins.get_mut(&node) else {
             return; // late: the query timed out
         };
-        if !j.pending.contains(&reply.endpoint) {
+        if !j.pending.contains(&reply.socket) {
             return;
         }
         j.replies.extend(reply.keys);
         if reply.done {
-            j.pending.remove(&reply.endpoint);
+            j.pending.remove(&reply.socket);
             if j.pending.is_empty() {
                 self.finish_join(io, c, node, true);
             }
@@ -604,13 +608,21 @@ impl SubShared {
                 io.pending.push_back(Event::Sample(s));
             }
             Verdict::Repair(last) => {
-                let endpoint = io
+                let socket = io
                     .matched
                     .get(&(s.publisher, s.key.clone()))
-                    .map(|p| p.endpoint.clone());
-                if let Some(ep) = endpoint {
+                    .map(|p| p.reliability.as_str().to_owned());
+                if let Some(socket) = socket {
                     let key = s.key.clone();
-                    self.ask(io, s.publisher, &ep, &key, vec![(key.clone(), last)], false);
+                    let q = Query {
+                        node: s.publisher.to_hex(),
+                        socket,
+                        token: self.token.clone(),
+                        expr: key.clone(),
+                        last: 0,
+                        since: vec![(key, last)],
+                    };
+                    self.ask(io, s.publisher, q, false);
                 }
                 // The sample waits for the repair; if the query could not
                 // be sent, it goes through and the gap is reported.
@@ -630,21 +642,14 @@ impl SubShared {
                 .is_some_and(|p| p.reliability == Reliability::Reliable && p.history > 0)
     }
 
-    /// Reports the departing publishers `undeclared` (unless they said
+    /// Reports the publishers `departed` `undeclared` (unless they said
     /// goodbye or their connection closed meanwhile), and disconnects
-    /// their liveliness endpoints. Called when the socket is empty.
-    fn settle_departures(&self, io: &mut SubIo) {
-        let departed: Vec<NodeId> = io
-            .publishers
-            .iter()
-            .filter(|(_, p)| p.departing)
-            .map(|(id, _)| *id)
-            .collect();
+    /// the liveliness endpoints no longer wanted.
+    fn settle_departures(&self, io: &mut SubIo, departed: Vec<NodeId>) {
         for id in departed {
             self.mark_lost(io, id, LostReason::Undeclared);
             io.publishers.remove(&id);
         }
-        io.departing = 0;
         let wanted = lock(&self.target).routes.liveliness.clone();
         let stale: Vec<String> = io
             .liveliness
@@ -721,6 +726,12 @@ impl SubShared {
             .filter(|(_, p)| p.alive && now >= p.last_heard + self.lease)
             .map(|(id, _)| *id)
             .collect();
+        let departed: Vec<NodeId> = io
+            .publishers
+            .iter()
+            .filter(|(_, p)| p.departing.is_some_and(|t| now >= t + DISCONNECT_GRACE))
+            .map(|(id, _)| *id)
+            .collect();
         let disconnected: Vec<NodeId> = io
             .publishers
             .iter()
@@ -736,6 +747,11 @@ impl SubShared {
                 earliest(p.last_heard + self.lease);
             }
             if let Some(t) = p.disconnected_at.filter(|t| now < *t + DISCONNECT_GRACE) {
+                earliest(t + DISCONNECT_GRACE);
+            }
+        }
+        for p in io.publishers.values() {
+            if let Some(t) = p.departing.filter(|t| now < *t + DISCONNECT_GRACE) {
                 earliest(t + DISCONNECT_GRACE);
             }
         }
@@ -768,6 +784,9 @@ impl SubShared {
         }
         for id in expired {
             self.mark_lost(io, id, LostReason::LeaseExpired);
+        }
+        if !departed.is_empty() {
+            self.settle_departures(io, departed);
         }
         for id in late {
             self.finish_join(io, &self.node.counters, id, false);
@@ -836,19 +855,14 @@ impl SubShared {
             // announcement goes.
             let closed = self.has_closed_connections.load(Ordering::Acquire);
             // Under a flood, take what is there without reading the clock.
-            if io.skip_try == 0 || closed || io.departing > 0 || timeout == Some(Duration::ZERO) {
+            if io.skip_try == 0 || closed || timeout == Some(Duration::ZERO) {
                 match io.sock.recv_msg(zmq::DONTWAIT) {
                     Ok(first) => {
                         self.received(&mut io, first);
                         continue;
                     }
-                    Err(zmq::Error::EAGAIN) if closed || io.departing > 0 => {
-                        if closed {
-                            self.read_closed_connections(&mut io);
-                        }
-                        if io.departing > 0 {
-                            self.settle_departures(&mut io);
-                        }
+                    Err(zmq::Error::EAGAIN) if closed => {
+                        self.read_closed_connections(&mut io);
                         continue;
                     }
                     Err(zmq::Error::EAGAIN) => io.skip_try = 16,
