@@ -587,3 +587,48 @@ fn publisher_liveliness_is_reported_with_its_reason() {
     assert_eq!(event_line(&sub, "summary")["lost"], 0);
     let _ = sub.wait_exit(T);
 }
+
+/// A publisher that keeps history and is restarted: a reliable subscriber
+/// misses none of the samples the new process put, even those put before
+/// its subscription reached it.
+#[test]
+fn a_restarted_publisher_with_history_loses_nothing() {
+    let env = Env::new("restart");
+    let sub = env.spawn(&["sub", "rs/**", "--json", "--reliable"]);
+    let args = [
+        "pub",
+        "rs/x",
+        "1",
+        "--rate",
+        "200",
+        "--reliable",
+        "--history",
+        "1000",
+    ];
+    let mut p1 = env.spawn(&args);
+    let first = event_line(&sub, "publisher_alive")["publisher"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    sample_line(&sub);
+    p1.kill9();
+    assert_eq!(
+        event_line(&sub, "publisher_lost")["publisher"],
+        first.as_str()
+    );
+    let _p2 = env.spawn(&args);
+    let second = event_line(&sub, "publisher_alive")["publisher"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(second, first);
+    let mut expect = 1;
+    while expect <= 50 {
+        let j = json_line(&sub);
+        assert_ne!(j["event"], "lost", "{j}");
+        if j.get("event").is_none() && j["publisher"] == second.as_str() {
+            assert_eq!(j["seq"], expect, "from its first sample on, none missed");
+            expect += 1;
+        }
+    }
+}

@@ -151,3 +151,97 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(19)?.parse().ok()
 }
+
+/// A TCP proxy on the loopback that a test can cut: every connection made
+/// to [`FaultProxy::port`] is forwarded to the upstream address, until
+/// [`FaultProxy::cut`] closes them all (both sides see the connection
+/// drop), and while [`FaultProxy::set_down`] holds, new connections are
+/// closed as soon as they are accepted.
+#[derive(Debug)]
+pub struct FaultProxy {
+    port: u16,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FaultProxy {
+    /// Starts forwarding 127.0.0.1:<a free port> to `upstream`.
+    pub fn start(upstream: std::net::SocketAddr) -> FaultProxy {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().expect("address").port();
+        let proxy = FaultProxy {
+            port,
+            conns: Default::default(),
+            down: Default::default(),
+            stop: Default::default(),
+        };
+        let (conns, down, stop) = (proxy.conns.clone(), proxy.down.clone(), proxy.stop.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                if down.load(Ordering::Acquire) {
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(upstream) else {
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let pipe = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                let mut held = conns.lock().unwrap_or_else(|e| e.into_inner());
+                if let (Ok(c2), Ok(s2), Ok(c3), Ok(s3)) = (
+                    client.try_clone(),
+                    server.try_clone(),
+                    client.try_clone(),
+                    server.try_clone(),
+                ) {
+                    held.push(c3);
+                    held.push(s3);
+                    pipe(c2, server);
+                    pipe(s2, client);
+                }
+            }
+        });
+        proxy
+    }
+
+    /// The port to connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Closes every connection now forwarded.
+    pub fn cut(&self) {
+        let mut held = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        for s in held.drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// While `true`, new connections are closed as soon as accepted.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.cut();
+        // Wake the accepting thread so that it sees `stop`.
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}

@@ -396,3 +396,34 @@ fn a_late_joiner_gets_kept_samples_then_the_live_stream_without_gap_or_duplicate
     assert!(st.samples_replayed >= (KEYS * KEPT) as u64, "{st:?}");
     assert_eq!((st.samples_duplicate, st.samples_lost, s.lost()), (0, 0, 0));
 }
+
+/// Asking for more than a publication offers is reported, policy by
+/// policy, and the samples still flow: never a silent downgrade.
+#[test]
+fn asking_more_than_a_publisher_offers_is_reported() {
+    let dir = milonga_testkit::TempDir::new("qosmatch");
+    let a = open("qm", "pub", Transport::Inproc, dir.path());
+    let b = open("qm", "sub", Transport::Inproc, dir.path());
+    let p = a
+        .publisher_with("qm/x", PublisherQos::best_effort().history(3))
+        .unwrap();
+    let s = b
+        .subscribe_with(
+            "qm/x",
+            milonga::SubscriberQos::default().reliable().last(10),
+        )
+        .unwrap();
+    let mut policies = std::collections::BTreeSet::new();
+    while policies.len() < 2 {
+        if let Event::IncompatibleQos(q) = next_status(&s) {
+            assert_eq!((q.publisher, q.key.as_str()), (a.id(), "qm/x"));
+            policies.insert(q.policy.as_str());
+        }
+    }
+    assert_eq!(policies, ["history", "reliability"].into());
+    wait_for("subscription", Duration::from_secs(5), || {
+        p.subscriber_count() == 1
+    });
+    p.put(1u64).unwrap();
+    assert_eq!(next_sample(&s).key, "qm/x");
+}
