@@ -1,4 +1,4 @@
-//! History queries and replies (docs/protocol.md §4.3).
+//! History queries and replies (docs/protocol.md §4.2).
 //!
 //! A subscriber asks a publisher's data socket for samples it keeps by
 //! sending a *query* upstream on the same connection as its subscriptions

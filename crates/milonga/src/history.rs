@@ -1,5 +1,5 @@
 //! What a publisher keeps for late joiners and repair, and how it answers
-//! a history query (docs/protocol.md §4.3).
+//! a history query (docs/protocol.md §4.2).
 //!
 //! A publisher with `PublisherQos::history(depth)` keeps its last `depth`
 //! samples (their encoded payloads, shared, not copied) in its data

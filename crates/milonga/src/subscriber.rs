@@ -186,7 +186,7 @@ impl SubShared {
         qos: &SubscriberQos,
     ) -> Result<Self, OpenError> {
         // XSUB rather than SUB: it can send history queries upstream, on the
-        // same connections as its subscriptions (docs/protocol.md §4.3).
+        // same connections as its subscriptions (docs/protocol.md §4.2).
         let sock = node.ctx.socket(zmq::XSUB)?;
         let cfg_err = |source| OpenError::Socket {
             action: "configure",
