@@ -160,6 +160,14 @@ struct SubArgs {
     /// `incompatible_qos`.
     #[arg(long)]
     reliable: bool,
+    /// Keep only the newest N samples of each key when this reader is slow
+    /// (older ones are squashed, not lost).
+    #[arg(long, conflicts_with = "keep_all")]
+    keep_last: Option<usize>,
+    /// Keep every sample, at most N waiting when this reader is slow;
+    /// beyond, report them lost.
+    #[arg(long)]
+    keep_all: Option<usize>,
     /// Report `deadline_missed` for a key silent longer than this many
     /// milliseconds (and again each period until it speaks).
     #[arg(long)]
@@ -266,6 +274,12 @@ fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
     let mut qos = SubscriberQos::default().last(a.last);
     if a.reliable {
         qos = qos.reliable();
+    }
+    if let Some(n) = a.keep_last {
+        qos = qos.keep_last(n);
+    }
+    if let Some(n) = a.keep_all {
+        qos = qos.keep_all(n);
     }
     if let Some(ms) = a.deadline_ms {
         if !(ms > 0.0 && ms.is_finite()) {

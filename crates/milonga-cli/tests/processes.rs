@@ -632,3 +632,48 @@ fn a_restarted_publisher_with_history_loses_nothing() {
         }
     }
 }
+
+/// Best effort: a subscriber frozen with SIGSTOP slows neither the
+/// publisher nor the other subscribers, which receive everything; the
+/// frozen one is told what it lost once it runs again.
+#[test]
+fn a_stopped_subscriber_slows_neither_the_publisher_nor_the_others() {
+    let env = Env::new("stopped");
+    let mut cfg = env.config("fast-pub");
+    cfg.transport = milonga::Transport::Ipc;
+    cfg.send_hwm = 20;
+    let node = Node::open_with(cfg).unwrap();
+    let p = node.publisher("st/x").unwrap();
+    let spawn = || env.spawn(&["sub", "st/x", "--json"]);
+    let subs = [spawn(), spawn(), spawn()];
+    wait_for("three subscribers", T, || p.subscriber_count() == 3);
+    subs[0].signal(libc::SIGSTOP);
+    // 10 MB in all, more than the frozen subscriber's queues (20 + 1000
+    // messages) and socket buffers hold; 5,000 samples a second, which the
+    // running ones keep up with.
+    let n = 2000u64;
+    let payload = milonga::Value::Bytes(milonga::Bytes::from(vec![7u8; 5000]));
+    for i in 0..n {
+        p.put(payload.clone()).unwrap();
+        if i % 10 == 9 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    for s in &subs[1..] {
+        let mut next = 1u64;
+        while next <= n {
+            let j = json_line(s);
+            assert_ne!(j["event"], "lost", "a running subscriber lost nothing: {j}");
+            if j.get("event").is_none() {
+                assert_eq!(j["seq"], next);
+                next += 1;
+            }
+        }
+    }
+    subs[0].signal(libc::SIGCONT);
+    // One more sample reveals the frozen subscriber's gap.
+    std::thread::sleep(Duration::from_millis(200));
+    p.put(payload).unwrap();
+    let lost = event_line(&subs[0], "lost");
+    assert!(lost["count"].as_u64().unwrap() > 0, "{lost}");
+}

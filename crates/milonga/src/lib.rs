@@ -38,6 +38,7 @@ mod history;
 mod node;
 mod publisher;
 mod qos;
+mod queue;
 mod sample;
 mod stats;
 mod subscriber;
@@ -50,6 +51,7 @@ pub use error::{OpenError, PublisherError, PutError, RecvError, SubscribeError};
 pub use node::Node;
 pub use publisher::Publisher;
 pub use qos::{PublisherQos, Reliability, SubscriberQos};
+pub use queue::QueuePolicy;
 pub use sample::{
     DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
     QosPolicy, Sample,

@@ -104,12 +104,32 @@ pub struct SubscriberQos {
     /// best-effort publisher is reported as
     /// [`crate::Event::IncompatibleQos`].
     pub reliable: bool,
+    /// How this subscription falls behind when its application is slow:
+    /// `None` (default) leaves events in the socket's queue
+    /// (`queue_depth`), where a best-effort publisher drops them and a
+    /// reliable one waits; a [`crate::QueuePolicy`] reads them at once into
+    /// an application queue that keeps all (bounded) or the last per key.
+    pub queue: Option<crate::QueuePolicy>,
 }
 
 impl SubscriberQos {
     /// Asks for the last `n` kept samples of every matching key on joining.
     pub fn last(mut self, n: usize) -> Self {
         self.last = n;
+        self
+    }
+
+    /// Keeps every sample in an application queue of at most `bound`;
+    /// beyond, new samples are dropped and reported lost.
+    pub fn keep_all(mut self, bound: usize) -> Self {
+        self.queue = Some(crate::QueuePolicy::KeepAll(bound));
+        self
+    }
+
+    /// Keeps only the newest `n` samples of each key for the application;
+    /// older ones are squashed (counted, not lost).
+    pub fn keep_last(mut self, n: usize) -> Self {
+        self.queue = Some(crate::QueuePolicy::KeepLast(n));
         self
     }
 

@@ -80,6 +80,9 @@ counters! {
     history_queries_unanswered,
     /// Samples delivered from a publisher's history (late joining or repair).
     samples_replayed,
+    /// Samples replaced by a newer one of their key in a `keep_last`
+    /// application queue (not lost: superseded).
+    samples_squashed,
 }
 
 pub(crate) fn inc(c: &AtomicU64) {

@@ -15,6 +15,7 @@ use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
 use crate::error::{OpenError, RecvError, SubscribeError};
 use crate::node::{lock, try_lock, MatchedPublication, NodeInner, Routes};
 use crate::qos::{Reliability, SubscriberQos};
+use crate::queue::{AppQueue, Pushed};
 use crate::sample::{
     DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
     QosPolicy, Sample,
@@ -172,6 +173,9 @@ pub(crate) struct SubShared {
     reliable: bool,
     /// This subscription's token: history replies come under `@r/<token>`.
     token: String,
+    /// The application queue, with a queue policy.
+    app: Option<AppQueue>,
+    squashed: AtomicU64,
     /// Declared last: dropped after the sockets above, so that if this
     /// holds the last reference to the node, they are closed before the
     /// context is terminated (which waits for every socket).
@@ -260,6 +264,8 @@ impl SubShared {
             last: qos.last,
             reliable: qos.reliable,
             token,
+            app: qos.queue.map(AppQueue::new),
+            squashed: AtomicU64::new(0),
         })
     }
 
@@ -913,6 +919,54 @@ impl SubShared {
         }
     }
 
+    /// The next event for the application: from the application queue when
+    /// the subscription has a queue policy, else straight from the socket.
+    fn next_for_app(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
+        let Some(app) = &self.app else {
+            return self.next_event(timeout);
+        };
+        match app.pop(timeout) {
+            Ok(ev) => Ok(ev),
+            Err(true) => Err(RecvError::Closed),
+            Err(false) if timeout == Some(Duration::ZERO) => Err(RecvError::Empty),
+            Err(false) => Err(RecvError::Timeout),
+        }
+    }
+
+    /// The pump thread of a subscription with a queue policy: reads events
+    /// as they come and queues them by the policy.
+    fn pump(&self) {
+        let Some(app) = &self.app else { return };
+        let c = &self.node.counters;
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            match self.next_event(Some(Duration::from_millis(200))) {
+                Ok(ev) => {
+                    let publisher = ev.as_sample().map(|s| s.publisher);
+                    match app.push(ev) {
+                        Pushed::Queued => {}
+                        Pushed::Squashed => {
+                            stats::inc(&c.samples_squashed);
+                            self.squashed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Pushed::Dropped => {
+                            stats::inc(&c.samples_lost);
+                            self.lost_total.fetch_add(1, Ordering::Relaxed);
+                            if let Some(p) = publisher {
+                                *lock(&self.lost_by_publisher).entry(p).or_insert(0) += 1;
+                            }
+                        }
+                    }
+                }
+                Err(RecvError::Timeout) => {}
+                Err(_) => break,
+            }
+        }
+        app.close();
+    }
+
     /// Handles a received message; under a flood the socket is never
     /// empty, so the timers are looked at every 256 messages all the same.
     fn received(&self, io: &mut SubIo, first: zmq::Message) {
@@ -1207,6 +1261,7 @@ impl Drop for SubShared {
 pub struct Subscriber {
     shared: Arc<SubShared>,
     dispatcher: Option<JoinHandle<()>>,
+    pump: Option<JoinHandle<()>>,
 }
 
 impl Subscriber {
@@ -1215,6 +1270,19 @@ impl Subscriber {
         shared: Arc<SubShared>,
         callback: Option<Box<dyn FnMut(Event) + Send>>,
     ) -> Result<Subscriber, SubscribeError> {
+        // With a queue policy, a pump reads the socket as fast as events
+        // come and the application (or the callback) reads the queue.
+        let pump = match &shared.app {
+            None => None,
+            Some(_) => {
+                let s = shared.clone();
+                let th = std::thread::Builder::new()
+                    .name(format!("milonga-pump {}", shared.expr))
+                    .spawn(move || s.pump())
+                    .map_err(SubscribeError::Thread)?;
+                Some(th)
+            }
+        };
         let dispatcher = match callback {
             None => None,
             Some(mut cb) => {
@@ -1222,7 +1290,7 @@ impl Subscriber {
                 let th = std::thread::Builder::new()
                     .name(format!("milonga-sub {}", shared.expr))
                     .spawn(move || loop {
-                        match s.next_event(Some(Duration::from_millis(200))) {
+                        match s.next_for_app(Some(Duration::from_millis(200))) {
                             Ok(ev) => {
                                 let key = s.expr.to_string();
                                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(ev)));
@@ -1241,7 +1309,11 @@ impl Subscriber {
                 Some(th)
             }
         };
-        Ok(Subscriber { shared, dispatcher })
+        Ok(Subscriber {
+            shared,
+            dispatcher,
+            pump,
+        })
     }
 
     fn check_mode(&self) -> Result<(), RecvError> {
@@ -1260,19 +1332,24 @@ impl Subscriber {
     /// Waits for the next event until the node closes.
     pub fn recv(&self) -> Result<Event, RecvError> {
         self.check_mode()?;
-        self.shared.next_event(None)
+        self.shared.next_for_app(None)
     }
 
     /// Waits at most `timeout` for the next event.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Event, RecvError> {
         self.check_mode()?;
-        self.shared.next_event(Some(timeout))
+        self.shared.next_for_app(Some(timeout))
     }
 
     /// The next event if one is queued, else [`RecvError::Empty`].
     pub fn try_recv(&self) -> Result<Event, RecvError> {
         self.check_mode()?;
-        self.shared.next_event(Some(Duration::ZERO))
+        self.shared.next_for_app(Some(Duration::ZERO))
+    }
+
+    /// Samples replaced by newer ones of their key (`keep_last` policy).
+    pub fn squashed(&self) -> u64 {
+        self.shared.squashed.load(Ordering::Relaxed)
     }
 
     /// Iterates over events until the node closes.
@@ -1340,7 +1417,10 @@ impl Drop for Subscriber {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake();
-        if let Some(th) = self.dispatcher.take() {
+        for th in [self.dispatcher.take(), self.pump.take()]
+            .into_iter()
+            .flatten()
+        {
             if th.thread().id() != std::thread::current().id() {
                 let _ = th.join();
             }

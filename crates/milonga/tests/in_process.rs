@@ -427,3 +427,72 @@ fn asking_more_than_a_publisher_offers_is_reported() {
     p.put(1u64).unwrap();
     assert_eq!(next_sample(&s).key, "qm/x");
 }
+
+/// `keep_last(1)`: a subscriber that does not read for a while gets the
+/// newest sample of each key, the older ones counted as squashed, none lost.
+#[test]
+fn keep_last_gives_a_slow_reader_the_newest_value_of_each_key() {
+    let dir = milonga_testkit::TempDir::new("keeplast");
+    let a = open("kl", "pub", Transport::Inproc, dir.path());
+    let b = open("kl", "sub", Transport::Inproc, dir.path());
+    let pubs: Vec<_> = (0..10)
+        .map(|i| a.publisher(&format!("kl/{i}")).unwrap())
+        .collect();
+    let s = b
+        .subscribe_with("kl/**", milonga::SubscriberQos::default().keep_last(1))
+        .unwrap();
+    wait_for("subscriptions", Duration::from_secs(5), || {
+        pubs.iter().all(|p| p.subscriber_count() == 1)
+    });
+    for round in 0..100u64 {
+        for p in &pubs {
+            p.put(round).unwrap();
+        }
+    }
+    wait_for("the pump to read all 1000", Duration::from_secs(10), || {
+        b.stats().samples_received == 1000
+    });
+    let mut got = std::collections::BTreeMap::new();
+    while let Ok(ev) = s.try_recv() {
+        if let Event::Sample(x) = ev {
+            assert!(got.insert(x.key.clone(), x.value).is_none(), "one per key");
+        }
+    }
+    assert_eq!(got.len(), 10);
+    assert!(got.values().all(|v| *v == Value::from(99u64)), "{got:?}");
+    assert_eq!((s.squashed(), s.lost()), (990, 0));
+    assert_eq!(b.stats().samples_squashed, 990);
+}
+
+/// `keep_all(bound)`: beyond the bound, new samples are dropped and
+/// reported lost, exactly.
+#[test]
+fn keep_all_drops_beyond_its_bound_and_reports_it() {
+    let dir = milonga_testkit::TempDir::new("keepall");
+    let a = open("ka", "pub", Transport::Inproc, dir.path());
+    let b = open("ka", "sub", Transport::Inproc, dir.path());
+    let p = a.publisher("ka/x").unwrap();
+    let s = b
+        .subscribe_with("ka/x", milonga::SubscriberQos::default().keep_all(10))
+        .unwrap();
+    wait_for("subscription", Duration::from_secs(5), || {
+        p.subscriber_count() == 1
+    });
+    for i in 0..50u64 {
+        p.put(i).unwrap();
+    }
+    wait_for("the pump to read all 50", Duration::from_secs(10), || {
+        b.stats().samples_received == 50
+    });
+    let (mut seqs, mut lost) = (Vec::new(), Vec::new());
+    while let Ok(ev) = s.try_recv() {
+        match ev {
+            Event::Sample(x) => seqs.push(x.seq),
+            Event::Lost(l) => lost.push((l.first_seq, l.count)),
+            _ => {}
+        }
+    }
+    assert_eq!(seqs, (1..=10).collect::<Vec<_>>());
+    assert_eq!(lost, vec![(11, 40)]);
+    assert_eq!(s.lost(), 40);
+}
