@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod cbor;
+pub mod filter;
 pub mod frame;
 pub mod history;
 pub mod key;
