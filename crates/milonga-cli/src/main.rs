@@ -160,6 +160,20 @@ struct SubArgs {
     /// `incompatible_qos`.
     #[arg(long)]
     reliable: bool,
+    /// Only samples for which this expression holds, evaluated by the
+    /// publisher: `value > 3.5 && status == "ON"` (docs/filters.md).
+    #[arg(long)]
+    filter: Option<String>,
+    /// Only samples whose value changed by at least this much since the
+    /// last one sent (element-wise for arrays).
+    #[arg(long)]
+    abs_change: Option<f64>,
+    /// Only samples whose value changed by at least this fraction.
+    #[arg(long)]
+    rel_change: Option<f64>,
+    /// At most one sample per key per this many milliseconds.
+    #[arg(long)]
+    min_period_ms: Option<u64>,
     /// Keep only the newest N samples of each key when this reader is slow
     /// (older ones are squashed, not lost).
     #[arg(long, conflicts_with = "keep_all")]
@@ -277,6 +291,15 @@ fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
     }
     if let Some(n) = a.keep_last {
         qos = qos.keep_last(n);
+    }
+    let filter = milonga::Filter {
+        expr: a.filter.clone(),
+        abs_change: a.abs_change,
+        rel_change: a.rel_change,
+        min_period_ms: a.min_period_ms,
+    };
+    if filter != milonga::Filter::default() {
+        qos = qos.filter(filter);
     }
     if let Some(n) = a.keep_all {
         qos = qos.keep_all(n);

@@ -677,3 +677,58 @@ fn a_stopped_subscriber_slows_neither_the_publisher_nor_the_others() {
     let lost = event_line(&subs[0], "lost");
     assert!(lost["count"].as_u64().unwrap() > 0, "{lost}");
 }
+
+/// `milonga sub --filter`, `--min-period-ms`: the publisher sends only what
+/// passes; a filter that does not parse is a clear error.
+#[test]
+fn sub_filters_are_applied_by_the_publisher() {
+    let env = Env::new("cfilter");
+    let high = env.spawn(&[
+        "sub",
+        "cf/x",
+        "--json",
+        "--filter",
+        "value.v >= 3 && value.ok",
+    ]);
+    let slow = env.spawn(&["sub", "cf/x", "--json", "--min-period-ms", "300"]);
+    let node = Node::open_with(env.config("cf-pub")).unwrap();
+    let p = node.publisher("cf/x").unwrap();
+    wait_for("two filtered subscribers", T, || {
+        p.subscriber_count() == 2 && node.stats().filters_declared == 2
+    });
+    let started = std::time::Instant::now();
+    for i in 0..50u64 {
+        let v = milonga::Value::Map(vec![
+            ("v".into(), (i % 5).into()),
+            ("ok".into(), milonga::Value::Bool(i % 2 == 0)),
+        ]);
+        p.put(v).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let elapsed = started.elapsed();
+    // i % 5 >= 3 and i even: i = 4, 8, 14, 18, ... : 10 of 50.
+    for _ in 0..10 {
+        let s = sample_line(&high);
+        let v = &s["value"];
+        assert!(v["v"].as_u64().unwrap() >= 3 && v["ok"] == true, "{s}");
+    }
+    // At most one per 300 ms.
+    let most = elapsed.as_millis() as usize / 300 + 1;
+    let mut seen = 0;
+    let end = std::time::Instant::now() + Duration::from_millis(500);
+    while std::time::Instant::now() < end {
+        if let Some(line) = slow.line(Duration::from_millis(100)) {
+            if !line.contains("\"event\"") {
+                seen += 1;
+            }
+        }
+    }
+    assert!((1..=most).contains(&seen), "{seen} samples, at most {most}");
+    let out = env
+        .cmd(&["sub", "cf/x", "--filter", "value >", "--timeout", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at byte 7"), "{err}");
+}

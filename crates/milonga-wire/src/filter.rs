@@ -17,8 +17,9 @@
 //! ```
 //!
 //! A path names a field of the value when the value is a map (`status`,
-//! `limits.high`); the path `value` is the whole value when it is not a map
-//! (or has no field `value`). A comparison of a number with a number
+//! `limits.high`); a path that starts with `value` starts from the whole
+//! value, unless the value is a map with a field `value` (`value > 3` on a
+//! number, `value.status == "ON"` on a map). A comparison of a number with a number
 //! compares numerically, text with text by bytes, booleans and null by
 //! equality only; any other comparison, or a path to a missing field, makes
 //! the expression fail for that sample (it does not pass, and the publisher
@@ -364,11 +365,15 @@ impl Expr {
         match self {
             Expr::Lit(l) => Ok(Cow::Owned(l.clone())),
             Expr::Path(path) => {
-                if path.len() == 1 && path[0] == "value" && v.get("value").is_none() {
-                    return Ok(Cow::Borrowed(v));
-                }
+                // `value` is the whole value unless the value is a map with
+                // a field of that name: `value > 3`, `value.status == "ON"`.
+                let rest = if path[0] == "value" && v.get("value").is_none() {
+                    &path[1..]
+                } else {
+                    &path[..]
+                };
                 let mut cur = v;
-                for p in path {
+                for p in rest {
                     cur = cur
                         .get(p)
                         .ok_or_else(|| EvalError::MissingField(path.join(".")))?;
@@ -553,5 +558,121 @@ mod tests {
         }
         .validate()
         .is_err());
+    }
+}
+
+/// First byte of a filter declaration (after history queries' 2).
+pub const DECLARE_TAG: u8 = 0x03;
+/// Prefix of the keys filtered samples travel under: `@f/<id>/<key>`.
+pub const FILTERED_KEY_PREFIX: &str = "@f/";
+
+/// A subscriber's filter declaration, sent upstream like a history query
+/// (docs/protocol.md §4.4).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Declaration {
+    /// The publisher node (32 hex digits).
+    pub node: String,
+    /// Which of its data sockets: `"best_effort"` or `"reliable"`.
+    pub socket: String,
+    /// The key expression of the subscription.
+    pub keys: String,
+    /// The filter.
+    pub filter: Filter,
+}
+
+impl Declaration {
+    /// The message: [`DECLARE_TAG`] then a CBOR map.
+    pub fn encode(&self) -> Vec<u8> {
+        let f = &self.filter;
+        let mut pairs = vec![
+            (Value::from("node"), Value::from(self.node.as_str())),
+            (Value::from("socket"), Value::from(self.socket.as_str())),
+            (Value::from("keys"), Value::from(self.keys.as_str())),
+        ];
+        if let Some(e) = &f.expr {
+            pairs.push((Value::from("where"), Value::from(e.as_str())));
+        }
+        if let Some(a) = f.abs_change {
+            pairs.push((Value::from("abs_change"), Value::Float(a)));
+        }
+        if let Some(r) = f.rel_change {
+            pairs.push((Value::from("rel_change"), Value::Float(r)));
+        }
+        if let Some(m) = f.min_period_ms {
+            pairs.push((Value::from("min_period_ms"), Value::from(m)));
+        }
+        let mut out = vec![DECLARE_TAG];
+        let _ = crate::cbor::encode_cbor(&Value::Map(pairs), &mut out);
+        out
+    }
+
+    /// Reads a declaration; the filter is validated.
+    pub fn decode(msg: &[u8]) -> Result<Declaration, FilterError> {
+        let bad = |why: &str| FilterError {
+            text: String::new(),
+            at: 0,
+            why: why.to_owned(),
+        };
+        let Some((&DECLARE_TAG, body)) = msg.split_first() else {
+            return Err(bad("not a filter declaration"));
+        };
+        let v = crate::cbor::decode_cbor(&bytes::Bytes::copy_from_slice(body))
+            .map_err(|e| bad(&e.to_string()))?;
+        let text = |k: &str| match v.get(k) {
+            Some(Value::Text(t)) => Ok(Some(t.clone())),
+            None => Ok(None),
+            Some(_) => Err(bad(&format!("{k} is not text"))),
+        };
+        let num = |k: &str| match v.get(k) {
+            None => Ok(None),
+            Some(x) => number(x)
+                .map(Some)
+                .ok_or_else(|| bad(&format!("{k} is not a number"))),
+        };
+        let need = |x: Option<String>, k: &str| x.ok_or_else(|| bad(&format!("no {k}")));
+        let d = Declaration {
+            node: need(text("node")?, "node")?,
+            socket: need(text("socket")?, "socket")?,
+            keys: need(text("keys")?, "keys")?,
+            filter: Filter {
+                expr: text("where")?,
+                abs_change: num("abs_change")?,
+                rel_change: num("rel_change")?,
+                min_period_ms: match v.get("min_period_ms") {
+                    None => None,
+                    Some(Value::Int(i)) => {
+                        Some(u64::try_from(*i).map_err(|_| bad("min_period_ms"))?)
+                    }
+                    Some(_) => return Err(bad("min_period_ms is not an integer")),
+                },
+            },
+        };
+        d.filter.validate()?;
+        Ok(d)
+    }
+}
+
+#[cfg(test)]
+mod declaration_tests {
+    use super::*;
+
+    #[test]
+    fn declarations_round_trip_and_bad_ones_are_refused() {
+        let d = Declaration {
+            node: "ab".repeat(16),
+            socket: "reliable".into(),
+            keys: "sr/**".into(),
+            filter: Filter {
+                expr: Some("value > 1".into()),
+                abs_change: Some(0.5),
+                rel_change: None,
+                min_period_ms: Some(100),
+            },
+        };
+        assert_eq!(Declaration::decode(&d.encode()).unwrap(), d);
+        let mut bad = d.clone();
+        bad.filter.expr = Some("value >".into());
+        assert!(Declaration::decode(&bad.encode()).is_err());
+        assert!(Declaration::decode(b"\x03\x01").is_err());
     }
 }

@@ -92,6 +92,9 @@ pub enum SubscribeError {
     /// A QoS setting is out of range.
     #[error("invalid subscriber QoS: {0}")]
     Qos(String),
+    /// The filter does not parse or is out of range.
+    #[error(transparent)]
+    Filter(#[from] milonga_wire::filter::FilterError),
 }
 
 /// Why a `put` did not send its sample.

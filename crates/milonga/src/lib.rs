@@ -34,6 +34,7 @@ mod config;
 mod control;
 mod discovery;
 mod error;
+mod filters;
 mod history;
 mod node;
 mod publisher;
@@ -60,6 +61,7 @@ pub use stats::NodeStats;
 pub use subscriber::{Iter, Subscriber};
 
 pub use milonga_wire as wire;
+pub use milonga_wire::filter::{Filter, FilterError};
 pub use milonga_wire::{
     Bytes, ElementType, Encoding, Key, KeyError, KeyExpr, NodeId, TypedArray, Value,
 };

@@ -51,6 +51,8 @@ pub(crate) struct DataSock {
     pub reliability: Reliability,
     /// Samples kept per key, for publishers with history.
     pub histories: HashMap<String, crate::history::Kept>,
+    /// Filters declared by subscribers, by id.
+    pub filters: HashMap<String, crate::filters::PubFilter>,
     /// History replies sent, numbered from 1 (their header's seq).
     pub replies: u64,
 }
@@ -65,6 +67,9 @@ impl DataSock {
                 Some(&milonga_wire::history::QUERY_TAG) => {
                     crate::history::answer(self, node, &msg);
                 }
+                Some(&milonga_wire::filter::DECLARE_TAG) => {
+                    crate::filters::declare(self, node, &msg);
+                }
                 Some(1) => {
                     *self.subscriptions.entry(msg[1..].to_vec()).or_insert(0) += 1;
                     crate::stats::inc(&counters.subscription_messages);
@@ -74,6 +79,9 @@ impl DataSock {
                         *n -= 1;
                         if *n == 0 {
                             self.subscriptions.remove(&msg[1..]);
+                            if !self.filters.is_empty() {
+                                crate::filters::prune(self);
+                            }
                         }
                     }
                     crate::stats::inc(&counters.subscription_messages);
@@ -101,10 +109,20 @@ impl DataSock {
     }
 
     /// Subscribers whose subscription lets `frame_prefix` (key + NUL) through.
+    /// A filtered subscription (prefix `@f/<id>/...`) counts when what
+    /// follows its filter prefix lets the key through.
     pub(crate) fn subscribers_of(&self, frame_prefix: &[u8]) -> u32 {
+        let filtered = milonga_wire::filter::FILTERED_KEY_PREFIX.as_bytes();
         self.subscriptions
             .iter()
-            .filter(|(p, _)| frame_prefix.starts_with(p))
+            .filter(|(p, _)| {
+                let p = match p.strip_prefix(filtered) {
+                    // `<16 hex digits>/`, then the subscription's own prefix.
+                    Some(rest) if rest.len() >= 17 && rest[16] == b'/' => &rest[17..],
+                    _ => &p[..],
+                };
+                frame_prefix.starts_with(p)
+            })
             .map(|(_, n)| *n)
             .sum()
     }
@@ -262,6 +280,7 @@ impl NodeInner {
                 pending: None,
                 reliability,
                 histories: HashMap::new(),
+                filters: HashMap::new(),
                 replies: 0,
             }),
             endpoint: bound,
@@ -625,6 +644,15 @@ impl Node {
             return Err(SubscribeError::Closed);
         }
         let expr = KeyExpr::new(expr)?;
+        if let Some(f) = &qos.filter {
+            f.validate()?;
+            if qos.last > 0 || qos.reliable {
+                return Err(SubscribeError::Qos(
+                    "a filter cannot be combined with last or reliable yet: history is kept unfiltered"
+                        .into(),
+                ));
+            }
+        }
         if qos.deadline.is_some_and(|d| d.is_zero()) {
             return Err(SubscribeError::Qos(
                 "a deadline must be longer than zero".into(),

@@ -250,12 +250,23 @@ impl Publisher {
         self.accepted(seq)
     }
 
-    /// Keeps sample `seq` in the history, if this publisher keeps one.
+    /// Keeps sample `seq` in the history, if this publisher keeps one, and
+    /// sends it to the filters it passes, if subscribers declared any.
     fn keep(&self, d: &mut DataSock, seq: u64, timestamp_ns: u64, enc: &Encoded, schema_id: u32) {
         if self.qos.history > 0 {
             if let Some(k) = d.histories.get_mut(self.key.as_str()) {
                 k.push(seq, timestamp_ns, enc, schema_id);
             }
+        }
+        if !d.filters.is_empty() {
+            crate::filters::apply(
+                d,
+                &self.node,
+                self.key.as_str(),
+                timestamp_ns,
+                enc,
+                schema_id,
+            );
         }
     }
 

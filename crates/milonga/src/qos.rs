@@ -83,7 +83,7 @@ impl PublisherQos {
 }
 
 /// QoS of a subscription.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct SubscriberQos {
     /// Messages queued per connected publisher before the subscriber pushes
@@ -110,6 +110,9 @@ pub struct SubscriberQos {
     /// reliable one waits; a [`crate::QueuePolicy`] reads them at once into
     /// an application queue that keeps all (bounded) or the last per key.
     pub queue: Option<crate::QueuePolicy>,
+    /// A filter the publishers apply before sending (docs/filters.md):
+    /// samples that do not pass never reach this subscription.
+    pub filter: Option<crate::Filter>,
 }
 
 impl SubscriberQos {
@@ -130,6 +133,12 @@ impl SubscriberQos {
     /// older ones are squashed (counted, not lost).
     pub fn keep_last(mut self, n: usize) -> Self {
         self.queue = Some(crate::QueuePolicy::KeepLast(n));
+        self
+    }
+
+    /// Attaches a filter, applied by the publishers.
+    pub fn filter(mut self, filter: crate::Filter) -> Self {
+        self.filter = Some(filter);
         self
     }
 

@@ -80,6 +80,22 @@ counters! {
     history_queries_unanswered,
     /// Samples delivered from a publisher's history (late joining or repair).
     samples_replayed,
+    /// Filter evaluations by this node's publishers (one per distinct
+    /// filter and sample of a key it matches).
+    filter_evaluations,
+    /// Filter evaluations that failed (a missing field, values that cannot
+    /// be compared); the sample did not pass.
+    filter_errors,
+    /// Distinct filters declared to this node's publishers.
+    filters_declared,
+    /// Filter declarations dropped as malformed.
+    filters_malformed,
+    /// Filter declarations refused because a data socket keeps too many.
+    filters_refused,
+    /// Samples that passed a filter but could not be sent at once.
+    filtered_dropped,
+    /// Bytes of data messages received by this node's subscriptions.
+    bytes_received,
     /// Samples replaced by a newer one of their key in a `keep_last`
     /// application queue (not lost: superseded).
     samples_squashed,

@@ -175,6 +175,8 @@ pub(crate) struct SubShared {
     token: String,
     /// The application queue, with a queue policy.
     app: Option<AppQueue>,
+    /// The filter publishers apply, and its key prefix `@f/<id>/`.
+    filter: Option<(milonga_wire::filter::Filter, String)>,
     squashed: AtomicU64,
     /// Declared last: dropped after the sockets above, so that if this
     /// holds the last reference to the node, they are closed before the
@@ -201,7 +203,19 @@ impl SubShared {
         sock.set_rcvhwm(qos.queue_depth.unwrap_or(node.cfg.recv_hwm))
             .map_err(cfg_err)?;
         let token = format!("{}-{id}", node.id);
+        let filter = qos.filter.clone().map(|f| {
+            let prefix = format!("{}{}/", milonga_wire::filter::FILTERED_KEY_PREFIX, f.id());
+            (f, prefix)
+        });
         let mut prefixes = expr.zmq_prefixes();
+        if let Some((_, fp)) = &filter {
+            // Only the samples that pass, under `@f/<id>/<key>`.
+            for p in &mut prefixes {
+                let mut q = fp.as_bytes().to_vec();
+                q.extend_from_slice(p);
+                *p = q;
+            }
+        }
         prefixes.push(format!("{}\0", frame::HEARTBEAT_KEY).into_bytes());
         prefixes.push(format!("{REPLY_KEY_PREFIX}{token}\0").into_bytes());
         prefixes.push(WAKE.to_vec());
@@ -265,6 +279,7 @@ impl SubShared {
             reliable: qos.reliable,
             token,
             app: qos.queue.map(AppQueue::new),
+            filter,
             squashed: AtomicU64::new(0),
         })
     }
@@ -380,6 +395,22 @@ impl SubShared {
                         since: self.held(io, *node),
                     };
                     self.ask(io, *node, q, initial);
+                }
+            }
+        }
+        if let Some((f, _)) = &self.filter {
+            let mut declared = BTreeSet::new();
+            for ((node, _), p) in &r.publications {
+                if fresh.contains(&p.endpoint) && declared.insert(&p.endpoint) {
+                    let d = milonga_wire::filter::Declaration {
+                        node: node.to_hex(),
+                        socket: p.reliability.as_str().to_owned(),
+                        keys: self.expr.as_str().to_owned(),
+                        filter: f.clone(),
+                    };
+                    if let Err(err) = io.sock.send(d.encode(), zmq::DONTWAIT) {
+                        tracing::warn!(publisher = %node, %err, "cannot declare a filter");
+                    }
                 }
             }
         }
@@ -1035,6 +1066,10 @@ impl SubShared {
             None
         };
         let frame = message_bytes(first);
+        stats::add(
+            &c.bytes_received,
+            (frame.len() + second.as_ref().map_or(0, |m| m.len())) as u64,
+        );
         let view = match frame::decode(&frame) {
             Ok(v) => v,
             Err(err) => {
@@ -1081,12 +1116,23 @@ impl SubShared {
             }
             Kind::Sample | Kind::Batch => {}
         }
-        if !self.key_matches(io, view.key) {
+        // A filtered sample: the key follows the filter's prefix.
+        let user_key = match &self.filter {
+            Some((_, fp)) => match view.key.strip_prefix(fp.as_str()) {
+                Some(k) => k,
+                None => {
+                    stats::inc(&c.frames_filtered);
+                    return;
+                }
+            },
+            None => view.key,
+        };
+        if !self.key_matches(io, user_key) {
             // Prefix filtering lets through a superset; not an error.
             stats::inc(&c.frames_filtered);
             return;
         }
-        let key = view.key.to_owned();
+        let key = user_key.to_owned();
         let body_offset = view.body_offset;
         match h.kind {
             Kind::Sample => {

@@ -496,3 +496,91 @@ fn keep_all_drops_beyond_its_bound_and_reports_it() {
     assert_eq!(lost, vec![(11, 40)]);
     assert_eq!(s.lost(), 40);
 }
+
+/// Filters run at the publisher: subscribers of one key with different
+/// filters get different samples, each distinct filter is evaluated once
+/// per sample however many subscribers hold it, and what does not pass
+/// never crosses the wire (byte counters of the receiving nodes).
+#[test]
+fn filters_run_at_the_publisher_and_filtered_samples_never_cross_the_wire() {
+    use milonga::{Filter, SubscriberQos};
+    let dir = milonga_testkit::TempDir::new("filters");
+    let a = open("fl", "pub", Transport::Tcp, dir.path());
+    let change = Filter {
+        abs_change: Some(10.0),
+        ..Filter::default()
+    };
+    let high = Filter {
+        expr: Some("value > 95".into()),
+        ..Filter::default()
+    };
+    let nodes: Vec<Node> = (0..4)
+        .map(|i| open("fl", &format!("sub{i}"), Transport::Tcp, dir.path()))
+        .collect();
+    let qos = [
+        SubscriberQos::default(),
+        SubscriberQos::default().filter(change.clone()),
+        SubscriberQos::default().filter(change),
+        SubscriberQos::default().filter(high),
+    ];
+    let subs: Vec<_> = nodes
+        .iter()
+        .zip(qos)
+        .map(|(n, q)| n.subscribe_with("fl/x", q).unwrap())
+        .collect();
+    let p = a.publisher("fl/x").unwrap();
+    wait_for(
+        "four subscribers and two distinct filters",
+        Duration::from_secs(5),
+        || {
+            // Counting subscribers reads the declarations too.
+            p.subscriber_count() == 4 && a.stats().filters_declared == 2
+        },
+    );
+    let before: Vec<u64> = nodes.iter().map(|n| n.stats().bytes_received).collect();
+    let evals = a.stats().filter_evaluations;
+    for i in 0..100 {
+        p.put(i as f64).unwrap();
+    }
+    let values = |s: &milonga::Subscriber, n: usize| -> Vec<f64> {
+        let mut v = Vec::new();
+        while v.len() < n {
+            let x = next_sample(s);
+            if let Value::Float(f) = x.value {
+                v.push(f);
+            }
+        }
+        v
+    };
+    assert_eq!(values(&subs[0], 100).len(), 100);
+    let tens: Vec<f64> = (0..10).map(|i| (i * 10) as f64).collect();
+    assert_eq!(values(&subs[1], 10), tens);
+    assert_eq!(values(&subs[2], 10), tens);
+    assert_eq!(values(&subs[3], 4), vec![96.0, 97.0, 98.0, 99.0]);
+    // Two distinct filters, 100 samples: 200 evaluations, whoever holds them.
+    assert_eq!(a.stats().filter_evaluations - evals, 200);
+    let bytes: Vec<u64> = nodes
+        .iter()
+        .zip(&before)
+        .map(|(n, b)| n.stats().bytes_received - b)
+        .collect();
+    assert!(
+        bytes[1] * 5 < bytes[0],
+        "10 of 100 samples crossed: {bytes:?}"
+    );
+    assert!(
+        bytes[3] * 10 < bytes[0],
+        "4 of 100 samples crossed: {bytes:?}"
+    );
+    // A filter that does not parse is refused with where and why.
+    let err = nodes[0]
+        .subscribe_with(
+            "fl/x",
+            SubscriberQos::default().filter(Filter {
+                expr: Some("value >".into()),
+                ..Filter::default()
+            }),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("at byte 7"), "{err}");
+}
