@@ -166,7 +166,7 @@ pub struct FaultProxy {
 }
 
 impl FaultProxy {
-    /// Starts forwarding 127.0.0.1:<a free port> to `upstream`.
+    /// Starts forwarding a free port of 127.0.0.1 to `upstream`.
     pub fn start(upstream: std::net::SocketAddr) -> FaultProxy {
         use std::sync::atomic::Ordering;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
