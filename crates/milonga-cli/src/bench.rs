@@ -94,6 +94,10 @@ struct PubsubArgs {
     /// Baseline measured in the same run.
     #[arg(long, value_enum, default_value = "raw-zmq")]
     baseline: Baseline,
+    /// Milonga's publisher keeps this many samples for late joiners and
+    /// repair (`PublisherQos::history`).
+    #[arg(long, default_value_t = 0)]
+    history: usize,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -131,6 +135,9 @@ pub(crate) struct Place {
     pub runtime_dir: String,
     pub transport: String,
     pub hwm: i32,
+    /// Milonga publishers: samples kept per key (`PublisherQos::history`).
+    #[serde(default)]
+    pub history: usize,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -364,10 +371,11 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     std::fs::create_dir_all(&tmp)?;
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
     eprintln!(
-        "# milonga bench pubsub: transport {}, mode {:?}, {} s per cell, hwm = 64 MiB / size (16..10000) for both systems (a reliable milonga publisher: reliable_send_hwm = 16 messages, a message being a sample or a batch <= 128 KiB)",
+        "# milonga bench pubsub: transport {}, mode {:?}, {} s per cell, hwm = 64 MiB / size (16..10000) for both systems (a reliable milonga publisher: reliable_send_hwm = 16 messages, a message being a sample or a batch <= 128 KiB); milonga history {}; liveliness on",
         t.name(),
         a.mode,
-        a.duration
+        a.duration,
+        a.history
     );
     eprintln!("# events_per_s_per_sub = median over subscribers of received / (last - first arrival); lost = sent - received, summed over subscribers");
     if a.format == Format::Csv {
@@ -399,6 +407,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     runtime_dir: tmp.display().to_string(),
                     transport: t.name().to_owned(),
                     hwm,
+                    history: a.history,
                 };
                 let deadline_s = a.duration + 20.0 + size as f64 / 1e6;
                 let sub_role = |at: Place| match system {
@@ -656,7 +665,8 @@ fn mlg_pub(at: &Place, size: usize, subs: usize, duration_s: f64, mode: Mode) ->
     let qos = match mode {
         Mode::Reliable => PublisherQos::reliable(),
         Mode::BestEffort => PublisherQos::best_effort(),
-    };
+    }
+    .history(at.history);
     let p = node.publisher_with("bench/data", qos)?;
     let wait_end = Instant::now() + Duration::from_secs(30);
     while (p.subscriber_count() as usize) < subs {
@@ -900,6 +910,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                 runtime_dir: tmp.display().to_string(),
                 transport: t.name().to_owned(),
                 hwm: hwm_for(size),
+                history: 0,
             };
             let roles = if system == "raw-zmq" {
                 let back = free_endpoint(t, &format!("l{cell}b"))?;

@@ -181,6 +181,7 @@ pub fn run(a: LivelinessArgs, t: Transport) -> Result<std::process::ExitCode> {
         runtime_dir: dir.display().to_string(),
         transport: t.name().to_owned(),
         hwm: 1000,
+        history: 0,
     };
     let mut cfg = Config::new(&at.address, "live-sub");
     cfg.runtime_dir = Some(dir.clone());

@@ -644,13 +644,18 @@ fn a_stopped_subscriber_slows_neither_the_publisher_nor_the_others() {
     cfg.send_hwm = 20;
     let node = Node::open_with(cfg).unwrap();
     let p = node.publisher("st/x").unwrap();
-    let spawn = || env.spawn(&["sub", "st/x", "--json"]);
-    let subs = [spawn(), spawn(), spawn()];
+    // The running ones read with a pump (`--keep-all`), so that the test's
+    // own load (JSON printing, parallel tests) cannot make them the slow
+    // ones; the frozen one reads nothing at all.
+    let subs = [
+        env.spawn(&["sub", "st/x", "--json"]),
+        env.spawn(&["sub", "st/x", "--json", "--keep-all", "100000"]),
+        env.spawn(&["sub", "st/x", "--json", "--keep-all", "100000"]),
+    ];
     wait_for("three subscribers", T, || p.subscriber_count() == 3);
     subs[0].signal(libc::SIGSTOP);
     // 10 MB in all, more than the frozen subscriber's queues (20 + 1000
-    // messages) and socket buffers hold; 5,000 samples a second, which the
-    // running ones keep up with.
+    // messages) and socket buffers hold; 5,000 samples a second.
     let n = 2000u64;
     let payload = milonga::Value::Bytes(milonga::Bytes::from(vec![7u8; 5000]));
     for i in 0..n {

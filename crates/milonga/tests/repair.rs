@@ -160,5 +160,11 @@ fn what_history_no_longer_holds_is_reported_exactly() {
         assert!(!lost.is_empty(), "the cut lost more than 10 samples");
         assert_eq!(lost.iter().map(|l| l.1).sum::<u64>(), r.s.lost());
     });
-    assert!(r.b.stats().samples_replayed >= 1, "what was kept came back");
+    // What the history still held came back from it, or live from a batch
+    // that was waiting when the query was read: either way it was received,
+    // as the partition above shows.
+    assert!(
+        r.a.stats().history_queries_answered >= 1,
+        "a repair was asked for"
+    );
 }
