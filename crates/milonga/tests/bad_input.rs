@@ -225,3 +225,86 @@ fn garbage_on_the_data_and_control_ports_is_counted() {
     p.put(1).unwrap();
     assert!(node.query(node.control_endpoint(), T).is_some());
 }
+
+/// Bad history queries and filter declarations, an absurd repair range and
+/// a flood of subscribe/unsubscribe, sent by a raw XSUB to a publisher's
+/// data socket: each is answered, counted or dropped, and the publisher
+/// goes on serving a normal subscriber.
+#[test]
+fn bad_queries_and_a_subscription_flood_leave_the_publisher_serving() {
+    use milonga::wire::history::{Query, Reply};
+    use milonga::{PublisherQos, SubscriberQos};
+    let dir = TempDir::new("badquery");
+    let mut cfg = Config::new("milonga:///bq", "pub");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    let a = Node::open_with(cfg.clone()).unwrap();
+    cfg.name = "sub".into();
+    let b = Node::open_with(cfg).unwrap();
+    let p = a
+        .publisher_with("bq/x", PublisherQos::reliable().history(5))
+        .unwrap();
+    for i in 0..10u64 {
+        p.put(i).unwrap();
+    }
+    let data = a
+        .peers()
+        .into_iter()
+        .find(|x| x.node_id == a.id().to_hex())
+        .and_then(|x| x.data_reliable)
+        .unwrap();
+    let ctx = zmq::Context::new();
+    let raw = ctx.socket(zmq::XSUB).unwrap();
+    raw.connect(&data).unwrap();
+    raw.send(&b"\x01@r/evil\x00"[..], 0).unwrap();
+    raw.set_rcvtimeo(5000).unwrap();
+    let query = |since: u64| Query {
+        node: a.id().to_hex(),
+        socket: "reliable".into(),
+        token: "evil".into(),
+        expr: "bq/**".into(),
+        last: 0,
+        since: vec![("bq/x".into(), since)],
+    };
+    // An absurd range: after the end of time. Answered, with nothing.
+    raw.send(query(u64::MAX).encode(), 0).unwrap();
+    let reply = loop {
+        let f = raw.recv_bytes(0).expect("a history reply");
+        let v = frame::decode(&f).unwrap();
+        if v.header.kind == Kind::History {
+            break Reply::decode(&milonga::Bytes::copy_from_slice(v.body)).unwrap();
+        }
+    };
+    assert!(reply.done && reply.keys[0].entries.is_empty(), "{reply:?}");
+    assert_eq!((reply.keys[0].first, reply.keys[0].last), (6, 10));
+    // Garbage, a bad expression, a bad filter declaration.
+    raw.send(&b"\x02\xff\xff"[..], 0).unwrap();
+    let mut bad_expr = query(0);
+    bad_expr.expr = "a/b*".into();
+    raw.send(bad_expr.encode(), 0).unwrap();
+    raw.send(&b"\x03\xa0"[..], 0).unwrap();
+    // A flood of subscribe/unsubscribe.
+    for i in 0..5000 {
+        let prefix = format!("flood/{i}");
+        let mut s = vec![1u8];
+        s.extend_from_slice(prefix.as_bytes());
+        raw.send(s.clone(), 0).unwrap();
+        s[0] = 0;
+        raw.send(s, 0).unwrap();
+    }
+    wait_for("the bad messages counted", T, || {
+        let _ = p.subscriber_count(); // reads the socket
+        let st = a.stats();
+        st.history_queries_malformed == 2 && st.filters_malformed == 1
+    });
+    // The publisher goes on serving a normal subscriber.
+    let s = b.subscribe_with("bq/x", SubscriberQos::default()).unwrap();
+    wait_for("a normal subscriber", T, || p.subscriber_count() >= 1);
+    p.put(99u64).unwrap();
+    loop {
+        if let Ok(Event::Sample(x)) = s.recv_timeout(T) {
+            assert_eq!(x.value, milonga::Value::from(99u64));
+            break;
+        }
+    }
+    assert_eq!(a.stats().history_queries_answered, 1);
+}
