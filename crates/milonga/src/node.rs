@@ -653,9 +653,12 @@ impl Node {
                 ));
             }
         }
-        if qos.deadline.is_some_and(|d| d.is_zero()) {
+        if qos
+            .deadline
+            .is_some_and(|d| d.is_zero() || d > Duration::from_secs(365 * 86_400))
+        {
             return Err(SubscribeError::Qos(
-                "a deadline must be longer than zero".into(),
+                "a deadline must be longer than zero and at most a year".into(),
             ));
         }
         let id = self.inner.next_sub_id.fetch_add(1, Ordering::Relaxed);

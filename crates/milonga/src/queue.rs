@@ -127,7 +127,8 @@ impl AppQueue {
     /// The next event, waiting at most `timeout` (`None`: without a limit).
     /// `Err(true)`: closed and empty; `Err(false)`: nothing in time.
     pub(crate) fn pop(&self, timeout: Option<Duration>) -> Result<Event, bool> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too long to add to the clock waits forever.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut q = lock(&self.inner);
         loop {
             if let Some(ev) = q.events.pop_front() {

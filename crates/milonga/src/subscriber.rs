@@ -876,7 +876,7 @@ impl SubShared {
     fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
         // The deadline is computed only when there is nothing to return at
         // once: reading the clock costs as much as a small sample.
-        let mut deadline: Option<Instant> = None;
+        let mut deadline: Option<Option<Instant>> = None;
         let mut io = lock(&self.io);
         loop {
             if let Some(ev) = io.pending.pop_front() {
@@ -925,13 +925,18 @@ impl SubShared {
                 None => 1000,
                 Some(Duration::ZERO) => return Err(RecvError::Empty),
                 Some(t) => {
-                    let d = *deadline.get_or_insert_with(|| Instant::now() + t);
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(RecvError::Timeout);
+                    // A timeout too long to add to the clock waits forever.
+                    match *deadline.get_or_insert_with(|| Instant::now().checked_add(t)) {
+                        None => 1000,
+                        Some(d) => {
+                            let left = d.saturating_duration_since(Instant::now());
+                            if left.is_zero() {
+                                return Err(RecvError::Timeout);
+                            }
+                            // Round up so that a wait never ends early.
+                            (left.as_micros().div_ceil(1000) as i64).min(1000)
+                        }
                     }
-                    // Round up so that a wait never ends early.
-                    (left.as_micros().div_ceil(1000) as i64).min(1000)
                 }
             };
             let wait_ms = timer_ms.map_or(wait_ms, |t| t.min(wait_ms)).max(1) as i32;

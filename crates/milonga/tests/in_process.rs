@@ -584,3 +584,40 @@ fn filters_run_at_the_publisher_and_filtered_samples_never_cross_the_wire() {
         .unwrap_err();
     assert!(err.to_string().contains("at byte 7"), "{err}");
 }
+
+/// Durations too long to add to the clock neither panic nor end early: a
+/// `recv_timeout(Duration::MAX)` waits until something comes.
+#[test]
+fn an_endless_timeout_waits_for_the_next_event() {
+    let dir = milonga_testkit::TempDir::new("endless");
+    let a = open("en", "pub", Transport::Inproc, dir.path());
+    let b = open("en", "sub", Transport::Inproc, dir.path());
+    let p = a.publisher("en/x").unwrap();
+    for qos in [
+        milonga::SubscriberQos::default(),
+        milonga::SubscriberQos::default().keep_all(10),
+    ] {
+        let s = b.subscribe_with("en/x", qos).unwrap();
+        wait_for("subscription", Duration::from_secs(5), || {
+            p.subscriber_count() == 1
+        });
+        p.put(1u64).unwrap();
+        loop {
+            if let Event::Sample(x) = s.recv_timeout(Duration::MAX).unwrap() {
+                assert_eq!(x.value, Value::from(1u64));
+                break;
+            }
+        }
+        drop(s);
+        wait_for("unsubscribed", Duration::from_secs(5), || {
+            p.subscriber_count() == 0
+        });
+    }
+    assert!(matches!(
+        b.subscribe_with(
+            "en/x",
+            milonga::SubscriberQos::default().deadline(Duration::MAX)
+        ),
+        Err(milonga::SubscribeError::Qos(_))
+    ));
+}
