@@ -74,12 +74,14 @@ impl Filter {
 
     /// A short id of the canonical text (FNV-1a 64, 16 hex digits).
     pub fn id(&self) -> String {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in self.canonical().bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        format!("{h:016x}")
+        fnv64(self.canonical().as_bytes())
+    }
+
+    /// The id of this filter on the keys `keys` selects: FNV-1a 64 of the
+    /// canonical text, a newline and the key expression. Subscriptions of
+    /// different key expressions with the same filter are distinct filters.
+    pub fn id_for(&self, keys: &str) -> String {
+        fnv64(format!("{}\n{keys}", self.canonical()).as_bytes())
     }
 
     /// Checks the filter: the expression parses, thresholds are finite and
@@ -99,6 +101,15 @@ impl Filter {
         }
         self.expr.as_deref().map(Expr::parse).transpose()
     }
+}
+
+fn fnv64(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
 }
 
 /// A parsed filter expression.
@@ -428,6 +439,10 @@ impl Expr {
 /// is not numeric.
 pub fn changed(old: &Value, new: &Value, abs: Option<f64>, rel: Option<f64>) -> bool {
     let enough = |a: f64, b: f64| {
+        // To or from NaN is a change; NaN to NaN is not.
+        if a.is_nan() || b.is_nan() {
+            return a.is_nan() != b.is_nan();
+        }
         let d = (b - a).abs();
         abs.is_some_and(|t| d >= t) || rel.is_some_and(|t| d >= t * a.abs() && d > 0.0)
     };
@@ -552,6 +567,7 @@ mod tests {
         assert_eq!(a.id(), b.id());
         b.min_period_ms = Some(100);
         assert_ne!(a.id(), b.id());
+        assert_ne!(a.id_for("sr/a/**"), a.id_for("sr/b/**"));
         assert!(Filter {
             rel_change: Some(-1.0),
             ..Filter::default()

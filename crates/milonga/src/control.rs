@@ -66,7 +66,10 @@ pub(crate) fn liveliness_socket(inner: &NodeInner) -> Result<zmq::Socket, OpenEr
         source,
     };
     crate::zmq_io::apply_common(&sock, &inner.cfg).map_err(err)?;
-    sock.set_maxmsgsize(4096).map_err(err)?;
+    // Subscriptions, and the history queries and filter declarations a
+    // subscription sends to all its connections (ignored here).
+    sock.set_maxmsgsize(crate::history::MAX_QUERY_BYTES as i64)
+        .map_err(err)?;
     sock.set_xpub_verbose(true).map_err(err)?;
     // The last heartbeat (leaving) gets a moment to go out on close.
     sock.set_linger(inner.cfg.close_linger_ms.clamp(0, 200))

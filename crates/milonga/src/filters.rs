@@ -97,7 +97,7 @@ pub(crate) fn declare(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
     if decl.node != node.id.to_hex() || decl.socket != d.reliability.as_str() {
         return;
     }
-    let id = decl.filter.id();
+    let id = decl.filter.id_for(&decl.keys);
     if d.filters.contains_key(&id) {
         return;
     }

@@ -165,22 +165,50 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
         let (k, seq) = p.first();
         (k.to_vec(), seq)
     });
+    // Frames of about REPLY_FRAME_BYTES: a key's entries may span several,
+    // each repeating the key with its first and last.
+    let limit = node.cfg.max_message_bytes.saturating_sub(4096);
     for key in keys {
         let waiting = waiting
             .as_ref()
             .filter(|(k, _)| k == key.as_bytes())
             .map(|(_, seq)| *seq);
-        let (kh, bytes) =
+        let (kh, _) =
             d.histories[key].answer(key, since.get(key.as_str()).copied(), q.last, waiting);
-        if size > 0 && size + bytes > REPLY_FRAME_BYTES {
-            frames.push(Reply {
-                socket: socket.clone(),
-                ..Reply::default()
-            });
-            size = 0;
+        let KeyHistory {
+            key,
+            first,
+            last,
+            entries,
+        } = kh;
+        let empty = || KeyHistory {
+            key: key.clone(),
+            first,
+            last,
+            entries: Vec::new(),
+        };
+        let mut chunk = empty();
+        for e in entries {
+            let bytes = e.payload.len() + 32;
+            if bytes > limit {
+                // Cannot travel in a frame the subscriber accepts: it will
+                // see the gap and report it lost.
+                stats::inc(&c.history_replies_dropped);
+                continue;
+            }
+            if size > 0 && size + bytes > REPLY_FRAME_BYTES {
+                let full = std::mem::replace(&mut chunk, empty());
+                frames.last_mut().expect("one at least").keys.push(full);
+                frames.push(Reply {
+                    socket: socket.clone(),
+                    ..Reply::default()
+                });
+                size = 0;
+            }
+            size += bytes;
+            chunk.entries.push(e);
         }
-        size += bytes;
-        frames.last_mut().expect("one at least").keys.push(kh);
+        frames.last_mut().expect("one at least").keys.push(chunk);
     }
     frames.last_mut().expect("one at least").done = true;
     stats::inc(&c.history_queries_answered);

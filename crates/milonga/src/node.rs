@@ -587,12 +587,6 @@ impl Node {
         }
         let key = Key::new(key)?;
         let data = self.inner.data_socket(qos.reliability)?;
-        if qos.history > 0 {
-            lock(&data.sock).histories.insert(
-                key.as_str().to_owned(),
-                crate::history::Kept::new(qos.history),
-            );
-        }
         let last_seq = {
             let mut st = lock(&self.inner.state);
             if st.publications.contains_key(key.as_str()) {
@@ -602,6 +596,15 @@ impl Node {
                 .insert(key.as_str().to_owned(), (qos.reliability, qos.history));
             st.last_seq.get(key.as_str()).copied().unwrap_or(0)
         };
+        // After the check (a refused second declaration must not touch the
+        // first one's history), and not under the state lock: a reliable
+        // put may hold the data socket while it waits.
+        if qos.history > 0 {
+            lock(&data.sock).histories.insert(
+                key.as_str().to_owned(),
+                crate::history::Kept::new(qos.history),
+            );
+        }
         self.inner.announce();
         Ok(Publisher::new(self.inner.clone(), key, qos, data, last_seq))
     }

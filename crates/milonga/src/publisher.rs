@@ -229,8 +229,7 @@ impl Publisher {
             }
             Err(e) => return Err(PutError::Socket(e)),
         }
-        self.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
-        if let Some(tail) = enc.tail {
+        if let Some(tail) = enc.tail.clone() {
             // The first frame is out: the payload frame must follow, or the
             // next message would be glued to this one. libzmq accepts it
             // (the high-water mark counts whole messages); only a signal
@@ -246,6 +245,8 @@ impl Publisher {
                 }
             }
         }
+        // After the whole message: filtered copies are messages of their own.
+        self.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
         drop(d);
         self.accepted(seq)
     }

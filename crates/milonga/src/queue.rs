@@ -84,11 +84,21 @@ impl AppQueue {
             match self.policy {
                 QueuePolicy::KeepAll(bound) => {
                     if q.samples >= bound.max(1) {
-                        let e = q
-                            .overflow
-                            .entry((s.publisher, s.key.clone()))
-                            .or_insert((s.seq, 0));
-                        e.1 += 1;
+                        let k = (s.publisher, s.key.clone());
+                        // A run of consecutive sequence numbers per key; a
+                        // break in it reports the run so far.
+                        if let Some(&(first, count)) = q.overflow.get(&k) {
+                            if first + count != s.seq {
+                                q.events.push_back(Event::Lost(LostSamples {
+                                    publisher: s.publisher,
+                                    key: s.key.clone(),
+                                    count,
+                                    first_seq: first,
+                                }));
+                                q.overflow.remove(&k);
+                            }
+                        }
+                        q.overflow.entry(k).or_insert((s.seq, 0)).1 += 1;
                         return Pushed::Dropped;
                     }
                     q.samples += 1;
@@ -110,6 +120,18 @@ impl AppQueue {
                         q.samples += 1;
                     }
                 }
+            }
+        }
+        // Status events are never dropped, but a key's older pending
+        // deadline report is replaced by the newer one, so that a stalled
+        // reader does not pile them up.
+        if let Event::DeadlineMissed(d) = &ev {
+            if let Some(i) = q
+                .events
+                .iter()
+                .position(|e| matches!(e, Event::DeadlineMissed(o) if o.key == d.key))
+            {
+                q.events.remove(i);
             }
         }
         q.events.push_back(ev);
@@ -207,6 +229,23 @@ mod tests {
             vec![sample("b", 1), sample("a", 2), Event::SubscriptionLive]
         );
         assert_eq!(q.pop(Some(Duration::ZERO)), Err(false));
+    }
+
+    #[test]
+    fn keep_all_reports_each_run_of_drops_exactly() {
+        let q = AppQueue::new(QueuePolicy::KeepAll(1));
+        q.push(sample("a", 1));
+        for seq in [2, 3, 5] {
+            assert_eq!(q.push(sample("a", seq)), Pushed::Dropped);
+        }
+        let mut lost = Vec::new();
+        while let Ok(ev) = q.pop(Some(Duration::ZERO)) {
+            if let Event::Lost(l) = ev {
+                lost.push((l.first_seq, l.count));
+            }
+        }
+        lost.sort();
+        assert_eq!(lost, vec![(2, 2), (5, 1)]);
     }
 
     #[test]

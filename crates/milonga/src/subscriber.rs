@@ -115,6 +115,9 @@ struct PubState {
     /// reported `undeclared` [`DISCONNECT_GRACE`] later, unless its
     /// goodbye (still on its way) or a closed connection comes first.
     departing: Option<Instant>,
+    /// It said goodbye: samples still on their way (a batch flushed at
+    /// close) do not make it alive again.
+    closed: bool,
     /// When its liveliness connection closed: reported `disconnected`
     /// after [`DISCONNECT_GRACE`], unless its goodbye arrives meanwhile.
     disconnected_at: Option<Instant>,
@@ -204,7 +207,8 @@ impl SubShared {
             .map_err(cfg_err)?;
         let token = format!("{}-{id}", node.id);
         let filter = qos.filter.clone().map(|f| {
-            let prefix = format!("{}{}/", milonga_wire::filter::FILTERED_KEY_PREFIX, f.id());
+            let id = f.id_for(expr.as_str());
+            let prefix = format!("{}{id}/", milonga_wire::filter::FILTERED_KEY_PREFIX);
             (f, prefix)
         });
         let mut prefixes = expr.zmq_prefixes();
@@ -424,6 +428,7 @@ impl SubShared {
                 alive: false,
                 last_heard: now,
                 departing: None,
+                closed: false,
                 disconnected_at: None,
             });
             p.name.clone_from(name);
@@ -504,8 +509,13 @@ impl SubShared {
         if let Some(c) = io.current.as_ref().filter(|c| c.node == node) {
             v.push((c.key.clone(), c.last));
         }
-        // A query must fit a data socket's message limit.
-        v.truncate(1000);
+        // A query must fit a data socket's message limit
+        // (`MAX_QUERY_BYTES`): keys beyond are not repaired.
+        let mut bytes = 0;
+        v.retain(|(k, _)| {
+            bytes += k.len() + 16;
+            bytes < crate::history::MAX_QUERY_BYTES / 2
+        });
         v
     }
 
@@ -601,7 +611,9 @@ impl SubShared {
             if self.held_at(io, node, &s.key).is_some_and(|l| s.seq <= l) {
                 continue;
             }
-            self.deliver(io, c, s, answered);
+            // No new repair from these: a gap the reply could not fill
+            // is gone, and asking again would loop.
+            self.deliver(io, c, s, false);
         }
         if j.initial {
             io.initial_joins = io.initial_joins.saturating_sub(1);
@@ -712,6 +724,7 @@ impl SubShared {
             return;
         }
         p.alive = false;
+        p.closed = reason == LostReason::Closed;
         tracing::info!(expr = %self.expr, publisher = %id, name = %p.name, %reason, "publisher lost");
         io.pending.push_back(Event::PublisherLost(PublisherLost {
             publisher: id,
@@ -738,9 +751,10 @@ impl SubShared {
         if let Some(now) = heard {
             p.last_heard = now;
         }
-        if p.alive {
+        if p.alive || (p.closed && heard.is_none()) {
             return;
         }
+        p.closed = false;
         p.alive = true;
         let now = heard.unwrap_or_else(Instant::now);
         p.last_heard = now;
