@@ -621,3 +621,63 @@ fn an_endless_timeout_waits_for_the_next_event() {
         Err(milonga::SubscribeError::Qos(_))
     ));
 }
+
+/// A large sample (its payload in a second frame) that passes a filter
+/// reaches both the unfiltered and the filtered subscriber intact: the
+/// filtered copy is a message of its own.
+#[test]
+fn a_large_sample_passing_a_filter_reaches_everyone_intact() {
+    use milonga::{Filter, SubscriberQos};
+    let dir = milonga_testkit::TempDir::new("bigfilter");
+    let a = open("bf", "pub", Transport::Tcp, dir.path());
+    let b = open("bf", "sub", Transport::Tcp, dir.path());
+    let plain = b.subscribe("bf/x").unwrap();
+    let filtered = b
+        .subscribe_with(
+            "bf/x",
+            SubscriberQos::default().filter(Filter {
+                abs_change: Some(1.0),
+                ..Filter::default()
+            }),
+        )
+        .unwrap();
+    let p = a.publisher("bf/x").unwrap();
+    wait_for(
+        "two subscribers, one filter",
+        Duration::from_secs(5),
+        || p.subscriber_count() == 2 && a.stats().filters_declared == 1,
+    );
+    let big: Vec<f64> = (0..200_000).map(f64::from).collect();
+    p.put(big.clone()).unwrap();
+    for s in [&plain, &filtered] {
+        let got = next_sample(s);
+        let Value::Typed(t) = got.value else {
+            panic!("not an array: {:?}", got.value)
+        };
+        assert_eq!(t.to_vec::<f64>().unwrap(), big);
+    }
+    assert_eq!(b.stats().frames_malformed, 0);
+}
+
+/// Declaring a key twice is refused, and the refusal leaves the first
+/// publisher's history as it was.
+#[test]
+fn a_refused_second_declaration_leaves_the_history_alone() {
+    let dir = milonga_testkit::TempDir::new("twicehist");
+    let a = open("th", "pub", Transport::Inproc, dir.path());
+    let b = open("th", "sub", Transport::Inproc, dir.path());
+    let p = a
+        .publisher_with("th/x", PublisherQos::default().history(3))
+        .unwrap();
+    for i in 1..=5u64 {
+        p.put(i).unwrap();
+    }
+    assert!(a
+        .publisher_with("th/x", PublisherQos::default().history(3))
+        .is_err());
+    let s = b
+        .subscribe_with("th/x", milonga::SubscriberQos::default().last(3))
+        .unwrap();
+    let seqs: Vec<u64> = (0..3).map(|_| next_sample(&s).seq).collect();
+    assert_eq!(seqs, vec![3, 4, 5]);
+}
