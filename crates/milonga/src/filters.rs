@@ -143,6 +143,10 @@ pub(crate) fn apply(
     enc: &Encoded,
     schema_id: u32,
 ) {
+    // The value is decoded only for keys some filter selects.
+    if !d.filters.values().any(|f| f.keys.matches(key)) {
+        return;
+    }
     let payload = match &enc.tail {
         None => enc.head.clone(),
         Some(t) => {

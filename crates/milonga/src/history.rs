@@ -95,13 +95,7 @@ impl Kept {
     /// What to send of this key: after `since`, or the `last` latest.
     /// Samples from `waiting` on are still in a batch that has not left:
     /// they will reach the subscriber live, so the answer stops before them.
-    fn answer(
-        &self,
-        key: &str,
-        since: Option<u64>,
-        last: u64,
-        waiting: Option<u64>,
-    ) -> (KeyHistory, usize) {
+    fn answer(&self, key: &str, since: Option<u64>, last: u64, waiting: Option<u64>) -> KeyHistory {
         let sent_last = waiting.map_or(self.last, |w| w.saturating_sub(1).min(self.last));
         let sent: Vec<&KeptSample> = self.samples.iter().filter(|k| k.seq <= sent_last).collect();
         let first = sent.first().map_or(sent_last + 1, |s| s.seq);
@@ -112,16 +106,12 @@ impl Kept {
                 sent[sent.len() - n..].to_vec()
             }
         };
-        let bytes = chosen.iter().map(|k| k.len() + 32).sum();
-        (
-            KeyHistory {
-                key: key.to_owned(),
-                first,
-                last: sent_last,
-                entries: chosen.into_iter().map(KeptSample::entry).collect(),
-            },
-            bytes,
-        )
+        KeyHistory {
+            key: key.to_owned(),
+            first,
+            last: sent_last,
+            entries: chosen.into_iter().map(KeptSample::entry).collect(),
+        }
     }
 }
 
@@ -173,8 +163,7 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
             .as_ref()
             .filter(|(k, _)| k == key.as_bytes())
             .map(|(_, seq)| *seq);
-        let (kh, _) =
-            d.histories[key].answer(key, since.get(key.as_str()).copied(), q.last, waiting);
+        let kh = d.histories[key].answer(key, since.get(key.as_str()).copied(), q.last, waiting);
         let KeyHistory {
             key,
             first,

@@ -78,6 +78,13 @@ struct SubIo {
     routed: bool,
 }
 
+impl SubIo {
+    /// Makes sure the timers are looked at by `at` at the latest.
+    fn arm(&mut self, at: Instant) {
+        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
+    }
+}
+
 /// A history query in flight to one publisher node: until it is answered
 /// (or times out), that node's samples wait here, so that kept samples come
 /// first and the live ones follow in order.
@@ -331,14 +338,17 @@ impl SubShared {
         // announcement goes, but discovery may be quicker than the
         // goodbye), and their liveliness connection is kept until then.
         let now = Instant::now();
+        let mut departs = false;
         for (id, p) in io.publishers.iter_mut() {
             if r.publishers.contains_key(id) {
                 p.departing = None;
             } else if p.departing.is_none() {
                 p.departing = Some(now);
-                let due = now + DISCONNECT_GRACE;
-                io.next_timer = Some(io.next_timer.map_or(due, |t| t.min(due)));
+                departs = true;
             }
+        }
+        if departs {
+            io.arm(now + DISCONNECT_GRACE);
         }
         let mut liveliness = r.liveliness.clone();
         for (ep, id) in &io.liveliness {
@@ -446,7 +456,7 @@ impl SubShared {
                             due: now + d,
                         },
                     );
-                    io.next_timer = Some(io.next_timer.map_or(now + d, |t| t.min(now + d)));
+                    io.arm(now + d);
                 }
             }
         }
@@ -537,8 +547,7 @@ impl SubShared {
         if j.pending.insert(q.socket) && initial && j.pending.len() == 1 {
             io.initial_joins += 1;
         }
-        let due = now + JOIN_TIMEOUT;
-        io.next_timer = Some(io.next_timer.map_or(due, |t| t.min(due)));
+        io.arm(now + JOIN_TIMEOUT);
         true
     }
 
@@ -636,10 +645,7 @@ impl SubShared {
     /// holds it if its node has a history query in flight, or asks for a
     /// repair if it reveals a gap history can fill (`repair`).
     fn deliver(&self, io: &mut SubIo, c: &Counters, s: Sample, repair: bool) {
-        if let Some(j) = (!io.joins.is_empty())
-            .then(|| io.joins.get_mut(&s.publisher))
-            .flatten()
-        {
+        if let Some(j) = io.joins.get_mut(&s.publisher) {
             if j.buffer.len() < MAX_JOIN_BUFFER {
                 j.buffer.push(s);
                 return;
@@ -758,11 +764,11 @@ impl SubShared {
         p.alive = true;
         let now = heard.unwrap_or_else(Instant::now);
         p.last_heard = now;
-        let expiry = now + self.lease;
-        io.next_timer = Some(io.next_timer.map_or(expiry, |t| t.min(expiry)));
+        let name = p.name.clone();
+        io.arm(now + self.lease);
         io.pending.push_back(Event::PublisherAlive(PublisherAlive {
             publisher: id,
-            name: p.name.clone(),
+            name,
         }));
     }
 
@@ -771,39 +777,31 @@ impl SubShared {
     fn check_timers(&self, io: &mut SubIo, now: Instant) {
         let mut next: Option<Instant> = None;
         let mut earliest = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
-        let expired: Vec<NodeId> = io
-            .publishers
-            .iter()
-            .filter(|(_, p)| p.alive && now >= p.last_heard + self.lease)
-            .map(|(id, _)| *id)
-            .collect();
-        let departed: Vec<NodeId> = io
-            .publishers
-            .iter()
-            .filter(|(_, p)| p.departing.is_some_and(|t| now >= t + DISCONNECT_GRACE))
-            .map(|(id, _)| *id)
-            .collect();
-        let disconnected: Vec<NodeId> = io
-            .publishers
-            .iter()
-            .filter(|(_, p)| {
-                p.alive
-                    && p.disconnected_at
-                        .is_some_and(|t| now >= t + DISCONNECT_GRACE)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for p in io.publishers.values().filter(|p| p.alive) {
-            if now < p.last_heard + self.lease {
+        // Publishers: leases, closed connections and departures, each
+        // reported once its time is up.
+        let (mut expired, mut disconnected, mut departed) = (Vec::new(), Vec::new(), Vec::new());
+        for (id, p) in &io.publishers {
+            if let Some(t) = p.departing {
+                if now >= t + DISCONNECT_GRACE {
+                    departed.push(*id);
+                } else {
+                    earliest(t + DISCONNECT_GRACE);
+                }
+            }
+            if !p.alive {
+                continue;
+            }
+            if now >= p.last_heard + self.lease {
+                expired.push(*id);
+            } else {
                 earliest(p.last_heard + self.lease);
             }
-            if let Some(t) = p.disconnected_at.filter(|t| now < *t + DISCONNECT_GRACE) {
-                earliest(t + DISCONNECT_GRACE);
-            }
-        }
-        for p in io.publishers.values() {
-            if let Some(t) = p.departing.filter(|t| now < *t + DISCONNECT_GRACE) {
-                earliest(t + DISCONNECT_GRACE);
+            if let Some(t) = p.disconnected_at {
+                if now >= t + DISCONNECT_GRACE {
+                    disconnected.push(*id);
+                } else {
+                    earliest(t + DISCONNECT_GRACE);
+                }
             }
         }
         if let Some(d) = self.deadline {
@@ -818,14 +816,11 @@ impl SubShared {
                 earliest(k.due);
             }
         }
-        let late: Vec<NodeId> = io
-            .joins
-            .iter()
-            .filter(|(_, j)| now >= j.started + JOIN_TIMEOUT)
-            .map(|(id, _)| *id)
-            .collect();
-        for j in io.joins.values() {
-            if now < j.started + JOIN_TIMEOUT {
+        let mut late = Vec::new();
+        for (id, j) in &io.joins {
+            if now >= j.started + JOIN_TIMEOUT {
+                late.push(*id);
+            } else {
                 earliest(j.started + JOIN_TIMEOUT);
             }
         }
@@ -884,7 +879,7 @@ impl SubShared {
             }
             None => {}
         }
-        io.next_timer = Some(io.next_timer.map_or(now + d, |t| t.min(now + d)));
+        io.arm(now + d);
     }
 
     fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
@@ -1002,10 +997,8 @@ impl SubShared {
                             self.squashed.fetch_add(1, Ordering::Relaxed);
                         }
                         Pushed::Dropped => {
-                            stats::inc(&c.samples_lost);
-                            self.lost_total.fetch_add(1, Ordering::Relaxed);
                             if let Some(p) = publisher {
-                                *lock(&self.lost_by_publisher).entry(p).or_insert(0) += 1;
+                                self.count_lost(c, p, 1);
                             }
                         }
                     }
@@ -1043,8 +1036,7 @@ impl SubShared {
                 if let Some(p) = io.publishers.get_mut(&id).filter(|p| p.alive) {
                     let now = Instant::now();
                     p.disconnected_at = Some(now);
-                    let due = now + DISCONNECT_GRACE;
-                    io.next_timer = Some(io.next_timer.map_or(due, |t| t.min(due)));
+                    io.arm(now + DISCONNECT_GRACE);
                 }
             }
             tracing::info!(
@@ -1232,6 +1224,16 @@ impl SubShared {
         m
     }
 
+    /// Counts `n` samples of `node` lost: the node's counter, the
+    /// subscription's total and its count per publisher.
+    fn count_lost(&self, c: &Counters, node: NodeId, n: u64) {
+        stats::add(&c.samples_lost, n);
+        self.lost_total.fetch_add(n, Ordering::Relaxed);
+        let mut by = lock(&self.lost_by_publisher);
+        let e = by.entry(node).or_insert(0);
+        *e = e.saturating_add(n);
+    }
+
     /// Whether sample `seq` of (`node`, `key`) is new; queues a
     /// [`Event::Lost`] when it reveals a gap, unless `repair` allows and
     /// the publication can fill it from history.
@@ -1296,11 +1298,7 @@ impl SubShared {
         let first_seq = s.last + 1;
         s.last = seq;
         if lost > 0 {
-            stats::add(&c.samples_lost, lost);
-            self.lost_total.fetch_add(lost, Ordering::Relaxed);
-            let mut by = lock(&self.lost_by_publisher);
-            let e = by.entry(node).or_insert(0);
-            *e = e.saturating_add(lost);
+            self.count_lost(c, node, lost);
             io.pending.push_back(Event::Lost(LostSamples {
                 publisher: node,
                 key: key.to_owned(),
