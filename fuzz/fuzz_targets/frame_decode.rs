@@ -22,10 +22,17 @@ fuzz_target!(|data: &[u8]| {
     };
     let Ok(view) = decode(f1) else { return };
     match view.header.kind {
+        Kind::Reply => {
+            if let Some(status) = view.body.first() {
+                if *status != 0 {
+                    let _ = milonga_wire::service::Failure::decode(&view.body[1..]);
+                }
+            }
+        }
         Kind::History => {
             let _ = milonga_wire::history::Reply::decode(&Bytes::copy_from_slice(view.body));
         }
-        Kind::Sample | Kind::Heartbeat => {
+        Kind::Sample | Kind::Heartbeat | Kind::Request => {
             let _ = decode_payload(view.header.encoding, Bytes::copy_from_slice(view.body), f2);
         }
         Kind::Batch => {

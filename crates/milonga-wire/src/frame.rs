@@ -12,7 +12,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 1 | protocol version (1) |
-//! | 1 | 1 | kind: 1 sample, 2 batch |
+//! | 1 | 1 | kind: 1 sample, 2 batch, 3 heartbeat, 4 history, 5 request, 6 reply |
 //! | 2 | 1 | flags: bit 0 = the payload continues in a second frame |
 //! | 3 | 1 | encoding: 0 raw bytes, 1 CBOR, 2 JSON |
 //! | 4 | 4 | domain tag (FNV-1a 32 of the domain name) |
@@ -55,6 +55,14 @@ pub enum Kind {
     /// the key `@r/<token>`; the body is a CBOR map (see
     /// [`crate::history::Reply`]).
     History = 4,
+    /// A service call, from a caller's DEALER to a server's ROUTER, under
+    /// the service's key; `seq` is the call id and the body the request's
+    /// payload (see [`crate::service`]).
+    Request = 5,
+    /// The answer to a call: same key and `seq` as the request, the server's
+    /// node id; the body is a status byte, then the payload (see
+    /// [`crate::service::ReplyStatus`]).
+    Reply = 6,
 }
 
 /// The key heartbeats are sent under.
@@ -182,6 +190,8 @@ impl Header {
             2 => Kind::Batch,
             3 => Kind::Heartbeat,
             4 => Kind::History,
+            5 => Kind::Request,
+            6 => Kind::Reply,
             k => return Err(FrameError::UnknownKind(k)),
         };
         let flags = b[2];

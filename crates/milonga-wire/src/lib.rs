@@ -3,7 +3,7 @@
 //! Everything another implementation needs to speak to Milonga, and nothing
 //! that does I/O: keys and key expressions ([`key`]), the data frame layout
 //! ([`frame`]), values ([`value`]) and their CBOR encoding ([`cbor`]), history
-//! queries and replies ([`history`]). The
+//! queries and replies ([`history`]), service calls ([`service`]). The
 //! normative text is `docs/protocol.md`; the golden vectors in
 //! `tests/vectors/` are checked against this crate.
 #![forbid(unsafe_code)]
@@ -14,6 +14,7 @@ pub mod filter;
 pub mod frame;
 pub mod history;
 pub mod key;
+pub mod service;
 pub mod value;
 
 pub use bytes::Bytes;

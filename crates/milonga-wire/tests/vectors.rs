@@ -119,6 +119,8 @@ fn header_json(h: &Header, domain: &str) -> Json {
             Kind::Batch => "batch",
             Kind::Heartbeat => "heartbeat",
             Kind::History => "history",
+            Kind::Request => "request",
+            Kind::Reply => "reply",
         },
         "flags": h.flags,
         "encoding": encoding_name(h.encoding),
@@ -143,6 +145,8 @@ fn header_from_json(j: &Json) -> Header {
             "sample" => Kind::Sample,
             "heartbeat" => Kind::Heartbeat,
             "history" => Kind::History,
+            "request" => Kind::Request,
+            "reply" => Kind::Reply,
             _ => Kind::Batch,
         },
         flags: j["flags"].as_u64().unwrap() as u8,
@@ -375,6 +379,36 @@ fn cases() -> Vec<Case> {
             expect: Ok((k.as_str().into(), header_json(&h, "lab"), vec![value], vec![TS])),
         });
     }
+    // A service call: a request with a CBOR map, and a failed reply.
+    {
+        let k = Key::new("sr/ps/1/set_current").unwrap();
+        let h = header(Kind::Request, Encoding::Cbor, 0, 0, 17);
+        let body = Value::Map(vec![(Value::from("amps"), Value::Float(12.5))]);
+        v.push(Case {
+            name: "service_request",
+            description: "kind 5: call 17 of node 000102...0f to the service sr/ps/1/set_current with {\"amps\": 12.5}",
+            frame1: frame::encode(&k, &h, &cbor(&body)),
+            frame2: None,
+            expect: Ok((k.as_str().into(), header_json(&h, "lab"), vec![body], vec![TS])),
+        });
+        use milonga_wire::service::{Failure, ReplyStatus};
+        let h = header(Kind::Reply, Encoding::Cbor, 0, 0, 17);
+        let failure = Failure {
+            kind: "out_of_range".into(),
+            message: "12.5 A is above the limit".into(),
+        };
+        let mut body = vec![ReplyStatus::Error as u8];
+        body.extend(failure.encode());
+        // The expected "value" is the body after the status byte.
+        let value = milonga_wire::cbor::decode_cbor(&Bytes::from(body[1..].to_vec())).unwrap();
+        v.push(Case {
+            name: "service_reply_error",
+            description: "kind 6: the answer to call 17, status 1 (the handler failed) then the CBOR failure map; the sample value below is the body after the status byte",
+            frame1: frame::encode(&k, &h, &body),
+            frame2: None,
+            expect: Ok((k.as_str().into(), header_json(&h, "lab"), vec![value], vec![TS])),
+        });
+    }
     // Invalid frames: each must be refused with the named error.
     let good = frame::encode(
         &Key::new("a/b").unwrap(),
@@ -459,7 +493,8 @@ fn bless() {
             std::fs::write(d.join(format!("{}.frame2.bin", c.name)), f2).unwrap();
         }
         let desc = match &c.expect {
-            Ok((key, header, values, ts)) => json!({
+            Ok((key, header, values, ts)) => {
+                let mut d = json!({
                 "name": c.name,
                 "description": c.description,
                 "valid": true,
@@ -471,7 +506,14 @@ fn bless() {
                     "timestamp_ns": t,
                     "value": value_json(v),
                 })).collect::<Vec<_>>(),
-            }),
+            });
+                // A reply's body starts with its status byte.
+                if header["kind"] == "reply" {
+                    let view = frame::decode(&c.frame1).unwrap();
+                    d["reply_status"] = json!(view.body[0]);
+                }
+                d
+            }
             Err(e) => json!({
                 "name": c.name,
                 "description": c.description,
@@ -527,8 +569,19 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
         );
         let samples = desc["samples"].as_array().unwrap();
         let bodies: Vec<(u64, Bytes)> = match view.header.kind {
-            Kind::Sample | Kind::Heartbeat | Kind::History => {
+            Kind::Sample | Kind::Heartbeat | Kind::History | Kind::Request => {
                 vec![(view.header.timestamp_ns, Bytes::copy_from_slice(view.body))]
+            }
+            Kind::Reply => {
+                assert_eq!(
+                    u64::from(view.body[0]),
+                    desc["reply_status"].as_u64().unwrap(),
+                    "{name}"
+                );
+                vec![(
+                    view.header.timestamp_ns,
+                    Bytes::copy_from_slice(&view.body[1..]),
+                )]
             }
             Kind::Batch => BatchEntries::new(view.body)
                 .unwrap()
@@ -547,7 +600,14 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
         let h = header_from_json(&desc["header"]);
         let key = Key::internal(desc["key"].as_str().unwrap()).unwrap();
         let body: Vec<u8> = match h.kind {
-            Kind::Heartbeat | Kind::History => cbor(&value_from_json(&samples[0]["value"])),
+            Kind::Heartbeat | Kind::History | Kind::Request => {
+                cbor(&value_from_json(&samples[0]["value"]))
+            }
+            Kind::Reply => {
+                let mut b = vec![desc["reply_status"].as_u64().unwrap() as u8];
+                b.extend(cbor(&value_from_json(&samples[0]["value"])));
+                b
+            }
             Kind::Batch => {
                 let mut b = Vec::new();
                 for s in samples {

@@ -1125,6 +1125,11 @@ impl SubShared {
                 self.on_history(io, c, h.node_id, view.key, view.body);
                 return;
             }
+            Kind::Request | Kind::Reply => {
+                let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(n, "a data message", &"a service call frame on a data socket");
+                return;
+            }
             Kind::Sample | Kind::Batch => {}
         }
         // A filtered sample: the key follows the filter's prefix.
@@ -1168,7 +1173,7 @@ impl SubShared {
                 }
             }
             // Handled above, before key matching.
-            Kind::Heartbeat | Kind::History => {}
+            Kind::Heartbeat | Kind::History | Kind::Request | Kind::Reply => {}
             Kind::Batch => {
                 // `decode` has validated every entry.
                 let entries = BatchEntries::new(view.body).into_iter().flatten().flatten();
