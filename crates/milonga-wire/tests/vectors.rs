@@ -495,18 +495,18 @@ fn bless() {
         let desc = match &c.expect {
             Ok((key, header, values, ts)) => {
                 let mut d = json!({
-                "name": c.name,
-                "description": c.description,
-                "valid": true,
-                "frames": 1 + usize::from(c.frame2.is_some()),
-                "key": key,
-                "header": header,
-                "samples": values.iter().zip(ts).enumerate().map(|(i, (v, t))| json!({
-                    "seq": header["seq"].as_u64().unwrap() + i as u64,
-                    "timestamp_ns": t,
-                    "value": value_json(v),
-                })).collect::<Vec<_>>(),
-            });
+                    "name": c.name,
+                    "description": c.description,
+                    "valid": true,
+                    "frames": 1 + usize::from(c.frame2.is_some()),
+                    "key": key,
+                    "header": header,
+                    "samples": values.iter().zip(ts).enumerate().map(|(i, (v, t))| json!({
+                        "seq": header["seq"].as_u64().unwrap() + i as u64,
+                        "timestamp_ns": t,
+                        "value": value_json(v),
+                    })).collect::<Vec<_>>(),
+                });
                 // A reply's body starts with its status byte.
                 if header["kind"] == "reply" {
                     let view = frame::decode(&c.frame1).unwrap();

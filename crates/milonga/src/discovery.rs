@@ -65,6 +65,9 @@ pub struct Announcement {
     pub liveliness: Option<String>,
     /// Publications.
     pub publications: Vec<PublicationInfo>,
+    /// Services.
+    #[serde(default)]
+    pub services: Vec<crate::service::ServiceInfo>,
 }
 
 impl Announcement {
@@ -210,6 +213,7 @@ pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path) {
         .into_iter()
         .flatten()
         .chain(std::iter::once(&a.control))
+        .chain(a.services.iter().map(|s| &s.endpoint))
     {
         if let Some(path) = ep.strip_prefix("ipc://").map(Path::new) {
             if path.parent() == Some(within) {
@@ -240,6 +244,7 @@ mod tests {
             data_reliable: None,
             liveliness: None,
             publications: vec![],
+            services: vec![],
         };
         assert!(is_alive(&a));
         a.start_time += 1;

@@ -146,3 +146,107 @@ pub enum RecvError {
     #[error("receive failed: {0}")]
     Socket(zmq::Error),
 }
+
+/// Why a service could not be served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The key is not a valid key (services have concrete keys, no
+    /// wildcards).
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// This node already serves the key.
+    #[error("this node already serves {0:?}")]
+    AlreadyServed(String),
+    /// The options are out of range.
+    #[error("invalid serve options: {0}")]
+    Options(String),
+    /// The socket could not be created or bound.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// A worker thread could not start.
+    #[error("cannot start a worker thread: {0}")]
+    Thread(std::io::Error),
+    /// The node is closed.
+    #[error("the node is closed")]
+    Closed,
+}
+
+/// Why a call returned no reply value. Every call ends with exactly one
+/// outcome: a reply, or one of these.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The key (or key expression) is invalid.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The request value cannot be encoded.
+    #[error("cannot encode the request: {0}")]
+    Encode(#[from] EncodeError),
+    /// Discovery knows no server of the key (or the server has withdrawn
+    /// it). Returned at once, without waiting for the timeout.
+    #[error("no server of {key:?} is known")]
+    NoServer {
+        /// The key or expression called.
+        key: String,
+    },
+    /// No reply before the deadline.
+    #[error("{server} did not answer {key:?} within {after:?}")]
+    Timeout {
+        /// The key called.
+        key: String,
+        /// The server the call went to.
+        server: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The handler returned an error, or panicked (kind `panic`).
+    #[error("{server} failed: {kind}: {message}")]
+    Remote {
+        /// The server.
+        server: String,
+        /// The error's kind.
+        kind: String,
+        /// The error's message.
+        message: String,
+    },
+    /// The connection to the server broke during the call: its process
+    /// died, or its service was closed.
+    #[error("lost {server} during the call")]
+    ServerLost {
+        /// The server.
+        server: String,
+    },
+    /// The call was refused without running: `too_large` (here, before
+    /// sending), `overload` (the server's queue is full), `bad_request`,
+    /// `wrong_domain`.
+    #[error("rejected{}: {kind}: {message}", server.as_ref().map(|s| format!(" by {s}")).unwrap_or_default())]
+    Rejected {
+        /// The server, or `None` when refused before sending.
+        server: Option<String>,
+        /// Why, in one word.
+        kind: String,
+        /// Why, for a person.
+        message: String,
+    },
+    /// The reply arrived but its value does not decode.
+    #[error("the reply of {server} does not decode: {why}")]
+    BadReply {
+        /// The server.
+        server: String,
+        /// The decoding error.
+        why: String,
+    },
+    /// A socket could not be created.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// libzmq refused to send.
+    #[error("send failed: {0}")]
+    Socket(zmq::Error),
+    /// The helper thread of an awaited call could not start.
+    #[error("cannot wait for the call: {0}")]
+    Thread(String),
+    /// The node is closed.
+    #[error("the node is closed")]
+    Closed,
+}

@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 
 mod batch;
+mod call;
 mod config;
 mod control;
 mod discovery;
@@ -41,14 +42,18 @@ mod publisher;
 mod qos;
 mod queue;
 mod sample;
+mod service;
 mod stats;
 mod subscriber;
 mod zmq_io;
 
+pub use call::{PendingCall, ServerReply};
 pub use config::{Config, Transport, MAX_DOMAIN_BYTES};
 pub use control::{NodeInfo, CONTROL_INFO, CONTROL_MAGIC};
 pub use discovery::{Announcement, PublicationInfo};
-pub use error::{OpenError, PublisherError, PutError, RecvError, SubscribeError};
+pub use error::{
+    CallError, OpenError, PublisherError, PutError, RecvError, ServeError, SubscribeError,
+};
 pub use node::Node;
 pub use publisher::Publisher;
 pub use qos::{PublisherQos, Reliability, SubscriberQos};
@@ -57,6 +62,7 @@ pub use sample::{
     DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
     QosPolicy, Sample,
 };
+pub use service::{Request, ServeOptions, Service, ServiceError, ServiceInfo};
 pub use stats::NodeStats;
 pub use subscriber::{Iter, Subscriber};
 

@@ -132,6 +132,8 @@ impl DataSock {
 pub(crate) struct NodeState {
     /// Declared publications: key -> (reliability, history depth).
     pub publications: BTreeMap<String, (Reliability, usize)>,
+    /// Services served, by key.
+    pub services: BTreeMap<String, crate::service::ServiceInfo>,
     pub data_best_effort: Option<Arc<DataSocket>>,
     pub data_reliable: Option<Arc<DataSocket>>,
     pub subs: Vec<Weak<SubShared>>,
@@ -167,6 +169,9 @@ pub(crate) struct NodeInner {
     pub host: String,
     pub start_time: u64,
     next_sub_id: AtomicU64,
+    next_service_id: AtomicU64,
+    /// Calls: the servers discovery knows, and their connections.
+    pub callers: crate::call::Callers,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Wakes the node thread (see [`NodeInner::wake`]).
     wake_tx: Mutex<zmq::Socket>,
@@ -195,6 +200,24 @@ fn hostname() -> String {
 }
 
 impl NodeInner {
+    /// A number for the next service's endpoint.
+    pub(crate) fn next_service_id(&self) -> u64 {
+        self.next_service_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Removes the service of `key` at `endpoint` from the announcement
+    /// (its handle was dropped).
+    pub(crate) fn withdraw_service(&self, key: &str, endpoint: &str) {
+        let removed = {
+            let mut st = lock(&self.state);
+            let mine = st.services.get(key).is_some_and(|s| s.endpoint == endpoint);
+            mine && st.services.remove(key).is_some()
+        };
+        if removed {
+            self.announce();
+        }
+    }
+
     /// Wakes the node thread now rather than at its next turn: a batch
     /// started waiting.
     pub(crate) fn wake(&self) {
@@ -315,6 +338,7 @@ impl NodeInner {
                     history: *h,
                 })
                 .collect(),
+            services: st.services.values().cloned().collect(),
         }
     }
 
@@ -354,6 +378,7 @@ impl NodeInner {
         let mut st = lock(&self.state);
         st.subs.retain(|w| w.strong_count() > 0);
         let subs: Vec<_> = st.subs.iter().filter_map(Weak::upgrade).collect();
+        self.callers.update(&st.peers.values().collect::<Vec<_>>());
         for s in subs {
             self.connect_subscription(&st, &s);
         }
@@ -515,6 +540,8 @@ impl Node {
             host,
             start_time: process_start_time(pid).unwrap_or(0),
             next_sub_id: AtomicU64::new(1),
+            next_service_id: AtomicU64::new(1),
+            callers: crate::call::Callers::default(),
             thread: Mutex::new(None),
             wake_tx: Mutex::new(wake_tx),
             ctx,
@@ -676,6 +703,117 @@ impl Node {
             self.inner.connect_subscription(&st, &shared);
         }
         Subscriber::start(self.inner.clone(), shared, callback)
+    }
+
+    /// Serves `key` with `handler` on a pool of worker threads (see
+    /// [`ServeOptions`] for the defaults). The handler takes a request and
+    /// returns the reply value or a [`ServiceError`]; a panic in it is
+    /// answered as a remote error of kind `panic`, and the service goes on.
+    /// Dropping the returned [`Service`] withdraws it.
+    ///
+    /// ```no_run
+    /// use milonga::{Node, ServiceError, Value};
+    /// let node = Node::open("milonga:///lab", "power-supply")?;
+    /// let _svc = node.serve("sr/ps/1/set_current", |req| {
+    ///     let amps = req.value.as_f64().ok_or("expected a number")?;
+    ///     if amps > 500.0 {
+    ///         return Err(ServiceError::new("out_of_range", format!("{amps} A is above 500 A")));
+    ///     }
+    ///     Ok(Value::from(amps))
+    /// })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn serve<F>(&self, key: &str, handler: F) -> Result<crate::Service, crate::ServeError>
+    where
+        F: Fn(crate::Request) -> Result<milonga_wire::Value, crate::ServiceError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.serve_with(key, crate::ServeOptions::default(), handler)
+    }
+
+    /// Serves `key` with `handler` and `options`.
+    pub fn serve_with<F>(
+        &self,
+        key: &str,
+        options: crate::ServeOptions,
+        handler: F,
+    ) -> Result<crate::Service, crate::ServeError>
+    where
+        F: Fn(crate::Request) -> Result<milonga_wire::Value, crate::ServiceError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(crate::ServeError::Closed);
+        }
+        let key = Key::new(key)?;
+        if lock(&self.inner.state).services.contains_key(key.as_str()) {
+            return Err(crate::ServeError::AlreadyServed(key.as_str().to_owned()));
+        }
+        let svc = crate::Service::start(&self.inner, key, options, Box::new(handler))?;
+        {
+            let mut st = lock(&self.inner.state);
+            if st.services.contains_key(svc.key()) {
+                // Another thread served the same key meanwhile.
+                drop(st);
+                let k = svc.key().to_owned();
+                drop(svc);
+                return Err(crate::ServeError::AlreadyServed(k));
+            }
+            st.services.insert(svc.key().to_owned(), svc.info());
+        }
+        self.inner.announce();
+        Ok(svc)
+    }
+
+    /// Calls the service `key` with `value`, waiting at most `timeout`.
+    ///
+    /// The server is the one, of those discovery knows, with the fewest
+    /// calls in flight from this node (ties round robin). Any number of
+    /// threads may call at once.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// let node = milonga::Node::open("milonga:///lab", "gui")?;
+    /// let reply = node.call("sr/ps/1/set_current", 12.5, Duration::from_secs(1))?;
+    /// println!("{reply:?}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn call(
+        &self,
+        key: &str,
+        value: impl Into<milonga_wire::Value>,
+        timeout: Duration,
+    ) -> Result<milonga_wire::Value, crate::CallError> {
+        crate::call::start(&self.inner, key, &value.into(), timeout)?.wait()
+    }
+
+    /// Sends a call and returns at once; [`crate::PendingCall::wait`] or
+    /// `.await` gives its outcome. Errors known before sending (no server,
+    /// bad key, too large) come back here.
+    pub fn call_async(
+        &self,
+        key: &str,
+        value: impl Into<milonga_wire::Value>,
+        timeout: Duration,
+    ) -> Result<crate::PendingCall, crate::CallError> {
+        crate::call::start(&self.inner, key, &value.into(), timeout)
+    }
+
+    /// Calls every server of every key matching `expr` with `value` and
+    /// gathers their outcomes, all within `timeout`. `NoServer` if none
+    /// matches.
+    pub fn call_all(
+        &self,
+        expr: &str,
+        value: impl Into<milonga_wire::Value>,
+        timeout: Duration,
+    ) -> Result<Vec<crate::ServerReply>, crate::CallError> {
+        let sent = crate::call::start_all(&self.inner, expr, &value.into(), timeout)?;
+        Ok(crate::call::gather(sent))
     }
 
     /// The nodes this node currently knows in its domain, itself included.

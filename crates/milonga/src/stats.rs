@@ -99,6 +99,29 @@ counters! {
     /// Samples replaced by a newer one of their key in a `keep_last`
     /// application queue (not lost: superseded).
     samples_squashed,
+    /// Calls sent by this node.
+    calls_sent,
+    /// Calls answered with a value.
+    calls_replied,
+    /// Calls answered with the handler's error.
+    calls_remote_errors,
+    /// Calls that reached their deadline.
+    calls_timed_out,
+    /// Calls that found no server.
+    calls_no_server,
+    /// Calls whose server was lost mid-call.
+    calls_server_lost,
+    /// Calls rejected (over-size requests here; overload or bad requests
+    /// at a server of this node).
+    calls_rejected,
+    /// Replies that came after their call had ended, dropped.
+    calls_late_replies,
+    /// Requests this node's services answered.
+    calls_served,
+    /// Handlers that panicked (each answered with a remote error).
+    handler_panics,
+    /// Replies that could not be delivered (the caller had gone).
+    replies_undeliverable,
 }
 
 pub(crate) fn inc(c: &AtomicU64) {

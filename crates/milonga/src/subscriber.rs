@@ -1127,7 +1127,11 @@ impl SubShared {
             }
             Kind::Request | Kind::Reply => {
                 let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(n, "a data message", &"a service call frame on a data socket");
+                log_drop(
+                    n,
+                    "a data message",
+                    &"a service call frame on a data socket",
+                );
                 return;
             }
             Kind::Sample | Kind::Batch => {}

@@ -186,3 +186,63 @@ impl AsRef<[u8]> for MessageBytes {
 pub(crate) fn message_bytes(msg: zmq::Message) -> Bytes {
     Bytes::from_owner(MessageBytes(msg))
 }
+
+/// A Linux eventfd: a counter another thread can make readable, to wake a
+/// thread blocked in [`poll_readable`].
+#[derive(Debug)]
+pub(crate) struct EventFd(std::os::fd::OwnedFd);
+
+impl EventFd {
+    pub(crate) fn new() -> std::io::Result<EventFd> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: eventfd has no memory preconditions; a non-negative
+        // result is a new descriptor that we own from here on.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        Ok(EventFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub(crate) fn raw(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
+    }
+
+    /// Makes the descriptor readable.
+    pub(crate) fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to a descriptor we own; a
+        // full counter (EAGAIN) is already readable, which is all we want.
+        let _ = unsafe { libc::write(self.raw(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Makes the descriptor unreadable again.
+    pub(crate) fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a live u64; non-blocking.
+        let _ = unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+/// Waits until one of `fds` is readable or `timeout_ms` passes (-1: no
+/// limit); returns which are readable. Used on ZMQ_FD, which signals that
+/// a socket may have changed state, not that a message waits: the caller
+/// then asks the socket itself.
+pub(crate) fn poll_readable<const N: usize>(
+    fds: [std::os::fd::RawFd; N],
+    timeout_ms: i32,
+) -> [bool; N] {
+    let mut items = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: `items` is a live array of N pollfd structures.
+    let rc = unsafe { libc::poll(items.as_mut_ptr(), N as libc::nfds_t, timeout_ms) };
+    if rc <= 0 {
+        return [false; N];
+    }
+    items.map(|p| p.revents != 0)
+}

@@ -97,6 +97,7 @@ fn malformed_frames_are_dropped_counted_and_the_node_goes_on() {
             reliability: Reliability::BestEffort,
             history: 0,
         }],
+        services: vec![],
     };
     let file = dir
         .path()

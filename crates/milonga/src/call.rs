@@ -1,0 +1,610 @@
+//! Services, the calling side.
+//!
+//! The calling thread does its own I/O: it takes a connection (a DEALER
+//! socket) to the chosen server from a pool, sends the request, and waits on
+//! that socket and its monitor. So a call costs what a hand-written DEALER
+//! round trip costs, calls from many threads run side by side (each on its
+//! own connection), and a connection that breaks mid-call (the server's
+//! process died) ends the call at once as [`CallError::ServerLost`].
+//!
+//! Server choice: among the servers discovery knows for the key, the one with
+//! the fewest calls in flight from this node; ties go round robin.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use milonga_wire::cbor::{decode_payload, encode_payload, Encoded};
+use milonga_wire::frame::{self, Header, Kind, FLAG_PAYLOAD_FRAME};
+use milonga_wire::service::{Failure, ReplyStatus};
+use milonga_wire::{Bytes, Key, KeyExpr, NodeId, Value};
+
+use crate::discovery::Announcement;
+use crate::error::CallError;
+use crate::node::{lock, NodeInner};
+use crate::service::recv_parts;
+use crate::stats;
+use crate::zmq_io::{self, message_bytes};
+
+/// Idle connections kept per server; more are closed after use.
+const MAX_IDLE: usize = 64;
+/// How often a waiting call looks at discovery and at `close`.
+const CHECK_EVERY: Duration = Duration::from_millis(50);
+
+const LOST_EVENTS: u16 = (zmq_sys::ZMQ_EVENT_DISCONNECTED
+    | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED
+    | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) as u16;
+
+/// One server of one service, as discovery announced it.
+pub(crate) struct Target {
+    pub key: String,
+    pub endpoint: String,
+    pub node: NodeId,
+    pub server: String,
+    pub max_request_bytes: usize,
+    outstanding: AtomicUsize,
+    idle: Mutex<Vec<Channel>>,
+}
+
+/// A connection to one server: a DEALER and the reader of its monitor.
+struct Channel {
+    sock: zmq::Socket,
+    monitor: zmq::Socket,
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // Before the monitor's reader goes (see zmq_io::stop_monitor).
+        zmq_io::stop_monitor(&mut self.sock);
+    }
+}
+
+/// Every node's calling state.
+#[derive(Default)]
+pub(crate) struct Callers {
+    /// Service key -> its servers, rebuilt when discovery changes.
+    routes: RwLock<HashMap<String, Arc<[Arc<Target>]>>>,
+    next_call: AtomicU64,
+    next_channel: AtomicU64,
+    round_robin: AtomicUsize,
+}
+
+impl Callers {
+    /// Rebuilds the routes from the peers' announcements, keeping the
+    /// connections of servers that are still there.
+    pub(crate) fn update(&self, peers: &[&Announcement]) {
+        let me = std::process::id();
+        let mut routes = self.routes.write().unwrap_or_else(|e| e.into_inner());
+        let mut old: HashMap<String, Arc<Target>> = routes
+            .drain()
+            .flat_map(|(_, ts)| ts.iter().cloned().collect::<Vec<_>>())
+            .map(|t| (t.endpoint.clone(), t))
+            .collect();
+        let mut by_key: HashMap<String, Vec<Arc<Target>>> = HashMap::new();
+        for a in peers {
+            let Some(node) = a.id() else { continue };
+            for s in &a.services {
+                if s.endpoint.starts_with("inproc://") && a.pid != me {
+                    continue;
+                }
+                let t = match old.remove(&s.endpoint) {
+                    Some(t) if t.key == s.key && t.node == node => t,
+                    _ => Arc::new(Target {
+                        key: s.key.clone(),
+                        endpoint: s.endpoint.clone(),
+                        node,
+                        server: a.name.clone(),
+                        max_request_bytes: s.max_request_bytes,
+                        outstanding: AtomicUsize::new(0),
+                        idle: Mutex::new(Vec::new()),
+                    }),
+                };
+                by_key.entry(s.key.clone()).or_default().push(t);
+            }
+        }
+        *routes = by_key.into_iter().map(|(k, v)| (k, v.into())).collect();
+    }
+
+    fn servers_of(&self, key: &str) -> Option<Arc<[Arc<Target>]>> {
+        self.routes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    fn servers_matching(&self, expr: &KeyExpr) -> Vec<Arc<Target>> {
+        let routes = self.routes.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<Arc<Target>> = routes
+            .iter()
+            .filter(|(k, _)| expr.matches(k))
+            .flat_map(|(_, ts)| ts.iter().cloned())
+            .collect();
+        out.sort_by(|a, b| (&a.key, &a.server).cmp(&(&b.key, &b.server)));
+        out
+    }
+
+    /// The server with the fewest calls in flight from this node.
+    fn choose(&self, servers: &[Arc<Target>]) -> Arc<Target> {
+        let start = self.round_robin.fetch_add(1, Ordering::Relaxed);
+        let n = servers.len();
+        (0..n)
+            .map(|i| &servers[(start + i) % n])
+            .min_by_key(|t| t.outstanding.load(Ordering::Relaxed))
+            .expect("at least one server")
+            .clone()
+    }
+}
+
+/// A call that has been sent: wait for its outcome with
+/// [`PendingCall::wait`], or `.await` it.
+pub struct PendingCall {
+    state: Option<InFlight>,
+    /// Filled by the helper thread when the call is awaited.
+    shared: Option<Arc<Awaited>>,
+}
+
+/// The outcome of a call.
+type Outcome = Result<Value, CallError>;
+
+/// Where the helper thread of an awaited call leaves its outcome.
+#[derive(Default)]
+struct Awaited {
+    slot: Mutex<(Option<Outcome>, Option<Waker>)>,
+    done: std::sync::Condvar,
+}
+
+/// A call sent by [`start_all`] to one server.
+pub(crate) type Sent = (Arc<Target>, Result<PendingCall, CallError>);
+
+impl std::fmt::Debug for PendingCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("PendingCall");
+        if let Some(s) = &self.state {
+            d.field("key", &s.target.key)
+                .field("server", &s.target.server)
+                .field("call_id", &s.call_id);
+        }
+        d.finish()
+    }
+}
+
+/// A sent call's state.
+struct InFlight {
+    node: Arc<NodeInner>,
+    target: Arc<Target>,
+    channel: Option<Channel>,
+    call_id: u64,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.target.outstanding.fetch_sub(1, Ordering::Relaxed);
+        // A connection whose call ended (even by timeout: a late reply is
+        // recognised by its call id and dropped) serves the next call.
+        if let Some(ch) = self.channel.take() {
+            let mut idle = lock(&self.target.idle);
+            if idle.len() < MAX_IDLE {
+                idle.push(ch);
+            }
+        }
+    }
+}
+
+impl PendingCall {
+    /// Blocks until the call ends: the reply, or the reason there is none.
+    pub fn wait(mut self) -> Result<Value, CallError> {
+        if let Some(shared) = self.shared.take() {
+            // Already handed to a helper thread by `poll`: wait for it.
+            let mut g = lock(&shared.slot);
+            loop {
+                if let Some(r) = g.0.take() {
+                    return r;
+                }
+                g = shared.done.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        self.state.take().expect("a pending call has state").wait()
+    }
+
+    /// The server the call went to (its node's name).
+    pub fn server(&self) -> Option<&str> {
+        self.state.as_ref().map(|s| s.target.server.as_str())
+    }
+}
+
+impl Future for PendingCall {
+    type Output = Result<Value, CallError>;
+
+    /// The first poll hands the wait to a helper thread, which wakes the
+    /// task when the call ends.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some(state) = self.state.take() {
+            let shared = Arc::new(Awaited::default());
+            lock(&shared.slot).1 = Some(cx.waker().clone());
+            let s2 = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name("milonga-call".into())
+                .spawn(move || {
+                    let r = state.wait();
+                    let waker = {
+                        let mut g = lock(&s2.slot);
+                        g.0 = Some(r);
+                        s2.done.notify_all();
+                        g.1.take()
+                    };
+                    if let Some(w) = waker {
+                        w.wake();
+                    }
+                });
+            if let Err(e) = spawned {
+                return Poll::Ready(Err(CallError::Thread(e.to_string())));
+            }
+            self.shared = Some(shared);
+            return Poll::Pending;
+        }
+        let Some(shared) = &self.shared else {
+            return Poll::Ready(Err(CallError::Thread("polled after completion".into())));
+        };
+        let mut g = lock(&shared.slot);
+        match g.0.take() {
+            Some(r) => {
+                drop(g);
+                self.shared = None;
+                Poll::Ready(r)
+            }
+            None => {
+                g.1 = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// The reply of one server to [`crate::Node::call_all`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ServerReply {
+    /// The service's key.
+    pub key: String,
+    /// The server's node name.
+    pub server: String,
+    /// The server's node id.
+    pub node: NodeId,
+    /// Its reply, or why there is none.
+    pub result: Result<Value, CallError>,
+}
+
+/// Sends a call to the best server of `key`.
+pub(crate) fn start(
+    node: &Arc<NodeInner>,
+    key: &str,
+    value: &Value,
+    timeout: Duration,
+) -> Result<PendingCall, CallError> {
+    if node.closed.load(Ordering::Acquire) {
+        return Err(CallError::Closed);
+    }
+    let key = Key::new(key)?;
+    let enc = encode_payload(value, node.cfg.zero_copy_threshold_bytes)?;
+    let Some(servers) = node
+        .callers
+        .servers_of(key.as_str())
+        .filter(|s| !s.is_empty())
+    else {
+        stats::inc(&node.counters.calls_no_server);
+        return Err(CallError::NoServer {
+            key: key.as_str().to_owned(),
+        });
+    };
+    let target = node.callers.choose(&servers);
+    send(node, target, &key, &enc, timeout)
+}
+
+/// Sends a call to every server of a key matching `expr`.
+pub(crate) fn start_all(
+    node: &Arc<NodeInner>,
+    expr: &str,
+    value: &Value,
+    timeout: Duration,
+) -> Result<Vec<Sent>, CallError> {
+    if node.closed.load(Ordering::Acquire) {
+        return Err(CallError::Closed);
+    }
+    let expr = KeyExpr::new(expr)?;
+    let enc = encode_payload(value, node.cfg.zero_copy_threshold_bytes)?;
+    let servers = node.callers.servers_matching(&expr);
+    if servers.is_empty() {
+        stats::inc(&node.counters.calls_no_server);
+        return Err(CallError::NoServer {
+            key: expr.as_str().to_owned(),
+        });
+    }
+    Ok(servers
+        .into_iter()
+        .map(|t| {
+            let key = Key::new(&t.key).expect("announced keys were checked");
+            let r = send(node, t.clone(), &key, &enc, timeout);
+            (t, r)
+        })
+        .collect())
+}
+
+fn send(
+    node: &Arc<NodeInner>,
+    target: Arc<Target>,
+    key: &Key,
+    enc: &Encoded,
+    timeout: Duration,
+) -> Result<PendingCall, CallError> {
+    let size = frame::head_len(key) + enc.head.len() + enc.tail.as_ref().map_or(0, Bytes::len);
+    let limit = node.cfg.max_message_bytes.min(target.max_request_bytes);
+    if size > limit {
+        stats::inc(&node.counters.calls_rejected);
+        return Err(CallError::Rejected {
+            server: None,
+            kind: "too_large".into(),
+            message: format!(
+                "the request has {size} bytes, over the limit of {limit} (max_message_bytes here or at the server)"
+            ),
+        });
+    }
+    let call_id = node.callers.next_call.fetch_add(1, Ordering::Relaxed) + 1;
+    let header = Header {
+        kind: Kind::Request,
+        flags: if enc.tail.is_some() {
+            FLAG_PAYLOAD_FRAME
+        } else {
+            0
+        },
+        encoding: enc.encoding,
+        domain_tag: node.domain_tag,
+        schema_id: 0,
+        node_id: node.id,
+        seq: call_id,
+        timestamp_ns: crate::publisher::now_ns(),
+    };
+    let mut msg = vec![0u8; frame::head_len(key) + enc.head.len()];
+    let n = frame::write_head(key, &header, &mut msg);
+    msg[n..].copy_from_slice(&enc.head);
+
+    let pooled = lock(&target.idle).pop();
+    let channel = match pooled {
+        Some(c) => {
+            // Events of an earlier, recovered connection are history.
+            while c.monitor.recv_msg(zmq::DONTWAIT).is_ok() {}
+            c
+        }
+        None => open_channel(node, &target.endpoint)?,
+    };
+    target.outstanding.fetch_add(1, Ordering::Relaxed);
+    let deadline = Instant::now()
+        .checked_add(timeout)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 86_400));
+    let mut call = InFlight {
+        node: node.clone(),
+        target,
+        channel: Some(channel),
+        call_id,
+        deadline,
+        timeout,
+    };
+    let ch = call.channel.as_mut().expect("just set");
+    let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
+    // A DEALER with a connection being made queues the message; one call
+    // per connection at a time never fills its queue.
+    let sent = ch
+        .sock
+        .send(msg, zmq::DONTWAIT | more)
+        .and_then(|_| match &enc.tail {
+            Some(t) => zmq_io::send_bytes(&mut ch.sock, t.clone(), zmq::DONTWAIT),
+            None => Ok(()),
+        });
+    if let Err(e) = sent {
+        call.channel = None;
+        return Err(CallError::Socket(e));
+    }
+    stats::inc(&node.counters.calls_sent);
+    Ok(PendingCall {
+        state: Some(call),
+        shared: None,
+    })
+}
+
+fn open_channel(node: &NodeInner, endpoint: &str) -> Result<Channel, CallError> {
+    let sock_err = |action: &'static str| {
+        move |source| {
+            CallError::Open(crate::error::OpenError::Socket {
+                action,
+                endpoint: endpoint.to_owned(),
+                source,
+            })
+        }
+    };
+    let sock = node.ctx.socket(zmq::DEALER)?;
+    zmq_io::apply_common(&sock, &node.cfg).map_err(sock_err("configure"))?;
+    let n = node.callers.next_channel.fetch_add(1, Ordering::Relaxed);
+    let mon = format!("inproc://milonga-callmon-{}-{n}", node.id);
+    sock.monitor(&mon, i32::from(LOST_EVENTS))
+        .map_err(sock_err("monitor"))?;
+    let monitor = node.ctx.socket(zmq::PAIR)?;
+    monitor.set_linger(0).map_err(sock_err("monitor"))?;
+    monitor.connect(&mon).map_err(sock_err("monitor"))?;
+    sock.connect(endpoint).map_err(sock_err("connect"))?;
+    Ok(Channel { sock, monitor })
+}
+
+impl InFlight {
+    fn wait(mut self) -> Result<Value, CallError> {
+        let r = self.wait_inner();
+        if matches!(r, Err(CallError::ServerLost { .. })) {
+            // The connection is broken; do not reuse it.
+            self.channel = None;
+        }
+        r
+    }
+
+    fn wait_inner(&mut self) -> Result<Value, CallError> {
+        let c = &self.node.counters;
+        let server = self.target.server.clone();
+        loop {
+            let now = Instant::now();
+            if now >= self.deadline {
+                stats::inc(&c.calls_timed_out);
+                return Err(CallError::Timeout {
+                    key: self.target.key.clone(),
+                    server,
+                    after: self.timeout,
+                });
+            }
+            let slice = (self.deadline - now).min(CHECK_EVERY);
+            let ms = slice.as_micros().div_ceil(1000) as i64;
+            let ch = self.channel.as_mut().expect("a waiting call has a channel");
+            let (readable, lost) = {
+                let mut items = [
+                    ch.sock.as_poll_item(zmq::POLLIN),
+                    ch.monitor.as_poll_item(zmq::POLLIN),
+                ];
+                let _ = zmq::poll(&mut items, ms);
+                (items[0].is_readable(), items[1].is_readable())
+            };
+            if readable {
+                while let Ok(parts) = recv_parts(&mut ch.sock) {
+                    if let Some(r) = reply(&self.node, &self.target, self.call_id, parts) {
+                        return r;
+                    }
+                }
+                continue;
+            }
+            if lost {
+                let events = ch.monitor.recv_multipart(zmq::DONTWAIT).unwrap_or_default();
+                let what = events
+                    .first()
+                    .filter(|f| f.len() >= 2)
+                    .map(|f| u16::from_le_bytes([f[0], f[1]]))
+                    .unwrap_or(0);
+                if what & LOST_EVENTS != 0 {
+                    stats::inc(&c.calls_server_lost);
+                    return Err(CallError::ServerLost { server });
+                }
+                continue;
+            }
+            if self.node.closed.load(Ordering::Acquire) {
+                return Err(CallError::Closed);
+            }
+            // A server whose process is gone before its connection was
+            // made never reports a disconnection: discovery does.
+            let gone = !lock(&self.node.state)
+                .peers
+                .contains_key(&self.target.node.to_hex());
+            if gone {
+                stats::inc(&c.calls_server_lost);
+                return Err(CallError::ServerLost { server });
+            }
+        }
+    }
+}
+
+/// The outcome a received message gives call `call_id` to `target`, or
+/// `None` if it is not that call's reply (counted and dropped).
+fn reply(
+    node: &NodeInner,
+    target: &Target,
+    call_id: u64,
+    mut parts: Vec<zmq::Message>,
+) -> Option<Result<Value, CallError>> {
+    let c = &node.counters;
+    if parts.is_empty() || parts.len() > 2 {
+        stats::inc(&c.frames_malformed);
+        return None;
+    }
+    let second = (parts.len() == 2).then(|| message_bytes(parts.pop().expect("2")));
+    let frame = message_bytes(parts.pop().expect("1"));
+    let view = match frame::decode(&frame) {
+        Ok(v) => v,
+        Err(err) => {
+            stats::inc(&c.frames_malformed);
+            tracing::warn!(server = %target.server, %err, "dropped a malformed reply");
+            return None;
+        }
+    };
+    let h = view.header;
+    if h.kind != Kind::Reply
+        || view.body.is_empty()
+        || (h.flags & FLAG_PAYLOAD_FRAME != 0) != second.is_some()
+    {
+        stats::inc(&c.frames_malformed);
+        return None;
+    }
+    if h.seq != call_id {
+        // The reply to an earlier call on this connection that ended
+        // (timed out) before it came.
+        stats::inc(&c.calls_late_replies);
+        return None;
+    }
+    let server = target.server.clone();
+    let body = frame.slice(view.body_offset + 1..);
+    let status = view.body[0];
+    let failure = |body: &Bytes| {
+        Failure::decode(body).unwrap_or_else(|e| Failure {
+            kind: "undecodable".into(),
+            message: format!("the server's failure report does not decode: {e}"),
+        })
+    };
+    Some(match ReplyStatus::from_u8(status) {
+        Some(ReplyStatus::Ok) => {
+            stats::inc(&c.calls_replied);
+            decode_payload(h.encoding, body, second).map_err(|e| CallError::BadReply {
+                server,
+                why: e.to_string(),
+            })
+        }
+        Some(ReplyStatus::Error) => {
+            stats::inc(&c.calls_remote_errors);
+            let f = failure(&body);
+            Err(CallError::Remote {
+                server,
+                kind: f.kind,
+                message: f.message,
+            })
+        }
+        Some(ReplyStatus::Rejected) => {
+            stats::inc(&c.calls_rejected);
+            let f = failure(&body);
+            Err(CallError::Rejected {
+                server: Some(server),
+                kind: f.kind,
+                message: f.message,
+            })
+        }
+        Some(ReplyStatus::NoSuchService) => {
+            stats::inc(&c.calls_no_server);
+            Err(CallError::NoServer {
+                key: target.key.clone(),
+            })
+        }
+        None => Err(CallError::BadReply {
+            server,
+            why: format!("unknown reply status {status}"),
+        }),
+    })
+}
+
+/// Gathers the outcomes of calls sent by [`start_all`].
+pub(crate) fn gather(sent: Vec<Sent>) -> Vec<ServerReply> {
+    sent.into_iter()
+        .map(|(t, p)| ServerReply {
+            key: t.key.clone(),
+            server: t.server.clone(),
+            node: t.node,
+            result: p.and_then(PendingCall::wait),
+        })
+        .collect()
+}
