@@ -1,4 +1,4 @@
-//! `milonga`: publish, subscribe, list, demo and benchmark.
+//! `milonga`: publish, subscribe, call, serve, list, demo and benchmark.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -93,7 +93,11 @@ enum Cmd {
     Pub(PubArgs),
     /// Subscribe to a key expression and print what arrives.
     Sub(SubArgs),
-    /// List the nodes of the domain: endpoints, keys and counters.
+    /// Call a service with a JSON value and print its reply as JSON.
+    Call(CallArgs),
+    /// Serve a key (an echo, for tests and benchmarks).
+    Serve(ServeArgs),
+    /// List the nodes of the domain: endpoints, keys, services and counters.
     Ls(LsArgs),
     /// Run a small simulated control system and a live monitor.
     Demo(demo::DemoArgs),
@@ -192,6 +196,64 @@ struct SubArgs {
     sleep_ms: f64,
 }
 
+/// Exit status of `milonga call` for each failure outcome.
+mod call_exit {
+    pub const TIMEOUT: u8 = 3;
+    pub const NO_SERVER: u8 = 4;
+    pub const REMOTE_ERROR: u8 = 5;
+    pub const SERVER_LOST: u8 = 6;
+    pub const REJECTED: u8 = 7;
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Exit status: 0 reply, 3 timeout, 4 no server, 5 remote error, \
+6 server lost, 7 rejected, 1 anything else (bad arguments, no node)."
+)]
+struct CallArgs {
+    /// The service's key, such as sr/ps/1/set_current; with --all, a key
+    /// expression.
+    key: String,
+    /// The request as JSON, such as 12.5 or '{"amps": 12.5}'.
+    value: String,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 5.0)]
+    timeout: f64,
+    /// Call every server of every matching key and print one JSON line per
+    /// server: {"key", "server", "reply"} or {"key", "server", "error"}.
+    #[arg(long)]
+    all: bool,
+    /// Wait up to this many seconds for discovery to find a server (useful
+    /// with static peers, which are asked asynchronously).
+    #[arg(long, default_value_t = 0.0)]
+    wait_server: f64,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// The key to serve, such as lab/echo.
+    key: String,
+    /// Reply with the request value.
+    #[arg(long, required_unless_present = "error")]
+    echo: bool,
+    /// Instead of echoing, fail every call with this error kind.
+    #[arg(long, value_name = "KIND", conflicts_with = "echo")]
+    error: Option<String>,
+    /// Worker threads.
+    #[arg(long, default_value_t = milonga::ServeOptions::default().workers)]
+    workers: usize,
+    /// Requests that may wait for a worker before calls are rejected.
+    #[arg(long, default_value_t = milonga::ServeOptions::default().max_queued)]
+    max_queued: usize,
+    /// Sleep this many milliseconds in the handler before answering.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
+    /// Panic in the handler when the request equals this JSON value (to
+    /// show that a panic is a remote error and the service goes on).
+    #[arg(long, value_name = "JSON")]
+    panic_on: Option<String>,
+}
+
 #[derive(Args, Debug)]
 struct LsArgs {
     /// Print JSON: one array of nodes with their announcement and counters.
@@ -214,6 +276,8 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Pub(a) => cmd_pub(&cli.net, a),
         Cmd::Sub(a) => cmd_sub(&cli.net, a),
+        Cmd::Call(a) => cmd_call(&cli.net, a),
+        Cmd::Serve(a) => cmd_serve(&cli.net, a),
         Cmd::Ls(a) => cmd_ls(&cli.net, a),
         Cmd::Demo(a) => demo::run(&cli.net, a),
         Cmd::Device(a) => demo::device(&cli.net, a),
@@ -410,6 +474,119 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
     }
 }
 
+fn cmd_call(net: &NetArgs, a: CallArgs) -> Result<ExitCode> {
+    use milonga::CallError;
+    if !(a.timeout >= 0.0 && a.timeout.is_finite()) {
+        bail!("--timeout must be a number of seconds, got {}", a.timeout);
+    }
+    let value: serde_json::Value = serde_json::from_str(&a.value)
+        .with_context(|| format!("VALUE {:?} is not JSON", a.value))?;
+    let value = json::from_json(&value);
+    let node = net.open("call")?;
+    let timeout = Duration::from_secs_f64(a.timeout);
+    let until = Instant::now() + Duration::from_secs_f64(a.wait_server.max(0.0));
+    let exit = |e: &CallError| match e {
+        CallError::Timeout { .. } => call_exit::TIMEOUT,
+        CallError::NoServer { .. } => call_exit::NO_SERVER,
+        CallError::Remote { .. } => call_exit::REMOTE_ERROR,
+        CallError::ServerLost { .. } => call_exit::SERVER_LOST,
+        CallError::Rejected { .. } => call_exit::REJECTED,
+        _ => 1,
+    };
+    let mut o = std::io::stdout().lock();
+    if a.all {
+        let replies = loop {
+            match node.call_all(&a.key, value.clone(), timeout) {
+                Err(CallError::NoServer { .. }) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    eprintln!("milonga call: {e}");
+                    return Ok(ExitCode::from(exit(&e)));
+                }
+                Ok(r) => break r,
+            }
+        };
+        let mut worst = 0;
+        for r in replies {
+            let line = match &r.result {
+                Ok(v) => {
+                    serde_json::json!({"key": r.key, "server": r.server, "reply": json::to_json(v)})
+                }
+                Err(e) => {
+                    worst = worst.max(exit(e));
+                    serde_json::json!({"key": r.key, "server": r.server, "error": e.to_string()})
+                }
+            };
+            writeln!(o, "{line}")?;
+        }
+        node.close();
+        return Ok(ExitCode::from(worst));
+    }
+    let r = loop {
+        match node.call(&a.key, value.clone(), timeout) {
+            Err(CallError::NoServer { .. }) if Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => break r,
+        }
+    };
+    node.close();
+    match r {
+        Ok(v) => {
+            writeln!(o, "{}", json::to_json(&v))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("milonga call: {e}");
+            Ok(ExitCode::from(exit(&e)))
+        }
+    }
+}
+
+fn cmd_serve(net: &NetArgs, a: ServeArgs) -> Result<ExitCode> {
+    use milonga::{ServeOptions, ServiceError};
+    let panic_on = match &a.panic_on {
+        Some(j) => Some(json::from_json(
+            &serde_json::from_str(j).with_context(|| format!("--panic-on {j:?} is not JSON"))?,
+        )),
+        None => None,
+    };
+    let node = net.open("serve")?;
+    let delay = Duration::from_millis(a.delay_ms);
+    let error = a.error.clone();
+    let opts = ServeOptions::default()
+        .workers(a.workers)
+        .max_queued(a.max_queued);
+    let svc = node.serve_with(&a.key, opts, move |req| {
+        if panic_on.as_ref() == Some(&req.value) {
+            panic!("asked to panic by the request");
+        }
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        match &error {
+            Some(kind) => Err(ServiceError::new(
+                kind.clone(),
+                format!("serving {kind} errors as asked"),
+            )),
+            None => Ok(req.value),
+        }
+    })?;
+    catch_interrupts();
+    {
+        let mut o = std::io::stdout().lock();
+        writeln!(o, "serving {} at {}", svc.key(), svc.endpoint())?;
+        o.flush()?;
+    }
+    while !interrupted() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(svc);
+    node.close();
+    Ok(ExitCode::SUCCESS)
+}
+
 fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
     let node = net.open("ls")?;
     std::thread::sleep(Duration::from_secs_f64(a.wait));
@@ -426,6 +603,7 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             "data_best_effort": peer.data_best_effort,
             "data_reliable": peer.data_reliable,
             "publications": peer.publications,
+            "services": peer.services,
             "stats": info.map(|i| i.stats),
         }));
     }
@@ -457,6 +635,15 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
                 "  pub {} ({})",
                 p["key"].as_str().unwrap_or("?"),
                 p["reliability"].as_str().unwrap_or("?")
+            )?;
+        }
+        for p in r["services"].as_array().into_iter().flatten() {
+            writeln!(
+                o,
+                "  service {} at {} ({} workers)",
+                p["key"].as_str().unwrap_or("?"),
+                p["endpoint"].as_str().unwrap_or("?"),
+                p["workers"]
             )?;
         }
         if r["stats"].is_null() {
