@@ -48,6 +48,8 @@ enum BenchKind {
     Idle(IdleArgs),
     /// How fast a subscriber learns that a publisher died, froze or restarted.
     Liveliness(crate::bench_liveliness::LivelinessArgs),
+    /// Request/reply calls per second and latency, 1..100 client processes.
+    Rpc(crate::bench_rpc::RpcArgs),
 }
 
 #[derive(Args, Debug)]
@@ -210,6 +212,7 @@ pub fn run(net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
         BenchKind::Latency(l) => latency(l, t),
         BenchKind::Idle(i) => idle(i),
         BenchKind::Liveliness(l) => crate::bench_liveliness::run(l, t),
+        BenchKind::Rpc(r) => crate::bench_rpc::run(r, t),
     }
 }
 

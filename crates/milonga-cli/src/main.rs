@@ -10,6 +10,7 @@ use milonga::{Config, Event, Node, PublisherQos, RecvError, SubscriberQos, Trans
 
 mod bench;
 mod bench_liveliness;
+mod bench_rpc;
 mod demo;
 mod json;
 
@@ -109,6 +110,9 @@ enum Cmd {
     /// A benchmark worker process (used by `bench`).
     #[command(hide = true)]
     BenchWorker(bench::WorkerArgs),
+    /// A request/reply benchmark worker process (used by `bench rpc`).
+    #[command(hide = true)]
+    BenchRpcWorker(bench_rpc::RpcWorkerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -283,6 +287,7 @@ fn main() -> ExitCode {
         Cmd::Device(a) => demo::device(&cli.net, a),
         Cmd::Bench(a) => bench::run(&cli.net, a),
         Cmd::BenchWorker(a) => bench::worker(a),
+        Cmd::BenchRpcWorker(a) => bench_rpc::worker(a),
     };
     match r {
         Ok(code) => code,

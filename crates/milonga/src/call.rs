@@ -32,13 +32,15 @@ use crate::zmq_io::{self, message_bytes};
 
 /// Idle connections kept per server; more are closed after use.
 const MAX_IDLE: usize = 64;
-/// How often a waiting call looks at discovery and at `close`.
+/// How often a waiting call looks at its connection's monitor (a lost
+/// server), discovery and `close`.
 const CHECK_EVERY: Duration = Duration::from_millis(50);
 
 const LOST_EVENTS: u16 = (zmq_sys::ZMQ_EVENT_DISCONNECTED
     | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) as u16;
+const UP_EVENTS: u16 = zmq_sys::ZMQ_EVENT_HANDSHAKE_SUCCEEDED as u16;
 
 /// One server of one service, as discovery announced it.
 pub(crate) struct Target {
@@ -55,6 +57,10 @@ pub(crate) struct Target {
 struct Channel {
     sock: zmq::Socket,
     monitor: zmq::Socket,
+    /// The receive timeout set on `sock`, in ms.
+    rcvtimeo: i32,
+    /// The last monitor event read said the connection is down.
+    down: bool,
 }
 
 impl Drop for Channel {
@@ -377,11 +383,7 @@ fn send(
 
     let pooled = lock(&target.idle).pop();
     let channel = match pooled {
-        Some(c) => {
-            // Events of an earlier, recovered connection are history.
-            while c.monitor.recv_msg(zmq::DONTWAIT).is_ok() {}
-            c
-        }
+        Some(c) => c,
         None => open_channel(node, &target.endpoint)?,
     };
     target.outstanding.fetch_add(1, Ordering::Relaxed);
@@ -432,13 +434,18 @@ fn open_channel(node: &NodeInner, endpoint: &str) -> Result<Channel, CallError> 
     zmq_io::apply_common(&sock, &node.cfg).map_err(sock_err("configure"))?;
     let n = node.callers.next_channel.fetch_add(1, Ordering::Relaxed);
     let mon = format!("inproc://milonga-callmon-{}-{n}", node.id);
-    sock.monitor(&mon, i32::from(LOST_EVENTS))
+    sock.monitor(&mon, i32::from(LOST_EVENTS | UP_EVENTS))
         .map_err(sock_err("monitor"))?;
     let monitor = node.ctx.socket(zmq::PAIR)?;
     monitor.set_linger(0).map_err(sock_err("monitor"))?;
     monitor.connect(&mon).map_err(sock_err("monitor"))?;
     sock.connect(endpoint).map_err(sock_err("connect"))?;
-    Ok(Channel { sock, monitor })
+    Ok(Channel {
+        sock,
+        monitor,
+        rcvtimeo: -1,
+        down: false,
+    })
 }
 
 impl InFlight {
@@ -464,37 +471,42 @@ impl InFlight {
                     after: self.timeout,
                 });
             }
+            // One blocking receive, as a hand-written client would do; the
+            // monitor, `close` and discovery are looked at between slices.
             let slice = (self.deadline - now).min(CHECK_EVERY);
-            let ms = slice.as_micros().div_ceil(1000) as i64;
+            let ms = slice.as_micros().div_ceil(1000).max(1) as i32;
             let ch = self.channel.as_mut().expect("a waiting call has a channel");
-            let (readable, lost) = {
-                let mut items = [
-                    ch.sock.as_poll_item(zmq::POLLIN),
-                    ch.monitor.as_poll_item(zmq::POLLIN),
-                ];
-                let _ = zmq::poll(&mut items, ms);
-                (items[0].is_readable(), items[1].is_readable())
-            };
-            if readable {
-                while let Ok(parts) = recv_parts(&mut ch.sock) {
+            if ch.rcvtimeo != ms {
+                ch.sock.set_rcvtimeo(ms).map_err(CallError::Socket)?;
+                ch.rcvtimeo = ms;
+            }
+            match recv_parts(&mut ch.sock, 0) {
+                Ok(parts) => {
                     if let Some(r) = reply(&self.node, &self.target, self.call_id, parts) {
                         return r;
                     }
+                    continue;
                 }
-                continue;
+                Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
+                Err(e) => return Err(CallError::Socket(e)),
             }
-            if lost {
-                let events = ch.monitor.recv_multipart(zmq::DONTWAIT).unwrap_or_default();
-                let what = events
+            // The connection's state is its last event: a disconnection
+            // followed by a reconnection (older than this call, or a
+            // hiccup) is not a lost server.
+            while let Ok(event) = ch.monitor.recv_multipart(zmq::DONTWAIT) {
+                let what = event
                     .first()
                     .filter(|f| f.len() >= 2)
-                    .map(|f| u16::from_le_bytes([f[0], f[1]]))
-                    .unwrap_or(0);
+                    .map_or(0, |f| u16::from_le_bytes([f[0], f[1]]));
                 if what & LOST_EVENTS != 0 {
-                    stats::inc(&c.calls_server_lost);
-                    return Err(CallError::ServerLost { server });
+                    ch.down = true;
+                } else if what & UP_EVENTS != 0 {
+                    ch.down = false;
                 }
-                continue;
+            }
+            if ch.down {
+                stats::inc(&c.calls_server_lost);
+                return Err(CallError::ServerLost { server });
             }
             if self.node.closed.load(Ordering::Acquire) {
                 return Err(CallError::Closed);

@@ -1,26 +1,31 @@
 //! Services, the serving side: a ROUTER socket per service and a pool of
-//! worker threads that take turns reading it (leader/follower).
+//! worker threads (leader/followers with a standby).
 //!
-//! At any time at most one worker leads: it waits on the socket, reads every
-//! request queued there into the pool's queue, then hands the lead to an
-//! idle worker and runs the first request itself. A worker that finishes
-//! sends its reply and reads what has arrived meanwhile before taking the
-//! next request from the queue. So with a fast handler and steady traffic
-//! one thread does everything, as a hand-written ROUTER loop would, and a
-//! slow handler occupies one worker while the others go on serving.
+//! One worker leads: it waits on the socket, reads a request and runs the
+//! handler itself, then sends the reply and reads the next. With a fast
+//! handler that is all that happens, which costs what a hand-written ROUTER
+//! loop costs. An idle worker stands by: when the leader's handler has run
+//! for [`TAKEOVER`], the standby takes the lead (the socket is free while a
+//! handler runs) and another idle worker stands by. A worker that finishes a
+//! handler after losing the lead gives its reply to the leader (an outbox,
+//! and a wake-up message to the socket from an inproc peer). So a slow
+//! handler holds one worker, not the service.
 //!
-//! Every thread that uses the socket (under its lock) leaves it read to the
-//! end: ZMQ_FD, on which the leader sleeps, only signals new activity, so a
-//! message left behind could otherwise wait unnoticed.
+//! When no other worker is idle, the leader does not run what it reads: it
+//! queues it for the next worker to finish, up to `max_queued`, and answers
+//! further requests at once with status `rejected`, kind `overload`. With a
+//! single worker, calls simply run one at a time in arrival order.
 //!
-//! Overload: when `max_queued` requests wait for a worker, further ones are
-//! answered at once with status `rejected`, kind `overload`.
+//! The standby checks the leader every [`TAKEOVER`] while calls come in, and
+//! sleeps without a timer when none has come for a while, so an idle
+//! service costs no CPU.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use milonga_wire::cbor::{decode_payload, encode_payload, Encoded};
 use milonga_wire::frame::{self, Encoding, Header, Kind, FLAG_PAYLOAD_FRAME};
@@ -31,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::ServeError;
 use crate::node::{lock, NodeInner};
 use crate::stats;
-use crate::zmq_io::{self, message_bytes, EventFd};
+use crate::zmq_io::{self, message_bytes};
 
 /// A call as its handler sees it.
 #[derive(Debug, Clone)]
@@ -136,7 +141,12 @@ pub struct ServiceInfo {
 
 type Handler = dyn Fn(Request) -> Result<Value, ServiceError> + Send + Sync;
 
-/// A request read from the socket, waiting for a worker.
+/// How long the leader may run a handler before the standby takes the lead.
+pub const TAKEOVER: Duration = Duration::from_millis(2);
+/// Checks of the standby with no new call before it sleeps without a timer.
+const QUIET_CHECKS: u32 = 50;
+
+/// A request read from the socket.
 struct Incoming {
     identity: zmq::Message,
     header: Header,
@@ -145,23 +155,44 @@ struct Incoming {
     second: Option<Bytes>,
 }
 
+/// A reply ready to go.
+struct Outgoing {
+    identity: zmq::Message,
+    head: Vec<u8>,
+    tail: Option<Bytes>,
+}
+
 #[derive(Default)]
-struct Work {
+struct Pool {
+    /// The worker that reads the socket (it may be running a handler).
+    leader: Option<usize>,
+    /// Since when the leader runs a handler.
+    leader_busy_since: Option<Instant>,
+    /// Requests read while no other worker was idle.
     queue: VecDeque<Incoming>,
-    /// A worker is waiting on the socket.
-    leader: bool,
-    /// Workers waiting on the condition variable.
+    /// Replies of workers that lost the lead, for the leader to send.
+    outbox: Vec<Outgoing>,
+    /// An idle worker watches the leader.
+    standby: bool,
+    /// The standby sleeps without a timer (no call came lately).
+    standby_asleep: bool,
+    /// Idle workers, the standby included.
     idle: usize,
+    /// Requests read so far, to tell traffic from quiet.
+    taken: u64,
 }
 
 struct Server {
     key: Key,
     node: Arc<NodeInner>,
+    /// Held by the leader while it reads or sends, not while a handler runs.
     sock: Mutex<zmq::Socket>,
-    zmq_fd: std::os::fd::RawFd,
-    wake: EventFd,
-    work: Mutex<Work>,
-    cv: Condvar,
+    /// An inproc peer of the socket: an empty message from it wakes the
+    /// leader (outbox, close).
+    waker: Mutex<zmq::Socket>,
+    pool: Mutex<Pool>,
+    standby_cv: Condvar,
+    followers_cv: Condvar,
     handler: Box<Handler>,
     opts: ServeOptions,
     closed: AtomicBool,
@@ -225,16 +256,24 @@ impl Service {
         sock.set_linger(node.cfg.close_linger_ms.clamp(0, 1000))
             .map_err(opt_err)?;
         let bound = node.bind(&sock, &endpoint)?;
-        let zmq_fd = sock.get_fd().map_err(opt_err)?;
-        let wake = EventFd::new().map_err(ServeError::Thread)?;
+        let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", node.id);
+        let wake_err = |source| crate::error::OpenError::Socket {
+            action: "bind or connect",
+            endpoint: wake_ep.clone(),
+            source,
+        };
+        sock.bind(&wake_ep).map_err(wake_err)?;
+        let waker = node.ctx.socket(zmq::DEALER)?;
+        waker.set_linger(0).map_err(wake_err)?;
+        waker.connect(&wake_ep).map_err(wake_err)?;
         let server = Arc::new(Server {
             key,
             node: node.clone(),
             sock: Mutex::new(sock),
-            zmq_fd,
-            wake,
-            work: Mutex::new(Work::default()),
-            cv: Condvar::new(),
+            waker: Mutex::new(waker),
+            pool: Mutex::new(Pool::default()),
+            standby_cv: Condvar::new(),
+            followers_cv: Condvar::new(),
             handler,
             opts,
             closed: AtomicBool::new(false),
@@ -248,7 +287,7 @@ impl Service {
             let s = server.clone();
             let th = std::thread::Builder::new()
                 .name(format!("milonga-svc{n}-{i}"))
-                .spawn(move || s.work())
+                .spawn(move || s.work(i))
                 .map_err(ServeError::Thread)?;
             // On an error above, dropping `service` stops the threads so far.
             service.threads.push(th);
@@ -272,17 +311,27 @@ impl Drop for Service {
         // Withdraw from the announcement first, so callers stop choosing it.
         s.node.withdraw_service(s.key.as_str(), &self.endpoint);
         s.closed.store(true, Ordering::Release);
-        s.wake.signal();
+        s.wake();
         {
-            let _w = lock(&s.work);
-            s.cv.notify_all();
+            let _p = lock(&s.pool);
+            s.standby_cv.notify_all();
+            s.followers_cv.notify_all();
         }
         for th in self.threads.drain(..) {
             let _ = th.join();
         }
-        // Whatever still waits for a worker is turned away explicitly.
-        let waiting: Vec<_> = lock(&s.work).queue.drain(..).collect();
+        // Replies still to send go; what still waits is turned away.
+        let (waiting, outbox) = {
+            let mut p = lock(&s.pool);
+            (
+                p.queue.drain(..).collect::<Vec<_>>(),
+                std::mem::take(&mut p.outbox),
+            )
+        };
         let mut sock = lock(&s.sock);
+        for out in outbox {
+            s.send(&mut sock, out);
+        }
         let gone = "the service was withdrawn";
         for r in waiting {
             s.refuse(
@@ -294,7 +343,10 @@ impl Drop for Service {
                 gone,
             );
         }
-        while let Ok(parts) = recv_parts(&mut sock) {
+        while let Ok(parts) = recv_parts(&mut sock, zmq::DONTWAIT) {
+            if parts.len() == 2 && parts[1].is_empty() {
+                continue;
+            }
             if let Some(r) = s.parse(&mut sock, parts) {
                 s.refuse(
                     &mut sock,
@@ -310,98 +362,200 @@ impl Drop for Service {
 }
 
 impl Server {
-    /// A worker's life: run queued requests, lead when nobody does, wait
-    /// otherwise.
-    fn work(self: Arc<Self>) {
-        loop {
-            let job = {
-                let mut w = lock(&self.work);
-                loop {
-                    if self.closed.load(Ordering::Acquire) {
-                        return;
-                    }
-                    if let Some(j) = w.queue.pop_front() {
-                        if !w.queue.is_empty() && w.idle > 0 {
-                            self.cv.notify_one();
-                        }
-                        break Some(j);
-                    }
-                    if !w.leader {
-                        w.leader = true;
-                        break None;
-                    }
-                    w.idle += 1;
-                    w = self.cv.wait(w).unwrap_or_else(|e| e.into_inner());
-                    w.idle -= 1;
-                }
-            };
-            match job {
-                Some(j) => self.run(j),
-                None => {
-                    self.lead();
-                    let mut w = lock(&self.work);
-                    w.leader = false;
-                    // Someone else waits on the socket while this thread
-                    // runs what it read.
-                    if w.idle > 0 {
-                        self.cv.notify_one();
-                    }
-                }
-            }
-        }
-    }
-
-    /// Waits on the socket until at least one request is queued (or the
-    /// service closes).
-    fn lead(&self) {
+    /// A worker's life: run queued requests, lead when nobody does, stand
+    /// by or wait otherwise.
+    fn work(self: Arc<Self>, me: usize) {
+        let mut p = lock(&self.pool);
         loop {
             if self.closed.load(Ordering::Acquire) {
                 return;
             }
-            if self.drain(&mut lock(&self.sock)) > 0 {
-                return;
+            if let Some(job) = p.queue.pop_front() {
+                drop(p);
+                let out = self.answer(job);
+                self.deliver(me, out);
+                p = lock(&self.pool);
+                continue;
             }
-            let [_, woken] = zmq_io::poll_readable([self.zmq_fd, self.wake.raw()], -1);
-            if woken {
-                self.wake.clear();
+            if p.leader.is_none() {
+                p.leader = Some(me);
+                drop(p);
+                self.lead(me);
+                p = lock(&self.pool);
+                continue;
             }
+            if p.standby {
+                p.idle += 1;
+                p = self.followers_cv.wait(p).unwrap_or_else(|e| e.into_inner());
+                p.idle -= 1;
+                continue;
+            }
+            p = self.stand_by(me, p);
         }
     }
 
-    /// Reads every message waiting on the socket; returns how many requests
-    /// it queued. Beyond `max_queued`, requests are rejected at once.
-    fn drain(&self, sock: &mut zmq::Socket) -> usize {
-        let mut queued = 0;
+    /// Watches the leader; returns when there is queued work, nobody leads,
+    /// the service closes, or after taking the lead from a leader whose
+    /// handler has run for [`TAKEOVER`] (then it has led).
+    fn stand_by<'a>(&'a self, me: usize, mut p: MutexGuard<'a, Pool>) -> MutexGuard<'a, Pool> {
+        p.standby = true;
+        p.idle += 1;
+        let mut quiet = 0;
+        let mut last_taken = p.taken;
+        let mut took_over = false;
         loop {
-            let parts = match recv_parts(sock) {
+            if self.closed.load(Ordering::Acquire) || !p.queue.is_empty() || p.leader.is_none() {
+                break;
+            }
+            if let Some(since) = p.leader_busy_since {
+                if since.elapsed() >= TAKEOVER {
+                    p.leader = Some(me);
+                    p.leader_busy_since = None;
+                    took_over = true;
+                    break;
+                }
+            }
+            if p.taken == last_taken {
+                quiet += 1;
+            } else {
+                last_taken = p.taken;
+                quiet = 0;
+            }
+            if quiet > QUIET_CHECKS && p.leader_busy_since.is_none() {
+                p.standby_asleep = true;
+                p = self.standby_cv.wait(p).unwrap_or_else(|e| e.into_inner());
+                p.standby_asleep = false;
+                quiet = 0;
+            } else {
+                let wait = p
+                    .leader_busy_since
+                    .map_or(TAKEOVER, |s| TAKEOVER.saturating_sub(s.elapsed()))
+                    .max(Duration::from_micros(100));
+                p = self
+                    .standby_cv
+                    .wait_timeout(p, wait)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        p.standby = false;
+        p.idle -= 1;
+        // Another idle worker stands by in turn.
+        if p.idle > 0 {
+            self.followers_cv.notify_one();
+        }
+        if took_over {
+            drop(p);
+            self.lead(me);
+            p = lock(&self.pool);
+        }
+        p
+    }
+
+    /// Reads the socket and runs what it reads, until another worker takes
+    /// the lead or the service closes.
+    fn lead(&self, me: usize) {
+        let mut sock = Some(lock(&self.sock));
+        loop {
+            let s = sock.get_or_insert_with(|| lock(&self.sock));
+            if self.closed.load(Ordering::Acquire) {
+                lock(&self.pool).leader = None;
+                return;
+            }
+            let parts = match recv_parts(s, 0) {
                 Ok(p) => p,
-                Err(zmq::Error::EINTR) => continue,
-                Err(_) => return queued,
+                Err(zmq::Error::EINTR | zmq::Error::EAGAIN) => continue,
+                Err(err) => {
+                    tracing::error!(service = %self.key.as_str(), %err, "cannot read the service socket");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
             };
-            let Some(r) = self.parse(sock, parts) else {
-                continue;
-            };
-            let mut w = lock(&self.work);
-            if w.queue.len() >= self.opts.max_queued {
-                drop(w);
-                stats::inc(&self.node.counters.calls_rejected);
-                let msg = format!(
-                    "{} requests already wait for a worker (max_queued)",
-                    self.opts.max_queued
-                );
-                self.refuse(
-                    sock,
-                    r.identity,
-                    &r.header,
-                    ReplyStatus::Rejected,
-                    "overload",
-                    &msg,
-                );
+            let mut p = lock(&self.pool);
+            if !p.outbox.is_empty() {
+                let out = std::mem::take(&mut p.outbox);
+                drop(p);
+                for o in out {
+                    self.send(s, o);
+                }
+                p = lock(&self.pool);
+            }
+            if parts.len() == 2 && parts[1].is_empty() {
+                // A wake-up: the outbox is sent, `closed` is checked above.
                 continue;
             }
-            w.queue.push_back(r);
-            queued += 1;
+            drop(p);
+            let Some(r) = self.parse(s, parts) else {
+                continue;
+            };
+            let mut p = lock(&self.pool);
+            p.taken += 1;
+            if self.opts.workers > 1 && (p.idle == 0 || !p.queue.is_empty()) {
+                // Nobody else would read while this ran: queue it.
+                if p.queue.len() >= self.opts.max_queued {
+                    drop(p);
+                    stats::inc(&self.node.counters.calls_rejected);
+                    let msg = format!(
+                        "{} requests already wait for a worker (max_queued)",
+                        self.opts.max_queued
+                    );
+                    self.refuse(
+                        s,
+                        r.identity,
+                        &r.header,
+                        ReplyStatus::Rejected,
+                        "overload",
+                        &msg,
+                    );
+                    continue;
+                }
+                p.queue.push_back(r);
+                if p.idle > 0 {
+                    self.followers_cv.notify_one();
+                    self.standby_cv.notify_one();
+                }
+                continue;
+            }
+            // Run it here, watched by the standby.
+            p.leader_busy_since = Some(Instant::now());
+            if p.standby_asleep {
+                p.standby_asleep = false;
+                self.standby_cv.notify_one();
+            }
+            drop(p);
+            sock = None;
+            let out = self.answer(r);
+            let mut p = lock(&self.pool);
+            p.leader_busy_since = None;
+            if p.leader != Some(me) {
+                // The standby took over meanwhile.
+                p.outbox.push(out);
+                drop(p);
+                self.wake();
+                return;
+            }
+            drop(p);
+            let s = sock.insert(lock(&self.sock));
+            self.send(s, out);
         }
+    }
+
+    /// Sends a reply from a worker that may not lead.
+    fn deliver(&self, me: usize, out: Outgoing) {
+        let mut p = lock(&self.pool);
+        if p.leader.is_none() || p.leader == Some(me) {
+            drop(p);
+            self.send(&mut lock(&self.sock), out);
+        } else {
+            p.outbox.push(out);
+            drop(p);
+            self.wake();
+        }
+    }
+
+    /// Makes the leader's receive return.
+    fn wake(&self) {
+        let _ = lock(&self.waker).send(&[][..], zmq::DONTWAIT);
     }
 
     /// Checks a received message; answers at once the ones no handler
@@ -471,8 +625,8 @@ impl Server {
         })
     }
 
-    /// Runs one request and sends its reply.
-    fn run(&self, r: Incoming) {
+    /// Runs the handler on one request: its reply.
+    fn answer(&self, r: Incoming) -> Outgoing {
         let c = &self.node.counters;
         let h = r.header;
         let first = r.frame.slice(r.body_offset..);
@@ -569,16 +723,11 @@ impl Server {
                 None,
             ),
         };
-        let mut sock = lock(&self.sock);
-        self.send(&mut sock, r.identity, head, tail);
         stats::inc(&c.calls_served);
-        let queued = self.drain(&mut sock);
-        drop(sock);
-        if queued > 1 {
-            let w = lock(&self.work);
-            if w.idle > 0 {
-                self.cv.notify_one();
-            }
+        Outgoing {
+            identity: r.identity,
+            head,
+            tail,
         }
     }
 
@@ -596,8 +745,15 @@ impl Server {
             kind: kind.into(),
             message: message.into(),
         };
-        let msg = self.reply_frame(h, status, Encoding::Cbor, 0, &f.encode());
-        self.send(sock, identity, msg, None);
+        let head = self.reply_frame(h, status, Encoding::Cbor, 0, &f.encode());
+        self.send(
+            sock,
+            Outgoing {
+                identity,
+                head,
+                tail: None,
+            },
+        );
     }
 
     /// `key | 0 | header | status | body` for a reply to `req`.
@@ -627,13 +783,12 @@ impl Server {
         out
     }
 
-    fn send(
-        &self,
-        sock: &mut zmq::Socket,
-        identity: zmq::Message,
-        head: Vec<u8>,
-        tail: Option<Bytes>,
-    ) {
+    fn send(&self, sock: &mut zmq::Socket, out: Outgoing) {
+        let Outgoing {
+            identity,
+            head,
+            tail,
+        } = out;
         let more = if tail.is_some() { zmq::SNDMORE } else { 0 };
         let sent = sock
             .send(identity, zmq::DONTWAIT | zmq::SNDMORE)
@@ -657,9 +812,10 @@ impl Server {
     }
 }
 
-/// Receives one whole message (every frame) without copying it.
-pub(crate) fn recv_parts(sock: &mut zmq::Socket) -> zmq::Result<Vec<zmq::Message>> {
-    let mut parts = vec![sock.recv_msg(zmq::DONTWAIT)?];
+/// Receives one whole message (every frame) without copying it; `flags`
+/// apply to its first frame.
+pub(crate) fn recv_parts(sock: &mut zmq::Socket, flags: i32) -> zmq::Result<Vec<zmq::Message>> {
+    let mut parts = vec![sock.recv_msg(flags)?];
     while sock.get_rcvmore()? {
         // The rest of a message is there as soon as its first frame is.
         parts.push(sock.recv_msg(0)?);

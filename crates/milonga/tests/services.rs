@@ -231,7 +231,8 @@ fn an_over_size_request_is_rejected_before_sending() {
 fn a_full_queue_rejects_with_overload() {
     let dir = TempDir::new("svc-overload");
     let (server, client) = pair(&dir);
-    let opts = ServeOptions::default().workers(1).max_queued(2);
+    // Two workers: one runs the first call, the other reads and queues.
+    let opts = ServeOptions::default().workers(2).max_queued(2);
     let _svc = server
         .serve_with("lab/busy", opts, |req| {
             std::thread::sleep(Duration::from_millis(300));
