@@ -706,10 +706,10 @@ impl Node {
     }
 
     /// Serves `key` with `handler` on a pool of worker threads (see
-    /// [`ServeOptions`] for the defaults). The handler takes a request and
-    /// returns the reply value or a [`ServiceError`]; a panic in it is
+    /// [`ServeOptions`](crate::ServeOptions) for the defaults). The handler takes a request and
+    /// returns the reply value or a [`ServiceError`](crate::ServiceError); a panic in it is
     /// answered as a remote error of kind `panic`, and the service goes on.
-    /// Dropping the returned [`Service`] withdraws it.
+    /// Dropping the returned [`Service`](crate::Service) withdraws it.
     ///
     /// ```no_run
     /// use milonga::{Node, ServiceError, Value};
