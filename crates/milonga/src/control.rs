@@ -128,6 +128,9 @@ pub(crate) struct Control {
     statics: Vec<StaticPeer>,
     local: BTreeMap<String, Announcement>,
     last_scan: Option<Instant>,
+    last_alive_check: Option<Instant>,
+    /// When a local scan last changed the peer table.
+    last_published: Option<Instant>,
     last_query: Option<Instant>,
 }
 
@@ -173,6 +176,8 @@ impl Control {
             statics,
             local: BTreeMap::new(),
             last_scan: None,
+            last_alive_check: None,
+            last_published: None,
             last_query: None,
         }
     }
@@ -361,6 +366,7 @@ impl Control {
 
     fn read_statics(&mut self) {
         let domain = self.inner.domain.clone();
+        let mut changed = false;
         for p in &mut self.statics {
             while let Ok(frames) = p.sock.recv_multipart(zmq::DONTWAIT) {
                 let parsed =
@@ -386,8 +392,14 @@ impl Control {
                     continue;
                 }
                 p.last_reply = Some(Instant::now());
-                p.announcement = Some(info.announcement);
+                if p.announcement.as_ref() != Some(&info.announcement) {
+                    p.announcement = Some(info.announcement);
+                    changed = true;
+                }
             }
+        }
+        if changed {
+            self.publish_peers();
         }
     }
 
@@ -419,28 +431,48 @@ impl Control {
     }
 
     pub(crate) fn scan_local(&mut self) {
+        // Peers are published (compared with the table, which costs a copy
+        // of every announcement) only when a scan or a static peer changed
+        // something: on every turn, each node would pay O(nodes).
         let Some(dir) = &self.inner.local else {
-            self.publish_peers();
             return;
         };
-        // Re-read when the directory changes, and check liveness of known
-        // peers every 250 ms, which catches nodes killed with -9.
-        let due = self
+        // Re-read when the directory changes. Every 250 ms, check that the
+        // known peers' processes exist (one kill(pid, 0) each), which
+        // catches nodes killed with -9, and re-read if one is gone; every
+        // 5 s, re-read anyway (a recycled pid is told by its start time).
+        // Re-reading every file on a timer would cost each node O(nodes)
+        // parses, the whole host O(nodes^2).
+        let now = Instant::now();
+        let full_due = self
             .last_scan
-            .is_none_or(|t| t.elapsed() >= Duration::from_millis(250));
+            .is_none_or(|t| now - t >= Duration::from_secs(5));
+        let alive_due = self
+            .last_alive_check
+            .is_none_or(|t| now - t >= Duration::from_millis(250));
         let mut dir = lock(dir);
-        if !due && !dir.changed() {
+        if !full_due && !dir.changed() {
             drop(dir);
-            self.publish_peers();
-            return;
+            let gone = alive_due && {
+                self.last_alive_check = Some(now);
+                !self
+                    .local
+                    .values()
+                    .all(|a| crate::discovery::pid_exists(a.pid))
+            };
+            if !gone {
+                return;
+            }
+            dir = lock(self.inner.local.as_ref().expect("checked above"));
         }
-        self.last_scan = Some(Instant::now());
+        self.last_scan = Some(now);
+        self.last_alive_check = Some(now);
         let mut bad = 0;
         let found = dir.scan(&mut bad);
         drop(dir);
         stats::add(&self.inner.counters.announcements_malformed, bad);
         let me = self.inner.id.to_hex();
-        self.local = found
+        let local: BTreeMap<String, Announcement> = found
             .into_iter()
             .filter(|(id, a)| {
                 if *id == me {
@@ -453,7 +485,11 @@ impl Control {
                 true
             })
             .collect();
-        self.publish_peers();
+        if local != self.local || self.last_published.is_none() {
+            self.local = local;
+            self.last_published = Some(now);
+            self.publish_peers();
+        }
     }
 
     /// Merges local and static peers with this node and, if the set

@@ -95,6 +95,18 @@ pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Whether a process `pid` exists (it may be another process that got a
+/// recycled pid: [`is_alive`] tells them apart).
+pub(crate) fn pid_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks that the process exists and
+    // may be signalled; it has no memory preconditions.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// Whether the process that wrote `a` still runs. Without /proc there is no
 /// telling, and a node is then taken to be alive.
 pub(crate) fn is_alive(a: &Announcement) -> bool {
