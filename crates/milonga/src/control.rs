@@ -112,6 +112,15 @@ struct StaticPeer {
     warned_domain: bool,
 }
 
+/// Which of the node thread's sockets a poll found readable.
+struct Ready {
+    router: bool,
+    live: bool,
+    /// A socket monitor (data sockets, subscriptions).
+    monitors: bool,
+    statics: bool,
+}
+
 /// The node thread's state.
 pub(crate) struct Control {
     inner: Arc<NodeInner>,
@@ -188,7 +197,9 @@ impl Control {
             // A waiting batch is retried every millisecond: it exists only
             // while a subscriber is full, and must leave as soon as it can.
             let batching = self.inner.batch_pending.load(Ordering::Acquire);
-            self.wait(if batching {
+            // Only sockets the poll found readable are read: each read of
+            // an empty socket is a system call, and this runs every turn.
+            let ready = self.wait(if batching {
                 Duration::from_millis(1)
             } else {
                 interval
@@ -196,13 +207,17 @@ impl Control {
             if self.inner.batch_pending.load(Ordering::Acquire) {
                 self.flush_batches();
             }
-            self.serve_control();
-            self.read_monitors();
-            self.read_statics();
+            if ready.router {
+                self.serve_control();
+            }
+            self.read_monitors(ready.monitors);
+            if ready.statics {
+                self.read_statics();
+            }
             self.query_statics();
             self.scan_local();
             self.drain_data_sockets();
-            self.heartbeat();
+            self.heartbeat(ready.live);
             if lock(&self.inner.state).announce_dirty {
                 self.inner.announce();
             }
@@ -241,10 +256,12 @@ impl Control {
 
     /// Sends a heartbeat when one is due, or when a subscriber has just
     /// connected (so that it hears of this node at once).
-    fn heartbeat(&mut self) {
+    fn heartbeat(&mut self, readable: bool) {
         let mut joined = false;
-        while let Ok(msg) = self.live.recv_msg(zmq::DONTWAIT) {
-            joined |= msg.first() == Some(&1);
+        if readable {
+            while let Ok(msg) = self.live.recv_msg(zmq::DONTWAIT) {
+                joined |= msg.first() == Some(&1);
+            }
         }
         if joined || Instant::now() >= self.next_heartbeat {
             self.send_heartbeat(false);
@@ -263,7 +280,7 @@ impl Control {
 
     /// Sleeps until a control request, a monitor event or a static reply
     /// arrives, or `interval` passes.
-    fn wait(&mut self, interval: Duration) {
+    fn wait(&mut self, interval: Duration) -> Ready {
         let mut items = vec![
             self.router.as_poll_item(zmq::POLLIN),
             self.wake.as_poll_item(zmq::POLLIN),
@@ -285,8 +302,20 @@ impl Control {
                 .map(|(_, m)| m.as_poll_item(zmq::POLLIN)),
         );
         let _ = zmq::poll(&mut items, interval.as_millis() as i64);
+        let readable: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
         drop(items);
-        while self.wake.recv_msg(zmq::DONTWAIT).is_ok() {}
+        let (m, st) = (self.monitors.len(), self.statics.len());
+        let ready = Ready {
+            router: readable[0],
+            live: readable[2],
+            monitors: readable[3..3 + m].iter().any(|r| *r)
+                || readable[3 + m + st..].iter().any(|r| *r),
+            statics: readable[3 + m..3 + m + st].iter().any(|r| *r),
+        };
+        if readable[1] {
+            while self.wake.recv_msg(zmq::DONTWAIT).is_ok() {}
+        }
+        ready
     }
 
     fn serve_control(&mut self) {
@@ -319,13 +348,20 @@ impl Control {
         }
     }
 
-    fn read_monitors(&mut self) {
+    /// Reads the monitors' events: all of them when `readable` (the poll
+    /// saw one), and those of sockets created since the last turn.
+    fn read_monitors(&mut self, readable: bool) {
         // Data sockets and subscriptions created since the last turn bring
         // their monitors.
-        {
+        let added = {
             let mut st = lock(&self.inner.state);
+            let added = !st.new_monitors.is_empty() || !st.new_sub_monitors.is_empty();
             self.monitors.append(&mut st.new_monitors);
             self.sub_monitors.append(&mut st.new_sub_monitors);
+            added
+        };
+        if !readable && !added {
+            return;
         }
         self.sub_monitors.retain(|(sub, m)| {
             let Some(sub) = sub.upgrade() else {
