@@ -137,6 +137,8 @@ pub(crate) struct Control {
     statics: Vec<StaticPeer>,
     local: BTreeMap<String, Announcement>,
     last_scan: Option<Instant>,
+    /// The local directory's inotify descriptor, if any.
+    watch_fd: Option<std::os::fd::RawFd>,
     last_alive_check: Option<Instant>,
     /// When a local scan last changed the peer table.
     last_published: Option<Instant>,
@@ -173,6 +175,10 @@ impl Control {
                 Err(err) => tracing::warn!(peer = %ep, %err, "ignoring a static peer"),
             }
         }
+        let watch_fd = inner
+            .local
+            .as_ref()
+            .and_then(|d| lock(d).watch.as_ref().map(crate::discovery::Watch::fd));
         Control {
             inner,
             router,
@@ -185,6 +191,7 @@ impl Control {
             statics,
             local: BTreeMap::new(),
             last_scan: None,
+            watch_fd,
             last_alive_check: None,
             last_published: None,
             last_query: None,
@@ -201,6 +208,11 @@ impl Control {
             // an empty socket is a system call, and this runs every turn.
             let ready = self.wait(if batching {
                 Duration::from_millis(1)
+            } else if self.watch_fd.is_some() && !self.has_data_sockets() {
+                // Nothing here needs a turn every `interval`: discovery
+                // changes and socket events wake the poll; only timers
+                // remain (liveness checks, heartbeats, static queries).
+                self.until_next_timer()
             } else {
                 interval
             });
@@ -229,6 +241,27 @@ impl Control {
         while self.live.recv_msg(zmq::DONTWAIT).is_ok() {}
         self.send_heartbeat(true);
         self.stop_monitors();
+    }
+
+    /// Whether this node has a data socket, whose subscriptions, history
+    /// queries and filter declarations this thread reads every turn.
+    fn has_data_sockets(&self) -> bool {
+        let st = lock(&self.inner.state);
+        st.data_best_effort.is_some() || st.data_reliable.is_some()
+    }
+
+    /// How long until the next timed duty: a liveness check of local peers
+    /// (250 ms), a heartbeat, a static query.
+    fn until_next_timer(&self) -> Duration {
+        let now = Instant::now();
+        let mut next = now + Duration::from_millis(250);
+        next = next.min(self.next_heartbeat);
+        if !self.statics.is_empty() {
+            let every = Duration::from_millis(self.inner.cfg.static_query_interval_ms.max(10));
+            next = next.min(self.last_query.map_or(now, |t| t + every));
+        }
+        next.saturating_duration_since(now)
+            .max(Duration::from_millis(1))
     }
 
     /// Stops the monitors this thread reads before their readers go (see
@@ -301,6 +334,9 @@ impl Control {
                 .iter()
                 .map(|(_, m)| m.as_poll_item(zmq::POLLIN)),
         );
+        if let Some(fd) = self.watch_fd {
+            items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
+        }
         let _ = zmq::poll(&mut items, interval.as_millis() as i64);
         let readable: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
         drop(items);
@@ -309,7 +345,9 @@ impl Control {
             router: readable[0],
             live: readable[2],
             monitors: readable[3..3 + m].iter().any(|r| *r)
-                || readable[3 + m + st..].iter().any(|r| *r),
+                || readable[3 + m + st..3 + m + st + self.sub_monitors.len()]
+                    .iter()
+                    .any(|r| *r),
             statics: readable[3 + m..3 + m + st].iter().any(|r| *r),
         };
         if readable[1] {

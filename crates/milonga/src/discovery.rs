@@ -119,11 +119,61 @@ pub(crate) fn is_alive(a: &Announcement) -> bool {
     }
 }
 
+/// An inotify watch on a domain directory, so that the node thread learns
+/// of a written, renamed or removed announcement at once and need not look
+/// at the directory on a timer.
+#[derive(Debug)]
+pub(crate) struct Watch(std::os::fd::OwnedFd);
+
+impl Watch {
+    /// A watch on `dir`, or `None` where inotify is not available (the
+    /// directory's modification time is then compared on every turn).
+    fn new(dir: &Path) -> Option<Watch> {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+        // SAFETY: inotify_init1 has no memory preconditions; a non-negative
+        // result is a new descriptor, owned from here on.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` is fresh and owned by nobody else.
+        let w = Watch(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+        let mask = libc::IN_MOVED_TO | libc::IN_MOVED_FROM | libc::IN_DELETE | libc::IN_CLOSE_WRITE;
+        // SAFETY: `path` is a NUL-terminated string that outlives the call.
+        let wd = unsafe { libc::inotify_add_watch(w.fd(), path.as_ptr(), mask) };
+        (wd >= 0).then_some(w)
+    }
+
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
+    }
+
+    /// Reads the pending events; whether there were any.
+    fn drain(&self) -> bool {
+        let mut buf = [0u8; 4096];
+        let mut any = false;
+        loop {
+            // SAFETY: reads at most `buf.len()` bytes into `buf`; the
+            // descriptor is non-blocking.
+            let n = unsafe { libc::read(self.fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return any;
+            }
+            any = true;
+        }
+    }
+}
+
 /// The local discovery directory of one domain.
 #[derive(Debug)]
 pub(crate) struct LocalDir {
     pub dir: PathBuf,
     last_mtime: Option<SystemTime>,
+    /// Set up before the first scan, so that no change goes unseen.
+    pub watch: Option<Watch>,
 }
 
 impl LocalDir {
@@ -155,6 +205,7 @@ impl LocalDir {
         let dir = root.join(domain);
         b.create(&dir)?;
         Ok(LocalDir {
+            watch: Watch::new(&dir),
             dir,
             last_mtime: None,
         })
@@ -181,6 +232,9 @@ impl LocalDir {
 
     /// Whether the directory changed since the last [`LocalDir::scan`].
     pub(crate) fn changed(&self) -> bool {
+        if let Some(w) = &self.watch {
+            return w.drain();
+        }
         let m = fs::metadata(&self.dir).and_then(|m| m.modified()).ok();
         m.is_none() || m != self.last_mtime
     }

@@ -296,6 +296,8 @@ impl NodeInner {
         let bound = self.bind(&sock, &endpoint)?;
         let monitor = control::monitor(self, &sock, role)?;
         st.new_monitors.push((role, monitor));
+        // From now on the node thread reads this socket every turn.
+        self.wake();
         let d = Arc::new(DataSocket {
             sock: Mutex::new(DataSock {
                 sock,
@@ -698,6 +700,9 @@ impl Node {
             st.subs.push(Arc::downgrade(&shared));
             if let Some(m) = lock(&shared.monitor).take() {
                 st.new_sub_monitors.push((Arc::downgrade(&shared), m));
+                // The node thread may be asleep until its next timer; it
+                // must watch the new monitor now.
+                self.inner.wake();
             }
             // Connect to the publishers known now, before returning.
             self.inner.connect_subscription(&st, &shared);
