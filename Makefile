@@ -31,6 +31,8 @@ bench:
 	./target/release/milonga bench latency --transport tcp --format csv
 	./target/release/milonga bench latency --transport ipc --format csv
 	./target/release/milonga bench liveliness --format csv
+	./target/release/milonga bench rpc --transport tcp --format csv
+	./target/release/milonga bench rpc --transport ipc --format csv
 	./target/release/milonga bench idle
 
 # Needs a nightly toolchain and cargo-fuzz (see docs/fuzzing.md).
