@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -44,7 +44,9 @@ const UP_EVENTS: u16 = zmq_sys::ZMQ_EVENT_HANDSHAKE_SUCCEEDED as u16;
 
 /// One server of one service, as discovery announced it.
 pub(crate) struct Target {
-    pub key: String,
+    /// Checked when discovery brought it: a bad key in an announcement is
+    /// skipped, never called.
+    pub key: Key,
     pub endpoint: String,
     pub node: NodeId,
     pub server: String,
@@ -61,6 +63,26 @@ struct Channel {
     rcvtimeo: i32,
     /// The last monitor event read said the connection is down.
     down: bool,
+}
+
+impl Channel {
+    /// Reads the monitor's queued events into `down`. Done between the
+    /// slices of a wait and when the connection goes back to the pool, so
+    /// events never pile up in the monitor's queue (libzmq's I/O thread
+    /// would block on a full one).
+    fn read_monitor(&mut self) {
+        while let Ok(event) = self.monitor.recv_multipart(zmq::DONTWAIT) {
+            let what = event
+                .first()
+                .filter(|f| f.len() >= 2)
+                .map_or(0, |f| u16::from_le_bytes([f[0], f[1]]));
+            if what & LOST_EVENTS != 0 {
+                self.down = true;
+            } else if what & UP_EVENTS != 0 {
+                self.down = false;
+            }
+        }
+    }
 }
 
 impl Drop for Channel {
@@ -98,10 +120,17 @@ impl Callers {
                 if s.endpoint.starts_with("inproc://") && a.pid != me {
                     continue;
                 }
+                let key = match Key::new(&s.key) {
+                    Ok(k) => k,
+                    Err(err) => {
+                        tracing::warn!(peer = %a.name, key = %s.key, %err, "ignoring a service with a bad key");
+                        continue;
+                    }
+                };
                 let t = match old.remove(&s.endpoint) {
-                    Some(t) if t.key == s.key && t.node == node => t,
+                    Some(t) if t.key == key && t.node == node => t,
                     _ => Arc::new(Target {
-                        key: s.key.clone(),
+                        key: key.clone(),
                         endpoint: s.endpoint.clone(),
                         node,
                         server: a.name.clone(),
@@ -110,7 +139,7 @@ impl Callers {
                         idle: Mutex::new(Vec::new()),
                     }),
                 };
-                by_key.entry(s.key.clone()).or_default().push(t);
+                by_key.entry(key.as_str().to_owned()).or_default().push(t);
             }
         }
         *routes = by_key.into_iter().map(|(k, v)| (k, v.into())).collect();
@@ -163,6 +192,9 @@ type Outcome = Result<Value, CallError>;
 struct Awaited {
     slot: Mutex<(Option<Outcome>, Option<Waker>)>,
     done: std::sync::Condvar,
+    /// Set when the future is dropped before its end: the helper thread
+    /// stops waiting at its next check (within [`CHECK_EVERY`]).
+    cancelled: Arc<AtomicBool>,
 }
 
 /// A call sent by [`start_all`] to one server.
@@ -188,6 +220,8 @@ struct InFlight {
     call_id: u64,
     deadline: Instant,
     timeout: Duration,
+    /// Set when nobody waits for the outcome any more.
+    cancelled: Option<Arc<AtomicBool>>,
 }
 
 impl Drop for InFlight {
@@ -195,11 +229,24 @@ impl Drop for InFlight {
         self.target.outstanding.fetch_sub(1, Ordering::Relaxed);
         // A connection whose call ended (even by timeout: a late reply is
         // recognised by its call id and dropped) serves the next call.
-        if let Some(ch) = self.channel.take() {
+        if let Some(mut ch) = self.channel.take() {
+            ch.read_monitor();
+            if ch.down {
+                // Broken since; the next call opens a fresh one.
+                return;
+            }
             let mut idle = lock(&self.target.idle);
             if idle.len() < MAX_IDLE {
                 idle.push(ch);
             }
+        }
+    }
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.shared {
+            shared.cancelled.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -232,8 +279,9 @@ impl Future for PendingCall {
     /// The first poll hands the wait to a helper thread, which wakes the
     /// task when the call ends.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Some(state) = self.state.take() {
+        if let Some(mut state) = self.state.take() {
             let shared = Arc::new(Awaited::default());
+            state.cancelled = Some(shared.cancelled.clone());
             lock(&shared.slot).1 = Some(cx.waker().clone());
             let s2 = shared.clone();
             let spawned = std::thread::Builder::new()
@@ -336,8 +384,7 @@ pub(crate) fn start_all(
     Ok(servers
         .into_iter()
         .map(|t| {
-            let key = Key::new(&t.key).expect("announced keys were checked");
-            let r = send(node, t.clone(), &key, &enc, timeout);
+            let r = send(node, t.clone(), &t.key, &enc, timeout);
             (t, r)
         })
         .collect())
@@ -384,7 +431,7 @@ fn send(
     let pooled = lock(&target.idle).pop();
     let channel = match pooled {
         Some(c) => c,
-        None => open_channel(node, &target.endpoint)?,
+        None => open_channel(node, &target)?,
     };
     target.outstanding.fetch_add(1, Ordering::Relaxed);
     let deadline = Instant::now()
@@ -397,6 +444,7 @@ fn send(
         call_id,
         deadline,
         timeout,
+        cancelled: None,
     };
     let ch = call.channel.as_mut().expect("just set");
     let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
@@ -420,7 +468,8 @@ fn send(
     })
 }
 
-fn open_channel(node: &NodeInner, endpoint: &str) -> Result<Channel, CallError> {
+fn open_channel(node: &NodeInner, target: &Target) -> Result<Channel, CallError> {
+    let endpoint = target.endpoint.as_str();
     let sock_err = |action: &'static str| {
         move |source| {
             CallError::Open(crate::error::OpenError::Socket {
@@ -432,6 +481,14 @@ fn open_channel(node: &NodeInner, endpoint: &str) -> Result<Channel, CallError> 
     };
     let sock = node.ctx.socket(zmq::DEALER)?;
     zmq_io::apply_common(&sock, &node.cfg).map_err(sock_err("configure"))?;
+    // A reply is bounded by the server's limit (it refuses to send larger
+    // ones). Were the connection's limit this node's smaller one, libzmq
+    // would drop the connection on a larger reply and the call would end
+    // as a lost server; instead the reply is received and refused as
+    // `BadReply`, and the connection lives on.
+    let limit = node.cfg.max_message_bytes.max(target.max_request_bytes);
+    sock.set_maxmsgsize(i64::try_from(limit).unwrap_or(i64::MAX))
+        .map_err(sock_err("configure"))?;
     let n = node.callers.next_channel.fetch_add(1, Ordering::Relaxed);
     let mon = format!("inproc://milonga-callmon-{}-{n}", node.id);
     sock.monitor(&mon, i32::from(LOST_EVENTS | UP_EVENTS))
@@ -466,7 +523,7 @@ impl InFlight {
             if now >= self.deadline {
                 stats::inc(&c.calls_timed_out);
                 return Err(CallError::Timeout {
-                    key: self.target.key.clone(),
+                    key: self.target.key.as_str().to_owned(),
                     server,
                     after: self.timeout,
                 });
@@ -493,22 +550,20 @@ impl InFlight {
             // The connection's state is its last event: a disconnection
             // followed by a reconnection (older than this call, or a
             // hiccup) is not a lost server.
-            while let Ok(event) = ch.monitor.recv_multipart(zmq::DONTWAIT) {
-                let what = event
-                    .first()
-                    .filter(|f| f.len() >= 2)
-                    .map_or(0, |f| u16::from_le_bytes([f[0], f[1]]));
-                if what & LOST_EVENTS != 0 {
-                    ch.down = true;
-                } else if what & UP_EVENTS != 0 {
-                    ch.down = false;
-                }
-            }
+            ch.read_monitor();
             if ch.down {
                 stats::inc(&c.calls_server_lost);
                 return Err(CallError::ServerLost { server });
             }
             if self.node.closed.load(Ordering::Acquire) {
+                return Err(CallError::Closed);
+            }
+            if self
+                .cancelled
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+            {
+                // Nobody will read this outcome.
                 return Err(CallError::Closed);
             }
             // A server whose process is gone before its connection was
@@ -573,6 +628,16 @@ fn reply(
     Some(match ReplyStatus::from_u8(status) {
         Some(ReplyStatus::Ok) => {
             stats::inc(&c.calls_replied);
+            let size = frame.len() + second.as_ref().map_or(0, Bytes::len);
+            if size > node.cfg.max_message_bytes {
+                return Some(Err(CallError::BadReply {
+                    server,
+                    why: format!(
+                        "the reply has {size} bytes, over this node's limit of {} (max_message_bytes)",
+                        node.cfg.max_message_bytes
+                    ),
+                }));
+            }
             decode_payload(h.encoding, body, second).map_err(|e| CallError::BadReply {
                 server,
                 why: e.to_string(),
@@ -599,7 +664,7 @@ fn reply(
         Some(ReplyStatus::NoSuchService) => {
             stats::inc(&c.calls_no_server);
             Err(CallError::NoServer {
-                key: target.key.clone(),
+                key: target.key.as_str().to_owned(),
             })
         }
         None => Err(CallError::BadReply {
@@ -613,7 +678,7 @@ fn reply(
 pub(crate) fn gather(sent: Vec<Sent>) -> Vec<ServerReply> {
     sent.into_iter()
         .map(|(t, p)| ServerReply {
-            key: t.key.clone(),
+            key: t.key.as_str().to_owned(),
             server: t.server.clone(),
             node: t.node,
             result: p.and_then(PendingCall::wait),

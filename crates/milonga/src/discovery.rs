@@ -91,8 +91,12 @@ pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses: skip past
     // the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    // A zombie (killed, not yet reaped by its parent) runs no more.
+    if matches!(fields.next()?, "Z" | "X" | "x") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Whether a process `pid` exists (it may be another process that got a
@@ -317,5 +321,25 @@ mod tests {
         assert!(!is_alive(&a), "same pid, other start time: another process");
         a.pid = u32::MAX - 1;
         assert!(!is_alive(&a));
+    }
+
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        assert!(process_start_time(pid).is_some());
+        // SAFETY: signals our own child.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        // Not reaped yet: a zombie until `wait`.
+        let start = std::time::Instant::now();
+        while process_start_time(pid).is_some() {
+            assert!(start.elapsed().as_secs() < 5, "the child never died");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(pid_exists(pid), "a zombie still has its pid");
+        child.wait().expect("reap");
     }
 }

@@ -798,7 +798,8 @@ impl Node {
 
     /// Sends a call and returns at once; [`crate::PendingCall::wait`] or
     /// `.await` gives its outcome. Errors known before sending (no server,
-    /// bad key, too large) come back here.
+    /// bad key, too large) come back here. Awaiting uses a helper thread
+    /// for the wait; dropping the future stops it within 50 ms.
     pub fn call_async(
         &self,
         key: &str,

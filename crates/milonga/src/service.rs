@@ -253,8 +253,13 @@ impl Service {
         // than vanishing.
         sock.set_router_mandatory(true).map_err(opt_err)?;
         // Replies already queued get a moment to leave when the service goes.
-        sock.set_linger(node.cfg.close_linger_ms.clamp(0, 1000))
-            .map_err(opt_err)?;
+        // Negative (wait forever) is capped like any long wait.
+        let linger = if node.cfg.close_linger_ms < 0 {
+            1000
+        } else {
+            node.cfg.close_linger_ms.min(1000)
+        };
+        sock.set_linger(linger).map_err(opt_err)?;
         let bound = node.bind(&sock, &endpoint)?;
         let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", node.id);
         let wake_err = |source| crate::error::OpenError::Socket {
@@ -317,8 +322,13 @@ impl Drop for Service {
             s.standby_cv.notify_all();
             s.followers_cv.notify_all();
         }
+        // A handler may drop its own service: that worker is not waited
+        // for (it ends once its handler returns).
+        let me = std::thread::current().id();
         for th in self.threads.drain(..) {
-            let _ = th.join();
+            if th.thread().id() != me {
+                let _ = th.join();
+            }
         }
         // Replies still to send go; what still waits is turned away.
         let (waiting, outbox) = {
@@ -526,14 +536,15 @@ impl Server {
             sock = None;
             let out = self.answer(r);
             let mut p = lock(&self.pool);
-            p.leader_busy_since = None;
             if p.leader != Some(me) {
-                // The standby took over meanwhile.
+                // The standby took over meanwhile (and cleared the busy
+                // mark, which now belongs to the new leader).
                 p.outbox.push(out);
                 drop(p);
                 self.wake();
                 return;
             }
+            p.leader_busy_since = None;
             drop(p);
             let s = sock.insert(lock(&self.sock));
             self.send(s, out);

@@ -57,6 +57,12 @@ struct SubIo {
     pending: VecDeque<Event>,
     /// Liveliness endpoint -> node, as last applied.
     liveliness: BTreeMap<String, NodeId>,
+    /// Data endpoint -> its node, for the data endpoints connected. One
+    /// stays connected while its node lives, even when the node no longer
+    /// offers a matching key: a disconnect drops the messages that came on
+    /// it and were not read yet (the last samples of a publisher that was
+    /// just undeclared), and the node may offer the key again.
+    data_nodes: BTreeMap<String, NodeId>,
     /// The publisher nodes discovery shows for this subscription.
     publishers: HashMap<NodeId, PubState>,
     /// Per-key deadline state, when the QoS sets a deadline.
@@ -266,6 +272,7 @@ impl SubShared {
                 matches: HashMap::new(),
                 pending: VecDeque::new(),
                 liveliness: BTreeMap::new(),
+                data_nodes: BTreeMap::new(),
                 publishers: HashMap::new(),
                 deadlines: HashMap::new(),
                 next_timer: None,
@@ -357,15 +364,23 @@ impl SubShared {
             }
         }
         io.liveliness = liveliness;
+        for ((node, _), p) in &r.publications {
+            io.data_nodes.insert(p.endpoint.clone(), *node);
+        }
         let gone: Vec<String> = io
             .connected
             .iter()
-            .filter(|ep| !r.endpoints.contains(*ep) && !io.liveliness.contains_key(*ep))
+            .filter(|ep| {
+                !r.endpoints.contains(*ep)
+                    && !io.liveliness.contains_key(*ep)
+                    && !io.data_nodes.get(*ep).is_some_and(|n| r.live.contains(n))
+            })
             .cloned()
             .collect();
         for ep in gone {
             let _ = io.sock.disconnect(&ep);
             io.connected.remove(&ep);
+            io.data_nodes.remove(&ep);
             tracing::debug!(expr = %self.expr, endpoint = %ep, "disconnected");
         }
         let mut fresh = Vec::new();
@@ -1044,6 +1059,7 @@ impl SubShared {
                 %endpoint,
                 "connection to a publisher closed (the peer went away, or sent a frame over max_message_bytes or broke ZMTP)"
             );
+            io.data_nodes.remove(&endpoint);
             if io.connected.remove(&endpoint) {
                 let _ = io.sock.disconnect(&endpoint);
                 // Make `apply` compare the target with what is connected.

@@ -111,26 +111,100 @@ fn reliable_try_put_would_block() {
     }
 }
 
+/// A publisher declared again on a node goes on with that node's sequence
+/// of the key: a sample's seq is the number of puts so far.
 #[test]
 fn a_redeclared_publisher_continues_its_sequence() {
     let dir = milonga_testkit::TempDir::new("redeclare");
     let a = open("rd", "pub", Transport::Inproc, dir.path());
     let b = open("rd", "sub", Transport::Inproc, dir.path());
     let s = b.subscribe("k").unwrap();
-    for round in 0..2u64 {
+    // The value put is the number of puts before it.
+    let mut puts = 0u64;
+    for round in 0..2 {
+        let p = a.publisher("k").unwrap();
+        // The subscriber connects to a declared publisher a moment later
+        // (and `subscriber_count` may still count the connection it drops
+        // when the previous declaration went): put until one arrives.
+        let started = std::time::Instant::now();
+        let first = loop {
+            p.put(puts).unwrap();
+            puts += 1;
+            if let Ok(Event::Sample(x)) = s.recv_timeout(Duration::from_millis(20)) {
+                break x;
+            }
+            assert!(started.elapsed() < Duration::from_secs(5), "no sample");
+        };
+        for _ in 0..3 {
+            p.put(puts).unwrap();
+            puts += 1;
+        }
+        drop(p);
+        // Everything from the first sample on arrives, in order, before the
+        // subscriber sees the publisher go.
+        let mut got = vec![first];
+        loop {
+            match s
+                .recv_timeout(Duration::from_secs(5))
+                .expect("an event in time")
+            {
+                Event::PublisherLost(_) => break,
+                Event::Sample(x) => got.push(x),
+                Event::Lost(l) => panic!("unexpected loss: {l:?}"),
+                _ => {}
+            }
+        }
+        for x in &got {
+            assert_eq!(x.value, Value::from(x.seq - 1), "seq counts every put");
+        }
+        for w in got.windows(2) {
+            assert_eq!(w[1].seq, w[0].seq + 1, "no gap, no duplicate");
+        }
+        assert_eq!(got.last().unwrap().seq, puts);
+        if round == 1 {
+            assert!(got[0].seq > 4, "no restart at 1: {}", got[0].seq);
+        }
+    }
+    assert_eq!(b.stats().samples_duplicate, 0);
+}
+
+/// Samples put just before a publisher is undeclared reach a subscriber
+/// that reads them only later: discovery telling the subscriber the
+/// publication went does not drop what already came.
+#[test]
+fn the_last_samples_of_an_undeclared_publisher_reach_a_slow_reader() {
+    for transport in [Transport::Inproc, Transport::Tcp] {
+        let dir = milonga_testkit::TempDir::new("undeclared");
+        let a = open("ud", "pub", transport, dir.path());
+        let b = open("ud", "sub", transport, dir.path());
+        let s = b.subscribe("k").unwrap();
         let p = a.publisher("k").unwrap();
         wait_for("subscription", Duration::from_secs(5), || {
             p.subscriber_count() == 1
         });
-        for i in 0..3 {
-            p.put(round * 3 + i).unwrap();
+        for i in 0..5u64 {
+            p.put(i).unwrap();
         }
-        for i in 0..3 {
-            let got = next_sample(&s);
-            assert_eq!(got.seq, round * 3 + i + 1, "no restart at 1, no duplicate");
+        drop(p);
+        // The reader is busy while discovery notices.
+        wait_for("the publication to go", Duration::from_secs(5), || {
+            b.peers().iter().all(|a| a.publications.is_empty())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let mut seqs = Vec::new();
+        loop {
+            match s
+                .recv_timeout(Duration::from_secs(5))
+                .expect("an event in time")
+            {
+                Event::Sample(x) => seqs.push(x.seq),
+                Event::Lost(l) => panic!("unexpected loss: {l:?}"),
+                Event::PublisherLost(_) if seqs.len() == 5 => break,
+                _ => {}
+            }
         }
+        assert_eq!(seqs, [1, 2, 3, 4, 5], "{transport:?}");
     }
-    assert_eq!(b.stats().samples_duplicate, 0);
 }
 
 #[test]

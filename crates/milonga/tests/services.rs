@@ -200,6 +200,60 @@ fn a_slow_handler_does_not_block_the_other_workers() {
     assert_eq!(slow.wait().unwrap(), Value::from("slow"));
 }
 
+/// A worker that finishes after losing the lead must not clear the busy
+/// mark of the leader that replaced it: the first handler returns the
+/// moment the second one starts, which is when the new leader has just
+/// marked itself busy. If that mark were lost, no standby would take over
+/// and the fast calls would wait the full 2 s of the second handler.
+#[test]
+fn a_worker_finishing_late_leaves_the_new_leader_watched() {
+    let dir = TempDir::new("svc-handover");
+    let (server, client) = pair(&dir);
+    let second_started = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let flag = second_started.clone();
+    let _svc = server
+        .serve_with(
+            "lab/handover",
+            ServeOptions::default().workers(3),
+            move |req| {
+                let (started, cv) = &*flag;
+                if req.value == Value::from("first") {
+                    let guard = started.lock().unwrap();
+                    let _ = cv
+                        .wait_timeout_while(guard, Duration::from_secs(5), |s| !*s)
+                        .unwrap();
+                } else if req.value == Value::from("second") {
+                    *started.lock().unwrap() = true;
+                    cv.notify_all();
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+                Ok(req.value)
+            },
+        )
+        .unwrap();
+    known(&client, "lab/handover", 1);
+    let t = Duration::from_secs(10);
+    let first = client.call_async("lab/handover", "first", t).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let second = client.call_async("lab/handover", "second", t).unwrap();
+    let started = Instant::now();
+    assert_eq!(first.wait().unwrap(), Value::from("first"));
+    for i in 0..10 {
+        assert_eq!(
+            client
+                .call("lab/handover", i, Duration::from_secs(5))
+                .unwrap(),
+            Value::Int(i.into())
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the first reply and the fast calls waited for the second slow handler: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(second.wait().unwrap(), Value::from("second"));
+}
+
 #[test]
 fn an_over_size_request_is_rejected_before_sending() {
     let dir = TempDir::new("svc-size");
@@ -225,6 +279,36 @@ fn an_over_size_request_is_rejected_before_sending() {
         client.call("lab/small", 1, Duration::from_secs(5)).unwrap(),
         Value::Int(1)
     );
+}
+
+#[test]
+fn a_reply_over_the_callers_limit_is_refused_and_the_connection_lives() {
+    let dir = TempDir::new("svc-bigreply");
+    let server = open("server", dir.path());
+    let mut cfg = Config::new("milonga:///svc", "small");
+    cfg.transport = Transport::Tcp;
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    cfg.max_message_bytes = 64 * 1024;
+    let client = Node::open_with(cfg).unwrap();
+    let _svc = server
+        .serve("lab/blob", |req| {
+            let n = req.value.as_f64().unwrap_or(0.0) as usize;
+            Ok(Value::from(vec![1u8; n]))
+        })
+        .unwrap();
+    known(&client, "lab/blob", 1);
+    let t = Duration::from_secs(5);
+    match client.call("lab/blob", 200_000, t) {
+        Err(CallError::BadReply { why, .. }) => {
+            assert!(why.contains("max_message_bytes"), "{why}")
+        }
+        other => panic!("expected BadReply, got {other:?}"),
+    }
+    assert_eq!(
+        client.call("lab/blob", 10, t).unwrap(),
+        Value::from(vec![1u8; 10])
+    );
+    assert_eq!(client.stats().calls_server_lost, 0);
 }
 
 #[test]
@@ -365,6 +449,29 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
             Poll::Pending => std::thread::park(),
         }
     }
+}
+
+#[test]
+fn a_handler_may_withdraw_its_own_service() {
+    let dir = TempDir::new("svc-selfdrop");
+    let (server, client) = pair(&dir);
+    let slot: Arc<std::sync::Mutex<Option<milonga::Service>>> = Arc::default();
+    let inner = slot.clone();
+    let svc = server
+        .serve("lab/once", move |req| {
+            drop(inner.lock().unwrap().take());
+            Ok(req.value)
+        })
+        .unwrap();
+    *slot.lock().unwrap() = Some(svc);
+    known(&client, "lab/once", 1);
+    assert_eq!(
+        client.call("lab/once", 1, Duration::from_secs(5)).unwrap(),
+        Value::Int(1),
+        "the reply of the call that withdrew the service still goes out"
+    );
+    known(&client, "lab/once", 0);
+    assert!(slot.lock().unwrap().is_none());
 }
 
 #[test]
