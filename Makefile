@@ -2,7 +2,12 @@
 # two commands of the README; .ci/run calls `make test`.
 CARGO ?= cargo
 
-.PHONY: setup demo test lint unit fuzz-smoke bench fuzz clean
+.PHONY: setup demo test lint unit python pytest fuzz-smoke bench fuzz clean
+
+# The Python package lives in its own virtual environment.
+PYTHON ?= python3
+VENV := python/.venv
+VPY := $(VENV)/bin/python
 
 # Everything the project needs beyond a Rust toolchain, cmake and a C++
 # compiler (libzmq is built from source by the zmq crate).
@@ -18,9 +23,22 @@ lint: setup
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 unit:
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --exclude milonga-py
 
-test: lint unit
+# Builds the Python package (maturin, release) and installs it with its test
+# dependencies (pytest, pytest-timeout, mypy, pyzmq) from PyPI.
+python:
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --disable-pip-version-check "./python[test]"
+
+# The stubs checked against the binary, the package type-checked, then the
+# Python test suite (strict: warnings are errors, a timeout per test).
+pytest: python
+	cd python/tests && ../.venv/bin/python -m mypy.stubtest milonga._native
+	cd python/tests && ../.venv/bin/python -m mypy --strict -p milonga
+	cd python/tests && ../.venv/bin/python -m pytest
+
+test: lint unit pytest
 
 # The runs recorded in docs/benchmarks.md: throughput and latency on tcp and
 # ipc, liveliness detection, idle memory.

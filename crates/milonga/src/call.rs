@@ -267,6 +267,39 @@ impl PendingCall {
         self.state.take().expect("a pending call has state").wait()
     }
 
+    /// Waits at most `at_most` for the outcome: `None` if the call is still
+    /// pending then (wait again), the outcome otherwise. Bindings wait in
+    /// such slices to notice a Ctrl-C. After the outcome, or on a call
+    /// already awaited as a future, it returns `Some(Err(Closed))`.
+    pub fn wait_for(&mut self, at_most: Duration) -> Option<Result<Value, CallError>> {
+        let stop = Instant::now() + at_most;
+        if let Some(shared) = &self.shared {
+            let mut g = lock(&shared.slot);
+            loop {
+                if let Some(r) = g.0.take() {
+                    drop(g);
+                    self.shared = None;
+                    return Some(r);
+                }
+                let left = stop.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                g = shared
+                    .done
+                    .wait_timeout(g, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        let Some(state) = self.state.as_mut() else {
+            return Some(Err(CallError::Closed));
+        };
+        let r = state.wait_until(Some(stop))?;
+        self.state = None;
+        Some(r)
+    }
+
     /// The server the call went to (its node's name).
     pub fn server(&self) -> Option<&str> {
         self.state.as_ref().map(|s| s.target.server.as_str())
@@ -507,45 +540,58 @@ fn open_channel(node: &NodeInner, target: &Target) -> Result<Channel, CallError>
 
 impl InFlight {
     fn wait(mut self) -> Result<Value, CallError> {
-        let r = self.wait_inner();
+        self.wait_until(None)
+            .expect("a wait without a limit ends with an outcome")
+    }
+
+    /// Waits for the outcome until `stop` at most: `None` if the call is
+    /// still pending then.
+    fn wait_until(&mut self, stop: Option<Instant>) -> Option<Result<Value, CallError>> {
+        let r = self.wait_inner(stop)?;
         if matches!(r, Err(CallError::ServerLost { .. })) {
             // The connection is broken; do not reuse it.
             self.channel = None;
         }
-        r
+        Some(r)
     }
 
-    fn wait_inner(&mut self) -> Result<Value, CallError> {
+    fn wait_inner(&mut self, stop: Option<Instant>) -> Option<Result<Value, CallError>> {
         let c = &self.node.counters;
         let server = self.target.server.clone();
         loop {
             let now = Instant::now();
+            if stop.is_some_and(|s| now >= s) && now < self.deadline {
+                return None;
+            }
             if now >= self.deadline {
                 stats::inc(&c.calls_timed_out);
-                return Err(CallError::Timeout {
+                return Some(Err(CallError::Timeout {
                     key: self.target.key.as_str().to_owned(),
                     server,
                     after: self.timeout,
-                });
+                }));
             }
             // One blocking receive, as a hand-written client would do; the
             // monitor, `close` and discovery are looked at between slices.
-            let slice = (self.deadline - now).min(CHECK_EVERY);
+            let until = stop.map_or(self.deadline, |s| s.min(self.deadline));
+            let slice = until.saturating_duration_since(now).min(CHECK_EVERY);
             let ms = slice.as_micros().div_ceil(1000).max(1) as i32;
             let ch = self.channel.as_mut().expect("a waiting call has a channel");
             if ch.rcvtimeo != ms {
-                ch.sock.set_rcvtimeo(ms).map_err(CallError::Socket)?;
+                if let Err(e) = ch.sock.set_rcvtimeo(ms) {
+                    return Some(Err(CallError::Socket(e)));
+                }
                 ch.rcvtimeo = ms;
             }
             match recv_parts(&mut ch.sock, 0) {
                 Ok(parts) => {
                     if let Some(r) = reply(&self.node, &self.target, self.call_id, parts) {
-                        return r;
+                        return Some(r);
                     }
                     continue;
                 }
                 Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
-                Err(e) => return Err(CallError::Socket(e)),
+                Err(e) => return Some(Err(CallError::Socket(e))),
             }
             // The connection's state is its last event: a disconnection
             // followed by a reconnection (older than this call, or a
@@ -553,10 +599,10 @@ impl InFlight {
             ch.read_monitor();
             if ch.down {
                 stats::inc(&c.calls_server_lost);
-                return Err(CallError::ServerLost { server });
+                return Some(Err(CallError::ServerLost { server }));
             }
             if self.node.closed.load(Ordering::Acquire) {
-                return Err(CallError::Closed);
+                return Some(Err(CallError::Closed));
             }
             if self
                 .cancelled
@@ -564,7 +610,7 @@ impl InFlight {
                 .is_some_and(|c| c.load(Ordering::Relaxed))
             {
                 // Nobody will read this outcome.
-                return Err(CallError::Closed);
+                return Some(Err(CallError::Closed));
             }
             // A server whose process is gone before its connection was
             // made never reports a disconnection: discovery does.
@@ -573,7 +619,7 @@ impl InFlight {
                 .contains_key(&self.target.node.to_hex());
             if gone {
                 stats::inc(&c.calls_server_lost);
-                return Err(CallError::ServerLost { server });
+                return Some(Err(CallError::ServerLost { server }));
             }
         }
     }

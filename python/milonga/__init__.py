@@ -1,0 +1,373 @@
+"""Milonga: event and messaging middleware for control systems and data
+acquisition, in Python.
+
+>>> import milonga
+>>> with milonga.open("milonga:///lab", name="ps-1") as node:   # doctest: +SKIP
+...     current = node.publisher("sr/ps/1/current")
+...     current.put(12.5)
+
+The names are those of the Rust API (docs/python.md). Values are CBOR: None,
+bool, int, float, str, bytes, list, tuple, dict, and numpy arrays (RFC 8746
+typed arrays, received as read-only arrays viewing the message: no copy).
+Every blocking call releases the GIL and is interrupted by Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import logging
+import os
+import sys
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from . import _native
+from ._native import (
+    Buffer,
+    DeadlineMissed,
+    IncompatibleQos,
+    Lost,
+    PendingCall,
+    Publisher,
+    PublisherAlive,
+    PublisherLost,
+    Request,
+    Sample,
+    ServerReply,
+    Service,
+    SubscriptionLive,
+    Tagged,
+    UnknownEvent,
+)
+from .errors import (
+    AlreadyDeclared,
+    BadReply,
+    Closed,
+    ConfigError,
+    EncodeError,
+    Error,
+    InvalidKey,
+    NoServer,
+    OpenError,
+    Rejected,
+    RemoteError,
+    ServerLost,
+    ServiceError,
+    TimeoutError,
+    TooLarge,
+    WouldBlock,
+)
+
+__all__ = [
+    "open",
+    "Node",
+    "Publisher",
+    "Subscription",
+    "Service",
+    "PendingCall",
+    "ServerReply",
+    "Request",
+    "PublisherQos",
+    "SubscriberQos",
+    "Sample",
+    "Lost",
+    "PublisherAlive",
+    "PublisherLost",
+    "DeadlineMissed",
+    "SubscriptionLive",
+    "IncompatibleQos",
+    "UnknownEvent",
+    "Event",
+    "Tagged",
+    "Buffer",
+    "Error",
+    "ConfigError",
+    "OpenError",
+    "InvalidKey",
+    "AlreadyDeclared",
+    "EncodeError",
+    "TooLarge",
+    "WouldBlock",
+    "TimeoutError",
+    "Closed",
+    "NoServer",
+    "RemoteError",
+    "ServerLost",
+    "Rejected",
+    "BadReply",
+    "ServiceError",
+    "__version__",
+]
+
+__version__: str = _native.version()
+
+log = logging.getLogger("milonga")
+
+#: What a subscription yields.
+Event = (
+    Sample
+    | Lost
+    | PublisherAlive
+    | PublisherLost
+    | DeadlineMissed
+    | SubscriptionLive
+    | IncompatibleQos
+    | UnknownEvent
+)
+
+
+@dataclass(frozen=True)
+class PublisherQos:
+    """QoS of a publisher.
+
+    reliable: never drop; ``put`` waits (at most ``put_timeout`` seconds, or
+        forever if None) until the slowest subscriber has room.
+    history: samples kept per key for late joiners and repair.
+    """
+
+    reliable: bool = False
+    history: int = 0
+    put_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class SubscriberQos:
+    """QoS of a subscription (see docs/python.md and the Rust SubscriberQos).
+
+    reliable: repair gaps from the publishers' history.
+    last: on joining, first receive the last ``last`` samples kept per key.
+    deadline: seconds; report ``DeadlineMissed`` for a key silent longer.
+    queue_depth: messages queued per publisher before back-pressure/drops.
+    keep_all / keep_last: read at once into an application queue that keeps
+        every sample (at most ``keep_all``) or the newest ``keep_last`` per key.
+    filter / abs_change / rel_change / min_period_ms: a filter the
+        publishers apply before sending (docs/filters.md).
+    """
+
+    reliable: bool = False
+    last: int = 0
+    deadline: float | None = None
+    queue_depth: int | None = None
+    keep_all: int | None = None
+    keep_last: int | None = None
+    filter: str | None = None
+    abs_change: float | None = None
+    rel_change: float | None = None
+    min_period_ms: int | None = None
+
+
+class Subscription:
+    """A subscription's events (samples and status events), in order.
+
+    ``recv(timeout=None)`` returns the next one (``milonga.TimeoutError`` after
+    ``timeout`` seconds), iteration blocks for each, ``async for`` awaits
+    them. With a callback, events are delivered to it on a dispatcher
+    thread instead; an exception raised by the callback is logged with the
+    key and the subscription goes on.
+    """
+
+    def __init__(self, native: _native.Subscription) -> None:
+        self._native = native
+        # The native methods themselves: no Python frame per event.
+        self.recv: Callable[..., Event] = native.recv
+        self.try_recv: Callable[[], Event | None] = native.try_recv
+        self._dispatcher: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    @property
+    def key_expr(self) -> str:
+        """The key expression."""
+        return self._native.key_expr
+
+    @property
+    def lost(self) -> int:
+        """Samples lost so far, over all publishers."""
+        return self._native.lost
+
+    @property
+    def squashed(self) -> int:
+        """Samples squashed by ``keep_last`` so far."""
+        return self._native.squashed
+
+    def lost_by_publisher(self) -> dict[str, int]:
+        """Lost samples per publisher node id."""
+        return dict(self._native.lost_by_publisher())
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._native)
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                event = self._native.try_recv()
+                if event is not None:
+                    return event
+                # Received in a worker thread into the subscription's own
+                # stash: a cancelled await loses nothing.
+                await loop.run_in_executor(None, self._native._fill, 0.1)
+            except Closed:
+                raise StopAsyncIteration from None
+
+    def _start(self, callback: Callable[[Event], object]) -> None:
+        self._dispatcher = threading.Thread(
+            target=self._dispatch,
+            args=(callback,),
+            name=f"milonga-sub {self.key_expr}",
+            daemon=True,
+        )
+        self._dispatcher.start()
+
+    def _dispatch(self, callback: Callable[[Event], object]) -> None:
+        while not self._stopping.is_set():
+            try:
+                event = self._native.recv(0.1)
+            except TimeoutError:
+                continue
+            except Closed:
+                return
+            try:
+                callback(event)
+            except Exception:
+                key = getattr(event, "key", self.key_expr)
+                log.exception("the callback of subscription %r raised on key %r", self.key_expr, key)
+
+    def close(self) -> None:
+        """Ends the subscription (and its dispatcher thread, if any)."""
+        self._stopping.set()
+        t = self._dispatcher
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5)
+        self._native.close()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<milonga.Subscription {self.key_expr!r}>"
+
+
+_open_nodes: weakref.WeakSet[Node] = weakref.WeakSet()
+
+
+class Node(_native.Node):
+    """A node: this program's handle on a domain. Use :func:`open`."""
+
+    def __init__(self, locator: str, name: str, config: dict[str, Any] | None = None) -> None:
+        # (The native constructor opened the node.)
+        self._services: list[Service] = []
+
+    def publisher(self, key: str, qos: PublisherQos | None = None) -> Publisher:
+        """Declares a publisher of ``key``."""
+        q = qos or PublisherQos()
+        return self._publisher(key, q.reliable, q.history, q.put_timeout)
+
+    def subscribe(
+        self,
+        expr: str,
+        callback: Callable[[Event], object] | None = None,
+        qos: SubscriberQos | None = None,
+    ) -> Subscription:
+        """Subscribes to the keys matching ``expr`` (``*`` one chunk, ``**``
+        any number). With ``callback``, events go to it on a dispatcher thread."""
+        q = qos or SubscriberQos()
+        native = self._subscribe(
+            expr,
+            q.reliable,
+            q.last,
+            q.deadline,
+            q.queue_depth,
+            q.keep_all,
+            q.keep_last,
+            q.filter,
+            q.abs_change,
+            q.rel_change,
+            q.min_period_ms,
+        )
+        sub = Subscription(native)
+        if callback is not None:
+            sub._start(callback)
+        return sub
+
+    def serve(
+        self,
+        key: str,
+        handler: Callable[[Request], object],
+        workers: int = 4,
+        max_queued: int = 1024,
+    ) -> Service:
+        """Serves ``key``: ``handler(request)`` returns the reply value or
+        raises (the caller gets ``RemoteError`` with the exception's class
+        name as ``kind``; raise ``ServiceError(kind, message)`` to choose).
+
+        The service lives as long as the node, or until ``close()`` on the
+        returned :class:`Service`."""
+        service = self._serve(key, handler, workers, max_queued)
+        self._services.append(service)
+        return service
+
+    def close(self) -> None:
+        """Closes the node: its services are withdrawn, its publishers and
+        subscriptions stop."""
+        for service in self._services:
+            service.close()
+        super().close()
+
+    async def call_async(self, key: str, value: Any, timeout: float = 5.0) -> Any:
+        """Calls ``key`` without blocking the event loop."""
+        pending = self.call_start(key, value, timeout)
+        return await asyncio.get_running_loop().run_in_executor(None, pending.wait)
+
+    def peers(self) -> list[dict[str, Any]]:
+        """The nodes discovery knows (their announcements)."""
+        peers: list[dict[str, Any]] = json.loads(self._peers_json())
+        return peers
+
+    def stats(self) -> dict[str, int]:
+        """The node's counters (docs/guarantees.md names each)."""
+        stats: dict[str, int] = json.loads(self._stats_json())
+        return stats
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<milonga.Node {self.name!r} in {self.domain!r}>"
+
+
+def _default_name() -> str:
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return f"{prog or 'python'}-{os.getpid()}"
+
+
+def open(locator: str, name: str | None = None, **config: Any) -> Node:
+    """Opens a node on ``locator`` (``milonga:///lab``) named ``name``
+    (default: the program's name and pid). ``config`` keys are those of
+    docs/config.md (``transport="ipc"``, ``runtime_dir=...``,
+    ``heartbeat_timeout_ms=500``, ...); the environment is read first."""
+    node = Node(locator, name or _default_name(), config)
+    _open_nodes.add(node)
+    return node
+
+
+@atexit.register
+def _close_all() -> None:
+    # Service workers need the interpreter: stop them before it goes.
+    for node in list(_open_nodes):
+        try:
+            node.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass

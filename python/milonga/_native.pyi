@@ -1,0 +1,226 @@
+# Stubs of the native module (checked against the binary by mypy.stubtest
+# in `make test`).
+from typing import Any, Callable, final
+
+from typing_extensions import disjoint_base
+
+__all__ = [
+    "Buffer",
+    "DeadlineMissed",
+    "IncompatibleQos",
+    "Lost",
+    "Node",
+    "PendingCall",
+    "Publisher",
+    "PublisherAlive",
+    "PublisherLost",
+    "Request",
+    "Sample",
+    "ServerReply",
+    "Service",
+    "Subscription",
+    "SubscriptionLive",
+    "Tagged",
+    "UnknownEvent",
+    "version",
+]
+
+def version() -> str: ...
+
+@final
+class Buffer:
+    """Read-only message bytes (buffer protocol): numpy arrays view it."""
+    def __len__(self) -> int: ...
+
+@final
+class Tagged:
+    tag: int
+    value: Any
+    def __new__(cls, tag: int, value: Any) -> Tagged: ...
+    def __eq__(self, value: object, /) -> bool: ...
+
+@disjoint_base
+class Node:
+    def __new__(
+        cls, locator: str, name: str, config: dict[str, Any] | None = None
+    ) -> Node: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def domain(self) -> str: ...
+    def _publisher(
+        self,
+        key: str,
+        reliable: bool = False,
+        history: int = 0,
+        put_timeout: float | None = None,
+    ) -> Publisher: ...
+    def _subscribe(
+        self,
+        expr: str,
+        reliable: bool = False,
+        last: int = 0,
+        deadline: float | None = None,
+        queue_depth: int | None = None,
+        keep_all: int | None = None,
+        keep_last: int | None = None,
+        filter_expr: str | None = None,
+        abs_change: float | None = None,
+        rel_change: float | None = None,
+        min_period_ms: int | None = None,
+    ) -> Subscription: ...
+    def _serve(
+        self,
+        key: str,
+        handler: Callable[[Request], object],
+        workers: int = 4,
+        max_queued: int = 1024,
+    ) -> Service: ...
+    def call(self, key: str, value: Any, timeout: float = 5.0) -> Any: ...
+    def call_start(self, key: str, value: Any, timeout: float = 5.0) -> PendingCall: ...
+    def call_all(self, expr: str, value: Any, timeout: float = 5.0) -> list[ServerReply]: ...
+    def _peers_json(self) -> str: ...
+    def _stats_json(self) -> str: ...
+    def close(self) -> None: ...
+
+@final
+class Publisher:
+    @property
+    def key(self) -> str: ...
+    def put(self, value: Any, timeout: float | None = None) -> None: ...
+    def try_put(self, value: Any) -> None: ...
+    def subscriber_count(self) -> int: ...
+    def close(self) -> None: ...
+
+_Event = (
+    Sample
+    | Lost
+    | PublisherAlive
+    | PublisherLost
+    | DeadlineMissed
+    | SubscriptionLive
+    | IncompatibleQos
+    | UnknownEvent
+)
+
+@final
+class Subscription:
+    @property
+    def key_expr(self) -> str: ...
+    def recv(self, timeout: float | None = None) -> _Event: ...
+    def try_recv(self) -> _Event | None: ...
+    def _fill(self, timeout: float) -> bool: ...
+    def __iter__(self) -> Subscription: ...
+    def __next__(self) -> _Event: ...
+    @property
+    def lost(self) -> int: ...
+    @property
+    def squashed(self) -> int: ...
+    def lost_by_publisher(self) -> list[tuple[str, int]]: ...
+    def close(self) -> None: ...
+
+@final
+class Sample:
+    @property
+    def key(self) -> str: ...
+    @property
+    def value(self) -> Any: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def timestamp_ns(self) -> int: ...
+    @property
+    def timestamp(self) -> float: ...
+    @property
+    def publisher(self) -> str: ...
+
+@final
+class Lost:
+    @property
+    def key(self) -> str: ...
+    @property
+    def publisher(self) -> str: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def first_seq(self) -> int: ...
+
+@final
+class PublisherAlive:
+    @property
+    def publisher(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+
+@final
+class PublisherLost:
+    @property
+    def publisher(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+
+@final
+class DeadlineMissed:
+    @property
+    def key(self) -> str: ...
+    @property
+    def silent_for(self) -> float: ...
+
+@final
+class SubscriptionLive: ...
+
+@final
+class IncompatibleQos:
+    @property
+    def publisher(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def detail(self) -> str: ...
+
+@final
+class UnknownEvent:
+    @property
+    def description(self) -> str: ...
+
+@final
+class Request:
+    @property
+    def key(self) -> str: ...
+    @property
+    def value(self) -> Any: ...
+    @property
+    def caller(self) -> str: ...
+    @property
+    def call_id(self) -> int: ...
+    @property
+    def timestamp_ns(self) -> int: ...
+
+@final
+class Service:
+    @property
+    def key(self) -> str: ...
+    def close(self) -> None: ...
+
+@final
+class PendingCall:
+    def wait(self) -> Any: ...
+
+@final
+class ServerReply:
+    @property
+    def key(self) -> str: ...
+    @property
+    def server(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def value(self) -> Any: ...
+    @property
+    def error(self) -> BaseException | None: ...

@@ -1,0 +1,303 @@
+"""``python -m milonga.bench pubsub``: Milonga's Python API against raw pyzmq.
+
+The same options and CSV columns as ``milonga bench pubsub``; ``system`` is
+``milonga-py`` (a publisher putting ``bytes`` payloads, subscribers reading
+``sample.value``) or ``pyzmq`` (XPUB/SUB sockets sending and receiving the
+same payloads), measured in the same run. Every publisher and subscriber is
+its own Python process. A publisher sends as fast as it can for
+``--duration`` seconds, then end markers; a subscriber's rate is what it
+received divided by the time from its first to its last arrival, and a
+cell's figure is the median over its subscribers. High-water marks are
+64 MiB / size (16..10000) for both systems; payloads of 64 KiB or more go
+without a copy on both (pyzmq ``copy=False``; Milonga by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+COLUMNS = "system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost"
+ZERO_COPY = 64 << 10
+
+
+def hwm_for(size: int) -> int:
+    return max(16, min(10_000, (64 << 20) // max(size, 1)))
+
+
+def free_endpoint(transport: str, tmp: str, tag: str) -> str:
+    if transport == "ipc":
+        return f"ipc://{tmp}/raw-{tag}.sock"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+# ---- workers (each in its own process) ----
+
+
+def pyzmq_pub(role: dict[str, Any]) -> dict[str, Any]:
+    import zmq
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.XPUB)
+    s.setsockopt(zmq.SNDHWM, role["hwm"])
+    s.setsockopt(zmq.RCVHWM, role["hwm"])
+    s.setsockopt(zmq.LINGER, 5000)
+    s.setsockopt(zmq.XPUB_VERBOSE, 1)
+    s.setsockopt(zmq.XPUB_NODROP, 1 if role["mode"] == "reliable" else 0)
+    s.bind(role["address"])
+    joined = 0
+    while joined < role["subs"]:
+        if s.recv()[:1] == b"\x01":
+            joined += 1
+    size = role["size"]
+    payload = b"\xa5" * size
+    copy = size < ZERO_COPY
+    send = s.send
+    sent = 0
+    start = time.perf_counter()
+    end = start + role["duration_s"]
+    while time.perf_counter() < end:
+        for _ in range(64):
+            send(payload, copy=copy)
+        sent += 64
+    seconds = time.perf_counter() - start
+    end_markers(lambda: _try(lambda: s.send(b"", zmq.DONTWAIT)))
+    s.close()
+    ctx.term()
+    return {"sent": sent, "seconds": seconds}
+
+
+def pyzmq_sub(role: dict[str, Any]) -> dict[str, Any]:
+    import zmq
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.SUB)
+    s.setsockopt(zmq.RCVHWM, role["hwm"])
+    s.setsockopt(zmq.SUBSCRIBE, b"")
+    s.setsockopt(zmq.RCVTIMEO, int(role["deadline_s"] * 1000))
+    s.connect(role["address"])
+    copy = role["size"] < ZERO_COPY
+    recv = s.recv
+    clock = time.perf_counter
+    received, first, last = 0, 0.0, 0.0
+    try:
+        while True:
+            m = recv(copy=copy)
+            if len(m) == 0:
+                break
+            last = clock()
+            if received == 0:
+                first = last
+            received += 1
+    except zmq.Again:
+        pass
+    s.close(linger=0)
+    ctx.term()
+    return {"received": received, "seconds": last - first}
+
+
+def _milonga_node(role: dict[str, Any], name: str) -> Any:
+    import milonga
+
+    return milonga.open(
+        role["address"],
+        name=name,
+        runtime_dir=role["runtime_dir"],
+        transport=role["transport"],
+        send_hwm=role["hwm"],
+        recv_hwm=role["hwm"],
+        close_linger_ms=5000,
+    )
+
+
+def milonga_pub(role: dict[str, Any]) -> dict[str, Any]:
+    import milonga
+
+    node = _milonga_node(role, "bench-pub")
+    qos = milonga.PublisherQos(reliable=role["mode"] == "reliable", history=role["history"])
+    p = node.publisher("bench/data", qos)
+    give_up = time.monotonic() + 30
+    while p.subscriber_count() < role["subs"]:
+        if time.monotonic() > give_up:
+            raise SystemExit(f"only {p.subscriber_count()} of {role['subs']} subscribers joined")
+        time.sleep(0.002)
+    payload = b"\xa5" * role["size"]
+    put = p.put
+    sent = 0
+    start = time.perf_counter()
+    end = start + role["duration_s"]
+    while time.perf_counter() < end:
+        for _ in range(64):
+            put(payload)
+        sent += 64
+    seconds = time.perf_counter() - start
+    end_markers(lambda: _try(lambda: p.try_put(b"")))
+    node.close()
+    return {"sent": sent, "seconds": seconds}
+
+
+def milonga_sub(role: dict[str, Any]) -> dict[str, Any]:
+    import milonga
+
+    node = _milonga_node(role, "bench-sub")
+    sub = node.subscribe("bench/data")
+    recv = sub.recv
+    Sample = milonga.Sample
+    clock = time.perf_counter
+    received, lost, first, last = 0, 0, 0.0, 0.0
+    deadline = time.monotonic() + role["deadline_s"]
+    try:
+        while True:
+            ev = recv(max(0.0, deadline - time.monotonic()))
+            if type(ev) is Sample:
+                if len(ev.value) == 0:
+                    break
+                last = clock()
+                if received == 0:
+                    first = last
+                received += 1
+            elif type(ev) is milonga.Lost:
+                lost += ev.count
+    except milonga.TimeoutError:
+        pass
+    node.close()
+    return {"received": received, "seconds": last - first, "lost_reported": lost}
+
+
+def _try(f: Any) -> bool:
+    try:
+        f()
+        return True
+    except Exception:
+        return False
+
+
+def end_markers(send: Any) -> None:
+    """Sends end markers for 2 s (best effort may drop some)."""
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        send()
+        time.sleep(0.01)
+
+
+WORKERS = {
+    "pyzmq-pub": pyzmq_pub,
+    "pyzmq-sub": pyzmq_sub,
+    "milonga-py-pub": milonga_pub,
+    "milonga-py-sub": milonga_sub,
+}
+
+
+# ---- the driver ----
+
+
+def run_cell(system: str, role: dict[str, Any], subs: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def start(kind: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "milonga.bench", "_worker", json.dumps({**role, "kind": kind})],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    # pyzmq: the publisher binds first. Milonga: either order works.
+    pub = start(f"{system}-pub")
+    if system == "pyzmq":
+        time.sleep(0.2)
+    subs_p = [start(f"{system}-sub") for _ in range(subs)]
+    outs = []
+    for p in [pub, *subs_p]:
+        out, _ = p.communicate(timeout=role["deadline_s"] + 60)
+        if p.returncode != 0:
+            raise SystemExit(f"a {system} worker failed (exit {p.returncode})")
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs[0], outs[1:]
+
+
+def pubsub(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="python -m milonga.bench pubsub")
+    ap.add_argument("--sizes", default="92,4096,1048576", help="payload sizes in bytes")
+    ap.add_argument("--subs", default="1,2,5,10", help="numbers of subscriber processes")
+    ap.add_argument("--mode", choices=["reliable", "best-effort"], default="reliable")
+    ap.add_argument("--duration", type=float, default=2.0, help="seconds of sending per cell")
+    ap.add_argument("--baseline", choices=["raw-zmq", "pyzmq", "none"], default="pyzmq",
+                    help="raw pyzmq in the same run (raw-zmq is accepted as a synonym)")
+    ap.add_argument("--history", type=int, default=0)
+    ap.add_argument("--format", choices=["table", "csv"], default="table")
+    ap.add_argument("--transport", choices=["tcp", "ipc"], default="tcp")
+    a = ap.parse_args(argv)
+    sizes = [int(x) for x in a.sizes.split(",")]
+    subs_list = [int(x) for x in a.subs.split(",")]
+    import milonga
+
+    print(
+        f"# python -m milonga.bench pubsub: transport {a.transport}, mode {a.mode}, "
+        f"{a.duration} s per cell, hwm = 64 MiB / size (16..10000) for both systems; "
+        f"every publisher and subscriber a Python {sys.version.split()[0]} process; "
+        f"milonga-py {milonga.__version__} puts bytes and reads sample.value, "
+        f"pyzmq sends and receives bytes (copy=False from 64 KiB)",
+        file=sys.stderr,
+    )
+    print(
+        "# events_per_s_per_sub = median over subscribers of received / (last - first arrival); "
+        "lost = sent - received, summed over subscribers",
+        file=sys.stderr,
+    )
+    if a.format == "csv":
+        print(COLUMNS, flush=True)
+    else:
+        print(f"{'system':<10} {'transp':>6} {'bytes':>9} {'subs':>5} {'events/s/sub':>14} {'MB/s/sub':>10} {'lost':>8}", flush=True)
+    tmp = tempfile.mkdtemp(prefix="mlg-pybench-")
+    systems = ["milonga-py"] if a.baseline == "none" else ["pyzmq", "milonga-py"]
+    cell = 0
+    for size in sizes:
+        for subs in subs_list:
+            for system in systems:
+                cell += 1
+                role = {
+                    "size": size,
+                    "subs": subs,
+                    "mode": a.mode,
+                    "duration_s": a.duration,
+                    "history": a.history,
+                    "hwm": hwm_for(size),
+                    "transport": a.transport,
+                    "runtime_dir": tmp,
+                    "deadline_s": a.duration + 20 + size / 1e6,
+                    "address": free_endpoint(a.transport, tmp, str(cell))
+                    if system == "pyzmq"
+                    else f"milonga:///pybench-{os.getpid()}-{cell}",
+                }
+                pub, subs_out = run_cell(system, role, subs)
+                sent = pub["sent"]
+                lost = sum(max(0, sent - s["received"]) for s in subs_out)
+                rates = [s["received"] / s["seconds"] if s["seconds"] > 0 else 0.0 for s in subs_out]
+                rate = statistics.median(rates)
+                mb = rate * size / 1e6
+                if a.format == "csv":
+                    print(f"{system},{a.transport},{size},{subs},{rate:.0f},{mb:.2f},{lost}", flush=True)
+                else:
+                    print(f"{system:<10} {a.transport:>6} {size:>9} {subs:>5} {rate:>14.0f} {mb:>10.2f} {lost:>8}", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) >= 2 and argv[0] == "_worker":
+        role = json.loads(argv[1])
+        print(json.dumps(WORKERS[role["kind"]](role)), flush=True)
+        return
+    if not argv or argv[0] != "pubsub":
+        raise SystemExit("usage: python -m milonga.bench pubsub [options] (--help for the options)")
+    pubsub(argv[1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,990 @@
+//! `milonga._native`: the Rust side of Milonga's Python package.
+//!
+//! Private: users import `milonga`, whose classes derive from or re-export
+//! these. Every wait releases the interpreter (the GIL) and looks at
+//! Python's signals every 50 ms, so Ctrl-C interrupts it; nothing here
+//! panics across the boundary (errors become `milonga.errors` exceptions).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use milonga::{
+    Config, Event, Filter, PublisherQos, QueuePolicy, RecvError, ServeOptions, ServiceError,
+    SubscriberQos, Transport, Value,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+mod convert;
+mod errors;
+
+use convert::{from_py, to_py};
+
+/// Longest a blocking call waits between looks at Python's signals.
+const SLICE: Duration = Duration::from_millis(50);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A timeout in seconds as a `Duration`; `None` stays `None`.
+fn seconds(what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
+    match s {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s.min(1e9)))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "{what} must be a number of seconds >= 0, not {s}"
+        ))),
+    }
+}
+
+/// Applies `open(..., **config)` keys to a configuration.
+fn apply_config(cfg: &mut Config, config: &Bound<'_, PyDict>) -> PyResult<()> {
+    for (k, v) in config.iter() {
+        let key: String = k.extract()?;
+        let bad =
+            |e: PyErr| errors::raise(v.py(), "ConfigError", format!("config key {key:?}: {e}"));
+        match key.as_str() {
+            "transport" => {
+                let t: String = v.extract().map_err(bad)?;
+                cfg.transport = t.parse::<Transport>().map_err(|why| {
+                    errors::raise(
+                        v.py(),
+                        "ConfigError",
+                        format!("config key \"transport\": {why}"),
+                    )
+                })?;
+            }
+            "tcp_host" => cfg.tcp_host = v.extract().map_err(bad)?,
+            "runtime_dir" => {
+                let d: std::path::PathBuf = v.extract().map_err(bad)?;
+                cfg.runtime_dir = Some(d);
+            }
+            "peers" => cfg.peers = v.extract().map_err(bad)?,
+            "local_discovery" => cfg.local_discovery = v.extract().map_err(bad)?,
+            "control_endpoint" => cfg.control_endpoint = v.extract().map_err(bad)?,
+            "data_endpoint" => cfg.data_endpoint = v.extract().map_err(bad)?,
+            "reliable_data_endpoint" => cfg.reliable_data_endpoint = v.extract().map_err(bad)?,
+            "discovery_interval_ms" => cfg.discovery_interval_ms = v.extract().map_err(bad)?,
+            "static_query_interval_ms" => {
+                cfg.static_query_interval_ms = v.extract().map_err(bad)?
+            }
+            "heartbeat_interval_ms" => cfg.heartbeat_interval_ms = v.extract().map_err(bad)?,
+            "heartbeat_timeout_ms" => cfg.heartbeat_timeout_ms = v.extract().map_err(bad)?,
+            "max_message_bytes" => cfg.max_message_bytes = v.extract().map_err(bad)?,
+            "send_hwm" => cfg.send_hwm = v.extract().map_err(bad)?,
+            "reliable_send_hwm" => cfg.reliable_send_hwm = v.extract().map_err(bad)?,
+            "recv_hwm" => cfg.recv_hwm = v.extract().map_err(bad)?,
+            "tcp_buffer_bytes" => cfg.tcp_buffer_bytes = v.extract().map_err(bad)?,
+            "close_linger_ms" => cfg.close_linger_ms = v.extract().map_err(bad)?,
+            "zero_copy_threshold_bytes" => {
+                cfg.zero_copy_threshold_bytes = v.extract().map_err(bad)?
+            }
+            _ => {
+                return Err(errors::raise(
+                    v.py(),
+                    "ConfigError",
+                    format!("unknown config key {key:?} (docs/config.md lists the keys)"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A node: the handle on a domain (`milonga.open`).
+#[pyclass(frozen, subclass, module = "milonga._native", name = "Node")]
+pub(crate) struct Node {
+    node: milonga::Node,
+    threshold: usize,
+}
+
+#[pymethods]
+impl Node {
+    #[new]
+    #[pyo3(signature = (locator, name, config=None))]
+    fn new(
+        py: Python<'_>,
+        locator: &str,
+        name: &str,
+        config: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        let mut cfg = Config::from_env(locator, name).map_err(|e| errors::open(py, e))?;
+        if let Some(c) = config {
+            apply_config(&mut cfg, c)?;
+        }
+        let threshold = cfg.zero_copy_threshold_bytes;
+        let node = py
+            .detach(|| milonga::Node::open_with(cfg))
+            .map_err(|e| errors::open(py, e))?;
+        Ok(Node { node, threshold })
+    }
+
+    /// The node's name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.node.name()
+    }
+
+    /// The node's id (32 hex digits).
+    #[getter]
+    fn id(&self) -> String {
+        self.node.id().to_hex()
+    }
+
+    /// The domain.
+    #[getter]
+    fn domain(&self) -> &str {
+        self.node.domain()
+    }
+
+    #[pyo3(signature = (key, reliable=false, history=0, put_timeout=None))]
+    fn _publisher(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        reliable: bool,
+        history: usize,
+        put_timeout: Option<f64>,
+    ) -> PyResult<Publisher> {
+        let mut qos = if reliable {
+            PublisherQos::reliable()
+        } else {
+            PublisherQos::best_effort()
+        };
+        qos = qos.history(history);
+        let timeout = seconds("put_timeout", put_timeout)?;
+        let p = self
+            .node
+            .publisher_with(key, qos)
+            .map_err(|e| errors::publisher(py, e))?;
+        Ok(Publisher {
+            inner: RwLock::new(Some(Arc::new(p))),
+            reliable,
+            put_timeout: timeout,
+            threshold: self.threshold,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (expr, reliable=false, last=0, deadline=None, queue_depth=None,
+                        keep_all=None, keep_last=None, filter_expr=None, abs_change=None,
+                        rel_change=None, min_period_ms=None))]
+    fn _subscribe(
+        &self,
+        py: Python<'_>,
+        expr: &str,
+        reliable: bool,
+        last: usize,
+        deadline: Option<f64>,
+        queue_depth: Option<i32>,
+        keep_all: Option<usize>,
+        keep_last: Option<usize>,
+        filter_expr: Option<String>,
+        abs_change: Option<f64>,
+        rel_change: Option<f64>,
+        min_period_ms: Option<u64>,
+    ) -> PyResult<Subscription> {
+        let mut qos = SubscriberQos::default().last(last);
+        if reliable {
+            qos = qos.reliable();
+        }
+        if let Some(d) = seconds("deadline", deadline)? {
+            qos = qos.deadline(d);
+        }
+        if let Some(q) = queue_depth {
+            qos = qos.queue_depth(q);
+        }
+        qos.queue = match (keep_all, keep_last) {
+            (Some(_), Some(_)) => {
+                return Err(errors::raise(
+                    py,
+                    "ConfigError",
+                    "keep_all and keep_last exclude each other",
+                ))
+            }
+            (Some(n), None) => Some(QueuePolicy::KeepAll(n)),
+            (None, Some(n)) => Some(QueuePolicy::KeepLast(n)),
+            (None, None) => None,
+        };
+        if filter_expr.is_some()
+            || abs_change.is_some()
+            || rel_change.is_some()
+            || min_period_ms.is_some()
+        {
+            qos = qos.filter(Filter {
+                expr: filter_expr,
+                abs_change,
+                rel_change,
+                min_period_ms,
+            });
+        }
+        let sub = py
+            .detach(|| self.node.subscribe_with(expr, qos))
+            .map_err(|e| errors::subscribe(py, e))?;
+        Ok(Subscription {
+            inner: RwLock::new(Some(Arc::new(sub))),
+            expr: expr.to_owned(),
+            threshold: self.threshold,
+            stash: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    #[pyo3(signature = (key, handler, workers=4, max_queued=1024))]
+    fn _serve(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        handler: Py<PyAny>,
+        workers: usize,
+        max_queued: usize,
+    ) -> PyResult<Service> {
+        let threshold = self.threshold;
+        let handler = Arc::new(handler);
+        let opts = ServeOptions::default()
+            .workers(workers)
+            .max_queued(max_queued);
+        let svc = py
+            .detach(|| {
+                self.node
+                    .serve_with(key, opts, move |req: milonga::Request| {
+                        Python::attach(|py| run_handler(py, &handler, req, threshold))
+                    })
+            })
+            .map_err(|e| errors::serve(py, e))?;
+        Ok(Service {
+            inner: Mutex::new(Some(svc)),
+            key: key.to_owned(),
+        })
+    }
+
+    /// Calls `key` with `value` and waits for the reply (seconds).
+    #[pyo3(signature = (key, value, timeout=5.0))]
+    fn call(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        timeout: f64,
+    ) -> PyResult<Py<PyAny>> {
+        self.call_start(py, key, value, timeout)?.wait(py)
+    }
+
+    /// Sends a call and returns a pending call at once.
+    #[pyo3(signature = (key, value, timeout=5.0))]
+    fn call_start(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        timeout: f64,
+    ) -> PyResult<PendingCall> {
+        let t = seconds("timeout", Some(timeout))?.unwrap_or_default();
+        let v = from_py(value, self.threshold)?;
+        let p = self
+            .node
+            .call_async(key, v, t)
+            .map_err(|e| errors::call(py, e))?;
+        Ok(PendingCall {
+            inner: Mutex::new(Some(p)),
+            threshold: self.threshold,
+        })
+    }
+
+    /// Calls every server of every key matching `expr`.
+    #[pyo3(signature = (expr, value, timeout=5.0))]
+    fn call_all(
+        &self,
+        py: Python<'_>,
+        expr: &str,
+        value: &Bound<'_, PyAny>,
+        timeout: f64,
+    ) -> PyResult<Vec<ServerReply>> {
+        let t = seconds("timeout", Some(timeout))?.unwrap_or_default();
+        let v = from_py(value, self.threshold)?;
+        let replies = py
+            .detach(|| self.node.call_all(expr, v, t))
+            .map_err(|e| errors::call(py, e))?;
+        replies
+            .into_iter()
+            .map(|r| {
+                let (value, error) = match r.result {
+                    Ok(v) => (to_py(py, &v, self.threshold)?.unbind(), None),
+                    Err(e) => (
+                        py.None(),
+                        Some(errors::call(py, e).into_value(py).into_any()),
+                    ),
+                };
+                Ok(ServerReply {
+                    key: r.key,
+                    server: r.server,
+                    node: r.node.to_hex(),
+                    value,
+                    error,
+                })
+            })
+            .collect()
+    }
+
+    /// The peers discovery knows, as JSON (announcements).
+    fn _peers_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.node.peers()).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The node's counters, as JSON.
+    fn _stats_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.node.stats()).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Closes the node: its publishers, subscriptions and services stop.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.node.close());
+    }
+}
+
+fn run_handler(
+    py: Python<'_>,
+    handler: &Py<PyAny>,
+    req: milonga::Request,
+    threshold: usize,
+) -> Result<Value, ServiceError> {
+    let value = to_py(py, &req.value, threshold)
+        .map_err(|e| ServiceError::new("bad_request", e.to_string()))?;
+    let request = Request {
+        key: req.key,
+        value: value.unbind(),
+        caller: req.caller.to_hex(),
+        call_id: req.call_id,
+        timestamp_ns: req.timestamp_ns,
+    };
+    match handler.bind(py).call1((request,)) {
+        Ok(reply) => from_py(&reply, threshold).map_err(|e| {
+            ServiceError::new(
+                "bad_reply",
+                format!("the handler's return value cannot be sent: {e}"),
+            )
+        }),
+        Err(err) => {
+            let exc = err.value(py);
+            let explicit = (|| -> PyResult<(String, String)> {
+                let class = py.import("milonga.errors")?.getattr("ServiceError")?;
+                if exc.is_instance(&class)? {
+                    Ok((
+                        exc.getattr("kind")?.extract()?,
+                        exc.getattr("message")?.extract()?,
+                    ))
+                } else {
+                    Err(PyValueError::new_err("not a ServiceError"))
+                }
+            })();
+            let (kind, message) = explicit.unwrap_or_else(|_| {
+                let kind = exc
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|_| "Exception".into());
+                let message = exc.str().map(|s| s.to_string()).unwrap_or_default();
+                (kind, message)
+            });
+            Err(ServiceError::new(kind, message))
+        }
+    }
+}
+
+/// A publisher of one key.
+#[pyclass(frozen, module = "milonga._native", name = "Publisher")]
+pub(crate) struct Publisher {
+    inner: RwLock<Option<Arc<milonga::Publisher>>>,
+    reliable: bool,
+    put_timeout: Option<Duration>,
+    threshold: usize,
+}
+
+impl Publisher {
+    fn get(&self, py: Python<'_>) -> PyResult<Arc<milonga::Publisher>> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| errors::raise(py, "Closed", "the publisher is closed"))
+    }
+}
+
+#[pymethods]
+impl Publisher {
+    /// The key.
+    #[getter]
+    fn key(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.get(py)?.key().to_owned())
+    }
+
+    /// Publishes `value`. A reliable publisher waits for room at most
+    /// `timeout` seconds (default: its QoS `put_timeout`, else forever).
+    #[pyo3(signature = (value, timeout=None))]
+    fn put(&self, py: Python<'_>, value: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+        let p = self.get(py)?;
+        let v = from_py(value, self.threshold)?;
+        if !self.reliable {
+            return p.put(v).map_err(|e| errors::put(py, e));
+        }
+        // Room now: no need to release the interpreter.
+        match p.try_put(v.clone()) {
+            Ok(()) => return Ok(()),
+            Err(milonga::PutError::WouldBlock) => {}
+            Err(e) => return Err(errors::put(py, e)),
+        }
+        let limit = seconds("timeout", timeout)?.or(self.put_timeout);
+        let deadline = limit.map(|t| Instant::now() + t);
+        loop {
+            let slice = deadline.map_or(SLICE, |d| {
+                d.saturating_duration_since(Instant::now()).min(SLICE)
+            });
+            let v2 = v.clone();
+            match py.detach(|| p.put_timeout(v2, slice)) {
+                Ok(()) => return Ok(()),
+                Err(milonga::PutError::Timeout(_))
+                    if deadline.is_none_or(|d| Instant::now() < d) =>
+                {
+                    py.check_signals()?;
+                }
+                Err(milonga::PutError::Timeout(_)) => {
+                    return Err(errors::raise(
+                        py,
+                        "TimeoutError",
+                        format!(
+                            "a subscriber had no room for {:?}",
+                            limit.unwrap_or_default()
+                        ),
+                    ))
+                }
+                Err(e) => return Err(errors::put(py, e)),
+            }
+        }
+    }
+
+    /// Publishes `value` only if every subscriber has room now
+    /// (`WouldBlock` otherwise).
+    fn try_put(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let p = self.get(py)?;
+        let v = from_py(value, self.threshold)?;
+        p.try_put(v).map_err(|e| errors::put(py, e))
+    }
+
+    /// Subscribers connected to this publisher's key.
+    fn subscriber_count(&self, py: Python<'_>) -> PyResult<u32> {
+        Ok(self.get(py)?.subscriber_count())
+    }
+
+    /// Withdraws the publication.
+    fn close(&self, py: Python<'_>) {
+        let p = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
+        py.detach(|| drop(p));
+    }
+}
+
+/// A subscription: its events, with `recv`, iteration or `async for`.
+#[pyclass(frozen, module = "milonga._native", name = "Subscription")]
+pub(crate) struct Subscription {
+    inner: RwLock<Option<Arc<milonga::Subscriber>>>,
+    expr: String,
+    threshold: usize,
+    /// Events received by `_fill` (the async path) and not yet taken.
+    stash: Mutex<VecDeque<Py<PyAny>>>,
+}
+
+impl Subscription {
+    fn get(&self, py: Python<'_>) -> PyResult<Arc<milonga::Subscriber>> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| errors::raise(py, "Closed", "the subscription is closed"))
+    }
+
+    /// The next event, waiting at most `timeout` (`None`: no limit).
+    /// `Ok(None)` on timeout.
+    fn next_event(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<Option<Py<PyAny>>> {
+        if let Some(e) = lock(&self.stash).pop_front() {
+            return Ok(Some(e));
+        }
+        let s = self.get(py)?;
+        match s.try_recv() {
+            Ok(ev) => return event_to_py(py, ev, self.threshold).map(Some),
+            Err(RecvError::Empty) => {}
+            Err(e) => return Err(errors::recv(py, e)),
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let slice = deadline.map_or(SLICE, |d| {
+                d.saturating_duration_since(Instant::now()).min(SLICE)
+            });
+            if slice.is_zero() {
+                return Ok(None);
+            }
+            match py.detach(|| s.recv_timeout(slice)) {
+                Ok(ev) => return event_to_py(py, ev, self.threshold).map(Some),
+                Err(RecvError::Timeout) => py.check_signals()?,
+                Err(e) => return Err(errors::recv(py, e)),
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Subscription {
+    /// The key expression.
+    #[getter]
+    fn key_expr(&self) -> &str {
+        &self.expr
+    }
+
+    /// The next event; raises `milonga.TimeoutError` after `timeout`
+    /// seconds (`None`: wait as long as it takes).
+    #[pyo3(signature = (timeout=None))]
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
+        let t = seconds("timeout", timeout)?;
+        self.next_event(py, t)?.ok_or_else(|| {
+            errors::raise(
+                py,
+                "TimeoutError",
+                format!(
+                    "no event on {:?} within {:?}",
+                    self.expr,
+                    t.unwrap_or_default()
+                ),
+            )
+        })
+    }
+
+    /// The next event if one is there, else `None`.
+    fn try_recv(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        if let Some(e) = lock(&self.stash).pop_front() {
+            return Ok(Some(e));
+        }
+        match self.get(py)?.try_recv() {
+            Ok(ev) => event_to_py(py, ev, self.threshold).map(Some),
+            Err(RecvError::Empty) => Ok(None),
+            Err(e) => Err(errors::recv(py, e)),
+        }
+    }
+
+    /// Waits up to `timeout` seconds for an event and keeps it for the
+    /// next `recv`; true if one came. (The async iterator runs this in a
+    /// worker thread, so a cancelled `await` loses nothing.)
+    fn _fill(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let t = seconds("timeout", Some(timeout))?;
+        if !lock(&self.stash).is_empty() {
+            return Ok(true);
+        }
+        match self.next_event(py, t)? {
+            Some(e) => {
+                lock(&self.stash).push_back(e);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// The next event; the iteration ends when the subscription closes.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        match self.next_event(py, None) {
+            Err(e) if is_closed(py, &e) => Ok(None),
+            other => other,
+        }
+    }
+
+    /// Samples lost so far, over all publishers.
+    #[getter]
+    fn lost(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.get(py)?.lost())
+    }
+
+    /// Samples squashed by `keep_last` so far.
+    #[getter]
+    fn squashed(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.get(py)?.squashed())
+    }
+
+    /// Lost samples per publisher node id.
+    fn lost_by_publisher(&self, py: Python<'_>) -> PyResult<Vec<(String, u64)>> {
+        Ok(self
+            .get(py)?
+            .lost_by_publisher()
+            .into_iter()
+            .map(|(k, v)| (k.to_hex(), v))
+            .collect())
+    }
+
+    /// Ends the subscription.
+    fn close(&self, py: Python<'_>) {
+        let s = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
+        py.detach(|| drop(s));
+    }
+}
+
+fn is_closed(py: Python<'_>, e: &PyErr) -> bool {
+    py.import("milonga.errors")
+        .and_then(|m| m.getattr("Closed"))
+        .map(|c| e.value(py).is_instance(&c).unwrap_or(false))
+        .unwrap_or(false)
+}
+
+fn event_to_py(py: Python<'_>, ev: Event, threshold: usize) -> PyResult<Py<PyAny>> {
+    Ok(match ev {
+        Event::Sample(s) => Py::new(
+            py,
+            Sample {
+                key: s.key,
+                value: to_py(py, &s.value, threshold)?.unbind(),
+                seq: s.seq,
+                timestamp_ns: s.timestamp_ns,
+                publisher: s.publisher.to_hex(),
+            },
+        )?
+        .into_any(),
+        Event::Lost(l) => Py::new(
+            py,
+            Lost {
+                key: l.key,
+                publisher: l.publisher.to_hex(),
+                count: l.count,
+                first_seq: l.first_seq,
+            },
+        )?
+        .into_any(),
+        Event::PublisherAlive(a) => Py::new(
+            py,
+            PublisherAlive {
+                publisher: a.publisher.to_hex(),
+                name: a.name,
+            },
+        )?
+        .into_any(),
+        Event::PublisherLost(l) => Py::new(
+            py,
+            PublisherLost {
+                publisher: l.publisher.to_hex(),
+                name: l.name,
+                reason: l.reason.as_str().to_owned(),
+            },
+        )?
+        .into_any(),
+        Event::DeadlineMissed(d) => Py::new(
+            py,
+            DeadlineMissed {
+                key: d.key,
+                silent_for: d.silent_for.as_secs_f64(),
+            },
+        )?
+        .into_any(),
+        Event::SubscriptionLive => Py::new(py, SubscriptionLive {})?.into_any(),
+        Event::IncompatibleQos(q) => Py::new(
+            py,
+            IncompatibleQos {
+                publisher: q.publisher.to_hex(),
+                key: q.key,
+                policy: q.policy.as_str().to_owned(),
+                detail: q.detail,
+            },
+        )?
+        .into_any(),
+        other => Py::new(
+            py,
+            Unknown {
+                description: format!("{other:?}"),
+            },
+        )?
+        .into_any(),
+    })
+}
+
+/// A sample: a value published on a key.
+#[pyclass(frozen, module = "milonga._native", name = "Sample")]
+pub(crate) struct Sample {
+    #[pyo3(get)]
+    key: String,
+    #[pyo3(get)]
+    value: Py<PyAny>,
+    #[pyo3(get)]
+    seq: u64,
+    #[pyo3(get)]
+    timestamp_ns: u64,
+    #[pyo3(get)]
+    publisher: String,
+}
+
+#[pymethods]
+impl Sample {
+    /// The source timestamp, in seconds since the Unix epoch.
+    #[getter]
+    fn timestamp(&self) -> f64 {
+        self.timestamp_ns as f64 / 1e9
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "Sample(key={:?}, seq={}, value={})",
+            self.key,
+            self.seq,
+            self.value.bind(py).repr()?
+        ))
+    }
+}
+
+/// Samples of a key were lost before the next one delivered.
+#[pyclass(frozen, module = "milonga._native", name = "Lost", get_all)]
+pub(crate) struct Lost {
+    key: String,
+    publisher: String,
+    count: u64,
+    first_seq: u64,
+}
+
+#[pymethods]
+impl Lost {
+    fn __repr__(&self) -> String {
+        format!(
+            "Lost(key={:?}, count={}, first_seq={}, publisher={:?})",
+            self.key, self.count, self.first_seq, self.publisher
+        )
+    }
+}
+
+/// A publisher node is alive (heard from for the first time, or again).
+#[pyclass(frozen, module = "milonga._native", name = "PublisherAlive", get_all)]
+pub(crate) struct PublisherAlive {
+    publisher: String,
+    name: String,
+}
+
+#[pymethods]
+impl PublisherAlive {
+    fn __repr__(&self) -> String {
+        format!("PublisherAlive(name={:?})", self.name)
+    }
+}
+
+/// A publisher node was lost: `reason` is `closed`, `disconnected`,
+/// `lease_expired` or `undeclared`.
+#[pyclass(frozen, module = "milonga._native", name = "PublisherLost", get_all)]
+pub(crate) struct PublisherLost {
+    publisher: String,
+    name: String,
+    reason: String,
+}
+
+#[pymethods]
+impl PublisherLost {
+    fn __repr__(&self) -> String {
+        format!(
+            "PublisherLost(name={:?}, reason={:?})",
+            self.name, self.reason
+        )
+    }
+}
+
+/// A key was silent longer than the subscription's deadline.
+#[pyclass(frozen, module = "milonga._native", name = "DeadlineMissed", get_all)]
+pub(crate) struct DeadlineMissed {
+    key: String,
+    silent_for: f64,
+}
+
+#[pymethods]
+impl DeadlineMissed {
+    fn __repr__(&self) -> String {
+        format!(
+            "DeadlineMissed(key={:?}, silent_for={:.3})",
+            self.key, self.silent_for
+        )
+    }
+}
+
+/// What publishers kept has been delivered; what follows is live.
+#[pyclass(frozen, module = "milonga._native", name = "SubscriptionLive")]
+pub(crate) struct SubscriptionLive {}
+
+#[pymethods]
+impl SubscriptionLive {
+    fn __repr__(&self) -> &'static str {
+        "SubscriptionLive()"
+    }
+}
+
+/// A matching publication offers less than the subscription asked for.
+#[pyclass(frozen, module = "milonga._native", name = "IncompatibleQos", get_all)]
+pub(crate) struct IncompatibleQos {
+    publisher: String,
+    key: String,
+    policy: String,
+    detail: String,
+}
+
+#[pymethods]
+impl IncompatibleQos {
+    fn __repr__(&self) -> String {
+        format!(
+            "IncompatibleQos(key={:?}, policy={:?}, detail={:?})",
+            self.key, self.policy, self.detail
+        )
+    }
+}
+
+/// An event of a kind this binding does not know yet.
+#[pyclass(frozen, module = "milonga._native", name = "UnknownEvent", get_all)]
+pub(crate) struct Unknown {
+    description: String,
+}
+
+/// A request, as a service handler receives it.
+#[pyclass(frozen, module = "milonga._native", name = "Request", get_all)]
+pub(crate) struct Request {
+    key: String,
+    value: Py<PyAny>,
+    caller: String,
+    call_id: u64,
+    timestamp_ns: u64,
+}
+
+#[pymethods]
+impl Request {
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "Request(key={:?}, value={})",
+            self.key,
+            self.value.bind(py).repr()?
+        ))
+    }
+}
+
+/// A service being served; `close()` withdraws it.
+#[pyclass(frozen, module = "milonga._native", name = "Service")]
+pub(crate) struct Service {
+    inner: Mutex<Option<milonga::Service>>,
+    key: String,
+}
+
+#[pymethods]
+impl Service {
+    /// The key.
+    #[getter]
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Withdraws the service: callers stop finding it, waiting requests are
+    /// turned away, running handlers finish.
+    fn close(&self, py: Python<'_>) {
+        let s = lock(&self.inner).take();
+        // Workers may wait for the interpreter to run a handler.
+        py.detach(|| drop(s));
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Some(s) = lock(&self.inner).take() {
+            Python::attach(|py| py.detach(|| drop(s)));
+        }
+    }
+}
+
+/// A call in flight.
+#[pyclass(frozen, module = "milonga._native", name = "PendingCall")]
+pub(crate) struct PendingCall {
+    inner: Mutex<Option<milonga::PendingCall>>,
+    threshold: usize,
+}
+
+#[pymethods]
+impl PendingCall {
+    /// Waits for the reply (or raises why there is none).
+    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let mut g = lock(&self.inner);
+        let Some(p) = g.as_mut() else {
+            return Err(errors::raise(
+                py,
+                "Closed",
+                "this call was already waited for",
+            ));
+        };
+        loop {
+            match py.detach(|| p.wait_for(SLICE)) {
+                Some(Ok(v)) => {
+                    *g = None;
+                    return Ok(to_py(py, &v, self.threshold)?.unbind());
+                }
+                Some(Err(e)) => {
+                    *g = None;
+                    return Err(errors::call(py, e));
+                }
+                None => py.check_signals()?,
+            }
+        }
+    }
+}
+
+/// One server's reply to `call_all`: `value`, or `error` (an exception).
+#[pyclass(frozen, module = "milonga._native", name = "ServerReply", get_all)]
+pub(crate) struct ServerReply {
+    key: String,
+    server: String,
+    node: String,
+    value: Py<PyAny>,
+    error: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl ServerReply {
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(match &self.error {
+            None => format!(
+                "ServerReply(key={:?}, server={:?}, value={})",
+                self.key,
+                self.server,
+                self.value.bind(py).repr()?
+            ),
+            Some(e) => format!(
+                "ServerReply(key={:?}, server={:?}, error={})",
+                self.key,
+                self.server,
+                e.bind(py).repr()?
+            ),
+        })
+    }
+}
+
+/// Milonga's version.
+#[pyfunction]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Node>()?;
+    m.add_class::<Publisher>()?;
+    m.add_class::<Subscription>()?;
+    m.add_class::<Sample>()?;
+    m.add_class::<Lost>()?;
+    m.add_class::<PublisherAlive>()?;
+    m.add_class::<PublisherLost>()?;
+    m.add_class::<DeadlineMissed>()?;
+    m.add_class::<SubscriptionLive>()?;
+    m.add_class::<IncompatibleQos>()?;
+    m.add_class::<Unknown>()?;
+    m.add_class::<Request>()?;
+    m.add_class::<Service>()?;
+    m.add_class::<PendingCall>()?;
+    m.add_class::<ServerReply>()?;
+    m.add_class::<convert::Buffer>()?;
+    m.add_class::<convert::Tagged>()?;
+    m.add_function(wrap_pyfunction!(version, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,313 @@
+"""Publish/subscribe from Python: values, discovery across processes,
+wildcards, loss counts, reliable mode, status events, callbacks, asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+
+import pytest
+
+import milonga
+from conftest import Domain, next_sample, ready_line, wait_for
+
+VALUES: list[object] = [
+    None,
+    True,
+    False,
+    0,
+    -(2**63),
+    2**64 - 1,
+    -(2**64),
+    1.5,
+    float("inf"),
+    "",
+    "grüß",
+    b"",
+    b"\x00raw",
+    [1, "a", None],
+    {"amps": 3.0, "on": True, "nested": {"list": [1, 2]}},
+    [],
+    {},
+]
+
+
+def test_every_kind_of_value_arrives_as_it_was_sent(domain: Domain) -> None:
+    a = domain.open("pub")
+    b = domain.open("sub")
+    pub = a.publisher("lab/value")
+    sub = b.subscribe("lab/value")
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+    before = time.time()
+    for v in VALUES:
+        pub.put(v)
+    pub.put((1, 2))  # a tuple is a CBOR array: it comes back a list
+    for i, v in enumerate(VALUES):
+        s = next_sample(sub)
+        assert s.value == v and type(s.value) is type(v), (v, s.value)
+        assert s.key == "lab/value"
+        assert s.seq == i + 1
+        assert s.publisher == a.id
+        assert before - 1 <= s.timestamp <= time.time() + 1
+        assert s.timestamp_ns // 1_000_000_000 == int(s.timestamp)
+    assert next_sample(sub).value == [1, 2]
+    assert b.stats()["samples_received"] == len(VALUES) + 1
+
+
+def test_bad_input_gets_a_clear_error(domain: Domain) -> None:
+    node = domain.open("bad")
+    with pytest.raises(milonga.InvalidKey, match="empty chunk") as e:
+        node.publisher("a//b")
+    assert isinstance(e.value, KeyError) and isinstance(e.value, milonga.Error)
+    with pytest.raises(milonga.InvalidKey):
+        node.subscribe("a/b*")
+    with pytest.raises(milonga.ConfigError, match='unknown config key "colour"'):
+        milonga.open(domain.locator, name="x", colour="red")
+    with pytest.raises(milonga.ConfigError, match="transport"):
+        milonga.open(domain.locator, name="x", transport="carrier-pigeon")
+    with pytest.raises(milonga.ConfigError):
+        milonga.open("http://lab", name="x")
+    pub = node.publisher("lab/bad")
+    with pytest.raises(milonga.EncodeError, match="cannot send a object"):
+        pub.put(object())
+    with pytest.raises(milonga.EncodeError, match="outside CBOR's range"):
+        pub.put(2**64)
+    with pytest.raises(milonga.EncodeError, match="nests deeper"):
+        deep: list[object] = []
+        for _ in range(100):
+            deep = [deep]
+        pub.put(deep)
+    with pytest.raises(milonga.AlreadyDeclared):
+        node.publisher("lab/bad")
+    with pytest.raises(ValueError, match="seconds >= 0"):
+        node.subscribe("lab/bad").recv(timeout=-1)
+    pub.close()
+    with pytest.raises(milonga.Closed):
+        pub.put(1)
+
+
+def test_a_publisher_in_another_process_is_found_and_its_loss_reported(domain: Domain) -> None:
+    node = domain.open("gui")
+    sub = node.subscribe("sr/*/1/**")
+    child = domain.spawn(
+        """
+        import os, sys, time, milonga
+        with milonga.open(os.environ["LOCATOR"], name="ps") as n:
+            p = n.publisher("sr/ps/1/current")
+            print("ready", flush=True)
+            i = 0
+            while True:
+                p.put(float(i)); i += 1
+                time.sleep(0.01)
+        """
+    )
+    assert ready_line(child) == "ready"
+    alive = sub.recv(timeout=10)
+    assert isinstance(alive, milonga.PublisherAlive)
+    first = next_sample(sub)
+    assert first.key == "sr/ps/1/current"
+    second = next_sample(sub)
+    assert second.seq == first.seq + 1 and second.value == first.value + 1
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    while True:
+        event = sub.recv(timeout=10)
+        if isinstance(event, milonga.PublisherLost):
+            assert event.reason == "disconnected"
+            assert event.name == alive.name
+            break
+
+
+def test_wildcards_deliver_what_matches_and_nothing_else(domain: Domain) -> None:
+    node = domain.open("sub")
+    exact = node.subscribe("a/b")
+    one = node.subscribe("a/*")
+    many = node.subscribe("a/**")
+    child = domain.spawn(
+        """
+        import os, time, milonga
+        with milonga.open(os.environ["LOCATOR"], name="pub") as n:
+            pubs = [n.publisher(k) for k in ["a/b", "a/bc", "a/x/b", "b/a"]]
+            print("ready", flush=True)
+            for i in range(300):
+                for p in pubs:
+                    p.put(i)
+                time.sleep(0.005)
+        """
+    )
+    ready_line(child)
+    for sub, keys in [
+        (exact, {"a/b"}),
+        (one, {"a/b", "a/bc"}),
+        (many, {"a", "a/b", "a/bc", "a/x/b"}),
+    ]:
+        seen: set[str] = set()
+        end = time.monotonic() + 10
+        while time.monotonic() < end and len(seen) < len(keys & {"a/b", "a/bc", "a/x/b"}):
+            seen.add(next_sample(sub).key)
+        assert seen == keys & {"a/b", "a/bc", "a/x/b"}, sub.key_expr
+    child.wait(timeout=30)
+    # What was queued meanwhile matches too.
+    for sub, keys in [(exact, {"a/b"}), (one, {"a/b", "a/bc"})]:
+        while (e := sub.try_recv()) is not None:
+            if isinstance(e, milonga.Sample):
+                assert e.key in keys
+
+
+def test_best_effort_losses_are_counted_exactly(domain: Domain) -> None:
+    node = domain.open("slow", recv_hwm=20)
+    sub = node.subscribe("flood")
+    child = domain.spawn(
+        """
+        import os, sys, time, milonga
+        with milonga.open(os.environ["LOCATOR"], name="flood", send_hwm=20) as n:
+            p = n.publisher("flood")
+            while p.subscriber_count() < 1:
+                time.sleep(0.01)
+            print("ready", flush=True)
+            for i in range(3000):
+                p.put(b"x" * 1000)
+            time.sleep(1.0)
+            p.put(b"end")  # arrives: it reveals any trailing gap
+            time.sleep(1.0)
+        """
+    )
+    ready_line(child)
+    time.sleep(0.5)  # fall behind
+    received, lost = 0, 0
+    while True:
+        event = sub.recv(timeout=20)
+        if isinstance(event, milonga.Sample):
+            received += 1
+            if event.value == b"end":
+                break
+        elif isinstance(event, milonga.Lost):
+            lost += event.count
+    assert lost > 0, "the test should make the subscriber lose samples"
+    assert received + lost == 3001
+    assert sub.lost == lost
+    assert sum(n for _, n in sub.lost_by_publisher().items()) == lost
+    child.wait(timeout=30)
+
+
+def test_reliable_mode_loses_nothing_to_a_slow_subscriber(domain: Domain) -> None:
+    node = domain.open("slow", recv_hwm=20)
+    sub = node.subscribe("steady", qos=milonga.SubscriberQos(queue_depth=20))
+    child = domain.spawn(
+        """
+        import os, time, milonga
+        with milonga.open(os.environ["LOCATOR"], name="rel", reliable_send_hwm=16) as n:
+            p = n.publisher("steady", milonga.PublisherQos(reliable=True, put_timeout=30))
+            while p.subscriber_count() < 1:
+                time.sleep(0.01)
+            print("ready", flush=True)
+            for i in range(2000):
+                p.put(i)
+            print("sent", flush=True)
+            time.sleep(2)
+        """
+    )
+    ready_line(child)
+    got = []
+    while len(got) < 2000:
+        s = next_sample(sub, timeout=20)
+        got.append(s.value)
+        if len(got) % 100 == 0:
+            time.sleep(0.01)
+    assert got == list(range(2000))
+    assert sub.lost == 0
+    child.wait(timeout=30)
+
+
+def test_deadline_history_and_liveliness_events(domain: Domain) -> None:
+    a = domain.open("dev")
+    state = a.publisher("dev/state", milonga.PublisherQos(history=1))
+    state.put("ON")
+    state.put("OFF")
+    b = domain.open("gui")
+    sub = b.subscribe("dev/state", qos=milonga.SubscriberQos(last=1, deadline=0.3))
+    events: list[object] = []
+    while not any(isinstance(e, milonga.DeadlineMissed) for e in events):
+        events.append(sub.recv(timeout=10))
+    samples = [e for e in events if isinstance(e, milonga.Sample)]
+    assert [s.value for s in samples] == ["OFF"], "the last kept value, once"
+    kinds = [type(e).__name__ for e in events]
+    assert kinds.index("Sample") < kinds.index("SubscriptionLive")
+    missed = next(e for e in events if isinstance(e, milonga.DeadlineMissed))
+    assert missed.key == "dev/state" and missed.silent_for >= 0.3
+    # A reliable subscription of a best-effort publication is told.
+    rel = b.subscribe("dev/state", qos=milonga.SubscriberQos(reliable=True))
+    while True:
+        e = rel.recv(timeout=10)
+        if isinstance(e, milonga.IncompatibleQos):
+            assert e.key == "dev/state" and e.policy == "reliability"
+            break
+    a.close()
+    while True:
+        e = sub.recv(timeout=10)
+        if isinstance(e, milonga.PublisherLost):
+            assert e.reason == "closed"
+            break
+
+
+def test_a_callback_gets_the_events_and_survives_its_own_exceptions(
+    domain: Domain, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = domain.open("pub")
+    b = domain.open("sub")
+    pub = a.publisher("cb/k")
+    got: list[int] = []
+    done = threading.Event()
+    main = threading.get_ident()
+    threads: set[int] = set()
+
+    def callback(event: milonga.Event) -> None:
+        if not isinstance(event, milonga.Sample):
+            return
+        threads.add(threading.get_ident())
+        if event.value == 2:
+            raise RuntimeError("boom on 2")
+        got.append(event.value)
+        if event.value == 4:
+            done.set()
+
+    sub = b.subscribe("cb/**", callback=callback)
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+    with caplog.at_level(logging.ERROR, logger="milonga"):
+        for i in range(5):
+            pub.put(i)
+        assert done.wait(10)
+    assert got == [0, 1, 3, 4]
+    assert main not in threads and len(threads) == 1, "one dispatcher thread"
+    record = next(r for r in caplog.records if "raised" in r.getMessage())
+    assert "'cb/k'" in record.getMessage() and "boom on 2" in caplog.text
+    sub.close()
+
+
+def test_async_for_and_a_cancelled_await_loses_nothing(domain: Domain) -> None:
+    a = domain.open("pub")
+    b = domain.open("sub")
+    pub = a.publisher("aio/k")
+    sub = b.subscribe("aio/k")
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+
+    async def main() -> list[int]:
+        # An await cancelled while waiting...
+        waiting = asyncio.ensure_future(sub.__anext__())
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        await asyncio.sleep(0.2)  # its worker thread finishes its slice
+        for i in range(10):
+            pub.put(i)
+        got = []
+        async for event in sub:
+            if isinstance(event, milonga.Sample):
+                got.append(event.value)
+                if len(got) == 10:
+                    break
+        return got
+
+    assert asyncio.run(main()) == list(range(10))

@@ -1,0 +1,130 @@
+"""Services from Python: every outcome of a call, with servers in other
+processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+
+import milonga
+from conftest import Domain, ready_line, wait_for
+
+SERVER = """
+import os, time, milonga
+
+def echo(req):
+    return req.value
+
+def fail(req):
+    if req.value == "choose":
+        raise milonga.ServiceError("out_of_range", "12 is over the limit")
+    raise ValueError("bad value " + repr(req.value))
+
+def slow(req):
+    time.sleep(float(req.value))
+    return "late"
+
+with milonga.open(os.environ["LOCATOR"], name="server") as n:
+    n.serve("lab/echo", echo)
+    n.serve("lab/fail", fail)
+    n.serve("lab/slow", slow, workers=8)
+    print("ready", flush=True)
+    time.sleep(60)
+"""
+
+
+def served(node: milonga.Node, key: str, n: int = 1) -> None:
+    wait_for(
+        f"{key} in discovery",
+        lambda: sum(
+            1 for p in node.peers() for s in p.get("services", []) if s["key"] == key
+        )
+        == n,
+    )
+
+
+def test_every_outcome_of_a_call(domain: Domain) -> None:
+    server = domain.spawn(SERVER)
+    ready_line(server)
+    client = domain.open("client", max_message_bytes=1 << 20)
+    for key in ["lab/echo", "lab/fail", "lab/slow"]:
+        served(client, key)
+    # Reply.
+    assert client.call("lab/echo", {"amps": 12.5}, timeout=5) == {"amps": 12.5}
+    # Remote errors, with the kind and message of the handler.
+    with pytest.raises(milonga.RemoteError) as e:
+        client.call("lab/fail", 3, timeout=5)
+    assert e.value.kind == "ValueError" and e.value.remote_message == "bad value 3"
+    with pytest.raises(milonga.RemoteError) as e:
+        client.call("lab/fail", "choose", timeout=5)
+    assert e.value.kind == "out_of_range" and "over the limit" in e.value.remote_message
+    assert client.call("lab/echo", 1, timeout=5) == 1, "the service goes on"
+    # No server: at once, not after the timeout.
+    started = time.monotonic()
+    with pytest.raises(milonga.NoServer):
+        client.call("lab/nobody", 1, timeout=30)
+    assert time.monotonic() - started < 5
+    # Timeout: at the deadline.
+    started = time.monotonic()
+    with pytest.raises(milonga.TimeoutError) as t:
+        client.call("lab/slow", 2.0, timeout=0.5)
+    assert isinstance(t.value, TimeoutError)
+    assert 0.5 <= time.monotonic() - started < 1.5
+    # Rejected before sending: over the size limit.
+    with pytest.raises(milonga.Rejected) as r:
+        client.call("lab/echo", b"x" * (2 << 20), timeout=5)
+    assert r.value.kind == "too_large"
+    # Server lost: its process is killed mid-call.
+    pending = client.call_start("lab/slow", 30.0, timeout=20)
+    time.sleep(0.3)
+    server.send_signal(signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(milonga.ServerLost):
+        pending.wait()
+    assert time.monotonic() - started < 5
+    assert client.stats()["calls_server_lost"] == 1
+
+
+def test_serve_in_python_and_gather_with_call_all(domain: Domain) -> None:
+    servers = [domain.open(f"ps-{i}") for i in range(3)]
+    for s in servers:
+        s.serve("lab/who", lambda req, name=s.name: name)
+    servers[0].serve("lab/other", lambda req: req.value * 2)
+    client = domain.open("client")
+    served(client, "lab/who", 3)
+    served(client, "lab/other")
+    replies = client.call_all("lab/*", 21, timeout=5)
+    assert len(replies) == 4
+    assert sorted(r.value for r in replies if r.key == "lab/who") == sorted(
+        s.name for s in servers
+    )
+    assert [r.value for r in replies if r.key == "lab/other"] == [42]
+    assert all(r.error is None for r in replies)
+    # Several servers share the calls.
+    assert {client.call("lab/who", 0) for _ in range(12)} == {s.name for s in servers}
+
+
+def test_a_handler_can_call_and_calls_await(domain: Domain) -> None:
+    server = domain.open("server")
+    server.serve("lab/double", lambda req: req.value * 2)
+    server.serve(
+        "lab/quad", lambda req: server.call("lab/double", req.value * 2, timeout=5)
+    )
+    client = domain.open("client")
+    served(client, "lab/quad")
+
+    async def main() -> list[object]:
+        return list(
+            await asyncio.gather(*(client.call_async("lab/quad", i) for i in range(10)))
+        )
+
+    assert asyncio.run(main()) == [4 * i for i in range(10)]
+    svc = server.serve("lab/gone", lambda req: 1)
+    served(client, "lab/gone")
+    svc.close()
+    served(client, "lab/gone", 0)
+    with pytest.raises(milonga.NoServer):
+        client.call("lab/gone", 1)
