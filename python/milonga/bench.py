@@ -155,10 +155,11 @@ def milonga_sub(role: dict[str, Any]) -> dict[str, Any]:
     Sample = milonga.Sample
     clock = time.perf_counter
     received, lost, first, last = 0, 0, 0.0, 0.0
-    deadline = time.monotonic() + role["deadline_s"]
+    # Like the pyzmq subscriber's RCVTIMEO: a fixed timeout per receive.
+    timeout = role["deadline_s"]
     try:
         while True:
-            ev = recv(max(0.0, deadline - time.monotonic()))
+            ev = recv(timeout)
             if type(ev) is Sample:
                 if len(ev.value) == 0:
                     break

@@ -644,7 +644,7 @@ fn event_to_py(py: Python<'_>, ev: Event, threshold: usize) -> PyResult<Py<PyAny
                 value: to_py(py, &s.value, threshold)?.unbind(),
                 seq: s.seq,
                 timestamp_ns: s.timestamp_ns,
-                publisher: s.publisher.to_hex(),
+                publisher: s.publisher,
             },
         )?
         .into_any(),
@@ -715,12 +715,18 @@ pub(crate) struct Sample {
     seq: u64,
     #[pyo3(get)]
     timestamp_ns: u64,
-    #[pyo3(get)]
-    publisher: String,
+    /// Formatted when asked for (most readers never look).
+    publisher: milonga::NodeId,
 }
 
 #[pymethods]
 impl Sample {
+    /// The publisher's node id (32 hex digits).
+    #[getter]
+    fn publisher(&self) -> String {
+        self.publisher.to_hex()
+    }
+
     /// The source timestamp, in seconds since the Unix epoch.
     #[getter]
     fn timestamp(&self) -> f64 {
