@@ -10,7 +10,11 @@ import pytest
 from conftest import Domain, ready_line
 
 CHILD = """
-import os, sys, time, milonga
+import os, signal, sys, time, milonga
+# Python raises KeyboardInterrupt on SIGINT unless SIGINT was ignored when it
+# started, as it is for a background job of a non-interactive shell (CI):
+# install the interactive behaviour explicitly.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 n = milonga.open(os.environ["LOCATOR"], name="blocked")
 what = sys.argv[1]
 if what == "recv":

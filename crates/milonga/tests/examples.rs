@@ -63,3 +63,69 @@ fn device_server_publishes_every_event_kind() {
     }
     assert!(alive, "the device server's liveliness was reported");
 }
+
+fn run(name: &str, args: &[&str], dir: &TempDir) -> std::process::Output {
+    std::process::Command::new(example(name))
+        .args(args)
+        .env("MILONGA_RUNTIME_DIR", dir.path())
+        .output()
+        .expect("run the example")
+}
+
+#[test]
+fn pub_and_sub() {
+    let dir = TempDir::new("ex-pubsub");
+    let locator = format!("milonga:///expub-{}", std::process::id());
+    let mut cmd = std::process::Command::new(example("sub"));
+    cmd.args([&locator, "sr/**", "8"])
+        .env("MILONGA_RUNTIME_DIR", dir.path())
+        .stdout(std::process::Stdio::piped());
+    let sub = cmd.spawn().unwrap();
+    let p = run("pub", &[&locator, "30"], &dir);
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    assert!(String::from_utf8_lossy(&p.stdout).contains("published 30 values"));
+    let out = sub.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("sr/ps/1/current #"), "{text}");
+    assert!(text.contains(", 0 lost"), "{text}");
+}
+
+#[test]
+fn serve_and_call() {
+    let dir = TempDir::new("ex-svc");
+    let locator = format!("milonga:///exsvc-{}", std::process::id());
+    let mut cmd = std::process::Command::new(example("serve"));
+    cmd.args([&locator, "20"])
+        .env("MILONGA_RUNTIME_DIR", dir.path());
+    let _server = Proc::spawn(cmd);
+    let ok = run("call", &[&locator, "sr/ps/1/set_current", "42.5"], &dir);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "42.5");
+    let back = run("call", &[&locator, "sr/ps/1/get_current", "null"], &dir);
+    assert_eq!(String::from_utf8_lossy(&back.stdout).trim(), "42.5");
+    let bad = run("call", &[&locator, "sr/ps/1/set_current", "500"], &dir);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("out_of_range"));
+}
+
+#[test]
+fn monitor_shows_the_device_server() {
+    let dir = TempDir::new("ex-monitor");
+    let locator = format!("milonga:///exmon-{}", std::process::id());
+    let mut cmd = std::process::Command::new(example("device_server"));
+    cmd.args([&locator, "8"])
+        .env("MILONGA_RUNTIME_DIR", dir.path());
+    let _server = Proc::spawn(cmd);
+    let m = run("monitor", &[&locator, "sr/ps/1/**", "3"], &dir);
+    assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
+    let text = String::from_utf8_lossy(&m.stdout);
+    assert!(
+        text.contains("sr/ps/1/current") && text.contains("sr/ps/1/state"),
+        "{text}"
+    );
+}
