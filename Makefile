@@ -52,6 +52,9 @@ bench:
 	./target/release/milonga bench rpc --transport tcp --format csv
 	./target/release/milonga bench rpc --transport ipc --format csv
 	./target/release/milonga bench idle
+	$(MAKE) python
+	cd /tmp && $(CURDIR)/$(VPY) -m milonga.bench pubsub --format csv
+	$(VPY) python/bench_memory.py
 
 # Needs a nightly toolchain and cargo-fuzz (see docs/fuzzing.md).
 fuzz:
