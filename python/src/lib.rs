@@ -912,7 +912,19 @@ pub(crate) struct PendingCall {
 impl PendingCall {
     /// Waits for the reply (or raises why there is none).
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let mut g = lock(&self.inner);
+        // Never block on this lock while holding the interpreter: the
+        // holder releases it between slices and needs the interpreter back.
+        let mut g = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(errors::raise(
+                    py,
+                    "Error",
+                    "another thread is already waiting for this call",
+                ))
+            }
+        };
         let Some(p) = g.as_mut() else {
             return Err(errors::raise(
                 py,
