@@ -776,7 +776,7 @@ impl PublisherAlive {
     }
 }
 
-/// A publisher node was lost: `reason` is `closed`, `disconnected`,
+/// A publisher node was lost: `reason` is `closed`, `disconnected`, `forgotten`,
 /// `lease_expired` or `undeclared`.
 #[pyclass(frozen, module = "milonga._native", name = "PublisherLost", get_all)]
 pub(crate) struct PublisherLost {

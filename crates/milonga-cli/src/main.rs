@@ -120,7 +120,12 @@ struct PubArgs {
     /// The key, such as sr/ps/1/current.
     key: String,
     /// The value as JSON, such as 12.5 or '{"status": "ON"}'.
-    value: String,
+    #[arg(required_unless_present = "bytes")]
+    value: Option<String>,
+    /// Put a byte string of this many bytes instead of VALUE (a payload of
+    /// a given size, such as a camera frame).
+    #[arg(long, conflicts_with = "value")]
+    bytes: Option<usize>,
     /// Puts per second; may be fractional (0.5 = every two seconds).
     #[arg(long, default_value_t = 1.0)]
     rate: f64,
@@ -305,9 +310,15 @@ fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
             a.rate
         );
     }
-    let value: serde_json::Value = serde_json::from_str(&a.value)
-        .with_context(|| format!("VALUE {:?} is not JSON", a.value))?;
-    let value = json::from_json(&value);
+    let value = match (&a.value, a.bytes) {
+        (_, Some(n)) => milonga::Value::Bytes(vec![0x5a; n].into()),
+        (Some(v), None) => {
+            let j: serde_json::Value =
+                serde_json::from_str(v).with_context(|| format!("VALUE {v:?} is not JSON"))?;
+            json::from_json(&j)
+        }
+        (None, None) => bail!("give a VALUE or --bytes N"),
+    };
     let node = net.open("pub")?;
     let qos = if a.reliable {
         PublisherQos::reliable()

@@ -245,3 +245,108 @@ impl Drop for FaultProxy {
         let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
     }
 }
+
+/// Accounts for every sequence number of every stream (publisher, key) a
+/// subscriber saw: delivered, or inside a reported loss. [`SeqLedger::check`]
+/// fails on a duplicate, on a sample both delivered and reported lost, and
+/// on a hole (a sequence number neither delivered nor reported) between the
+/// first and the last sequence number of each stream.
+#[derive(Debug, Default)]
+pub struct SeqLedger {
+    streams: std::collections::BTreeMap<(String, String), Stream>,
+}
+
+#[derive(Debug, Default)]
+struct Stream {
+    delivered: std::collections::BTreeSet<u64>,
+    duplicates: Vec<u64>,
+    /// Reported losses: first sequence number -> count.
+    lost: Vec<(u64, u64)>,
+}
+
+/// What a [`SeqLedger`] holds of one stream, once checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accounted {
+    /// Samples delivered.
+    pub delivered: u64,
+    /// Samples reported lost.
+    pub lost: u64,
+    /// The first and last sequence numbers accounted for.
+    pub first: u64,
+    /// See `first`.
+    pub last: u64,
+}
+
+impl SeqLedger {
+    /// A sample `seq` of (`publisher`, `key`) was delivered.
+    pub fn sample(&mut self, publisher: &str, key: &str, seq: u64) {
+        let s = self.stream(publisher, key);
+        if !s.delivered.insert(seq) {
+            s.duplicates.push(seq);
+        }
+    }
+
+    /// `count` samples from `first_seq` on were reported lost.
+    pub fn lost(&mut self, publisher: &str, key: &str, first_seq: u64, count: u64) {
+        self.stream(publisher, key).lost.push((first_seq, count));
+    }
+
+    /// The highest sequence number delivered on (`publisher`, `key`).
+    pub fn last_delivered(&self, publisher: &str, key: &str) -> Option<u64> {
+        self.streams
+            .get(&(publisher.to_owned(), key.to_owned()))
+            .and_then(|s| s.delivered.last().copied())
+    }
+
+    fn stream(&mut self, publisher: &str, key: &str) -> &mut Stream {
+        self.streams
+            .entry((publisher.to_owned(), key.to_owned()))
+            .or_default()
+    }
+
+    /// Checks every stream; what each holds, or what is wrong with it.
+    pub fn check(&self) -> Result<Vec<Accounted>, String> {
+        let mut out = Vec::new();
+        for ((publisher, key), s) in &self.streams {
+            let name = format!("{key} of {publisher}");
+            if !s.duplicates.is_empty() {
+                return Err(format!(
+                    "{name}: {} duplicates, the first ones {:?}",
+                    s.duplicates.len(),
+                    &s.duplicates[..s.duplicates.len().min(5)]
+                ));
+            }
+            let mut lost = std::collections::BTreeSet::new();
+            for &(first, count) in &s.lost {
+                if count > 1 << 24 {
+                    return Err(format!("{name}: an absurd loss of {count} from {first}"));
+                }
+                for q in first..first + count {
+                    if s.delivered.contains(&q) || !lost.insert(q) {
+                        return Err(format!(
+                            "{name}: seq {q} reported lost twice or also delivered"
+                        ));
+                    }
+                }
+            }
+            let all: std::collections::BTreeSet<u64> = s.delivered.union(&lost).copied().collect();
+            let (Some(&first), Some(&last)) = (all.first(), all.last()) else {
+                continue;
+            };
+            if (last - first + 1) as usize != all.len() {
+                let hole = (first..=last).find(|q| !all.contains(q)).unwrap_or(0);
+                return Err(format!(
+                    "{name}: {} sequence numbers between {first} and {last} neither delivered nor reported lost (the first: {hole})",
+                    (last - first + 1) as usize - all.len()
+                ));
+            }
+            out.push(Accounted {
+                delivered: s.delivered.len() as u64,
+                lost: lost.len() as u64,
+                first,
+                last,
+            });
+        }
+        Ok(out)
+    }
+}

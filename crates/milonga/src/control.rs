@@ -77,8 +77,19 @@ pub(crate) fn liveliness_socket(inner: &NodeInner) -> Result<zmq::Socket, OpenEr
     Ok(sock)
 }
 
-/// A heartbeat frame: kind 3 under `@hb`, body `{"leaving": bool}`.
-pub(crate) fn heartbeat_frame(inner: &NodeInner, seq: u64, leaving: bool) -> Vec<u8> {
+/// Most keys whose last sequence number a goodbye carries.
+pub(crate) const MAX_GOODBYE_KEYS: usize = 8192;
+
+/// A heartbeat frame: kind 3 under `@hb`, body `{"leaving": bool}`; a
+/// goodbye (`leaving`) adds `"last": {key: last sequence number}` for the
+/// node's keys (at most [`MAX_GOODBYE_KEYS`]), so that subscribers know
+/// at once what they have not received.
+pub(crate) fn heartbeat_frame(
+    inner: &NodeInner,
+    seq: u64,
+    leaving: bool,
+    last: Vec<(String, u64)>,
+) -> Vec<u8> {
     use milonga_wire::frame::{self, Encoding, Header, Kind, HEARTBEAT_KEY};
     use milonga_wire::{Key, Value};
     let header = Header {
@@ -91,7 +102,15 @@ pub(crate) fn heartbeat_frame(inner: &NodeInner, seq: u64, leaving: bool) -> Vec
         seq,
         timestamp_ns: crate::publisher::now_ns(),
     };
-    let body = Value::Map(vec![(Value::from("leaving"), Value::Bool(leaving))]);
+    let mut fields = vec![(Value::from("leaving"), Value::Bool(leaving))];
+    if !last.is_empty() {
+        let last = last
+            .into_iter()
+            .map(|(k, s)| (Value::Text(k), Value::from(s)))
+            .collect();
+        fields.push((Value::from("last"), Value::Map(last)));
+    }
+    let body = Value::Map(fields);
     let mut cbor = Vec::new();
     milonga_wire::cbor::encode_cbor(&body, &mut cbor).expect("a small map encodes");
     let key = Key::internal(HEARTBEAT_KEY).expect("a valid internal key");
@@ -303,12 +322,31 @@ impl Control {
 
     fn send_heartbeat(&mut self, leaving: bool) {
         self.heartbeat_seq += 1;
-        let frame = heartbeat_frame(&self.inner, self.heartbeat_seq, leaving);
+        let last = if leaving {
+            self.last_seqs()
+        } else {
+            Vec::new()
+        };
+        let frame = heartbeat_frame(&self.inner, self.heartbeat_seq, leaving, last);
         // Never waits: a subscriber whose queue is full of heartbeats is
         // not reading them anyway.
         let _ = self.live.send(frame, zmq::DONTWAIT);
         let every = Duration::from_millis(self.inner.cfg.heartbeat_interval_ms.max(1) as u64);
         self.next_heartbeat = Instant::now() + every;
+    }
+
+    /// The last sequence number of each key this node published (live
+    /// publishers and dropped ones), for its goodbye.
+    fn last_seqs(&self) -> Vec<(String, u64)> {
+        let st = lock(&self.inner.state);
+        let mut last: BTreeMap<String, u64> = st.last_seq.clone().into_iter().collect();
+        for (k, s) in &st.pub_seqs {
+            last.insert(k.clone(), s.load(Ordering::Relaxed));
+        }
+        last.into_iter()
+            .filter(|(_, s)| *s > 0)
+            .take(MAX_GOODBYE_KEYS)
+            .collect()
     }
 
     /// Sleeps until a control request, a monitor event or a static reply

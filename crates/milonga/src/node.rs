@@ -142,6 +142,9 @@ pub(crate) struct NodeState {
     pub announce_dirty: bool,
     /// Last sequence number of keys whose publisher was dropped.
     pub last_seq: HashMap<String, u64>,
+    /// The sequence counters of the live publishers, by key: a goodbye
+    /// tells subscribers the last sequence number of each key.
+    pub pub_seqs: HashMap<String, Arc<AtomicU64>>,
     /// Monitors of data sockets created since the node thread last looked.
     pub new_monitors: Vec<(&'static str, zmq::Socket)>,
     /// Monitors of subscriptions declared since the node thread last
@@ -634,8 +637,12 @@ impl Node {
                 crate::history::Kept::new(qos.history),
             );
         }
+        let p = Publisher::new(self.inner.clone(), key, qos, data, last_seq);
+        lock(&self.inner.state)
+            .pub_seqs
+            .insert(p.key().to_owned(), p.seq_counter());
         self.inner.announce();
-        Ok(Publisher::new(self.inner.clone(), key, qos, data, last_seq))
+        Ok(p)
     }
 
     /// Subscribes to `expr`; events queue for [`Subscriber::recv`].

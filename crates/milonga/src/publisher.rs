@@ -31,8 +31,9 @@ pub struct Publisher {
     data: Arc<DataSocket>,
     /// `key | 0 | header` with the fields that never change filled in.
     template: Vec<u8>,
-    /// Last sequence number sent; only touched with the data socket locked.
-    seq: std::sync::atomic::AtomicU64,
+    /// Last sequence number sent; only written with the data socket
+    /// locked. Shared with the node's state, for its goodbye.
+    seq: Arc<std::sync::atomic::AtomicU64>,
     /// Declared last: dropped after `data`, so that if this holds the last
     /// reference to the node, its socket is closed before the context is
     /// terminated (which waits for every socket).
@@ -84,8 +85,13 @@ impl Publisher {
             qos,
             data,
             template,
-            seq: last_seq.into(),
+            seq: Arc::new(last_seq.into()),
         }
+    }
+
+    /// The sequence counter, shared with the node for its goodbye.
+    pub(crate) fn seq_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.seq.clone()
     }
 
     /// The key.
@@ -368,6 +374,7 @@ impl Drop for Publisher {
                 self.key.as_str().to_owned(),
                 self.seq.load(Ordering::Relaxed),
             );
+            st.pub_seqs.remove(self.key.as_str());
             st.publications.remove(self.key.as_str()).is_some()
         };
         if removed && !self.node.closed.load(Ordering::Acquire) {

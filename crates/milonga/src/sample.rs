@@ -82,17 +82,23 @@ pub enum LostReason {
     /// Discovery no longer shows a publication of the node that matches:
     /// it withdrew them, or left the domain.
     Undeclared,
+    /// The subscription dropped what it knew of the node (its sequence
+    /// numbers) because more than 256 publisher nodes were absent from
+    /// discovery at once and this one had been absent longest. If it comes
+    /// back, samples it sent while absent can no longer be accounted for.
+    Forgotten,
 }
 
 impl LostReason {
     /// The name used in JSON output (`closed`, `disconnected`,
-    /// `lease_expired`, `undeclared`).
+    /// `lease_expired`, `undeclared`, `forgotten`).
     pub fn as_str(self) -> &'static str {
         match self {
             LostReason::Closed => "closed",
             LostReason::Disconnected => "disconnected",
             LostReason::LeaseExpired => "lease_expired",
             LostReason::Undeclared => "undeclared",
+            LostReason::Forgotten => "forgotten",
         }
     }
 }

@@ -51,6 +51,22 @@ counters! {
     /// Samples whose sequence number went backwards (corrupt or forged):
     /// delivered, and the sequence baseline restarted from them.
     sequence_resets,
+    /// Samples whose sequence number jumped ahead by more than 2^32 (corrupt
+    /// or forged; no publisher puts that many between two samples a
+    /// subscriber receives): delivered, not counted as lost, and the
+    /// baseline restarted from them.
+    sequence_jumps,
+    /// Samples dropped because their publisher node id is neither in
+    /// discovery nor remembered by the subscription (forged, or from a node
+    /// long gone): each would cost the subscription state.
+    samples_unknown_publisher,
+    /// Samples of a new key dropped because the subscription already
+    /// follows 65,536 keys of that publisher node.
+    samples_over_key_limit,
+    /// Publisher nodes whose sequence state a subscription dropped: more
+    /// than 256 were absent from discovery at once (reported to the
+    /// subscription as `PublisherLost` with reason `forgotten`).
+    publisher_states_dropped,
     /// Connections dropped because the peer did not speak ZMTP correctly
     /// (random bytes on a data or control port, for example).
     handshakes_failed,
@@ -128,6 +144,8 @@ pub(crate) fn inc(c: &AtomicU64) {
     c.fetch_add(1, Relaxed);
 }
 
+/// Adds `n`, saturating at `u64::MAX`: a forged number must not wrap a
+/// counter around.
 pub(crate) fn add(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Relaxed);
+    let _ = c.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_add(n)));
 }

@@ -63,6 +63,23 @@ struct SubIo {
     /// it and were not read yet (the last samples of a publisher that was
     /// just undeclared), and the node may offer the key again.
     data_nodes: BTreeMap<String, NodeId>,
+    /// Data endpoints of nodes that left discovery, kept connected until
+    /// their connection closes or the lease passes (the deadline): the last
+    /// samples such a node put before closing may still be on their way,
+    /// a large one half received, and a disconnect would drop them.
+    lingering: HashMap<String, Instant>,
+    /// Nodes that left discovery whose sequence state is kept, oldest
+    /// first: a node out of sight for a while (a partition, a freeze longer
+    /// than the lease) that comes back with the same id is checked against
+    /// what was received before. At most [`MAX_ABSENT_PUBLISHERS`].
+    absent: VecDeque<NodeId>,
+    /// The last sequence number of each key that nodes said goodbye with
+    /// (`leaving` heartbeats): once their data connections are gone, what
+    /// did not arrive is reported lost.
+    goodbyes: HashMap<NodeId, Vec<(String, u64)>>,
+    /// Every node discovery shows in the domain, as last applied: samples
+    /// of other nodes (unless remembered in `last_seq`) are dropped.
+    live: BTreeSet<NodeId>,
     /// The publisher nodes discovery shows for this subscription.
     publishers: HashMap<NodeId, PubState>,
     /// Per-key deadline state, when the QoS sets a deadline.
@@ -149,6 +166,23 @@ struct KeyDeadline {
 
 /// Most keys a subscription watches deadlines of.
 const MAX_DEADLINE_KEYS: usize = 1 << 16;
+
+/// Most publisher nodes absent from discovery whose sequence state a
+/// subscription keeps (docs/guarantees.md); beyond, the longest absent is
+/// forgotten and reported `PublisherLost` with reason `forgotten`.
+pub(crate) const MAX_ABSENT_PUBLISHERS: usize = 256;
+
+/// Most keys of one publisher node whose sequence numbers a subscription
+/// follows; samples of further keys are dropped and counted.
+pub(crate) const MAX_KEYS_PER_PUBLISHER: usize = 1 << 16;
+
+/// A sequence number further ahead than this of the last one held is
+/// corrupt or forged, not a loss: counted in `sequence_jumps`.
+pub(crate) const MAX_SEQ_JUMP: u64 = 1 << 32;
+
+/// Most goodbyes (nodes) whose last sequence numbers wait for their data
+/// connections to close.
+const MAX_GOODBYES: usize = 1024;
 
 /// The last sequence number seen on one (publisher, key).
 struct Stream {
@@ -273,6 +307,10 @@ impl SubShared {
                 pending: VecDeque::new(),
                 liveliness: BTreeMap::new(),
                 data_nodes: BTreeMap::new(),
+                lingering: HashMap::new(),
+                absent: VecDeque::new(),
+                goodbyes: HashMap::new(),
+                live: BTreeSet::new(),
                 publishers: HashMap::new(),
                 deadlines: HashMap::new(),
                 next_timer: None,
@@ -377,11 +415,21 @@ impl SubShared {
             })
             .cloned()
             .collect();
+        // A data endpoint wanted again stops lingering.
+        io.lingering.retain(|ep, _| gone.contains(ep));
         for ep in gone {
-            let _ = io.sock.disconnect(&ep);
-            io.connected.remove(&ep);
-            io.data_nodes.remove(&ep);
-            tracing::debug!(expr = %self.expr, endpoint = %ep, "disconnected");
+            if io.data_nodes.contains_key(&ep) {
+                // Its node left discovery (it closed, died, or is out of
+                // sight): the connection stays until it closes by itself
+                // (read_closed_connections) or the lease passes.
+                let until = now + self.lease;
+                if let std::collections::hash_map::Entry::Vacant(e) = io.lingering.entry(ep) {
+                    e.insert(until);
+                    io.arm(until);
+                }
+                continue;
+            }
+            self.drop_connection(io, &ep);
         }
         let mut fresh = Vec::new();
         for ep in r.endpoints.difference(&io.connected.clone()) {
@@ -475,19 +523,100 @@ impl SubShared {
                 }
             }
         }
-        // Forget the sequence state of nodes that left the domain, which
-        // keeps memory bounded across publishers that come and go; a
-        // publisher that is only briefly out of sight keeps its baseline, so
-        // what it lost meanwhile is still reported.
-        io.last_seq.retain(|id, _| r.live.contains(id));
-        if io
-            .current
-            .as_ref()
-            .is_some_and(|s| !r.live.contains(&s.node))
-        {
-            io.current = None;
+        self.note_absences(io, r);
+        io.live.clone_from(&r.live);
+    }
+
+    /// Keeps the sequence state of publisher nodes that left discovery, so
+    /// that one coming back with the same id (after a partition or a freeze
+    /// longer than the lease) is checked against what was received before:
+    /// every sample delivered once or reported lost. At most
+    /// [`MAX_ABSENT_PUBLISHERS`] absent nodes are remembered; the one absent
+    /// longest is forgotten beyond, and reported so.
+    fn note_absences(&self, io: &mut SubIo, r: &Routes) {
+        if let Some(c) = io.current.take_if(|c| !r.live.contains(&c.node)) {
+            io.last_seq.entry(c.node).or_default().insert(c.key, c.last);
         }
-        lock(&self.lost_by_publisher).retain(|id, _| r.live.contains(id));
+        io.absent
+            .retain(|id| !r.live.contains(id) && io.last_seq.contains_key(id));
+        let mut newly: Vec<NodeId> = io
+            .last_seq
+            .keys()
+            .filter(|id| !r.live.contains(*id) && !io.absent.contains(*id))
+            .copied()
+            .collect();
+        newly.sort();
+        io.absent.extend(newly);
+        while io.absent.len() > MAX_ABSENT_PUBLISHERS {
+            let Some(id) = io.absent.pop_front() else {
+                break;
+            };
+            let keys = io.last_seq.remove(&id).map_or(0, |m| m.len());
+            lock(&self.lost_by_publisher).remove(&id);
+            let c = &self.node.counters;
+            let n = c.publisher_states_dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            log_drop(
+                n,
+                "the sequence state of a publisher absent from discovery",
+                &format_args!(
+                    "{id} ({keys} keys): more than {MAX_ABSENT_PUBLISHERS} absent publishers; if it comes back, what it sent meanwhile cannot be accounted for"
+                ),
+            );
+            io.pending.push_back(Event::PublisherLost(PublisherLost {
+                publisher: id,
+                name: String::new(),
+                reason: LostReason::Forgotten,
+            }));
+        }
+    }
+
+    /// Disconnects `ep` now and forgets it.
+    fn drop_connection(&self, io: &mut SubIo, ep: &str) {
+        let _ = io.sock.disconnect(ep);
+        io.connected.remove(ep);
+        io.lingering.remove(ep);
+        let node = io.data_nodes.remove(ep);
+        tracing::debug!(expr = %self.expr, endpoint = %ep, "disconnected");
+        if let Some(node) = node {
+            self.settle_goodbye(io, node);
+        }
+    }
+
+    /// Once no data connection of `node` remains, reports lost what it said
+    /// goodbye with and this subscription did not receive: the trailing
+    /// losses that no later sample can reveal.
+    fn settle_goodbye(&self, io: &mut SubIo, node: NodeId) {
+        if !io.goodbyes.contains_key(&node) || io.data_nodes.values().any(|n| *n == node) {
+            return;
+        }
+        let last = io.goodbyes.remove(&node).unwrap_or_default();
+        let c = &self.node.counters;
+        for (key, last) in last {
+            let Some(held) = self.held_at(io, node, &key) else {
+                continue;
+            };
+            if last > held {
+                let count = last - held;
+                self.count_lost(c, node, count);
+                io.pending.push_back(Event::Lost(LostSamples {
+                    publisher: node,
+                    key: key.clone(),
+                    count,
+                    first_seq: held + 1,
+                }));
+                self.set_held(io, node, key, last);
+            }
+        }
+    }
+
+    /// Sets the last sequence number held of (`node`, `key`).
+    fn set_held(&self, io: &mut SubIo, node: NodeId, key: String, seq: u64) {
+        match &mut io.current {
+            Some(c) if c.node == node && c.key == key => c.last = seq,
+            _ => {
+                io.last_seq.entry(node).or_default().insert(key, seq);
+            }
+        }
     }
 
     /// Reports the matching publications that offer less than asked, once
@@ -831,6 +960,14 @@ impl SubShared {
                 earliest(k.due);
             }
         }
+        let mut unlinger = Vec::new();
+        for (ep, t) in &io.lingering {
+            if now >= *t {
+                unlinger.push(ep.clone());
+            } else {
+                earliest(*t);
+            }
+        }
         let mut late = Vec::new();
         for (id, j) in &io.joins {
             if now >= j.started + JOIN_TIMEOUT {
@@ -852,26 +989,64 @@ impl SubShared {
         for id in late {
             self.finish_join(io, &self.node.counters, id, false);
         }
+        for ep in unlinger {
+            tracing::debug!(expr = %self.expr, endpoint = %ep, "a departed node's connection stayed open past the lease");
+            self.drop_connection(io, &ep);
+        }
     }
 
-    /// A heartbeat: the node is alive, or leaving.
+    /// A heartbeat: the node is alive, or leaving. A goodbye (`leaving`)
+    /// may carry the last sequence number of each of its keys (`last`):
+    /// what of them has not arrived once its data connections are gone is
+    /// reported lost.
     fn on_heartbeat(&self, io: &mut SubIo, c: &Counters, node: NodeId, body: &[u8]) {
-        let leaving =
-            match decode_payload(Encoding::Cbor, bytes::Bytes::copy_from_slice(body), None) {
-                Ok(Value::Map(pairs)) => pairs
-                    .iter()
-                    .any(|(k, v)| *k == Value::from("leaving") && *v == Value::Bool(true)),
-                Ok(_) | Err(_) => {
-                    let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                    log_drop(n, "a heartbeat", &"its body is not a CBOR map");
-                    return;
-                }
-            };
-        if leaving {
-            self.mark_lost(io, node, LostReason::Closed);
-        } else {
+        let pairs = match decode_payload(Encoding::Cbor, bytes::Bytes::copy_from_slice(body), None)
+        {
+            Ok(Value::Map(pairs)) => pairs,
+            Ok(_) | Err(_) => {
+                let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(n, "a heartbeat", &"its body is not a CBOR map");
+                return;
+            }
+        };
+        let field = |name: &str| pairs.iter().find(|(k, _)| *k == Value::from(name));
+        let leaving = field("leaving").is_some_and(|(_, v)| *v == Value::Bool(true));
+        if !leaving {
             self.note_alive(io, node, Some(Instant::now()));
+            return;
         }
+        // Sequence numbers of filtered copies are not the key's.
+        let known = io.publishers.contains_key(&node);
+        if let (Some((_, Value::Map(last))), true, None) = (field("last"), known, &self.filter) {
+            let mut mine = Vec::new();
+            for (k, v) in last {
+                let seq = match v {
+                    Value::Int(i) => u64::try_from(*i).ok(),
+                    _ => None,
+                };
+                match (k, seq) {
+                    (Value::Text(k), Some(seq)) if self.expr.matches(k.as_str()) => {
+                        mine.push((k.clone(), seq));
+                    }
+                    (Value::Text(_), Some(_)) => {}
+                    _ => {
+                        let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                        log_drop(
+                            n,
+                            "a goodbye's last sequence numbers",
+                            &"not text -> number",
+                        );
+                        mine.clear();
+                        break;
+                    }
+                }
+            }
+            if !mine.is_empty() && io.goodbyes.len() < MAX_GOODBYES {
+                io.goodbyes.insert(node, mine);
+            }
+        }
+        self.mark_lost(io, node, LostReason::Closed);
+        self.settle_goodbye(io, node);
     }
 
     /// Notes that `key` spoke, for its deadline.
@@ -1059,7 +1234,15 @@ impl SubShared {
                 %endpoint,
                 "connection to a publisher closed (the peer went away, or sent a frame over max_message_bytes or broke ZMTP)"
             );
-            io.data_nodes.remove(&endpoint);
+            if io.lingering.contains_key(&endpoint) {
+                // A departed node's connection, kept for its last samples:
+                // everything that came on it has been read.
+                self.drop_connection(io, &endpoint);
+                continue;
+            }
+            if let Some(node) = io.data_nodes.remove(&endpoint) {
+                self.settle_goodbye(io, node);
+            }
             if io.connected.remove(&endpoint) {
                 let _ = io.sock.disconnect(&endpoint);
                 // Make `apply` compare the target with what is connected.
@@ -1253,7 +1436,7 @@ impl SubShared {
     /// subscription's total and its count per publisher.
     fn count_lost(&self, c: &Counters, node: NodeId, n: u64) {
         stats::add(&c.samples_lost, n);
-        self.lost_total.fetch_add(n, Ordering::Relaxed);
+        stats::add(&self.lost_total, n);
         let mut by = lock(&self.lost_by_publisher);
         let e = by.entry(node).or_insert(0);
         *e = e.saturating_add(n);
@@ -1283,8 +1466,33 @@ impl SubShared {
                     .or_default()
                     .insert(old.key, old.last);
             }
-            match io.last_seq.get_mut(&node).and_then(|m| m.remove_entry(key)) {
+            let known = io.last_seq.get_mut(&node);
+            let keys = known.as_ref().map_or(0, |m| m.len());
+            let remembered = known.is_some();
+            match known.and_then(|m| m.remove_entry(key)) {
                 Some((key, last)) => io.current = Some(Stream { node, key, last }),
+                None if !remembered && !io.live.contains(&node) => {
+                    // Not a node of the domain: every forged id would
+                    // otherwise cost state.
+                    let n = c.samples_unknown_publisher.fetch_add(1, Ordering::Relaxed) + 1;
+                    log_drop(
+                        n,
+                        "a sample of a node that discovery does not show",
+                        &format_args!("{key} from {node}"),
+                    );
+                    return Verdict::Drop;
+                }
+                None if keys >= MAX_KEYS_PER_PUBLISHER => {
+                    let n = c.samples_over_key_limit.fetch_add(1, Ordering::Relaxed) + 1;
+                    log_drop(
+                        n,
+                        "a sample of one key too many",
+                        &format_args!(
+                            "{key} from {node}: already {MAX_KEYS_PER_PUBLISHER} keys of that publisher"
+                        ),
+                    );
+                    return Verdict::Drop;
+                }
                 None => {
                     io.current = Some(Stream {
                         node,
@@ -1315,6 +1523,19 @@ impl SubShared {
             return Verdict::Deliver;
         }
         let lost = seq - s.last - 1;
+        if lost >= MAX_SEQ_JUMP {
+            let n = c.sequence_jumps.fetch_add(1, Ordering::Relaxed) + 1;
+            log_drop(
+                n,
+                "the sequence baseline",
+                &format_args!(
+                    "{key} jumped from {} to {seq}: corrupt or forged, not a loss",
+                    s.last
+                ),
+            );
+            s.last = seq;
+            return Verdict::Deliver;
+        }
         if lost > 0 && repair && self.repairable(io, node, key) {
             let last = io.current.as_ref().map_or(0, |s| s.last);
             return Verdict::Repair(last);

@@ -67,29 +67,23 @@ fn until_delivered(
     }
 }
 
-#[test]
-fn malformed_frames_are_dropped_counted_and_the_node_goes_on() {
-    let dir = TempDir::new("badinput");
-    let mut cfg = Config::new("milonga:///bad", "victim");
-    cfg.runtime_dir = Some(dir.path().to_path_buf());
-    cfg.max_message_bytes = 1 << 20;
-    let node = Node::open_with(cfg).unwrap();
-    let sub = node.subscribe("bad/**").unwrap();
-
+/// A raw libzmq PUB socket of this test announced in `domain` as the node
+/// [`FORGER`] publishing `bad/**`-matching key `bad/x`.
+fn forge_publisher(dir: &std::path::Path, domain: &str) -> (zmq::Context, zmq::Socket) {
     let ctx = zmq::Context::new();
     let pubsock = ctx.socket(zmq::PUB).unwrap();
     let endpoint = format!("tcp://127.0.0.1:{}", free_port());
     pubsock.bind(&endpoint).unwrap();
     let forged = Announcement {
         protocol: 1,
-        domain: "bad".into(),
+        domain: domain.into(),
         node_id: FORGER.to_hex(),
         name: "forger".into(),
         host: "localhost".into(),
         pid: std::process::id(),
         start_time: process_start_time(std::process::id()).unwrap(),
         control: "tcp://127.0.0.1:9".into(),
-        data_best_effort: Some(endpoint.clone()),
+        data_best_effort: Some(endpoint),
         data_reliable: None,
         liveliness: None,
         publications: vec![PublicationInfo {
@@ -99,11 +93,21 @@ fn malformed_frames_are_dropped_counted_and_the_node_goes_on() {
         }],
         services: vec![],
     };
-    let file = dir
-        .path()
-        .join("bad")
-        .join(format!("{}.json", FORGER.to_hex()));
+    let file = dir.join(domain).join(format!("{}.json", FORGER.to_hex()));
     std::fs::write(&file, serde_json::to_vec(&forged).unwrap()).unwrap();
+    (ctx, pubsock)
+}
+
+#[test]
+fn malformed_frames_are_dropped_counted_and_the_node_goes_on() {
+    let dir = TempDir::new("badinput");
+    let mut cfg = Config::new("milonga:///bad", "victim");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    cfg.max_message_bytes = 1 << 20;
+    let node = Node::open_with(cfg).unwrap();
+    let sub = node.subscribe("bad/**").unwrap();
+
+    let (_ctx, pubsock) = forge_publisher(dir.path(), "bad");
     wait_for("the subscriber to connect to the forged node", T, || {
         sub.connected_endpoints() == 1
     });
@@ -308,4 +312,71 @@ fn bad_queries_and_a_subscription_flood_leave_the_publisher_serving() {
         }
     }
     assert_eq!(a.stats().history_queries_answered, 1);
+}
+
+/// Issue 10, finding 5: forged node ids, keys and sequence numbers cost the
+/// subscriber bounded state and never a false loss count. A sample of a
+/// node that discovery does not show is dropped and counted; a sequence
+/// number 2^63 ahead is a jump, not 9.2e18 lost samples; past 65,536 keys
+/// of one publisher, samples of new keys are dropped and counted.
+#[test]
+fn finding_05_forged_ids_keys_and_sequence_numbers_cost_bounded_state() {
+    let dir = TempDir::new("forged");
+    let mut cfg = Config::new("milonga:///bad", "victim");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    let node = Node::open_with(cfg).unwrap();
+    let sub = node.subscribe("bad/**").unwrap();
+    let (_ctx, pubsock) = forge_publisher(dir.path(), "bad");
+    wait_for("the subscriber to connect to the forged node", T, || {
+        sub.connected_endpoints() == 1
+    });
+    let seq = until_delivered(&pubsock, &sub, &node, 1);
+    let before = node.stats();
+    // Another node id, from a connection of the forged node.
+    for i in 0..100u8 {
+        let mut h = header("bad", Kind::Sample, Encoding::Raw, 1);
+        h.node_id = NodeId([i; 16]);
+        if h.node_id == FORGER {
+            continue;
+        }
+        let f = frame::encode(&Key::new("bad/x").unwrap(), &h, b"ghost");
+        pubsock.send(f, 0).unwrap();
+    }
+    // A jump of 2^63.
+    let jump = seq + (1 << 63);
+    pubsock
+        .send(frame("bad", Kind::Sample, Encoding::Raw, jump, b"far"), 0)
+        .unwrap();
+    let next = until_delivered(&pubsock, &sub, &node, jump + 1);
+    let after = node.stats();
+    assert_eq!(
+        after.samples_unknown_publisher - before.samples_unknown_publisher,
+        99
+    );
+    assert_eq!(after.sequence_jumps - before.sequence_jumps, 1);
+    assert_eq!(after.samples_lost, before.samples_lost, "a jump is no loss");
+    assert_eq!(sub.lost(), 0);
+    // 65,536 keys are followed (`bad/x` is one); new ones beyond are
+    // dropped. Sent in rounds that the subscriber reads, so that the PUB
+    // socket's high-water mark drops nothing.
+    let n = 1u64 << 16;
+    let mut keys = 0;
+    for round in 0..(n + 10).div_ceil(500) {
+        for i in round * 500..((round + 1) * 500).min(n + 10) {
+            let key = Key::new(format!("bad/k/{i}")).unwrap();
+            let f = frame::encode(&key, &header("bad", Kind::Sample, Encoding::Raw, 1), b"k");
+            pubsock.send(f, 0).unwrap();
+        }
+        while keys < ((round + 1) * 500).min(n - 1) {
+            match sub.recv_timeout(T).expect("the keys within the limit") {
+                Event::Sample(s) if s.key.starts_with("bad/k/") => keys += 1,
+                Event::Lost(l) => panic!("{l:?}"),
+                _ => {}
+            }
+        }
+    }
+    until_delivered(&pubsock, &sub, &node, next);
+    let st = node.stats();
+    assert_eq!(keys, n - 1);
+    assert_eq!(st.samples_over_key_limit, 11, "{st:?}");
 }
