@@ -22,6 +22,84 @@ pub(crate) const MAX_QUERY_BYTES: usize = 256 << 10;
 /// A reply frame is cut after about this many bytes of payload.
 const REPLY_FRAME_BYTES: usize = 1 << 20;
 
+/// History queries one data socket answers per second, over all
+/// subscribers.
+const QUERIES_PER_SECOND: u32 = 200;
+/// History queries one subscription (token) gets answered per second.
+const QUERIES_PER_TOKEN_PER_SECOND: u32 = 10;
+/// Bytes of history replies one data socket sends per second.
+const REPLY_BYTES_PER_SECOND: usize = 64 << 20;
+/// Most tokens whose queries are counted within a second.
+const MAX_TOKENS_PER_SECOND: usize = 4096;
+
+/// What a data socket may still answer in the current second: a flood of
+/// queries is refused and counted (`history_queries_refused`) instead of
+/// freezing puts and heartbeats while it is answered.
+#[derive(Debug, Default)]
+pub(crate) struct QueryBudget {
+    second: Option<std::time::Instant>,
+    answered: u32,
+    bytes: usize,
+    per_token: HashMap<String, u32>,
+}
+
+impl QueryBudget {
+    /// Whether a query of `token` may be answered now; counts it if so.
+    fn admit(&mut self, token: &str) -> bool {
+        let now = std::time::Instant::now();
+        if self
+            .second
+            .is_none_or(|s| now.duration_since(s) >= std::time::Duration::from_secs(1))
+        {
+            *self = QueryBudget {
+                second: Some(now),
+                ..QueryBudget::default()
+            };
+        }
+        if self.answered >= QUERIES_PER_SECOND || self.bytes >= REPLY_BYTES_PER_SECOND {
+            return false;
+        }
+        let full = self.per_token.len() >= MAX_TOKENS_PER_SECOND;
+        match self.per_token.get_mut(token) {
+            Some(n) if *n >= QUERIES_PER_TOKEN_PER_SECOND => return false,
+            Some(n) => *n += 1,
+            None if full => return false,
+            None => {
+                self.per_token.insert(token.to_owned(), 1);
+            }
+        }
+        self.answered += 1;
+        true
+    }
+}
+
+/// Counts a refused query, logging the first ones and then one in 1,000.
+fn refuse(node: &NodeInner, why: &str) {
+    let n = node
+        .counters
+        .history_queries_refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    if n <= 10 || n % 1000 == 0 {
+        tracing::warn!(refused_so_far = n, "refused a history query: {why}");
+    }
+}
+
+/// Counts a malformed query, logging the first ones and then one in 1,000.
+fn malformed(node: &NodeInner, err: &dyn std::fmt::Display) {
+    let n = node
+        .counters
+        .history_queries_malformed
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    if n <= 10 || n % 1000 == 0 {
+        tracing::warn!(
+            dropped_so_far = n,
+            "dropped a malformed history query: {err}"
+        );
+    }
+}
+
 /// One kept sample.
 #[derive(Debug, Clone)]
 struct KeptSample {
@@ -123,12 +201,23 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
     let q = match Query::decode(msg) {
         Ok(q) => q,
         Err(err) => {
-            stats::inc(&c.history_queries_malformed);
-            tracing::warn!(%err, "dropped a malformed history query");
+            malformed(node, &err);
             return;
         }
     };
     if q.node != node.id.to_hex() || q.socket != d.reliability.as_str() {
+        return;
+    }
+    // Only a token subscribed on this socket gets an answer: its replies
+    // go to that subscriber alone, never to one named by someone else.
+    let mut prefix = format!("{REPLY_KEY_PREFIX}{}", q.token).into_bytes();
+    prefix.push(0);
+    if !d.subscriptions.contains_key(&prefix) {
+        refuse(node, "its token is not subscribed on this socket");
+        return;
+    }
+    if !d.query_budget.admit(&q.token) {
+        refuse(node, "over the rate a data socket answers");
         return;
     }
     let (expr, reply_key) = match (
@@ -137,8 +226,7 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
     ) {
         (Ok(e), Ok(k)) => (e, k),
         (Err(err), _) | (_, Err(err)) => {
-            stats::inc(&c.history_queries_malformed);
-            tracing::warn!(%err, "dropped a history query with a bad expression or token");
+            malformed(node, &err);
             return;
         }
     };
@@ -214,6 +302,7 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
             timestamp_ns: crate::publisher::now_ns(),
         };
         let f = frame::encode(&reply_key, &header, &r.encode());
+        d.query_budget.bytes = d.query_budget.bytes.saturating_add(f.len());
         if d.sock.send(f, zmq::DONTWAIT).is_err() {
             stats::inc(&c.history_replies_dropped);
             tracing::warn!(token = %q.token, "could not send a history reply at once; the subscriber will go on live");

@@ -55,14 +55,24 @@ pub(crate) struct DataSock {
     pub filters: HashMap<String, crate::filters::PubFilter>,
     /// History replies sent, numbered from 1 (their header's seq).
     pub replies: u64,
+    /// How many history queries this socket may still answer this second.
+    pub query_budget: crate::history::QueryBudget,
 }
+
+/// Most messages (subscriptions, queries, declarations) one call of
+/// [`DataSock::drain_subscriptions`] reads: under a flood, the node thread
+/// goes on to its other duties (heartbeats) and puts get the socket.
+const MAX_DRAIN: usize = 4096;
 
 impl DataSock {
     /// Reads the subscribe/unsubscribe messages and history queries queued
     /// on the XPUB socket, and answers the queries.
     pub(crate) fn drain_subscriptions(&mut self, node: &NodeInner) {
         let counters = &node.counters;
-        while let Ok(msg) = self.sock.recv_msg(zmq::DONTWAIT) {
+        for _ in 0..MAX_DRAIN {
+            let Ok(msg) = self.sock.recv_msg(zmq::DONTWAIT) else {
+                break;
+            };
             match msg.first() {
                 Some(&milonga_wire::history::QUERY_TAG) => {
                     crate::history::answer(self, node, &msg);
@@ -87,11 +97,14 @@ impl DataSock {
                     crate::stats::inc(&counters.subscription_messages);
                 }
                 _ => {
-                    crate::stats::inc(&counters.frames_malformed);
-                    tracing::warn!(
-                        len = msg.len(),
-                        "dropped a message sent to a data port that is not a subscription"
-                    );
+                    let n = counters.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n <= 10 || n % 1000 == 0 {
+                        tracing::warn!(
+                            len = msg.len(),
+                            dropped_so_far = n,
+                            "dropped a message sent to a data port that is not a subscription"
+                        );
+                    }
                 }
             }
         }
@@ -310,6 +323,7 @@ impl NodeInner {
                 histories: HashMap::new(),
                 filters: HashMap::new(),
                 replies: 0,
+                query_budget: crate::history::QueryBudget::default(),
             }),
             endpoint: bound,
         });

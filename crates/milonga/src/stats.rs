@@ -89,6 +89,10 @@ counters! {
     history_queries_answered,
     /// History queries dropped as malformed (bad CBOR, bad expression or token).
     history_queries_malformed,
+    /// History queries refused: over the rate a data socket answers (200
+    /// per second, 10 per subscription, 64 MiB of replies), or naming a
+    /// token not subscribed on that socket.
+    history_queries_refused,
     /// History reply frames that could not be sent at once (the asking
     /// subscriber's queue was full); it times out and goes on live.
     history_replies_dropped,

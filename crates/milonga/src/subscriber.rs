@@ -252,7 +252,18 @@ impl SubShared {
         zmq_io::apply_common(&sock, &node.cfg).map_err(cfg_err)?;
         sock.set_rcvhwm(qos.queue_depth.unwrap_or(node.cfg.recv_hwm))
             .map_err(cfg_err)?;
-        let token = format!("{}-{id}", node.id);
+        // Random, so that nobody can name it in a query without having
+        // seen this subscription's own subscribe message: a publisher
+        // answers only tokens subscribed on its socket, and a guessable
+        // token would let anyone direct history replies at this
+        // subscriber.
+        let mut t = [0u8; 16];
+        getrandom::fill(&mut t).map_err(|e| OpenError::Config {
+            key: "subscription token".into(),
+            why: format!("no randomness available: {e}"),
+        })?;
+        let token = milonga_wire::NodeId(t).to_hex();
+        let _ = id;
         let filter = qos.filter.clone().map(|f| {
             let id = f.id_for(expr.as_str());
             let prefix = format!("{}{id}/", milonga_wire::filter::FILTERED_KEY_PREFIX);

@@ -380,3 +380,88 @@ fn finding_05_forged_ids_keys_and_sequence_numbers_cost_bounded_state() {
     assert_eq!(keys, n - 1);
     assert_eq!(st.samples_over_key_limit, 11, "{st:?}");
 }
+
+/// Issue 10, finding 3: a flood of history queries neither freezes the
+/// publisher (its puts and heartbeats go on: a normal subscriber sees no
+/// lease expire and gets what is put meanwhile) nor makes it push replies
+/// at another subscriber named in the queries; what it does not answer is
+/// counted.
+#[test]
+fn finding_03_a_flood_of_history_queries_freezes_nothing_and_amplifies_nothing() {
+    use milonga::wire::history::Query;
+    use milonga::{PublisherQos, SubscriberQos};
+    let dir = TempDir::new("qflood");
+    let mut cfg = Config::new("milonga:///qf", "pub");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    cfg.heartbeat_interval_ms = 100;
+    cfg.heartbeat_timeout_ms = 1000;
+    let a = Node::open_with(cfg.clone()).unwrap();
+    cfg.name = "victim".into();
+    let b = Node::open_with(cfg).unwrap();
+    let p = a
+        .publisher_with("qf/x", PublisherQos::best_effort().history(1000))
+        .unwrap();
+    for i in 0..1000u64 {
+        p.put(vec![i as f64; 100]).unwrap();
+    }
+    let victim = b.subscribe_with("qf/x", SubscriberQos::default()).unwrap();
+    wait_for("the victim", T, || p.subscriber_count() == 1);
+    let data = a
+        .peers()
+        .into_iter()
+        .find(|x| x.node_id == a.id().to_hex())
+        .and_then(|x| x.data_best_effort)
+        .unwrap();
+    let ctx = zmq::Context::new();
+    let raw = ctx.socket(zmq::XSUB).unwrap();
+    raw.set_sndhwm(0).unwrap();
+    raw.connect(&data).unwrap();
+    raw.send(&b"\x01@r/evil\x00"[..], 0).unwrap();
+    let query = |token: &str| {
+        Query {
+            node: a.id().to_hex(),
+            socket: "best_effort".into(),
+            token: token.into(),
+            expr: "qf/**".into(),
+            last: u64::MAX,
+            since: vec![],
+        }
+        .encode()
+    };
+    // What a token used to be: the subscriber's node id and a number.
+    let guessed: Vec<Vec<u8>> = (1..4).map(|i| query(&format!("{}-{i}", b.id()))).collect();
+    let own = query("evil");
+    let victim_bytes = b.stats().bytes_received;
+    let started = std::time::Instant::now();
+    let mut sent = 0u64;
+    while started.elapsed() < Duration::from_secs(2) {
+        for q in guessed.iter().chain(std::iter::once(&own)) {
+            raw.send(&q[..], zmq::DONTWAIT).unwrap();
+            sent += 1;
+        }
+        if sent % 400 == 0 {
+            p.put(vec![0.0f64; 100]).unwrap();
+        }
+    }
+    // The victim hears the publisher all along: samples put during the
+    // flood, no lost lease, and no history reply of anyone's asking.
+    let (mut samples, mut lost) = (0, 0);
+    while let Ok(ev) = victim.recv_timeout(Duration::from_millis(200)) {
+        match ev {
+            Event::Sample(_) => samples += 1,
+            Event::PublisherLost(_) => lost += 1,
+            _ => {}
+        }
+    }
+    assert!(samples > 0, "the victim got nothing put during the flood");
+    assert_eq!(lost, 0, "the publisher's lease ran out during the flood");
+    let st = a.stats();
+    assert!(st.history_queries_refused > 0, "{st:?}");
+    // At most the budget: 10 per token and second, 200 in all.
+    assert!(st.history_queries_answered <= 10 * 3, "{st:?}");
+    let got = b.stats().bytes_received - victim_bytes;
+    assert!(
+        got < (samples as u64 + 1) * 1000,
+        "the victim received {got} bytes for {samples} samples: replies were pushed at it"
+    );
+}
