@@ -230,3 +230,69 @@ fn finding_02_trailing_losses_are_reported_at_the_goodbye() {
     assert!(a[0].lost > 0 && a[0].delivered + a[0].lost == 100, "{a:?}");
     assert_eq!(sub.lost(), a[0].lost);
 }
+
+/// Finding 9: a FIFO and a link to /dev/zero named `*.json`, and 200 ghost
+/// announcements (a live pid, endpoints nobody serves), in a domain
+/// directory: nodes open, `ls` answers (its queries to the ghosts run at
+/// once, one timeout in all: 200 of them used to take 100 s), and samples
+/// flow.
+#[test]
+fn finding_09_hostile_files_in_the_domain_directory_hang_nothing() {
+    let env = Env::new("hostile");
+    let dir = env.dir.path().join(&env.domain);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = std::ffi::CString::new(dir.join("fifo.json").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero.json")).unwrap();
+    let pid = std::process::id();
+    let start = milonga_testkit::process_start_time(pid).unwrap();
+    for i in 0..200u32 {
+        let id = format!("{:032x}", 0x6000_0000u128 + u128::from(i));
+        let ghost = serde_json::json!({
+            "protocol": 1, "domain": env.domain, "node_id": id, "name": format!("ghost-{i}"),
+            "host": "h", "pid": pid, "start_time": start,
+            "control": format!("tcp://127.0.0.1:{}", free_port()),
+            "data_best_effort": null, "data_reliable": null, "publications": [],
+        });
+        std::fs::write(dir.join(format!("{id}.json")), ghost.to_string()).unwrap();
+    }
+    let mut ls = Proc::spawn(env.cmd(&["ls", "--json"]));
+    // A hang guard, not a timing: the ghosts are queried at once.
+    let status = ls.wait_exit(T).expect("ls finishes");
+    assert!(status.success());
+    let sub = Proc::spawn(env.cmd(&["sub", "hf/x", "--json", "--count", "1"]));
+    let _publ = Proc::spawn(env.cmd(&["pub", "hf/x", "5", "--rate", "50"]));
+    let line = loop {
+        let line = sub.line(T).expect("a sample through the hostile directory");
+        if !line.contains("\"event\"") {
+            break line;
+        }
+    };
+    assert!(line.contains("\"value\":5"), "{line}");
+}
+
+/// Finding 15: a publisher killed with -9 while its only observer exits at
+/// once leaves no announcement behind (a closing node removes the stale
+/// ones it finds), and the domain directory goes with the last node.
+#[test]
+fn finding_15_the_last_node_to_leave_cleans_the_domain_directory() {
+    let env = Env::new("cleanup");
+    let dir = env.dir.path().join(&env.domain);
+    let mut sub = Proc::spawn(env.cmd(&["sub", "cu/**", "--json"]));
+    let mut publ = Proc::spawn(env.cmd(&["pub", "cu/x", "1", "--rate", "50"]));
+    loop {
+        let line = sub.line(T).expect("the observer hears the publisher");
+        if !line.contains("\"event\"") {
+            break;
+        }
+    }
+    publ.kill9();
+    sub.signal(libc::SIGINT);
+    assert!(sub.wait_exit(T).expect("the observer exits").success());
+    assert!(
+        !dir.exists(),
+        "left behind: {:?}",
+        std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+}

@@ -418,10 +418,9 @@ fn demo_runs_and_exits_zero() {
         text.contains("f64[1024]") && text.contains("u8[1048576]"),
         "{text}"
     );
-    // It stopped its children: no device server remains in the domain.
-    let files = std::fs::read_dir(env.dir.path().join(&env.domain))
-        .unwrap()
-        .count();
+    // It stopped its children: no device server remains in the domain
+    // (the last node to leave removes the domain directory).
+    let files = std::fs::read_dir(env.dir.path().join(&env.domain)).map_or(0, |d| d.count());
     assert_eq!(files, 0);
 }
 

@@ -661,6 +661,60 @@ impl Control {
     }
 }
 
+/// Asks every node of `endpoints` for its [`NodeInfo`] at once, waiting at
+/// most `timeout` in all: nodes that do not answer (gone, or a ghost
+/// announcement) cost the caller one timeout, not one each.
+pub(crate) fn query_many(
+    inner: &NodeInner,
+    endpoints: &[String],
+    timeout: Duration,
+) -> Vec<Option<NodeInfo>> {
+    let mut out: Vec<Option<NodeInfo>> = vec![None; endpoints.len()];
+    let socks: Vec<Option<zmq::Socket>> = endpoints
+        .iter()
+        .map(|ep| {
+            let s = inner.ctx.socket(zmq::DEALER).ok()?;
+            s.set_linger(0).ok()?;
+            s.set_maxmsgsize(16 << 20).ok()?;
+            s.connect(ep).ok()?;
+            let req: [&[u8]; 2] = [CONTROL_MAGIC, CONTROL_INFO];
+            s.send_multipart(req, zmq::DONTWAIT).ok()?;
+            Some(s)
+        })
+        .collect();
+    let end = Instant::now() + timeout;
+    let mut waiting: Vec<usize> = (0..socks.len()).filter(|i| socks[*i].is_some()).collect();
+    while !waiting.is_empty() {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let mut items: Vec<zmq::PollItem> = waiting
+            .iter()
+            .filter_map(|i| socks[*i].as_ref().map(|s| s.as_poll_item(zmq::POLLIN)))
+            .collect();
+        if zmq::poll(&mut items, left.as_millis().max(1) as i64).is_err() {
+            break;
+        }
+        let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
+        drop(items);
+        let mut still = Vec::new();
+        for (i, r) in waiting.into_iter().zip(ready) {
+            let Some(s) = socks[i].as_ref().filter(|_| r) else {
+                still.push(i);
+                continue;
+            };
+            if let Ok(frames) = s.recv_multipart(zmq::DONTWAIT) {
+                if frames.len() == 3 && frames[0] == CONTROL_MAGIC {
+                    out[i] = serde_json::from_slice(&frames[2]).ok();
+                }
+            }
+        }
+        waiting = still;
+    }
+    out
+}
+
 /// Asks the node at `endpoint` for its [`NodeInfo`].
 pub(crate) fn query(inner: &NodeInner, endpoint: &str, timeout: Duration) -> Option<NodeInfo> {
     let sock = inner.ctx.socket(zmq::DEALER).ok()?;

@@ -112,15 +112,101 @@ pub(crate) fn pid_exists(pid: u32) -> bool {
 }
 
 /// Whether the process that wrote `a` still runs. Without /proc there is no
-/// telling, and a node is then taken to be alive.
+/// telling, and a node is then taken to be alive. A `start_time` of 0 means
+/// "not known" (docs/protocol.md §3): the pid alone decides.
 pub(crate) fn is_alive(a: &Announcement) -> bool {
     if !Path::new("/proc/self/stat").exists() {
         return true;
+    }
+    if a.start_time == 0 {
+        return pid_exists(a.pid);
     }
     match process_start_time(a.pid) {
         Some(t) => t == a.start_time,
         None => false,
     }
+}
+
+/// Largest announcement file read (bytes); larger ones are skipped and
+/// counted, so that a huge file costs nobody its size in memory.
+pub(crate) const MAX_ANNOUNCEMENT_BYTES: u64 = 1 << 20;
+
+/// What identifies one version of a file: a changed file is read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileVersion {
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+}
+
+impl FileVersion {
+    fn of(m: &fs::Metadata) -> FileVersion {
+        use std::os::unix::fs::MetadataExt;
+        FileVersion {
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        }
+    }
+}
+
+/// Reads an announcement file without trusting it: no symbolic link is
+/// followed, nothing but a regular file of this user is opened, a FIFO or
+/// device never blocks the reader, and at most [`MAX_ANNOUNCEMENT_BYTES`]
+/// are read.
+fn read_announcement(path: &Path) -> Result<(FileVersion, Vec<u8>), String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| format!("cannot open it: {e}"))?;
+    let m = f.metadata().map_err(|e| format!("cannot stat it: {e}"))?;
+    check_file(&m)?;
+    let mut buf = Vec::with_capacity(m.size().min(MAX_ANNOUNCEMENT_BYTES) as usize);
+    f.take(MAX_ANNOUNCEMENT_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    if buf.len() as u64 > MAX_ANNOUNCEMENT_BYTES {
+        return Err(format!("larger than {MAX_ANNOUNCEMENT_BYTES} bytes"));
+    }
+    Ok((FileVersion::of(&m), buf))
+}
+
+/// Whether metadata `m` is that of a file this node may read as an
+/// announcement: a regular file of this user, not too large.
+fn check_file(m: &fs::Metadata) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    if !m.file_type().is_file() {
+        return Err("not a regular file".into());
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if m.uid() != uid {
+        return Err(format!("owned by uid {}, not {uid}", m.uid()));
+    }
+    if m.size() > MAX_ANNOUNCEMENT_BYTES {
+        return Err(format!("larger than {MAX_ANNOUNCEMENT_BYTES} bytes"));
+    }
+    Ok(())
+}
+
+/// Whether a unix socket is listening at `path` (from /proc/net/unix): a
+/// socket file in use is never deleted, whatever a stale announcement says.
+/// Without /proc, every socket counts as in use.
+pub(crate) fn socket_in_use(path: &Path) -> bool {
+    const ACCEPTING: u32 = 0x0001_0000;
+    let Ok(table) = fs::read_to_string("/proc/net/unix") else {
+        return true;
+    };
+    let want = path.to_string_lossy();
+    table.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() >= 8
+            && f[7] == want
+            && u32::from_str_radix(f[3], 16).is_ok_and(|flags| flags & ACCEPTING != 0)
+    })
 }
 
 /// An inotify watch on a domain directory, so that the node thread learns
@@ -178,6 +264,14 @@ pub(crate) struct LocalDir {
     last_mtime: Option<SystemTime>,
     /// Set up before the first scan, so that no change goes unseen.
     pub watch: Option<Watch>,
+    /// What each file held when last read, by file name: a scan reads only
+    /// files that changed (a directory of 200 nodes churning would
+    /// otherwise cost every node 200 reads and parses per change). A file
+    /// that cannot be used is remembered too, so that it is counted and
+    /// logged once per version, not on every scan.
+    cache: std::collections::HashMap<std::ffi::OsString, (FileVersion, Option<Announcement>)>,
+    /// Files read and parsed so far (the cache spares the others).
+    pub files_read: u64,
 }
 
 impl LocalDir {
@@ -212,6 +306,8 @@ impl LocalDir {
             watch: Watch::new(&dir),
             dir,
             last_mtime: None,
+            cache: std::collections::HashMap::new(),
+            files_read: 0,
         })
     }
 
@@ -219,19 +315,32 @@ impl LocalDir {
         self.dir.join(format!("{id}.json"))
     }
 
-    /// Writes (or replaces) this node's announcement atomically.
+    /// Writes (or replaces) this node's announcement atomically. The
+    /// directory is made again if a node that closed removed it.
     pub(crate) fn write(&self, a: &Announcement) -> io::Result<()> {
         let tmp = self.dir.join(format!(".{}.tmp", a.node_id));
-        fs::write(
-            &tmp,
-            serde_json::to_vec_pretty(a).map_err(io::Error::other)?,
-        )?;
+        let text = serde_json::to_vec_pretty(a).map_err(io::Error::other)?;
+        if let Err(e) = fs::write(&tmp, &text) {
+            if e.kind() != io::ErrorKind::NotFound {
+                return Err(e);
+            }
+            use std::os::unix::fs::DirBuilderExt;
+            fs::DirBuilder::new().mode(0o700).create(&self.dir)?;
+            fs::write(&tmp, &text)?;
+        }
         fs::rename(&tmp, self.file_of(&a.node_id))
     }
 
-    /// Removes this node's announcement.
-    pub(crate) fn remove(&self, id: &str) {
+    /// Removes this node's announcement, the announcements of nodes that
+    /// are gone (an observer that exits must not leave them for nobody to
+    /// clean), and the domain directory if that leaves it empty.
+    pub(crate) fn remove(&mut self, id: &str) {
         let _ = fs::remove_file(self.file_of(id));
+        let mut bad = 0;
+        let _ = self.scan(&mut bad);
+        // Fails, harmlessly, if any file remains; a node opening meanwhile
+        // makes it again when it writes.
+        let _ = fs::remove_dir(&self.dir);
     }
 
     /// Whether the directory changed since the last [`LocalDir::scan`].
@@ -244,41 +353,80 @@ impl LocalDir {
     }
 
     /// Reads every live announcement; removes stale ones (and their ipc
-    /// socket files). Unreadable files are skipped and counted.
+    /// socket files, unless in use). Files that cannot be used are skipped,
+    /// and counted and logged once per version. Only files that changed
+    /// since the last scan are read.
     pub(crate) fn scan(&mut self, bad_files: &mut u64) -> BTreeMap<String, Announcement> {
         self.last_mtime = fs::metadata(&self.dir).and_then(|m| m.modified()).ok();
         let mut out = BTreeMap::new();
         let Ok(entries) = fs::read_dir(&self.dir) else {
+            self.cache.clear();
             return out;
         };
+        let mut seen = std::collections::HashSet::new();
         for e in entries.flatten() {
             let path = e.path();
             if path.extension().and_then(|x| x.to_str()) != Some("json") {
                 continue;
             }
-            let Ok(text) = fs::read(&path) else { continue };
-            match serde_json::from_slice::<Announcement>(&text) {
-                Ok(a) if is_alive(&a) => {
-                    out.insert(a.node_id.clone(), a);
+            let name = e.file_name();
+            seen.insert(name.clone());
+            // lstat: a link is not followed, a FIFO not opened.
+            let Ok(m) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let version = FileVersion::of(&m);
+            let cached = self
+                .cache
+                .get(&name)
+                .filter(|(v, _)| *v == version)
+                .map(|(_, a)| a.clone());
+            let a = match cached {
+                Some(a) => a,
+                None => {
+                    let parsed = check_file(&m)
+                        .and_then(|()| {
+                            self.files_read += 1;
+                            read_announcement(&path)
+                        })
+                        .and_then(|(v, text)| {
+                            serde_json::from_slice::<Announcement>(&text)
+                                .map(|a| (v, a))
+                                .map_err(|e| e.to_string())
+                        });
+                    match parsed {
+                        Ok((v, a)) => {
+                            self.cache.insert(name, (v, Some(a.clone())));
+                            Some(a)
+                        }
+                        Err(err) => {
+                            *bad_files += 1;
+                            tracing::warn!(file = %path.display(), %err, "ignoring an announcement file (logged once per version of the file)");
+                            self.cache.insert(name, (version, None));
+                            None
+                        }
+                    }
                 }
-                Ok(a) => {
-                    tracing::info!(node = %a.name, "removing the announcement of a node that is gone");
-                    remove_ipc_files(&a, &self.dir);
-                    let _ = fs::remove_file(&path);
-                }
-                Err(err) => {
-                    *bad_files += 1;
-                    tracing::warn!(file = %path.display(), %err, "ignoring an unreadable announcement");
-                }
+            };
+            let Some(a) = a else { continue };
+            if is_alive(&a) {
+                out.insert(a.node_id.clone(), a);
+            } else {
+                tracing::info!(node = %a.name, "removing the announcement of a node that is gone");
+                remove_ipc_files(&a, &self.dir, false);
+                let _ = fs::remove_file(&path);
+                self.cache.remove(e.file_name().as_os_str());
             }
         }
+        self.cache.retain(|name, _| seen.contains(name));
         out
     }
 }
 
 /// Deletes the socket files of a dead node's ipc endpoints, only those
-/// inside `within` (the domain directory, where Milonga puts them).
-pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path) {
+/// inside `within` (the domain directory, where Milonga puts them). `own`:
+/// the closing node's own, deleted even though still bound.
+pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path, own: bool) {
     for ep in [&a.data_best_effort, &a.data_reliable, &a.liveliness]
         .into_iter()
         .flatten()
@@ -286,7 +434,19 @@ pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path) {
         .chain(a.services.iter().map(|s| &s.endpoint))
     {
         if let Some(path) = ep.strip_prefix("ipc://").map(Path::new) {
-            if path.parent() == Some(within) {
+            // Only a socket file in the domain directory, with the name
+            // Milonga gives a node's sockets (`<first 12 hex digits of its
+            // id>-<role>.sock`), and not in use: a stale or forged
+            // announcement naming a live node's sockets deletes nothing.
+            let named = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                a.node_id.len() >= 12 && n.starts_with(&format!("{}-", &a.node_id[..12]))
+            });
+            let is_socket = fs::symlink_metadata(path).is_ok_and(|m| {
+                use std::os::unix::fs::FileTypeExt;
+                m.file_type().is_socket()
+            });
+            if path.parent() == Some(within) && named && is_socket && (own || !socket_in_use(path))
+            {
                 let _ = fs::remove_file(path);
             }
         }
@@ -341,5 +501,96 @@ mod tests {
         }
         assert!(pid_exists(pid), "a zombie still has its pid");
         child.wait().expect("reap");
+    }
+
+    fn announcement(id: &str, pid: u32, start_time: u64, endpoint: &str) -> Announcement {
+        Announcement {
+            protocol: 1,
+            domain: "d".into(),
+            node_id: id.into(),
+            name: format!("n-{id}"),
+            host: "h".into(),
+            pid,
+            start_time,
+            control: "tcp://127.0.0.1:9".into(),
+            data_best_effort: Some(endpoint.into()),
+            data_reliable: None,
+            liveliness: None,
+            publications: vec![],
+            services: vec![],
+        }
+    }
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("mlg-disc-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        p
+    }
+
+    /// Issue 10, finding 9: a FIFO, a link to /dev/zero, a huge file and a
+    /// file that is not JSON are skipped without blocking or reading them
+    /// whole, each counted and logged once; unchanged files are not read
+    /// again; a start time of 0 (not known) is judged by the pid alone.
+    #[test]
+    fn hostile_files_are_skipped_once_and_unchanged_ones_not_read_again() {
+        let root = temp_dir("hostile");
+        let mut dir = LocalDir::open(&root, "d", false).unwrap();
+        let fifo = std::ffi::CString::new(dir.dir.join("fifo.json").to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        std::os::unix::fs::symlink("/dev/zero", dir.dir.join("zero.json")).unwrap();
+        fs::File::create(dir.dir.join("huge.json"))
+            .unwrap()
+            .set_len(200 << 20)
+            .unwrap();
+        fs::write(dir.dir.join("junk.json"), b"{not json").unwrap();
+        let me = announcement(&"ab".repeat(16), std::process::id(), 0, "tcp://127.0.0.1:9");
+        dir.write(&me).unwrap();
+        let mut bad = 0;
+        let found = dir.scan(&mut bad);
+        assert_eq!(bad, 4, "each hostile file counted");
+        assert_eq!(found.len(), 1, "start_time 0: alive by its pid");
+        assert_eq!(
+            dir.files_read, 2,
+            "only the junk file and the real one are opened"
+        );
+        let mut bad = 0;
+        let again = dir.scan(&mut bad);
+        assert_eq!((bad, again.len()), (0, 1), "counted once per version");
+        assert_eq!(dir.files_read, 2, "nothing unchanged is read again");
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    /// Issue 10, finding 9: a stale announcement naming a live node's ipc
+    /// sockets deletes none of them; a dead node's own socket files go.
+    #[test]
+    fn a_stale_announcement_never_deletes_a_socket_in_use() {
+        let root = temp_dir("sockets");
+        let mut dir = LocalDir::open(&root, "d", false).unwrap();
+        let id = "cd".repeat(16);
+        let live = dir.dir.join(format!("{}-be.sock", &id[..12]));
+        let _listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+        let dead_id = "ef".repeat(16);
+        let dead = dir.dir.join(format!("{}-be.sock", &dead_id[..12]));
+        drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+        assert!(dead.exists(), "a dropped listener leaves its file");
+        // A process that is gone: a reaped child.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        for (node, sock) in [(&id, &live), (&dead_id, &dead)] {
+            let a = announcement(node, gone, 1, &format!("ipc://{}", sock.display()));
+            dir.write(&a).unwrap();
+        }
+        let mut bad = 0;
+        assert!(dir.scan(&mut bad).is_empty());
+        assert!(live.exists(), "a socket in use was deleted");
+        assert!(!dead.exists(), "a dead node's socket file stayed");
+        assert_eq!(
+            fs::read_dir(&dir.dir).unwrap().count(),
+            1,
+            "stale announcements removed"
+        );
+        let _ = fs::remove_dir_all(&root);
     }
 }

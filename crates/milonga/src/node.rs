@@ -859,6 +859,17 @@ impl Node {
         control::query(&self.inner, control_endpoint, timeout)
     }
 
+    /// Asks every node of `control_endpoints` for its announcement and
+    /// counters at once, waiting at most `timeout` in all; `None` for those
+    /// that do not answer in time.
+    pub fn query_many(
+        &self,
+        control_endpoints: &[String],
+        timeout: Duration,
+    ) -> Vec<Option<control::NodeInfo>> {
+        control::query_many(&self.inner, control_endpoints, timeout)
+    }
+
     /// Closes the node: its publishers and subscribers stop (their calls
     /// return `Closed`), its announcement is withdrawn, and queued samples
     /// get up to `close_linger_ms` to leave. Idempotent.
@@ -900,10 +911,10 @@ pub(crate) fn close(inner: &Arc<NodeInner>) {
         s.wake();
     }
     if let Some(dir) = &inner.local {
-        let dir = lock(dir);
-        dir.remove(&inner.id.to_hex());
+        let mut dir = lock(dir);
         let a = inner.announcement(&lock(&inner.state));
-        crate::discovery::remove_ipc_files(&a, &dir.dir);
+        crate::discovery::remove_ipc_files(&a, &dir.dir, true);
+        dir.remove(&inner.id.to_hex());
     }
     tracing::debug!(node = %inner.name, "node closed");
 }

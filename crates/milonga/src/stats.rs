@@ -46,6 +46,9 @@ counters! {
     /// Connections to publishers closed by the peer, or by libzmq after a
     /// protocol violation such as an over-size frame (`max_message_bytes`).
     connections_closed,
+    /// Connections a subscription made again after one closed, each after
+    /// an exponential back-off with jitter (50 ms doubling to 2 s).
+    reconnects,
     /// Samples dropped as duplicates.
     samples_duplicate,
     /// Samples whose sequence number went backwards (corrupt or forged):

@@ -77,9 +77,17 @@ struct SubIo {
     /// (`leaving` heartbeats): once their data connections are gone, what
     /// did not arrive is reported lost.
     goodbyes: HashMap<NodeId, Vec<(String, u64)>>,
+    /// Endpoints whose connection closed, and when they may be connected
+    /// again (exponential back-off with jitter, 50 ms to 2 s).
+    backoff: HashMap<String, Backoff>,
     /// Every node discovery shows in the domain, as last applied: samples
-    /// of other nodes (unless remembered in `last_seq`) are dropped.
+    /// of other nodes (unless remembered in `last_seq` or
+    /// `recently_gone`) are dropped.
     live: BTreeSet<NodeId>,
+    /// Nodes that left discovery lately, oldest first (at most
+    /// [`MAX_RECENTLY_GONE`]): samples they sent before leaving may still
+    /// be read, a first one included.
+    recently_gone: VecDeque<NodeId>,
     /// The publisher nodes discovery shows for this subscription.
     publishers: HashMap<NodeId, PubState>,
     /// Per-key deadline state, when the QoS sets a deadline.
@@ -155,8 +163,27 @@ struct PubState {
 
 /// How long a closed liveliness connection waits for a goodbye heartbeat
 /// still on its way (libzmq may report the close before the last message
-/// is readable) before the publisher is reported `disconnected`.
-const DISCONNECT_GRACE: Duration = Duration::from_millis(10);
+/// is readable) before the publisher is reported `disconnected`. Closes are
+/// read once the socket has nothing left, so the goodbye has been read
+/// unless libzmq was still handing it over.
+const DISCONNECT_GRACE: Duration = Duration::from_millis(2);
+
+/// The same wait for a close noted while messages still queue (a flood):
+/// the goodbye may be among them.
+const FLOOD_GRACE: Duration = Duration::from_millis(50);
+
+/// A connection that stayed up this long since its last close starts its
+/// back-off over.
+const BACKOFF_RESET: Duration = Duration::from_secs(10);
+
+/// When a closed endpoint may be connected again.
+struct Backoff {
+    /// Closes in a row, each less than [`BACKOFF_RESET`] after the last.
+    failures: u32,
+    last_close: Instant,
+    /// Not before.
+    next: Instant,
+}
 
 /// When a key last spoke, and when its deadline runs out.
 struct KeyDeadline {
@@ -179,6 +206,10 @@ pub(crate) const MAX_KEYS_PER_PUBLISHER: usize = 1 << 16;
 /// A sequence number further ahead than this of the last one held is
 /// corrupt or forged, not a loss: counted in `sequence_jumps`.
 pub(crate) const MAX_SEQ_JUMP: u64 = 1 << 32;
+
+/// Most nodes that left discovery whose first samples a subscription still
+/// accepts (see `SubIo::recently_gone`).
+const MAX_RECENTLY_GONE: usize = 1024;
 
 /// Most goodbyes (nodes) whose last sequence numbers wait for their data
 /// connections to close.
@@ -322,6 +353,8 @@ impl SubShared {
                 absent: VecDeque::new(),
                 goodbyes: HashMap::new(),
                 live: BTreeSet::new(),
+                recently_gone: VecDeque::new(),
+                backoff: HashMap::new(),
                 publishers: HashMap::new(),
                 deadlines: HashMap::new(),
                 next_timer: None,
@@ -443,9 +476,21 @@ impl SubShared {
             self.drop_connection(io, &ep);
         }
         let mut fresh = Vec::new();
+        // Forget back-offs long settled (bounded by the endpoints seen).
+        io.backoff.retain(|ep, b| {
+            r.endpoints.contains(ep) && now.duration_since(b.last_close) < BACKOFF_RESET
+        });
         for ep in r.endpoints.difference(&io.connected.clone()) {
+            if let Some(b) = io.backoff.get(ep).filter(|b| b.next > now) {
+                let at = b.next;
+                io.arm(at);
+                continue;
+            }
             match io.sock.connect(ep) {
                 Ok(()) => {
+                    if io.backoff.contains_key(ep) {
+                        stats::inc(&self.node.counters.reconnects);
+                    }
                     io.connected.insert(ep.clone());
                     fresh.push(ep.clone());
                     tracing::debug!(expr = %self.expr, endpoint = %ep, "connected");
@@ -547,6 +592,17 @@ impl SubShared {
     fn note_absences(&self, io: &mut SubIo, r: &Routes) {
         if let Some(c) = io.current.take_if(|c| !r.live.contains(&c.node)) {
             io.last_seq.entry(c.node).or_default().insert(c.key, c.last);
+        }
+        // Nodes that just left: their last samples may still be read.
+        let left: Vec<NodeId> = io.live.difference(&r.live).copied().collect();
+        for id in left {
+            if !io.recently_gone.contains(&id) {
+                io.recently_gone.push_back(id);
+            }
+        }
+        io.recently_gone.retain(|id| !r.live.contains(id));
+        while io.recently_gone.len() > MAX_RECENTLY_GONE {
+            io.recently_gone.pop_front();
         }
         io.absent
             .retain(|id| !r.live.contains(id) && io.last_seq.contains_key(id));
@@ -971,6 +1027,18 @@ impl SubShared {
                 earliest(k.due);
             }
         }
+        // A back-off ran out: `apply` connects again.
+        let mut reconnect = false;
+        for (ep, b) in &io.backoff {
+            if b.next > now {
+                earliest(b.next);
+            } else if !io.connected.contains(ep) {
+                reconnect = true;
+            }
+        }
+        if reconnect {
+            io.applied = io.applied.wrapping_sub(1);
+        }
         let mut unlinger = Vec::new();
         for (ep, t) in &io.lingering {
             if now >= *t {
@@ -1216,6 +1284,9 @@ impl SubShared {
     fn received(&self, io: &mut SubIo, first: zmq::Message) {
         self.handle(io, first);
         io.handled = io.handled.wrapping_add(1);
+        if io.handled % 256 == 0 {
+            self.peek_closed_connections(io);
+        }
         if io.handled % 256 == 0 && io.next_timer.is_some() {
             let now = Instant::now();
             if io.next_timer.is_some_and(|t| t <= now) {
@@ -1231,20 +1302,19 @@ impl SubShared {
     fn read_closed_connections(&self, io: &mut SubIo) {
         self.has_closed_connections.store(false, Ordering::Release);
         let closed = std::mem::take(&mut *lock(&self.closed_connections));
+        let now = Instant::now();
         for endpoint in closed {
-            stats::inc(&self.node.counters.connections_closed);
-            if let Some(id) = io.liveliness.get(&endpoint).copied() {
-                if let Some(p) = io.publishers.get_mut(&id).filter(|p| p.alive) {
-                    let now = Instant::now();
-                    p.disconnected_at = Some(now);
-                    io.arm(now + DISCONNECT_GRACE);
-                }
+            let c = &self.node.counters;
+            let n = c.connections_closed.fetch_add(1, Ordering::Relaxed) + 1;
+            self.note_liveliness_closed(io, &endpoint, now, DISCONNECT_GRACE);
+            if n <= 10 || n % 1000 == 0 {
+                tracing::info!(
+                    expr = %self.expr,
+                    %endpoint,
+                    closed_so_far = n,
+                    "connection to a publisher closed (the peer went away, or sent a frame over max_message_bytes or broke ZMTP)"
+                );
             }
-            tracing::info!(
-                expr = %self.expr,
-                %endpoint,
-                "connection to a publisher closed (the peer went away, or sent a frame over max_message_bytes or broke ZMTP)"
-            );
             if io.lingering.contains_key(&endpoint) {
                 // A departed node's connection, kept for its last samples:
                 // everything that came on it has been read.
@@ -1256,9 +1326,68 @@ impl SubShared {
             }
             if io.connected.remove(&endpoint) {
                 let _ = io.sock.disconnect(&endpoint);
+                // Connect again (in `apply`) after a back-off: a peer that
+                // breaks every connection at once (an over-size frame to
+                // each newcomer) must not make this spin.
+                let b = io.backoff.entry(endpoint).or_insert(Backoff {
+                    failures: 0,
+                    last_close: now,
+                    next: now,
+                });
+                if now.duration_since(b.last_close) > BACKOFF_RESET {
+                    b.failures = 0;
+                }
+                b.failures = b.failures.saturating_add(1);
+                b.last_close = now;
+                let max = Duration::from_millis(2000);
+                let base = (Duration::from_millis(100) * (1 << (b.failures - 1).min(5))).min(max);
+                // Half the base, plus up to half at random: peers that lost
+                // their connections together do not come back together.
+                let jitter =
+                    u64::from(getrandom::u32().unwrap_or(0)) % (base.as_micros() as u64 / 2 + 1);
+                b.next = now + base / 2 + Duration::from_micros(jitter);
+                let at = b.next;
+                io.arm(at);
                 // Make `apply` compare the target with what is connected.
                 io.applied = io.applied.wrapping_sub(1);
             }
+        }
+    }
+
+    /// A closed liveliness connection: its node is reported `disconnected`
+    /// after `grace`, unless its goodbye arrives first.
+    fn note_liveliness_closed(
+        &self,
+        io: &mut SubIo,
+        endpoint: &str,
+        now: Instant,
+        grace: Duration,
+    ) {
+        if let Some(id) = io.liveliness.get(endpoint).copied() {
+            if let Some(p) = io.publishers.get_mut(&id).filter(|p| p.alive) {
+                if p.disconnected_at
+                    .is_none_or(|t| t + DISCONNECT_GRACE > now + grace)
+                {
+                    p.disconnected_at = Some(now + grace - DISCONNECT_GRACE);
+                }
+                io.arm(now + grace);
+            }
+        }
+    }
+
+    /// Under a flood the socket is never empty, so closed connections
+    /// would wait for it to be: liveliness closes are noted now (with a
+    /// longer grace, as the goodbye may still wait in the queue), so that
+    /// a killed publisher is reported `disconnected`, not `lease_expired`
+    /// or `undeclared` once discovery or its lease catches up.
+    fn peek_closed_connections(&self, io: &mut SubIo) {
+        if !self.has_closed_connections.load(Ordering::Acquire) {
+            return;
+        }
+        let closed = lock(&self.closed_connections).clone();
+        let now = Instant::now();
+        for endpoint in closed {
+            self.note_liveliness_closed(io, &endpoint, now, FLOOD_GRACE);
         }
     }
 
@@ -1482,7 +1611,10 @@ impl SubShared {
             let remembered = known.is_some();
             match known.and_then(|m| m.remove_entry(key)) {
                 Some((key, last)) => io.current = Some(Stream { node, key, last }),
-                None if !remembered && !io.live.contains(&node) => {
+                None if !remembered
+                    && !io.live.contains(&node)
+                    && !io.recently_gone.contains(&node) =>
+                {
                     // Not a node of the domain: every forged id would
                     // otherwise cost state.
                     let n = c.samples_unknown_publisher.fetch_add(1, Ordering::Relaxed) + 1;

@@ -465,3 +465,38 @@ fn finding_03_a_flood_of_history_queries_freezes_nothing_and_amplifies_nothing()
         "the victim received {got} bytes for {samples} samples: replies were pushed at it"
     );
 }
+
+/// Issue 10, finding 6: a peer that breaks every connection at once (an
+/// over-size frame to each newcomer) does not make the subscriber spin:
+/// it reconnects after an exponential back-off (counted in `reconnects`),
+/// and delivery resumes when the peer behaves.
+#[test]
+fn finding_06_a_peer_that_breaks_every_connection_meets_a_back_off() {
+    let dir = TempDir::new("storm");
+    let mut cfg = Config::new("milonga:///bad", "victim");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    cfg.max_message_bytes = 1 << 16;
+    let node = Node::open_with(cfg).unwrap();
+    let sub = node.subscribe("bad/**").unwrap();
+    let (_ctx, pubsock) = forge_publisher(dir.path(), "bad");
+    wait_for("the subscriber to connect to the forged node", T, || {
+        sub.connected_endpoints() == 1
+    });
+    let seq = until_delivered(&pubsock, &sub, &node, 1);
+    let big = frame("bad", Kind::Sample, Encoding::Raw, seq, &vec![0u8; 1 << 17]);
+    let started = std::time::Instant::now();
+    // Two seconds of an over-size frame every millisecond: each connection
+    // the subscriber makes breaks at once.
+    while started.elapsed() < Duration::from_secs(2) {
+        pubsock.send(&big[..], zmq::DONTWAIT).unwrap();
+        let _ = sub.recv_timeout(Duration::from_millis(1));
+    }
+    let st = node.stats();
+    assert!(
+        st.connections_closed >= 2,
+        "the frames broke connections: {st:?}"
+    );
+    // 50 ms doubling to 2 s: a handful in two seconds, not thousands.
+    assert!(st.reconnects <= 20 && st.connections_closed <= 21, "{st:?}");
+    until_delivered(&pubsock, &sub, &node, seq + 1);
+}
