@@ -296,3 +296,230 @@ fn finding_15_the_last_node_to_leave_cleans_the_domain_directory() {
         std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
     );
 }
+
+/// `milonga ls --json` of `env`'s domain, or `None` if it fails.
+fn ls(env: &Env) -> Option<Vec<serde_json::Value>> {
+    let out = env.cmd(&["ls", "--json"]).output().ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    v.as_array().cloned()
+}
+
+/// Finding 7: idle half-open connections at a small file-descriptor limit
+/// (slowloris) are closed after `handshake_timeout_ms` and counted; the
+/// accepts that failed meanwhile are counted and logged; then a legitimate
+/// client gets in.
+#[test]
+fn finding_07_idle_connections_at_the_fd_limit_lock_nobody_out() {
+    use std::os::unix::process::CommandExt;
+    let env = Env::new("slowloris");
+    let port = free_port();
+    let mut cmd = env.cmd(&["pub", "sl/x", "1", "--rate", "10"]);
+    cmd.env(
+        "MILONGA_CONTROL_ENDPOINT",
+        format!("tcp://127.0.0.1:{port}"),
+    )
+    .env("MILONGA_HANDSHAKE_TIMEOUT_MS", "300");
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 64,
+                rlim_max: 64,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let _publ = Proc::spawn(cmd);
+    wait_for("the publisher to be listed", T, || {
+        ls(&env).is_some_and(|n| n.iter().any(|x| x["stats"].is_object()))
+    });
+    // 100 connections that never speak: more than the descriptors left.
+    let idle: Vec<_> = (0..100)
+        .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    assert!(idle.len() > 60, "only {} connections made", idle.len());
+    // A hang guard, not a timing: each idle connection goes after 300 ms.
+    let mut last = serde_json::Value::Null;
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "never let back in: {last}");
+        if let Some(stats) = ls(&env).and_then(|n| {
+            n.into_iter()
+                .find_map(|x| x["stats"].is_object().then(|| x["stats"].clone()))
+        }) {
+            last = stats.clone();
+            let failed = stats["handshakes_failed"].as_u64().unwrap_or(0);
+            if failed >= 60 && stats["accepts_failed"].as_u64().unwrap_or(0) >= 1 {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(idle);
+}
+
+/// Finding 8: log lines a remote peer or a file can trigger are
+/// rate-limited (the first ten of a kind, then one in a thousand): 20,000
+/// one-byte messages to a data port, and a bad announcement file seen on
+/// every rescan, do not flood the publisher's log; the counters count all.
+#[test]
+fn finding_08_remote_input_cannot_flood_the_log() {
+    use std::process::Stdio;
+    let env = Env::new("logflood");
+    let dir = env.dir.path().join(&env.domain);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("junk.json"), b"{not an announcement").unwrap();
+    let child = env
+        .cmd(&["pub", "lf/x", "1", "--rate", "10"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let data = {
+        let mut found = None;
+        wait_for("the publisher's data endpoint", T, || {
+            found = ls(&env).and_then(|n| {
+                n.iter()
+                    .find_map(|x| x["data_best_effort"].as_str().map(str::to_owned))
+            });
+            found.is_some()
+        });
+        found.unwrap()
+    };
+    let ctx = zmq::Context::new();
+    let raw = ctx.socket(zmq::XSUB).unwrap();
+    raw.set_sndhwm(0).unwrap();
+    raw.connect(&data).unwrap();
+    for _ in 0..20_000 {
+        raw.send(&[0x42u8][..], 0).unwrap();
+    }
+    // Rescans of the directory, each of which meets the bad file.
+    for i in 0..20 {
+        let f = dir.join(format!("other-{i}.tmp"));
+        std::fs::write(&f, b"x").unwrap();
+        std::fs::remove_file(&f).unwrap();
+    }
+    wait_for("the one-byte messages counted", T, || {
+        ls(&env).is_some_and(|n| {
+            n.iter()
+                .any(|x| x["stats"]["frames_malformed"].as_u64() == Some(20_000))
+        })
+    });
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    let data_lines = count("dropped a message sent to a data port");
+    assert!(
+        (10..=10 + 20).contains(&data_lines),
+        "{data_lines} lines for 20,000 messages"
+    );
+    assert_eq!(count("ignoring an announcement file"), 1, "{log}");
+}
+
+/// Finding 10: a reliable publisher held up by a subscriber that does not
+/// read counts the puts that waited and the time they waited.
+#[test]
+fn finding_10_a_stalled_reliable_publisher_counts_its_blocked_puts() {
+    let env = Env::new("blocked");
+    let mut cfg = env.config("blocked-pub");
+    cfg.reliable_send_hwm = 1;
+    let publ = Node::open_with(cfg).unwrap();
+    let p = publ
+        .publisher_with("bl/x", milonga::PublisherQos::reliable())
+        .unwrap();
+    let node = Node::open_with(env.config("blocked-sub")).unwrap();
+    let sub = node
+        .subscribe_with("bl/x", SubscriberQos::default().queue_depth(1))
+        .unwrap();
+    wait_for("the subscriber", T, || p.subscriber_count() == 1);
+    let n = 20_000u64;
+    let writer = std::thread::spawn(move || {
+        for i in 0..n {
+            p.put(vec![i as f64; 64]).unwrap();
+        }
+        p
+    });
+    // Nobody reads: the writer stalls, and says so.
+    wait_for("a blocked put to be counted", T, || {
+        publ.stats().puts_blocked >= 1
+    });
+    let mut got = 0;
+    while got < n {
+        if let Ok(Event::Sample(_)) = sub.recv_timeout(T) {
+            got += 1;
+        }
+    }
+    drop(writer.join().unwrap());
+    let st = publ.stats();
+    assert!(st.puts_blocked >= 1 && st.puts_blocked_us > 0, "{st:?}");
+}
+
+/// Findings 12 and 13: publishers killed with -9 all at once, while their
+/// samples still queue at the subscriber, are each reported
+/// `disconnected`, not `lease_expired` or `undeclared` (the time it takes
+/// is measured by `milonga bench liveliness`, not here).
+#[test]
+fn finding_12_publishers_killed_together_are_each_reported_disconnected() {
+    let env = Env::new("killall");
+    let short = |c: &mut Command| {
+        c.env("MILONGA_HEARTBEAT_INTERVAL_MS", "100")
+            .env("MILONGA_HEARTBEAT_TIMEOUT_MS", "500");
+    };
+    let mut cfg = env.config("killall-sub");
+    cfg.heartbeat_interval_ms = 100;
+    cfg.heartbeat_timeout_ms = 500;
+    let node = Node::open_with(cfg).unwrap();
+    let sub = node.subscribe("ka/**").unwrap();
+    let n = 40;
+    let mut pubs: Vec<Proc> = (0..n)
+        .map(|i| {
+            let mut c = env.cmd(&["pub", &format!("ka/{i}"), "[1,2,3]", "--rate", "500"]);
+            short(&mut c);
+            Proc::spawn(c)
+        })
+        .collect();
+    let mut alive = std::collections::HashSet::new();
+    let end = Instant::now() + T;
+    while alive.len() < n {
+        assert!(
+            Instant::now() < end,
+            "only {} publishers heard",
+            alive.len()
+        );
+        if let Ok(Event::Sample(s)) = sub.recv_timeout(Duration::from_millis(100)) {
+            alive.insert(s.publisher);
+        }
+    }
+    for p in &pubs {
+        p.signal(libc::SIGKILL);
+    }
+    for p in &mut pubs {
+        p.kill9();
+    }
+    let mut reasons = std::collections::HashMap::new();
+    let end = Instant::now() + T;
+    while reasons.len() < n {
+        assert!(
+            Instant::now() < end,
+            "only {} reported lost: {reasons:?}",
+            reasons.len()
+        );
+        if let Ok(Event::PublisherLost(l)) = sub.recv_timeout(Duration::from_millis(100)) {
+            reasons.insert(l.publisher, l.reason);
+        }
+    }
+    let wrong: Vec<_> = reasons
+        .values()
+        .filter(|r| **r != milonga::LostReason::Disconnected)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of {n} not disconnected: {wrong:?}",
+        wrong.len()
+    );
+}

@@ -123,7 +123,7 @@ impl Callers {
                 let key = match Key::new(&s.key) {
                     Ok(k) => k,
                     Err(err) => {
-                        tracing::warn!(peer = %a.name, key = %s.key, %err, "ignoring a service with a bad key");
+                        limited!(warn, peer = %a.name, key = %s.key, %err, "ignoring a service with a bad key");
                         continue;
                     }
                 };
@@ -644,7 +644,7 @@ fn reply(
         Ok(v) => v,
         Err(err) => {
             stats::inc(&c.frames_malformed);
-            tracing::warn!(server = %target.server, %err, "dropped a malformed reply");
+            limited!(warn, server = %target.server, %err, "dropped a malformed reply");
             return None;
         }
     };

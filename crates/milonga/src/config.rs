@@ -85,6 +85,11 @@ pub struct Config {
     /// (`lease_expired`) when no heartbeat came for this long, and a ZMTP
     /// connection silent this long after a PING is closed. Default 3000 ms.
     pub heartbeat_timeout_ms: i32,
+    /// How long a new connection may take to complete the ZMTP handshake
+    /// before it is closed (and counted in `handshakes_failed`): idle
+    /// half-open connections must not hold file descriptors for long.
+    /// Default 3000 ms; at least 1.
+    pub handshake_timeout_ms: i32,
     /// Largest message a node sends or accepts, in bytes. Default 64 MiB.
     pub max_message_bytes: usize,
     /// Messages queued per subscriber connection by best-effort
@@ -126,6 +131,7 @@ impl Config {
             static_query_interval_ms: 500,
             heartbeat_interval_ms: 1000,
             heartbeat_timeout_ms: 3000,
+            handshake_timeout_ms: 3000,
             max_message_bytes: 64 << 20,
             send_hwm: 1000,
             reliable_send_hwm: 16,
@@ -183,6 +189,7 @@ impl Config {
                 &mut c.heartbeat_interval_ms,
             ),
             ("MILONGA_HEARTBEAT_TIMEOUT_MS", &mut c.heartbeat_timeout_ms),
+            ("MILONGA_HANDSHAKE_TIMEOUT_MS", &mut c.handshake_timeout_ms),
         ] {
             if let Some(v) = var(k) {
                 *slot = v.parse().map_err(|e| OpenError::Config {

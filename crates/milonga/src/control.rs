@@ -34,9 +34,11 @@ pub struct NodeInfo {
 const HANDSHAKE_FAILED: i32 = (zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) as i32;
+const ACCEPT_FAILED: i32 = zmq_sys::ZMQ_EVENT_ACCEPT_FAILED as i32;
 
 /// A socket monitor reporting failed handshakes (a peer that does not speak
-/// ZMTP, or speaks it wrongly) on `sock`.
+/// ZMTP, or speaks it wrongly, or not within `handshake_timeout_ms`) and
+/// failed accepts (file descriptors exhausted) on `sock`.
 pub(crate) fn monitor(
     inner: &NodeInner,
     sock: &zmq::Socket,
@@ -48,7 +50,8 @@ pub(crate) fn monitor(
         endpoint: ep.clone(),
         source,
     };
-    sock.monitor(&ep, HANDSHAKE_FAILED).map_err(err)?;
+    sock.monitor(&ep, HANDSHAKE_FAILED | ACCEPT_FAILED)
+        .map_err(err)?;
     let pair = inner.ctx.socket(zmq::PAIR)?;
     pair.set_linger(0).map_err(err)?;
     pair.connect(&ep).map_err(err)?;
@@ -288,6 +291,7 @@ impl Control {
     /// node gets its monitor's reader back, to drop after its own socket.
     fn stop_monitors(&mut self) {
         crate::zmq_io::stop_monitor(&mut self.router);
+        crate::zmq_io::stop_monitor(&mut self.live);
         let socks = {
             let st = lock(&self.inner.state);
             [st.data_best_effort.clone(), st.data_reliable.clone()]
@@ -458,18 +462,35 @@ impl Control {
                     .get(1)
                     .map(|f| String::from_utf8_lossy(f).into_owned())
                     .unwrap_or_default();
-                let n = self
-                    .inner
-                    .counters
-                    .handshakes_failed
-                    .fetch_add(1, Ordering::Relaxed)
-                    + 1;
+                // Frame 1: the event (u16) and its value (u32), little endian.
+                let (event, value) = match frames.first().map(|f| &f[..]) {
+                    Some([a, b, c, d, e, f, ..]) => (
+                        i32::from(u16::from_le_bytes([*a, *b])),
+                        u32::from_le_bytes([*c, *d, *e, *f]),
+                    ),
+                    _ => (0, 0),
+                };
+                let c = &self.inner.counters;
+                if event == ACCEPT_FAILED {
+                    let n = c.accepts_failed.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n <= 10 || n % 1000 == 0 {
+                        let err = std::io::Error::from_raw_os_error(value as i32);
+                        tracing::error!(
+                            socket = %what,
+                            %endpoint,
+                            failed_so_far = n,
+                            "cannot accept a connection: {err} (file descriptors exhausted? idle connections are closed after handshake_timeout_ms)"
+                        );
+                    }
+                    continue;
+                }
+                let n = c.handshakes_failed.fetch_add(1, Ordering::Relaxed) + 1;
                 if n <= 10 || n % 1000 == 0 {
                     tracing::warn!(
                         socket = %what,
                         %endpoint,
                         dropped_so_far = n,
-                        "dropped a connection whose peer does not speak ZMTP correctly"
+                        "dropped a connection whose peer does not speak ZMTP correctly, or not within handshake_timeout_ms"
                     );
                 }
             }
@@ -487,7 +508,7 @@ impl Control {
                         .flatten();
                 let Some(info) = parsed else {
                     stats::inc(&self.inner.counters.control_malformed);
-                    tracing::warn!(peer = %p.endpoint, "dropped a malformed reply from a static peer");
+                    limited!(warn, peer = %p.endpoint, "dropped a malformed reply from a static peer");
                     continue;
                 };
                 if info.announcement.domain != domain {

@@ -56,7 +56,7 @@ impl PubFilter {
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                         + 1;
                     if n <= 10 || n % 1000 == 0 {
-                        tracing::warn!(filter = %self.filter.canonical(), %key, %err, "a filter could not be evaluated on a sample; it did not pass");
+                        limited!(warn, filter = %self.filter.canonical(), %key, %err, "a filter could not be evaluated on a sample; it did not pass");
                     }
                     return false;
                 }
@@ -90,7 +90,7 @@ pub(crate) fn declare(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
         Ok(x) => x,
         Err(err) => {
             stats::inc(&node.counters.filters_malformed);
-            tracing::warn!(%err, "dropped a malformed filter declaration");
+            limited!(warn, %err, "dropped a malformed filter declaration");
             return;
         }
     };

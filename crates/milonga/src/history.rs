@@ -305,7 +305,7 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
         d.query_budget.bytes = d.query_budget.bytes.saturating_add(f.len());
         if d.sock.send(f, zmq::DONTWAIT).is_err() {
             stats::inc(&c.history_replies_dropped);
-            tracing::warn!(token = %q.token, "could not send a history reply at once; the subscriber will go on live");
+            limited!(warn, token = %q.token, "could not send a history reply at once; the subscriber will go on live");
             return;
         }
     }

@@ -29,6 +29,8 @@
 //! [`Reliability::Reliable`] (the publisher waits; nothing is dropped).
 #![deny(missing_docs)]
 
+#[macro_use]
+mod log_limit;
 mod batch;
 mod call;
 mod config;

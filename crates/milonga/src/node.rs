@@ -581,6 +581,10 @@ impl Node {
         inner.liveliness_endpoint = inner.bind(&live, &ep)?;
         let inner = Arc::new(inner);
         let monitor = control::monitor(&inner, &router, "control")?;
+        let live_monitor = control::monitor(&inner, &live, "liveliness")?;
+        lock(&inner.state)
+            .new_monitors
+            .push(("liveliness", live_monitor));
         // Find the peers that exist now, so that a subscription declared
         // right after `open` connects to them before it returns.
         let mut ctl = control::Control::new(inner.clone(), router, monitor, wake_rx, live);

@@ -294,19 +294,34 @@ impl Publisher {
         d: &mut DataSock,
         wait: Wait,
         started: Instant,
+        attempt: impl FnMut(&mut DataSock, i32) -> zmq::Result<()>,
+    ) -> Result<(), PutError> {
+        // Every put that finds no room is counted, with the time it waits,
+        // whether it then gets through or not.
+        let c = &self.node.counters;
+        stats::inc(&c.puts_blocked);
+        let since = Instant::now();
+        let r = self.wait_for_room(d, wait, started, attempt);
+        stats::add(&c.puts_blocked_us, since.elapsed().as_micros() as u64);
+        r
+    }
+
+    fn wait_for_room(
+        &self,
+        d: &mut DataSock,
+        wait: Wait,
+        started: Instant,
         mut attempt: impl FnMut(&mut DataSock, i32) -> zmq::Result<()>,
     ) -> Result<(), PutError> {
         loop {
             let left = match wait {
                 Wait::No => {
-                    stats::inc(&self.node.counters.puts_blocked);
                     return Err(PutError::WouldBlock);
                 }
                 Wait::Forever => Duration::MAX,
                 Wait::For(t) => t.saturating_sub(started.elapsed()),
             };
             if left.is_zero() {
-                stats::inc(&self.node.counters.puts_blocked);
                 let Wait::For(t) = wait else {
                     unreachable!("only a bounded wait runs out")
                 };

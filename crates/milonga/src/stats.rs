@@ -73,6 +73,9 @@ counters! {
     /// Connections dropped because the peer did not speak ZMTP correctly
     /// (random bytes on a data or control port, for example).
     handshakes_failed,
+    /// Connections a listening socket could not accept (file descriptors
+    /// exhausted, for example); logged as errors.
+    accepts_failed,
     /// Control requests dropped as malformed.
     control_malformed,
     /// Peers ignored because they belong to another domain.
@@ -86,8 +89,11 @@ counters! {
     samples_batched,
     /// Batches sent.
     batches_sent,
-    /// Reliable puts that returned WouldBlock or Timeout.
+    /// Reliable puts that found no room (a subscriber was full): they
+    /// waited, or returned WouldBlock or Timeout.
     puts_blocked,
+    /// Microseconds reliable puts spent waiting for room, in all.
+    puts_blocked_us,
     /// History queries answered by this node's publishers.
     history_queries_answered,
     /// History queries dropped as malformed (bad CBOR, bad expression or token).

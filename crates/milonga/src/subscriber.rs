@@ -496,7 +496,7 @@ impl SubShared {
                     tracing::debug!(expr = %self.expr, endpoint = %ep, "connected");
                 }
                 Err(err) => {
-                    tracing::warn!(expr = %self.expr, endpoint = %ep, %err, "cannot connect")
+                    limited!(warn, expr = %self.expr, endpoint = %ep, %err, "cannot connect")
                 }
             }
         }

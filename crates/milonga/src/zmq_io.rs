@@ -74,6 +74,7 @@ pub(crate) fn apply_common(sock: &zmq::Socket, cfg: &Config) -> zmq::Result<()> 
     sock.set_heartbeat_ivl(cfg.heartbeat_interval_ms)?;
     sock.set_heartbeat_timeout(cfg.heartbeat_timeout_ms)?;
     sock.set_heartbeat_ttl(cfg.heartbeat_timeout_ms)?;
+    sock.set_handshake_ivl(cfg.handshake_timeout_ms.max(1))?;
     sock.set_maxmsgsize(i64::try_from(cfg.max_message_bytes).unwrap_or(i64::MAX))?;
     sock.set_sndhwm(cfg.send_hwm)?;
     sock.set_rcvhwm(cfg.recv_hwm)?;
