@@ -72,16 +72,37 @@ impl Filter {
         parts.join(";")
     }
 
-    /// A short id of the canonical text (FNV-1a 64, 16 hex digits).
+    /// The text a filter's id is computed from: as [`Filter::canonical`],
+    /// but each number written as the 16 lower-case hex digits of its
+    /// IEEE 754 bits (`abs_change=3ff8000000000000` for 1.5), which every
+    /// language can reproduce exactly (docs/protocol.md §4.4).
+    pub fn identity_text(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(e) = &self.expr {
+            parts.push(format!("expr={e}"));
+        }
+        if let Some(a) = self.abs_change {
+            parts.push(format!("abs_change={:016x}", a.to_bits()));
+        }
+        if let Some(r) = self.rel_change {
+            parts.push(format!("rel_change={:016x}", r.to_bits()));
+        }
+        if let Some(m) = self.min_period_ms {
+            parts.push(format!("min_period_ms={m}"));
+        }
+        parts.join(";")
+    }
+
+    /// A short id of the identity text (FNV-1a 64, 16 hex digits).
     pub fn id(&self) -> String {
-        fnv64(self.canonical().as_bytes())
+        fnv64(self.identity_text().as_bytes())
     }
 
     /// The id of this filter on the keys `keys` selects: FNV-1a 64 of the
-    /// canonical text, a newline and the key expression. Subscriptions of
+    /// identity text, a newline and the key expression. Subscriptions of
     /// different key expressions with the same filter are distinct filters.
     pub fn id_for(&self, keys: &str) -> String {
-        fnv64(format!("{}\n{keys}", self.canonical()).as_bytes())
+        fnv64(format!("{}\n{keys}", self.identity_text()).as_bytes())
     }
 
     /// Checks the filter: the expression parses, thresholds are finite and
@@ -465,6 +486,25 @@ pub fn changed(old: &Value, new: &Value, abs: Option<f64>, rel: Option<f64>) -> 
 
 #[cfg(test)]
 mod tests {
+    use super::Filter as IdFilter;
+
+    /// Issue 10, finding 16: a filter's id is reproducible from the
+    /// protocol document alone (the example of docs/protocol.md §4.4,
+    /// computed independently in Python).
+    #[test]
+    fn filter_ids_follow_the_documented_example() {
+        let f = IdFilter {
+            abs_change: Some(1.5),
+            min_period_ms: Some(100),
+            ..IdFilter::default()
+        };
+        assert_eq!(
+            f.identity_text(),
+            "abs_change=3ff8000000000000;min_period_ms=100"
+        );
+        assert_eq!(f.id_for("sr/**"), "aa72652949134c50");
+    }
+
     use super::*;
 
     fn v(pairs: &[(&str, Value)]) -> Value {

@@ -1510,8 +1510,7 @@ impl SubShared {
                         self.deliver(io, c, s, true);
                     }
                     Err(err) => {
-                        let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                        log_drop(n, "a sample whose payload does not decode", &err);
+                        self.undecodable(io, c, h.node_id, &key, h.seq, &err);
                     }
                 }
             }
@@ -1542,12 +1541,33 @@ impl SubShared {
                             self.deliver(io, c, s, true);
                         }
                         Err(err) => {
-                            let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                            log_drop(n, "a batched sample whose payload does not decode", &err);
+                            self.undecodable(io, c, h.node_id, &key, seq, &err);
                         }
                     }
                 }
             }
+        }
+    }
+
+    /// A sample whose payload does not decode: it goes through the
+    /// sequence check (a gap before it is reported, its own number is
+    /// taken), then is dropped and counted in `payloads_malformed`, as
+    /// docs/protocol.md §7 orders (rows 12-14): it arrived, so it is not
+    /// also reported lost. While a history query to its node is in flight,
+    /// only the counter moves.
+    fn undecodable(
+        &self,
+        io: &mut SubIo,
+        c: &Counters,
+        node: NodeId,
+        key: &str,
+        seq: u64,
+        err: &dyn std::fmt::Display,
+    ) {
+        let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+        log_drop(n, "a sample whose payload does not decode", err);
+        if !io.joins.contains_key(&node) {
+            let _ = self.check_seq(io, c, node, key, seq, false);
         }
     }
 

@@ -500,3 +500,34 @@ fn finding_06_a_peer_that_breaks_every_connection_meets_a_back_off() {
     assert!(st.reconnects <= 20 && st.connections_closed <= 21, "{st:?}");
     until_delivered(&pubsock, &sub, &node, seq + 1);
 }
+
+/// Issue 10, finding 16: a sample whose payload does not decode arrived:
+/// it is dropped and counted in `payloads_malformed`, and not also reported
+/// lost when the next sample comes (docs/protocol.md §7, rows 12-14).
+#[test]
+fn finding_16_an_undecodable_sample_is_not_also_reported_lost() {
+    let dir = TempDir::new("undecodable");
+    let mut cfg = Config::new("milonga:///bad", "victim");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    let node = Node::open_with(cfg).unwrap();
+    let sub = node.subscribe("bad/**").unwrap();
+    let (_ctx, pubsock) = forge_publisher(dir.path(), "bad");
+    wait_for("the subscriber to connect to the forged node", T, || {
+        sub.connected_endpoints() == 1
+    });
+    let seq = until_delivered(&pubsock, &sub, &node, 1);
+    let bad_cbor = frame("bad", Kind::Sample, Encoding::Cbor, seq, &[0x5b, 0xff]);
+    pubsock.send(bad_cbor, 0).unwrap();
+    pubsock
+        .send(frame("bad", Kind::Sample, Encoding::Raw, seq + 1, b"ok"), 0)
+        .unwrap();
+    loop {
+        match sub.recv_timeout(T).expect("the good sample") {
+            Event::Lost(l) => panic!("an undecodable sample reported lost too: {l:?}"),
+            Event::Sample(s) if s.seq == seq + 1 => break,
+            _ => {}
+        }
+    }
+    assert_eq!(node.stats().payloads_malformed, 1);
+    assert_eq!(sub.lost(), 0);
+}
