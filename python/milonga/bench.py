@@ -240,6 +240,15 @@ def pubsub(argv: list[str]) -> None:
     subs_list = [int(x) for x in a.subs.split(",")]
     import milonga
 
+    if a.baseline != "none":
+        try:
+            import zmq  # noqa: F401
+        except ImportError:
+            raise SystemExit(
+                "the pyzmq baseline needs pyzmq: pip install 'milonga[bench]' "
+                "(or run with --baseline none)"
+            ) from None
+
     print(
         f"# python -m milonga.bench pubsub: transport {a.transport}, mode {a.mode}, "
         f"{a.duration} s per cell, hwm = 64 MiB / size (16..10000) for both systems; "

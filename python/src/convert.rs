@@ -119,6 +119,27 @@ impl AsRef<[u8]> for Borrowed {
     }
 }
 
+/// A read-only buffer (a memoryview's) sent without a copy: held, so the
+/// exporter can neither free nor resize the memory, until the message has
+/// left.
+struct HeldView {
+    _view: pyo3::buffer::PyBuffer<u8>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the view is read-only and held (`PyBuffer` releases it with the
+// interpreter on whatever thread drops it); ptr/len describe its memory.
+unsafe impl Send for HeldView {}
+unsafe impl Sync for HeldView {}
+
+impl AsRef<[u8]> for HeldView {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see above.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
 struct Numpy {
     ndarray: Py<PyAny>,
     frombuffer: Py<PyAny>,
@@ -343,10 +364,23 @@ fn from_py_at(obj: &Bound<'_, PyAny>, threshold: usize, depth: usize) -> PyResul
         ));
     }
     if let Ok(m) = obj.cast::<PyMemoryView>() {
-        let b = py.get_type::<PyBytes>().call1((m,))?;
-        return Ok(Value::Bytes(Bytes::copy_from_slice(
-            b.cast::<PyBytes>()?.as_bytes(),
-        )));
+        // A read-only view (of bytes, or of a received message) is sent
+        // from its own memory, held until it has left; a writable one is
+        // copied once (the caller may change it while it is on its way).
+        let view = match pyo3::buffer::PyBuffer::<u8>::get(obj) {
+            Ok(v) => v,
+            Err(_) => pyo3::buffer::PyBuffer::<u8>::get(&m.call_method1("cast", ("B",))?)?,
+        };
+        let len = view.len_bytes();
+        if view.readonly() && view.is_c_contiguous() && len >= threshold.max(1) {
+            let ptr = view.buf_ptr() as *const u8;
+            return Ok(Value::Bytes(Bytes::from_owner(HeldView {
+                _view: view,
+                ptr,
+                len,
+            })));
+        }
+        return Ok(Value::Bytes(Bytes::from(view.to_vec(py)?)));
     }
     let np = numpy(py)?;
     if obj.is_instance(np.ndarray.bind(py))? {

@@ -92,6 +92,31 @@ def test_in_process_the_receiver_sees_the_senders_memory(domain: Domain) -> None
     assert not np.shares_memory(next_sample(sub).value, small)
 
 
+def test_a_read_only_memoryview_is_sent_without_a_copy(domain: Domain) -> None:
+    """Issue 10, finding 14: put(memoryview) of 1 MiB copied twice; a
+    read-only view (of bytes, or a received value, so an echo) is now sent
+    from its own memory, and a writable one is copied once."""
+    a = domain.open("pub", transport="inproc")
+    b = domain.open("sub", transport="inproc")
+    pub = a.publisher("np/view")
+    sub = b.subscribe("np/view")
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+    data = bytes(range(256)) * 4096  # 1 MiB
+    pub.put(memoryview(data))
+    got = next_sample(sub).value
+    assert isinstance(got, memoryview) and got == data
+    as_array = lambda m: np.frombuffer(m, dtype=np.uint8)  # noqa: E731
+    assert np.shares_memory(as_array(got), as_array(data)), "sent without a copy"
+    pub.put(got)  # an echo of what was received
+    again = next_sample(sub).value
+    assert np.shares_memory(as_array(again), as_array(data))
+    writable = bytearray(data)
+    pub.put(memoryview(writable))
+    copied = next_sample(sub).value
+    assert copied == data
+    assert not np.shares_memory(as_array(copied), as_array(writable)), "a writable view is copied"
+
+
 def test_receiving_1_mib_arrays_costs_one_copy_each(domain: Domain) -> None:
     a, b = domain.open("pub"), domain.open("sub")
     pub = a.publisher("np/mem", milonga.PublisherQos(reliable=True))

@@ -584,6 +584,9 @@ impl Control {
             .last_alive_check
             .is_none_or(|t| now - t >= Duration::from_millis(250));
         let mut dir = lock(dir);
+        if full_due {
+            dir.mark_all_dirty();
+        }
         if !full_due && !dir.changed() {
             drop(dir);
             let gone = alive_due && {

@@ -150,6 +150,24 @@ impl FileVersion {
     }
 }
 
+/// What a scan found in one file.
+#[derive(Debug)]
+struct Cached {
+    version: FileVersion,
+    /// A digest of the content, when it could be read.
+    digest: Option<u64>,
+    announcement: Option<Announcement>,
+}
+
+/// A digest of a file's content (`DefaultHasher::new` has fixed keys: the
+/// same in every scan of a process).
+fn content_digest(text: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
 /// Reads an announcement file without trusting it: no symbolic link is
 /// followed, nothing but a regular file of this user is opened, a FIFO or
 /// device never blocks the reader, and at most [`MAX_ANNOUNCEMENT_BYTES`]
@@ -241,8 +259,12 @@ impl Watch {
         self.0.as_raw_fd()
     }
 
-    /// Reads the pending events; whether there were any.
-    fn drain(&self) -> bool {
+    /// Reads the pending events: whether there were any, and adds the
+    /// names of the files they concern to `names` (`None` in it: the
+    /// kernel's queue overflowed, and any file may have changed).
+    fn drain(&self, names: &mut std::collections::HashSet<Option<std::ffi::OsString>>) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        const HEAD: usize = std::mem::size_of::<libc::inotify_event>();
         let mut buf = [0u8; 4096];
         let mut any = false;
         loop {
@@ -253,6 +275,24 @@ impl Watch {
                 return any;
             }
             any = true;
+            // The kernel returns whole events: a header, then `len` bytes
+            // of NUL-padded name.
+            let mut at = 0;
+            let n = n as usize;
+            while at + HEAD <= n {
+                let field = |o: usize| {
+                    u32::from_ne_bytes(buf[at + o..at + o + 4].try_into().expect("4 bytes"))
+                };
+                let (mask, len) = (field(4), field(12) as usize);
+                let name = &buf[(at + HEAD).min(n)..(at + HEAD + len).min(n)];
+                let name = &name[..name.iter().position(|b| *b == 0).unwrap_or(name.len())];
+                if mask & libc::IN_Q_OVERFLOW != 0 {
+                    names.insert(None);
+                } else if !name.is_empty() {
+                    names.insert(Some(std::ffi::OsStr::from_bytes(name).to_owned()));
+                }
+                at += HEAD + len;
+            }
         }
     }
 }
@@ -269,9 +309,13 @@ pub(crate) struct LocalDir {
     /// otherwise cost every node 200 reads and parses per change). A file
     /// that cannot be used is remembered too, so that it is counted and
     /// logged once per version, not on every scan.
-    cache: std::collections::HashMap<std::ffi::OsString, (FileVersion, Option<Announcement>)>,
+    cache: std::collections::HashMap<std::ffi::OsString, Cached>,
     /// Files read and parsed so far (the cache spares the others).
     pub files_read: u64,
+    /// Files inotify said changed since the last scan (`None`: any may
+    /// have): read again whatever their metadata says, since an inode can
+    /// be reused and timestamps are coarse.
+    dirty: std::collections::HashSet<Option<std::ffi::OsString>>,
 }
 
 impl LocalDir {
@@ -308,6 +352,7 @@ impl LocalDir {
             last_mtime: None,
             cache: std::collections::HashMap::new(),
             files_read: 0,
+            dirty: std::collections::HashSet::new(),
         })
     }
 
@@ -344,12 +389,24 @@ impl LocalDir {
     }
 
     /// Whether the directory changed since the last [`LocalDir::scan`].
-    pub(crate) fn changed(&self) -> bool {
+    pub(crate) fn changed(&mut self) -> bool {
         if let Some(w) = &self.watch {
-            return w.drain();
+            return w.drain(&mut self.dirty);
         }
         let m = fs::metadata(&self.dir).and_then(|m| m.modified()).ok();
-        m.is_none() || m != self.last_mtime
+        let changed = m.is_none() || m != self.last_mtime;
+        if changed {
+            // Without inotify there is no telling which file changed.
+            self.dirty.insert(None);
+        }
+        changed
+    }
+
+    /// Makes the next scan read every file again (the periodic full scan,
+    /// which nothing can have slipped past). Files whose content did not
+    /// change are not parsed or logged again.
+    pub(crate) fn mark_all_dirty(&mut self) {
+        self.dirty.insert(None);
     }
 
     /// Reads every live announcement; removes stale ones (and their ipc
@@ -376,34 +433,63 @@ impl LocalDir {
                 continue;
             };
             let version = FileVersion::of(&m);
+            let dirty = self.dirty.contains(&None) || self.dirty.contains(&Some(name.clone()));
             let cached = self
                 .cache
                 .get(&name)
-                .filter(|(v, _)| *v == version)
-                .map(|(_, a)| a.clone());
+                .filter(|c| c.version == version && !dirty)
+                .map(|c| c.announcement.clone());
             let a = match cached {
                 Some(a) => a,
                 None => {
-                    let parsed = check_file(&m)
-                        .and_then(|()| {
-                            self.files_read += 1;
-                            read_announcement(&path)
-                        })
-                        .and_then(|(v, text)| {
+                    let read = check_file(&m).and_then(|()| {
+                        self.files_read += 1;
+                        read_announcement(&path)
+                    });
+                    let digest = read.as_ref().ok().map(|(_, text)| content_digest(text));
+                    let same = self
+                        .cache
+                        .get(&name)
+                        .filter(|c| digest.is_some() && c.digest == digest)
+                        .map(|c| c.announcement.clone());
+                    if let Some(a) = same {
+                        // Read again, found as it was: not parsed, nor
+                        // counted and logged again.
+                        if let Some(c) = self.cache.get_mut(&name) {
+                            c.version = version;
+                        }
+                        a
+                    } else {
+                        let parsed = read.and_then(|(v, text)| {
                             serde_json::from_slice::<Announcement>(&text)
                                 .map(|a| (v, a))
                                 .map_err(|e| e.to_string())
                         });
-                    match parsed {
-                        Ok((v, a)) => {
-                            self.cache.insert(name, (v, Some(a.clone())));
-                            Some(a)
-                        }
-                        Err(err) => {
-                            *bad_files += 1;
-                            tracing::warn!(file = %path.display(), %err, "ignoring an announcement file (logged once per version of the file)");
-                            self.cache.insert(name, (version, None));
-                            None
+                        match parsed {
+                            Ok((v, a)) => {
+                                self.cache.insert(
+                                    name,
+                                    Cached {
+                                        version: v,
+                                        digest,
+                                        announcement: Some(a.clone()),
+                                    },
+                                );
+                                Some(a)
+                            }
+                            Err(err) => {
+                                *bad_files += 1;
+                                tracing::warn!(file = %path.display(), %err, "ignoring an announcement file (logged once per version of the file)");
+                                self.cache.insert(
+                                    name,
+                                    Cached {
+                                        version,
+                                        digest,
+                                        announcement: None,
+                                    },
+                                );
+                                None
+                            }
                         }
                     }
                 }
@@ -419,6 +505,7 @@ impl LocalDir {
             }
         }
         self.cache.retain(|name, _| seen.contains(name));
+        self.dirty.clear();
         out
     }
 }
@@ -558,6 +645,31 @@ mod tests {
         let again = dir.scan(&mut bad);
         assert_eq!((bad, again.len()), (0, 1), "counted once per version");
         assert_eq!(dir.files_read, 2, "nothing unchanged is read again");
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    /// A file rewritten in place with the same size (its inode, size and,
+    /// with coarse timestamps, modification time unchanged) is read again
+    /// once inotify names it.
+    #[test]
+    fn a_file_rewritten_with_the_same_size_is_read_again() {
+        let root = temp_dir("rewrite");
+        let mut dir = LocalDir::open(&root, "d", false).unwrap();
+        let mut a = announcement(&"12".repeat(16), std::process::id(), 0, "tcp://127.0.0.1:9");
+        a.publications = vec![PublicationInfo {
+            key: "a/x".into(),
+            reliability: Reliability::BestEffort,
+            history: 0,
+        }];
+        let file = dir.dir.join(format!("{}.json", a.node_id));
+        fs::write(&file, serde_json::to_vec(&a).unwrap()).unwrap();
+        let mut bad = 0;
+        let _ = dir.changed();
+        assert_eq!(dir.scan(&mut bad)[&a.node_id].publications[0].key, "a/x");
+        a.publications[0].key = "a/y".into();
+        fs::write(&file, serde_json::to_vec(&a).unwrap()).unwrap();
+        assert!(dir.changed());
+        assert_eq!(dir.scan(&mut bad)[&a.node_id].publications[0].key, "a/y");
         let _ = fs::remove_dir_all(&root);
     }
 

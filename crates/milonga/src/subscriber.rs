@@ -150,7 +150,7 @@ struct PubState {
     alive: bool,
     last_heard: Instant,
     /// When discovery stopped showing a matching publication of it:
-    /// reported `undeclared` [`DISCONNECT_GRACE`] later, unless its
+    /// reported `undeclared` [`DEPARTURE_GRACE`] later, unless its
     /// goodbye (still on its way) or a closed connection comes first.
     departing: Option<Instant>,
     /// It said goodbye: samples still on their way (a batch flushed at
@@ -159,6 +159,13 @@ struct PubState {
     /// When its liveliness connection closed: reported `disconnected`
     /// after [`DISCONNECT_GRACE`], unless its goodbye arrives meanwhile.
     disconnected_at: Option<Instant>,
+    /// Reported `undeclared` while the node itself lives on (its data
+    /// connection is kept): the entry stays so that a publication it
+    /// declares again is reported alive again.
+    undeclared: bool,
+    /// A sample of it arrived while `undeclared` (before discovery showed
+    /// its new publication): it is reported alive when discovery does.
+    sampled: bool,
 }
 
 /// How long a closed liveliness connection waits for a goodbye heartbeat
@@ -167,6 +174,11 @@ struct PubState {
 /// read once the socket has nothing left, so the goodbye has been read
 /// unless libzmq was still handing it over.
 const DISCONNECT_GRACE: Duration = Duration::from_millis(2);
+
+/// How long after discovery stops showing a publication of a node it is
+/// reported `undeclared` (and then only once the socket has nothing left to
+/// read): its goodbye or closed connection, still on their way, win.
+const DEPARTURE_GRACE: Duration = Duration::from_millis(10);
 
 /// The same wait for a close noted while messages still queue (a flood):
 /// the goodbye may be among them.
@@ -428,16 +440,27 @@ impl SubShared {
         // goodbye), and their liveliness connection is kept until then.
         let now = Instant::now();
         let mut departs = false;
+        let mut back = Vec::new();
         for (id, p) in io.publishers.iter_mut() {
             if r.publishers.contains_key(id) {
                 p.departing = None;
-            } else if p.departing.is_none() {
+                if std::mem::take(&mut p.undeclared) && std::mem::take(&mut p.sampled) {
+                    back.push(*id);
+                }
+            } else if p.departing.is_none() && !p.undeclared {
                 p.departing = Some(now);
                 departs = true;
             }
         }
+        // Undeclared nodes that left the domain are forgotten.
+        io.publishers
+            .retain(|id, p| !p.undeclared || r.live.contains(id));
+        for id in back {
+            // Declared again, and its samples already came: alive again.
+            self.note_alive(io, id, None);
+        }
         if departs {
-            io.arm(now + DISCONNECT_GRACE);
+            io.arm(now + DEPARTURE_GRACE);
         }
         let mut liveliness = r.liveliness.clone();
         for (ep, id) in &io.liveliness {
@@ -559,6 +582,8 @@ impl SubShared {
                 departing: None,
                 closed: false,
                 disconnected_at: None,
+                undeclared: false,
+                sampled: false,
             });
             p.name.clone_from(name);
         }
@@ -914,7 +939,18 @@ impl SubShared {
     fn settle_departures(&self, io: &mut SubIo, departed: Vec<NodeId>) {
         for id in departed {
             self.mark_lost(io, id, LostReason::Undeclared);
-            io.publishers.remove(&id);
+            if io.live.contains(&id) {
+                // The node lives on, its data connection with it: if it
+                // declares a matching publication again, its samples may
+                // come before discovery says so.
+                if let Some(p) = io.publishers.get_mut(&id) {
+                    p.departing = None;
+                    p.undeclared = true;
+                    p.sampled = false;
+                }
+            } else {
+                io.publishers.remove(&id);
+            }
         }
         let wanted = lock(&self.target).routes.liveliness.clone();
         let stale: Vec<String> = io
@@ -965,6 +1001,11 @@ impl SubShared {
         let Some(p) = io.publishers.get_mut(&id) else {
             return;
         };
+        if p.undeclared {
+            // Not alive again until discovery shows a publication of it.
+            p.sampled |= heard.is_none();
+            return;
+        }
         if let Some(now) = heard {
             p.last_heard = now;
         }
@@ -985,7 +1026,10 @@ impl SubShared {
 
     /// Reports leases and deadlines that ran out by `now`, and sets when
     /// the next may.
-    fn check_timers(&self, io: &mut SubIo, now: Instant) {
+    /// `drained`: nothing is left to read on the socket, so departures can
+    /// be settled (the samples a departed publisher sent before its
+    /// announcement went have been delivered first).
+    fn check_timers(&self, io: &mut SubIo, now: Instant, drained: bool) {
         let mut next: Option<Instant> = None;
         let mut earliest = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
         // Publishers: leases, closed connections and departures, each
@@ -993,10 +1037,10 @@ impl SubShared {
         let (mut expired, mut disconnected, mut departed) = (Vec::new(), Vec::new(), Vec::new());
         for (id, p) in &io.publishers {
             if let Some(t) = p.departing {
-                if now >= t + DISCONNECT_GRACE {
+                if now >= t + DEPARTURE_GRACE && drained {
                     departed.push(*id);
                 } else {
-                    earliest(t + DISCONNECT_GRACE);
+                    earliest((t + DEPARTURE_GRACE).max(now + Duration::from_millis(1)));
                 }
             }
             if !p.alive {
@@ -1193,7 +1237,11 @@ impl SubShared {
                 Some(t) => {
                     let now = Instant::now();
                     if t <= now {
-                        self.check_timers(&mut io, now);
+                        let drained = io
+                            .sock
+                            .get_events()
+                            .map_or(true, |e| !e.contains(zmq::POLLIN));
+                        self.check_timers(&mut io, now, drained);
                         continue;
                     }
                     Some((t - now).as_micros().div_ceil(1000) as i64)
@@ -1290,7 +1338,7 @@ impl SubShared {
         if io.handled % 256 == 0 && io.next_timer.is_some() {
             let now = Instant::now();
             if io.next_timer.is_some_and(|t| t <= now) {
-                self.check_timers(io, now);
+                self.check_timers(io, now, false);
             }
         }
     }

@@ -125,16 +125,26 @@ fn a_redeclared_publisher_continues_its_sequence() {
         let p = a.publisher("k").unwrap();
         // The subscriber connects to a declared publisher a moment later
         // (and `subscriber_count` may still count the connection it drops
-        // when the previous declaration went): put until one arrives.
+        // when the previous declaration went): put until one arrives, and
+        // until the subscriber has seen the publication come (the second
+        // time, its data connection is still there and samples may arrive
+        // before discovery shows the publication again; were it dropped at
+        // once, discovery might never show it, nor its going).
         let started = std::time::Instant::now();
-        let first = loop {
-            p.put(puts).unwrap();
-            puts += 1;
-            if let Ok(Event::Sample(x)) = s.recv_timeout(Duration::from_millis(20)) {
-                break x;
+        let mut got = Vec::new();
+        let mut alive = false;
+        while got.is_empty() || !alive {
+            if got.is_empty() {
+                p.put(puts).unwrap();
+                puts += 1;
+            }
+            match s.recv_timeout(Duration::from_millis(20)) {
+                Ok(Event::Sample(x)) => got.push(x),
+                Ok(Event::PublisherAlive(_)) => alive = true,
+                _ => {}
             }
             assert!(started.elapsed() < Duration::from_secs(5), "no sample");
-        };
+        }
         for _ in 0..3 {
             p.put(puts).unwrap();
             puts += 1;
@@ -142,7 +152,6 @@ fn a_redeclared_publisher_continues_its_sequence() {
         drop(p);
         // Everything from the first sample on arrives, in order, before the
         // subscriber sees the publisher go.
-        let mut got = vec![first];
         loop {
             match s
                 .recv_timeout(Duration::from_secs(5))
