@@ -523,3 +523,87 @@ fn finding_12_publishers_killed_together_are_each_reported_disconnected() {
         wrong.len()
     );
 }
+
+/// Finding 11: a flood of requests from one connection (a raw DEALER that
+/// never reads its replies) leaves no lasting overload for other callers:
+/// one caller may hold a quarter of the server's queue, so the flood's
+/// backlog meets the rejections and a legitimate caller is served.
+#[test]
+fn finding_11_a_request_flood_from_one_caller_rejects_that_caller_only() {
+    use milonga::wire::frame::{self, domain_tag, Encoding, Header, Kind};
+    use milonga::wire::NodeId;
+    let env = Env::new("rqflood");
+    let server = Proc::spawn(env.cmd(&[
+        "serve",
+        "lab/f",
+        "--echo",
+        "--delay-ms",
+        "20",
+        "--workers",
+        "2",
+        "--max-queued",
+        "64",
+    ]));
+    assert!(server.line(T).expect("serving").starts_with("serving "));
+    let node = Node::open_with(env.config("caller")).unwrap();
+    let endpoint = {
+        let mut ep = None;
+        wait_for("the service", T, || {
+            ep = node
+                .peers()
+                .iter()
+                .flat_map(|p| p.services.iter())
+                .find(|s| s.key == "lab/f")
+                .map(|s| s.endpoint.clone());
+            ep.is_some()
+        });
+        ep.unwrap()
+    };
+    let domain = env.domain.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooding = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let ctx = zmq::Context::new();
+            let flood = ctx.socket(zmq::DEALER).unwrap();
+            flood.set_sndhwm(0).unwrap();
+            flood.set_rcvhwm(1).unwrap();
+            flood.connect(&endpoint).unwrap();
+            let key = milonga::Key::new("lab/f").unwrap();
+            let mut i = 0u64;
+            // Requests faster than two workers at 20 ms can answer, from
+            // one connection that never reads its replies.
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                i += 1;
+                let h = Header {
+                    kind: Kind::Request,
+                    flags: 0,
+                    encoding: Encoding::Cbor,
+                    domain_tag: domain_tag(&domain),
+                    schema_id: 0,
+                    node_id: NodeId([3; 16]),
+                    seq: i,
+                    timestamp_ns: 0,
+                };
+                flood.send(frame::encode(&key, &h, &[0x01]), 0).unwrap();
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        })
+    };
+    let rejected = |node: &Node| {
+        let srv = node.peers().into_iter().find(|p| !p.services.is_empty());
+        srv.and_then(|s| node.query(&s.control, T))
+            .map_or(0, |i| i.stats.calls_rejected)
+    };
+    wait_for("the flood to meet rejections", T, || rejected(&node) > 0);
+    // The queue is kept full by the flood; another caller is served
+    // meanwhile, not rejected.
+    for i in 0..5 {
+        match node.call("lab/f", i, Duration::from_secs(10)) {
+            Ok(v) => assert_eq!(v, milonga::Value::from(i)),
+            Err(e) => panic!("call {i} during the flood: {e}"),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    flooding.join().unwrap();
+}

@@ -20,7 +20,7 @@
 //! sleeps without a timer when none has come for a while, so an idle
 //! service costs no CPU.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -180,6 +180,16 @@ struct Pool {
     idle: usize,
     /// Requests read so far, to tell traffic from quiet.
     taken: u64,
+    /// Queued requests per caller connection (ROUTER identity): one
+    /// connection may hold at most a quarter of the queue, so that a flood
+    /// from one caller gets the rejections, not everybody else while its
+    /// backlog drains.
+    queued_by: HashMap<Vec<u8>, usize>,
+}
+
+/// The share of `max_queued` one caller connection may hold.
+fn per_caller_limit(max_queued: usize) -> usize {
+    (max_queued / 4).max(1)
 }
 
 struct Server {
@@ -381,6 +391,13 @@ impl Server {
                 return;
             }
             if let Some(job) = p.queue.pop_front() {
+                let id = job.identity.to_vec();
+                if let Some(n) = p.queued_by.get_mut(&id) {
+                    *n -= 1;
+                    if *n == 0 {
+                        p.queued_by.remove(&id);
+                    }
+                }
                 drop(p);
                 let out = self.answer(job);
                 self.deliver(me, out);
@@ -502,13 +519,22 @@ impl Server {
             p.taken += 1;
             if self.opts.workers > 1 && (p.idle == 0 || !p.queue.is_empty()) {
                 // Nobody else would read while this ran: queue it.
-                if p.queue.len() >= self.opts.max_queued {
+                let caller = r.identity.to_vec();
+                let share = per_caller_limit(self.opts.max_queued);
+                let mine = p.queued_by.get(&caller).copied().unwrap_or(0);
+                if p.queue.len() >= self.opts.max_queued || mine >= share {
                     drop(p);
                     stats::inc(&self.node.counters.calls_rejected);
-                    let msg = format!(
-                        "{} requests already wait for a worker (max_queued)",
-                        self.opts.max_queued
-                    );
+                    let msg = if mine >= share {
+                        format!(
+                            "{mine} requests of this caller already wait for a worker (a caller may hold a quarter of max_queued)"
+                        )
+                    } else {
+                        format!(
+                            "{} requests already wait for a worker (max_queued)",
+                            self.opts.max_queued
+                        )
+                    };
                     self.refuse(
                         s,
                         r.identity,
@@ -519,6 +545,7 @@ impl Server {
                     );
                     continue;
                 }
+                *p.queued_by.entry(caller).or_insert(0) += 1;
                 p.queue.push_back(r);
                 if p.idle > 0 {
                     self.followers_cv.notify_one();
