@@ -2,7 +2,7 @@
 # two commands of the README; .ci/run calls `make test`.
 CARGO ?= cargo
 
-.PHONY: setup demo test lint unit python pytest fuzz-smoke bench fuzz clean
+.PHONY: setup demo test lint unit python pytest fuzz-smoke bench chaos fuzz clean
 
 # The Python package lives in its own virtual environment.
 PYTHON ?= python3
@@ -55,6 +55,12 @@ bench:
 	$(MAKE) python
 	cd /tmp && $(CURDIR)/$(VPY) -m milonga.bench pubsub --format csv
 	$(VPY) python/bench_memory.py
+
+# The chaos suite (issue 10): a soak (MILONGA_CHAOS_MINUTES, default 2), 200
+# publishers killed at once, a 15 s history-query flood. Minutes long, so not
+# in `make test`; docs/guarantees.md records a run.
+chaos:
+	$(CARGO) test --release -p milonga-cli --test chaos -- --ignored --test-threads 1 --nocapture
 
 # Needs a nightly toolchain and cargo-fuzz (see docs/fuzzing.md).
 fuzz:

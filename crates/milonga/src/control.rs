@@ -165,6 +165,8 @@ pub(crate) struct Control {
     /// When a local scan last changed the peer table.
     last_published: Option<Instant>,
     last_query: Option<Instant>,
+    /// The last drain of the data sockets left messages to read.
+    flooded: bool,
 }
 
 impl Control {
@@ -217,6 +219,7 @@ impl Control {
             last_alive_check: None,
             last_published: None,
             last_query: None,
+            flooded: false,
         }
     }
 
@@ -228,7 +231,9 @@ impl Control {
             let batching = self.inner.batch_pending.load(Ordering::Acquire);
             // Only sockets the poll found readable are read: each read of
             // an empty socket is a system call, and this runs every turn.
-            let ready = self.wait(if batching {
+            let ready = self.wait(if self.flooded {
+                Duration::ZERO
+            } else if batching {
                 Duration::from_millis(1)
             } else if self.watch_fd.is_some() && !self.has_data_sockets() {
                 // Nothing here needs a turn every `interval`: discovery
@@ -250,7 +255,7 @@ impl Control {
             }
             self.query_statics();
             self.scan_local();
-            self.drain_data_sockets();
+            self.flooded = self.drain_data_sockets();
             self.heartbeat(ready.live);
             if lock(&self.inner.state).announce_dirty {
                 self.inner.announce();
@@ -672,16 +677,20 @@ impl Control {
 
     /// Reads subscription messages so that they do not pile up in a
     /// publisher socket nobody is putting on.
-    fn drain_data_sockets(&self) {
+    /// Whether a socket had more to read than one drain takes (a flood):
+    /// the node thread then comes back without sleeping.
+    fn drain_data_sockets(&self) -> bool {
         let socks = {
             let st = lock(&self.inner.state);
             [st.data_best_effort.clone(), st.data_reliable.clone()]
         };
+        let mut more = false;
         for d in socks.into_iter().flatten() {
             if let Some(mut g) = try_lock(&d.sock) {
-                g.drain_subscriptions(&self.inner);
+                more |= g.drain_subscriptions(&self.inner);
             }
         }
+        more
     }
 }
 

@@ -44,8 +44,8 @@ pub(crate) struct QueryBudget {
 }
 
 impl QueryBudget {
-    /// Whether a query of `token` may be answered now; counts it if so.
-    fn admit(&mut self, token: &str) -> bool {
+    /// Starts a new second if the current one is over.
+    fn roll(&mut self) {
         let now = std::time::Instant::now();
         if self
             .second
@@ -56,6 +56,17 @@ impl QueryBudget {
                 ..QueryBudget::default()
             };
         }
+    }
+
+    /// Whether this second's budget is spent, whoever asks.
+    pub(crate) fn exhausted(&mut self) -> bool {
+        self.roll();
+        self.answered >= QUERIES_PER_SECOND || self.bytes >= REPLY_BYTES_PER_SECOND
+    }
+
+    /// Whether a query of `token` may be answered now; counts it if so.
+    fn admit(&mut self, token: &str) -> bool {
+        self.roll();
         if self.answered >= QUERIES_PER_SECOND || self.bytes >= REPLY_BYTES_PER_SECOND {
             return false;
         }
@@ -74,7 +85,7 @@ impl QueryBudget {
 }
 
 /// Counts a refused query, logging the first ones and then one in 1,000.
-fn refuse(node: &NodeInner, why: &str) {
+pub(crate) fn refuse(node: &NodeInner, why: &str) {
     let n = node
         .counters
         .history_queries_refused

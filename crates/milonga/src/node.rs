@@ -61,21 +61,29 @@ pub(crate) struct DataSock {
 
 /// Most messages (subscriptions, queries, declarations) one call of
 /// [`DataSock::drain_subscriptions`] reads: under a flood, the node thread
-/// goes on to its other duties (heartbeats) and puts get the socket.
-const MAX_DRAIN: usize = 4096;
+/// goes on to its other duties (heartbeats) and puts get the socket, then
+/// comes back at once. libzmq's XPUB moves what peers send upstream into
+/// an unbounded queue of its own, so reading fast is what bounds memory.
+const MAX_DRAIN: usize = 65_536;
 
 impl DataSock {
     /// Reads the subscribe/unsubscribe messages and history queries queued
     /// on the XPUB socket, and answers the queries.
-    pub(crate) fn drain_subscriptions(&mut self, node: &NodeInner) {
+    /// Whether it stopped at [`MAX_DRAIN`] with more to read.
+    pub(crate) fn drain_subscriptions(&mut self, node: &NodeInner) -> bool {
         let counters = &node.counters;
         for _ in 0..MAX_DRAIN {
             let Ok(msg) = self.sock.recv_msg(zmq::DONTWAIT) else {
-                break;
+                return false;
             };
             match msg.first() {
                 Some(&milonga_wire::history::QUERY_TAG) => {
-                    crate::history::answer(self, node, &msg);
+                    // Over this second's budget: refused without decoding.
+                    if self.query_budget.exhausted() {
+                        crate::history::refuse(node, "over the rate a data socket answers");
+                    } else {
+                        crate::history::answer(self, node, &msg);
+                    }
                 }
                 Some(&milonga_wire::filter::DECLARE_TAG) => {
                     crate::filters::declare(self, node, &msg);
@@ -108,6 +116,7 @@ impl DataSock {
                 }
             }
         }
+        true
     }
 
     /// Tries to send the waiting batch, if any (see [`Pending::send`]).

@@ -83,9 +83,10 @@ pub enum LostReason {
     /// it withdrew them, or left the domain.
     Undeclared,
     /// The subscription dropped what it knew of the node (its sequence
-    /// numbers) because more than 256 publisher nodes were absent from
-    /// discovery at once and this one had been absent longest. If it comes
-    /// back, samples it sent while absent can no longer be accounted for.
+    /// numbers) because more than 256 publisher nodes, or more than 65,536
+    /// of their keys, were absent from discovery at once and this one had
+    /// been absent longest. If it comes back, samples it sent while absent
+    /// can no longer be accounted for.
     Forgotten,
 }
 

@@ -67,7 +67,7 @@ counters! {
     /// follows 65,536 keys of that publisher node.
     samples_over_key_limit,
     /// Publisher nodes whose sequence state a subscription dropped: more
-    /// than 256 were absent from discovery at once (reported to the
+    /// than 256 (or more than 65,536 of their keys) were absent from discovery at once (reported to the
     /// subscription as `PublisherLost` with reason `forgotten`).
     publisher_states_dropped,
     /// Connections dropped because the peer did not speak ZMTP correctly

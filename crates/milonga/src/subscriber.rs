@@ -211,6 +211,10 @@ const MAX_DEADLINE_KEYS: usize = 1 << 16;
 /// forgotten and reported `PublisherLost` with reason `forgotten`.
 pub(crate) const MAX_ABSENT_PUBLISHERS: usize = 256;
 
+/// Most keys, over all absent publisher nodes, whose sequence state a
+/// subscription keeps; beyond, absent nodes are forgotten as above.
+pub(crate) const MAX_ABSENT_KEYS: usize = 1 << 16;
+
 /// Most keys of one publisher node whose sequence numbers a subscription
 /// follows; samples of further keys are dropped and counted.
 pub(crate) const MAX_KEYS_PER_PUBLISHER: usize = 1 << 16;
@@ -306,7 +310,6 @@ impl SubShared {
             why: format!("no randomness available: {e}"),
         })?;
         let token = milonga_wire::NodeId(t).to_hex();
-        let _ = id;
         let filter = qos.filter.clone().map(|f| {
             let id = f.id_for(expr.as_str());
             let prefix = format!("{}{id}/", milonga_wire::filter::FILTERED_KEY_PREFIX);
@@ -639,11 +642,17 @@ impl SubShared {
             .collect();
         newly.sort();
         io.absent.extend(newly);
-        while io.absent.len() > MAX_ABSENT_PUBLISHERS {
+        let mut keys: usize = io
+            .absent
+            .iter()
+            .map(|id| io.last_seq.get(id).map_or(0, HashMap::len))
+            .sum();
+        while io.absent.len() > MAX_ABSENT_PUBLISHERS || keys > MAX_ABSENT_KEYS {
             let Some(id) = io.absent.pop_front() else {
                 break;
             };
-            let keys = io.last_seq.remove(&id).map_or(0, |m| m.len());
+            let gone = io.last_seq.remove(&id).map_or(0, |m| m.len());
+            keys -= gone;
             lock(&self.lost_by_publisher).remove(&id);
             let c = &self.node.counters;
             let n = c.publisher_states_dropped.fetch_add(1, Ordering::Relaxed) + 1;
@@ -651,7 +660,7 @@ impl SubShared {
                 n,
                 "the sequence state of a publisher absent from discovery",
                 &format_args!(
-                    "{id} ({keys} keys): more than {MAX_ABSENT_PUBLISHERS} absent publishers; if it comes back, what it sent meanwhile cannot be accounted for"
+                    "{id} ({gone} keys): more than {MAX_ABSENT_PUBLISHERS} absent publishers or {MAX_ABSENT_KEYS} of their keys; if it comes back, what it sent meanwhile cannot be accounted for"
                 ),
             );
             io.pending.push_back(Event::PublisherLost(PublisherLost {
