@@ -35,10 +35,13 @@ const HANDSHAKE_FAILED: i32 = (zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) as i32;
 const ACCEPT_FAILED: i32 = zmq_sys::ZMQ_EVENT_ACCEPT_FAILED as i32;
+const DISCONNECTED: i32 = zmq_sys::ZMQ_EVENT_DISCONNECTED as i32;
 
 /// A socket monitor reporting failed handshakes (a peer that does not speak
-/// ZMTP, or speaks it wrongly, or not within `handshake_timeout_ms`) and
-/// failed accepts (file descriptors exhausted) on `sock`.
+/// ZMTP, or speaks it wrongly, or not within `handshake_timeout_ms`),
+/// failed accepts (file descriptors exhausted) and closed peer connections
+/// (libzmq closes one that sends a message over the socket's size limit,
+/// with no event of its own) on `sock`.
 pub(crate) fn monitor(
     inner: &NodeInner,
     sock: &zmq::Socket,
@@ -50,7 +53,7 @@ pub(crate) fn monitor(
         endpoint: ep.clone(),
         source,
     };
-    sock.monitor(&ep, HANDSHAKE_FAILED | ACCEPT_FAILED)
+    sock.monitor(&ep, HANDSHAKE_FAILED | ACCEPT_FAILED | DISCONNECTED)
         .map_err(err)?;
     let pair = inner.ctx.socket(zmq::PAIR)?;
     pair.set_linger(0).map_err(err)?;
@@ -476,6 +479,10 @@ impl Control {
                     _ => (0, 0),
                 };
                 let c = &self.inner.counters;
+                if event == DISCONNECTED {
+                    stats::inc(&c.peer_disconnects);
+                    continue;
+                }
                 if event == ACCEPT_FAILED {
                     let n = c.accepts_failed.fetch_add(1, Ordering::Relaxed) + 1;
                     if n <= 10 || n % 1000 == 0 {

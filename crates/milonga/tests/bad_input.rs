@@ -531,3 +531,34 @@ fn finding_16_an_undecodable_sample_is_not_also_reported_lost() {
     assert_eq!(node.stats().payloads_malformed, 1);
     assert_eq!(sub.lost(), 0);
 }
+
+/// Issue 10, finding 10: an over-size message sent to a node's data port
+/// (over its 256 KiB limit for what subscribers send) makes libzmq close
+/// that connection; the node counts it in `peer_disconnects` and goes on.
+#[test]
+fn finding_10_an_over_size_message_to_a_data_port_is_counted() {
+    let dir = TempDir::new("oversize-in");
+    let mut cfg = Config::new("milonga:///bad", "target");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    let node = Node::open_with(cfg).unwrap();
+    let p = node.publisher("big/x").unwrap();
+    let data = node
+        .peers()
+        .into_iter()
+        .find(|a| a.node_id == node.id().to_hex())
+        .and_then(|a| a.data_best_effort)
+        .unwrap();
+    let ctx = zmq::Context::new();
+    let raw = ctx.socket(zmq::XSUB).unwrap();
+    raw.connect(&data).unwrap();
+    raw.send(&b"\x01big/x\x00"[..], 0).unwrap();
+    wait_for("the raw subscriber", T, || p.subscriber_count() == 1);
+    let before = node.stats().peer_disconnects;
+    let mut big = vec![0x42u8; 512 << 10];
+    big[0] = 0x02;
+    raw.send(big, 0).unwrap();
+    wait_for("the over-size message to be counted", T, || {
+        node.stats().peer_disconnects > before
+    });
+    p.put(1).unwrap();
+}
