@@ -41,7 +41,7 @@ pytest: python
 test: lint unit pytest
 
 # The runs recorded in docs/benchmarks.md: throughput and latency on tcp and
-# ipc, liveliness detection, idle memory.
+# ipc, liveliness detection, discovery of 100 nodes, idle memory.
 bench:
 	$(CARGO) build --release -p milonga-cli
 	./target/release/milonga bench pubsub --transport tcp --format csv
@@ -51,6 +51,7 @@ bench:
 	./target/release/milonga bench liveliness --format csv
 	./target/release/milonga bench rpc --transport tcp --format csv
 	./target/release/milonga bench rpc --transport ipc --format csv
+	./target/release/milonga bench discovery --nodes 100 --format csv
 	./target/release/milonga bench idle
 	$(MAKE) python
 	cd /tmp && $(CURDIR)/$(VPY) -m milonga.bench pubsub --format csv

@@ -50,6 +50,9 @@ enum BenchKind {
     Liveliness(crate::bench_liveliness::LivelinessArgs),
     /// Request/reply calls per second and latency, 1..100 client processes.
     Rpc(crate::bench_rpc::RpcArgs),
+    /// How long N node processes of one host take to find each other, and
+    /// to see a fifth of them replaced.
+    Discovery(crate::bench_discovery::DiscoveryArgs),
 }
 
 #[derive(Args, Debug)]
@@ -213,6 +216,7 @@ pub fn run(net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
         BenchKind::Idle(i) => idle(i),
         BenchKind::Liveliness(l) => crate::bench_liveliness::run(l, t),
         BenchKind::Rpc(r) => crate::bench_rpc::run(r, t),
+        BenchKind::Discovery(d) => crate::bench_discovery::run(d),
     }
 }
 

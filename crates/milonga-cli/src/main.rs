@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use milonga::{Config, Event, Node, PublisherQos, RecvError, SubscriberQos, Transport};
 
 mod bench;
+mod bench_discovery;
 mod bench_liveliness;
 mod bench_rpc;
 mod demo;
@@ -113,6 +114,9 @@ enum Cmd {
     /// A request/reply benchmark worker process (used by `bench rpc`).
     #[command(hide = true)]
     BenchRpcWorker(bench_rpc::RpcWorkerArgs),
+    /// A discovery benchmark node process (used by `bench discovery`).
+    #[command(hide = true)]
+    BenchDiscWorker(bench_discovery::DiscWorkerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -293,6 +297,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(&cli.net, a),
         Cmd::BenchWorker(a) => bench::worker(a),
         Cmd::BenchRpcWorker(a) => bench_rpc::worker(a),
+        Cmd::BenchDiscWorker(a) => bench_discovery::worker(a),
     };
     match r {
         Ok(code) => code,

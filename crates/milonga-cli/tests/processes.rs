@@ -512,6 +512,14 @@ fn bench_prints_the_documented_csv() {
         let (p50, p99): (f64, f64) = (r[3].parse().unwrap(), r[4].parse().unwrap());
         assert!(p50 > 0.0 && p99 >= p50, "{r:?}");
     }
+    let rows = run(&["bench", "discovery", "--nodes", "5", "--format", "csv"]);
+    assert_eq!(rows[0].join(","), "case,nodes,p50_ms,max_ms,note");
+    let cases: Vec<&str> = rows[1..].iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(cases, ["start", "churn"]);
+    for r in &rows[1..] {
+        let (p50, max): (f64, f64) = (r[2].parse().unwrap(), r[3].parse().unwrap());
+        assert!(p50 > 0.0 && max >= p50, "{r:?}");
+    }
 }
 
 /// The next status line with `"event": event`, skipping samples and other

@@ -477,6 +477,9 @@ impl LocalDir {
                                 );
                                 Some(a)
                             }
+                            // Removed since it was listed (its node closed,
+                            // or a stale file was cleaned): not bad.
+                            Err(_) if fs::symlink_metadata(&path).is_err() => continue,
                             Err(err) => {
                                 *bad_files += 1;
                                 tracing::warn!(file = %path.display(), %err, "ignoring an announcement file (logged once per version of the file)");

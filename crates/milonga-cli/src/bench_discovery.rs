@@ -1,0 +1,210 @@
+//! `milonga bench discovery`: how long N node processes of one host take
+//! to find each other with local discovery, and to see a fifth of them
+//! replaced (the churn of issue 10, finding 9).
+//!
+//! Each node is a process (`milonga bench-worker` role `disc-node`) that
+//! opens a node in a private domain, declares a publication and prints the
+//! time, from the bench's start signal (a wall-clock instant passed to
+//! every process), at which its peer table first holds all the nodes it
+//! was told to expect. The bench reports the median and the largest over
+//! the nodes.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use milonga::{Config, Node};
+
+use crate::bench::Format;
+
+/// Options of `milonga bench discovery`.
+#[derive(Args, Debug)]
+pub struct DiscoveryArgs {
+    /// Node processes.
+    #[arg(long, default_value_t = 100)]
+    nodes: usize,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+/// Options of the `disc-node` worker.
+#[derive(Args, Debug)]
+pub struct DiscWorkerArgs {
+    /// Locator of the private domain.
+    locator: String,
+    /// Runtime directory.
+    runtime_dir: String,
+    /// Nodes (names `disc-<i>`) whose announcements this one waits for.
+    expect: String,
+    /// Wall clock (ns since the epoch) the time is measured from.
+    start_ns: u64,
+    /// This node's number.
+    me: usize,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The `disc-node` worker: prints `seen <ms>` once its peer table holds
+/// every expected node, then stays (to be found) until killed.
+pub fn worker(a: DiscWorkerArgs) -> Result<std::process::ExitCode> {
+    let mut cfg = Config::new(&a.locator, &format!("disc-{}", a.me));
+    cfg.runtime_dir = Some(a.runtime_dir.into());
+    let node = Node::open_with(cfg)?;
+    let _p = node.publisher(&format!("disc/{}", a.me))?;
+    let expect: std::collections::BTreeSet<String> = a
+        .expect
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|i| format!("disc-{i}@"))
+        .collect();
+    loop {
+        let peers = node.peers();
+        let seen = expect
+            .iter()
+            .all(|e| peers.iter().any(|p| p.name.starts_with(e.as_str())));
+        if seen {
+            let ms = now_ns().saturating_sub(a.start_ns) as f64 / 1e6;
+            println!("seen {ms:.1}");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+struct Proc {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(locator: &str, dir: &str, expect: &str, start_ns: u64, me: usize) -> Result<Proc> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["bench-disc-worker", locator, dir, expect])
+        .arg(start_ns.to_string())
+        .arg(me.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot start a node process")?;
+    let out = child.stdout.take().context("piped stdout")?;
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(Proc { child, lines })
+}
+
+/// Waits for every process of `procs` to print `seen`; their times in ms.
+fn times(procs: &[&Proc], deadline: Instant) -> Result<Vec<f64>> {
+    let mut out = Vec::new();
+    for p in procs {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = p
+            .lines
+            .recv_timeout(left)
+            .context("a node did not find all the others within 120 s")?;
+        let ms: f64 = line
+            .strip_prefix("seen ")
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("unexpected worker line {line:?}"))?;
+        out.push(ms);
+    }
+    out.sort_by(f64::total_cmp);
+    Ok(out)
+}
+
+fn report(format: Format, case: &str, n: usize, t: &[f64], note: &str) {
+    let p50 = t[t.len() / 2];
+    let max = t[t.len() - 1];
+    match format {
+        Format::Csv => println!("{case},{n},{p50:.1},{max:.1},\"{note}\""),
+        Format::Table => println!("{case:<8} {n:>6} {p50:>10.1} {max:>10.1}  {note}"),
+    }
+}
+
+/// Runs `milonga bench discovery`.
+pub fn run(a: DiscoveryArgs) -> Result<std::process::ExitCode> {
+    if a.nodes < 5 {
+        bail!("--nodes must be at least 5");
+    }
+    let pid = std::process::id();
+    let dir = std::env::temp_dir().join(format!("mlg-disc-{pid}"));
+    let dir_s = dir.display().to_string();
+    let locator = format!("milonga:///disc-{pid}");
+    let n = a.nodes;
+    eprintln!(
+        "# milonga bench discovery: {n} node processes on this host, local discovery (tcp); ms from the start signal until a node's peer table holds every expected node; p50 and max over the nodes"
+    );
+    match a.format {
+        Format::Csv => println!("case,nodes,p50_ms,max_ms,note"),
+        Format::Table => println!(
+            "{:<8} {:>6} {:>10} {:>10}  note",
+            "case", "nodes", "p50_ms", "max_ms"
+        ),
+    }
+    let all: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let start = now_ns();
+    let started = Instant::now();
+    let mut procs: Vec<Proc> = (0..n)
+        .map(|i| spawn(&locator, &dir_s, &all.join(","), start, i))
+        .collect::<Result<_>>()?;
+    let cold = times(
+        &procs.iter().collect::<Vec<_>>(),
+        started + Duration::from_secs(120),
+    )?;
+    report(
+        a.format,
+        "start",
+        n,
+        &cold,
+        "all started at once; each must see all",
+    );
+    // Churn: a fifth replaced by new nodes; each new node must see every
+    // node now alive, and an observer every new node.
+    let k = n / 5;
+    procs.truncate(n - k);
+    let start = now_ns();
+    let started = Instant::now();
+    let alive: Vec<String> = (0..n - k).chain(n..n + k).map(|i| i.to_string()).collect();
+    let fresh: Vec<Proc> = (n..n + k)
+        .map(|i| spawn(&locator, &dir_s, &alive.join(","), start, i))
+        .collect::<Result<_>>()?;
+    let new_ones: Vec<String> = (n..n + k).map(|i| i.to_string()).collect();
+    let observer = spawn(&locator, &dir_s, &new_ones.join(","), start, 10 * n)?;
+    let mut t = times(
+        &fresh.iter().collect::<Vec<_>>(),
+        started + Duration::from_secs(120),
+    )?;
+    t.extend(times(&[&observer], started + Duration::from_secs(120))?);
+    t.sort_by(f64::total_cmp);
+    report(
+        a.format,
+        "churn",
+        k,
+        &t,
+        &format!("{k} of {n} killed and {k} started at once; the new ones and an observer must see the new set"),
+    );
+    drop((procs, fresh, observer));
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(std::process::ExitCode::SUCCESS)
+}
