@@ -137,6 +137,15 @@ struct StaticPeer {
     warned_domain: bool,
 }
 
+/// A service's socket monitor: the node thread reads it while the service
+/// lives (`Weak`); the service holds the reader too, and lets it go only
+/// after it has stopped its socket's monitor (libzmq blocks on a monitor
+/// event nobody can take).
+pub(crate) type SvcMonitor = (
+    std::sync::Weak<dyn std::any::Any + Send + Sync>,
+    Arc<std::sync::Mutex<zmq::Socket>>,
+);
+
 /// Which of the node thread's sockets a poll found readable.
 struct Ready {
     router: bool,
@@ -153,6 +162,8 @@ pub(crate) struct Control {
     monitors: Vec<(&'static str, zmq::Socket)>,
     /// Subscriptions' socket monitors (closed connections).
     sub_monitors: Vec<(std::sync::Weak<crate::subscriber::SubShared>, zmq::Socket)>,
+    /// Services' socket monitors (bad handshakes, failed accepts).
+    svc_monitors: Vec<SvcMonitor>,
     /// Woken by user threads (a batch started waiting).
     wake: zmq::Socket,
     /// Heartbeats go out here.
@@ -211,6 +222,7 @@ impl Control {
             router,
             monitors: vec![("control", monitor)],
             sub_monitors: Vec::new(),
+            svc_monitors: Vec::new(),
             wake,
             live,
             heartbeat_seq: 0,
@@ -384,18 +396,24 @@ impl Control {
                 .iter()
                 .map(|(_, m)| m.as_poll_item(zmq::POLLIN)),
         );
+        // Held through the poll; nobody else locks them but a service
+        // going away, which only drops its handle.
+        let svc: Vec<_> = self.svc_monitors.iter().map(|(_, m)| lock(m)).collect();
+        items.extend(svc.iter().map(|m| m.as_poll_item(zmq::POLLIN)));
         if let Some(fd) = self.watch_fd {
             items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
         }
         let _ = zmq::poll(&mut items, interval.as_millis() as i64);
         let readable: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
         drop(items);
+        drop(svc);
         let (m, st) = (self.monitors.len(), self.statics.len());
+        let (sm, vm) = (self.sub_monitors.len(), self.svc_monitors.len());
         let ready = Ready {
             router: readable[0],
             live: readable[2],
             monitors: readable[3..3 + m].iter().any(|r| *r)
-                || readable[3 + m + st..3 + m + st + self.sub_monitors.len()]
+                || readable[3 + m + st..3 + m + st + sm + vm]
                     .iter()
                     .any(|r| *r),
             statics: readable[3 + m..3 + m + st].iter().any(|r| *r),
@@ -443,9 +461,12 @@ impl Control {
         // their monitors.
         let added = {
             let mut st = lock(&self.inner.state);
-            let added = !st.new_monitors.is_empty() || !st.new_sub_monitors.is_empty();
+            let added = !st.new_monitors.is_empty()
+                || !st.new_sub_monitors.is_empty()
+                || !st.new_svc_monitors.is_empty();
             self.monitors.append(&mut st.new_monitors);
             self.sub_monitors.append(&mut st.new_sub_monitors);
+            self.svc_monitors.append(&mut st.new_svc_monitors);
             added
         };
         if !readable && !added {
@@ -465,48 +486,17 @@ impl Control {
             true
         });
         for (what, m) in &self.monitors {
-            while let Ok(frames) = m.recv_multipart(zmq::DONTWAIT) {
-                let endpoint = frames
-                    .get(1)
-                    .map(|f| String::from_utf8_lossy(f).into_owned())
-                    .unwrap_or_default();
-                // Frame 1: the event (u16) and its value (u32), little endian.
-                let (event, value) = match frames.first().map(|f| &f[..]) {
-                    Some([a, b, c, d, e, f, ..]) => (
-                        i32::from(u16::from_le_bytes([*a, *b])),
-                        u32::from_le_bytes([*c, *d, *e, *f]),
-                    ),
-                    _ => (0, 0),
-                };
-                let c = &self.inner.counters;
-                if event == DISCONNECTED {
-                    stats::inc(&c.peer_disconnects);
-                    continue;
-                }
-                if event == ACCEPT_FAILED {
-                    let n = c.accepts_failed.fetch_add(1, Ordering::Relaxed) + 1;
-                    if n <= 10 || n % 1000 == 0 {
-                        let err = std::io::Error::from_raw_os_error(value as i32);
-                        tracing::error!(
-                            socket = %what,
-                            %endpoint,
-                            failed_so_far = n,
-                            "cannot accept a connection: {err} (file descriptors exhausted? idle connections are closed after handshake_timeout_ms)"
-                        );
-                    }
-                    continue;
-                }
-                let n = c.handshakes_failed.fetch_add(1, Ordering::Relaxed) + 1;
-                if n <= 10 || n % 1000 == 0 {
-                    tracing::warn!(
-                        socket = %what,
-                        %endpoint,
-                        dropped_so_far = n,
-                        "dropped a connection whose peer does not speak ZMTP correctly, or not within handshake_timeout_ms"
-                    );
-                }
-            }
+            count_events(&self.inner, what, m);
         }
+        self.svc_monitors.retain(|(svc, m)| {
+            if svc.strong_count() == 0 {
+                // The service's own handle keeps the reader until its
+                // socket's monitor is stopped.
+                return false;
+            }
+            count_events(&self.inner, "service", &lock(m));
+            true
+        });
     }
 
     fn read_statics(&mut self) {
@@ -698,6 +688,53 @@ impl Control {
             }
         }
         more
+    }
+}
+
+/// Counts the events a monitor of one of this node's listening sockets
+/// (`what`) reported: failed handshakes, failed accepts, closed peer
+/// connections.
+fn count_events(inner: &NodeInner, what: &str, m: &zmq::Socket) {
+    while let Ok(frames) = m.recv_multipart(zmq::DONTWAIT) {
+        let endpoint = frames
+            .get(1)
+            .map(|f| String::from_utf8_lossy(f).into_owned())
+            .unwrap_or_default();
+        // Frame 1: the event (u16) and its value (u32), little endian.
+        let (event, value) = match frames.first().map(|f| &f[..]) {
+            Some([a, b, c, d, e, f, ..]) => (
+                i32::from(u16::from_le_bytes([*a, *b])),
+                u32::from_le_bytes([*c, *d, *e, *f]),
+            ),
+            _ => (0, 0),
+        };
+        let c = &inner.counters;
+        if event == DISCONNECTED {
+            stats::inc(&c.peer_disconnects);
+            continue;
+        }
+        if event == ACCEPT_FAILED {
+            let n = c.accepts_failed.fetch_add(1, Ordering::Relaxed) + 1;
+            if n <= 10 || n % 1000 == 0 {
+                let err = std::io::Error::from_raw_os_error(value as i32);
+                tracing::error!(
+                    socket = %what,
+                    %endpoint,
+                    failed_so_far = n,
+                    "cannot accept a connection: {err} (file descriptors exhausted? idle connections are closed after handshake_timeout_ms)"
+                );
+            }
+            continue;
+        }
+        let n = c.handshakes_failed.fetch_add(1, Ordering::Relaxed) + 1;
+        if n <= 10 || n % 1000 == 0 {
+            tracing::warn!(
+                socket = %what,
+                %endpoint,
+                dropped_so_far = n,
+                "dropped a connection whose peer does not speak ZMTP correctly, or not within handshake_timeout_ms"
+            );
+        }
     }
 }
 

@@ -173,6 +173,8 @@ pub(crate) struct NodeState {
     /// looked: it watches them and tells each subscription of closed
     /// connections.
     pub new_sub_monitors: Vec<(Weak<SubShared>, zmq::Socket)>,
+    /// Monitors of services started since the node thread last looked.
+    pub new_svc_monitors: Vec<crate::control::SvcMonitor>,
 }
 
 /// Shared by the node handle, its publishers, subscribers and its thread.

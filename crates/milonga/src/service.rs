@@ -206,6 +206,9 @@ struct Server {
     handler: Box<Handler>,
     opts: ServeOptions,
     closed: AtomicBool,
+    /// The reader of `sock`'s monitor, shared with the node thread; let go
+    /// only after the monitor is stopped (see `Drop`).
+    _monitor: Arc<Mutex<zmq::Socket>>,
 }
 
 /// A service being served. Dropping it withdraws the service: callers stop
@@ -271,6 +274,13 @@ impl Service {
         };
         sock.set_linger(linger).map_err(opt_err)?;
         let bound = node.bind(&sock, &endpoint)?;
+        // Bad handshakes and failed accepts on this port are counted by
+        // the node thread, which reads this monitor while the service lives.
+        let monitor = Arc::new(Mutex::new(crate::control::monitor(
+            node,
+            &sock,
+            &format!("s{n}"),
+        )?));
         let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", node.id);
         let wake_err = |source| crate::error::OpenError::Socket {
             action: "bind or connect",
@@ -292,7 +302,14 @@ impl Service {
             handler,
             opts,
             closed: AtomicBool::new(false),
+            _monitor: monitor.clone(),
         });
+        {
+            let weak: std::sync::Weak<Server> = Arc::downgrade(&server);
+            let weak: std::sync::Weak<dyn std::any::Any + Send + Sync> = weak;
+            lock(&node.state).new_svc_monitors.push((weak, monitor));
+            node.wake();
+        }
         let mut service = Service {
             server: server.clone(),
             threads: Vec::new(),
@@ -317,6 +334,14 @@ impl Service {
             workers: self.server.opts.workers,
             max_request_bytes: self.server.node.cfg.max_message_bytes,
         }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Before the monitor's reader can go (its fields drop after this).
+        let sock = self.sock.get_mut().unwrap_or_else(|e| e.into_inner());
+        zmq_io::stop_monitor(sock);
     }
 }
 

@@ -73,8 +73,8 @@ counters! {
     /// Connections dropped because the peer did not speak ZMTP correctly
     /// (random bytes on a data or control port, for example).
     handshakes_failed,
-    /// Connections peers had made to this node's data, liveliness and
-    /// control sockets that closed: a subscriber leaving, or libzmq closing
+    /// Connections peers had made to this node's data, liveliness, control
+    /// and service sockets that closed: a subscriber leaving, or libzmq closing
     /// one that broke the protocol, such as a message over the socket's
     /// size limit (libzmq reports no event of its own for that).
     peer_disconnects,

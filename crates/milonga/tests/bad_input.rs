@@ -209,7 +209,7 @@ fn garbage_on_the_data_and_control_ports_is_counted() {
         .find(|a| a.node_id == node.id().to_hex())
         .and_then(|a| a.data_best_effort)
         .unwrap();
-    for endpoint in [node.control_endpoint().to_owned(), data] {
+    let garbage = |endpoint: &str| {
         let addr = endpoint.strip_prefix("tcp://").unwrap();
         // A ZMTP greeting with a mechanism nobody speaks, then junk.
         let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0];
@@ -222,13 +222,25 @@ fn garbage_on_the_data_and_control_ports_is_counted() {
         // And bytes that are not ZMTP at all.
         let mut s2 = std::net::TcpStream::connect(addr).unwrap();
         let _ = s2.write_all(&[0x42; 512]);
-    }
+    };
+    garbage(node.control_endpoint());
+    garbage(&data);
+    // Two connections on each port, each failed (or timed out in the
+    // handshake).
     wait_for("failed handshakes on both ports", T, || {
-        node.stats().handshakes_failed >= 2
+        node.stats().handshakes_failed >= 4
     });
-    // The node still publishes and answers control requests.
+    // Issue 10, finding 10: a service port counts them too.
+    let svc = node.serve("g/svc", |r| Ok(r.value)).expect("serve");
+    let before = node.stats().handshakes_failed;
+    garbage(svc.endpoint());
+    wait_for("failed handshakes on the service port", T, || {
+        node.stats().handshakes_failed > before
+    });
+    // The node still publishes, answers control requests, and serves.
     p.put(1).unwrap();
     assert!(node.query(node.control_endpoint(), T).is_some());
+    assert_eq!(node.call("g/svc", 5, T).unwrap(), milonga::Value::from(5));
 }
 
 /// Bad history queries and filter declarations, an absurd repair range and
