@@ -5,43 +5,15 @@
 //!
 //! `MILONGA_CHAOS_MINUTES` sets the soak's length (default 2).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use milonga::{Config, Event, Node, SubscriberQos};
-use milonga_testkit::{rss_kib, Proc, TempDir};
+use milonga::{Event, Node, SubscriberQos};
+use milonga_testkit::{rss_kib, Proc};
+
+mod common;
+use common::Env;
 
 const T: Duration = Duration::from_secs(60);
-
-struct Env {
-    dir: TempDir,
-    domain: String,
-}
-
-impl Env {
-    fn new(tag: &str) -> Env {
-        Env {
-            dir: TempDir::new(tag),
-            domain: format!("{tag}-{}", std::process::id()),
-        }
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_milonga"));
-        c.env("MILONGA_RUNTIME_DIR", self.dir.path())
-            .env("MILONGA_LOCATOR", format!("milonga:///{}", self.domain))
-            .env_remove("MILONGA_PEERS")
-            .env_remove("MILONGA_TRANSPORT")
-            .args(args);
-        c
-    }
-
-    fn config(&self, name: &str) -> Config {
-        let mut c = Config::new(&format!("milonga:///{}", self.domain), name);
-        c.runtime_dir = Some(self.dir.path().to_path_buf());
-        c
-    }
-}
 
 fn own_rss() -> u64 {
     rss_kib(std::process::id()).unwrap_or(0)
@@ -137,46 +109,9 @@ fn two_hundred_publishers_killed_together_are_each_reported_disconnected() {
     let env = Env::new("kill200");
     let node = Node::open_with(env.config("kill200-sub")).unwrap();
     let sub = node.subscribe("k200/**").unwrap();
-    let n = 200;
-    let mut pubs: Vec<Proc> = (0..n)
-        .map(|i| Proc::spawn(env.cmd(&["pub", &format!("k200/{i}"), "1", "--rate", "100"])))
-        .collect();
-    let mut alive = std::collections::HashSet::new();
-    let end = Instant::now() + T;
-    while alive.len() < n {
-        assert!(
-            Instant::now() < end,
-            "only {} publishers heard",
-            alive.len()
-        );
-        if let Ok(Event::Sample(s)) = sub.recv_timeout(Duration::from_millis(100)) {
-            alive.insert(s.publisher);
-        }
-    }
-    let killed = Instant::now();
-    for p in &pubs {
-        p.signal(libc::SIGKILL);
-    }
-    for p in &mut pubs {
-        p.kill9();
-    }
-    let mut reasons = std::collections::HashMap::new();
-    let end = Instant::now() + T;
-    while reasons.len() < n {
-        assert!(Instant::now() < end, "only {} reported lost", reasons.len());
-        if let Ok(Event::PublisherLost(l)) = sub.recv_timeout(Duration::from_millis(100)) {
-            reasons.insert(l.publisher, l.reason);
-        }
-    }
-    let mut by_reason = std::collections::BTreeMap::new();
-    for r in reasons.values() {
-        *by_reason.entry(r.as_str()).or_insert(0) += 1;
-    }
-    eprintln!(
-        "200 killed: all reported within {:?}: {by_reason:?}",
-        killed.elapsed()
-    );
-    assert_eq!(by_reason.get("disconnected"), Some(&n), "{by_reason:?}");
+    let (by_reason, took) = common::kill_together(&env, &sub, "k200", 200, |_| {}, T);
+    eprintln!("200 killed: all reported within {took:?}: {by_reason:?}");
+    assert_eq!(by_reason.get("disconnected"), Some(&200), "{by_reason:?}");
 }
 
 /// 15 s of history queries at a publisher with 1,000 kept samples per

@@ -4,46 +4,13 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use milonga::{Config, Event, Node, SubscriberQos};
-use milonga_testkit::{free_port, wait_for, Proc, SeqLedger, TempDir};
+use milonga::{Event, Node, SubscriberQos};
+use milonga_testkit::{free_port, wait_for, Proc, SeqLedger};
+
+mod common;
+use common::Env;
 
 const T: Duration = Duration::from_secs(20);
-
-/// A `milonga` command in its own runtime directory and domain.
-struct Env {
-    dir: TempDir,
-    domain: String,
-}
-
-impl Env {
-    fn new(tag: &str) -> Env {
-        Env {
-            dir: TempDir::new(tag),
-            domain: format!("{tag}-{}", std::process::id()),
-        }
-    }
-
-    fn locator(&self) -> String {
-        format!("milonga:///{}", self.domain)
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_milonga"));
-        c.env("MILONGA_RUNTIME_DIR", self.dir.path())
-            .env("MILONGA_LOCATOR", self.locator())
-            .env_remove("MILONGA_PEERS")
-            .env_remove("MILONGA_TRANSPORT")
-            .env_remove("MILONGA_MAX_MESSAGE_BYTES")
-            .args(args);
-        c
-    }
-
-    fn config(&self, name: &str) -> Config {
-        let mut c = Config::new(&self.locator(), name);
-        c.runtime_dir = Some(self.dir.path().to_path_buf());
-        c
-    }
-}
 
 /// Reads events into `ledger` until `done` holds of it; panics after `T`.
 fn read_until(
@@ -297,13 +264,6 @@ fn finding_15_the_last_node_to_leave_cleans_the_domain_directory() {
     );
 }
 
-/// `milonga ls --json` of `env`'s domain, or `None` if it fails.
-fn ls(env: &Env) -> Option<Vec<serde_json::Value>> {
-    let out = env.cmd(&["ls", "--json"]).output().ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    v.as_array().cloned()
-}
-
 /// Finding 7: idle half-open connections at a small file-descriptor limit
 /// (slowloris) are closed after `handshake_timeout_ms` and counted; the
 /// accepts that failed meanwhile are counted and logged; then a legitimate
@@ -334,7 +294,8 @@ fn finding_07_idle_connections_at_the_fd_limit_lock_nobody_out() {
     }
     let _publ = Proc::spawn(cmd);
     wait_for("the publisher to be listed", T, || {
-        ls(&env).is_some_and(|n| n.iter().any(|x| x["stats"].is_object()))
+        env.try_ls()
+            .is_some_and(|n| n.iter().any(|x| x["stats"].is_object()))
     });
     // 100 connections that never speak: more than the descriptors left.
     let idle: Vec<_> = (0..100)
@@ -346,7 +307,7 @@ fn finding_07_idle_connections_at_the_fd_limit_lock_nobody_out() {
     let end = Instant::now() + T;
     loop {
         assert!(Instant::now() < end, "never let back in: {last}");
-        if let Some(stats) = ls(&env).and_then(|n| {
+        if let Some(stats) = env.try_ls().and_then(|n| {
             n.into_iter()
                 .find_map(|x| x["stats"].is_object().then(|| x["stats"].clone()))
         }) {
@@ -381,7 +342,7 @@ fn finding_08_remote_input_cannot_flood_the_log() {
     let data = {
         let mut found = None;
         wait_for("the publisher's data endpoint", T, || {
-            found = ls(&env).and_then(|n| {
+            found = env.try_ls().and_then(|n| {
                 n.iter()
                     .find_map(|x| x["data_best_effort"].as_str().map(str::to_owned))
             });
@@ -403,7 +364,7 @@ fn finding_08_remote_input_cannot_flood_the_log() {
         std::fs::remove_file(&f).unwrap();
     }
     wait_for("the one-byte messages counted", T, || {
-        ls(&env).is_some_and(|n| {
+        env.try_ls().is_some_and(|n| {
             n.iter()
                 .any(|x| x["stats"]["frames_malformed"].as_u64() == Some(20_000))
         })
@@ -466,62 +427,17 @@ fn finding_10_a_stalled_reliable_publisher_counts_its_blocked_puts() {
 #[test]
 fn finding_12_publishers_killed_together_are_each_reported_disconnected() {
     let env = Env::new("killall");
-    let short = |c: &mut Command| {
-        c.env("MILONGA_HEARTBEAT_INTERVAL_MS", "100")
-            .env("MILONGA_HEARTBEAT_TIMEOUT_MS", "500");
-    };
     let mut cfg = env.config("killall-sub");
     cfg.heartbeat_interval_ms = 100;
     cfg.heartbeat_timeout_ms = 500;
     let node = Node::open_with(cfg).unwrap();
     let sub = node.subscribe("ka/**").unwrap();
-    let n = 40;
-    let mut pubs: Vec<Proc> = (0..n)
-        .map(|i| {
-            let mut c = env.cmd(&["pub", &format!("ka/{i}"), "[1,2,3]", "--rate", "500"]);
-            short(&mut c);
-            Proc::spawn(c)
-        })
-        .collect();
-    let mut alive = std::collections::HashSet::new();
-    let end = Instant::now() + T;
-    while alive.len() < n {
-        assert!(
-            Instant::now() < end,
-            "only {} publishers heard",
-            alive.len()
-        );
-        if let Ok(Event::Sample(s)) = sub.recv_timeout(Duration::from_millis(100)) {
-            alive.insert(s.publisher);
-        }
-    }
-    for p in &pubs {
-        p.signal(libc::SIGKILL);
-    }
-    for p in &mut pubs {
-        p.kill9();
-    }
-    let mut reasons = std::collections::HashMap::new();
-    let end = Instant::now() + T;
-    while reasons.len() < n {
-        assert!(
-            Instant::now() < end,
-            "only {} reported lost: {reasons:?}",
-            reasons.len()
-        );
-        if let Ok(Event::PublisherLost(l)) = sub.recv_timeout(Duration::from_millis(100)) {
-            reasons.insert(l.publisher, l.reason);
-        }
-    }
-    let wrong: Vec<_> = reasons
-        .values()
-        .filter(|r| **r != milonga::LostReason::Disconnected)
-        .collect();
-    assert!(
-        wrong.is_empty(),
-        "{} of {n} not disconnected: {wrong:?}",
-        wrong.len()
-    );
+    let short = |c: &mut Command| {
+        c.env("MILONGA_HEARTBEAT_INTERVAL_MS", "100")
+            .env("MILONGA_HEARTBEAT_TIMEOUT_MS", "500");
+    };
+    let (by_reason, _) = common::kill_together(&env, &sub, "ka", 40, short, T);
+    assert_eq!(by_reason.get("disconnected"), Some(&40), "{by_reason:?}");
 }
 
 /// Finding 11: a flood of requests from one connection (a raw DEALER that

@@ -1,65 +1,16 @@
 //! End-to-end tests with real processes: the `milonga` command against
 //! itself and against nodes of this test process.
 
-use std::process::Command;
 use std::time::Duration;
 
-use milonga::{Config, Node, PublisherQos};
+use milonga::{Node, PublisherQos};
 use milonga_testkit::{free_port, wait_for, Proc, TempDir};
+
+mod common;
+use common::Env;
 use serde_json::Value as Json;
 
 const T: Duration = Duration::from_secs(20);
-
-/// A `milonga` command in its own runtime directory and domain.
-struct Env {
-    dir: TempDir,
-    domain: String,
-}
-
-impl Env {
-    fn new(tag: &str) -> Env {
-        Env {
-            dir: TempDir::new(tag),
-            domain: format!("{tag}-{}", std::process::id()),
-        }
-    }
-
-    fn locator(&self) -> String {
-        format!("milonga:///{}", self.domain)
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_milonga"));
-        c.env("MILONGA_RUNTIME_DIR", self.dir.path())
-            .env("MILONGA_LOCATOR", self.locator())
-            .env_remove("MILONGA_PEERS")
-            .env_remove("MILONGA_TRANSPORT")
-            .args(args);
-        c
-    }
-
-    fn spawn(&self, args: &[&str]) -> Proc {
-        Proc::spawn(self.cmd(args))
-    }
-
-    fn config(&self, name: &str) -> Config {
-        let mut c = Config::new(&self.locator(), name);
-        c.runtime_dir = Some(self.dir.path().to_path_buf());
-        c
-    }
-
-    /// `milonga ls --json`.
-    fn ls(&self) -> Vec<Json> {
-        let out = self.cmd(&["ls", "--json"]).output().expect("run ls");
-        assert!(
-            out.status.success(),
-            "ls failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Json = serde_json::from_slice(&out.stdout).expect("ls prints JSON");
-        v.as_array().expect("an array").clone()
-    }
-}
 
 fn json_line(p: &Proc) -> Json {
     let line = p.line(T).expect("a line before the timeout");

@@ -5,40 +5,17 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use milonga::{CallError, Config, Node};
-use milonga_testkit::{fd_count, rss_kib, wait_for, Proc, TempDir};
+use milonga::{CallError, Node};
+use milonga_testkit::{fd_count, rss_kib, wait_for, Proc};
+
+mod common;
+use common::Env;
 use serde_json::Value as Json;
 
 const T: Duration = Duration::from_secs(20);
 
-struct Env {
-    dir: TempDir,
-    domain: String,
-}
-
+/// What these tests add to the shared environment.
 impl Env {
-    fn new(tag: &str) -> Env {
-        Env {
-            dir: TempDir::new(tag),
-            domain: format!("{tag}-{}", std::process::id()),
-        }
-    }
-
-    fn locator(&self) -> String {
-        format!("milonga:///{}", self.domain)
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_milonga"));
-        c.env("MILONGA_RUNTIME_DIR", self.dir.path())
-            .env("MILONGA_LOCATOR", self.locator())
-            .env_remove("MILONGA_PEERS")
-            .env_remove("MILONGA_TRANSPORT")
-            .env_remove("MILONGA_MAX_MESSAGE_BYTES")
-            .args(args);
-        c
-    }
-
     /// `milonga serve ...`, once it says it is serving.
     fn serve(&self, args: &[&str]) -> Proc {
         self.serve_cmd(self.cmd(&[&["serve"], args].concat()))
@@ -55,12 +32,6 @@ impl Env {
         self.cmd(&[&["call"], args].concat())
             .output()
             .expect("run milonga call")
-    }
-
-    fn node(&self, name: &str) -> Node {
-        let mut c = Config::new(&self.locator(), name);
-        c.runtime_dir = Some(self.dir.path().to_path_buf());
-        Node::open_with(c).expect("open node")
     }
 }
 

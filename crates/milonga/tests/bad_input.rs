@@ -67,6 +67,15 @@ fn until_delivered(
     }
 }
 
+/// `node`'s own data endpoint of `reliability`, as it announces it.
+fn own_endpoint(node: &Node, reliability: Reliability) -> String {
+    node.peers()
+        .into_iter()
+        .find(|a| a.node_id == node.id().to_hex())
+        .and_then(|a| a.data_endpoint(reliability).map(str::to_owned))
+        .expect("the node announces that data endpoint")
+}
+
 /// A raw libzmq PUB socket of this test announced in `domain` as the node
 /// [`FORGER`] publishing `bad/**`-matching key `bad/x`.
 fn forge_publisher(dir: &std::path::Path, domain: &str) -> (zmq::Context, zmq::Socket) {
@@ -98,19 +107,47 @@ fn forge_publisher(dir: &std::path::Path, domain: &str) -> (zmq::Context, zmq::S
     (ctx, pubsock)
 }
 
-#[test]
-fn malformed_frames_are_dropped_counted_and_the_node_goes_on() {
-    let dir = TempDir::new("badinput");
+/// A subscriber of `bad/**` connected to a forged publisher ([`FORGER`])
+/// that a raw PUB socket of this test plays, and has heard from it.
+struct Victim {
+    _dir: TempDir,
+    node: Node,
+    sub: milonga::Subscriber,
+    _ctx: zmq::Context,
+    pubsock: zmq::Socket,
+}
+
+fn victim(tag: &str, max_message_bytes: Option<usize>) -> Victim {
+    let dir = TempDir::new(tag);
     let mut cfg = Config::new("milonga:///bad", "victim");
     cfg.runtime_dir = Some(dir.path().to_path_buf());
-    cfg.max_message_bytes = 1 << 20;
+    if let Some(m) = max_message_bytes {
+        cfg.max_message_bytes = m;
+    }
     let node = Node::open_with(cfg).unwrap();
     let sub = node.subscribe("bad/**").unwrap();
-
-    let (_ctx, pubsock) = forge_publisher(dir.path(), "bad");
+    let (ctx, pubsock) = forge_publisher(dir.path(), "bad");
     wait_for("the subscriber to connect to the forged node", T, || {
         sub.connected_endpoints() == 1
     });
+    Victim {
+        _dir: dir,
+        node,
+        sub,
+        _ctx: ctx,
+        pubsock,
+    }
+}
+
+#[test]
+fn malformed_frames_are_dropped_counted_and_the_node_goes_on() {
+    let Victim {
+        _dir,
+        node,
+        sub,
+        _ctx,
+        pubsock,
+    } = victim("badinput", Some(1 << 20));
     let mut seq = until_delivered(&pubsock, &sub, &node, 1);
 
     let before = node.stats();
@@ -203,12 +240,7 @@ fn garbage_on_the_data_and_control_ports_is_counted() {
     cfg.runtime_dir = Some(dir.path().to_path_buf());
     let node = Node::open_with(cfg).unwrap();
     let p = node.publisher("g/x").unwrap();
-    let data = node
-        .peers()
-        .into_iter()
-        .find(|a| a.node_id == node.id().to_hex())
-        .and_then(|a| a.data_best_effort)
-        .unwrap();
+    let data = own_endpoint(&node, Reliability::BestEffort);
     let garbage = |endpoint: &str| {
         let addr = endpoint.strip_prefix("tcp://").unwrap();
         // A ZMTP greeting with a mechanism nobody speaks, then junk.
@@ -263,12 +295,7 @@ fn bad_queries_and_a_subscription_flood_leave_the_publisher_serving() {
     for i in 0..10u64 {
         p.put(i).unwrap();
     }
-    let data = a
-        .peers()
-        .into_iter()
-        .find(|x| x.node_id == a.id().to_hex())
-        .and_then(|x| x.data_reliable)
-        .unwrap();
+    let data = own_endpoint(&a, Reliability::Reliable);
     let ctx = zmq::Context::new();
     let raw = ctx.socket(zmq::XSUB).unwrap();
     raw.connect(&data).unwrap();
@@ -333,15 +360,13 @@ fn bad_queries_and_a_subscription_flood_leave_the_publisher_serving() {
 /// of one publisher, samples of new keys are dropped and counted.
 #[test]
 fn finding_05_forged_ids_keys_and_sequence_numbers_cost_bounded_state() {
-    let dir = TempDir::new("forged");
-    let mut cfg = Config::new("milonga:///bad", "victim");
-    cfg.runtime_dir = Some(dir.path().to_path_buf());
-    let node = Node::open_with(cfg).unwrap();
-    let sub = node.subscribe("bad/**").unwrap();
-    let (_ctx, pubsock) = forge_publisher(dir.path(), "bad");
-    wait_for("the subscriber to connect to the forged node", T, || {
-        sub.connected_endpoints() == 1
-    });
+    let Victim {
+        _dir,
+        node,
+        sub,
+        _ctx,
+        pubsock,
+    } = victim("forged", None);
     let seq = until_delivered(&pubsock, &sub, &node, 1);
     let before = node.stats();
     // Another node id, from a connection of the forged node.
@@ -418,12 +443,7 @@ fn finding_03_a_flood_of_history_queries_freezes_nothing_and_amplifies_nothing()
     }
     let victim = b.subscribe_with("qf/x", SubscriberQos::default()).unwrap();
     wait_for("the victim", T, || p.subscriber_count() == 1);
-    let data = a
-        .peers()
-        .into_iter()
-        .find(|x| x.node_id == a.id().to_hex())
-        .and_then(|x| x.data_best_effort)
-        .unwrap();
+    let data = own_endpoint(&a, Reliability::BestEffort);
     let ctx = zmq::Context::new();
     let raw = ctx.socket(zmq::XSUB).unwrap();
     raw.set_sndhwm(0).unwrap();
@@ -484,16 +504,13 @@ fn finding_03_a_flood_of_history_queries_freezes_nothing_and_amplifies_nothing()
 /// and delivery resumes when the peer behaves.
 #[test]
 fn finding_06_a_peer_that_breaks_every_connection_meets_a_back_off() {
-    let dir = TempDir::new("storm");
-    let mut cfg = Config::new("milonga:///bad", "victim");
-    cfg.runtime_dir = Some(dir.path().to_path_buf());
-    cfg.max_message_bytes = 1 << 16;
-    let node = Node::open_with(cfg).unwrap();
-    let sub = node.subscribe("bad/**").unwrap();
-    let (_ctx, pubsock) = forge_publisher(dir.path(), "bad");
-    wait_for("the subscriber to connect to the forged node", T, || {
-        sub.connected_endpoints() == 1
-    });
+    let Victim {
+        _dir,
+        node,
+        sub,
+        _ctx,
+        pubsock,
+    } = victim("storm", Some(1 << 16));
     let seq = until_delivered(&pubsock, &sub, &node, 1);
     let big = frame("bad", Kind::Sample, Encoding::Raw, seq, &vec![0u8; 1 << 17]);
     let started = std::time::Instant::now();
@@ -518,15 +535,13 @@ fn finding_06_a_peer_that_breaks_every_connection_meets_a_back_off() {
 /// lost when the next sample comes (docs/protocol.md §7, rows 12-14).
 #[test]
 fn finding_16_an_undecodable_sample_is_not_also_reported_lost() {
-    let dir = TempDir::new("undecodable");
-    let mut cfg = Config::new("milonga:///bad", "victim");
-    cfg.runtime_dir = Some(dir.path().to_path_buf());
-    let node = Node::open_with(cfg).unwrap();
-    let sub = node.subscribe("bad/**").unwrap();
-    let (_ctx, pubsock) = forge_publisher(dir.path(), "bad");
-    wait_for("the subscriber to connect to the forged node", T, || {
-        sub.connected_endpoints() == 1
-    });
+    let Victim {
+        _dir,
+        node,
+        sub,
+        _ctx,
+        pubsock,
+    } = victim("undecodable", None);
     let seq = until_delivered(&pubsock, &sub, &node, 1);
     let bad_cbor = frame("bad", Kind::Sample, Encoding::Cbor, seq, &[0x5b, 0xff]);
     pubsock.send(bad_cbor, 0).unwrap();
@@ -554,12 +569,7 @@ fn finding_10_an_over_size_message_to_a_data_port_is_counted() {
     cfg.runtime_dir = Some(dir.path().to_path_buf());
     let node = Node::open_with(cfg).unwrap();
     let p = node.publisher("big/x").unwrap();
-    let data = node
-        .peers()
-        .into_iter()
-        .find(|a| a.node_id == node.id().to_hex())
-        .and_then(|a| a.data_best_effort)
-        .unwrap();
+    let data = own_endpoint(&node, Reliability::BestEffort);
     let ctx = zmq::Context::new();
     let raw = ctx.socket(zmq::XSUB).unwrap();
     raw.connect(&data).unwrap();
