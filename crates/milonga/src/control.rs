@@ -337,6 +337,11 @@ impl Control {
         if readable {
             while let Ok(msg) = self.live.recv_msg(zmq::DONTWAIT) {
                 joined |= msg.first() == Some(&1);
+                // With XPUB_VERBOSE, an unsubscribe comes only when the
+                // last subscriber of the prefix left.
+                if msg.first() == Some(&0) {
+                    crate::zmq_io::note_freed(msg.len());
+                }
             }
         }
         if joined || Instant::now() >= self.next_heartbeat {

@@ -97,6 +97,7 @@ impl DataSock {
                         *n -= 1;
                         if *n == 0 {
                             self.subscriptions.remove(&msg[1..]);
+                            crate::zmq_io::note_freed(msg.len());
                             if !self.filters.is_empty() {
                                 crate::filters::prune(self);
                             }

@@ -118,6 +118,34 @@ pub(crate) fn set_xpub_verboser(sock: &mut zmq::Socket) -> zmq::Result<()> {
     set_int(sock, zmq_sys::ZMQ_XPUB_VERBOSER, 1)
 }
 
+/// Bytes of subscription prefixes libzmq has let go of since memory was
+/// last handed back to the system.
+static FREED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Notes that libzmq freed a subscription prefix of `bytes` (its last
+/// subscriber left): libzmq keeps about 35 bytes per prefix byte in its
+/// subscription trie, and once a megabyte of prefixes has gone (a peer that
+/// sent long subscriptions left), the allocator is asked to give the free
+/// memory back to the system, which glibc otherwise keeps.
+pub(crate) fn note_freed(bytes: usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let total = FREED.fetch_add(bytes, Relaxed) + bytes;
+    if total >= 1 << 20 && FREED.swap(0, Relaxed) >= 1 << 20 {
+        trim();
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim() {}
+
 /// Stops the socket monitor of `sock`. Must run before the PAIR socket
 /// reading the monitor is closed: libzmq sends monitor events with a
 /// blocking send from its I/O thread, so an event with nobody to take it
