@@ -56,10 +56,20 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Spawns `cmd` with stdout piped.
+    /// Spawns `cmd` with stdout piped. The child is killed when the thread
+    /// that spawned it ends, even if the test process aborts (a stack
+    /// overflow skips every `Drop`): `PR_SET_PDEATHSIG`.
     pub fn spawn(mut cmd: std::process::Command) -> Proc {
+        use std::os::unix::process::CommandExt;
         cmd.stdout(std::process::Stdio::piped())
             .stdin(std::process::Stdio::null());
+        // SAFETY: prctl is async-signal-safe and touches only the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         let mut child = cmd.spawn().expect("spawn child process");
         let out = child.stdout.take().expect("piped stdout");
         let (tx, lines) = std::sync::mpsc::channel();
