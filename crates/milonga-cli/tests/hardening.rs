@@ -240,8 +240,9 @@ fn finding_09_hostile_files_in_the_domain_directory_hang_nothing() {
 }
 
 /// Finding 15: a publisher killed with -9 while its only observer exits at
-/// once leaves no announcement behind (a closing node removes the stale
-/// ones it finds), and the domain directory goes with the last node.
+/// once leaves no announcement behind: a closing node removes the stale
+/// ones it finds. (The domain directory itself stays: removing it could
+/// race with a node opening in it.)
 #[test]
 fn finding_15_the_last_node_to_leave_cleans_the_domain_directory() {
     let env = Env::new("cleanup");
@@ -257,11 +258,10 @@ fn finding_15_the_last_node_to_leave_cleans_the_domain_directory() {
     publ.kill9();
     sub.signal(libc::SIGINT);
     assert!(sub.wait_exit(T).expect("the observer exits").success());
-    assert!(
-        !dir.exists(),
-        "left behind: {:?}",
-        std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
-    );
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// Finding 7: idle half-open connections at a small file-descriptor limit

@@ -376,16 +376,14 @@ impl LocalDir {
         fs::rename(&tmp, self.file_of(&a.node_id))
     }
 
-    /// Removes this node's announcement, the announcements of nodes that
-    /// are gone (an observer that exits must not leave them for nobody to
-    /// clean), and the domain directory if that leaves it empty.
+    /// Removes this node's announcement and the announcements of nodes
+    /// that are gone (an observer that exits must not leave them for nobody
+    /// to clean). The domain directory stays: removing it could race with a
+    /// node opening in it (its watch, its ipc sockets).
     pub(crate) fn remove(&mut self, id: &str) {
         let _ = fs::remove_file(self.file_of(id));
         let mut bad = 0;
         let _ = self.scan(&mut bad);
-        // Fails, harmlessly, if any file remains; a node opening meanwhile
-        // makes it again when it writes.
-        let _ = fs::remove_dir(&self.dir);
     }
 
     /// Whether the directory changed since the last [`LocalDir::scan`].
@@ -529,7 +527,10 @@ pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path, own: bool) {
             // id>-<role>.sock`), and not in use: a stale or forged
             // announcement naming a live node's sockets deletes nothing.
             let named = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                a.node_id.len() >= 12 && n.starts_with(&format!("{}-", &a.node_id[..12]))
+                // `get`: the id comes from a file and may not be ASCII.
+                a.node_id
+                    .get(..12)
+                    .is_some_and(|short| n.starts_with(&format!("{short}-")))
             });
             let is_socket = fs::symlink_metadata(path).is_ok_and(|m| {
                 use std::os::unix::fs::FileTypeExt;

@@ -274,13 +274,6 @@ impl Service {
         };
         sock.set_linger(linger).map_err(opt_err)?;
         let bound = node.bind(&sock, &endpoint)?;
-        // Bad handshakes and failed accepts on this port are counted by
-        // the node thread, which reads this monitor while the service lives.
-        let monitor = Arc::new(Mutex::new(crate::control::monitor(
-            node,
-            &sock,
-            &format!("s{n}"),
-        )?));
         let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", node.id);
         let wake_err = |source| crate::error::OpenError::Socket {
             action: "bind or connect",
@@ -291,6 +284,15 @@ impl Service {
         let waker = node.ctx.socket(zmq::DEALER)?;
         waker.set_linger(0).map_err(wake_err)?;
         waker.connect(&wake_ep).map_err(wake_err)?;
+        // Bad handshakes and failed accepts on this port are counted by
+        // (created last: nothing fallible follows before `Server` owns it,
+        // whose `Drop` stops the monitor before the reader goes)
+        // the node thread, which reads this monitor while the service lives.
+        let monitor = Arc::new(Mutex::new(crate::control::monitor(
+            node,
+            &sock,
+            &format!("s{n}"),
+        )?));
         let server = Arc::new(Server {
             key,
             node: node.clone(),

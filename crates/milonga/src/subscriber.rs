@@ -487,6 +487,20 @@ impl SubShared {
             .collect();
         // A data endpoint wanted again stops lingering.
         io.lingering.retain(|ep, _| gone.contains(ep));
+        // Data endpoints waiting out a back-off (not connected) whose node
+        // left: forgotten now, or they would stay for ever.
+        let stale: Vec<String> = io
+            .data_nodes
+            .keys()
+            .filter(|ep| !io.connected.contains(*ep) && !r.endpoints.contains(*ep))
+            .cloned()
+            .collect();
+        for ep in stale {
+            if let Some(node) = io.data_nodes.remove(&ep) {
+                io.backoff.remove(&ep);
+                self.settle_goodbye(io, node);
+            }
+        }
         for ep in gone {
             if io.data_nodes.contains_key(&ep) {
                 // Its node left discovery (it closed, died, or is out of
@@ -687,7 +701,12 @@ impl SubShared {
     /// goodbye with and this subscription did not receive: the trailing
     /// losses that no later sample can reveal.
     fn settle_goodbye(&self, io: &mut SubIo, node: NodeId) {
-        if !io.goodbyes.contains_key(&node) || io.data_nodes.values().any(|n| *n == node) {
+        // A history query in flight holds samples of the node: they count
+        // first (`finish_join` settles again).
+        if !io.goodbyes.contains_key(&node)
+            || io.data_nodes.values().any(|n| *n == node)
+            || io.joins.contains_key(&node)
+        {
             return;
         }
         let last = io.goodbyes.remove(&node).unwrap_or_default();
@@ -696,6 +715,17 @@ impl SubShared {
             let Some(held) = self.held_at(io, node, &key) else {
                 continue;
             };
+            if last - held.min(last) > MAX_SEQ_JUMP {
+                let n = c.sequence_jumps.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(
+                    n,
+                    "a goodbye's last sequence number",
+                    &format_args!(
+                        "{key}: {last}, while {held} was received: corrupt or forged, not a loss"
+                    ),
+                );
+                continue;
+            }
             if last > held {
                 let count = last - held;
                 self.count_lost(c, node, count);
@@ -876,6 +906,7 @@ impl SubShared {
                 io.pending.push_back(Event::SubscriptionLive);
             }
         }
+        self.settle_goodbye(io, node);
     }
 
     /// The last sequence number held of (`node`, `key`).
@@ -986,7 +1017,9 @@ impl SubShared {
             return;
         }
         p.alive = false;
-        p.closed = reason == LostReason::Closed;
+        // Samples still queued from it (read after the close or the
+        // goodbye) do not make it alive again; a heartbeat does.
+        p.closed = matches!(reason, LostReason::Closed | LostReason::Disconnected);
         tracing::info!(expr = %self.expr, publisher = %id, name = %p.name, %reason, "publisher lost");
         io.pending.push_back(Event::PublisherLost(PublisherLost {
             publisher: id,
@@ -1149,6 +1182,14 @@ impl SubShared {
         }
         // Sequence numbers of filtered copies are not the key's.
         let known = io.publishers.contains_key(&node);
+        if let Some((_, v)) = field("last").filter(|(_, v)| !matches!(v, Value::Map(_))) {
+            let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+            log_drop(
+                n,
+                "a goodbye's last sequence numbers",
+                &format_args!("not a map: {v:?}"),
+            );
+        }
         if let (Some((_, Value::Map(last))), true, None) = (field("last"), known, &self.filter) {
             let mut mine = Vec::new();
             for (k, v) in last {

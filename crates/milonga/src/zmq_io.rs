@@ -129,8 +129,14 @@ static FREED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::n
 /// memory back to the system, which glibc otherwise keeps.
 pub(crate) fn note_freed(bytes: usize) {
     use std::sync::atomic::Ordering::Relaxed;
+    static LAST_TRIM_S: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let total = FREED.fetch_add(bytes, Relaxed) + bytes;
-    if total >= 1 << 20 && FREED.swap(0, Relaxed) >= 1 << 20 {
+    // At most once a second: a trim walks the allocator's free lists.
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if total >= 1 << 20 && LAST_TRIM_S.load(Relaxed) != now_s && FREED.swap(0, Relaxed) >= 1 << 20 {
+        LAST_TRIM_S.store(now_s, Relaxed);
         trim();
     }
 }
