@@ -652,6 +652,27 @@ mod tests {
         let _ = fs::remove_dir_all(&root);
     }
 
+    /// A stale announcement whose node id is not ASCII (byte 12 inside a
+    /// character) is removed without a panic.
+    #[test]
+    fn a_stale_announcement_with_a_non_ascii_id_panics_nobody() {
+        let root = temp_dir("nonascii");
+        let mut dir = LocalDir::open(&root, "d", false).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let ep = format!("ipc://{}/x-be.sock", dir.dir.display());
+        let a = announcement("a\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}", gone, 1, &ep);
+        fs::write(dir.dir.join("odd.json"), serde_json::to_vec(&a).unwrap()).unwrap();
+        let mut bad = 0;
+        assert!(dir.scan(&mut bad).is_empty());
+        assert!(
+            !dir.dir.join("odd.json").exists(),
+            "the stale file is removed"
+        );
+        let _ = fs::remove_dir_all(&root);
+    }
+
     /// A file rewritten in place with the same size (its inode, size and,
     /// with coarse timestamps, modification time unchanged) is read again
     /// once inotify names it.
