@@ -738,6 +738,15 @@ impl SubShared {
                 self.set_held(io, node, key, last);
             }
         }
+        // It closed and its connections are gone: it never comes back (a
+        // node id is not reused), so what is known of it goes, rather than
+        // take a place among the absent ones.
+        io.last_seq.remove(&node);
+        if io.current.as_ref().is_some_and(|s| s.node == node) {
+            io.current = None;
+        }
+        io.absent.retain(|id| *id != node);
+        lock(&self.lost_by_publisher).remove(&node);
     }
 
     /// Sets the last sequence number held of (`node`, `key`).
@@ -1214,7 +1223,7 @@ impl SubShared {
                     }
                 }
             }
-            if !mine.is_empty() && io.goodbyes.len() < MAX_GOODBYES {
+            if io.goodbyes.len() < MAX_GOODBYES {
                 io.goodbyes.insert(node, mine);
             }
         }
