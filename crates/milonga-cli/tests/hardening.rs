@@ -542,29 +542,7 @@ fn finding_04_memory_of_long_subscriptions_is_given_back_when_the_peer_leaves() 
     });
     let rss = || milonga_testkit::rss_kib(publ.pid()).unwrap_or(0);
     let before = rss();
-    // libzmq's XSUB adds a subscription to its own trie recursively, a
-    // stack frame per byte: the sending thread needs a large stack.
-    let (leave, left) = std::sync::mpsc::channel::<()>();
-    let endpoint = data.unwrap();
-    let sender = std::thread::Builder::new()
-        .stack_size(256 << 20)
-        .spawn(move || {
-            let ctx = zmq::Context::new();
-            let raw = ctx.socket(zmq::XSUB).unwrap();
-            raw.set_sndhwm(0).unwrap();
-            raw.connect(&endpoint).unwrap();
-            let mut x: u32 = 1;
-            for _ in 0..16 {
-                let mut s = vec![1u8];
-                s.extend((0..64 << 10).map(|_| {
-                    x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    (x >> 24) as u8 | 0x20
-                }));
-                raw.send(s, 0).unwrap();
-            }
-            let _ = left.recv();
-        })
-        .unwrap();
+    let (leave, sender) = common::long_subscriptions(data.unwrap(), 16);
     wait_for("libzmq to take the subscriptions", T, || {
         rss() > before + 16 * 1024
     });

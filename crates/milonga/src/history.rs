@@ -86,29 +86,16 @@ impl QueryBudget {
 
 /// Counts a refused query, logging the first ones and then one in 1,000.
 pub(crate) fn refuse(node: &NodeInner, why: &str) {
-    let n = node
-        .counters
-        .history_queries_refused
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        + 1;
-    if n <= 10 || n % 1000 == 0 {
-        tracing::warn!(refused_so_far = n, "refused a history query: {why}");
-    }
+    let c = &node.counters.history_queries_refused;
+    let n = c.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    stats::log_drop(n, "a history query", &why);
 }
 
 /// Counts a malformed query, logging the first ones and then one in 1,000.
 fn malformed(node: &NodeInner, err: &dyn std::fmt::Display) {
-    let n = node
-        .counters
-        .history_queries_malformed
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        + 1;
-    if n <= 10 || n % 1000 == 0 {
-        tracing::warn!(
-            dropped_so_far = n,
-            "dropped a malformed history query: {err}"
-        );
-    }
+    let c = &node.counters.history_queries_malformed;
+    let n = c.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    stats::log_drop(n, "a malformed history query", err);
 }
 
 /// One kept sample.

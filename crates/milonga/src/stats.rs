@@ -158,6 +158,15 @@ counters! {
     replies_undeliverable,
 }
 
+/// Logs the first drops of a kind, then one in a thousand (`count` is the
+/// counter's value after this one), so that a flood of bad input cannot
+/// flood the log; the counters count every one.
+pub(crate) fn log_drop(count: u64, what: &str, detail: &dyn std::fmt::Display) {
+    if count <= 10 || count % 1000 == 0 {
+        tracing::warn!(dropped_so_far = count, "dropped {what}: {detail}");
+    }
+}
+
 pub(crate) fn inc(c: &AtomicU64) {
     c.fetch_add(1, Relaxed);
 }

@@ -20,16 +20,8 @@ use crate::sample::{
     DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
     QosPolicy, Sample,
 };
-use crate::stats::{self, Counters};
+use crate::stats::{self, log_drop, Counters};
 use crate::zmq_io::{self, message_bytes};
-
-/// Logs the first drops of a kind, then one in a thousand, so that a flood
-/// of bad input cannot flood the log; the counters count every one.
-fn log_drop(count: u64, what: &str, detail: &dyn std::fmt::Display) {
-    if count <= 10 || count % 1000 == 0 {
-        tracing::warn!(dropped_so_far = count, "dropped {what}: {detail}");
-    }
-}
 
 /// Prefix of the wake-up messages a subscription's own inproc PUB sends to
 /// its SUB socket, so that a thread blocked in `recv` on that one socket

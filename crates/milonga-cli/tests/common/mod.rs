@@ -130,3 +130,35 @@ pub fn kill_together(
     }
     (by_reason, took)
 }
+
+/// A raw XSUB connected to `endpoint` that sends `n` subscriptions of
+/// 64 KiB of pseudo-random bytes, then holds its connection until the
+/// returned sender is dropped; join the handle after. libzmq's XSUB adds a
+/// subscription to its own trie recursively, a stack frame per byte: the
+/// thread gets a large stack.
+pub fn long_subscriptions(
+    endpoint: String,
+    n: usize,
+) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (leave, left) = std::sync::mpsc::channel::<()>();
+    let sender = std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(move || {
+            let ctx = zmq::Context::new();
+            let raw = ctx.socket(zmq::XSUB).unwrap();
+            raw.set_sndhwm(0).unwrap();
+            raw.connect(&endpoint).unwrap();
+            let mut x: u32 = 1;
+            for _ in 0..n {
+                let mut s = vec![1u8];
+                s.extend((0..64 << 10).map(|_| {
+                    x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (x >> 24) as u8 | 0x20
+                }));
+                raw.send(s, 0).unwrap();
+            }
+            let _ = left.recv();
+        })
+        .expect("a thread");
+    (leave, sender)
+}
