@@ -41,7 +41,7 @@ pytest: python
 test: lint unit pytest
 
 # The runs recorded in docs/benchmarks.md: throughput and latency on tcp and
-# ipc, liveliness detection, discovery of 100 nodes, idle memory.
+# ipc, liveliness detection, call deadlines, discovery of 100 nodes, idle memory.
 bench:
 	$(CARGO) build --release -p milonga-cli
 	./target/release/milonga bench pubsub --transport tcp --format csv
@@ -49,6 +49,7 @@ bench:
 	./target/release/milonga bench latency --transport tcp --format csv
 	./target/release/milonga bench latency --transport ipc --format csv
 	./target/release/milonga bench liveliness --format csv
+	./target/release/milonga bench deadlines --format csv
 	./target/release/milonga bench rpc --transport tcp --format csv
 	./target/release/milonga bench rpc --transport ipc --format csv
 	./target/release/milonga bench discovery --nodes 100 --format csv

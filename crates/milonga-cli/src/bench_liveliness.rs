@@ -158,7 +158,7 @@ fn lost_after(
     })
 }
 
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+pub(crate) fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -166,10 +166,48 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-struct Row {
-    case: &'static str,
-    ms: Vec<f64>,
-    note: String,
+/// One case of a timing benchmark: what was measured, in ms, per trial.
+pub(crate) struct Row {
+    pub case: &'static str,
+    pub ms: Vec<f64>,
+    pub note: String,
+}
+
+/// Prints `rows` as a table or CSV: trials, p50, p99 and max in ms.
+pub(crate) fn print_rows(rows: Vec<Row>, t: Transport, format: Format) {
+    if format == Format::Csv {
+        println!("case,transport,trials,p50_ms,p99_ms,max_ms,note");
+    } else {
+        println!(
+            "{:<13} {:<6} {:>6} {:>9} {:>9} {:>9}  note",
+            "case", "trans", "trials", "p50 ms", "p99 ms", "max ms"
+        );
+    }
+    for mut r in rows {
+        r.ms.sort_by(f64::total_cmp);
+        let (p50, p99, max) = (
+            quantile(&r.ms, 0.5),
+            quantile(&r.ms, 0.99),
+            r.ms.last().copied().unwrap_or(f64::NAN),
+        );
+        if format == Format::Csv {
+            println!(
+                "{},{},{},{p50:.1},{p99:.1},{max:.1},\"{}\"",
+                r.case,
+                t.name(),
+                r.ms.len(),
+                r.note
+            );
+        } else {
+            println!(
+                "{:<13} {:<6} {:>6} {p50:>9.1} {p99:>9.1} {max:>9.1}  {}",
+                r.case,
+                t.name(),
+                r.ms.len(),
+                r.note
+            );
+        }
+    }
 }
 
 /// Runs `milonga bench liveliness`.
@@ -253,38 +291,6 @@ pub fn run(a: LivelinessArgs, t: Transport) -> Result<std::process::ExitCode> {
     });
     node.close();
     let _ = std::fs::remove_dir_all(&dir);
-    if a.format == Format::Csv {
-        println!("case,transport,trials,p50_ms,p99_ms,max_ms,note");
-    } else {
-        println!(
-            "{:<8} {:<6} {:>6} {:>9} {:>9} {:>9}  note",
-            "case", "trans", "trials", "p50 ms", "p99 ms", "max ms"
-        );
-    }
-    for mut r in rows {
-        r.ms.sort_by(f64::total_cmp);
-        let (p50, p99, max) = (
-            quantile(&r.ms, 0.5),
-            quantile(&r.ms, 0.99),
-            r.ms.last().copied().unwrap_or(f64::NAN),
-        );
-        if a.format == Format::Csv {
-            println!(
-                "{},{},{},{p50:.1},{p99:.1},{max:.1},\"{}\"",
-                r.case,
-                t.name(),
-                r.ms.len(),
-                r.note
-            );
-        } else {
-            println!(
-                "{:<8} {:<6} {:>6} {p50:>9.1} {p99:>9.1} {max:>9.1}  {}",
-                r.case,
-                t.name(),
-                r.ms.len(),
-                r.note
-            );
-        }
-    }
+    print_rows(rows, t, a.format);
     Ok(std::process::ExitCode::SUCCESS)
 }

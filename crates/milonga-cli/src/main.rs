@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use milonga::{Config, Event, Node, PublisherQos, RecvError, SubscriberQos, Transport};
 
 mod bench;
+mod bench_deadlines;
 mod bench_discovery;
 mod bench_liveliness;
 mod bench_rpc;

@@ -3,7 +3,7 @@
 //! with calls pending.
 
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use milonga::{CallError, Node};
 use milonga_testkit::{fd_count, rss_kib, wait_for, Proc};
@@ -90,8 +90,8 @@ fn each_failure_has_its_message_and_exit_status() {
     let _fragile = env.serve(&["lab/fragile", "--echo", "--panic-on", r#""boom""#]);
     let _slow = env.serve(&["lab/slow", "--echo", "--delay-ms", "3000"]);
 
-    // No server: at once, not after the timeout.
-    let started = Instant::now();
+    // No server: at once, not at the 30 s deadline (which would be a
+    // timeout, exit status 3).
     let o = env.call(&["lab/nobody", "1", "--timeout", "30"]);
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     assert!(
@@ -99,7 +99,6 @@ fn each_failure_has_its_message_and_exit_status() {
         "{}",
         stderr(&o)
     );
-    assert!(started.elapsed() < Duration::from_secs(10));
 
     // Remote error, with the handler's kind.
     let o = env.call(&["lab/failing", "1"]);
@@ -162,8 +161,25 @@ fn an_overloaded_server_rejects_what_it_cannot_queue() {
     assert!(overload >= 1 && ok >= 3, "{outcomes:?}");
 }
 
+/// The counters of the one node that serves something, asked over its
+/// control endpoint.
+fn server_stats(node: &Node) -> milonga::NodeStats {
+    let control = node
+        .peers()
+        .into_iter()
+        .find(|a| !a.services.is_empty())
+        .map(|a| a.control)
+        .expect("a server in discovery");
+    node.query(&control, T)
+        .expect("the server answers a control query")
+        .stats
+}
+
+/// The time from the kill to each call's end is measured by `milonga bench
+/// deadlines` (docs/benchmarks.md); here, the outcome: every call ends with
+/// `ServerLost`, none waits for its deadline.
 #[test]
-fn a_server_killed_with_100_calls_in_flight_ends_every_call_by_its_deadline() {
+fn a_server_killed_with_100_calls_in_flight_ends_every_call_with_server_lost() {
     let env = Env::new("svc-kill9");
     let mut server = env.serve(&[
         "lab/slow",
@@ -175,46 +191,27 @@ fn a_server_killed_with_100_calls_in_flight_ends_every_call_by_its_deadline() {
     ]);
     let node = env.node("caller");
     known(&node, "lab/slow", 1);
-    let deadline = Duration::from_secs(4);
-    let sent = Instant::now();
+    // A hang guard: the kill must end the calls long before it.
+    let deadline = Duration::from_secs(60);
     let calls: Vec<_> = (0..100)
         .map(|i| node.call_async("lab/slow", i, deadline).unwrap())
         .collect();
-    // Let the requests reach the server: 4 run, 96 wait in its queue.
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for("the server to read the 100 requests", T, || {
+        server_stats(&node).requests_received == 100
+    });
+    // 4 run, 96 wait in its queue.
     server.kill9();
-    let killed = Instant::now();
     let waiters: Vec<_> = calls
         .into_iter()
-        .map(|c| {
-            std::thread::spawn(move || {
-                let r = c.wait();
-                (r, Instant::now())
-            })
-        })
+        .map(|c| std::thread::spawn(move || c.wait()))
         .collect();
-    let mut lost = 0;
     for w in waiters {
-        let (r, at) = w.join().unwrap();
-        assert!(
-            at <= sent + deadline + Duration::from_millis(100),
-            "a call ended {:?} after it was sent",
-            at - sent
-        );
-        match r {
-            Err(CallError::ServerLost { .. }) => {
-                lost += 1;
-                assert!(
-                    at - killed < Duration::from_secs(1),
-                    "server lost reported {:?} after the kill",
-                    at - killed
-                );
-            }
-            Err(CallError::Timeout { .. }) => {}
-            other => panic!("unexpected outcome {other:?}"),
+        match w.join().unwrap() {
+            Err(CallError::ServerLost { .. }) => {}
+            other => panic!("expected ServerLost, got {other:?}"),
         }
     }
-    assert_eq!(lost, 100, "every call sees the server go");
+    assert_eq!(node.stats().calls_server_lost, 100);
     assert!(matches!(
         node.call("lab/slow", 1, Duration::from_secs(1)),
         Err(CallError::NoServer { .. }) | Err(CallError::ServerLost { .. })
@@ -224,48 +221,69 @@ fn a_server_killed_with_100_calls_in_flight_ends_every_call_by_its_deadline() {
 #[test]
 fn callers_that_die_with_calls_pending_leave_the_server_as_it_was() {
     let env = Env::new("svc-dying-callers");
-    let server = env.serve(&["lab/slow", "--echo", "--delay-ms", "200"]);
+    // A request takes 1.5 s, and waits for one of 10 workers: each caller
+    // is dead, and the server has seen its connection close, long before
+    // its reply is sent. (The warm-up runs all 10 workers, so that their
+    // stacks count in the memory measured before the 40 more.)
+    let server = env.serve(&[
+        "lab/slow",
+        "--echo",
+        "--delay-ms",
+        "1500",
+        "--workers",
+        "10",
+    ]);
     let pid = server.pid();
-    let cycle = |n: usize| {
+    let check = env.node("check");
+    known(&check, "lab/slow", 1);
+    let mut callers: u64 = 0;
+    let mut cycle = |n: usize| {
         for _ in 0..n {
-            let mut c = Proc::spawn(env.cmd(&["call", "lab/slow", "1", "--timeout", "10"]));
-            // The call is sent and the server is busy with it.
-            std::thread::sleep(Duration::from_millis(60));
+            let before = server_stats(&check);
+            let mut c = Proc::spawn(env.cmd(&["call", "lab/slow", "1", "--timeout", "30"]));
+            callers += 1;
+            wait_for("the server to read the call", T, || {
+                server_stats(&check).requests_received == callers
+            });
             c.kill9();
+            wait_for("the server to see the caller go", T, || {
+                server_stats(&check).peer_disconnects > before.peer_disconnects
+            });
         }
+        callers
     };
-    let settled = |what: &str| {
-        // Connections of dead callers close; replies to them are dropped.
-        std::thread::sleep(Duration::from_millis(500));
+    let settled = |what: &str, callers: u64, fds: Option<usize>| {
+        // Every reply has been tried (and dropped: its caller is gone)...
+        wait_for("the server to answer every call", T, || {
+            server_stats(&check).calls_served == callers
+        });
+        // ...and the connections of the dead callers are closed.
+        if let Some(fds0) = fds {
+            wait_for("the file descriptors to be as they were", T, || {
+                fd_count(pid) == Some(fds0)
+            });
+        }
         let fds = fd_count(pid).unwrap();
         let rss = rss_kib(pid).unwrap();
         eprintln!("{what}: {fds} fds, {rss} KiB");
         (fds, rss)
     };
-    cycle(10);
-    let (fds0, rss0) = settled("after warm-up");
-    cycle(40);
-    let (fds1, rss1) = settled("after 40 more dead callers");
+    let n = cycle(10);
+    let (fds0, rss0) = settled("after warm-up", n, None);
+    let n = cycle(40);
+    let (fds1, rss1) = settled("after 40 more dead callers", n, Some(fds0));
     assert_eq!(fds1, fds0, "file descriptors as they were");
     assert!(
         rss1 <= rss0 + 512,
         "memory grew from {rss0} KiB to {rss1} KiB"
     );
+    assert_eq!(
+        server_stats(&check).replies_undeliverable,
+        50,
+        "every reply to a dead caller is counted"
+    );
     // And the server still answers.
     let o = env.call(&["lab/slow", "7"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), "7");
-    let node = env.node("check");
-    known(&node, "lab/slow", 1);
-    let stats = node
-        .peers()
-        .into_iter()
-        .find(|a| !a.services.is_empty())
-        .and_then(|a| node.query(&a.control, Duration::from_secs(2)))
-        .expect("the server answers a control query")
-        .stats;
-    assert!(
-        stats.replies_undeliverable >= 40,
-        "replies to dead callers are counted: {stats:?}"
-    );
 }

@@ -36,13 +36,24 @@ impl Drop for TempDir {
 }
 
 /// Polls `cond` every 5 ms until it holds; panics naming `what` after `timeout`.
-pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+    assert!(
+        poll_until(timeout, cond),
+        "timed out after {timeout:?} waiting for {what}"
+    );
+}
+
+/// Polls `cond` every 5 ms until it holds or `timeout` passes; whether it
+/// held. For waits that must not panic (in a handler, in a helper thread).
+pub fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < end,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
 }

@@ -542,6 +542,7 @@ impl Server {
             let Some(r) = self.parse(s, parts) else {
                 continue;
             };
+            stats::inc(&self.node.counters.requests_received);
             let mut p = lock(&self.pool);
             p.taken += 1;
             if self.opts.workers > 1 && (p.idle == 0 || !p.queue.is_empty()) {

@@ -150,6 +150,9 @@ counters! {
     calls_rejected,
     /// Replies that came after their call had ended, dropped.
     calls_late_replies,
+    /// Requests this node's services read (well-formed and of this
+    /// domain), whether they were then run, queued or refused.
+    requests_received,
     /// Requests this node's services answered.
     calls_served,
     /// Handlers that panicked (each answered with a remote error).

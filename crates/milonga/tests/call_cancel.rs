@@ -2,12 +2,13 @@
 //! binary: it counts this process's `milonga-call` threads.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
 use milonga::{Config, Node, Transport, Value};
-use milonga_testkit::{wait_for, TempDir};
+use milonga_testkit::{poll_until, wait_for, TempDir};
 
 fn call_threads() -> usize {
     std::fs::read_dir("/proc/self/task")
@@ -33,9 +34,15 @@ fn dropping_an_awaited_call_stops_its_wait() {
     };
     let server = open("server");
     let client = open("client");
+    // The handler runs until the test lets it end (30 s at most, a hang
+    // guard): the helper thread must stop without waiting for it.
+    let release = Arc::new(AtomicBool::new(false));
+    let gate = release.clone();
     let _svc = server
-        .serve("lab/slow", |req| {
-            std::thread::sleep(Duration::from_secs(1));
+        .serve("lab/slow", move |req| {
+            if req.value == Value::from("x") {
+                let _ = poll_until(Duration::from_secs(30), || gate.load(Ordering::SeqCst));
+            }
             Ok(req.value)
         })
         .unwrap();
@@ -53,18 +60,21 @@ fn dropping_an_awaited_call_stops_its_wait() {
     let poll = std::pin::Pin::new(&mut pending).poll(&mut Context::from_waker(&waker));
     assert!(poll.is_pending());
     // (The thread names itself once it runs.)
-    wait_for("the helper thread", Duration::from_secs(2), || {
+    wait_for("the helper thread", Duration::from_secs(10), || {
         call_threads() == 1
     });
     drop(pending);
-    // Well before the 1 s handler ends and the 30 s deadline.
-    wait_for(
-        "the helper thread to stop",
-        Duration::from_millis(500),
-        || call_threads() == 0,
-    );
+    // While the handler still runs, long before the 30 s deadline (10 s is
+    // a hang guard).
+    wait_for("the helper thread to stop", Duration::from_secs(10), || {
+        call_threads() == 0
+    });
+    release.store(true, Ordering::SeqCst);
     // The reply that comes later is dropped, and the connection serves the
-    // next call.
+    // next call (whose reply comes after it).
+    wait_for("the late reply to be sent", Duration::from_secs(10), || {
+        server.stats().calls_served == 1
+    });
     assert_eq!(
         client.call("lab/slow", 2, Duration::from_secs(5)).unwrap(),
         Value::Int(2)
