@@ -1,7 +1,7 @@
 //! End-to-end tests with real processes: the `milonga` command against
 //! itself and against nodes of this test process.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use milonga::{Node, PublisherQos};
 use milonga_testkit::{free_port, wait_for, Proc, TempDir};
@@ -13,8 +13,11 @@ use serde_json::Value as Json;
 const T: Duration = Duration::from_secs(20);
 
 fn json_line(p: &Proc) -> Json {
-    let line = p.line(T).expect("a line before the timeout");
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}"))
+    parse(&p.line(T).expect("a line before the timeout"))
+}
+
+fn parse(line: &str) -> Json {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}"))
 }
 
 /// The next line that is a sample, skipping status events.
@@ -34,7 +37,7 @@ fn samples(p: &Proc, n: usize) -> Vec<Json> {
 #[test]
 fn discovery_subscriber_first() {
     let env = Env::new("subfirst");
-    let sub = env.spawn(&["sub", "lab/ps/*", "--json", "--count", "5"]);
+    let mut sub = env.spawn(&["sub", "lab/ps/*", "--json", "--count", "5"]);
     let mut publ = env.spawn(&[
         "pub",
         "lab/ps/1",
@@ -47,7 +50,6 @@ fn discovery_subscriber_first() {
         "1",
     ]);
     let got = samples(&sub, 5);
-    assert_eq!(got.len(), 5);
     for (i, s) in got.iter().enumerate() {
         assert_eq!(s["key"], "lab/ps/1");
         assert_eq!(s["value"], 12.5);
@@ -56,19 +58,30 @@ fn discovery_subscriber_first() {
         assert!(s["timestamp_ns"].as_u64().unwrap() > 1_600_000_000_000_000_000);
     }
     assert!(publ.wait_exit(T).unwrap().success());
+    let status = sub.wait_exit(T).expect("the subscriber exits after --count 5");
+    assert!(status.success(), "{status}");
 }
 
 #[test]
 fn discovery_publisher_first() {
     let env = Env::new("pubfirst");
-    let _publ = env.spawn(&["pub", "lab/ps/1", r#"{"current": 3}"#, "--rate", "50"]);
-    std::thread::sleep(Duration::from_millis(300));
+    let publ = env.spawn(&["pub", "lab/ps/1", r#"{"current": 3}"#, "--rate", "50"]);
+    // The publisher is first: announced, and already putting (to nobody)
+    // before the subscriber starts.
+    wait_for("the publisher announced and putting", T, || {
+        env.ls().iter().any(|n| {
+            n["pid"].as_u64() == Some(u64::from(publ.pid()))
+                && n["stats"]["samples_sent"].as_u64().is_some_and(|s| s > 0)
+        })
+    });
     let mut sub = env.spawn(&["sub", "lab/**", "--json", "--count", "3"]);
     let got = samples(&sub, 3);
     assert_eq!(got[0]["value"]["current"], 3);
     // Joining mid-stream is not a loss: the first sequence number seen starts the count.
     let seqs: Vec<u64> = got.iter().map(|s| s["seq"].as_u64().unwrap()).collect();
+    assert!(seqs[0] > 1, "joined mid-stream: {seqs:?}");
     assert_eq!(seqs[1], seqs[0] + 1);
+    assert_eq!(event_line(&sub, "summary")["lost"], 0, "joining is no loss");
     assert!(sub.wait_exit(T).unwrap().success());
 }
 
@@ -94,11 +107,25 @@ fn kill_9_of_a_publisher_leaves_nothing_that_blocks_or_misleads() {
         .unwrap()
         .count();
     assert_eq!(files, 2, "only the live nodes' announcements remain");
-    // The subscriber goes on with the other publisher.
-    for _ in 0..20 {
-        let line = sub.line(T).expect("the subscriber still receives");
-        let _ = line;
+    // The subscriber goes on with the other publisher: k9/b's samples, with
+    // its value and in order (k9/a's, received before the kill and still
+    // queued in the pipe, may come first).
+    let mut b_seqs = Vec::new();
+    while b_seqs.len() < 20 {
+        let s = sample_line(&sub);
+        match s["key"].as_str() {
+            Some("k9/b") => {
+                assert_eq!(s["value"], 2, "{s}");
+                b_seqs.push(s["seq"].as_u64().unwrap());
+            }
+            Some("k9/a") => assert_eq!(s["value"], 1, "only the killed one's: {s}"),
+            _ => panic!("a sample of neither publisher: {s}"),
+        }
     }
+    assert!(
+        b_seqs.windows(2).all(|w| w[0] < w[1]),
+        "k9/b in order: {b_seqs:?}"
+    );
     // And a restarted publisher is found again, with no action from the subscriber.
     let _a2 = env.spawn(&["pub", "k9/a", "3", "--rate", "100"]);
     wait_for("samples from the restarted publisher", T, || {
@@ -162,7 +189,11 @@ fn nodes_of_different_domains_never_exchange_a_sample() {
         c
     });
     let same = a.spawn(&["sub", "shared/key", "--json", "--count", "3"]);
-    assert_eq!(samples(&same, 3).len(), 3, "the publisher works");
+    // The publisher works.
+    for s in samples(&same, 3) {
+        assert_eq!(s["key"], "shared/key", "{s}");
+        assert_eq!(s["value"], 1, "{s}");
+    }
     // A subscriber of domain B: by local discovery and by a static peer.
     let mut other = Proc::spawn(b_cmd(&[
         "sub",
@@ -289,13 +320,26 @@ fn best_effort_counts_exactly_what_it_dropped() {
     for i in 0..n {
         p.put(i).unwrap();
     }
-    // Let the queues drain, then one last sample that will get through and
-    // reveal any gap before it.
-    std::thread::sleep(Duration::from_secs(2));
-    p.put(n).unwrap();
+    // One more sample that gets through reveals any gap before it. It must
+    // be put once the queues have drained: put one now, and another each
+    // time the subscriber has printed nothing for 200 ms (its queues are
+    // empty, so the one before was dropped, and is counted like the others),
+    // until one comes.
     let (mut received, mut lost) = (0u64, 0u64);
-    loop {
-        let j = json_line(&sub);
+    let mut probe = n;
+    p.put(probe).unwrap();
+    let hang_guard = Instant::now() + T * 6;
+    let last_seq = loop {
+        assert!(
+            Instant::now() < hang_guard,
+            "hang guard: no sample put after the flood reached the subscriber"
+        );
+        let Some(line) = sub.line(Duration::from_millis(200)) else {
+            probe += 1;
+            p.put(probe).unwrap();
+            continue;
+        };
+        let j = parse(&line);
         if j["event"] == "lost" {
             lost += j["count"].as_u64().unwrap();
             continue;
@@ -304,23 +348,28 @@ fn best_effort_counts_exactly_what_it_dropped() {
             continue;
         }
         received += 1;
-        if j["seq"] == n + 1 {
-            break;
+        let seq = j["seq"].as_u64().unwrap();
+        if seq > n {
+            break seq;
         }
-    }
+    };
     assert!(
         lost > 0,
         "the slow subscriber must have lost samples at a high-water mark of 20"
     );
     assert_eq!(
         received + lost,
-        n + 1,
-        "every sample is either received or counted lost"
+        last_seq,
+        "every sample up to the last one received is either received or counted lost"
     );
-    // On exit the subscriber sums its losses per publisher.
+    // On exit the subscriber sums its losses per publisher (a probe put
+    // after the one that came may still reveal one more loss meanwhile).
     sub.signal(libc::SIGINT);
     let summary = loop {
         let j = json_line(&sub);
+        if j["event"] == "lost" {
+            lost += j["count"].as_u64().unwrap();
+        }
         if j["event"] == "summary" {
             break j;
         }
@@ -474,10 +523,15 @@ fn bench_prints_the_documented_csv() {
 }
 
 /// The next status line with `"event": event`, skipping samples and other
-/// events.
+/// events; it must come within `T` (samples may keep coming meanwhile).
 fn event_line(p: &Proc, event: &str) -> Json {
+    let end = Instant::now() + T;
     loop {
-        let j = json_line(p);
+        let left = end.saturating_duration_since(Instant::now());
+        let line = p
+            .line(left)
+            .unwrap_or_else(|| panic!("no {event:?} event within {T:?}"));
+        let j = parse(&line);
         if j["event"] == event {
             return j;
         }
@@ -634,10 +688,26 @@ fn a_stopped_subscriber_slows_neither_the_publisher_nor_the_others() {
         }
     }
     subs[0].signal(libc::SIGCONT);
-    // One more sample reveals the frozen subscriber's gap.
-    std::thread::sleep(Duration::from_millis(200));
-    p.put(payload).unwrap();
-    let lost = event_line(&subs[0], "lost");
+    // One more sample reveals the frozen subscriber's gap, once its queues
+    // have room again: put one now, and another each time it has printed
+    // nothing for 200 ms (it has read its backlog), until it reports the
+    // loss.
+    p.put(payload.clone()).unwrap();
+    let hang_guard = Instant::now() + T * 3;
+    let lost = loop {
+        assert!(
+            Instant::now() < hang_guard,
+            "hang guard: the thawed subscriber never reported its loss"
+        );
+        let Some(line) = subs[0].line(Duration::from_millis(200)) else {
+            p.put(payload.clone()).unwrap();
+            continue;
+        };
+        let j = parse(&line);
+        if j["event"] == "lost" {
+            break j;
+        }
+    };
     assert!(lost["count"].as_u64().unwrap() > 0, "{lost}");
 }
 
@@ -659,34 +729,63 @@ fn sub_filters_are_applied_by_the_publisher() {
     wait_for("two filtered subscribers", T, || {
         p.subscriber_count() == 2 && node.stats().filters_declared == 2
     });
-    let started = std::time::Instant::now();
-    for i in 0..50u64 {
+    // A sample every 10 ms, numbered, until the filtered subscriber has 10
+    // and the one with a minimum period has 4. When each put started and
+    // ended: the publisher times the period somewhere in between.
+    let mut puts: Vec<(Instant, Instant)> = Vec::new();
+    let mut high_seen = 0;
+    let mut slow_seen: Vec<usize> = Vec::new();
+    let hang_guard = Instant::now() + T * 3;
+    while high_seen < 10 || slow_seen.len() < 4 {
+        assert!(
+            Instant::now() < hang_guard,
+            "hang guard: {} puts, {high_seen} samples through the filter, {slow_seen:?} through the minimum period",
+            puts.len()
+        );
+        let i = puts.len() as u64;
         let v = milonga::Value::Map(vec![
+            ("i".into(), i.into()),
             ("v".into(), (i % 5).into()),
             ("ok".into(), milonga::Value::Bool(i % 2 == 0)),
         ]);
+        let start = Instant::now();
         p.put(v).unwrap();
+        puts.push((start, Instant::now()));
         std::thread::sleep(Duration::from_millis(10));
-    }
-    let elapsed = started.elapsed();
-    // i % 5 >= 3 and i even: i = 4, 8, 14, 18, ... : 10 of 50.
-    for _ in 0..10 {
-        let s = sample_line(&high);
-        let v = &s["value"];
-        assert!(v["v"].as_u64().unwrap() >= 3 && v["ok"] == true, "{s}");
-    }
-    // At most one per 300 ms.
-    let most = elapsed.as_millis() as usize / 300 + 1;
-    let mut seen = 0;
-    let end = std::time::Instant::now() + Duration::from_millis(500);
-    while std::time::Instant::now() < end {
-        if let Some(line) = slow.line(Duration::from_millis(100)) {
-            if !line.contains("\"event\"") {
-                seen += 1;
+        // i % 5 >= 3 and i even: i = 4, 8, 14, 18, ...
+        while let Some(line) = high.line(Duration::ZERO) {
+            let s = parse(&line);
+            if s.get("event").is_none() {
+                let v = &s["value"];
+                assert!(v["v"].as_u64().unwrap() >= 3 && v["ok"] == true, "{s}");
+                high_seen += 1;
+            }
+        }
+        while let Some(line) = slow.line(Duration::ZERO) {
+            let s = parse(&line);
+            if s.get("event").is_none() {
+                slow_seen.push(s["value"]["i"].as_u64().unwrap() as usize);
             }
         }
     }
-    assert!((1..=most).contains(&seen), "{seen} samples, at most {most}");
+    // One per 300 ms, and no fewer: of two samples that passed one after
+    // the other, the later put ended at least 300 ms after the earlier one
+    // started, and every put between them started less than 300 ms after
+    // the earlier one ended (or it would have passed).
+    let period = Duration::from_millis(300);
+    for w in slow_seen.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        assert!(
+            puts[b].1.saturating_duration_since(puts[a].0) >= period,
+            "samples {a} and {b} both passed, less than 300 ms apart: {slow_seen:?}"
+        );
+        for k in a + 1..b {
+            assert!(
+                puts[k].0 < puts[a].1 + period,
+                "sample {k}, put 300 ms after sample {a}, did not pass: {slow_seen:?}"
+            );
+        }
+    }
     let out = env
         .cmd(&["sub", "cf/x", "--filter", "value >", "--timeout", "1"])
         .output()

@@ -410,7 +410,27 @@ mod tests {
             KeyExpr::new("a/b").unwrap().zmq_prefixes(),
             vec![b"a/b\0".to_vec()]
         );
-        assert!(!b"a/bc\0".starts_with(b"a/b\0"));
+        // What the prefixes computed above do with the frame of a longer
+        // sibling (or a child) of what the expression selects: ZeroMQ's
+        // prefix filter must drop it at the publisher.
+        for (expr, key) in [
+            ("a/b", "a/bc"),
+            ("a/b", "a/b/c"),
+            ("a/**", "ab"),
+            ("a/**", "ab/c"),
+            ("a/*/c", "ab/x/c"),
+        ] {
+            let mut frame = key.as_bytes().to_vec();
+            frame.push(0);
+            assert!(
+                !KeyExpr::new(expr)
+                    .unwrap()
+                    .zmq_prefixes()
+                    .iter()
+                    .any(|p| frame.starts_with(p)),
+                "the prefixes of {expr} let {key} through"
+            );
+        }
         assert_eq!(
             KeyExpr::new("a/*/c").unwrap().zmq_prefixes(),
             vec![b"a/".to_vec()]

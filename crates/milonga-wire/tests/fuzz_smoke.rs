@@ -83,3 +83,137 @@ fn mutations_of_the_vectors_never_panic() {
         run(&f[..cut], Some(&f[cut..]));
     }
 }
+
+/// One mutation of `seed`, as above: a bit flip, a byte changed, a
+/// truncation, an extension, or random bytes.
+fn mutate(seed: &[u8], rnd: &mut impl FnMut() -> u64) -> Vec<u8> {
+    let mut f = seed.to_vec();
+    match rnd() % 5 {
+        0 => {
+            let n = f.len().max(1);
+            let bit = (rnd() % (n as u64 * 8)) as usize;
+            if let Some(b) = f.get_mut(bit / 8) {
+                *b ^= 1 << (bit % 8);
+            }
+        }
+        1 => {
+            let n = f.len().max(1);
+            let at = (rnd() % n as u64) as usize;
+            if let Some(b) = f.get_mut(at) {
+                *b = rnd() as u8;
+            }
+        }
+        2 => {
+            let keep = (rnd() % (f.len() as u64 + 1)) as usize;
+            f.truncate(keep);
+        }
+        3 => {
+            let extra = rnd() % 64;
+            f.extend((0..extra).map(|_| rnd() as u8));
+        }
+        _ => {
+            let len = rnd() % 200;
+            f = (0..len).map(|_| rnd() as u8).collect();
+        }
+    }
+    f
+}
+
+/// What a subscriber sends upstream to a publisher's data socket besides
+/// subscriptions: history queries (`history::Query::decode`) and filter
+/// declarations (`filter::Declaration::decode`, which parses the filter's
+/// expression), and the expression parser and evaluator on their own.
+/// 100,000 mutations of valid messages and expressions; nothing may panic.
+#[test]
+fn mutations_of_history_queries_and_filter_declarations_never_panic() {
+    use milonga_wire::filter::{Declaration, Expr, Filter, DECLARE_TAG};
+    use milonga_wire::history::{Query, QUERY_TAG};
+    use milonga_wire::Value;
+
+    let node = "ab".repeat(16);
+    let exprs = [
+        r#"value > 3.5 && status == "ON" || !(limits.high <= -1e3)"#,
+        r#"((value != null)) && name >= "a\"b\\c""#,
+        "!!true || x.y.z < 0.5e-3 && value == false",
+    ];
+    let mut seeds: Vec<Vec<u8>> = vec![
+        Query {
+            node: node.clone(),
+            socket: "reliable".into(),
+            token: "0123456789abcdef0123456789abcdef".into(),
+            expr: "sr/**".into(),
+            last: 5,
+            since: vec![("sr/a".into(), 41), ("sr/b/c".into(), u64::MAX)],
+        }
+        .encode(),
+        Query {
+            node: node.clone(),
+            socket: "best_effort".into(),
+            token: "t".into(),
+            expr: "a/*/c".into(),
+            last: u64::MAX,
+            since: vec![],
+        }
+        .encode(),
+    ];
+    for (i, e) in exprs.iter().enumerate() {
+        seeds.push(
+            Declaration {
+                node: node.clone(),
+                socket: "best_effort".into(),
+                keys: format!("sr/*/{i}/**"),
+                filter: Filter {
+                    expr: Some((*e).into()),
+                    abs_change: Some(0.5),
+                    rel_change: (i % 2 == 0).then_some(0.1),
+                    min_period_ms: Some(100),
+                },
+            }
+            .encode(),
+        );
+    }
+    // The seeds are valid: mutations start from messages that decode.
+    assert!(Query::decode(&seeds[0]).is_ok() && Query::decode(&seeds[1]).is_ok());
+    for s in &seeds[2..] {
+        assert!(Declaration::decode(s).is_ok());
+    }
+    let values = [
+        Value::Float(4.0),
+        Value::Map(vec![
+            (Value::from("status"), Value::from("ON")),
+            (
+                Value::from("limits"),
+                Value::Map(vec![(Value::from("high"), Value::Int(10))]),
+            ),
+        ]),
+        Value::Null,
+    ];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for i in 0..100_000 {
+        let f = mutate(&seeds[i % seeds.len()], &mut rnd);
+        let _ = Query::decode(&f);
+        let _ = Declaration::decode(&f);
+        // The mutated body under each tag, so that every mutation reaches
+        // both decoders' CBOR.
+        if let Some((_, body)) = f.split_first() {
+            let mut m = Vec::with_capacity(f.len());
+            m.push(QUERY_TAG);
+            m.extend_from_slice(body);
+            let _ = Query::decode(&m);
+            m[0] = DECLARE_TAG;
+            let _ = Declaration::decode(&m);
+        }
+        let text = mutate(exprs[i % exprs.len()].as_bytes(), &mut rnd);
+        if let Ok(e) = Expr::parse(&String::from_utf8_lossy(&text)) {
+            for v in &values {
+                let _ = e.eval(v);
+            }
+        }
+    }
+}

@@ -5,9 +5,11 @@
 //! same check against the same files.
 //!
 //! `MILONGA_BLESS_VECTORS=1 cargo test -p milonga-wire --test vectors`
-//! rewrites the files from the cases below; review the diff before
-//! committing it.
+//! rewrites the files from the cases below and then fails on purpose: a run
+//! that rewrote what it checks against proves nothing. Review the diff, then
+//! run again without the variable.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use milonga_wire::cbor::{decode_payload, encode_cbor};
@@ -223,6 +225,32 @@ fn sample(
         )),
     }
 }
+
+/// Every vector, by name. The directory must hold exactly these, and
+/// `cases()` must make exactly these: a vector that goes missing (its files
+/// deleted, or its case) fails the check instead of shrinking it, here and
+/// in every language that checks the same files.
+const VECTORS: [&str; 19] = [
+    "sample_cbor_float",
+    "sample_raw_bytes",
+    "sample_cbor_map",
+    "sample_f64_array",
+    "sample_schema_unicode_key",
+    "sample_split_u8_array",
+    "batch_three_samples",
+    "heartbeat_leaving",
+    "history_reply",
+    "service_request",
+    "service_reply_error",
+    "bad_version",
+    "bad_kind",
+    "bad_flags",
+    "bad_encoding",
+    "truncated_header",
+    "key_with_wildcard",
+    "key_bad_utf8",
+    "batch_truncated_entry",
+];
 
 fn cases() -> Vec<Case> {
     let mut v = vec![
@@ -534,8 +562,18 @@ fn bless() {
 fn golden_vectors_decode_and_reencode_byte_for_byte() {
     if std::env::var_os("MILONGA_BLESS_VECTORS").is_some() {
         bless();
+        // The files were just written from the code under test: checking
+        // them now would compare the code with itself.
+        panic!(
+            "vectors rewritten in {}; review the diff and run again without MILONGA_BLESS_VECTORS",
+            dir().display()
+        );
     }
-    let mut checked = 0;
+    let expected: BTreeSet<&str> = VECTORS.into_iter().collect();
+    assert_eq!(expected.len(), VECTORS.len(), "a vector listed twice");
+    let made: BTreeSet<&str> = cases().iter().map(|c| c.name).collect();
+    assert_eq!(made, expected, "cases() makes exactly the listed vectors");
+    let mut checked: BTreeSet<String> = BTreeSet::new();
     for entry in std::fs::read_dir(dir()).expect("tests/vectors exists") {
         let path = entry.unwrap().path();
         if path.extension().and_then(|e| e.to_str()) != Some("json") {
@@ -543,6 +581,12 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
         }
         let desc: Json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let name = desc["name"].as_str().unwrap();
+        assert_eq!(
+            path.file_stem().and_then(|s| s.to_str()),
+            Some(name),
+            "a description names its own files"
+        );
+        assert!(checked.insert(name.to_owned()), "{name} described twice");
         let frame1 = std::fs::read(dir().join(format!("{name}.bin"))).unwrap();
         let frame2 = std::fs::read(dir().join(format!("{name}.frame2.bin"))).ok();
         let decoded = frame::decode(&frame1);
@@ -552,7 +596,6 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
                 format!("{err:?}").starts_with(desc["error"].as_str().unwrap()),
                 "{name}: got {err:?}"
             );
-            checked += 1;
             continue;
         }
         let view = decoded.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -633,11 +676,13 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
             hex(&frame1),
             "{name}: re-encoding"
         );
-        checked += 1;
     }
-    assert!(
-        checked >= 17,
-        "only {checked} vectors found in {}",
+    // Every listed vector was checked, and nothing else was found.
+    let checked: BTreeSet<&str> = checked.iter().map(String::as_str).collect();
+    assert_eq!(
+        checked,
+        expected,
+        "the vectors in {} are exactly the listed ones",
         dir().display()
     );
 }

@@ -228,9 +228,24 @@ fn malformed_frames_are_dropped_counted_and_the_node_goes_on() {
     });
     next = until_delivered(&pubsock, &sub, &node, next);
     assert!(next > seq);
-    // Each oddity was logged and counted; none stopped the node.
+    // Each oddity was logged and counted; none stopped the node: a
+    // publication of its own reaches its subscription (`bad/**` matches it).
     let p = node.publisher("bad/own").unwrap();
+    wait_for("the subscription to reach the node's own publisher", T, || {
+        p.subscriber_count() == 1
+    });
     p.put(1).unwrap();
+    let end = std::time::Instant::now() + T;
+    loop {
+        assert!(std::time::Instant::now() < end, "no bad/own sample in {T:?}");
+        match sub.recv_timeout(T).expect("the node's own sample") {
+            Event::Sample(s) if s.key == "bad/own" => {
+                assert_eq!(s.value, milonga::Value::from(1));
+                break;
+            }
+            _ => {}
+        }
+    }
 }
 
 #[test]
@@ -298,6 +313,10 @@ fn bad_queries_and_a_subscription_flood_leave_the_publisher_serving() {
     let data = own_endpoint(&a, Reliability::Reliable);
     let ctx = zmq::Context::new();
     let raw = ctx.socket(zmq::XSUB).unwrap();
+    // No high-water mark on this side: an XSUB drops what it cannot queue,
+    // and an unsubscribe of the flood below dropped here would leave a
+    // subscription behind that is no fault of the publisher's.
+    raw.set_sndhwm(0).unwrap();
     raw.connect(&data).unwrap();
     raw.send(&b"\x01@r/evil\x00"[..], 0).unwrap();
     raw.set_rcvtimeo(5000).unwrap();
@@ -335,17 +354,32 @@ fn bad_queries_and_a_subscription_flood_leave_the_publisher_serving() {
         s[0] = 0;
         raw.send(s, 0).unwrap();
     }
-    wait_for("the bad messages counted", T, || {
+    // `@r/evil`, then 5,000 subscribe and 5,000 unsubscribe messages, all
+    // read (they come in order, after the bad messages).
+    wait_for("the bad messages and the flood counted", T, || {
         let _ = p.subscriber_count(); // reads the socket
         let st = a.stats();
-        st.history_queries_malformed == 2 && st.filters_malformed == 1
+        st.history_queries_malformed == 2
+            && st.filters_malformed == 1
+            && st.subscription_messages >= 10_001
     });
+    // The flood left no subscription behind: publishers of flooded keys on
+    // the same (reliable) socket have no subscriber (`flood/2500` would
+    // count `flood/2`, `flood/25`, `flood/250` and `flood/2500`), and
+    // neither has `bq/x`.
+    for key in ["flood/0", "flood/2500", "flood/4999"] {
+        let probe = a.publisher_with(key, PublisherQos::reliable()).unwrap();
+        assert_eq!(probe.subscriber_count(), 0, "{key}");
+    }
+    assert_eq!(p.subscriber_count(), 0);
     // The publisher goes on serving a normal subscriber.
     let s = b.subscribe_with("bq/x", SubscriberQos::default()).unwrap();
-    wait_for("a normal subscriber", T, || p.subscriber_count() >= 1);
+    wait_for("a normal subscriber", T, || p.subscriber_count() == 1);
     p.put(99u64).unwrap();
+    let end = std::time::Instant::now() + T;
     loop {
-        if let Ok(Event::Sample(x)) = s.recv_timeout(T) {
+        assert!(std::time::Instant::now() < end, "no sample in {T:?}");
+        if let Event::Sample(x) = s.recv_timeout(T).expect("the sample put") {
             assert_eq!(x.value, milonga::Value::from(99u64));
             break;
         }

@@ -199,7 +199,13 @@ fn the_last_samples_of_an_undeclared_publisher_reach_a_slow_reader() {
         wait_for("the publication to go", Duration::from_secs(5), || {
             b.peers().iter().all(|a| a.publications.is_empty())
         });
-        std::thread::sleep(Duration::from_millis(100));
+        // `b` knows, but its discovery thread updates its peers first and
+        // points the subscriptions at them a moment later. Declaring a
+        // publication on `b` does the latter in this thread before it
+        // returns (it announces, which reconciles every subscription of `b`
+        // with the peers `b` knows): the subscription has seen the
+        // publication go before anything is read, every time.
+        let _reconciled = b.publisher("ud/other").unwrap();
         let mut seqs = Vec::new();
         loop {
             match s
@@ -635,7 +641,8 @@ fn filters_run_at_the_publisher_and_filtered_samples_never_cross_the_wire() {
         }
         v
     };
-    assert_eq!(values(&subs[0], 100).len(), 100);
+    let all: Vec<f64> = (0..100).map(|i| i as f64).collect();
+    assert_eq!(values(&subs[0], 100), all, "no filter: every sample, in order");
     let tens: Vec<f64> = (0..10).map(|i| (i * 10) as f64).collect();
     assert_eq!(values(&subs[1], 10), tens);
     assert_eq!(values(&subs[2], 10), tens);
@@ -685,12 +692,31 @@ fn an_endless_timeout_waits_for_the_next_event() {
             p.subscriber_count() == 1
         });
         p.put(1u64).unwrap();
-        loop {
-            if let Event::Sample(x) = s.recv_timeout(Duration::MAX).unwrap() {
-                assert_eq!(x.value, Value::from(1u64));
-                break;
+        // The endless wait runs in a thread of its own, so that this one
+        // can give up on it: if it never returns, the test fails (hang
+        // guard) instead of hanging.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let got = loop {
+                match s.recv_timeout(Duration::MAX) {
+                    Ok(Event::Sample(x)) => break Ok(x),
+                    Ok(_) => {}
+                    Err(e) => break Err(e),
+                }
+            };
+            let _ = tx.send((got, s));
+        });
+        let (got, s) = match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(r) => r,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("hang guard: recv_timeout(Duration::MAX) returned nothing 10 s after a put")
             }
-        }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("recv_timeout(Duration::MAX) panicked")
+            }
+        };
+        let x = got.expect("recv_timeout(Duration::MAX) waits, it does not fail");
+        assert_eq!(x.value, Value::from(1u64));
         drop(s);
         wait_for("unsubscribed", Duration::from_secs(5), || {
             p.subscriber_count() == 0
