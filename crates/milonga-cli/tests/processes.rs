@@ -58,7 +58,9 @@ fn discovery_subscriber_first() {
         assert!(s["timestamp_ns"].as_u64().unwrap() > 1_600_000_000_000_000_000);
     }
     assert!(publ.wait_exit(T).unwrap().success());
-    let status = sub.wait_exit(T).expect("the subscriber exits after --count 5");
+    let status = sub
+        .wait_exit(T)
+        .expect("the subscriber exits after --count 5");
     assert!(status.success(), "{status}");
 }
 

@@ -231,13 +231,18 @@ fn malformed_frames_are_dropped_counted_and_the_node_goes_on() {
     // Each oddity was logged and counted; none stopped the node: a
     // publication of its own reaches its subscription (`bad/**` matches it).
     let p = node.publisher("bad/own").unwrap();
-    wait_for("the subscription to reach the node's own publisher", T, || {
-        p.subscriber_count() == 1
-    });
+    wait_for(
+        "the subscription to reach the node's own publisher",
+        T,
+        || p.subscriber_count() == 1,
+    );
     p.put(1).unwrap();
     let end = std::time::Instant::now() + T;
     loop {
-        assert!(std::time::Instant::now() < end, "no bad/own sample in {T:?}");
+        assert!(
+            std::time::Instant::now() < end,
+            "no bad/own sample in {T:?}"
+        );
         match sub.recv_timeout(T).expect("the node's own sample") {
             Event::Sample(s) if s.key == "bad/own" => {
                 assert_eq!(s.value, milonga::Value::from(1));

@@ -642,7 +642,11 @@ fn filters_run_at_the_publisher_and_filtered_samples_never_cross_the_wire() {
         v
     };
     let all: Vec<f64> = (0..100).map(|i| i as f64).collect();
-    assert_eq!(values(&subs[0], 100), all, "no filter: every sample, in order");
+    assert_eq!(
+        values(&subs[0], 100),
+        all,
+        "no filter: every sample, in order"
+    );
     let tens: Vec<f64> = (0..10).map(|i| (i * 10) as f64).collect();
     assert_eq!(values(&subs[1], 10), tens);
     assert_eq!(values(&subs[2], 10), tens);
