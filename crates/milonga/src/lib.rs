@@ -44,6 +44,7 @@ mod publisher;
 mod qos;
 mod queue;
 mod sample;
+mod seq;
 mod service;
 mod stats;
 mod subscriber;

@@ -20,6 +20,7 @@ use crate::sample::{
     DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
     QosPolicy, Sample,
 };
+use crate::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
 use crate::stats::{self, log_drop, Counters};
 use crate::zmq_io::{self, message_bytes};
 
@@ -39,11 +40,8 @@ struct SubIo {
     skip_try: u8,
     connected: BTreeSet<String>,
     applied: u64,
-    last_seq: HashMap<NodeId, HashMap<String, u64>>,
-    /// The stream (publisher, key) of the last sample, kept out of
-    /// `last_seq`: most traffic repeats the same stream, and this spares a
-    /// hash lookup per sample.
-    current: Option<Stream>,
+    /// The last sequence number held of each (publisher, key).
+    seqs: SeqBook,
     /// Whether a key matches a wildcard expression (bounded memo).
     matches: HashMap<String, bool>,
     pending: VecDeque<Event>,
@@ -73,7 +71,7 @@ struct SubIo {
     /// again (exponential back-off with jitter, 50 ms to 2 s).
     backoff: HashMap<String, Backoff>,
     /// Every node discovery shows in the domain, as last applied: samples
-    /// of other nodes (unless remembered in `last_seq` or
+    /// of other nodes (unless remembered in `seqs` or
     /// `recently_gone`) are dropped.
     live: BTreeSet<NodeId>,
     /// Nodes that left discovery lately, oldest first (at most
@@ -207,14 +205,6 @@ pub(crate) const MAX_ABSENT_PUBLISHERS: usize = 256;
 /// subscription keeps; beyond, absent nodes are forgotten as above.
 pub(crate) const MAX_ABSENT_KEYS: usize = 1 << 16;
 
-/// Most keys of one publisher node whose sequence numbers a subscription
-/// follows; samples of further keys are dropped and counted.
-pub(crate) const MAX_KEYS_PER_PUBLISHER: usize = 1 << 16;
-
-/// A sequence number further ahead than this of the last one held is
-/// corrupt or forged, not a loss: counted in `sequence_jumps`.
-pub(crate) const MAX_SEQ_JUMP: u64 = 1 << 32;
-
 /// Most nodes that left discovery whose first samples a subscription still
 /// accepts (see `SubIo::recently_gone`).
 const MAX_RECENTLY_GONE: usize = 1024;
@@ -222,13 +212,6 @@ const MAX_RECENTLY_GONE: usize = 1024;
 /// Most goodbyes (nodes) whose last sequence numbers wait for their data
 /// connections to close.
 const MAX_GOODBYES: usize = 1024;
-
-/// The last sequence number seen on one (publisher, key).
-struct Stream {
-    node: NodeId,
-    key: String,
-    last: u64,
-}
 
 /// Most keys a wildcard subscription remembers the match of.
 const MATCH_MEMO: usize = 4096;
@@ -350,8 +333,7 @@ impl SubShared {
                 skip_try: 0,
                 connected: BTreeSet::new(),
                 applied: 0,
-                last_seq: HashMap::new(),
-                current: None,
+                seqs: SeqBook::default(),
                 matches: HashMap::new(),
                 pending: VecDeque::new(),
                 liveliness: BTreeMap::new(),
@@ -624,9 +606,8 @@ impl SubShared {
     /// [`MAX_ABSENT_PUBLISHERS`] absent nodes are remembered; the one absent
     /// longest is forgotten beyond, and reported so.
     fn note_absences(&self, io: &mut SubIo, r: &Routes) {
-        if let Some(c) = io.current.take_if(|c| !r.live.contains(&c.node)) {
-            io.last_seq.entry(c.node).or_default().insert(c.key, c.last);
-        }
+        // A node that left: its next sample takes the slow path.
+        io.seqs.park_if(|n| !r.live.contains(&n));
         // Nodes that just left: their last samples may still be read.
         let left: Vec<NodeId> = io.live.difference(&r.live).copied().collect();
         for id in left {
@@ -639,25 +620,20 @@ impl SubShared {
             io.recently_gone.pop_front();
         }
         io.absent
-            .retain(|id| !r.live.contains(id) && io.last_seq.contains_key(id));
+            .retain(|id| !r.live.contains(id) && io.seqs.knows(*id));
         let mut newly: Vec<NodeId> = io
-            .last_seq
-            .keys()
-            .filter(|id| !r.live.contains(*id) && !io.absent.contains(*id))
-            .copied()
+            .seqs
+            .nodes()
+            .filter(|id| !r.live.contains(id) && !io.absent.contains(id))
             .collect();
         newly.sort();
         io.absent.extend(newly);
-        let mut keys: usize = io
-            .absent
-            .iter()
-            .map(|id| io.last_seq.get(id).map_or(0, HashMap::len))
-            .sum();
+        let mut keys: usize = io.absent.iter().map(|id| io.seqs.keys_of(*id)).sum();
         while io.absent.len() > MAX_ABSENT_PUBLISHERS || keys > MAX_ABSENT_KEYS {
             let Some(id) = io.absent.pop_front() else {
                 break;
             };
-            let gone = io.last_seq.remove(&id).map_or(0, |m| m.len());
+            let gone = io.seqs.forget(id);
             keys -= gone;
             lock(&self.lost_by_publisher).remove(&id);
             let c = &self.node.counters;
@@ -704,7 +680,7 @@ impl SubShared {
         let last = io.goodbyes.remove(&node).unwrap_or_default();
         let c = &self.node.counters;
         for (key, last) in last {
-            let Some(held) = self.held_at(io, node, &key) else {
+            let Some(held) = io.seqs.held_at(node, &key) else {
                 continue;
             };
             if last - held.min(last) > MAX_SEQ_JUMP {
@@ -727,28 +703,15 @@ impl SubShared {
                     count,
                     first_seq: held + 1,
                 }));
-                self.set_held(io, node, key, last);
+                io.seqs.set(node, key, last);
             }
         }
         // It closed and its connections are gone: it never comes back (a
         // node id is not reused), so what is known of it goes, rather than
         // take a place among the absent ones.
-        io.last_seq.remove(&node);
-        if io.current.as_ref().is_some_and(|s| s.node == node) {
-            io.current = None;
-        }
+        io.seqs.forget(node);
         io.absent.retain(|id| *id != node);
         lock(&self.lost_by_publisher).remove(&node);
-    }
-
-    /// Sets the last sequence number held of (`node`, `key`).
-    fn set_held(&self, io: &mut SubIo, node: NodeId, key: String, seq: u64) {
-        match &mut io.current {
-            Some(c) if c.node == node && c.key == key => c.last = seq,
-            _ => {
-                io.last_seq.entry(node).or_default().insert(key, seq);
-            }
-        }
     }
 
     /// Reports the matching publications that offer less than asked, once
@@ -787,14 +750,7 @@ impl SubShared {
 
     /// The last sequence number held of each key of `node`.
     fn held(&self, io: &SubIo, node: NodeId) -> Vec<(String, u64)> {
-        let mut v: Vec<(String, u64)> = io
-            .last_seq
-            .get(&node)
-            .map(|m| m.iter().map(|(k, s)| (k.clone(), *s)).collect())
-            .unwrap_or_default();
-        if let Some(c) = io.current.as_ref().filter(|c| c.node == node) {
-            v.push((c.key.clone(), c.last));
-        }
+        let mut v = io.seqs.held(node);
         // A query must fit a data socket's message limit
         // (`MAX_QUERY_BYTES`): keys beyond are not repaired.
         let mut bytes = 0;
@@ -879,7 +835,7 @@ impl SubShared {
                             encoding: e.encoding,
                             schema_id: e.schema_id,
                         };
-                        if self.held_at(io, node, &s.key).is_none_or(|l| s.seq > l) {
+                        if io.seqs.is_new(node, &s.key, s.seq) {
                             stats::inc(&c.samples_replayed);
                             self.deliver(io, c, s, false);
                         }
@@ -893,7 +849,7 @@ impl SubShared {
         }
         for s in j.buffer {
             // Live samples the reply already held are no duplicates.
-            if self.held_at(io, node, &s.key).is_some_and(|l| s.seq <= l) {
+            if !io.seqs.is_new(node, &s.key, s.seq) {
                 continue;
             }
             // No new repair from these: a gap the reply could not fill
@@ -908,14 +864,6 @@ impl SubShared {
             }
         }
         self.settle_goodbye(io, node);
-    }
-
-    /// The last sequence number held of (`node`, `key`).
-    fn held_at(&self, io: &SubIo, node: NodeId, key: &str) -> Option<u64> {
-        match &io.current {
-            Some(c) if c.node == node && c.key == key => Some(c.last),
-            _ => io.last_seq.get(&node).and_then(|m| m.get(key)).copied(),
-        }
     }
 
     /// Passes a decoded sample through the sequence check and queues it;
@@ -966,10 +914,14 @@ impl SubShared {
     /// Whether a gap on (`node`, `key`) can be repaired: the subscription
     /// asks for reliability and the publication is reliable and keeps
     /// history.
-    fn repairable(&self, io: &SubIo, node: NodeId, key: &str) -> bool {
+    fn repairable(
+        &self,
+        matched: &BTreeMap<(NodeId, String), MatchedPublication>,
+        node: NodeId,
+        key: &str,
+    ) -> bool {
         self.reliable
-            && io
-                .matched
+            && matched
                 .get(&(node, key.to_owned()))
                 .is_some_and(|p| p.reliability == Reliability::Reliable && p.history > 0)
     }
@@ -1029,13 +981,7 @@ impl SubShared {
         }));
         // Its next sample must go through the slow path, which reports it
         // alive again.
-        if io.current.as_ref().is_some_and(|s| s.node == id) {
-            let old = io.current.take().expect("checked");
-            io.last_seq
-                .entry(old.node)
-                .or_default()
-                .insert(old.key, old.last);
-        }
+        io.seqs.park_node(id);
     }
 
     /// Reports publisher `id` alive, if it was not; `heard` refreshes its
@@ -1701,7 +1647,8 @@ impl SubShared {
         *e = e.saturating_add(n);
     }
 
-    /// Whether sample `seq` of (`node`, `key`) is new; queues a
+    /// Whether sample `seq` of (`node`, `key`) is new (the rules are
+    /// seq.rs's); counts and logs what it is not, and queues a
     /// [`Event::Lost`] when it reveals a gap, unless `repair` allows and
     /// the publication can fill it from history.
     fn check_seq(
@@ -1713,108 +1660,74 @@ impl SubShared {
         seq: u64,
         repair: bool,
     ) -> Verdict {
-        let hit = io
-            .current
-            .as_ref()
-            .is_some_and(|s| s.node == node && s.key == key);
-        if !hit {
+        if !io.seqs.is_current(node, key) {
             self.note_alive(io, node, None);
-            if let Some(old) = io.current.take() {
-                io.last_seq
-                    .entry(old.node)
-                    .or_default()
-                    .insert(old.key, old.last);
+        }
+        let (live, gone) = (&io.live, &io.recently_gone);
+        let member = || live.contains(&node) || gone.contains(&node);
+        let can_repair = || repair && self.repairable(&io.matched, node, key);
+        match io.seqs.check(node, key, seq, member, can_repair) {
+            Step::Unknown => {
+                let n = c.samples_unknown_publisher.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(
+                    n,
+                    "a sample of a node that discovery does not show",
+                    &format_args!("{key} from {node}"),
+                );
+                Verdict::Drop
             }
-            let known = io.last_seq.get_mut(&node);
-            let keys = known.as_ref().map_or(0, |m| m.len());
-            let remembered = known.is_some();
-            match known.and_then(|m| m.remove_entry(key)) {
-                Some((key, last)) => io.current = Some(Stream { node, key, last }),
-                None if !remembered
-                    && !io.live.contains(&node)
-                    && !io.recently_gone.contains(&node) =>
-                {
-                    // Not a node of the domain: every forged id would
-                    // otherwise cost state.
-                    let n = c.samples_unknown_publisher.fetch_add(1, Ordering::Relaxed) + 1;
-                    log_drop(
-                        n,
-                        "a sample of a node that discovery does not show",
-                        &format_args!("{key} from {node}"),
-                    );
-                    return Verdict::Drop;
-                }
-                None if keys >= MAX_KEYS_PER_PUBLISHER => {
-                    let n = c.samples_over_key_limit.fetch_add(1, Ordering::Relaxed) + 1;
-                    log_drop(
-                        n,
-                        "a sample of one key too many",
-                        &format_args!(
-                            "{key} from {node}: already {MAX_KEYS_PER_PUBLISHER} keys of that publisher"
-                        ),
-                    );
-                    return Verdict::Drop;
-                }
-                None => {
-                    io.current = Some(Stream {
-                        node,
-                        key: key.to_owned(),
-                        last: seq,
-                    });
-                    return Verdict::Deliver;
-                }
+            Step::OverKeyLimit => {
+                let n = c.samples_over_key_limit.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(
+                    n,
+                    "a sample of one key too many",
+                    &format_args!(
+                        "{key} from {node}: already {MAX_KEYS_PER_PUBLISHER} keys of that publisher"
+                    ),
+                );
+                Verdict::Drop
             }
+            Step::Duplicate => {
+                let n = c.samples_duplicate.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(n, "a duplicate sample", &format_args!("{key} seq {seq}"));
+                Verdict::Drop
+            }
+            Step::Back { from } => {
+                // A publisher's sequence never goes back; a frame that says
+                // so is corrupt or forged. Start over from it rather than
+                // let one bad frame mute the stream.
+                let n = c.sequence_resets.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(
+                    n,
+                    "the sequence baseline",
+                    &format_args!("{key} went back from {from} to {seq}"),
+                );
+                Verdict::Deliver
+            }
+            Step::Jump { from } => {
+                let n = c.sequence_jumps.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(
+                    n,
+                    "the sequence baseline",
+                    &format_args!(
+                        "{key} jumped from {from} to {seq}: corrupt or forged, not a loss"
+                    ),
+                );
+                Verdict::Deliver
+            }
+            Step::Repair { last } => Verdict::Repair(last),
+            Step::Gap { lost, first_seq } => {
+                self.count_lost(c, node, lost);
+                io.pending.push_back(Event::Lost(LostSamples {
+                    publisher: node,
+                    key: key.to_owned(),
+                    count: lost,
+                    first_seq,
+                }));
+                Verdict::Deliver
+            }
+            Step::First | Step::Next => Verdict::Deliver,
         }
-        let s = io.current.as_mut().expect("set above");
-        if seq == s.last {
-            let n = c.samples_duplicate.fetch_add(1, Ordering::Relaxed) + 1;
-            log_drop(n, "a duplicate sample", &format_args!("{key} seq {seq}"));
-            return Verdict::Drop;
-        }
-        if seq < s.last {
-            // A publisher's sequence never goes back; a frame that says so is
-            // corrupt or forged. Start over from it rather than let one bad
-            // frame mute the stream.
-            let n = c.sequence_resets.fetch_add(1, Ordering::Relaxed) + 1;
-            log_drop(
-                n,
-                "the sequence baseline",
-                &format_args!("{key} went back from {} to {seq}", s.last),
-            );
-            s.last = seq;
-            return Verdict::Deliver;
-        }
-        let lost = seq - s.last - 1;
-        if lost >= MAX_SEQ_JUMP {
-            let n = c.sequence_jumps.fetch_add(1, Ordering::Relaxed) + 1;
-            log_drop(
-                n,
-                "the sequence baseline",
-                &format_args!(
-                    "{key} jumped from {} to {seq}: corrupt or forged, not a loss",
-                    s.last
-                ),
-            );
-            s.last = seq;
-            return Verdict::Deliver;
-        }
-        if lost > 0 && repair && self.repairable(io, node, key) {
-            let last = io.current.as_ref().map_or(0, |s| s.last);
-            return Verdict::Repair(last);
-        }
-        let s = io.current.as_mut().expect("set above");
-        let first_seq = s.last + 1;
-        s.last = seq;
-        if lost > 0 {
-            self.count_lost(c, node, lost);
-            io.pending.push_back(Event::Lost(LostSamples {
-                publisher: node,
-                key: key.to_owned(),
-                count: lost,
-                first_seq,
-            }));
-        }
-        Verdict::Deliver
     }
 }
 
