@@ -44,9 +44,8 @@ pub(crate) struct QueryBudget {
 }
 
 impl QueryBudget {
-    /// Starts a new second if the current one is over.
-    fn roll(&mut self) {
-        let now = std::time::Instant::now();
+    /// Starts a new second if the current one is over at `now`.
+    fn roll(&mut self, now: std::time::Instant) {
         if self
             .second
             .is_none_or(|s| now.duration_since(s) >= std::time::Duration::from_secs(1))
@@ -60,13 +59,18 @@ impl QueryBudget {
 
     /// Whether this second's budget is spent, whoever asks.
     pub(crate) fn exhausted(&mut self) -> bool {
-        self.roll();
+        self.roll(std::time::Instant::now());
         self.answered >= QUERIES_PER_SECOND || self.bytes >= REPLY_BYTES_PER_SECOND
     }
 
     /// Whether a query of `token` may be answered now; counts it if so.
     fn admit(&mut self, token: &str) -> bool {
-        self.roll();
+        self.admit_at(token, std::time::Instant::now())
+    }
+
+    /// [`QueryBudget::admit`] at `now`.
+    fn admit_at(&mut self, token: &str, now: std::time::Instant) -> bool {
+        self.roll(now);
         if self.answered >= QUERIES_PER_SECOND || self.bytes >= REPLY_BYTES_PER_SECOND {
             return false;
         }
@@ -306,5 +310,101 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
             limited!(warn, token = %q.token, "could not send a history reply at once; the subscriber will go on live");
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use milonga_wire::cbor::encode_payload;
+    use milonga_wire::Value;
+
+    use super::*;
+
+    #[test]
+    fn a_token_gets_ten_answers_a_second_and_a_socket_two_hundred() {
+        let mut b = QueryBudget::default();
+        let t0 = Instant::now();
+        for _ in 0..QUERIES_PER_TOKEN_PER_SECOND {
+            assert!(b.admit_at("one", t0));
+        }
+        assert!(!b.admit_at("one", t0), "the 11th of one token");
+        // Other tokens go on until the socket's 200.
+        let mut admitted = QUERIES_PER_TOKEN_PER_SECOND;
+        for i in 0.. {
+            if !b.admit_at(&format!("t{i}"), t0) {
+                break;
+            }
+            admitted += 1;
+        }
+        assert_eq!(admitted, QUERIES_PER_SECOND);
+        // The next second starts over.
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(b.admit_at("one", t1));
+    }
+
+    #[test]
+    fn a_token_table_full_of_strangers_refuses_new_tokens_not_known_ones() {
+        let mut b = QueryBudget::default();
+        let t0 = Instant::now();
+        assert!(b.admit_at("known", t0));
+        // Fill the table without spending the socket's budget (as a
+        // flood of refused tokens cannot; this checks the cap alone).
+        for i in 1..MAX_TOKENS_PER_SECOND {
+            b.per_token.insert(format!("stranger{i}"), 1);
+        }
+        assert!(!b.admit_at("new", t0), "the table is full");
+        assert!(b.admit_at("known", t0), "a token already counted goes on");
+    }
+
+    fn kept(depth: usize, seqs: std::ops::RangeInclusive<u64>) -> Kept {
+        let mut k = Kept::new(depth);
+        for seq in seqs {
+            let enc = encode_payload(&Value::from(seq), usize::MAX).unwrap();
+            k.push(seq, seq * 10, &enc, 0);
+        }
+        k
+    }
+
+    fn seqs(h: &KeyHistory) -> Vec<u64> {
+        h.entries.iter().map(|e| e.seq).collect()
+    }
+
+    #[test]
+    fn history_keeps_the_last_depth_samples_and_answers_since_or_the_last_n() {
+        let k = kept(5, 1..=12);
+        let h = k.answer("k", None, 3, None);
+        assert_eq!(seqs(&h), [10, 11, 12]);
+        assert_eq!((h.first, h.last), (8, 12), "what is kept: 8..=12");
+        assert_eq!(seqs(&k.answer("k", None, 100, None)), [8, 9, 10, 11, 12]);
+        assert_eq!(seqs(&k.answer("k", Some(9), 0, None)), [10, 11, 12]);
+        // A repair from before what is kept gets what is kept; `first`
+        // tells the subscriber that 6 and 7 are gone.
+        let h = k.answer("k", Some(5), 0, None);
+        assert_eq!((seqs(&h), h.first), (vec![8, 9, 10, 11, 12], 8));
+        assert!(k.answer("k", Some(12), 0, None).entries.is_empty());
+        assert_eq!(k.answer("k", None, 0, None).entries.len(), 0);
+    }
+
+    #[test]
+    fn history_stops_before_samples_still_waiting_in_a_batch() {
+        // 11 and 12 are in a batch that has not left: they reach the
+        // subscriber live, so the answer ends at 10 and says so.
+        let k = kept(5, 1..=12);
+        let h = k.answer("k", Some(8), 0, Some(11));
+        assert_eq!(seqs(&h), [9, 10]);
+        assert_eq!(h.last, 10);
+        // Nothing sent yet at all.
+        let h = kept(5, 1..=3).answer("k", None, 5, Some(1));
+        assert!(h.entries.is_empty());
+        assert_eq!((h.first, h.last), (1, 0));
+    }
+
+    #[test]
+    fn an_empty_history_answers_nothing_and_says_where_it_starts() {
+        let h = Kept::new(4).answer("k", None, 10, None);
+        assert!(h.entries.is_empty());
+        assert_eq!((h.first, h.last), (1, 0));
     }
 }
