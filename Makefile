@@ -56,6 +56,7 @@ bench:
 	./target/release/milonga bench idle
 	$(MAKE) python
 	cd /tmp && $(CURDIR)/$(VPY) -m milonga.bench pubsub --format csv
+	cd /tmp && $(CURDIR)/$(VPY) -m milonga.bench signals --format csv
 	$(VPY) python/bench_memory.py
 
 # The chaos suite (issue 10): a soak (MILONGA_CHAOS_MINUTES, default 2), 200

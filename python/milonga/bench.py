@@ -10,13 +10,26 @@ received divided by the time from its first to its last arrival, and a
 cell's figure is the median over its subscribers. High-water marks are
 64 MiB / size (16..10000) for both systems; payloads of 64 KiB or more go
 without a copy on both (pyzmq ``copy=False``; Milonga by default).
+
+``python -m milonga.bench signals``: how long Ctrl-C takes to interrupt a
+blocking ``recv`` and a blocking ``call``. Each trial starts a Python
+process (``SIGNALS_CHILD``) whose main thread blocks in the call; once a
+watcher thread in it sees that thread inside the native call, the bench
+sends SIGINT (at a random time up to 100 ms later, so that it falls anywhere
+in the 50 ms slices of the native wait) and reads when the child caught
+KeyboardInterrupt. Printed: median, p99 (nearest rank) and max over
+``--trials`` trials per case, in ms.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
+import selectors
+import signal
 import socket
 import statistics
 import subprocess
@@ -299,14 +312,174 @@ def pubsub(argv: list[str]) -> None:
                     print(f"{system:<10} {a.transport:>6} {size:>9} {subs:>5} {rate:>14.0f} {mb:>10.2f} {lost:>8}", flush=True)
 
 
+# ---- signals: Ctrl-C during a blocking call ----
+
+#: The child of ``signals``, and of tests/test_signals.py (which checks the
+#: outcome that this bench times): ``python -c SIGNALS_CHILD recv|call``, with
+#: ``LOCATOR`` in its environment. Its main thread blocks in ``sub.recv()``
+#: on a key nobody publishes, or in ``node.call()`` of its own service, whose
+#: handler sleeps 30 s (the call's timeout is 60 s). It prints ``blocked`` once
+#: that thread is inside the native call, then ``interrupted <t>`` (``t`` =
+#: ``time.monotonic()`` where KeyboardInterrupt is caught) or ``returned`` if
+#: the call ended by itself.
+SIGNALS_CHILD = """
+import dis, os, signal, sys, threading, time, milonga
+
+# Python raises KeyboardInterrupt on SIGINT unless SIGINT was ignored when it
+# started, as it is for a background job of a non-interactive shell (CI):
+# install the interactive behaviour explicitly.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+n = milonga.open(os.environ["LOCATOR"], name="blocked")
+if sys.argv[1] == "recv":
+    sub = n.subscribe("nothing/ever")
+    block = lambda: sub.recv()
+else:
+    def slow(req):
+        time.sleep(30)
+    n.serve("lab/slow", slow)
+    while not any(s["key"] == "lab/slow" for p in n.peers() for s in p.get("services", [])):
+        time.sleep(0.01)
+    block = lambda: n.call("lab/slow", 1, timeout=60)
+
+# Evidence that the main thread is blocked inside the call, not about to
+# enter it: a watcher thread samples the main thread's innermost Python
+# frame. The native recv/call has no frame of its own, so while it runs that
+# frame is the lambda's, at its call instruction. And the watcher runs only
+# while the main thread has given up the GIL, which the interpreter does
+# between instructions, not within one: seen at the call instruction, the
+# main thread is in the native call's wait (it releases the GIL for slices of
+# 50 ms and checks for signals between them), where SIGINT must interrupt it.
+def watch():
+    main = threading.main_thread().ident
+    calls = [i.offset for i in dis.get_instructions(block) if i.opname in ("PRECALL", "CALL")]
+    while True:
+        frame = sys._current_frames().get(main)
+        if frame is not None and frame.f_code is block.__code__ and frame.f_lasti >= min(calls):
+            print("blocked", flush=True)
+            return
+        time.sleep(0.001)
+
+threading.Thread(target=watch, daemon=True).start()
+try:
+    block()
+except KeyboardInterrupt:
+    print(f"interrupted {time.monotonic():.6f}", flush=True)
+else:
+    print("returned", flush=True)
+# (A handler still sleeping would hold up a clean close for 30 s.)
+os._exit(0)
+"""
+
+SIGNALS_COLUMNS = "case,trials,p50_ms,p99_ms,max_ms"
+#: SIGINT goes at a random time up to this long after the child is blocked.
+SIGNAL_SPREAD_S = 0.1
+
+
+def first_line(p: subprocess.Popen[str], timeout: float) -> str:
+    """The first line `p` prints, waiting at most `timeout` seconds."""
+    assert p.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(p.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise SystemExit(f"a signals child printed nothing in {timeout} s")
+    return p.stdout.readline().strip()
+
+
+def signal_trial(case: str, runtime_dir: str, tag: str) -> float:
+    """Seconds from just before SIGINT is sent to a child blocked in `case`
+    to its KeyboardInterrupt (CLOCK_MONOTONIC is the same in both)."""
+    env = dict(os.environ)
+    env["MILONGA_RUNTIME_DIR"] = runtime_dir
+    env["MILONGA_TRANSPORT"] = "tcp"
+    # A domain per trial: a child killed before it could say goodbye leaves
+    # nothing (a service, above all) for the next one to find.
+    env["LOCATOR"] = f"milonga:///pybench-signals-{os.getpid()}-{tag}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", SIGNALS_CHILD, case],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        ready = first_line(child, 60)
+        if ready != "blocked":
+            _, err = child.communicate(timeout=60)
+            raise SystemExit(f"a signals child ({case}) printed {ready!r}, not 'blocked': {err}")
+        # As a user's Ctrl-C would, land anywhere in the native wait's 50 ms
+        # slices: sent at once, SIGINT would always come at a slice's start.
+        time.sleep(random.uniform(0.0, SIGNAL_SPREAD_S))
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    words = (out.splitlines() or [""])[0].split()
+    if child.returncode != 0 or words[:1] != ["interrupted"]:
+        raise SystemExit(f"a signals child ({case}) was not interrupted: {out!r} {err}")
+    return float(words[1]) - sent
+
+
+def nearest_rank(sorted_values: list[float], q: float) -> float:
+    """The `q` quantile of `sorted_values` by the nearest-rank method."""
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def signals(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="python -m milonga.bench signals")
+    ap.add_argument("--trials", type=int, default=20, help="trials per case (recv, call)")
+    ap.add_argument("--format", choices=["table", "csv"], default="table")
+    a = ap.parse_args(argv)
+    if a.trials < 1:
+        ap.error("--trials must be at least 1")
+    import milonga
+
+    print(
+        f"# python -m milonga.bench signals: milonga-py {milonga.__version__}, Python "
+        f"{sys.version.split()[0]}, {a.trials} trials per case, a new child process each; "
+        f"its main thread blocks in sub.recv() (nothing published) or node.call() (its own "
+        f"handler sleeps 30 s); SIGINT is sent at a random time 0-"
+        f"{SIGNAL_SPREAD_S * 1000:.0f} ms after a watcher thread in the child sees that "
+        f"thread inside the native call",
+        file=sys.stderr,
+    )
+    print(
+        "# ms from just before os.kill(SIGINT) in the bench to the child's except "
+        "KeyboardInterrupt (time.monotonic() in both); p99 by nearest rank (the max "
+        "below 100 trials)",
+        file=sys.stderr,
+    )
+    if a.format == "csv":
+        print(SIGNALS_COLUMNS, flush=True)
+    else:
+        print(f"{'case':<6} {'trials':>6} {'p50_ms':>8} {'p99_ms':>8} {'max_ms':>8}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="mlg-pybench-") as tmp:
+        for case in ["recv", "call"]:
+            ms = sorted(
+                1000 * signal_trial(case, tmp, f"{case}-{i}") for i in range(a.trials)
+            )
+            p50, p99, top = statistics.median(ms), nearest_rank(ms, 0.99), ms[-1]
+            if a.format == "csv":
+                print(f"{case},{a.trials},{p50:.1f},{p99:.1f},{top:.1f}", flush=True)
+            else:
+                print(f"{case:<6} {a.trials:>6} {p50:>8.1f} {p99:>8.1f} {top:>8.1f}", flush=True)
+
+
+MODES = {"pubsub": pubsub, "signals": signals}
+
+
 def main(argv: list[str]) -> None:
     if len(argv) >= 2 and argv[0] == "_worker":
         role = json.loads(argv[1])
         print(json.dumps(WORKERS[role["kind"]](role)), flush=True)
         return
-    if not argv or argv[0] != "pubsub":
-        raise SystemExit("usage: python -m milonga.bench pubsub [options] (--help for the options)")
-    pubsub(argv[1:])
+    if not argv or argv[0] not in MODES:
+        raise SystemExit(
+            "usage: python -m milonga.bench {pubsub,signals} [options] (--help for the options)"
+        )
+    MODES[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

@@ -229,6 +229,7 @@ impl Node {
             expr: expr.to_owned(),
             threshold: self.threshold,
             stash: Mutex::new(VecDeque::new()),
+            taking: Mutex::new(()),
         })
     }
 
@@ -490,8 +491,14 @@ pub(crate) struct Subscription {
     inner: RwLock<Option<Arc<milonga::Subscriber>>>,
     expr: String,
     threshold: usize,
-    /// Events received by `_fill` (the async path) and not yet taken.
-    stash: Mutex<VecDeque<Py<PyAny>>>,
+    /// Events taken from the subscriber and not yet returned. Every event
+    /// passes through here, in the order it came: a cancelled `await`'s
+    /// worker (`_fill`) and the next `await` may receive at once, and
+    /// neither may lose an event or return a later one first.
+    stash: Mutex<VecDeque<Event>>,
+    /// Held (with the GIL released) by whoever moves events from the
+    /// subscriber to `stash`.
+    taking: Mutex<()>,
 }
 
 impl Subscription {
@@ -503,17 +510,51 @@ impl Subscription {
             .ok_or_else(|| errors::raise(py, "Closed", "the subscription is closed"))
     }
 
-    /// The next event, waiting at most `timeout` (`None`: no limit).
-    /// `Ok(None)` on timeout.
-    fn next_event(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<Option<Py<PyAny>>> {
-        if let Some(e) = lock(&self.stash).pop_front() {
-            return Ok(Some(e));
-        }
+    /// Moves the next event of the subscriber to `stash` if one comes
+    /// within `wait` (`None`: only if one is there now, and only if no
+    /// other thread is taking one); whether `stash` holds an event.
+    fn take(
+        &self,
+        py: Python<'_>,
+        s: &milonga::Subscriber,
+        wait: Option<Duration>,
+    ) -> PyResult<bool> {
+        let taken = py.detach(|| {
+            let _taking = match wait {
+                Some(_) => lock(&self.taking),
+                None => match self.taking.try_lock() {
+                    Ok(g) => g,
+                    Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                    // Another thread waits for the next event: it stashes it.
+                    Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
+                },
+            };
+            if !lock(&self.stash).is_empty() {
+                return Ok(true);
+            }
+            let ev = match wait {
+                Some(w) => s.recv_timeout(w),
+                None => s.try_recv(),
+            };
+            match ev {
+                Ok(ev) => {
+                    lock(&self.stash).push_back(ev);
+                    Ok(true)
+                }
+                Err(RecvError::Empty | RecvError::Timeout) => Ok(false),
+                Err(e) => Err(e),
+            }
+        });
+        taken.map_err(|e| errors::recv(py, e))
+    }
+
+    /// Waits until `stash` holds an event, at most `timeout` (`None`: no
+    /// limit), in slices between which signals are checked (Ctrl-C);
+    /// whether it does.
+    fn fill(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<bool> {
         let s = self.get(py)?;
-        match s.try_recv() {
-            Ok(ev) => return event_to_py(py, ev, self.threshold).map(Some),
-            Err(RecvError::Empty) => {}
-            Err(e) => return Err(errors::recv(py, e)),
+        if self.take(py, &s, None)? {
+            return Ok(true);
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
@@ -521,12 +562,28 @@ impl Subscription {
                 d.saturating_duration_since(Instant::now()).min(SLICE)
             });
             if slice.is_zero() {
-                return Ok(None);
+                return Ok(false);
             }
-            match py.detach(|| s.recv_timeout(slice)) {
-                Ok(ev) => return event_to_py(py, ev, self.threshold).map(Some),
-                Err(RecvError::Timeout) => py.check_signals()?,
-                Err(e) => return Err(errors::recv(py, e)),
+            if self.take(py, &s, Some(slice))? {
+                return Ok(true);
+            }
+            py.check_signals()?;
+        }
+    }
+
+    /// The next event, waiting at most `timeout` (`None`: no limit).
+    /// `Ok(None)` on timeout.
+    fn next_event(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<Option<Py<PyAny>>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(ev) = lock(&self.stash).pop_front() {
+                return event_to_py(py, ev, self.threshold).map(Some);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // An event stashed for this thread may be taken by another
+            // first: then it waits again, until its deadline.
+            if !self.fill(py, left)? {
+                return Ok(None);
             }
         }
     }
@@ -560,13 +617,14 @@ impl Subscription {
 
     /// The next event if one is there, else `None`.
     fn try_recv(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        if let Some(e) = lock(&self.stash).pop_front() {
-            return Ok(Some(e));
+        if let Some(ev) = lock(&self.stash).pop_front() {
+            return event_to_py(py, ev, self.threshold).map(Some);
         }
-        match self.get(py)?.try_recv() {
-            Ok(ev) => event_to_py(py, ev, self.threshold).map(Some),
-            Err(RecvError::Empty) => Ok(None),
-            Err(e) => Err(errors::recv(py, e)),
+        let s = self.get(py)?;
+        self.take(py, &s, None)?;
+        match lock(&self.stash).pop_front() {
+            Some(ev) => event_to_py(py, ev, self.threshold).map(Some),
+            None => Ok(None),
         }
     }
 
@@ -575,16 +633,7 @@ impl Subscription {
     /// worker thread, so a cancelled `await` loses nothing.)
     fn _fill(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         let t = seconds("timeout", Some(timeout))?;
-        if !lock(&self.stash).is_empty() {
-            return Ok(true);
-        }
-        match self.next_event(py, t)? {
-            Some(e) => {
-                lock(&self.stash).push_back(e);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        self.fill(py, t)
     }
 
     fn __iter__(slf: Py<Self>) -> Py<Self> {

@@ -8,11 +8,15 @@ import logging
 import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
 
 import pytest
 
 import milonga
 from conftest import Domain, next_sample, ready_line, wait_for
+
+T = TypeVar("T")
 
 VALUES: list[object] = [
     None,
@@ -162,35 +166,60 @@ def test_best_effort_losses_are_counted_exactly(domain: Domain) -> None:
     sub = node.subscribe("flood")
     child = domain.spawn(
         """
-        import os, sys, time, milonga
+        import os, signal, time
+        # SIGUSR1 and SIGUSR2 are taken with sigtimedwait: blocked before
+        # any thread starts, they wait for it (rather than end the process).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
+        import milonga
         with milonga.open(os.environ["LOCATOR"], name="flood", send_hwm=20) as n:
             p = n.publisher("flood")
             while p.subscriber_count() < 1:
                 time.sleep(0.01)
-            print("ready", flush=True)
             for i in range(3000):
                 p.put(b"x" * 1000)
-            time.sleep(1.0)
-            p.put(b"end")  # arrives: it reveals any trailing gap
-            time.sleep(1.0)
+            print("sent", flush=True)
+            # One more sample that gets through reveals any gap before it:
+            # one now, and another each time the test asks (SIGUSR1), until
+            # it says it is done (SIGUSR2; a minute without a word: a hang
+            # guard).
+            p.put(b"end")
+            while True:
+                got = signal.sigtimedwait({signal.SIGUSR1, signal.SIGUSR2}, 60)
+                if got is None or got.si_signo == signal.SIGUSR2:
+                    break
+                p.put(b"end")
         """
     )
-    ready_line(child)
-    time.sleep(0.5)  # fall behind
+    # The subscription has read nothing while the publisher put its 3,000
+    # samples: it fell behind (high-water marks of 20 on both sides).
+    assert ready_line(child) == "sent"
     received, lost = 0, 0
+    hang_guard = time.monotonic() + 30
     while True:
-        event = sub.recv(timeout=20)
+        assert time.monotonic() < hang_guard, 'hang guard: no "end" reached the subscription'
+        try:
+            event = sub.recv(timeout=0.2)
+        except milonga.TimeoutError:
+            # Nothing for 200 ms: the queues have drained and the last "end"
+            # was dropped with the flood, so ask for another. (Had they not
+            # drained, that one may be dropped too: it is counted lost like
+            # the others, and another is asked for.)
+            child.send_signal(signal.SIGUSR1)
+            continue
         if isinstance(event, milonga.Sample):
             received += 1
             if event.value == b"end":
+                last = event.seq
                 break
         elif isinstance(event, milonga.Lost):
             lost += event.count
-    assert lost > 0, "the test should make the subscriber lose samples"
-    assert received + lost == 3001
+    assert lost > 0, "the subscription fell behind: it must have lost samples"
+    assert last > 3000
+    assert received + lost == last, "every sample up to the last received is received or lost"
     assert sub.lost == lost
     assert sum(n for _, n in sub.lost_by_publisher().items()) == lost
-    child.wait(timeout=30)
+    child.send_signal(signal.SIGUSR2)
+    assert child.wait(timeout=30) == 0
 
 
 def test_reliable_mode_loses_nothing_to_a_slow_subscriber(domain: Domain) -> None:
@@ -287,6 +316,19 @@ def test_a_callback_gets_the_events_and_survives_its_own_exceptions(
     sub.close()
 
 
+class Recording(ThreadPoolExecutor):
+    """A thread pool that keeps the futures of what was submitted to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.submitted: list[Future[Any]] = []
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future = super().submit(fn, *args, **kwargs)
+        self.submitted.append(future)
+        return future
+
+
 def test_async_for_and_a_cancelled_await_loses_nothing(domain: Domain) -> None:
     a = domain.open("pub")
     b = domain.open("sub")
@@ -294,12 +336,40 @@ def test_async_for_and_a_cancelled_await_loses_nothing(domain: Domain) -> None:
     sub = b.subscribe("aio/k")
     wait_for("the subscription", lambda: pub.subscriber_count() == 1)
 
+    async def until(what: str, cond: Callable[[], bool], timeout: float = 10.0) -> None:
+        """`wait_for` for a coroutine: the loop runs while it polls."""
+        end = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > end:
+                pytest.fail(f"timed out after {timeout} s waiting for {what}")
+            await asyncio.sleep(0.001)
+
     async def main() -> list[int]:
-        # An await cancelled while waiting...
-        waiting = asyncio.ensure_future(sub.__anext__())
-        await asyncio.sleep(0.05)
+        # An await on the subscription runs its `_fill` in a worker thread of
+        # the loop's default executor: with a pool that keeps the futures of
+        # what it runs, the test sees when one is in `_fill` and when it left.
+        executor = Recording()
+        asyncio.get_running_loop().set_default_executor(executor)
+        # An await cancelled while its worker thread waits for an event...
+        while True:
+            n = len(executor.submitted)
+            waiting = asyncio.ensure_future(sub.__anext__())
+            await until(
+                "the await to wait on its worker thread",
+                lambda: waiting.done()
+                or (len(executor.submitted) > n and executor.submitted[n].running()),
+            )
+            if not waiting.done():
+                break
+            # A status event was there at once (nothing was put yet): again.
+            assert not isinstance(waiting.result(), milonga.Sample)
         waiting.cancel()
-        await asyncio.sleep(0.2)  # its worker thread finishes its slice
+        # ...and whose worker has ended its wait (its slice of 0.1 s) before
+        # anything is put (the next test puts while it still waits).
+        fill = executor.submitted[n]
+        await until("the cancelled await's worker thread to end its wait", fill.done)
+        await until("the await to be cancelled", waiting.done)
+        assert waiting.cancelled()
         for i in range(10):
             pub.put(i)
         got = []
@@ -311,3 +381,51 @@ def test_async_for_and_a_cancelled_await_loses_nothing(domain: Domain) -> None:
         return got
 
     assert asyncio.run(main()) == list(range(10))
+
+
+def test_a_cancelled_await_with_samples_in_flight_loses_none_and_keeps_their_order(
+    domain: Domain,
+) -> None:
+    """The cancelled await's worker is still waiting when samples come: it
+    takes the first one into the subscription's stash while the next await
+    takes the others. Broken, the first sample is lost (taken by a worker
+    whose await is gone) or comes after later ones."""
+    a = domain.open("pub")
+    b = domain.open("sub")
+    pub = a.publisher("aio/f")
+    sub = b.subscribe("aio/f")
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+
+    async def main() -> list[int]:
+        executor = Recording()
+        asyncio.get_running_loop().set_default_executor(executor)
+        rounds: list[int] = []
+        for r in range(20):
+            while True:
+                n = len(executor.submitted)
+                waiting = asyncio.ensure_future(sub.__anext__())
+                end = time.monotonic() + 10
+                while not (
+                    waiting.done()
+                    or (len(executor.submitted) > n and executor.submitted[n].running())
+                ):
+                    assert time.monotonic() < end, "hang guard: the await never waited"
+                    await asyncio.sleep(0.001)
+                if not waiting.done():
+                    break
+                assert not isinstance(waiting.result(), milonga.Sample)
+            waiting.cancel()
+            # Its worker is still in its wait: these samples race it.
+            for i in range(20):
+                pub.put(r * 100 + i)
+            got: list[int] = []
+            async for event in sub:
+                if isinstance(event, milonga.Sample):
+                    got.append(event.value)
+                    if len(got) == 20:
+                        break
+            rounds.extend(got)
+        return rounds
+
+    expected = [r * 100 + i for r in range(20) for i in range(20)]
+    assert asyncio.run(main()) == expected

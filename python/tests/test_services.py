@@ -24,7 +24,9 @@ def fail(req):
     raise ValueError("bad value " + repr(req.value))
 
 def slow(req):
+    print(f"slow {req.value} started", flush=True)
     time.sleep(float(req.value))
+    print(f"slow {req.value} done", flush=True)
     return "late"
 
 with milonga.open(os.environ["LOCATOR"], name="server") as n:
@@ -62,30 +64,40 @@ def test_every_outcome_of_a_call(domain: Domain) -> None:
         client.call("lab/fail", "choose", timeout=5)
     assert e.value.kind == "out_of_range" and "over the limit" in e.value.remote_message
     assert client.call("lab/echo", 1, timeout=5) == 1, "the service goes on"
-    # No server: at once, not after the timeout.
-    started = time.monotonic()
+    # No server: at once, not after the timeout. call_start refuses before
+    # there is a pending call to wait on, and call raises NoServer, not the
+    # TimeoutError that waiting out its 30 s would have given.
+    with pytest.raises(milonga.NoServer):
+        client.call_start("lab/nobody", 1, timeout=30)
     with pytest.raises(milonga.NoServer):
         client.call("lab/nobody", 1, timeout=30)
-    assert time.monotonic() - started < 5
-    # Timeout: at the deadline.
+    # Timeout: not before the deadline, and while the handler still runs. It
+    # sleeps 30 s (a reply would be "late"); the server prints a line when a
+    # slow handler starts and when it is done, and the line after this one's
+    # "started" is the next call's "started" (below), not this one's "done".
     started = time.monotonic()
     with pytest.raises(milonga.TimeoutError) as t:
-        client.call("lab/slow", 2.0, timeout=0.5)
+        client.call("lab/slow", 30.0, timeout=0.5)
     assert isinstance(t.value, TimeoutError)
-    assert 0.5 <= time.monotonic() - started < 1.5
+    assert time.monotonic() - started >= 0.5, "the call ended before its deadline"
+    assert ready_line(server) == "slow 30.0 started"
     # Rejected before sending: over the size limit.
     with pytest.raises(milonga.Rejected) as r:
         client.call("lab/echo", b"x" * (2 << 20), timeout=5)
     assert r.value.kind == "too_large"
-    # Server lost: its process is killed mid-call.
-    pending = client.call_start("lab/slow", 30.0, timeout=20)
-    time.sleep(0.3)
+    # Server lost: its process is killed once its handler has the call.
+    # ServerLost, not the TimeoutError of the 20 s deadline: the loss is
+    # noticed, not waited out.
+    pending = client.call_start("lab/slow", 60.0, timeout=20)
+    assert ready_line(server) == "slow 60.0 started", (
+        "the timed-out call's handler ended first: the call waited for it"
+    )
     server.send_signal(signal.SIGKILL)
-    started = time.monotonic()
     with pytest.raises(milonga.ServerLost):
         pending.wait()
-    assert time.monotonic() - started < 5
-    assert client.stats()["calls_server_lost"] == 1
+    stats = client.stats()
+    assert stats["calls_server_lost"] == 1
+    assert stats["calls_timed_out"] == 1, "only the call to the 30 s handler"
 
 
 def test_serve_in_python_and_gather_with_call_all(domain: Domain) -> None:
