@@ -346,6 +346,7 @@ impl Control {
         }
         if joined || Instant::now() >= self.next_heartbeat {
             self.send_heartbeat(false);
+            crate::zmq_io::trim_if_due();
         }
     }
 

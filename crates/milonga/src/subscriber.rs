@@ -1026,7 +1026,14 @@ impl SubShared {
         let (mut expired, mut disconnected, mut departed) = (Vec::new(), Vec::new(), Vec::new());
         for (id, p) in &io.publishers {
             if let Some(t) = p.departing {
-                if now >= t + DEPARTURE_GRACE && drained {
+                if p.alive && !io.live.contains(id) {
+                    // The node left the domain, not just this key (it died,
+                    // or it closed and its goodbye is on its way, or it is
+                    // out of reach): its goodbye, its closed connection or
+                    // its lease says which, never `undeclared`. Looked at
+                    // again until one has.
+                    earliest(now + DEPARTURE_GRACE);
+                } else if now >= t + DEPARTURE_GRACE && drained {
                     departed.push(*id);
                 } else {
                     earliest((t + DEPARTURE_GRACE).max(now + Duration::from_millis(1)));

@@ -128,16 +128,33 @@ static FREED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::n
 /// sent long subscriptions left), the allocator is asked to give the free
 /// memory back to the system, which glibc otherwise keeps.
 pub(crate) fn note_freed(bytes: usize) {
+    FREED.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    trim_if_due();
+}
+
+/// Gives freed memory back if a megabyte of prefixes went since the last
+/// trim, at most once a second (a trim walks the allocator's free lists).
+/// Called as prefixes go and with every heartbeat, so that what went
+/// within a second of the last trim is given back a second later.
+pub(crate) fn trim_if_due() {
     use std::sync::atomic::Ordering::Relaxed;
     static LAST_TRIM_S: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let total = FREED.fetch_add(bytes, Relaxed) + bytes;
-    // At most once a second: a trim walks the allocator's free lists.
+    if FREED.load(Relaxed) < 1 << 20 {
+        return;
+    }
     let now_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    if total >= 1 << 20 && LAST_TRIM_S.load(Relaxed) != now_s && FREED.swap(0, Relaxed) >= 1 << 20 {
+    if LAST_TRIM_S.load(Relaxed) == now_s {
+        return;
+    }
+    let freed = FREED.swap(0, Relaxed);
+    if freed >= 1 << 20 {
         LAST_TRIM_S.store(now_s, Relaxed);
         trim();
+    } else {
+        // Another thread trimmed meanwhile: keep the count.
+        FREED.fetch_add(freed, Relaxed);
     }
 }
 
