@@ -79,8 +79,9 @@ pub enum LostReason {
     /// No heartbeat for longer than the lease (`heartbeat_timeout_ms`): the
     /// process is frozen or overloaded, or the network is cut.
     LeaseExpired,
-    /// Discovery no longer shows a publication of the node that matches:
-    /// it withdrew them, or left the domain.
+    /// Discovery no longer shows a publication of the node that matches,
+    /// while it still shows the node: it withdrew them. (A node that left
+    /// the domain is reported `Closed`, `Disconnected` or `LeaseExpired`.)
     Undeclared,
     /// The subscription dropped what it knew of the node (its sequence
     /// numbers) because more than 256 publisher nodes, or more than 65,536
