@@ -591,9 +591,12 @@ impl Server {
             sock = None;
             let out = self.answer(r);
             let mut p = lock(&self.pool);
-            if p.leader != Some(me) {
+            if p.leader != Some(me) && !self.closed.load(Ordering::Acquire) {
                 // The standby took over meanwhile (and cleared the busy
-                // mark, which now belongs to the new leader).
+                // mark, which now belongs to the new leader). (Once the
+                // service is closed, nobody else sends: the handler may
+                // have dropped its own service, whose drop has sent the
+                // outbox already, so the reply goes out from here.)
                 p.outbox.push(out);
                 drop(p);
                 self.wake();
@@ -609,7 +612,7 @@ impl Server {
     /// Sends a reply from a worker that may not lead.
     fn deliver(&self, me: usize, out: Outgoing) {
         let mut p = lock(&self.pool);
-        if p.leader.is_none() || p.leader == Some(me) {
+        if p.leader.is_none() || p.leader == Some(me) || self.closed.load(Ordering::Acquire) {
             drop(p);
             self.send(&mut lock(&self.sock), out);
         } else {

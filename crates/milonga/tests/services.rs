@@ -525,6 +525,34 @@ fn a_handler_may_withdraw_its_own_service() {
     assert!(slot.lock().unwrap().is_none());
 }
 
+/// The same, from a handler that runs longer than the 2 ms after which
+/// the standby worker takes the lead (`TAKEOVER`): the reply must not be
+/// left for a leader that the withdrawal has already stopped.
+#[test]
+fn a_slow_handler_may_withdraw_its_own_service() {
+    let dir = TempDir::new("svc-selfdrop-slow");
+    let (server, client) = pair(&dir);
+    let slot: Arc<std::sync::Mutex<Option<milonga::Service>>> = Arc::default();
+    let inner = slot.clone();
+    let svc = server
+        .serve("lab/once", move |req| {
+            // The work a handler does before it withdraws; its length is
+            // the scenario (10 x the 2 ms TAKEOVER), not a wait for anything.
+            std::thread::sleep(Duration::from_millis(20));
+            drop(inner.lock().unwrap().take());
+            Ok(req.value)
+        })
+        .unwrap();
+    *slot.lock().unwrap() = Some(svc);
+    known(&client, "lab/once", 1);
+    assert_eq!(
+        client.call("lab/once", 1, Duration::from_secs(5)).unwrap(),
+        Value::Int(1),
+        "the reply of the call that withdrew the service still goes out"
+    );
+    known(&client, "lab/once", 0);
+}
+
 #[test]
 fn a_withdrawn_service_is_no_longer_found() {
     let dir = TempDir::new("svc-withdraw");
