@@ -510,17 +510,19 @@ impl Subscription {
             .ok_or_else(|| errors::raise(py, "Closed", "the subscription is closed"))
     }
 
-    /// Moves the next event of the subscriber to `stash` if one comes
-    /// within `wait` (`None`: only if one is there now, and only if no
-    /// other thread is taking one); whether `stash` holds an event.
+    /// Moves the next event of the subscriber to `stash` if one comes by
+    /// `until` (`None`: only if one is there now, and only if no other
+    /// thread is taking one); whether `stash` holds an event. The wait is
+    /// counted from when this thread may take (another may hold `taking`
+    /// for its own slice), so it never ends after `until`.
     fn take(
         &self,
         py: Python<'_>,
         s: &milonga::Subscriber,
-        wait: Option<Duration>,
+        until: Option<Instant>,
     ) -> PyResult<bool> {
         let taken = py.detach(|| {
-            let _taking = match wait {
+            let _taking = match until {
                 Some(_) => lock(&self.taking),
                 None => match self.taking.try_lock() {
                     Ok(g) => g,
@@ -532,9 +534,10 @@ impl Subscription {
             if !lock(&self.stash).is_empty() {
                 return Ok(true);
             }
-            let ev = match wait {
-                Some(w) => s.recv_timeout(w),
-                None => s.try_recv(),
+            let left = until.map(|u| u.saturating_duration_since(Instant::now()));
+            let ev = match left {
+                Some(w) if !w.is_zero() => s.recv_timeout(w),
+                _ => s.try_recv(),
             };
             match ev {
                 Ok(ev) => {
@@ -546,6 +549,13 @@ impl Subscription {
             }
         });
         taken.map_err(|e| errors::recv(py, e))
+    }
+
+    /// The oldest stashed event, as a Python object (converted after the
+    /// stash's lock is let go: the conversion may run Python code).
+    fn pop(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let ev = lock(&self.stash).pop_front();
+        ev.map(|ev| event_to_py(py, ev, self.threshold)).transpose()
     }
 
     /// Waits until `stash` holds an event, at most `timeout` (`None`: no
@@ -564,7 +574,7 @@ impl Subscription {
             if slice.is_zero() {
                 return Ok(false);
             }
-            if self.take(py, &s, Some(slice))? {
+            if self.take(py, &s, Some(Instant::now() + slice))? {
                 return Ok(true);
             }
             py.check_signals()?;
@@ -576,8 +586,8 @@ impl Subscription {
     fn next_event(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<Option<Py<PyAny>>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            if let Some(ev) = lock(&self.stash).pop_front() {
-                return event_to_py(py, ev, self.threshold).map(Some);
+            if let Some(ev) = self.pop(py)? {
+                return Ok(Some(ev));
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             // An event stashed for this thread may be taken by another
@@ -615,17 +625,16 @@ impl Subscription {
         })
     }
 
-    /// The next event if one is there, else `None`.
+    /// The next event if one is there, else `None` (also while another
+    /// thread of this subscription is receiving one: it keeps it for the
+    /// next `recv`, in order).
     fn try_recv(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        if let Some(ev) = lock(&self.stash).pop_front() {
-            return event_to_py(py, ev, self.threshold).map(Some);
+        if let Some(ev) = self.pop(py)? {
+            return Ok(Some(ev));
         }
         let s = self.get(py)?;
         self.take(py, &s, None)?;
-        match lock(&self.stash).pop_front() {
-            Some(ev) => event_to_py(py, ev, self.threshold).map(Some),
-            None => Ok(None),
-        }
+        self.pop(py)
     }
 
     /// Waits up to `timeout` seconds for an event and keeps it for the

@@ -552,3 +552,70 @@ fn finding_04_memory_of_long_subscriptions_is_given_back_when_the_peer_leaves() 
         rss() < before + 8 * 1024
     });
 }
+
+/// Finding 12, its cause made certain: a publisher node that discovery
+/// stops showing (here, its announcement file removed) is reported by how
+/// it ended, its closed connection when it is killed, not `undeclared`;
+/// and `undeclared` a lease later if it is still heard from (discovery
+/// lost it while it lives). Before the fix, both were `undeclared` 10 ms
+/// after the file went.
+#[test]
+fn finding_12_a_node_gone_from_discovery_is_reported_by_how_it_ended() {
+    let env = Env::new("gonedisc");
+    let mut cfg = env.config("gone-sub");
+    cfg.heartbeat_interval_ms = 100;
+    cfg.heartbeat_timeout_ms = 1000;
+    let node = Node::open_with(cfg).unwrap();
+    let sub = node.subscribe("gd/**").unwrap();
+    let start = |key: &str| {
+        let mut c = env.cmd(&["pub", key, "1", "--rate", "100"]);
+        c.env("MILONGA_HEARTBEAT_INTERVAL_MS", "100")
+            .env("MILONGA_HEARTBEAT_TIMEOUT_MS", "1000");
+        Proc::spawn(c)
+    };
+    let mut killed = start("gd/killed");
+    let _kept = start("gd/kept");
+    let mut ids = std::collections::HashMap::new();
+    let end = Instant::now() + T;
+    while ids.len() < 2 {
+        assert!(Instant::now() < end, "only {ids:?} heard");
+        if let Ok(Event::Sample(s)) = sub.recv_timeout(Duration::from_millis(100)) {
+            ids.insert(s.key.clone(), s.publisher);
+        }
+    }
+    let file = |key: &str| {
+        env.dir
+            .path()
+            .join(&env.domain)
+            .join(format!("{}.json", ids[key].to_hex()))
+    };
+    // The first goes from discovery, then dies.
+    std::fs::remove_file(file("gd/killed")).unwrap();
+    wait_for("the node to leave discovery", T, || {
+        !node
+            .peers()
+            .iter()
+            .any(|a| a.node_id == ids["gd/killed"].to_hex())
+    });
+    killed.kill9();
+    // The second goes from discovery and lives on.
+    std::fs::remove_file(file("gd/kept")).unwrap();
+    let mut reasons = std::collections::HashMap::new();
+    let end = Instant::now() + T;
+    while reasons.len() < 2 {
+        assert!(Instant::now() < end, "only {reasons:?} reported lost");
+        if let Ok(Event::PublisherLost(l)) = sub.recv_timeout(Duration::from_millis(100)) {
+            reasons.insert(l.publisher, l.reason);
+        }
+    }
+    assert_eq!(
+        reasons[&ids["gd/killed"]],
+        milonga::LostReason::Disconnected,
+        "{reasons:?}"
+    );
+    assert_eq!(
+        reasons[&ids["gd/kept"]],
+        milonga::LostReason::Undeclared,
+        "{reasons:?}"
+    );
+}

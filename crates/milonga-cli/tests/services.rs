@@ -241,15 +241,16 @@ fn a_server_killed_with_100_calls_in_flight_ends_every_call_with_server_lost() {
 #[test]
 fn callers_that_die_with_calls_pending_leave_the_server_as_it_was() {
     let env = Env::new("svc-dying-callers");
-    // A request takes 1.5 s, and waits for one of 10 workers: each caller
+    // A request takes 2.5 s, and waits for one of 10 workers: each caller
     // is dead, and the server has seen its connection close, long before
-    // its reply is sent. (The warm-up runs all 10 workers, so that their
+    // its reply is sent (each cycle checks the second: the server counts
+    // the caller's connection gone before the next caller starts). (The warm-up runs all 10 workers, so that their
     // stacks count in the memory measured before the 40 more.)
     let server = env.serve(&[
         "lab/slow",
         "--echo",
         "--delay-ms",
-        "1500",
+        "2500",
         "--workers",
         "10",
     ]);

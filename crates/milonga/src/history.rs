@@ -332,7 +332,7 @@ mod tests {
         assert!(!b.admit_at("one", t0), "the 11th of one token");
         // Other tokens go on until the socket's 200.
         let mut admitted = QUERIES_PER_TOKEN_PER_SECOND;
-        for i in 0.. {
+        for i in 0..QUERIES_PER_SECOND * 2 {
             if !b.admit_at(&format!("t{i}"), t0) {
                 break;
             }

@@ -81,7 +81,8 @@ pub enum LostReason {
     LeaseExpired,
     /// Discovery no longer shows a publication of the node that matches,
     /// while it still shows the node: it withdrew them. (A node that left
-    /// the domain is reported `Closed`, `Disconnected` or `LeaseExpired`.)
+    /// the domain is reported `Closed`, `Disconnected` or `LeaseExpired`;
+    /// one still heard from a lease after it left discovery, `Undeclared`.)
     Undeclared,
     /// The subscription dropped what it knew of the node (its sequence
     /// numbers) because more than 256 publisher nodes, or more than 65,536

@@ -141,7 +141,9 @@ struct PubState {
     last_heard: Instant,
     /// When discovery stopped showing a matching publication of it:
     /// reported `undeclared` [`DEPARTURE_GRACE`] later, unless its
-    /// goodbye (still on its way) or a closed connection comes first.
+    /// goodbye (still on its way) or a closed connection comes first. A
+    /// node that left the domain altogether waits for those (or its lease)
+    /// instead, up to a lease; its liveliness connection is kept meanwhile.
     departing: Option<Instant>,
     /// It said goodbye: samples still on their way (a batch flushed at
     /// close) do not make it alive again.
@@ -165,9 +167,10 @@ struct PubState {
 /// unless libzmq was still handing it over.
 const DISCONNECT_GRACE: Duration = Duration::from_millis(2);
 
-/// How long after discovery stops showing a publication of a node it is
-/// reported `undeclared` (and then only once the socket has nothing left to
-/// read): its goodbye or closed connection, still on their way, win.
+/// How long after discovery stops showing a publication of a node that
+/// discovery still shows it is reported `undeclared` (and then only once
+/// the socket has nothing left to read): its goodbye or closed connection,
+/// still on their way, win.
 const DEPARTURE_GRACE: Duration = Duration::from_millis(10);
 
 /// The same wait for a close noted while messages still queue (a flood):
@@ -946,11 +949,16 @@ impl SubShared {
             }
         }
         let wanted = lock(&self.target).routes.liveliness.clone();
+        // (A publisher still departing keeps its connection: its close or
+        // goodbye is what reports it.)
         let stale: Vec<String> = io
             .liveliness
-            .keys()
-            .filter(|ep| !wanted.contains_key(*ep))
-            .cloned()
+            .iter()
+            .filter(|(ep, id)| {
+                !wanted.contains_key(*ep)
+                    && io.publishers.get(id).is_none_or(|p| p.departing.is_none())
+            })
+            .map(|(ep, _)| ep.clone())
             .collect();
         for ep in stale {
             io.liveliness.remove(&ep);
@@ -1026,12 +1034,14 @@ impl SubShared {
         let (mut expired, mut disconnected, mut departed) = (Vec::new(), Vec::new(), Vec::new());
         for (id, p) in &io.publishers {
             if let Some(t) = p.departing {
-                if p.alive && !io.live.contains(id) {
+                if p.alive && !io.live.contains(id) && now < t + self.lease {
                     // The node left the domain, not just this key (it died,
                     // or it closed and its goodbye is on its way, or it is
                     // out of reach): its goodbye, its closed connection or
-                    // its lease says which, never `undeclared`. Looked at
-                    // again until one has.
+                    // its lease says which, not `undeclared`. Looked at
+                    // again until one has; one still heard from a lease
+                    // later is `undeclared` after all (discovery lost it
+                    // while it lives).
                     earliest(now + DEPARTURE_GRACE);
                 } else if now >= t + DEPARTURE_GRACE && drained {
                     departed.push(*id);
