@@ -37,6 +37,11 @@ pub(crate) struct Buffer {
 
 #[pymethods]
 impl Buffer {
+    /// The buffer protocol's `getbuffer`, called by Python with the
+    /// `Py_buffer` to fill.
+    ///
+    /// # Safety
+    /// `view` must point to a writable `Py_buffer` (Python guarantees it).
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
         view: *mut ffi::Py_buffer,

@@ -4,19 +4,23 @@
 //! these. Every wait releases the interpreter (the GIL) and looks at
 //! Python's signals every 50 ms, so Ctrl-C interrupts it; nothing here
 //! panics across the boundary (errors become `milonga.errors` exceptions).
+// `unsafe` lives in convert.rs alone (the buffer protocol of a zero-copy
+// view).
+#![deny(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use milonga::{
-    Config, Event, Filter, PublisherQos, QueuePolicy, RecvError, ServeOptions, ServiceError,
-    SubscriberQos, Transport, Value,
+    Config, ConfigValue, Event, Filter, PublisherQos, QueuePolicy, RecvError, ServeOptions,
+    ServiceError, SubscriberQos, Value,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+#[allow(unsafe_code)]
 mod convert;
 mod errors;
 
@@ -40,56 +44,32 @@ fn seconds(what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
     }
 }
 
-/// Applies `open(..., **config)` keys to a configuration.
+/// Applies `open(..., **config)` keys to a configuration: each goes to
+/// `Config::set`, which knows the keys (one table, `Config::keys`), their
+/// kinds and ranges.
 fn apply_config(cfg: &mut Config, config: &Bound<'_, PyDict>) -> PyResult<()> {
     for (k, v) in config.iter() {
         let key: String = k.extract()?;
-        let bad =
-            |e: PyErr| errors::raise(v.py(), "ConfigError", format!("config key {key:?}: {e}"));
-        match key.as_str() {
-            "transport" => {
-                let t: String = v.extract().map_err(bad)?;
-                cfg.transport = t.parse::<Transport>().map_err(|why| {
-                    errors::raise(
-                        v.py(),
-                        "ConfigError",
-                        format!("config key \"transport\": {why}"),
-                    )
-                })?;
-            }
-            "tcp_host" => cfg.tcp_host = v.extract().map_err(bad)?,
-            "runtime_dir" => {
-                let d: std::path::PathBuf = v.extract().map_err(bad)?;
-                cfg.runtime_dir = Some(d);
-            }
-            "peers" => cfg.peers = v.extract().map_err(bad)?,
-            "local_discovery" => cfg.local_discovery = v.extract().map_err(bad)?,
-            "control_endpoint" => cfg.control_endpoint = v.extract().map_err(bad)?,
-            "data_endpoint" => cfg.data_endpoint = v.extract().map_err(bad)?,
-            "reliable_data_endpoint" => cfg.reliable_data_endpoint = v.extract().map_err(bad)?,
-            "discovery_interval_ms" => cfg.discovery_interval_ms = v.extract().map_err(bad)?,
-            "static_query_interval_ms" => {
-                cfg.static_query_interval_ms = v.extract().map_err(bad)?
-            }
-            "heartbeat_interval_ms" => cfg.heartbeat_interval_ms = v.extract().map_err(bad)?,
-            "heartbeat_timeout_ms" => cfg.heartbeat_timeout_ms = v.extract().map_err(bad)?,
-            "max_message_bytes" => cfg.max_message_bytes = v.extract().map_err(bad)?,
-            "send_hwm" => cfg.send_hwm = v.extract().map_err(bad)?,
-            "reliable_send_hwm" => cfg.reliable_send_hwm = v.extract().map_err(bad)?,
-            "recv_hwm" => cfg.recv_hwm = v.extract().map_err(bad)?,
-            "tcp_buffer_bytes" => cfg.tcp_buffer_bytes = v.extract().map_err(bad)?,
-            "close_linger_ms" => cfg.close_linger_ms = v.extract().map_err(bad)?,
-            "zero_copy_threshold_bytes" => {
-                cfg.zero_copy_threshold_bytes = v.extract().map_err(bad)?
-            }
-            _ => {
-                return Err(errors::raise(
-                    v.py(),
-                    "ConfigError",
-                    format!("unknown config key {key:?} (docs/config.md lists the keys)"),
-                ))
-            }
-        }
+        // `bool` before `int`: a Python bool is an int.
+        let value = if v.is_none() {
+            ConfigValue::Unset
+        } else if v.is_instance_of::<pyo3::types::PyBool>() {
+            ConfigValue::Bool(v.extract()?)
+        } else if let Ok(i) = v.extract::<i64>() {
+            ConfigValue::Int(i)
+        } else if let Ok(t) = v.extract::<String>() {
+            ConfigValue::Text(t)
+        } else if let Ok(p) = v.extract::<std::path::PathBuf>() {
+            ConfigValue::Text(p.to_string_lossy().into_owned())
+        } else if let Ok(l) = v.extract::<Vec<String>>() {
+            ConfigValue::List(l)
+        } else {
+            ConfigValue::Bad(format!(
+                "a {} is not a configuration value",
+                v.get_type().name()?
+            ))
+        };
+        cfg.set(&key, value).map_err(|e| errors::open(v.py(), e))?;
     }
     Ok(())
 }

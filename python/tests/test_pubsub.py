@@ -61,6 +61,31 @@ def test_every_kind_of_value_arrives_as_it_was_sent(domain: Domain) -> None:
     assert b.stats()["samples_received"] == len(VALUES) + 1
 
 
+def test_every_config_key_is_a_keyword_argument(domain: Domain) -> None:
+    """The keys come from one table (Config::keys); a key the binding once
+    forgot (handshake_timeout_ms) works like the others, a path may be a
+    pathlib.Path, an optional key may be None, and a wrong kind is refused
+    naming the key."""
+    node = domain.open(
+        "keys",
+        handshake_timeout_ms=300,
+        heartbeat_interval_ms=200,
+        heartbeat_timeout_ms=900,
+        local_discovery=True,
+        peers=[],
+        control_endpoint=None,
+        send_hwm=50,
+        close_linger_ms=-1,
+    )
+    assert node.name.startswith("keys@")
+    other = milonga.open(domain.locator, name="path", runtime_dir=domain.dir)
+    other.close()
+    with pytest.raises(milonga.ConfigError, match="send_hwm.*whole number"):
+        milonga.open(domain.locator, name="x", runtime_dir=str(domain.dir), send_hwm="10")
+    with pytest.raises(milonga.ConfigError, match="send_hwm.*out of range"):
+        milonga.open(domain.locator, name="x", runtime_dir=str(domain.dir), send_hwm=1 << 40)
+
+
 def test_bad_input_gets_a_clear_error(domain: Domain) -> None:
     node = domain.open("bad")
     with pytest.raises(milonga.InvalidKey, match="empty chunk") as e:

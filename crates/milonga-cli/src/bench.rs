@@ -529,7 +529,7 @@ fn raw_pub(
     s.set_linger(5000)?;
     s.set_xpub_verbose(true)?;
     let mut s = s;
-    set_xpub_nodrop(&mut s, mode == Mode::Reliable)?;
+    crate::ffi::set_xpub_nodrop(&mut s, mode == Mode::Reliable)?;
     s.bind(&at.address)?;
     let mut joined = 0;
     while joined < subs {
@@ -548,7 +548,7 @@ fn raw_pub(
     while Instant::now() < end {
         for _ in 0..64 {
             if zero_copy {
-                send_shared(&mut s, &payload)?;
+                crate::ffi::send_shared(&mut s, &payload)?;
             } else {
                 s.send(&payload[..], 0)?;
             }
@@ -572,63 +572,6 @@ fn end_markers(mut send: impl FnMut() -> bool) {
         sent_one |= send();
         std::thread::sleep(Duration::from_millis(if sent_one { 50 } else { 5 }));
     }
-}
-
-fn set_xpub_nodrop(s: &mut zmq::Socket, on: bool) -> Result<()> {
-    let v: std::os::raw::c_int = on.into();
-    // SAFETY: valid socket, integer option of the size passed.
-    let rc = unsafe {
-        zmq_sys::zmq_setsockopt(
-            s.as_mut_ptr(),
-            zmq_sys::ZMQ_XPUB_NODROP as _,
-            (&v as *const std::os::raw::c_int).cast(),
-            std::mem::size_of_val(&v),
-        )
-    };
-    if rc != 0 {
-        bail!("cannot set ZMQ_XPUB_NODROP");
-    }
-    Ok(())
-}
-
-unsafe extern "C" fn free_shared(
-    _data: *mut std::os::raw::c_void,
-    hint: *mut std::os::raw::c_void,
-) {
-    // SAFETY: `hint` is the Box<Bytes> leaked by `send_shared`, handed back
-    // once by libzmq.
-    drop(unsafe { Box::from_raw(hint.cast::<Bytes>()) });
-}
-
-/// Sends `data` as one frame without copying it (zmq_msg_init_data with a
-/// reference on the buffer as the hint).
-fn send_shared(s: &mut zmq::Socket, data: &Bytes) -> Result<()> {
-    let hint = Box::into_raw(Box::new(data.clone()));
-    let mut msg = zmq_sys::zmq_msg_t::default();
-    // SAFETY: the buffer lives while the Box<Bytes> behind `hint` lives;
-    // libzmq calls `free_shared` once when done and never writes to it.
-    let rc = unsafe {
-        zmq_sys::zmq_msg_init_data(
-            &mut msg,
-            data.as_ptr() as *mut _,
-            data.len(),
-            Some(free_shared),
-            hint.cast(),
-        )
-    };
-    if rc != 0 {
-        // SAFETY: init failed: the hint was not taken.
-        drop(unsafe { Box::from_raw(hint) });
-        bail!("zmq_msg_init_data failed");
-    }
-    // SAFETY: initialised message, valid socket used by this thread only.
-    let rc = unsafe { zmq_sys::zmq_msg_send(&mut msg, s.as_mut_ptr(), 0) };
-    if rc < 0 {
-        // SAFETY: a failed send leaves the message with us.
-        unsafe { zmq_sys::zmq_msg_close(&mut msg) };
-        bail!("zmq_msg_send failed");
-    }
-    Ok(())
 }
 
 fn raw_sub(ctx: &zmq::Context, at: &Place, deadline_s: f64) -> Result<Outcome> {
@@ -797,7 +740,7 @@ fn raw_ping(ctx: &zmq::Context, at: &Place, back: &str, size: usize, n: usize) -
     for _ in 0..n {
         let t = Instant::now();
         if zero_copy {
-            send_shared(&mut p, &payload)?;
+            crate::ffi::send_shared(&mut p, &payload)?;
         } else {
             p.send(&payload[..], 0)?;
         }

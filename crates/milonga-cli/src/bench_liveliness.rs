@@ -80,11 +80,8 @@ impl Trial {
     }
 
     fn signal(&self, sig: i32) {
-        // SAFETY: kill has no memory preconditions; the pid is our child's,
-        // not yet reaped.
-        unsafe {
-            libc::kill(self.child.id() as i32, sig);
-        }
+        // (Our child, not yet reaped: the pid is still its.)
+        crate::ffi::signal(self.child.id(), sig);
     }
 }
 

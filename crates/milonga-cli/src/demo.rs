@@ -83,9 +83,7 @@ impl Noise {
 /// Runs one simulated device server until terminated.
 pub fn device(net: &NetArgs, a: DeviceArgs) -> Result<ExitCode> {
     // Die with the parent: a demo interrupted by Ctrl-C leaves no device.
-    // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and has no
-    // memory effects.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+    crate::ffi::die_with_parent(libc::SIGTERM);
     crate::catch_interrupts();
     let node = net.open(a.kind.name())?;
     let p = node.publisher(a.kind.key())?;
@@ -146,8 +144,7 @@ fn spawn_device(net: &NetArgs, kind: DeviceKind) -> Result<Child> {
 
 fn stop(children: &mut [Child]) {
     for c in children.iter() {
-        // SAFETY: kill with a pid we spawned and a valid signal.
-        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+        crate::ffi::signal(c.id(), libc::SIGTERM);
     }
     let end = Instant::now() + Duration::from_secs(2);
     for c in children.iter_mut() {

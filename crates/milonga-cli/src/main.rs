@@ -1,4 +1,6 @@
 //! `milonga`: publish, subscribe, call, serve, list, demo and benchmark.
+// `unsafe` lives in ffi.rs alone.
+#![deny(unsafe_code)]
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -14,22 +16,17 @@ mod bench_discovery;
 mod bench_liveliness;
 mod bench_rpc;
 mod demo;
+#[allow(unsafe_code)]
+mod ffi;
 mod json;
 
-static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
-}
+pub(crate) static INTERRUPTED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// Makes SIGINT and SIGTERM set a flag that long-running commands check, so
 /// that they close their node (withdrawing its announcement) before exiting.
 pub fn catch_interrupts() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is
-        // async-signal-safe.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
+    ffi::catch_interrupts();
 }
 
 /// Whether SIGINT or SIGTERM arrived (after [`catch_interrupts`]).

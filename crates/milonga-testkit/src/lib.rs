@@ -1,6 +1,8 @@
 //! Test helpers for Milonga: temporary directories, bounded waits, child
 //! processes that are killed when the test ends, and RSS/fd sampling.
 #![deny(missing_docs)]
+// `unsafe` lives in `sys` alone.
+#![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -71,16 +73,9 @@ impl Proc {
     /// that spawned it ends, even if the test process aborts (a stack
     /// overflow skips every `Drop`): `PR_SET_PDEATHSIG`.
     pub fn spawn(mut cmd: std::process::Command) -> Proc {
-        use std::os::unix::process::CommandExt;
         cmd.stdout(std::process::Stdio::piped())
             .stdin(std::process::Stdio::null());
-        // SAFETY: prctl is async-signal-safe and touches only the child.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        sys::kill_with_parent(&mut cmd);
         let mut child = cmd.spawn().expect("spawn child process");
         let out = child.stdout.take().expect("piped stdout");
         let (tx, lines) = std::sync::mpsc::channel();
@@ -108,8 +103,7 @@ impl Proc {
 
     /// Sends `signal` (libc number) to the process.
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child's pid with a valid signal number.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        sys::signal(self.child.id(), signal);
     }
 
     /// SIGKILL, then reap.
@@ -369,5 +363,29 @@ impl SeqLedger {
             });
         }
         Ok(out)
+    }
+}
+
+/// The calls into the C library, each behind a safe function.
+#[allow(unsafe_code)]
+mod sys {
+    /// Makes `cmd`'s process get SIGKILL when the thread that spawned it
+    /// ends (`PR_SET_PDEATHSIG`).
+    pub(crate) fn kill_with_parent(cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs in the child between fork and exec, and
+        // only calls prctl, which is async-signal-safe and allocates nothing.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+
+    /// Sends `signal` to process `pid` (a child of ours).
+    pub(crate) fn signal(pid: u32, signal: i32) {
+        // SAFETY: kill(2) has no memory preconditions.
+        unsafe { libc::kill(pid as libc::pid_t, signal) };
     }
 }

@@ -45,6 +45,211 @@ impl Transport {
     }
 }
 
+/// A value for [`Config::set`], as the environment or a binding gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigValue {
+    /// No value: the default of an optional key (an endpoint, the
+    /// runtime directory).
+    Unset,
+    /// A flag.
+    Bool(bool),
+    /// A count, a size or a time (range-checked against the field).
+    Int(i64),
+    /// Text: a locator, a name, a transport, an address, an endpoint, a
+    /// path.
+    Text(String),
+    /// Several texts (peers).
+    List(Vec<String>),
+    /// A value that could not be read (an environment variable that is
+    /// not a number): why.
+    Bad(String),
+}
+
+impl std::fmt::Display for ConfigValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigValue::Unset => f.write_str("no value"),
+            ConfigValue::Bool(b) => write!(f, "the flag {b}"),
+            ConfigValue::Int(i) => write!(f, "the number {i}"),
+            ConfigValue::Text(t) => write!(f, "the text {t:?}"),
+            ConfigValue::List(l) => write!(f, "the list {l:?}"),
+            ConfigValue::Bad(why) => f.write_str(why),
+        }
+    }
+}
+
+/// What kind of value a key takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Text,
+    /// Text, or unset (the default).
+    OptText,
+    Bool,
+    Int,
+    /// Comma-separated in the environment.
+    List,
+}
+
+impl Kind {
+    fn what(self) -> &'static str {
+        match self {
+            Kind::Text => "text",
+            Kind::OptText => "text or nothing",
+            Kind::Bool => "a flag (true or false)",
+            Kind::Int => "a whole number",
+            Kind::List => "a list of texts",
+        }
+    }
+
+    /// The value an environment variable's text gives.
+    fn read_text(self, text: &str) -> ConfigValue {
+        match self {
+            Kind::Text | Kind::OptText => ConfigValue::Text(text.to_owned()),
+            // Anything but these enables, as documented.
+            Kind::Bool => ConfigValue::Bool(!matches!(text, "0" | "false" | "off" | "no")),
+            Kind::Int => text.trim().parse().map_or_else(
+                |e| ConfigValue::Bad(format!("{text:?} is not a whole number: {e}")),
+                ConfigValue::Int,
+            ),
+            Kind::List => ConfigValue::List(text.split(',').map(|s| s.trim().to_owned()).collect()),
+        }
+    }
+}
+
+/// One configuration key: the field it sets, its environment variable and
+/// the kind of value it takes.
+#[derive(Debug)]
+pub(crate) struct KeySpec {
+    pub(crate) name: &'static str,
+    pub(crate) env: Option<&'static str>,
+    pub(crate) kind: Kind,
+}
+
+const fn key(name: &'static str, env: Option<&'static str>, kind: Kind) -> KeySpec {
+    KeySpec { name, env, kind }
+}
+
+/// Every configuration key, in the order of docs/config.md (a test checks
+/// the table against this, and that every field of [`Config`] is here).
+/// The environment, [`Config::set`] and the Python binding all go through
+/// it.
+pub(crate) const KEYS: &[KeySpec] = &[
+    key("locator", Some("MILONGA_LOCATOR"), Kind::Text),
+    key("name", None, Kind::Text),
+    key("transport", Some("MILONGA_TRANSPORT"), Kind::Text),
+    key("tcp_host", Some("MILONGA_TCP_HOST"), Kind::Text),
+    key(
+        "data_endpoint",
+        Some("MILONGA_DATA_ENDPOINT"),
+        Kind::OptText,
+    ),
+    key(
+        "reliable_data_endpoint",
+        Some("MILONGA_RELIABLE_DATA_ENDPOINT"),
+        Kind::OptText,
+    ),
+    key(
+        "control_endpoint",
+        Some("MILONGA_CONTROL_ENDPOINT"),
+        Kind::OptText,
+    ),
+    key(
+        "local_discovery",
+        Some("MILONGA_LOCAL_DISCOVERY"),
+        Kind::Bool,
+    ),
+    key("peers", Some("MILONGA_PEERS"), Kind::List),
+    key("runtime_dir", Some("MILONGA_RUNTIME_DIR"), Kind::OptText),
+    key("discovery_interval_ms", None, Kind::Int),
+    key("static_query_interval_ms", None, Kind::Int),
+    key(
+        "heartbeat_interval_ms",
+        Some("MILONGA_HEARTBEAT_INTERVAL_MS"),
+        Kind::Int,
+    ),
+    key(
+        "heartbeat_timeout_ms",
+        Some("MILONGA_HEARTBEAT_TIMEOUT_MS"),
+        Kind::Int,
+    ),
+    key(
+        "handshake_timeout_ms",
+        Some("MILONGA_HANDSHAKE_TIMEOUT_MS"),
+        Kind::Int,
+    ),
+    key(
+        "max_message_bytes",
+        Some("MILONGA_MAX_MESSAGE_BYTES"),
+        Kind::Int,
+    ),
+    key("send_hwm", Some("MILONGA_SEND_HWM"), Kind::Int),
+    key(
+        "reliable_send_hwm",
+        Some("MILONGA_RELIABLE_SEND_HWM"),
+        Kind::Int,
+    ),
+    key("recv_hwm", Some("MILONGA_RECV_HWM"), Kind::Int),
+    key("tcp_buffer_bytes", None, Kind::Int),
+    key("close_linger_ms", None, Kind::Int),
+    key("zero_copy_threshold_bytes", None, Kind::Int),
+];
+
+/// The name of every field of `c`: written out without `..`, so that a new
+/// field does not compile until it is named here (and then in [`KEYS`], or
+/// the test comparing them fails).
+#[cfg(test)]
+fn field_names(c: &Config) -> Vec<&'static str> {
+    let Config {
+        locator: _,
+        name: _,
+        transport: _,
+        tcp_host: _,
+        data_endpoint: _,
+        reliable_data_endpoint: _,
+        control_endpoint: _,
+        local_discovery: _,
+        peers: _,
+        runtime_dir: _,
+        discovery_interval_ms: _,
+        static_query_interval_ms: _,
+        heartbeat_interval_ms: _,
+        heartbeat_timeout_ms: _,
+        handshake_timeout_ms: _,
+        max_message_bytes: _,
+        send_hwm: _,
+        reliable_send_hwm: _,
+        recv_hwm: _,
+        tcp_buffer_bytes: _,
+        close_linger_ms: _,
+        zero_copy_threshold_bytes: _,
+    } = c;
+    vec![
+        "locator",
+        "name",
+        "transport",
+        "tcp_host",
+        "data_endpoint",
+        "reliable_data_endpoint",
+        "control_endpoint",
+        "local_discovery",
+        "peers",
+        "runtime_dir",
+        "discovery_interval_ms",
+        "static_query_interval_ms",
+        "heartbeat_interval_ms",
+        "heartbeat_timeout_ms",
+        "handshake_timeout_ms",
+        "max_message_bytes",
+        "send_hwm",
+        "reliable_send_hwm",
+        "recv_hwm",
+        "tcp_buffer_bytes",
+        "close_linger_ms",
+        "zero_copy_threshold_bytes",
+    ]
+}
+
 /// Configuration of a node. Build it with [`Config::new`] or
 /// [`Config::from_env`], change fields, then pass it to
 /// [`crate::Node::open_with`].
@@ -142,72 +347,119 @@ impl Config {
         }
     }
 
-    /// Defaults, then the `MILONGA_*` environment variables (see
-    /// docs/config.md). `locator` is used when `MILONGA_LOCATOR` is unset.
+    /// Defaults, then the `MILONGA_*` environment variables of
+    /// [`Config::keys`] (docs/config.md). `locator` is used when
+    /// `MILONGA_LOCATOR` is unset; an empty variable counts as unset.
     pub fn from_env(locator: &str, name: &str) -> Result<Self, OpenError> {
+        Config::from_lookup(locator, name, |k| {
+            std::env::var(k).ok().filter(|v| !v.is_empty())
+        })
+    }
+
+    /// [`Config::from_env`] with the variables that `var` gives.
+    fn from_lookup(
+        locator: &str,
+        name: &str,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, OpenError> {
         let mut c = Config::new(locator, name);
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        if let Some(t) = var("MILONGA_TRANSPORT") {
-            c.transport = t.parse().map_err(|why| OpenError::Config {
-                key: "MILONGA_TRANSPORT".into(),
-                why,
-            })?;
-        }
-        if let Some(h) = var("MILONGA_TCP_HOST") {
-            c.tcp_host = h;
-        }
-        if let Some(p) = var("MILONGA_PEERS") {
-            c.peers = p.split(',').map(|s| s.trim().to_owned()).collect();
-        }
-        if let Some(d) = var("MILONGA_RUNTIME_DIR") {
-            c.runtime_dir = Some(PathBuf::from(d));
-        }
-        if let Some(e) = var("MILONGA_CONTROL_ENDPOINT") {
-            c.control_endpoint = Some(e);
-        }
-        if let Some(e) = var("MILONGA_DATA_ENDPOINT") {
-            c.data_endpoint = Some(e);
-        }
-        if let Some(e) = var("MILONGA_RELIABLE_DATA_ENDPOINT") {
-            c.reliable_data_endpoint = Some(e);
-        }
-        for (k, slot) in [
-            ("MILONGA_SEND_HWM", &mut c.send_hwm),
-            ("MILONGA_RELIABLE_SEND_HWM", &mut c.reliable_send_hwm),
-            ("MILONGA_RECV_HWM", &mut c.recv_hwm),
-        ] {
-            if let Some(v) = var(k) {
-                *slot = v.parse().map_err(|e| OpenError::Config {
-                    key: k.into(),
-                    why: format!("{v:?} is not a message count: {e}"),
-                })?;
+        for spec in KEYS {
+            let Some(env) = spec.env else { continue };
+            if let Some(text) = var(env) {
+                c.set(spec.name, spec.kind.read_text(&text))
+                    .map_err(|e| match e {
+                        // Named as the user wrote it.
+                        OpenError::Config { why, .. } => OpenError::Config {
+                            key: env.into(),
+                            why,
+                        },
+                        other => other,
+                    })?;
             }
-        }
-        for (k, slot) in [
-            (
-                "MILONGA_HEARTBEAT_INTERVAL_MS",
-                &mut c.heartbeat_interval_ms,
-            ),
-            ("MILONGA_HEARTBEAT_TIMEOUT_MS", &mut c.heartbeat_timeout_ms),
-            ("MILONGA_HANDSHAKE_TIMEOUT_MS", &mut c.handshake_timeout_ms),
-        ] {
-            if let Some(v) = var(k) {
-                *slot = v.parse().map_err(|e| OpenError::Config {
-                    key: k.into(),
-                    why: format!("{v:?} is not a number of milliseconds: {e}"),
-                })?;
-            }
-        }
-        if let Some(v) = var("MILONGA_MAX_MESSAGE_BYTES") {
-            c.max_message_bytes = v.parse().map_err(|e| OpenError::Config {
-                key: "MILONGA_MAX_MESSAGE_BYTES".into(),
-                why: format!("{v:?} is not a byte count: {e}"),
-            })?;
-        }
-        if let Some(v) = var("MILONGA_LOCAL_DISCOVERY") {
-            c.local_discovery = !matches!(v.as_str(), "0" | "false" | "off" | "no");
         }
         Ok(c)
+    }
+
+    /// The configuration keys, in the order of docs/config.md: the names
+    /// [`Config::set`] takes (and Python's `milonga.open` keyword
+    /// arguments), each with its environment variable, if it has one.
+    pub fn keys() -> impl Iterator<Item = (&'static str, Option<&'static str>)> {
+        KEYS.iter().map(|k| (k.name, k.env))
+    }
+
+    /// Sets key `key` (a field's name) to `value`: what the environment
+    /// and the bindings set, checked. An unknown key, a value of the wrong
+    /// kind or out of the field's range is an [`OpenError::Config`] naming
+    /// the key.
+    pub fn set(&mut self, key: &str, value: ConfigValue) -> Result<(), OpenError> {
+        use ConfigValue as V;
+        let Some(spec) = KEYS.iter().find(|k| k.name == key) else {
+            return Err(OpenError::Config {
+                key: key.into(),
+                why: format!("unknown config key {key:?} (docs/config.md lists the keys)"),
+            });
+        };
+        let err = |why: String| OpenError::Config {
+            key: key.into(),
+            why,
+        };
+        let wrong = |v: &ConfigValue| err(format!("expects {}, not {v}", spec.kind.what()));
+        match (spec.kind, value) {
+            (Kind::Text, V::Text(t)) => match key {
+                "locator" => self.locator = t,
+                "name" => self.name = t,
+                "transport" => self.transport = t.parse().map_err(err)?,
+                "tcp_host" => self.tcp_host = t,
+                _ => unreachable!("a text key without a field: {key}"),
+            },
+            (Kind::OptText, v @ (V::Text(_) | V::Unset)) => {
+                let t = match v {
+                    V::Text(t) => Some(t),
+                    _ => None,
+                };
+                match key {
+                    "data_endpoint" => self.data_endpoint = t,
+                    "reliable_data_endpoint" => self.reliable_data_endpoint = t,
+                    "control_endpoint" => self.control_endpoint = t,
+                    "runtime_dir" => self.runtime_dir = t.map(PathBuf::from),
+                    _ => unreachable!("an optional key without a field: {key}"),
+                }
+            }
+            (Kind::Bool, V::Bool(b)) => match key {
+                "local_discovery" => self.local_discovery = b,
+                _ => unreachable!("a bool key without a field: {key}"),
+            },
+            (Kind::List, V::List(l)) => match key {
+                "peers" => self.peers = l,
+                _ => unreachable!("a list key without a field: {key}"),
+            },
+            (Kind::Int, V::Int(i)) => {
+                fn fit<T: TryFrom<i64>>(i: i64, key: &str) -> Result<T, OpenError> {
+                    T::try_from(i).map_err(|_| OpenError::Config {
+                        key: key.into(),
+                        why: format!("{i} is out of range"),
+                    })
+                }
+                match key {
+                    "discovery_interval_ms" => self.discovery_interval_ms = fit(i, key)?,
+                    "static_query_interval_ms" => self.static_query_interval_ms = fit(i, key)?,
+                    "heartbeat_interval_ms" => self.heartbeat_interval_ms = fit(i, key)?,
+                    "heartbeat_timeout_ms" => self.heartbeat_timeout_ms = fit(i, key)?,
+                    "handshake_timeout_ms" => self.handshake_timeout_ms = fit(i, key)?,
+                    "max_message_bytes" => self.max_message_bytes = fit(i, key)?,
+                    "send_hwm" => self.send_hwm = fit(i, key)?,
+                    "reliable_send_hwm" => self.reliable_send_hwm = fit(i, key)?,
+                    "recv_hwm" => self.recv_hwm = fit(i, key)?,
+                    "tcp_buffer_bytes" => self.tcp_buffer_bytes = fit(i, key)?,
+                    "close_linger_ms" => self.close_linger_ms = fit(i, key)?,
+                    "zero_copy_threshold_bytes" => self.zero_copy_threshold_bytes = fit(i, key)?,
+                    _ => unreachable!("an integer key without a field: {key}"),
+                }
+            }
+            (_, V::Bad(why)) => return Err(err(why)),
+            (_, v) => return Err(wrong(&v)),
+        }
+        Ok(())
     }
 
     /// The runtime directory, and whether it is the default shared
@@ -223,8 +475,7 @@ impl Config {
         if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|x| !x.is_empty()) {
             return PathBuf::from(x).join("milonga");
         }
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = crate::sys::uid();
         PathBuf::from(format!("/tmp/milonga-{uid}"))
     }
 
@@ -312,6 +563,158 @@ mod tests {
                 matches!(parse_locator(bad), Err(OpenError::BadLocator { .. })),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn every_field_is_a_key_in_the_order_of_the_docs() {
+        let names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        assert_eq!(names, field_names(&Config::new("milonga:///x", "x")));
+    }
+
+    /// docs/config.md's table: one row per key, in order, each naming its
+    /// environment variable (and none for a key without one).
+    #[test]
+    fn the_docs_table_lists_every_key_and_its_variable() {
+        let doc = include_str!("../../../docs/config.md");
+        let rows: Vec<(&str, &str)> = doc
+            .lines()
+            .filter_map(|l| {
+                let mut cells = l.strip_prefix("| `")?.splitn(3, '|');
+                let name = cells.next()?.trim().strip_suffix('`')?;
+                Some((name, cells.next()?))
+            })
+            .collect();
+        let names: Vec<&str> = rows.iter().map(|r| r.0).collect();
+        let keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        assert_eq!(names, keys, "docs/config.md's rows against KEYS");
+        for ((name, env_cell), spec) in rows.iter().zip(KEYS) {
+            match spec.env {
+                Some(env) => assert!(env_cell.contains(env), "{name}: {env} not in {env_cell:?}"),
+                None => assert!(
+                    !env_cell.contains("MILONGA_"),
+                    "{name} has no variable, the docs say {env_cell:?}"
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn the_environment_sets_every_key_that_has_a_variable() {
+        let vars: std::collections::HashMap<&str, &str> = [
+            ("MILONGA_LOCATOR", "milonga:///from-env"),
+            ("MILONGA_TRANSPORT", "ipc"),
+            ("MILONGA_TCP_HOST", "10.0.0.1"),
+            ("MILONGA_DATA_ENDPOINT", "tcp://10.0.0.1:7000"),
+            ("MILONGA_RELIABLE_DATA_ENDPOINT", "tcp://10.0.0.1:7001"),
+            ("MILONGA_CONTROL_ENDPOINT", "tcp://10.0.0.1:7002"),
+            ("MILONGA_LOCAL_DISCOVERY", "off"),
+            ("MILONGA_PEERS", "tcp://a:1, tcp://b:2"),
+            ("MILONGA_RUNTIME_DIR", "/tmp/x"),
+            ("MILONGA_HEARTBEAT_INTERVAL_MS", "100"),
+            ("MILONGA_HEARTBEAT_TIMEOUT_MS", "500"),
+            ("MILONGA_HANDSHAKE_TIMEOUT_MS", "700"),
+            ("MILONGA_MAX_MESSAGE_BYTES", "65536"),
+            ("MILONGA_SEND_HWM", "10"),
+            ("MILONGA_RELIABLE_SEND_HWM", "2"),
+            ("MILONGA_RECV_HWM", "30"),
+        ]
+        .into_iter()
+        .collect();
+        let with_env = KEYS.iter().filter_map(|k| k.env).count();
+        assert_eq!(vars.len(), with_env, "a value for every variable");
+        let c = Config::from_lookup("milonga:///given", "n", |k| {
+            vars.get(k).map(|v| v.to_string())
+        })
+        .unwrap();
+        assert_eq!(c.locator, "milonga:///from-env", "MILONGA_LOCATOR wins");
+        assert_eq!(c.transport, Transport::Ipc);
+        assert_eq!(c.tcp_host, "10.0.0.1");
+        assert_eq!(c.data_endpoint.as_deref(), Some("tcp://10.0.0.1:7000"));
+        assert_eq!(
+            c.reliable_data_endpoint.as_deref(),
+            Some("tcp://10.0.0.1:7001")
+        );
+        assert_eq!(c.control_endpoint.as_deref(), Some("tcp://10.0.0.1:7002"));
+        assert!(!c.local_discovery);
+        assert_eq!(c.peers, ["tcp://a:1", "tcp://b:2"]);
+        assert_eq!(c.runtime_dir, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(
+            (
+                c.heartbeat_interval_ms,
+                c.heartbeat_timeout_ms,
+                c.handshake_timeout_ms
+            ),
+            (100, 500, 700)
+        );
+        assert_eq!(c.max_message_bytes, 65536);
+        assert_eq!((c.send_hwm, c.reliable_send_hwm, c.recv_hwm), (10, 2, 30));
+        let none = Config::from_lookup("milonga:///given", "n", |_| None).unwrap();
+        assert_eq!(none.locator, "milonga:///given");
+    }
+
+    #[test]
+    fn a_bad_value_names_the_variable_or_the_key() {
+        let e = Config::from_lookup("milonga:///x", "n", |k| {
+            (k == "MILONGA_SEND_HWM").then(|| "lots".to_owned())
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&e, OpenError::Config { key, why } if key == "MILONGA_SEND_HWM" && why.contains("\"lots\"")),
+            "{e}"
+        );
+        let mut c = Config::new("milonga:///x", "n");
+        let e = c
+            .set("colour", ConfigValue::Text("red".into()))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("unknown config key \"colour\""),
+            "{e}"
+        );
+        let e = c
+            .set("send_hwm", ConfigValue::Text("10".into()))
+            .unwrap_err();
+        assert!(e.to_string().contains("expects a whole number"), "{e}");
+        let e = c.set("send_hwm", ConfigValue::Int(1 << 40)).unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+        let e = c
+            .set("transport", ConfigValue::Text("udp".into()))
+            .unwrap_err();
+        assert!(e.to_string().contains("transport"), "{e}");
+        assert!(c.set("max_message_bytes", ConfigValue::Int(-1)).is_err());
+        c.set("control_endpoint", ConfigValue::Text("tcp://h:1".into()))
+            .unwrap();
+        c.set("control_endpoint", ConfigValue::Unset).unwrap();
+        assert_eq!(c.control_endpoint, None);
+        assert!(
+            c.set("tcp_host", ConfigValue::Unset).is_err(),
+            "not optional"
+        );
+        c.set("close_linger_ms", ConfigValue::Int(-1)).unwrap();
+        assert_eq!(
+            c.close_linger_ms, -1,
+            "a negative linger waits as long as it takes"
+        );
+    }
+
+    /// Every key of the table takes a value of its kind (no key without a
+    /// field in `set`: its `unreachable!` arms stay unreachable).
+    #[test]
+    fn every_key_takes_a_value_of_its_kind() {
+        for spec in KEYS {
+            let mut c = Config::new("milonga:///x", "n");
+            let v = match (spec.kind, spec.name) {
+                (Kind::Text, "transport") => ConfigValue::Text("ipc".into()),
+                (Kind::Text | Kind::OptText, _) => ConfigValue::Text("tcp://h:1".into()),
+                (Kind::Bool, _) => ConfigValue::Bool(false),
+                (Kind::Int, _) => ConfigValue::Int(7),
+                (Kind::List, _) => ConfigValue::List(vec!["tcp://h:1".into()]),
+            };
+            c.set(spec.name, v)
+                .unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+            if spec.kind == Kind::OptText {
+                c.set(spec.name, ConfigValue::Unset).unwrap();
+            }
         }
     }
 }

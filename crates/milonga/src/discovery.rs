@@ -102,13 +102,7 @@ pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
 /// Whether a process `pid` exists (it may be another process that got a
 /// recycled pid: [`is_alive`] tells them apart).
 pub(crate) fn pid_exists(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: kill with signal 0 only checks that the process exists and
-    // may be signalled; it has no memory preconditions.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    crate::sys::pid_exists(pid)
 }
 
 /// Whether the process that wrote `a` still runs. Without /proc there is no
@@ -199,8 +193,7 @@ fn check_file(m: &fs::Metadata) -> Result<(), String> {
     if !m.file_type().is_file() {
         return Err("not a regular file".into());
     }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = crate::sys::uid();
     if m.uid() != uid {
         return Err(format!("owned by uid {}, not {uid}", m.uid()));
     }
@@ -231,32 +224,17 @@ pub(crate) fn socket_in_use(path: &Path) -> bool {
 /// of a written, renamed or removed announcement at once and need not look
 /// at the directory on a timer.
 #[derive(Debug)]
-pub(crate) struct Watch(std::os::fd::OwnedFd);
+pub(crate) struct Watch(crate::sys::Inotify);
 
 impl Watch {
     /// A watch on `dir`, or `None` where inotify is not available (the
     /// directory's modification time is then compared on every turn).
     fn new(dir: &Path) -> Option<Watch> {
-        use std::os::fd::FromRawFd;
-        use std::os::unix::ffi::OsStrExt;
-        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-        // SAFETY: inotify_init1 has no memory preconditions; a non-negative
-        // result is a new descriptor, owned from here on.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: `fd` is fresh and owned by nobody else.
-        let w = Watch(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
-        let mask = libc::IN_MOVED_TO | libc::IN_MOVED_FROM | libc::IN_DELETE | libc::IN_CLOSE_WRITE;
-        // SAFETY: `path` is a NUL-terminated string that outlives the call.
-        let wd = unsafe { libc::inotify_add_watch(w.fd(), path.as_ptr(), mask) };
-        (wd >= 0).then_some(w)
+        crate::sys::Inotify::watch(dir).map(Watch)
     }
 
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        self.0.as_raw_fd()
+        self.0.fd()
     }
 
     /// Reads the pending events: whether there were any, and adds the
@@ -268,17 +246,14 @@ impl Watch {
         let mut buf = [0u8; 4096];
         let mut any = false;
         loop {
-            // SAFETY: reads at most `buf.len()` bytes into `buf`; the
-            // descriptor is non-blocking.
-            let n = unsafe { libc::read(self.fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
+            let n = self.0.read(&mut buf);
+            if n == 0 {
                 return any;
             }
             any = true;
             // The kernel returns whole events: a header, then `len` bytes
             // of NUL-padded name.
             let mut at = 0;
-            let n = n as usize;
             while at + HEAD <= n {
                 let field = |o: usize| {
                     u32::from_ne_bytes(buf[at + o..at + o + 4].try_into().expect("4 bytes"))
@@ -330,8 +305,7 @@ impl LocalDir {
         b.create(root)?;
         if private_root {
             let m = fs::metadata(root)?;
-            // SAFETY: getuid has no preconditions and cannot fail.
-            let uid = unsafe { libc::getuid() };
+            let uid = crate::sys::uid();
             if m.uid() != uid || m.mode() & 0o077 != 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
@@ -582,8 +556,7 @@ mod tests {
             .expect("spawn sleep");
         let pid = child.id();
         assert!(process_start_time(pid).is_some());
-        // SAFETY: signals our own child.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        crate::sys::testing::kill(pid, libc::SIGKILL);
         // Not reaped yet: a zombie until `wait`.
         let start = std::time::Instant::now();
         while process_start_time(pid).is_some() {
@@ -626,9 +599,7 @@ mod tests {
     fn hostile_files_are_skipped_once_and_unchanged_ones_not_read_again() {
         let root = temp_dir("hostile");
         let mut dir = LocalDir::open(&root, "d", false).unwrap();
-        let fifo = std::ffi::CString::new(dir.dir.join("fifo.json").to_str().unwrap()).unwrap();
-        // SAFETY: a NUL-terminated path that outlives the call.
-        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert!(crate::sys::testing::mkfifo(&dir.dir.join("fifo.json")));
         std::os::unix::fs::symlink("/dev/zero", dir.dir.join("zero.json")).unwrap();
         fs::File::create(dir.dir.join("huge.json"))
             .unwrap()

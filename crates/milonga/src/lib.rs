@@ -28,6 +28,9 @@
 //! each reported to the subscriber that lost it as [`Event::Lost`]) or
 //! [`Reliability::Reliable`] (the publisher waits; nothing is dropped).
 #![deny(missing_docs)]
+// `unsafe` lives in the two FFI modules alone: sys (the C library) and
+// zmq_io (libzmq's calls the zmq crate does not wrap).
+#![deny(unsafe_code)]
 
 #[macro_use]
 mod log_limit;
@@ -48,10 +51,13 @@ mod seq;
 mod service;
 mod stats;
 mod subscriber;
+#[allow(unsafe_code)]
+mod sys;
+#[allow(unsafe_code)]
 mod zmq_io;
 
 pub use call::{PendingCall, ServerReply};
-pub use config::{Config, Transport, MAX_DOMAIN_BYTES};
+pub use config::{Config, ConfigValue, Transport, MAX_DOMAIN_BYTES};
 pub use control::{NodeInfo, CONTROL_INFO, CONTROL_MAGIC};
 pub use discovery::{Announcement, PublicationInfo};
 pub use error::{

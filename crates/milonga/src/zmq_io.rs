@@ -1,6 +1,6 @@
 //! Everything that touches libzmq beyond the safe `zmq` crate: the process
 //! context, socket options the crate does not expose, and zero-copy send and
-//! receive. The only module with `unsafe`.
+//! receive. With sys.rs (the C library), the only module with `unsafe`.
 
 use std::os::raw::{c_int, c_void};
 use std::sync::Mutex;
@@ -151,23 +151,12 @@ pub(crate) fn trim_if_due() {
     let freed = FREED.swap(0, Relaxed);
     if freed >= 1 << 20 {
         LAST_TRIM_S.store(now_s, Relaxed);
-        trim();
+        crate::sys::trim_heap();
     } else {
         // Another thread trimmed meanwhile: keep the count.
         FREED.fetch_add(freed, Relaxed);
     }
 }
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim() {
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim() {}
 
 /// Stops the socket monitor of `sock`. Must run before the PAIR socket
 /// reading the monitor is closed: libzmq sends monitor events with a

@@ -1,0 +1,94 @@
+//! The engine's calls into the C library, each behind a safe function.
+//! With zmq_io.rs (libzmq's), the only module where `unsafe` is allowed
+//! (`#![deny(unsafe_code)]` at the crate root); every block says why it is
+//! sound.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+/// This process's real user id.
+pub(crate) fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Whether a process `pid` exists (it may be another process that got a
+/// recycled pid).
+pub(crate) fn pid_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks that the process exists and
+    // may be signalled; it has no memory preconditions.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Gives the allocator's free memory back to the system (glibc keeps it
+/// otherwise); nothing elsewhere.
+pub(crate) fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// An inotify instance watching one directory (non-blocking, closed on
+/// exec and when dropped).
+#[derive(Debug)]
+pub(crate) struct Inotify(OwnedFd);
+
+impl Inotify {
+    /// Watches `dir` for files moved in or out, deleted or closed after a
+    /// write; `None` where inotify is not available.
+    pub(crate) fn watch(dir: &Path) -> Option<Inotify> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+        // SAFETY: inotify_init1 has no memory preconditions; a non-negative
+        // result is a new descriptor, owned from here on.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` is fresh and owned by nobody else.
+        let w = Inotify(unsafe { OwnedFd::from_raw_fd(fd) });
+        let mask = libc::IN_MOVED_TO | libc::IN_MOVED_FROM | libc::IN_DELETE | libc::IN_CLOSE_WRITE;
+        // SAFETY: `path` is a NUL-terminated string that outlives the call.
+        let wd = unsafe { libc::inotify_add_watch(w.fd(), path.as_ptr(), mask) };
+        (wd >= 0).then_some(w)
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// Reads pending events into `buf`: the bytes read, 0 when none are
+    /// pending (or on an error).
+    pub(crate) fn read(&self, buf: &mut [u8]) -> usize {
+        // SAFETY: reads at most `buf.len()` bytes into `buf`; the
+        // descriptor is non-blocking.
+        let n = unsafe { libc::read(self.fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        usize::try_from(n).unwrap_or(0)
+    }
+}
+
+/// Test helpers that need the C library too.
+#[cfg(test)]
+pub(crate) mod testing {
+    /// Sends `signal` to `pid`.
+    pub(crate) fn kill(pid: u32, signal: i32) {
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc::kill(pid as libc::pid_t, signal) };
+    }
+
+    /// Makes a named pipe at `path`; whether it was made.
+    pub(crate) fn mkfifo(path: &std::path::Path) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(p) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+            return false;
+        };
+        // SAFETY: a NUL-terminated path that outlives the call.
+        unsafe { libc::mkfifo(p.as_ptr(), 0o600) == 0 }
+    }
+}
