@@ -23,6 +23,7 @@ use milonga_wire::frame::{self, Header, Kind, FLAG_PAYLOAD_FRAME};
 use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, KeyExpr, NodeId, Value};
 
+use crate::error::IntoTransport;
 use crate::discovery::Announcement;
 use crate::error::CallError;
 use crate::node::{lock, NodeInner};
@@ -492,7 +493,7 @@ fn send(
         });
     if let Err(e) = sent {
         call.channel = None;
-        return Err(CallError::Socket(e));
+        return Err(CallError::Socket(e.transport()));
     }
     stats::inc(&node.counters.calls_sent);
     Ok(PendingCall {
@@ -504,11 +505,11 @@ fn send(
 fn open_channel(node: &NodeInner, target: &Target) -> Result<Channel, CallError> {
     let endpoint = target.endpoint.as_str();
     let sock_err = |action: &'static str| {
-        move |source| {
+        move |source: zmq::Error| {
             CallError::Open(crate::error::OpenError::Socket {
                 action,
                 endpoint: endpoint.to_owned(),
-                source,
+                source: source.transport(),
             })
         }
     };
@@ -579,7 +580,7 @@ impl InFlight {
             let ch = self.channel.as_mut().expect("a waiting call has a channel");
             if ch.rcvtimeo != ms {
                 if let Err(e) = ch.sock.set_rcvtimeo(ms) {
-                    return Some(Err(CallError::Socket(e)));
+                    return Some(Err(CallError::Socket(e.transport())));
                 }
                 ch.rcvtimeo = ms;
             }
@@ -591,7 +592,7 @@ impl InFlight {
                     continue;
                 }
                 Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
-                Err(e) => return Some(Err(CallError::Socket(e))),
+                Err(e) => return Some(Err(CallError::Socket(e.transport()))),
             }
             // The connection's state is its last event: a disconnection
             // followed by a reconnection (older than this call, or a

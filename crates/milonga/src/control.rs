@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::IntoTransport;
 use crate::discovery::Announcement;
 use crate::error::OpenError;
 use crate::node::{lock, try_lock, NodeInner};
@@ -48,10 +49,10 @@ pub(crate) fn monitor(
     what: &str,
 ) -> Result<zmq::Socket, OpenError> {
     let ep = format!("inproc://milonga-mon-{}-{what}", inner.id);
-    let err = |source| OpenError::Socket {
+    let err = |source: zmq::Error| OpenError::Socket {
         action: "monitor",
         endpoint: ep.clone(),
-        source,
+        source: source.transport(),
     };
     sock.monitor(&ep, HANDSHAKE_FAILED | ACCEPT_FAILED | DISCONNECTED)
         .map_err(err)?;
@@ -66,10 +67,10 @@ pub(crate) fn monitor(
 /// subscriber (it is verbose, so every subscription shows).
 pub(crate) fn liveliness_socket(inner: &NodeInner) -> Result<zmq::Socket, OpenError> {
     let sock = inner.ctx.socket(zmq::XPUB)?;
-    let err = |source| OpenError::Socket {
+    let err = |source: zmq::Error| OpenError::Socket {
         action: "configure",
         endpoint: "liveliness".into(),
-        source,
+        source: source.transport(),
     };
     crate::zmq_io::apply_common(&sock, &inner.cfg).map_err(err)?;
     // Subscriptions, and the history queries and filter declarations a
@@ -196,10 +197,10 @@ impl Control {
             match inner.ctx.socket(zmq::DEALER).and_then(|s| {
                 let _ = crate::zmq_io::apply_common(&s, &inner.cfg);
                 let _ = s.set_sndhwm(4);
-                s.connect(ep).map_err(|source| OpenError::Socket {
+                s.connect(ep).map_err(|source: zmq::Error| OpenError::Socket {
                     action: "connect",
                     endpoint: ep.clone(),
-                    source,
+                    source: source.transport(),
                 })?;
                 Ok(s)
             }) {

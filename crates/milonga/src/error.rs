@@ -5,6 +5,45 @@ use std::time::Duration;
 use milonga_wire::cbor::EncodeError;
 use milonga_wire::KeyError;
 
+/// A failure of the transport below Milonga: what the operating system or
+/// the messaging library said (the library is an implementation detail;
+/// the message and the OS error number are what is kept).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct TransportError {
+    message: String,
+    os_code: Option<i32>,
+}
+
+impl TransportError {
+    /// What failed, in words.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The OS error number (errno), where the failure has one.
+    pub fn os_code(&self) -> Option<i32> {
+        self.os_code
+    }
+}
+
+/// Turns the transport's errors into [`TransportError`] (crate-private, so
+/// that no transport type shows in the public API).
+pub(crate) trait IntoTransport {
+    fn transport(self) -> TransportError;
+}
+
+impl IntoTransport for zmq::Error {
+    fn transport(self) -> TransportError {
+        let code = self.to_raw();
+        TransportError {
+            message: self.message().to_owned(),
+            // libzmq's own numbers start at 156384712 (ZMQ_HAUSNUMERO).
+            os_code: (code < 156_384_712).then_some(code),
+        }
+    }
+}
+
 /// Why a node could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -38,8 +77,8 @@ pub enum OpenError {
         action: &'static str,
         /// The endpoint.
         endpoint: String,
-        /// The libzmq error.
-        source: zmq::Error,
+        /// What the transport said.
+        source: TransportError,
     },
     /// The runtime directory for local discovery is not usable.
     #[error("runtime directory {path}: {source}")]
@@ -121,9 +160,9 @@ pub enum PutError {
     /// The node is closed.
     #[error("the node is closed")]
     Closed,
-    /// libzmq refused the message.
+    /// The transport refused the message.
     #[error("send failed: {0}")]
-    Socket(zmq::Error),
+    Socket(TransportError),
 }
 
 /// Why `recv` returned no event.
@@ -142,9 +181,9 @@ pub enum RecvError {
     /// The node was closed.
     #[error("the node is closed")]
     Closed,
-    /// libzmq failed.
+    /// The transport failed.
     #[error("receive failed: {0}")]
-    Socket(zmq::Error),
+    Socket(TransportError),
 }
 
 /// Why a service could not be served.
@@ -240,13 +279,38 @@ pub enum CallError {
     /// A socket could not be created.
     #[error(transparent)]
     Open(#[from] OpenError),
-    /// libzmq refused to send.
+    /// The transport refused to send.
     #[error("send failed: {0}")]
-    Socket(zmq::Error),
+    Socket(TransportError),
     /// The helper thread of an awaited call could not start.
     #[error("cannot wait for the call: {0}")]
     Thread(String),
     /// The node is closed.
     #[error("the node is closed")]
     Closed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transport_error_keeps_the_reason_and_the_os_number() {
+        let e = zmq::Error::EADDRINUSE.transport();
+        assert_eq!(e.os_code(), Some(libc::EADDRINUSE));
+        assert!(e.message().contains("in use"), "{e}");
+        // libzmq's own errors have no OS number.
+        let e = zmq::Error::ETERM.transport();
+        assert_eq!(e.os_code(), None);
+        assert!(!e.message().is_empty());
+        let open = OpenError::Socket {
+            action: "bind",
+            endpoint: "tcp://127.0.0.1:1".into(),
+            source: zmq::Error::EADDRINUSE.transport(),
+        };
+        assert!(
+            open.to_string().starts_with("cannot bind tcp://127.0.0.1:1: "),
+            "{open}"
+        );
+    }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use milonga_wire::frame::domain_tag;
 use milonga_wire::{Key, KeyExpr, NodeId};
 
+use crate::error::IntoTransport;
 use crate::batch::Pending;
 use crate::config::{parse_locator, Config, Transport};
 use crate::control;
@@ -269,10 +270,10 @@ impl NodeInner {
     }
 
     pub(crate) fn bind(&self, sock: &zmq::Socket, endpoint: &str) -> Result<String, OpenError> {
-        sock.bind(endpoint).map_err(|source| OpenError::Socket {
+        sock.bind(endpoint).map_err(|source: zmq::Error| OpenError::Socket {
             action: "bind",
             endpoint: endpoint.to_owned(),
-            source,
+            source: source.transport(),
         })?;
         Ok(sock
             .get_last_endpoint()
@@ -304,10 +305,10 @@ impl NodeInner {
             Reliability::Reliable => "r",
         };
         let endpoint = self.endpoint_for(role, fixed);
-        let opt_err = |source| OpenError::Socket {
+        let opt_err = |source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: endpoint.clone(),
-            source,
+            source: source.transport(),
         };
         zmq_io::apply_common(&sock, &self.cfg).map_err(opt_err)?;
         // Subscriptions and history queries are small; refuse anything
@@ -547,10 +548,10 @@ impl Node {
         let wake_ep = format!("inproc://milonga-nodewake-{}", NodeId(id));
         let wake_rx = ctx.socket(zmq::PAIR)?;
         let wake_tx = ctx.socket(zmq::PAIR)?;
-        let wake_err = |source| OpenError::Socket {
+        let wake_err = |source: zmq::Error| OpenError::Socket {
             action: "bind or connect",
             endpoint: wake_ep.clone(),
-            source,
+            source: source.transport(),
         };
         wake_rx.set_linger(0).map_err(wake_err)?;
         wake_tx.set_linger(0).map_err(wake_err)?;
@@ -582,10 +583,10 @@ impl Node {
         let ep = inner.endpoint_for("c", inner.cfg.control_endpoint.as_ref());
         zmq_io::apply_common(&router, &inner.cfg)
             .and_then(|_| router.set_maxmsgsize(65_536))
-            .map_err(|source| OpenError::Socket {
+            .map_err(|source: zmq::Error| OpenError::Socket {
                 action: "configure",
                 endpoint: ep.clone(),
-                source,
+                source: source.transport(),
             })?;
         inner.control_endpoint = inner.bind(&router, &ep)?;
         let live = control::liveliness_socket(&inner)?;

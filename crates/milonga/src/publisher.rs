@@ -10,6 +10,7 @@ use milonga_wire::frame::{
 };
 use milonga_wire::{Bytes, Key, Value};
 
+use crate::error::IntoTransport;
 use crate::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
 use crate::error::PutError;
 use crate::node::{lock, DataSock, DataSocket, NodeInner};
@@ -233,7 +234,7 @@ impl Publisher {
                     d.sock.send(m, flags | more)
                 })?;
             }
-            Err(e) => return Err(PutError::Socket(e)),
+            Err(e) => return Err(PutError::Socket(e.transport())),
         }
         if let Some(tail) = enc.tail.clone() {
             // The first frame is out: the payload frame must follow, or the
@@ -246,7 +247,7 @@ impl Publisher {
                     Err(zmq::Error::EINTR | zmq::Error::EAGAIN) => continue,
                     Err(e) => {
                         self.seq.store(seq, Ordering::Relaxed);
-                        return Err(PutError::Socket(e));
+                        return Err(PutError::Socket(e.transport()));
                     }
                 }
             }
@@ -333,11 +334,11 @@ impl Publisher {
             let slice = left.min(Duration::from_millis(100));
             d.sock
                 .set_sndtimeo(slice.as_millis().max(1) as i32)
-                .map_err(PutError::Socket)?;
+                .map_err(|e| PutError::Socket(e.transport()))?;
             match attempt(d, 0) {
                 Ok(()) => return Ok(()),
                 Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
-                Err(e) => return Err(PutError::Socket(e)),
+                Err(e) => return Err(PutError::Socket(e.transport())),
             }
         }
     }

@@ -33,6 +33,7 @@ use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, NodeId, Value};
 use serde::{Deserialize, Serialize};
 
+use crate::error::IntoTransport;
 use crate::error::ServeError;
 use crate::node::{lock, NodeInner};
 use crate::stats;
@@ -256,10 +257,10 @@ impl Service {
         let sock = node.ctx.socket(zmq::ROUTER)?;
         let n = node.next_service_id();
         let endpoint = node.endpoint_for(&format!("s{n}"), None);
-        let opt_err = |source| crate::error::OpenError::Socket {
+        let opt_err = |source: zmq::Error| crate::error::OpenError::Socket {
             action: "configure",
             endpoint: endpoint.clone(),
-            source,
+            source: source.transport(),
         };
         zmq_io::apply_common(&sock, &node.cfg).map_err(opt_err)?;
         // A reply to a caller that has gone fails (and is counted) rather
@@ -275,10 +276,10 @@ impl Service {
         sock.set_linger(linger).map_err(opt_err)?;
         let bound = node.bind(&sock, &endpoint)?;
         let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", node.id);
-        let wake_err = |source| crate::error::OpenError::Socket {
+        let wake_err = |source: zmq::Error| crate::error::OpenError::Socket {
             action: "bind or connect",
             endpoint: wake_ep.clone(),
-            source,
+            source: source.transport(),
         };
         sock.bind(&wake_ep).map_err(wake_err)?;
         let waker = node.ctx.socket(zmq::DEALER)?;

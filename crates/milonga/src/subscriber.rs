@@ -12,6 +12,7 @@ use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRA
 use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
 
+use crate::error::IntoTransport;
 use crate::error::{OpenError, RecvError, SubscribeError};
 use crate::node::{lock, try_lock, MatchedPublication, NodeInner, Routes};
 use crate::qos::{Reliability, SubscriberQos};
@@ -269,10 +270,10 @@ impl SubShared {
         // XSUB rather than SUB: it can send history queries upstream, on the
         // same connections as its subscriptions (docs/protocol.md §4.2).
         let sock = node.ctx.socket(zmq::XSUB)?;
-        let cfg_err = |source| OpenError::Socket {
+        let cfg_err = |source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: format!("subscription {expr}"),
-            source,
+            source: source.transport(),
         };
         zmq_io::apply_common(&sock, &node.cfg).map_err(cfg_err)?;
         sock.set_rcvhwm(qos.queue_depth.unwrap_or(node.cfg.recv_hwm))
@@ -322,10 +323,10 @@ impl SubShared {
         wake_tx.set_linger(0).map_err(cfg_err)?;
         wake_tx.set_sndhwm(4).map_err(cfg_err)?;
         node.bind(&wake_tx, &wake_ep)?;
-        sock.connect(&wake_ep).map_err(|source| OpenError::Socket {
+        sock.connect(&wake_ep).map_err(|source: zmq::Error| OpenError::Socket {
             action: "connect",
             endpoint: wake_ep.clone(),
-            source,
+            source: source.transport(),
         })?;
         Ok(SubShared {
             expr,
@@ -1240,7 +1241,7 @@ impl SubShared {
                     }
                     Err(zmq::Error::EAGAIN) => io.skip_try = 16,
                     Err(zmq::Error::EINTR) => continue,
-                    Err(e) => return Err(RecvError::Socket(e)),
+                    Err(e) => return Err(RecvError::Socket(e.transport())),
                 }
             } else {
                 io.skip_try -= 1;
@@ -1281,7 +1282,7 @@ impl SubShared {
             };
             let wait_ms = timer_ms.map_or(wait_ms, |t| t.min(wait_ms)).max(1) as i32;
             if io.rcvtimeo != wait_ms {
-                io.sock.set_rcvtimeo(wait_ms).map_err(RecvError::Socket)?;
+                io.sock.set_rcvtimeo(wait_ms).map_err(|e| RecvError::Socket(e.transport()))?;
                 io.rcvtimeo = wait_ms;
             }
             // One blocking receive on one socket: wake-ups (a stop, new
@@ -1290,7 +1291,7 @@ impl SubShared {
                 Ok(first) => self.received(&mut io, first),
                 // A timeout, or a signal handled elsewhere: look again.
                 Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
-                Err(e) => return Err(RecvError::Socket(e)),
+                Err(e) => return Err(RecvError::Socket(e.transport())),
             }
         }
     }

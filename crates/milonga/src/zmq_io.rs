@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
+use crate::error::IntoTransport;
 use crate::config::Config;
 use crate::error::OpenError;
 
@@ -44,7 +45,7 @@ impl ContextRef {
             .map_err(|source| OpenError::Socket {
                 action: "create a socket for",
                 endpoint: format!("{kind:?}"),
-                source,
+                source: source.transport(),
             })
     }
 }
