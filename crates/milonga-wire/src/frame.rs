@@ -35,6 +35,32 @@ pub const PROTOCOL_VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 44;
 /// Size of a batch entry's own header (`u32` length, `u64` timestamp).
 pub const BATCH_ENTRY_HEADER_LEN: usize = 12;
+/// Where each field of the fixed header lies, from the header's first byte
+/// (which follows the key and its NUL); all integers little-endian
+/// (docs/protocol.md §3). Engines that patch a header in place (the
+/// sequence number and timestamp of a pre-built frame, a batch's kind) use
+/// these, never their own numbers.
+pub mod offset {
+    /// `u8`: the protocol version.
+    pub const VERSION: usize = 0;
+    /// `u8`: the frame kind.
+    pub const KIND: usize = 1;
+    /// `u8`: the flags.
+    pub const FLAGS: usize = 2;
+    /// `u8`: the payload encoding.
+    pub const ENCODING: usize = 3;
+    /// `u32`: the domain tag.
+    pub const DOMAIN_TAG: usize = 4;
+    /// `u32`: the schema id.
+    pub const SCHEMA_ID: usize = 8;
+    /// 16 bytes: the publisher's node id.
+    pub const NODE_ID: usize = 12;
+    /// `u64`: the sequence number.
+    pub const SEQ: usize = 28;
+    /// `u64`: the source timestamp, ns since the Unix epoch.
+    pub const TIMESTAMP_NS: usize = 36;
+}
+
 /// Flag bit 0: the payload continues in a second ZeroMQ frame.
 pub const FLAG_PAYLOAD_FRAME: u8 = 0x01;
 /// Every flag bit this version knows.
@@ -163,15 +189,16 @@ pub struct Header {
 impl Header {
     /// Writes the 44 header bytes.
     pub fn write(&self, out: &mut [u8; HEADER_LEN]) {
-        out[0] = PROTOCOL_VERSION;
-        out[1] = self.kind as u8;
-        out[2] = self.flags;
-        out[3] = self.encoding as u8;
-        out[4..8].copy_from_slice(&self.domain_tag.to_le_bytes());
-        out[8..12].copy_from_slice(&self.schema_id.to_le_bytes());
-        out[12..28].copy_from_slice(&self.node_id.0);
-        out[28..36].copy_from_slice(&self.seq.to_le_bytes());
-        out[36..44].copy_from_slice(&self.timestamp_ns.to_le_bytes());
+        use offset as o;
+        out[o::VERSION] = PROTOCOL_VERSION;
+        out[o::KIND] = self.kind as u8;
+        out[o::FLAGS] = self.flags;
+        out[o::ENCODING] = self.encoding as u8;
+        out[o::DOMAIN_TAG..o::DOMAIN_TAG + 4].copy_from_slice(&self.domain_tag.to_le_bytes());
+        out[o::SCHEMA_ID..o::SCHEMA_ID + 4].copy_from_slice(&self.schema_id.to_le_bytes());
+        out[o::NODE_ID..o::NODE_ID + 16].copy_from_slice(&self.node_id.0);
+        out[o::SEQ..o::SEQ + 8].copy_from_slice(&self.seq.to_le_bytes());
+        out[o::TIMESTAMP_NS..o::TIMESTAMP_NS + 8].copy_from_slice(&self.timestamp_ns.to_le_bytes());
     }
 
     /// Reads a header, checking version, kind, flags and encoding.
@@ -182,10 +209,11 @@ impl Header {
                 got: b.len(),
             });
         }
-        if b[0] != PROTOCOL_VERSION {
-            return Err(FrameError::UnsupportedVersion(b[0]));
+        use offset as o;
+        if b[o::VERSION] != PROTOCOL_VERSION {
+            return Err(FrameError::UnsupportedVersion(b[o::VERSION]));
         }
-        let kind = match b[1] {
+        let kind = match b[o::KIND] {
             1 => Kind::Sample,
             2 => Kind::Batch,
             3 => Kind::Heartbeat,
@@ -194,7 +222,7 @@ impl Header {
             6 => Kind::Reply,
             k => return Err(FrameError::UnknownKind(k)),
         };
-        let flags = b[2];
+        let flags = b[o::FLAGS];
         if flags & !KNOWN_FLAGS != 0 {
             return Err(FrameError::UnknownFlags(flags));
         }
@@ -206,18 +234,19 @@ impl Header {
                 "a heartbeat or history frame cannot have a payload frame",
             ));
         }
-        let encoding = Encoding::from_u8(b[3]).ok_or(FrameError::UnknownEncoding(b[3]))?;
+        let encoding =
+            Encoding::from_u8(b[o::ENCODING]).ok_or(FrameError::UnknownEncoding(b[o::ENCODING]))?;
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         Ok(Header {
             kind,
             flags,
             encoding,
-            domain_tag: u32_at(4),
-            schema_id: u32_at(8),
-            node_id: NodeId(b[12..28].try_into().expect("16 bytes")),
-            seq: u64_at(28),
-            timestamp_ns: u64_at(36),
+            domain_tag: u32_at(o::DOMAIN_TAG),
+            schema_id: u32_at(o::SCHEMA_ID),
+            node_id: NodeId(b[o::NODE_ID..o::NODE_ID + 16].try_into().expect("16 bytes")),
+            seq: u64_at(o::SEQ),
+            timestamp_ns: u64_at(o::TIMESTAMP_NS),
         })
     }
 }
@@ -419,6 +448,46 @@ pub fn push_batch_entry(out: &mut Vec<u8>, timestamp_ns: u64, payload: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The offsets say where `Header::write` puts each field, so that an
+    /// engine patching a frame in place patches the right bytes.
+    #[test]
+    fn the_offsets_are_where_the_header_puts_each_field() {
+        let h = Header {
+            kind: Kind::Batch,
+            flags: 0,
+            encoding: Encoding::Raw,
+            domain_tag: 0x0403_0201,
+            schema_id: 0x0807_0605,
+            node_id: NodeId([0xaa; 16]),
+            seq: 0x1112_1314_1516_1718,
+            timestamp_ns: 0x2122_2324_2526_2728,
+        };
+        let mut b = [0u8; HEADER_LEN];
+        h.write(&mut b);
+        use offset as o;
+        assert_eq!(b[o::VERSION], PROTOCOL_VERSION);
+        assert_eq!(b[o::KIND], Kind::Batch as u8);
+        assert_eq!(b[o::FLAGS], 0);
+        assert_eq!(b[o::ENCODING], Encoding::Raw as u8);
+        assert_eq!(
+            b[o::DOMAIN_TAG..o::DOMAIN_TAG + 4],
+            h.domain_tag.to_le_bytes()
+        );
+        assert_eq!(b[o::SCHEMA_ID..o::SCHEMA_ID + 4], h.schema_id.to_le_bytes());
+        assert_eq!(b[o::NODE_ID..o::NODE_ID + 16], [0xaa; 16]);
+        assert_eq!(b[o::SEQ..o::SEQ + 8], h.seq.to_le_bytes());
+        assert_eq!(
+            b[o::TIMESTAMP_NS..o::TIMESTAMP_NS + 8],
+            h.timestamp_ns.to_le_bytes()
+        );
+        assert_eq!(
+            o::TIMESTAMP_NS + 8,
+            HEADER_LEN,
+            "the last field ends the header"
+        );
+        assert_eq!(Header::read(&b).unwrap(), h);
+    }
 
     fn header() -> Header {
         Header {

@@ -21,11 +21,8 @@ pub(crate) const MAX_BATCH_BYTES: usize = 128 << 10;
 /// Largest sample payload that joins a batch; larger ones go alone.
 pub(crate) const MAX_ENTRY_BYTES: usize = 16 << 10;
 
-/// Header offsets (after the key and its NUL).
-const KIND: usize = 1;
-const ENCODING: usize = 3;
-const SCHEMA: usize = 8;
-const HEADER: usize = 44;
+use milonga_wire::frame::offset::{ENCODING, KIND, SCHEMA_ID as SCHEMA};
+use milonga_wire::frame::HEADER_LEN as HEADER;
 
 /// A batch waiting for the socket.
 #[derive(Debug)]

@@ -23,9 +23,9 @@ use milonga_wire::frame::{self, Header, Kind, FLAG_PAYLOAD_FRAME};
 use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, KeyExpr, NodeId, Value};
 
-use crate::error::IntoTransport;
 use crate::discovery::Announcement;
 use crate::error::CallError;
+use crate::error::IntoTransport;
 use crate::node::{lock, NodeInner};
 use crate::service::recv_parts;
 use crate::stats;

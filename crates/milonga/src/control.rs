@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::IntoTransport;
 use crate::discovery::Announcement;
+use crate::error::IntoTransport;
 use crate::error::OpenError;
 use crate::node::{lock, try_lock, NodeInner};
 use crate::stats::{self, NodeStats};
@@ -197,11 +197,12 @@ impl Control {
             match inner.ctx.socket(zmq::DEALER).and_then(|s| {
                 let _ = crate::zmq_io::apply_common(&s, &inner.cfg);
                 let _ = s.set_sndhwm(4);
-                s.connect(ep).map_err(|source: zmq::Error| OpenError::Socket {
-                    action: "connect",
-                    endpoint: ep.clone(),
-                    source: source.transport(),
-                })?;
+                s.connect(ep)
+                    .map_err(|source: zmq::Error| OpenError::Socket {
+                        action: "connect",
+                        endpoint: ep.clone(),
+                        source: source.transport(),
+                    })?;
                 Ok(s)
             }) {
                 Ok(sock) => statics.push(StaticPeer {

@@ -309,7 +309,8 @@ mod tests {
             source: zmq::Error::EADDRINUSE.transport(),
         };
         assert!(
-            open.to_string().starts_with("cannot bind tcp://127.0.0.1:1: "),
+            open.to_string()
+                .starts_with("cannot bind tcp://127.0.0.1:1: "),
             "{open}"
         );
     }

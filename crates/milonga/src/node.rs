@@ -9,11 +9,11 @@ use std::time::Duration;
 use milonga_wire::frame::domain_tag;
 use milonga_wire::{Key, KeyExpr, NodeId};
 
-use crate::error::IntoTransport;
 use crate::batch::Pending;
 use crate::config::{parse_locator, Config, Transport};
 use crate::control;
 use crate::discovery::{process_start_time, Announcement, LocalDir, PublicationInfo};
+use crate::error::IntoTransport;
 use crate::error::{OpenError, PublisherError, SubscribeError};
 use crate::publisher::Publisher;
 use crate::qos::{PublisherQos, Reliability, SubscriberQos};
@@ -270,11 +270,12 @@ impl NodeInner {
     }
 
     pub(crate) fn bind(&self, sock: &zmq::Socket, endpoint: &str) -> Result<String, OpenError> {
-        sock.bind(endpoint).map_err(|source: zmq::Error| OpenError::Socket {
-            action: "bind",
-            endpoint: endpoint.to_owned(),
-            source: source.transport(),
-        })?;
+        sock.bind(endpoint)
+            .map_err(|source: zmq::Error| OpenError::Socket {
+                action: "bind",
+                endpoint: endpoint.to_owned(),
+                source: source.transport(),
+            })?;
         Ok(sock
             .get_last_endpoint()
             .ok()

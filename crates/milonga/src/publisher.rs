@@ -6,22 +6,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use milonga_wire::cbor::{encode_payload, to_cbor, Encoded};
 use milonga_wire::frame::{
-    self, Encoding, Header, Kind, BATCH_ENTRY_HEADER_LEN, FLAG_PAYLOAD_FRAME, HEADER_LEN,
+    self, Encoding, Header, Kind, BATCH_ENTRY_HEADER_LEN, FLAG_PAYLOAD_FRAME,
 };
 use milonga_wire::{Bytes, Key, Value};
 
-use crate::error::IntoTransport;
 use crate::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
+use crate::error::IntoTransport;
 use crate::error::PutError;
 use crate::node::{lock, DataSock, DataSocket, NodeInner};
 use crate::qos::{PublisherQos, Reliability};
 use crate::stats;
 use crate::zmq_io;
-
-/// Offset of the sequence number within the header.
-const SEQ_OFFSET: usize = 28;
-/// Offset of the source timestamp within the header.
-const TIMESTAMP_OFFSET: usize = 36;
 
 /// A declared publisher of one key. `Send + Sync`: share it between threads
 /// (puts are serialised; sequence numbers follow the order of sends).
@@ -365,8 +360,9 @@ impl Publisher {
     /// Writes the sequence number and source timestamp into a built frame.
     fn stamp(&self, msg: &mut zmq::Message, seq: u64, timestamp_ns: u64) {
         let h = self.key.as_str().len() + 1;
-        msg[h + SEQ_OFFSET..h + SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());
-        msg[h + TIMESTAMP_OFFSET..h + HEADER_LEN].copy_from_slice(&timestamp_ns.to_le_bytes());
+        use frame::offset::{SEQ, TIMESTAMP_NS};
+        msg[h + SEQ..h + SEQ + 8].copy_from_slice(&seq.to_le_bytes());
+        msg[h + TIMESTAMP_NS..h + TIMESTAMP_NS + 8].copy_from_slice(&timestamp_ns.to_le_bytes());
     }
 }
 

@@ -323,11 +323,12 @@ impl SubShared {
         wake_tx.set_linger(0).map_err(cfg_err)?;
         wake_tx.set_sndhwm(4).map_err(cfg_err)?;
         node.bind(&wake_tx, &wake_ep)?;
-        sock.connect(&wake_ep).map_err(|source: zmq::Error| OpenError::Socket {
-            action: "connect",
-            endpoint: wake_ep.clone(),
-            source: source.transport(),
-        })?;
+        sock.connect(&wake_ep)
+            .map_err(|source: zmq::Error| OpenError::Socket {
+                action: "connect",
+                endpoint: wake_ep.clone(),
+                source: source.transport(),
+            })?;
         Ok(SubShared {
             expr,
             node: node.clone(),
@@ -1282,7 +1283,9 @@ impl SubShared {
             };
             let wait_ms = timer_ms.map_or(wait_ms, |t| t.min(wait_ms)).max(1) as i32;
             if io.rcvtimeo != wait_ms {
-                io.sock.set_rcvtimeo(wait_ms).map_err(|e| RecvError::Socket(e.transport()))?;
+                io.sock
+                    .set_rcvtimeo(wait_ms)
+                    .map_err(|e| RecvError::Socket(e.transport()))?;
                 io.rcvtimeo = wait_ms;
             }
             // One blocking receive on one socket: wake-ups (a stop, new

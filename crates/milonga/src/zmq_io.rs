@@ -7,8 +7,8 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
-use crate::error::IntoTransport;
 use crate::config::Config;
+use crate::error::IntoTransport;
 use crate::error::OpenError;
 
 /// Nodes of one process share one context, so that `inproc://` endpoints
