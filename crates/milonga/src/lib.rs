@@ -62,6 +62,7 @@ pub use control::{NodeInfo, CONTROL_INFO, CONTROL_MAGIC};
 pub use discovery::{Announcement, PublicationInfo};
 pub use error::{
     CallError, OpenError, PublisherError, PutError, RecvError, ServeError, SubscribeError,
+    TransportError,
 };
 pub use node::Node;
 pub use publisher::Publisher;
