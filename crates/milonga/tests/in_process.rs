@@ -27,7 +27,7 @@ fn next_sample(s: &milonga::Subscriber) -> milonga::Sample {
     }
 }
 
-fn round_trip(transport: Transport) {
+fn a_round_trip_delivers_every_sample_in_order(transport: Transport) {
     let dir = milonga_testkit::TempDir::new("inproc-test");
     let a = open("t", "pub", transport, dir.path());
     let b = open("t", "sub", transport, dir.path());
@@ -55,29 +55,13 @@ fn round_trip(transport: Transport) {
     assert_eq!(s.lost(), 0);
 }
 
-#[test]
-fn tcp() {
-    round_trip(Transport::Tcp);
-}
-
-#[test]
-fn ipc() {
-    round_trip(Transport::Ipc);
-}
-
-#[test]
-fn inproc() {
-    round_trip(Transport::Inproc);
-}
-
-#[test]
-fn reliable_try_put_would_block() {
+fn reliable_try_put_would_block(t: Transport) {
     let dir = milonga_testkit::TempDir::new("wouldblock");
     let mut cfg = Config::new("milonga:///wb", "pub");
     cfg.runtime_dir = Some(dir.path().to_path_buf());
     cfg.send_hwm = 10;
     cfg.recv_hwm = 10;
-    cfg.transport = Transport::Inproc;
+    cfg.transport = t;
     let a = Node::open_with(cfg.clone()).unwrap();
     cfg.name = "sub".into();
     let b = Node::open_with(cfg).unwrap();
@@ -113,11 +97,10 @@ fn reliable_try_put_would_block() {
 
 /// A publisher declared again on a node goes on with that node's sequence
 /// of the key: a sample's seq is the number of puts so far.
-#[test]
-fn a_redeclared_publisher_continues_its_sequence() {
+fn a_redeclared_publisher_continues_its_sequence(t: Transport) {
     let dir = milonga_testkit::TempDir::new("redeclare");
-    let a = open("rd", "pub", Transport::Inproc, dir.path());
-    let b = open("rd", "sub", Transport::Inproc, dir.path());
+    let a = open("rd", "pub", t, dir.path());
+    let b = open("rd", "sub", t, dir.path());
     let s = b.subscribe("k").unwrap();
     // The value put is the number of puts before it.
     let mut puts = 0u64;
@@ -180,9 +163,8 @@ fn a_redeclared_publisher_continues_its_sequence() {
 /// Samples put just before a publisher is undeclared reach a subscriber
 /// that reads them only later: discovery telling the subscriber the
 /// publication went does not drop what already came.
-#[test]
-fn the_last_samples_of_an_undeclared_publisher_reach_a_slow_reader() {
-    for transport in [Transport::Inproc, Transport::Tcp] {
+fn the_last_samples_of_an_undeclared_publisher_reach_a_slow_reader(t: Transport) {
+    for transport in [t] {
         let dir = milonga_testkit::TempDir::new("undeclared");
         let a = open("ud", "pub", transport, dir.path());
         let b = open("ud", "sub", transport, dir.path());
@@ -222,10 +204,9 @@ fn the_last_samples_of_an_undeclared_publisher_reach_a_slow_reader() {
     }
 }
 
-#[test]
-fn a_publisher_key_is_declared_once_per_node() {
+fn a_publisher_key_is_declared_once_per_node(t: Transport) {
     let dir = milonga_testkit::TempDir::new("twice");
-    let a = open("tw", "pub", Transport::Inproc, dir.path());
+    let a = open("tw", "pub", t, dir.path());
     let _p = a.publisher("k").unwrap();
     assert!(matches!(
         a.publisher("k"),
@@ -241,11 +222,19 @@ fn a_publisher_key_is_declared_once_per_node() {
     ));
 }
 
+/// In process only, for now: on tcp and ipc, the conformance suite found
+/// k/a's `try_put` refused (`WouldBlock`) after about 56 samples once k/b's
+/// subscriber is full (issue 12; see the CHANGELOG's known issues). It
+/// joins the suite when that is fixed.
 #[test]
-fn a_full_subscriber_of_one_key_does_not_block_another_key() {
+fn a_full_subscriber_of_one_key_does_not_block_another_key_in_process() {
+    a_full_subscriber_of_one_key_does_not_block_another_key(Transport::Inproc);
+}
+
+fn a_full_subscriber_of_one_key_does_not_block_another_key(t: Transport) {
     let dir = milonga_testkit::TempDir::new("crosskey");
-    let a = open("ck", "pub", Transport::Inproc, dir.path());
-    let b = open("ck", "sub", Transport::Inproc, dir.path());
+    let a = open("ck", "pub", t, dir.path());
+    let b = open("ck", "sub", t, dir.path());
     let pa = a.publisher_with("k/a", PublisherQos::reliable()).unwrap();
     let pb = a.publisher_with("k/b", PublisherQos::reliable()).unwrap();
     let sa = b.subscribe("k/a").unwrap();
@@ -261,13 +250,20 @@ fn a_full_subscriber_of_one_key_does_not_block_another_key() {
         n += 1;
         assert!(n < 1_000_000, "k/b never pushed back");
     }
-    assert!(
-        a.stats().samples_batched == 0 && n > 16,
-        "k/b's samples wait in a batch"
-    );
+    assert!(n > 16, "k/b took more than its high-water mark: a batch");
+    if t == Transport::Inproc {
+        // (On tcp and ipc the kernel's buffers take batches that already
+        // left; in process, nothing drains the pipe.)
+        assert_eq!(
+            a.stats().samples_batched,
+            0,
+            "k/b's samples wait in a batch"
+        );
+    }
     // k/a's subscriber has room: its samples go through at once.
     for i in 0..100u64 {
-        pa.try_put(i).expect("k/a is not held up by k/b");
+        pa.try_put(i)
+            .unwrap_or_else(|e| panic!("k/a is held up by k/b: {e} at sample {i}"));
         let s = next_sample(&sa);
         assert_eq!(s.seq, i + 1);
     }
@@ -294,11 +290,10 @@ fn next_status(s: &milonga::Subscriber) -> Event {
     }
 }
 
-#[test]
-fn a_publisher_is_reported_alive_before_its_first_sample_and_closed_when_it_closes() {
+fn a_publisher_is_reported_alive_before_its_first_sample_and_closed_when_it_closes(t: Transport) {
     let dir = milonga_testkit::TempDir::new("alive");
-    let a = open("al", "pub", Transport::Tcp, dir.path());
-    let b = open("al", "sub", Transport::Tcp, dir.path());
+    let a = open("al", "pub", t, dir.path());
+    let b = open("al", "sub", t, dir.path());
     let s = b.subscribe("lv/**").unwrap();
     let p = a.publisher("lv/x").unwrap();
     wait_for("subscription", Duration::from_secs(5), || {
@@ -323,11 +318,10 @@ fn a_publisher_is_reported_alive_before_its_first_sample_and_closed_when_it_clos
     }
 }
 
-#[test]
-fn a_silent_key_misses_its_deadline_each_period_until_it_speaks() {
+fn a_silent_key_misses_its_deadline_each_period_until_it_speaks(t: Transport) {
     let dir = milonga_testkit::TempDir::new("deadline");
-    let a = open("dl", "pub", Transport::Inproc, dir.path());
-    let b = open("dl", "sub", Transport::Inproc, dir.path());
+    let a = open("dl", "pub", t, dir.path());
+    let b = open("dl", "sub", t, dir.path());
     let p = a.publisher("dl/k").unwrap();
     let period = Duration::from_millis(100);
     let s = b
@@ -369,13 +363,12 @@ fn a_silent_key_misses_its_deadline_each_period_until_it_speaks() {
 /// Handles that outlive their node drop without hanging: their sockets
 /// close before the ZeroMQ context is terminated, and no socket monitor is
 /// left without a reader.
-#[test]
-fn handles_outliving_their_node_drop_cleanly() {
+fn handles_outliving_their_node_drop_cleanly(t: Transport) {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let dir = milonga_testkit::TempDir::new("outlive");
-        let a = open("ol", "pub", Transport::Tcp, dir.path());
-        let b = open("ol", "sub", Transport::Tcp, dir.path());
+        let a = open("ol", "pub", t, dir.path());
+        let b = open("ol", "sub", t, dir.path());
         let p = a.publisher("ol/x").unwrap();
         let s = b.subscribe("ol/x").unwrap();
         wait_for("subscription", Duration::from_secs(5), || {
@@ -488,11 +481,10 @@ fn a_late_joiner_gets_kept_samples_then_the_live_stream_without_gap_or_duplicate
 
 /// Asking for more than a publication offers is reported, policy by
 /// policy, and the samples still flow: never a silent downgrade.
-#[test]
-fn asking_more_than_a_publisher_offers_is_reported() {
+fn asking_more_than_a_publisher_offers_is_reported(t: Transport) {
     let dir = milonga_testkit::TempDir::new("qosmatch");
-    let a = open("qm", "pub", Transport::Inproc, dir.path());
-    let b = open("qm", "sub", Transport::Inproc, dir.path());
+    let a = open("qm", "pub", t, dir.path());
+    let b = open("qm", "sub", t, dir.path());
     let p = a
         .publisher_with("qm/x", PublisherQos::best_effort().history(3))
         .unwrap();
@@ -519,11 +511,10 @@ fn asking_more_than_a_publisher_offers_is_reported() {
 
 /// `keep_last(1)`: a subscriber that does not read for a while gets the
 /// newest sample of each key, the older ones counted as squashed, none lost.
-#[test]
-fn keep_last_gives_a_slow_reader_the_newest_value_of_each_key() {
+fn keep_last_gives_a_slow_reader_the_newest_value_of_each_key(t: Transport) {
     let dir = milonga_testkit::TempDir::new("keeplast");
-    let a = open("kl", "pub", Transport::Inproc, dir.path());
-    let b = open("kl", "sub", Transport::Inproc, dir.path());
+    let a = open("kl", "pub", t, dir.path());
+    let b = open("kl", "sub", t, dir.path());
     let pubs: Vec<_> = (0..10)
         .map(|i| a.publisher(&format!("kl/{i}")).unwrap())
         .collect();
@@ -555,11 +546,10 @@ fn keep_last_gives_a_slow_reader_the_newest_value_of_each_key() {
 
 /// `keep_all(bound)`: beyond the bound, new samples are dropped and
 /// reported lost, exactly.
-#[test]
-fn keep_all_drops_beyond_its_bound_and_reports_it() {
+fn keep_all_drops_beyond_its_bound_and_reports_it(t: Transport) {
     let dir = milonga_testkit::TempDir::new("keepall");
-    let a = open("ka", "pub", Transport::Inproc, dir.path());
-    let b = open("ka", "sub", Transport::Inproc, dir.path());
+    let a = open("ka", "pub", t, dir.path());
+    let b = open("ka", "sub", t, dir.path());
     let p = a.publisher("ka/x").unwrap();
     let s = b
         .subscribe_with("ka/x", milonga::SubscriberQos::default().keep_all(10))
@@ -590,11 +580,10 @@ fn keep_all_drops_beyond_its_bound_and_reports_it() {
 /// filters get different samples, each distinct filter is evaluated once
 /// per sample however many subscribers hold it, and what does not pass
 /// never crosses the wire (byte counters of the receiving nodes).
-#[test]
-fn filters_run_at_the_publisher_and_filtered_samples_never_cross_the_wire() {
+fn filters_run_at_the_publisher_and_filtered_samples_never_cross_the_wire(t: Transport) {
     use milonga::{Filter, SubscriberQos};
     let dir = milonga_testkit::TempDir::new("filters");
-    let a = open("fl", "pub", Transport::Tcp, dir.path());
+    let a = open("fl", "pub", t, dir.path());
     let change = Filter {
         abs_change: Some(10.0),
         ..Filter::default()
@@ -604,7 +593,7 @@ fn filters_run_at_the_publisher_and_filtered_samples_never_cross_the_wire() {
         ..Filter::default()
     };
     let nodes: Vec<Node> = (0..4)
-        .map(|i| open("fl", &format!("sub{i}"), Transport::Tcp, dir.path()))
+        .map(|i| open("fl", &format!("sub{i}"), t, dir.path()))
         .collect();
     let qos = [
         SubscriberQos::default(),
@@ -681,11 +670,10 @@ fn filters_run_at_the_publisher_and_filtered_samples_never_cross_the_wire() {
 
 /// Durations too long to add to the clock neither panic nor end early: a
 /// `recv_timeout(Duration::MAX)` waits until something comes.
-#[test]
-fn an_endless_timeout_waits_for_the_next_event() {
+fn an_endless_timeout_waits_for_the_next_event(t: Transport) {
     let dir = milonga_testkit::TempDir::new("endless");
-    let a = open("en", "pub", Transport::Inproc, dir.path());
-    let b = open("en", "sub", Transport::Inproc, dir.path());
+    let a = open("en", "pub", t, dir.path());
+    let b = open("en", "sub", t, dir.path());
     let p = a.publisher("en/x").unwrap();
     for qos in [
         milonga::SubscriberQos::default(),
@@ -738,12 +726,11 @@ fn an_endless_timeout_waits_for_the_next_event() {
 /// A large sample (its payload in a second frame) that passes a filter
 /// reaches both the unfiltered and the filtered subscriber intact: the
 /// filtered copy is a message of its own.
-#[test]
-fn a_large_sample_passing_a_filter_reaches_everyone_intact() {
+fn a_large_sample_passing_a_filter_reaches_everyone_intact(t: Transport) {
     use milonga::{Filter, SubscriberQos};
     let dir = milonga_testkit::TempDir::new("bigfilter");
-    let a = open("bf", "pub", Transport::Tcp, dir.path());
-    let b = open("bf", "sub", Transport::Tcp, dir.path());
+    let a = open("bf", "pub", t, dir.path());
+    let b = open("bf", "sub", t, dir.path());
     let plain = b.subscribe("bf/x").unwrap();
     let filtered = b
         .subscribe_with(
@@ -774,11 +761,10 @@ fn a_large_sample_passing_a_filter_reaches_everyone_intact() {
 
 /// Declaring a key twice is refused, and the refusal leaves the first
 /// publisher's history as it was.
-#[test]
-fn a_refused_second_declaration_leaves_the_history_alone() {
+fn a_refused_second_declaration_leaves_the_history_alone(t: Transport) {
     let dir = milonga_testkit::TempDir::new("twicehist");
-    let a = open("th", "pub", Transport::Inproc, dir.path());
-    let b = open("th", "sub", Transport::Inproc, dir.path());
+    let a = open("th", "pub", t, dir.path());
+    let b = open("th", "sub", t, dir.path());
     let p = a
         .publisher_with("th/x", PublisherQos::default().history(3))
         .unwrap();
@@ -794,3 +780,38 @@ fn a_refused_second_declaration_leaves_the_history_alone() {
     let seqs: Vec<u64> = (0..3).map(|_| next_sample(&s).seq).collect();
     assert_eq!(seqs, vec![3, 4, 5]);
 }
+
+/// The conformance suite: every behaviour test above, on every transport
+/// (`tcp::NAME`, `ipc::NAME`, `inproc::NAME`). A transport or a backend
+/// that comes later is one more line here.
+macro_rules! conformance {
+    ($($test:ident),* $(,)?) => {
+        mod tcp {
+            $( #[test] fn $test() { super::$test(milonga::Transport::Tcp) } )*
+        }
+        mod ipc {
+            $( #[test] fn $test() { super::$test(milonga::Transport::Ipc) } )*
+        }
+        mod inproc {
+            $( #[test] fn $test() { super::$test(milonga::Transport::Inproc) } )*
+        }
+    };
+}
+
+conformance!(
+    a_round_trip_delivers_every_sample_in_order,
+    reliable_try_put_would_block,
+    a_redeclared_publisher_continues_its_sequence,
+    the_last_samples_of_an_undeclared_publisher_reach_a_slow_reader,
+    a_publisher_key_is_declared_once_per_node,
+    a_publisher_is_reported_alive_before_its_first_sample_and_closed_when_it_closes,
+    a_silent_key_misses_its_deadline_each_period_until_it_speaks,
+    handles_outliving_their_node_drop_cleanly,
+    asking_more_than_a_publisher_offers_is_reported,
+    keep_last_gives_a_slow_reader_the_newest_value_of_each_key,
+    keep_all_drops_beyond_its_bound_and_reports_it,
+    filters_run_at_the_publisher_and_filtered_samples_never_cross_the_wire,
+    an_endless_timeout_waits_for_the_next_event,
+    a_large_sample_passing_a_filter_reaches_everyone_intact,
+    a_refused_second_declaration_leaves_the_history_alone,
+);
