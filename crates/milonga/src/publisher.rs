@@ -249,8 +249,11 @@ impl Publisher {
         }
         // After the whole message: filtered copies are messages of their own.
         self.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
+        // Stored before the lock goes: another thread's put takes the
+        // next number, never this one again.
+        let r = self.accepted(seq);
         drop(d);
-        self.accepted(seq)
+        r
     }
 
     /// Keeps sample `seq` in the history, if this publisher keeps one, and
@@ -312,7 +315,17 @@ impl Publisher {
         loop {
             let left = match wait {
                 Wait::No => {
-                    return Err(PutError::WouldBlock);
+                    // A writer learns that a pipe was read from libzmq's
+                    // commands, which a send processes only now and then
+                    // (at most once a millisecond or so): a pipe drained
+                    // since may still look full. Look once more after
+                    // processing them (ZMQ_EVENTS does) before saying so.
+                    let _ = d.sock.get_events();
+                    return match attempt(d, zmq::DONTWAIT) {
+                        Ok(()) => Ok(()),
+                        Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => Err(PutError::WouldBlock),
+                        Err(e) => Err(PutError::Socket(e.transport())),
+                    };
                 }
                 Wait::Forever => Duration::MAX,
                 Wait::For(t) => t.saturating_sub(started.elapsed()),
