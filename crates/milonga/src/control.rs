@@ -78,9 +78,15 @@ pub(crate) fn liveliness_socket(inner: &NodeInner) -> Result<zmq::Socket, OpenEr
     sock.set_maxmsgsize(crate::history::MAX_QUERY_BYTES as i64)
         .map_err(err)?;
     sock.set_xpub_verbose(true).map_err(err)?;
-    // The last heartbeat (leaving) gets a moment to go out on close.
-    sock.set_linger(inner.cfg.close_linger_ms.clamp(0, 200))
-        .map_err(err)?;
+    // The last heartbeat (leaving) gets a moment to go out on close: up to
+    // 200 ms, the whole 200 when `close_linger_ms` is negative ("as long as
+    // it takes"; clamping that to 0 would drop the goodbye).
+    let linger = if inner.cfg.close_linger_ms < 0 {
+        200
+    } else {
+        inner.cfg.close_linger_ms.min(200)
+    };
+    sock.set_linger(linger).map_err(err)?;
     Ok(sock)
 }
 
