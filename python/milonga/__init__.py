@@ -357,7 +357,8 @@ def open(locator: str, name: str | None = None, **config: Any) -> Node:
     """Opens a node on ``locator`` (``milonga:///lab``) named ``name``
     (default: the program's name and pid). ``config`` keys are those of
     docs/config.md (``transport="ipc"``, ``runtime_dir=...``,
-    ``heartbeat_timeout_ms=500``, ...); the environment is read first."""
+    ``heartbeat_timeout_ms=500``, ...); the environment is read first
+    (``MILONGA_LOCATOR``, when set, replaces ``locator``)."""
     node = Node(locator, name or _default_name(), config)
     _open_nodes.add(node)
     return node

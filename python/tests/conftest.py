@@ -19,6 +19,10 @@ import milonga
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Each test chooses its own domain; an exported MILONGA_LOCATOR would
+# replace it (in this process and in the children, which inherit it).
+os.environ.pop("MILONGA_LOCATOR", None)
+
 
 class Domain:
     """A fresh domain: open nodes in it, start child processes in it."""

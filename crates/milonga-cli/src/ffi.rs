@@ -27,10 +27,18 @@ pub(crate) fn die_with_parent(signal: i32) {
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal) };
 }
 
-/// Sends `signal` to process `pid` (a child of ours).
+/// Sends `signal` to process `pid` (a child of ours). A pid that is not a
+/// positive `pid_t` is ignored (as a negative one, kill would signal a
+/// process group).
 pub(crate) fn signal(pid: u32, signal: i32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    if pid <= 0 {
+        return;
+    }
     // SAFETY: kill has no memory preconditions.
-    unsafe { libc::kill(pid as libc::pid_t, signal) };
+    unsafe { libc::kill(pid, signal) };
 }
 
 pub(crate) fn set_xpub_nodrop(s: &mut zmq::Socket, on: bool) -> Result<()> {

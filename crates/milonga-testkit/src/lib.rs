@@ -383,9 +383,15 @@ mod sys {
         }
     }
 
-    /// Sends `signal` to process `pid` (a child of ours).
+    /// Sends `signal` to process `pid` (a child of ours); a pid that is
+    /// not a positive `pid_t` is ignored (kill would signal a group).
     pub(crate) fn signal(pid: u32, signal: i32) {
-        // SAFETY: kill(2) has no memory preconditions.
-        unsafe { libc::kill(pid as libc::pid_t, signal) };
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return;
+        };
+        if pid > 0 {
+            // SAFETY: kill(2) has no memory preconditions.
+            unsafe { libc::kill(pid, signal) };
+        }
     }
 }

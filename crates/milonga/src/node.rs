@@ -495,7 +495,8 @@ pub(crate) struct Routes {
 
 impl Node {
     /// Opens a node on `locator` (`milonga:///lab`) named `name`, with the
-    /// configuration from the environment (see docs/config.md).
+    /// configuration from the environment (see docs/config.md):
+    /// `MILONGA_LOCATOR`, when set, replaces `locator`.
     pub fn open(locator: &str, name: &str) -> Result<Node, OpenError> {
         Node::open_with(Config::from_env(locator, name)?)
     }

@@ -76,10 +76,12 @@ impl Inotify {
 /// Test helpers that need the C library too.
 #[cfg(test)]
 pub(crate) mod testing {
-    /// Sends `signal` to `pid`.
+    /// Sends `signal` to `pid` (a positive `pid_t`, or nothing is sent).
     pub(crate) fn kill(pid: u32, signal: i32) {
-        // SAFETY: kill has no memory preconditions.
-        unsafe { libc::kill(pid as libc::pid_t, signal) };
+        if let Ok(pid @ 1..) = libc::pid_t::try_from(pid) {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(pid, signal) };
+        }
     }
 
     /// Makes a named pipe at `path`; whether it was made.

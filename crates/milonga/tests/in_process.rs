@@ -85,10 +85,21 @@ fn reliable_try_put_would_block(t: Transport) {
         blocked,
         "a reliable publisher must push back on a full subscriber"
     );
-    assert!(matches!(
-        p.put_timeout(0u64, Duration::from_millis(50)),
-        Err(milonga::PutError::Timeout(_))
-    ));
+    // On tcp and ipc, libzmq's I/O thread may still move queued messages
+    // into the kernel's buffers for a moment: a put may find room until
+    // they are full, then times out.
+    let mut timed_out = false;
+    for _ in 0..10_000 {
+        match p.put_timeout(sent, Duration::from_millis(50)) {
+            Ok(()) => sent += 1,
+            Err(milonga::PutError::Timeout(_)) => {
+                timed_out = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(timed_out, "a reliable put to a full subscriber times out");
     for i in 0..sent {
         let s = next_sample(&s);
         assert_eq!(s.seq, i + 1);
@@ -164,7 +175,8 @@ fn a_redeclared_publisher_continues_its_sequence(t: Transport) {
 /// that reads them only later: discovery telling the subscriber the
 /// publication went does not drop what already came.
 fn the_last_samples_of_an_undeclared_publisher_reach_a_slow_reader(t: Transport) {
-    for transport in [t] {
+    {
+        let transport = t;
         let dir = milonga_testkit::TempDir::new("undeclared");
         let a = open("ud", "pub", transport, dir.path());
         let b = open("ud", "sub", transport, dir.path());
@@ -263,6 +275,7 @@ fn a_full_subscriber_of_one_key_does_not_block_another_key(t: Transport) {
     }
 }
 
+/// (No transport involved: refused at open.)
 #[test]
 fn a_zero_high_water_mark_is_refused() {
     let mut cfg = Config::new("milonga:///hwm", "x");
@@ -383,6 +396,9 @@ fn handles_outliving_their_node_drop_cleanly(t: Transport) {
 /// Last value on subscribe: a subscriber joining 1,000 busy keys first gets
 /// the last samples kept of each, then the live stream, key by key with no
 /// gap and no duplicate at the seam, then `SubscriptionLive`.
+/// Not in the conformance suite: 1,000 keys under load make it the
+/// longest test here, and what it checks (the join seam) does not depend on
+/// the transport; it runs on tcp.
 #[test]
 fn a_late_joiner_gets_kept_samples_then_the_live_stream_without_gap_or_duplicate() {
     use std::collections::HashMap;
