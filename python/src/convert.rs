@@ -115,6 +115,7 @@ struct Borrowed {
 // `Py` may be dropped on any thread (its reference is released when a
 // thread next holds the interpreter).
 unsafe impl Send for Borrowed {}
+// SAFETY: shared access only reads the memory, which nobody writes (above).
 unsafe impl Sync for Borrowed {}
 
 impl AsRef<[u8]> for Borrowed {
@@ -136,6 +137,7 @@ struct HeldView {
 // SAFETY: the view is read-only and held (`PyBuffer` releases it with the
 // interpreter on whatever thread drops it); ptr/len describe its memory.
 unsafe impl Send for HeldView {}
+// SAFETY: shared access only reads the view's memory, which is read-only.
 unsafe impl Sync for HeldView {}
 
 impl AsRef<[u8]> for HeldView {

@@ -57,10 +57,12 @@ fn apply_config(cfg: &mut Config, config: &Bound<'_, PyDict>) -> PyResult<()> {
             ConfigValue::Bool(v.extract()?)
         } else if let Ok(i) = v.extract::<i64>() {
             ConfigValue::Int(i)
+        } else if v.is_instance_of::<pyo3::types::PyInt>() {
+            ConfigValue::Bad(format!("{v} is out of range"))
         } else if let Ok(t) = v.extract::<String>() {
             ConfigValue::Text(t)
         } else if let Ok(p) = v.extract::<std::path::PathBuf>() {
-            ConfigValue::Text(p.to_string_lossy().into_owned())
+            ConfigValue::Path(p)
         } else if let Ok(l) = v.extract::<Vec<String>>() {
             ConfigValue::List(l)
         } else {

@@ -61,6 +61,8 @@ pub enum ConfigValue {
     Text(String),
     /// Several texts (peers).
     List(Vec<String>),
+    /// A path, kept exactly (it may not be UTF-8); as text elsewhere.
+    Path(PathBuf),
     /// A value that could not be read (an environment variable that is
     /// not a number): why.
     Bad(String),
@@ -74,6 +76,7 @@ impl std::fmt::Display for ConfigValue {
             ConfigValue::Int(i) => write!(f, "the number {i}"),
             ConfigValue::Text(t) => write!(f, "the text {t:?}"),
             ConfigValue::List(l) => write!(f, "the list {l:?}"),
+            ConfigValue::Path(p) => write!(f, "the path {}", p.display()),
             ConfigValue::Bad(why) => f.write_str(why),
         }
     }
@@ -404,7 +407,16 @@ impl Config {
             why,
         };
         let wrong = |v: &ConfigValue| err(format!("expects {}, not {v}", spec.kind.what()));
+        // A path is text wherever it is one; `runtime_dir` keeps it exact.
+        let value = match value {
+            V::Path(p) if key != "runtime_dir" => match p.into_os_string().into_string() {
+                Ok(t) => V::Text(t),
+                Err(_) => return Err(err("expects UTF-8 text".into())),
+            },
+            v => v,
+        };
         match (spec.kind, value) {
+            (Kind::OptText, V::Path(p)) => self.runtime_dir = Some(p),
             (Kind::Text, V::Text(t)) => match key {
                 "locator" => self.locator = t,
                 "name" => self.name = t,
@@ -716,5 +728,20 @@ mod tests {
                 c.set(spec.name, ConfigValue::Unset).unwrap();
             }
         }
+    }
+
+    #[test]
+    fn a_path_is_kept_exactly_for_the_runtime_dir_and_is_text_elsewhere() {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = PathBuf::from(std::ffi::OsStr::from_bytes(b"/tmp/\xff"));
+        let mut c = Config::new("milonga:///x", "n");
+        c.set("runtime_dir", ConfigValue::Path(odd.clone()))
+            .unwrap();
+        assert_eq!(c.runtime_dir, Some(odd.clone()), "not made UTF-8");
+        c.set("tcp_host", ConfigValue::Path("10.0.0.2".into()))
+            .unwrap();
+        assert_eq!(c.tcp_host, "10.0.0.2");
+        assert!(c.set("tcp_host", ConfigValue::Path(odd)).is_err());
+        assert!(c.set("send_hwm", ConfigValue::Path("1".into())).is_err());
     }
 }
