@@ -110,7 +110,7 @@ impl Pending {
 
     /// The key and the sequence number of the first sample waiting.
     pub(crate) fn first(&self) -> (&[u8], u64) {
-        let at = self.key_len + 1 + 28;
+        let at = self.key_len + 1 + milonga_wire::frame::offset::SEQ;
         let seq = u64::from_le_bytes(self.frame[at..at + 8].try_into().expect("8 bytes"));
         (&self.frame[..self.key_len], seq)
     }

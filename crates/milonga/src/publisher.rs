@@ -360,13 +360,14 @@ impl Publisher {
         let (head, body) = msg.split_at_mut(self.template.len());
         head.copy_from_slice(&self.template);
         body.copy_from_slice(&enc.head);
-        head[h + 2] = if enc.tail.is_some() {
+        use frame::offset::{ENCODING, FLAGS, SCHEMA_ID};
+        head[h + FLAGS] = if enc.tail.is_some() {
             FLAG_PAYLOAD_FRAME
         } else {
             0
         };
-        head[h + 3] = enc.encoding as u8;
-        head[h + 8..h + 12].copy_from_slice(&schema_id.to_le_bytes());
+        head[h + ENCODING] = enc.encoding as u8;
+        head[h + SCHEMA_ID..h + SCHEMA_ID + 4].copy_from_slice(&schema_id.to_le_bytes());
         msg
     }
 
