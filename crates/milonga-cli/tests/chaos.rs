@@ -221,7 +221,9 @@ fn long_subscriptions_cost_what_libzmq_keeps() {
         during = during.max(rss());
         during > before + 100 * 1024
     });
-    // What it settles at while the peer stays.
+    // What it settles at while the peer stays: two readings 200 ms apart
+    // (the sampling interval of the condition, not a wait for an outcome)
+    // within 1 MiB of each other.
     let mut last = 0;
     wait_for("the memory to settle", T, || {
         let now = rss();

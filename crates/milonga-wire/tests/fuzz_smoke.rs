@@ -50,41 +50,27 @@ fn mutations_of_the_vectors_never_panic() {
         .collect();
     seeds.sort();
     assert!(!seeds.is_empty());
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rnd = xorshift(0x2545_f491_4f6c_dd1d);
     for i in 0..200_000 {
-        let mut f = seeds[i % seeds.len()].clone();
-        match rnd() % 5 {
-            0 => {
-                let n = f.len().max(1);
-                let bit = (rnd() % (n as u64 * 8)) as usize;
-                if let Some(b) = f.get_mut(bit / 8) {
-                    *b ^= 1 << (bit % 8);
-                }
-            }
-            1 => {
-                let n = f.len().max(1);
-                let at = (rnd() % n as u64) as usize;
-                if let Some(b) = f.get_mut(at) {
-                    *b = rnd() as u8;
-                }
-            }
-            2 => f.truncate((rnd() % (f.len() as u64 + 1)) as usize),
-            3 => f.extend((0..rnd() % 64).map(|_| rnd() as u8)),
-            _ => f = (0..rnd() % 200).map(|_| rnd() as u8).collect(),
-        }
+        let f = mutate(&seeds[i % seeds.len()], &mut rnd);
         let cut = (rnd() % (f.len() as u64 + 1)) as usize;
         run(&f, None);
         run(&f[..cut], Some(&f[cut..]));
     }
 }
 
-/// One mutation of `seed`, as above: a bit flip, a byte changed, a
+/// A deterministic xorshift generator from `seed` (the runs are the same
+/// every time).
+fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+/// One mutation of `seed`: a bit flip, a byte changed, a
 /// truncation, an extension, or random bytes.
 fn mutate(seed: &[u8], rnd: &mut impl FnMut() -> u64) -> Vec<u8> {
     let mut f = seed.to_vec();
@@ -188,13 +174,7 @@ fn mutations_of_history_queries_and_filter_declarations_never_panic() {
         ]),
         Value::Null,
     ];
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15);
     for i in 0..100_000 {
         let f = mutate(&seeds[i % seeds.len()], &mut rnd);
         let _ = Query::decode(&f);

@@ -1840,10 +1840,14 @@ impl Subscriber {
         self.shared.next_for_app(None)
     }
 
-    /// Waits at most `timeout` for the next event.
+    /// Waits at most `timeout` for the next event; [`RecvError::Timeout`]
+    /// when none came, a zero `timeout` included.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Event, RecvError> {
         self.check_mode()?;
-        self.shared.next_for_app(Some(timeout))
+        match self.shared.next_for_app(Some(timeout)) {
+            Err(RecvError::Empty) => Err(RecvError::Timeout),
+            other => other,
+        }
     }
 
     /// The next event if one is queued, else [`RecvError::Empty`].

@@ -6,105 +6,29 @@
 use std::io::Write;
 use std::time::Duration;
 
-use milonga::wire::frame::{self, domain_tag, Encoding, Header, Kind, NodeId};
-use milonga::{Announcement, Config, Event, Key, Node, NodeStats, PublicationInfo, Reliability};
-use milonga_testkit::{free_port, process_start_time, wait_for, TempDir};
+use milonga::wire::frame::{self, Encoding, Kind, NodeId};
+use milonga::{Config, Event, Key, Node, NodeStats, Reliability};
+use milonga_testkit::{wait_for, TempDir};
 
 const T: Duration = Duration::from_secs(10);
-const FORGER: NodeId = NodeId([9; 16]);
 
-fn header(domain: &str, kind: Kind, encoding: Encoding, seq: u64) -> Header {
-    Header {
-        kind,
-        flags: 0,
-        encoding,
-        domain_tag: domain_tag(domain),
-        schema_id: 0,
-        node_id: FORGER,
-        seq,
-        timestamp_ns: 1,
-    }
-}
+mod forge;
+use forge::{header, own_endpoint, FORGER};
 
 fn frame(domain: &str, kind: Kind, encoding: Encoding, seq: u64, body: &[u8]) -> Vec<u8> {
-    frame::encode(
-        &Key::new("bad/x").unwrap(),
-        &header(domain, kind, encoding, seq),
-        body,
-    )
+    forge::forged(domain, "bad/x", kind, encoding, seq, body)
 }
 
 /// Sends valid samples until one arrives (the connection is up), and
 /// returns the next sequence number to use.
-fn until_delivered(
-    pubsock: &zmq::Socket,
-    sub: &milonga::Subscriber,
-    node: &Node,
-    mut seq: u64,
-) -> u64 {
-    let first = seq;
-    loop {
-        pubsock
-            .send(frame("bad", Kind::Sample, Encoding::Raw, seq, b"ok"), 0)
-            .unwrap();
-        seq += 1;
-        // A sample sent by an earlier call may still arrive: only one of
-        // this call proves that what was sent before it has been read.
-        while let Ok(ev) = sub.recv_timeout(Duration::from_millis(50)) {
-            if let Event::Sample(s) = ev {
-                assert_eq!(s.key, "bad/x");
-                if s.seq >= first {
-                    while sub.try_recv().is_ok() {}
-                    return seq;
-                }
-            }
-        }
-        assert!(
-            seq < first + 200,
-            "the forged publisher is never heard: {:?}",
-            node.stats()
-        );
-    }
-}
-
-/// `node`'s own data endpoint of `reliability`, as it announces it.
-fn own_endpoint(node: &Node, reliability: Reliability) -> String {
-    node.peers()
-        .into_iter()
-        .find(|a| a.node_id == node.id().to_hex())
-        .and_then(|a| a.data_endpoint(reliability).map(str::to_owned))
-        .expect("the node announces that data endpoint")
+fn until_delivered(pubsock: &zmq::Socket, sub: &milonga::Subscriber, node: &Node, seq: u64) -> u64 {
+    forge::until_delivered(pubsock, sub, node, "bad", "bad/x", seq)
 }
 
 /// A raw libzmq PUB socket of this test announced in `domain` as the node
 /// [`FORGER`] publishing `bad/**`-matching key `bad/x`.
 fn forge_publisher(dir: &std::path::Path, domain: &str) -> (zmq::Context, zmq::Socket) {
-    let ctx = zmq::Context::new();
-    let pubsock = ctx.socket(zmq::PUB).unwrap();
-    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
-    pubsock.bind(&endpoint).unwrap();
-    let forged = Announcement {
-        protocol: 1,
-        domain: domain.into(),
-        node_id: FORGER.to_hex(),
-        name: "forger".into(),
-        host: "localhost".into(),
-        pid: std::process::id(),
-        start_time: process_start_time(std::process::id()).unwrap(),
-        control: "tcp://127.0.0.1:9".into(),
-        data_best_effort: Some(endpoint),
-        data_reliable: None,
-        liveliness: None,
-        publications: vec![PublicationInfo {
-            key: "bad/x".into(),
-            reliability: Reliability::BestEffort,
-            history: 0,
-        }],
-        services: vec![],
-    };
-    let file = dir.join(domain).join(format!("{}.json", FORGER.to_hex()));
-    std::fs::write(&file, serde_json::to_vec(&forged).unwrap()).unwrap();
-    (ctx, pubsock)
+    forge::forge_publisher(dir, domain, "bad/x", 0, zmq::PUB, T)
 }
 
 /// A subscriber of `bad/**` connected to a forged publisher ([`FORGER`])

@@ -14,16 +14,27 @@ use milonga::wire::frame::{self, domain_tag, Encoding, Header, Kind, NodeId};
 use milonga::wire::history::{Query, QUERY_TAG, REPLY_KEY_PREFIX};
 use milonga::wire::service::{Failure, ReplyStatus};
 use milonga::{
-    Announcement, Config, Event, Filter, Key, Node, NodeInfo, OpenError, PublicationInfo, PutError,
-    Reliability, SubscriberQos, Value, CONTROL_INFO, CONTROL_MAGIC,
+    Config, Event, Filter, Key, Node, NodeInfo, OpenError, PutError, Reliability, SubscriberQos,
+    Value, CONTROL_INFO, CONTROL_MAGIC,
 };
-use milonga_testkit::{free_port, process_start_time, wait_for, Proc, TempDir};
+use milonga_testkit::{wait_for, Proc, TempDir};
 
 /// The bound of every wait: long enough for a loaded 2-core machine.
 const T: Duration = Duration::from_secs(10);
-/// The node id forged publishers announce.
-const FORGER: NodeId = NodeId([9; 16]);
 
+mod forge;
+use forge::{forged, own_endpoint, until_delivered, FORGER};
+
+/// [`forge::forge_publisher`] with this file's timeout.
+fn forge_publisher(
+    dir: &Path,
+    domain: &str,
+    key: &str,
+    history: usize,
+    kind: zmq::SocketType,
+) -> (zmq::Context, zmq::Socket) {
+    forge::forge_publisher(dir, domain, key, history, kind, T)
+}
 fn config(domain: &str, name: &str, dir: &Path) -> Config {
     let mut cfg = Config::new(&format!("milonga:///{domain}"), name);
     cfg.runtime_dir = Some(dir.to_path_buf());
@@ -34,82 +45,11 @@ fn open(domain: &str, name: &str, dir: &Path) -> Node {
     Node::open_with(config(domain, name, dir)).expect("open node")
 }
 
-/// `node`'s own data endpoint of `reliability`, as it announces it.
-fn own_endpoint(node: &Node, reliability: Reliability) -> String {
-    node.peers()
-        .into_iter()
-        .find(|a| a.node_id == node.id().to_hex())
-        .and_then(|a| a.data_endpoint(reliability).map(str::to_owned))
-        .expect("the node announces that data endpoint")
-}
-
 /// Whether `node`'s discovery shows a publication of `key` by `publisher`.
 fn knows(node: &Node, publisher: &str, key: &str) -> bool {
     node.peers()
         .iter()
         .any(|a| a.node_id == publisher && a.publications.iter().any(|p| p.key == key))
-}
-
-/// A data frame of the forged node [`FORGER`] in `domain`.
-fn forged(
-    domain: &str,
-    key: &str,
-    kind: Kind,
-    encoding: Encoding,
-    seq: u64,
-    body: &[u8],
-) -> Vec<u8> {
-    let header = Header {
-        kind,
-        flags: 0,
-        encoding,
-        domain_tag: domain_tag(domain),
-        schema_id: 0,
-        node_id: FORGER,
-        seq,
-        timestamp_ns: 1,
-    };
-    frame::encode(&Key::internal(key).expect("a valid key"), &header, body)
-}
-
-/// A raw libzmq socket of this test (`PUB`, or `XPUB` to read what
-/// subscribers send upstream) announced in `domain` as the node [`FORGER`]
-/// publishing `key` best effort, keeping `history` samples.
-fn forge_publisher(
-    dir: &Path,
-    domain: &str,
-    key: &str,
-    history: usize,
-    kind: zmq::SocketType,
-) -> (zmq::Context, zmq::Socket) {
-    let ctx = zmq::Context::new();
-    let sock = ctx.socket(kind).unwrap();
-    sock.set_linger(0).unwrap();
-    sock.set_rcvtimeo(T.as_millis() as i32).unwrap();
-    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
-    sock.bind(&endpoint).unwrap();
-    let announcement = Announcement {
-        protocol: 1,
-        domain: domain.into(),
-        node_id: FORGER.to_hex(),
-        name: "forger".into(),
-        host: "localhost".into(),
-        pid: std::process::id(),
-        start_time: process_start_time(std::process::id()).unwrap(),
-        control: "tcp://127.0.0.1:9".into(),
-        data_best_effort: Some(endpoint),
-        data_reliable: None,
-        liveliness: None,
-        publications: vec![PublicationInfo {
-            key: key.into(),
-            reliability: Reliability::BestEffort,
-            history,
-        }],
-        services: vec![],
-    };
-    let file = dir.join(domain).join(format!("{}.json", FORGER.to_hex()));
-    std::fs::write(file, serde_json::to_vec(&announcement).unwrap()).unwrap();
-    (ctx, sock)
 }
 
 /// The next sample; a reported loss fails the test.
@@ -125,36 +65,31 @@ fn next_sample(sub: &milonga::Subscriber) -> milonga::Sample {
     }
 }
 
-/// Sends samples of `key` from the forged `PUB` socket until one arrives
-/// (the connection is up); the next sequence number to use.
-fn until_delivered(
-    pubsock: &zmq::Socket,
-    sub: &milonga::Subscriber,
-    node: &Node,
-    domain: &str,
+/// An echo service of `key` on `server` that counts the requests its
+/// handler ran, and a raw DEALER of the test connected to it.
+fn counted_echo(
+    server: &Node,
     key: &str,
-    mut seq: u64,
-) -> u64 {
-    let first = seq;
-    loop {
-        let f = forged(domain, key, Kind::Sample, Encoding::Raw, seq, b"ok");
-        pubsock.send(f, 0).unwrap();
-        seq += 1;
-        while let Ok(ev) = sub.recv_timeout(Duration::from_millis(50)) {
-            if let Event::Sample(s) = ev {
-                assert_eq!(s.key, key);
-                if s.seq >= first {
-                    while sub.try_recv().is_ok() {}
-                    return seq;
-                }
-            }
-        }
-        assert!(
-            seq < first + 200,
-            "the forged publisher is never heard: {:?}",
-            node.stats()
-        );
-    }
+) -> (
+    milonga::Service,
+    Arc<AtomicUsize>,
+    zmq::Context,
+    zmq::Socket,
+) {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counter = ran.clone();
+    let svc = server
+        .serve(key, move |req| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(req.value)
+        })
+        .unwrap();
+    let ctx = zmq::Context::new();
+    let dealer = ctx.socket(zmq::DEALER).unwrap();
+    dealer.set_linger(0).unwrap();
+    dealer.set_rcvtimeo(T.as_millis() as i32).unwrap();
+    dealer.connect(svc.endpoint()).unwrap();
+    (svc, ran, ctx, dealer)
 }
 
 // ---------------------------------------------------------------- Keys
@@ -584,19 +519,7 @@ fn malformed_control_requests_are_counted_and_the_node_goes_on_answering() {
 fn a_service_request_of_another_domain_is_rejected_wrong_domain_and_counted() {
     let dir = TempDir::new("g-svcdom");
     let server = open("svcd", "server", dir.path());
-    let ran = Arc::new(AtomicUsize::new(0));
-    let counter = ran.clone();
-    let svc = server
-        .serve("sd/echo", move |req| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            Ok(req.value)
-        })
-        .unwrap();
-    let ctx = zmq::Context::new();
-    let dealer = ctx.socket(zmq::DEALER).unwrap();
-    dealer.set_linger(0).unwrap();
-    dealer.set_rcvtimeo(T.as_millis() as i32).unwrap();
-    dealer.connect(svc.endpoint()).unwrap();
+    let (_svc, ran, _ctx, dealer) = counted_echo(&server, "sd/echo");
     let request = |domain: &str, seq: u64| {
         let header = Header {
             kind: Kind::Request,
@@ -653,19 +576,7 @@ fn a_service_request_of_another_domain_is_rejected_wrong_domain_and_counted() {
 fn a_malformed_service_request_is_counted_and_the_service_goes_on() {
     let dir = TempDir::new("g-svcbad");
     let server = open("svcb", "server", dir.path());
-    let ran = Arc::new(AtomicUsize::new(0));
-    let counter = ran.clone();
-    let svc = server
-        .serve("sb/echo", move |req| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            Ok(req.value)
-        })
-        .unwrap();
-    let ctx = zmq::Context::new();
-    let dealer = ctx.socket(zmq::DEALER).unwrap();
-    dealer.set_linger(0).unwrap();
-    dealer.set_rcvtimeo(T.as_millis() as i32).unwrap();
-    dealer.connect(svc.endpoint()).unwrap();
+    let (_svc, ran, _ctx, dealer) = counted_echo(&server, "sb/echo");
     let before = server.stats().frames_malformed;
     // Random bytes, a truncated header, three frames.
     dealer.send(&b"not a frame at all"[..], 0).unwrap();

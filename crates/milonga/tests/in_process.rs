@@ -275,6 +275,25 @@ fn a_full_subscriber_of_one_key_does_not_block_another_key(t: Transport) {
     }
 }
 
+/// A wait that ends with nothing says `Timeout`, even a zero one (the
+/// monitor example stopped on `Empty` when a print was already due);
+/// `try_recv` says `Empty`.
+#[test]
+fn recv_timeout_reports_timeout_even_for_a_zero_wait() {
+    let dir = milonga_testkit::TempDir::new("zero-wait");
+    let a = open("zw", "sub", Transport::Inproc, dir.path());
+    let s = a.subscribe("nothing/here").unwrap();
+    assert!(matches!(
+        s.recv_timeout(Duration::ZERO),
+        Err(milonga::RecvError::Timeout)
+    ));
+    assert!(matches!(
+        s.recv_timeout(Duration::from_millis(1)),
+        Err(milonga::RecvError::Timeout)
+    ));
+    assert!(matches!(s.try_recv(), Err(milonga::RecvError::Empty)));
+}
+
 /// (No transport involved: refused at open.)
 #[test]
 fn a_zero_high_water_mark_is_refused() {
