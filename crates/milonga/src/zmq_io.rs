@@ -125,22 +125,26 @@ static FREED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::n
 
 /// Notes that libzmq freed a subscription prefix of `bytes` (its last
 /// subscriber left): libzmq keeps about 35 bytes per prefix byte in its
-/// subscription trie, and once a megabyte of prefixes has gone (a peer that
-/// sent long subscriptions left), the allocator is asked to give the free
-/// memory back to the system, which glibc otherwise keeps.
+/// subscription trie, which glibc keeps once freed. See [`trim_if_due`].
 pub(crate) fn note_freed(bytes: usize) {
     FREED.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
     trim_if_due();
 }
 
-/// Gives freed memory back if a megabyte of prefixes went since the last
-/// trim, at most once a second (a trim walks the allocator's free lists).
-/// Called as prefixes go and with every heartbeat, so that what went
-/// within a second of the last trim is given back a second later.
+/// Prefix bytes freed after which the allocator is asked to give free
+/// memory back: 64 KiB of prefixes is about 2 MiB of libzmq's trie, far
+/// more than ordinary subscriptions (tens of bytes each) ever free.
+const TRIM_AFTER: usize = 64 << 10;
+
+/// Gives freed memory back to the system if 64 KiB of prefixes went since
+/// the last trim, at most once a second (a trim walks the allocator's free
+/// lists). Called as prefixes go and with every heartbeat, so that what
+/// went within a second of the last trim is given back a heartbeat later,
+/// however little followed it.
 pub(crate) fn trim_if_due() {
     use std::sync::atomic::Ordering::Relaxed;
     static LAST_TRIM_S: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    if FREED.load(Relaxed) < 1 << 20 {
+    if FREED.load(Relaxed) < TRIM_AFTER {
         return;
     }
     let now_s = std::time::SystemTime::now()
@@ -150,7 +154,7 @@ pub(crate) fn trim_if_due() {
         return;
     }
     let freed = FREED.swap(0, Relaxed);
-    if freed >= 1 << 20 {
+    if freed >= TRIM_AFTER {
         LAST_TRIM_S.store(now_s, Relaxed);
         crate::sys::trim_heap();
     } else {
