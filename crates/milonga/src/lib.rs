@@ -28,53 +28,40 @@
 //! each reported to the subscriber that lost it as [`Event::Lost`]) or
 //! [`Reliability::Reliable`] (the publisher waits; nothing is dropped).
 #![deny(missing_docs)]
-// `unsafe` lives in the two FFI modules alone: sys (the C library) and
-// zmq_io (libzmq's calls the zmq crate does not wrap).
 #![deny(unsafe_code)]
 
+// The layers, from the application down (docs/internals.md): `api` uses
+// `discovery`, `engine` and `backend`; `engine` does no I/O; `model` and
+// `util` depend on no other layer. `unsafe` lives in two FFI modules
+// alone: util::sys (the C library) and backend::p2p::zmq_io (libzmq's
+// calls that the zmq crate does not wrap).
 #[macro_use]
-mod log_limit;
-mod batch;
-mod call;
-mod config;
-mod control;
+mod util;
+mod api;
+mod backend;
 mod discovery;
-mod error;
-mod filters;
-mod history;
-mod node;
-mod publisher;
-mod qos;
-mod queue;
-mod sample;
-mod seq;
-mod service;
-mod stats;
-mod subscriber;
-#[allow(unsafe_code)]
-mod sys;
-#[allow(unsafe_code)]
-mod zmq_io;
+mod engine;
+mod model;
 
-pub use call::{PendingCall, ServerReply};
-pub use config::{Config, ConfigValue, Transport, MAX_DOMAIN_BYTES};
-pub use control::{NodeInfo, CONTROL_INFO, CONTROL_MAGIC};
+pub use api::call::{PendingCall, ServerReply};
+pub use api::node::Node;
+pub use api::publisher::Publisher;
+pub use api::service::{Request, ServeOptions, Service, ServiceError, ServiceInfo};
+pub use api::subscriber::{Iter, Subscriber};
+pub use backend::p2p::control::{NodeInfo, CONTROL_INFO, CONTROL_MAGIC};
 pub use discovery::{Announcement, PublicationInfo};
-pub use error::{
+pub use engine::queue::QueuePolicy;
+pub use model::config::{Config, ConfigValue, Transport, MAX_DOMAIN_BYTES};
+pub use model::error::{
     CallError, OpenError, PublisherError, PutError, RecvError, ServeError, SubscribeError,
     TransportError,
 };
-pub use node::Node;
-pub use publisher::Publisher;
-pub use qos::{PublisherQos, Reliability, SubscriberQos};
-pub use queue::QueuePolicy;
-pub use sample::{
+pub use model::qos::{PublisherQos, Reliability, SubscriberQos};
+pub use model::sample::{
     DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
     QosPolicy, Sample,
 };
-pub use service::{Request, ServeOptions, Service, ServiceError, ServiceInfo};
-pub use stats::NodeStats;
-pub use subscriber::{Iter, Subscriber};
+pub use util::stats::NodeStats;
 
 pub use milonga_wire as wire;
 pub use milonga_wire::filter::{Filter, FilterError};

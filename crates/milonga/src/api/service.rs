@@ -33,11 +33,12 @@ use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, NodeId, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::error::IntoTransport;
-use crate::error::ServeError;
-use crate::node::{lock, NodeInner};
-use crate::stats;
-use crate::zmq_io::{self, message_bytes};
+use crate::api::node::NodeInner;
+use crate::backend::p2p::zmq_io::{self, message_bytes};
+use crate::model::error::IntoTransport;
+use crate::model::error::ServeError;
+use crate::util::lock;
+use crate::util::stats;
 
 /// A call as its handler sees it.
 #[derive(Debug, Clone)]
@@ -257,7 +258,7 @@ impl Service {
         let sock = node.ctx.socket(zmq::ROUTER)?;
         let n = node.next_service_id();
         let endpoint = node.endpoint_for(&format!("s{n}"), None);
-        let opt_err = |source: zmq::Error| crate::error::OpenError::Socket {
+        let opt_err = |source: zmq::Error| crate::model::error::OpenError::Socket {
             action: "configure",
             endpoint: endpoint.clone(),
             source: source.transport(),
@@ -276,7 +277,7 @@ impl Service {
         sock.set_linger(linger).map_err(opt_err)?;
         let bound = node.bind(&sock, &endpoint)?;
         let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", node.id);
-        let wake_err = |source: zmq::Error| crate::error::OpenError::Socket {
+        let wake_err = |source: zmq::Error| crate::model::error::OpenError::Socket {
             action: "bind or connect",
             endpoint: wake_ep.clone(),
             source: source.transport(),
@@ -289,7 +290,7 @@ impl Service {
         // (created last: nothing fallible follows before `Server` owns it,
         // whose `Drop` stops the monitor before the reader goes)
         // the node thread, which reads this monitor while the service lives.
-        let monitor = Arc::new(Mutex::new(crate::control::monitor(
+        let monitor = Arc::new(Mutex::new(crate::backend::p2p::control::monitor(
             node,
             &sock,
             &format!("s{n}"),
@@ -843,7 +844,7 @@ impl Server {
             schema_id: 0,
             node_id: self.node.id,
             seq: req.seq,
-            timestamp_ns: crate::publisher::now_ns(),
+            timestamp_ns: crate::util::now_ns(),
         };
         let n = frame::head_len(&self.key);
         let mut out = vec![0u8; n + 1 + body.len()];

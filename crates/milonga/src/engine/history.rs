@@ -14,8 +14,8 @@ use milonga_wire::frame::{self, Encoding, Header, Kind};
 use milonga_wire::history::{Entry, KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::{Bytes, Key, KeyExpr};
 
-use crate::node::{DataSock, NodeInner};
-use crate::stats;
+use crate::api::node::{DataSock, NodeInner};
+use crate::util::stats;
 
 /// Largest history query a data socket accepts (its `ZMQ_MAXMSGSIZE`).
 pub(crate) const MAX_QUERY_BYTES: usize = 256 << 10;
@@ -301,7 +301,7 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
             schema_id: 0,
             node_id: node.id,
             seq: d.replies,
-            timestamp_ns: crate::publisher::now_ns(),
+            timestamp_ns: crate::util::now_ns(),
         };
         let f = frame::encode(&reply_key, &header, &r.encode());
         d.query_budget.bytes = d.query_budget.bytes.saturating_add(f.len());

@@ -12,18 +12,19 @@ use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRA
 use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
 
-use crate::error::IntoTransport;
-use crate::error::{OpenError, RecvError, SubscribeError};
-use crate::node::{lock, try_lock, MatchedPublication, NodeInner, Routes};
-use crate::qos::{Reliability, SubscriberQos};
-use crate::queue::{AppQueue, Pushed};
-use crate::sample::{
+use crate::api::node::{MatchedPublication, NodeInner, Routes};
+use crate::backend::p2p::zmq_io::{self, message_bytes};
+use crate::engine::queue::{AppQueue, Pushed};
+use crate::engine::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
+use crate::model::error::IntoTransport;
+use crate::model::error::{OpenError, RecvError, SubscribeError};
+use crate::model::qos::{Reliability, SubscriberQos};
+use crate::model::sample::{
     DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
     QosPolicy, Sample,
 };
-use crate::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
-use crate::stats::{self, log_drop, Counters};
-use crate::zmq_io::{self, message_bytes};
+use crate::util::stats::{self, log_drop, Counters};
+use crate::util::{lock, try_lock};
 
 /// Prefix of the wake-up messages a subscription's own inproc PUB sends to
 /// its SUB socket, so that a thread blocked in `recv` on that one socket
@@ -761,7 +762,7 @@ impl SubShared {
         let mut bytes = 0;
         v.retain(|(k, _)| {
             bytes += k.len() + 16;
-            bytes < crate::history::MAX_QUERY_BYTES / 2
+            bytes < crate::engine::history::MAX_QUERY_BYTES / 2
         });
         v
     }

@@ -1,40 +1,27 @@
 //! The node: one process's membership in a domain.
 
+use crate::util::lock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use milonga_wire::frame::domain_tag;
 use milonga_wire::{Key, KeyExpr, NodeId};
 
-use crate::batch::Pending;
-use crate::config::{parse_locator, Config, Transport};
-use crate::control;
+use crate::api::publisher::Publisher;
+use crate::api::subscriber::{SubShared, Subscriber};
+use crate::backend::p2p::control;
+use crate::backend::p2p::zmq_io::{self, ContextRef};
 use crate::discovery::{process_start_time, Announcement, LocalDir, PublicationInfo};
-use crate::error::IntoTransport;
-use crate::error::{OpenError, PublisherError, SubscribeError};
-use crate::publisher::Publisher;
-use crate::qos::{PublisherQos, Reliability, SubscriberQos};
-use crate::sample::Event;
-use crate::stats::{Counters, NodeStats};
-use crate::subscriber::{SubShared, Subscriber};
-use crate::zmq_io::{self, ContextRef};
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The lock if it is free now (a poisoned lock is taken over, as [`lock`]
-/// does), else `None`.
-pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match m.try_lock() {
-        Ok(g) => Some(g),
-        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    }
-}
+use crate::engine::batch::Pending;
+use crate::model::config::{parse_locator, Config, Transport};
+use crate::model::error::IntoTransport;
+use crate::model::error::{OpenError, PublisherError, SubscribeError};
+use crate::model::qos::{PublisherQos, Reliability, SubscriberQos};
+use crate::model::sample::Event;
+use crate::util::stats::{Counters, NodeStats};
 
 /// A data socket (XPUB) shared by the publishers of one reliability.
 pub(crate) struct DataSocket {
@@ -51,13 +38,13 @@ pub(crate) struct DataSock {
     /// Best effort or reliable (history queries name the socket by it).
     pub reliability: Reliability,
     /// Samples kept per key, for publishers with history.
-    pub histories: HashMap<String, crate::history::Kept>,
+    pub histories: HashMap<String, crate::engine::history::Kept>,
     /// Filters declared by subscribers, by id.
-    pub filters: HashMap<String, crate::filters::PubFilter>,
+    pub filters: HashMap<String, crate::engine::filters::PubFilter>,
     /// History replies sent, numbered from 1 (their header's seq).
     pub replies: u64,
     /// How many history queries this socket may still answer this second.
-    pub query_budget: crate::history::QueryBudget,
+    pub query_budget: crate::engine::history::QueryBudget,
 }
 
 /// Most messages (subscriptions, queries, declarations) one call of
@@ -81,30 +68,30 @@ impl DataSock {
                 Some(&milonga_wire::history::QUERY_TAG) => {
                     // Over this second's budget: refused without decoding.
                     if self.query_budget.exhausted() {
-                        crate::history::refuse(node, "over the rate a data socket answers");
+                        crate::engine::history::refuse(node, "over the rate a data socket answers");
                     } else {
-                        crate::history::answer(self, node, &msg);
+                        crate::engine::history::answer(self, node, &msg);
                     }
                 }
                 Some(&milonga_wire::filter::DECLARE_TAG) => {
-                    crate::filters::declare(self, node, &msg);
+                    crate::engine::filters::declare(self, node, &msg);
                 }
                 Some(1) => {
                     *self.subscriptions.entry(msg[1..].to_vec()).or_insert(0) += 1;
-                    crate::stats::inc(&counters.subscription_messages);
+                    crate::util::stats::inc(&counters.subscription_messages);
                 }
                 Some(0) => {
                     if let Some(n) = self.subscriptions.get_mut(&msg[1..]) {
                         *n -= 1;
                         if *n == 0 {
                             self.subscriptions.remove(&msg[1..]);
-                            crate::zmq_io::note_freed(msg.len());
+                            crate::backend::p2p::zmq_io::note_freed(msg.len());
                             if !self.filters.is_empty() {
-                                crate::filters::prune(self);
+                                crate::engine::filters::prune(self);
                             }
                         }
                     }
-                    crate::stats::inc(&counters.subscription_messages);
+                    crate::util::stats::inc(&counters.subscription_messages);
                 }
                 _ => {
                     let n = counters.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -126,8 +113,8 @@ impl DataSock {
         let n = self.pending.as_ref().map_or(0, Pending::samples);
         Pending::send(&mut self.pending, &mut self.sock, flags)?;
         if n > 0 {
-            crate::stats::inc(&counters.batches_sent);
-            crate::stats::add(&counters.samples_batched, n);
+            crate::util::stats::inc(&counters.batches_sent);
+            crate::util::stats::add(&counters.samples_batched, n);
         }
         Ok(())
     }
@@ -157,7 +144,7 @@ pub(crate) struct NodeState {
     /// Declared publications: key -> (reliability, history depth).
     pub publications: BTreeMap<String, (Reliability, usize)>,
     /// Services served, by key.
-    pub services: BTreeMap<String, crate::service::ServiceInfo>,
+    pub services: BTreeMap<String, crate::api::service::ServiceInfo>,
     pub data_best_effort: Option<Arc<DataSocket>>,
     pub data_reliable: Option<Arc<DataSocket>>,
     pub subs: Vec<Weak<SubShared>>,
@@ -176,7 +163,7 @@ pub(crate) struct NodeState {
     /// connections.
     pub new_sub_monitors: Vec<(Weak<SubShared>, zmq::Socket)>,
     /// Monitors of services started since the node thread last looked.
-    pub new_svc_monitors: Vec<crate::control::SvcMonitor>,
+    pub new_svc_monitors: Vec<crate::backend::p2p::control::SvcMonitor>,
 }
 
 /// Shared by the node handle, its publishers, subscribers and its thread.
@@ -200,7 +187,7 @@ pub(crate) struct NodeInner {
     next_sub_id: AtomicU64,
     next_service_id: AtomicU64,
     /// Calls: the servers discovery knows, and their connections.
-    pub callers: crate::call::Callers,
+    pub callers: crate::api::call::Callers,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Wakes the node thread (see [`NodeInner::wake`]).
     wake_tx: Mutex<zmq::Socket>,
@@ -314,7 +301,7 @@ impl NodeInner {
         zmq_io::apply_common(&sock, &self.cfg).map_err(opt_err)?;
         // Subscriptions and history queries are small; refuse anything
         // large on this side.
-        sock.set_maxmsgsize(crate::history::MAX_QUERY_BYTES as i64)
+        sock.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
             .map_err(opt_err)?;
         sock.set_linger(self.cfg.close_linger_ms).map_err(opt_err)?;
         zmq_io::set_xpub_verboser(&mut sock).map_err(opt_err)?;
@@ -337,7 +324,7 @@ impl NodeInner {
                 histories: HashMap::new(),
                 filters: HashMap::new(),
                 replies: 0,
-                query_budget: crate::history::QueryBudget::default(),
+                query_budget: crate::engine::history::QueryBudget::default(),
             }),
             endpoint: bound,
         });
@@ -575,7 +562,7 @@ impl Node {
             start_time: process_start_time(pid).unwrap_or(0),
             next_sub_id: AtomicU64::new(1),
             next_service_id: AtomicU64::new(1),
-            callers: crate::call::Callers::default(),
+            callers: crate::api::call::Callers::default(),
             thread: Mutex::new(None),
             wake_tx: Mutex::new(wake_tx),
             ctx,
@@ -667,7 +654,7 @@ impl Node {
         if qos.history > 0 {
             lock(&data.sock).histories.insert(
                 key.as_str().to_owned(),
-                crate::history::Kept::new(qos.history),
+                crate::engine::history::Kept::new(qos.history),
             );
         }
         let p = Publisher::new(self.inner.clone(), key, qos, data, last_seq);
@@ -833,7 +820,7 @@ impl Node {
         value: impl Into<milonga_wire::Value>,
         timeout: Duration,
     ) -> Result<milonga_wire::Value, crate::CallError> {
-        crate::call::start(&self.inner, key, &value.into(), timeout)?.wait()
+        crate::api::call::start(&self.inner, key, &value.into(), timeout)?.wait()
     }
 
     /// Sends a call and returns at once; [`crate::PendingCall::wait`] or
@@ -846,7 +833,7 @@ impl Node {
         value: impl Into<milonga_wire::Value>,
         timeout: Duration,
     ) -> Result<crate::PendingCall, crate::CallError> {
-        crate::call::start(&self.inner, key, &value.into(), timeout)
+        crate::api::call::start(&self.inner, key, &value.into(), timeout)
     }
 
     /// Calls every server of every key matching `expr` with `value` and
@@ -858,8 +845,8 @@ impl Node {
         value: impl Into<milonga_wire::Value>,
         timeout: Duration,
     ) -> Result<Vec<crate::ServerReply>, crate::CallError> {
-        let sent = crate::call::start_all(&self.inner, expr, &value.into(), timeout)?;
-        Ok(crate::call::gather(sent))
+        let sent = crate::api::call::start_all(&self.inner, expr, &value.into(), timeout)?;
+        Ok(crate::api::call::gather(sent))
     }
 
     /// The nodes this node currently knows in its domain, itself included.

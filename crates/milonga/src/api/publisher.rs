@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use milonga_wire::cbor::{encode_payload, to_cbor, Encoded};
 use milonga_wire::frame::{
@@ -10,13 +10,14 @@ use milonga_wire::frame::{
 };
 use milonga_wire::{Bytes, Key, Value};
 
-use crate::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
-use crate::error::IntoTransport;
-use crate::error::PutError;
-use crate::node::{lock, DataSock, DataSocket, NodeInner};
-use crate::qos::{PublisherQos, Reliability};
-use crate::stats;
-use crate::zmq_io;
+use crate::api::node::{DataSock, DataSocket, NodeInner};
+use crate::backend::p2p::zmq_io;
+use crate::engine::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
+use crate::model::error::IntoTransport;
+use crate::model::error::PutError;
+use crate::model::qos::{PublisherQos, Reliability};
+use crate::util::lock;
+use crate::util::stats;
 
 /// A declared publisher of one key. `Send + Sync`: share it between threads
 /// (puts are serialised; sequence numbers follow the order of sends).
@@ -34,13 +35,6 @@ pub struct Publisher {
     /// reference to the node, its socket is closed before the context is
     /// terminated (which waits for every socket).
     node: Arc<NodeInner>,
-}
-
-pub(crate) fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }
 
 #[derive(Clone, Copy)]
@@ -178,7 +172,7 @@ impl Publisher {
         // Sequence number and timestamp are taken under the lock, so that
         // both follow the order in which samples leave.
         let seq = self.seq.load(Ordering::Relaxed) + 1;
-        let timestamp_ns = now_ns();
+        let timestamp_ns = crate::util::now_ns();
 
         // A batch from earlier puts of this key: this sample joins it, or it
         // leaves first. (A batch of another key need not: sequence numbers
@@ -265,7 +259,7 @@ impl Publisher {
             }
         }
         if !d.filters.is_empty() {
-            crate::filters::apply(
+            crate::engine::filters::apply(
                 d,
                 &self.node,
                 self.key.as_str(),

@@ -22,7 +22,7 @@ use std::time::SystemTime;
 use milonga_wire::NodeId;
 use serde::{Deserialize, Serialize};
 
-use crate::qos::Reliability;
+use crate::model::qos::Reliability;
 
 /// One publication in an announcement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,7 +67,7 @@ pub struct Announcement {
     pub publications: Vec<PublicationInfo>,
     /// Services.
     #[serde(default)]
-    pub services: Vec<crate::service::ServiceInfo>,
+    pub services: Vec<crate::api::service::ServiceInfo>,
 }
 
 impl Announcement {
@@ -102,7 +102,7 @@ pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
 /// Whether a process `pid` exists (it may be another process that got a
 /// recycled pid: [`is_alive`] tells them apart).
 pub(crate) fn pid_exists(pid: u32) -> bool {
-    crate::sys::pid_exists(pid)
+    crate::util::sys::pid_exists(pid)
 }
 
 /// Whether the process that wrote `a` still runs. Without /proc there is no
@@ -193,7 +193,7 @@ fn check_file(m: &fs::Metadata) -> Result<(), String> {
     if !m.file_type().is_file() {
         return Err("not a regular file".into());
     }
-    let uid = crate::sys::uid();
+    let uid = crate::util::sys::uid();
     if m.uid() != uid {
         return Err(format!("owned by uid {}, not {uid}", m.uid()));
     }
@@ -224,13 +224,13 @@ pub(crate) fn socket_in_use(path: &Path) -> bool {
 /// of a written, renamed or removed announcement at once and need not look
 /// at the directory on a timer.
 #[derive(Debug)]
-pub(crate) struct Watch(crate::sys::Inotify);
+pub(crate) struct Watch(crate::util::sys::Inotify);
 
 impl Watch {
     /// A watch on `dir`, or `None` where inotify is not available (the
     /// directory's modification time is then compared on every turn).
     fn new(dir: &Path) -> Option<Watch> {
-        crate::sys::Inotify::watch(dir).map(Watch)
+        crate::util::sys::Inotify::watch(dir).map(Watch)
     }
 
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
@@ -305,7 +305,7 @@ impl LocalDir {
         b.create(root)?;
         if private_root {
             let m = fs::metadata(root)?;
-            let uid = crate::sys::uid();
+            let uid = crate::util::sys::uid();
             if m.uid() != uid || m.mode() & 0o077 != 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
@@ -556,7 +556,7 @@ mod tests {
             .expect("spawn sleep");
         let pid = child.id();
         assert!(process_start_time(pid).is_some());
-        crate::sys::testing::kill(pid, libc::SIGKILL);
+        crate::util::sys::testing::kill(pid, libc::SIGKILL);
         // Not reaped yet: a zombie until `wait`.
         let start = std::time::Instant::now();
         while process_start_time(pid).is_some() {
@@ -599,7 +599,9 @@ mod tests {
     fn hostile_files_are_skipped_once_and_unchanged_ones_not_read_again() {
         let root = temp_dir("hostile");
         let mut dir = LocalDir::open(&root, "d", false).unwrap();
-        assert!(crate::sys::testing::mkfifo(&dir.dir.join("fifo.json")));
+        assert!(crate::util::sys::testing::mkfifo(
+            &dir.dir.join("fifo.json")
+        ));
         std::os::unix::fs::symlink("/dev/zero", dir.dir.join("zero.json")).unwrap();
         fs::File::create(dir.dir.join("huge.json"))
             .unwrap()

@@ -14,7 +14,7 @@
 use bytes::BytesMut;
 use milonga_wire::frame::{Kind, BATCH_ENTRY_HEADER_LEN};
 
-use crate::zmq_io;
+use crate::backend::p2p::zmq_io;
 
 /// Largest batch frame, in bytes.
 pub(crate) const MAX_BATCH_BYTES: usize = 128 << 10;

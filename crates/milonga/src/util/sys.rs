@@ -1,5 +1,5 @@
 //! The engine's calls into the C library, each behind a safe function.
-//! With zmq_io.rs (libzmq's), the only module where `unsafe` is allowed
+//! With backend/p2p/zmq_io.rs (libzmq's), the only module where `unsafe` is allowed
 //! (`#![deny(unsafe_code)]` at the crate root); every block says why it is
 //! sound.
 

@@ -1,15 +1,15 @@
 //! Everything that touches libzmq beyond the safe `zmq` crate: the process
 //! context, socket options the crate does not expose, and zero-copy send and
-//! receive. With sys.rs (the C library), the only module with `unsafe`.
+//! receive. With util/sys.rs (the C library), the only module with `unsafe`.
 
 use std::os::raw::{c_int, c_void};
 use std::sync::Mutex;
 
 use bytes::Bytes;
 
-use crate::config::Config;
-use crate::error::IntoTransport;
-use crate::error::OpenError;
+use crate::model::config::Config;
+use crate::model::error::IntoTransport;
+use crate::model::error::OpenError;
 
 /// Nodes of one process share one context, so that `inproc://` endpoints
 /// reach between them. The first node creates it; the last node to close
@@ -156,7 +156,7 @@ pub(crate) fn trim_if_due() {
     let freed = FREED.swap(0, Relaxed);
     if freed >= TRIM_AFTER {
         LAST_TRIM_S.store(now_s, Relaxed);
-        crate::sys::trim_heap();
+        crate::util::sys::trim_heap();
     } else {
         // Another thread trimmed meanwhile: keep the count.
         FREED.fetch_add(freed, Relaxed);

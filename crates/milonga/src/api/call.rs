@@ -23,13 +23,14 @@ use milonga_wire::frame::{self, Header, Kind, FLAG_PAYLOAD_FRAME};
 use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, KeyExpr, NodeId, Value};
 
+use crate::api::node::NodeInner;
+use crate::api::service::recv_parts;
+use crate::backend::p2p::zmq_io::{self, message_bytes};
 use crate::discovery::Announcement;
-use crate::error::CallError;
-use crate::error::IntoTransport;
-use crate::node::{lock, NodeInner};
-use crate::service::recv_parts;
-use crate::stats;
-use crate::zmq_io::{self, message_bytes};
+use crate::model::error::CallError;
+use crate::model::error::IntoTransport;
+use crate::util::lock;
+use crate::util::stats;
 
 /// Idle connections kept per server; more are closed after use.
 const MAX_IDLE: usize = 64;
@@ -456,7 +457,7 @@ fn send(
         schema_id: 0,
         node_id: node.id,
         seq: call_id,
-        timestamp_ns: crate::publisher::now_ns(),
+        timestamp_ns: crate::util::now_ns(),
     };
     let mut msg = vec![0u8; frame::head_len(key) + enc.head.len()];
     let n = frame::write_head(key, &header, &mut msg);
@@ -506,7 +507,7 @@ fn open_channel(node: &NodeInner, target: &Target) -> Result<Channel, CallError>
     let endpoint = target.endpoint.as_str();
     let sock_err = |action: &'static str| {
         move |source: zmq::Error| {
-            CallError::Open(crate::error::OpenError::Socket {
+            CallError::Open(crate::model::error::OpenError::Socket {
                 action,
                 endpoint: endpoint.to_owned(),
                 source: source.transport(),

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::node::NodeInner;
 use crate::discovery::Announcement;
-use crate::error::IntoTransport;
-use crate::error::OpenError;
-use crate::node::{lock, try_lock, NodeInner};
-use crate::stats::{self, NodeStats};
+use crate::model::error::IntoTransport;
+use crate::model::error::OpenError;
+use crate::util::stats::{self, NodeStats};
+use crate::util::{lock, try_lock};
 
 /// First frame of every control request and reply.
 pub const CONTROL_MAGIC: &[u8] = b"MILONGA-CTL/1";
@@ -72,10 +73,10 @@ pub(crate) fn liveliness_socket(inner: &NodeInner) -> Result<zmq::Socket, OpenEr
         endpoint: "liveliness".into(),
         source: source.transport(),
     };
-    crate::zmq_io::apply_common(&sock, &inner.cfg).map_err(err)?;
+    crate::backend::p2p::zmq_io::apply_common(&sock, &inner.cfg).map_err(err)?;
     // Subscriptions, and the history queries and filter declarations a
     // subscription sends to all its connections (ignored here).
-    sock.set_maxmsgsize(crate::history::MAX_QUERY_BYTES as i64)
+    sock.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
         .map_err(err)?;
     sock.set_xpub_verbose(true).map_err(err)?;
     // The last heartbeat (leaving) gets a moment to go out on close: up to
@@ -113,7 +114,7 @@ pub(crate) fn heartbeat_frame(
         schema_id: 0,
         node_id: inner.id,
         seq,
-        timestamp_ns: crate::publisher::now_ns(),
+        timestamp_ns: crate::util::now_ns(),
     };
     let mut fields = vec![(Value::from("leaving"), Value::Bool(leaving))];
     if !last.is_empty() {
@@ -168,7 +169,10 @@ pub(crate) struct Control {
     router: zmq::Socket,
     monitors: Vec<(&'static str, zmq::Socket)>,
     /// Subscriptions' socket monitors (closed connections).
-    sub_monitors: Vec<(std::sync::Weak<crate::subscriber::SubShared>, zmq::Socket)>,
+    sub_monitors: Vec<(
+        std::sync::Weak<crate::api::subscriber::SubShared>,
+        zmq::Socket,
+    )>,
     /// Services' socket monitors (bad handshakes, failed accepts).
     svc_monitors: Vec<SvcMonitor>,
     /// Woken by user threads (a batch started waiting).
@@ -201,7 +205,7 @@ impl Control {
         let mut statics = Vec::new();
         for ep in &inner.cfg.peers {
             match inner.ctx.socket(zmq::DEALER).and_then(|s| {
-                let _ = crate::zmq_io::apply_common(&s, &inner.cfg);
+                let _ = crate::backend::p2p::zmq_io::apply_common(&s, &inner.cfg);
                 let _ = s.set_sndhwm(4);
                 s.connect(ep)
                     .map_err(|source: zmq::Error| OpenError::Socket {
@@ -315,17 +319,17 @@ impl Control {
     }
 
     /// Stops the monitors this thread reads before their readers go (see
-    /// [`crate::zmq_io::stop_monitor`]). A subscription that outlives the
+    /// [`crate::backend::p2p::zmq_io::stop_monitor`]). A subscription that outlives the
     /// node gets its monitor's reader back, to drop after its own socket.
     fn stop_monitors(&mut self) {
-        crate::zmq_io::stop_monitor(&mut self.router);
-        crate::zmq_io::stop_monitor(&mut self.live);
+        crate::backend::p2p::zmq_io::stop_monitor(&mut self.router);
+        crate::backend::p2p::zmq_io::stop_monitor(&mut self.live);
         let socks = {
             let st = lock(&self.inner.state);
             [st.data_best_effort.clone(), st.data_reliable.clone()]
         };
         for d in socks.into_iter().flatten() {
-            crate::zmq_io::stop_monitor(&mut lock(&d.sock).sock);
+            crate::backend::p2p::zmq_io::stop_monitor(&mut lock(&d.sock).sock);
         }
         {
             let mut st = lock(&self.inner.state);
@@ -348,13 +352,13 @@ impl Control {
                 // With XPUB_VERBOSE, an unsubscribe comes only when the
                 // last subscriber of the prefix left.
                 if msg.first() == Some(&0) {
-                    crate::zmq_io::note_freed(msg.len());
+                    crate::backend::p2p::zmq_io::note_freed(msg.len());
                 }
             }
         }
         if joined || Instant::now() >= self.next_heartbeat {
             self.send_heartbeat(false);
-            crate::zmq_io::trim_if_due();
+            crate::backend::p2p::zmq_io::trim_if_due();
         }
     }
 

@@ -16,8 +16,8 @@ use milonga_wire::filter::{changed, Declaration, Expr, Filter, FILTERED_KEY_PREF
 use milonga_wire::frame::{self, Encoding, Header, Kind};
 use milonga_wire::{Bytes, Key, KeyExpr, Value};
 
-use crate::node::{DataSock, NodeInner};
-use crate::stats;
+use crate::api::node::{DataSock, NodeInner};
+use crate::util::stats;
 
 /// Most distinct filters a data socket keeps.
 pub(crate) const MAX_FILTERS: usize = 256;

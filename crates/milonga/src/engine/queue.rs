@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use milonga_wire::NodeId;
 
-use crate::node::lock;
-use crate::sample::{Event, LostSamples};
+use crate::model::sample::{Event, LostSamples};
+use crate::util::lock;
 
 /// What a subscription keeps when its application reads slower than events
 /// arrive.
@@ -199,7 +199,7 @@ impl AppQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::Sample;
+    use crate::model::sample::Sample;
     use milonga_wire::{Encoding, Value};
 
     fn sample(key: &str, seq: u64) -> Event {

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::error::OpenError;
+use crate::model::error::OpenError;
 
 /// Which transport a node binds its sockets on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -487,7 +487,7 @@ impl Config {
         if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|x| !x.is_empty()) {
             return PathBuf::from(x).join("milonga");
         }
-        let uid = crate::sys::uid();
+        let uid = crate::util::sys::uid();
         PathBuf::from(format!("/tmp/milonga-{uid}"))
     }
 
@@ -588,7 +588,7 @@ mod tests {
     /// environment variable (and none for a key without one).
     #[test]
     fn the_docs_table_lists_every_key_and_its_variable() {
-        let doc = include_str!("../../../docs/config.md");
+        let doc = include_str!("../../../../docs/config.md");
         let rows: Vec<(&str, &str)> = doc
             .lines()
             .filter_map(|l| {

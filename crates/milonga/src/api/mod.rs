@@ -1,0 +1,9 @@
+//! The handles an application holds: a node, its publishers,
+//! subscribers, services and calls. They check their arguments, encode and
+//! decode values, and hand frames to the layers below.
+
+pub(crate) mod call;
+pub(crate) mod node;
+pub(crate) mod publisher;
+pub(crate) mod service;
+pub(crate) mod subscriber;
