@@ -13,6 +13,7 @@ use milonga_wire::{Key, KeyExpr, NodeId};
 use crate::api::publisher::Publisher;
 use crate::api::subscriber::{SubShared, Subscriber};
 use crate::backend::p2p::control;
+use crate::backend::p2p::data::{DataSock, DataSocket};
 use crate::backend::p2p::zmq_io::{self, ContextRef};
 use crate::discovery::{process_start_time, Announcement, LocalDir, PublicationInfo};
 use crate::engine::batch::Pending;
@@ -22,122 +23,6 @@ use crate::model::error::{OpenError, PublisherError, SubscribeError};
 use crate::model::qos::{PublisherQos, Reliability, SubscriberQos};
 use crate::model::sample::Event;
 use crate::util::stats::{Counters, NodeStats};
-
-/// A data socket (XPUB) shared by the publishers of one reliability.
-pub(crate) struct DataSocket {
-    pub sock: Mutex<DataSock>,
-    pub endpoint: String,
-}
-
-pub(crate) struct DataSock {
-    pub sock: zmq::Socket,
-    /// Subscription prefix -> number of subscribers holding it.
-    pub subscriptions: HashMap<Vec<u8>, u32>,
-    /// Samples of a reliable publisher waiting for the socket as one batch.
-    pub pending: Option<Pending>,
-    /// Best effort or reliable (history queries name the socket by it).
-    pub reliability: Reliability,
-    /// Samples kept per key, for publishers with history.
-    pub histories: HashMap<String, crate::engine::history::Kept>,
-    /// Filters declared by subscribers, by id.
-    pub filters: HashMap<String, crate::engine::filters::PubFilter>,
-    /// History replies sent, numbered from 1 (their header's seq).
-    pub replies: u64,
-    /// How many history queries this socket may still answer this second.
-    pub query_budget: crate::engine::history::QueryBudget,
-}
-
-/// Most messages (subscriptions, queries, declarations) one call of
-/// [`DataSock::drain_subscriptions`] reads: under a flood, the node thread
-/// goes on to its other duties (heartbeats) and puts get the socket, then
-/// comes back at once. libzmq's XPUB moves what peers send upstream into
-/// an unbounded queue of its own, so reading fast is what bounds memory.
-const MAX_DRAIN: usize = 65_536;
-
-impl DataSock {
-    /// Reads the subscribe/unsubscribe messages and history queries queued
-    /// on the XPUB socket, and answers the queries.
-    /// Whether it stopped at [`MAX_DRAIN`] with more to read.
-    pub(crate) fn drain_subscriptions(&mut self, node: &NodeInner) -> bool {
-        let counters = &node.counters;
-        for _ in 0..MAX_DRAIN {
-            let Ok(msg) = self.sock.recv_msg(zmq::DONTWAIT) else {
-                return false;
-            };
-            match msg.first() {
-                Some(&milonga_wire::history::QUERY_TAG) => {
-                    // Over this second's budget: refused without decoding.
-                    if self.query_budget.exhausted() {
-                        crate::engine::history::refuse(node, "over the rate a data socket answers");
-                    } else {
-                        crate::engine::history::answer(self, node, &msg);
-                    }
-                }
-                Some(&milonga_wire::filter::DECLARE_TAG) => {
-                    crate::engine::filters::declare(self, node, &msg);
-                }
-                Some(1) => {
-                    *self.subscriptions.entry(msg[1..].to_vec()).or_insert(0) += 1;
-                    crate::util::stats::inc(&counters.subscription_messages);
-                }
-                Some(0) => {
-                    if let Some(n) = self.subscriptions.get_mut(&msg[1..]) {
-                        *n -= 1;
-                        if *n == 0 {
-                            self.subscriptions.remove(&msg[1..]);
-                            crate::backend::p2p::zmq_io::note_freed(msg.len());
-                            if !self.filters.is_empty() {
-                                crate::engine::filters::prune(self);
-                            }
-                        }
-                    }
-                    crate::util::stats::inc(&counters.subscription_messages);
-                }
-                _ => {
-                    let n = counters.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                    if n <= 10 || n % 1000 == 0 {
-                        tracing::warn!(
-                            len = msg.len(),
-                            dropped_so_far = n,
-                            "dropped a message sent to a data port that is not a subscription"
-                        );
-                    }
-                }
-            }
-        }
-        true
-    }
-
-    /// Tries to send the waiting batch, if any (see [`Pending::send`]).
-    pub(crate) fn send_pending(&mut self, flags: i32, counters: &Counters) -> zmq::Result<()> {
-        let n = self.pending.as_ref().map_or(0, Pending::samples);
-        Pending::send(&mut self.pending, &mut self.sock, flags)?;
-        if n > 0 {
-            crate::util::stats::inc(&counters.batches_sent);
-            crate::util::stats::add(&counters.samples_batched, n);
-        }
-        Ok(())
-    }
-
-    /// Subscribers whose subscription lets `frame_prefix` (key + NUL) through.
-    /// A filtered subscription (prefix `@f/<id>/...`) counts when what
-    /// follows its filter prefix lets the key through.
-    pub(crate) fn subscribers_of(&self, frame_prefix: &[u8]) -> u32 {
-        let filtered = milonga_wire::filter::FILTERED_KEY_PREFIX.as_bytes();
-        self.subscriptions
-            .iter()
-            .filter(|(p, _)| {
-                let p = match p.strip_prefix(filtered) {
-                    // `<16 hex digits>/`, then the subscription's own prefix.
-                    Some(rest) if rest.len() >= 17 && rest[16] == b'/' => &rest[17..],
-                    _ => &p[..],
-                };
-                frame_prefix.starts_with(p)
-            })
-            .map(|(_, n)| *n)
-            .sum()
-    }
-}
 
 #[derive(Default)]
 pub(crate) struct NodeState {
@@ -234,6 +119,16 @@ impl NodeInner {
         }
     }
 
+    /// This node as the engine sees it.
+    pub(crate) fn me(&self) -> crate::engine::Me<'_> {
+        crate::engine::Me {
+            id: self.id,
+            domain_tag: self.domain_tag,
+            max_message_bytes: self.cfg.max_message_bytes,
+            counters: &self.counters,
+        }
+    }
+
     /// Wakes the node thread now rather than at its next turn: a batch
     /// started waiting.
     pub(crate) fn wake(&self) {
@@ -316,16 +211,7 @@ impl NodeInner {
         // From now on the node thread reads this socket every turn.
         self.wake();
         let d = Arc::new(DataSocket {
-            sock: Mutex::new(DataSock {
-                sock,
-                subscriptions: HashMap::new(),
-                pending: None,
-                reliability,
-                histories: HashMap::new(),
-                filters: HashMap::new(),
-                replies: 0,
-                query_budget: crate::engine::history::QueryBudget::default(),
-            }),
+            sock: Mutex::new(DataSock::new(sock, reliability)),
             endpoint: bound,
         });
         match reliability {
@@ -652,10 +538,7 @@ impl Node {
         // first one's history), and not under the state lock: a reliable
         // put may hold the data socket while it waits.
         if qos.history > 0 {
-            lock(&data.sock).histories.insert(
-                key.as_str().to_owned(),
-                crate::engine::history::Kept::new(qos.history),
-            );
+            lock(&data.sock).out.keep_history(key.as_str(), qos.history);
         }
         let p = Publisher::new(self.inner.clone(), key, qos, data, last_seq);
         lock(&self.inner.state)
@@ -896,11 +779,11 @@ pub(crate) fn close(inner: &Arc<NodeInner>) {
     let reliable = lock(&inner.state).data_reliable.clone();
     if let Some(d) = reliable {
         let mut g = lock(&d.sock);
-        if g.pending.is_some() {
+        if g.out.pending().is_some() {
             // A negative linger waits as long as it takes, as libzmq's does.
             let _ = g.sock.set_sndtimeo(inner.cfg.close_linger_ms.max(-1));
             if g.send_pending(0, &inner.counters).is_err() {
-                let n = g.pending.as_ref().map_or(0, Pending::samples);
+                let n = g.out.pending().as_ref().map_or(0, Pending::samples);
                 tracing::warn!(
                     samples = n,
                     "closing with a batch that no subscriber took within close_linger_ms"

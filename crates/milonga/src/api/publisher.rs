@@ -10,7 +10,8 @@ use milonga_wire::frame::{
 };
 use milonga_wire::{Bytes, Key, Value};
 
-use crate::api::node::{DataSock, DataSocket, NodeInner};
+use crate::api::node::NodeInner;
+use crate::backend::p2p::data::{DataSock, DataSocket};
 use crate::backend::p2p::zmq_io;
 use crate::engine::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
 use crate::model::error::IntoTransport;
@@ -138,7 +139,8 @@ impl Publisher {
     pub fn subscriber_count(&self) -> u32 {
         let mut d = lock(&self.data.sock);
         d.drain_subscriptions(&self.node);
-        d.subscribers_of(&self.template[..self.key.as_str().len() + 1])
+        d.out
+            .subscribers_of(&self.template[..self.key.as_str().len() + 1])
     }
 
     fn send(&self, enc: Encoded, schema_id: u32, wait: Wait) -> Result<(), PutError> {
@@ -178,7 +180,7 @@ impl Publisher {
         // leaves first. (A batch of another key need not: sequence numbers
         // are per key, and this key's subscribers may have room.)
         let key = self.key.as_str().as_bytes();
-        if let Some(p) = d.pending.as_mut().filter(|p| p.is_key(key)) {
+        if let Some(p) = d.out.pending().as_mut().filter(|p| p.is_key(key)) {
             if batchable && p.accepts(key, enc.encoding as u8, schema_id, enc.head.len()) {
                 if p.push(timestamp_ns, &enc.head) {
                     let _ = d.send_pending(zmq::DONTWAIT, &self.node.counters);
@@ -200,10 +202,12 @@ impl Publisher {
         match d.sock.send(msg, zmq::DONTWAIT | more) {
             Ok(()) => {}
             // Only a reliable (XPUB_NODROP) socket refuses a message.
-            Err(zmq::Error::EAGAIN | zmq::Error::EINTR) if batchable && d.pending.is_none() => {
+            Err(zmq::Error::EAGAIN | zmq::Error::EINTR)
+                if batchable && d.out.pending().is_none() =>
+            {
                 let mut m = self.build(&enc, schema_id);
                 self.stamp(&mut m, seq, timestamp_ns);
-                d.pending = Some(Pending::start(
+                *d.out.pending() = Some(Pending::start(
                     &m[..head_len],
                     timestamp_ns,
                     &enc.head,
@@ -253,20 +257,12 @@ impl Publisher {
     /// Keeps sample `seq` in the history, if this publisher keeps one, and
     /// sends it to the filters it passes, if subscribers declared any.
     fn keep(&self, d: &mut DataSock, seq: u64, timestamp_ns: u64, enc: &Encoded, schema_id: u32) {
-        if self.qos.history > 0 {
-            if let Some(k) = d.histories.get_mut(self.key.as_str()) {
-                k.push(seq, timestamp_ns, enc, schema_id);
-            }
-        }
-        if !d.filters.is_empty() {
-            crate::engine::filters::apply(
-                d,
-                &self.node,
-                self.key.as_str(),
-                timestamp_ns,
-                enc,
-                schema_id,
-            );
+        let me = self.node.me();
+        let filtered = d
+            .out
+            .accepted(&me, self.key.as_str(), seq, timestamp_ns, enc, schema_id);
+        if !filtered.is_empty() {
+            d.send_filtered(filtered, me.counters);
         }
     }
 
@@ -386,7 +382,7 @@ impl std::fmt::Debug for Publisher {
 impl Drop for Publisher {
     fn drop(&mut self) {
         if self.qos.history > 0 {
-            lock(&self.data.sock).histories.remove(self.key.as_str());
+            lock(&self.data.sock).out.forget_history(self.key.as_str());
         }
         let removed = {
             let mut st = lock(&self.node.state);

@@ -14,8 +14,6 @@
 use bytes::BytesMut;
 use milonga_wire::frame::{Kind, BATCH_ENTRY_HEADER_LEN};
 
-use crate::backend::p2p::zmq_io;
-
 /// Largest batch frame, in bytes.
 pub(crate) const MAX_BATCH_BYTES: usize = 128 << 10;
 /// Largest sample payload that joins a batch; larger ones go alone.
@@ -115,18 +113,18 @@ impl Pending {
         (&self.frame[..self.key_len], seq)
     }
 
-    /// Tries to send the batch with `flags`. On success the batch is gone;
-    /// on failure it stays, untouched, for the next try.
-    pub(crate) fn send(
+    /// Tries to send the batch with `send`, which must release the frame
+    /// when it fails. On success the batch is gone; on failure it stays,
+    /// untouched, for the next try.
+    pub(crate) fn send<E>(
         slot: &mut Option<Pending>,
-        sock: &mut zmq::Socket,
-        flags: i32,
-    ) -> zmq::Result<()> {
+        send: impl FnOnce(bytes::Bytes) -> Result<(), E>,
+    ) -> Result<(), E> {
         let Some(p) = slot.as_mut() else {
             return Ok(());
         };
         let frame = std::mem::take(&mut p.frame).freeze();
-        match zmq_io::send_bytes(sock, frame.clone(), flags) {
+        match send(frame.clone()) {
             Ok(()) => {
                 *slot = None;
                 Ok(())

@@ -16,7 +16,8 @@ use milonga_wire::filter::{changed, Declaration, Expr, Filter, FILTERED_KEY_PREF
 use milonga_wire::frame::{self, Encoding, Header, Kind};
 use milonga_wire::{Bytes, Key, KeyExpr, Value};
 
-use crate::api::node::{DataSock, NodeInner};
+use super::outlet::Outlet;
+use super::Me;
 use crate::util::stats;
 
 /// Most distinct filters a data socket keeps.
@@ -43,14 +44,14 @@ pub(crate) struct PubFilter {
 
 impl PubFilter {
     /// Whether the sample passes; updates the key's state when it does.
-    fn pass(&mut self, key: &str, value: &Value, node: &NodeInner) -> bool {
-        stats::inc(&node.counters.filter_evaluations);
+    fn pass(&mut self, key: &str, value: &Value, me: &Me) -> bool {
+        stats::inc(&me.counters.filter_evaluations);
         if let Some(e) = &self.expr {
             match e.eval(value) {
                 Ok(true) => {}
                 Ok(false) => return false,
                 Err(err) => {
-                    let n = node
+                    let n = me
                         .counters
                         .filter_errors
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -85,16 +86,16 @@ impl PubFilter {
 
 /// Registers a filter declared to data socket `d` (if it names this node
 /// and socket). Malformed ones are counted and dropped.
-pub(crate) fn declare(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
+pub(super) fn declare(d: &mut Outlet, me: &Me, msg: &[u8]) {
     let decl = match Declaration::decode(msg) {
         Ok(x) => x,
         Err(err) => {
-            stats::inc(&node.counters.filters_malformed);
+            stats::inc(&me.counters.filters_malformed);
             limited!(warn, %err, "dropped a malformed filter declaration");
             return;
         }
     };
-    if decl.node != node.id.to_hex() || decl.socket != d.reliability.as_str() {
+    if decl.node != me.id.to_hex() || decl.socket != d.reliability.as_str() {
         return;
     }
     let id = decl.filter.id_for(&decl.keys);
@@ -102,7 +103,7 @@ pub(crate) fn declare(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
         return;
     }
     if d.filters.len() >= MAX_FILTERS {
-        stats::inc(&node.counters.filters_refused);
+        stats::inc(&me.counters.filters_refused);
         tracing::warn!(
             limit = MAX_FILTERS,
             "refused a filter: this socket keeps too many"
@@ -110,10 +111,10 @@ pub(crate) fn declare(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
         return;
     }
     let (Ok(keys), Ok(expr)) = (KeyExpr::new(decl.keys.as_str()), decl.filter.validate()) else {
-        stats::inc(&node.counters.filters_malformed);
+        stats::inc(&me.counters.filters_malformed);
         return;
     };
-    stats::inc(&node.counters.filters_declared);
+    stats::inc(&me.counters.filters_declared);
     d.filters.insert(
         id.clone(),
         PubFilter {
@@ -127,25 +128,26 @@ pub(crate) fn declare(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
 }
 
 /// Forgets the filters no subscription holds any more.
-pub(crate) fn prune(d: &mut DataSock) {
+pub(super) fn prune(d: &mut Outlet) {
     let subs = &d.subscriptions;
     d.filters
         .retain(|_, f| subs.keys().any(|p| p.starts_with(f.prefix.as_bytes())));
 }
 
-/// Sends sample `seq` of `key` to every filter it passes, each evaluated
-/// once. Runs under the data socket's lock, after the sample was accepted.
-pub(crate) fn apply(
-    d: &mut DataSock,
-    node: &NodeInner,
+/// The frames of sample `seq` of `key` for every filter it passes, each
+/// evaluated once. Runs under the data socket's lock, after the sample was
+/// accepted; a frame the socket then refuses counts as `filtered_dropped`.
+pub(super) fn apply(
+    d: &mut Outlet,
+    me: &Me,
     key: &str,
     timestamp_ns: u64,
     enc: &Encoded,
     schema_id: u32,
-) {
+) -> Vec<Vec<u8>> {
     // The value is decoded only for keys some filter selects.
     if !d.filters.values().any(|f| f.keys.matches(key)) {
-        return;
+        return Vec::new();
     }
     let payload = match &enc.tail {
         None => enc.head.clone(),
@@ -160,36 +162,32 @@ pub(crate) fn apply(
         Encoding::Raw => Value::Bytes(payload.clone()),
         e => match decode_payload(e, payload.clone(), None) {
             Ok(v) => v,
-            Err(_) => return,
+            Err(_) => return Vec::new(),
         },
     };
     let mut out = Vec::new();
     for f in d.filters.values_mut() {
-        if !f.keys.matches(key) || !f.pass(key, &value, node) {
+        if !f.keys.matches(key) || !f.pass(key, &value, me) {
             continue;
         }
         let st = f.per_key.entry(key.to_owned()).or_default();
         st.seq += 1;
         let Ok(k) = Key::internal(format!("{}{key}", f.prefix)) else {
             // The prefixed key is longer than a key may be.
-            stats::inc(&node.counters.filtered_dropped);
+            stats::inc(&me.counters.filtered_dropped);
             continue;
         };
         let header = Header {
             kind: Kind::Sample,
             flags: 0,
             encoding: enc.encoding,
-            domain_tag: node.domain_tag,
+            domain_tag: me.domain_tag,
             schema_id,
-            node_id: node.id,
+            node_id: me.id,
             seq: st.seq,
             timestamp_ns,
         };
         out.push(frame::encode(&k, &header, &payload));
     }
-    for f in out {
-        if d.sock.send(f, zmq::DONTWAIT).is_err() {
-            stats::inc(&node.counters.filtered_dropped);
-        }
-    }
+    out
 }

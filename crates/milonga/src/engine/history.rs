@@ -14,7 +14,8 @@ use milonga_wire::frame::{self, Encoding, Header, Kind};
 use milonga_wire::history::{Entry, KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::{Bytes, Key, KeyExpr};
 
-use crate::api::node::{DataSock, NodeInner};
+use super::outlet::Outlet;
+use super::Me;
 use crate::util::stats;
 
 /// Largest history query a data socket accepts (its `ZMQ_MAXMSGSIZE`).
@@ -39,7 +40,7 @@ const MAX_TOKENS_PER_SECOND: usize = 4096;
 pub(crate) struct QueryBudget {
     second: Option<std::time::Instant>,
     answered: u32,
-    bytes: usize,
+    pub(super) bytes: usize,
     per_token: HashMap<String, u32>,
 }
 
@@ -89,15 +90,15 @@ impl QueryBudget {
 }
 
 /// Counts a refused query, logging the first ones and then one in 1,000.
-pub(crate) fn refuse(node: &NodeInner, why: &str) {
-    let c = &node.counters.history_queries_refused;
+pub(crate) fn refuse(me: &Me, why: &str) {
+    let c = &me.counters.history_queries_refused;
     let n = c.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
     stats::log_drop(n, "a history query", &why);
 }
 
 /// Counts a malformed query, logging the first ones and then one in 1,000.
-fn malformed(node: &NodeInner, err: &dyn std::fmt::Display) {
-    let c = &node.counters.history_queries_malformed;
+fn malformed(me: &Me, err: &dyn std::fmt::Display) {
+    let c = &me.counters.history_queries_malformed;
     let n = c.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
     stats::log_drop(n, "a malformed history query", err);
 }
@@ -195,32 +196,59 @@ impl Kept {
     }
 }
 
+/// The replies to one history query, to be sent in order (see
+/// [`Outlet::reply_frame`]).
+pub(crate) struct Answer {
+    /// `@r/<token>`: only the asking subscription receives them.
+    reply_key: Key,
+    /// The asking subscription's token, for the log.
+    pub(crate) token: String,
+    pub(crate) replies: Vec<Reply>,
+}
+
+impl Answer {
+    /// The frame of `reply`, reply number `seq` of its socket.
+    pub(super) fn frame(&self, me: &Me, seq: u64, reply: &Reply) -> Vec<u8> {
+        let header = Header {
+            kind: Kind::History,
+            flags: 0,
+            encoding: Encoding::Cbor,
+            domain_tag: me.domain_tag,
+            schema_id: 0,
+            node_id: me.id,
+            seq,
+            timestamp_ns: crate::util::now_ns(),
+        };
+        frame::encode(&self.reply_key, &header, &reply.encode())
+    }
+}
+
 /// Answers a history query read from data socket `d`, if it names this
 /// socket's endpoint (a query reaches every publisher the subscription is
 /// connected to). Malformed queries are counted and dropped.
-pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
-    let c = &node.counters;
+pub(super) fn answer(d: &mut Outlet, me: &Me, msg: &[u8]) -> Option<Answer> {
+    let c = &me.counters;
     let q = match Query::decode(msg) {
         Ok(q) => q,
         Err(err) => {
-            malformed(node, &err);
-            return;
+            malformed(me, &err);
+            return None;
         }
     };
-    if q.node != node.id.to_hex() || q.socket != d.reliability.as_str() {
-        return;
+    if q.node != me.id.to_hex() || q.socket != d.reliability.as_str() {
+        return None;
     }
     // Only a token subscribed on this socket gets an answer: its replies
     // go to that subscriber alone, never to one named by someone else.
     let mut prefix = format!("{REPLY_KEY_PREFIX}{}", q.token).into_bytes();
     prefix.push(0);
     if !d.subscriptions.contains_key(&prefix) {
-        refuse(node, "its token is not subscribed on this socket");
-        return;
+        refuse(me, "its token is not subscribed on this socket");
+        return None;
     }
     if !d.query_budget.admit(&q.token) {
-        refuse(node, "over the rate a data socket answers");
-        return;
+        refuse(me, "over the rate a data socket answers");
+        return None;
     }
     let (expr, reply_key) = match (
         KeyExpr::new(q.expr.as_str()),
@@ -228,8 +256,8 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
     ) {
         (Ok(e), Ok(k)) => (e, k),
         (Err(err), _) | (_, Err(err)) => {
-            malformed(node, &err);
-            return;
+            malformed(me, &err);
+            return None;
         }
     };
     let since: HashMap<&str, u64> = q.since.iter().map(|(k, s)| (k.as_str(), *s)).collect();
@@ -247,7 +275,7 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
     });
     // Frames of about REPLY_FRAME_BYTES: a key's entries may span several,
     // each repeating the key with its first and last.
-    let limit = node.cfg.max_message_bytes.saturating_sub(4096);
+    let limit = me.max_message_bytes.saturating_sub(4096);
     for key in keys {
         let waiting = waiting
             .as_ref()
@@ -291,26 +319,11 @@ pub(crate) fn answer(d: &mut DataSock, node: &NodeInner, msg: &[u8]) {
     }
     frames.last_mut().expect("one at least").done = true;
     stats::inc(&c.history_queries_answered);
-    for r in frames {
-        d.replies += 1;
-        let header = Header {
-            kind: Kind::History,
-            flags: 0,
-            encoding: Encoding::Cbor,
-            domain_tag: node.domain_tag,
-            schema_id: 0,
-            node_id: node.id,
-            seq: d.replies,
-            timestamp_ns: crate::util::now_ns(),
-        };
-        let f = frame::encode(&reply_key, &header, &r.encode());
-        d.query_budget.bytes = d.query_budget.bytes.saturating_add(f.len());
-        if d.sock.send(f, zmq::DONTWAIT).is_err() {
-            stats::inc(&c.history_replies_dropped);
-            limited!(warn, token = %q.token, "could not send a history reply at once; the subscriber will go on live");
-            return;
-        }
-    }
+    Some(Answer {
+        reply_key,
+        token: q.token,
+        replies: frames,
+    })
 }
 
 #[cfg(test)]

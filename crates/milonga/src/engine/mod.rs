@@ -5,5 +5,20 @@
 pub(crate) mod batch;
 pub(crate) mod filters;
 pub(crate) mod history;
+pub(crate) mod outlet;
 pub(crate) mod queue;
 pub(crate) mod seq;
+
+use milonga_wire::NodeId;
+
+use crate::util::stats::Counters;
+
+/// What the engine needs to know of the node it works for: who it is in
+/// the frames it writes, the largest message it may send, and where it
+/// counts what happens.
+pub(crate) struct Me<'a> {
+    pub(crate) id: NodeId,
+    pub(crate) domain_tag: u32,
+    pub(crate) max_message_bytes: usize,
+    pub(crate) counters: &'a Counters,
+}

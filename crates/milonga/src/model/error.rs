@@ -16,6 +16,10 @@ pub struct TransportError {
 }
 
 impl TransportError {
+    pub(crate) fn new(message: String, os_code: Option<i32>) -> Self {
+        TransportError { message, os_code }
+    }
+
     /// What failed, in words.
     pub fn message(&self) -> &str {
         &self.message
@@ -31,17 +35,6 @@ impl TransportError {
 /// that no transport type shows in the public API).
 pub(crate) trait IntoTransport {
     fn transport(self) -> TransportError;
-}
-
-impl IntoTransport for zmq::Error {
-    fn transport(self) -> TransportError {
-        let code = self.to_raw();
-        TransportError {
-            message: self.message().to_owned(),
-            // libzmq's own numbers start at 156384712 (ZMQ_HAUSNUMERO).
-            os_code: (code < 156_384_712).then_some(code),
-        }
-    }
 }
 
 /// Why a node could not be opened.
@@ -288,30 +281,4 @@ pub enum CallError {
     /// The node is closed.
     #[error("the node is closed")]
     Closed,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_transport_error_keeps_the_reason_and_the_os_number() {
-        let e = zmq::Error::EADDRINUSE.transport();
-        assert_eq!(e.os_code(), Some(libc::EADDRINUSE));
-        assert!(e.message().contains("in use"), "{e}");
-        // libzmq's own errors have no OS number.
-        let e = zmq::Error::ETERM.transport();
-        assert_eq!(e.os_code(), None);
-        assert!(!e.message().is_empty());
-        let open = OpenError::Socket {
-            action: "bind",
-            endpoint: "tcp://127.0.0.1:1".into(),
-            source: zmq::Error::EADDRINUSE.transport(),
-        };
-        assert!(
-            open.to_string()
-                .starts_with("cannot bind tcp://127.0.0.1:1: "),
-            "{open}"
-        );
-    }
 }

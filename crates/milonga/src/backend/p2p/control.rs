@@ -684,7 +684,7 @@ impl Control {
         let guard = try_lock(&d.sock);
         if let Some(mut g) = guard {
             let _ = g.send_pending(zmq::DONTWAIT, &self.inner.counters);
-            if g.pending.is_none() {
+            if g.out.pending().is_none() {
                 self.inner.batch_pending.store(false, Ordering::Release);
             }
         };

@@ -3,6 +3,7 @@
 //! and the node thread polls them (docs/internals.md).
 
 pub(crate) mod control;
+pub(crate) mod data;
 // libzmq's calls that the zmq crate does not wrap.
 #[allow(unsafe_code)]
 pub(crate) mod zmq_io;

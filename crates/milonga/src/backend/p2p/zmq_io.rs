@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use bytes::Bytes;
 
 use crate::model::config::Config;
-use crate::model::error::IntoTransport;
 use crate::model::error::OpenError;
+use crate::model::error::{IntoTransport, TransportError};
 
 /// Nodes of one process share one context, so that `inproc://` endpoints
 /// reach between them. The first node creates it; the last node to close
@@ -231,4 +231,42 @@ impl AsRef<[u8]> for MessageBytes {
 /// call without a copy.
 pub(crate) fn message_bytes(msg: zmq::Message) -> Bytes {
     Bytes::from_owner(MessageBytes(msg))
+}
+
+impl IntoTransport for zmq::Error {
+    fn transport(self) -> TransportError {
+        let code = self.to_raw();
+        // libzmq's own numbers start at 156384712 (ZMQ_HAUSNUMERO).
+        TransportError::new(
+            self.message().to_owned(),
+            (code < 156_384_712).then_some(code),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::error::OpenError;
+
+    #[test]
+    fn a_transport_error_keeps_the_reason_and_the_os_number() {
+        let e = zmq::Error::EADDRINUSE.transport();
+        assert_eq!(e.os_code(), Some(libc::EADDRINUSE));
+        assert!(e.message().contains("in use"), "{e}");
+        // libzmq's own errors have no OS number.
+        let e = zmq::Error::ETERM.transport();
+        assert_eq!(e.os_code(), None);
+        assert!(!e.message().is_empty());
+        let open = OpenError::Socket {
+            action: "bind",
+            endpoint: "tcp://127.0.0.1:1".into(),
+            source: zmq::Error::EADDRINUSE.transport(),
+        };
+        assert!(
+            open.to_string()
+                .starts_with("cannot bind tcp://127.0.0.1:1: "),
+            "{open}"
+        );
+    }
 }
