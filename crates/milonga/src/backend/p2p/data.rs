@@ -3,20 +3,289 @@
 //! between the two: what subscribers send upstream, waiting batches, the
 //! frames of history replies and filters.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use milonga_wire::cbor::Encoded;
+use milonga_wire::frame::{self, BATCH_ENTRY_HEADER_LEN, FLAG_PAYLOAD_FRAME};
+use milonga_wire::{Bytes, Key};
 
 use crate::api::node::NodeInner;
 use crate::backend::p2p::zmq_io;
-use crate::engine::batch::Pending;
+use crate::engine::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
 use crate::engine::outlet::{Outlet, Upstream};
+use crate::model::error::{IntoTransport, PutError};
 use crate::model::qos::Reliability;
+use crate::util::lock;
 use crate::util::stats::{self, Counters};
 
 /// A data socket (XPUB) shared by the publishers of one reliability.
 pub(crate) struct DataSocket {
     pub(crate) sock: Mutex<DataSock>,
     pub(crate) endpoint: String,
+}
+
+impl DataSocket {
+    /// Puts one encoded sample (see [`Put`]): it leaves at once, joins or
+    /// starts a batch (reliable), or waits for room as `wait` says.
+    pub(crate) fn put(
+        &self,
+        put: &Put<'_>,
+        enc: Encoded,
+        schema_id: u32,
+        wait: Wait,
+    ) -> Result<(), PutError> {
+        if put.node.closed.load(Ordering::Acquire) {
+            return Err(PutError::Closed);
+        }
+        let tail_len = enc.tail.as_ref().map_or(0, Bytes::len);
+        let size = put.template.len() + enc.head.len() + tail_len;
+        if size > put.node.cfg.max_message_bytes {
+            return Err(PutError::TooLarge {
+                size,
+                limit: put.node.cfg.max_message_bytes,
+            });
+        }
+        let started = Instant::now();
+        let reliable = put.reliable;
+        let batch_limit = MAX_BATCH_BYTES.min(put.node.cfg.max_message_bytes);
+        let batchable = reliable
+            && enc.tail.is_none()
+            && enc.head.len() <= MAX_ENTRY_BYTES
+            && put.template.len() + BATCH_ENTRY_HEADER_LEN + enc.head.len() <= batch_limit;
+        // Built before taking the lock, except on a reliable socket, where
+        // the sample may join a batch instead.
+        let mut msg = (!reliable).then(|| put.build(&enc, schema_id));
+        let mut d = lock(&self.sock);
+        // `close` may have run while we waited for the lock; after it, no
+        // batch would ever be sent.
+        if put.node.closed.load(Ordering::Acquire) {
+            return Err(PutError::Closed);
+        }
+        // Sequence number and timestamp are taken under the lock, so that
+        // both follow the order in which samples leave.
+        let seq = put.seq.load(Ordering::Relaxed) + 1;
+        let timestamp_ns = crate::util::now_ns();
+
+        // A batch from earlier puts of this key: this sample joins it, or it
+        // leaves first. (A batch of another key need not: sequence numbers
+        // are per key, and this key's subscribers may have room.)
+        let key = put.key.as_str().as_bytes();
+        if let Some(p) = d.out.pending().as_mut().filter(|p| p.is_key(key)) {
+            if batchable && p.accepts(key, enc.encoding as u8, schema_id, enc.head.len()) {
+                if p.push(timestamp_ns, &enc.head) {
+                    let _ = d.send_pending(zmq::DONTWAIT, &put.node.counters);
+                }
+                put.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
+                return put.accepted(seq);
+            }
+            if d.send_pending(zmq::DONTWAIT, &put.node.counters).is_err() {
+                put.wait(&mut d, wait, started, |d, flags| {
+                    d.send_pending(flags, &put.node.counters)
+                })?;
+            }
+        }
+        let mut msg = msg.take().unwrap_or_else(|| put.build(&enc, schema_id));
+        put.stamp(&mut msg, seq, timestamp_ns);
+        let head_len = put.template.len();
+
+        let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
+        match d.sock.send(msg, zmq::DONTWAIT | more) {
+            Ok(()) => {}
+            // Only a reliable (XPUB_NODROP) socket refuses a message.
+            Err(zmq::Error::EAGAIN | zmq::Error::EINTR)
+                if batchable && d.out.pending().is_none() =>
+            {
+                let mut m = put.build(&enc, schema_id);
+                put.stamp(&mut m, seq, timestamp_ns);
+                *d.out.pending() = Some(Pending::start(
+                    &m[..head_len],
+                    timestamp_ns,
+                    &enc.head,
+                    batch_limit,
+                ));
+                put.node.batch_pending.store(true, Ordering::Release);
+                put.node.wake();
+                put.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
+                return put.accepted(seq);
+            }
+            Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {
+                // The `zmq` crate consumed the refused message: each retry
+                // builds it again.
+                put.wait(&mut d, wait, started, |d, flags| {
+                    let mut m = put.build(&enc, schema_id);
+                    put.stamp(&mut m, seq, timestamp_ns);
+                    d.sock.send(m, flags | more)
+                })?;
+            }
+            Err(e) => return Err(PutError::Socket(e.transport())),
+        }
+        if let Some(tail) = enc.tail.clone() {
+            // The first frame is out: the payload frame must follow, or the
+            // next message would be glued to this one. libzmq accepts it
+            // (the high-water mark counts whole messages); only a signal
+            // can interrupt it.
+            loop {
+                match zmq_io::send_bytes(&mut d.sock, tail.clone(), 0) {
+                    Ok(()) => break,
+                    Err(zmq::Error::EINTR | zmq::Error::EAGAIN) => continue,
+                    Err(e) => {
+                        put.seq.store(seq, Ordering::Relaxed);
+                        return Err(PutError::Socket(e.transport()));
+                    }
+                }
+            }
+        }
+        // After the whole message: filtered copies are messages of their own.
+        put.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
+        // Stored before the lock goes: another thread's put takes the
+        // next number, never this one again.
+        let r = put.accepted(seq);
+        drop(d);
+        r
+    }
+}
+
+/// How long a put may wait for room.
+#[derive(Clone, Copy)]
+pub(crate) enum Wait {
+    /// `try_put`: fail at once.
+    No,
+    /// Wait without a limit.
+    Forever,
+    /// Wait at most this long.
+    For(Duration),
+}
+
+/// One publisher's part of a put: who puts, which key, and the frame
+/// template and sequence counter it keeps.
+pub(crate) struct Put<'a> {
+    pub(crate) node: &'a NodeInner,
+    pub(crate) key: &'a Key,
+    /// `key | 0 | header` with the fields that never change filled in.
+    pub(crate) template: &'a [u8],
+    /// Last sequence number sent; only written with the data socket
+    /// locked.
+    pub(crate) seq: &'a AtomicU64,
+    pub(crate) reliable: bool,
+}
+
+impl Put<'_> {
+    /// Keeps sample `seq` in the history, if this publisher keeps one, and
+    /// sends it to the filters it passes, if subscribers declared any.
+    fn keep(&self, d: &mut DataSock, seq: u64, timestamp_ns: u64, enc: &Encoded, schema_id: u32) {
+        let me = self.node.me();
+        let filtered = d
+            .out
+            .accepted(&me, self.key.as_str(), seq, timestamp_ns, enc, schema_id);
+        if !filtered.is_empty() {
+            d.send_filtered(filtered, me.counters);
+        }
+    }
+
+    /// Records that sample `seq` was taken by the socket or a batch.
+    fn accepted(&self, seq: u64) -> Result<(), PutError> {
+        self.seq.store(seq, Ordering::Relaxed);
+        stats::inc(&self.node.counters.samples_sent);
+        Ok(())
+    }
+
+    /// Retries `attempt` (which must not consume what it sends on failure)
+    /// with blocking sends until it succeeds, `wait` runs out, or the node
+    /// closes. libzmq wakes a blocked send when a subscriber has read enough
+    /// (XPUB's POLLOUT does not reflect the high-water mark); the wait is
+    /// cut in slices so that a close or a deadline is noticed.
+    fn wait(
+        &self,
+        d: &mut DataSock,
+        wait: Wait,
+        started: Instant,
+        attempt: impl FnMut(&mut DataSock, i32) -> zmq::Result<()>,
+    ) -> Result<(), PutError> {
+        // Every put that finds no room is counted, with the time it waits,
+        // whether it then gets through or not.
+        let c = &self.node.counters;
+        stats::inc(&c.puts_blocked);
+        let since = Instant::now();
+        let r = self.wait_for_room(d, wait, started, attempt);
+        stats::add(&c.puts_blocked_us, since.elapsed().as_micros() as u64);
+        r
+    }
+
+    fn wait_for_room(
+        &self,
+        d: &mut DataSock,
+        wait: Wait,
+        started: Instant,
+        mut attempt: impl FnMut(&mut DataSock, i32) -> zmq::Result<()>,
+    ) -> Result<(), PutError> {
+        loop {
+            let left = match wait {
+                Wait::No => {
+                    // A writer learns that a pipe was read from libzmq's
+                    // commands, which a send processes only now and then
+                    // (at most once a millisecond or so): a pipe drained
+                    // since may still look full. Look once more after
+                    // processing them (ZMQ_EVENTS does) before saying so.
+                    let _ = d.sock.get_events();
+                    return match attempt(d, zmq::DONTWAIT) {
+                        Ok(()) => Ok(()),
+                        Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => Err(PutError::WouldBlock),
+                        Err(e) => Err(PutError::Socket(e.transport())),
+                    };
+                }
+                Wait::Forever => Duration::MAX,
+                Wait::For(t) => t.saturating_sub(started.elapsed()),
+            };
+            if left.is_zero() {
+                let Wait::For(t) = wait else {
+                    unreachable!("only a bounded wait runs out")
+                };
+                return Err(PutError::Timeout(t));
+            }
+            if self.node.closed.load(Ordering::Acquire) {
+                return Err(PutError::Closed);
+            }
+            let slice = left.min(Duration::from_millis(100));
+            d.sock
+                .set_sndtimeo(slice.as_millis().max(1) as i32)
+                .map_err(|e| PutError::Socket(e.transport()))?;
+            match attempt(d, 0) {
+                Ok(()) => return Ok(()),
+                Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
+                Err(e) => return Err(PutError::Socket(e.transport())),
+            }
+        }
+    }
+
+    /// The first frame: `key | 0 | header | head of the payload`. Built
+    /// again for a retry after EAGAIN, because the `zmq` crate consumes the
+    /// message even when the send fails.
+    fn build(&self, enc: &Encoded, schema_id: u32) -> zmq::Message {
+        let h = self.key.as_str().len() + 1;
+        let mut msg = zmq::Message::with_size(self.template.len() + enc.head.len());
+        let (head, body) = msg.split_at_mut(self.template.len());
+        head.copy_from_slice(self.template);
+        body.copy_from_slice(&enc.head);
+        use frame::offset::{ENCODING, FLAGS, SCHEMA_ID};
+        head[h + FLAGS] = if enc.tail.is_some() {
+            FLAG_PAYLOAD_FRAME
+        } else {
+            0
+        };
+        head[h + ENCODING] = enc.encoding as u8;
+        head[h + SCHEMA_ID..h + SCHEMA_ID + 4].copy_from_slice(&schema_id.to_le_bytes());
+        msg
+    }
+
+    /// Writes the sequence number and source timestamp into a built frame.
+    fn stamp(&self, msg: &mut zmq::Message, seq: u64, timestamp_ns: u64) {
+        let h = self.key.as_str().len() + 1;
+        use frame::offset::{SEQ, TIMESTAMP_NS};
+        msg[h + SEQ..h + SEQ + 8].copy_from_slice(&seq.to_le_bytes());
+        msg[h + TIMESTAMP_NS..h + TIMESTAMP_NS + 8].copy_from_slice(&timestamp_ns.to_le_bytes());
+    }
 }
 
 /// The socket and its publications' state, behind one lock.
