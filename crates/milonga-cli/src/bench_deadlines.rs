@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use milonga::p2p::NodeExt;
 use milonga::{CallError, Config, Node, ServeOptions, Transport, Value};
 
 use crate::bench::Format;

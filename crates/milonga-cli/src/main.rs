@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use milonga::p2p::{NodeExt, ServiceExt};
 use milonga::{Config, Event, Node, PublisherQos, RecvError, SubscriberQos, Transport};
 
 mod bench;

@@ -4,6 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use milonga::p2p::NodeExt;
 use milonga::{Event, Node, SubscriberQos};
 use milonga_testkit::{free_port, wait_for, Proc, SeqLedger};
 

@@ -184,11 +184,11 @@ impl Control {
 
     fn stats(&self) -> milonga::NodeStats {
         self.0
-            .send_multipart([milonga::CONTROL_MAGIC, milonga::CONTROL_INFO], 0)
+            .send_multipart([milonga::p2p::CONTROL_MAGIC, milonga::p2p::CONTROL_INFO], 0)
             .unwrap();
         let frames = self.0.recv_multipart(0).expect("the server answers");
         assert_eq!(frames.len(), 3, "a control answer");
-        serde_json::from_slice::<milonga::NodeInfo>(&frames[2])
+        serde_json::from_slice::<milonga::p2p::NodeInfo>(&frames[2])
             .expect("a control answer")
             .stats
     }

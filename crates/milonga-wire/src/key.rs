@@ -245,15 +245,16 @@ impl KeyExpr {
         dp[key.len()]
     }
 
-    /// The ZeroMQ subscription prefixes that let through every frame this
-    /// expression can match, and as few others as prefix filtering allows.
+    /// The subscription prefixes (docs/protocol.md §4) that let through
+    /// every frame this expression can match, and as few others as prefix
+    /// filtering allows.
     ///
     /// Data frames start with the key followed by NUL, so a literal
     /// expression `a/b` subscribes to `a/b\0` and can never receive `a/bc`.
     /// For a wildcard expression the prefix is the literal chunks before the
     /// first wildcard; the subscriber still checks [`KeyExpr::matches`] on
     /// every frame.
-    pub fn zmq_prefixes(&self) -> Vec<Vec<u8>> {
+    pub fn subscription_prefixes(&self) -> Vec<Vec<u8>> {
         let lead: Vec<&str> = self
             .chunks
             .iter()
@@ -405,9 +406,9 @@ mod tests {
     }
 
     #[test]
-    fn zmq_prefixes_never_let_a_longer_sibling_through() {
+    fn subscription_prefixes_never_let_a_longer_sibling_through() {
         assert_eq!(
-            KeyExpr::new("a/b").unwrap().zmq_prefixes(),
+            KeyExpr::new("a/b").unwrap().subscription_prefixes(),
             vec![b"a/b\0".to_vec()]
         );
         // What the prefixes computed above do with the frame of a longer
@@ -425,26 +426,26 @@ mod tests {
             assert!(
                 !KeyExpr::new(expr)
                     .unwrap()
-                    .zmq_prefixes()
+                    .subscription_prefixes()
                     .iter()
                     .any(|p| frame.starts_with(p)),
                 "the prefixes of {expr} let {key} through"
             );
         }
         assert_eq!(
-            KeyExpr::new("a/*/c").unwrap().zmq_prefixes(),
+            KeyExpr::new("a/*/c").unwrap().subscription_prefixes(),
             vec![b"a/".to_vec()]
         );
         assert_eq!(
-            KeyExpr::new("a/**").unwrap().zmq_prefixes(),
+            KeyExpr::new("a/**").unwrap().subscription_prefixes(),
             vec![b"a/".to_vec(), b"a\0".to_vec()]
         );
         assert_eq!(
-            KeyExpr::new("**/b").unwrap().zmq_prefixes(),
+            KeyExpr::new("**/b").unwrap().subscription_prefixes(),
             vec![Vec::<u8>::new()]
         );
         assert_eq!(
-            KeyExpr::new("a/**/c").unwrap().zmq_prefixes(),
+            KeyExpr::new("a/**/c").unwrap().subscription_prefixes(),
             vec![b"a/".to_vec()]
         );
     }
@@ -459,7 +460,9 @@ mod tests {
                     let mut frame = k.as_bytes().to_vec();
                     frame.push(0);
                     assert!(
-                        e.zmq_prefixes().iter().any(|p| frame.starts_with(p)),
+                        e.subscription_prefixes()
+                            .iter()
+                            .any(|p| frame.starts_with(p)),
                         "{expr} matches {k} but no prefix lets it through"
                     );
                 }

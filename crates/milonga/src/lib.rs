@@ -45,10 +45,10 @@ mod model;
 
 pub use api::call::{PendingCall, ServerReply};
 pub use api::node::Node;
+pub use api::p2p;
 pub use api::publisher::Publisher;
 pub use api::service::{Request, ServeOptions, Service, ServiceError, ServiceInfo};
 pub use api::subscriber::{Iter, Subscriber};
-pub use backend::p2p::control::{NodeInfo, CONTROL_INFO, CONTROL_MAGIC};
 pub use discovery::{Announcement, PublicationInfo};
 pub use engine::queue::QueuePolicy;
 pub use model::config::{Config, ConfigValue, Transport, MAX_DOMAIN_BYTES};

@@ -6,6 +6,7 @@
 use std::io::Write;
 use std::time::Duration;
 
+use milonga::p2p::{NodeExt, ServiceExt};
 use milonga::wire::frame::{self, Encoding, Kind, NodeId};
 use milonga::{Config, Event, Key, Node, NodeStats, Reliability};
 use milonga_testkit::{wait_for, TempDir};

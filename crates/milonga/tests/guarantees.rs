@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use milonga::p2p::{NodeExt, NodeInfo, ServiceExt, CONTROL_INFO, CONTROL_MAGIC};
 use milonga::wire::filter::Declaration;
 use milonga::wire::frame::{self, domain_tag, Encoding, Header, Kind, NodeId};
 use milonga::wire::history::{Query, QUERY_TAG, REPLY_KEY_PREFIX};
 use milonga::wire::service::{Failure, ReplyStatus};
 use milonga::{
-    Config, Event, Filter, Key, Node, NodeInfo, OpenError, PutError, Reliability, SubscriberQos,
-    Value, CONTROL_INFO, CONTROL_MAGIC,
+    Config, Event, Filter, Key, Node, OpenError, PutError, Reliability, SubscriberQos, Value,
 };
 use milonga_testkit::{wait_for, Proc, TempDir};
 

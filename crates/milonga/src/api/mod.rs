@@ -4,6 +4,7 @@
 
 pub(crate) mod call;
 pub(crate) mod node;
+pub mod p2p;
 pub(crate) mod publisher;
 pub(crate) mod service;
 pub(crate) mod subscriber;

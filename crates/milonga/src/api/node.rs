@@ -504,11 +504,6 @@ impl Node {
         &self.inner.domain
     }
 
-    /// The control endpoint static peers can be given.
-    pub fn control_endpoint(&self) -> &str {
-        &self.inner.control_endpoint
-    }
-
     /// Declares a best-effort publisher of `key`.
     pub fn publisher(&self, key: &str) -> Result<Publisher, PublisherError> {
         self.publisher_with(key, PublisherQos::default())
@@ -740,23 +735,6 @@ impl Node {
     /// A snapshot of this node's counters.
     pub fn stats(&self) -> NodeStats {
         self.inner.counters.snapshot()
-    }
-
-    /// Asks the node at `control_endpoint` for its announcement and
-    /// counters; `None` if it does not answer within `timeout`.
-    pub fn query(&self, control_endpoint: &str, timeout: Duration) -> Option<control::NodeInfo> {
-        control::query(&self.inner, control_endpoint, timeout)
-    }
-
-    /// Asks every node of `control_endpoints` for its announcement and
-    /// counters at once, waiting at most `timeout` in all; `None` for those
-    /// that do not answer in time.
-    pub fn query_many(
-        &self,
-        control_endpoints: &[String],
-        timeout: Duration,
-    ) -> Vec<Option<control::NodeInfo>> {
-        control::query_many(&self.inner, control_endpoints, timeout)
     }
 
     /// Closes the node: its publishers and subscribers stop (their calls

@@ -238,8 +238,8 @@ impl Service {
         self.server.key.as_str()
     }
 
-    /// The endpoint callers connect to.
-    pub fn endpoint(&self) -> &str {
+    /// The endpoint callers connect to (see [`crate::p2p::ServiceExt`]).
+    pub(crate) fn bound_endpoint(&self) -> &str {
         &self.endpoint
     }
 

@@ -295,7 +295,7 @@ impl SubShared {
             let prefix = format!("{}{id}/", milonga_wire::filter::FILTERED_KEY_PREFIX);
             (f, prefix)
         });
-        let mut prefixes = expr.zmq_prefixes();
+        let mut prefixes = expr.subscription_prefixes();
         if let Some((_, fp)) = &filter {
             // Only the samples that pass, under `@f/<id>/<key>`.
             for p in &mut prefixes {
