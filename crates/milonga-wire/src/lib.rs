@@ -3,13 +3,17 @@
 //! Everything another implementation needs to speak to Milonga, and nothing
 //! that does I/O: keys and key expressions ([`key`]), the data frame layout
 //! ([`frame`]), values ([`value`]) and their CBOR encoding ([`cbor`]), history
-//! queries and replies ([`history`]), service calls ([`service`]). The
+//! queries and replies ([`history`]), filter declarations ([`filter`]),
+//! service calls ([`service`]), control messages ([`control`]) and
+//! announcements ([`announce`]). The
 //! normative text is `docs/protocol.md`; the golden vectors in
 //! `tests/vectors/` are checked against this crate.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod announce;
 pub mod cbor;
+pub mod control;
 pub mod filter;
 pub mod frame;
 pub mod history;

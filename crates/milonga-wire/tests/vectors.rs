@@ -174,6 +174,9 @@ struct Case {
     description: &'static str,
     frame1: Vec<u8>,
     frame2: Option<Vec<u8>>,
+    /// For a valid vector in a form decoders accept and encoders never
+    /// write (a float16, a big-endian array): the frame 1 they write.
+    canonical: Option<Vec<u8>>,
     /// For valid vectors: key, header, and decoded values (one per sample).
     expect: Result<Expected, &'static str>,
 }
@@ -217,6 +220,7 @@ fn sample(
         description,
         frame1: frame::encode(&k, &h, &body),
         frame2: None,
+        canonical: None,
         expect: Ok((
             key.to_owned(),
             header_json(&h, "lab"),
@@ -230,8 +234,15 @@ fn sample(
 /// `cases()` must make exactly these: a vector that goes missing (its files
 /// deleted, or its case) fails the check instead of shrinking it, here and
 /// in every language that checks the same files.
-const VECTORS: [&str; 19] = [
+const VECTORS: [&str; 26] = [
     "sample_cbor_float",
+    "sample_cbor_float16",
+    "sample_cbor_float32",
+    "sample_f32_array",
+    "sample_f64_array_big_endian",
+    "service_reply_ok",
+    "service_reply_rejected",
+    "service_reply_no_such_service",
     "sample_raw_bytes",
     "sample_cbor_map",
     "sample_f64_array",
@@ -322,6 +333,7 @@ fn cases() -> Vec<Case> {
             description: "a uint8 typed array whose bytes travel in a second frame (flag bit 0)",
             frame1: frame::encode(&k, &h, &[0xd8, 64, 0x50]),
             frame2: Some(data.clone()),
+            canonical: None,
             expect: Ok((
                 "sr/cam/1/image".into(),
                 header_json(&h, "lab"),
@@ -345,6 +357,7 @@ fn cases() -> Vec<Case> {
                 "kind 2: three samples of one key, seq 10..12, each with its own timestamp",
             frame1: frame::encode(&k, &h, &body),
             frame2: None,
+            canonical: None,
             expect: Ok((
                 "daq/adc/0".into(),
                 header_json(&h, "lab"),
@@ -366,6 +379,7 @@ fn cases() -> Vec<Case> {
             description: "kind 3: heartbeat number 5 of a node that is closing (leaving: true)",
             frame1: frame::encode(&k, &h, &cbor(&body)),
             frame2: None,
+            canonical: None,
             expect: Ok((
                 frame::HEARTBEAT_KEY.into(),
                 header_json(&h, "lab"),
@@ -404,6 +418,7 @@ fn cases() -> Vec<Case> {
             description: "kind 4: the last two samples (seq 8, 9) of sr/ps/1/current kept by the publisher's reliable data socket, for subscription token 000102030405060708090a0b0c0d0e0f-1",
             frame1: frame::encode(&k, &h, &body),
             frame2: None,
+            canonical: None,
             expect: Ok((k.as_str().into(), header_json(&h, "lab"), vec![value], vec![TS])),
         });
     }
@@ -417,6 +432,7 @@ fn cases() -> Vec<Case> {
             description: "kind 5: call 17 of node 000102...0f to the service sr/ps/1/set_current with {\"amps\": 12.5}",
             frame1: frame::encode(&k, &h, &cbor(&body)),
             frame2: None,
+            canonical: None,
             expect: Ok((k.as_str().into(), header_json(&h, "lab"), vec![body], vec![TS])),
         });
         use milonga_wire::service::{Failure, ReplyStatus};
@@ -434,8 +450,112 @@ fn cases() -> Vec<Case> {
             description: "kind 6: the answer to call 17, status 1 (the handler failed) then the CBOR failure map; the sample value below is the body after the status byte",
             frame1: frame::encode(&k, &h, &body),
             frame2: None,
+            canonical: None,
             expect: Ok((k.as_str().into(), header_json(&h, "lab"), vec![value], vec![TS])),
         });
+    }
+    // Forms a decoder accepts and an encoder never writes: half and single
+    // precision floats (Milonga writes float64), a big-endian typed array
+    // (Milonga writes little-endian). Each gives the frame an encoder
+    // writes for the same value.
+    {
+        let k = Key::new("sr/ps/1/current").unwrap();
+        let h = header(Kind::Sample, Encoding::Cbor, 0, 0, 2);
+        let mut narrow = |name, description, body: &[u8], value: Value| {
+            v.push(Case {
+                name,
+                description,
+                frame1: frame::encode(&k, &h, body),
+                frame2: None,
+                canonical: Some(frame::encode(&k, &h, &cbor(&value))),
+                expect: Ok((
+                    k.as_str().into(),
+                    header_json(&h, "lab"),
+                    vec![value],
+                    vec![TS],
+                )),
+            });
+        };
+        narrow(
+            "sample_cbor_float16",
+            "a CBOR half-precision float (major 7, 0xf9) 1.5: read as a float; written back as float64",
+            &[0xf9, 0x3e, 0x00],
+            Value::Float(1.5),
+        );
+        narrow(
+            "sample_cbor_float32",
+            "a CBOR single-precision float (0xfa) 12.5: read as a float; written back as float64",
+            &[0xfa, 0x41, 0x48, 0x00, 0x00],
+            Value::Float(12.5),
+        );
+        let be: Vec<u8> = [1.0f64, -0.5]
+            .iter()
+            .flat_map(|x| x.to_be_bytes())
+            .collect();
+        let mut body = vec![0xd8, 82, 0x50];
+        body.extend(&be);
+        narrow(
+            "sample_f64_array_big_endian",
+            "RFC 8746 tag 82 (float64, big-endian) [1.0, -0.5]: read as the same float64 array; written back little-endian (tag 86)",
+            &body,
+            Value::from(vec![1.0f64, -0.5]),
+        );
+    }
+    v.push(sample(
+        "sample_f32_array",
+        "RFC 8746 tag 85 (float32, little-endian) [1.5, -2.0, 0.25], inline",
+        "sr/bpm/1/positions",
+        header(Kind::Sample, Encoding::Cbor, 0, 0, 4),
+        Value::Typed(TypedArray::from_vec(vec![1.5f32, -2.0, 0.25])),
+    ));
+    // A reply of every other status: a value (0), refused (2), no such
+    // service (3); the failure map travels after 2 and 3 as after 1.
+    {
+        use milonga_wire::service::{Failure, ReplyStatus};
+        let k = Key::new("sr/ps/1/set_current").unwrap();
+        let h = header(Kind::Reply, Encoding::Cbor, 0, 0, 18);
+        let mut reply = |name, description, status: ReplyStatus, value: Value| {
+            let mut body = vec![status as u8];
+            body.extend(cbor(&value));
+            v.push(Case {
+                name,
+                description,
+                frame1: frame::encode(&k, &h, &body),
+                frame2: None,
+                canonical: None,
+                expect: Ok((
+                    k.as_str().into(),
+                    header_json(&h, "lab"),
+                    vec![value],
+                    vec![TS],
+                )),
+            });
+        };
+        let failure = |kind: &str, message: &str| {
+            let f = Failure {
+                kind: kind.into(),
+                message: message.into(),
+            };
+            milonga_wire::cbor::decode_cbor(&Bytes::from(f.encode())).unwrap()
+        };
+        reply(
+            "service_reply_ok",
+            "kind 6: the answer to call 18, status 0 (the handler returned) then the value, 12.5",
+            ReplyStatus::Ok,
+            Value::Float(12.5),
+        );
+        reply(
+            "service_reply_rejected",
+            "kind 6: status 2, the server refused the call without running the handler (its queue was full), then the failure map",
+            ReplyStatus::Rejected,
+            failure("busy", "12 requests queued; the limit is 12"),
+        );
+        reply(
+            "service_reply_no_such_service",
+            "kind 6: status 3, the server no longer serves this key, then the failure map",
+            ReplyStatus::NoSuchService,
+            failure("no_such_service", "sr/ps/1/set_current is not served here"),
+        );
     }
     // Invalid frames: each must be refused with the named error.
     let good = frame::encode(
@@ -453,6 +573,7 @@ fn cases() -> Vec<Case> {
         description,
         frame1,
         frame2: None,
+        canonical: None,
         expect: Err(err),
     };
     v.push(bad(
@@ -539,6 +660,10 @@ fn bless() {
                 if header["kind"] == "reply" {
                     let view = frame::decode(&c.frame1).unwrap();
                     d["reply_status"] = json!(view.body[0]);
+                }
+                if let Some(canon) = &c.canonical {
+                    d["canonical"] = json!(false);
+                    d["canonical_frame1_hex"] = json!(hex(canon));
                 }
                 d
             }
@@ -671,9 +796,12 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
                 (v, _) => cbor(&v),
             },
         };
+        let written = desc
+            .get("canonical_frame1_hex")
+            .map_or_else(|| hex(&frame1), |c| c.as_str().unwrap().to_owned());
         assert_eq!(
             hex(&frame::encode(&key, &h, &body)),
-            hex(&frame1),
+            written,
             "{name}: re-encoding"
         );
     }

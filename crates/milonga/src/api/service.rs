@@ -31,7 +31,6 @@ use milonga_wire::cbor::{decode_payload, encode_payload, Encoded};
 use milonga_wire::frame::{self, Encoding, Header, Kind, FLAG_PAYLOAD_FRAME};
 use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, NodeId, Value};
-use serde::{Deserialize, Serialize};
 
 use crate::api::node::NodeInner;
 use crate::backend::p2p::zmq_io::{self, message_bytes};
@@ -128,18 +127,7 @@ impl ServeOptions {
     }
 }
 
-/// A service in an announcement.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServiceInfo {
-    /// The service's key.
-    pub key: String,
-    /// Where callers connect (a ROUTER socket).
-    pub endpoint: String,
-    /// Worker threads.
-    pub workers: usize,
-    /// The largest request the server accepts, in bytes.
-    pub max_request_bytes: usize,
-}
+pub use milonga_wire::announce::ServiceInfo;
 
 type Handler = dyn Fn(Request) -> Result<Value, ServiceError> + Send + Sync;
 

@@ -19,71 +19,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use milonga_wire::NodeId;
-use serde::{Deserialize, Serialize};
-
-use crate::model::qos::Reliability;
-
-/// One publication in an announcement.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PublicationInfo {
-    /// The published key.
-    pub key: String,
-    /// The publisher's reliability.
-    pub reliability: Reliability,
-    /// Samples it keeps per key for late joiners and repair.
-    #[serde(default)]
-    pub history: usize,
-}
-
-/// What a node tells its domain about itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Announcement {
-    /// Protocol version (1).
-    pub protocol: u8,
-    /// The domain.
-    pub domain: String,
-    /// The node id, 32 hex digits.
-    pub node_id: String,
-    /// Readable name, `name@host:pid`.
-    pub name: String,
-    /// Host name.
-    pub host: String,
-    /// Process id.
-    pub pid: u32,
-    /// Process start time (clock ticks after boot, from /proc), to tell a
-    /// recycled pid from the node's process.
-    pub start_time: u64,
-    /// The control endpoint (ROUTER).
-    pub control: String,
-    /// Data endpoint of best-effort publications, once one exists.
-    pub data_best_effort: Option<String>,
-    /// Data endpoint of reliable publications, once one exists.
-    pub data_reliable: Option<String>,
-    /// Liveliness endpoint: the node's heartbeats (XPUB, key `@hb`).
-    #[serde(default)]
-    pub liveliness: Option<String>,
-    /// Publications.
-    pub publications: Vec<PublicationInfo>,
-    /// Services.
-    #[serde(default)]
-    pub services: Vec<crate::api::service::ServiceInfo>,
-}
-
-impl Announcement {
-    /// The node id, if well formed.
-    pub fn id(&self) -> Option<NodeId> {
-        NodeId::from_hex(&self.node_id)
-    }
-
-    /// The data endpoint serving publications of `reliability`.
-    pub fn data_endpoint(&self, reliability: Reliability) -> Option<&str> {
-        match reliability {
-            Reliability::BestEffort => self.data_best_effort.as_deref(),
-            Reliability::Reliable => self.data_reliable.as_deref(),
-        }
-    }
-}
+pub use milonga_wire::announce::{Announcement, PublicationInfo};
 
 /// The start time of process `pid` (field 22 of /proc/pid/stat), or None
 /// if there is no such process.
@@ -433,7 +369,7 @@ impl LocalDir {
                         a
                     } else {
                         let parsed = read.and_then(|(v, text)| {
-                            serde_json::from_slice::<Announcement>(&text)
+                            Announcement::from_json(&text)
                                 .map(|a| (v, a))
                                 .map_err(|e| e.to_string())
                         });
@@ -656,7 +592,7 @@ mod tests {
         let mut a = announcement(&"12".repeat(16), std::process::id(), 0, "tcp://127.0.0.1:9");
         a.publications = vec![PublicationInfo {
             key: "a/x".into(),
-            reliability: Reliability::BestEffort,
+            reliability: crate::model::qos::Reliability::BestEffort,
             history: 0,
         }];
         let file = dir.dir.join(format!("{}.json", a.node_id));

@@ -2,43 +2,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-/// What a publisher does when a subscriber cannot keep up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reliability {
-    /// Drop at the high-water mark; the subscriber that lost samples sees
-    /// the gap in sequence numbers and reports it as [`crate::Event::Lost`].
-    #[default]
-    BestEffort,
-    /// Never drop: `put` waits until the slowest subscriber has room (up
-    /// to [`PublisherQos::put_timeout`]); `try_put` returns `WouldBlock`.
-    Reliable,
-}
-
-impl Reliability {
-    /// `"best_effort"` or `"reliable"`, as in announcements.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reliability::BestEffort => "best_effort",
-            Reliability::Reliable => "reliable",
-        }
-    }
-}
-
-impl std::str::FromStr for Reliability {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "best-effort" | "best_effort" => Ok(Reliability::BestEffort),
-            "reliable" => Ok(Reliability::Reliable),
-            other => Err(format!(
-                "unknown reliability {other:?}: expected reliable or best-effort"
-            )),
-        }
-    }
-}
+pub use milonga_wire::announce::Reliability;
 
 /// QoS of a publisher.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

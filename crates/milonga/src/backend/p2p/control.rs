@@ -20,9 +20,9 @@ use crate::util::stats::{self, NodeStats};
 use crate::util::{lock, try_lock};
 
 /// First frame of every control request and reply.
-pub const CONTROL_MAGIC: &[u8] = b"MILONGA-CTL/1";
+pub const CONTROL_MAGIC: &[u8] = milonga_wire::control::MAGIC;
 /// The one request of protocol v1: "who are you, and how are you doing".
-pub const CONTROL_INFO: &[u8] = b"info";
+pub const CONTROL_INFO: &[u8] = milonga_wire::control::INFO;
 
 /// What a node answers to `info`: its announcement and counters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -444,8 +444,9 @@ impl Control {
 
     fn serve_control(&mut self) {
         while let Ok(frames) = self.router.recv_multipart(zmq::DONTWAIT) {
-            let ok = frames.len() == 3 && frames[1] == CONTROL_MAGIC && frames[2] == CONTROL_INFO;
-            if !ok {
+            // Frame 0 is the ROUTER's identity of the asker.
+            let request = frames.get(1..).map(milonga_wire::control::Request::decode);
+            if !matches!(request, Some(Ok(milonga_wire::control::Request::Info))) {
                 let n = self
                     .inner
                     .counters
@@ -467,7 +468,8 @@ impl Control {
                 stats: self.inner.counters.snapshot(),
             };
             let body = serde_json::to_vec(&info).unwrap_or_default();
-            let reply: [&[u8]; 4] = [&frames[0], CONTROL_MAGIC, CONTROL_INFO, &body];
+            let [magic, info, body] = milonga_wire::control::info_reply(&body);
+            let reply: [&[u8]; 4] = [&frames[0], magic, info, body];
             let _ = self.router.send_multipart(reply, zmq::DONTWAIT);
         }
     }
@@ -522,10 +524,9 @@ impl Control {
         let mut changed = false;
         for p in &mut self.statics {
             while let Ok(frames) = p.sock.recv_multipart(zmq::DONTWAIT) {
-                let parsed =
-                    (frames.len() == 3 && frames[0] == CONTROL_MAGIC && frames[1] == CONTROL_INFO)
-                        .then(|| serde_json::from_slice::<NodeInfo>(&frames[2]).ok())
-                        .flatten();
+                let parsed = milonga_wire::control::decode_info_reply(&frames)
+                    .ok()
+                    .and_then(|body| serde_json::from_slice::<NodeInfo>(body).ok());
                 let Some(info) = parsed else {
                     stats::inc(&self.inner.counters.control_malformed);
                     limited!(warn, peer = %p.endpoint, "dropped a malformed reply from a static peer");
@@ -570,7 +571,7 @@ impl Control {
         ));
         let mut changed = false;
         for p in &mut self.statics {
-            let req: [&[u8]; 2] = [CONTROL_MAGIC, CONTROL_INFO];
+            let req = milonga_wire::control::Request::Info.frames();
             let _ = p.sock.send_multipart(req, zmq::DONTWAIT);
             if p.announcement.is_some() && p.last_reply.is_none_or(|t| t.elapsed() > expiry) {
                 tracing::info!(peer = %p.endpoint, "static peer stopped answering");
@@ -772,7 +773,7 @@ pub(crate) fn query_many(
             s.set_linger(0).ok()?;
             s.set_maxmsgsize(16 << 20).ok()?;
             s.connect(ep).ok()?;
-            let req: [&[u8]; 2] = [CONTROL_MAGIC, CONTROL_INFO];
+            let req = milonga_wire::control::Request::Info.frames();
             s.send_multipart(req, zmq::DONTWAIT).ok()?;
             Some(s)
         })
@@ -800,9 +801,9 @@ pub(crate) fn query_many(
                 continue;
             };
             if let Ok(frames) = s.recv_multipart(zmq::DONTWAIT) {
-                if frames.len() == 3 && frames[0] == CONTROL_MAGIC {
-                    out[i] = serde_json::from_slice(&frames[2]).ok();
-                }
+                out[i] = milonga_wire::control::decode_info_reply(&frames)
+                    .ok()
+                    .and_then(|body| serde_json::from_slice(body).ok());
             }
         }
         waiting = still;
@@ -816,14 +817,12 @@ pub(crate) fn query(inner: &NodeInner, endpoint: &str, timeout: Duration) -> Opt
     sock.set_linger(0).ok()?;
     sock.set_maxmsgsize(16 << 20).ok()?;
     sock.connect(endpoint).ok()?;
-    let req: [&[u8]; 2] = [CONTROL_MAGIC, CONTROL_INFO];
-    sock.send_multipart(req, 0).ok()?;
+    sock.send_multipart(milonga_wire::control::Request::Info.frames(), 0)
+        .ok()?;
     if sock.poll(zmq::POLLIN, timeout.as_millis() as i64).ok()? == 0 {
         return None;
     }
     let frames = sock.recv_multipart(zmq::DONTWAIT).ok()?;
-    if frames.len() != 3 || frames[0] != CONTROL_MAGIC {
-        return None;
-    }
-    serde_json::from_slice(&frames[2]).ok()
+    let body = milonga_wire::control::decode_info_reply(&frames).ok()?;
+    serde_json::from_slice(body).ok()
 }
