@@ -46,7 +46,7 @@ pub(crate) struct NodeState {
     /// Monitors of subscriptions declared since the node thread last
     /// looked: it watches them and tells each subscription of closed
     /// connections.
-    pub new_sub_monitors: Vec<(Weak<SubShared>, zmq::Socket)>,
+    pub new_sub_monitors: Vec<(Weak<SubShared>, crate::backend::p2p::sub_link::Monitor)>,
     /// Monitors of services started since the node thread last looked.
     pub new_svc_monitors: Vec<crate::backend::p2p::control::SvcMonitor>,
 }

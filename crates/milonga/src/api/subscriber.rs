@@ -13,10 +13,9 @@ use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
 
 use crate::api::node::{MatchedPublication, NodeInner, Routes};
-use crate::backend::p2p::zmq_io::{self, message_bytes};
+use crate::backend::p2p::sub_link::{Incoming, Monitor, SubLink, Waker};
 use crate::engine::queue::{AppQueue, Pushed};
 use crate::engine::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
-use crate::model::error::IntoTransport;
 use crate::model::error::{OpenError, RecvError, SubscribeError};
 use crate::model::qos::{Reliability, SubscriberQos};
 use crate::model::sample::{
@@ -26,16 +25,8 @@ use crate::model::sample::{
 use crate::util::stats::{self, log_drop, Counters};
 use crate::util::{lock, try_lock};
 
-/// Prefix of the wake-up messages a subscription's own inproc PUB sends to
-/// its SUB socket, so that a thread blocked in `recv` on that one socket
-/// wakes (a zmq_poll over several sockets costs a dozen system calls per
-/// message; a blocking recv on one, as raw libzmq does, costs one).
-const WAKE: &[u8] = b"@w\0";
-
 struct SubIo {
-    sock: zmq::Socket,
-    /// The receive timeout currently set on `sock`, in ms.
-    rcvtimeo: i32,
+    link: SubLink,
     /// Calls left that go straight to a blocking receive: set when a
     /// non-blocking attempt found nothing, which means messages arrive one
     /// at a time and trying first only costs a system call.
@@ -232,10 +223,10 @@ pub(crate) struct SubShared {
     pub expr: KeyExpr,
     io: Mutex<SubIo>,
     target: Mutex<Target>,
-    wake_tx: Mutex<zmq::Socket>,
+    waker: Waker,
     /// The socket monitor (closed connections), until the node thread
     /// takes it to watch.
-    pub(crate) monitor: Mutex<Option<zmq::Socket>>,
+    pub(crate) monitor: Mutex<Option<Monitor>>,
     /// Endpoints whose connection closed, reported by the node thread.
     closed_connections: Mutex<Vec<String>>,
     has_closed_connections: AtomicBool,
@@ -268,17 +259,6 @@ impl SubShared {
         expr: KeyExpr,
         qos: &SubscriberQos,
     ) -> Result<Self, OpenError> {
-        // XSUB rather than SUB: it can send history queries upstream, on the
-        // same connections as its subscriptions (docs/protocol.md §4.2).
-        let sock = node.ctx.socket(zmq::XSUB)?;
-        let cfg_err = |source: zmq::Error| OpenError::Socket {
-            action: "configure",
-            endpoint: format!("subscription {expr}"),
-            source: source.transport(),
-        };
-        zmq_io::apply_common(&sock, &node.cfg).map_err(cfg_err)?;
-        sock.set_rcvhwm(qos.queue_depth.unwrap_or(node.cfg.recv_hwm))
-            .map_err(cfg_err)?;
         // Random, so that nobody can name it in a query without having
         // seen this subscription's own subscribe message: a publisher
         // answers only tokens subscribed on its socket, and a guessable
@@ -306,36 +286,13 @@ impl SubShared {
         }
         prefixes.push(format!("{}\0", frame::HEARTBEAT_KEY).into_bytes());
         prefixes.push(format!("{REPLY_KEY_PREFIX}{token}\0").into_bytes());
-        prefixes.push(WAKE.to_vec());
-        for p in prefixes {
-            let mut msg = Vec::with_capacity(p.len() + 1);
-            msg.push(1);
-            msg.extend_from_slice(&p);
-            sock.send(msg, 0).map_err(cfg_err)?;
-        }
-        let mon_ep = format!("inproc://milonga-submon-{}-{id}", node.id);
-        sock.monitor(&mon_ep, zmq_sys::ZMQ_EVENT_DISCONNECTED as i32)
-            .map_err(cfg_err)?;
-        let monitor = node.ctx.socket(zmq::PAIR)?;
-        monitor.set_linger(0).map_err(cfg_err)?;
-        monitor.connect(&mon_ep).map_err(cfg_err)?;
-        let wake_ep = format!("inproc://milonga-wake-{}-{id}", node.id);
-        let wake_tx = node.ctx.socket(zmq::PUB)?;
-        wake_tx.set_linger(0).map_err(cfg_err)?;
-        wake_tx.set_sndhwm(4).map_err(cfg_err)?;
-        node.bind(&wake_tx, &wake_ep)?;
-        sock.connect(&wake_ep)
-            .map_err(|source: zmq::Error| OpenError::Socket {
-                action: "connect",
-                endpoint: wake_ep.clone(),
-                source: source.transport(),
-            })?;
+        let hwm = qos.queue_depth.unwrap_or(node.cfg.recv_hwm);
+        let (link, waker, monitor) = SubLink::open(node, id, expr.as_str(), prefixes, hwm)?;
         Ok(SubShared {
             expr,
             node: node.clone(),
             io: Mutex::new(SubIo {
-                sock,
-                rcvtimeo: -1,
+                link,
                 skip_try: 0,
                 connected: BTreeSet::new(),
                 applied: 0,
@@ -361,7 +318,7 @@ impl SubShared {
                 routed: false,
             }),
             target: Mutex::new(Target::default()),
-            wake_tx: Mutex::new(wake_tx),
+            waker,
             monitor: Mutex::new(Some(monitor)),
             closed_connections: Mutex::new(Vec::new()),
             has_closed_connections: AtomicBool::new(false),
@@ -399,7 +356,7 @@ impl SubShared {
 
     /// Interrupts a thread blocked in `recv` so that it re-checks its state.
     pub(crate) fn wake(&self) {
-        let _ = lock(&self.wake_tx).send(WAKE, zmq::DONTWAIT);
+        self.waker.wake();
     }
 
     /// Called by the node thread, which watches the socket monitor: the
@@ -506,7 +463,7 @@ impl SubShared {
                 io.arm(at);
                 continue;
             }
-            match io.sock.connect(ep) {
+            match io.link.connect(ep) {
                 Ok(()) => {
                     if io.backoff.contains_key(ep) {
                         stats::inc(&self.node.counters.reconnects);
@@ -561,7 +518,7 @@ impl SubShared {
                         keys: self.expr.as_str().to_owned(),
                         filter: f.clone(),
                     };
-                    if let Err(err) = io.sock.send(d.encode(), zmq::DONTWAIT) {
+                    if let Err(err) = io.link.send(d.encode()) {
                         tracing::warn!(publisher = %node, %err, "cannot declare a filter");
                     }
                 }
@@ -661,7 +618,7 @@ impl SubShared {
 
     /// Disconnects `ep` now and forgets it.
     fn drop_connection(&self, io: &mut SubIo, ep: &str) {
-        let _ = io.sock.disconnect(ep);
+        io.link.disconnect(ep);
         io.connected.remove(ep);
         io.lingering.remove(ep);
         let node = io.data_nodes.remove(ep);
@@ -770,7 +727,7 @@ impl SubShared {
     /// Sends a history query to `endpoint` of `node` and holds that node's
     /// samples until it is answered.
     fn ask(&self, io: &mut SubIo, node: NodeId, q: Query, initial: bool) -> bool {
-        if let Err(err) = io.sock.send(q.encode(), zmq::DONTWAIT) {
+        if let Err(err) = io.link.send(q.encode()) {
             tracing::warn!(publisher = %node, %err, "cannot send a history query");
             return false;
         }
@@ -966,7 +923,7 @@ impl SubShared {
         for ep in stale {
             io.liveliness.remove(&ep);
             if io.connected.remove(&ep) {
-                let _ = io.sock.disconnect(&ep);
+                io.link.disconnect(&ep);
             }
         }
     }
@@ -1232,18 +1189,18 @@ impl SubShared {
             let closed = self.has_closed_connections.load(Ordering::Acquire);
             // Under a flood, take what is there without reading the clock.
             if io.skip_try == 0 || closed || timeout == Some(Duration::ZERO) {
-                match io.sock.recv_msg(zmq::DONTWAIT) {
-                    Ok(first) => {
-                        self.received(&mut io, first);
+                match io.link.try_recv() {
+                    Ok(Some(msg)) => {
+                        self.received(&mut io, msg);
                         continue;
                     }
-                    Err(zmq::Error::EAGAIN) if closed => {
+                    Ok(None) if closed => {
                         self.read_closed_connections(&mut io);
                         continue;
                     }
-                    Err(zmq::Error::EAGAIN) => io.skip_try = 16,
-                    Err(zmq::Error::EINTR) => continue,
-                    Err(e) => return Err(RecvError::Socket(e.transport())),
+                    Ok(None) => io.skip_try = 16,
+                    Err(None) => continue,
+                    Err(Some(e)) => return Err(RecvError::Socket(e)),
                 }
             } else {
                 io.skip_try -= 1;
@@ -1254,10 +1211,7 @@ impl SubShared {
                 Some(t) => {
                     let now = Instant::now();
                     if t <= now {
-                        let drained = io
-                            .sock
-                            .get_events()
-                            .map_or(true, |e| !e.contains(zmq::POLLIN));
+                        let drained = !io.link.readable();
                         self.check_timers(&mut io, now, drained);
                         continue;
                     }
@@ -1283,19 +1237,11 @@ impl SubShared {
                 }
             };
             let wait_ms = timer_ms.map_or(wait_ms, |t| t.min(wait_ms)).max(1) as i32;
-            if io.rcvtimeo != wait_ms {
-                io.sock
-                    .set_rcvtimeo(wait_ms)
-                    .map_err(|e| RecvError::Socket(e.transport()))?;
-                io.rcvtimeo = wait_ms;
-            }
-            // One blocking receive on one socket: wake-ups (a stop, new
-            // routes, a closed connection) arrive on it too.
-            match io.sock.recv_msg(0) {
-                Ok(first) => self.received(&mut io, first),
+            match io.link.recv_wait(wait_ms) {
+                Ok(Some(msg)) => self.received(&mut io, msg),
                 // A timeout, or a signal handled elsewhere: look again.
-                Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
-                Err(e) => return Err(RecvError::Socket(e.transport())),
+                Ok(None) => {}
+                Err(e) => return Err(RecvError::Socket(e)),
             }
         }
     }
@@ -1348,8 +1294,16 @@ impl SubShared {
 
     /// Handles a received message; under a flood the socket is never
     /// empty, so the timers are looked at every 256 messages all the same.
-    fn received(&self, io: &mut SubIo, first: zmq::Message) {
-        self.handle(io, first);
+    fn received(&self, io: &mut SubIo, msg: Incoming) {
+        match msg {
+            Incoming::Message(first, second) => self.handle(io, first, second),
+            Incoming::TooManyFrames => {
+                let c = &self.node.counters;
+                let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(n, "a data message", &"more than two frames");
+            }
+            Incoming::Nothing => {}
+        }
         io.handled = io.handled.wrapping_add(1);
         if io.handled % 256 == 0 {
             self.peek_closed_connections(io);
@@ -1392,7 +1346,7 @@ impl SubShared {
                 self.settle_goodbye(io, node);
             }
             if io.connected.remove(&endpoint) {
-                let _ = io.sock.disconnect(&endpoint);
+                io.link.disconnect(&endpoint);
                 // Connect again (in `apply`) after a back-off: a peer that
                 // breaks every connection at once (an over-size frame to
                 // each newcomer) must not make this spin.
@@ -1459,30 +1413,8 @@ impl SubShared {
     }
 
     /// Checks one received message and queues the events it yields.
-    fn handle(&self, io: &mut SubIo, first: zmq::Message) {
-        if first.first() == Some(&b'@') && first.starts_with(WAKE) {
-            return;
-        }
+    fn handle(&self, io: &mut SubIo, frame: Bytes, second: Option<Bytes>) {
         let c = &self.node.counters;
-        let second = if first.get_more() {
-            match io.sock.recv_msg(0) {
-                Ok(m) if !m.get_more() => Some(m),
-                Ok(_) => {
-                    while let Ok(m) = io.sock.recv_msg(0) {
-                        if !m.get_more() {
-                            break;
-                        }
-                    }
-                    let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                    log_drop(n, "a data message", &"more than two frames");
-                    return;
-                }
-                Err(_) => return,
-            }
-        } else {
-            None
-        };
-        let frame = message_bytes(first);
         stats::add(
             &c.bytes_received,
             (frame.len() + second.as_ref().map_or(0, |m| m.len())) as u64,
@@ -1563,7 +1495,7 @@ impl SubShared {
         match h.kind {
             Kind::Sample => {
                 let first = frame.slice(body_offset..);
-                match decode_payload(h.encoding, first, second.map(message_bytes)) {
+                match decode_payload(h.encoding, first, second) {
                     Ok(value) => {
                         let s = Sample {
                             key,
@@ -1750,14 +1682,6 @@ impl SubShared {
             }
             Step::First | Step::Next => Verdict::Deliver,
         }
-    }
-}
-
-impl Drop for SubShared {
-    fn drop(&mut self) {
-        // Before the monitor's reader (the node thread's, or ours) goes.
-        let io = self.io.get_mut().unwrap_or_else(|e| e.into_inner());
-        zmq_io::stop_monitor(&mut io.sock);
     }
 }
 

@@ -171,7 +171,7 @@ pub(crate) struct Control {
     /// Subscriptions' socket monitors (closed connections).
     sub_monitors: Vec<(
         std::sync::Weak<crate::api::subscriber::SubShared>,
-        zmq::Socket,
+        crate::backend::p2p::sub_link::Monitor,
     )>,
     /// Services' socket monitors (bad handshakes, failed accepts).
     svc_monitors: Vec<SvcMonitor>,
@@ -412,7 +412,7 @@ impl Control {
         items.extend(
             self.sub_monitors
                 .iter()
-                .map(|(_, m)| m.as_poll_item(zmq::POLLIN)),
+                .map(|(_, m)| m.0.as_poll_item(zmq::POLLIN)),
         );
         // Held through the poll; nobody else locks them but a service
         // going away, which only drops its handle.
@@ -496,7 +496,7 @@ impl Control {
             let Some(sub) = sub.upgrade() else {
                 return false;
             };
-            while let Ok(frames) = m.recv_multipart(zmq::DONTWAIT) {
+            while let Ok(frames) = m.0.recv_multipart(zmq::DONTWAIT) {
                 let endpoint = frames
                     .get(1)
                     .map(|f| String::from_utf8_lossy(f).into_owned())

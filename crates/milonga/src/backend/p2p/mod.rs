@@ -4,6 +4,7 @@
 
 pub(crate) mod control;
 pub(crate) mod data;
+pub(crate) mod sub_link;
 // libzmq's calls that the zmq crate does not wrap.
 #[allow(unsafe_code)]
 pub(crate) mod zmq_io;
