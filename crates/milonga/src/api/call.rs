@@ -24,11 +24,9 @@ use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, KeyExpr, NodeId, Value};
 
 use crate::api::node::NodeInner;
-use crate::api::service::recv_parts;
-use crate::backend::p2p::zmq_io::{self, message_bytes};
+use crate::backend::p2p::call_link::CallLink;
 use crate::discovery::Announcement;
 use crate::model::error::CallError;
-use crate::model::error::IntoTransport;
 use crate::util::lock;
 use crate::util::stats;
 
@@ -37,12 +35,6 @@ const MAX_IDLE: usize = 64;
 /// How often a waiting call looks at its connection's monitor (a lost
 /// server), discovery and `close`.
 const CHECK_EVERY: Duration = Duration::from_millis(50);
-
-const LOST_EVENTS: u16 = (zmq_sys::ZMQ_EVENT_DISCONNECTED
-    | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED
-    | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) as u16;
-const UP_EVENTS: u16 = zmq_sys::ZMQ_EVENT_HANDSHAKE_SUCCEEDED as u16;
 
 /// One server of one service, as discovery announced it.
 pub(crate) struct Target {
@@ -54,44 +46,7 @@ pub(crate) struct Target {
     pub server: String,
     pub max_request_bytes: usize,
     outstanding: AtomicUsize,
-    idle: Mutex<Vec<Channel>>,
-}
-
-/// A connection to one server: a DEALER and the reader of its monitor.
-struct Channel {
-    sock: zmq::Socket,
-    monitor: zmq::Socket,
-    /// The receive timeout set on `sock`, in ms.
-    rcvtimeo: i32,
-    /// The last monitor event read said the connection is down.
-    down: bool,
-}
-
-impl Channel {
-    /// Reads the monitor's queued events into `down`. Done between the
-    /// slices of a wait and when the connection goes back to the pool, so
-    /// events never pile up in the monitor's queue (libzmq's I/O thread
-    /// would block on a full one).
-    fn read_monitor(&mut self) {
-        while let Ok(event) = self.monitor.recv_multipart(zmq::DONTWAIT) {
-            let what = event
-                .first()
-                .filter(|f| f.len() >= 2)
-                .map_or(0, |f| u16::from_le_bytes([f[0], f[1]]));
-            if what & LOST_EVENTS != 0 {
-                self.down = true;
-            } else if what & UP_EVENTS != 0 {
-                self.down = false;
-            }
-        }
-    }
-}
-
-impl Drop for Channel {
-    fn drop(&mut self) {
-        // Before the monitor's reader goes (see zmq_io::stop_monitor).
-        zmq_io::stop_monitor(&mut self.sock);
-    }
+    idle: Mutex<Vec<CallLink>>,
 }
 
 /// Every node's calling state.
@@ -218,7 +173,7 @@ impl std::fmt::Debug for PendingCall {
 struct InFlight {
     node: Arc<NodeInner>,
     target: Arc<Target>,
-    channel: Option<Channel>,
+    channel: Option<CallLink>,
     call_id: u64,
     deadline: Instant,
     timeout: Duration,
@@ -232,8 +187,7 @@ impl Drop for InFlight {
         // A connection whose call ended (even by timeout: a late reply is
         // recognised by its call id and dropped) serves the next call.
         if let Some(mut ch) = self.channel.take() {
-            ch.read_monitor();
-            if ch.down {
+            if ch.is_down() {
                 // Broken since; the next call opens a fresh one.
                 return;
             }
@@ -482,19 +436,9 @@ fn send(
         cancelled: None,
     };
     let ch = call.channel.as_mut().expect("just set");
-    let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
-    // A DEALER with a connection being made queues the message; one call
-    // per connection at a time never fills its queue.
-    let sent = ch
-        .sock
-        .send(msg, zmq::DONTWAIT | more)
-        .and_then(|_| match &enc.tail {
-            Some(t) => zmq_io::send_bytes(&mut ch.sock, t.clone(), zmq::DONTWAIT),
-            None => Ok(()),
-        });
-    if let Err(e) = sent {
+    if let Err(e) = ch.send(msg, enc.tail.as_ref()) {
         call.channel = None;
-        return Err(CallError::Socket(e.transport()));
+        return Err(CallError::Socket(e));
     }
     stats::inc(&node.counters.calls_sent);
     Ok(PendingCall {
@@ -503,41 +447,15 @@ fn send(
     })
 }
 
-fn open_channel(node: &NodeInner, target: &Target) -> Result<Channel, CallError> {
-    let endpoint = target.endpoint.as_str();
-    let sock_err = |action: &'static str| {
-        move |source: zmq::Error| {
-            CallError::Open(crate::model::error::OpenError::Socket {
-                action,
-                endpoint: endpoint.to_owned(),
-                source: source.transport(),
-            })
-        }
-    };
-    let sock = node.ctx.socket(zmq::DEALER)?;
-    zmq_io::apply_common(&sock, &node.cfg).map_err(sock_err("configure"))?;
+fn open_channel(node: &NodeInner, target: &Target) -> Result<CallLink, CallError> {
     // A reply is bounded by the server's limit (it refuses to send larger
     // ones). Were the connection's limit this node's smaller one, libzmq
     // would drop the connection on a larger reply and the call would end
     // as a lost server; instead the reply is received and refused as
     // `BadReply`, and the connection lives on.
     let limit = node.cfg.max_message_bytes.max(target.max_request_bytes);
-    sock.set_maxmsgsize(i64::try_from(limit).unwrap_or(i64::MAX))
-        .map_err(sock_err("configure"))?;
     let n = node.callers.next_channel.fetch_add(1, Ordering::Relaxed);
-    let mon = format!("inproc://milonga-callmon-{}-{n}", node.id);
-    sock.monitor(&mon, i32::from(LOST_EVENTS | UP_EVENTS))
-        .map_err(sock_err("monitor"))?;
-    let monitor = node.ctx.socket(zmq::PAIR)?;
-    monitor.set_linger(0).map_err(sock_err("monitor"))?;
-    monitor.connect(&mon).map_err(sock_err("monitor"))?;
-    sock.connect(endpoint).map_err(sock_err("connect"))?;
-    Ok(Channel {
-        sock,
-        monitor,
-        rcvtimeo: -1,
-        down: false,
-    })
+    CallLink::open(node, n, &target.endpoint, limit).map_err(CallError::Open)
 }
 
 impl InFlight {
@@ -579,27 +497,20 @@ impl InFlight {
             let slice = until.saturating_duration_since(now).min(CHECK_EVERY);
             let ms = slice.as_micros().div_ceil(1000).max(1) as i32;
             let ch = self.channel.as_mut().expect("a waiting call has a channel");
-            if ch.rcvtimeo != ms {
-                if let Err(e) = ch.sock.set_rcvtimeo(ms) {
-                    return Some(Err(CallError::Socket(e.transport())));
-                }
-                ch.rcvtimeo = ms;
-            }
-            match recv_parts(&mut ch.sock, 0) {
-                Ok(parts) => {
+            match ch.recv_wait(ms) {
+                Ok(Some(parts)) => {
                     if let Some(r) = reply(&self.node, &self.target, self.call_id, parts) {
                         return Some(r);
                     }
                     continue;
                 }
-                Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
-                Err(e) => return Some(Err(CallError::Socket(e.transport()))),
+                Ok(None) => {}
+                Err(e) => return Some(Err(CallError::Socket(e))),
             }
             // The connection's state is its last event: a disconnection
             // followed by a reconnection (older than this call, or a
             // hiccup) is not a lost server.
-            ch.read_monitor();
-            if ch.down {
+            if ch.is_down() {
                 stats::inc(&c.calls_server_lost);
                 return Some(Err(CallError::ServerLost { server }));
             }
@@ -633,15 +544,15 @@ fn reply(
     node: &NodeInner,
     target: &Target,
     call_id: u64,
-    mut parts: Vec<zmq::Message>,
+    mut parts: Vec<Bytes>,
 ) -> Option<Result<Value, CallError>> {
     let c = &node.counters;
     if parts.is_empty() || parts.len() > 2 {
         stats::inc(&c.frames_malformed);
         return None;
     }
-    let second = (parts.len() == 2).then(|| message_bytes(parts.pop().expect("2")));
-    let frame = message_bytes(parts.pop().expect("1"));
+    let second = (parts.len() == 2).then(|| parts.pop().expect("2"));
+    let frame = parts.pop().expect("1");
     let view = match frame::decode(&frame) {
         Ok(v) => v,
         Err(err) => {

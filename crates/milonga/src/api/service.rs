@@ -33,7 +33,7 @@ use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, NodeId, Value};
 
 use crate::api::node::NodeInner;
-use crate::backend::p2p::zmq_io::{self, message_bytes};
+use crate::backend::p2p::zmq_io::{self, message_bytes, recv_parts};
 use crate::model::error::IntoTransport;
 use crate::model::error::ServeError;
 use crate::util::lock;
@@ -869,15 +869,4 @@ impl Server {
             }
         }
     }
-}
-
-/// Receives one whole message (every frame) without copying it; `flags`
-/// apply to its first frame.
-pub(crate) fn recv_parts(sock: &mut zmq::Socket, flags: i32) -> zmq::Result<Vec<zmq::Message>> {
-    let mut parts = vec![sock.recv_msg(flags)?];
-    while sock.get_rcvmore()? {
-        // The rest of a message is there as soon as its first frame is.
-        parts.push(sock.recv_msg(0)?);
-    }
-    Ok(parts)
 }

@@ -2,6 +2,7 @@
 //! (data XPUBs, a liveliness XPUB, a control ROUTER, services' ROUTERs),
 //! and the node thread polls them (docs/internals.md).
 
+pub(crate) mod call_link;
 pub(crate) mod control;
 pub(crate) mod data;
 pub(crate) mod sub_link;

@@ -233,6 +233,17 @@ pub(crate) fn message_bytes(msg: zmq::Message) -> Bytes {
     Bytes::from_owner(MessageBytes(msg))
 }
 
+/// Receives one whole message (every frame) without copying it; `flags`
+/// apply to its first frame.
+pub(crate) fn recv_parts(sock: &mut zmq::Socket, flags: i32) -> zmq::Result<Vec<zmq::Message>> {
+    let mut parts = vec![sock.recv_msg(flags)?];
+    while sock.get_rcvmore()? {
+        // The rest of a message is there as soon as its first frame is.
+        parts.push(sock.recv_msg(0)?);
+    }
+    Ok(parts)
+}
+
 impl IntoTransport for zmq::Error {
     fn transport(self) -> TransportError {
         let code = self.to_raw();
