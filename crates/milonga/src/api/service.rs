@@ -33,8 +33,7 @@ use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, NodeId, Value};
 
 use crate::api::node::NodeInner;
-use crate::backend::p2p::zmq_io::{self, message_bytes, recv_parts};
-use crate::model::error::IntoTransport;
+use crate::backend::p2p::serve_link::{Caller, ServeLink, ServeMonitor, ServeWaker};
 use crate::model::error::ServeError;
 use crate::util::lock;
 use crate::util::stats;
@@ -138,7 +137,7 @@ const QUIET_CHECKS: u32 = 50;
 
 /// A request read from the socket.
 struct Incoming {
-    identity: zmq::Message,
+    identity: Caller,
     header: Header,
     frame: Bytes,
     body_offset: usize,
@@ -147,7 +146,7 @@ struct Incoming {
 
 /// A reply ready to go.
 struct Outgoing {
-    identity: zmq::Message,
+    identity: Caller,
     head: Vec<u8>,
     tail: Option<Bytes>,
 }
@@ -186,10 +185,10 @@ struct Server {
     key: Key,
     node: Arc<NodeInner>,
     /// Held by the leader while it reads or sends, not while a handler runs.
-    sock: Mutex<zmq::Socket>,
+    sock: Mutex<ServeLink>,
     /// An inproc peer of the socket: an empty message from it wakes the
     /// leader (outbox, close).
-    waker: Mutex<zmq::Socket>,
+    waker: ServeWaker,
     pool: Mutex<Pool>,
     standby_cv: Condvar,
     followers_cv: Condvar,
@@ -197,8 +196,9 @@ struct Server {
     opts: ServeOptions,
     closed: AtomicBool,
     /// The reader of `sock`'s monitor, shared with the node thread; let go
-    /// only after the monitor is stopped (see `Drop`).
-    _monitor: Arc<Mutex<zmq::Socket>>,
+    /// only after the monitor is stopped (`ServeLink`'s drop: `sock` is
+    /// declared first).
+    _monitor: ServeMonitor,
 }
 
 /// A service being served. Dropping it withdraws the service: callers stop
@@ -243,51 +243,14 @@ impl Service {
                 opts.workers
             )));
         }
-        let sock = node.ctx.socket(zmq::ROUTER)?;
         let n = node.next_service_id();
         let endpoint = node.endpoint_for(&format!("s{n}"), None);
-        let opt_err = |source: zmq::Error| crate::model::error::OpenError::Socket {
-            action: "configure",
-            endpoint: endpoint.clone(),
-            source: source.transport(),
-        };
-        zmq_io::apply_common(&sock, &node.cfg).map_err(opt_err)?;
-        // A reply to a caller that has gone fails (and is counted) rather
-        // than vanishing.
-        sock.set_router_mandatory(true).map_err(opt_err)?;
-        // Replies already queued get a moment to leave when the service goes.
-        // Negative (wait forever) is capped like any long wait.
-        let linger = if node.cfg.close_linger_ms < 0 {
-            1000
-        } else {
-            node.cfg.close_linger_ms.min(1000)
-        };
-        sock.set_linger(linger).map_err(opt_err)?;
-        let bound = node.bind(&sock, &endpoint)?;
-        let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", node.id);
-        let wake_err = |source: zmq::Error| crate::model::error::OpenError::Socket {
-            action: "bind or connect",
-            endpoint: wake_ep.clone(),
-            source: source.transport(),
-        };
-        sock.bind(&wake_ep).map_err(wake_err)?;
-        let waker = node.ctx.socket(zmq::DEALER)?;
-        waker.set_linger(0).map_err(wake_err)?;
-        waker.connect(&wake_ep).map_err(wake_err)?;
-        // Bad handshakes and failed accepts on this port are counted by
-        // (created last: nothing fallible follows before `Server` owns it,
-        // whose `Drop` stops the monitor before the reader goes)
-        // the node thread, which reads this monitor while the service lives.
-        let monitor = Arc::new(Mutex::new(crate::backend::p2p::control::monitor(
-            node,
-            &sock,
-            &format!("s{n}"),
-        )?));
+        let (sock, waker, bound, monitor) = ServeLink::open(node, n, &endpoint)?;
         let server = Arc::new(Server {
             key,
             node: node.clone(),
             sock: Mutex::new(sock),
-            waker: Mutex::new(waker),
+            waker,
             pool: Mutex::new(Pool::default()),
             standby_cv: Condvar::new(),
             followers_cv: Condvar::new(),
@@ -326,14 +289,6 @@ impl Service {
             workers: self.server.opts.workers,
             max_request_bytes: self.server.node.cfg.max_message_bytes,
         }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Before the monitor's reader can go (its fields drop after this).
-        let sock = self.sock.get_mut().unwrap_or_else(|e| e.into_inner());
-        zmq_io::stop_monitor(sock);
     }
 }
 
@@ -380,11 +335,11 @@ impl Drop for Service {
                 gone,
             );
         }
-        while let Ok(parts) = recv_parts(&mut sock, zmq::DONTWAIT) {
-            if parts.len() == 2 && parts[1].is_empty() {
+        while let Ok(Some((caller, frames))) = sock.recv(false) {
+            if frames.len() == 1 && frames[0].is_empty() {
                 continue;
             }
-            if let Some(r) = s.parse(&mut sock, parts) {
+            if let Some(r) = s.parse(&mut sock, caller, frames) {
                 s.refuse(
                     &mut sock,
                     r.identity,
@@ -506,9 +461,9 @@ impl Server {
                 lock(&self.pool).leader = None;
                 return;
             }
-            let parts = match recv_parts(s, 0) {
-                Ok(p) => p,
-                Err(zmq::Error::EINTR | zmq::Error::EAGAIN) => continue,
+            let (caller, frames) = match s.recv(true) {
+                Ok(Some(m)) => m,
+                Ok(None) => continue,
                 Err(err) => {
                     tracing::error!(service = %self.key.as_str(), %err, "cannot read the service socket");
                     std::thread::sleep(Duration::from_millis(100));
@@ -524,12 +479,12 @@ impl Server {
                 }
                 p = lock(&self.pool);
             }
-            if parts.len() == 2 && parts[1].is_empty() {
+            if frames.len() == 1 && frames[0].is_empty() {
                 // A wake-up: the outbox is sent, `closed` is checked above.
                 continue;
             }
             drop(p);
-            let Some(r) = self.parse(s, parts) else {
+            let Some(r) = self.parse(s, caller, frames) else {
                 continue;
             };
             stats::inc(&self.node.counters.requests_received);
@@ -614,20 +569,24 @@ impl Server {
 
     /// Makes the leader's receive return.
     fn wake(&self) {
-        let _ = lock(&self.waker).send(&[][..], zmq::DONTWAIT);
+        self.waker.wake();
     }
 
     /// Checks a received message; answers at once the ones no handler
     /// should see. Runs with the socket locked (`sock`).
-    fn parse(&self, sock: &mut zmq::Socket, mut parts: Vec<zmq::Message>) -> Option<Incoming> {
+    fn parse(
+        &self,
+        sock: &mut ServeLink,
+        identity: Caller,
+        mut frames: Vec<Bytes>,
+    ) -> Option<Incoming> {
         let c = &self.node.counters;
-        if parts.len() < 2 || parts.len() > 3 {
+        if frames.is_empty() || frames.len() > 2 {
             stats::inc(&c.frames_malformed);
             return None;
         }
-        let second = (parts.len() == 3).then(|| message_bytes(parts.pop().expect("3 parts")));
-        let frame = message_bytes(parts.pop().expect("2 parts"));
-        let identity = parts.pop().expect("1 part");
+        let second = (frames.len() == 2).then(|| frames.pop().expect("2 frames"));
+        let frame = frames.pop().expect("1 frame");
         let view = match frame::decode(&frame) {
             Ok(v) => v,
             Err(err) => {
@@ -793,8 +752,8 @@ impl Server {
     /// Answers a request without running the handler.
     fn refuse(
         &self,
-        sock: &mut zmq::Socket,
-        identity: zmq::Message,
+        sock: &mut ServeLink,
+        identity: Caller,
         h: &Header,
         status: ReplyStatus,
         kind: &str,
@@ -842,21 +801,13 @@ impl Server {
         out
     }
 
-    fn send(&self, sock: &mut zmq::Socket, out: Outgoing) {
+    fn send(&self, sock: &mut ServeLink, out: Outgoing) {
         let Outgoing {
             identity,
             head,
             tail,
         } = out;
-        let more = if tail.is_some() { zmq::SNDMORE } else { 0 };
-        let sent = sock
-            .send(identity, zmq::DONTWAIT | zmq::SNDMORE)
-            .and_then(|_| sock.send(head, zmq::DONTWAIT | more))
-            .and_then(|_| match tail {
-                Some(t) => zmq_io::send_bytes(sock, t, zmq::DONTWAIT),
-                None => Ok(()),
-            });
-        if let Err(err) = sent {
+        if let Err(err) = sock.send(identity, head, tail) {
             // EHOSTUNREACH: the caller is gone. EAGAIN: its queue is full.
             let n = self
                 .node

@@ -5,6 +5,7 @@
 pub(crate) mod call_link;
 pub(crate) mod control;
 pub(crate) mod data;
+pub(crate) mod serve_link;
 pub(crate) mod sub_link;
 // libzmq's calls that the zmq crate does not wrap.
 #[allow(unsafe_code)]

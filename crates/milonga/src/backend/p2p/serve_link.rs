@@ -1,0 +1,140 @@
+//! A service's socket in the peer-to-peer backend: a ROUTER bound where
+//! callers connect, read by the worker that leads (docs/services.md), an
+//! inproc peer that wakes it, and the socket monitor the node thread reads
+//! (bad handshakes, failed accepts).
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use crate::api::node::NodeInner;
+use crate::backend::p2p::zmq_io::{self, message_bytes, recv_parts};
+use crate::model::error::{IntoTransport, OpenError, TransportError};
+
+/// The ROUTER socket of one service.
+pub(crate) struct ServeLink {
+    sock: zmq::Socket,
+}
+
+/// Who sent a request: the ROUTER's identity of the caller's connection.
+pub(crate) struct Caller(zmq::Message);
+
+impl Caller {
+    /// The identity's bytes (a caller's connection, to count its requests).
+    pub(crate) fn to_vec(&self) -> Vec<u8> {
+        self.0.to_vec()
+    }
+}
+
+/// Makes the leader's receive return.
+pub(crate) struct ServeWaker(Mutex<zmq::Socket>);
+
+/// The reader of a service socket's monitor, shared by the service and the
+/// node thread (see `control::SvcMonitor`).
+pub(crate) type ServeMonitor = Arc<Mutex<zmq::Socket>>;
+
+impl ServeLink {
+    /// Binds service number `n` of `node` at `endpoint`: the link, its
+    /// waker, the endpoint bound and the monitor's reader.
+    pub(crate) fn open(
+        node: &NodeInner,
+        n: u64,
+        endpoint: &str,
+    ) -> Result<(ServeLink, ServeWaker, String, ServeMonitor), OpenError> {
+        let sock = node.ctx.socket(zmq::ROUTER)?;
+        let opt_err = |source: zmq::Error| OpenError::Socket {
+            action: "configure",
+            endpoint: endpoint.to_owned(),
+            source: source.transport(),
+        };
+        zmq_io::apply_common(&sock, &node.cfg).map_err(opt_err)?;
+        // A reply to a caller that has gone fails (and is counted) rather
+        // than vanishing.
+        sock.set_router_mandatory(true).map_err(opt_err)?;
+        // Replies already queued get a moment to leave when the service goes.
+        // Negative (wait forever) is capped like any long wait.
+        let linger = if node.cfg.close_linger_ms < 0 {
+            1000
+        } else {
+            node.cfg.close_linger_ms.min(1000)
+        };
+        sock.set_linger(linger).map_err(opt_err)?;
+        let bound = node.bind(&sock, endpoint)?;
+        let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", node.id);
+        let wake_err = |source: zmq::Error| OpenError::Socket {
+            action: "bind or connect",
+            endpoint: wake_ep.clone(),
+            source: source.transport(),
+        };
+        sock.bind(&wake_ep).map_err(wake_err)?;
+        let waker = node.ctx.socket(zmq::DEALER)?;
+        waker.set_linger(0).map_err(wake_err)?;
+        waker.connect(&wake_ep).map_err(wake_err)?;
+        // Created last: nothing fallible follows before the link owns the
+        // socket, whose `Drop` stops the monitor before the reader goes.
+        let monitor = Arc::new(Mutex::new(crate::backend::p2p::control::monitor(
+            node,
+            &sock,
+            &format!("s{n}"),
+        )?));
+        Ok((
+            ServeLink { sock },
+            ServeWaker(Mutex::new(waker)),
+            bound,
+            monitor,
+        ))
+    }
+
+    /// Reads one whole message, waiting for it if `wait`: the caller and
+    /// the frames after its identity (`Ok(None)`: none waiting, or a
+    /// signal). A wake-up is one empty frame.
+    pub(crate) fn recv(
+        &mut self,
+        wait: bool,
+    ) -> Result<Option<(Caller, Vec<Bytes>)>, TransportError> {
+        let flags = if wait { 0 } else { zmq::DONTWAIT };
+        match recv_parts(&mut self.sock, flags) {
+            Ok(mut parts) => {
+                let rest = parts.split_off(1).into_iter().map(message_bytes).collect();
+                let identity = parts.pop().expect("a message has a first frame");
+                Ok(Some((Caller(identity), rest)))
+            }
+            Err(zmq::Error::EINTR | zmq::Error::EAGAIN) => Ok(None),
+            Err(e) => Err(e.transport()),
+        }
+    }
+
+    /// Sends a reply to `caller` (`head`, and `tail` as a second frame)
+    /// without waiting: an error if the caller is gone (EHOSTUNREACH) or
+    /// its queue is full (EAGAIN).
+    pub(crate) fn send(
+        &mut self,
+        caller: Caller,
+        head: Vec<u8>,
+        tail: Option<Bytes>,
+    ) -> Result<(), TransportError> {
+        let more = if tail.is_some() { zmq::SNDMORE } else { 0 };
+        self.sock
+            .send(caller.0, zmq::DONTWAIT | zmq::SNDMORE)
+            .and_then(|_| self.sock.send(head, zmq::DONTWAIT | more))
+            .and_then(|_| match tail {
+                Some(t) => zmq_io::send_bytes(&mut self.sock, t, zmq::DONTWAIT),
+                None => Ok(()),
+            })
+            .map_err(IntoTransport::transport)
+    }
+}
+
+impl Drop for ServeLink {
+    fn drop(&mut self) {
+        // Before the monitor's reader can go (see zmq_io::stop_monitor).
+        zmq_io::stop_monitor(&mut self.sock);
+    }
+}
+
+impl ServeWaker {
+    /// Makes the leader's receive return.
+    pub(crate) fn wake(&self) {
+        let _ = crate::util::lock(&self.0).send(&[][..], zmq::DONTWAIT);
+    }
+}
