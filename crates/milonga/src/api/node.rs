@@ -1,7 +1,7 @@
 //! The node: one process's membership in a domain.
 
 use crate::util::lock;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -294,76 +294,8 @@ impl NodeInner {
     /// peers in `st` that publish keys it matches.
     pub(crate) fn connect_subscription(&self, st: &NodeState, s: &SubShared) {
         let peers: Vec<&Announcement> = st.peers.values().collect();
-        s.set_routes(self.routes_for(&s.expr, &peers));
+        s.set_routes(crate::engine::routes::routes_for(&s.expr, &peers));
     }
-
-    pub(crate) fn routes_for(&self, expr: &KeyExpr, peers: &[&Announcement]) -> Routes {
-        let mut r = Routes::default();
-        let me = std::process::id();
-        for a in peers {
-            let Some(id) = a.id() else { continue };
-            r.live.insert(id);
-            let mut matched = false;
-            for p in &a.publications {
-                if !expr.matches(&p.key) {
-                    continue;
-                }
-                if let Some(ep) = a.data_endpoint(p.reliability) {
-                    if ep.starts_with("inproc://") && a.pid != me {
-                        continue;
-                    }
-                    r.endpoints.insert(ep.to_owned());
-                    r.keys.insert(p.key.clone());
-                    r.publications.insert(
-                        (id, p.key.clone()),
-                        MatchedPublication {
-                            endpoint: ep.to_owned(),
-                            reliability: p.reliability,
-                            history: p.history,
-                        },
-                    );
-                    matched = true;
-                }
-            }
-            if matched {
-                r.publishers.insert(id, a.name.clone());
-                if let Some(ep) = &a.liveliness {
-                    r.endpoints.insert(ep.clone());
-                    r.liveliness.insert(ep.clone(), id);
-                }
-            }
-        }
-        r
-    }
-}
-
-/// A publication a subscription matches, as announced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MatchedPublication {
-    /// The data endpoint serving it.
-    pub endpoint: String,
-    pub reliability: Reliability,
-    /// Samples kept per key.
-    pub history: usize,
-}
-
-/// Where a subscription connects, and what it should know of its
-/// publishers: computed from discovery by [`NodeInner::routes_for`].
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Routes {
-    /// Data and liveliness endpoints to connect to.
-    pub endpoints: BTreeSet<String>,
-    /// Liveliness endpoint -> its node.
-    pub liveliness: BTreeMap<String, NodeId>,
-    /// Nodes publishing a matching key -> their names.
-    pub publishers: BTreeMap<NodeId, String>,
-    /// Matching keys announced by those nodes.
-    pub keys: BTreeSet<String>,
-    /// Each matching publication, by (node, key).
-    pub publications: BTreeMap<(NodeId, String), MatchedPublication>,
-    /// Every node alive in the domain: sequence state of others is
-    /// forgotten.
-    pub live: BTreeSet<NodeId>,
 }
 
 impl Node {

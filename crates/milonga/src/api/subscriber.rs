@@ -12,9 +12,10 @@ use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRA
 use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
 
-use crate::api::node::{MatchedPublication, NodeInner, Routes};
+use crate::api::node::NodeInner;
 use crate::backend::p2p::sub_link::{Incoming, Monitor, SubLink, Waker};
 use crate::engine::queue::{AppQueue, Pushed};
+use crate::engine::routes::{MatchedPublication, Routes};
 use crate::engine::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
 use crate::model::error::{OpenError, RecvError, SubscribeError};
 use crate::model::qos::{Reliability, SubscriberQos};

@@ -7,6 +7,7 @@ pub(crate) mod filters;
 pub(crate) mod history;
 pub(crate) mod outlet;
 pub(crate) mod queue;
+pub(crate) mod routes;
 pub(crate) mod seq;
 
 use milonga_wire::NodeId;

@@ -1,0 +1,169 @@
+//! Which publishers a subscription follows: from the announcements
+//! discovery holds, the endpoints to connect to and the publications that
+//! match (docs/protocol.md §9.2). No I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use milonga_wire::{KeyExpr, NodeId};
+
+use crate::discovery::Announcement;
+use crate::model::qos::Reliability;
+
+/// A publication a subscription matches, as announced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MatchedPublication {
+    /// The data endpoint serving it.
+    pub endpoint: String,
+    pub reliability: Reliability,
+    /// Samples kept per key.
+    pub history: usize,
+}
+
+/// Where a subscription connects, and what it should know of its
+/// publishers: computed from discovery by [`routes_for`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Routes {
+    /// Data and liveliness endpoints to connect to.
+    pub endpoints: BTreeSet<String>,
+    /// Liveliness endpoint -> its node.
+    pub liveliness: BTreeMap<String, NodeId>,
+    /// Nodes publishing a matching key -> their names.
+    pub publishers: BTreeMap<NodeId, String>,
+    /// Matching keys announced by those nodes.
+    pub keys: BTreeSet<String>,
+    /// Each matching publication, by (node, key).
+    pub publications: BTreeMap<(NodeId, String), MatchedPublication>,
+    /// Every node alive in the domain: sequence state of others is
+    /// forgotten.
+    pub live: BTreeSet<NodeId>,
+}
+
+/// The routes of a subscription to `expr`, given every peer's
+/// announcement (this node's own included). An `inproc` endpoint of
+/// another process is not reachable and is left out.
+pub(crate) fn routes_for(expr: &KeyExpr, peers: &[&Announcement]) -> Routes {
+    let mut r = Routes::default();
+    let me = std::process::id();
+    for a in peers {
+        let Some(id) = a.id() else { continue };
+        r.live.insert(id);
+        let mut matched = false;
+        for p in &a.publications {
+            if !expr.matches(&p.key) {
+                continue;
+            }
+            if let Some(ep) = a.data_endpoint(p.reliability) {
+                if ep.starts_with("inproc://") && a.pid != me {
+                    continue;
+                }
+                r.endpoints.insert(ep.to_owned());
+                r.keys.insert(p.key.clone());
+                r.publications.insert(
+                    (id, p.key.clone()),
+                    MatchedPublication {
+                        endpoint: ep.to_owned(),
+                        reliability: p.reliability,
+                        history: p.history,
+                    },
+                );
+                matched = true;
+            }
+        }
+        if matched {
+            r.publishers.insert(id, a.name.clone());
+            if let Some(ep) = &a.liveliness {
+                r.endpoints.insert(ep.clone());
+                r.liveliness.insert(ep.clone(), id);
+            }
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use milonga_wire::announce::PublicationInfo;
+
+    fn node(n: u8, pid: u32, pubs: &[(&str, Reliability)]) -> Announcement {
+        Announcement {
+            protocol: 1,
+            domain: "lab".into(),
+            node_id: NodeId([n; 16]).to_hex(),
+            name: format!("n{n}"),
+            host: "h".into(),
+            pid,
+            start_time: 0,
+            control: format!("tcp://127.0.0.1:5{n}00"),
+            data_best_effort: Some(format!("tcp://127.0.0.1:5{n}01")),
+            data_reliable: Some(format!("tcp://127.0.0.1:5{n}02")),
+            liveliness: Some(format!("tcp://127.0.0.1:5{n}03")),
+            publications: pubs
+                .iter()
+                .map(|(k, r)| PublicationInfo {
+                    key: (*k).into(),
+                    reliability: *r,
+                    history: 3,
+                })
+                .collect(),
+            services: vec![],
+        }
+    }
+
+    #[test]
+    fn a_subscription_follows_only_the_nodes_that_publish_what_it_matches() {
+        use Reliability::*;
+        let a = node(
+            1,
+            1,
+            &[("sr/ps/1/current", BestEffort), ("other/x", Reliable)],
+        );
+        let b = node(2, 2, &[("sr/ps/2/current", Reliable)]);
+        let c = node(3, 3, &[("other/y", BestEffort)]);
+        let r = routes_for(&KeyExpr::new("sr/ps/*/current").unwrap(), &[&a, &b, &c]);
+        let ids = |ns: &[u8]| ns.iter().map(|n| NodeId([*n; 16])).collect::<BTreeSet<_>>();
+        // Every node is alive; only 1 and 2 are followed.
+        assert_eq!(r.live, ids(&[1, 2, 3]));
+        assert_eq!(
+            r.publishers.keys().copied().collect::<BTreeSet<_>>(),
+            ids(&[1, 2])
+        );
+        // The data endpoint of the matching publication's reliability and
+        // the liveliness endpoint of each; nothing of node 3.
+        let want: BTreeSet<String> = [
+            "tcp://127.0.0.1:5101",
+            "tcp://127.0.0.1:5103",
+            "tcp://127.0.0.1:5202",
+            "tcp://127.0.0.1:5203",
+        ]
+        .map(String::from)
+        .into();
+        assert_eq!(r.endpoints, want);
+        assert_eq!(r.keys.len(), 2);
+        let p = &r.publications[&(NodeId([2; 16]), "sr/ps/2/current".to_owned())];
+        assert_eq!((p.reliability, p.history), (Reliable, 3));
+        assert_eq!(r.liveliness["tcp://127.0.0.1:5103"], NodeId([1; 16]));
+    }
+
+    #[test]
+    fn an_inproc_endpoint_of_another_process_is_left_out() {
+        let mut a = node(1, std::process::id() + 1, &[("k", Reliability::BestEffort)]);
+        a.data_best_effort = Some("inproc://milonga-x-be".into());
+        let mut mine = a.clone();
+        mine.pid = std::process::id();
+        let expr = KeyExpr::new("k").unwrap();
+        let r = routes_for(&expr, &[&a]);
+        assert!(r.endpoints.is_empty() && r.publishers.is_empty(), "{r:?}");
+        assert_eq!(r.live.len(), 1, "the node is still alive");
+        let r = routes_for(&expr, &[&mine]);
+        assert!(r.endpoints.contains("inproc://milonga-x-be"), "{r:?}");
+    }
+
+    #[test]
+    fn an_announcement_with_a_bad_node_id_is_skipped() {
+        let mut a = node(1, 1, &[("k", Reliability::BestEffort)]);
+        a.node_id = "not hex".into();
+        let r = routes_for(&KeyExpr::new("k").unwrap(), &[&a]);
+        assert_eq!(r, Routes::default());
+    }
+}
