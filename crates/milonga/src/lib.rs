@@ -31,7 +31,7 @@
 #![deny(unsafe_code)]
 
 // The layers, from the application down (docs/internals.md): `api` uses
-// `discovery`, `engine` and `backend`; `engine` does no I/O; `model` and
+// `session` (one node's state), `discovery`, `engine` and `backend`; `engine` does no I/O; `model` and
 // `util` depend on no other layer. `unsafe` lives in two FFI modules
 // alone: util::sys (the C library) and backend::p2p::zmq_io (libzmq's
 // calls that the zmq crate does not wrap).
@@ -42,6 +42,7 @@ mod backend;
 mod discovery;
 mod engine;
 mod model;
+mod session;
 
 pub use api::call::{PendingCall, ServerReply};
 pub use api::node::Node;

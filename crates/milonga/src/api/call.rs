@@ -23,10 +23,10 @@ use milonga_wire::frame::{self, Header, Kind, FLAG_PAYLOAD_FRAME};
 use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, KeyExpr, NodeId, Value};
 
-use crate::api::node::NodeInner;
 use crate::backend::p2p::call_link::CallLink;
 use crate::discovery::Announcement;
 use crate::model::error::CallError;
+use crate::session::NodeInner;
 use crate::util::lock;
 use crate::util::stats;
 

@@ -1,10 +1,7 @@
 //! The node: one process's membership in a domain.
 
-use crate::util::lock;
-use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use milonga_wire::frame::domain_tag;
@@ -13,72 +10,16 @@ use milonga_wire::{Key, KeyExpr, NodeId};
 use crate::api::publisher::Publisher;
 use crate::api::subscriber::{SubShared, Subscriber};
 use crate::backend::p2p::control;
-use crate::backend::p2p::data::{DataSock, DataSocket};
-use crate::backend::p2p::zmq_io::{self, ContextRef};
-use crate::discovery::{process_start_time, Announcement, LocalDir, PublicationInfo};
-use crate::engine::batch::Pending;
+use crate::backend::p2p::zmq_io::ContextRef;
+use crate::backend::p2p::NodeWaker;
+use crate::discovery::{process_start_time, Announcement, LocalDir};
 use crate::model::config::{parse_locator, Config, Transport};
-use crate::model::error::IntoTransport;
 use crate::model::error::{OpenError, PublisherError, SubscribeError};
-use crate::model::qos::{PublisherQos, Reliability, SubscriberQos};
+use crate::model::qos::{PublisherQos, SubscriberQos};
 use crate::model::sample::Event;
+use crate::session::{close, hostname, NodeInner, NodeState};
+use crate::util::lock;
 use crate::util::stats::{Counters, NodeStats};
-
-#[derive(Default)]
-pub(crate) struct NodeState {
-    /// Declared publications: key -> (reliability, history depth).
-    pub publications: BTreeMap<String, (Reliability, usize)>,
-    /// Services served, by key.
-    pub services: BTreeMap<String, crate::api::service::ServiceInfo>,
-    pub data_best_effort: Option<Arc<DataSocket>>,
-    pub data_reliable: Option<Arc<DataSocket>>,
-    pub subs: Vec<Weak<SubShared>>,
-    /// Live peers by node id (hex), this node included.
-    pub peers: BTreeMap<String, Announcement>,
-    pub announce_dirty: bool,
-    /// Last sequence number of keys whose publisher was dropped.
-    pub last_seq: HashMap<String, u64>,
-    /// The sequence counters of the live publishers, by key: a goodbye
-    /// tells subscribers the last sequence number of each key.
-    pub pub_seqs: HashMap<String, Arc<AtomicU64>>,
-    /// Monitors of data sockets created since the node thread last looked.
-    pub new_monitors: Vec<(&'static str, zmq::Socket)>,
-    /// Monitors of subscriptions declared since the node thread last
-    /// looked: it watches them and tells each subscription of closed
-    /// connections.
-    pub new_sub_monitors: Vec<(Weak<SubShared>, crate::backend::p2p::sub_link::Monitor)>,
-    /// Monitors of services started since the node thread last looked.
-    pub new_svc_monitors: Vec<crate::backend::p2p::control::SvcMonitor>,
-}
-
-/// Shared by the node handle, its publishers, subscribers and its thread.
-pub(crate) struct NodeInner {
-    pub id: NodeId,
-    pub name: String,
-    pub domain: String,
-    pub domain_tag: u32,
-    pub cfg: Config,
-    pub counters: Counters,
-    pub closed: AtomicBool,
-    /// A reliable publisher left a batch for the node thread to send.
-    pub batch_pending: AtomicBool,
-    pub state: Mutex<NodeState>,
-    pub local: Option<Mutex<LocalDir>>,
-    pub control_endpoint: String,
-    /// Where the node thread publishes heartbeats.
-    pub liveliness_endpoint: String,
-    pub host: String,
-    pub start_time: u64,
-    next_sub_id: AtomicU64,
-    next_service_id: AtomicU64,
-    /// Calls: the servers discovery knows, and their connections.
-    pub callers: crate::api::call::Callers,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    /// Wakes the node thread (see [`NodeInner::wake`]).
-    wake_tx: Mutex<zmq::Socket>,
-    // Declared last: sockets above are closed before the context goes.
-    pub ctx: ContextRef,
-}
 
 /// A node: opens sockets in a domain, declares publishers and subscribers.
 ///
@@ -92,210 +33,6 @@ pub(crate) struct NodeInner {
 /// Dropping the node closes it ([`Node::close`]).
 pub struct Node {
     pub(crate) inner: Arc<NodeInner>,
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".to_owned())
-}
-
-impl NodeInner {
-    /// A number for the next service's endpoint.
-    pub(crate) fn next_service_id(&self) -> u64 {
-        self.next_service_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Removes the service of `key` at `endpoint` from the announcement
-    /// (its handle was dropped).
-    pub(crate) fn withdraw_service(&self, key: &str, endpoint: &str) {
-        let removed = {
-            let mut st = lock(&self.state);
-            let mine = st.services.get(key).is_some_and(|s| s.endpoint == endpoint);
-            mine && st.services.remove(key).is_some()
-        };
-        if removed {
-            self.announce();
-        }
-    }
-
-    /// This node as the engine sees it.
-    pub(crate) fn me(&self) -> crate::engine::Me<'_> {
-        crate::engine::Me {
-            id: self.id,
-            domain_tag: self.domain_tag,
-            max_message_bytes: self.cfg.max_message_bytes,
-            counters: &self.counters,
-        }
-    }
-
-    /// Wakes the node thread now rather than at its next turn: a batch
-    /// started waiting.
-    pub(crate) fn wake(&self) {
-        let _ = lock(&self.wake_tx).send(&[][..], zmq::DONTWAIT);
-    }
-
-    /// The endpoint to bind for a new socket of role `role` (`c`, `be`, `r`).
-    pub(crate) fn endpoint_for(&self, role: &str, fixed: Option<&String>) -> String {
-        if let Some(e) = fixed {
-            return e.clone();
-        }
-        let short = &self.id.to_hex()[..12];
-        match self.cfg.transport {
-            Transport::Tcp => format!("tcp://{}:*", self.cfg.tcp_host),
-            Transport::Ipc => {
-                let dir = self.cfg.runtime_root().join(&self.domain);
-                format!("ipc://{}/{short}-{role}.sock", dir.display())
-            }
-            Transport::Inproc => format!("inproc://milonga-{}-{role}", self.id.to_hex()),
-        }
-    }
-
-    pub(crate) fn bind(&self, sock: &zmq::Socket, endpoint: &str) -> Result<String, OpenError> {
-        sock.bind(endpoint)
-            .map_err(|source: zmq::Error| OpenError::Socket {
-                action: "bind",
-                endpoint: endpoint.to_owned(),
-                source: source.transport(),
-            })?;
-        Ok(sock
-            .get_last_endpoint()
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_else(|| endpoint.to_owned()))
-    }
-
-    /// The data socket for `reliability`, created on first use.
-    pub(crate) fn data_socket(
-        &self,
-        reliability: Reliability,
-    ) -> Result<Arc<DataSocket>, OpenError> {
-        let mut st = lock(&self.state);
-        let existing = match reliability {
-            Reliability::BestEffort => &st.data_best_effort,
-            Reliability::Reliable => &st.data_reliable,
-        };
-        if let Some(d) = existing {
-            return Ok(d.clone());
-        }
-        let mut sock = self.ctx.socket(zmq::XPUB)?;
-        let fixed = match reliability {
-            Reliability::BestEffort => self.cfg.data_endpoint.as_ref(),
-            Reliability::Reliable => self.cfg.reliable_data_endpoint.as_ref(),
-        };
-        let role: &'static str = match reliability {
-            Reliability::BestEffort => "be",
-            Reliability::Reliable => "r",
-        };
-        let endpoint = self.endpoint_for(role, fixed);
-        let opt_err = |source: zmq::Error| OpenError::Socket {
-            action: "configure",
-            endpoint: endpoint.clone(),
-            source: source.transport(),
-        };
-        zmq_io::apply_common(&sock, &self.cfg).map_err(opt_err)?;
-        // Subscriptions and history queries are small; refuse anything
-        // large on this side.
-        sock.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
-            .map_err(opt_err)?;
-        sock.set_linger(self.cfg.close_linger_ms).map_err(opt_err)?;
-        zmq_io::set_xpub_verboser(&mut sock).map_err(opt_err)?;
-        if reliability == Reliability::Reliable {
-            zmq_io::set_xpub_nodrop(&mut sock, true).map_err(opt_err)?;
-            sock.set_sndhwm(self.cfg.reliable_send_hwm)
-                .map_err(opt_err)?;
-        }
-        let bound = self.bind(&sock, &endpoint)?;
-        let monitor = control::monitor(self, &sock, role)?;
-        st.new_monitors.push((role, monitor));
-        // From now on the node thread reads this socket every turn.
-        self.wake();
-        let d = Arc::new(DataSocket {
-            sock: Mutex::new(DataSock::new(sock, reliability)),
-            endpoint: bound,
-        });
-        match reliability {
-            Reliability::BestEffort => st.data_best_effort = Some(d.clone()),
-            Reliability::Reliable => st.data_reliable = Some(d.clone()),
-        }
-        st.announce_dirty = true;
-        Ok(d)
-    }
-
-    pub(crate) fn announcement(&self, st: &NodeState) -> Announcement {
-        Announcement {
-            protocol: milonga_wire::frame::PROTOCOL_VERSION,
-            domain: self.domain.clone(),
-            node_id: self.id.to_hex(),
-            name: self.name.clone(),
-            host: self.host.clone(),
-            pid: std::process::id(),
-            start_time: self.start_time,
-            control: self.control_endpoint.clone(),
-            data_best_effort: st.data_best_effort.as_ref().map(|d| d.endpoint.clone()),
-            data_reliable: st.data_reliable.as_ref().map(|d| d.endpoint.clone()),
-            liveliness: Some(self.liveliness_endpoint.clone()),
-            publications: st
-                .publications
-                .iter()
-                .map(|(k, (r, h))| PublicationInfo {
-                    key: k.clone(),
-                    reliability: *r,
-                    history: *h,
-                })
-                .collect(),
-            services: st.services.values().cloned().collect(),
-        }
-    }
-
-    /// Publishes the current announcement: in the local directory, and in
-    /// the peer table so that this node's own subscriptions see it.
-    ///
-    /// The directory lock is held from building to writing (lock order:
-    /// directory, then state), so that two concurrent announcements cannot
-    /// write an older one last, and none is written after `close`.
-    pub(crate) fn announce(&self) {
-        let dir = self.local.as_ref().map(lock);
-        if self.closed.load(Ordering::Acquire) {
-            return;
-        }
-        let a = {
-            let mut st = lock(&self.state);
-            st.announce_dirty = false;
-            let a = self.announcement(&st);
-            st.peers.insert(a.node_id.clone(), a.clone());
-            a
-        };
-        if let Some(dir) = dir {
-            if let Err(err) = dir.write(&a) {
-                tracing::warn!(%err, "cannot write the local announcement");
-            }
-        }
-        self.reconcile();
-    }
-
-    /// Connects every subscription to the data endpoints of the peers that
-    /// publish keys it matches, and disconnects it from the others.
-    ///
-    /// Runs with the state lock held, so that a caller with an older view of
-    /// the peers cannot overwrite a newer one (lock order: state, then a
-    /// subscription's target; the subscription socket is only try-locked).
-    pub(crate) fn reconcile(&self) {
-        let mut st = lock(&self.state);
-        st.subs.retain(|w| w.strong_count() > 0);
-        let subs: Vec<_> = st.subs.iter().filter_map(Weak::upgrade).collect();
-        self.callers.update(&st.peers.values().collect::<Vec<_>>());
-        for s in subs {
-            self.connect_subscription(&st, &s);
-        }
-    }
-
-    /// Points one subscription at the data and liveliness endpoints of the
-    /// peers in `st` that publish keys it matches.
-    pub(crate) fn connect_subscription(&self, st: &NodeState, s: &SubShared) {
-        let peers: Vec<&Announcement> = st.peers.values().collect();
-        s.set_routes(crate::engine::routes::routes_for(&s.expr, &peers));
-    }
 }
 
 impl Node {
@@ -352,18 +89,7 @@ impl Node {
             });
         }
         let ctx = ContextRef::acquire();
-        let wake_ep = format!("inproc://milonga-nodewake-{}", NodeId(id));
-        let wake_rx = ctx.socket(zmq::PAIR)?;
-        let wake_tx = ctx.socket(zmq::PAIR)?;
-        let wake_err = |source: zmq::Error| OpenError::Socket {
-            action: "bind or connect",
-            endpoint: wake_ep.clone(),
-            source: source.transport(),
-        };
-        wake_rx.set_linger(0).map_err(wake_err)?;
-        wake_tx.set_linger(0).map_err(wake_err)?;
-        wake_rx.bind(&wake_ep).map_err(wake_err)?;
-        wake_tx.connect(&wake_ep).map_err(wake_err)?;
+        let (waker, wake_rx) = NodeWaker::pair(&ctx, NodeId(id))?;
         let mut inner = NodeInner {
             id: NodeId(id),
             name,
@@ -382,39 +108,19 @@ impl Node {
             next_service_id: AtomicU64::new(1),
             callers: crate::api::call::Callers::default(),
             thread: Mutex::new(None),
-            wake_tx: Mutex::new(wake_tx),
+            waker,
             ctx,
             cfg,
         };
-        let router = inner.ctx.socket(zmq::ROUTER)?;
-        let ep = inner.endpoint_for("c", inner.cfg.control_endpoint.as_ref());
-        zmq_io::apply_common(&router, &inner.cfg)
-            .and_then(|_| router.set_maxmsgsize(65_536))
-            .map_err(|source: zmq::Error| OpenError::Socket {
-                action: "configure",
-                endpoint: ep.clone(),
-                source: source.transport(),
-            })?;
-        inner.control_endpoint = inner.bind(&router, &ep)?;
-        let live = control::liveliness_socket(&inner)?;
-        let ep = inner.endpoint_for("hb", None);
-        inner.liveliness_endpoint = inner.bind(&live, &ep)?;
+        let socks = control::bind_node(&inner)?;
+        inner.control_endpoint = socks.control_endpoint.clone();
+        inner.liveliness_endpoint = socks.liveliness_endpoint.clone();
         let inner = Arc::new(inner);
-        let monitor = control::monitor(&inner, &router, "control")?;
-        let live_monitor = control::monitor(&inner, &live, "liveliness")?;
-        lock(&inner.state)
-            .new_monitors
-            .push(("liveliness", live_monitor));
-        // Find the peers that exist now, so that a subscription declared
-        // right after `open` connects to them before it returns.
-        let mut ctl = control::Control::new(inner.clone(), router, monitor, wake_rx, live);
-        ctl.scan_local();
-        inner.announce();
-        match control::spawn(ctl) {
+        match control::start(&inner, socks, wake_rx) {
             Ok(th) => *lock(&inner.thread) = Some(th),
             Err(e) => {
                 close(&inner);
-                return Err(OpenError::Thread(e));
+                return Err(e);
             }
         }
         tracing::debug!(node = %inner.name, id = %inner.id, domain = %inner.domain, "node open");
@@ -675,47 +381,6 @@ impl Node {
     pub fn close(&self) {
         close(&self.inner);
     }
-}
-
-pub(crate) fn close(inner: &Arc<NodeInner>) {
-    if inner.closed.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    inner.wake();
-    if let Some(th) = lock(&inner.thread).take() {
-        let _ = th.join();
-    }
-    // A batch still waiting gets the linger time to leave.
-    let reliable = lock(&inner.state).data_reliable.clone();
-    if let Some(d) = reliable {
-        let mut g = lock(&d.sock);
-        if g.out.pending().is_some() {
-            // A negative linger waits as long as it takes, as libzmq's does.
-            let _ = g.sock.set_sndtimeo(inner.cfg.close_linger_ms.max(-1));
-            if g.send_pending(0, &inner.counters).is_err() {
-                let n = g.out.pending().as_ref().map_or(0, Pending::samples);
-                tracing::warn!(
-                    samples = n,
-                    "closing with a batch that no subscriber took within close_linger_ms"
-                );
-            }
-        }
-    }
-    let subs: Vec<_> = {
-        let mut st = lock(&inner.state);
-        st.publications.clear();
-        std::mem::take(&mut st.subs)
-    };
-    for s in subs.iter().filter_map(Weak::upgrade) {
-        s.wake();
-    }
-    if let Some(dir) = &inner.local {
-        let mut dir = lock(dir);
-        let a = inner.announcement(&lock(&inner.state));
-        crate::discovery::remove_ipc_files(&a, &dir.dir, true);
-        dir.remove(&inner.id.to_hex());
-    }
-    tracing::debug!(node = %inner.name, "node closed");
 }
 
 impl std::fmt::Debug for Node {

@@ -8,10 +8,10 @@ use milonga_wire::cbor::{encode_payload, to_cbor, Encoded};
 use milonga_wire::frame::{self, Encoding, Header, Kind};
 use milonga_wire::{Bytes, Key, Value};
 
-use crate::api::node::NodeInner;
 use crate::backend::p2p::data::{DataSocket, Put, Wait};
 use crate::model::error::PutError;
 use crate::model::qos::{PublisherQos, Reliability};
+use crate::session::NodeInner;
 use crate::util::lock;
 
 /// A declared publisher of one key. `Send + Sync`: share it between threads

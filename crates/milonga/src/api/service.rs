@@ -32,9 +32,9 @@ use milonga_wire::frame::{self, Encoding, Header, Kind, FLAG_PAYLOAD_FRAME};
 use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, NodeId, Value};
 
-use crate::api::node::NodeInner;
 use crate::backend::p2p::serve_link::{Caller, ServeLink, ServeMonitor, ServeWaker};
 use crate::model::error::ServeError;
+use crate::session::NodeInner;
 use crate::util::lock;
 use crate::util::stats;
 

@@ -12,7 +12,6 @@ use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRA
 use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
 
-use crate::api::node::NodeInner;
 use crate::backend::p2p::sub_link::{Incoming, Monitor, SubLink, Waker};
 use crate::engine::queue::{AppQueue, Pushed};
 use crate::engine::routes::{MatchedPublication, Routes};
@@ -23,6 +22,7 @@ use crate::model::sample::{
     DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
     QosPolicy, Sample,
 };
+use crate::session::NodeInner;
 use crate::util::stats::{self, log_drop, Counters};
 use crate::util::{lock, try_lock};
 

@@ -5,9 +5,9 @@
 
 use bytes::Bytes;
 
-use crate::api::node::NodeInner;
 use crate::backend::p2p::zmq_io::{self, message_bytes};
 use crate::model::error::{IntoTransport, OpenError, TransportError};
+use crate::session::NodeInner;
 
 const LOST_EVENTS: u16 = (zmq_sys::ZMQ_EVENT_DISCONNECTED
     | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::node::NodeInner;
 use crate::discovery::Announcement;
 use crate::model::error::IntoTransport;
 use crate::model::error::OpenError;
+use crate::session::NodeInner;
 use crate::util::stats::{self, NodeStats};
 use crate::util::{lock, try_lock};
 
@@ -66,7 +66,7 @@ pub(crate) fn monitor(
 /// The node's liveliness socket: an XPUB on which the node thread sends a
 /// heartbeat every `heartbeat_interval_ms`, and at once to each new
 /// subscriber (it is verbose, so every subscription shows).
-pub(crate) fn liveliness_socket(inner: &NodeInner) -> Result<zmq::Socket, OpenError> {
+fn liveliness_socket(inner: &NodeInner) -> Result<zmq::Socket, OpenError> {
     let sock = inner.ctx.socket(zmq::XPUB)?;
     let err = |source: zmq::Error| OpenError::Socket {
         action: "configure",
@@ -131,7 +131,66 @@ pub(crate) fn heartbeat_frame(
     frame::encode(&key, &header, &cbor)
 }
 
-pub(crate) fn spawn(ctl: Control) -> std::io::Result<JoinHandle<()>> {
+/// The monitor of one of the node's own sockets, by role (`be`, `r`,
+/// `liveliness`): the node thread counts its events.
+pub(crate) type NodeMonitor = (&'static str, zmq::Socket);
+
+/// A node's control ROUTER and liveliness XPUB, bound, before the node
+/// thread takes them.
+pub(crate) struct NodeSockets {
+    router: zmq::Socket,
+    live: zmq::Socket,
+    /// Where the router is bound.
+    pub(crate) control_endpoint: String,
+    /// Where the liveliness socket is bound.
+    pub(crate) liveliness_endpoint: String,
+}
+
+/// Binds the node's control and liveliness sockets.
+pub(crate) fn bind_node(inner: &NodeInner) -> Result<NodeSockets, OpenError> {
+    let router = inner.ctx.socket(zmq::ROUTER)?;
+    let ep = inner.endpoint_for("c", inner.cfg.control_endpoint.as_ref());
+    crate::backend::p2p::zmq_io::apply_common(&router, &inner.cfg)
+        .and_then(|_| router.set_maxmsgsize(65_536))
+        .map_err(|source: zmq::Error| OpenError::Socket {
+            action: "configure",
+            endpoint: ep.clone(),
+            source: source.transport(),
+        })?;
+    let control_endpoint = crate::backend::p2p::zmq_io::bind(&router, &ep)?;
+    let live = liveliness_socket(inner)?;
+    let ep = inner.endpoint_for("hb", None);
+    let liveliness_endpoint = crate::backend::p2p::zmq_io::bind(&live, &ep)?;
+    Ok(NodeSockets {
+        router,
+        live,
+        control_endpoint,
+        liveliness_endpoint,
+    })
+}
+
+/// Starts the node thread with the node's sockets. It finds the peers
+/// that exist now and announces the node before it returns, so that a
+/// subscription declared right after `open` connects to them before it
+/// returns.
+pub(crate) fn start(
+    inner: &Arc<NodeInner>,
+    socks: NodeSockets,
+    wake: crate::backend::p2p::WakeRx,
+) -> Result<JoinHandle<()>, OpenError> {
+    let NodeSockets { router, live, .. } = socks;
+    let monitor = self::monitor(inner, &router, "control")?;
+    let live_monitor = self::monitor(inner, &live, "liveliness")?;
+    lock(&inner.state)
+        .new_monitors
+        .push(("liveliness", live_monitor));
+    let mut ctl = Control::new(inner.clone(), router, monitor, wake.0, live);
+    ctl.scan_local();
+    inner.announce();
+    spawn(ctl).map_err(OpenError::Thread)
+}
+
+fn spawn(ctl: Control) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("milonga-node {}", ctl.inner.domain))
         .spawn(move || ctl.run())
@@ -167,7 +226,7 @@ struct Ready {
 pub(crate) struct Control {
     inner: Arc<NodeInner>,
     router: zmq::Socket,
-    monitors: Vec<(&'static str, zmq::Socket)>,
+    monitors: Vec<NodeMonitor>,
     /// Subscriptions' socket monitors (closed connections).
     sub_monitors: Vec<(
         std::sync::Weak<crate::api::subscriber::SubShared>,
@@ -195,7 +254,7 @@ pub(crate) struct Control {
 }
 
 impl Control {
-    pub(crate) fn new(
+    fn new(
         inner: Arc<NodeInner>,
         router: zmq::Socket,
         monitor: zmq::Socket,

@@ -11,12 +11,12 @@ use milonga_wire::cbor::Encoded;
 use milonga_wire::frame::{self, BATCH_ENTRY_HEADER_LEN, FLAG_PAYLOAD_FRAME};
 use milonga_wire::{Bytes, Key};
 
-use crate::api::node::NodeInner;
 use crate::backend::p2p::zmq_io;
 use crate::engine::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
 use crate::engine::outlet::{Outlet, Upstream};
-use crate::model::error::{IntoTransport, PutError};
+use crate::model::error::{IntoTransport, OpenError, PutError};
 use crate::model::qos::Reliability;
+use crate::session::NodeInner;
 use crate::util::lock;
 use crate::util::stats::{self, Counters};
 
@@ -27,6 +27,50 @@ pub(crate) struct DataSocket {
 }
 
 impl DataSocket {
+    /// Binds node's data socket of `reliability` (XPUB; reliable: with
+    /// `XPUB_NODROP`): the socket and its monitor, for the node thread.
+    pub(crate) fn open(
+        node: &NodeInner,
+        reliability: Reliability,
+    ) -> Result<(DataSocket, crate::backend::p2p::control::NodeMonitor), OpenError> {
+        let mut sock = node.ctx.socket(zmq::XPUB)?;
+        let fixed = match reliability {
+            Reliability::BestEffort => node.cfg.data_endpoint.as_ref(),
+            Reliability::Reliable => node.cfg.reliable_data_endpoint.as_ref(),
+        };
+        let role: &'static str = match reliability {
+            Reliability::BestEffort => "be",
+            Reliability::Reliable => "r",
+        };
+        let endpoint = node.endpoint_for(role, fixed);
+        let opt_err = |source: zmq::Error| OpenError::Socket {
+            action: "configure",
+            endpoint: endpoint.clone(),
+            source: source.transport(),
+        };
+        zmq_io::apply_common(&sock, &node.cfg).map_err(opt_err)?;
+        // Subscriptions and history queries are small; refuse anything
+        // large on this side.
+        sock.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
+            .map_err(opt_err)?;
+        sock.set_linger(node.cfg.close_linger_ms).map_err(opt_err)?;
+        zmq_io::set_xpub_verboser(&mut sock).map_err(opt_err)?;
+        if reliability == Reliability::Reliable {
+            zmq_io::set_xpub_nodrop(&mut sock, true).map_err(opt_err)?;
+            sock.set_sndhwm(node.cfg.reliable_send_hwm)
+                .map_err(opt_err)?;
+        }
+        let bound = zmq_io::bind(&sock, &endpoint)?;
+        let monitor = crate::backend::p2p::control::monitor(node, &sock, role)?;
+        Ok((
+            DataSocket {
+                sock: Mutex::new(DataSock::new(sock, reliability)),
+                endpoint: bound,
+            },
+            (role, monitor),
+        ))
+    }
+
     /// Puts one encoded sample (see [`Put`]): it leaves at once, joins or
     /// starts a batch (reliable), or waits for room as `wait` says.
     pub(crate) fn put(
@@ -357,6 +401,22 @@ impl DataSock {
             stats::add(&counters.samples_batched, n);
         }
         Ok(())
+    }
+
+    /// Gives the waiting batch, if any, `linger_ms` to leave (negative: as
+    /// long as it takes, as libzmq's linger), at close.
+    pub(crate) fn flush_at_close(&mut self, linger_ms: i32, counters: &Counters) {
+        if self.out.pending().is_none() {
+            return;
+        }
+        let _ = self.sock.set_sndtimeo(linger_ms.max(-1));
+        if self.send_pending(0, counters).is_err() {
+            let n = self.out.pending().as_ref().map_or(0, Pending::samples);
+            tracing::warn!(
+                samples = n,
+                "closing with a batch that no subscriber took within close_linger_ms"
+            );
+        }
     }
 
     /// Sends the frames of the filters a sample passed (see

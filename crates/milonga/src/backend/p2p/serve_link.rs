@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::api::node::NodeInner;
 use crate::backend::p2p::zmq_io::{self, message_bytes, recv_parts};
 use crate::model::error::{IntoTransport, OpenError, TransportError};
+use crate::session::NodeInner;
 
 /// The ROUTER socket of one service.
 pub(crate) struct ServeLink {
@@ -59,7 +59,7 @@ impl ServeLink {
             node.cfg.close_linger_ms.min(1000)
         };
         sock.set_linger(linger).map_err(opt_err)?;
-        let bound = node.bind(&sock, endpoint)?;
+        let bound = zmq_io::bind(&sock, endpoint)?;
         let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", node.id);
         let wake_err = |source: zmq::Error| OpenError::Socket {
             action: "bind or connect",

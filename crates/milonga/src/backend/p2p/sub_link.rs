@@ -9,9 +9,9 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
-use crate::api::node::NodeInner;
 use crate::backend::p2p::zmq_io::{self, message_bytes};
 use crate::model::error::{IntoTransport, OpenError, TransportError};
+use crate::session::NodeInner;
 
 /// Prefix of the wake-up messages a subscription's own inproc PUB sends to
 /// its SUB socket, so that a thread blocked in `recv` on that one socket
@@ -81,7 +81,7 @@ impl SubLink {
         let wake_tx = node.ctx.socket(zmq::PUB)?;
         wake_tx.set_linger(0).map_err(cfg_err)?;
         wake_tx.set_sndhwm(4).map_err(cfg_err)?;
-        node.bind(&wake_tx, &wake_ep)?;
+        zmq_io::bind(&wake_tx, &wake_ep)?;
         sock.connect(&wake_ep)
             .map_err(|source: zmq::Error| OpenError::Socket {
                 action: "connect",

@@ -244,6 +244,21 @@ pub(crate) fn recv_parts(sock: &mut zmq::Socket, flags: i32) -> zmq::Result<Vec<
     Ok(parts)
 }
 
+/// Binds `sock` to `endpoint`: the endpoint bound (a `*` port resolved).
+pub(crate) fn bind(sock: &zmq::Socket, endpoint: &str) -> Result<String, OpenError> {
+    sock.bind(endpoint)
+        .map_err(|source: zmq::Error| OpenError::Socket {
+            action: "bind",
+            endpoint: endpoint.to_owned(),
+            source: source.transport(),
+        })?;
+    Ok(sock
+        .get_last_endpoint()
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| endpoint.to_owned()))
+}
+
 impl IntoTransport for zmq::Error {
     fn transport(self) -> TransportError {
         let code = self.to_raw();
