@@ -33,8 +33,8 @@
 // The layers, from the application down (docs/internals.md): `api` uses
 // `session` (one node's state), `discovery`, `engine` and `backend`; `engine` does no I/O; `model` and
 // `util` depend on no other layer. `unsafe` lives in two FFI modules
-// alone: util::sys (the C library) and backend::p2p::zmq_io (libzmq's
-// calls that the zmq crate does not wrap).
+// alone: util::sys (the C library) and the peer-to-peer backend's FFI
+// module (ZeroMQ's calls that its Rust crate does not wrap).
 #[macro_use]
 mod util;
 mod api;

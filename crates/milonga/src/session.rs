@@ -12,7 +12,7 @@ use milonga_wire::NodeId;
 
 use crate::api::subscriber::SubShared;
 use crate::backend::p2p::data::DataSocket;
-use crate::backend::p2p::zmq_io::ContextRef;
+use crate::backend::p2p::ContextRef;
 use crate::backend::p2p::NodeWaker;
 use crate::discovery::{Announcement, LocalDir, PublicationInfo};
 use crate::model::config::{Config, Transport};

@@ -449,7 +449,7 @@ fn send(
 
 fn open_channel(node: &NodeInner, target: &Target) -> Result<CallLink, CallError> {
     // A reply is bounded by the server's limit (it refuses to send larger
-    // ones). Were the connection's limit this node's smaller one, libzmq
+    // ones). Were the connection's limit this node's smaller one, ZeroMQ
     // would drop the connection on a larger reply and the call would end
     // as a lost server; instead the reply is received and refused as
     // `BadReply`, and the connection lives on.

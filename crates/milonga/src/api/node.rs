@@ -10,7 +10,7 @@ use milonga_wire::{Key, KeyExpr, NodeId};
 use crate::api::publisher::Publisher;
 use crate::api::subscriber::{SubShared, Subscriber};
 use crate::backend::p2p::control;
-use crate::backend::p2p::zmq_io::ContextRef;
+use crate::backend::p2p::ContextRef;
 use crate::backend::p2p::NodeWaker;
 use crate::discovery::{process_start_time, Announcement, LocalDir};
 use crate::model::config::{parse_locator, Config, Transport};
@@ -75,7 +75,7 @@ impl Node {
             if v < 1 {
                 return Err(OpenError::Config {
                     key: key.into(),
-                    why: format!("{v} is not a number of messages (at least 1); libzmq would take 0 as no limit"),
+                    why: format!("{v} is not a number of messages (at least 1); ZeroMQ would take 0 as no limit"),
                 });
             }
         }

@@ -155,10 +155,10 @@ struct PubState {
 }
 
 /// How long a closed liveliness connection waits for a goodbye heartbeat
-/// still on its way (libzmq may report the close before the last message
+/// still on its way (ZeroMQ may report the close before the last message
 /// is readable) before the publisher is reported `disconnected`. Closes are
 /// read once the socket has nothing left, so the goodbye has been read
-/// unless libzmq was still handing it over.
+/// unless ZeroMQ was still handing it over.
 const DISCONNECT_GRACE: Duration = Duration::from_millis(2);
 
 /// How long after discovery stops showing a publication of a node that
@@ -1319,7 +1319,7 @@ impl SubShared {
 
     /// Counts connections that closed (the node thread watches the socket
     /// monitor and reports each one), and connects again to an endpoint
-    /// still wanted: libzmq does not reconnect after a protocol error such
+    /// still wanted: ZeroMQ does not reconnect after a protocol error such
     /// as an over-size frame.
     fn read_closed_connections(&self, io: &mut SubIo) {
         self.has_closed_connections.store(false, Ordering::Release);

@@ -3,7 +3,7 @@
 //! When a reliable data socket cannot take a sample at once (a subscriber's
 //! queue is full), waiting in `put` would leave the socket idle the moment
 //! room appears, and every later sample would pay the full per-message cost
-//! of libzmq. Instead the sample starts a *batch* (a v1 frame of kind 2):
+//! of ZeroMQ. Instead the sample starts a *batch* (a v1 frame of kind 2):
 //! later samples of the same key join it, and the whole batch leaves as one
 //! ZeroMQ message as soon as the socket takes it, tried at every put and by
 //! the node thread every millisecond. A sample never waits for a batch to

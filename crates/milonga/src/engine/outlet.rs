@@ -41,7 +41,7 @@ pub(crate) enum Upstream {
     /// refused or not for this socket: each counted where it belongs).
     Done,
     /// The last subscriber of a prefix of `usize` bytes (with its leading
-    /// byte) left: libzmq let its memory go.
+    /// byte) left: ZeroMQ let its memory go.
     Freed(usize),
     /// A history query to answer: send its replies in order, each made by
     /// [`Outlet::reply_frame`], and stop at the first the socket refuses.

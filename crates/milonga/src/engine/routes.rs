@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use milonga_wire::{KeyExpr, NodeId};
 
-use crate::discovery::Announcement;
 use crate::model::qos::Reliability;
+use milonga_wire::announce::Announcement;
 
 /// A publication a subscription matches, as announced.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -43,7 +43,7 @@ counters! {
     /// Frames that passed a subscription's ZeroMQ prefix filter but not its
     /// key expression (wildcard subscriptions only; a literal one never sees any).
     frames_filtered,
-    /// Connections to publishers closed by the peer, or by libzmq after a
+    /// Connections to publishers closed by the peer, or by ZeroMQ after a
     /// protocol violation such as an over-size frame (`max_message_bytes`).
     connections_closed,
     /// Connections a subscription made again after one closed, each after
@@ -74,9 +74,9 @@ counters! {
     /// (random bytes on a data or control port, for example).
     handshakes_failed,
     /// Connections peers had made to this node's data, liveliness, control
-    /// and service sockets that closed: a subscriber leaving, or libzmq closing
+    /// and service sockets that closed: a subscriber leaving, or ZeroMQ closing
     /// one that broke the protocol, such as a message over the socket's
-    /// size limit (libzmq reports no event of its own for that).
+    /// size limit (ZeroMQ reports no event of its own for that).
     peer_disconnects,
     /// Connections a listening socket could not accept (file descriptors
     /// exhausted, for example); logged as errors.

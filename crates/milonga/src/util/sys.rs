@@ -1,7 +1,7 @@
 //! The engine's calls into the C library, each behind a safe function.
-//! With backend/p2p/zmq_io.rs (libzmq's), the only module where `unsafe` is allowed
-//! (`#![deny(unsafe_code)]` at the crate root); every block says why it is
-//! sound.
+//! With the peer-to-peer backend's FFI module (ZeroMQ's calls), the only
+//! module where `unsafe` is allowed (`#![deny(unsafe_code)]` at the crate
+//! root); every block says why it is sound.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use milonga_wire::NodeId;
 
 use crate::model::error::{IntoTransport, OpenError};
-use zmq_io::ContextRef;
+pub(crate) use zmq_io::ContextRef;
 
 /// Wakes the node thread: one end of an inproc PAIR.
 pub(crate) struct NodeWaker(Mutex<zmq::Socket>);
