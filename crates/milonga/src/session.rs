@@ -55,7 +55,7 @@ pub(crate) struct NodeInner {
     pub domain: String,
     pub domain_tag: u32,
     pub cfg: Config,
-    pub counters: Counters,
+    pub counters: Arc<Counters>,
     pub closed: AtomicBool,
     /// A reliable publisher left a batch for the node thread to send.
     pub batch_pending: AtomicBool,
@@ -232,7 +232,7 @@ impl NodeInner {
     /// peers in `st` that publish keys it matches.
     pub(crate) fn connect_subscription(&self, st: &NodeState, s: &SubShared) {
         let peers: Vec<&Announcement> = st.peers.values().collect();
-        s.set_routes(crate::engine::routes::routes_for(&s.expr, &peers));
+        s.set_routes(crate::engine::routes::routes_for(s.expr(), &peers));
     }
 }
 

@@ -95,7 +95,7 @@ impl Node {
             name,
             domain_tag: domain_tag(&loc.domain),
             domain: loc.domain,
-            counters: Counters::default(),
+            counters: Arc::new(Counters::default()),
             closed: AtomicBool::new(false),
             batch_pending: AtomicBool::new(false),
             state: Mutex::new(NodeState::default()),

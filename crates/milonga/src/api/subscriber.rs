@@ -1,229 +1,34 @@
-//! Subscriptions: a key expression, a SUB socket, and the checks every
-//! received frame goes through before it becomes an [`Event`].
+//! Subscriptions: the handle, and the thread that receives for it. The
+//! protocol's checks live in the engine ([`Subscription`]); the socket is
+//! the backend's ([`SubLink`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use milonga_wire::cbor::decode_payload;
-use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRAME};
-use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
-use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
+use milonga_wire::frame;
+use milonga_wire::history::REPLY_KEY_PREFIX;
+use milonga_wire::{KeyExpr, NodeId};
 
 use crate::backend::p2p::sub_link::{Incoming, Monitor, SubLink, Waker};
 use crate::engine::queue::{AppQueue, Pushed};
-use crate::engine::routes::{MatchedPublication, Routes};
-use crate::engine::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
+use crate::engine::routes::Routes;
+use crate::engine::subscription::{SubState, Subscription, Wants, FLOOD_GRACE};
 use crate::model::error::{OpenError, RecvError, SubscribeError};
-use crate::model::qos::{Reliability, SubscriberQos};
-use crate::model::sample::{
-    DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
-    QosPolicy, Sample,
-};
+use crate::model::qos::SubscriberQos;
+use crate::model::sample::Event;
 use crate::session::NodeInner;
-use crate::util::stats::{self, log_drop, Counters};
+use crate::util::stats::{self, log_drop};
 use crate::util::{lock, try_lock};
-
-struct SubIo {
-    link: SubLink,
-    /// Calls left that go straight to a blocking receive: set when a
-    /// non-blocking attempt found nothing, which means messages arrive one
-    /// at a time and trying first only costs a system call.
-    skip_try: u8,
-    connected: BTreeSet<String>,
-    applied: u64,
-    /// The last sequence number held of each (publisher, key).
-    seqs: SeqBook,
-    /// Whether a key matches a wildcard expression (bounded memo).
-    matches: HashMap<String, bool>,
-    pending: VecDeque<Event>,
-    /// Liveliness endpoint -> node, as last applied.
-    liveliness: BTreeMap<String, NodeId>,
-    /// Data endpoint -> its node, for the data endpoints connected. One
-    /// stays connected while its node lives, even when the node no longer
-    /// offers a matching key: a disconnect drops the messages that came on
-    /// it and were not read yet (the last samples of a publisher that was
-    /// just undeclared), and the node may offer the key again.
-    data_nodes: BTreeMap<String, NodeId>,
-    /// Data endpoints of nodes that left discovery, kept connected until
-    /// their connection closes or the lease passes (the deadline): the last
-    /// samples such a node put before closing may still be on their way,
-    /// a large one half received, and a disconnect would drop them.
-    lingering: HashMap<String, Instant>,
-    /// Nodes that left discovery whose sequence state is kept, oldest
-    /// first: a node out of sight for a while (a partition, a freeze longer
-    /// than the lease) that comes back with the same id is checked against
-    /// what was received before. At most [`MAX_ABSENT_PUBLISHERS`].
-    absent: VecDeque<NodeId>,
-    /// The last sequence number of each key that nodes said goodbye with
-    /// (`leaving` heartbeats): once their data connections are gone, what
-    /// did not arrive is reported lost.
-    goodbyes: HashMap<NodeId, Vec<(String, u64)>>,
-    /// Endpoints whose connection closed, and when they may be connected
-    /// again (exponential back-off with jitter, 50 ms to 2 s).
-    backoff: HashMap<String, Backoff>,
-    /// Every node discovery shows in the domain, as last applied: samples
-    /// of other nodes (unless remembered in `seqs` or
-    /// `recently_gone`) are dropped.
-    live: BTreeSet<NodeId>,
-    /// Nodes that left discovery lately, oldest first (at most
-    /// [`MAX_RECENTLY_GONE`]): samples they sent before leaving may still
-    /// be read, a first one included.
-    recently_gone: VecDeque<NodeId>,
-    /// The publisher nodes discovery shows for this subscription.
-    publishers: HashMap<NodeId, PubState>,
-    /// Per-key deadline state, when the QoS sets a deadline.
-    deadlines: HashMap<String, KeyDeadline>,
-    /// When a lease or a deadline may next run out (never later than the
-    /// first that does).
-    next_timer: Option<Instant>,
-    /// Messages handled: timers are checked every 256 under a flood.
-    handled: u32,
-    /// The matching publications, as last applied.
-    matched: BTreeMap<(NodeId, String), MatchedPublication>,
-    /// History queries in flight, by publisher node: its samples wait.
-    joins: HashMap<NodeId, Join>,
-    /// Joins started by the first routes that are not finished.
-    initial_joins: usize,
-    /// Whether `SubscriptionLive` was queued (or is not wanted).
-    live_sent: bool,
-    /// Whether routes were applied once.
-    routed: bool,
-}
-
-impl SubIo {
-    /// Makes sure the timers are looked at by `at` at the latest.
-    fn arm(&mut self, at: Instant) {
-        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
-    }
-}
-
-/// A history query in flight to one publisher node: until it is answered
-/// (or times out), that node's samples wait here, so that kept samples come
-/// first and the live ones follow in order.
-struct Join {
-    /// Data sockets (`best_effort`, `reliable`) asked and not done
-    /// answering.
-    pending: BTreeSet<String>,
-    replies: Vec<KeyHistory>,
-    buffer: Vec<Sample>,
-    started: Instant,
-    /// Started by the subscription's first routes (`SubscriptionLive`
-    /// waits for it).
-    initial: bool,
-}
-
-/// How long a history query may go unanswered.
-const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
-/// Most live samples a node's join holds before it gives up waiting.
-const MAX_JOIN_BUFFER: usize = 100_000;
-
-/// What to do with a sample, from its sequence number.
-enum Verdict {
-    Deliver,
-    Drop,
-    /// A gap that history can repair: the last sequence number held.
-    Repair(u64),
-}
-
-/// What a subscription knows of one publisher node's liveliness.
-struct PubState {
-    name: String,
-    alive: bool,
-    last_heard: Instant,
-    /// When discovery stopped showing a matching publication of it:
-    /// reported `undeclared` [`DEPARTURE_GRACE`] later, unless its
-    /// goodbye (still on its way) or a closed connection comes first. A
-    /// node that left the domain altogether waits for those (or its lease)
-    /// instead, up to a lease; its liveliness connection is kept meanwhile.
-    departing: Option<Instant>,
-    /// It said goodbye: samples still on their way (a batch flushed at
-    /// close) do not make it alive again.
-    closed: bool,
-    /// When its liveliness connection closed: reported `disconnected`
-    /// after [`DISCONNECT_GRACE`], unless its goodbye arrives meanwhile.
-    disconnected_at: Option<Instant>,
-    /// Reported `undeclared` while the node itself lives on (its data
-    /// connection is kept): the entry stays so that a publication it
-    /// declares again is reported alive again.
-    undeclared: bool,
-    /// A sample of it arrived while `undeclared` (before discovery showed
-    /// its new publication): it is reported alive when discovery does.
-    sampled: bool,
-}
-
-/// How long a closed liveliness connection waits for a goodbye heartbeat
-/// still on its way (ZeroMQ may report the close before the last message
-/// is readable) before the publisher is reported `disconnected`. Closes are
-/// read once the socket has nothing left, so the goodbye has been read
-/// unless ZeroMQ was still handing it over.
-const DISCONNECT_GRACE: Duration = Duration::from_millis(2);
-
-/// How long after discovery stops showing a publication of a node that
-/// discovery still shows it is reported `undeclared` (and then only once
-/// the socket has nothing left to read): its goodbye or closed connection,
-/// still on their way, win.
-const DEPARTURE_GRACE: Duration = Duration::from_millis(10);
-
-/// The same wait for a close noted while messages still queue (a flood):
-/// the goodbye may be among them.
-const FLOOD_GRACE: Duration = Duration::from_millis(50);
-
-/// A connection that stayed up this long since its last close starts its
-/// back-off over.
-const BACKOFF_RESET: Duration = Duration::from_secs(10);
-
-/// When a closed endpoint may be connected again.
-struct Backoff {
-    /// Closes in a row, each less than [`BACKOFF_RESET`] after the last.
-    failures: u32,
-    last_close: Instant,
-    /// Not before.
-    next: Instant,
-}
-
-/// When a key last spoke, and when its deadline runs out.
-struct KeyDeadline {
-    last: Instant,
-    due: Instant,
-}
-
-/// Most keys a subscription watches deadlines of.
-const MAX_DEADLINE_KEYS: usize = 1 << 16;
-
-/// Most publisher nodes absent from discovery whose sequence state a
-/// subscription keeps (docs/guarantees.md); beyond, the longest absent is
-/// forgotten and reported `PublisherLost` with reason `forgotten`.
-pub(crate) const MAX_ABSENT_PUBLISHERS: usize = 256;
-
-/// Most keys, over all absent publisher nodes, whose sequence state a
-/// subscription keeps; beyond, absent nodes are forgotten as above.
-pub(crate) const MAX_ABSENT_KEYS: usize = 1 << 16;
-
-/// Most nodes that left discovery whose first samples a subscription still
-/// accepts (see `SubIo::recently_gone`).
-const MAX_RECENTLY_GONE: usize = 1024;
-
-/// Most goodbyes (nodes) whose last sequence numbers wait for their data
-/// connections to close.
-const MAX_GOODBYES: usize = 1024;
-
-/// Most keys a wildcard subscription remembers the match of.
-const MATCH_MEMO: usize = 4096;
-
-#[derive(Debug, Default)]
-struct Target {
-    routes: Routes,
-    generation: u64,
-}
 
 /// The part of a subscription the node thread also reaches.
 pub(crate) struct SubShared {
-    pub expr: KeyExpr,
-    io: Mutex<SubIo>,
-    target: Mutex<Target>,
+    /// The protocol's state that other threads reach too.
+    pub(crate) core: Subscription,
+    /// The receive state and the socket, held by the receiving thread.
+    io: Mutex<SubState<SubLink>>,
     waker: Waker,
     /// The socket monitor (closed connections), until the node thread
     /// takes it to watch.
@@ -232,20 +37,8 @@ pub(crate) struct SubShared {
     closed_connections: Mutex<Vec<String>>,
     has_closed_connections: AtomicBool,
     stop: AtomicBool,
-    lost_total: AtomicU64,
-    lost_by_publisher: Mutex<HashMap<NodeId, u64>>,
-    deadline: Option<Duration>,
-    lease: Duration,
-    /// Samples asked for on joining (`SubscriberQos::last`).
-    last: usize,
-    /// Whether gaps from reliable publishers with history are repaired.
-    reliable: bool,
-    /// This subscription's token: history replies come under `@r/<token>`.
-    token: String,
     /// The application queue, with a queue policy.
     app: Option<AppQueue>,
-    /// The filter publishers apply, and its key prefix `@f/<id>/`.
-    filter: Option<(milonga_wire::filter::Filter, String)>,
     squashed: AtomicU64,
     /// Declared last: dropped after the sockets above, so that if this
     /// holds the last reference to the node, they are closed before the
@@ -289,68 +82,42 @@ impl SubShared {
         prefixes.push(format!("{REPLY_KEY_PREFIX}{token}\0").into_bytes());
         let hwm = qos.queue_depth.unwrap_or(node.cfg.recv_hwm);
         let (link, waker, monitor) = SubLink::open(node, id, expr.as_str(), prefixes, hwm)?;
-        Ok(SubShared {
-            expr,
-            node: node.clone(),
-            io: Mutex::new(SubIo {
-                link,
-                skip_try: 0,
-                connected: BTreeSet::new(),
-                applied: 0,
-                seqs: SeqBook::default(),
-                matches: HashMap::new(),
-                pending: VecDeque::new(),
-                liveliness: BTreeMap::new(),
-                data_nodes: BTreeMap::new(),
-                lingering: HashMap::new(),
-                absent: VecDeque::new(),
-                goodbyes: HashMap::new(),
-                live: BTreeSet::new(),
-                recently_gone: VecDeque::new(),
-                backoff: HashMap::new(),
-                publishers: HashMap::new(),
-                deadlines: HashMap::new(),
-                next_timer: None,
-                handled: 0,
-                matched: BTreeMap::new(),
-                joins: HashMap::new(),
-                initial_joins: 0,
-                live_sent: qos.last == 0,
-                routed: false,
-            }),
-            target: Mutex::new(Target::default()),
-            waker,
-            monitor: Mutex::new(Some(monitor)),
-            closed_connections: Mutex::new(Vec::new()),
-            has_closed_connections: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            lost_total: AtomicU64::new(0),
-            lost_by_publisher: Mutex::new(HashMap::new()),
+        let wants = Wants {
             deadline: qos.deadline,
             lease: Duration::from_millis(node.cfg.heartbeat_timeout_ms.max(1) as u64),
             last: qos.last,
             reliable: qos.reliable,
             token,
-            app: qos.queue.map(AppQueue::new),
             filter,
+        };
+        Ok(SubShared {
+            core: Subscription::new(expr, wants, node.domain_tag, node.counters.clone()),
+            node: node.clone(),
+            io: Mutex::new(SubState::new(link, qos.last)),
+            waker,
+            monitor: Mutex::new(Some(monitor)),
+            closed_connections: Mutex::new(Vec::new()),
+            has_closed_connections: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            app: qos.queue.map(AppQueue::new),
             squashed: AtomicU64::new(0),
         })
+    }
+
+    /// The key expression.
+    pub(crate) fn expr(&self) -> &KeyExpr {
+        &self.core.expr
     }
 
     /// Sets where this subscription should be connected and which
     /// publishers it follows. Applied at once if the socket is free, else by
     /// the thread using it, which this wakes.
     pub(crate) fn set_routes(&self, routes: Routes) {
-        {
-            let mut t = lock(&self.target);
-            if t.routes == routes {
-                return;
-            }
-            t.routes = routes;
-            t.generation += 1;
+        if !self.core.set_target(routes) {
+            return;
         }
         match try_lock(&self.io) {
-            Some(mut io) => self.apply(&mut io),
+            Some(mut io) => self.core.apply(&mut io),
             None => self.wake(),
         }
     }
@@ -368,808 +135,6 @@ impl SubShared {
         self.wake();
     }
 
-    fn apply(&self, io: &mut SubIo) {
-        let t = lock(&self.target);
-        if t.generation == io.applied {
-            return;
-        }
-        io.applied = t.generation;
-        let r = &t.routes;
-        // Publishers that no longer offer a matching key depart: they are
-        // reported a moment later (a closing node says goodbye before its
-        // announcement goes, but discovery may be quicker than the
-        // goodbye), and their liveliness connection is kept until then.
-        let now = Instant::now();
-        let mut departs = false;
-        let mut back = Vec::new();
-        for (id, p) in io.publishers.iter_mut() {
-            if r.publishers.contains_key(id) {
-                p.departing = None;
-                if std::mem::take(&mut p.undeclared) && std::mem::take(&mut p.sampled) {
-                    back.push(*id);
-                }
-            } else if p.departing.is_none() && !p.undeclared {
-                p.departing = Some(now);
-                departs = true;
-            }
-        }
-        // Undeclared nodes that left the domain are forgotten.
-        io.publishers
-            .retain(|id, p| !p.undeclared || r.live.contains(id));
-        for id in back {
-            // Declared again, and its samples already came: alive again.
-            self.note_alive(io, id, None);
-        }
-        if departs {
-            io.arm(now + DEPARTURE_GRACE);
-        }
-        let mut liveliness = r.liveliness.clone();
-        for (ep, id) in &io.liveliness {
-            if io.publishers.get(id).is_some_and(|p| p.departing.is_some()) {
-                liveliness.insert(ep.clone(), *id);
-            }
-        }
-        io.liveliness = liveliness;
-        for ((node, _), p) in &r.publications {
-            io.data_nodes.insert(p.endpoint.clone(), *node);
-        }
-        let gone: Vec<String> = io
-            .connected
-            .iter()
-            .filter(|ep| {
-                !r.endpoints.contains(*ep)
-                    && !io.liveliness.contains_key(*ep)
-                    && !io.data_nodes.get(*ep).is_some_and(|n| r.live.contains(n))
-            })
-            .cloned()
-            .collect();
-        // A data endpoint wanted again stops lingering.
-        io.lingering.retain(|ep, _| gone.contains(ep));
-        // Data endpoints waiting out a back-off (not connected) whose node
-        // left: forgotten now, or they would stay for ever.
-        let stale: Vec<String> = io
-            .data_nodes
-            .keys()
-            .filter(|ep| !io.connected.contains(*ep) && !r.endpoints.contains(*ep))
-            .cloned()
-            .collect();
-        for ep in stale {
-            if let Some(node) = io.data_nodes.remove(&ep) {
-                io.backoff.remove(&ep);
-                self.settle_goodbye(io, node);
-            }
-        }
-        for ep in gone {
-            if io.data_nodes.contains_key(&ep) {
-                // Its node left discovery (it closed, died, or is out of
-                // sight): the connection stays until it closes by itself
-                // (read_closed_connections) or the lease passes.
-                let until = now + self.lease;
-                if let std::collections::hash_map::Entry::Vacant(e) = io.lingering.entry(ep) {
-                    e.insert(until);
-                    io.arm(until);
-                }
-                continue;
-            }
-            self.drop_connection(io, &ep);
-        }
-        let mut fresh = Vec::new();
-        // Forget back-offs long settled (bounded by the endpoints seen).
-        io.backoff.retain(|ep, b| {
-            r.endpoints.contains(ep) && now.duration_since(b.last_close) < BACKOFF_RESET
-        });
-        for ep in r.endpoints.difference(&io.connected.clone()) {
-            if let Some(b) = io.backoff.get(ep).filter(|b| b.next > now) {
-                let at = b.next;
-                io.arm(at);
-                continue;
-            }
-            match io.link.connect(ep) {
-                Ok(()) => {
-                    if io.backoff.contains_key(ep) {
-                        stats::inc(&self.node.counters.reconnects);
-                    }
-                    io.connected.insert(ep.clone());
-                    fresh.push(ep.clone());
-                    tracing::debug!(expr = %self.expr, endpoint = %ep, "connected");
-                }
-                Err(err) => {
-                    limited!(warn, expr = %self.expr, endpoint = %ep, %err, "cannot connect")
-                }
-            }
-        }
-        self.check_qos(io, r);
-        io.matched = r.publications.clone();
-        // Ask the publishers just connected for what they keep: the last
-        // samples for a late joiner, what came after the last one held for
-        // a subscriber that comes back.
-        let initial = !io.routed;
-        io.routed = true;
-        if self.last > 0 || self.reliable {
-            // A publisher that appears after the subscription began (a
-            // restarted one, say) put nothing this subscription has seen:
-            // a reliable subscription asks for all it kept.
-            let last = if self.reliable && !initial {
-                u64::MAX
-            } else {
-                self.last as u64
-            };
-            let mut asked = BTreeSet::new();
-            for ((node, _), p) in &r.publications {
-                if p.history > 0 && fresh.contains(&p.endpoint) && asked.insert(&p.endpoint) {
-                    let q = Query {
-                        node: node.to_hex(),
-                        socket: p.reliability.as_str().to_owned(),
-                        token: self.token.clone(),
-                        expr: self.expr.as_str().to_owned(),
-                        last,
-                        since: self.held(io, *node),
-                    };
-                    self.ask(io, *node, q, initial);
-                }
-            }
-        }
-        if let Some((f, _)) = &self.filter {
-            let mut declared = BTreeSet::new();
-            for ((node, _), p) in &r.publications {
-                if fresh.contains(&p.endpoint) && declared.insert(&p.endpoint) {
-                    let d = milonga_wire::filter::Declaration {
-                        node: node.to_hex(),
-                        socket: p.reliability.as_str().to_owned(),
-                        keys: self.expr.as_str().to_owned(),
-                        filter: f.clone(),
-                    };
-                    if let Err(err) = io.link.send(d.encode()) {
-                        tracing::warn!(publisher = %node, %err, "cannot declare a filter");
-                    }
-                }
-            }
-        }
-        if initial && io.initial_joins == 0 && !io.live_sent {
-            io.live_sent = true;
-            io.pending.push_back(Event::SubscriptionLive);
-        }
-        for (id, name) in &r.publishers {
-            let p = io.publishers.entry(*id).or_insert_with(|| PubState {
-                name: String::new(),
-                alive: false,
-                last_heard: now,
-                departing: None,
-                closed: false,
-                disconnected_at: None,
-                undeclared: false,
-                sampled: false,
-            });
-            p.name.clone_from(name);
-        }
-        if let Some(d) = self.deadline {
-            for k in &r.keys {
-                if io.deadlines.len() >= MAX_DEADLINE_KEYS {
-                    break;
-                }
-                if !io.deadlines.contains_key(k) {
-                    io.deadlines.insert(
-                        k.clone(),
-                        KeyDeadline {
-                            last: now,
-                            due: now + d,
-                        },
-                    );
-                    io.arm(now + d);
-                }
-            }
-        }
-        self.note_absences(io, r);
-        io.live.clone_from(&r.live);
-    }
-
-    /// Keeps the sequence state of publisher nodes that left discovery, so
-    /// that one coming back with the same id (after a partition or a freeze
-    /// longer than the lease) is checked against what was received before:
-    /// every sample delivered once or reported lost. At most
-    /// [`MAX_ABSENT_PUBLISHERS`] absent nodes are remembered; the one absent
-    /// longest is forgotten beyond, and reported so.
-    fn note_absences(&self, io: &mut SubIo, r: &Routes) {
-        // A node that left: its next sample takes the slow path.
-        io.seqs.park_if(|n| !r.live.contains(&n));
-        // Nodes that just left: their last samples may still be read.
-        let left: Vec<NodeId> = io.live.difference(&r.live).copied().collect();
-        for id in left {
-            if !io.recently_gone.contains(&id) {
-                io.recently_gone.push_back(id);
-            }
-        }
-        io.recently_gone.retain(|id| !r.live.contains(id));
-        while io.recently_gone.len() > MAX_RECENTLY_GONE {
-            io.recently_gone.pop_front();
-        }
-        io.absent
-            .retain(|id| !r.live.contains(id) && io.seqs.knows(*id));
-        let mut newly: Vec<NodeId> = io
-            .seqs
-            .nodes()
-            .filter(|id| !r.live.contains(id) && !io.absent.contains(id))
-            .collect();
-        newly.sort();
-        io.absent.extend(newly);
-        let mut keys: usize = io.absent.iter().map(|id| io.seqs.keys_of(*id)).sum();
-        while io.absent.len() > MAX_ABSENT_PUBLISHERS || keys > MAX_ABSENT_KEYS {
-            let Some(id) = io.absent.pop_front() else {
-                break;
-            };
-            let gone = io.seqs.forget(id);
-            keys -= gone;
-            lock(&self.lost_by_publisher).remove(&id);
-            let c = &self.node.counters;
-            let n = c.publisher_states_dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            log_drop(
-                n,
-                "the sequence state of a publisher absent from discovery",
-                &format_args!(
-                    "{id} ({gone} keys): more than {MAX_ABSENT_PUBLISHERS} absent publishers or {MAX_ABSENT_KEYS} of their keys; if it comes back, what it sent meanwhile cannot be accounted for"
-                ),
-            );
-            io.pending.push_back(Event::PublisherLost(PublisherLost {
-                publisher: id,
-                name: String::new(),
-                reason: LostReason::Forgotten,
-            }));
-        }
-    }
-
-    /// Disconnects `ep` now and forgets it.
-    fn drop_connection(&self, io: &mut SubIo, ep: &str) {
-        io.link.disconnect(ep);
-        io.connected.remove(ep);
-        io.lingering.remove(ep);
-        let node = io.data_nodes.remove(ep);
-        tracing::debug!(expr = %self.expr, endpoint = %ep, "disconnected");
-        if let Some(node) = node {
-            self.settle_goodbye(io, node);
-        }
-    }
-
-    /// Once no data connection of `node` remains, reports lost what it said
-    /// goodbye with and this subscription did not receive: the trailing
-    /// losses that no later sample can reveal.
-    fn settle_goodbye(&self, io: &mut SubIo, node: NodeId) {
-        // A history query in flight holds samples of the node: they count
-        // first (`finish_join` settles again).
-        if !io.goodbyes.contains_key(&node)
-            || io.data_nodes.values().any(|n| *n == node)
-            || io.joins.contains_key(&node)
-        {
-            return;
-        }
-        let last = io.goodbyes.remove(&node).unwrap_or_default();
-        let c = &self.node.counters;
-        for (key, last) in last {
-            let Some(held) = io.seqs.held_at(node, &key) else {
-                continue;
-            };
-            if last - held.min(last) > MAX_SEQ_JUMP {
-                let n = c.sequence_jumps.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(
-                    n,
-                    "a goodbye's last sequence number",
-                    &format_args!(
-                        "{key}: {last}, while {held} was received: corrupt or forged, not a loss"
-                    ),
-                );
-                continue;
-            }
-            if last > held {
-                let count = last - held;
-                self.count_lost(c, node, count);
-                io.pending.push_back(Event::Lost(LostSamples {
-                    publisher: node,
-                    key: key.clone(),
-                    count,
-                    first_seq: held + 1,
-                }));
-                io.seqs.set(node, key, last);
-            }
-        }
-        // It closed and its connections are gone: it never comes back (a
-        // node id is not reused), so what is known of it goes, rather than
-        // take a place among the absent ones.
-        io.seqs.forget(node);
-        io.absent.retain(|id| *id != node);
-        lock(&self.lost_by_publisher).remove(&node);
-    }
-
-    /// Reports the matching publications that offer less than asked, once
-    /// each.
-    fn check_qos(&self, io: &mut SubIo, r: &Routes) {
-        for ((node, key), p) in &r.publications {
-            if io.matched.contains_key(&(*node, key.clone())) {
-                continue;
-            }
-            let mut report = |policy, detail: String| {
-                io.pending
-                    .push_back(Event::IncompatibleQos(IncompatibleQos {
-                        publisher: *node,
-                        key: key.clone(),
-                        policy,
-                        detail,
-                    }));
-            };
-            if self.reliable && p.reliability == Reliability::BestEffort {
-                report(
-                    QosPolicy::Reliability,
-                    "reliable asked, the publisher is best effort".into(),
-                );
-            }
-            if self.last > p.history {
-                report(
-                    QosPolicy::History,
-                    format!(
-                        "last {} asked, the publisher keeps {}",
-                        self.last, p.history
-                    ),
-                );
-            }
-        }
-    }
-
-    /// The last sequence number held of each key of `node`.
-    fn held(&self, io: &SubIo, node: NodeId) -> Vec<(String, u64)> {
-        let mut v = io.seqs.held(node);
-        // A query must fit a data socket's message limit
-        // (`MAX_QUERY_BYTES`): keys beyond are not repaired.
-        let mut bytes = 0;
-        v.retain(|(k, _)| {
-            bytes += k.len() + 16;
-            bytes < crate::engine::history::MAX_QUERY_BYTES / 2
-        });
-        v
-    }
-
-    /// Sends a history query to `endpoint` of `node` and holds that node's
-    /// samples until it is answered.
-    fn ask(&self, io: &mut SubIo, node: NodeId, q: Query, initial: bool) -> bool {
-        if let Err(err) = io.link.send(q.encode()) {
-            tracing::warn!(publisher = %node, %err, "cannot send a history query");
-            return false;
-        }
-        let now = Instant::now();
-        let j = io.joins.entry(node).or_insert_with(|| Join {
-            pending: BTreeSet::new(),
-            replies: Vec::new(),
-            buffer: Vec::new(),
-            started: now,
-            initial,
-        });
-        if j.pending.insert(q.socket) && initial && j.pending.len() == 1 {
-            io.initial_joins += 1;
-        }
-        io.arm(now + JOIN_TIMEOUT);
-        true
-    }
-
-    /// A history frame: kept samples for this subscription.
-    fn on_history(&self, io: &mut SubIo, c: &Counters, node: NodeId, key: &str, body: &[u8]) {
-        if key.strip_prefix(REPLY_KEY_PREFIX) != Some(self.token.as_str()) {
-            stats::inc(&c.frames_filtered);
-            return;
-        }
-        let reply = match Reply::decode(&Bytes::copy_from_slice(body)) {
-            Ok(r) => r,
-            Err(err) => {
-                let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(n, "a history frame", &err);
-                return;
-            }
-        };
-        let Some(j) = io.joins.get_mut(&node) else {
-            return; // late: the query timed out
-        };
-        if !j.pending.contains(&reply.socket) {
-            return;
-        }
-        j.replies.extend(reply.keys);
-        if reply.done {
-            j.pending.remove(&reply.socket);
-            if j.pending.is_empty() {
-                self.finish_join(io, c, node, true);
-            }
-        }
-    }
-
-    /// Delivers what a node's history query brought, then the samples of
-    /// that node that waited for it.
-    fn finish_join(&self, io: &mut SubIo, c: &Counters, node: NodeId, answered: bool) {
-        let Some(j) = io.joins.remove(&node) else {
-            return;
-        };
-        if !answered {
-            stats::inc(&c.history_queries_unanswered);
-            tracing::warn!(expr = %self.expr, publisher = %node, "a history query got no answer in time; going on live");
-        }
-        for kh in j.replies {
-            for e in kh.entries {
-                match decode_payload(e.encoding, e.payload, None) {
-                    Ok(value) => {
-                        let s = Sample {
-                            key: kh.key.clone(),
-                            value,
-                            publisher: node,
-                            seq: e.seq,
-                            timestamp_ns: e.timestamp_ns,
-                            encoding: e.encoding,
-                            schema_id: e.schema_id,
-                        };
-                        if io.seqs.is_new(node, &s.key, s.seq) {
-                            stats::inc(&c.samples_replayed);
-                            self.deliver(io, c, s, false);
-                        }
-                    }
-                    Err(err) => {
-                        let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                        log_drop(n, "a kept sample whose payload does not decode", &err);
-                    }
-                }
-            }
-        }
-        for s in j.buffer {
-            // Live samples the reply already held are no duplicates.
-            if !io.seqs.is_new(node, &s.key, s.seq) {
-                continue;
-            }
-            // No new repair from these: a gap the reply could not fill
-            // is gone, and asking again would loop.
-            self.deliver(io, c, s, false);
-        }
-        if j.initial {
-            io.initial_joins = io.initial_joins.saturating_sub(1);
-            if io.initial_joins == 0 && !io.live_sent {
-                io.live_sent = true;
-                io.pending.push_back(Event::SubscriptionLive);
-            }
-        }
-        self.settle_goodbye(io, node);
-    }
-
-    /// Passes a decoded sample through the sequence check and queues it;
-    /// holds it if its node has a history query in flight, or asks for a
-    /// repair if it reveals a gap history can fill (`repair`).
-    fn deliver(&self, io: &mut SubIo, c: &Counters, s: Sample, repair: bool) {
-        if let Some(j) = io.joins.get_mut(&s.publisher) {
-            if j.buffer.len() < MAX_JOIN_BUFFER {
-                j.buffer.push(s);
-                return;
-            }
-            let node = s.publisher;
-            self.finish_join(io, c, node, false);
-        }
-        match self.check_seq(io, c, s.publisher, &s.key, s.seq, repair) {
-            Verdict::Drop => {}
-            Verdict::Deliver => {
-                stats::inc(&c.samples_received);
-                if let Some(d) = self.deadline {
-                    Self::note_deadline(io, d, &s.key);
-                }
-                io.pending.push_back(Event::Sample(s));
-            }
-            Verdict::Repair(last) => {
-                let socket = io
-                    .matched
-                    .get(&(s.publisher, s.key.clone()))
-                    .map(|p| p.reliability.as_str().to_owned());
-                if let Some(socket) = socket {
-                    let key = s.key.clone();
-                    let q = Query {
-                        node: s.publisher.to_hex(),
-                        socket,
-                        token: self.token.clone(),
-                        expr: key.clone(),
-                        last: 0,
-                        since: vec![(key, last)],
-                    };
-                    self.ask(io, s.publisher, q, false);
-                }
-                // The sample waits for the repair; if the query could not
-                // be sent, it goes through and the gap is reported.
-                self.deliver(io, c, s, false);
-            }
-        }
-    }
-
-    /// Whether a gap on (`node`, `key`) can be repaired: the subscription
-    /// asks for reliability and the publication is reliable and keeps
-    /// history.
-    fn repairable(
-        &self,
-        matched: &BTreeMap<(NodeId, String), MatchedPublication>,
-        node: NodeId,
-        key: &str,
-    ) -> bool {
-        self.reliable
-            && matched
-                .get(&(node, key.to_owned()))
-                .is_some_and(|p| p.reliability == Reliability::Reliable && p.history > 0)
-    }
-
-    /// Reports the publishers `departed` `undeclared` (unless they said
-    /// goodbye or their connection closed meanwhile), and disconnects
-    /// the liveliness endpoints no longer wanted.
-    fn settle_departures(&self, io: &mut SubIo, departed: Vec<NodeId>) {
-        for id in departed {
-            self.mark_lost(io, id, LostReason::Undeclared);
-            if io.live.contains(&id) {
-                // The node lives on, its data connection with it: if it
-                // declares a matching publication again, its samples may
-                // come before discovery says so.
-                if let Some(p) = io.publishers.get_mut(&id) {
-                    p.departing = None;
-                    p.undeclared = true;
-                    p.sampled = false;
-                }
-            } else {
-                io.publishers.remove(&id);
-            }
-        }
-        let wanted = lock(&self.target).routes.liveliness.clone();
-        // (A publisher still departing keeps its connection: its close or
-        // goodbye is what reports it.)
-        let stale: Vec<String> = io
-            .liveliness
-            .iter()
-            .filter(|(ep, id)| {
-                !wanted.contains_key(*ep)
-                    && io.publishers.get(id).is_none_or(|p| p.departing.is_none())
-            })
-            .map(|(ep, _)| ep.clone())
-            .collect();
-        for ep in stale {
-            io.liveliness.remove(&ep);
-            if io.connected.remove(&ep) {
-                io.link.disconnect(&ep);
-            }
-        }
-    }
-
-    /// Reports publisher `id` lost, if it was alive.
-    fn mark_lost(&self, io: &mut SubIo, id: NodeId, reason: LostReason) {
-        let Some(p) = io.publishers.get_mut(&id) else {
-            return;
-        };
-        p.disconnected_at = None;
-        if !p.alive {
-            return;
-        }
-        p.alive = false;
-        // Samples still queued from it (read after the close or the
-        // goodbye) do not make it alive again; a heartbeat does.
-        p.closed = matches!(reason, LostReason::Closed | LostReason::Disconnected);
-        tracing::info!(expr = %self.expr, publisher = %id, name = %p.name, %reason, "publisher lost");
-        io.pending.push_back(Event::PublisherLost(PublisherLost {
-            publisher: id,
-            name: p.name.clone(),
-            reason,
-        }));
-        // Its next sample must go through the slow path, which reports it
-        // alive again.
-        io.seqs.park_node(id);
-    }
-
-    /// Reports publisher `id` alive, if it was not; `heard` refreshes its
-    /// lease (heartbeats do, samples need not).
-    fn note_alive(&self, io: &mut SubIo, id: NodeId, heard: Option<Instant>) {
-        let Some(p) = io.publishers.get_mut(&id) else {
-            return;
-        };
-        if p.undeclared {
-            // Not alive again until discovery shows a publication of it.
-            p.sampled |= heard.is_none();
-            return;
-        }
-        if let Some(now) = heard {
-            p.last_heard = now;
-        }
-        if p.alive || (p.closed && heard.is_none()) {
-            return;
-        }
-        p.closed = false;
-        p.alive = true;
-        let now = heard.unwrap_or_else(Instant::now);
-        p.last_heard = now;
-        let name = p.name.clone();
-        io.arm(now + self.lease);
-        io.pending.push_back(Event::PublisherAlive(PublisherAlive {
-            publisher: id,
-            name,
-        }));
-    }
-
-    /// Reports leases and deadlines that ran out by `now`, and sets when
-    /// the next may.
-    /// `drained`: nothing is left to read on the socket, so departures can
-    /// be settled (the samples a departed publisher sent before its
-    /// announcement went have been delivered first).
-    fn check_timers(&self, io: &mut SubIo, now: Instant, drained: bool) {
-        let mut next: Option<Instant> = None;
-        let mut earliest = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
-        // Publishers: leases, closed connections and departures, each
-        // reported once its time is up.
-        let (mut expired, mut disconnected, mut departed) = (Vec::new(), Vec::new(), Vec::new());
-        for (id, p) in &io.publishers {
-            if let Some(t) = p.departing {
-                if p.alive && !io.live.contains(id) && now < t + self.lease {
-                    // The node left the domain, not just this key (it died,
-                    // or it closed and its goodbye is on its way, or it is
-                    // out of reach): its goodbye, its closed connection or
-                    // its lease says which, not `undeclared`. Looked at
-                    // again until one has; one still heard from a lease
-                    // later is `undeclared` after all (discovery lost it
-                    // while it lives).
-                    earliest(now + DEPARTURE_GRACE);
-                } else if now >= t + DEPARTURE_GRACE && drained {
-                    departed.push(*id);
-                } else {
-                    earliest((t + DEPARTURE_GRACE).max(now + Duration::from_millis(1)));
-                }
-            }
-            if !p.alive {
-                continue;
-            }
-            if now >= p.last_heard + self.lease {
-                expired.push(*id);
-            } else {
-                earliest(p.last_heard + self.lease);
-            }
-            if let Some(t) = p.disconnected_at {
-                if now >= t + DISCONNECT_GRACE {
-                    disconnected.push(*id);
-                } else {
-                    earliest(t + DISCONNECT_GRACE);
-                }
-            }
-        }
-        if let Some(d) = self.deadline {
-            for (key, k) in io.deadlines.iter_mut() {
-                if now >= k.due {
-                    io.pending.push_back(Event::DeadlineMissed(DeadlineMissed {
-                        key: key.clone(),
-                        silent_for: now - k.last,
-                    }));
-                    k.due = now + d;
-                }
-                earliest(k.due);
-            }
-        }
-        // A back-off ran out: `apply` connects again.
-        let mut reconnect = false;
-        for (ep, b) in &io.backoff {
-            if b.next > now {
-                earliest(b.next);
-            } else if !io.connected.contains(ep) {
-                reconnect = true;
-            }
-        }
-        if reconnect {
-            io.applied = io.applied.wrapping_sub(1);
-        }
-        let mut unlinger = Vec::new();
-        for (ep, t) in &io.lingering {
-            if now >= *t {
-                unlinger.push(ep.clone());
-            } else {
-                earliest(*t);
-            }
-        }
-        let mut late = Vec::new();
-        for (id, j) in &io.joins {
-            if now >= j.started + JOIN_TIMEOUT {
-                late.push(*id);
-            } else {
-                earliest(j.started + JOIN_TIMEOUT);
-            }
-        }
-        io.next_timer = next;
-        for id in disconnected {
-            self.mark_lost(io, id, LostReason::Disconnected);
-        }
-        for id in expired {
-            self.mark_lost(io, id, LostReason::LeaseExpired);
-        }
-        if !departed.is_empty() {
-            self.settle_departures(io, departed);
-        }
-        for id in late {
-            self.finish_join(io, &self.node.counters, id, false);
-        }
-        for ep in unlinger {
-            tracing::debug!(expr = %self.expr, endpoint = %ep, "a departed node's connection stayed open past the lease");
-            self.drop_connection(io, &ep);
-        }
-    }
-
-    /// A heartbeat: the node is alive, or leaving. A goodbye (`leaving`)
-    /// may carry the last sequence number of each of its keys (`last`):
-    /// what of them has not arrived once its data connections are gone is
-    /// reported lost.
-    fn on_heartbeat(&self, io: &mut SubIo, c: &Counters, node: NodeId, body: &[u8]) {
-        let pairs = match decode_payload(Encoding::Cbor, bytes::Bytes::copy_from_slice(body), None)
-        {
-            Ok(Value::Map(pairs)) => pairs,
-            Ok(_) | Err(_) => {
-                let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(n, "a heartbeat", &"its body is not a CBOR map");
-                return;
-            }
-        };
-        let field = |name: &str| pairs.iter().find(|(k, _)| *k == Value::from(name));
-        let leaving = field("leaving").is_some_and(|(_, v)| *v == Value::Bool(true));
-        if !leaving {
-            self.note_alive(io, node, Some(Instant::now()));
-            return;
-        }
-        // Sequence numbers of filtered copies are not the key's.
-        let known = io.publishers.contains_key(&node);
-        if let Some((_, v)) = field("last").filter(|(_, v)| !matches!(v, Value::Map(_))) {
-            let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-            log_drop(
-                n,
-                "a goodbye's last sequence numbers",
-                &format_args!("not a map: {v:?}"),
-            );
-        }
-        if let (Some((_, Value::Map(last))), true, None) = (field("last"), known, &self.filter) {
-            let mut mine = Vec::new();
-            for (k, v) in last {
-                let seq = match v {
-                    Value::Int(i) => u64::try_from(*i).ok(),
-                    _ => None,
-                };
-                match (k, seq) {
-                    (Value::Text(k), Some(seq)) if self.expr.matches(k.as_str()) => {
-                        mine.push((k.clone(), seq));
-                    }
-                    (Value::Text(_), Some(_)) => {}
-                    _ => {
-                        let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                        log_drop(
-                            n,
-                            "a goodbye's last sequence numbers",
-                            &"not text -> number",
-                        );
-                        mine.clear();
-                        break;
-                    }
-                }
-            }
-            if io.goodbyes.len() < MAX_GOODBYES {
-                io.goodbyes.insert(node, mine);
-            }
-        }
-        self.mark_lost(io, node, LostReason::Closed);
-        self.settle_goodbye(io, node);
-    }
-
-    /// Notes that `key` spoke, for its deadline.
-    fn note_deadline(io: &mut SubIo, d: Duration, key: &str) {
-        let now = Instant::now();
-        let full = io.deadlines.len() >= MAX_DEADLINE_KEYS;
-        match io.deadlines.get_mut(key) {
-            Some(k) => {
-                k.last = now;
-                k.due = now + d;
-            }
-            None if !full => {
-                io.deadlines.insert(
-                    key.to_owned(),
-                    KeyDeadline {
-                        last: now,
-                        due: now + d,
-                    },
-                );
-            }
-            None => {}
-        }
-        io.arm(now + d);
-    }
-
     fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
         // The deadline is computed only when there is nothing to return at
         // once: reading the clock costs as much as a small sample.
@@ -1182,7 +147,7 @@ impl SubShared {
             if self.node.closed.load(Ordering::Acquire) || self.stop.load(Ordering::Acquire) {
                 return Err(RecvError::Closed);
             }
-            self.apply(&mut io);
+            self.core.apply(&mut io);
             // Closed connections and departed publishers are dealt with
             // once what already arrived has been read: a closing node's
             // goodbye comes before its connection closes and its
@@ -1213,7 +178,7 @@ impl SubShared {
                     let now = Instant::now();
                     if t <= now {
                         let drained = !io.link.readable();
-                        self.check_timers(&mut io, now, drained);
+                        self.core.check_timers(&mut io, now, drained);
                         continue;
                     }
                     Some((t - now).as_micros().div_ceil(1000) as i64)
@@ -1281,7 +246,7 @@ impl SubShared {
                         }
                         Pushed::Dropped => {
                             if let Some(p) = publisher {
-                                self.count_lost(c, p, 1);
+                                self.core.count_lost(c, p, 1);
                             }
                         }
                     }
@@ -1295,9 +260,9 @@ impl SubShared {
 
     /// Handles a received message; under a flood the socket is never
     /// empty, so the timers are looked at every 256 messages all the same.
-    fn received(&self, io: &mut SubIo, msg: Incoming) {
+    fn received(&self, io: &mut SubState<SubLink>, msg: Incoming) {
         match msg {
-            Incoming::Message(first, second) => self.handle(io, first, second),
+            Incoming::Message(first, second) => self.core.handle(io, first, second),
             Incoming::TooManyFrames => {
                 let c = &self.node.counters;
                 let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -1312,7 +277,7 @@ impl SubShared {
         if io.handled % 256 == 0 && io.next_timer.is_some() {
             let now = Instant::now();
             if io.next_timer.is_some_and(|t| t <= now) {
-                self.check_timers(io, now, false);
+                self.core.check_timers(io, now, false);
             }
         }
     }
@@ -1321,80 +286,10 @@ impl SubShared {
     /// monitor and reports each one), and connects again to an endpoint
     /// still wanted: ZeroMQ does not reconnect after a protocol error such
     /// as an over-size frame.
-    fn read_closed_connections(&self, io: &mut SubIo) {
+    fn read_closed_connections(&self, io: &mut SubState<SubLink>) {
         self.has_closed_connections.store(false, Ordering::Release);
         let closed = std::mem::take(&mut *lock(&self.closed_connections));
-        let now = Instant::now();
-        for endpoint in closed {
-            let c = &self.node.counters;
-            let n = c.connections_closed.fetch_add(1, Ordering::Relaxed) + 1;
-            self.note_liveliness_closed(io, &endpoint, now, DISCONNECT_GRACE);
-            if n <= 10 || n % 1000 == 0 {
-                tracing::info!(
-                    expr = %self.expr,
-                    %endpoint,
-                    closed_so_far = n,
-                    "connection to a publisher closed (the peer went away, or sent a frame over max_message_bytes or broke ZMTP)"
-                );
-            }
-            if io.lingering.contains_key(&endpoint) {
-                // A departed node's connection, kept for its last samples:
-                // everything that came on it has been read.
-                self.drop_connection(io, &endpoint);
-                continue;
-            }
-            if let Some(node) = io.data_nodes.remove(&endpoint) {
-                self.settle_goodbye(io, node);
-            }
-            if io.connected.remove(&endpoint) {
-                io.link.disconnect(&endpoint);
-                // Connect again (in `apply`) after a back-off: a peer that
-                // breaks every connection at once (an over-size frame to
-                // each newcomer) must not make this spin.
-                let b = io.backoff.entry(endpoint).or_insert(Backoff {
-                    failures: 0,
-                    last_close: now,
-                    next: now,
-                });
-                if now.duration_since(b.last_close) > BACKOFF_RESET {
-                    b.failures = 0;
-                }
-                b.failures = b.failures.saturating_add(1);
-                b.last_close = now;
-                let max = Duration::from_millis(2000);
-                let base = (Duration::from_millis(100) * (1 << (b.failures - 1).min(5))).min(max);
-                // Half the base, plus up to half at random: peers that lost
-                // their connections together do not come back together.
-                let jitter =
-                    u64::from(getrandom::u32().unwrap_or(0)) % (base.as_micros() as u64 / 2 + 1);
-                b.next = now + base / 2 + Duration::from_micros(jitter);
-                let at = b.next;
-                io.arm(at);
-                // Make `apply` compare the target with what is connected.
-                io.applied = io.applied.wrapping_sub(1);
-            }
-        }
-    }
-
-    /// A closed liveliness connection: its node is reported `disconnected`
-    /// after `grace`, unless its goodbye arrives first.
-    fn note_liveliness_closed(
-        &self,
-        io: &mut SubIo,
-        endpoint: &str,
-        now: Instant,
-        grace: Duration,
-    ) {
-        if let Some(id) = io.liveliness.get(endpoint).copied() {
-            if let Some(p) = io.publishers.get_mut(&id).filter(|p| p.alive) {
-                if p.disconnected_at
-                    .is_none_or(|t| t + DISCONNECT_GRACE > now + grace)
-                {
-                    p.disconnected_at = Some(now + grace - DISCONNECT_GRACE);
-                }
-                io.arm(now + grace);
-            }
-        }
+        self.core.connections_closed(io, closed, Instant::now());
     }
 
     /// Under a flood the socket is never empty, so closed connections
@@ -1402,286 +297,15 @@ impl SubShared {
     /// longer grace, as the goodbye may still wait in the queue), so that
     /// a killed publisher is reported `disconnected`, not `lease_expired`
     /// or `undeclared` once discovery or its lease catches up.
-    fn peek_closed_connections(&self, io: &mut SubIo) {
+    fn peek_closed_connections(&self, io: &mut SubState<SubLink>) {
         if !self.has_closed_connections.load(Ordering::Acquire) {
             return;
         }
         let closed = lock(&self.closed_connections).clone();
         let now = Instant::now();
         for endpoint in closed {
-            self.note_liveliness_closed(io, &endpoint, now, FLOOD_GRACE);
-        }
-    }
-
-    /// Checks one received message and queues the events it yields.
-    fn handle(&self, io: &mut SubIo, frame: Bytes, second: Option<Bytes>) {
-        let c = &self.node.counters;
-        stats::add(
-            &c.bytes_received,
-            (frame.len() + second.as_ref().map_or(0, |m| m.len())) as u64,
-        );
-        let view = match frame::decode(&frame) {
-            Ok(v) => v,
-            Err(err) => {
-                let counter = match err {
-                    FrameError::UnsupportedVersion(_) => &c.frames_bad_version,
-                    FrameError::UnknownKind(_) | FrameError::UnknownEncoding(_) => {
-                        &c.frames_unknown_kind
-                    }
-                    _ => &c.frames_malformed,
-                };
-                let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(n, "a data frame", &err);
-                return;
-            }
-        };
-        let h = view.header;
-        if h.domain_tag != self.node.domain_tag {
-            let n = c.frames_foreign_domain.fetch_add(1, Ordering::Relaxed) + 1;
-            log_drop(
-                n,
-                "a frame of another domain",
-                &format_args!("key {}", view.key),
-            );
-            return;
-        }
-        let has_flag = h.flags & FLAG_PAYLOAD_FRAME != 0;
-        if has_flag != second.is_some() {
-            let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-            let err = FrameError::FrameCount {
-                flag: has_flag,
-                frames: 1 + usize::from(second.is_some()),
-            };
-            log_drop(n, "a data message", &err);
-            return;
-        }
-        match h.kind {
-            Kind::Heartbeat => {
-                self.on_heartbeat(io, c, h.node_id, view.body);
-                return;
-            }
-            Kind::History => {
-                self.on_history(io, c, h.node_id, view.key, view.body);
-                return;
-            }
-            Kind::Request | Kind::Reply => {
-                let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(
-                    n,
-                    "a data message",
-                    &"a service call frame on a data socket",
-                );
-                return;
-            }
-            Kind::Sample | Kind::Batch => {}
-        }
-        // A filtered sample: the key follows the filter's prefix.
-        let user_key = match &self.filter {
-            Some((_, fp)) => match view.key.strip_prefix(fp.as_str()) {
-                Some(k) => k,
-                None => {
-                    stats::inc(&c.frames_filtered);
-                    return;
-                }
-            },
-            None => view.key,
-        };
-        if !self.key_matches(io, user_key) {
-            // Prefix filtering lets through a superset; not an error.
-            stats::inc(&c.frames_filtered);
-            return;
-        }
-        let key = user_key.to_owned();
-        let body_offset = view.body_offset;
-        match h.kind {
-            Kind::Sample => {
-                let first = frame.slice(body_offset..);
-                match decode_payload(h.encoding, first, second) {
-                    Ok(value) => {
-                        let s = Sample {
-                            key,
-                            value,
-                            publisher: h.node_id,
-                            seq: h.seq,
-                            timestamp_ns: h.timestamp_ns,
-                            encoding: h.encoding,
-                            schema_id: h.schema_id,
-                        };
-                        self.deliver(io, c, s, true);
-                    }
-                    Err(err) => {
-                        self.undecodable(io, c, h.node_id, &key, h.seq, &err);
-                    }
-                }
-            }
-            // Handled above, before key matching.
-            Kind::Heartbeat | Kind::History | Kind::Request | Kind::Reply => {}
-            Kind::Batch => {
-                // `decode` has validated every entry.
-                let entries = BatchEntries::new(view.body).into_iter().flatten().flatten();
-                for (i, e) in entries.enumerate() {
-                    let Some(seq) = h.seq.checked_add(i as u64) else {
-                        let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                        log_drop(n, "a batch", &"sequence numbers overflow");
-                        break;
-                    };
-                    let start = body_offset + e.offset;
-                    let payload = frame.slice(start..start + e.payload.len());
-                    match decode_payload(h.encoding, payload, None) {
-                        Ok(value) => {
-                            let s = Sample {
-                                key: key.clone(),
-                                value,
-                                publisher: h.node_id,
-                                seq,
-                                timestamp_ns: e.timestamp_ns,
-                                encoding: h.encoding,
-                                schema_id: h.schema_id,
-                            };
-                            self.deliver(io, c, s, true);
-                        }
-                        Err(err) => {
-                            self.undecodable(io, c, h.node_id, &key, seq, &err);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// A sample whose payload does not decode: it goes through the
-    /// sequence check (a gap before it is reported, its own number is
-    /// taken), then is dropped and counted in `payloads_malformed`, as
-    /// docs/protocol.md §7 orders (rows 12-14): it arrived, so it is not
-    /// also reported lost. While a history query to its node is in flight,
-    /// only the counter moves.
-    fn undecodable(
-        &self,
-        io: &mut SubIo,
-        c: &Counters,
-        node: NodeId,
-        key: &str,
-        seq: u64,
-        err: &dyn std::fmt::Display,
-    ) {
-        let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-        log_drop(n, "a sample whose payload does not decode", err);
-        if !io.joins.contains_key(&node) {
-            let _ = self.check_seq(io, c, node, key, seq, false);
-        }
-    }
-
-    /// Whether `key` matches the expression: ZeroMQ prefix filtering lets
-    /// through a superset of the keys a wildcard selects.
-    fn key_matches(&self, io: &mut SubIo, key: &str) -> bool {
-        if self.expr.is_literal() {
-            return self.expr.matches(key);
-        }
-        // Milonga's own keys (`@...`) are never a user's sample.
-        if key.starts_with('@') {
-            return false;
-        }
-        if let Some(m) = io.matches.get(key) {
-            return *m;
-        }
-        let m = self.expr.matches(key);
-        if io.matches.len() >= MATCH_MEMO {
-            io.matches.clear();
-        }
-        io.matches.insert(key.to_owned(), m);
-        m
-    }
-
-    /// Counts `n` samples of `node` lost: the node's counter, the
-    /// subscription's total and its count per publisher.
-    fn count_lost(&self, c: &Counters, node: NodeId, n: u64) {
-        stats::add(&c.samples_lost, n);
-        stats::add(&self.lost_total, n);
-        let mut by = lock(&self.lost_by_publisher);
-        let e = by.entry(node).or_insert(0);
-        *e = e.saturating_add(n);
-    }
-
-    /// Whether sample `seq` of (`node`, `key`) is new (the rules are
-    /// seq.rs's); counts and logs what it is not, and queues a
-    /// [`Event::Lost`] when it reveals a gap, unless `repair` allows and
-    /// the publication can fill it from history.
-    fn check_seq(
-        &self,
-        io: &mut SubIo,
-        c: &Counters,
-        node: NodeId,
-        key: &str,
-        seq: u64,
-        repair: bool,
-    ) -> Verdict {
-        if !io.seqs.is_current(node, key) {
-            self.note_alive(io, node, None);
-        }
-        let (live, gone) = (&io.live, &io.recently_gone);
-        let member = || live.contains(&node) || gone.contains(&node);
-        let can_repair = || repair && self.repairable(&io.matched, node, key);
-        match io.seqs.check(node, key, seq, member, can_repair) {
-            Step::Unknown => {
-                let n = c.samples_unknown_publisher.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(
-                    n,
-                    "a sample of a node that discovery does not show",
-                    &format_args!("{key} from {node}"),
-                );
-                Verdict::Drop
-            }
-            Step::OverKeyLimit => {
-                let n = c.samples_over_key_limit.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(
-                    n,
-                    "a sample of one key too many",
-                    &format_args!(
-                        "{key} from {node}: already {MAX_KEYS_PER_PUBLISHER} keys of that publisher"
-                    ),
-                );
-                Verdict::Drop
-            }
-            Step::Duplicate => {
-                let n = c.samples_duplicate.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(n, "a duplicate sample", &format_args!("{key} seq {seq}"));
-                Verdict::Drop
-            }
-            Step::Back { from } => {
-                // A publisher's sequence never goes back; a frame that says
-                // so is corrupt or forged. Start over from it rather than
-                // let one bad frame mute the stream.
-                let n = c.sequence_resets.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(
-                    n,
-                    "the sequence baseline",
-                    &format_args!("{key} went back from {from} to {seq}"),
-                );
-                Verdict::Deliver
-            }
-            Step::Jump { from } => {
-                let n = c.sequence_jumps.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(
-                    n,
-                    "the sequence baseline",
-                    &format_args!(
-                        "{key} jumped from {from} to {seq}: corrupt or forged, not a loss"
-                    ),
-                );
-                Verdict::Deliver
-            }
-            Step::Repair { last } => Verdict::Repair(last),
-            Step::Gap { lost, first_seq } => {
-                self.count_lost(c, node, lost);
-                io.pending.push_back(Event::Lost(LostSamples {
-                    publisher: node,
-                    key: key.to_owned(),
-                    count: lost,
-                    first_seq,
-                }));
-                Verdict::Deliver
-            }
-            Step::First | Step::Next => Verdict::Deliver,
+            self.core
+                .note_liveliness_closed(io, &endpoint, now, FLOOD_GRACE);
         }
     }
 }
@@ -1708,7 +332,7 @@ impl Subscriber {
             Some(_) => {
                 let s = shared.clone();
                 let th = std::thread::Builder::new()
-                    .name(format!("milonga-pump {}", shared.expr))
+                    .name(format!("milonga-pump {}", shared.core.expr))
                     .spawn(move || s.pump())
                     .map_err(SubscribeError::Thread)?;
                 Some(th)
@@ -1719,11 +343,11 @@ impl Subscriber {
             Some(mut cb) => {
                 let s = shared.clone();
                 let th = std::thread::Builder::new()
-                    .name(format!("milonga-sub {}", shared.expr))
+                    .name(format!("milonga-sub {}", shared.core.expr))
                     .spawn(move || loop {
                         match s.next_for_app(Some(Duration::from_millis(200))) {
                             Ok(ev) => {
-                                let key = s.expr.to_string();
+                                let key = s.expr().to_string();
                                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(ev)));
                                 if r.is_err() {
                                     tracing::error!(expr = %key, "a subscription callback panicked; the subscription goes on");
@@ -1757,7 +381,7 @@ impl Subscriber {
 
     /// The key expression.
     pub fn key_expr(&self) -> &str {
-        self.shared.expr.as_str()
+        self.shared.core.expr.as_str()
     }
 
     /// Waits for the next event until the node closes.
@@ -1794,26 +418,19 @@ impl Subscriber {
 
     /// Samples lost, over all publishers, since the subscription began.
     pub fn lost(&self) -> u64 {
-        self.shared.lost_total.load(Ordering::Relaxed)
+        self.shared.core.lost_total.load(Ordering::Relaxed)
     }
 
     /// Samples lost per publisher.
     pub fn lost_by_publisher(&self) -> HashMap<NodeId, u64> {
-        lock(&self.shared.lost_by_publisher).clone()
+        lock(&self.shared.core.lost_by_publisher).clone()
     }
 
     /// Number of publisher data endpoints this subscription is connected to.
     pub fn connected_endpoints(&self) -> usize {
         match try_lock(&self.shared.io) {
-            Some(io) => io
-                .connected
-                .iter()
-                .filter(|e| !io.liveliness.contains_key(*e))
-                .count(),
-            None => {
-                let t = lock(&self.shared.target);
-                t.routes.endpoints.len() - t.routes.liveliness.len()
-            }
+            Some(io) => io.data_connections(),
+            None => self.shared.core.target_data_endpoints(),
         }
     }
 }

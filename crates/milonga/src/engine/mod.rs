@@ -9,6 +9,7 @@ pub(crate) mod outlet;
 pub(crate) mod queue;
 pub(crate) mod routes;
 pub(crate) mod seq;
+pub(crate) mod subscription;
 
 use milonga_wire::NodeId;
 

@@ -169,3 +169,193 @@ impl Outlet {
         super::filters::apply(self, me, key, timestamp_ns, enc, schema_id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use milonga_wire::cbor::encode_payload;
+    use milonga_wire::filter::{Declaration, Filter};
+    use milonga_wire::history::Query;
+    use milonga_wire::{NodeId, Value};
+
+    use super::*;
+    use crate::util::stats::Counters;
+
+    fn me(counters: &Counters) -> Me<'_> {
+        Me {
+            id: NodeId([7; 16]),
+            domain_tag: milonga_wire::frame::domain_tag("lab"),
+            max_message_bytes: 1 << 20,
+            counters,
+        }
+    }
+
+    fn sub(prefix: &str) -> Vec<u8> {
+        let mut m = vec![1];
+        m.extend(prefix.as_bytes());
+        m
+    }
+
+    fn unsub(prefix: &str) -> Vec<u8> {
+        let mut m = vec![0];
+        m.extend(prefix.as_bytes());
+        m
+    }
+
+    fn put(o: &mut Outlet, me: &Me, key: &str, seq: u64, v: f64) -> Vec<Vec<u8>> {
+        let enc = encode_payload(&Value::Float(v), 1 << 20).unwrap();
+        o.accepted(me, key, seq, 1000 + seq, &enc, 0)
+    }
+
+    #[test]
+    fn subscriptions_are_counted_and_the_last_to_leave_frees_the_prefix() {
+        let c = Counters::default();
+        let me = me(&c);
+        let mut o = Outlet::new(Reliability::BestEffort);
+        assert!(matches!(o.upstream(&me, &sub("a/b\0")), Upstream::Done));
+        assert!(matches!(o.upstream(&me, &sub("a/b\0")), Upstream::Done));
+        assert!(matches!(o.upstream(&me, &sub("a/")), Upstream::Done));
+        assert_eq!(o.subscribers_of(b"a/b\0"), 3);
+        assert_eq!(o.subscribers_of(b"a/c\0"), 1);
+        assert_eq!(o.subscribers_of(b"b\0"), 0);
+        assert!(matches!(o.upstream(&me, &unsub("a/b\0")), Upstream::Done));
+        match o.upstream(&me, &unsub("a/b\0")) {
+            Upstream::Freed(n) => assert_eq!(n, 5, "the message, its leading byte included"),
+            _ => panic!("the last subscriber of a/b left"),
+        }
+        // A prefix nobody holds: counted, nothing freed.
+        assert!(matches!(o.upstream(&me, &unsub("zz")), Upstream::Done));
+        assert_eq!(o.subscribers_of(b"a/b\0"), 1);
+        assert_eq!(c.subscription_messages.load(Relaxed), 6);
+        // Not a subscriber's message.
+        assert!(matches!(o.upstream(&me, &[9, 1, 2]), Upstream::Unknown));
+        assert!(matches!(o.upstream(&me, &[]), Upstream::Unknown));
+    }
+
+    #[test]
+    fn a_filtered_subscription_counts_for_the_keys_after_its_filter_prefix() {
+        let c = Counters::default();
+        let me = me(&c);
+        let mut o = Outlet::new(Reliability::BestEffort);
+        o.upstream(&me, &sub("@f/0123456789abcdef/sr/"));
+        assert_eq!(o.subscribers_of(b"sr/ps/1\0"), 1);
+        assert_eq!(o.subscribers_of(b"xy/ps/1\0"), 0);
+    }
+
+    #[test]
+    fn a_history_query_is_answered_for_a_token_subscribed_here_only() {
+        let c = Counters::default();
+        let me = me(&c);
+        let mut o = Outlet::new(Reliability::Reliable);
+        o.keep_history("sr/k", 2);
+        for seq in 1..=3 {
+            assert!(put(&mut o, &me, "sr/k", seq, seq as f64).is_empty());
+        }
+        // No history kept for a key that did not ask for it.
+        put(&mut o, &me, "sr/other", 1, 0.0);
+        let q = Query {
+            node: me.id.to_hex(),
+            socket: "reliable".into(),
+            token: "t1".into(),
+            expr: "sr/**".into(),
+            last: 5,
+            since: vec![],
+        };
+        assert!(matches!(o.upstream(&me, &q.encode()), Upstream::Done));
+        assert_eq!(
+            c.history_queries_refused.load(Relaxed),
+            1,
+            "t1 is not subscribed"
+        );
+        o.upstream(&me, &sub("@r/t1\0"));
+        let Upstream::Answer(a) = o.upstream(&me, &q.encode()) else {
+            panic!("an answer for a subscribed token");
+        };
+        assert_eq!(a.token, "t1");
+        let keys: Vec<_> = a.replies.iter().flat_map(|r| &r.keys).collect();
+        assert_eq!(keys.len(), 1, "sr/other keeps nothing");
+        let seqs: Vec<u64> = keys[0].entries.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [2, 3], "the last two kept");
+        assert!(a.replies.last().unwrap().done);
+        // Replies are numbered per socket.
+        for (i, r) in a.replies.iter().enumerate() {
+            let f = o.reply_frame(&me, &a, r);
+            let h = milonga_wire::frame::decode(&f).unwrap().header;
+            assert_eq!(h.seq, i as u64 + 1);
+            assert_eq!(h.node_id, me.id);
+        }
+        // A query for another node, or the other socket, is not ours.
+        let other = Query {
+            node: NodeId([8; 16]).to_hex(),
+            ..q.clone()
+        };
+        assert!(matches!(o.upstream(&me, &other.encode()), Upstream::Done));
+        let be = Query {
+            socket: "best_effort".into(),
+            ..q
+        };
+        assert!(matches!(o.upstream(&me, &be.encode()), Upstream::Done));
+        assert_eq!(c.history_queries_answered.load(Relaxed), 1);
+        assert_eq!(c.history_queries_refused.load(Relaxed), 1);
+        // A publisher dropped: nothing kept any more.
+        o.forget_history("sr/k");
+        let Upstream::Answer(a) = o.upstream(&me, &other_token(&me)) else {
+            panic!("an answer");
+        };
+        assert!(a.replies.iter().all(|r| r.keys.is_empty()));
+    }
+
+    fn other_token(me: &Me) -> Vec<u8> {
+        Query {
+            node: me.id.to_hex(),
+            socket: "reliable".into(),
+            token: "t1".into(),
+            expr: "**".into(),
+            last: 1,
+            since: vec![],
+        }
+        .encode()
+    }
+
+    #[test]
+    fn a_declared_filter_yields_a_frame_for_the_samples_that_pass_until_nobody_holds_it() {
+        let c = Counters::default();
+        let me = me(&c);
+        let mut o = Outlet::new(Reliability::BestEffort);
+        let filter = Filter {
+            expr: Some("value > 10".into()),
+            ..Filter::default()
+        };
+        let d = Declaration {
+            node: me.id.to_hex(),
+            socket: "best_effort".into(),
+            keys: "sr/**".into(),
+            filter: filter.clone(),
+        };
+        let prefix = format!("@f/{}/sr/", filter.id_for("sr/**"));
+        o.upstream(&me, &sub(&prefix));
+        assert!(matches!(o.upstream(&me, &d.encode()), Upstream::Done));
+        assert_eq!(c.filters_declared.load(Relaxed), 1);
+        assert!(
+            put(&mut o, &me, "sr/a", 1, 5.0).is_empty(),
+            "5 does not pass"
+        );
+        let frames = put(&mut o, &me, "sr/a", 2, 12.0);
+        assert_eq!(frames.len(), 1);
+        let v = milonga_wire::frame::decode(&frames[0]).unwrap();
+        assert_eq!(v.key, format!("{prefix}a"));
+        assert_eq!(v.header.seq, 1, "numbered per filter and key");
+        assert!(
+            put(&mut o, &me, "other/a", 3, 12.0).is_empty(),
+            "not a key it selects"
+        );
+        assert_eq!(c.filter_evaluations.load(Relaxed), 2);
+        // The last subscription holding its prefix left: the filter goes.
+        assert!(matches!(
+            o.upstream(&me, &unsub(&prefix)),
+            Upstream::Freed(_)
+        ));
+        assert!(put(&mut o, &me, "sr/a", 4, 12.0).is_empty());
+    }
+}

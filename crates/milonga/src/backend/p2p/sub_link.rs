@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use bytes::Bytes;
 
 use crate::backend::p2p::zmq_io::{self, message_bytes};
+use crate::engine::subscription::Link;
 use crate::model::error::{IntoTransport, OpenError, TransportError};
 use crate::session::NodeInner;
 
@@ -95,26 +96,6 @@ impl SubLink {
         ))
     }
 
-    /// Connects to a publisher's endpoint.
-    pub(crate) fn connect(&mut self, endpoint: &str) -> Result<(), TransportError> {
-        self.sock
-            .connect(endpoint)
-            .map_err(IntoTransport::transport)
-    }
-
-    /// Disconnects from an endpoint (nothing if it was not connected).
-    pub(crate) fn disconnect(&mut self, endpoint: &str) {
-        let _ = self.sock.disconnect(endpoint);
-    }
-
-    /// Sends a message upstream to every connected publisher (a history
-    /// query, a filter declaration), without waiting.
-    pub(crate) fn send(&mut self, msg: Vec<u8>) -> Result<(), TransportError> {
-        self.sock
-            .send(msg, zmq::DONTWAIT)
-            .map_err(IntoTransport::transport)
-    }
-
     /// Whether a message is waiting to be read.
     pub(crate) fn readable(&self) -> bool {
         self.sock
@@ -173,6 +154,24 @@ impl SubLink {
             None
         };
         Incoming::Message(message_bytes(first), second)
+    }
+}
+
+impl Link for SubLink {
+    fn connect(&mut self, endpoint: &str) -> Result<(), TransportError> {
+        self.sock
+            .connect(endpoint)
+            .map_err(IntoTransport::transport)
+    }
+
+    fn disconnect(&mut self, endpoint: &str) {
+        let _ = self.sock.disconnect(endpoint);
+    }
+
+    fn send(&mut self, msg: Vec<u8>) -> Result<(), TransportError> {
+        self.sock
+            .send(msg, zmq::DONTWAIT)
+            .map_err(IntoTransport::transport)
     }
 }
 
