@@ -160,8 +160,11 @@ impl Outlet {
         enc: &Encoded,
         schema_id: u32,
     ) -> Vec<Vec<u8>> {
-        if let Some(k) = self.histories.get_mut(key) {
-            k.push(seq, timestamp_ns, enc, schema_id);
+        // Most sockets keep no history: their puts skip the hash lookup.
+        if !self.histories.is_empty() {
+            if let Some(k) = self.histories.get_mut(key) {
+                k.push(seq, timestamp_ns, enc, schema_id);
+            }
         }
         if self.filters.is_empty() {
             return Vec::new();

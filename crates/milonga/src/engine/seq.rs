@@ -2,7 +2,7 @@
 //! (publisher node, key), the last sequence number held, and what a new
 //! one means (the next, a gap, a duplicate, a frame that goes back or
 //! jumps). The subscription turns each [`Step`] into counters, loss events
-//! and history repairs (subscriber.rs); the rules themselves live here,
+//! and history repairs (subscription.rs); the rules themselves live here,
 //! with their unit tests.
 
 use std::collections::HashMap;
@@ -230,7 +230,7 @@ mod tests {
         NodeId([n; 16])
     }
 
-    /// Whether the sample goes to the application now (subscriber.rs's
+    /// Whether the sample goes to the application now (subscription.rs's
     /// `check_seq`).
     fn delivers(step: Step) -> bool {
         !matches!(
