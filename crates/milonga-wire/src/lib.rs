@@ -3,10 +3,10 @@
 //! Everything another implementation needs to speak to Milonga, and nothing
 //! that does I/O: keys and key expressions ([`key`]), the data frame layout
 //! ([`frame`]), values ([`value`]) and their CBOR encoding ([`cbor`]), history
-//! queries and replies ([`history`]), filter declarations ([`filter`]),
-//! service calls ([`service`]), control messages ([`control`]) and
-//! announcements ([`announce`]). The
-//! normative text is `docs/protocol.md`; the golden vectors in
+//! queries and replies ([`history`]), heartbeats ([`heartbeat`]), filter
+//! declarations ([`filter`]), service calls ([`service`]), control
+//! messages ([`control`]) and announcements ([`announce`]). The normative
+//! text is `docs/protocol.md`; the golden vectors in
 //! `tests/vectors/` are checked against this crate.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -16,6 +16,7 @@ pub mod cbor;
 pub mod control;
 pub mod filter;
 pub mod frame;
+pub mod heartbeat;
 pub mod history;
 pub mod key;
 pub mod service;

@@ -234,7 +234,7 @@ fn sample(
 /// `cases()` must make exactly these: a vector that goes missing (its files
 /// deleted, or its case) fails the check instead of shrinking it, here and
 /// in every language that checks the same files.
-const VECTORS: [&str; 26] = [
+const VECTORS: [&str; 27] = [
     "sample_cbor_float",
     "sample_cbor_float16",
     "sample_cbor_float32",
@@ -250,6 +250,7 @@ const VECTORS: [&str; 26] = [
     "sample_split_u8_array",
     "batch_three_samples",
     "heartbeat_leaving",
+    "heartbeat_goodbye_last",
     "history_reply",
     "service_request",
     "service_reply_error",
@@ -378,6 +379,30 @@ fn cases() -> Vec<Case> {
             name: "heartbeat_leaving",
             description: "kind 3: heartbeat number 5 of a node that is closing (leaving: true)",
             frame1: frame::encode(&k, &h, &cbor(&body)),
+            frame2: None,
+            canonical: None,
+            expect: Ok((
+                frame::HEARTBEAT_KEY.into(),
+                header_json(&h, "lab"),
+                vec![body],
+                vec![TS],
+            )),
+        });
+        // The goodbye with the last sequence number of each key, as
+        // `milonga_wire::heartbeat::Heartbeat::encode` writes it.
+        let h = header(Kind::Heartbeat, Encoding::Cbor, 0, 0, 6);
+        let bye = milonga_wire::heartbeat::Heartbeat {
+            leaving: true,
+            last: milonga_wire::heartbeat::Last::Keys(vec![
+                ("sr/ps/1/current".into(), 41),
+                ("sr/ps/1/voltage".into(), 7),
+            ]),
+        };
+        let body = milonga_wire::cbor::decode_cbor(&Bytes::from(bye.encode())).unwrap();
+        v.push(Case {
+            name: "heartbeat_goodbye_last",
+            description: "kind 3: the goodbye of a node that put seq 41 of sr/ps/1/current and 7 of sr/ps/1/voltage last (leaving: true, last: {key: seq})",
+            frame1: frame::encode(&k, &h, &bye.encode()),
             frame2: None,
             canonical: None,
             expect: Ok((

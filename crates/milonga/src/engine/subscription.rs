@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use milonga_wire::cbor::decode_payload;
 use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRAME};
 use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
-use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
+use milonga_wire::{Bytes, KeyExpr, NodeId};
 
 use crate::engine::routes::{MatchedPublication, Routes};
 use crate::engine::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
@@ -1086,57 +1086,48 @@ impl Subscription {
     /// what of them has not arrived once its data connections are gone is
     /// reported lost.
     fn on_heartbeat<L: Link>(&self, io: &mut SubState<L>, c: &Counters, node: NodeId, body: &[u8]) {
-        let pairs = match decode_payload(Encoding::Cbor, bytes::Bytes::copy_from_slice(body), None)
-        {
-            Ok(Value::Map(pairs)) => pairs,
-            Ok(_) | Err(_) => {
-                let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(n, "a heartbeat", &"its body is not a CBOR map");
-                return;
-            }
+        use milonga_wire::heartbeat::{Heartbeat, Last};
+        let Ok(hb) = Heartbeat::decode(body) else {
+            let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+            log_drop(n, "a heartbeat", &"its body is not a CBOR map");
+            return;
         };
-        let field = |name: &str| pairs.iter().find(|(k, _)| *k == Value::from(name));
-        let leaving = field("leaving").is_some_and(|(_, v)| *v == Value::Bool(true));
-        if !leaving {
+        if !hb.leaving {
             self.note_alive(io, node, Some(Instant::now()));
             return;
         }
         // Sequence numbers of filtered copies are not the key's.
         let known = io.publishers.contains_key(&node);
-        if let Some((_, v)) = field("last").filter(|(_, v)| !matches!(v, Value::Map(_))) {
+        if let Last::NotAMap(v) = &hb.last {
             let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
             log_drop(
                 n,
                 "a goodbye's last sequence numbers",
-                &format_args!("not a map: {v:?}"),
+                &format_args!("not a map: {v}"),
             );
         }
-        if let (Some((_, Value::Map(last))), true, None) = (field("last"), known, &self.filter) {
-            let mut mine = Vec::new();
-            for (k, v) in last {
-                let seq = match v {
-                    Value::Int(i) => u64::try_from(*i).ok(),
-                    _ => None,
-                };
-                match (k, seq) {
-                    (Value::Text(k), Some(seq)) if self.expr.matches(k.as_str()) => {
-                        mine.push((k.clone(), seq));
-                    }
-                    (Value::Text(_), Some(_)) => {}
-                    _ => {
-                        let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                        log_drop(
-                            n,
-                            "a goodbye's last sequence numbers",
-                            &"not text -> number",
-                        );
-                        mine.clear();
-                        break;
-                    }
+        if known && self.filter.is_none() {
+            let mine = match hb.last {
+                Last::Keys(keys) => Some(
+                    keys.into_iter()
+                        .filter(|(k, _)| self.expr.matches(k))
+                        .collect(),
+                ),
+                Last::BadEntry => {
+                    let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                    log_drop(
+                        n,
+                        "a goodbye's last sequence numbers",
+                        &"not text -> number",
+                    );
+                    Some(Vec::new())
                 }
-            }
-            if io.goodbyes.len() < MAX_GOODBYES {
-                io.goodbyes.insert(node, mine);
+                Last::Absent | Last::NotAMap(_) => None,
+            };
+            if let Some(mine) = mine {
+                if io.goodbyes.len() < MAX_GOODBYES {
+                    io.goodbyes.insert(node, mine);
+                }
             }
         }
         self.mark_lost(io, node, LostReason::Closed);
@@ -1533,7 +1524,7 @@ mod tests {
     use milonga_wire::announce::{Announcement, PublicationInfo};
     use milonga_wire::frame::{domain_tag, Header};
     use milonga_wire::history::{Entry, QUERY_TAG};
-    use milonga_wire::Key;
+    use milonga_wire::{Encoding, Key, Value};
 
     use super::*;
     use crate::engine::routes::routes_for;
@@ -1762,6 +1753,47 @@ mod tests {
             matches!(&ev[..], [Event::PublisherLost(p)] if p.reason == LostReason::Closed),
             "{ev:?}"
         );
+    }
+
+    #[test]
+    fn what_a_goodbye_says_was_sent_and_never_came_is_reported_lost_when_its_connection_closes() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        f.receive(sample("sr/a", 1));
+        f.receive(sample("sr/a", 2));
+        let bye = milonga_wire::heartbeat::Heartbeat {
+            leaving: true,
+            last: milonga_wire::heartbeat::Last::Keys(vec![
+                ("sr/a".into(), 4),
+                ("elsewhere/b".into(), 9),
+            ]),
+        };
+        let key = Key::internal(frame::HEARTBEAT_KEY).unwrap();
+        f.receive(frame::encode(
+            &key,
+            &header(Kind::Heartbeat, 2, "lab"),
+            &bye.encode(),
+        ));
+        assert_eq!(seqs(&f.events()), [1, 2]);
+        // Samples 3 and 4 may still be on their way until the data
+        // connection closes.
+        assert_eq!(f.counters.samples_lost.load(Relaxed), 0);
+        f.core
+            .connections_closed(&mut f.io, vec!["tcp://127.0.0.1:2".into()], Instant::now());
+        let lost: Vec<(u64, u64)> = f
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Lost(l) if l.key == "sr/a" => Some((l.first_seq, l.count)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            lost,
+            [(3, 2)],
+            "3 and 4, and nothing of a key it does not match"
+        );
+        assert_eq!(f.counters.samples_lost.load(Relaxed), 2);
     }
 
     #[test]

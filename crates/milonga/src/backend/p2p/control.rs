@@ -105,7 +105,7 @@ pub(crate) fn heartbeat_frame(
     last: Vec<(String, u64)>,
 ) -> Vec<u8> {
     use milonga_wire::frame::{self, Encoding, Header, Kind, HEARTBEAT_KEY};
-    use milonga_wire::{Key, Value};
+    use milonga_wire::Key;
     let header = Header {
         kind: Kind::Heartbeat,
         flags: 0,
@@ -116,19 +116,12 @@ pub(crate) fn heartbeat_frame(
         seq,
         timestamp_ns: crate::util::now_ns(),
     };
-    let mut fields = vec![(Value::from("leaving"), Value::Bool(leaving))];
-    if !last.is_empty() {
-        let last = last
-            .into_iter()
-            .map(|(k, s)| (Value::Text(k), Value::from(s)))
-            .collect();
-        fields.push((Value::from("last"), Value::Map(last)));
-    }
-    let body = Value::Map(fields);
-    let mut cbor = Vec::new();
-    milonga_wire::cbor::encode_cbor(&body, &mut cbor).expect("a small map encodes");
+    let body = milonga_wire::heartbeat::Heartbeat {
+        leaving,
+        last: milonga_wire::heartbeat::Last::Keys(last),
+    };
     let key = Key::internal(HEARTBEAT_KEY).expect("a valid internal key");
-    frame::encode(&key, &header, &cbor)
+    frame::encode(&key, &header, &body.encode())
 }
 
 /// The monitor of one of the node's own sockets, by role (`be`, `r`,
