@@ -12,6 +12,9 @@
 //! `MILONGA_BLESS_VECTORS=1 cargo test -p milonga-wire --test message_vectors`
 //! rewrites the files from the cases below and then fails on purpose.
 
+mod common;
+use common::{hex, unhex};
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
@@ -23,17 +26,6 @@ use serde_json::{json, Value as Json};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/vectors/messages")
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 const NODE: &str = "000102030405060708090a0b0c0d0e0f";

@@ -9,6 +9,9 @@
 //! that rewrote what it checks against proves nothing. Review the diff, then
 //! run again without the variable.
 
+mod common;
+use common::{hex, unhex};
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
@@ -22,17 +25,6 @@ use serde_json::{json, Value as Json};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/vectors")
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 fn element(name: &str) -> ElementType {
