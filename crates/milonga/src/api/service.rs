@@ -324,30 +324,25 @@ impl Drop for Service {
         for out in outbox {
             s.send(&mut sock, out);
         }
-        let gone = "the service was withdrawn";
-        for r in waiting {
+        let turn_away = |sock: &mut ServeLink, r: Incoming| {
             s.refuse(
-                &mut sock,
+                sock,
                 r.identity,
                 &r.header,
                 ReplyStatus::NoSuchService,
                 "withdrawn",
-                gone,
+                "the service was withdrawn",
             );
+        };
+        for r in waiting {
+            turn_away(&mut sock, r);
         }
         while let Ok(Some((caller, frames))) = sock.recv(false) {
             if frames.len() == 1 && frames[0].is_empty() {
                 continue;
             }
             if let Some(r) = s.parse(&mut sock, caller, frames) {
-                s.refuse(
-                    &mut sock,
-                    r.identity,
-                    &r.header,
-                    ReplyStatus::NoSuchService,
-                    "withdrawn",
-                    gone,
-                );
+                turn_away(&mut sock, r);
             }
         }
     }

@@ -40,7 +40,7 @@ const MAX_TOKENS_PER_SECOND: usize = 4096;
 pub(crate) struct QueryBudget {
     second: Option<std::time::Instant>,
     answered: u32,
-    pub(super) bytes: usize,
+    bytes: usize,
     per_token: HashMap<String, u32>,
 }
 
@@ -56,6 +56,11 @@ impl QueryBudget {
                 ..QueryBudget::default()
             };
         }
+    }
+
+    /// Counts `n` bytes of replies sent (or about to be) this second.
+    pub(super) fn spend(&mut self, n: usize) {
+        self.bytes = self.bytes.saturating_add(n);
     }
 
     /// Whether this second's budget is spent, whoever asks.

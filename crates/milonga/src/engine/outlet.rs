@@ -109,7 +109,7 @@ impl Outlet {
     pub(crate) fn reply_frame(&mut self, me: &Me, answer: &Answer, reply: &Reply) -> Vec<u8> {
         self.replies += 1;
         let f = answer.frame(me, self.replies, reply);
-        self.query_budget.bytes = self.query_budget.bytes.saturating_add(f.len());
+        self.query_budget.spend(f.len());
         f
     }
 

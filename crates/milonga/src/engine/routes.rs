@@ -80,34 +80,47 @@ pub(crate) fn routes_for(expr: &KeyExpr, peers: &[&Announcement]) -> Routes {
     r
 }
 
+/// Node `n`'s announcement for the engine's tests: process `pid`,
+/// endpoints `tcp://127.0.0.1:5<n>00` (control), `..01` (best effort),
+/// `..02` (reliable), `..03` (liveliness), and one publication per
+/// (key, reliability, history depth).
+#[cfg(test)]
+pub(crate) fn test_announcement(
+    n: u8,
+    pid: u32,
+    pubs: &[(&str, Reliability, usize)],
+) -> Announcement {
+    Announcement {
+        protocol: 1,
+        domain: "lab".into(),
+        node_id: NodeId([n; 16]).to_hex(),
+        name: format!("n{n}"),
+        host: "h".into(),
+        pid,
+        start_time: 0,
+        control: format!("tcp://127.0.0.1:5{n}00"),
+        data_best_effort: Some(format!("tcp://127.0.0.1:5{n}01")),
+        data_reliable: Some(format!("tcp://127.0.0.1:5{n}02")),
+        liveliness: Some(format!("tcp://127.0.0.1:5{n}03")),
+        publications: pubs
+            .iter()
+            .map(|(k, r, h)| milonga_wire::announce::PublicationInfo {
+                key: (*k).into(),
+                reliability: *r,
+                history: *h,
+            })
+            .collect(),
+        services: vec![],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use milonga_wire::announce::PublicationInfo;
 
     fn node(n: u8, pid: u32, pubs: &[(&str, Reliability)]) -> Announcement {
-        Announcement {
-            protocol: 1,
-            domain: "lab".into(),
-            node_id: NodeId([n; 16]).to_hex(),
-            name: format!("n{n}"),
-            host: "h".into(),
-            pid,
-            start_time: 0,
-            control: format!("tcp://127.0.0.1:5{n}00"),
-            data_best_effort: Some(format!("tcp://127.0.0.1:5{n}01")),
-            data_reliable: Some(format!("tcp://127.0.0.1:5{n}02")),
-            liveliness: Some(format!("tcp://127.0.0.1:5{n}03")),
-            publications: pubs
-                .iter()
-                .map(|(k, r)| PublicationInfo {
-                    key: (*k).into(),
-                    reliability: *r,
-                    history: 3,
-                })
-                .collect(),
-            services: vec![],
-        }
+        let pubs: Vec<_> = pubs.iter().map(|(k, r)| (*k, *r, 3)).collect();
+        test_announcement(n, pid, &pubs)
     }
 
     #[test]

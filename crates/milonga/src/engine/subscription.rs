@@ -1521,7 +1521,7 @@ impl Subscription {
 mod tests {
     use std::sync::atomic::Ordering::Relaxed;
 
-    use milonga_wire::announce::{Announcement, PublicationInfo};
+    use milonga_wire::announce::Announcement;
     use milonga_wire::frame::{domain_tag, Header};
     use milonga_wire::history::{Entry, QUERY_TAG};
     use milonga_wire::{Encoding, Key, Value};
@@ -1586,28 +1586,14 @@ mod tests {
         }
     }
 
-    /// The publisher's announcement: one publication of `key`.
+    /// The publisher's announcement: one publication of `key`; its best
+    /// effort data endpoint is `BE`, its liveliness endpoint `LIVE`.
     fn announcement(key: &str, reliability: Reliability, history: usize) -> Announcement {
-        Announcement {
-            protocol: 1,
-            domain: "lab".into(),
-            node_id: PUBLISHER.to_hex(),
-            name: "pub@h:1".into(),
-            host: "h".into(),
-            pid: 1,
-            start_time: 0,
-            control: "tcp://127.0.0.1:1".into(),
-            data_best_effort: Some("tcp://127.0.0.1:2".into()),
-            data_reliable: Some("tcp://127.0.0.1:3".into()),
-            liveliness: Some("tcp://127.0.0.1:4".into()),
-            publications: vec![PublicationInfo {
-                key: key.into(),
-                reliability,
-                history,
-            }],
-            services: vec![],
-        }
+        crate::engine::routes::test_announcement(5, 1, &[(key, reliability, history)])
     }
+
+    const BE: &str = "tcp://127.0.0.1:5501";
+    const LIVE: &str = "tcp://127.0.0.1:5503";
 
     impl Fixture {
         fn route(&mut self, a: &Announcement) {
@@ -1672,7 +1658,7 @@ mod tests {
         f.route(&a);
         let mut c = f.io.link.connected.clone();
         c.sort();
-        assert_eq!(c, ["tcp://127.0.0.1:2", "tcp://127.0.0.1:4"]);
+        assert_eq!(c, [BE, LIVE]);
         assert!(f.io.link.sent.is_empty(), "last 0: no history query");
         assert_eq!(f.io.data_connections(), 1);
         // The same routes again change nothing.
@@ -1779,7 +1765,7 @@ mod tests {
         // connection closes.
         assert_eq!(f.counters.samples_lost.load(Relaxed), 0);
         f.core
-            .connections_closed(&mut f.io, vec!["tcp://127.0.0.1:2".into()], Instant::now());
+            .connections_closed(&mut f.io, vec![BE.into()], Instant::now());
         let lost: Vec<(u64, u64)> = f
             .events()
             .into_iter()
