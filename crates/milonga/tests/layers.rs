@@ -48,7 +48,7 @@ fn zeromq_is_named_only_in_the_peer_to_peer_backend() {
 #[test]
 fn lower_layers_import_nothing_from_higher_ones() {
     // Layer -> the modules it may not use.
-    let rules: [(&str, &[&str]); 4] = [
+    let rules: [(&str, &[&str]); 6] = [
         (
             "util/",
             &["model", "engine", "discovery", "session", "backend", "api"],
@@ -59,6 +59,11 @@ fn lower_layers_import_nothing_from_higher_ones() {
         ),
         ("engine/", &["discovery", "session", "backend", "api"]),
         ("discovery/", &["engine", "session", "backend", "api"]),
+        // The backend reaches the node through traits it defines
+        // (control::Host, sub_link::ConnectionWatcher).
+        ("backend/", &["session", "api"]),
+        // The session reaches subscriptions through session::RouteTarget.
+        ("session/", &["api"]),
     ];
     let mut broken = Vec::new();
     for (path, text) in files() {

@@ -10,11 +10,10 @@
 //! Server choice: among the servers discovery knows for the key, the one with
 //! the fewest calls in flight from this node; ties go round robin.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -24,114 +23,15 @@ use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, KeyExpr, NodeId, Value};
 
 use crate::backend::p2p::call_link::CallLink;
-use crate::discovery::Announcement;
 use crate::model::error::CallError;
+use crate::session::callers::Target;
 use crate::session::NodeInner;
 use crate::util::lock;
 use crate::util::stats;
 
-/// Idle connections kept per server; more are closed after use.
-const MAX_IDLE: usize = 64;
 /// How often a waiting call looks at its connection's monitor (a lost
 /// server), discovery and `close`.
 const CHECK_EVERY: Duration = Duration::from_millis(50);
-
-/// One server of one service, as discovery announced it.
-pub(crate) struct Target {
-    /// Checked when discovery brought it: a bad key in an announcement is
-    /// skipped, never called.
-    pub key: Key,
-    pub endpoint: String,
-    pub node: NodeId,
-    pub server: String,
-    pub max_request_bytes: usize,
-    outstanding: AtomicUsize,
-    idle: Mutex<Vec<CallLink>>,
-}
-
-/// Every node's calling state.
-#[derive(Default)]
-pub(crate) struct Callers {
-    /// Service key -> its servers, rebuilt when discovery changes.
-    routes: RwLock<HashMap<String, Arc<[Arc<Target>]>>>,
-    next_call: AtomicU64,
-    next_channel: AtomicU64,
-    round_robin: AtomicUsize,
-}
-
-impl Callers {
-    /// Rebuilds the routes from the peers' announcements, keeping the
-    /// connections of servers that are still there.
-    pub(crate) fn update(&self, peers: &[&Announcement]) {
-        let me = std::process::id();
-        let mut routes = self.routes.write().unwrap_or_else(|e| e.into_inner());
-        let mut old: HashMap<String, Arc<Target>> = routes
-            .drain()
-            .flat_map(|(_, ts)| ts.iter().cloned().collect::<Vec<_>>())
-            .map(|t| (t.endpoint.clone(), t))
-            .collect();
-        let mut by_key: HashMap<String, Vec<Arc<Target>>> = HashMap::new();
-        for a in peers {
-            let Some(node) = a.id() else { continue };
-            for s in &a.services {
-                if s.endpoint.starts_with("inproc://") && a.pid != me {
-                    continue;
-                }
-                let key = match Key::new(&s.key) {
-                    Ok(k) => k,
-                    Err(err) => {
-                        limited!(warn, peer = %a.name, key = %s.key, %err, "ignoring a service with a bad key");
-                        continue;
-                    }
-                };
-                let t = match old.remove(&s.endpoint) {
-                    Some(t) if t.key == key && t.node == node => t,
-                    _ => Arc::new(Target {
-                        key: key.clone(),
-                        endpoint: s.endpoint.clone(),
-                        node,
-                        server: a.name.clone(),
-                        max_request_bytes: s.max_request_bytes,
-                        outstanding: AtomicUsize::new(0),
-                        idle: Mutex::new(Vec::new()),
-                    }),
-                };
-                by_key.entry(key.as_str().to_owned()).or_default().push(t);
-            }
-        }
-        *routes = by_key.into_iter().map(|(k, v)| (k, v.into())).collect();
-    }
-
-    fn servers_of(&self, key: &str) -> Option<Arc<[Arc<Target>]>> {
-        self.routes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned()
-    }
-
-    fn servers_matching(&self, expr: &KeyExpr) -> Vec<Arc<Target>> {
-        let routes = self.routes.read().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<Arc<Target>> = routes
-            .iter()
-            .filter(|(k, _)| expr.matches(k))
-            .flat_map(|(_, ts)| ts.iter().cloned())
-            .collect();
-        out.sort_by(|a, b| (&a.key, &a.server).cmp(&(&b.key, &b.server)));
-        out
-    }
-
-    /// The server with the fewest calls in flight from this node.
-    fn choose(&self, servers: &[Arc<Target>]) -> Arc<Target> {
-        let start = self.round_robin.fetch_add(1, Ordering::Relaxed);
-        let n = servers.len();
-        (0..n)
-            .map(|i| &servers[(start + i) % n])
-            .min_by_key(|t| t.outstanding.load(Ordering::Relaxed))
-            .expect("at least one server")
-            .clone()
-    }
-}
 
 /// A call that has been sent: wait for its outcome with
 /// [`PendingCall::wait`], or `.await` it.
@@ -183,19 +83,14 @@ struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.target.outstanding.fetch_sub(1, Ordering::Relaxed);
         // A connection whose call ended (even by timeout: a late reply is
-        // recognised by its call id and dropped) serves the next call.
-        if let Some(mut ch) = self.channel.take() {
-            if ch.is_down() {
-                // Broken since; the next call opens a fresh one.
-                return;
-            }
-            let mut idle = lock(&self.target.idle);
-            if idle.len() < MAX_IDLE {
-                idle.push(ch);
-            }
-        }
+        // recognised by its call id and dropped) serves the next call,
+        // unless it broke since (the next call opens a fresh one).
+        let channel = self
+            .channel
+            .take()
+            .and_then(|mut ch| (!ch.is_down()).then_some(ch));
+        self.target.finished(channel);
     }
 }
 
@@ -332,22 +227,22 @@ pub(crate) fn start(
     value: &Value,
     timeout: Duration,
 ) -> Result<PendingCall, CallError> {
-    if node.closed.load(Ordering::Acquire) {
+    if node.is_closed() {
         return Err(CallError::Closed);
     }
     let key = Key::new(key)?;
-    let enc = encode_payload(value, node.cfg.zero_copy_threshold_bytes)?;
+    let enc = encode_payload(value, node.cfg().zero_copy_threshold_bytes)?;
     let Some(servers) = node
-        .callers
+        .callers()
         .servers_of(key.as_str())
         .filter(|s| !s.is_empty())
     else {
-        stats::inc(&node.counters.calls_no_server);
+        stats::inc(&node.counters().calls_no_server);
         return Err(CallError::NoServer {
             key: key.as_str().to_owned(),
         });
     };
-    let target = node.callers.choose(&servers);
+    let target = node.callers().choose(&servers);
     send(node, target, &key, &enc, timeout)
 }
 
@@ -358,14 +253,14 @@ pub(crate) fn start_all(
     value: &Value,
     timeout: Duration,
 ) -> Result<Vec<Sent>, CallError> {
-    if node.closed.load(Ordering::Acquire) {
+    if node.is_closed() {
         return Err(CallError::Closed);
     }
     let expr = KeyExpr::new(expr)?;
-    let enc = encode_payload(value, node.cfg.zero_copy_threshold_bytes)?;
-    let servers = node.callers.servers_matching(&expr);
+    let enc = encode_payload(value, node.cfg().zero_copy_threshold_bytes)?;
+    let servers = node.callers().servers_matching(&expr);
     if servers.is_empty() {
-        stats::inc(&node.counters.calls_no_server);
+        stats::inc(&node.counters().calls_no_server);
         return Err(CallError::NoServer {
             key: expr.as_str().to_owned(),
         });
@@ -387,9 +282,9 @@ fn send(
     timeout: Duration,
 ) -> Result<PendingCall, CallError> {
     let size = frame::head_len(key) + enc.head.len() + enc.tail.as_ref().map_or(0, Bytes::len);
-    let limit = node.cfg.max_message_bytes.min(target.max_request_bytes);
+    let limit = node.cfg().max_message_bytes.min(target.max_request_bytes);
     if size > limit {
-        stats::inc(&node.counters.calls_rejected);
+        stats::inc(&node.counters().calls_rejected);
         return Err(CallError::Rejected {
             server: None,
             kind: "too_large".into(),
@@ -398,7 +293,7 @@ fn send(
             ),
         });
     }
-    let call_id = node.callers.next_call.fetch_add(1, Ordering::Relaxed) + 1;
+    let call_id = node.callers().next_call_id();
     let header = Header {
         kind: Kind::Request,
         flags: if enc.tail.is_some() {
@@ -407,9 +302,9 @@ fn send(
             0
         },
         encoding: enc.encoding,
-        domain_tag: node.domain_tag,
+        domain_tag: node.core().domain_tag,
         schema_id: 0,
-        node_id: node.id,
+        node_id: node.id(),
         seq: call_id,
         timestamp_ns: crate::util::now_ns(),
     };
@@ -417,12 +312,11 @@ fn send(
     let n = frame::write_head(key, &header, &mut msg);
     msg[n..].copy_from_slice(&enc.head);
 
-    let pooled = lock(&target.idle).pop();
-    let channel = match pooled {
+    let channel = match target.idle_channel() {
         Some(c) => c,
         None => open_channel(node, &target)?,
     };
-    target.outstanding.fetch_add(1, Ordering::Relaxed);
+    target.started();
     let deadline = Instant::now()
         .checked_add(timeout)
         .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 86_400));
@@ -440,7 +334,7 @@ fn send(
         call.channel = None;
         return Err(CallError::Socket(e));
     }
-    stats::inc(&node.counters.calls_sent);
+    stats::inc(&node.counters().calls_sent);
     Ok(PendingCall {
         state: Some(call),
         shared: None,
@@ -453,9 +347,9 @@ fn open_channel(node: &NodeInner, target: &Target) -> Result<CallLink, CallError
     // would drop the connection on a larger reply and the call would end
     // as a lost server; instead the reply is received and refused as
     // `BadReply`, and the connection lives on.
-    let limit = node.cfg.max_message_bytes.max(target.max_request_bytes);
-    let n = node.callers.next_channel.fetch_add(1, Ordering::Relaxed);
-    CallLink::open(node, n, &target.endpoint, limit).map_err(CallError::Open)
+    let limit = node.cfg().max_message_bytes.max(target.max_request_bytes);
+    let n = node.callers().next_channel();
+    CallLink::open(node.backend(), n, &target.endpoint, limit).map_err(CallError::Open)
 }
 
 impl InFlight {
@@ -476,7 +370,7 @@ impl InFlight {
     }
 
     fn wait_inner(&mut self, stop: Option<Instant>) -> Option<Result<Value, CallError>> {
-        let c = &self.node.counters;
+        let c = self.node.counters();
         let server = self.target.server.clone();
         loop {
             let now = Instant::now();
@@ -514,7 +408,7 @@ impl InFlight {
                 stats::inc(&c.calls_server_lost);
                 return Some(Err(CallError::ServerLost { server }));
             }
-            if self.node.closed.load(Ordering::Acquire) {
+            if self.node.is_closed() {
                 return Some(Err(CallError::Closed));
             }
             if self
@@ -527,9 +421,7 @@ impl InFlight {
             }
             // A server whose process is gone before its connection was
             // made never reports a disconnection: discovery does.
-            let gone = !lock(&self.node.state)
-                .peers
-                .contains_key(&self.target.node.to_hex());
+            let gone = !self.node.knows_peer(self.target.node);
             if gone {
                 stats::inc(&c.calls_server_lost);
                 return Some(Err(CallError::ServerLost { server }));
@@ -546,7 +438,7 @@ fn reply(
     call_id: u64,
     mut parts: Vec<Bytes>,
 ) -> Option<Result<Value, CallError>> {
-    let c = &node.counters;
+    let c = node.counters();
     if parts.is_empty() || parts.len() > 2 {
         stats::inc(&c.frames_malformed);
         return None;
@@ -588,12 +480,12 @@ fn reply(
         Some(ReplyStatus::Ok) => {
             stats::inc(&c.calls_replied);
             let size = frame.len() + second.as_ref().map_or(0, Bytes::len);
-            if size > node.cfg.max_message_bytes {
+            if size > node.cfg().max_message_bytes {
                 return Some(Err(CallError::BadReply {
                     server,
                     why: format!(
                         "the reply has {size} bytes, over this node's limit of {} (max_message_bytes)",
-                        node.cfg.max_message_bytes
+                        node.cfg().max_message_bytes
                     ),
                 }));
             }

@@ -1,25 +1,20 @@
 //! The node: one process's membership in a domain.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use milonga_wire::frame::domain_tag;
 use milonga_wire::{Key, KeyExpr, NodeId};
 
 use crate::api::publisher::Publisher;
 use crate::api::subscriber::{SubShared, Subscriber};
-use crate::backend::p2p::control;
-use crate::backend::p2p::ContextRef;
-use crate::backend::p2p::NodeWaker;
-use crate::discovery::{process_start_time, Announcement, LocalDir};
-use crate::model::config::{parse_locator, Config, Transport};
+use crate::discovery::Announcement;
+use crate::model::config::Config;
 use crate::model::error::{OpenError, PublisherError, SubscribeError};
 use crate::model::qos::{PublisherQos, SubscriberQos};
 use crate::model::sample::Event;
-use crate::session::{close, hostname, NodeInner, NodeState};
+use crate::session::{NodeInner, RouteTarget};
 use crate::util::lock;
-use crate::util::stats::{Counters, NodeStats};
+use crate::util::stats::NodeStats;
 
 /// A node: opens sockets in a domain, declares publishers and subscribers.
 ///
@@ -45,101 +40,24 @@ impl Node {
 
     /// Opens a node with an explicit configuration.
     pub fn open_with(cfg: Config) -> Result<Node, OpenError> {
-        let loc = parse_locator(&cfg.locator)?;
-        let mut id = [0u8; 16];
-        getrandom::fill(&mut id).map_err(|e| OpenError::Config {
-            key: "node id".into(),
-            why: format!("no randomness available: {e}"),
-        })?;
-        let host = hostname();
-        let pid = std::process::id();
-        let name = format!("{}@{host}:{pid}", cfg.name);
-        let local = if cfg.local_discovery || cfg.transport == Transport::Ipc {
-            let (root, private) = cfg.runtime_root_checked();
-            Some(Mutex::new(
-                LocalDir::open(&root, &loc.domain, private).map_err(|source| {
-                    OpenError::RuntimeDir {
-                        path: root.display().to_string(),
-                        source,
-                    }
-                })?,
-            ))
-        } else {
-            None
-        };
-        for (key, v) in [
-            ("send_hwm", cfg.send_hwm),
-            ("reliable_send_hwm", cfg.reliable_send_hwm),
-            ("recv_hwm", cfg.recv_hwm),
-        ] {
-            if v < 1 {
-                return Err(OpenError::Config {
-                    key: key.into(),
-                    why: format!("{v} is not a number of messages (at least 1); ZeroMQ would take 0 as no limit"),
-                });
-            }
-        }
-        if cfg.heartbeat_interval_ms < 1 || cfg.heartbeat_timeout_ms <= cfg.heartbeat_interval_ms {
-            return Err(OpenError::Config {
-                key: "heartbeat_timeout_ms".into(),
-                why: format!(
-                    "the lease ({} ms) must be longer than the heartbeat interval ({} ms), which must be at least 1 ms",
-                    cfg.heartbeat_timeout_ms, cfg.heartbeat_interval_ms
-                ),
-            });
-        }
-        let ctx = ContextRef::acquire();
-        let (waker, wake_rx) = NodeWaker::pair(&ctx, NodeId(id))?;
-        let mut inner = NodeInner {
-            id: NodeId(id),
-            name,
-            domain_tag: domain_tag(&loc.domain),
-            domain: loc.domain,
-            counters: Arc::new(Counters::default()),
-            closed: AtomicBool::new(false),
-            batch_pending: AtomicBool::new(false),
-            state: Mutex::new(NodeState::default()),
-            local,
-            control_endpoint: String::new(),
-            liveliness_endpoint: String::new(),
-            host,
-            start_time: process_start_time(pid).unwrap_or(0),
-            next_sub_id: AtomicU64::new(1),
-            next_service_id: AtomicU64::new(1),
-            callers: crate::api::call::Callers::default(),
-            thread: Mutex::new(None),
-            waker,
-            ctx,
-            cfg,
-        };
-        let socks = control::bind_node(&inner)?;
-        inner.control_endpoint = socks.control_endpoint.clone();
-        inner.liveliness_endpoint = socks.liveliness_endpoint.clone();
-        let inner = Arc::new(inner);
-        match control::start(&inner, socks, wake_rx) {
-            Ok(th) => *lock(&inner.thread) = Some(th),
-            Err(e) => {
-                close(&inner);
-                return Err(e);
-            }
-        }
-        tracing::debug!(node = %inner.name, id = %inner.id, domain = %inner.domain, "node open");
-        Ok(Node { inner })
+        Ok(Node {
+            inner: NodeInner::open(cfg)?,
+        })
     }
 
     /// This node's id.
     pub fn id(&self) -> NodeId {
-        self.inner.id
+        self.inner.id()
     }
 
     /// This node's name, `name@host:pid`.
     pub fn name(&self) -> &str {
-        &self.inner.name
+        &self.inner.core().name
     }
 
     /// The domain.
     pub fn domain(&self) -> &str {
-        &self.inner.domain
+        &self.inner.core().domain
     }
 
     /// Declares a best-effort publisher of `key`.
@@ -153,19 +71,16 @@ impl Node {
         key: &str,
         qos: PublisherQos,
     ) -> Result<Publisher, PublisherError> {
-        if self.inner.closed.load(Ordering::Acquire) {
+        if self.inner.is_closed() {
             return Err(PublisherError::Closed);
         }
         let key = Key::new(key)?;
         let data = self.inner.data_socket(qos.reliability)?;
-        let last_seq = {
-            let mut st = lock(&self.inner.state);
-            if st.publications.contains_key(key.as_str()) {
-                return Err(PublisherError::AlreadyDeclared(key.as_str().to_owned()));
-            }
-            st.publications
-                .insert(key.as_str().to_owned(), (qos.reliability, qos.history));
-            st.last_seq.get(key.as_str()).copied().unwrap_or(0)
+        let Some(last_seq) =
+            self.inner
+                .declare_publication(key.as_str(), qos.reliability, qos.history)
+        else {
+            return Err(PublisherError::AlreadyDeclared(key.as_str().to_owned()));
         };
         // After the check (a refused second declaration must not touch the
         // first one's history), and not under the state lock: a reliable
@@ -174,10 +89,7 @@ impl Node {
             lock(&data.sock).out.keep_history(key.as_str(), qos.history);
         }
         let p = Publisher::new(self.inner.clone(), key, qos, data, last_seq);
-        lock(&self.inner.state)
-            .pub_seqs
-            .insert(p.key().to_owned(), p.seq_counter());
-        self.inner.announce();
+        self.inner.publisher_started(p.key(), p.seq_counter());
         Ok(p)
     }
 
@@ -215,7 +127,7 @@ impl Node {
         qos: SubscriberQos,
         callback: Option<Box<dyn FnMut(Event) + Send>>,
     ) -> Result<Subscriber, SubscribeError> {
-        if self.inner.closed.load(Ordering::Acquire) {
+        if self.inner.is_closed() {
             return Err(SubscribeError::Closed);
         }
         let expr = KeyExpr::new(expr)?;
@@ -236,19 +148,15 @@ impl Node {
                 "a deadline must be longer than zero and at most a year".into(),
             ));
         }
-        let id = self.inner.next_sub_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.inner.next_sub_id();
         let shared = Arc::new(SubShared::new(&self.inner, id, expr, &qos)?);
-        {
-            let mut st = lock(&self.inner.state);
-            st.subs.push(Arc::downgrade(&shared));
-            if let Some(m) = lock(&shared.monitor).take() {
-                st.new_sub_monitors.push((Arc::downgrade(&shared), m));
-                // The node thread may be asleep until its next timer; it
-                // must watch the new monitor now.
-                self.inner.wake();
-            }
-            // Connect to the publishers known now, before returning.
-            self.inner.connect_subscription(&st, &shared);
+        let routed: Arc<dyn RouteTarget> = shared.clone();
+        self.inner.add_subscription(Arc::downgrade(&routed));
+        if let Some(m) = lock(&shared.monitor).take() {
+            let watcher: Arc<dyn crate::backend::p2p::sub_link::ConnectionWatcher> = shared.clone();
+            self.inner
+                .backend()
+                .watch_subscription(Arc::downgrade(&watcher), m);
         }
         Subscriber::start(self.inner.clone(), shared, callback)
     }
@@ -294,26 +202,20 @@ impl Node {
             + Sync
             + 'static,
     {
-        if self.inner.closed.load(Ordering::Acquire) {
+        if self.inner.is_closed() {
             return Err(crate::ServeError::Closed);
         }
         let key = Key::new(key)?;
-        if lock(&self.inner.state).services.contains_key(key.as_str()) {
+        if self.inner.serves(key.as_str()) {
             return Err(crate::ServeError::AlreadyServed(key.as_str().to_owned()));
         }
         let svc = crate::Service::start(&self.inner, key, options, Box::new(handler))?;
-        {
-            let mut st = lock(&self.inner.state);
-            if st.services.contains_key(svc.key()) {
-                // Another thread served the same key meanwhile.
-                drop(st);
-                let k = svc.key().to_owned();
-                drop(svc);
-                return Err(crate::ServeError::AlreadyServed(k));
-            }
-            st.services.insert(svc.key().to_owned(), svc.info());
+        if !self.inner.declare_service(svc.info()) {
+            // Another thread served the same key meanwhile.
+            let k = svc.key().to_owned();
+            drop(svc);
+            return Err(crate::ServeError::AlreadyServed(k));
         }
-        self.inner.announce();
         Ok(svc)
     }
 
@@ -367,34 +269,34 @@ impl Node {
 
     /// The nodes this node currently knows in its domain, itself included.
     pub fn peers(&self) -> Vec<Announcement> {
-        lock(&self.inner.state).peers.values().cloned().collect()
+        self.inner.peers()
     }
 
     /// A snapshot of this node's counters.
     pub fn stats(&self) -> NodeStats {
-        self.inner.counters.snapshot()
+        self.inner.counters().snapshot()
     }
 
     /// Closes the node: its publishers and subscribers stop (their calls
     /// return `Closed`), its announcement is withdrawn, and queued samples
     /// get up to `close_linger_ms` to leave. Idempotent.
     pub fn close(&self) {
-        close(&self.inner);
+        self.inner.close();
     }
 }
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
-            .field("name", &self.inner.name)
-            .field("id", &self.inner.id)
-            .field("domain", &self.inner.domain)
+            .field("name", &self.name())
+            .field("id", &self.id())
+            .field("domain", &self.domain())
             .finish()
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
-        close(&self.inner);
+        self.inner.close();
     }
 }

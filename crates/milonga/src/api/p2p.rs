@@ -35,15 +35,15 @@ pub trait NodeExt {
 
 impl NodeExt for Node {
     fn control_endpoint(&self) -> &str {
-        &self.inner.control_endpoint
+        self.inner.control_endpoint()
     }
 
     fn query(&self, control_endpoint: &str, timeout: Duration) -> Option<NodeInfo> {
-        crate::backend::p2p::control::query(&self.inner, control_endpoint, timeout)
+        crate::backend::p2p::control::query(self.inner.backend(), control_endpoint, timeout)
     }
 
     fn query_many(&self, control_endpoints: &[String], timeout: Duration) -> Vec<Option<NodeInfo>> {
-        crate::backend::p2p::control::query_many(&self.inner, control_endpoints, timeout)
+        crate::backend::p2p::control::query_many(self.inner.backend(), control_endpoints, timeout)
     }
 }
 

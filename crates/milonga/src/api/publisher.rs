@@ -46,9 +46,9 @@ impl Publisher {
             kind: Kind::Sample,
             flags: 0,
             encoding: Encoding::Raw,
-            domain_tag: node.domain_tag,
+            domain_tag: node.core().domain_tag,
             schema_id: 0,
-            node_id: node.id,
+            node_id: node.id(),
             seq: 0,
             timestamp_ns: 0,
         };
@@ -82,20 +82,20 @@ impl Publisher {
     /// Puts a value. Best effort never waits; reliable waits for room up to
     /// the QoS `put_timeout`.
     pub fn put(&self, value: impl Into<Value>) -> Result<(), PutError> {
-        let enc = encode_payload(&value.into(), self.node.cfg.zero_copy_threshold_bytes)?;
+        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
         self.send(enc, 0, self.default_wait())
     }
 
     /// Puts a value, failing with [`PutError::WouldBlock`] at once instead of
     /// waiting when a reliable publisher's subscriber is full.
     pub fn try_put(&self, value: impl Into<Value>) -> Result<(), PutError> {
-        let enc = encode_payload(&value.into(), self.node.cfg.zero_copy_threshold_bytes)?;
+        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
         self.send(enc, 0, Wait::No)
     }
 
     /// Puts a value, waiting at most `timeout` for room (reliable only).
     pub fn put_timeout(&self, value: impl Into<Value>, timeout: Duration) -> Result<(), PutError> {
-        let enc = encode_payload(&value.into(), self.node.cfg.zero_copy_threshold_bytes)?;
+        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
         self.send(enc, 0, Wait::For(timeout))
     }
 
@@ -122,14 +122,14 @@ impl Publisher {
     /// publisher's socket has heard (subscriptions travel asynchronously).
     pub fn subscriber_count(&self) -> u32 {
         let mut d = lock(&self.data.sock);
-        d.drain_subscriptions(&self.node);
+        d.drain_subscriptions(self.node.core());
         d.out
             .subscribers_of(&self.template[..self.key.as_str().len() + 1])
     }
 
     fn send(&self, enc: Encoded, schema_id: u32, wait: Wait) -> Result<(), PutError> {
         let put = Put {
-            node: &self.node,
+            p2p: self.node.backend(),
             key: &self.key,
             template: &self.template,
             seq: &self.seq,
@@ -153,18 +153,8 @@ impl Drop for Publisher {
         if self.qos.history > 0 {
             lock(&self.data.sock).out.forget_history(self.key.as_str());
         }
-        let removed = {
-            let mut st = lock(&self.node.state);
-            st.last_seq.insert(
-                self.key.as_str().to_owned(),
-                self.seq.load(Ordering::Relaxed),
-            );
-            st.pub_seqs.remove(self.key.as_str());
-            st.publications.remove(self.key.as_str()).is_some()
-        };
-        if removed && !self.node.closed.load(Ordering::Acquire) {
-            self.node.announce();
-        }
+        self.node
+            .undeclare_publication(self.key.as_str(), self.seq.load(Ordering::Relaxed));
     }
 }
 

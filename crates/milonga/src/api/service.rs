@@ -244,8 +244,8 @@ impl Service {
             )));
         }
         let n = node.next_service_id();
-        let endpoint = node.endpoint_for(&format!("s{n}"), None);
-        let (sock, waker, bound, monitor) = ServeLink::open(node, n, &endpoint)?;
+        let endpoint = node.backend().endpoint_for(&format!("s{n}"), None);
+        let (sock, waker, bound, monitor) = ServeLink::open(node.backend(), n, &endpoint)?;
         let server = Arc::new(Server {
             key,
             node: node.clone(),
@@ -262,8 +262,7 @@ impl Service {
         {
             let weak: std::sync::Weak<Server> = Arc::downgrade(&server);
             let weak: std::sync::Weak<dyn std::any::Any + Send + Sync> = weak;
-            lock(&node.state).new_svc_monitors.push((weak, monitor));
-            node.wake();
+            node.backend().watch_service(weak, monitor);
         }
         let mut service = Service {
             server: server.clone(),
@@ -287,7 +286,7 @@ impl Service {
             key: self.key().to_owned(),
             endpoint: self.endpoint.clone(),
             workers: self.server.opts.workers,
-            max_request_bytes: self.server.node.cfg.max_message_bytes,
+            max_request_bytes: self.server.node.cfg().max_message_bytes,
         }
     }
 }
@@ -482,7 +481,7 @@ impl Server {
             let Some(r) = self.parse(s, caller, frames) else {
                 continue;
             };
-            stats::inc(&self.node.counters.requests_received);
+            stats::inc(&self.node.counters().requests_received);
             let mut p = lock(&self.pool);
             p.taken += 1;
             if self.opts.workers > 1 && (p.idle == 0 || !p.queue.is_empty()) {
@@ -492,7 +491,7 @@ impl Server {
                 let mine = p.queued_by.get(&caller).copied().unwrap_or(0);
                 if p.queue.len() >= self.opts.max_queued || mine >= share {
                     drop(p);
-                    stats::inc(&self.node.counters.calls_rejected);
+                    stats::inc(&self.node.counters().calls_rejected);
                     let msg = if mine >= share {
                         format!(
                             "{mine} requests of this caller already wait for a worker (a caller may hold a quarter of max_queued)"
@@ -575,7 +574,7 @@ impl Server {
         identity: Caller,
         mut frames: Vec<Bytes>,
     ) -> Option<Incoming> {
-        let c = &self.node.counters;
+        let c = self.node.counters();
         if frames.is_empty() || frames.len() > 2 {
             stats::inc(&c.frames_malformed);
             return None;
@@ -599,9 +598,9 @@ impl Server {
             stats::inc(&c.frames_malformed);
             return None;
         }
-        if header.domain_tag != self.node.domain_tag {
+        if header.domain_tag != self.node.core().domain_tag {
             stats::inc(&c.frames_foreign_domain);
-            let why = format!("this service is in domain {:?}", self.node.domain);
+            let why = format!("this service is in domain {:?}", self.node.core().domain);
             self.refuse(
                 sock,
                 identity,
@@ -640,7 +639,7 @@ impl Server {
 
     /// Runs the handler on one request: its reply.
     fn answer(&self, r: Incoming) -> Outgoing {
-        let c = &self.node.counters;
+        let c = self.node.counters();
         let h = r.header;
         let first = r.frame.slice(r.body_offset..);
         let outcome = match decode_payload(h.encoding, first, r.second) {
@@ -688,7 +687,7 @@ impl Server {
             }
         };
         let (head, tail) = match outcome.and_then(|v| {
-            encode_payload(&v, self.node.cfg.zero_copy_threshold_bytes).map_err(|e| {
+            encode_payload(&v, self.node.cfg().zero_copy_threshold_bytes).map_err(|e| {
                 (
                     ReplyStatus::Error,
                     Failure {
@@ -707,12 +706,12 @@ impl Server {
                     + 1
                     + head.len()
                     + tail.as_ref().map_or(0, Bytes::len);
-                if size > self.node.cfg.max_message_bytes {
+                if size > self.node.cfg().max_message_bytes {
                     let f = Failure {
                         kind: "too_large".into(),
                         message: format!(
                             "the reply has {size} bytes, over the limit of {} (max_message_bytes)",
-                            self.node.cfg.max_message_bytes
+                            self.node.cfg().max_message_bytes
                         ),
                     };
                     (
@@ -782,9 +781,9 @@ impl Server {
             kind: Kind::Reply,
             flags,
             encoding,
-            domain_tag: self.node.domain_tag,
+            domain_tag: self.node.core().domain_tag,
             schema_id: 0,
-            node_id: self.node.id,
+            node_id: self.node.id(),
             seq: req.seq,
             timestamp_ns: crate::util::now_ns(),
         };
@@ -806,7 +805,7 @@ impl Server {
             // EHOSTUNREACH: the caller is gone. EAGAIN: its queue is full.
             let n = self
                 .node
-                .counters
+                .counters()
                 .replies_undeliverable
                 .fetch_add(1, Ordering::Relaxed)
                 + 1;

@@ -12,14 +12,14 @@ use milonga_wire::frame;
 use milonga_wire::history::REPLY_KEY_PREFIX;
 use milonga_wire::{KeyExpr, NodeId};
 
-use crate::backend::p2p::sub_link::{Incoming, Monitor, SubLink, Waker};
+use crate::backend::p2p::sub_link::{ConnectionWatcher, Incoming, Monitor, SubLink, Waker};
 use crate::engine::queue::{AppQueue, Pushed};
 use crate::engine::routes::Routes;
 use crate::engine::subscription::{SubState, Subscription, Wants, FLOOD_GRACE};
 use crate::model::error::{OpenError, RecvError, SubscribeError};
 use crate::model::qos::SubscriberQos;
 use crate::model::sample::Event;
-use crate::session::NodeInner;
+use crate::session::{NodeInner, RouteTarget};
 use crate::util::stats::{self, log_drop};
 use crate::util::{lock, try_lock};
 
@@ -80,18 +80,19 @@ impl SubShared {
         }
         prefixes.push(format!("{}\0", frame::HEARTBEAT_KEY).into_bytes());
         prefixes.push(format!("{REPLY_KEY_PREFIX}{token}\0").into_bytes());
-        let hwm = qos.queue_depth.unwrap_or(node.cfg.recv_hwm);
-        let (link, waker, monitor) = SubLink::open(node, id, expr.as_str(), prefixes, hwm)?;
+        let hwm = qos.queue_depth.unwrap_or(node.cfg().recv_hwm);
+        let (link, waker, monitor) =
+            SubLink::open(node.backend(), id, expr.as_str(), prefixes, hwm)?;
         let wants = Wants {
             deadline: qos.deadline,
-            lease: Duration::from_millis(node.cfg.heartbeat_timeout_ms.max(1) as u64),
+            lease: Duration::from_millis(node.cfg().heartbeat_timeout_ms.max(1) as u64),
             last: qos.last,
             reliable: qos.reliable,
             token,
             filter,
         };
         Ok(SubShared {
-            core: Subscription::new(expr, wants, node.domain_tag, node.counters.clone()),
+            core: Subscription::new(expr, wants, node.core().domain_tag, node.counters().clone()),
             node: node.clone(),
             io: Mutex::new(SubState::new(link, qos.last)),
             waker,
@@ -104,35 +105,9 @@ impl SubShared {
         })
     }
 
-    /// The key expression.
-    pub(crate) fn expr(&self) -> &KeyExpr {
-        &self.core.expr
-    }
-
-    /// Sets where this subscription should be connected and which
-    /// publishers it follows. Applied at once if the socket is free, else by
-    /// the thread using it, which this wakes.
-    pub(crate) fn set_routes(&self, routes: Routes) {
-        if !self.core.set_target(routes) {
-            return;
-        }
-        match try_lock(&self.io) {
-            Some(mut io) => self.core.apply(&mut io),
-            None => self.wake(),
-        }
-    }
-
     /// Interrupts a thread blocked in `recv` so that it re-checks its state.
     pub(crate) fn wake(&self) {
         self.waker.wake();
-    }
-
-    /// Called by the node thread, which watches the socket monitor: the
-    /// connection to `endpoint` closed.
-    pub(crate) fn connection_closed(&self, endpoint: String) {
-        lock(&self.closed_connections).push(endpoint);
-        self.has_closed_connections.store(true, Ordering::Release);
-        self.wake();
     }
 
     fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
@@ -144,7 +119,7 @@ impl SubShared {
             if let Some(ev) = io.pending.pop_front() {
                 return Ok(ev);
             }
-            if self.node.closed.load(Ordering::Acquire) || self.stop.load(Ordering::Acquire) {
+            if self.node.is_closed() || self.stop.load(Ordering::Acquire) {
                 return Err(RecvError::Closed);
             }
             self.core.apply(&mut io);
@@ -230,7 +205,7 @@ impl SubShared {
     /// as they come and queues them by the policy.
     fn pump(&self) {
         let Some(app) = &self.app else { return };
-        let c = &self.node.counters;
+        let c = self.node.counters();
         loop {
             if self.stop.load(Ordering::Acquire) {
                 break;
@@ -264,7 +239,7 @@ impl SubShared {
         match msg {
             Incoming::Message(first, second) => self.core.handle(io, first, second),
             Incoming::TooManyFrames => {
-                let c = &self.node.counters;
+                let c = self.node.counters();
                 let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
                 log_drop(n, "a data message", &"more than two frames");
             }
@@ -307,6 +282,41 @@ impl SubShared {
             self.core
                 .note_liveliness_closed(io, &endpoint, now, FLOOD_GRACE);
         }
+    }
+}
+
+impl RouteTarget for SubShared {
+    fn expr(&self) -> &KeyExpr {
+        &self.core.expr
+    }
+
+    /// Applied at once if the socket is free, else by the thread using it,
+    /// which this wakes.
+    fn set_routes(&self, routes: Routes) {
+        if !self.core.set_target(routes) {
+            return;
+        }
+        match try_lock(&self.io) {
+            Some(mut io) => self.core.apply(&mut io),
+            None => self.wake(),
+        }
+    }
+
+    fn wake(&self) {
+        SubShared::wake(self);
+    }
+}
+
+impl ConnectionWatcher for SubShared {
+    /// Called by the node thread, which watches the socket monitor.
+    fn connection_closed(&self, endpoint: String) {
+        lock(&self.closed_connections).push(endpoint);
+        self.has_closed_connections.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    fn monitor_back(&self, monitor: Monitor) {
+        *lock(&self.monitor) = Some(monitor);
     }
 }
 

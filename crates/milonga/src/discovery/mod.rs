@@ -1,9 +1,10 @@
 //! Discovery: how nodes learn of each other.
 //!
 //! Every node has an [`Announcement`]: its identity, endpoints and
-//! publications. Two backends deliver announcements:
+//! publications. A [`Source`] delivers the announcements of the peers it
+//! sees; the node thread merges those of every source. Two exist:
 //!
-//! - `local`: each node writes its announcement as a JSON file
+//! - `local` ([`local::LocalSource`]): each node writes its announcement as a JSON file
 //!   `<runtime dir>/<domain>/<node id>.json` (atomically: write, then
 //!   rename). Peers notice the directory's modification time change and
 //!   re-read it. A file whose process is gone (by pid and process start
@@ -11,13 +12,16 @@
 //!   whoever finds it; so a node killed with -9 leaves nothing that misleads.
 //! - `static`: the node asks each configured control endpoint for its
 //!   announcement (see docs/protocol.md, control messages) and forgets a
-//!   peer that stops answering.
+//!   peer that stops answering. It speaks the peer-to-peer control
+//!   protocol, so it lives in that backend (`backend::p2p::static_peers`).
+
+pub(crate) mod local;
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 pub use milonga_wire::announce::{Announcement, PublicationInfo};
 
@@ -452,6 +456,20 @@ pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path, own: bool) {
             }
         }
     }
+}
+
+/// A source of peers' announcements.
+pub(crate) trait Source {
+    /// Reads what arrived and does what is due by `now` (queries, checks
+    /// of the peers' processes); whether the peers it sees changed.
+    fn turn(&mut self, now: Instant) -> bool;
+
+    /// Adds the peers it sees, by node id, to `peers`.
+    fn peers_into(&self, peers: &mut BTreeMap<String, Announcement>);
+
+    /// When it next needs a turn though nothing arrived (`None`: only when
+    /// something arrives).
+    fn next_due(&self) -> Option<Instant>;
 }
 
 #[cfg(test)]

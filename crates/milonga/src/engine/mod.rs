@@ -13,6 +13,7 @@ pub(crate) mod subscription;
 
 use milonga_wire::NodeId;
 
+use crate::model::node::NodeCore;
 use crate::util::stats::Counters;
 
 /// What the engine needs to know of the node it works for: who it is in
@@ -23,4 +24,15 @@ pub(crate) struct Me<'a> {
     pub(crate) domain_tag: u32,
     pub(crate) max_message_bytes: usize,
     pub(crate) counters: &'a Counters,
+}
+
+impl<'a> From<&'a NodeCore> for Me<'a> {
+    fn from(node: &'a NodeCore) -> Me<'a> {
+        Me {
+            id: node.id,
+            domain_tag: node.domain_tag,
+            max_message_bytes: node.cfg.max_message_bytes,
+            counters: &node.counters,
+        }
+    }
 }

@@ -3,5 +3,6 @@
 
 pub(crate) mod config;
 pub(crate) mod error;
+pub(crate) mod node;
 pub(crate) mod qos;
 pub(crate) mod sample;

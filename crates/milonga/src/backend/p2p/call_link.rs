@@ -6,8 +6,8 @@
 use bytes::Bytes;
 
 use crate::backend::p2p::zmq_io::{self, message_bytes};
+use crate::backend::p2p::P2p;
 use crate::model::error::{IntoTransport, OpenError, TransportError};
-use crate::session::NodeInner;
 
 const LOST_EVENTS: u16 = (zmq_sys::ZMQ_EVENT_DISCONNECTED
     | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED
@@ -29,7 +29,7 @@ impl CallLink {
     /// Connects channel number `n` of `node` to `endpoint`, accepting
     /// replies of up to `limit` bytes.
     pub(crate) fn open(
-        node: &NodeInner,
+        p2p: &P2p,
         n: u64,
         endpoint: &str,
         limit: usize,
@@ -41,14 +41,14 @@ impl CallLink {
                 source: source.transport(),
             }
         };
-        let sock = node.ctx.socket(zmq::DEALER)?;
-        zmq_io::apply_common(&sock, &node.cfg).map_err(sock_err("configure"))?;
+        let sock = p2p.ctx().socket(zmq::DEALER)?;
+        zmq_io::apply_common(&sock, &p2p.core().cfg).map_err(sock_err("configure"))?;
         sock.set_maxmsgsize(i64::try_from(limit).unwrap_or(i64::MAX))
             .map_err(sock_err("configure"))?;
-        let mon = format!("inproc://milonga-callmon-{}-{n}", node.id);
+        let mon = format!("inproc://milonga-callmon-{}-{n}", p2p.core().id);
         sock.monitor(&mon, i32::from(LOST_EVENTS | UP_EVENTS))
             .map_err(sock_err("monitor"))?;
-        let monitor = node.ctx.socket(zmq::PAIR)?;
+        let monitor = p2p.ctx().socket(zmq::PAIR)?;
         monitor.set_linger(0).map_err(sock_err("monitor"))?;
         monitor.connect(&mon).map_err(sock_err("monitor"))?;
         sock.connect(endpoint).map_err(sock_err("connect"))?;

@@ -1,23 +1,46 @@
-//! The node thread: discovery, the control socket, socket monitors.
+//! The node thread: discovery sources, the control socket, heartbeats,
+//! socket monitors, waiting batches.
 //!
 //! It never waits on user code: it touches a data socket or a subscription
 //! only when their lock is free (`try_lock`), and otherwise leaves a note
-//! that the user's thread applies.
+//! that the user's thread applies. It reaches the node above it only
+//! through [`Host`].
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::discovery::Announcement;
+use crate::backend::p2p::static_peers::StaticPeers;
+use crate::backend::p2p::sub_link::{ConnectionWatcher, Monitor};
+use crate::backend::p2p::{zmq_io, P2p, WakeRx};
+use crate::discovery::local::LocalSource;
+use crate::discovery::{Announcement, Source};
 use crate::model::error::IntoTransport;
 use crate::model::error::OpenError;
-use crate::session::NodeInner;
+use crate::model::node::NodeCore;
 use crate::util::stats::{self, NodeStats};
 use crate::util::{lock, try_lock};
+
+/// What the node thread needs of the node it runs for (the session).
+pub(crate) trait Host: Send + Sync + 'static {
+    /// The node's peer-to-peer resources.
+    fn p2p(&self) -> &P2p;
+    /// The node's current announcement.
+    fn announcement(&self) -> Announcement;
+    /// Publishes the node's announcement (always, or only if something
+    /// changed since the last: `only_if_changed`).
+    fn reannounce(&self, only_if_changed: bool);
+    /// The peers the discovery sources see now (this node aside): the node
+    /// adds itself and reconnects its subscriptions if they changed.
+    fn set_peers(&self, peers: BTreeMap<String, Announcement>);
+    /// The last sequence number of each key this node published, for its
+    /// goodbye.
+    fn last_seqs(&self) -> Vec<(String, u64)>;
+}
 
 /// First frame of every control request and reply.
 pub const CONTROL_MAGIC: &[u8] = milonga_wire::control::MAGIC;
@@ -44,12 +67,8 @@ const DISCONNECTED: i32 = zmq_sys::ZMQ_EVENT_DISCONNECTED as i32;
 /// failed accepts (file descriptors exhausted) and closed peer connections
 /// (libzmq closes one that sends a message over the socket's size limit,
 /// with no event of its own) on `sock`.
-pub(crate) fn monitor(
-    inner: &NodeInner,
-    sock: &zmq::Socket,
-    what: &str,
-) -> Result<zmq::Socket, OpenError> {
-    let ep = format!("inproc://milonga-mon-{}-{what}", inner.id);
+pub(crate) fn monitor(p2p: &P2p, sock: &zmq::Socket, what: &str) -> Result<zmq::Socket, OpenError> {
+    let ep = format!("inproc://milonga-mon-{}-{what}", p2p.core().id);
     let err = |source: zmq::Error| OpenError::Socket {
         action: "monitor",
         endpoint: ep.clone(),
@@ -57,7 +76,7 @@ pub(crate) fn monitor(
     };
     sock.monitor(&ep, HANDSHAKE_FAILED | ACCEPT_FAILED | DISCONNECTED)
         .map_err(err)?;
-    let pair = inner.ctx.socket(zmq::PAIR)?;
+    let pair = p2p.ctx().socket(zmq::PAIR)?;
     pair.set_linger(0).map_err(err)?;
     pair.connect(&ep).map_err(err)?;
     Ok(pair)
@@ -66,14 +85,15 @@ pub(crate) fn monitor(
 /// The node's liveliness socket: an XPUB on which the node thread sends a
 /// heartbeat every `heartbeat_interval_ms`, and at once to each new
 /// subscriber (it is verbose, so every subscription shows).
-fn liveliness_socket(inner: &NodeInner) -> Result<zmq::Socket, OpenError> {
-    let sock = inner.ctx.socket(zmq::XPUB)?;
+fn liveliness_socket(p2p: &P2p) -> Result<zmq::Socket, OpenError> {
+    let cfg = &p2p.core().cfg;
+    let sock = p2p.ctx().socket(zmq::XPUB)?;
     let err = |source: zmq::Error| OpenError::Socket {
         action: "configure",
         endpoint: "liveliness".into(),
         source: source.transport(),
     };
-    crate::backend::p2p::zmq_io::apply_common(&sock, &inner.cfg).map_err(err)?;
+    zmq_io::apply_common(&sock, cfg).map_err(err)?;
     // Subscriptions, and the history queries and filter declarations a
     // subscription sends to all its connections (ignored here).
     sock.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
@@ -82,10 +102,10 @@ fn liveliness_socket(inner: &NodeInner) -> Result<zmq::Socket, OpenError> {
     // The last heartbeat (leaving) gets a moment to go out on close: up to
     // 200 ms, the whole 200 when `close_linger_ms` is negative ("as long as
     // it takes"; clamping that to 0 would drop the goodbye).
-    let linger = if inner.cfg.close_linger_ms < 0 {
+    let linger = if cfg.close_linger_ms < 0 {
         200
     } else {
-        inner.cfg.close_linger_ms.min(200)
+        cfg.close_linger_ms.min(200)
     };
     sock.set_linger(linger).map_err(err)?;
     Ok(sock)
@@ -99,7 +119,7 @@ pub(crate) const MAX_GOODBYE_KEYS: usize = 8192;
 /// node's keys (at most [`MAX_GOODBYE_KEYS`]), so that subscribers know
 /// at once what they have not received.
 pub(crate) fn heartbeat_frame(
-    inner: &NodeInner,
+    node: &NodeCore,
     seq: u64,
     leaving: bool,
     last: Vec<(String, u64)>,
@@ -110,9 +130,9 @@ pub(crate) fn heartbeat_frame(
         kind: Kind::Heartbeat,
         flags: 0,
         encoding: Encoding::Cbor,
-        domain_tag: inner.domain_tag,
+        domain_tag: node.domain_tag,
         schema_id: 0,
-        node_id: inner.id,
+        node_id: node.id,
         seq,
         timestamp_ns: crate::util::now_ns(),
     };
@@ -128,6 +148,32 @@ pub(crate) fn heartbeat_frame(
 /// `liveliness`): the node thread counts its events.
 pub(crate) type NodeMonitor = (&'static str, zmq::Socket);
 
+/// A service's socket monitor: the node thread reads it while the service
+/// lives (`Weak`); the service holds the reader too, and lets it go only
+/// after it has stopped its socket's monitor (libzmq blocks on a monitor
+/// event nobody can take).
+pub(crate) type SvcMonitor = (
+    Weak<dyn std::any::Any + Send + Sync>,
+    crate::backend::p2p::serve_link::ServeMonitor,
+);
+
+/// Monitors created since the node thread last looked.
+#[derive(Default)]
+pub(crate) struct NewMonitors {
+    /// Of data sockets (their events counted).
+    pub(crate) data: Vec<NodeMonitor>,
+    /// Of subscriptions (their closed connections told to them).
+    pub(crate) subs: Vec<(Weak<dyn ConnectionWatcher>, Monitor)>,
+    /// Of services (their events counted while the service lives).
+    pub(crate) services: Vec<SvcMonitor>,
+}
+
+impl NewMonitors {
+    fn is_empty(&self) -> bool {
+        self.data.is_empty() && self.subs.is_empty() && self.services.is_empty()
+    }
+}
+
 /// A node's control ROUTER and liveliness XPUB, bound, before the node
 /// thread takes them.
 pub(crate) struct NodeSockets {
@@ -140,20 +186,21 @@ pub(crate) struct NodeSockets {
 }
 
 /// Binds the node's control and liveliness sockets.
-pub(crate) fn bind_node(inner: &NodeInner) -> Result<NodeSockets, OpenError> {
-    let router = inner.ctx.socket(zmq::ROUTER)?;
-    let ep = inner.endpoint_for("c", inner.cfg.control_endpoint.as_ref());
-    crate::backend::p2p::zmq_io::apply_common(&router, &inner.cfg)
+pub(crate) fn bind_node(p2p: &P2p) -> Result<NodeSockets, OpenError> {
+    let cfg = &p2p.core().cfg;
+    let router = p2p.ctx().socket(zmq::ROUTER)?;
+    let ep = p2p.endpoint_for("c", cfg.control_endpoint.as_ref());
+    zmq_io::apply_common(&router, cfg)
         .and_then(|_| router.set_maxmsgsize(65_536))
         .map_err(|source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: ep.clone(),
             source: source.transport(),
         })?;
-    let control_endpoint = crate::backend::p2p::zmq_io::bind(&router, &ep)?;
-    let live = liveliness_socket(inner)?;
-    let ep = inner.endpoint_for("hb", None);
-    let liveliness_endpoint = crate::backend::p2p::zmq_io::bind(&live, &ep)?;
+    let control_endpoint = zmq_io::bind(&router, &ep)?;
+    let live = liveliness_socket(p2p)?;
+    let ep = p2p.endpoint_for("hb", None);
+    let liveliness_endpoint = zmq_io::bind(&live, &ep)?;
     Ok(NodeSockets {
         router,
         live,
@@ -162,69 +209,62 @@ pub(crate) fn bind_node(inner: &NodeInner) -> Result<NodeSockets, OpenError> {
     })
 }
 
-/// Starts the node thread with the node's sockets. It finds the peers
-/// that exist now and announces the node before it returns, so that a
-/// subscription declared right after `open` connects to them before it
+/// Starts the node thread with the node's sockets and its local discovery
+/// source, if any (static peers come from the configuration). It finds the
+/// peers that exist now and announces the node before it returns, so that
+/// a subscription declared right after `open` connects to them before it
 /// returns.
-pub(crate) fn start(
-    inner: &Arc<NodeInner>,
+pub(crate) fn start<H: Host>(
+    host: &Arc<H>,
     socks: NodeSockets,
-    wake: crate::backend::p2p::WakeRx,
+    wake: WakeRx,
+    local: Option<LocalSource>,
 ) -> Result<JoinHandle<()>, OpenError> {
+    let p2p = host.p2p();
     let NodeSockets { router, live, .. } = socks;
-    let monitor = self::monitor(inner, &router, "control")?;
-    let live_monitor = self::monitor(inner, &live, "liveliness")?;
-    lock(&inner.state)
-        .new_monitors
-        .push(("liveliness", live_monitor));
-    let mut ctl = Control::new(inner.clone(), router, monitor, wake.0, live);
-    ctl.scan_local();
-    inner.announce();
-    spawn(ctl).map_err(OpenError::Thread)
-}
-
-fn spawn(ctl: Control) -> std::io::Result<JoinHandle<()>> {
+    let monitor = self::monitor(p2p, &router, "control")?;
+    let live_monitor = self::monitor(p2p, &live, "liveliness")?;
+    let statics = StaticPeers::new(p2p, p2p.core.clone());
+    let watch_fd = local.as_ref().and_then(LocalSource::watch_fd);
+    let mut ctl = Control {
+        host: host.clone(),
+        router,
+        monitors: vec![("control", monitor), ("liveliness", live_monitor)],
+        sub_monitors: Vec::new(),
+        svc_monitors: Vec::new(),
+        wake: wake.0,
+        live,
+        heartbeat_seq: 0,
+        next_heartbeat: Instant::now(),
+        statics,
+        local,
+        watch_fd,
+        flooded: false,
+    };
+    ctl.discover(Instant::now(), true);
+    host.reannounce(false);
+    let name = format!("milonga-node {}", p2p.core().domain);
     std::thread::Builder::new()
-        .name(format!("milonga-node {}", ctl.inner.domain))
+        .name(name)
         .spawn(move || ctl.run())
+        .map_err(OpenError::Thread)
 }
-
-struct StaticPeer {
-    endpoint: String,
-    sock: zmq::Socket,
-    last_reply: Option<Instant>,
-    announcement: Option<Announcement>,
-    warned_domain: bool,
-}
-
-/// A service's socket monitor: the node thread reads it while the service
-/// lives (`Weak`); the service holds the reader too, and lets it go only
-/// after it has stopped its socket's monitor (libzmq blocks on a monitor
-/// event nobody can take).
-pub(crate) type SvcMonitor = (
-    std::sync::Weak<dyn std::any::Any + Send + Sync>,
-    Arc<std::sync::Mutex<zmq::Socket>>,
-);
 
 /// Which of the node thread's sockets a poll found readable.
 struct Ready {
     router: bool,
     live: bool,
-    /// A socket monitor (data sockets, subscriptions).
+    /// A socket monitor (data sockets, subscriptions, services).
     monitors: bool,
-    statics: bool,
 }
 
 /// The node thread's state.
-pub(crate) struct Control {
-    inner: Arc<NodeInner>,
+struct Control<H: Host> {
+    host: Arc<H>,
     router: zmq::Socket,
     monitors: Vec<NodeMonitor>,
     /// Subscriptions' socket monitors (closed connections).
-    sub_monitors: Vec<(
-        std::sync::Weak<crate::api::subscriber::SubShared>,
-        crate::backend::p2p::sub_link::Monitor,
-    )>,
+    sub_monitors: Vec<(Weak<dyn ConnectionWatcher>, Monitor)>,
     /// Services' socket monitors (bad handshakes, failed accepts).
     svc_monitors: Vec<SvcMonitor>,
     /// Woken by user threads (a batch started waiting).
@@ -233,88 +273,33 @@ pub(crate) struct Control {
     live: zmq::Socket,
     heartbeat_seq: u64,
     next_heartbeat: Instant,
-    statics: Vec<StaticPeer>,
-    local: BTreeMap<String, Announcement>,
-    last_scan: Option<Instant>,
+    /// Discovery sources: static peers, the local directory.
+    statics: StaticPeers,
+    local: Option<LocalSource>,
     /// The local directory's inotify descriptor, if any.
     watch_fd: Option<std::os::fd::RawFd>,
-    last_alive_check: Option<Instant>,
-    /// When a local scan last changed the peer table.
-    last_published: Option<Instant>,
-    last_query: Option<Instant>,
     /// The last drain of the data sockets left messages to read.
     flooded: bool,
 }
 
-impl Control {
-    fn new(
-        inner: Arc<NodeInner>,
-        router: zmq::Socket,
-        monitor: zmq::Socket,
-        wake: zmq::Socket,
-        live: zmq::Socket,
-    ) -> Self {
-        let mut statics = Vec::new();
-        for ep in &inner.cfg.peers {
-            match inner.ctx.socket(zmq::DEALER).and_then(|s| {
-                let _ = crate::backend::p2p::zmq_io::apply_common(&s, &inner.cfg);
-                let _ = s.set_sndhwm(4);
-                s.connect(ep)
-                    .map_err(|source: zmq::Error| OpenError::Socket {
-                        action: "connect",
-                        endpoint: ep.clone(),
-                        source: source.transport(),
-                    })?;
-                Ok(s)
-            }) {
-                Ok(sock) => statics.push(StaticPeer {
-                    endpoint: ep.clone(),
-                    sock,
-                    last_reply: None,
-                    announcement: None,
-                    warned_domain: false,
-                }),
-                Err(err) => tracing::warn!(peer = %ep, %err, "ignoring a static peer"),
-            }
-        }
-        let watch_fd = inner
-            .local
-            .as_ref()
-            .and_then(|d| lock(d).watch.as_ref().map(crate::discovery::Watch::fd));
-        Control {
-            inner,
-            router,
-            monitors: vec![("control", monitor)],
-            sub_monitors: Vec::new(),
-            svc_monitors: Vec::new(),
-            wake,
-            live,
-            heartbeat_seq: 0,
-            next_heartbeat: Instant::now(),
-            statics,
-            local: BTreeMap::new(),
-            last_scan: None,
-            watch_fd,
-            last_alive_check: None,
-            last_published: None,
-            last_query: None,
-            flooded: false,
-        }
+impl<H: Host> Control<H> {
+    fn p2p(&self) -> &P2p {
+        self.host.p2p()
     }
 
     fn run(mut self) {
-        let interval = self.inner.cfg.discovery_interval();
-        while !self.inner.closed.load(Ordering::Acquire) {
+        let interval = self.p2p().core().cfg.discovery_interval();
+        while !self.p2p().core().is_closed() {
             // A waiting batch is retried every millisecond: it exists only
             // while a subscriber is full, and must leave as soon as it can.
-            let batching = self.inner.batch_pending.load(Ordering::Acquire);
+            let batching = self.p2p().batch_pending();
             // Only sockets the poll found readable are read: each read of
             // an empty socket is a system call, and this runs every turn.
             let ready = self.wait(if self.flooded {
                 Duration::ZERO
             } else if batching {
                 Duration::from_millis(1)
-            } else if self.watch_fd.is_some() && !self.has_data_sockets() {
+            } else if self.watch_fd.is_some() && !self.p2p().has_data_sockets() {
                 // Nothing here needs a turn every `interval`: discovery
                 // changes and socket events wake the poll; only timers
                 // remain (liveness checks, heartbeats, static queries).
@@ -322,23 +307,17 @@ impl Control {
             } else {
                 interval
             });
-            if self.inner.batch_pending.load(Ordering::Acquire) {
+            if self.p2p().batch_pending() {
                 self.flush_batches();
             }
             if ready.router {
                 self.serve_control();
             }
             self.read_monitors(ready.monitors);
-            if ready.statics {
-                self.read_statics();
-            }
-            self.query_statics();
-            self.scan_local();
+            self.discover(Instant::now(), false);
             self.flooded = self.drain_data_sockets();
             self.heartbeat(ready.live);
-            if lock(&self.inner.state).announce_dirty {
-                self.inner.announce();
-            }
+            self.host.reannounce(true);
         }
         // Tell subscribers this node is leaving, so that they report it
         // `closed` rather than wait for the connection or the lease. The
@@ -349,47 +328,54 @@ impl Control {
         self.stop_monitors();
     }
 
-    /// Whether this node has a data socket, whose subscriptions, history
-    /// queries and filter declarations this thread reads every turn.
-    fn has_data_sockets(&self) -> bool {
-        let st = lock(&self.inner.state);
-        st.data_best_effort.is_some() || st.data_reliable.is_some()
-    }
-
-    /// How long until the next timed duty: a liveness check of local peers
-    /// (250 ms), a heartbeat, a static query.
+    /// How long until the next timed duty: a discovery source's, a
+    /// heartbeat.
     fn until_next_timer(&self) -> Duration {
         let now = Instant::now();
-        let mut next = now + Duration::from_millis(250);
-        next = next.min(self.next_heartbeat);
-        if !self.statics.is_empty() {
-            let every = Duration::from_millis(self.inner.cfg.static_query_interval_ms.max(10));
-            next = next.min(self.last_query.map_or(now, |t| t + every));
+        let mut next = self.next_heartbeat.min(now + Duration::from_millis(250));
+        let sources = [
+            self.statics.next_due(),
+            self.local.as_ref().and_then(Source::next_due),
+        ];
+        for due in sources.into_iter().flatten() {
+            next = next.min(due);
         }
         next.saturating_duration_since(now)
             .max(Duration::from_millis(1))
     }
 
+    /// Gives every discovery source its turn and, if one changed (or
+    /// `force`), hands the merged peers to the node.
+    fn discover(&mut self, now: Instant, force: bool) {
+        let mut changed = self.statics.turn(now);
+        if let Some(local) = &mut self.local {
+            changed |= local.turn(now);
+        }
+        if !changed && !force {
+            return;
+        }
+        let mut peers = BTreeMap::new();
+        if let Some(local) = &self.local {
+            local.peers_into(&mut peers);
+        }
+        self.statics.peers_into(&mut peers);
+        self.host.set_peers(peers);
+    }
+
     /// Stops the monitors this thread reads before their readers go (see
-    /// [`crate::backend::p2p::zmq_io::stop_monitor`]). A subscription that outlives the
-    /// node gets its monitor's reader back, to drop after its own socket.
+    /// [`zmq_io::stop_monitor`]). A subscription that outlives the node
+    /// gets its monitor's reader back, to drop after its own socket.
     fn stop_monitors(&mut self) {
-        crate::backend::p2p::zmq_io::stop_monitor(&mut self.router);
-        crate::backend::p2p::zmq_io::stop_monitor(&mut self.live);
-        let socks = {
-            let st = lock(&self.inner.state);
-            [st.data_best_effort.clone(), st.data_reliable.clone()]
-        };
-        for d in socks.into_iter().flatten() {
-            crate::backend::p2p::zmq_io::stop_monitor(&mut lock(&d.sock).sock);
+        zmq_io::stop_monitor(&mut self.router);
+        zmq_io::stop_monitor(&mut self.live);
+        for d in self.p2p().data_sockets().into_iter().flatten() {
+            zmq_io::stop_monitor(&mut lock(&d.sock).sock);
         }
-        {
-            let mut st = lock(&self.inner.state);
-            self.sub_monitors.append(&mut st.new_sub_monitors);
-        }
+        let new = self.p2p().take_new_monitors();
+        self.sub_monitors.extend(new.subs);
         for (sub, m) in self.sub_monitors.drain(..) {
             if let Some(sub) = sub.upgrade() {
-                *lock(&sub.monitor) = Some(m);
+                sub.monitor_back(m);
             }
         }
     }
@@ -404,47 +390,37 @@ impl Control {
                 // With XPUB_VERBOSE, an unsubscribe comes only when the
                 // last subscriber of the prefix left.
                 if msg.first() == Some(&0) {
-                    crate::backend::p2p::zmq_io::note_freed(msg.len());
+                    zmq_io::note_freed(msg.len());
                 }
             }
         }
         if joined || Instant::now() >= self.next_heartbeat {
             self.send_heartbeat(false);
-            crate::backend::p2p::zmq_io::trim_if_due();
+            zmq_io::trim_if_due();
         }
     }
 
     fn send_heartbeat(&mut self, leaving: bool) {
         self.heartbeat_seq += 1;
         let last = if leaving {
-            self.last_seqs()
+            let mut last = self.host.last_seqs();
+            last.retain(|(_, s)| *s > 0);
+            last.truncate(MAX_GOODBYE_KEYS);
+            last
         } else {
             Vec::new()
         };
-        let frame = heartbeat_frame(&self.inner, self.heartbeat_seq, leaving, last);
+        let core = self.host.p2p().core();
+        let frame = heartbeat_frame(core, self.heartbeat_seq, leaving, last);
+        let every = Duration::from_millis(core.cfg.heartbeat_interval_ms.max(1) as u64);
         // Never waits: a subscriber whose queue is full of heartbeats is
         // not reading them anyway.
         let _ = self.live.send(frame, zmq::DONTWAIT);
-        let every = Duration::from_millis(self.inner.cfg.heartbeat_interval_ms.max(1) as u64);
         self.next_heartbeat = Instant::now() + every;
     }
 
-    /// The last sequence number of each key this node published (live
-    /// publishers and dropped ones), for its goodbye.
-    fn last_seqs(&self) -> Vec<(String, u64)> {
-        let st = lock(&self.inner.state);
-        let mut last: BTreeMap<String, u64> = st.last_seq.clone().into_iter().collect();
-        for (k, s) in &st.pub_seqs {
-            last.insert(k.clone(), s.load(Ordering::Relaxed));
-        }
-        last.into_iter()
-            .filter(|(_, s)| *s > 0)
-            .take(MAX_GOODBYE_KEYS)
-            .collect()
-    }
-
-    /// Sleeps until a control request, a monitor event or a static reply
-    /// arrives, or `interval` passes.
+    /// Sleeps until a control request, a monitor event, a static reply or
+    /// a change of the local directory arrives, or `interval` passes.
     fn wait(&mut self, interval: Duration) -> Ready {
         let mut items = vec![
             self.router.as_poll_item(zmq::POLLIN),
@@ -457,11 +433,6 @@ impl Control {
                 .map(|(_, m)| m.as_poll_item(zmq::POLLIN)),
         );
         items.extend(
-            self.statics
-                .iter()
-                .map(|p| p.sock.as_poll_item(zmq::POLLIN)),
-        );
-        items.extend(
             self.sub_monitors
                 .iter()
                 .map(|(_, m)| m.0.as_poll_item(zmq::POLLIN)),
@@ -470,6 +441,10 @@ impl Control {
         // going away, which only drops its handle.
         let svc: Vec<_> = self.svc_monitors.iter().map(|(_, m)| lock(m)).collect();
         items.extend(svc.iter().map(|m| m.as_poll_item(zmq::POLLIN)));
+        let monitors = items.len() - 3;
+        // Static replies and directory changes: their sources read them in
+        // their turn.
+        items.extend(self.statics.poll_items());
         if let Some(fd) = self.watch_fd {
             items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
         }
@@ -477,34 +452,23 @@ impl Control {
         let readable: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
         drop(items);
         drop(svc);
-        let (m, st) = (self.monitors.len(), self.statics.len());
-        let (sm, vm) = (self.sub_monitors.len(), self.svc_monitors.len());
-        let ready = Ready {
-            router: readable[0],
-            live: readable[2],
-            monitors: readable[3..3 + m].iter().any(|r| *r)
-                || readable[3 + m + st..3 + m + st + sm + vm]
-                    .iter()
-                    .any(|r| *r),
-            statics: readable[3 + m..3 + m + st].iter().any(|r| *r),
-        };
         if readable[1] {
             while self.wake.recv_msg(zmq::DONTWAIT).is_ok() {}
         }
-        ready
+        Ready {
+            router: readable[0],
+            live: readable[2],
+            monitors: readable[3..3 + monitors].iter().any(|r| *r),
+        }
     }
 
     fn serve_control(&mut self) {
+        let c = &self.host.p2p().core().counters;
         while let Ok(frames) = self.router.recv_multipart(zmq::DONTWAIT) {
             // Frame 0 is the ROUTER's identity of the asker.
             let request = frames.get(1..).map(milonga_wire::control::Request::decode);
             if !matches!(request, Some(Ok(milonga_wire::control::Request::Info))) {
-                let n = self
-                    .inner
-                    .counters
-                    .control_malformed
-                    .fetch_add(1, Ordering::Relaxed)
-                    + 1;
+                let n = c.control_malformed.fetch_add(1, Ordering::Relaxed) + 1;
                 if n <= 10 || n % 1000 == 0 {
                     tracing::warn!(
                         dropped_so_far = n,
@@ -516,8 +480,8 @@ impl Control {
                 continue;
             }
             let info = NodeInfo {
-                announcement: self.inner.announcement(&lock(&self.inner.state)),
-                stats: self.inner.counters.snapshot(),
+                announcement: self.host.announcement(),
+                stats: c.snapshot(),
             };
             let body = serde_json::to_vec(&info).unwrap_or_default();
             let [magic, info, body] = milonga_wire::control::info_reply(&body);
@@ -529,18 +493,13 @@ impl Control {
     /// Reads the monitors' events: all of them when `readable` (the poll
     /// saw one), and those of sockets created since the last turn.
     fn read_monitors(&mut self, readable: bool) {
-        // Data sockets and subscriptions created since the last turn bring
-        // their monitors.
-        let added = {
-            let mut st = lock(&self.inner.state);
-            let added = !st.new_monitors.is_empty()
-                || !st.new_sub_monitors.is_empty()
-                || !st.new_svc_monitors.is_empty();
-            self.monitors.append(&mut st.new_monitors);
-            self.sub_monitors.append(&mut st.new_sub_monitors);
-            self.svc_monitors.append(&mut st.new_svc_monitors);
-            added
-        };
+        // Data sockets, subscriptions and services created since the last
+        // turn bring their monitors.
+        let new = self.host.p2p().take_new_monitors();
+        let added = !new.is_empty();
+        self.monitors.extend(new.data);
+        self.sub_monitors.extend(new.subs);
+        self.svc_monitors.extend(new.services);
         if !readable && !added {
             return;
         }
@@ -557,8 +516,9 @@ impl Control {
             }
             true
         });
+        let core = self.host.p2p().core();
         for (what, m) in &self.monitors {
-            count_events(&self.inner, what, m);
+            count_events(core, what, m);
         }
         self.svc_monitors.retain(|(svc, m)| {
             if svc.strong_count() == 0 {
@@ -566,179 +526,24 @@ impl Control {
                 // socket's monitor is stopped.
                 return false;
             }
-            count_events(&self.inner, "service", &lock(m));
+            count_events(core, "service", &lock(m));
             true
         });
-    }
-
-    fn read_statics(&mut self) {
-        let domain = self.inner.domain.clone();
-        let mut changed = false;
-        for p in &mut self.statics {
-            while let Ok(frames) = p.sock.recv_multipart(zmq::DONTWAIT) {
-                let parsed = milonga_wire::control::decode_info_reply(&frames)
-                    .ok()
-                    .and_then(|body| serde_json::from_slice::<NodeInfo>(body).ok());
-                let Some(info) = parsed else {
-                    stats::inc(&self.inner.counters.control_malformed);
-                    limited!(warn, peer = %p.endpoint, "dropped a malformed reply from a static peer");
-                    continue;
-                };
-                if info.announcement.domain != domain {
-                    stats::inc(&self.inner.counters.peers_foreign_domain);
-                    if !p.warned_domain {
-                        tracing::warn!(
-                            peer = %p.endpoint,
-                            their = %info.announcement.domain,
-                            ours = %domain,
-                            "ignoring a static peer of another domain"
-                        );
-                        p.warned_domain = true;
-                    }
-                    continue;
-                }
-                p.last_reply = Some(Instant::now());
-                if p.announcement.as_ref() != Some(&info.announcement) {
-                    p.announcement = Some(info.announcement);
-                    changed = true;
-                }
-            }
-        }
-        if changed {
-            self.publish_peers();
-        }
-    }
-
-    fn query_statics(&mut self) {
-        if self.statics.is_empty() {
-            return;
-        }
-        let every = Duration::from_millis(self.inner.cfg.static_query_interval_ms.max(10));
-        if self.last_query.is_some_and(|t| t.elapsed() < every) {
-            return;
-        }
-        self.last_query = Some(Instant::now());
-        let expiry = (every * 3).max(Duration::from_millis(
-            self.inner.cfg.heartbeat_timeout_ms as u64,
-        ));
-        let mut changed = false;
-        for p in &mut self.statics {
-            let req = milonga_wire::control::Request::Info.frames();
-            let _ = p.sock.send_multipart(req, zmq::DONTWAIT);
-            if p.announcement.is_some() && p.last_reply.is_none_or(|t| t.elapsed() > expiry) {
-                tracing::info!(peer = %p.endpoint, "static peer stopped answering");
-                p.announcement = None;
-                changed = true;
-            }
-        }
-        if changed {
-            self.publish_peers();
-        }
-    }
-
-    pub(crate) fn scan_local(&mut self) {
-        // Peers are published (compared with the table, which costs a copy
-        // of every announcement) only when a scan or a static peer changed
-        // something: on every turn, each node would pay O(nodes).
-        let Some(dir) = &self.inner.local else {
-            return;
-        };
-        // Re-read when the directory changes. Every 250 ms, check that the
-        // known peers' processes exist (one kill(pid, 0) each), which
-        // catches nodes killed with -9, and re-read if one is gone; every
-        // 5 s, re-read anyway (a recycled pid is told by its start time).
-        // Re-reading every file on a timer would cost each node O(nodes)
-        // parses, the whole host O(nodes^2).
-        let now = Instant::now();
-        let full_due = self
-            .last_scan
-            .is_none_or(|t| now - t >= Duration::from_secs(5));
-        let alive_due = self
-            .last_alive_check
-            .is_none_or(|t| now - t >= Duration::from_millis(250));
-        let mut dir = lock(dir);
-        if full_due {
-            dir.mark_all_dirty();
-        }
-        if !full_due && !dir.changed() {
-            drop(dir);
-            let gone = alive_due && {
-                self.last_alive_check = Some(now);
-                !self
-                    .local
-                    .values()
-                    .all(|a| crate::discovery::pid_exists(a.pid))
-            };
-            if !gone {
-                return;
-            }
-            dir = lock(self.inner.local.as_ref().expect("checked above"));
-        }
-        self.last_scan = Some(now);
-        self.last_alive_check = Some(now);
-        let mut bad = 0;
-        let found = dir.scan(&mut bad);
-        drop(dir);
-        stats::add(&self.inner.counters.announcements_malformed, bad);
-        let me = self.inner.id.to_hex();
-        let local: BTreeMap<String, Announcement> = found
-            .into_iter()
-            .filter(|(id, a)| {
-                if *id == me {
-                    return false;
-                }
-                if a.domain != self.inner.domain {
-                    stats::inc(&self.inner.counters.peers_foreign_domain);
-                    return false;
-                }
-                true
-            })
-            .collect();
-        if local != self.local || self.last_published.is_none() {
-            self.local = local;
-            self.last_published = Some(now);
-            self.publish_peers();
-        }
-    }
-
-    /// Merges local and static peers with this node and, if the set
-    /// changed, reconnects subscriptions.
-    fn publish_peers(&mut self) {
-        let mut peers = self.local.clone();
-        for p in &self.statics {
-            if let Some(a) = &p.announcement {
-                peers.insert(a.node_id.clone(), a.clone());
-            }
-        }
-        let changed = {
-            let mut st = lock(&self.inner.state);
-            let me = self.inner.announcement(&st);
-            peers.insert(me.node_id.clone(), me);
-            if st.peers != peers {
-                st.peers = peers;
-                true
-            } else {
-                false
-            }
-        };
-        if changed {
-            self.inner.reconcile();
-        }
     }
 
     /// Tries to send a reliable publisher's waiting batch, without waiting
     /// for the socket if a user thread holds it (that thread sends it).
     fn flush_batches(&self) {
-        let d = lock(&self.inner.state).data_reliable.clone();
-        let Some(d) = d else {
-            self.inner.batch_pending.store(false, Ordering::Release);
+        let p2p = self.p2p();
+        let [_, reliable] = p2p.data_sockets();
+        let Some(d) = reliable else {
+            p2p.batch_sent();
             return;
         };
-        let guard = try_lock(&d.sock);
-        if let Some(mut g) = guard {
-            let _ = g.send_pending(zmq::DONTWAIT, &self.inner.counters);
+        if let Some(mut g) = try_lock(&d.sock) {
+            let _ = g.send_pending(zmq::DONTWAIT, &p2p.core().counters);
             if g.out.pending().is_none() {
-                self.inner.batch_pending.store(false, Ordering::Release);
+                p2p.batch_sent();
             }
         };
     }
@@ -748,14 +553,11 @@ impl Control {
     /// Whether a socket had more to read than one drain takes (a flood):
     /// the node thread then comes back without sleeping.
     fn drain_data_sockets(&self) -> bool {
-        let socks = {
-            let st = lock(&self.inner.state);
-            [st.data_best_effort.clone(), st.data_reliable.clone()]
-        };
+        let p2p = self.p2p();
         let mut more = false;
-        for d in socks.into_iter().flatten() {
+        for d in p2p.data_sockets().into_iter().flatten() {
             if let Some(mut g) = try_lock(&d.sock) {
-                more |= g.drain_subscriptions(&self.inner);
+                more |= g.drain_subscriptions(p2p.core());
             }
         }
         more
@@ -765,7 +567,7 @@ impl Control {
 /// Counts the events a monitor of one of this node's listening sockets
 /// (`what`) reported: failed handshakes, failed accepts, closed peer
 /// connections.
-fn count_events(inner: &NodeInner, what: &str, m: &zmq::Socket) {
+fn count_events(node: &NodeCore, what: &str, m: &zmq::Socket) {
     while let Ok(frames) = m.recv_multipart(zmq::DONTWAIT) {
         let endpoint = frames
             .get(1)
@@ -779,7 +581,7 @@ fn count_events(inner: &NodeInner, what: &str, m: &zmq::Socket) {
             ),
             _ => (0, 0),
         };
-        let c = &inner.counters;
+        let c = &node.counters;
         if event == DISCONNECTED {
             stats::inc(&c.peer_disconnects);
             continue;
@@ -813,7 +615,7 @@ fn count_events(inner: &NodeInner, what: &str, m: &zmq::Socket) {
 /// most `timeout` in all: nodes that do not answer (gone, or a ghost
 /// announcement) cost the caller one timeout, not one each.
 pub(crate) fn query_many(
-    inner: &NodeInner,
+    p2p: &P2p,
     endpoints: &[String],
     timeout: Duration,
 ) -> Vec<Option<NodeInfo>> {
@@ -821,7 +623,7 @@ pub(crate) fn query_many(
     let socks: Vec<Option<zmq::Socket>> = endpoints
         .iter()
         .map(|ep| {
-            let s = inner.ctx.socket(zmq::DEALER).ok()?;
+            let s = p2p.ctx().socket(zmq::DEALER).ok()?;
             s.set_linger(0).ok()?;
             s.set_maxmsgsize(16 << 20).ok()?;
             s.connect(ep).ok()?;
@@ -864,8 +666,8 @@ pub(crate) fn query_many(
 }
 
 /// Asks the node at `endpoint` for its [`NodeInfo`].
-pub(crate) fn query(inner: &NodeInner, endpoint: &str, timeout: Duration) -> Option<NodeInfo> {
-    let sock = inner.ctx.socket(zmq::DEALER).ok()?;
+pub(crate) fn query(p2p: &P2p, endpoint: &str, timeout: Duration) -> Option<NodeInfo> {
+    let sock = p2p.ctx().socket(zmq::DEALER).ok()?;
     sock.set_linger(0).ok()?;
     sock.set_maxmsgsize(16 << 20).ok()?;
     sock.connect(endpoint).ok()?;

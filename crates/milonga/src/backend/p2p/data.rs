@@ -12,11 +12,13 @@ use milonga_wire::frame::{self, BATCH_ENTRY_HEADER_LEN, FLAG_PAYLOAD_FRAME};
 use milonga_wire::{Bytes, Key};
 
 use crate::backend::p2p::zmq_io;
+use crate::backend::p2p::P2p;
 use crate::engine::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
 use crate::engine::outlet::{Outlet, Upstream};
+use crate::engine::Me;
 use crate::model::error::{IntoTransport, OpenError, PutError};
+use crate::model::node::NodeCore;
 use crate::model::qos::Reliability;
-use crate::session::NodeInner;
 use crate::util::lock;
 use crate::util::stats::{self, Counters};
 
@@ -30,10 +32,11 @@ impl DataSocket {
     /// Binds node's data socket of `reliability` (XPUB; reliable: with
     /// `XPUB_NODROP`): the socket and its monitor, for the node thread.
     pub(crate) fn open(
-        node: &NodeInner,
+        p2p: &P2p,
         reliability: Reliability,
     ) -> Result<(DataSocket, crate::backend::p2p::control::NodeMonitor), OpenError> {
-        let mut sock = node.ctx.socket(zmq::XPUB)?;
+        let node = p2p.core();
+        let mut sock = p2p.ctx().socket(zmq::XPUB)?;
         let fixed = match reliability {
             Reliability::BestEffort => node.cfg.data_endpoint.as_ref(),
             Reliability::Reliable => node.cfg.reliable_data_endpoint.as_ref(),
@@ -42,7 +45,7 @@ impl DataSocket {
             Reliability::BestEffort => "be",
             Reliability::Reliable => "r",
         };
-        let endpoint = node.endpoint_for(role, fixed);
+        let endpoint = p2p.endpoint_for(role, fixed);
         let opt_err = |source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: endpoint.clone(),
@@ -61,7 +64,7 @@ impl DataSocket {
                 .map_err(opt_err)?;
         }
         let bound = zmq_io::bind(&sock, &endpoint)?;
-        let monitor = crate::backend::p2p::control::monitor(node, &sock, role)?;
+        let monitor = crate::backend::p2p::control::monitor(p2p, &sock, role)?;
         Ok((
             DataSocket {
                 sock: Mutex::new(DataSock::new(sock, reliability)),
@@ -80,20 +83,20 @@ impl DataSocket {
         schema_id: u32,
         wait: Wait,
     ) -> Result<(), PutError> {
-        if put.node.closed.load(Ordering::Acquire) {
+        if put.p2p.core().is_closed() {
             return Err(PutError::Closed);
         }
         let tail_len = enc.tail.as_ref().map_or(0, Bytes::len);
         let size = put.template.len() + enc.head.len() + tail_len;
-        if size > put.node.cfg.max_message_bytes {
+        if size > put.p2p.core().cfg.max_message_bytes {
             return Err(PutError::TooLarge {
                 size,
-                limit: put.node.cfg.max_message_bytes,
+                limit: put.p2p.core().cfg.max_message_bytes,
             });
         }
         let started = Instant::now();
         let reliable = put.reliable;
-        let batch_limit = MAX_BATCH_BYTES.min(put.node.cfg.max_message_bytes);
+        let batch_limit = MAX_BATCH_BYTES.min(put.p2p.core().cfg.max_message_bytes);
         let batchable = reliable
             && enc.tail.is_none()
             && enc.head.len() <= MAX_ENTRY_BYTES
@@ -104,7 +107,7 @@ impl DataSocket {
         let mut d = lock(&self.sock);
         // `close` may have run while we waited for the lock; after it, no
         // batch would ever be sent.
-        if put.node.closed.load(Ordering::Acquire) {
+        if put.p2p.core().is_closed() {
             return Err(PutError::Closed);
         }
         // Sequence number and timestamp are taken under the lock, so that
@@ -119,14 +122,16 @@ impl DataSocket {
         if let Some(p) = d.out.pending().as_mut().filter(|p| p.is_key(key)) {
             if batchable && p.accepts(key, enc.encoding as u8, schema_id, enc.head.len()) {
                 if p.push(timestamp_ns, &enc.head) {
-                    let _ = d.send_pending(zmq::DONTWAIT, &put.node.counters);
+                    let _ = d.send_pending(zmq::DONTWAIT, &put.p2p.core().counters);
                 }
                 put.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
                 return put.accepted(seq);
             }
-            if d.send_pending(zmq::DONTWAIT, &put.node.counters).is_err() {
+            if d.send_pending(zmq::DONTWAIT, &put.p2p.core().counters)
+                .is_err()
+            {
                 put.wait(&mut d, wait, started, |d, flags| {
-                    d.send_pending(flags, &put.node.counters)
+                    d.send_pending(flags, &put.p2p.core().counters)
                 })?;
             }
         }
@@ -149,8 +154,7 @@ impl DataSocket {
                     &enc.head,
                     batch_limit,
                 ));
-                put.node.batch_pending.store(true, Ordering::Release);
-                put.node.wake();
+                put.p2p.note_batch_pending();
                 put.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
                 return put.accepted(seq);
             }
@@ -205,7 +209,7 @@ pub(crate) enum Wait {
 /// One publisher's part of a put: who puts, which key, and the frame
 /// template and sequence counter it keeps.
 pub(crate) struct Put<'a> {
-    pub(crate) node: &'a NodeInner,
+    pub(crate) p2p: &'a P2p,
     pub(crate) key: &'a Key,
     /// `key | 0 | header` with the fields that never change filled in.
     pub(crate) template: &'a [u8],
@@ -219,7 +223,7 @@ impl Put<'_> {
     /// Keeps sample `seq` in the history, if this publisher keeps one, and
     /// sends it to the filters it passes, if subscribers declared any.
     fn keep(&self, d: &mut DataSock, seq: u64, timestamp_ns: u64, enc: &Encoded, schema_id: u32) {
-        let me = self.node.me();
+        let me = Me::from(self.p2p.core());
         let filtered = d
             .out
             .accepted(&me, self.key.as_str(), seq, timestamp_ns, enc, schema_id);
@@ -231,7 +235,7 @@ impl Put<'_> {
     /// Records that sample `seq` was taken by the socket or a batch.
     fn accepted(&self, seq: u64) -> Result<(), PutError> {
         self.seq.store(seq, Ordering::Relaxed);
-        stats::inc(&self.node.counters.samples_sent);
+        stats::inc(&self.p2p.core().counters.samples_sent);
         Ok(())
     }
 
@@ -249,7 +253,7 @@ impl Put<'_> {
     ) -> Result<(), PutError> {
         // Every put that finds no room is counted, with the time it waits,
         // whether it then gets through or not.
-        let c = &self.node.counters;
+        let c = &self.p2p.core().counters;
         stats::inc(&c.puts_blocked);
         let since = Instant::now();
         let r = self.wait_for_room(d, wait, started, attempt);
@@ -288,7 +292,7 @@ impl Put<'_> {
                 };
                 return Err(PutError::Timeout(t));
             }
-            if self.node.closed.load(Ordering::Acquire) {
+            if self.p2p.core().is_closed() {
                 return Err(PutError::Closed);
             }
             let slice = left.min(Duration::from_millis(100));
@@ -356,8 +360,8 @@ impl DataSock {
     /// Reads the subscribe/unsubscribe messages and history queries queued
     /// on the XPUB socket, and answers the queries.
     /// Whether it stopped at [`MAX_DRAIN`] with more to read.
-    pub(crate) fn drain_subscriptions(&mut self, node: &NodeInner) -> bool {
-        let me = node.me();
+    pub(crate) fn drain_subscriptions(&mut self, node: &NodeCore) -> bool {
+        let me = Me::from(node);
         for _ in 0..MAX_DRAIN {
             let Ok(msg) = self.sock.recv_msg(zmq::DONTWAIT) else {
                 return false;

@@ -1,21 +1,32 @@
 //! The peer-to-peer backend: every node binds its own ZeroMQ sockets
 //! (data XPUBs, a liveliness XPUB, a control ROUTER, services' ROUTERs),
 //! and the node thread polls them (docs/internals.md).
+//!
+//! It knows nothing of the layers above it: the node thread reaches the
+//! node through [`control::Host`], a subscription's closed connections
+//! through [`sub_link::ConnectionWatcher`].
 
 pub(crate) mod call_link;
 pub(crate) mod control;
 pub(crate) mod data;
 pub(crate) mod serve_link;
+pub(crate) mod static_peers;
 pub(crate) mod sub_link;
 // libzmq's calls that the zmq crate does not wrap.
 #[allow(unsafe_code)]
 pub(crate) mod zmq_io;
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use milonga_wire::NodeId;
 
+use crate::model::config::Transport;
 use crate::model::error::{IntoTransport, OpenError};
+use crate::model::node::NodeCore;
+use crate::model::qos::Reliability;
+use crate::util::lock;
+use data::DataSocket;
 pub(crate) use zmq_io::ContextRef;
 
 /// Wakes the node thread: one end of an inproc PAIR.
@@ -45,5 +56,177 @@ impl NodeWaker {
     /// Wakes the node thread now rather than at its next turn.
     pub(crate) fn wake(&self) {
         let _ = crate::util::lock(&self.0).send(&[][..], zmq::DONTWAIT);
+    }
+}
+
+/// One node's peer-to-peer resources: the ZeroMQ context, its data
+/// sockets, the monitors handed to the node thread, and the thread's
+/// waker. Owned by the session; everything here is reached through its
+/// methods.
+pub(crate) struct P2p {
+    core: Arc<NodeCore>,
+    /// A reliable publisher left a batch for the node thread to send.
+    batch_pending: AtomicBool,
+    waker: NodeWaker,
+    /// Lock order: after the session's state, before a data socket.
+    sockets: Mutex<Sockets>,
+    // Declared last: sockets above are closed before the context goes.
+    ctx: ContextRef,
+}
+
+/// What [`P2p::sockets`] guards.
+#[derive(Default)]
+struct Sockets {
+    data_best_effort: Option<Arc<DataSocket>>,
+    data_reliable: Option<Arc<DataSocket>>,
+    /// Monitors created since the node thread last looked: of data
+    /// sockets (counted), of subscriptions (closed connections), of
+    /// services (counted while the service lives).
+    new: control::NewMonitors,
+}
+
+impl P2p {
+    /// The backend of node `core`, and the node thread's end of its waker.
+    pub(crate) fn new(core: Arc<NodeCore>) -> Result<(P2p, WakeRx), OpenError> {
+        let ctx = ContextRef::acquire();
+        let (waker, wake_rx) = NodeWaker::pair(&ctx, core.id)?;
+        Ok((
+            P2p {
+                core,
+                batch_pending: AtomicBool::new(false),
+                waker,
+                sockets: Mutex::new(Sockets::default()),
+                ctx,
+            },
+            wake_rx,
+        ))
+    }
+
+    pub(crate) fn core(&self) -> &NodeCore {
+        &self.core
+    }
+
+    pub(crate) fn ctx(&self) -> &ContextRef {
+        &self.ctx
+    }
+
+    /// Wakes the node thread now rather than at its next turn.
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+    }
+
+    /// A reliable publisher left a batch for the node thread to send.
+    pub(crate) fn note_batch_pending(&self) {
+        self.batch_pending.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    /// Whether a reliable batch waits for the node thread.
+    pub(crate) fn batch_pending(&self) -> bool {
+        self.batch_pending.load(Ordering::Acquire)
+    }
+
+    /// The waiting batch left (or there is no reliable socket).
+    fn batch_sent(&self) {
+        self.batch_pending.store(false, Ordering::Release);
+    }
+
+    /// Whether this node has a data socket, whose subscriptions, history
+    /// queries and filter declarations the node thread reads every turn.
+    fn has_data_sockets(&self) -> bool {
+        let s = lock(&self.sockets);
+        s.data_best_effort.is_some() || s.data_reliable.is_some()
+    }
+
+    /// The monitors created since the node thread last looked.
+    fn take_new_monitors(&self) -> control::NewMonitors {
+        std::mem::take(&mut lock(&self.sockets).new)
+    }
+
+    /// The endpoint to bind for a new socket of role `role` (`c`, `be`, `r`,
+    /// `hb`, `sN`), unless the configuration fixes it.
+    pub(crate) fn endpoint_for(&self, role: &str, fixed: Option<&String>) -> String {
+        if let Some(e) = fixed {
+            return e.clone();
+        }
+        let id = self.core.id.to_hex();
+        let cfg = &self.core.cfg;
+        match cfg.transport {
+            Transport::Tcp => format!("tcp://{}:*", cfg.tcp_host),
+            Transport::Ipc => {
+                let dir = cfg.runtime_root().join(&self.core.domain);
+                format!("ipc://{}/{}-{role}.sock", dir.display(), &id[..12])
+            }
+            Transport::Inproc => format!("inproc://milonga-{id}-{role}"),
+        }
+    }
+
+    /// The data socket for `reliability`, created on first use; whether it
+    /// was (the announcement then names it).
+    pub(crate) fn data_socket(
+        &self,
+        reliability: Reliability,
+    ) -> Result<(Arc<DataSocket>, bool), OpenError> {
+        let mut s = lock(&self.sockets);
+        let slot = match reliability {
+            Reliability::BestEffort => &mut s.data_best_effort,
+            Reliability::Reliable => &mut s.data_reliable,
+        };
+        if let Some(d) = slot {
+            return Ok((d.clone(), false));
+        }
+        let (d, monitor) = DataSocket::open(self, reliability)?;
+        let d = Arc::new(d);
+        *slot = Some(d.clone());
+        s.new.data.push(monitor);
+        drop(s);
+        // From now on the node thread reads this socket every turn.
+        self.wake();
+        Ok((d, true))
+    }
+
+    /// The data sockets: best effort, reliable.
+    pub(crate) fn data_sockets(&self) -> [Option<Arc<DataSocket>>; 2] {
+        let s = lock(&self.sockets);
+        [s.data_best_effort.clone(), s.data_reliable.clone()]
+    }
+
+    /// Where the data sockets are bound: best effort, reliable.
+    pub(crate) fn data_endpoints(&self) -> [Option<String>; 2] {
+        self.data_sockets()
+            .map(|d| d.as_ref().map(|d| d.endpoint.clone()))
+    }
+
+    /// Hands the node thread the monitor of a subscription's socket: it
+    /// tells `watcher` of the connections that close.
+    pub(crate) fn watch_subscription(
+        &self,
+        watcher: Weak<dyn sub_link::ConnectionWatcher>,
+        monitor: sub_link::Monitor,
+    ) {
+        lock(&self.sockets).new.subs.push((watcher, monitor));
+        // The node thread may be asleep until its next timer; it must
+        // watch the new monitor now.
+        self.wake();
+    }
+
+    /// Hands the node thread the monitor of a service's socket, counted
+    /// while `service` lives.
+    pub(crate) fn watch_service(
+        &self,
+        service: Weak<dyn std::any::Any + Send + Sync>,
+        monitor: serve_link::ServeMonitor,
+    ) {
+        lock(&self.sockets).new.services.push((service, monitor));
+        self.wake();
+    }
+
+    /// Gives a reliable batch still waiting up to `close_linger_ms` to
+    /// leave (the node is closing).
+    pub(crate) fn flush_at_close(&self) {
+        let reliable = lock(&self.sockets).data_reliable.clone();
+        if let Some(d) = reliable {
+            lock(&d.sock).flush_at_close(self.core.cfg.close_linger_ms, &self.core.counters);
+        }
     }
 }

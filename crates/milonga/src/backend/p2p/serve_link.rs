@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use crate::backend::p2p::zmq_io::{self, message_bytes, recv_parts};
+use crate::backend::p2p::P2p;
 use crate::model::error::{IntoTransport, OpenError, TransportError};
-use crate::session::NodeInner;
 
 /// The ROUTER socket of one service.
 pub(crate) struct ServeLink {
@@ -37,43 +37,43 @@ impl ServeLink {
     /// Binds service number `n` of `node` at `endpoint`: the link, its
     /// waker, the endpoint bound and the monitor's reader.
     pub(crate) fn open(
-        node: &NodeInner,
+        p2p: &P2p,
         n: u64,
         endpoint: &str,
     ) -> Result<(ServeLink, ServeWaker, String, ServeMonitor), OpenError> {
-        let sock = node.ctx.socket(zmq::ROUTER)?;
+        let sock = p2p.ctx().socket(zmq::ROUTER)?;
         let opt_err = |source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: endpoint.to_owned(),
             source: source.transport(),
         };
-        zmq_io::apply_common(&sock, &node.cfg).map_err(opt_err)?;
+        zmq_io::apply_common(&sock, &p2p.core().cfg).map_err(opt_err)?;
         // A reply to a caller that has gone fails (and is counted) rather
         // than vanishing.
         sock.set_router_mandatory(true).map_err(opt_err)?;
         // Replies already queued get a moment to leave when the service goes.
         // Negative (wait forever) is capped like any long wait.
-        let linger = if node.cfg.close_linger_ms < 0 {
+        let linger = if p2p.core().cfg.close_linger_ms < 0 {
             1000
         } else {
-            node.cfg.close_linger_ms.min(1000)
+            p2p.core().cfg.close_linger_ms.min(1000)
         };
         sock.set_linger(linger).map_err(opt_err)?;
         let bound = zmq_io::bind(&sock, endpoint)?;
-        let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", node.id);
+        let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", p2p.core().id);
         let wake_err = |source: zmq::Error| OpenError::Socket {
             action: "bind or connect",
             endpoint: wake_ep.clone(),
             source: source.transport(),
         };
         sock.bind(&wake_ep).map_err(wake_err)?;
-        let waker = node.ctx.socket(zmq::DEALER)?;
+        let waker = p2p.ctx().socket(zmq::DEALER)?;
         waker.set_linger(0).map_err(wake_err)?;
         waker.connect(&wake_ep).map_err(wake_err)?;
         // Created last: nothing fallible follows before the link owns the
         // socket, whose `Drop` stops the monitor before the reader goes.
         let monitor = Arc::new(Mutex::new(crate::backend::p2p::control::monitor(
-            node,
+            p2p,
             &sock,
             &format!("s{n}"),
         )?));

@@ -10,9 +10,9 @@ use std::sync::Mutex;
 use bytes::Bytes;
 
 use crate::backend::p2p::zmq_io::{self, message_bytes};
+use crate::backend::p2p::P2p;
 use crate::engine::subscription::Link;
 use crate::model::error::{IntoTransport, OpenError, TransportError};
-use crate::session::NodeInner;
 
 /// Prefix of the wake-up messages a subscription's own inproc PUB sends to
 /// its SUB socket, so that a thread blocked in `recv` on that one socket
@@ -34,6 +34,16 @@ pub(crate) struct Waker(Mutex<zmq::Socket>);
 /// by the node thread.
 pub(crate) struct Monitor(pub(crate) zmq::Socket);
 
+/// What the node thread tells a subscription of its socket's connections.
+pub(crate) trait ConnectionWatcher: Send + Sync {
+    /// The connection to `endpoint` closed.
+    fn connection_closed(&self, endpoint: String);
+    /// The node thread stopped: the monitor's reader goes back to the
+    /// subscription, to be dropped after its socket (libzmq blocks on a
+    /// monitor event nobody can take).
+    fn monitor_back(&self, monitor: Monitor);
+}
+
 /// What a receive found.
 pub(crate) enum Incoming {
     /// A data message: its first frame, and the payload frame if the
@@ -50,7 +60,7 @@ impl SubLink {
     /// `prefixes` (and to wake-ups), with a receive high-water mark of
     /// `hwm` messages.
     pub(crate) fn open(
-        node: &NodeInner,
+        p2p: &P2p,
         id: u64,
         what: &str,
         prefixes: Vec<Vec<u8>>,
@@ -58,13 +68,13 @@ impl SubLink {
     ) -> Result<(SubLink, Waker, Monitor), OpenError> {
         // XSUB rather than SUB: it can send history queries upstream, on the
         // same connections as its subscriptions (docs/protocol.md §4.2).
-        let sock = node.ctx.socket(zmq::XSUB)?;
+        let sock = p2p.ctx().socket(zmq::XSUB)?;
         let cfg_err = |source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: format!("subscription {what}"),
             source: source.transport(),
         };
-        zmq_io::apply_common(&sock, &node.cfg).map_err(cfg_err)?;
+        zmq_io::apply_common(&sock, &p2p.core().cfg).map_err(cfg_err)?;
         sock.set_rcvhwm(hwm).map_err(cfg_err)?;
         for p in prefixes.iter().map(Vec::as_slice).chain([WAKE]) {
             let mut msg = Vec::with_capacity(p.len() + 1);
@@ -72,14 +82,14 @@ impl SubLink {
             msg.extend_from_slice(p);
             sock.send(msg, 0).map_err(cfg_err)?;
         }
-        let mon_ep = format!("inproc://milonga-submon-{}-{id}", node.id);
+        let mon_ep = format!("inproc://milonga-submon-{}-{id}", p2p.core().id);
         sock.monitor(&mon_ep, zmq_sys::ZMQ_EVENT_DISCONNECTED as i32)
             .map_err(cfg_err)?;
-        let monitor = node.ctx.socket(zmq::PAIR)?;
+        let monitor = p2p.ctx().socket(zmq::PAIR)?;
         monitor.set_linger(0).map_err(cfg_err)?;
         monitor.connect(&mon_ep).map_err(cfg_err)?;
-        let wake_ep = format!("inproc://milonga-wake-{}-{id}", node.id);
-        let wake_tx = node.ctx.socket(zmq::PUB)?;
+        let wake_ep = format!("inproc://milonga-wake-{}-{id}", p2p.core().id);
+        let wake_tx = p2p.ctx().socket(zmq::PUB)?;
         wake_tx.set_linger(0).map_err(cfg_err)?;
         wake_tx.set_sndhwm(4).map_err(cfg_err)?;
         zmq_io::bind(&wake_tx, &wake_ep)?;

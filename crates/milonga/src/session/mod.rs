@@ -1,0 +1,467 @@
+//! One node's state, shared by its handle, publishers, subscribers,
+//! services and thread: who it is ([`NodeCore`]), what it declared, the
+//! peers discovery shows, its call routes, and its backend. Every field is
+//! private: the handles reach it through the methods below. Who may touch
+//! what, and the lock order: docs/internals.md.
+
+pub(crate) mod callers;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+
+use milonga_wire::{KeyExpr, NodeId};
+
+use crate::backend::p2p::control::{self, Host};
+use crate::backend::p2p::data::DataSocket;
+use crate::backend::p2p::P2p;
+use crate::discovery::local::LocalSource;
+use crate::discovery::{process_start_time, Announcement, LocalDir, PublicationInfo};
+use crate::engine::routes::Routes;
+use crate::model::config::{parse_locator, Config, Transport};
+use crate::model::error::OpenError;
+use crate::model::node::NodeCore;
+use crate::model::qos::Reliability;
+use crate::util::lock;
+use crate::util::stats::Counters;
+use callers::Callers;
+use milonga_wire::announce::ServiceInfo;
+
+/// What the node asks of each of its subscriptions when the peers change.
+pub(crate) trait RouteTarget: Send + Sync {
+    /// The key expression it follows.
+    fn expr(&self) -> &KeyExpr;
+    /// Where it should be connected and which publishers it follows.
+    fn set_routes(&self, routes: Routes);
+    /// Wakes a thread blocked on it (the node closed).
+    fn wake(&self);
+}
+
+/// What [`NodeInner::state`] guards.
+#[derive(Default)]
+struct NodeState {
+    /// Declared publications: key -> (reliability, history depth).
+    publications: BTreeMap<String, (Reliability, usize)>,
+    /// Services served, by key.
+    services: BTreeMap<String, ServiceInfo>,
+    subs: Vec<Weak<dyn RouteTarget>>,
+    /// Live peers by node id (hex), this node included.
+    peers: BTreeMap<String, Announcement>,
+    /// The announcement changed since it was last published.
+    announce_dirty: bool,
+    /// Last sequence number of keys whose publisher was dropped.
+    last_seq: HashMap<String, u64>,
+    /// The sequence counters of the live publishers, by key: a goodbye
+    /// tells subscribers the last sequence number of each key.
+    pub_seqs: HashMap<String, Arc<AtomicU64>>,
+}
+
+/// Shared by the node handle, its publishers, subscribers and its thread.
+pub(crate) struct NodeInner {
+    core: Arc<NodeCore>,
+    /// Lock order: the local directory, then this, then a subscription's
+    /// target, then the backend's sockets.
+    state: Mutex<NodeState>,
+    local: Option<Arc<Mutex<LocalDir>>>,
+    control_endpoint: String,
+    host: String,
+    start_time: u64,
+    next_sub_id: AtomicU64,
+    next_service_id: AtomicU64,
+    /// Calls: the servers discovery knows, and their connections.
+    callers: Callers,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Where the node thread publishes heartbeats.
+    liveliness_endpoint: String,
+    // Declared last: sockets above are closed before the context goes.
+    p2p: P2p,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned())
+}
+
+/// Refuses a configuration that cannot work, before anything is bound.
+fn check(cfg: &Config) -> Result<(), OpenError> {
+    for (key, v) in [
+        ("send_hwm", cfg.send_hwm),
+        ("reliable_send_hwm", cfg.reliable_send_hwm),
+        ("recv_hwm", cfg.recv_hwm),
+    ] {
+        if v < 1 {
+            return Err(OpenError::Config {
+                key: key.into(),
+                why: format!(
+                    "{v} is not a number of messages (at least 1); ZeroMQ would take 0 as no limit"
+                ),
+            });
+        }
+    }
+    if cfg.heartbeat_interval_ms < 1 || cfg.heartbeat_timeout_ms <= cfg.heartbeat_interval_ms {
+        return Err(OpenError::Config {
+            key: "heartbeat_timeout_ms".into(),
+            why: format!(
+                "the lease ({} ms) must be longer than the heartbeat interval ({} ms), which must be at least 1 ms",
+                cfg.heartbeat_timeout_ms, cfg.heartbeat_interval_ms
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl NodeInner {
+    /// Opens a node: checks the configuration, binds its sockets, starts
+    /// its thread, which finds the peers that exist now and announces it.
+    pub(crate) fn open(cfg: Config) -> Result<Arc<NodeInner>, OpenError> {
+        let loc = parse_locator(&cfg.locator)?;
+        let mut id = [0u8; 16];
+        getrandom::fill(&mut id).map_err(|e| OpenError::Config {
+            key: "node id".into(),
+            why: format!("no randomness available: {e}"),
+        })?;
+        let host = hostname();
+        let pid = std::process::id();
+        let name = format!("{}@{host}:{pid}", cfg.name);
+        let local = if cfg.local_discovery || cfg.transport == Transport::Ipc {
+            let (root, private) = cfg.runtime_root_checked();
+            let dir = LocalDir::open(&root, &loc.domain, private).map_err(|source| {
+                OpenError::RuntimeDir {
+                    path: root.display().to_string(),
+                    source,
+                }
+            })?;
+            Some(Arc::new(Mutex::new(dir)))
+        } else {
+            None
+        };
+        check(&cfg)?;
+        let core = Arc::new(NodeCore::new(NodeId(id), name, loc.domain, cfg));
+        let (p2p, wake_rx) = P2p::new(core.clone())?;
+        let socks = control::bind_node(&p2p)?;
+        let inner = Arc::new(NodeInner {
+            core: core.clone(),
+            state: Mutex::new(NodeState::default()),
+            local: local.clone(),
+            control_endpoint: socks.control_endpoint.clone(),
+            liveliness_endpoint: socks.liveliness_endpoint.clone(),
+            host,
+            start_time: process_start_time(pid).unwrap_or(0),
+            next_sub_id: AtomicU64::new(1),
+            next_service_id: AtomicU64::new(1),
+            callers: Callers::default(),
+            thread: Mutex::new(None),
+            p2p,
+        });
+        let local = local.map(|dir| LocalSource::new(core, dir));
+        match control::start(&inner, socks, wake_rx, local) {
+            Ok(th) => *lock(&inner.thread) = Some(th),
+            Err(e) => {
+                inner.close();
+                return Err(e);
+            }
+        }
+        tracing::debug!(node = %inner.core.name, id = %inner.core.id, domain = %inner.core.domain, "node open");
+        Ok(inner)
+    }
+
+    /// Who this node is, its configuration and counters.
+    pub(crate) fn core(&self) -> &NodeCore {
+        &self.core
+    }
+
+    pub(crate) fn id(&self) -> NodeId {
+        self.core.id
+    }
+
+    pub(crate) fn cfg(&self) -> &Config {
+        &self.core.cfg
+    }
+
+    pub(crate) fn counters(&self) -> &Arc<Counters> {
+        &self.core.counters
+    }
+
+    /// Whether the node is closing or closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.core.is_closed()
+    }
+
+    /// The peer-to-peer backend's resources.
+    pub(crate) fn backend(&self) -> &P2p {
+        &self.p2p
+    }
+
+    pub(crate) fn callers(&self) -> &Callers {
+        &self.callers
+    }
+
+    /// The control endpoint (peer-to-peer).
+    pub(crate) fn control_endpoint(&self) -> &str {
+        &self.control_endpoint
+    }
+
+    /// A number for the next subscription.
+    pub(crate) fn next_sub_id(&self) -> u64 {
+        self.next_sub_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A number for the next service's endpoint.
+    pub(crate) fn next_service_id(&self) -> u64 {
+        self.next_service_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The peers discovery shows now, this node included.
+    pub(crate) fn peers(&self) -> Vec<Announcement> {
+        lock(&self.state).peers.values().cloned().collect()
+    }
+
+    /// Whether discovery shows node `id` now.
+    pub(crate) fn knows_peer(&self, id: NodeId) -> bool {
+        lock(&self.state).peers.contains_key(&id.to_hex())
+    }
+
+    /// The data socket for `reliability`, created on first use (the
+    /// announcement then names it).
+    pub(crate) fn data_socket(
+        &self,
+        reliability: Reliability,
+    ) -> Result<Arc<DataSocket>, OpenError> {
+        let (d, created) = self.p2p.data_socket(reliability)?;
+        if created {
+            lock(&self.state).announce_dirty = true;
+        }
+        Ok(d)
+    }
+
+    /// Declares a publication of `key`: `None` if one is declared already,
+    /// else the last sequence number an earlier publisher of `key` in this
+    /// node sent (0 if none), which the new one continues.
+    pub(crate) fn declare_publication(
+        &self,
+        key: &str,
+        reliability: Reliability,
+        history: usize,
+    ) -> Option<u64> {
+        let mut st = lock(&self.state);
+        if st.publications.contains_key(key) {
+            return None;
+        }
+        st.publications
+            .insert(key.to_owned(), (reliability, history));
+        Some(st.last_seq.get(key).copied().unwrap_or(0))
+    }
+
+    /// The publisher of `key` is ready: its sequence counter goes into the
+    /// goodbye, and the announcement names it.
+    pub(crate) fn publisher_started(&self, key: &str, seq: Arc<AtomicU64>) {
+        lock(&self.state).pub_seqs.insert(key.to_owned(), seq);
+        self.announce();
+    }
+
+    /// The publisher of `key` went, having sent up to `last`.
+    pub(crate) fn undeclare_publication(&self, key: &str, last: u64) {
+        let removed = {
+            let mut st = lock(&self.state);
+            st.last_seq.insert(key.to_owned(), last);
+            st.pub_seqs.remove(key);
+            st.publications.remove(key).is_some()
+        };
+        if removed && !self.is_closed() {
+            self.announce();
+        }
+    }
+
+    /// Whether a service of `key` is served by this node.
+    pub(crate) fn serves(&self, key: &str) -> bool {
+        lock(&self.state).services.contains_key(key)
+    }
+
+    /// Adds the service `info` to the announcement, unless `key` is served
+    /// already (another thread served it meanwhile): whether it was added.
+    pub(crate) fn declare_service(&self, info: ServiceInfo) -> bool {
+        {
+            let mut st = lock(&self.state);
+            if st.services.contains_key(&info.key) {
+                return false;
+            }
+            st.services.insert(info.key.clone(), info);
+        }
+        self.announce();
+        true
+    }
+
+    /// Removes the service of `key` at `endpoint` from the announcement
+    /// (its handle was dropped).
+    pub(crate) fn withdraw_service(&self, key: &str, endpoint: &str) {
+        let removed = {
+            let mut st = lock(&self.state);
+            let mine = st.services.get(key).is_some_and(|s| s.endpoint == endpoint);
+            mine && st.services.remove(key).is_some()
+        };
+        if removed {
+            self.announce();
+        }
+    }
+
+    /// Adds a subscription, connected before this returns to the
+    /// publishers known now.
+    pub(crate) fn add_subscription(&self, sub: Weak<dyn RouteTarget>) {
+        let mut st = lock(&self.state);
+        if let Some(s) = sub.upgrade() {
+            connect_subscription(&st, &*s);
+        }
+        st.subs.push(sub);
+    }
+
+    /// The announcement of this node as `st` describes it.
+    fn announcement_of(&self, st: &NodeState) -> Announcement {
+        let [best_effort, reliable] = self.p2p.data_endpoints();
+        Announcement {
+            protocol: milonga_wire::frame::PROTOCOL_VERSION,
+            domain: self.core.domain.clone(),
+            node_id: self.core.id.to_hex(),
+            name: self.core.name.clone(),
+            host: self.host.clone(),
+            pid: std::process::id(),
+            start_time: self.start_time,
+            control: self.control_endpoint.clone(),
+            data_best_effort: best_effort,
+            data_reliable: reliable,
+            liveliness: Some(self.liveliness_endpoint.clone()),
+            publications: st
+                .publications
+                .iter()
+                .map(|(k, (r, h))| PublicationInfo {
+                    key: k.clone(),
+                    reliability: *r,
+                    history: *h,
+                })
+                .collect(),
+            services: st.services.values().cloned().collect(),
+        }
+    }
+
+    /// Publishes the current announcement: in the local directory, and in
+    /// the peer table so that this node's own subscriptions see it.
+    ///
+    /// The directory lock is held from building to writing (lock order:
+    /// directory, then state), so that two concurrent announcements cannot
+    /// write an older one last, and none is written after `close`.
+    pub(crate) fn announce(&self) {
+        let dir = self.local.as_deref().map(lock);
+        if self.is_closed() {
+            return;
+        }
+        let a = {
+            let mut st = lock(&self.state);
+            st.announce_dirty = false;
+            let a = self.announcement_of(&st);
+            st.peers.insert(a.node_id.clone(), a.clone());
+            a
+        };
+        if let Some(dir) = dir {
+            if let Err(err) = dir.write(&a) {
+                tracing::warn!(%err, "cannot write the local announcement");
+            }
+        }
+        self.reconcile();
+    }
+
+    /// Connects every subscription to the data endpoints of the peers that
+    /// publish keys it matches, and disconnects it from the others; updates
+    /// the call routes.
+    ///
+    /// Runs with the state lock held, so that a caller with an older view of
+    /// the peers cannot overwrite a newer one (lock order: state, then a
+    /// subscription's target; the subscription socket is only try-locked).
+    fn reconcile(&self) {
+        let mut st = lock(&self.state);
+        st.subs.retain(|w| w.strong_count() > 0);
+        let subs: Vec<_> = st.subs.iter().filter_map(Weak::upgrade).collect();
+        self.callers.update(&st.peers.values().collect::<Vec<_>>());
+        for s in subs {
+            connect_subscription(&st, &*s);
+        }
+    }
+
+    /// Closes the node (idempotent): stops its thread (which says goodbye),
+    /// gives a waiting reliable batch the linger time, wakes its
+    /// subscriptions and withdraws its announcement.
+    pub(crate) fn close(&self) {
+        if self.core.mark_closed() {
+            return;
+        }
+        self.p2p.wake();
+        if let Some(th) = lock(&self.thread).take() {
+            let _ = th.join();
+        }
+        self.p2p.flush_at_close();
+        let subs: Vec<_> = {
+            let mut st = lock(&self.state);
+            st.publications.clear();
+            std::mem::take(&mut st.subs)
+        };
+        for s in subs.iter().filter_map(Weak::upgrade) {
+            s.wake();
+        }
+        if let Some(dir) = &self.local {
+            let mut dir = lock(dir);
+            let a = self.announcement_of(&lock(&self.state));
+            crate::discovery::remove_ipc_files(&a, &dir.dir, true);
+            dir.remove(&self.core.id.to_hex());
+        }
+        tracing::debug!(node = %self.core.name, "node closed");
+    }
+}
+
+/// Points one subscription at the data and liveliness endpoints of the
+/// peers in `st` that publish keys it matches.
+fn connect_subscription(st: &NodeState, s: &dyn RouteTarget) {
+    let peers: Vec<&Announcement> = st.peers.values().collect();
+    s.set_routes(crate::engine::routes::routes_for(s.expr(), &peers));
+}
+
+impl Host for NodeInner {
+    fn p2p(&self) -> &P2p {
+        &self.p2p
+    }
+
+    fn announcement(&self) -> Announcement {
+        self.announcement_of(&lock(&self.state))
+    }
+
+    fn reannounce(&self, only_if_changed: bool) {
+        if !only_if_changed || lock(&self.state).announce_dirty {
+            NodeInner::announce(self);
+        }
+    }
+
+    fn set_peers(&self, mut peers: BTreeMap<String, Announcement>) {
+        let changed = {
+            let mut st = lock(&self.state);
+            let me = self.announcement_of(&st);
+            peers.insert(me.node_id.clone(), me);
+            if st.peers != peers {
+                st.peers = peers;
+                true
+            } else {
+                false
+            }
+        };
+        if changed {
+            self.reconcile();
+        }
+    }
+
+    fn last_seqs(&self) -> Vec<(String, u64)> {
+        let st = lock(&self.state);
+        let mut last: BTreeMap<String, u64> = st.last_seq.clone().into_iter().collect();
+        for (k, s) in &st.pub_seqs {
+            last.insert(k.clone(), s.load(Ordering::Relaxed));
+        }
+        last.into_iter().collect()
+    }
+}
