@@ -175,6 +175,10 @@ fn finding_02_trailing_losses_are_reported_at_the_goodbye() {
     let mut cfg = env.config("trailing-pub");
     cfg.transport = milonga::Transport::Inproc;
     cfg.send_hwm = 1;
+    // Heartbeats every 10 ms pile up for the subscriber that reads
+    // nothing: the goodbye must still get through (it used to be dropped
+    // once two waited, the data high-water mark applying to heartbeats).
+    cfg.heartbeat_interval_ms = 10;
     let publ = Node::open_with(cfg).unwrap();
     let p = publ.publisher("tr/x").unwrap();
     let mut cfg = env.config("trailing-sub");
@@ -188,6 +192,7 @@ fn finding_02_trailing_losses_are_reported_at_the_goodbye() {
     for i in 0..100u64 {
         p.put(i).unwrap();
     }
+    std::thread::sleep(Duration::from_millis(200));
     drop(p);
     publ.close();
     let mut ledger = SeqLedger::default();

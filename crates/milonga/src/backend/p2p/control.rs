@@ -94,6 +94,10 @@ fn liveliness_socket(p2p: &P2p) -> Result<zmq::Socket, OpenError> {
         source: source.transport(),
     };
     zmq_io::apply_common(&sock, cfg).map_err(err)?;
+    // Not the data high-water mark: with a small one, the heartbeats that
+    // wait for a subscriber that is not reading would crowd out the
+    // goodbye, and with it the report of its trailing losses.
+    sock.set_sndhwm(LIVELINESS_HWM).map_err(err)?;
     // Subscriptions, and the history queries and filter declarations a
     // subscription sends to all its connections (ignored here).
     sock.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
@@ -110,6 +114,11 @@ fn liveliness_socket(p2p: &P2p) -> Result<zmq::Socket, OpenError> {
     sock.set_linger(linger).map_err(err)?;
     Ok(sock)
 }
+
+/// Heartbeats queued per subscriber of the liveliness socket (about 60
+/// bytes each): a subscriber that reads nothing for this many heartbeat
+/// intervals may miss the goodbye (docs/guarantees.md).
+const LIVELINESS_HWM: i32 = 1000;
 
 /// Most keys whose last sequence number a goodbye carries.
 pub(crate) const MAX_GOODBYE_KEYS: usize = 8192;
