@@ -2,7 +2,7 @@
 # two commands of the README; .ci/run calls `make test`.
 CARGO ?= cargo
 
-.PHONY: setup demo test lint unit python pytest fuzz-smoke bench chaos fuzz clean
+.PHONY: setup demo test lint unit python pytest fuzz-smoke bench chaos fuzz clean coverage
 
 # The Python package lives in its own virtual environment.
 PYTHON ?= python3
@@ -39,6 +39,20 @@ pytest: python
 	cd python/tests && ../.venv/bin/python -m pytest
 
 test: lint unit pytest
+
+# Line coverage of the engine by its own unit tests (no sockets), the
+# figure docs/internals.md quotes. Not part of `test`: it builds the crate
+# again, instrumented, in target/coverage.
+LLVM_BIN = $(shell rustc --print sysroot)/lib/rustlib/$(shell rustc -vV | sed -n 's/^host: //p')/bin
+coverage:
+	rustup component add llvm-tools-preview
+	rm -rf target/coverage/prof && mkdir -p target/coverage/prof
+	RUSTFLAGS="-C instrument-coverage" LLVM_PROFILE_FILE=$(CURDIR)/target/coverage/prof/%p-%m.profraw \
+		$(CARGO) test -p milonga --lib --target-dir target/coverage engine::
+	$(LLVM_BIN)/llvm-profdata merge -sparse target/coverage/prof/*.profraw -o target/coverage/engine.profdata
+	$(LLVM_BIN)/llvm-cov report --ignore-filename-regex='milonga-wire|/(api|backend|session|discovery|model|util)/|\.cargo|rustc' \
+		--instr-profile=target/coverage/engine.profdata \
+		$$(ls -t target/coverage/debug/deps/milonga-* | grep -v '\.d$$' | head -1)
 
 # The runs recorded in docs/benchmarks.md: throughput and latency on tcp and
 # ipc, liveliness detection, call deadlines, discovery of 100 nodes, idle memory.

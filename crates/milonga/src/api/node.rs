@@ -152,7 +152,8 @@ impl Node {
         let shared = Arc::new(SubShared::new(&self.inner, id, expr, &qos)?);
         let routed: Arc<dyn RouteTarget> = shared.clone();
         self.inner.add_subscription(Arc::downgrade(&routed));
-        if let Some(m) = lock(&shared.monitor).take() {
+        let monitor = lock(&shared.monitor).take();
+        if let Some(m) = monitor {
             let watcher: Arc<dyn crate::backend::p2p::sub_link::ConnectionWatcher> = shared.clone();
             self.inner
                 .backend()

@@ -37,6 +37,11 @@ pub(crate) trait Link {
     /// Sends a message upstream to every connected publisher (a history
     /// query, a filter declaration), without waiting.
     fn send(&mut self, msg: Vec<u8>) -> Result<(), TransportError>;
+    /// The time now: the engine reads no clock of its own, so that its
+    /// tests set the time (messages handled, routes applied; timers take
+    /// theirs as an argument). Read only where a message needs it (a
+    /// heartbeat, a deadline, a join), never for a plain sample.
+    fn now(&self) -> Instant;
 }
 
 /// A subscription's receive state and its link: everything the thread
@@ -362,7 +367,7 @@ impl Subscription {
         // reported a moment later (a closing node says goodbye before its
         // announcement goes, but discovery may be quicker than the
         // goodbye), and their liveliness connection is kept until then.
-        let now = Instant::now();
+        let now = io.link.now();
         let mut departs = false;
         let mut back = Vec::new();
         for (id, p) in io.publishers.iter_mut() {
@@ -715,7 +720,7 @@ impl Subscription {
             tracing::warn!(publisher = %node, %err, "cannot send a history query");
             return false;
         }
-        let now = Instant::now();
+        let now = io.link.now();
         let j = io.joins.entry(node).or_insert_with(|| Join {
             pending: BTreeSet::new(),
             replies: Vec::new(),
@@ -968,7 +973,7 @@ impl Subscription {
         }
         p.closed = false;
         p.alive = true;
-        let now = heard.unwrap_or_else(Instant::now);
+        let now = heard.unwrap_or_else(|| io.link.now());
         p.last_heard = now;
         let name = p.name.clone();
         io.arm(now + self.lease);
@@ -1093,7 +1098,8 @@ impl Subscription {
             return;
         };
         if !hb.leaving {
-            self.note_alive(io, node, Some(Instant::now()));
+            let now = io.link.now();
+            self.note_alive(io, node, Some(now));
             return;
         }
         // Sequence numbers of filtered copies are not the key's.
@@ -1136,7 +1142,7 @@ impl Subscription {
 
     /// Notes that `key` spoke, for its deadline.
     fn note_deadline<L: Link>(io: &mut SubState<L>, d: Duration, key: &str) {
-        let now = Instant::now();
+        let now = io.link.now();
         let full = io.deadlines.len() >= MAX_DEADLINE_KEYS;
         match io.deadlines.get_mut(key) {
             Some(k) => {
@@ -1530,11 +1536,23 @@ mod tests {
     use crate::engine::routes::routes_for;
 
     /// A link that records what the subscription asks of it.
-    #[derive(Default)]
     struct Recorder {
         connected: Vec<String>,
         disconnected: Vec<String>,
         sent: Vec<Vec<u8>>,
+        /// The time the engine reads: tests move it.
+        now: Instant,
+    }
+
+    impl Default for Recorder {
+        fn default() -> Recorder {
+            Recorder {
+                connected: Vec::new(),
+                disconnected: Vec::new(),
+                sent: Vec::new(),
+                now: Instant::now(),
+            }
+        }
     }
 
     impl Link for Recorder {
@@ -1548,6 +1566,9 @@ mod tests {
         fn send(&mut self, msg: Vec<u8>) -> Result<(), TransportError> {
             self.sent.push(msg);
             Ok(())
+        }
+        fn now(&self) -> Instant {
+            self.now
         }
     }
 
@@ -1764,8 +1785,8 @@ mod tests {
         // Samples 3 and 4 may still be on their way until the data
         // connection closes.
         assert_eq!(f.counters.samples_lost.load(Relaxed), 0);
-        f.core
-            .connections_closed(&mut f.io, vec![BE.into()], Instant::now());
+        let now = f.io.link.now;
+        f.core.connections_closed(&mut f.io, vec![BE.into()], now);
         let lost: Vec<(u64, u64)> = f
             .events()
             .into_iter()
@@ -1786,13 +1807,13 @@ mod tests {
     fn a_silent_publisher_is_lost_when_its_lease_runs_out() {
         let mut f = fixture("sr/**", wants(0, false, None));
         f.route(&announcement("sr/a", Reliability::BestEffort, 0));
-        let t0 = Instant::now();
+        let t0 = f.io.link.now;
         f.receive(heartbeat(false));
         f.events();
         f.core.check_timers(&mut f.io, t0, true);
         assert!(f.events().is_empty(), "the lease still runs");
         let due = f.io.next_timer.expect("a lease to watch");
-        assert!(due > t0 && due <= Instant::now() + LEASE, "{due:?}");
+        assert_eq!(due, t0 + LEASE, "the lease counts from the heartbeat");
         f.core
             .check_timers(&mut f.io, due + Duration::from_millis(1), true);
         let ev = f.events();
@@ -1809,11 +1830,12 @@ mod tests {
         f.route(&announcement("sr/a", Reliability::BestEffort, 0));
         f.receive(sample("sr/a", 1));
         f.events();
-        let later = Instant::now() + d + Duration::from_millis(5);
+        let later = f.io.link.now + d + Duration::from_millis(5);
         f.core.check_timers(&mut f.io, later, true);
         let ev = f.events();
         assert!(
-            matches!(&ev[..], [Event::DeadlineMissed(m)] if m.key == "sr/a" && m.silent_for >= d),
+            matches!(&ev[..], [Event::DeadlineMissed(m)]
+                if m.key == "sr/a" && m.silent_for == d + Duration::from_millis(5)),
             "{ev:?}"
         );
         // Not again before the next period.
@@ -1883,5 +1905,340 @@ mod tests {
         assert_eq!(seqs(&ev), [7, 8, 9], "kept first, then the held live one");
         assert!(ev.iter().any(|e| matches!(e, Event::SubscriptionLive)));
         assert_eq!(f.counters.samples_lost.load(Relaxed), 0);
+    }
+
+    fn lost_reasons(ev: &[Event]) -> Vec<LostReason> {
+        ev.iter()
+            .filter_map(|e| match e {
+                Event::PublisherLost(p) => Some(p.reason),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn losses(ev: &[Event]) -> Vec<(u64, u64)> {
+        ev.iter()
+            .filter_map(|e| match e {
+                Event::Lost(l) => Some((l.first_seq, l.count)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_withdrawn_publication_is_reported_undeclared_once_the_socket_is_drained() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        f.receive(heartbeat(false));
+        f.events();
+        // The node lives on without the publication.
+        f.route(&crate::engine::routes::test_announcement(5, 1, &[]));
+        let t = f.io.link.now + DEPARTURE_GRACE;
+        f.core.check_timers(&mut f.io, t, false);
+        assert!(
+            f.events().is_empty(),
+            "samples may still wait in the socket"
+        );
+        f.core.check_timers(&mut f.io, t, true);
+        assert_eq!(lost_reasons(&f.events()), [LostReason::Undeclared]);
+        assert!(f.io.link.disconnected.contains(&LIVE.to_owned()));
+        // Its data connection stays: the node lives, and may declare again.
+        assert!(!f.io.link.disconnected.contains(&BE.to_owned()));
+    }
+
+    #[test]
+    fn a_node_that_left_the_domain_keeps_its_data_connection_for_a_lease() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        f.receive(sample("sr/a", 1));
+        f.events();
+        let t0 = f.io.link.now;
+        assert!(f.core.set_target(routes_for(&f.core.expr, &[])));
+        f.core.apply(&mut f.io);
+        assert!(
+            f.io.link.disconnected.is_empty(),
+            "its last samples may come"
+        );
+        // Samples already on their way are still delivered.
+        f.receive(sample("sr/a", 2));
+        assert_eq!(seqs(&f.events()), [2]);
+        f.core
+            .check_timers(&mut f.io, t0 + LEASE - Duration::from_millis(1), true);
+        assert!(!f.io.link.disconnected.contains(&BE.to_owned()));
+        f.core.check_timers(&mut f.io, t0 + LEASE, true);
+        assert!(f.io.link.disconnected.contains(&BE.to_owned()));
+    }
+
+    #[test]
+    fn a_closed_liveliness_connection_without_a_goodbye_is_reported_disconnected() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        f.receive(heartbeat(false));
+        f.events();
+        let now = f.io.link.now;
+        f.core.connections_closed(&mut f.io, vec![LIVE.into()], now);
+        assert_eq!(f.counters.connections_closed.load(Relaxed), 1);
+        f.core.check_timers(&mut f.io, now, true);
+        assert!(f.events().is_empty(), "a goodbye may still come");
+        assert_eq!(f.io.next_timer, Some(now + DISCONNECT_GRACE));
+        f.core.check_timers(&mut f.io, now + DISCONNECT_GRACE, true);
+        assert_eq!(lost_reasons(&f.events()), [LostReason::Disconnected]);
+    }
+
+    #[test]
+    fn a_closed_data_connection_is_made_again_after_a_back_off() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        let now = f.io.link.now;
+        f.core.connections_closed(&mut f.io, vec![BE.into()], now);
+        assert_eq!(f.io.link.disconnected, [BE]);
+        // The first back-off: 50 to 100 ms.
+        let at = f.io.next_timer.expect("a back-off");
+        assert!(
+            at >= now + Duration::from_millis(50) && at <= now + Duration::from_millis(100),
+            "{:?}",
+            at - now
+        );
+        f.core.apply(&mut f.io);
+        let count = |f: &Fixture| f.io.link.connected.iter().filter(|e| *e == BE).count();
+        assert_eq!(count(&f), 1, "not before the back-off");
+        f.io.link.now = at;
+        f.core.check_timers(&mut f.io, at, true);
+        f.core.apply(&mut f.io);
+        assert_eq!(count(&f), 2, "connected again");
+    }
+
+    #[test]
+    fn an_undecodable_payload_is_counted_and_takes_its_sequence_number() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        f.receive(sample("sr/a", 1));
+        // 0xff: a CBOR "break" with nothing to end.
+        let bad = frame::encode(
+            &Key::new("sr/a").unwrap(),
+            &header(Kind::Sample, 3, "lab"),
+            &[0xff],
+        );
+        f.receive(bad);
+        f.receive(sample("sr/a", 4));
+        let ev = f.events();
+        assert_eq!(seqs(&ev), [1, 4]);
+        assert_eq!(losses(&ev), [(2, 1)], "2 is lost; 3 arrived, undecodable");
+        assert_eq!(f.counters.payloads_malformed.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn malformed_frames_are_counted_and_dropped() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        f.receive(b"not a frame".to_vec());
+        // A service call on a data connection.
+        f.receive(frame::encode(
+            &Key::new("sr/a").unwrap(),
+            &header(Kind::Request, 1, "lab"),
+            &cbor(&Value::Null),
+        ));
+        // The header says a payload frame follows; none does.
+        let mut h = header(Kind::Sample, 1, "lab");
+        h.flags = FLAG_PAYLOAD_FRAME;
+        f.receive(frame::encode(&Key::new("sr/a").unwrap(), &h, &[]));
+        assert!(f.events().is_empty());
+        assert_eq!(f.counters.frames_malformed.load(Relaxed), 3);
+    }
+
+    #[test]
+    fn a_batch_is_delivered_entry_by_entry_with_consecutive_numbers() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::Reliable, 0));
+        let mut body = Vec::new();
+        for v in [10.0, 11.0, 12.0] {
+            frame::push_batch_entry(&mut body, 7, &cbor(&Value::Float(v)));
+        }
+        f.receive(frame::encode(
+            &Key::new("sr/a").unwrap(),
+            &header(Kind::Batch, 10, "lab"),
+            &body,
+        ));
+        let ev = f.events();
+        assert_eq!(seqs(&ev), [10, 11, 12]);
+        let values: Vec<f64> = ev
+            .iter()
+            .filter_map(|e| e.as_sample().and_then(|s| s.value.as_f64()))
+            .collect();
+        assert_eq!(values, [10.0, 11.0, 12.0]);
+    }
+
+    #[test]
+    fn a_sequence_that_goes_back_or_jumps_is_counted_and_followed() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        f.receive(sample("sr/a", 5));
+        f.receive(sample("sr/a", 2));
+        let far = 2 + crate::engine::seq::MAX_SEQ_JUMP + 10;
+        f.receive(sample("sr/a", far));
+        f.receive(sample("sr/a", far + 1));
+        let ev = f.events();
+        assert_eq!(seqs(&ev), [5, 2, far, far + 1]);
+        assert!(losses(&ev).is_empty(), "neither is a loss");
+        assert_eq!(f.counters.sequence_resets.load(Relaxed), 1);
+        assert_eq!(f.counters.sequence_jumps.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_sample_of_a_node_discovery_does_not_show_is_dropped() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.receive(sample("sr/a", 1));
+        assert!(f.events().is_empty());
+        assert_eq!(f.counters.samples_unknown_publisher.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn an_unanswered_history_query_gives_up_and_goes_live() {
+        let mut f = fixture("sr/**", wants(2, false, None));
+        f.route(&announcement("sr/a", Reliability::Reliable, 10));
+        let t0 = f.io.link.now;
+        f.receive(sample("sr/a", 9));
+        assert!(seqs(&f.events()).is_empty(), "held for the answer");
+        f.core.check_timers(
+            &mut f.io,
+            t0 + JOIN_TIMEOUT - Duration::from_millis(1),
+            true,
+        );
+        assert!(seqs(&f.events()).is_empty());
+        f.core.check_timers(&mut f.io, t0 + JOIN_TIMEOUT, true);
+        let ev = f.events();
+        assert_eq!(seqs(&ev), [9], "the held sample, once");
+        assert!(ev.iter().any(|e| matches!(e, Event::SubscriptionLive)));
+        assert_eq!(f.counters.history_queries_unanswered.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_deadline_counts_from_the_last_sample_of_its_key() {
+        let d = Duration::from_millis(100);
+        let mut f = fixture("sr/**", wants(0, false, Some(d)));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        f.receive(sample("sr/a", 1));
+        f.io.link.now += Duration::from_millis(60);
+        f.receive(sample("sr/a", 2));
+        let t1 = f.io.link.now;
+        f.core
+            .check_timers(&mut f.io, t1 + d - Duration::from_millis(1), true);
+        assert!(f
+            .events()
+            .iter()
+            .all(|e| !matches!(e, Event::DeadlineMissed(_))));
+        f.core.check_timers(&mut f.io, t1 + d, true);
+        let ev = f.events();
+        assert!(
+            matches!(&ev[..], [Event::DeadlineMissed(m)] if m.silent_for == d),
+            "{ev:?}"
+        );
+    }
+
+    #[test]
+    fn a_gap_history_can_fill_is_repaired_not_reported() {
+        let mut f = fixture("sr/**", wants(0, true, None));
+        f.route(&announcement("sr/a", Reliability::Reliable, 10));
+        let reply = |entries: Vec<Entry>, last: u64| {
+            let r = Reply {
+                socket: "reliable".into(),
+                keys: vec![KeyHistory {
+                    key: "sr/a".into(),
+                    first: 1,
+                    last,
+                    entries,
+                }],
+                done: true,
+            };
+            let key = Key::internal("@r/tok").unwrap();
+            frame::encode(&key, &header(Kind::History, 1, "lab"), &r.encode())
+        };
+        // A reliable subscription joins first: nothing kept yet.
+        assert_eq!(f.io.link.sent.len(), 1, "the join");
+        f.receive(reply(Vec::new(), 0));
+        f.receive(sample("sr/a", 1));
+        f.receive(sample("sr/a", 3));
+        assert_eq!(seqs(&f.events()), [1], "3 waits for the repair");
+        assert_eq!(f.io.link.sent.len(), 2, "a repair query");
+        let q = Query::decode(&f.io.link.sent[1]).unwrap();
+        assert_eq!(q.since, [("sr/a".to_owned(), 1)]);
+        let two = Entry {
+            seq: 2,
+            timestamp_ns: 1,
+            encoding: Encoding::Cbor,
+            schema_id: 0,
+            payload: Bytes::from(cbor(&Value::Float(2.0))),
+        };
+        f.receive(reply(vec![two], 3));
+        assert_eq!(seqs(&f.events()), [2, 3]);
+        assert_eq!(f.counters.samples_lost.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_filtered_subscription_declares_its_filter_and_takes_only_filtered_frames() {
+        let filter = milonga_wire::filter::Filter {
+            abs_change: Some(1.0),
+            ..Default::default()
+        };
+        let prefix = format!(
+            "{}{}/",
+            milonga_wire::filter::FILTERED_KEY_PREFIX,
+            filter.id_for("sr/**")
+        );
+        let mut w = wants(0, false, None);
+        w.filter = Some((filter.clone(), prefix.clone()));
+        let mut f = fixture("sr/**", w);
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        let d = milonga_wire::filter::Declaration::decode(&f.io.link.sent[0]).unwrap();
+        assert_eq!(
+            (d.keys.as_str(), d.socket.as_str()),
+            ("sr/**", "best_effort")
+        );
+        assert_eq!(d.filter, filter);
+        // An unfiltered copy is not this subscription's.
+        f.receive(sample("sr/a", 1));
+        assert_eq!(f.counters.frames_filtered.load(Relaxed), 1);
+        let key = Key::internal(format!("{prefix}sr/a")).unwrap();
+        f.receive(frame::encode(
+            &key,
+            &header(Kind::Sample, 1, "lab"),
+            &cbor(&Value::Float(1.0)),
+        ));
+        let ev = f.events();
+        let keys: Vec<&str> = ev
+            .iter()
+            .filter_map(|e| e.as_sample().map(|s| s.key.as_str()))
+            .collect();
+        assert_eq!(keys, ["sr/a"], "under its own key");
+    }
+
+    #[test]
+    fn a_heartbeat_that_is_not_a_map_and_a_forged_goodbye_are_counted_not_believed() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        let hb = Key::internal(frame::HEARTBEAT_KEY).unwrap();
+        f.receive(frame::encode(
+            &hb,
+            &header(Kind::Heartbeat, 1, "lab"),
+            &cbor(&Value::Float(1.0)),
+        ));
+        assert_eq!(f.counters.frames_malformed.load(Relaxed), 1);
+        f.receive(sample("sr/a", 1));
+        let bye = milonga_wire::heartbeat::Heartbeat {
+            leaving: true,
+            last: milonga_wire::heartbeat::Last::Keys(vec![(
+                "sr/a".into(),
+                2 + crate::engine::seq::MAX_SEQ_JUMP,
+            )]),
+        };
+        f.receive(frame::encode(
+            &hb,
+            &header(Kind::Heartbeat, 2, "lab"),
+            &bye.encode(),
+        ));
+        let now = f.io.link.now;
+        f.core.connections_closed(&mut f.io, vec![BE.into()], now);
+        assert!(losses(&f.events()).is_empty(), "no loss of 2^32 samples");
+        assert_eq!(f.counters.sequence_jumps.load(Relaxed), 1);
     }
 }

@@ -183,6 +183,10 @@ impl Link for SubLink {
             .send(msg, zmq::DONTWAIT)
             .map_err(IntoTransport::transport)
     }
+
+    fn now(&self) -> std::time::Instant {
+        std::time::Instant::now()
+    }
 }
 
 impl Drop for SubLink {
