@@ -17,12 +17,13 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use milonga_wire::cbor::{decode_payload, encode_payload, Encoded};
-use milonga_wire::frame::{self, Header, Kind, FLAG_PAYLOAD_FRAME};
-use milonga_wire::service::{Failure, ReplyStatus};
+use milonga_wire::cbor::{encode_payload, Encoded};
+use milonga_wire::frame;
 use milonga_wire::{Bytes, Key, KeyExpr, NodeId, Value};
 
 use crate::backend::p2p::call_link::CallLink;
+use crate::engine::call::{outcome, Waiting};
+use crate::engine::Me;
 use crate::model::error::CallError;
 use crate::session::callers::Target;
 use crate::session::NodeInner;
@@ -294,23 +295,13 @@ fn send(
         });
     }
     let call_id = node.callers().next_call_id();
-    let header = Header {
-        kind: Kind::Request,
-        flags: if enc.tail.is_some() {
-            FLAG_PAYLOAD_FRAME
-        } else {
-            0
-        },
-        encoding: enc.encoding,
-        domain_tag: node.core().domain_tag,
-        schema_id: 0,
-        node_id: node.id(),
-        seq: call_id,
-        timestamp_ns: crate::util::now_ns(),
-    };
-    let mut msg = vec![0u8; frame::head_len(key) + enc.head.len()];
-    let n = frame::write_head(key, &header, &mut msg);
-    msg[n..].copy_from_slice(&enc.head);
+    let msg = crate::engine::call::request_frame(
+        &Me::from(node.core()),
+        key,
+        call_id,
+        enc,
+        crate::util::now_ns(),
+    );
 
     let channel = match target.idle_channel() {
         Some(c) => c,
@@ -393,7 +384,12 @@ impl InFlight {
             let ch = self.channel.as_mut().expect("a waiting call has a channel");
             match ch.recv_wait(ms) {
                 Ok(Some(parts)) => {
-                    if let Some(r) = reply(&self.node, &self.target, self.call_id, parts) {
+                    let to = Waiting {
+                        call_id: self.call_id,
+                        key: self.target.key.as_str(),
+                        server: &self.target.server,
+                    };
+                    if let Some(r) = outcome(&Me::from(self.node.core()), &to, parts) {
                         return Some(r);
                     }
                     continue;
@@ -428,101 +424,6 @@ impl InFlight {
             }
         }
     }
-}
-
-/// The outcome a received message gives call `call_id` to `target`, or
-/// `None` if it is not that call's reply (counted and dropped).
-fn reply(
-    node: &NodeInner,
-    target: &Target,
-    call_id: u64,
-    mut parts: Vec<Bytes>,
-) -> Option<Result<Value, CallError>> {
-    let c = node.counters();
-    if parts.is_empty() || parts.len() > 2 {
-        stats::inc(&c.frames_malformed);
-        return None;
-    }
-    let second = (parts.len() == 2).then(|| parts.pop().expect("2"));
-    let frame = parts.pop().expect("1");
-    let view = match frame::decode(&frame) {
-        Ok(v) => v,
-        Err(err) => {
-            stats::inc(&c.frames_malformed);
-            limited!(warn, server = %target.server, %err, "dropped a malformed reply");
-            return None;
-        }
-    };
-    let h = view.header;
-    if h.kind != Kind::Reply
-        || view.body.is_empty()
-        || (h.flags & FLAG_PAYLOAD_FRAME != 0) != second.is_some()
-    {
-        stats::inc(&c.frames_malformed);
-        return None;
-    }
-    if h.seq != call_id {
-        // The reply to an earlier call on this connection that ended
-        // (timed out) before it came.
-        stats::inc(&c.calls_late_replies);
-        return None;
-    }
-    let server = target.server.clone();
-    let body = frame.slice(view.body_offset + 1..);
-    let status = view.body[0];
-    let failure = |body: &Bytes| {
-        Failure::decode(body).unwrap_or_else(|e| Failure {
-            kind: "undecodable".into(),
-            message: format!("the server's failure report does not decode: {e}"),
-        })
-    };
-    Some(match ReplyStatus::from_u8(status) {
-        Some(ReplyStatus::Ok) => {
-            stats::inc(&c.calls_replied);
-            let size = frame.len() + second.as_ref().map_or(0, Bytes::len);
-            if size > node.cfg().max_message_bytes {
-                return Some(Err(CallError::BadReply {
-                    server,
-                    why: format!(
-                        "the reply has {size} bytes, over this node's limit of {} (max_message_bytes)",
-                        node.cfg().max_message_bytes
-                    ),
-                }));
-            }
-            decode_payload(h.encoding, body, second).map_err(|e| CallError::BadReply {
-                server,
-                why: e.to_string(),
-            })
-        }
-        Some(ReplyStatus::Error) => {
-            stats::inc(&c.calls_remote_errors);
-            let f = failure(&body);
-            Err(CallError::Remote {
-                server,
-                kind: f.kind,
-                message: f.message,
-            })
-        }
-        Some(ReplyStatus::Rejected) => {
-            stats::inc(&c.calls_rejected);
-            let f = failure(&body);
-            Err(CallError::Rejected {
-                server: Some(server),
-                kind: f.kind,
-                message: f.message,
-            })
-        }
-        Some(ReplyStatus::NoSuchService) => {
-            stats::inc(&c.calls_no_server);
-            Err(CallError::NoServer {
-                key: target.key.as_str().to_owned(),
-            })
-        }
-        None => Err(CallError::BadReply {
-            server,
-            why: format!("unknown reply status {status}"),
-        }),
-    })
 }
 
 /// Gathers the outcomes of calls sent by [`start_all`].

@@ -27,12 +27,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use milonga_wire::cbor::{decode_payload, encode_payload, Encoded};
-use milonga_wire::frame::{self, Encoding, Header, Kind, FLAG_PAYLOAD_FRAME};
+use milonga_wire::cbor::{decode_payload, encode_payload};
+use milonga_wire::frame::Header;
 use milonga_wire::service::{Failure, ReplyStatus};
 use milonga_wire::{Bytes, Key, NodeId, Value};
 
 use crate::backend::p2p::serve_link::{Caller, ServeLink, ServeMonitor, ServeWaker};
+use crate::engine::serve::{check_request, reply_of, Check};
+use crate::engine::Me;
 use crate::model::error::ServeError;
 use crate::session::NodeInner;
 use crate::util::lock;
@@ -324,14 +326,11 @@ impl Drop for Service {
             s.send(&mut sock, out);
         }
         let turn_away = |sock: &mut ServeLink, r: Incoming| {
-            s.refuse(
-                sock,
-                r.identity,
-                &r.header,
-                ReplyStatus::NoSuchService,
-                "withdrawn",
-                "the service was withdrawn",
-            );
+            let f = Failure {
+                kind: "withdrawn".into(),
+                message: "the service was withdrawn".into(),
+            };
+            s.refuse(sock, r.identity, &r.header, ReplyStatus::NoSuchService, f);
         };
         for r in waiting {
             turn_away(&mut sock, r);
@@ -502,14 +501,11 @@ impl Server {
                             self.opts.max_queued
                         )
                     };
-                    self.refuse(
-                        s,
-                        r.identity,
-                        &r.header,
-                        ReplyStatus::Rejected,
-                        "overload",
-                        &msg,
-                    );
+                    let f = Failure {
+                        kind: "overload".into(),
+                        message: msg,
+                    };
+                    self.refuse(s, r.identity, &r.header, ReplyStatus::Rejected, f);
                     continue;
                 }
                 *p.queued_by.entry(caller).or_insert(0) += 1;
@@ -572,69 +568,23 @@ impl Server {
         &self,
         sock: &mut ServeLink,
         identity: Caller,
-        mut frames: Vec<Bytes>,
+        frames: Vec<Bytes>,
     ) -> Option<Incoming> {
-        let c = self.node.counters();
-        if frames.is_empty() || frames.len() > 2 {
-            stats::inc(&c.frames_malformed);
-            return None;
-        }
-        let second = (frames.len() == 2).then(|| frames.pop().expect("2 frames"));
-        let frame = frames.pop().expect("1 frame");
-        let view = match frame::decode(&frame) {
-            Ok(v) => v,
-            Err(err) => {
-                let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                if n <= 10 || n % 1000 == 0 {
-                    tracing::warn!(service = %self.key.as_str(), %err, dropped_so_far = n, "dropped a malformed request");
-                }
-                return None;
+        let me = Me::from(self.node.core());
+        match check_request(&me, &self.node.core().domain, &self.key, frames) {
+            Check::Accept(r) => Some(Incoming {
+                identity,
+                header: r.header,
+                frame: r.frame,
+                body_offset: r.body_offset,
+                second: r.second,
+            }),
+            Check::Refuse(header, status, f) => {
+                self.refuse(sock, identity, &header, status, f);
+                None
             }
-        };
-        let header = view.header;
-        if header.kind != Kind::Request
-            || (header.flags & FLAG_PAYLOAD_FRAME != 0) != second.is_some()
-        {
-            stats::inc(&c.frames_malformed);
-            return None;
+            Check::Drop => None,
         }
-        if header.domain_tag != self.node.core().domain_tag {
-            stats::inc(&c.frames_foreign_domain);
-            let why = format!("this service is in domain {:?}", self.node.core().domain);
-            self.refuse(
-                sock,
-                identity,
-                &header,
-                ReplyStatus::Rejected,
-                "wrong_domain",
-                &why,
-            );
-            return None;
-        }
-        if view.key != self.key.as_str() {
-            let why = format!(
-                "this endpoint serves {:?}, not {:?}",
-                self.key.as_str(),
-                view.key
-            );
-            self.refuse(
-                sock,
-                identity,
-                &header,
-                ReplyStatus::NoSuchService,
-                "no_such_service",
-                &why,
-            );
-            return None;
-        }
-        let body_offset = view.body_offset;
-        Some(Incoming {
-            identity,
-            header,
-            frame,
-            body_offset,
-            second,
-        })
     }
 
     /// Runs the handler on one request: its reply.
@@ -686,7 +636,7 @@ impl Server {
                 }
             }
         };
-        let (head, tail) = match outcome.and_then(|v| {
+        let encoded = outcome.and_then(|v| {
             encode_payload(&v, self.node.cfg().zero_copy_threshold_bytes).map_err(|e| {
                 (
                     ReplyStatus::Error,
@@ -696,45 +646,9 @@ impl Server {
                     },
                 )
             })
-        }) {
-            Ok(Encoded {
-                encoding,
-                head,
-                tail,
-            }) => {
-                let size = frame::head_len(&self.key)
-                    + 1
-                    + head.len()
-                    + tail.as_ref().map_or(0, Bytes::len);
-                if size > self.node.cfg().max_message_bytes {
-                    let f = Failure {
-                        kind: "too_large".into(),
-                        message: format!(
-                            "the reply has {size} bytes, over the limit of {} (max_message_bytes)",
-                            self.node.cfg().max_message_bytes
-                        ),
-                    };
-                    (
-                        self.reply_frame(&h, ReplyStatus::Error, Encoding::Cbor, 0, &f.encode()),
-                        None,
-                    )
-                } else {
-                    let flags = if tail.is_some() {
-                        FLAG_PAYLOAD_FRAME
-                    } else {
-                        0
-                    };
-                    (
-                        self.reply_frame(&h, ReplyStatus::Ok, encoding, flags, &head),
-                        tail,
-                    )
-                }
-            }
-            Err((status, f)) => (
-                self.reply_frame(&h, status, Encoding::Cbor, 0, &f.encode()),
-                None,
-            ),
-        };
+        });
+        let me = Me::from(self.node.core());
+        let (head, tail) = reply_of(&me, &self.key, &h, encoded, crate::util::now_ns());
         stats::inc(&c.calls_served);
         Outgoing {
             identity: r.identity,
@@ -750,14 +664,10 @@ impl Server {
         identity: Caller,
         h: &Header,
         status: ReplyStatus,
-        kind: &str,
-        message: &str,
+        f: Failure,
     ) {
-        let f = Failure {
-            kind: kind.into(),
-            message: message.into(),
-        };
-        let head = self.reply_frame(h, status, Encoding::Cbor, 0, &f.encode());
+        let me = Me::from(self.node.core());
+        let (head, _) = reply_of(&me, &self.key, h, Err((status, f)), crate::util::now_ns());
         self.send(
             sock,
             Outgoing {
@@ -766,33 +676,6 @@ impl Server {
                 tail: None,
             },
         );
-    }
-
-    /// `key | 0 | header | status | body` for a reply to `req`.
-    fn reply_frame(
-        &self,
-        req: &Header,
-        status: ReplyStatus,
-        encoding: Encoding,
-        flags: u8,
-        body: &[u8],
-    ) -> Vec<u8> {
-        let header = Header {
-            kind: Kind::Reply,
-            flags,
-            encoding,
-            domain_tag: self.node.core().domain_tag,
-            schema_id: 0,
-            node_id: self.node.id(),
-            seq: req.seq,
-            timestamp_ns: crate::util::now_ns(),
-        };
-        let n = frame::head_len(&self.key);
-        let mut out = vec![0u8; n + 1 + body.len()];
-        frame::write_head(&self.key, &header, &mut out);
-        out[n] = status as u8;
-        out[n + 1..].copy_from_slice(body);
-        out
     }
 
     fn send(&self, sock: &mut ServeLink, out: Outgoing) {

@@ -1,14 +1,17 @@
 //! The protocol's state, with no I/O of its own: sequence numbers and
 //! gaps, the application queue, kept history, filters applied at the
-//! source, batches. Frames go in and out; the sockets are the backend's.
+//! source, batches, the calling side of a service call. Frames go in and
+//! out; the sockets are the backend's.
 
 pub(crate) mod batch;
+pub(crate) mod call;
 pub(crate) mod filters;
 pub(crate) mod history;
 pub(crate) mod outlet;
 pub(crate) mod queue;
 pub(crate) mod routes;
 pub(crate) mod seq;
+pub(crate) mod serve;
 pub(crate) mod subscription;
 
 use milonga_wire::NodeId;

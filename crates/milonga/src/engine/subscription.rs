@@ -2241,4 +2241,49 @@ mod tests {
         assert!(losses(&f.events()).is_empty(), "no loss of 2^32 samples");
         assert_eq!(f.counters.sequence_jumps.load(Relaxed), 1);
     }
+
+    #[test]
+    fn past_the_limit_of_absent_publishers_the_oldest_is_forgotten_and_reported() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        let id = |i: u32| {
+            let mut b = [7u8; 16];
+            b[..4].copy_from_slice(&i.to_be_bytes());
+            NodeId(b)
+        };
+        let n = MAX_ABSENT_PUBLISHERS as u32 + 1;
+        let nodes: Vec<Announcement> = (0..n)
+            .map(|i| {
+                let mut a = announcement("sr/a", Reliability::BestEffort, 0);
+                a.node_id = id(i).to_hex();
+                a.data_best_effort = Some(format!("tcp://127.0.0.1:{}", 10_000 + i));
+                a.data_reliable = None;
+                a.liveliness = Some(format!("tcp://127.0.0.1:{}", 30_000 + i));
+                a
+            })
+            .collect();
+        let all: Vec<&Announcement> = nodes.iter().collect();
+        assert!(f.core.set_target(routes_for(&f.core.expr, &all)));
+        f.core.apply(&mut f.io);
+        for i in 0..n {
+            let mut h = header(Kind::Sample, 1, "lab");
+            h.node_id = id(i);
+            let key = Key::new("sr/a").unwrap();
+            f.receive(frame::encode(&key, &h, &cbor(&Value::Float(1.0))));
+        }
+        assert_eq!(seqs(&f.events()).len(), n as usize);
+        // All of them leave discovery: one too many to remember.
+        assert!(f.core.set_target(routes_for(&f.core.expr, &[])));
+        f.core.apply(&mut f.io);
+        let forgotten: Vec<NodeId> = f
+            .events()
+            .iter()
+            .filter_map(|e| match e {
+                Event::PublisherLost(p) if p.reason == LostReason::Forgotten => Some(p.publisher),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(forgotten, [id(0)], "the first in order, once");
+        assert_eq!(f.counters.publisher_states_dropped.load(Relaxed), 1);
+        assert_eq!(f.io.absent.len(), MAX_ABSENT_PUBLISHERS);
+    }
 }
