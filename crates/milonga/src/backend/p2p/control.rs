@@ -377,11 +377,15 @@ impl<H: Host> Control<H> {
     fn stop_monitors(&mut self) {
         zmq_io::stop_monitor(&mut self.router);
         zmq_io::stop_monitor(&mut self.live);
+        // The mailbox first: a data socket created meanwhile has its
+        // monitor there, and its reader must outlive the stop below (it
+        // goes with `self`). Services keep their own readers.
+        let new = self.p2p().take_new_monitors();
+        self.monitors.extend(new.data);
+        self.sub_monitors.extend(new.subs);
         for d in self.p2p().data_sockets().into_iter().flatten() {
             zmq_io::stop_monitor(&mut lock(&d.sock).sock);
         }
-        let new = self.p2p().take_new_monitors();
-        self.sub_monitors.extend(new.subs);
         for (sub, m) in self.sub_monitors.drain(..) {
             if let Some(sub) = sub.upgrade() {
                 sub.monitor_back(m);
@@ -453,6 +457,7 @@ impl<H: Host> Control<H> {
         let monitors = items.len() - 3;
         // Static replies and directory changes: their sources read them in
         // their turn.
+        let statics = items.len();
         items.extend(self.statics.poll_items());
         if let Some(fd) = self.watch_fd {
             items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
@@ -463,6 +468,12 @@ impl<H: Host> Control<H> {
         drop(svc);
         if readable[1] {
             while self.wake.recv_msg(zmq::DONTWAIT).is_ok() {}
+        }
+        if readable[statics..statics + self.statics.sockets()]
+            .iter()
+            .any(|r| *r)
+        {
+            self.statics.mark_readable();
         }
         Ready {
             router: readable[0],

@@ -28,6 +28,9 @@ pub(crate) struct StaticPeers {
     node: Arc<NodeCore>,
     peers: Vec<StaticPeer>,
     last_query: Option<Instant>,
+    /// The node thread's poll saw a reply waiting: read in the next turn
+    /// (an empty socket is not read every turn).
+    readable: bool,
 }
 
 impl StaticPeers {
@@ -61,12 +64,24 @@ impl StaticPeers {
             node,
             peers,
             last_query: None,
+            // Replies may wait before the first poll.
+            readable: true,
         }
     }
 
-    /// Their sockets, for the node thread's poll.
+    /// Their sockets, for the node thread's poll ([`StaticPeers::sockets`]
+    /// of them).
     pub(crate) fn poll_items(&self) -> impl Iterator<Item = zmq::PollItem<'_>> {
         self.peers.iter().map(|p| p.sock.as_poll_item(zmq::POLLIN))
+    }
+
+    pub(crate) fn sockets(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// The poll found a reply waiting.
+    pub(crate) fn mark_readable(&mut self) {
+        self.readable = true;
     }
 
     fn every(&self) -> Duration {
@@ -142,7 +157,7 @@ impl Source for StaticPeers {
         if self.peers.is_empty() {
             return false;
         }
-        let read = self.read(now);
+        let read = std::mem::take(&mut self.readable) && self.read(now);
         self.query(now) | read
     }
 
