@@ -10,9 +10,16 @@ VENV := python/.venv
 VPY := $(VENV)/bin/python
 
 # Everything the project needs beyond a Rust toolchain, cmake and a C++
-# compiler (libzmq is built from source by the zmq crate).
+# compiler (libzmq is built from source by the zmq crate). The multi-host
+# tests (crates/milonga-cli/tests/hosts.rs) need iproute2 and nftables, and
+# root to make network namespaces (they fail without, unless
+# MILONGA_SKIP_MULTIHOST=1).
 setup:
 	rustup component add rustfmt clippy
+	@command -v ip >/dev/null && command -v nft >/dev/null || \
+		{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && apt-get install -y -qq iproute2 nftables; \
+		else echo "setup: the multi-host tests need iproute2 and nftables (ip, nft); install them as root"; fi; }
 
 demo: setup
 	$(CARGO) run --release -p milonga-cli -- demo

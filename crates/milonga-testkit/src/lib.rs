@@ -1,8 +1,11 @@
 //! Test helpers for Milonga: temporary directories, bounded waits, child
-//! processes that are killed when the test ends, and RSS/fd sampling.
+//! processes that are killed when the test ends, RSS/fd sampling, and a
+//! bed of network namespaces for tests across hosts ([`netbed`]).
 #![deny(missing_docs)]
 // `unsafe` lives in `sys` alone.
 #![deny(unsafe_code)]
+
+pub mod netbed;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -1,0 +1,219 @@
+//! Across hosts: real `milonga` processes on separate hosts (network
+//! namespaces of `milonga_testkit::netbed`, joined by a bridge), each with
+//! its own runtime directory, so that nothing is shared but the bed's
+//! network. Discovery across hosts is static here: the subscriber is given
+//! the publisher's control endpoint.
+//!
+//! These tests need root (CI runs as root); on a machine that cannot make
+//! namespaces they fail, unless `MILONGA_SKIP_MULTIHOST=1` (see netbed).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use milonga_testkit::netbed::{bed_or_skip, Bed};
+use milonga_testkit::{Proc, SeqLedger, TempDir};
+use serde_json::Value as Json;
+
+const T: Duration = Duration::from_secs(20);
+/// The publisher's control endpoint on host 0.
+const CONTROL_PORT: u16 = 7100;
+
+/// A bed and, for each host, a runtime directory of its own.
+struct Lan {
+    bed: Bed,
+    dirs: Vec<TempDir>,
+    domain: String,
+}
+
+impl Lan {
+    fn new(tag: &str, hosts: usize) -> Option<Lan> {
+        let bed = bed_or_skip(hosts)?;
+        let dirs = (0..hosts)
+            .map(|i| TempDir::new(&format!("{tag}-h{i}")))
+            .collect();
+        Some(Lan {
+            bed,
+            dirs,
+            domain: format!("{tag}-{}", std::process::id()),
+        })
+    }
+
+    /// The control endpoint of the publisher on host `i`.
+    fn control(&self, i: usize) -> String {
+        format!("tcp://{}:{CONTROL_PORT}", self.bed.host(i).addr)
+    }
+
+    /// `milonga ARGS` on host `i`: bound to its address on the bed,
+    /// in its own runtime directory, heartbeats every 200 ms.
+    fn cmd(&self, i: usize, args: &[&str]) -> Command {
+        let mut c = self.bed.command(i, env!("CARGO_BIN_EXE_milonga"));
+        c.env("MILONGA_RUNTIME_DIR", self.dirs[i].path())
+            .env("MILONGA_LOCATOR", format!("milonga:///{}", self.domain))
+            .env("MILONGA_TCP_HOST", self.bed.host(i).addr.to_string())
+            .env("MILONGA_HEARTBEAT_INTERVAL_MS", "200")
+            .env_remove("MILONGA_PEERS")
+            .env_remove("MILONGA_TRANSPORT")
+            .env_remove("MILONGA_CONTROL_ENDPOINT")
+            .args(args);
+        c
+    }
+
+    /// A publisher on host 0 with a known control endpoint.
+    fn publisher(&self, args: &[&str]) -> Proc {
+        let mut c = self.cmd(0, args);
+        c.env("MILONGA_CONTROL_ENDPOINT", self.control(0));
+        Proc::spawn(c)
+    }
+
+    /// A subscriber on host `i`, given host 0's publisher as a peer.
+    fn subscriber(&self, i: usize, args: &[&str], lease_ms: u32) -> Proc {
+        let mut c = self.cmd(i, args);
+        c.env("MILONGA_PEERS", self.control(0))
+            .env("MILONGA_HEARTBEAT_TIMEOUT_MS", lease_ms.to_string());
+        Proc::spawn(c)
+    }
+}
+
+/// The next JSON line of `p` within `timeout`.
+fn json_line(p: &Proc, timeout: Duration) -> Option<Json> {
+    let line = p.line(timeout)?;
+    Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}")))
+}
+
+/// Reads `sub`'s lines into `ledger` (samples and losses) until `done`
+/// holds of a line; that line. Panics after `T`.
+fn read_until(
+    sub: &Proc,
+    ledger: &mut SeqLedger,
+    what: &str,
+    mut done: impl FnMut(&Json) -> bool,
+) -> Json {
+    let end = Instant::now() + T;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let j = json_line(sub, left).unwrap_or_else(|| panic!("timed out waiting for {what}"));
+        let publisher = j["publisher"].as_str().unwrap_or_default().to_owned();
+        let key = j["key"].as_str().unwrap_or_default().to_owned();
+        match j["event"].as_str() {
+            None => ledger.sample(&publisher, &key, j["seq"].as_u64().unwrap()),
+            Some("lost") => ledger.lost(
+                &publisher,
+                &key,
+                j["first_seq"].as_u64().unwrap(),
+                j["count"].as_u64().unwrap(),
+            ),
+            Some(_) => {}
+        }
+        if done(&j) {
+            return j;
+        }
+    }
+}
+
+fn is_sample(j: &Json) -> bool {
+    j.get("event").is_none() && j.get("seq").is_some()
+}
+
+fn lost_reason(j: &Json) -> Option<&str> {
+    (j["event"] == "publisher_lost").then(|| j["reason"].as_str().unwrap_or_default())
+}
+
+#[test]
+fn the_bed_removes_its_namespaces_when_dropped() {
+    let Some(lan) = Lan::new("bed", 2) else {
+        return;
+    };
+    let names: Vec<String> = lan.bed.hosts().iter().map(|h| h.netns.clone()).collect();
+    let list = || {
+        let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(names.iter().all(|n| list().contains(n.as_str())));
+    // Loss rules and a cut link are undone with the namespaces.
+    lan.bed.set_loss(1, 10);
+    lan.bed.cut(1);
+    drop(lan);
+    let after = list();
+    assert!(names.iter().all(|n| !after.contains(n.as_str())), "{after}");
+}
+
+#[test]
+fn a_sample_crosses_hosts_and_a_killed_publisher_is_reported_disconnected() {
+    let Some(lan) = Lan::new("cross", 2) else {
+        return;
+    };
+    let mut publ = lan.publisher(&["pub", "lan/x", "1", "--rate", "100"]);
+    let sub = lan.subscriber(1, &["sub", "lan/**", "--json"], 3000);
+    let mut ledger = SeqLedger::default();
+    let first = read_until(&sub, &mut ledger, "a sample from the other host", is_sample);
+    assert_eq!(first["key"], "lan/x");
+    publ.kill9();
+    let killed = Instant::now();
+    let j = read_until(&sub, &mut ledger, "the publisher reported lost", |j| {
+        lost_reason(j).is_some()
+    });
+    let after = killed.elapsed();
+    assert_eq!(lost_reason(&j), Some("disconnected"), "{j}");
+    // Its connection closed: well under the 3 s lease.
+    assert!(after < Duration::from_millis(1500), "{after:?}");
+    ledger.check().unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_cut_link_is_reported_at_the_lease_and_delivery_resumes_when_restored() {
+    let Some(lan) = Lan::new("cut", 2) else {
+        return;
+    };
+    let _publ = lan.publisher(&["pub", "lan/x", "1", "--rate", "50"]);
+    let sub = lan.subscriber(1, &["sub", "lan/**", "--json"], 1000);
+    let mut ledger = SeqLedger::default();
+    read_until(&sub, &mut ledger, "a sample from the other host", is_sample);
+    lan.bed.cut(0);
+    let cut = Instant::now();
+    let j = read_until(&sub, &mut ledger, "the publisher reported lost", |j| {
+        lost_reason(j).is_some()
+    });
+    let after = cut.elapsed();
+    assert_eq!(lost_reason(&j), Some("lease_expired"), "{j}");
+    assert!(
+        after < Duration::from_millis(2000),
+        "lease 1 s + 1 s: {after:?}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    lan.bed.restore(0);
+    let last_before = ledger.last_delivered(j["publisher"].as_str().unwrap(), "lan/x");
+    read_until(
+        &sub,
+        &mut ledger,
+        "a sample after the link came back",
+        |j| is_sample(j) && j["seq"].as_u64() > last_before,
+    );
+    // What was sent while the link was down is reported lost, exactly.
+    let a = ledger.check().unwrap_or_else(|e| panic!("{e}"));
+    assert!(a[0].lost > 0, "{a:?}");
+}
+
+#[test]
+fn packet_loss_between_hosts_loses_no_reliable_sample() {
+    let Some(lan) = Lan::new("loss", 2) else {
+        return;
+    };
+    lan.bed.set_loss(0, 5);
+    let _publ = lan.publisher(&[
+        "pub",
+        "lan/x",
+        "1",
+        "--rate",
+        "200",
+        "--reliable",
+        "--history",
+        "10000",
+    ]);
+    let sub = lan.subscriber(1, &["sub", "lan/**", "--json", "--reliable"], 3000);
+    let mut ledger = SeqLedger::default();
+    read_until(&sub, &mut ledger, "400 samples through 5% loss", |j| {
+        is_sample(j) && j["seq"].as_u64() >= Some(400)
+    });
+    let a = ledger.check().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a[0].lost, 0, "{a:?}");
+}
