@@ -65,6 +65,22 @@ impl Lan {
         Proc::spawn(c)
     }
 
+    /// `milonga ARGS` on host `i` with control endpoint `port`, given the
+    /// nodes at `peers` (host, port) as static peers.
+    fn node(&self, i: usize, port: u16, peers: &[(usize, u16)], args: &[&str]) -> Command {
+        let mut c = self.cmd(i, args);
+        let peers: Vec<String> = peers
+            .iter()
+            .map(|(h, p)| format!("tcp://{}:{p}", self.bed.host(*h).addr))
+            .collect();
+        c.env(
+            "MILONGA_CONTROL_ENDPOINT",
+            format!("tcp://{}:{port}", self.bed.host(i).addr),
+        )
+        .env("MILONGA_PEERS", peers.join(","));
+        c
+    }
+
     /// A subscriber on host `i`, given host 0's publisher as a peer.
     fn subscriber(&self, i: usize, args: &[&str], lease_ms: u32) -> Proc {
         let mut c = self.cmd(i, args);
@@ -216,4 +232,108 @@ fn packet_loss_between_hosts_loses_no_reliable_sample() {
     });
     let a = ledger.check().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(a[0].lost, 0, "{a:?}");
+}
+
+#[test]
+fn three_hosts_wildcards_and_a_service_across_them() {
+    let Some(lan) = Lan::new("three", 3) else {
+        return;
+    };
+    let _a = Proc::spawn(lan.node(0, 7100, &[], &["pub", "lan/a/x", "1", "--rate", "50"]));
+    let _b = Proc::spawn(lan.node(1, 7100, &[], &["pub", "lan/b/y", "2", "--rate", "50"]));
+    let _svc = Proc::spawn(lan.node(0, 7101, &[], &["serve", "lan/echo", "--echo"]));
+    let peers = [(0, 7100), (1, 7100), (0, 7101)];
+    let sub = Proc::spawn(lan.node(2, 7100, &peers, &["sub", "lan/*/*", "--json"]));
+    let mut keys = std::collections::BTreeSet::new();
+    let mut ledger = SeqLedger::default();
+    read_until(&sub, &mut ledger, "samples of both hosts", |j| {
+        if is_sample(j) {
+            keys.insert(j["key"].as_str().unwrap_or_default().to_owned());
+        }
+        keys.len() == 2
+    });
+    assert_eq!(keys.into_iter().collect::<Vec<_>>(), ["lan/a/x", "lan/b/y"]);
+    let out = lan
+        .node(
+            2,
+            7102,
+            &peers,
+            &[
+                "call",
+                "lan/echo",
+                r#"{"n": 7}"#,
+                "--timeout",
+                "5",
+                "--wait-server",
+                "5",
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["n"], 7, "{reply}");
+}
+
+#[test]
+fn a_frozen_publisher_on_another_host_is_lost_at_the_lease_and_alive_again() {
+    let Some(lan) = Lan::new("freeze", 2) else {
+        return;
+    };
+    let publ = lan.publisher(&["pub", "lan/x", "1", "--rate", "50"]);
+    let sub = lan.subscriber(1, &["sub", "lan/**", "--json"], 1000);
+    let mut ledger = SeqLedger::default();
+    read_until(&sub, &mut ledger, "a sample from the other host", is_sample);
+    publ.signal(libc::SIGSTOP);
+    let j = read_until(
+        &sub,
+        &mut ledger,
+        "the frozen publisher reported lost",
+        |j| lost_reason(j).is_some(),
+    );
+    assert_eq!(lost_reason(&j), Some("lease_expired"), "{j}");
+    publ.signal(libc::SIGCONT);
+    read_until(&sub, &mut ledger, "the publisher alive again", |j| {
+        j["event"] == "publisher_alive"
+    });
+    let last = ledger.last_delivered(j["publisher"].as_str().unwrap(), "lan/x");
+    read_until(&sub, &mut ledger, "a sample after it resumed", |j| {
+        is_sample(j) && j["seq"].as_u64() > last
+    });
+    // Frozen, it sent nothing: nothing is missing.
+    let a = ledger.check().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a[0].lost, 0, "{a:?}");
+}
+
+#[test]
+fn nodes_of_different_domains_on_one_lan_never_exchange_a_sample() {
+    let Some(lan) = Lan::new("domains", 2) else {
+        return;
+    };
+    let _publ = lan.publisher(&["pub", "lan/x", "1", "--rate", "50"]);
+    let mut other = lan.node(
+        1,
+        7100,
+        &[(0, 7100)],
+        &["sub", "lan/**", "--json", "--timeout", "2"],
+    );
+    other.env(
+        "MILONGA_LOCATOR",
+        format!("milonga:///other-{}", lan.domain),
+    );
+    let other = Proc::spawn(other);
+    // The same subscription in the publisher's domain receives.
+    let same = lan.subscriber(1, &["sub", "lan/**", "--json"], 3000);
+    let mut ledger = SeqLedger::default();
+    read_until(&same, &mut ledger, "a sample in the same domain", is_sample);
+    while let Some(line) = other.line(Duration::from_secs(3)) {
+        assert!(
+            !line.contains("\"seq\""),
+            "a sample crossed domains: {line}"
+        );
+    }
 }
