@@ -337,3 +337,69 @@ fn nodes_of_different_domains_on_one_lan_never_exchange_a_sample() {
         );
     }
 }
+
+#[test]
+fn with_scouting_a_sample_crosses_hosts_with_no_configuration() {
+    let Some(lan) = Lan::new("scout", 2) else {
+        return;
+    };
+    let start = Instant::now();
+    let mut p = lan.cmd(0, &["pub", "lan/x", "1", "--rate", "100"]);
+    p.env("MILONGA_SCOUTING", "1");
+    let _publ = Proc::spawn(p);
+    let mut s = lan.cmd(1, &["sub", "lan/**", "--json"]);
+    s.env("MILONGA_SCOUTING", "1");
+    let sub = Proc::spawn(s);
+    let mut ledger = SeqLedger::default();
+    read_until(&sub, &mut ledger, "a sample found by scouting", is_sample);
+    let took = start.elapsed();
+    eprintln!("first sample across hosts by scouting after {took:?} (both processes started at 0)");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[test]
+fn scouting_refuses_an_address_other_hosts_cannot_reach() {
+    // On the machine's own network namespace: refused before any socket
+    // exists, so nothing is sent.
+    let dir = TempDir::new("scout-lo");
+    let out = Command::new(env!("CARGO_BIN_EXE_milonga"))
+        .args(["pub", "lan/x", "1", "--count", "1"])
+        .env("MILONGA_RUNTIME_DIR", dir.path())
+        .env("MILONGA_SCOUTING", "1")
+        .env("MILONGA_TCP_HOST", "127.0.0.1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tcp_host") && err.contains("127.0.0.1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn with_scouting_nodes_of_another_domain_are_heard_and_ignored() {
+    let Some(lan) = Lan::new("scoutdom", 2) else {
+        return;
+    };
+    let mut p = lan.cmd(0, &["pub", "lan/x", "1", "--rate", "100"]);
+    p.env("MILONGA_SCOUTING", "1");
+    let _publ = Proc::spawn(p);
+    let mut o = lan.cmd(1, &["sub", "lan/**", "--json", "--timeout", "2"]);
+    o.env("MILONGA_SCOUTING", "1").env(
+        "MILONGA_LOCATOR",
+        format!("milonga:///other-{}", lan.domain),
+    );
+    let other = Proc::spawn(o);
+    let mut s = lan.cmd(1, &["sub", "lan/**", "--json"]);
+    s.env("MILONGA_SCOUTING", "1");
+    let same = Proc::spawn(s);
+    let mut ledger = SeqLedger::default();
+    read_until(&same, &mut ledger, "a sample in the same domain", is_sample);
+    while let Some(line) = other.line(Duration::from_secs(3)) {
+        assert!(
+            !line.contains("\"seq\""),
+            "a sample crossed domains: {line}"
+        );
+    }
+}

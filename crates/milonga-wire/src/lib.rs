@@ -19,6 +19,7 @@ pub mod frame;
 pub mod heartbeat;
 pub mod history;
 pub mod key;
+pub mod scout;
 pub mod service;
 pub mod value;
 

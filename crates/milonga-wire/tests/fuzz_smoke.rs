@@ -197,3 +197,32 @@ fn mutations_of_history_queries_and_filter_declarations_never_panic() {
         }
     }
 }
+
+/// What a node does with every datagram on its scouting socket, which
+/// anyone on the network can send: 100,000 mutations of a hello through
+/// `scout::Hello::decode`; nothing may panic, and what decodes encodes to
+/// a hello that decodes the same.
+#[test]
+fn mutations_of_a_scouting_hello_never_panic() {
+    use milonga_wire::scout::Hello;
+    let seed = Hello {
+        leaving: false,
+        ask: true,
+        domain_tag: 0xdead_beef,
+        node_id: milonga_wire::NodeId([9; 16]),
+        version: 3,
+        control: "tcp://10.99.0.1:7100".into(),
+    }
+    .encode();
+    let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15);
+    let mut decoded = 0;
+    for _ in 0..100_000 {
+        let f = mutate(&seed, &mut rnd);
+        if let Ok(h) = Hello::decode(&f) {
+            decoded += 1;
+            assert_eq!(Hello::decode(&h.encode()).as_ref(), Ok(&h));
+        }
+    }
+    // Some mutations (a flipped flag, a changed id) still decode.
+    assert!(decoded > 0);
+}

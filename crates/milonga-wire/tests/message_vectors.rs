@@ -22,6 +22,7 @@ use milonga_wire::announce::{Announcement, PublicationInfo, Reliability, Service
 use milonga_wire::control::{self, Request};
 use milonga_wire::filter::{Declaration, Filter};
 use milonga_wire::history::Query;
+use milonga_wire::scout::Hello;
 use serde_json::{json, Value as Json};
 
 fn dir() -> PathBuf {
@@ -112,7 +113,7 @@ fn announcement() -> Announcement {
 }
 
 /// Every vector, by name: the directory must hold exactly these.
-const VECTORS: [&str; 13] = [
+const VECTORS: [&str; 15] = [
     "history_query_join",
     "history_query_repair",
     "history_query_without_since",
@@ -126,6 +127,8 @@ const VECTORS: [&str; 13] = [
     "announcement_full",
     "announcement_oldest_accepted",
     "announcement_without_control",
+    "scout_hello_ask",
+    "scout_hello_wrong_version",
 ];
 
 fn cases() -> Vec<Case> {
@@ -313,6 +316,24 @@ fn cases() -> Vec<Case> {
                 serde_json::from_slice(&oldest_decoded.to_json()).unwrap(),
             )
         },
+        valid(
+            "scout_hello_ask",
+            "scout_hello",
+            "a UDP datagram of scouting (§9.5): a node that just opened (flag ask), domain tag of \"lab\", announcement version 3, its control endpoint",
+            vec![hello().encode()],
+            hello_json(&hello()),
+        ),
+        invalid(
+            "scout_hello_wrong_version",
+            "scout_hello",
+            "another version is refused (counted scout_malformed)",
+            vec![{
+                let mut b = hello().encode();
+                b[4] = 2;
+                b
+            }],
+            "Version(2)",
+        ),
         invalid(
             "announcement_without_control",
             "announcement",
@@ -345,6 +366,9 @@ fn decode(family: &str, frames: &[Vec<u8>]) -> Result<Json, String> {
         "announcement" => Announcement::from_json(one())
             .map(|a| serde_json::from_slice(&a.to_json()).unwrap())
             .map_err(|e| format!("{e:?}")),
+        "scout_hello" => Hello::decode(one())
+            .map(|h| hello_json(&h))
+            .map_err(|e| format!("{e:?}")),
         other => panic!("unknown family {other}"),
     }
 }
@@ -376,8 +400,40 @@ fn encode(family: &str, meaning: &Json) -> Vec<Vec<u8>> {
             let a: Announcement = serde_json::from_value(meaning.clone()).unwrap();
             vec![a.to_json()]
         }
+        "scout_hello" => vec![Hello {
+            leaving: meaning["leaving"].as_bool().unwrap(),
+            ask: meaning["ask"].as_bool().unwrap(),
+            domain_tag: meaning["domain_tag"].as_u64().unwrap() as u32,
+            node_id: milonga_wire::NodeId::from_hex(meaning["node_id"].as_str().unwrap()).unwrap(),
+            version: meaning["version"].as_u64().unwrap(),
+            control: meaning["control"].as_str().unwrap().to_owned(),
+        }
+        .encode()],
         other => panic!("unknown family {other}"),
     }
+}
+
+/// The hello of the scouting vectors.
+fn hello() -> Hello {
+    Hello {
+        leaving: false,
+        ask: true,
+        domain_tag: milonga_wire::frame::domain_tag("lab"),
+        node_id: milonga_wire::NodeId([0x5a; 16]),
+        version: 3,
+        control: "tcp://10.99.0.1:7100".into(),
+    }
+}
+
+fn hello_json(h: &Hello) -> Json {
+    json!({
+        "leaving": h.leaving,
+        "ask": h.ask,
+        "domain_tag": h.domain_tag,
+        "node_id": h.node_id.to_hex(),
+        "version": h.version,
+        "control": h.control,
+    })
 }
 
 fn bless() {

@@ -14,8 +14,13 @@
 //!   announcement (see docs/protocol.md, control messages) and forgets a
 //!   peer that stops answering. It speaks the peer-to-peer control
 //!   protocol, so it lives in that backend (`backend::p2p::static_peers`).
+//! - `scout`: the node multicasts a hello (its id, control endpoint and
+//!   announcement version) on its network and hears the others'
+//!   ([`scout::Scout`]); a node heard is asked for its announcement over
+//!   the control protocol (`backend::p2p::scout_peers`).
 
 pub(crate) mod local;
+pub(crate) mod scout;
 
 use std::collections::BTreeMap;
 use std::fs;

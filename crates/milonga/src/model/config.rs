@@ -163,6 +163,13 @@ pub(crate) const KEYS: &[KeySpec] = &[
         Kind::Bool,
     ),
     key("peers", Some("MILONGA_PEERS"), Kind::List),
+    key("scouting", Some("MILONGA_SCOUTING"), Kind::Bool),
+    key("scout_group", Some("MILONGA_SCOUT_GROUP"), Kind::Text),
+    key(
+        "scout_interval_ms",
+        Some("MILONGA_SCOUT_INTERVAL_MS"),
+        Kind::Int,
+    ),
     key("runtime_dir", Some("MILONGA_RUNTIME_DIR"), Kind::OptText),
     key("discovery_interval_ms", None, Kind::Int),
     key("static_query_interval_ms", None, Kind::Int),
@@ -213,6 +220,9 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         control_endpoint: _,
         local_discovery: _,
         peers: _,
+        scouting: _,
+        scout_group: _,
+        scout_interval_ms: _,
         runtime_dir: _,
         discovery_interval_ms: _,
         static_query_interval_ms: _,
@@ -237,6 +247,9 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "control_endpoint",
         "local_discovery",
         "peers",
+        "scouting",
+        "scout_group",
+        "scout_interval_ms",
         "runtime_dir",
         "discovery_interval_ms",
         "static_query_interval_ms",
@@ -278,6 +291,17 @@ pub struct Config {
     pub local_discovery: bool,
     /// Control endpoints of nodes on other hosts (`static` discovery).
     pub peers: Vec<String>,
+    /// Find the nodes of other hosts by UDP multicast (`scout`
+    /// discovery, docs/protocol.md §9.5): needs `tcp_host` set to this
+    /// host's address on that network. Default false.
+    pub scouting: bool,
+    /// The multicast group and port of scouting, `ADDRESS:PORT`. Default
+    /// `239.255.77.77:7477`.
+    pub scout_group: String,
+    /// How often a node multicasts its hello; a node not heard for three
+    /// intervals (at least `heartbeat_timeout_ms`) is forgotten. Default
+    /// 1000 ms.
+    pub scout_interval_ms: u64,
     /// Directory for announcements and ipc sockets. Default
     /// `$XDG_RUNTIME_DIR/milonga`, else `/tmp/milonga-<uid>`.
     pub runtime_dir: Option<PathBuf>,
@@ -334,6 +358,9 @@ impl Config {
             control_endpoint: None,
             local_discovery: true,
             peers: Vec::new(),
+            scouting: false,
+            scout_group: "239.255.77.77:7477".to_owned(),
+            scout_interval_ms: 1000,
             runtime_dir: None,
             discovery_interval_ms: 20,
             static_query_interval_ms: 500,
@@ -422,6 +449,7 @@ impl Config {
                 "name" => self.name = t,
                 "transport" => self.transport = t.parse().map_err(err)?,
                 "tcp_host" => self.tcp_host = t,
+                "scout_group" => self.scout_group = t,
                 _ => unreachable!("a text key without a field: {key}"),
             },
             (Kind::OptText, v @ (V::Text(_) | V::Unset)) => {
@@ -439,6 +467,7 @@ impl Config {
             }
             (Kind::Bool, V::Bool(b)) => match key {
                 "local_discovery" => self.local_discovery = b,
+                "scouting" => self.scouting = b,
                 _ => unreachable!("a bool key without a field: {key}"),
             },
             (Kind::List, V::List(l)) => match key {
@@ -455,6 +484,7 @@ impl Config {
                 match key {
                     "discovery_interval_ms" => self.discovery_interval_ms = fit(i, key)?,
                     "static_query_interval_ms" => self.static_query_interval_ms = fit(i, key)?,
+                    "scout_interval_ms" => self.scout_interval_ms = fit(i, key)?,
                     "heartbeat_interval_ms" => self.heartbeat_interval_ms = fit(i, key)?,
                     "heartbeat_timeout_ms" => self.heartbeat_timeout_ms = fit(i, key)?,
                     "handshake_timeout_ms" => self.handshake_timeout_ms = fit(i, key)?,
@@ -622,6 +652,9 @@ mod tests {
             ("MILONGA_CONTROL_ENDPOINT", "tcp://10.0.0.1:7002"),
             ("MILONGA_LOCAL_DISCOVERY", "off"),
             ("MILONGA_PEERS", "tcp://a:1, tcp://b:2"),
+            ("MILONGA_SCOUTING", "1"),
+            ("MILONGA_SCOUT_GROUP", "239.1.2.3:9000"),
+            ("MILONGA_SCOUT_INTERVAL_MS", "250"),
             ("MILONGA_RUNTIME_DIR", "/tmp/x"),
             ("MILONGA_HEARTBEAT_INTERVAL_MS", "100"),
             ("MILONGA_HEARTBEAT_TIMEOUT_MS", "500"),
@@ -650,6 +683,11 @@ mod tests {
         assert_eq!(c.control_endpoint.as_deref(), Some("tcp://10.0.0.1:7002"));
         assert!(!c.local_discovery);
         assert_eq!(c.peers, ["tcp://a:1", "tcp://b:2"]);
+        assert!(c.scouting);
+        assert_eq!(
+            (c.scout_group.as_str(), c.scout_interval_ms),
+            ("239.1.2.3:9000", 250)
+        );
         assert_eq!(c.runtime_dir, Some(PathBuf::from("/tmp/x")));
         assert_eq!(
             (

@@ -69,6 +69,9 @@ pub(crate) struct NodeInner {
     start_time: u64,
     next_sub_id: AtomicU64,
     next_service_id: AtomicU64,
+    /// Counts announcements (scouting's hellos name it: a change makes the
+    /// other hosts ask again).
+    announced: AtomicU64,
     /// Calls: the servers discovery knows, and their connections.
     callers: Callers,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -151,6 +154,7 @@ impl NodeInner {
             start_time: process_start_time(pid).unwrap_or(0),
             next_sub_id: AtomicU64::new(1),
             next_service_id: AtomicU64::new(1),
+            announced: AtomicU64::new(0),
             callers: Callers::default(),
             thread: Mutex::new(None),
             p2p,
@@ -358,6 +362,7 @@ impl NodeInner {
         let a = {
             let mut st = lock(&self.state);
             st.announce_dirty = false;
+            self.announced.fetch_add(1, Ordering::Relaxed);
             let a = self.announcement_of(&st);
             st.peers.insert(a.node_id.clone(), a.clone());
             a
@@ -454,6 +459,10 @@ impl Host for NodeInner {
         if changed {
             self.reconcile();
         }
+    }
+
+    fn announcement_version(&self) -> u64 {
+        self.announced.load(Ordering::Relaxed)
     }
 
     fn last_seqs(&self) -> Vec<(String, u64)> {

@@ -85,6 +85,12 @@ counters! {
     control_malformed,
     /// Peers ignored because they belong to another domain.
     peers_foreign_domain,
+    /// Scouting datagrams dropped: not a hello, of another version,
+    /// truncated, or with a bad endpoint.
+    scout_malformed,
+    /// Hellos of new nodes ignored because scouting already knows 10,000
+    /// nodes (logged when it happens).
+    scout_nodes_dropped,
     /// Announcement files that could not be read.
     announcements_malformed,
     /// Subscribe/unsubscribe messages received by the data sockets.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::p2p::scout_peers::ScoutPeers;
 use crate::backend::p2p::static_peers::StaticPeers;
 use crate::backend::p2p::sub_link::{ConnectionWatcher, Monitor};
 use crate::backend::p2p::{zmq_io, P2p, WakeRx};
@@ -40,6 +41,9 @@ pub(crate) trait Host: Send + Sync + 'static {
     /// The last sequence number of each key this node published, for its
     /// goodbye.
     fn last_seqs(&self) -> Vec<(String, u64)>;
+    /// A number that changes whenever the announcement may have (for
+    /// scouting's hellos).
+    fn announcement_version(&self) -> u64;
 }
 
 /// First frame of every control request and reply.
@@ -230,7 +234,17 @@ pub(crate) fn start<H: Host>(
     local: Option<LocalSource>,
 ) -> Result<JoinHandle<()>, OpenError> {
     let p2p = host.p2p();
-    let NodeSockets { router, live, .. } = socks;
+    let NodeSockets {
+        router,
+        live,
+        control_endpoint,
+        ..
+    } = socks;
+    let scout = if p2p.core().cfg.scouting {
+        Some(ScoutPeers::open(p2p.core.clone(), control_endpoint)?)
+    } else {
+        None
+    };
     let monitor = self::monitor(p2p, &router, "control")?;
     let live_monitor = self::monitor(p2p, &live, "liveliness")?;
     let statics = StaticPeers::new(p2p, p2p.core.clone());
@@ -247,6 +261,7 @@ pub(crate) fn start<H: Host>(
         next_heartbeat: Instant::now(),
         statics,
         local,
+        scout,
         watch_fd,
         flooded: false,
     };
@@ -282,9 +297,10 @@ struct Control<H: Host> {
     live: zmq::Socket,
     heartbeat_seq: u64,
     next_heartbeat: Instant,
-    /// Discovery sources: static peers, the local directory.
+    /// Discovery sources: static peers, the local directory, scouting.
     statics: StaticPeers,
     local: Option<LocalSource>,
+    scout: Option<ScoutPeers>,
     /// The local directory's inotify descriptor, if any.
     watch_fd: Option<std::os::fd::RawFd>,
     /// The last drain of the data sockets left messages to read.
@@ -334,6 +350,9 @@ impl<H: Host> Control<H> {
         // the socket sends only to subscribers it knows of.
         while self.live.recv_msg(zmq::DONTWAIT).is_ok() {}
         self.send_heartbeat(true);
+        if let Some(s) = &self.scout {
+            s.leave();
+        }
         self.stop_monitors();
     }
 
@@ -345,6 +364,7 @@ impl<H: Host> Control<H> {
         let sources = [
             self.statics.next_due(),
             self.local.as_ref().and_then(Source::next_due),
+            self.scout.as_ref().and_then(Source::next_due),
         ];
         for due in sources.into_iter().flatten() {
             next = next.min(due);
@@ -360,10 +380,17 @@ impl<H: Host> Control<H> {
         if let Some(local) = &mut self.local {
             changed |= local.turn(now);
         }
+        if let Some(scout) = &mut self.scout {
+            scout.set_version(self.host.announcement_version());
+            changed |= scout.turn(now);
+        }
         if !changed && !force {
             return;
         }
         let mut peers = BTreeMap::new();
+        if let Some(scout) = &self.scout {
+            scout.peers_into(&mut peers);
+        }
         if let Some(local) = &self.local {
             local.peers_into(&mut peers);
         }
@@ -459,6 +486,12 @@ impl<H: Host> Control<H> {
         // their turn.
         let statics = items.len();
         items.extend(self.statics.poll_items());
+        let scouting = items.len();
+        if let Some(s) = &self.scout {
+            items.push(zmq::PollItem::from_fd(s.fd(), zmq::POLLIN));
+            items.extend(s.poll_items());
+        }
+        let scouted = items.len();
         if let Some(fd) = self.watch_fd {
             items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
         }
@@ -474,6 +507,11 @@ impl<H: Host> Control<H> {
             .any(|r| *r)
         {
             self.statics.mark_readable();
+        }
+        if readable[scouting..scouted].iter().any(|r| *r) {
+            if let Some(s) = &mut self.scout {
+                s.mark_readable();
+            }
         }
         Ready {
             router: readable[0],

@@ -9,6 +9,7 @@
 pub(crate) mod call_link;
 pub(crate) mod control;
 pub(crate) mod data;
+pub(crate) mod scout_peers;
 pub(crate) mod serve_link;
 pub(crate) mod static_peers;
 pub(crate) mod sub_link;

@@ -1,0 +1,349 @@
+//! The `scout` discovery source (docs/protocol.md §9.5): the nodes heard
+//! in the scouting group, each asked for its announcement over the control
+//! protocol (§9.1) when its hello names a version not fetched yet, and
+//! forgotten when it says it leaves or is not heard for three intervals
+//! (at least the lease). It multicasts this node's hello every
+//! `scout_interval_ms`, at once when the announcement changes, and asks
+//! the others for theirs when it opens, so that a new node has its view
+//! within a round trip.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use milonga_wire::scout::Hello;
+use milonga_wire::NodeId;
+
+use crate::backend::p2p::control::NodeInfo;
+use crate::backend::p2p::ContextRef;
+use crate::discovery::scout::Scout;
+use crate::discovery::{Announcement, Source};
+use crate::model::error::OpenError;
+use crate::model::node::NodeCore;
+use crate::util::stats;
+
+/// Most nodes scouting remembers; hellos of further new nodes are dropped
+/// and counted (`scout_nodes_dropped`).
+pub(crate) const MAX_SCOUTED: usize = 10_000;
+/// How long a query for an announcement may take before it is given up
+/// (the next hello asks again).
+const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often silent nodes and late queries are looked for.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// Least time between two hellos sent to answer others' asks.
+const ANSWER_EVERY: Duration = Duration::from_millis(100);
+
+/// A node heard in the group.
+struct Scouted {
+    control: String,
+    /// The announcement version its last hello named.
+    version: u64,
+    last_heard: Instant,
+    /// Its announcement, and the version it was fetched for.
+    announcement: Option<(Announcement, u64)>,
+    /// A query in flight: its socket, when it was sent, the version asked.
+    query: Option<(zmq::Socket, Instant, u64)>,
+}
+
+/// The nodes scouting found.
+pub(crate) struct ScoutPeers {
+    node: Arc<NodeCore>,
+    scout: Scout,
+    nodes: HashMap<NodeId, Scouted>,
+    /// This node's control endpoint and announcement version, for its hellos.
+    control: String,
+    version: u64,
+    sent_version: Option<u64>,
+    next_hello: Instant,
+    last_answer: Option<Instant>,
+    answer_due: bool,
+    /// The poll saw a datagram or a reply waiting.
+    readable: bool,
+    /// Queries in flight.
+    inflight: usize,
+    /// A hello named a version not fetched yet.
+    stale: bool,
+    /// When silent nodes and late queries are next looked for.
+    next_sweep: Instant,
+    warned_full: bool,
+    // Last: the query sockets above close before it.
+    ctx: ContextRef,
+}
+
+impl ScoutPeers {
+    /// Joins the group; the first turn says hello and asks the others for
+    /// theirs.
+    pub(crate) fn open(node: Arc<NodeCore>, control: String) -> Result<ScoutPeers, OpenError> {
+        Ok(ScoutPeers {
+            scout: Scout::open(node.clone())?,
+            node,
+            nodes: HashMap::new(),
+            control,
+            version: 0,
+            sent_version: None,
+            next_hello: Instant::now(),
+            last_answer: None,
+            answer_due: false,
+            readable: true,
+            inflight: 0,
+            stale: false,
+            next_sweep: Instant::now(),
+            warned_full: false,
+            ctx: ContextRef::acquire(),
+        })
+    }
+
+    /// The UDP socket, for the node thread's poll.
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.scout.fd()
+    }
+
+    /// The query sockets in flight, for the node thread's poll.
+    pub(crate) fn poll_items(&self) -> Vec<zmq::PollItem<'_>> {
+        self.nodes
+            .values()
+            .filter_map(|n| n.query.as_ref())
+            .map(|(s, _, _)| s.as_poll_item(zmq::POLLIN))
+            .collect()
+    }
+
+    /// The poll saw something waiting.
+    pub(crate) fn mark_readable(&mut self) {
+        self.readable = true;
+    }
+
+    /// This node's announcement version now: a change is said at once.
+    pub(crate) fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
+
+    fn hello(&self, leaving: bool, ask: bool) -> Hello {
+        Hello {
+            leaving,
+            ask,
+            domain_tag: self.node.domain_tag,
+            node_id: self.node.id,
+            version: self.version,
+            control: self.control.clone(),
+        }
+    }
+
+    /// Says goodbye: the others forget this node at once.
+    pub(crate) fn leave(&self) {
+        self.scout.send(&self.hello(true, false));
+    }
+
+    fn interval(&self) -> Duration {
+        Duration::from_millis(self.node.cfg.scout_interval_ms.max(10))
+    }
+
+    /// How long a node may stay silent before it is forgotten.
+    fn expiry(&self) -> Duration {
+        (self.interval() * 3).max(Duration::from_millis(
+            self.node.cfg.heartbeat_timeout_ms.max(1) as u64,
+        ))
+    }
+
+    /// Sends this node's hello when one is due: every interval, when the
+    /// announcement changed, and (at most every [`ANSWER_EVERY`]) when a
+    /// new node asked.
+    fn say_hello(&mut self, now: Instant) {
+        let first = self.sent_version.is_none();
+        let changed = self.sent_version != Some(self.version);
+        let answer = self.answer_due && self.last_answer.is_none_or(|t| now >= t + ANSWER_EVERY);
+        if !(first || changed || answer || now >= self.next_hello) {
+            return;
+        }
+        if answer {
+            self.answer_due = false;
+            self.last_answer = Some(now);
+        }
+        self.scout.send(&self.hello(false, first));
+        self.sent_version = Some(self.version);
+        self.next_hello = now + self.interval();
+    }
+
+    /// Takes in the hellos that arrived; whether a node left.
+    fn hear(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        for h in self.scout.receive() {
+            self.answer_due |= h.ask;
+            if h.leaving {
+                changed |= self
+                    .nodes
+                    .remove(&h.node_id)
+                    .is_some_and(|n| n.announcement.is_some());
+                continue;
+            }
+            if let Some(n) = self.nodes.get_mut(&h.node_id) {
+                n.last_heard = now;
+                n.version = h.version;
+                self.stale |= n.announcement.as_ref().map(|(_, v)| *v) != Some(h.version);
+                if n.control != h.control {
+                    // Another endpoint (restarted elsewhere with the same
+                    // id cannot happen; a forged hello can): ask again.
+                    n.control = h.control;
+                    n.query = None;
+                }
+                continue;
+            }
+            if self.nodes.len() >= MAX_SCOUTED {
+                stats::inc(&self.node.counters.scout_nodes_dropped);
+                if !std::mem::replace(&mut self.warned_full, true) {
+                    tracing::warn!(
+                        limit = MAX_SCOUTED,
+                        "scouting knows {MAX_SCOUTED} nodes: hellos of further new nodes are ignored (counted in scout_nodes_dropped)"
+                    );
+                }
+                continue;
+            }
+            self.stale = true;
+            self.nodes.insert(
+                h.node_id,
+                Scouted {
+                    control: h.control,
+                    version: h.version,
+                    last_heard: now,
+                    announcement: None,
+                    query: None,
+                },
+            );
+        }
+        changed
+    }
+
+    /// Asks the nodes whose announcement is older than their hello, and
+    /// reads the answers; whether an announcement changed.
+    fn fetch(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        let mut inflight = 0;
+        let domain = &self.node.domain;
+        let c = &self.node.counters;
+        for (id, n) in &mut self.nodes {
+            if let Some((sock, sent, asked)) = &n.query {
+                if let Ok(frames) = sock.recv_multipart(zmq::DONTWAIT) {
+                    let info = milonga_wire::control::decode_info_reply(&frames)
+                        .ok()
+                        .and_then(|body| serde_json::from_slice::<NodeInfo>(body).ok());
+                    let asked = *asked;
+                    n.query = None;
+                    match info {
+                        Some(i) if i.announcement.domain != *domain => {
+                            stats::inc(&c.peers_foreign_domain);
+                        }
+                        Some(i) if i.announcement.node_id != id.to_hex() => {
+                            stats::inc(&c.control_malformed);
+                            limited!(warn, endpoint = %n.control, "a scouted node's control endpoint answered for another node");
+                        }
+                        Some(i) => {
+                            changed |= n
+                                .announcement
+                                .as_ref()
+                                .is_none_or(|(a, _)| *a != i.announcement);
+                            n.announcement = Some((i.announcement, asked));
+                        }
+                        None => {
+                            stats::inc(&c.control_malformed);
+                            limited!(warn, endpoint = %n.control, "dropped a malformed reply from a scouted node");
+                        }
+                    }
+                } else if now >= *sent + QUERY_TIMEOUT {
+                    n.query = None;
+                }
+            }
+            let fetched = n.announcement.as_ref().map(|(_, v)| *v);
+            if n.query.is_none() && fetched != Some(n.version) {
+                match query(&self.ctx, &n.control) {
+                    Ok(sock) => n.query = Some((sock, now, n.version)),
+                    Err(e) => {
+                        limited!(warn, endpoint = %n.control, err = %e, "cannot ask a scouted node for its announcement")
+                    }
+                }
+            }
+            inflight += usize::from(n.query.is_some());
+        }
+        self.inflight = inflight;
+        changed
+    }
+
+    /// Forgets the nodes silent for too long; whether one had an
+    /// announcement.
+    fn expire(&mut self, now: Instant) -> bool {
+        let expiry = self.expiry();
+        let before = self.nodes.len();
+        let mut changed = false;
+        self.nodes.retain(|_, n| {
+            let keep = now < n.last_heard + expiry;
+            changed |= !keep && n.announcement.is_some();
+            keep
+        });
+        if self.nodes.len() < before {
+            tracing::debug!(
+                forgotten = before - self.nodes.len(),
+                "scouted nodes went silent"
+            );
+        }
+        changed
+    }
+}
+
+/// A DEALER that has asked `endpoint` for its node's announcement.
+fn query(ctx: &ContextRef, endpoint: &str) -> Result<zmq::Socket, OpenError> {
+    use crate::model::error::IntoTransport;
+    let s = ctx.socket(zmq::DEALER)?;
+    let err = |source: zmq::Error| OpenError::Socket {
+        action: "query",
+        endpoint: endpoint.to_owned(),
+        source: source.transport(),
+    };
+    s.set_linger(0).map_err(err)?;
+    s.set_maxmsgsize(16 << 20).map_err(err)?;
+    s.connect(endpoint).map_err(err)?;
+    s.send_multipart(milonga_wire::control::Request::Info.frames(), zmq::DONTWAIT)
+        .map_err(err)?;
+    Ok(s)
+}
+
+impl Source for ScoutPeers {
+    /// The nodes are gone through only when something asks for it (a
+    /// hello with a new version, a reply, a query or a node due to time
+    /// out): a turn of the node thread costs nothing otherwise.
+    fn turn(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        if std::mem::take(&mut self.readable) {
+            changed |= self.hear(now);
+        }
+        let sweep = now >= self.next_sweep;
+        if std::mem::take(&mut self.stale) || self.inflight > 0 || sweep {
+            changed |= self.fetch(now);
+        }
+        if sweep {
+            changed |= self.expire(now);
+            self.next_sweep = now + SWEEP_EVERY;
+        }
+        self.say_hello(now);
+        changed
+    }
+
+    fn peers_into(&self, peers: &mut BTreeMap<String, Announcement>) {
+        for n in self.nodes.values() {
+            if let Some((a, _)) = &n.announcement {
+                peers.insert(a.node_id.clone(), a.clone());
+            }
+        }
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        let mut next = self.next_hello;
+        if !self.nodes.is_empty() {
+            next = next.min(self.next_sweep);
+        }
+        if self.answer_due {
+            next = next.min(
+                self.last_answer
+                    .map_or_else(Instant::now, |t| t + ANSWER_EVERY),
+            );
+        }
+        Some(next)
+    }
+}
