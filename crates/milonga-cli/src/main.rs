@@ -643,9 +643,11 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
     for r in &rows {
         writeln!(
             o,
-            "{}  id {}  control {}",
+            "{}  id {}  host {} pid {}  control {}",
             r["name"].as_str().unwrap_or("?"),
             r["node_id"].as_str().unwrap_or("?"),
+            r["host"].as_str().unwrap_or("?"),
+            r["pid"],
             r["control"].as_str().unwrap_or("?")
         )?;
         for (label, field) in [

@@ -51,6 +51,8 @@ pub struct Host {
 pub struct Bed {
     switch: String,
     hosts: Vec<Host>,
+    /// Networks added after the first.
+    networks: u8,
 }
 
 /// Runs `ip`/`nft` and the like: Ok, or the command and what it printed.
@@ -166,6 +168,7 @@ impl Bed {
         let mut bed = Bed {
             switch,
             hosts: Vec::new(),
+            networks: 0,
         };
         let sw = bed.switch.clone();
         run("ip", &["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
@@ -262,6 +265,61 @@ impl Bed {
             &["-n", &self.switch, "link", "set", &self.hosts[i].port, "up"],
         )
         .expect("restore a link");
+    }
+
+    /// Adds a network: a bridge of its own joining `members`, each given
+    /// an interface `eth<k>` with address `10.99.<k>.<i+1>/24` (`k` the
+    /// network's number, 1 for the first added). Its number.
+    pub fn add_network(&mut self, members: &[usize]) -> Result<u8, String> {
+        self.networks += 1;
+        let k = self.networks;
+        let sw = self.switch.clone();
+        let br = format!("br{k}");
+        run("ip", &["-n", &sw, "link", "add", &br, "type", "bridge"])?;
+        run(
+            "ip",
+            &[
+                "-n",
+                &sw,
+                "link",
+                "set",
+                &br,
+                "type",
+                "bridge",
+                "mcast_snooping",
+                "0",
+            ],
+        )?;
+        run("ip", &["-n", &sw, "link", "set", &br, "up"])?;
+        for &i in members {
+            let port = format!("n{k}h{i}");
+            let dev = format!("eth{k}");
+            let netns = self.hosts[i].netns.clone();
+            run(
+                "ip",
+                &[
+                    "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", &dev, "netns",
+                    &netns,
+                ],
+            )?;
+            run(
+                "ip",
+                &["-n", &sw, "link", "set", &port, "master", &br, "up"],
+            )?;
+            let cidr = format!("{}/24", Ipv4Addr::new(10, 99, k, i as u8 + 1));
+            run("ip", &["-n", &netns, "addr", "add", &cidr, "dev", &dev])?;
+            run("ip", &["-n", &netns, "link", "set", &dev, "up"])?;
+        }
+        Ok(k)
+    }
+
+    /// Host `i` refuses new TCP connections arriving on its `eth0` (a
+    /// firewall); UDP, multicast included, still passes.
+    pub fn block_new_tcp(&self, i: usize) {
+        let script = "table inet milonga_block {\n\
+             \x20 chain input { type filter hook input priority 0; iifname \"eth0\" tcp flags & (syn | ack) == syn drop; }\n\
+             }\n";
+        nft(&self.hosts[i].netns, script).expect("block new TCP connections");
     }
 
     /// Drops `percent` of the packets host `i` sends and receives on the

@@ -87,9 +87,12 @@ fn reliable_try_put_would_block(t: Transport) {
     );
     // On tcp and ipc, libzmq's I/O thread may still move queued messages
     // into the kernel's buffers for a moment: a put may find room until
-    // they are full, then times out.
+    // they are full, then times out. The kernel grows a connection's
+    // buffers to several MiB, and waiting samples travel in batches of up
+    // to 128 KiB, so tens of thousands of these small samples can fit
+    // first (10,000 once did, on a loaded machine).
     let mut timed_out = false;
-    for _ in 0..10_000 {
+    for _ in 0..1_000_000 {
         match p.put_timeout(sent, Duration::from_millis(50)) {
             Ok(()) => sent += 1,
             Err(milonga::PutError::Timeout(_)) => {

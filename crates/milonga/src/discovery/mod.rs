@@ -19,6 +19,7 @@
 //!   ([`scout::Scout`]); a node heard is asked for its announcement over
 //!   the control protocol (`backend::p2p::scout_peers`).
 
+pub(crate) mod interfaces;
 pub(crate) mod local;
 pub(crate) mod scout;
 

@@ -163,6 +163,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
         Kind::Bool,
     ),
     key("peers", Some("MILONGA_PEERS"), Kind::List),
+    key("interfaces", Some("MILONGA_INTERFACES"), Kind::List),
     key("scouting", Some("MILONGA_SCOUTING"), Kind::Bool),
     key("scout_group", Some("MILONGA_SCOUT_GROUP"), Kind::Text),
     key(
@@ -220,6 +221,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         control_endpoint: _,
         local_discovery: _,
         peers: _,
+        interfaces: _,
         scouting: _,
         scout_group: _,
         scout_interval_ms: _,
@@ -247,6 +249,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "control_endpoint",
         "local_discovery",
         "peers",
+        "interfaces",
         "scouting",
         "scout_group",
         "scout_interval_ms",
@@ -279,7 +282,8 @@ pub struct Config {
     /// Transport of the sockets the node binds. Default tcp.
     pub transport: Transport,
     /// Interface the tcp sockets bind to, and the address announced.
-    /// Default `127.0.0.1`; set a routable address for several hosts.
+    /// Default `127.0.0.1`; set a routable address for several hosts, or
+    /// `auto` (an interface's address, see `interfaces`).
     pub tcp_host: String,
     /// Fixed data endpoint for best-effort publications (default: ephemeral).
     pub data_endpoint: Option<String>,
@@ -291,6 +295,10 @@ pub struct Config {
     pub local_discovery: bool,
     /// Control endpoints of nodes on other hosts (`static` discovery).
     pub peers: Vec<String>,
+    /// With `tcp_host = "auto"`: the interfaces (names such as `eth0`, or
+    /// CIDRs such as `10.0.0.0/8`) among which the address is chosen.
+    /// Default: any that is up, multicast-capable and not loopback.
+    pub interfaces: Vec<String>,
     /// Find the nodes of other hosts by UDP multicast (`scout`
     /// discovery, docs/protocol.md §9.5): needs `tcp_host` set to this
     /// host's address on that network. Default false.
@@ -358,6 +366,7 @@ impl Config {
             control_endpoint: None,
             local_discovery: true,
             peers: Vec::new(),
+            interfaces: Vec::new(),
             scouting: false,
             scout_group: "239.255.77.77:7477".to_owned(),
             scout_interval_ms: 1000,
@@ -472,6 +481,7 @@ impl Config {
             },
             (Kind::List, V::List(l)) => match key {
                 "peers" => self.peers = l,
+                "interfaces" => self.interfaces = l,
                 _ => unreachable!("a list key without a field: {key}"),
             },
             (Kind::Int, V::Int(i)) => {
@@ -652,6 +662,7 @@ mod tests {
             ("MILONGA_CONTROL_ENDPOINT", "tcp://10.0.0.1:7002"),
             ("MILONGA_LOCAL_DISCOVERY", "off"),
             ("MILONGA_PEERS", "tcp://a:1, tcp://b:2"),
+            ("MILONGA_INTERFACES", "eth0, 10.0.0.0/8"),
             ("MILONGA_SCOUTING", "1"),
             ("MILONGA_SCOUT_GROUP", "239.1.2.3:9000"),
             ("MILONGA_SCOUT_INTERVAL_MS", "250"),
@@ -683,6 +694,7 @@ mod tests {
         assert_eq!(c.control_endpoint.as_deref(), Some("tcp://10.0.0.1:7002"));
         assert!(!c.local_discovery);
         assert_eq!(c.peers, ["tcp://a:1", "tcp://b:2"]);
+        assert_eq!(c.interfaces, ["eth0", "10.0.0.0/8"]);
         assert!(c.scouting);
         assert_eq!(
             (c.scout_group.as_str(), c.scout_interval_ms),

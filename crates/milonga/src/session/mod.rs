@@ -141,6 +141,16 @@ impl NodeInner {
             None
         };
         check(&cfg)?;
+        let mut cfg = cfg;
+        if cfg.tcp_host == "auto" {
+            let addr = crate::discovery::interfaces::pick(&cfg.interfaces).map_err(|why| {
+                OpenError::Config {
+                    key: "tcp_host".into(),
+                    why,
+                }
+            })?;
+            cfg.tcp_host = addr.to_string();
+        }
         let core = Arc::new(NodeCore::new(NodeId(id), name, loc.domain, cfg));
         let (p2p, wake_rx) = P2p::new(core.clone())?;
         let socks = control::bind_node(&p2p)?;

@@ -91,6 +91,10 @@ counters! {
     /// Hellos of new nodes ignored because scouting already knows 10,000
     /// nodes (logged when it happens).
     scout_nodes_dropped,
+    /// Nodes heard by scouting whose control endpoint did not answer
+    /// within 2 s (no route, a firewall, an address of another network);
+    /// logged with the endpoint, and asked again at their next hello.
+    scout_unreachable,
     /// Announcement files that could not be read.
     announcements_malformed,
     /// Subscribe/unsubscribe messages received by the data sockets.

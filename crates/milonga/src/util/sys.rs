@@ -24,6 +24,64 @@ pub(crate) fn pid_exists(pid: u32) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// An IPv4 address of a network interface of this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ipv4Iface {
+    pub(crate) name: String,
+    pub(crate) addr: std::net::Ipv4Addr,
+    /// The network's prefix length (from the netmask).
+    pub(crate) prefix: u8,
+    pub(crate) up: bool,
+    pub(crate) multicast: bool,
+    pub(crate) loopback: bool,
+}
+
+/// The IPv4 addresses of this host's interfaces, in the kernel's order
+/// (getifaddrs); empty if it fails.
+pub(crate) fn ipv4_interfaces() -> Vec<Ipv4Iface> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list it allocates into `head`; on
+    // success it is freed below with freeifaddrs, once.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, valid
+        // until freeifaddrs; its name is a NUL-terminated string, and an
+        // address of family AF_INET is a sockaddr_in (the netmask too).
+        unsafe {
+            let ifa = &*cur;
+            if !ifa.ifa_addr.is_null() && i32::from((*ifa.ifa_addr).sa_family) == libc::AF_INET {
+                let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                let addr = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                let prefix = if ifa.ifa_netmask.is_null() {
+                    32
+                } else {
+                    let m = &*(ifa.ifa_netmask as *const libc::sockaddr_in);
+                    u32::from_be(m.sin_addr.s_addr).count_ones() as u8
+                };
+                let flags = ifa.ifa_flags;
+                out.push(Ipv4Iface {
+                    name: std::ffi::CStr::from_ptr(ifa.ifa_name)
+                        .to_string_lossy()
+                        .into_owned(),
+                    addr,
+                    prefix,
+                    up: flags & libc::IFF_UP as u32 != 0,
+                    multicast: flags & libc::IFF_MULTICAST as u32 != 0,
+                    loopback: flags & libc::IFF_LOOPBACK as u32 != 0,
+                });
+            }
+            cur = ifa.ifa_next;
+        }
+    }
+    // SAFETY: the list getifaddrs allocated above, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
 /// Gives the allocator's free memory back to the system (glibc keeps it
 /// otherwise); nothing elsewhere.
 pub(crate) fn trim_heap() {

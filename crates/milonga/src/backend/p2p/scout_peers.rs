@@ -248,6 +248,10 @@ impl ScoutPeers {
                         }
                     }
                 } else if now >= *sent + QUERY_TIMEOUT {
+                    // Heard, yet not reachable at what it announces: say
+                    // so rather than leave it silently missing.
+                    stats::inc(&c.scout_unreachable);
+                    limited!(warn, node = %id, endpoint = %n.control, "a node heard by scouting did not answer at its control endpoint within 2 s: unreachable from here (a route, a firewall, or an address of another network?)");
                     n.query = None;
                 }
             }
