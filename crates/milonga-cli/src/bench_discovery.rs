@@ -1,6 +1,10 @@
 //! `milonga bench discovery`: how long N node processes of one host take
 //! to find each other with local discovery, and to see a fifth of them
-//! replaced (the churn of issue 10, finding 9).
+//! replaced (the churn of issue 10, finding 9). With `--hosts H` (2 or
+//! more, root needed), the nodes are spread over H hosts of the multi-host
+//! test bed (network namespaces) and find each other by scouting; the
+//! bench then also measures the discovery traffic at rest, per node, from
+//! the hosts' interface counters.
 //!
 //! Each node is a process (`milonga bench-worker` role `disc-node`) that
 //! opens a node in a private domain, declares a publication and prints the
@@ -25,6 +29,13 @@ pub struct DiscoveryArgs {
     /// Node processes.
     #[arg(long, default_value_t = 100)]
     nodes: usize,
+    /// Hosts (network namespaces of the test bed, root needed) the nodes
+    /// are spread over; with 2 or more they find each other by scouting.
+    #[arg(long, default_value_t = 1)]
+    hosts: usize,
+    /// Seconds at rest over which the scouting traffic is measured.
+    #[arg(long, default_value_t = 5.0)]
+    rest: f64,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -56,6 +67,11 @@ fn now_ns() -> u64 {
 pub fn worker(a: DiscWorkerArgs) -> Result<std::process::ExitCode> {
     let mut cfg = Config::new(&a.locator, &format!("disc-{}", a.me));
     cfg.runtime_dir = Some(a.runtime_dir.into());
+    // Set by the bench on the hosts of a test bed.
+    if let Ok(host) = std::env::var("MILONGA_BENCH_SCOUT_HOST") {
+        cfg.tcp_host = host;
+        cfg.scouting = true;
+    }
     let node = Node::open_with(cfg)?;
     let _p = node.publisher(&format!("disc/{}", a.me))?;
     let expect: std::collections::BTreeSet<String> = a
@@ -93,9 +109,36 @@ impl Drop for Proc {
     }
 }
 
-fn spawn(locator: &str, dir: &str, expect: &str, start_ns: u64, me: usize) -> Result<Proc> {
-    let mut child = Command::new(std::env::current_exe()?)
-        .args(["bench-disc-worker", locator, dir, expect])
+/// Where node processes run: this host, or the hosts of a test bed.
+struct Place {
+    bed: Option<milonga_testkit::netbed::Bed>,
+    dir: std::path::PathBuf,
+}
+
+impl Place {
+    fn hosts(&self) -> usize {
+        self.bed.as_ref().map_or(1, |b| b.hosts().len())
+    }
+
+    /// The command of node `me`: on host `me % hosts`, in that host's
+    /// runtime directory.
+    fn command(&self, me: usize) -> Result<(Command, String)> {
+        let exe = std::env::current_exe()?;
+        let Some(bed) = &self.bed else {
+            return Ok((Command::new(exe), self.dir.display().to_string()));
+        };
+        let h = me % bed.hosts().len();
+        let dir = self.dir.join(format!("h{h}"));
+        let mut c = bed.command(h, &exe.display().to_string());
+        c.env("MILONGA_BENCH_SCOUT_HOST", bed.host(h).addr.to_string());
+        Ok((c, dir.display().to_string()))
+    }
+}
+
+fn spawn(place: &Place, locator: &str, expect: &str, start_ns: u64, me: usize) -> Result<Proc> {
+    let (mut cmd, dir) = place.command(me)?;
+    let mut child = cmd
+        .args(["bench-disc-worker", locator, &dir, expect])
         .arg(start_ns.to_string())
         .arg(me.to_string())
         .stdin(Stdio::null())
@@ -149,12 +192,27 @@ pub fn run(a: DiscoveryArgs) -> Result<std::process::ExitCode> {
     }
     let pid = std::process::id();
     let dir = std::env::temp_dir().join(format!("mlg-disc-{pid}"));
-    let dir_s = dir.display().to_string();
     let locator = format!("milonga:///disc-{pid}");
     let n = a.nodes;
-    eprintln!(
-        "# milonga bench discovery: {n} node processes on this host, local discovery (tcp); ms from the start signal until a node's peer table holds every expected node; p50 and max over the nodes"
-    );
+    let bed = match a.hosts {
+        0 => bail!("--hosts must be at least 1"),
+        1 => None,
+        h => Some(
+            milonga_testkit::netbed::Bed::new(h)
+                .map_err(|why| anyhow::anyhow!("--hosts needs network namespaces (root): {why}"))?,
+        ),
+    };
+    let place = Place { bed, dir };
+    if place.bed.is_some() {
+        eprintln!(
+            "# milonga bench discovery: {n} node processes spread over {} hosts (network namespaces on one bridge), scouting (UDP multicast) + local discovery; ms from the start signal until a node's peer table holds every expected node; p50 and max over the nodes",
+            place.hosts()
+        );
+    } else {
+        eprintln!(
+            "# milonga bench discovery: {n} node processes on this host, local discovery (tcp); ms from the start signal until a node's peer table holds every expected node; p50 and max over the nodes"
+        );
+    }
     match a.format {
         Format::Csv => println!("case,nodes,p50_ms,max_ms,note"),
         Format::Table => println!(
@@ -166,7 +224,7 @@ pub fn run(a: DiscoveryArgs) -> Result<std::process::ExitCode> {
     let start = now_ns();
     let started = Instant::now();
     let mut procs: Vec<Proc> = (0..n)
-        .map(|i| spawn(&locator, &dir_s, &all.join(","), start, i))
+        .map(|i| spawn(&place, &locator, &all.join(","), start, i))
         .collect::<Result<_>>()?;
     let cold = times(
         &procs.iter().collect::<Vec<_>>(),
@@ -179,6 +237,9 @@ pub fn run(a: DiscoveryArgs) -> Result<std::process::ExitCode> {
         &cold,
         "all started at once; each must see all",
     );
+    if let Some(bed) = &place.bed {
+        rest_traffic(bed, n, Duration::from_secs_f64(a.rest.max(0.5)))?;
+    }
     // Churn: a fifth replaced by new nodes; each new node must see every
     // node now alive, and an observer every new node.
     let k = n / 5;
@@ -187,10 +248,10 @@ pub fn run(a: DiscoveryArgs) -> Result<std::process::ExitCode> {
     let started = Instant::now();
     let alive: Vec<String> = (0..n - k).chain(n..n + k).map(|i| i.to_string()).collect();
     let fresh: Vec<Proc> = (n..n + k)
-        .map(|i| spawn(&locator, &dir_s, &alive.join(","), start, i))
+        .map(|i| spawn(&place, &locator, &alive.join(","), start, i))
         .collect::<Result<_>>()?;
     let new_ones: Vec<String> = (n..n + k).map(|i| i.to_string()).collect();
-    let observer = spawn(&locator, &dir_s, &new_ones.join(","), start, 10 * n)?;
+    let observer = spawn(&place, &locator, &new_ones.join(","), start, 10 * n)?;
     let mut t = times(
         &fresh.iter().collect::<Vec<_>>(),
         started + Duration::from_secs(120),
@@ -205,6 +266,55 @@ pub fn run(a: DiscoveryArgs) -> Result<std::process::ExitCode> {
         &format!("{k} of {n} killed and {k} started at once; the new ones and an observer must see the new set"),
     );
     drop((procs, fresh, observer));
-    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(&place.dir);
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The packets and bytes `eth0` of each host sent and received so far.
+fn counters(bed: &milonga_testkit::netbed::Bed) -> Result<Vec<[u64; 4]>> {
+    let mut out = Vec::new();
+    for h in bed.hosts() {
+        let o = Command::new("ip")
+            .args(["-s", "-j", "-n", &h.netns, "link", "show", "dev", "eth0"])
+            .output()
+            .context("ip -s link")?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).context("ip -j output")?;
+        let s = &v[0]["stats64"];
+        let get = |d: &str, f: &str| s[d][f].as_u64().unwrap_or(0);
+        out.push([
+            get("tx", "packets"),
+            get("tx", "bytes"),
+            get("rx", "packets"),
+            get("rx", "bytes"),
+        ]);
+    }
+    Ok(out)
+}
+
+/// Prints the discovery traffic at rest: per node sent, per host received.
+fn rest_traffic(bed: &milonga_testkit::netbed::Bed, n: usize, over: Duration) -> Result<()> {
+    // Queries of the start are over once every node has its view.
+    std::thread::sleep(Duration::from_secs(1));
+    let before = counters(bed)?;
+    std::thread::sleep(over);
+    let after = counters(bed)?;
+    let secs = over.as_secs_f64();
+    let mut sum = [0u64; 4];
+    for (b, a) in before.iter().zip(&after) {
+        for k in 0..4 {
+            sum[k] += a[k].saturating_sub(b[k]);
+        }
+    }
+    let hosts = bed.hosts().len() as f64;
+    eprintln!(
+        "# at rest, over {secs:.1} s: sent per node (every host's eth0 tx / nodes), received per host (eth0 rx / hosts)"
+    );
+    println!(
+        "rest,{n},tx_pkts_per_s_per_node={:.2},tx_bytes_per_s_per_node={:.1},rx_pkts_per_s_per_host={:.1},rx_bytes_per_s_per_host={:.0}",
+        sum[0] as f64 / secs / n as f64,
+        sum[1] as f64 / secs / n as f64,
+        sum[2] as f64 / secs / hosts,
+        sum[3] as f64 / secs / hosts,
+    );
+    Ok(())
 }

@@ -448,7 +448,7 @@ fn on_a_host_with_two_networks_interfaces_picks_the_one_that_reaches_the_peer() 
 }
 
 #[test]
-fn a_node_heard_but_unreachable_is_counted_and_logged_not_silently_missing() {
+fn a_publisher_heard_but_unreachable_is_counted_and_logged_not_silently_missing() {
     let Some(lan) = Lan::new("unreach", 2) else {
         return;
     };
@@ -457,20 +457,21 @@ fn a_node_heard_but_unreachable_is_counted_and_logged_not_silently_missing() {
     let mut s = lan.cmd(1, &["sub", "lan/**", "--json"]);
     s.env("MILONGA_SCOUTING", "1");
     let _sub = Proc::spawn(s);
-    // The subscriber's own counters, read by `ls` on its host (local
-    // discovery finds it there).
+    // The publisher's hello carries its announcement, so the subscriber
+    // knows it; its data connection cannot be made. The subscriber's own
+    // counters, read by `ls` on its host (local discovery finds it there).
     let unreachable = || {
         let out = lan.cmd(1, &["ls", "--json"]).output().unwrap();
         let v: Json = serde_json::from_slice(&out.stdout).unwrap_or(Json::Null);
         v.as_array()
             .into_iter()
             .flatten()
-            .filter_map(|n| n["stats"]["scout_unreachable"].as_u64())
+            .filter_map(|n| n["stats"]["connects_failed"].as_u64())
             .max()
             .unwrap_or(0)
     };
     assert!(
         milonga_testkit::poll_until(Duration::from_secs(10), || unreachable() > 0),
-        "the subscriber counted the publisher it heard but could not reach"
+        "the subscriber counted the connections it could not make to the publisher it heard"
     );
 }

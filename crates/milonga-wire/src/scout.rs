@@ -17,9 +17,14 @@
 //!             node's announcement does
 //! 36     2    length N of the control endpoint (little endian), 1 to 255
 //! 38     N    control endpoint, UTF-8, `tcp://ADDRESS:PORT`
+//! 38+N   2    length M of the announcement (little endian), 0: none
+//! 40+N   M    the announcement (JSON, [`crate::announce`]) of that version
 //! ```
 //!
-//! Nothing may follow the endpoint; unknown flag bits are ignored.
+//! Nothing may follow; unknown flag bits are ignored. A sender includes
+//! its announcement when the whole hello fits [`MAX_INLINE`] bytes (one
+//! Ethernet frame), so that most nodes are known from their hello alone;
+//! a receiver of a hello without one asks the control endpoint.
 
 use crate::frame::NodeId;
 
@@ -35,6 +40,9 @@ pub const FLAG_ASK: u8 = 2;
 pub const HEAD_LEN: usize = 38;
 /// Longest control endpoint a hello carries.
 pub const MAX_ENDPOINT: usize = 255;
+/// Largest hello that carries its announcement: one Ethernet frame's
+/// payload less the IP and UDP headers.
+pub const MAX_INLINE: usize = 1472;
 
 /// Why a datagram is not a hello of this version.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +76,8 @@ pub struct Hello {
     pub version: u64,
     /// The node's control endpoint.
     pub control: String,
+    /// The node's announcement of `version` (JSON), when it fits.
+    pub announcement: Option<Vec<u8>>,
 }
 
 impl Hello {
@@ -89,7 +99,21 @@ impl Hello {
         out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&(ep.len() as u16).to_le_bytes());
         out.extend_from_slice(ep);
+        let a = self.announcement.as_deref().unwrap_or_default();
+        out.extend_from_slice(&(a.len() as u16).to_le_bytes());
+        out.extend_from_slice(a);
         out
+    }
+
+    /// The datagram, with `announcement` included if the whole fits
+    /// [`MAX_INLINE`] bytes.
+    pub fn encode_with(&self, announcement: &[u8]) -> Vec<u8> {
+        let fits = HEAD_LEN + self.control.len() + 2 + announcement.len() <= MAX_INLINE;
+        Hello {
+            announcement: fits.then(|| announcement.to_vec()),
+            ..self.clone()
+        }
+        .encode()
     }
 
     /// Reads a datagram.
@@ -108,13 +132,17 @@ impl Hello {
         }
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         let n = usize::from(u16_at(36));
-        if b.len() != HEAD_LEN + n {
-            return Err(ScoutError::Truncated(b.len()));
-        }
         if n == 0 || n > MAX_ENDPOINT {
             return Err(ScoutError::Endpoint(format!("{n} bytes long")));
         }
-        let control = std::str::from_utf8(&b[HEAD_LEN..])
+        if b.len() < HEAD_LEN + n + 2 {
+            return Err(ScoutError::Truncated(b.len()));
+        }
+        let m = usize::from(u16_at(HEAD_LEN + n));
+        if b.len() != HEAD_LEN + n + 2 + m {
+            return Err(ScoutError::Truncated(b.len()));
+        }
+        let control = std::str::from_utf8(&b[HEAD_LEN..HEAD_LEN + n])
             .map_err(|_| ScoutError::Endpoint("not UTF-8".into()))?;
         if !control.starts_with("tcp://") {
             return Err(ScoutError::Endpoint(format!("{control:?} is not tcp://")));
@@ -127,6 +155,7 @@ impl Hello {
             node_id: NodeId(b[12..28].try_into().expect("16 bytes")),
             version: u64::from_le_bytes(b[28..36].try_into().expect("8 bytes")),
             control: control.to_owned(),
+            announcement: (m > 0).then(|| b[HEAD_LEN + n + 2..].to_vec()),
         })
     }
 }
@@ -143,6 +172,7 @@ mod tests {
             node_id: NodeId([7; 16]),
             version: 42,
             control: "tcp://10.99.0.1:7100".into(),
+            announcement: None,
         }
     }
 
@@ -152,11 +182,22 @@ mod tests {
         assert_eq!(&b[..6], b"MLGS\x01\x02");
         assert_eq!(&b[8..12], &[4, 3, 2, 1]);
         assert_eq!(&b[28..36], &42u64.to_le_bytes());
-        assert_eq!(
-            usize::from(u16::from_le_bytes([b[36], b[37]])),
-            b.len() - HEAD_LEN
-        );
+        let n = usize::from(u16::from_le_bytes([b[36], b[37]]));
+        assert_eq!(&b[HEAD_LEN + n..], &[0, 0], "no announcement");
         assert_eq!(Hello::decode(&b).unwrap(), hello());
+        let with = hello().encode_with(br#"{"node_id":"x"}"#);
+        assert_eq!(
+            Hello::decode(&with).unwrap().announcement.as_deref(),
+            Some(&br#"{"node_id":"x"}"#[..])
+        );
+        // Too large to fit one frame: left out, to be asked for.
+        let big = vec![b' '; MAX_INLINE];
+        assert_eq!(
+            Hello::decode(&hello().encode_with(&big))
+                .unwrap()
+                .announcement,
+            None
+        );
     }
 
     #[test]
@@ -183,5 +224,13 @@ mod tests {
         huge[36..38].copy_from_slice(&300u16.to_le_bytes());
         huge.extend(std::iter::repeat_n(b'a', 300));
         assert!(matches!(Hello::decode(&huge), Err(ScoutError::Endpoint(_))));
+        // An announcement length past the end.
+        let mut short = good.clone();
+        let at = short.len() - 2;
+        short[at..].copy_from_slice(&10u16.to_le_bytes());
+        assert_eq!(
+            Hello::decode(&short),
+            Err(ScoutError::Truncated(short.len()))
+        );
     }
 }

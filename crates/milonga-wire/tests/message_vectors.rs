@@ -319,7 +319,7 @@ fn cases() -> Vec<Case> {
         valid(
             "scout_hello_ask",
             "scout_hello",
-            "a UDP datagram of scouting (§9.5): a node that just opened (flag ask), domain tag of \"lab\", announcement version 3, its control endpoint",
+            "a UDP datagram of scouting (§9.5): a node that just opened (flag ask), domain tag of \"lab\", announcement version 3, its control endpoint, and its announcement (JSON) inline",
             vec![hello().encode()],
             hello_json(&hello()),
         ),
@@ -407,6 +407,7 @@ fn encode(family: &str, meaning: &Json) -> Vec<Vec<u8>> {
             node_id: milonga_wire::NodeId::from_hex(meaning["node_id"].as_str().unwrap()).unwrap(),
             version: meaning["version"].as_u64().unwrap(),
             control: meaning["control"].as_str().unwrap().to_owned(),
+            announcement: meaning["announcement_hex"].as_str().map(unhex),
         }
         .encode()],
         other => panic!("unknown family {other}"),
@@ -422,6 +423,9 @@ fn hello() -> Hello {
         node_id: milonga_wire::NodeId([0x5a; 16]),
         version: 3,
         control: "tcp://10.99.0.1:7100".into(),
+        announcement: Some(
+            br#"{"protocol":1,"domain":"lab","node_id":"5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a","name":"ps@h:1","host":"h","pid":1,"start_time":0,"control":"tcp://10.99.0.1:7100","data_best_effort":null,"data_reliable":null,"liveliness":null,"publications":[],"services":[]}"#.to_vec(),
+        ),
     }
 }
 
@@ -433,6 +437,7 @@ fn hello_json(h: &Hello) -> Json {
         "node_id": h.node_id.to_hex(),
         "version": h.version,
         "control": h.control,
+        "announcement_hex": h.announcement.as_deref().map(hex),
     })
 }
 

@@ -104,10 +104,10 @@ impl Scout {
         self.sock.as_raw_fd()
     }
 
-    /// Multicasts `hello` (a full send buffer drops it: the next one
-    /// follows within an interval).
-    pub(crate) fn send(&self, hello: &Hello) {
-        if let Err(e) = self.sock.send_to(&hello.encode(), self.group) {
+    /// Multicasts `hello`, an encoded [`Hello`] (a full send buffer drops
+    /// it: the next one follows within an interval).
+    pub(crate) fn send(&self, hello: &[u8]) {
+        if let Err(e) = self.sock.send_to(hello, self.group) {
             limited!(warn, group = %self.group, err = %e, "cannot send a scouting hello");
         }
     }

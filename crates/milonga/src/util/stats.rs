@@ -78,6 +78,11 @@ counters! {
     /// one that broke the protocol, such as a message over the socket's
     /// size limit (ZeroMQ reports no event of its own for that).
     peer_disconnects,
+    /// Connections this node's subscriptions could not make to a
+    /// publisher discovery shows (no answer within `handshake_timeout_ms`,
+    /// refused, no route): each attempt, logged with the endpoint and
+    /// retried with back-off.
+    connects_failed,
     /// Connections a listening socket could not accept (file descriptors
     /// exhausted, for example); logged as errors.
     accepts_failed,

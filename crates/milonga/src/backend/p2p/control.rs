@@ -65,6 +65,7 @@ const HANDSHAKE_FAILED: i32 = (zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) as i32;
 const ACCEPT_FAILED: i32 = zmq_sys::ZMQ_EVENT_ACCEPT_FAILED as i32;
 const DISCONNECTED: i32 = zmq_sys::ZMQ_EVENT_DISCONNECTED as i32;
+const CONNECT_RETRIED: i32 = zmq_sys::ZMQ_EVENT_CONNECT_RETRIED as i32;
 
 /// A socket monitor reporting failed handshakes (a peer that does not speak
 /// ZMTP, or speaks it wrongly, or not within `handshake_timeout_ms`),
@@ -381,7 +382,10 @@ impl<H: Host> Control<H> {
             changed |= local.turn(now);
         }
         if let Some(scout) = &mut self.scout {
-            scout.set_version(self.host.announcement_version());
+            let v = self.host.announcement_version();
+            if v != scout.version() {
+                scout.set_announcement(v, self.host.announcement().to_json());
+            }
             changed |= scout.turn(now);
         }
         if !changed && !force {
@@ -561,6 +565,7 @@ impl<H: Host> Control<H> {
         if !readable && !added {
             return;
         }
+        let counters = self.host.p2p().core().counters.clone();
         self.sub_monitors.retain(|(sub, m)| {
             let Some(sub) = sub.upgrade() else {
                 return false;
@@ -570,6 +575,19 @@ impl<H: Host> Control<H> {
                     .get(1)
                     .map(|f| String::from_utf8_lossy(f).into_owned())
                     .unwrap_or_default();
+                let event = match frames.first().map(|f| &f[..]) {
+                    Some([a, b, ..]) => i32::from(u16::from_le_bytes([*a, *b])),
+                    _ => 0,
+                };
+                if event == CONNECT_RETRIED {
+                    // Not made: a publisher discovery shows that this
+                    // host cannot reach. Said, and retried by libzmq.
+                    let n = counters.connects_failed.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n <= 10 || n % 1000 == 0 {
+                        tracing::warn!(%endpoint, failed_so_far = n, "cannot connect to a publisher (no answer within handshake_timeout_ms, refused, or no route): unreachable from here? retrying");
+                    }
+                    continue;
+                }
                 sub.connection_closed(endpoint);
             }
             true

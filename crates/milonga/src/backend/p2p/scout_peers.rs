@@ -1,6 +1,7 @@
 //! The `scout` discovery source (docs/protocol.md §9.5): the nodes heard
-//! in the scouting group, each asked for its announcement over the control
-//! protocol (§9.1) when its hello names a version not fetched yet, and
+//! in the scouting group, each known from the announcement its hello
+//! carries, or asked for it over the control protocol (§9.1) when its
+//! hello names a version it does not carry and not fetched yet, and
 //! forgotten when it says it leaves or is not heard for three intervals
 //! (at least the lease). It multicasts this node's hello every
 //! `scout_interval_ms`, at once when the announcement changes, and asks
@@ -50,9 +51,11 @@ pub(crate) struct ScoutPeers {
     node: Arc<NodeCore>,
     scout: Scout,
     nodes: HashMap<NodeId, Scouted>,
-    /// This node's control endpoint and announcement version, for its hellos.
+    /// This node's control endpoint, announcement version and
+    /// announcement (JSON), for its hellos.
     control: String,
     version: u64,
+    announcement: Vec<u8>,
     sent_version: Option<u64>,
     next_hello: Instant,
     last_answer: Option<Instant>,
@@ -80,6 +83,7 @@ impl ScoutPeers {
             nodes: HashMap::new(),
             control,
             version: 0,
+            announcement: Vec::new(),
             sent_version: None,
             next_hello: Instant::now(),
             last_answer: None,
@@ -112,19 +116,32 @@ impl ScoutPeers {
         self.readable = true;
     }
 
-    /// This node's announcement version now: a change is said at once.
-    pub(crate) fn set_version(&mut self, version: u64) {
-        self.version = version;
+    /// The announcement version its hellos name.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
     }
 
-    fn hello(&self, leaving: bool, ask: bool) -> Hello {
-        Hello {
+    /// This node's announcement now, and its version: a change is said at
+    /// once; hellos carry it when it fits.
+    pub(crate) fn set_announcement(&mut self, version: u64, json: Vec<u8>) {
+        self.version = version;
+        self.announcement = json;
+    }
+
+    fn hello(&self, leaving: bool, ask: bool) -> Vec<u8> {
+        let h = Hello {
             leaving,
             ask,
             domain_tag: self.node.domain_tag,
             node_id: self.node.id,
             version: self.version,
             control: self.control.clone(),
+            announcement: None,
+        };
+        if leaving {
+            h.encode()
+        } else {
+            h.encode_with(&self.announcement)
         }
     }
 
@@ -163,10 +180,26 @@ impl ScoutPeers {
         self.next_hello = now + self.interval();
     }
 
-    /// Takes in the hellos that arrived; whether a node left.
+    /// The announcement a hello carries, if it is one of its node and of
+    /// this domain (a bad one is counted, and asked for instead).
+    fn inline(&self, h: &Hello) -> Option<Announcement> {
+        let json = h.announcement.as_deref()?;
+        match Announcement::from_json(json) {
+            Ok(a) if a.node_id == h.node_id.to_hex() && a.domain == self.node.domain => Some(a),
+            Ok(_) | Err(_) => {
+                stats::inc(&self.node.counters.scout_malformed);
+                limited!(warn, node = %h.node_id, "a hello's announcement is not its node's, or does not decode");
+                None
+            }
+        }
+    }
+
+    /// Takes in the hellos that arrived; whether a node left or an
+    /// announcement they carry changed.
     fn hear(&mut self, now: Instant) -> bool {
         let mut changed = false;
         for h in self.scout.receive() {
+            let inline = self.inline(&h);
             self.answer_due |= h.ask;
             if h.leaving {
                 changed |= self
@@ -178,12 +211,21 @@ impl ScoutPeers {
             if let Some(n) = self.nodes.get_mut(&h.node_id) {
                 n.last_heard = now;
                 n.version = h.version;
-                self.stale |= n.announcement.as_ref().map(|(_, v)| *v) != Some(h.version);
                 if n.control != h.control {
                     // Another endpoint (restarted elsewhere with the same
                     // id cannot happen; a forged hello can): ask again.
                     n.control = h.control;
                     n.query = None;
+                }
+                let fetched = n.announcement.as_ref().map(|(_, v)| *v);
+                if fetched != Some(h.version) {
+                    if let Some(a) = inline {
+                        changed |= n.announcement.as_ref().is_none_or(|(old, _)| *old != a);
+                        n.announcement = Some((a, h.version));
+                        n.query = None;
+                    } else {
+                        self.stale = true;
+                    }
                 }
                 continue;
             }
@@ -197,14 +239,15 @@ impl ScoutPeers {
                 }
                 continue;
             }
-            self.stale = true;
+            self.stale |= inline.is_none();
+            changed |= inline.is_some();
             self.nodes.insert(
                 h.node_id,
                 Scouted {
                     control: h.control,
                     version: h.version,
                     last_heard: now,
-                    announcement: None,
+                    announcement: inline.map(|a| (a, h.version)),
                     query: None,
                 },
             );

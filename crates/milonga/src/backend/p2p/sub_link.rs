@@ -75,6 +75,11 @@ impl SubLink {
             source: source.transport(),
         };
         zmq_io::apply_common(&sock, &p2p.core().cfg).map_err(cfg_err)?;
+        // A connection whose SYN goes unanswered (a firewall, no route
+        // back) fails within the handshake timeout, not the kernel's two
+        // minutes, and is retried; the monitor reports each failure.
+        sock.set_connect_timeout(p2p.core().cfg.handshake_timeout_ms.max(1))
+            .map_err(cfg_err)?;
         sock.set_rcvhwm(hwm).map_err(cfg_err)?;
         for p in prefixes.iter().map(Vec::as_slice).chain([WAKE]) {
             let mut msg = Vec::with_capacity(p.len() + 1);
@@ -83,8 +88,11 @@ impl SubLink {
             sock.send(msg, 0).map_err(cfg_err)?;
         }
         let mon_ep = format!("inproc://milonga-submon-{}-{id}", p2p.core().id);
-        sock.monitor(&mon_ep, zmq_sys::ZMQ_EVENT_DISCONNECTED as i32)
-            .map_err(cfg_err)?;
+        sock.monitor(
+            &mon_ep,
+            (zmq_sys::ZMQ_EVENT_DISCONNECTED | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED) as i32,
+        )
+        .map_err(cfg_err)?;
         let monitor = p2p.ctx().socket(zmq::PAIR)?;
         monitor.set_linger(0).map_err(cfg_err)?;
         monitor.connect(&mon_ep).map_err(cfg_err)?;
