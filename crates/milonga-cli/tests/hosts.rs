@@ -475,3 +475,75 @@ fn a_publisher_heard_but_unreachable_is_counted_and_logged_not_silently_missing(
         "the subscriber counted the connections it could not make to the publisher it heard"
     );
 }
+
+#[test]
+fn hostile_scouting_datagrams_are_dropped_and_counted() {
+    use milonga::wire::scout::Hello;
+    let Some(lan) = Lan::new("hostile", 2) else {
+        return;
+    };
+    let mut p = lan.cmd(0, &["pub", "lan/x", "1", "--rate", "10"]);
+    p.env("MILONGA_SCOUTING", "1");
+    let _publ = Proc::spawn(p);
+    let tag = milonga::wire::frame::domain_tag(&lan.domain);
+    let hello = |control: &str, tag: u32| Hello {
+        leaving: false,
+        ask: true,
+        domain_tag: tag,
+        node_id: milonga::NodeId([0x66; 16]),
+        version: 1,
+        control: control.into(),
+        announcement: None,
+    };
+    let host0 = lan.bed.host(0).addr;
+    let mut v2 = hello("tcp://10.99.0.2:9", tag).encode();
+    v2[4] = 2;
+    let datagrams: Vec<Vec<u8>> = vec![
+        b"not a hello at all".to_vec(),
+        v2,
+        // From host 1, naming host 0: would make every node connect there.
+        hello(&format!("tcp://{host0}:9"), tag).encode(),
+        // A host name: never resolved.
+        hello("tcp://example.com:9", tag).encode(),
+        hello("tcp://10.99.0.2:9", tag).encode()[..30].to_vec(),
+        // Another domain.
+        hello("tcp://10.99.0.2:9", tag ^ 1).encode(),
+    ];
+    let hex: Vec<String> = datagrams
+        .iter()
+        .map(|d| d.iter().map(|b| format!("{b:02x}")).collect())
+        .collect();
+    let script = "import socket,sys\n\
+        s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+        s.setsockopt(socket.IPPROTO_IP,socket.IP_MULTICAST_IF,socket.inet_aton('10.99.0.2'))\n\
+        [s.sendto(bytes.fromhex(h),('239.255.77.77',7477)) for h in sys.argv[1:]]\n";
+    let stats = || {
+        let out = lan.cmd(0, &["ls", "--json"]).output().unwrap();
+        let v: Json = serde_json::from_slice(&out.stdout).unwrap_or(Json::Null);
+        v.as_array()
+            .and_then(|a| a.first())
+            .map(|n| n["stats"].clone())
+            .unwrap_or(Json::Null)
+    };
+    // The publisher is in the group once it is listed (it joins at open).
+    assert!(milonga_testkit::poll_until(T, || stats().is_object()));
+    let st = lan
+        .bed
+        .command(1, "python3")
+        .args(["-c", script])
+        .args(&hex)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let counts = || {
+        let s = stats();
+        (
+            s["scout_malformed"].as_u64().unwrap_or(0),
+            s["peers_foreign_domain"].as_u64().unwrap_or(0),
+        )
+    };
+    // Each dropped and counted once: five malformed (the forged endpoint
+    // and the host name among them), one of another domain.
+    milonga_testkit::poll_until(Duration::from_secs(5), || counts() == (5, 1));
+    assert_eq!(counts(), (5, 1), "{}", stats());
+}

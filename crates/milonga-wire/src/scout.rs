@@ -1,8 +1,9 @@
 //! Scouting (docs/protocol.md §9.5): the UDP datagram a node multicasts
 //! on its network so that nodes of other hosts find it with no
-//! configuration. It names the node and its control endpoint, and a
-//! version of its announcement; a receiver that has not seen that version
-//! asks the control endpoint for the announcement (§9.1).
+//! configuration. It names the node and its control endpoint, a version
+//! of its announcement, and the announcement itself when it fits; a
+//! receiver that has not seen that version takes it, or asks the control
+//! endpoint for it (§9.1) when the hello could not carry it.
 //!
 //! ```text
 //! offset size field
@@ -100,6 +101,10 @@ impl Hello {
         out.extend_from_slice(&(ep.len() as u16).to_le_bytes());
         out.extend_from_slice(ep);
         let a = self.announcement.as_deref().unwrap_or_default();
+        assert!(
+            a.len() <= usize::from(u16::MAX),
+            "an announcement of at most 65,535 bytes"
+        );
         out.extend_from_slice(&(a.len() as u16).to_le_bytes());
         out.extend_from_slice(a);
         out

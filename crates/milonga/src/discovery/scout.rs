@@ -25,6 +25,14 @@ pub(crate) struct Scout {
     node: Arc<NodeCore>,
 }
 
+/// Whether `endpoint` (`tcp://A:P`) names `ip` as an IPv4 literal.
+fn from_its_address(endpoint: &str, ip: std::net::IpAddr) -> bool {
+    endpoint
+        .strip_prefix("tcp://")
+        .and_then(|hp| hp.parse::<SocketAddrV4>().ok())
+        .is_some_and(|a| std::net::IpAddr::V4(*a.ip()) == ip)
+}
+
 /// Why a configuration cannot scout.
 fn config_err(key: &str, why: String) -> OpenError {
     OpenError::Config {
@@ -130,6 +138,13 @@ impl Scout {
                     stats::inc(&c.peers_foreign_domain);
                 }
                 Ok(h) if h.node_id == self.node.id => {}
+                Ok(h) if !from_its_address(&h.control, from.ip()) => {
+                    // Its endpoint must be the address it sends from: no
+                    // hello makes the nodes that hear it connect to a
+                    // third party, and no host name is ever resolved.
+                    stats::inc(&c.scout_malformed);
+                    limited!(warn, %from, endpoint = %h.control, "dropped a hello whose endpoint is not the address it came from");
+                }
                 Ok(h) => out.push(h),
                 Err(e) => {
                     stats::inc(&c.scout_malformed);

@@ -27,12 +27,20 @@ use crate::util::stats;
 /// and counted (`scout_nodes_dropped`).
 pub(crate) const MAX_SCOUTED: usize = 10_000;
 /// How long a query for an announcement may take before it is given up
-/// (the next hello asks again).
+/// (asked again after [`RETRY_AFTER`], or at once for a newer version).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often silent nodes and late queries are looked for.
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// Least time between two hellos sent to answer others' asks.
 const ANSWER_EVERY: Duration = Duration::from_millis(100);
+/// Most queries in flight at once: hellos of many new nodes without their
+/// announcement (or forged ones) must not cost a socket each.
+const MAX_INFLIGHT: usize = 64;
+/// How long a version whose query failed (no answer, a bad one) waits
+/// before it is asked for again; a newer version is asked for at once.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// Largest reply to a query taken (an announcement and the counters).
+const MAX_REPLY_BYTES: i64 = 1 << 20;
 
 /// A node heard in the group.
 struct Scouted {
@@ -44,6 +52,24 @@ struct Scouted {
     announcement: Option<(Announcement, u64)>,
     /// A query in flight: its socket, when it was sent, the version asked.
     query: Option<(zmq::Socket, Instant, u64)>,
+    /// The last version whose query failed, and when.
+    failed: Option<(u64, Instant)>,
+}
+
+impl Scouted {
+    /// The version of the announcement held, if any.
+    fn fetched(&self) -> Option<u64> {
+        self.announcement.as_ref().map(|(_, v)| *v)
+    }
+
+    /// Whether its announcement should be asked for now.
+    fn wants_query(&self, now: Instant) -> bool {
+        self.query.is_none()
+            && self.fetched().is_none_or(|v| v < self.version)
+            && self
+                .failed
+                .is_none_or(|(v, at)| v < self.version || now >= at + RETRY_AFTER)
+    }
 }
 
 /// The nodes scouting found.
@@ -82,7 +108,9 @@ impl ScoutPeers {
             node,
             nodes: HashMap::new(),
             control,
-            version: 0,
+            // No version yet: the first turn sets the announcement, so
+            // that the first hello carries it.
+            version: u64::MAX,
             announcement: Vec::new(),
             sent_version: None,
             next_hello: Instant::now(),
@@ -195,38 +223,47 @@ impl ScoutPeers {
     }
 
     /// Takes in the hellos that arrived; whether a node left or an
-    /// announcement they carry changed.
+    /// announcement they carry changed. Versions only go forward (a node's
+    /// counter never goes back; a late datagram does not roll it back).
     fn hear(&mut self, now: Instant) -> bool {
         let mut changed = false;
         for h in self.scout.receive() {
-            let inline = self.inline(&h);
             self.answer_due |= h.ask;
             if h.leaving {
-                changed |= self
+                // Only from the endpoint it is known at: a forged goodbye
+                // naming another endpoint removes nothing.
+                let known = self
                     .nodes
-                    .remove(&h.node_id)
-                    .is_some_and(|n| n.announcement.is_some());
+                    .get(&h.node_id)
+                    .is_some_and(|n| n.control == h.control);
+                if known {
+                    changed |= self
+                        .nodes
+                        .remove(&h.node_id)
+                        .is_some_and(|n| n.announcement.is_some());
+                }
                 continue;
             }
-            if let Some(n) = self.nodes.get_mut(&h.node_id) {
+            if let Some(n) = self.nodes.get(&h.node_id) {
+                let newer = h.version > n.version || n.fetched().is_none_or(|v| v < h.version);
+                let inline = if newer { self.inline(&h) } else { None };
+                let n = self.nodes.get_mut(&h.node_id).expect("just found");
                 n.last_heard = now;
-                n.version = h.version;
                 if n.control != h.control {
-                    // Another endpoint (restarted elsewhere with the same
-                    // id cannot happen; a forged hello can): ask again.
+                    // Another endpoint for the same id (ids are random per
+                    // process: a forged hello, or a move): ask again.
                     n.control = h.control;
                     n.query = None;
+                    n.failed = None;
+                    n.announcement = None;
                 }
-                let fetched = n.announcement.as_ref().map(|(_, v)| *v);
-                if fetched != Some(h.version) {
-                    if let Some(a) = inline {
-                        changed |= n.announcement.as_ref().is_none_or(|(old, _)| *old != a);
-                        n.announcement = Some((a, h.version));
-                        n.query = None;
-                    } else {
-                        self.stale = true;
-                    }
+                n.version = n.version.max(h.version);
+                if let Some(a) = inline.filter(|_| n.fetched().is_none_or(|v| v < h.version)) {
+                    changed |= n.announcement.as_ref().is_none_or(|(old, _)| *old != a);
+                    n.announcement = Some((a, h.version));
+                    n.query = None;
                 }
+                self.stale |= n.fetched().is_none_or(|v| v < n.version);
                 continue;
             }
             if self.nodes.len() >= MAX_SCOUTED {
@@ -239,6 +276,7 @@ impl ScoutPeers {
                 }
                 continue;
             }
+            let inline = self.inline(&h);
             self.stale |= inline.is_none();
             changed |= inline.is_some();
             self.nodes.insert(
@@ -249,6 +287,7 @@ impl ScoutPeers {
                     last_heard: now,
                     announcement: inline.map(|a| (a, h.version)),
                     query: None,
+                    failed: None,
                 },
             );
         }
@@ -270,6 +309,9 @@ impl ScoutPeers {
                         .and_then(|body| serde_json::from_slice::<NodeInfo>(body).ok());
                     let asked = *asked;
                     n.query = None;
+                    // Asked again only for a newer version, or after a
+                    // while: a bad answer must not start a loop of queries.
+                    n.failed = Some((asked, now));
                     match info {
                         Some(i) if i.announcement.domain != *domain => {
                             stats::inc(&c.peers_foreign_domain);
@@ -279,11 +321,14 @@ impl ScoutPeers {
                             limited!(warn, endpoint = %n.control, "a scouted node's control endpoint answered for another node");
                         }
                         Some(i) => {
-                            changed |= n
-                                .announcement
-                                .as_ref()
-                                .is_none_or(|(a, _)| *a != i.announcement);
-                            n.announcement = Some((i.announcement, asked));
+                            n.failed = None;
+                            if n.fetched().is_none_or(|v| v < asked) {
+                                changed |= n
+                                    .announcement
+                                    .as_ref()
+                                    .is_none_or(|(a, _)| *a != i.announcement);
+                                n.announcement = Some((i.announcement, asked));
+                            }
                         }
                         None => {
                             stats::inc(&c.control_malformed);
@@ -295,20 +340,37 @@ impl ScoutPeers {
                     // so rather than leave it silently missing.
                     stats::inc(&c.scout_unreachable);
                     limited!(warn, node = %id, endpoint = %n.control, "a node heard by scouting did not answer at its control endpoint within 2 s: unreachable from here (a route, a firewall, or an address of another network?)");
+                    n.failed = Some((*asked, now));
                     n.query = None;
-                }
-            }
-            let fetched = n.announcement.as_ref().map(|(_, v)| *v);
-            if n.query.is_none() && fetched != Some(n.version) {
-                match query(&self.ctx, &n.control) {
-                    Ok(sock) => n.query = Some((sock, now, n.version)),
-                    Err(e) => {
-                        limited!(warn, endpoint = %n.control, err = %e, "cannot ask a scouted node for its announcement")
-                    }
                 }
             }
             inflight += usize::from(n.query.is_some());
         }
+        // New queries, at most MAX_INFLIGHT at once (the rest wait for a
+        // later turn: `stale` stays set).
+        let mut more = false;
+        for n in self.nodes.values_mut() {
+            if !n.wants_query(now) {
+                continue;
+            }
+            if inflight >= MAX_INFLIGHT {
+                more = true;
+                break;
+            }
+            {
+                match query(&self.ctx, &n.control) {
+                    Ok(sock) => {
+                        n.query = Some((sock, now, n.version));
+                        inflight += 1;
+                    }
+                    Err(e) => {
+                        n.failed = Some((n.version, now));
+                        limited!(warn, endpoint = %n.control, err = %e, "cannot ask a scouted node for its announcement")
+                    }
+                }
+            }
+        }
+        self.stale |= more;
         self.inflight = inflight;
         changed
     }
@@ -344,7 +406,8 @@ fn query(ctx: &ContextRef, endpoint: &str) -> Result<zmq::Socket, OpenError> {
         source: source.transport(),
     };
     s.set_linger(0).map_err(err)?;
-    s.set_maxmsgsize(16 << 20).map_err(err)?;
+    s.set_maxmsgsize(MAX_REPLY_BYTES).map_err(err)?;
+    s.set_rcvhwm(1).map_err(err)?;
     s.connect(endpoint).map_err(err)?;
     s.send_multipart(milonga_wire::control::Request::Info.frames(), zmq::DONTWAIT)
         .map_err(err)?;
