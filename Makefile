@@ -75,6 +75,8 @@ bench:
 	./target/release/milonga bench rpc --transport ipc --format csv
 	./target/release/milonga bench discovery --nodes 100 --format csv
 	./target/release/milonga bench discovery --hosts 4 --nodes 100 --format csv
+	./target/release/milonga bench pubsub --hosts 2 --format csv
+	./target/release/milonga bench latency --hosts 2 --format csv
 	./target/release/milonga bench idle
 	$(MAKE) python
 	cd /tmp && $(CURDIR)/$(VPY) -m milonga.bench pubsub --format csv

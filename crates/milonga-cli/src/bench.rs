@@ -106,6 +106,11 @@ struct PubsubArgs {
     /// repair (`PublisherQos::history`).
     #[arg(long, default_value_t = 0)]
     history: usize,
+    /// Hosts: 1, or 2 (tcp only, root needed): the publisher on one host
+    /// of the multi-host test bed, the subscribers on the other, over a
+    /// veth pair and a bridge.
+    #[arg(long, default_value_t = 1)]
+    hosts: usize,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -122,6 +127,10 @@ struct LatencyArgs {
     /// Baseline measured in the same run.
     #[arg(long, value_enum, default_value = "raw-zmq")]
     baseline: Baseline,
+    /// Hosts: 1, or 2 (tcp only, root needed): ping on one host of the
+    /// multi-host test bed, pong on the other.
+    #[arg(long, default_value_t = 1)]
+    hosts: usize,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -291,8 +300,51 @@ struct Workers {
     threads: Vec<std::thread::JoinHandle<Result<Outcome>>>,
 }
 
+/// The test bed of `--hosts 2`: the sending side (publisher, ping) runs on
+/// host 0, the receiving side (subscribers, pong) on host 1.
+fn bed_for(hosts: usize, t: Transport) -> Result<Option<milonga_testkit::netbed::Bed>> {
+    match hosts {
+        1 => Ok(None),
+        2 if t == Transport::Tcp => Ok(Some(
+            milonga_testkit::netbed::Bed::new(2)
+                .map_err(|why| anyhow!("--hosts 2 needs network namespaces (root): {why}"))?,
+        )),
+        2 => bail!("--hosts 2 runs over tcp only"),
+        h => bail!("--hosts must be 1 or 2, not {h}"),
+    }
+}
+
+/// The host a role runs on in a two-host bench.
+fn host_of(role: &Role) -> usize {
+    match role {
+        Role::RawSub { .. } | Role::MlgSub { .. } | Role::RawPong { .. } | Role::MlgPong { .. } => {
+            1
+        }
+        _ => 0,
+    }
+}
+
+/// A tcp endpoint on host `h` of the bed (its address), or on the
+/// loopback without a bed.
+fn endpoint_on(
+    bed: Option<&milonga_testkit::netbed::Bed>,
+    h: usize,
+    t: Transport,
+    tag: &str,
+    port: u16,
+) -> Result<String> {
+    match bed {
+        Some(b) => Ok(format!("tcp://{}:{port}", b.host(h).addr)),
+        None => free_endpoint(t, tag),
+    }
+}
+
 impl Workers {
-    fn start(roles: Vec<Role>, inproc: Option<&zmq::Context>) -> Result<Workers> {
+    fn start(
+        roles: Vec<Role>,
+        inproc: Option<&zmq::Context>,
+        bed: Option<&milonga_testkit::netbed::Bed>,
+    ) -> Result<Workers> {
         let mut w = Workers {
             procs: Vec::new(),
             threads: Vec::new(),
@@ -306,7 +358,16 @@ impl Workers {
                 }
                 None => {
                     let exe = std::env::current_exe()?;
-                    let child = Command::new(exe)
+                    let mut cmd = match bed {
+                        Some(b) => {
+                            let h = host_of(&role);
+                            let mut c = b.command(h, &exe.display().to_string());
+                            c.env("MILONGA_BENCH_TCP_HOST", b.host(h).addr.to_string());
+                            c
+                        }
+                        None => Command::new(exe),
+                    };
+                    let child = cmd
                         .arg("bench-worker")
                         .arg(serde_json::to_string(&role)?)
                         .stdout(Stdio::piped())
@@ -381,6 +442,10 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
+    let bed = bed_for(a.hosts, t)?;
+    if bed.is_some() {
+        eprintln!("# two hosts: the publisher on one network namespace (10.99.0.1), the subscribers on another (10.99.0.2), joined by veth pairs and a bridge");
+    }
     eprintln!(
         "# milonga bench pubsub: transport {}, mode {:?}, {} s per cell, hwm = 64 MiB / size (16..10000) for both systems (a reliable milonga publisher: reliable_send_hwm = 16 messages, a message being a sample or a batch <= 128 KiB); milonga history {}; liveliness on",
         t.name(),
@@ -411,7 +476,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                 let hwm = hwm_for(size);
                 let at = Place {
                     address: if system == "raw-zmq" {
-                        free_endpoint(t, &cell.to_string())?
+                        endpoint_on(bed.as_ref(), 0, t, &cell.to_string(), 20_000 + cell as u16)?
                     } else {
                         format!("milonga:///bench-{}-{cell}", std::process::id())
                     },
@@ -444,7 +509,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                 // Raw: the publisher binds first. Milonga: either order works.
                 let mut roles = vec![pub_role];
                 roles.extend((0..subs).map(|_| sub_role(at.clone())));
-                let outs = Workers::start(roles, inproc_ctx.as_ref())?.finish()?;
+                let outs = Workers::start(roles, inproc_ctx.as_ref(), bed.as_ref())?.finish()?;
                 let sent = outs[0].sent;
                 let subs_out = &outs[1..];
                 let lost: u64 = subs_out
@@ -607,6 +672,10 @@ fn raw_sub(ctx: &zmq::Context, at: &Place, deadline_s: f64) -> Result<Outcome> {
 fn mlg_config(at: &Place, name: &str) -> Result<Config> {
     let mut c = Config::new(&at.address, name);
     c.runtime_dir = Some(at.runtime_dir.clone().into());
+    // On a host of the test bed (`--hosts 2`): bound to its address.
+    if let Ok(host) = std::env::var("MILONGA_BENCH_TCP_HOST") {
+        c.tcp_host = host;
+    }
     c.transport = at.transport.parse().map_err(|e: String| anyhow!(e))?;
     c.send_hwm = at.hwm;
     c.recv_hwm = at.hwm;
@@ -833,7 +902,11 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
+    let bed = bed_for(a.hosts, t)?;
     eprintln!("# milonga bench latency: transport {}, one message in flight, one-way latency = round trip / 2", t.name());
+    if bed.is_some() {
+        eprintln!("# two hosts: ping on one network namespace (10.99.0.1), pong on another (10.99.0.2), joined by veth pairs and a bridge");
+    }
     if a.format == Format::Csv {
         println!("system,transport,payload_bytes,latency_p50_us,latency_p99_us");
     } else {
@@ -857,7 +930,13 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
             cell += 1;
             let at = Place {
                 address: if system == "raw-zmq" {
-                    free_endpoint(t, &format!("l{cell}a"))?
+                    endpoint_on(
+                        bed.as_ref(),
+                        0,
+                        t,
+                        &format!("l{cell}a"),
+                        21_000 + cell as u16,
+                    )?
                 } else {
                     format!("milonga:///bench-lat-{}-{cell}", std::process::id())
                 },
@@ -867,7 +946,13 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                 history: 0,
             };
             let roles = if system == "raw-zmq" {
-                let back = free_endpoint(t, &format!("l{cell}b"))?;
+                let back = endpoint_on(
+                    bed.as_ref(),
+                    1,
+                    t,
+                    &format!("l{cell}b"),
+                    22_000 + cell as u16,
+                )?;
                 vec![
                     Role::RawPing {
                         at: at.clone(),
@@ -887,7 +972,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                     Role::MlgPong { at },
                 ]
             };
-            let outs = Workers::start(roles, inproc_ctx.as_ref())?.finish()?;
+            let outs = Workers::start(roles, inproc_ctx.as_ref(), bed.as_ref())?.finish()?;
             let o = &outs[0];
             let mut out = std::io::stdout().lock();
             match a.format {
