@@ -58,6 +58,24 @@ impl Lan {
         c
     }
 
+    /// `milonga ARGS` on host `i` with scouting on.
+    fn scouting(&self, i: usize, args: &[&str]) -> Command {
+        let mut c = self.cmd(i, args);
+        c.env("MILONGA_SCOUTING", "1");
+        c
+    }
+
+    /// The counters of the first node `ls` lists on host `i` (local
+    /// discovery finds the nodes of that host), or null.
+    fn stats_on(&self, i: usize) -> Json {
+        let out = self.cmd(i, &["ls", "--json"]).output().unwrap();
+        let v: Json = serde_json::from_slice(&out.stdout).unwrap_or(Json::Null);
+        v.as_array()
+            .and_then(|a| a.first())
+            .map(|n| n["stats"].clone())
+            .unwrap_or(Json::Null)
+    }
+
     /// A publisher on host 0 with a known control endpoint.
     fn publisher(&self, args: &[&str]) -> Proc {
         let mut c = self.cmd(0, args);
@@ -344,12 +362,8 @@ fn with_scouting_a_sample_crosses_hosts_with_no_configuration() {
         return;
     };
     let start = Instant::now();
-    let mut p = lan.cmd(0, &["pub", "lan/x", "1", "--rate", "100"]);
-    p.env("MILONGA_SCOUTING", "1");
-    let _publ = Proc::spawn(p);
-    let mut s = lan.cmd(1, &["sub", "lan/**", "--json"]);
-    s.env("MILONGA_SCOUTING", "1");
-    let sub = Proc::spawn(s);
+    let _publ = Proc::spawn(lan.scouting(0, &["pub", "lan/x", "1", "--rate", "100"]));
+    let sub = Proc::spawn(lan.scouting(1, &["sub", "lan/**", "--json"]));
     let mut ledger = SeqLedger::default();
     read_until(&sub, &mut ledger, "a sample found by scouting", is_sample);
     let took = start.elapsed();
@@ -382,18 +396,14 @@ fn with_scouting_nodes_of_another_domain_are_heard_and_ignored() {
     let Some(lan) = Lan::new("scoutdom", 2) else {
         return;
     };
-    let mut p = lan.cmd(0, &["pub", "lan/x", "1", "--rate", "100"]);
-    p.env("MILONGA_SCOUTING", "1");
-    let _publ = Proc::spawn(p);
-    let mut o = lan.cmd(1, &["sub", "lan/**", "--json", "--timeout", "2"]);
-    o.env("MILONGA_SCOUTING", "1").env(
+    let _publ = Proc::spawn(lan.scouting(0, &["pub", "lan/x", "1", "--rate", "100"]));
+    let mut o = lan.scouting(1, &["sub", "lan/**", "--json", "--timeout", "2"]);
+    o.env(
         "MILONGA_LOCATOR",
         format!("milonga:///other-{}", lan.domain),
     );
     let other = Proc::spawn(o);
-    let mut s = lan.cmd(1, &["sub", "lan/**", "--json"]);
-    s.env("MILONGA_SCOUTING", "1");
-    let same = Proc::spawn(s);
+    let same = Proc::spawn(lan.scouting(1, &["sub", "lan/**", "--json"]));
     let mut ledger = SeqLedger::default();
     read_until(&same, &mut ledger, "a sample in the same domain", is_sample);
     while let Some(line) = other.line(Duration::from_secs(3)) {
@@ -407,9 +417,8 @@ fn with_scouting_nodes_of_another_domain_are_heard_and_ignored() {
 /// A scouting publisher on host 0, which has a second network that host 1
 /// is not on, choosing its interface with `interfaces`.
 fn scouting_publisher(lan: &Lan, interfaces: &str) -> Proc {
-    let mut p = lan.cmd(0, &["pub", "lan/x", "1", "--rate", "100"]);
-    p.env("MILONGA_SCOUTING", "1")
-        .env("MILONGA_TCP_HOST", "auto")
+    let mut p = lan.scouting(0, &["pub", "lan/x", "1", "--rate", "100"]);
+    p.env("MILONGA_TCP_HOST", "auto")
         .env("MILONGA_INTERFACES", interfaces);
     Proc::spawn(p)
 }
@@ -422,9 +431,7 @@ fn on_a_host_with_two_networks_interfaces_picks_the_one_that_reaches_the_peer() 
     lan.bed.add_network(&[0]).unwrap();
     // The wrong network: host 1 hears nothing.
     let wrong = scouting_publisher(&lan, "eth1");
-    let mut s = lan.cmd(1, &["sub", "lan/**", "--json", "--timeout", "2"]);
-    s.env("MILONGA_SCOUTING", "1");
-    let sub = Proc::spawn(s);
+    let sub = Proc::spawn(lan.scouting(1, &["sub", "lan/**", "--json", "--timeout", "2"]));
     while let Some(line) = sub.line(Duration::from_secs(3)) {
         assert!(
             !line.contains("\"seq\""),
@@ -434,9 +441,7 @@ fn on_a_host_with_two_networks_interfaces_picks_the_one_that_reaches_the_peer() 
     drop(wrong);
     // The right one, named by CIDR.
     let _right = scouting_publisher(&lan, "10.99.0.0/24");
-    let mut s = lan.cmd(1, &["sub", "lan/**", "--json"]);
-    s.env("MILONGA_SCOUTING", "1");
-    let sub = Proc::spawn(s);
+    let sub = Proc::spawn(lan.scouting(1, &["sub", "lan/**", "--json"]));
     let mut ledger = SeqLedger::default();
     let j = read_until(
         &sub,
@@ -454,22 +459,11 @@ fn a_publisher_heard_but_unreachable_is_counted_and_logged_not_silently_missing(
     };
     lan.bed.block_new_tcp(0);
     let _publ = scouting_publisher(&lan, "eth0");
-    let mut s = lan.cmd(1, &["sub", "lan/**", "--json"]);
-    s.env("MILONGA_SCOUTING", "1");
-    let _sub = Proc::spawn(s);
+    let _sub = Proc::spawn(lan.scouting(1, &["sub", "lan/**", "--json"]));
     // The publisher's hello carries its announcement, so the subscriber
     // knows it; its data connection cannot be made. The subscriber's own
     // counters, read by `ls` on its host (local discovery finds it there).
-    let unreachable = || {
-        let out = lan.cmd(1, &["ls", "--json"]).output().unwrap();
-        let v: Json = serde_json::from_slice(&out.stdout).unwrap_or(Json::Null);
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|n| n["stats"]["connects_failed"].as_u64())
-            .max()
-            .unwrap_or(0)
-    };
+    let unreachable = || lan.stats_on(1)["connects_failed"].as_u64().unwrap_or(0);
     assert!(
         milonga_testkit::poll_until(Duration::from_secs(10), || unreachable() > 0),
         "the subscriber counted the connections it could not make to the publisher it heard"
@@ -482,9 +476,7 @@ fn hostile_scouting_datagrams_are_dropped_and_counted() {
     let Some(lan) = Lan::new("hostile", 2) else {
         return;
     };
-    let mut p = lan.cmd(0, &["pub", "lan/x", "1", "--rate", "10"]);
-    p.env("MILONGA_SCOUTING", "1");
-    let _publ = Proc::spawn(p);
+    let _publ = Proc::spawn(lan.scouting(0, &["pub", "lan/x", "1", "--rate", "10"]));
     let tag = milonga::wire::frame::domain_tag(&lan.domain);
     let hello = |control: &str, tag: u32| Hello {
         leaving: false,
@@ -517,14 +509,7 @@ fn hostile_scouting_datagrams_are_dropped_and_counted() {
         s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
         s.setsockopt(socket.IPPROTO_IP,socket.IP_MULTICAST_IF,socket.inet_aton('10.99.0.2'))\n\
         [s.sendto(bytes.fromhex(h),('239.255.77.77',7477)) for h in sys.argv[1:]]\n";
-    let stats = || {
-        let out = lan.cmd(0, &["ls", "--json"]).output().unwrap();
-        let v: Json = serde_json::from_slice(&out.stdout).unwrap_or(Json::Null);
-        v.as_array()
-            .and_then(|a| a.first())
-            .map(|n| n["stats"].clone())
-            .unwrap_or(Json::Null)
-    };
+    let stats = || lan.stats_on(0);
     // The publisher is in the group once it is listed (it joins at open).
     assert!(milonga_testkit::poll_until(T, || stats().is_object()));
     let st = lan

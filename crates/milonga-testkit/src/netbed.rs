@@ -149,6 +149,28 @@ fn sweep_stale() {
     }
 }
 
+/// Creates bridge `name` in namespace `sw`, up.
+fn add_bridge(sw: &str, name: &str) -> Result<(), String> {
+    run("ip", &["-n", sw, "link", "add", name, "type", "bridge"])?;
+    // Without a querier, IGMP snooping would stop multicast at the bridge
+    // after a while.
+    run(
+        "ip",
+        &[
+            "-n",
+            sw,
+            "link",
+            "set",
+            name,
+            "type",
+            "bridge",
+            "mcast_snooping",
+            "0",
+        ],
+    )?;
+    run("ip", &["-n", sw, "link", "set", name, "up"])
+}
+
 impl Bed {
     /// Creates `hosts` hosts (at most 250) on one switch. Err: why the
     /// namespaces or links could not be made (not root, no `ip`, no veth).
@@ -171,24 +193,7 @@ impl Bed {
             networks: 0,
         };
         let sw = bed.switch.clone();
-        run("ip", &["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
-        // Without a querier, IGMP snooping would stop multicast at the
-        // bridge after a while.
-        run(
-            "ip",
-            &[
-                "-n",
-                &sw,
-                "link",
-                "set",
-                "br0",
-                "type",
-                "bridge",
-                "mcast_snooping",
-                "0",
-            ],
-        )?;
-        run("ip", &["-n", &sw, "link", "set", "br0", "up"])?;
+        add_bridge(&sw, "br0")?;
         for i in 0..hosts {
             let netns = format!("{tag}-h{i}");
             run("ip", &["netns", "add", &netns])?;
@@ -275,22 +280,7 @@ impl Bed {
         let k = self.networks;
         let sw = self.switch.clone();
         let br = format!("br{k}");
-        run("ip", &["-n", &sw, "link", "add", &br, "type", "bridge"])?;
-        run(
-            "ip",
-            &[
-                "-n",
-                &sw,
-                "link",
-                "set",
-                &br,
-                "type",
-                "bridge",
-                "mcast_snooping",
-                "0",
-            ],
-        )?;
-        run("ip", &["-n", &sw, "link", "set", &br, "up"])?;
+        add_bridge(&sw, &br)?;
         for &i in members {
             let port = format!("n{k}h{i}");
             let dev = format!("eth{k}");
