@@ -532,3 +532,40 @@ fn hostile_scouting_datagrams_are_dropped_and_counted() {
     milonga_testkit::poll_until(Duration::from_secs(5), || counts() == (5, 1));
     assert_eq!(counts(), (5, 1), "{}", stats());
 }
+
+#[test]
+fn after_a_cut_link_a_reliable_subscriber_gets_every_sample() {
+    let Some(lan) = Lan::new("cutrel", 2) else {
+        return;
+    };
+    let _publ = lan.publisher(&[
+        "pub",
+        "lan/x",
+        "1",
+        "--rate",
+        "50",
+        "--reliable",
+        "--history",
+        "10000",
+    ]);
+    let sub = lan.subscriber(1, &["sub", "lan/**", "--json", "--reliable"], 1000);
+    let mut ledger = SeqLedger::default();
+    let first = read_until(&sub, &mut ledger, "a sample from the other host", is_sample);
+    let publisher = first["publisher"].as_str().unwrap().to_owned();
+    lan.bed.cut(0);
+    read_until(&sub, &mut ledger, "the publisher reported lost", |j| {
+        lost_reason(j).is_some()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    lan.bed.restore(0);
+    let last_before = ledger.last_delivered(&publisher, "lan/x").unwrap();
+    // Well past what was sent while the link was down.
+    read_until(&sub, &mut ledger, "samples after the link came back", |j| {
+        is_sample(j) && j["seq"].as_u64() > Some(last_before + 150)
+    });
+    let a = ledger.check().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        a[0].lost, 0,
+        "every sample, from the queues or history: {a:?}"
+    );
+}
