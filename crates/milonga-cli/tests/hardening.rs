@@ -192,6 +192,8 @@ fn finding_02_trailing_losses_are_reported_at_the_goodbye() {
     for i in 0..100u64 {
         p.put(i).unwrap();
     }
+    // Not a wait for a condition: 200 ms of 10 ms heartbeats pile up in
+    // the liveliness queue of the subscriber that reads nothing.
     std::thread::sleep(Duration::from_millis(200));
     drop(p);
     publ.close();

@@ -144,6 +144,14 @@ fn read_until(
     }
 }
 
+/// Reads `p`'s lines until it exits (its `--timeout`): none may be a
+/// sample (`what` says where it would have come from).
+fn assert_no_sample(p: &Proc, what: &str) {
+    while let Some(line) = p.line(Duration::from_secs(3)) {
+        assert!(!line.contains("\"seq\""), "{what}: {line}");
+    }
+}
+
 fn is_sample(j: &Json) -> bool {
     j.get("event").is_none() && j.get("seq").is_some()
 }
@@ -213,6 +221,8 @@ fn a_cut_link_is_reported_at_the_lease_and_delivery_resumes_when_restored() {
         after < Duration::from_millis(2000),
         "lease 1 s + 1 s: {after:?}"
     );
+    // The outage itself (not a wait for a condition): the link stays down
+    // half a second past the report, so that samples are sent meanwhile.
     std::thread::sleep(Duration::from_millis(500));
     lan.bed.restore(0);
     let last_before = ledger.last_delivered(j["publisher"].as_str().unwrap(), "lan/x");
@@ -348,12 +358,7 @@ fn nodes_of_different_domains_on_one_lan_never_exchange_a_sample() {
     let same = lan.subscriber(1, &["sub", "lan/**", "--json"], 3000);
     let mut ledger = SeqLedger::default();
     read_until(&same, &mut ledger, "a sample in the same domain", is_sample);
-    while let Some(line) = other.line(Duration::from_secs(3)) {
-        assert!(
-            !line.contains("\"seq\""),
-            "a sample crossed domains: {line}"
-        );
-    }
+    assert_no_sample(&other, "a sample crossed domains");
 }
 
 #[test]
@@ -406,12 +411,7 @@ fn with_scouting_nodes_of_another_domain_are_heard_and_ignored() {
     let same = Proc::spawn(lan.scouting(1, &["sub", "lan/**", "--json"]));
     let mut ledger = SeqLedger::default();
     read_until(&same, &mut ledger, "a sample in the same domain", is_sample);
-    while let Some(line) = other.line(Duration::from_secs(3)) {
-        assert!(
-            !line.contains("\"seq\""),
-            "a sample crossed domains: {line}"
-        );
-    }
+    assert_no_sample(&other, "a sample crossed domains");
 }
 
 /// A scouting publisher on host 0, which has a second network that host 1
@@ -432,12 +432,7 @@ fn on_a_host_with_two_networks_interfaces_picks_the_one_that_reaches_the_peer() 
     // The wrong network: host 1 hears nothing.
     let wrong = scouting_publisher(&lan, "eth1");
     let sub = Proc::spawn(lan.scouting(1, &["sub", "lan/**", "--json", "--timeout", "2"]));
-    while let Some(line) = sub.line(Duration::from_secs(3)) {
-        assert!(
-            !line.contains("\"seq\""),
-            "heard across the wrong network: {line}"
-        );
-    }
+    assert_no_sample(&sub, "heard across the wrong network");
     drop(wrong);
     // The right one, named by CIDR.
     let _right = scouting_publisher(&lan, "10.99.0.0/24");
@@ -556,6 +551,8 @@ fn after_a_cut_link_a_reliable_subscriber_gets_every_sample() {
     read_until(&sub, &mut ledger, "the publisher reported lost", |j| {
         lost_reason(j).is_some()
     });
+    // The outage itself (not a wait for a condition): the link stays down
+    // half a second past the report, so that samples are sent meanwhile.
     std::thread::sleep(Duration::from_millis(500));
     lan.bed.restore(0);
     let last_before = ledger.last_delivered(&publisher, "lan/x").unwrap();

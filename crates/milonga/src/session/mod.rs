@@ -118,7 +118,7 @@ fn check(cfg: &Config) -> Result<(), OpenError> {
 impl NodeInner {
     /// Opens a node: checks the configuration, binds its sockets, starts
     /// its thread, which finds the peers that exist now and announces it.
-    pub(crate) fn open(cfg: Config) -> Result<Arc<NodeInner>, OpenError> {
+    pub(crate) fn open(mut cfg: Config) -> Result<Arc<NodeInner>, OpenError> {
         let loc = parse_locator(&cfg.locator)?;
         let mut id = [0u8; 16];
         getrandom::fill(&mut id).map_err(|e| OpenError::Config {
@@ -141,7 +141,6 @@ impl NodeInner {
             None
         };
         check(&cfg)?;
-        let mut cfg = cfg;
         if cfg.tcp_host == "auto" {
             let addr = crate::discovery::interfaces::pick(&cfg.interfaces).map_err(|why| {
                 OpenError::Config {
