@@ -308,6 +308,37 @@ fn three_hosts_wildcards_and_a_service_across_them() {
 }
 
 #[test]
+fn given_one_seed_nodes_learn_each_other_by_gossip() {
+    let Some(lan) = Lan::new("gossip", 3) else {
+        return;
+    };
+    // The seed: a node on host 0 that publishes nothing of interest.
+    let _seed = Proc::spawn(lan.node(0, 7100, &[], &["pub", "seed/x", "0", "--rate", "5"]));
+    // Hosts 1 and 2 know only the seed; their own control endpoints are
+    // ephemeral, so nothing but gossip tells one about the other.
+    let mut publ = lan.cmd(1, &["pub", "lan/b", "1", "--rate", "50"]);
+    publ.env("MILONGA_PEERS", lan.control(0));
+    let _publ = Proc::spawn(publ);
+    let mut sub = lan.cmd(2, &["sub", "lan/**", "--json"]);
+    sub.env("MILONGA_PEERS", lan.control(0));
+    let sub = Proc::spawn(sub);
+    let mut ledger = SeqLedger::default();
+    let j = read_until(
+        &sub,
+        &mut ledger,
+        "a sample of host 1, learned through host 0",
+        is_sample,
+    );
+    assert_eq!(j["key"], "lan/b", "{j}");
+    // With gossip off, the seed alone is known: nothing of host 1 arrives.
+    let mut alone = lan.cmd(2, &["sub", "lan/**", "--json", "--timeout", "3"]);
+    alone
+        .env("MILONGA_PEERS", lan.control(0))
+        .env("MILONGA_GOSSIP", "0");
+    assert_no_sample(&Proc::spawn(alone), "a sample arrived with gossip off");
+}
+
+#[test]
 fn a_frozen_publisher_on_another_host_is_lost_at_the_lease_and_alive_again() {
     let Some(lan) = Lan::new("freeze", 2) else {
         return;

@@ -1,13 +1,23 @@
 //! Control messages (docs/protocol.md §9.1): a node's control socket (a
 //! ROUTER) answers `[MAGIC, INFO]` with `[MAGIC, INFO, NodeInfo]`, where
-//! NodeInfo is a JSON object `{"announcement": ..., "stats": {...}}` (the
-//! announcement of [`crate::announce`], and the node's counters by name).
-//! These are the frames after the ROUTER's identity frame.
+//! NodeInfo is a JSON object `{"announcement": ..., "stats": {...},
+//! "peers": [...]}` (the announcement of [`crate::announce`], the node's
+//! counters by name, and the control endpoints of the other nodes it
+//! knows). `[MAGIC, GOSSIP, control endpoint, domain]` asks the same and
+//! also says where the asker answers, so that a node given one peer
+//! learns the rest and is learned by them (§9.4). These are the frames
+//! after the ROUTER's identity frame.
 
 /// First frame of every control request and reply.
 pub const MAGIC: &[u8] = b"MILONGA-CTL/1";
-/// The one request of protocol v1: "who are you, and how are you doing".
+/// "Who are you, and how are you doing".
 pub const INFO: &[u8] = b"info";
+/// "Who are you, and whom do you know; I answer at this endpoint".
+pub const GOSSIP: &[u8] = b"gossip";
+/// Longest control endpoint a gossip request may carry (bytes).
+pub const MAX_GOSSIP_ENDPOINT: usize = 256;
+/// Longest domain a gossip request may carry (bytes).
+pub const MAX_GOSSIP_DOMAIN: usize = 255;
 
 /// Why frames are not a control message of this version.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -21,33 +31,71 @@ pub enum ControlError {
     /// A request this version does not know.
     #[error("unknown request {0:?}")]
     UnknownRequest(String),
+    /// A gossip request whose endpoint or domain is not acceptable.
+    #[error("bad gossip request: {0}")]
+    BadGossip(&'static str),
 }
 
 /// A control request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     /// `info`: the node's announcement and counters.
     Info,
+    /// `gossip`: `info`, from a node of `domain` that answers at `control`
+    /// (a `tcp://` endpoint).
+    Gossip {
+        /// The asker's control endpoint.
+        control: String,
+        /// The asker's domain.
+        domain: String,
+    },
 }
 
 impl Request {
     /// The request's frames.
-    pub fn frames(self) -> [&'static [u8]; 2] {
+    pub fn frames(&self) -> Vec<&[u8]> {
         match self {
-            Request::Info => [MAGIC, INFO],
+            Request::Info => vec![MAGIC, INFO],
+            Request::Gossip { control, domain } => {
+                vec![MAGIC, GOSSIP, control.as_bytes(), domain.as_bytes()]
+            }
         }
     }
 
     /// Reads a request's frames.
     pub fn decode<F: AsRef<[u8]>>(frames: &[F]) -> Result<Request, ControlError> {
-        if frames.len() != 2 {
-            return Err(ControlError::FrameCount(frames.len(), 2));
+        let expected = match frames.get(1).map(AsRef::as_ref) {
+            Some(GOSSIP) => 4,
+            _ => 2,
+        };
+        if frames.len() != expected {
+            return Err(ControlError::FrameCount(frames.len(), expected));
         }
         if frames[0].as_ref() != MAGIC {
             return Err(ControlError::BadMagic);
         }
         match frames[1].as_ref() {
             INFO => Ok(Request::Info),
+            GOSSIP => {
+                let control = std::str::from_utf8(frames[2].as_ref())
+                    .map_err(|_| ControlError::BadGossip("the endpoint is not UTF-8"))?;
+                let domain = std::str::from_utf8(frames[3].as_ref())
+                    .map_err(|_| ControlError::BadGossip("the domain is not UTF-8"))?;
+                if control.len() > MAX_GOSSIP_ENDPOINT || !control.starts_with("tcp://") {
+                    return Err(ControlError::BadGossip(
+                        "the endpoint is not a tcp:// endpoint of at most 256 bytes",
+                    ));
+                }
+                if domain.is_empty() || domain.len() > MAX_GOSSIP_DOMAIN {
+                    return Err(ControlError::BadGossip(
+                        "the domain is empty or longer than 255 bytes",
+                    ));
+                }
+                Ok(Request::Gossip {
+                    control: control.to_owned(),
+                    domain: domain.to_owned(),
+                })
+            }
             other => Err(ControlError::UnknownRequest(
                 String::from_utf8_lossy(other).into_owned(),
             )),

@@ -113,7 +113,7 @@ fn announcement() -> Announcement {
 }
 
 /// Every vector, by name: the directory must hold exactly these.
-const VECTORS: [&str; 15] = [
+const VECTORS: [&str; 18] = [
     "history_query_join",
     "history_query_repair",
     "history_query_without_since",
@@ -122,6 +122,9 @@ const VECTORS: [&str; 15] = [
     "filter_declaration_changes",
     "filter_declaration_without_keys",
     "control_info_request",
+    "control_gossip_request",
+    "control_gossip_ipc_endpoint",
+    "control_gossip_without_domain",
     "control_wrong_version",
     "control_info_reply",
     "announcement_full",
@@ -282,6 +285,43 @@ fn cases() -> Vec<Case> {
             Request::Info.frames().iter().map(|f| f.to_vec()).collect(),
             json!({"request": "info"}),
         ),
+        valid(
+            "control_gossip_request",
+            "control_request",
+            "four frames after the ROUTER identity: the magic, gossip, the asker's tcp control endpoint, its domain; answered like info, and the asker is learned if its domain is the node's and its endpoint is at the address the request came from",
+            Request::Gossip {
+                control: "tcp://10.99.0.2:7100".into(),
+                domain: "lab".into(),
+            }
+            .frames()
+            .iter()
+            .map(|f| f.to_vec())
+            .collect(),
+            json!({"request": "gossip", "control": "tcp://10.99.0.2:7100", "domain": "lab"}),
+        ),
+        invalid(
+            "control_gossip_ipc_endpoint",
+            "control_request",
+            "a gossip endpoint must be tcp:// (an ipc endpoint is of one host: local discovery finds it)",
+            vec![
+                b"MILONGA-CTL/1".to_vec(),
+                b"gossip".to_vec(),
+                b"ipc:///tmp/x.sock".to_vec(),
+                b"lab".to_vec(),
+            ],
+            "BadGossip",
+        ),
+        invalid(
+            "control_gossip_without_domain",
+            "control_request",
+            "gossip has four frames: one missing is refused (counted control_malformed)",
+            vec![
+                b"MILONGA-CTL/1".to_vec(),
+                b"gossip".to_vec(),
+                b"tcp://10.99.0.2:7100".to_vec(),
+            ],
+            "FrameCount(3, 4)",
+        ),
         invalid(
             "control_wrong_version",
             "control_request",
@@ -358,7 +398,12 @@ fn decode(family: &str, frames: &[Vec<u8>]) -> Result<Json, String> {
             .map(|d| declaration_json(&d))
             .map_err(|e| format!("{e:?}")),
         "control_request" => Request::decode(frames)
-            .map(|Request::Info| json!({"request": "info"}))
+            .map(|r| match r {
+                Request::Info => json!({"request": "info"}),
+                Request::Gossip { control, domain } => {
+                    json!({"request": "gossip", "control": control, "domain": domain})
+                }
+            })
             .map_err(|e| format!("{e:?}")),
         "control_reply" => control::decode_info_reply(frames)
             .map(|body| serde_json::from_slice(body).expect("NodeInfo is JSON"))
@@ -379,8 +424,15 @@ fn encode(family: &str, meaning: &Json) -> Vec<Vec<u8>> {
         "history_query" => vec![query_from_json(meaning).encode()],
         "filter_declaration" => vec![declaration_from_json(meaning).encode()],
         "control_request" => {
-            assert_eq!(meaning["request"], "info");
-            Request::Info.frames().iter().map(|f| f.to_vec()).collect()
+            let r = match meaning["request"].as_str() {
+                Some("info") => Request::Info,
+                Some("gossip") => Request::Gossip {
+                    control: meaning["control"].as_str().unwrap().into(),
+                    domain: meaning["domain"].as_str().unwrap().into(),
+                },
+                other => panic!("unknown control request {other:?}"),
+            };
+            r.frames().iter().map(|f| f.to_vec()).collect()
         }
         "control_reply" => {
             // The announcement re-encoded by the crate, the counters as

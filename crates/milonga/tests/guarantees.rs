@@ -508,6 +508,71 @@ fn malformed_control_requests_are_counted_and_the_node_goes_on_answering() {
     assert_eq!(node.stats().control_malformed, 4);
 }
 
+/// docs/guarantees.md, Bad input: "a gossip request whose endpoint is
+/// not where it came from | `gossip_refused`"; a genuine one is learned.
+///
+/// Broken, this looks like a node that starts asking an endpoint a
+/// request merely named (any client could then point a node at any
+/// address), one that is not counted, a refused asker that gets no
+/// answer, or a genuine asker that is never asked back.
+#[test]
+fn a_gossip_request_is_learned_only_from_the_address_it_names() {
+    let dir = TempDir::new("g-gossip");
+    let node = open("gsp", "target", dir.path());
+    let ctx = zmq::Context::new();
+    let dealer = ctx.socket(zmq::DEALER).unwrap();
+    dealer.set_linger(0).unwrap();
+    dealer.set_rcvtimeo(T.as_millis() as i32).unwrap();
+    dealer.connect(node.control_endpoint()).unwrap();
+    let ask = |control: &str, domain: &str| {
+        dealer
+            .send_multipart(
+                [
+                    CONTROL_MAGIC,
+                    &b"gossip"[..],
+                    control.as_bytes(),
+                    domain.as_bytes(),
+                ],
+                0,
+            )
+            .unwrap();
+        let reply = dealer.recv_multipart(0).expect("gossip is answered");
+        assert_eq!(&reply[1][..], CONTROL_INFO);
+        serde_json::from_slice::<NodeInfo>(&reply[2]).expect("a NodeInfo")
+    };
+    // A forged endpoint: the request comes from 127.0.0.1.
+    let info = ask("tcp://10.9.9.9:7100", "gsp");
+    assert_eq!(info.announcement.node_id, node.id().to_hex());
+    assert_eq!(info.stats.gossip_refused, 1);
+    // Another domain: answered, not learned.
+    ask("tcp://127.0.0.1:1", "elsewhere");
+    assert_eq!(node.stats().peers_foreign_domain, 1);
+    // A genuine asker: a control ROUTER of our own on loopback, which the
+    // node must start asking.
+    let router = ctx.socket(zmq::ROUTER).unwrap();
+    router.set_linger(0).unwrap();
+    router.set_rcvtimeo(T.as_millis() as i32).unwrap();
+    router.bind("tcp://127.0.0.1:*").unwrap();
+    let ours = router.get_last_endpoint().unwrap().unwrap();
+    ask(&ours, "gsp");
+    let asked = router
+        .recv_multipart(0)
+        .expect("the node asks the asker back");
+    let frames: Vec<&[u8]> = asked[1..].iter().map(|f| &f[..]).collect();
+    assert_eq!(
+        frames,
+        [
+            CONTROL_MAGIC,
+            &b"gossip"[..],
+            node.control_endpoint().as_bytes(),
+            &b"gsp"[..]
+        ],
+        "the node asks with gossip, naming its own endpoint"
+    );
+    assert_eq!(node.stats().gossip_refused, 1);
+    assert_eq!(node.stats().control_malformed, 0);
+}
+
 /// docs/guarantees.md, Bad input: "a request from another domain |
 /// `frames_foreign_domain`, answered `rejected` / `wrong_domain`".
 ///

@@ -163,6 +163,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
         Kind::Bool,
     ),
     key("peers", Some("MILONGA_PEERS"), Kind::List),
+    key("gossip", Some("MILONGA_GOSSIP"), Kind::Bool),
     key("interfaces", Some("MILONGA_INTERFACES"), Kind::List),
     key("scouting", Some("MILONGA_SCOUTING"), Kind::Bool),
     key("scout_group", Some("MILONGA_SCOUT_GROUP"), Kind::Text),
@@ -221,6 +222,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         control_endpoint: _,
         local_discovery: _,
         peers: _,
+        gossip: _,
         interfaces: _,
         scouting: _,
         scout_group: _,
@@ -249,6 +251,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "control_endpoint",
         "local_discovery",
         "peers",
+        "gossip",
         "interfaces",
         "scouting",
         "scout_group",
@@ -295,6 +298,10 @@ pub struct Config {
     pub local_discovery: bool,
     /// Control endpoints of nodes on other hosts (`static` discovery).
     pub peers: Vec<String>,
+    /// Learn the nodes that the static peers know, and tell them this
+    /// node's control endpoint (a `tcp://` one), so that one peer given is
+    /// enough to find the rest (docs/discovery.md). Default true.
+    pub gossip: bool,
     /// With `tcp_host = "auto"`: the interfaces (names such as `eth0`, or
     /// CIDRs such as `10.0.0.0/8`) among which the address is chosen.
     /// Default: any that is up, multicast-capable and not loopback.
@@ -368,6 +375,7 @@ impl Config {
             peers: Vec::new(),
             interfaces: Vec::new(),
             scouting: false,
+            gossip: true,
             scout_group: "239.255.77.77:7477".to_owned(),
             scout_interval_ms: 1000,
             runtime_dir: None,
@@ -477,6 +485,7 @@ impl Config {
             (Kind::Bool, V::Bool(b)) => match key {
                 "local_discovery" => self.local_discovery = b,
                 "scouting" => self.scouting = b,
+                "gossip" => self.gossip = b,
                 _ => unreachable!("a bool key without a field: {key}"),
             },
             (Kind::List, V::List(l)) => match key {
@@ -662,6 +671,7 @@ mod tests {
             ("MILONGA_CONTROL_ENDPOINT", "tcp://10.0.0.1:7002"),
             ("MILONGA_LOCAL_DISCOVERY", "off"),
             ("MILONGA_PEERS", "tcp://a:1, tcp://b:2"),
+            ("MILONGA_GOSSIP", "off"),
             ("MILONGA_INTERFACES", "eth0, 10.0.0.0/8"),
             ("MILONGA_SCOUTING", "1"),
             ("MILONGA_SCOUT_GROUP", "239.1.2.3:9000"),
@@ -694,6 +704,7 @@ mod tests {
         assert_eq!(c.control_endpoint.as_deref(), Some("tcp://10.0.0.1:7002"));
         assert!(!c.local_discovery);
         assert_eq!(c.peers, ["tcp://a:1", "tcp://b:2"]);
+        assert!(!c.gossip);
         assert_eq!(c.interfaces, ["eth0", "10.0.0.0/8"]);
         assert!(c.scouting);
         assert_eq!(

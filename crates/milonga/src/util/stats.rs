@@ -100,6 +100,12 @@ counters! {
     /// within 2 s (no route, a firewall, an address of another network);
     /// logged with the endpoint, and asked again at their next hello.
     scout_unreachable,
+    /// Nodes told by gossip but not asked: this node already asks 1,024
+    /// learned nodes (logged when it happens).
+    gossip_dropped,
+    /// Gossip requests refused: the endpoint they give is not at the
+    /// address the request came from.
+    gossip_refused,
     /// Announcement files that could not be read.
     announcements_malformed,
     /// Subscribe/unsubscribe messages received by the data sockets.

@@ -48,17 +48,27 @@ pub(crate) trait Host: Send + Sync + 'static {
 
 /// First frame of every control request and reply.
 pub const CONTROL_MAGIC: &[u8] = milonga_wire::control::MAGIC;
-/// The one request of protocol v1: "who are you, and how are you doing".
+/// The request "who are you, and how are you doing".
 pub const CONTROL_INFO: &[u8] = milonga_wire::control::INFO;
 
-/// What a node answers to `info`: its announcement and counters.
+/// What a node answers to `info` and `gossip`: its announcement, counters,
+/// and the nodes it knows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
     /// The node's announcement.
     pub announcement: Announcement,
     /// The node's counters.
     pub stats: NodeStats,
+    /// The `tcp://` control endpoints of the other nodes of its domain it
+    /// knows (at most [`MAX_TOLD`]; loopback ones only to an asker on
+    /// loopback; none to an asker of another domain). Absent from the
+    /// JSON when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<String>,
 }
+
+/// Most control endpoints a reply lists.
+pub const MAX_TOLD: usize = 1024;
 
 const HANDSHAKE_FAILED: i32 = (zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -241,6 +251,7 @@ pub(crate) fn start<H: Host>(
         control_endpoint,
         ..
     } = socks;
+    let statics = StaticPeers::new(p2p.core.clone(), &control_endpoint);
     let scout = if p2p.core().cfg.scouting {
         Some(ScoutPeers::open(p2p.core.clone(), control_endpoint)?)
     } else {
@@ -248,7 +259,6 @@ pub(crate) fn start<H: Host>(
     };
     let monitor = self::monitor(p2p, &router, "control")?;
     let live_monitor = self::monitor(p2p, &live, "liveliness")?;
-    let statics = StaticPeers::new(p2p, p2p.core.clone());
     let watch_fd = local.as_ref().and_then(LocalSource::watch_fd);
     let mut ctl = Control {
         host: host.clone(),
@@ -265,6 +275,7 @@ pub(crate) fn start<H: Host>(
         scout,
         watch_fd,
         flooded: false,
+        known: Vec::new(),
     };
     ctl.discover(Instant::now(), true);
     host.reannounce(false);
@@ -306,6 +317,8 @@ struct Control<H: Host> {
     watch_fd: Option<std::os::fd::RawFd>,
     /// The last drain of the data sockets left messages to read.
     flooded: bool,
+    /// The `tcp://` control endpoints of the peers, told in replies.
+    known: Vec<String>,
 }
 
 impl<H: Host> Control<H> {
@@ -399,6 +412,12 @@ impl<H: Host> Control<H> {
             local.peers_into(&mut peers);
         }
         self.statics.peers_into(&mut peers);
+        self.known = peers
+            .values()
+            .filter(|a| a.control.starts_with("tcp://"))
+            .map(|a| a.control.clone())
+            .take(MAX_TOLD)
+            .collect();
         self.host.set_peers(peers);
     }
 
@@ -525,25 +544,57 @@ impl<H: Host> Control<H> {
     }
 
     fn serve_control(&mut self) {
-        let c = &self.host.p2p().core().counters;
-        while let Ok(frames) = self.router.recv_multipart(zmq::DONTWAIT) {
+        use milonga_wire::control::Request;
+        let core = self.host.p2p().core();
+        let c = &core.counters;
+        while let Some((frames, from)) = recv_request(&self.router) {
             // Frame 0 is the ROUTER's identity of the asker.
-            let request = frames.get(1..).map(milonga_wire::control::Request::decode);
-            if !matches!(request, Some(Ok(milonga_wire::control::Request::Info))) {
-                let n = c.control_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                if n <= 10 || n % 1000 == 0 {
-                    tracing::warn!(
-                        dropped_so_far = n,
-                        frames = frames.len(),
-                        "dropped a malformed control request (expected [{}, info])",
-                        String::from_utf8_lossy(CONTROL_MAGIC)
-                    );
+            let request = match Request::decode(&frames[1..]) {
+                Ok(r) => r,
+                Err(err) => {
+                    let n = c.control_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n <= 10 || n % 1000 == 0 {
+                        tracing::warn!(
+                            dropped_so_far = n,
+                            frames = frames.len(),
+                            %err,
+                            "dropped a malformed control request (expected [{}, info] or [{0}, gossip, endpoint, domain])",
+                            String::from_utf8_lossy(CONTROL_MAGIC)
+                        );
+                    }
+                    continue;
                 }
-                continue;
+            };
+            let mut tell = true;
+            if let Request::Gossip { control, domain } = request {
+                if domain != core.domain {
+                    stats::inc(&c.peers_foreign_domain);
+                    limited!(info, asker = %control, their = %domain, ours = %core.domain, "a node of another domain asked this one (answered, not learned)");
+                    tell = false;
+                } else if endpoint_host(&control) != from.as_deref() {
+                    stats::inc(&c.gossip_refused);
+                    limited!(warn, asker = %control, from = ?from, "refused a gossip request: its endpoint is not at the address it came from (behind NAT? set control_endpoint to an address the others reach)");
+                    tell = false;
+                } else {
+                    self.statics.learn(&control, Instant::now());
+                }
             }
+            let asker_on_loopback = from.as_deref().is_some_and(is_loopback_host);
+            let peers = if tell {
+                self.known
+                    .iter()
+                    .filter(|ep| {
+                        asker_on_loopback || !endpoint_host(ep).is_some_and(is_loopback_host)
+                    })
+                    .cloned()
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let info = NodeInfo {
                 announcement: self.host.announcement(),
                 stats: c.snapshot(),
+                peers,
             };
             let body = serde_json::to_vec(&info).unwrap_or_default();
             let [magic, info, body] = milonga_wire::control::info_reply(&body);
@@ -638,6 +689,41 @@ impl<H: Host> Control<H> {
         }
         more
     }
+}
+
+/// The next request waiting on the control ROUTER, without waiting: its
+/// frames, and the address it came from (libzmq's `Peer-Address`, `None`
+/// over ipc).
+fn recv_request(router: &zmq::Socket) -> Option<(Vec<Vec<u8>>, Option<String>)> {
+    // The identity frame is the ROUTER's own: the peer's properties come
+    // with the frames it sent.
+    let identity = router.recv_bytes(zmq::DONTWAIT).ok()?;
+    let mut frames = vec![identity];
+    let mut from = None;
+    while router.get_rcvmore().unwrap_or(false) {
+        let Ok(mut m) = router.recv_msg(0) else {
+            break;
+        };
+        if from.is_none() {
+            from = m.gets("Peer-Address").map(str::to_owned);
+        }
+        frames.push(m.to_vec());
+    }
+    Some((frames, from))
+}
+
+/// The host of a `tcp://HOST:PORT` endpoint (brackets of an IPv6 address
+/// removed).
+fn endpoint_host(endpoint: &str) -> Option<&str> {
+    let rest = endpoint.strip_prefix("tcp://")?;
+    let (host, _port) = rest.rsplit_once(':')?;
+    Some(host.trim_start_matches('[').trim_end_matches(']'))
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    host.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
+        || host == "localhost"
 }
 
 /// Counts the events a monitor of one of this node's listening sockets

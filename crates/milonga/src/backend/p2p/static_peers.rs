@@ -1,22 +1,34 @@
 //! The static discovery source: the control endpoints given in the
 //! configuration (`peers`), each asked for its announcement every
-//! `static_query_interval_ms` (docs/protocol.md §9) and forgotten when it
-//! stops answering. It speaks the control protocol over ZeroMQ DEALERs,
-//! so it belongs to this backend.
+//! `static_query_interval_ms` (docs/protocol.md §9.4) and forgotten when it
+//! stops answering. With `gossip` on (the default), the node asks with
+//! `gossip` (saying where it answers) instead of `info`, and also asks the
+//! nodes that its peers list in their replies and the nodes that ask it:
+//! one seed given, the rest are learned. A learned node is dropped
+//! altogether when it stops answering. It speaks the control protocol over
+//! ZeroMQ DEALERs, so it belongs to this backend.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use milonga_wire::control::Request;
+
 use crate::backend::p2p::control::NodeInfo;
-use crate::backend::p2p::{zmq_io, P2p};
+use crate::backend::p2p::{zmq_io, ContextRef};
 use crate::discovery::{Announcement, Source};
 use crate::model::error::{IntoTransport, OpenError};
 use crate::model::node::NodeCore;
 use crate::util::stats;
 
+/// Most nodes learned by gossip; more are ignored, counted
+/// (`gossip_dropped`) and logged once.
+pub(crate) const MAX_LEARNED: usize = 1024;
+
 struct StaticPeer {
     endpoint: String,
+    /// When it was learned by gossip (`None`: configured, never dropped).
+    learned: Option<Instant>,
     sock: zmq::Socket,
     last_reply: Option<Instant>,
     announcement: Option<Announcement>,
@@ -25,47 +37,89 @@ struct StaticPeer {
 
 /// The configured peers and what they last answered.
 pub(crate) struct StaticPeers {
+    ctx: ContextRef,
     node: Arc<NodeCore>,
     peers: Vec<StaticPeer>,
     last_query: Option<Instant>,
     /// The node thread's poll saw a reply waiting: read in the next turn
     /// (an empty socket is not read every turn).
     readable: bool,
+    /// What is sent to each peer: `gossip` with this node's control
+    /// endpoint, or `info` (gossip off, or a control endpoint that is not
+    /// tcp).
+    request: Request,
+    /// This node's control endpoint (never learned as a peer).
+    own_control: String,
+    /// A node was ignored because [`MAX_LEARNED`] were known (logged once).
+    warned_full: bool,
 }
 
 impl StaticPeers {
     /// Connects to every configured peer (a bad endpoint is logged and
-    /// skipped).
-    pub(crate) fn new(p2p: &P2p, node: Arc<NodeCore>) -> StaticPeers {
-        let mut peers = Vec::new();
-        for ep in &node.cfg.peers {
-            match p2p.ctx().socket(zmq::DEALER).and_then(|s| {
-                let _ = zmq_io::apply_common(&s, &node.cfg);
-                let _ = s.set_sndhwm(4);
-                s.connect(ep)
-                    .map_err(|source: zmq::Error| OpenError::Socket {
-                        action: "connect",
-                        endpoint: ep.clone(),
-                        source: source.transport(),
-                    })?;
-                Ok(s)
-            }) {
-                Ok(sock) => peers.push(StaticPeer {
-                    endpoint: ep.clone(),
-                    sock,
-                    last_reply: None,
-                    announcement: None,
-                    warned_domain: false,
-                }),
-                Err(err) => tracing::warn!(peer = %ep, %err, "ignoring a static peer"),
+    /// skipped); `own_control` is this node's control endpoint.
+    pub(crate) fn new(node: Arc<NodeCore>, own_control: &str) -> StaticPeers {
+        let request = if node.cfg.gossip && own_control.starts_with("tcp://") {
+            Request::Gossip {
+                control: own_control.to_owned(),
+                domain: node.domain.clone(),
             }
-        }
-        StaticPeers {
+        } else {
+            Request::Info
+        };
+        let mut s = StaticPeers {
+            ctx: ContextRef::acquire(),
             node,
-            peers,
+            peers: Vec::new(),
             last_query: None,
             // Replies may wait before the first poll.
             readable: true,
+            request,
+            own_control: own_control.to_owned(),
+            warned_full: false,
+        };
+        for ep in s.node.cfg.peers.clone() {
+            match connect(&s.ctx, &s.node, &ep) {
+                Ok(sock) => s.peers.push(StaticPeer::new(ep, sock, None)),
+                Err(err) => tracing::warn!(peer = %ep, %err, "ignoring a static peer"),
+            }
+        }
+        s
+    }
+
+    /// Adds `endpoint`, told by gossip, to the nodes asked (unless it is
+    /// known, this node, or gossip is off); asks it at once. Whether it was
+    /// added.
+    pub(crate) fn learn(&mut self, endpoint: &str, now: Instant) -> bool {
+        if !self.node.cfg.gossip
+            || endpoint == self.own_control
+            || !endpoint.starts_with("tcp://")
+            || self.peers.iter().any(|p| p.endpoint == endpoint)
+        {
+            return false;
+        }
+        if self.peers.iter().filter(|p| p.learned.is_some()).count() >= MAX_LEARNED {
+            stats::inc(&self.node.counters.gossip_dropped);
+            if !std::mem::replace(&mut self.warned_full, true) {
+                tracing::warn!(
+                    peer = %endpoint,
+                    max = MAX_LEARNED,
+                    "ignoring nodes learned by gossip: this node already asks {MAX_LEARNED} (counted in gossip_dropped)"
+                );
+            }
+            return false;
+        }
+        match connect(&self.ctx, &self.node, endpoint) {
+            Ok(sock) => {
+                tracing::debug!(peer = %endpoint, "learned a node by gossip");
+                let _ = sock.send_multipart(self.request.frames(), zmq::DONTWAIT);
+                self.peers
+                    .push(StaticPeer::new(endpoint.to_owned(), sock, Some(now)));
+                true
+            }
+            Err(err) => {
+                limited!(warn, peer = %endpoint, %err, "ignoring a node learned by gossip");
+                false
+            }
         }
     }
 
@@ -89,7 +143,8 @@ impl StaticPeers {
     }
 
     /// Reads the replies that arrived; whether an announcement changed.
-    fn read(&mut self, now: Instant) -> bool {
+    /// The nodes the replies list are added to `told`.
+    fn read(&mut self, now: Instant, told: &mut Vec<String>) -> bool {
         let domain = &self.node.domain;
         let c = &self.node.counters;
         let mut changed = false;
@@ -117,6 +172,7 @@ impl StaticPeers {
                     continue;
                 }
                 p.last_reply = Some(now);
+                told.extend(info.peers);
                 if p.announcement.as_ref() != Some(&info.announcement) {
                     p.announcement = Some(info.announcement);
                     changed = true;
@@ -139,16 +195,49 @@ impl StaticPeers {
             self.node.cfg.heartbeat_timeout_ms as u64,
         ));
         let mut changed = false;
-        for p in &mut self.peers {
-            let req = milonga_wire::control::Request::Info.frames();
-            let _ = p.sock.send_multipart(req, zmq::DONTWAIT);
-            if p.announcement.is_some() && p.last_reply.is_none_or(|t| now - t > expiry) {
-                tracing::info!(peer = %p.endpoint, "static peer stopped answering");
-                p.announcement = None;
+        let request = self.request.frames();
+        self.peers.retain_mut(|p| {
+            let _ = p.sock.send_multipart(&request, zmq::DONTWAIT);
+            let silent = p.last_reply.or(p.learned).is_none_or(|t| now - t > expiry);
+            if !silent {
+                return true;
+            }
+            if p.announcement.take().is_some() {
+                tracing::info!(peer = %p.endpoint, "peer stopped answering");
                 changed = true;
             }
-        }
+            // A learned node is dropped (gossip may tell it again); a
+            // configured one is asked forever.
+            p.learned.is_none()
+        });
         changed
+    }
+}
+
+/// A DEALER connected to the control endpoint `ep`.
+fn connect(ctx: &ContextRef, node: &NodeCore, ep: &str) -> Result<zmq::Socket, OpenError> {
+    let s = ctx.socket(zmq::DEALER)?;
+    let _ = zmq_io::apply_common(&s, &node.cfg);
+    let _ = s.set_sndhwm(4);
+    s.connect(ep)
+        .map_err(|source: zmq::Error| OpenError::Socket {
+            action: "connect",
+            endpoint: ep.to_owned(),
+            source: source.transport(),
+        })?;
+    Ok(s)
+}
+
+impl StaticPeer {
+    fn new(endpoint: String, sock: zmq::Socket, learned: Option<Instant>) -> StaticPeer {
+        StaticPeer {
+            endpoint,
+            learned,
+            sock,
+            last_reply: None,
+            announcement: None,
+            warned_domain: false,
+        }
     }
 }
 
@@ -157,7 +246,11 @@ impl Source for StaticPeers {
         if self.peers.is_empty() {
             return false;
         }
-        let read = std::mem::take(&mut self.readable) && self.read(now);
+        let mut told = Vec::new();
+        let read = std::mem::take(&mut self.readable) && self.read(now, &mut told);
+        for ep in told {
+            self.learn(&ep, now);
+        }
         self.query(now) | read
     }
 
