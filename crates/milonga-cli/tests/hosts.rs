@@ -263,6 +263,54 @@ fn packet_loss_between_hosts_loses_no_reliable_sample() {
 }
 
 #[test]
+fn a_delayed_and_reordering_link_delays_every_sample_and_loses_none() {
+    let Some(mut lan) = Lan::new("delay", 2) else {
+        return;
+    };
+    // Every frame of host 0 waits 60 to 100 ms: frames 10 ms apart leave
+    // out of order, which TCP puts right.
+    let delay = Duration::from_millis(60);
+    lan.bed
+        .set_delay(0, delay, Duration::from_millis(40))
+        .expect("a delay relay on host 0's link");
+    let _publ = lan.publisher(&["pub", "lan/x", "1", "--rate", "100", "--reliable"]);
+    let sub = lan.subscriber(1, &["sub", "lan/**", "--json", "--reliable"], 3000);
+    let mut ledger = SeqLedger::default();
+    let mut samples = 0;
+    let mut shortest = Duration::MAX;
+    read_until(
+        &sub,
+        &mut ledger,
+        "200 samples over the delayed link",
+        |j| {
+            if is_sample(j) {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64;
+                let sent = j["timestamp_ns"].as_u64().unwrap_or(now);
+                shortest = shortest.min(Duration::from_nanos(now.saturating_sub(sent)));
+                samples += 1;
+            }
+            samples == 200
+        },
+    );
+    // One crossing of the delayed link: no sample can be faster.
+    assert!(
+        shortest >= delay,
+        "a sample took {shortest:?}, under the link's {delay:?}"
+    );
+    let a = ledger.check().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a[0].lost, 0, "{a:?}");
+    let link = lan.bed.link_stats(0).expect("a relay");
+    assert!(
+        link.reordered > 0,
+        "the jitter reordered no frame: {link:?}"
+    );
+    assert_eq!(link.dropped, 0, "{link:?}");
+}
+
+#[test]
 fn three_hosts_wildcards_and_a_service_across_them() {
     let Some(lan) = Lan::new("three", 3) else {
         return;

@@ -2,10 +2,12 @@
 //! processes that are killed when the test ends, RSS/fd sampling, and a
 //! bed of network namespaces for tests across hosts ([`netbed`]).
 #![deny(missing_docs)]
-// `unsafe` lives in `sys` alone.
+// `unsafe` lives in `sys` and in `relay` (raw sockets, namespaces) alone.
 #![deny(unsafe_code)]
 
 pub mod netbed;
+#[allow(unsafe_code)]
+mod relay;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

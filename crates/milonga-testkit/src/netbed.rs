@@ -12,8 +12,9 @@
 //! bridge lives in a namespace of its own, so the machine's own network is
 //! not touched and no traffic leaves the bed. A test can cut a host's link
 //! (the switch port goes down), drop a share of its packets (nftables'
-//! `numgen random`, in the host's own namespace) and freeze its processes
-//! (`Proc::signal(SIGSTOP)`).
+//! `numgen random`, in the host's own namespace), delay and reorder them
+//! (a relay in user space, [`Bed::set_delay`]: this kernel has no
+//! `sch_netem`) and freeze its processes (`Proc::signal(SIGSTOP)`).
 //!
 //! Everything a bed creates is removed when it is dropped, a failing test
 //! included. A test process killed outright leaves its namespaces behind:
@@ -27,6 +28,7 @@
 
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// The variable that lets a machine without network namespaces skip the
 /// multi-host tests (they fail otherwise).
@@ -46,6 +48,17 @@ pub struct Host {
     port: String,
 }
 
+/// What a delayed link's relay did ([`Bed::link_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Frames sent on, both directions.
+    pub frames: u64,
+    /// Frames sent on before one that arrived earlier.
+    pub reordered: u64,
+    /// Frames dropped because the relay held 10,000 already.
+    pub dropped: u64,
+}
+
 /// A set of hosts on one switch; removed when dropped.
 #[derive(Debug)]
 pub struct Bed {
@@ -53,6 +66,9 @@ pub struct Bed {
     hosts: Vec<Host>,
     /// Networks added after the first.
     networks: u8,
+    /// The delay relay of each host's link on the first network, once
+    /// [`Bed::set_delay`] made one.
+    relays: Vec<Option<crate::relay::Relay>>,
 }
 
 /// Runs `ip`/`nft` and the like: Ok, or the command and what it printed.
@@ -191,6 +207,7 @@ impl Bed {
             switch,
             hosts: Vec::new(),
             networks: 0,
+            relays: Vec::new(),
         };
         let sw = bed.switch.clone();
         add_bridge(&sw, "br0")?;
@@ -312,6 +329,75 @@ impl Bed {
         nft(&self.hosts[i].netns, script).expect("block new TCP connections");
     }
 
+    /// Delays every frame host `i` sends or receives on the bed's network
+    /// by `delay` plus a uniformly random share of `jitter` (a jitter
+    /// larger than the gap between two frames reorders them), in both
+    /// directions: a round trip between two delayed hosts takes four
+    /// delays. The first call puts a relay (two threads of this process
+    /// in the switch's namespace, see `relay.rs`) on the host's link and
+    /// turns offloads off on every host's `eth0`; later calls change the
+    /// figures. At most 10,000 frames are held per direction; more are
+    /// dropped.
+    pub fn set_delay(&mut self, i: usize, delay: Duration, jitter: Duration) -> Result<(), String> {
+        if self.relays.len() < self.hosts.len() {
+            self.relays.resize_with(self.hosts.len(), || None);
+        }
+        if self.relays.iter().all(Option::is_none) {
+            for h in &self.hosts {
+                crate::relay::offloads_off(&h.netns, "eth0")?;
+            }
+        }
+        let shape = match &self.relays[i] {
+            Some(r) => r.shape.clone(),
+            None => {
+                let sw = self.switch.clone();
+                let port = self.hosts[i].port.clone();
+                let (outer, inner) = (format!("d{i}a"), format!("d{i}b"));
+                run(
+                    "ip",
+                    &[
+                        "-n", &sw, "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+                    ],
+                )?;
+                run("ip", &["-n", &sw, "link", "set", &port, "nomaster"])?;
+                run("ip", &["-n", &sw, "link", "set", &port, "promisc", "on"])?;
+                run(
+                    "ip",
+                    &["-n", &sw, "link", "set", &outer, "promisc", "on", "up"],
+                )?;
+                run(
+                    "ip",
+                    &["-n", &sw, "link", "set", &inner, "master", "br0", "up"],
+                )?;
+                let shape = std::sync::Arc::new(crate::relay::Shape::default());
+                self.relays[i] = Some(crate::relay::start(&sw, &port, &outer, shape.clone())?);
+                shape
+            }
+        };
+        use std::sync::atomic::Ordering;
+        shape
+            .delay_us
+            .store(delay.as_micros() as u64, Ordering::Relaxed);
+        shape
+            .jitter_us
+            .store(jitter.as_micros() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// What the relay of host `i`'s link did so far ([`Bed::set_delay`]):
+    /// frames sent on, frames sent before one that arrived earlier
+    /// (reordered), frames dropped because 10,000 were held. `None`
+    /// without a relay.
+    pub fn link_stats(&self, i: usize) -> Option<LinkStats> {
+        use std::sync::atomic::Ordering;
+        let shape = &self.relays.get(i)?.as_ref()?.shape;
+        Some(LinkStats {
+            frames: shape.frames.load(Ordering::Relaxed),
+            reordered: shape.reordered.load(Ordering::Relaxed),
+            dropped: shape.dropped.load(Ordering::Relaxed),
+        })
+    }
+
     /// Drops `percent` of the packets host `i` sends and receives on the
     /// bed's network (nftables' `numgen random`), loopback untouched;
     /// 0 removes the rule.
@@ -335,6 +421,8 @@ impl Bed {
 
 impl Drop for Bed {
     fn drop(&mut self) {
+        // The relays' threads stop before their namespace goes.
+        self.relays.clear();
         for h in &self.hosts {
             remove_namespace(&h.netns);
         }
