@@ -111,6 +111,11 @@ struct PubsubArgs {
     /// veth pair and a bridge.
     #[arg(long, default_value_t = 1)]
     hosts: usize,
+    /// With `--hosts 2`: milliseconds every frame waits on the sending
+    /// host's link, each way (a user-space relay, as netem's `delay`
+    /// would; a round trip waits twice).
+    #[arg(long, default_value_t = 0.0)]
+    delay_ms: f64,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -131,6 +136,11 @@ struct LatencyArgs {
     /// multi-host test bed, pong on the other.
     #[arg(long, default_value_t = 1)]
     hosts: usize,
+    /// With `--hosts 2`: milliseconds every frame waits on the sending
+    /// host's link, each way (a user-space relay, as netem's `delay`
+    /// would; a round trip waits twice).
+    #[arg(long, default_value_t = 0.0)]
+    delay_ms: f64,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -302,16 +312,30 @@ struct Workers {
 
 /// The test bed of `--hosts 2`: the sending side (publisher, ping) runs on
 /// host 0, the receiving side (subscribers, pong) on host 1.
-fn bed_for(hosts: usize, t: Transport) -> Result<Option<milonga_testkit::netbed::Bed>> {
-    match hosts {
-        1 => Ok(None),
-        2 if t == Transport::Tcp => Ok(Some(
-            milonga_testkit::netbed::Bed::new(2)
-                .map_err(|why| anyhow!("--hosts 2 needs network namespaces (root): {why}"))?,
-        )),
+/// With `delay_ms` > 0, host 0's link delays every frame that much each
+/// way.
+fn bed_for(
+    hosts: usize,
+    t: Transport,
+    delay_ms: f64,
+) -> Result<Option<milonga_testkit::netbed::Bed>> {
+    if delay_ms != 0.0 && (hosts != 2 || !(0.0..=10_000.0).contains(&delay_ms)) {
+        bail!("--delay-ms needs --hosts 2, and 0 to 10000 ms");
+    }
+    let mut bed = match hosts {
+        1 => return Ok(None),
+        2 if t == Transport::Tcp => milonga_testkit::netbed::Bed::new(2)
+            .map_err(|why| anyhow!("--hosts 2 needs network namespaces (root): {why}"))?,
         2 => bail!("--hosts 2 runs over tcp only"),
         h => bail!("--hosts must be 1 or 2, not {h}"),
+    };
+    if delay_ms > 0.0 {
+        let d = Duration::from_secs_f64(delay_ms / 1000.0);
+        bed.set_delay(0, d, Duration::ZERO)
+            .map_err(|why| anyhow!("cannot delay the link: {why}"))?;
+        eprintln!("# host 0's link delays every frame {delay_ms} ms each way (a user-space relay of the test bed, offloads off on both hosts: its cost is in both systems' figures)");
     }
+    Ok(Some(bed))
 }
 
 /// The host a role runs on in a two-host bench.
@@ -442,7 +466,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
-    let bed = bed_for(a.hosts, t)?;
+    let bed = bed_for(a.hosts, t, a.delay_ms)?;
     if bed.is_some() {
         eprintln!("# two hosts: the publisher on one network namespace (10.99.0.1), the subscribers on another (10.99.0.2), joined by veth pairs and a bridge");
     }
@@ -902,7 +926,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
-    let bed = bed_for(a.hosts, t)?;
+    let bed = bed_for(a.hosts, t, a.delay_ms)?;
     eprintln!("# milonga bench latency: transport {}, one message in flight, one-way latency = round trip / 2", t.name());
     if bed.is_some() {
         eprintln!("# two hosts: ping on one network namespace (10.99.0.1), pong on another (10.99.0.2), joined by veth pairs and a bridge");

@@ -527,6 +527,30 @@ fn on_a_host_with_two_networks_interfaces_picks_the_one_that_reaches_the_peer() 
 }
 
 #[test]
+fn a_node_on_two_networks_is_reached_from_each_with_no_configuration() {
+    let Some(mut lan) = Lan::new("twonets", 3) else {
+        return;
+    };
+    // Host 0 is on both networks; host 1 only on the first, host 2 only
+    // on the second (its port on the first is down).
+    lan.bed.add_network(&[0, 2]).unwrap();
+    lan.bed.cut(2);
+    let auto = |i: usize, args: &[&str]| {
+        let mut c = lan.scouting(i, args);
+        c.env("MILONGA_TCP_HOST", "auto");
+        Proc::spawn(c)
+    };
+    let _publ = auto(0, &["pub", "lan/x", "1", "--rate", "50"]);
+    let near = auto(1, &["sub", "lan/**", "--json"]);
+    let far = auto(2, &["sub", "lan/**", "--json"]);
+    for (sub, network) in [(&near, "the first network"), (&far, "the second network")] {
+        let mut ledger = SeqLedger::default();
+        let j = read_until(sub, &mut ledger, network, is_sample);
+        assert_eq!(j["key"], "lan/x", "{j}");
+    }
+}
+
+#[test]
 fn a_publisher_heard_but_unreachable_is_counted_and_logged_not_silently_missing() {
     let Some(lan) = Lan::new("unreach", 2) else {
         return;

@@ -1,6 +1,8 @@
-//! Which address a node binds and announces when `tcp_host` is `auto`:
-//! the first interface that is up, multicast-capable and not loopback,
-//! among those `interfaces` names (by name or CIDR) when it names any.
+//! Which addresses a node binds and announces when `tcp_host` is `auto`:
+//! those of every interface that is up, multicast-capable and not
+//! loopback, among those `interfaces` names (by name or CIDR) when it
+//! names any. The first is the one its announcement names; the node binds
+//! the same ports on the others (docs/discovery.md).
 
 use std::net::Ipv4Addr;
 
@@ -22,48 +24,56 @@ fn named(iface: &Ipv4Iface, wanted: &str) -> bool {
     iface.name == wanted
 }
 
-/// The address to use among `all`, or why there is none.
-fn choose(all: &[Ipv4Iface], wanted: &[String]) -> Result<Ipv4Addr, String> {
-    all.iter()
+/// The addresses to use among `all` (at least one, each once, in the
+/// kernel's order), or why there is none.
+fn choose(all: &[Ipv4Iface], wanted: &[String]) -> Result<Vec<Ipv4Addr>, String> {
+    let mut chosen: Vec<Ipv4Addr> = Vec::new();
+    for i in all
+        .iter()
         .filter(|i| i.up && i.multicast && !i.loopback)
-        .find(|i| wanted.is_empty() || wanted.iter().any(|w| named(i, w)))
-        .map(|i| i.addr)
-        .ok_or_else(|| {
-            let have: Vec<String> = all
-                .iter()
-                .map(|i| {
-                    let mut f = Vec::new();
-                    if !i.up {
-                        f.push("down");
-                    }
-                    if !i.multicast {
-                        f.push("no multicast");
-                    }
-                    if i.loopback {
-                        f.push("loopback");
-                    }
-                    let f = if f.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", f.join(", "))
-                    };
-                    format!("{} {}/{}{f}", i.name, i.addr, i.prefix)
-                })
-                .collect();
-            let which = if wanted.is_empty() {
-                "no interface is up, multicast-capable and not loopback".to_owned()
-            } else {
-                format!("no usable interface matches interfaces = {wanted:?}")
-            };
-            format!(
-                "tcp_host is auto, but {which}; this host has: {}",
-                have.join("; ")
-            )
-        })
+        .filter(|i| wanted.is_empty() || wanted.iter().any(|w| named(i, w)))
+    {
+        if !chosen.contains(&i.addr) {
+            chosen.push(i.addr);
+        }
+    }
+    Some(chosen).filter(|c| !c.is_empty()).ok_or_else(|| {
+        let have: Vec<String> = all
+            .iter()
+            .map(|i| {
+                let mut f = Vec::new();
+                if !i.up {
+                    f.push("down");
+                }
+                if !i.multicast {
+                    f.push("no multicast");
+                }
+                if i.loopback {
+                    f.push("loopback");
+                }
+                let f = if f.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", f.join(", "))
+                };
+                format!("{} {}/{}{f}", i.name, i.addr, i.prefix)
+            })
+            .collect();
+        let which = if wanted.is_empty() {
+            "no interface is up, multicast-capable and not loopback".to_owned()
+        } else {
+            format!("no usable interface matches interfaces = {wanted:?}")
+        };
+        format!(
+            "tcp_host is auto, but {which}; this host has: {}",
+            have.join("; ")
+        )
+    })
 }
 
-/// The address for `tcp_host = auto` on this host.
-pub(crate) fn pick(wanted: &[String]) -> Result<Ipv4Addr, String> {
+/// The addresses for `tcp_host = auto` on this host, the first the one
+/// announced.
+pub(crate) fn pick(wanted: &[String]) -> Result<Vec<Ipv4Addr>, String> {
     choose(&ipv4_interfaces(), wanted)
 }
 
@@ -83,7 +93,7 @@ mod tests {
     }
 
     #[test]
-    fn auto_takes_the_first_usable_interface_that_interfaces_names() {
+    fn auto_takes_every_usable_interface_that_interfaces_names() {
         let all = [
             iface("lo", [127, 0, 0, 1], true, false, true),
             iface("eth0", [10, 0, 0, 5], false, true, false),
@@ -93,16 +103,22 @@ mod tests {
         let w = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
             choose(&all, &[]),
-            Ok(Ipv4Addr::new(192, 168, 1, 7)),
-            "eth0 is down"
+            Ok(vec![
+                Ipv4Addr::new(192, 168, 1, 7),
+                Ipv4Addr::new(172, 17, 0, 1)
+            ]),
+            "eth0 is down, lo is loopback"
         );
         assert_eq!(
             choose(&all, &w(&["docker0"])),
-            Ok(Ipv4Addr::new(172, 17, 0, 1))
+            Ok(vec![Ipv4Addr::new(172, 17, 0, 1)])
         );
         assert_eq!(
-            choose(&all, &w(&["172.16.0.0/12"])),
-            Ok(Ipv4Addr::new(172, 17, 0, 1))
+            choose(&all, &w(&["172.16.0.0/12", "eth1"])),
+            Ok(vec![
+                Ipv4Addr::new(192, 168, 1, 7),
+                Ipv4Addr::new(172, 17, 0, 1)
+            ])
         );
         let e = choose(&all, &w(&["eth0", "lo"])).unwrap_err();
         assert!(

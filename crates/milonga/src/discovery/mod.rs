@@ -67,6 +67,44 @@ pub(crate) fn is_alive(a: &Announcement) -> bool {
     }
 }
 
+/// Host and port of a `tcp://HOST:PORT` endpoint.
+fn tcp_host_port(endpoint: &str) -> Option<(&str, &str)> {
+    endpoint.strip_prefix("tcp://")?.rsplit_once(':')
+}
+
+/// `a` as seen by a node that reached it at `reached`, the endpoint of its
+/// control socket that answered or that its hello named: when that is
+/// its announced control port at another address, every tcp endpoint at
+/// the announced address moves to that one. A node on several networks
+/// binds the same ports on each and announces one address
+/// (docs/protocol.md §9.5); each network reaches it at its own.
+pub(crate) fn reached_at(a: &mut Announcement, reached: &str) {
+    let (Some((host, port)), Some((announced, announced_port))) =
+        (tcp_host_port(reached), tcp_host_port(&a.control))
+    else {
+        return;
+    };
+    if port != announced_port || host == announced {
+        return;
+    }
+    let from = format!("tcp://{announced}:");
+    let to = format!("tcp://{host}:");
+    let endpoints = [
+        Some(&mut a.control),
+        a.data_best_effort.as_mut(),
+        a.data_reliable.as_mut(),
+        a.liveliness.as_mut(),
+    ]
+    .into_iter()
+    .flatten()
+    .chain(a.services.iter_mut().map(|s| &mut s.endpoint));
+    for e in endpoints {
+        if let Some(rest) = e.strip_prefix(from.as_str()) {
+            *e = format!("{to}{rest}");
+        }
+    }
+}
+
 /// Largest announcement file read (bytes); larger ones are skipped and
 /// counted, so that a huge file costs nobody its size in memory.
 pub(crate) const MAX_ANNOUNCEMENT_BYTES: u64 = 1 << 20;
@@ -525,6 +563,28 @@ mod tests {
         }
         assert!(pid_exists(pid), "a zombie still has its pid");
         child.wait().expect("reap");
+    }
+
+    #[test]
+    fn a_node_reached_at_another_of_its_addresses_is_used_there() {
+        let mut a = announcement("00", 1, 0, "tcp://10.0.0.1:5000");
+        a.control = "tcp://10.0.0.1:6000".into();
+        a.liveliness = Some("tcp://10.0.0.1:6001".into());
+        a.data_reliable = Some("ipc:///tmp/x.sock".into());
+        let mut other = a.clone();
+        // Another port: not its control socket that answered; unchanged.
+        reached_at(&mut other, "tcp://10.1.0.1:7000");
+        assert_eq!(other, a);
+        reached_at(&mut other, "tcp://10.0.0.1:6000");
+        assert_eq!(other, a, "the announced address itself");
+        reached_at(&mut other, "tcp://10.1.0.1:6000");
+        assert_eq!(other.control, "tcp://10.1.0.1:6000");
+        assert_eq!(
+            other.data_best_effort.as_deref(),
+            Some("tcp://10.1.0.1:5000")
+        );
+        assert_eq!(other.liveliness.as_deref(), Some("tcp://10.1.0.1:6001"));
+        assert_eq!(other.data_reliable.as_deref(), Some("ipc:///tmp/x.sock"));
     }
 
     fn announcement(id: &str, pid: u32, start_time: u64, endpoint: &str) -> Announcement {

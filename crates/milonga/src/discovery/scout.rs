@@ -22,6 +22,9 @@ const MAX_READ: usize = 1024;
 pub(crate) struct Scout {
     sock: UdpSocket,
     group: SocketAddrV4,
+    /// The addresses of the interfaces it joined the group on: `tcp_host`,
+    /// then the node's other addresses.
+    ifaces: Vec<Ipv4Addr>,
     node: Arc<NodeCore>,
 }
 
@@ -92,8 +95,16 @@ impl Scout {
             .map_err(|e| err("share the port", e))?;
         // Bound to the group: only its datagrams arrive.
         s.bind(&group.into()).map_err(|e| err("bind", e))?;
-        s.join_multicast_v4(group.ip(), &iface)
-            .map_err(|e| err("join the group", e))?;
+        let mut ifaces = vec![iface];
+        ifaces.extend(node.other_hosts.iter().filter(|h| **h != iface));
+        for i in &ifaces {
+            s.join_multicast_v4(group.ip(), i).map_err(|e| {
+                config_err(
+                    "scouting",
+                    format!("cannot join the group {group} on the interface of {i}: {e}"),
+                )
+            })?;
+        }
         s.set_multicast_if_v4(&iface)
             .and_then(|()| s.set_multicast_ttl_v4(1))
             .and_then(|()| s.set_multicast_loop_v4(true))
@@ -102,6 +113,7 @@ impl Scout {
         Ok(Scout {
             sock: s.into(),
             group,
+            ifaces,
             node,
         })
     }
@@ -112,11 +124,20 @@ impl Scout {
         self.sock.as_raw_fd()
     }
 
-    /// Multicasts `hello`, an encoded [`Hello`] (a full send buffer drops
-    /// it: the next one follows within an interval).
-    pub(crate) fn send(&self, hello: &[u8]) {
-        if let Err(e) = self.sock.send_to(hello, self.group) {
-            limited!(warn, group = %self.group, err = %e, "cannot send a scouting hello");
+    /// The addresses of the interfaces it scouts on, `tcp_host` first.
+    pub(crate) fn ifaces(&self) -> &[Ipv4Addr] {
+        &self.ifaces
+    }
+
+    /// Multicasts `hello`, an encoded [`Hello`], on the interface of
+    /// `iface` (a full send buffer drops it: the next one follows within
+    /// an interval).
+    pub(crate) fn send(&self, iface: Ipv4Addr, hello: &[u8]) {
+        let sent = socket2::SockRef::from(&self.sock)
+            .set_multicast_if_v4(&iface)
+            .and_then(|()| self.sock.send_to(hello, self.group));
+        if let Err(e) = sent {
+            limited!(warn, group = %self.group, %iface, err = %e, "cannot send a scouting hello");
         }
     }
 

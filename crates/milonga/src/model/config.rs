@@ -286,7 +286,8 @@ pub struct Config {
     pub transport: Transport,
     /// Interface the tcp sockets bind to, and the address announced.
     /// Default `127.0.0.1`; set a routable address for several hosts, or
-    /// `auto` (an interface's address, see `interfaces`).
+    /// `auto` (every usable interface's address, the first announced, see
+    /// `interfaces`).
     pub tcp_host: String,
     /// Fixed data endpoint for best-effort publications (default: ephemeral).
     pub data_endpoint: Option<String>,
@@ -303,8 +304,8 @@ pub struct Config {
     /// enough to find the rest (docs/discovery.md). Default true.
     pub gossip: bool,
     /// With `tcp_host = "auto"`: the interfaces (names such as `eth0`, or
-    /// CIDRs such as `10.0.0.0/8`) among which the address is chosen.
-    /// Default: any that is up, multicast-capable and not loopback.
+    /// CIDRs such as `10.0.0.0/8`) used. Default: every one that is up,
+    /// multicast-capable and not loopback.
     pub interfaces: Vec<String>,
     /// Find the nodes of other hosts by UDP multicast (`scout`
     /// discovery, docs/protocol.md §9.5): needs `tcp_host` set to this

@@ -21,8 +21,12 @@ pub(crate) struct NodeCore {
     pub(crate) domain: String,
     /// The domain's tag, in every frame's header.
     pub(crate) domain_tag: u32,
-    /// The configuration it was opened with.
+    /// The configuration it was opened with (`tcp_host = auto` resolved
+    /// to the first address).
     pub(crate) cfg: Config,
+    /// The other addresses `tcp_host = auto` chose: every tcp socket bound
+    /// at `tcp_host` binds the same port on each of them.
+    pub(crate) other_hosts: Vec<std::net::Ipv4Addr>,
     /// What happened to it, counted.
     pub(crate) counters: Arc<Counters>,
     /// Set once, by `close`.
@@ -37,6 +41,7 @@ impl NodeCore {
             domain_tag: milonga_wire::frame::domain_tag(&domain),
             domain,
             cfg,
+            other_hosts: Vec::new(),
             counters: Arc::new(Counters::default()),
             closed: AtomicBool::new(false),
         }

@@ -141,16 +141,20 @@ impl NodeInner {
             None
         };
         check(&cfg)?;
+        let mut other_hosts = Vec::new();
         if cfg.tcp_host == "auto" {
-            let addr = crate::discovery::interfaces::pick(&cfg.interfaces).map_err(|why| {
+            let addrs = crate::discovery::interfaces::pick(&cfg.interfaces).map_err(|why| {
                 OpenError::Config {
                     key: "tcp_host".into(),
                     why,
                 }
             })?;
-            cfg.tcp_host = addr.to_string();
+            cfg.tcp_host = addrs[0].to_string();
+            other_hosts = addrs[1..].to_vec();
         }
-        let core = Arc::new(NodeCore::new(NodeId(id), name, loc.domain, cfg));
+        let mut core = NodeCore::new(NodeId(id), name, loc.domain, cfg);
+        core.other_hosts = other_hosts;
+        let core = Arc::new(core);
         let (p2p, wake_rx) = P2p::new(core.clone())?;
         let socks = control::bind_node(&p2p)?;
         let inner = Arc::new(NodeInner {

@@ -221,10 +221,10 @@ pub(crate) fn bind_node(p2p: &P2p) -> Result<NodeSockets, OpenError> {
             endpoint: ep.clone(),
             source: source.transport(),
         })?;
-    let control_endpoint = zmq_io::bind(&router, &ep)?;
+    let control_endpoint = p2p.bind(&router, &ep)?;
     let live = liveliness_socket(p2p)?;
     let ep = p2p.endpoint_for("hb", None);
-    let liveliness_endpoint = zmq_io::bind(&live, &ep)?;
+    let liveliness_endpoint = p2p.bind(&live, &ep)?;
     Ok(NodeSockets {
         router,
         live,

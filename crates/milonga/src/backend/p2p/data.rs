@@ -63,7 +63,7 @@ impl DataSocket {
             sock.set_sndhwm(node.cfg.reliable_send_hwm)
                 .map_err(opt_err)?;
         }
-        let bound = zmq_io::bind(&sock, &endpoint)?;
+        let bound = p2p.bind(&sock, &endpoint)?;
         let monitor = crate::backend::p2p::control::monitor(p2p, &sock, role)?;
         Ok((
             DataSocket {

@@ -144,6 +144,29 @@ impl P2p {
         std::mem::take(&mut lock(&self.sockets).new)
     }
 
+    /// Binds `sock` at `endpoint`; a tcp endpoint at `tcp_host` is bound at
+    /// the same port on the node's other addresses too (a node on several
+    /// networks is reached on each at the ports it announces). The bound
+    /// endpoint at `tcp_host`. A port taken on another address is logged,
+    /// and that network does not reach this socket.
+    pub(crate) fn bind(&self, sock: &zmq::Socket, endpoint: &str) -> Result<String, OpenError> {
+        let bound = zmq_io::bind(sock, endpoint)?;
+        let core = &self.core;
+        let port = bound
+            .strip_prefix("tcp://")
+            .and_then(|hp| hp.strip_prefix(core.cfg.tcp_host.as_str()))
+            .and_then(|p| p.strip_prefix(':'));
+        if let Some(port) = port {
+            for h in &core.other_hosts {
+                let also = format!("tcp://{h}:{port}");
+                if let Err(err) = zmq_io::bind(sock, &also) {
+                    tracing::warn!(endpoint = %also, %err, "cannot bind the same port on another address of this node: that network will not reach this socket");
+                }
+            }
+        }
+        Ok(bound)
+    }
+
     /// The endpoint to bind for a new socket of role `role` (`c`, `be`, `r`,
     /// `hb`, `sN`), unless the configuration fixes it.
     pub(crate) fn endpoint_for(&self, role: &str, fixed: Option<&String>) -> String {

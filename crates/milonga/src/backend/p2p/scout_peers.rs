@@ -18,7 +18,7 @@ use milonga_wire::NodeId;
 use crate::backend::p2p::control::NodeInfo;
 use crate::backend::p2p::ContextRef;
 use crate::discovery::scout::Scout;
-use crate::discovery::{Announcement, Source};
+use crate::discovery::{reached_at, Announcement, Source};
 use crate::model::error::OpenError;
 use crate::model::node::NodeCore;
 use crate::util::stats;
@@ -45,6 +45,9 @@ const MAX_REPLY_BYTES: i64 = 1 << 20;
 /// A node heard in the group.
 struct Scouted {
     control: String,
+    /// When a hello last named `control` (a node on two networks this
+    /// host is on is heard at two endpoints: the first stays while heard).
+    control_heard: Instant,
     /// The announcement version its last hello named.
     version: u64,
     last_heard: Instant,
@@ -156,26 +159,33 @@ impl ScoutPeers {
         self.announcement = json;
     }
 
-    fn hello(&self, leaving: bool, ask: bool) -> Vec<u8> {
-        let h = Hello {
-            leaving,
-            ask,
-            domain_tag: self.node.domain_tag,
-            node_id: self.node.id,
-            version: self.version,
-            control: self.control.clone(),
-            announcement: None,
-        };
-        if leaving {
-            h.encode()
-        } else {
-            h.encode_with(&self.announcement)
+    /// Sends a hello on every interface scouted, each naming the control
+    /// endpoint at that interface's address (the announcement names the
+    /// first; the others reach the same ports at theirs).
+    fn send_hellos(&self, leaving: bool, ask: bool) {
+        let port = self.control.rsplit_once(':').map_or("", |(_, p)| p);
+        for &iface in self.scout.ifaces() {
+            let h = Hello {
+                leaving,
+                ask,
+                domain_tag: self.node.domain_tag,
+                node_id: self.node.id,
+                version: self.version,
+                control: format!("tcp://{iface}:{port}"),
+                announcement: None,
+            };
+            let bytes = if leaving {
+                h.encode()
+            } else {
+                h.encode_with(&self.announcement)
+            };
+            self.scout.send(iface, &bytes);
         }
     }
 
     /// Says goodbye: the others forget this node at once.
     pub(crate) fn leave(&self) {
-        self.scout.send(&self.hello(true, false));
+        self.send_hellos(true, false);
     }
 
     fn interval(&self) -> Duration {
@@ -203,7 +213,7 @@ impl ScoutPeers {
             self.answer_due = false;
             self.last_answer = Some(now);
         }
-        self.scout.send(&self.hello(false, first));
+        self.send_hellos(false, first);
         self.sent_version = Some(self.version);
         self.next_hello = now + self.interval();
     }
@@ -213,7 +223,10 @@ impl ScoutPeers {
     fn inline(&self, h: &Hello) -> Option<Announcement> {
         let json = h.announcement.as_deref()?;
         match Announcement::from_json(json) {
-            Ok(a) if a.node_id == h.node_id.to_hex() && a.domain == self.node.domain => Some(a),
+            Ok(mut a) if a.node_id == h.node_id.to_hex() && a.domain == self.node.domain => {
+                reached_at(&mut a, &h.control);
+                Some(a)
+            }
             Ok(_) | Err(_) => {
                 stats::inc(&self.node.counters.scout_malformed);
                 limited!(warn, node = %h.node_id, "a hello's announcement is not its node's, or does not decode");
@@ -247,8 +260,16 @@ impl ScoutPeers {
             if let Some(n) = self.nodes.get(&h.node_id) {
                 let newer = h.version > n.version || n.fetched().is_none_or(|v| v < h.version);
                 let inline = if newer { self.inline(&h) } else { None };
+                let alive_for = self.interval() * 2;
                 let n = self.nodes.get_mut(&h.node_id).expect("just found");
+                if n.control != h.control && now < n.control_heard + alive_for {
+                    // The same node on another network this host is on
+                    // too: it stays known at the address heard first.
+                    n.last_heard = now;
+                    continue;
+                }
                 n.last_heard = now;
+                n.control_heard = now;
                 if n.control != h.control {
                     // Another endpoint for the same id (ids are random per
                     // process: a forged hello, or a move): ask again.
@@ -283,6 +304,7 @@ impl ScoutPeers {
                 h.node_id,
                 Scouted {
                     control: h.control,
+                    control_heard: now,
                     version: h.version,
                     last_heard: now,
                     announcement: inline.map(|a| (a, h.version)),
@@ -320,8 +342,9 @@ impl ScoutPeers {
                             stats::inc(&c.control_malformed);
                             limited!(warn, endpoint = %n.control, "a scouted node's control endpoint answered for another node");
                         }
-                        Some(i) => {
+                        Some(mut i) => {
                             n.failed = None;
+                            reached_at(&mut i.announcement, &n.control);
                             if n.fetched().is_none_or(|v| v < asked) {
                                 changed |= n
                                     .announcement

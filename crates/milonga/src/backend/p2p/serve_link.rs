@@ -59,7 +59,7 @@ impl ServeLink {
             p2p.core().cfg.close_linger_ms.min(1000)
         };
         sock.set_linger(linger).map_err(opt_err)?;
-        let bound = zmq_io::bind(&sock, endpoint)?;
+        let bound = p2p.bind(&sock, endpoint)?;
         let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", p2p.core().id);
         let wake_err = |source: zmq::Error| OpenError::Socket {
             action: "bind or connect",

@@ -16,7 +16,7 @@ use milonga_wire::control::Request;
 
 use crate::backend::p2p::control::NodeInfo;
 use crate::backend::p2p::{zmq_io, ContextRef};
-use crate::discovery::{Announcement, Source};
+use crate::discovery::{reached_at, Announcement, Source};
 use crate::model::error::{IntoTransport, OpenError};
 use crate::model::node::NodeCore;
 use crate::util::stats;
@@ -153,7 +153,7 @@ impl StaticPeers {
                 let parsed = milonga_wire::control::decode_info_reply(&frames)
                     .ok()
                     .and_then(|body| serde_json::from_slice::<NodeInfo>(body).ok());
-                let Some(info) = parsed else {
+                let Some(mut info) = parsed else {
                     stats::inc(&c.control_malformed);
                     limited!(warn, peer = %p.endpoint, "dropped a malformed reply from a static peer");
                     continue;
@@ -172,7 +172,8 @@ impl StaticPeers {
                     continue;
                 }
                 p.last_reply = Some(now);
-                told.extend(info.peers);
+                told.append(&mut info.peers);
+                reached_at(&mut info.announcement, &p.endpoint);
                 if p.announcement.as_ref() != Some(&info.announcement) {
                     p.announcement = Some(info.announcement);
                     changed = true;
