@@ -63,7 +63,8 @@ fn now_ns() -> u64 {
 }
 
 /// The `disc-node` worker: prints `seen <ms>` once its peer table holds
-/// every expected node, then stays (to be found) until killed.
+/// every expected node, then stays (to be found) and follows the bench's
+/// orders on its input until it ends.
 pub fn worker(a: DiscWorkerArgs) -> Result<std::process::ExitCode> {
     let mut cfg = Config::new(&a.locator, &format!("disc-{}", a.me));
     cfg.runtime_dir = Some(a.runtime_dir.into());
@@ -92,14 +93,53 @@ pub fn worker(a: DiscWorkerArgs) -> Result<std::process::ExitCode> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    loop {
-        std::thread::sleep(Duration::from_secs(3600));
+    // Then the bench's orders, one per line: `join N START` (print when
+    // node N is in the peer table), `leave N START` (when it is gone),
+    // `exit` (close the node, which says goodbye). Ends with the input.
+    for line in std::io::stdin().lines().map_while(Result::ok) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            [what @ ("join" | "leave"), who, start] => {
+                let name = format!("disc-{who}@");
+                let start: u64 = start.parse().unwrap_or(0);
+                let want_present = *what == "join";
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let verdict = loop {
+                    let present = node.peers().iter().any(|p| p.name.starts_with(&name));
+                    if present == want_present {
+                        break format!("{:.1}", now_ns().saturating_sub(start) as f64 / 1e6);
+                    }
+                    if Instant::now() > deadline {
+                        break "timeout".to_owned();
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                };
+                println!("{what} {verdict}");
+            }
+            ["exit"] => break,
+            _ => eprintln!("bench-disc-worker: unknown order {line:?}"),
+        }
     }
+    drop(node);
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 struct Proc {
     child: Child,
+    orders: Option<std::process::ChildStdin>,
     lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Proc {
+    /// Sends an order (see [`worker`]).
+    fn order(&mut self, line: &str) -> Result<()> {
+        use std::io::Write;
+        let w = self
+            .orders
+            .as_mut()
+            .context("the worker's input is closed")?;
+        writeln!(w, "{line}").context("cannot order a node process")
+    }
 }
 
 impl Drop for Proc {
@@ -141,11 +181,12 @@ fn spawn(place: &Place, locator: &str, expect: &str, start_ns: u64, me: usize) -
         .args(["bench-disc-worker", locator, &dir, expect])
         .arg(start_ns.to_string())
         .arg(me.to_string())
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .context("cannot start a node process")?;
     let out = child.stdout.take().context("piped stdout")?;
+    let orders = child.stdin.take();
     let (tx, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -154,26 +195,93 @@ fn spawn(place: &Place, locator: &str, expect: &str, start_ns: u64, me: usize) -
             }
         }
     });
-    Ok(Proc { child, lines })
+    Ok(Proc {
+        child,
+        orders,
+        lines,
+    })
 }
 
 /// Waits for every process of `procs` to print `seen`; their times in ms.
 fn times(procs: &[&Proc], deadline: Instant) -> Result<Vec<f64>> {
+    answers(procs, "seen", deadline)
+}
+
+/// Waits for every process of `procs` to print `<what> <ms>`; the times,
+/// sorted.
+fn answers(procs: &[&Proc], what: &str, deadline: Instant) -> Result<Vec<f64>> {
     let mut out = Vec::new();
     for p in procs {
         let left = deadline.saturating_duration_since(Instant::now());
         let line = p
             .lines
             .recv_timeout(left)
-            .context("a node did not find all the others within 120 s")?;
+            .with_context(|| format!("a node did not answer {what:?} in time"))?;
         let ms: f64 = line
-            .strip_prefix("seen ")
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("unexpected worker line {line:?}"))?;
+            .strip_prefix(what)
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("unexpected worker line {line:?} (waiting for {what})"))?;
         out.push(ms);
     }
     out.sort_by(f64::total_cmp);
     Ok(out)
+}
+
+/// One node joins, then leaves (closing: its goodbye), then another joins
+/// and is killed with SIGKILL: how long until every other node's peer
+/// table shows each change. `procs` have all seen each other; `me` is the
+/// number of the first newcomer, `alive` the numbers of `procs`.
+fn join_and_leave(
+    place: &Place,
+    locator: &str,
+    procs: &mut [Proc],
+    alive: &[String],
+    me: usize,
+    format: Format,
+) -> Result<()> {
+    let n = procs.len();
+    let order_all = |procs: &mut [Proc], line: &str| -> Result<()> {
+        for p in procs.iter_mut() {
+            p.order(line)?;
+        }
+        Ok(())
+    };
+    let deadline = || Instant::now() + Duration::from_secs(60);
+    for (case, newcomer) in [("leave", me), ("crash", me + 1)] {
+        let start = now_ns();
+        order_all(procs, &format!("join {newcomer} {start}"))?;
+        let mut joiner = spawn(place, locator, &alive.join(","), start, newcomer)?;
+        let mut t = answers(&procs.iter().collect::<Vec<_>>(), "join", deadline())?;
+        t.extend(times(&[&joiner], deadline())?);
+        t.sort_by(f64::total_cmp);
+        report(
+            format,
+            "join",
+            n,
+            &t,
+            "one node started: ms until every node has it, and it has every node",
+        );
+        let start = now_ns();
+        order_all(procs, &format!("leave {newcomer} {start}"))?;
+        if case == "leave" {
+            joiner.order("exit")?;
+        } else {
+            // Reaped at once, as a supervisor would: a zombie still has
+            // its pid, and local discovery's quick check (`kill(pid, 0)`
+            // every 250 ms) takes it for alive until the 5 s full check.
+            let _ = joiner.child.kill();
+            let _ = joiner.child.wait();
+        }
+        let t = answers(&procs.iter().collect::<Vec<_>>(), "leave", deadline())?;
+        let note = if case == "leave" {
+            "one node closed (its goodbye): ms until no node has it"
+        } else {
+            "one node killed with SIGKILL and reaped: ms until no node has it (its host: local discovery's 250 ms check; other hosts: scouting forgets after 3 silent intervals, at least the lease; subscribers of its data see it disconnected at once)"
+        };
+        report(format, case, n, &t, note);
+        let _ = joiner.child.wait();
+    }
+    Ok(())
 }
 
 fn report(format: Format, case: &str, n: usize, t: &[f64], note: &str) {
@@ -240,6 +348,7 @@ pub fn run(a: DiscoveryArgs) -> Result<std::process::ExitCode> {
     if let Some(bed) = &place.bed {
         rest_traffic(bed, n, Duration::from_secs_f64(a.rest.max(0.5)))?;
     }
+    join_and_leave(&place, &locator, &mut procs, &all, 20 * n, a.format)?;
     // Churn: a fifth replaced by new nodes; each new node must see every
     // node now alive, and an observer every new node.
     let k = n / 5;

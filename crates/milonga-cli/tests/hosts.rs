@@ -456,23 +456,47 @@ fn with_scouting_a_sample_crosses_hosts_with_no_configuration() {
 }
 
 #[test]
+fn with_scouting_over_ipv6_a_sample_crosses_hosts() {
+    let Some(lan) = Lan::new("ipv6", 2) else {
+        return;
+    };
+    let v6 = |i: usize, args: &[&str]| {
+        let mut c = lan.scouting(i, args);
+        c.env("MILONGA_TCP_HOST", lan.bed.host(i).addr6.to_string());
+        Proc::spawn(c)
+    };
+    let _publ = v6(0, &["pub", "lan/x", "1", "--rate", "50"]);
+    let sub = v6(1, &["sub", "lan/**", "--json"]);
+    let mut ledger = SeqLedger::default();
+    let j = read_until(&sub, &mut ledger, "a sample over IPv6", is_sample);
+    assert_eq!(j["key"], "lan/x", "{j}");
+    // Both nodes are bound at their IPv6 addresses only: the publisher
+    // was found through the IPv6 group and reached over IPv6.
+    let out = lan.cmd(1, &["ls", "--json"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("\"control\":\"tcp://[{}]:", lan.bed.host(1).addr6)),
+        "{text}"
+    );
+}
+
+#[test]
 fn scouting_refuses_an_address_other_hosts_cannot_reach() {
     // On the machine's own network namespace: refused before any socket
     // exists, so nothing is sent.
     let dir = TempDir::new("scout-lo");
-    let out = Command::new(env!("CARGO_BIN_EXE_milonga"))
-        .args(["pub", "lan/x", "1", "--count", "1"])
-        .env("MILONGA_RUNTIME_DIR", dir.path())
-        .env("MILONGA_SCOUTING", "1")
-        .env("MILONGA_TCP_HOST", "127.0.0.1")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("tcp_host") && err.contains("127.0.0.1"),
-        "{err}"
-    );
+    for lo in ["127.0.0.1", "::1"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_milonga"))
+            .args(["pub", "lan/x", "1", "--count", "1"])
+            .env("MILONGA_RUNTIME_DIR", dir.path())
+            .env("MILONGA_SCOUTING", "1")
+            .env("MILONGA_TCP_HOST", lo)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{lo}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("tcp_host") && err.contains(lo), "{err}");
+    }
 }
 
 #[test]

@@ -517,7 +517,7 @@ fn bench_prints_the_documented_csv() {
     let rows = run(&["bench", "discovery", "--nodes", "5", "--format", "csv"]);
     assert_eq!(rows[0].join(","), "case,nodes,p50_ms,max_ms,note");
     let cases: Vec<&str> = rows[1..].iter().map(|r| r[0].as_str()).collect();
-    assert_eq!(cases, ["start", "churn"]);
+    assert_eq!(cases, ["start", "join", "leave", "join", "crash", "churn"]);
     for r in &rows[1..] {
         let (p50, max): (f64, f64) = (r[2].parse().unwrap(), r[3].parse().unwrap());
         assert!(p50 > 0.0 && max >= p50, "{r:?}");

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   host 0 (netns mlg-<pid>-<n>-h0)        host 1 (netns ...-h1)
-//!   eth0 10.99.0.1/24                      eth0 10.99.0.2/24
+//!   eth0 10.99.0.1/24, fd99::1/64          eth0 10.99.0.2/24, fd99::2/64
 //!     │ veth                                 │ veth
 //!   ──┴── h0 ──────── br0 ──────────────── h1 ─┴──  switch (netns ...-sw)
 //! ```
@@ -26,7 +26,7 @@
 //! unless `MILONGA_SKIP_MULTIHOST=1` asks to skip, so that a skipped
 //! multi-host suite never looks green.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -44,6 +44,9 @@ pub struct Host {
     pub netns: String,
     /// Its address on the bed's network (`10.99.0.<i+1>`, /24).
     pub addr: Ipv4Addr,
+    /// Its IPv6 address on the bed's network (`fd99::<i+1>`, /64, a
+    /// unique-local address; the interface has a link-local one too).
+    pub addr6: Ipv6Addr,
     /// The switch port it is plugged into (in the switch's namespace).
     port: String,
 }
@@ -216,9 +219,11 @@ impl Bed {
             run("ip", &["netns", "add", &netns])?;
             let addr = Ipv4Addr::new(10, 99, 0, i as u8 + 1);
             let port = format!("h{i}");
+            let addr6 = Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, i as u16 + 1);
             bed.hosts.push(Host {
                 netns: netns.clone(),
                 addr,
+                addr6,
                 port: port.clone(),
             });
             run(
@@ -234,6 +239,12 @@ impl Bed {
             )?;
             let cidr = format!("{addr}/24");
             run("ip", &["-n", &netns, "addr", "add", &cidr, "dev", "eth0"])?;
+            // No duplicate address detection: usable at once.
+            let cidr6 = format!("{addr6}/64");
+            run(
+                "ip",
+                &["-n", &netns, "addr", "add", &cidr6, "dev", "eth0", "nodad"],
+            )?;
             run("ip", &["-n", &netns, "link", "set", "eth0", "up"])?;
             run("ip", &["-n", &netns, "link", "set", "lo", "up"])?;
             // Multicast leaves by the bed's network.

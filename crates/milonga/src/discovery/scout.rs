@@ -1,10 +1,11 @@
 //! The UDP side of `scout` discovery (docs/protocol.md §9.5): a socket in
-//! the scouting group on the interface of `tcp_host`, which multicasts
-//! this node's hellos and reads the others'. What a hello leads to (asking
+//! the scouting group (IPv4, or IPv6 when `tcp_host` is an IPv6 address)
+//! on the interface of `tcp_host`, which multicasts this node's hellos and
+//! reads the others'. What a hello leads to (asking
 //! the node for its announcement) is the peer-to-peer backend's
 //! (`backend::p2p::scout_peers`), which speaks the control protocol.
 
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::sync::Arc;
 
 use milonga_wire::scout::Hello;
@@ -18,22 +19,36 @@ use crate::util::stats;
 /// kernel when its buffer is full).
 const MAX_READ: usize = 1024;
 
-/// A node's scouting socket.
+/// A node's scouting sockets.
 pub(crate) struct Scout {
-    sock: UdpSocket,
-    group: SocketAddrV4,
+    /// Bound to the group: the hellos arrive here.
+    rx: UdpSocket,
+    /// Hellos leave here: the same socket over IPv4; over IPv6 one bound
+    /// to `tcp_host`, so that the hellos come from the address they name
+    /// (the kernel would pick a link-local one for a link-local group).
+    tx: UdpSocket,
+    group: SocketAddr,
     /// The addresses of the interfaces it joined the group on: `tcp_host`,
     /// then the node's other addresses.
-    ifaces: Vec<Ipv4Addr>,
+    ifaces: Vec<IpAddr>,
     node: Arc<NodeCore>,
 }
 
-/// Whether `endpoint` (`tcp://A:P`) names `ip` as an IPv4 literal.
-fn from_its_address(endpoint: &str, ip: std::net::IpAddr) -> bool {
+/// Whether `endpoint` (`tcp://A:P`, `tcp://[A]:P`) names `ip` as an IP
+/// literal.
+fn from_its_address(endpoint: &str, ip: IpAddr) -> bool {
     endpoint
         .strip_prefix("tcp://")
-        .and_then(|hp| hp.parse::<SocketAddrV4>().ok())
-        .is_some_and(|a| std::net::IpAddr::V4(*a.ip()) == ip)
+        .and_then(|hp| hp.parse::<SocketAddr>().ok())
+        .is_some_and(|a| a.ip() == ip)
+}
+
+/// The control endpoint at `iface` with `port`.
+pub(crate) fn endpoint_at(iface: IpAddr, port: &str) -> String {
+    match iface {
+        IpAddr::V4(a) => format!("tcp://{a}:{port}"),
+        IpAddr::V6(a) => format!("tcp://[{a}]:{port}"),
+    }
 }
 
 /// Why a configuration cannot scout.
@@ -46,10 +61,37 @@ fn config_err(key: &str, why: String) -> OpenError {
 
 impl Scout {
     /// Joins the scouting group on the interface whose address is
-    /// `tcp_host`. Refused when that is not one address of this host on a
-    /// network (loopback and `0.0.0.0` would announce what other hosts
-    /// cannot reach).
+    /// `tcp_host` (an IPv4 or IPv6 address; the group of its family), and
+    /// on those of the node's other addresses. Refused when `tcp_host` is
+    /// not one address of this host on a network (loopback and `0.0.0.0`
+    /// would announce what other hosts cannot reach, and an IPv6
+    /// link-local address needs a scope no endpoint carries).
     pub(crate) fn open(node: Arc<NodeCore>) -> Result<Scout, OpenError> {
+        let cfg = &node.cfg;
+        let iface: IpAddr = cfg.tcp_host.parse().map_err(|_| {
+            config_err(
+                "tcp_host",
+                format!(
+                    "scouting needs this host's IP address on the network to scout, not {:?}",
+                    cfg.tcp_host
+                ),
+            )
+        })?;
+        if iface.is_loopback() || iface.is_unspecified() {
+            return Err(config_err(
+                "tcp_host",
+                format!(
+                    "scouting announces tcp_host to other hosts: {iface} is not reachable from them; set this host's address on the network to scout"
+                ),
+            ));
+        }
+        match iface {
+            IpAddr::V4(v4) => Scout::open_v4(node.clone(), v4),
+            IpAddr::V6(v6) => Scout::open_v6(node.clone(), v6),
+        }
+    }
+
+    fn open_v4(node: Arc<NodeCore>, iface: Ipv4Addr) -> Result<Scout, OpenError> {
         use socket2::{Domain, Protocol, Socket, Type};
         let cfg = &node.cfg;
         let group: SocketAddrV4 = cfg.scout_group.parse().map_err(|e| {
@@ -62,23 +104,6 @@ impl Scout {
             return Err(config_err(
                 "scout_group",
                 format!("{} is not an IPv4 multicast address", group.ip()),
-            ));
-        }
-        let iface: Ipv4Addr = cfg.tcp_host.parse().map_err(|_| {
-            config_err(
-                "tcp_host",
-                format!(
-                    "scouting needs this host's IPv4 address on the network to scout, not {:?}",
-                    cfg.tcp_host
-                ),
-            )
-        })?;
-        if iface.is_loopback() || iface.is_unspecified() {
-            return Err(config_err(
-                "tcp_host",
-                format!(
-                    "scouting announces tcp_host to other hosts: {iface} is not reachable from them; set this host's address on the network to scout"
-                ),
             ));
         }
         let err = |what: &str, e: std::io::Error| {
@@ -110,10 +135,75 @@ impl Scout {
             .and_then(|()| s.set_multicast_loop_v4(true))
             .and_then(|()| s.set_nonblocking(true))
             .map_err(|e| err("configure", e))?;
+        let rx: UdpSocket = s.into();
+        let tx = rx.try_clone().map_err(|e| err("clone the socket", e))?;
         Ok(Scout {
-            sock: s.into(),
-            group,
-            ifaces,
+            rx,
+            tx,
+            group: group.into(),
+            ifaces: ifaces.into_iter().map(IpAddr::V4).collect(),
+            node,
+        })
+    }
+
+    fn open_v6(node: Arc<NodeCore>, iface: Ipv6Addr) -> Result<Scout, OpenError> {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let cfg = &node.cfg;
+        if iface.segments()[0] & 0xffc0 == 0xfe80 {
+            return Err(config_err(
+                "tcp_host",
+                format!("{iface} is link-local: its endpoints would need a scope; give this host's global or unique-local IPv6 address on the network to scout"),
+            ));
+        }
+        let group: SocketAddrV6 = cfg.scout_group6.parse().map_err(|e| {
+            config_err(
+                "scout_group6",
+                format!("{:?} is not [ADDRESS]:PORT: {e}", cfg.scout_group6),
+            )
+        })?;
+        if !group.ip().is_multicast() {
+            return Err(config_err(
+                "scout_group6",
+                format!("{} is not an IPv6 multicast address", group.ip()),
+            ));
+        }
+        let index = crate::util::sys::ipv6_interface_index(iface).ok_or_else(|| {
+            config_err(
+                "tcp_host",
+                format!("no interface of this host has the address {iface}"),
+            )
+        })?;
+        let err = |what: &str, e: std::io::Error| {
+            config_err(
+                "scouting",
+                format!("cannot {what} (group {group}, interface {iface}): {e}"),
+            )
+        };
+        let rx = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP))
+            .map_err(|e| err("create a UDP socket", e))?;
+        rx.set_only_v6(true)
+            .and_then(|()| rx.set_reuse_address(true))
+            .and_then(|()| rx.set_reuse_port(true))
+            .map_err(|e| err("share the port", e))?;
+        let bind = SocketAddrV6::new(*group.ip(), group.port(), 0, index);
+        rx.bind(&bind.into()).map_err(|e| err("bind", e))?;
+        rx.join_multicast_v6(group.ip(), index)
+            .and_then(|()| rx.set_nonblocking(true))
+            .map_err(|e| err("join the group", e))?;
+        let tx = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP))
+            .map_err(|e| err("create a UDP socket", e))?;
+        tx.set_only_v6(true)
+            .and_then(|()| tx.bind(&SocketAddrV6::new(iface, 0, 0, 0).into()))
+            .and_then(|()| tx.set_multicast_if_v6(index))
+            .and_then(|()| tx.set_multicast_hops_v6(1))
+            .and_then(|()| tx.set_multicast_loop_v6(true))
+            .and_then(|()| tx.set_nonblocking(true))
+            .map_err(|e| err("configure the sending socket", e))?;
+        Ok(Scout {
+            rx: rx.into(),
+            tx: tx.into(),
+            group: SocketAddr::V6(SocketAddrV6::new(*group.ip(), group.port(), 0, index)),
+            ifaces: vec![IpAddr::V6(iface)],
             node,
         })
     }
@@ -121,21 +211,23 @@ impl Scout {
     /// Readable when a datagram waits.
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
-        self.sock.as_raw_fd()
+        self.rx.as_raw_fd()
     }
 
     /// The addresses of the interfaces it scouts on, `tcp_host` first.
-    pub(crate) fn ifaces(&self) -> &[Ipv4Addr] {
+    pub(crate) fn ifaces(&self) -> &[IpAddr] {
         &self.ifaces
     }
 
     /// Multicasts `hello`, an encoded [`Hello`], on the interface of
     /// `iface` (a full send buffer drops it: the next one follows within
     /// an interval).
-    pub(crate) fn send(&self, iface: Ipv4Addr, hello: &[u8]) {
-        let sent = socket2::SockRef::from(&self.sock)
-            .set_multicast_if_v4(&iface)
-            .and_then(|()| self.sock.send_to(hello, self.group));
+    pub(crate) fn send(&self, iface: IpAddr, hello: &[u8]) {
+        let sent = match iface {
+            IpAddr::V4(v4) => socket2::SockRef::from(&self.tx).set_multicast_if_v4(&v4),
+            IpAddr::V6(_) => Ok(()),
+        }
+        .and_then(|()| self.tx.send_to(hello, self.group));
         if let Err(e) = sent {
             limited!(warn, group = %self.group, %iface, err = %e, "cannot send a scouting hello");
         }
@@ -149,7 +241,7 @@ impl Scout {
         let mut out = Vec::new();
         let mut buf = [0u8; 2048];
         for _ in 0..MAX_READ {
-            let (n, from) = match self.sock.recv_from(&mut buf) {
+            let (n, from) = match self.rx.recv_from(&mut buf) {
                 Ok(r) => r,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,

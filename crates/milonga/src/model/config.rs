@@ -167,6 +167,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
     key("interfaces", Some("MILONGA_INTERFACES"), Kind::List),
     key("scouting", Some("MILONGA_SCOUTING"), Kind::Bool),
     key("scout_group", Some("MILONGA_SCOUT_GROUP"), Kind::Text),
+    key("scout_group6", Some("MILONGA_SCOUT_GROUP6"), Kind::Text),
     key(
         "scout_interval_ms",
         Some("MILONGA_SCOUT_INTERVAL_MS"),
@@ -226,6 +227,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         interfaces: _,
         scouting: _,
         scout_group: _,
+        scout_group6: _,
         scout_interval_ms: _,
         runtime_dir: _,
         discovery_interval_ms: _,
@@ -255,6 +257,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "interfaces",
         "scouting",
         "scout_group",
+        "scout_group6",
         "scout_interval_ms",
         "runtime_dir",
         "discovery_interval_ms",
@@ -314,6 +317,10 @@ pub struct Config {
     /// The multicast group and port of scouting, `ADDRESS:PORT`. Default
     /// `239.255.77.77:7477`.
     pub scout_group: String,
+    /// The IPv6 multicast group and port of scouting, `[ADDRESS]:PORT`,
+    /// used when `tcp_host` is an IPv6 address. Default
+    /// `[ff02::7477]:7477` (link-local scope: one network).
+    pub scout_group6: String,
     /// How often a node multicasts its hello; a node not heard for three
     /// intervals (at least `heartbeat_timeout_ms`) is forgotten. Default
     /// 1000 ms.
@@ -378,6 +385,7 @@ impl Config {
             scouting: false,
             gossip: true,
             scout_group: "239.255.77.77:7477".to_owned(),
+            scout_group6: "[ff02::7477]:7477".to_owned(),
             scout_interval_ms: 1000,
             runtime_dir: None,
             discovery_interval_ms: 20,
@@ -468,6 +476,7 @@ impl Config {
                 "transport" => self.transport = t.parse().map_err(err)?,
                 "tcp_host" => self.tcp_host = t,
                 "scout_group" => self.scout_group = t,
+                "scout_group6" => self.scout_group6 = t,
                 _ => unreachable!("a text key without a field: {key}"),
             },
             (Kind::OptText, v @ (V::Text(_) | V::Unset)) => {
@@ -676,6 +685,7 @@ mod tests {
             ("MILONGA_INTERFACES", "eth0, 10.0.0.0/8"),
             ("MILONGA_SCOUTING", "1"),
             ("MILONGA_SCOUT_GROUP", "239.1.2.3:9000"),
+            ("MILONGA_SCOUT_GROUP6", "[ff02::9]:9000"),
             ("MILONGA_SCOUT_INTERVAL_MS", "250"),
             ("MILONGA_RUNTIME_DIR", "/tmp/x"),
             ("MILONGA_HEARTBEAT_INTERVAL_MS", "100"),
@@ -709,8 +719,12 @@ mod tests {
         assert_eq!(c.interfaces, ["eth0", "10.0.0.0/8"]);
         assert!(c.scouting);
         assert_eq!(
-            (c.scout_group.as_str(), c.scout_interval_ms),
-            ("239.1.2.3:9000", 250)
+            (
+                c.scout_group.as_str(),
+                c.scout_group6.as_str(),
+                c.scout_interval_ms
+            ),
+            ("239.1.2.3:9000", "[ff02::9]:9000", 250)
         );
         assert_eq!(c.runtime_dir, Some(PathBuf::from("/tmp/x")));
         assert_eq!(

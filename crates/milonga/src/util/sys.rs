@@ -82,6 +82,37 @@ pub(crate) fn ipv4_interfaces() -> Vec<Ipv4Iface> {
     out
 }
 
+/// The index of the interface that has IPv6 address `addr`, if any.
+pub(crate) fn ipv6_interface_index(addr: std::net::Ipv6Addr) -> Option<u32> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list it allocates into `head`; on
+    // success it is freed below with freeifaddrs, once.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut cur = head;
+    while !cur.is_null() && found.is_none() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, valid
+        // until freeifaddrs; an address of family AF_INET6 is a
+        // sockaddr_in6, and the name a NUL-terminated string.
+        unsafe {
+            let ifa = &*cur;
+            if !ifa.ifa_addr.is_null() && i32::from((*ifa.ifa_addr).sa_family) == libc::AF_INET6 {
+                let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                if std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr) == addr {
+                    let index = libc::if_nametoindex(ifa.ifa_name);
+                    found = (index != 0).then_some(index);
+                }
+            }
+            cur = ifa.ifa_next;
+        }
+    }
+    // SAFETY: the list getifaddrs allocated above, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    found
+}
+
 /// Gives the allocator's free memory back to the system (glibc keeps it
 /// otherwise); nothing elsewhere.
 pub(crate) fn trim_heap() {

@@ -45,6 +45,7 @@ impl CallLink {
         zmq_io::apply_common(&sock, &p2p.core().cfg).map_err(sock_err("configure"))?;
         sock.set_maxmsgsize(i64::try_from(limit).unwrap_or(i64::MAX))
             .map_err(sock_err("configure"))?;
+        sock.set_ipv6(true).map_err(sock_err("configure"))?;
         let mon = format!("inproc://milonga-callmon-{}-{n}", p2p.core().id);
         sock.monitor(&mon, i32::from(LOST_EVENTS | UP_EVENTS))
             .map_err(sock_err("monitor"))?;

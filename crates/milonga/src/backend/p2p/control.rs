@@ -571,7 +571,10 @@ impl<H: Host> Control<H> {
                     stats::inc(&c.peers_foreign_domain);
                     limited!(info, asker = %control, their = %domain, ours = %core.domain, "a node of another domain asked this one (answered, not learned)");
                     tell = false;
-                } else if endpoint_host(&control) != from.as_deref() {
+                } else if !endpoint_host(&control)
+                    .zip(from.as_deref())
+                    .is_some_and(|(host, from)| same_ip(host, from))
+                {
                     stats::inc(&c.gossip_refused);
                     limited!(warn, asker = %control, from = ?from, "refused a gossip request: its endpoint is not at the address it came from (behind NAT? set control_endpoint to an address the others reach)");
                     tell = false;
@@ -579,7 +582,10 @@ impl<H: Host> Control<H> {
                     self.statics.learn(&control, Instant::now());
                 }
             }
-            let asker_on_loopback = from.as_deref().is_some_and(is_loopback_host);
+            let asker_on_loopback = from
+                .as_deref()
+                .and_then(ip_of)
+                .is_some_and(|ip| ip.is_loopback());
             let peers = if tell {
                 self.known
                     .iter()
@@ -721,9 +727,22 @@ fn endpoint_host(endpoint: &str) -> Option<&str> {
 }
 
 fn is_loopback_host(host: &str) -> bool {
-    host.parse::<std::net::IpAddr>()
-        .is_ok_and(|ip| ip.is_loopback())
-        || host == "localhost"
+    ip_of(host).is_some_and(|ip| ip.is_loopback()) || host == "localhost"
+}
+
+/// The address `text` names, an IPv4-mapped IPv6 one as IPv4 (libzmq's
+/// sockets accept IPv6, and report IPv4 peers so).
+fn ip_of(text: &str) -> Option<std::net::IpAddr> {
+    let ip: std::net::IpAddr = text.parse().ok()?;
+    Some(match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+        v4 => v4,
+    })
+}
+
+/// Whether two texts name the same IP address.
+fn same_ip(a: &str, b: &str) -> bool {
+    ip_of(a).is_some_and(|a| Some(a) == ip_of(b))
 }
 
 /// Counts the events a monitor of one of this node's listening sockets
@@ -788,6 +807,7 @@ pub(crate) fn query_many(
             let s = p2p.ctx().socket(zmq::DEALER).ok()?;
             s.set_linger(0).ok()?;
             s.set_maxmsgsize(16 << 20).ok()?;
+            s.set_ipv6(true).ok()?;
             s.connect(ep).ok()?;
             let req = milonga_wire::control::Request::Info.frames();
             s.send_multipart(req, zmq::DONTWAIT).ok()?;
@@ -832,6 +852,7 @@ pub(crate) fn query(p2p: &P2p, endpoint: &str, timeout: Duration) -> Option<Node
     let sock = p2p.ctx().socket(zmq::DEALER).ok()?;
     sock.set_linger(0).ok()?;
     sock.set_maxmsgsize(16 << 20).ok()?;
+    sock.set_ipv6(true).ok()?;
     sock.connect(endpoint).ok()?;
     sock.send_multipart(milonga_wire::control::Request::Info.frames(), 0)
         .ok()?;
@@ -841,4 +862,26 @@ pub(crate) fn query(p2p: &P2p, endpoint: &str, timeout: Duration) -> Option<Node
     let frames = sock.recv_multipart(zmq::DONTWAIT).ok()?;
     let body = milonga_wire::control::decode_info_reply(&frames).ok()?;
     serde_json::from_slice(body).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gossip_endpoint_is_compared_with_the_peer_address_as_an_ip() {
+        assert_eq!(endpoint_host("tcp://10.0.0.1:7100"), Some("10.0.0.1"));
+        assert_eq!(endpoint_host("tcp://[fd99::1]:7100"), Some("fd99::1"));
+        assert_eq!(endpoint_host("ipc:///x"), None);
+        // libzmq reports an IPv4 peer of an IPv6-enabled socket mapped.
+        assert!(same_ip("10.0.0.1", "::ffff:10.0.0.1"));
+        assert!(same_ip("fd99::1", "fd99:0::1"));
+        assert!(!same_ip("10.0.0.1", "10.0.0.2"));
+        assert!(
+            !same_ip("host.example", "10.0.0.1"),
+            "names are never resolved"
+        );
+        assert!(is_loopback_host("::ffff:127.0.0.1") && is_loopback_host("::1"));
+        assert!(!is_loopback_host("10.0.0.1"));
+    }
 }

@@ -150,6 +150,16 @@ impl P2p {
     /// endpoint at `tcp_host`. A port taken on another address is logged,
     /// and that network does not reach this socket.
     pub(crate) fn bind(&self, sock: &zmq::Socket, endpoint: &str) -> Result<String, OpenError> {
+        if endpoint.starts_with("tcp://[") {
+            // Only then: a listening socket with IPv6 on takes IPv4 peers
+            // as IPv4-mapped addresses and names its endpoint so.
+            sock.set_ipv6(true)
+                .map_err(|source: zmq::Error| OpenError::Socket {
+                    action: "configure",
+                    endpoint: endpoint.to_owned(),
+                    source: source.transport(),
+                })?;
+        }
         let bound = zmq_io::bind(sock, endpoint)?;
         let core = &self.core;
         let port = bound
@@ -176,6 +186,8 @@ impl P2p {
         let id = self.core.id.to_hex();
         let cfg = &self.core.cfg;
         match cfg.transport {
+            // An IPv6 address goes in brackets.
+            Transport::Tcp if cfg.tcp_host.contains(':') => format!("tcp://[{}]:*", cfg.tcp_host),
             Transport::Tcp => format!("tcp://{}:*", cfg.tcp_host),
             Transport::Ipc => {
                 let dir = cfg.runtime_root().join(&self.core.domain);

@@ -171,7 +171,7 @@ impl ScoutPeers {
                 domain_tag: self.node.domain_tag,
                 node_id: self.node.id,
                 version: self.version,
-                control: format!("tcp://{iface}:{port}"),
+                control: crate::discovery::scout::endpoint_at(iface, port),
                 announcement: None,
             };
             let bytes = if leaving {
@@ -431,6 +431,7 @@ fn query(ctx: &ContextRef, endpoint: &str) -> Result<zmq::Socket, OpenError> {
     s.set_linger(0).map_err(err)?;
     s.set_maxmsgsize(MAX_REPLY_BYTES).map_err(err)?;
     s.set_rcvhwm(1).map_err(err)?;
+    s.set_ipv6(true).map_err(err)?;
     s.connect(endpoint).map_err(err)?;
     s.send_multipart(milonga_wire::control::Request::Info.frames(), zmq::DONTWAIT)
         .map_err(err)?;

@@ -220,6 +220,7 @@ fn connect(ctx: &ContextRef, node: &NodeCore, ep: &str) -> Result<zmq::Socket, O
     let s = ctx.socket(zmq::DEALER)?;
     let _ = zmq_io::apply_common(&s, &node.cfg);
     let _ = s.set_sndhwm(4);
+    let _ = s.set_ipv6(true);
     s.connect(ep)
         .map_err(|source: zmq::Error| OpenError::Socket {
             action: "connect",

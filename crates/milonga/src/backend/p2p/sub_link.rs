@@ -80,6 +80,8 @@ impl SubLink {
         // minutes, and is retried; the monitor reports each failure.
         sock.set_connect_timeout(p2p.core().cfg.handshake_timeout_ms.max(1))
             .map_err(cfg_err)?;
+        // Publishers may be at IPv6 addresses.
+        sock.set_ipv6(true).map_err(cfg_err)?;
         sock.set_rcvhwm(hwm).map_err(cfg_err)?;
         for p in prefixes.iter().map(Vec::as_slice).chain([WAKE]) {
             let mut msg = Vec::with_capacity(p.len() + 1);
