@@ -573,6 +573,61 @@ fn a_gossip_request_is_learned_only_from_the_address_it_names() {
     assert_eq!(node.stats().control_malformed, 0);
 }
 
+/// A node told by gossip of a node it already asks, at another endpoint
+/// (another address of a node on several networks), keeps using the
+/// address it has.
+///
+/// Broken, this looks like the peer's endpoints switching to the address
+/// gossip told (the last answer winning): subscriptions reconnect, and an
+/// address of a network this node is not on would make it unreachable.
+#[test]
+fn gossip_of_a_known_node_at_another_address_changes_nothing() {
+    let dir_a = TempDir::new("g-alias-a");
+    let dir_b = TempDir::new("g-alias-b");
+    let mut cfg = config("alias", "b", dir_b.path());
+    cfg.local_discovery = false;
+    let b = Node::open_with(cfg).unwrap();
+    let _p = b.publisher("alias/x").unwrap();
+    // A fake peer whose replies tell of `b` at `localhost` (the same
+    // socket, another name).
+    let ctx = zmq::Context::new();
+    let fake = ctx.socket(zmq::ROUTER).unwrap();
+    fake.set_linger(0).unwrap();
+    fake.bind("tcp://127.0.0.1:*").unwrap();
+    let fake_ep = fake.get_last_endpoint().unwrap().unwrap();
+    let alias = b.control_endpoint().replace("127.0.0.1", "localhost");
+    let mut cfg = config("alias", "a", dir_a.path());
+    cfg.local_discovery = false;
+    cfg.peers = vec![b.control_endpoint().to_owned(), fake_ep];
+    let a = Node::open_with(cfg).unwrap();
+    let b_id = b.id().to_hex();
+    let control_of_b = || {
+        a.peers()
+            .into_iter()
+            .find(|p| p.node_id == b_id)
+            .map(|p| p.control)
+    };
+    wait_for("a to know b", T, || control_of_b().is_some());
+    let mut fake_info = a.query(b.control_endpoint(), T).expect("b answers");
+    fake_info.announcement.node_id = "ab".repeat(16);
+    fake_info.announcement.name = "fake".into();
+    fake_info.peers = vec![alias.clone()];
+    let body = serde_json::to_vec(&fake_info).unwrap();
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        if let Ok(req) = fake.recv_multipart(zmq::DONTWAIT) {
+            fake.send_multipart([&req[0][..], CONTROL_MAGIC, CONTROL_INFO, &body], 0)
+                .unwrap();
+        }
+        assert_eq!(
+            control_of_b().as_deref(),
+            Some(b.control_endpoint()),
+            "b's address changed after gossip told {alias}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// docs/guarantees.md, Bad input: "a request from another domain |
 /// `frames_foreign_domain`, answered `rejected` / `wrong_domain`".
 ///

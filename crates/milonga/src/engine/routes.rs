@@ -36,6 +36,10 @@ pub(crate) struct Routes {
     /// Every node alive in the domain: sequence state of others is
     /// forgotten.
     pub live: BTreeSet<NodeId>,
+    /// Every data endpoint those nodes announce (matching or not): a
+    /// connection to one that is no longer announced by its live node (it
+    /// moved: another address of a node on several networks) is closed.
+    pub announced: BTreeSet<String>,
 }
 
 /// The routes of a subscription to `expr`, given every peer's
@@ -47,6 +51,8 @@ pub(crate) fn routes_for(expr: &KeyExpr, peers: &[&Announcement]) -> Routes {
     for a in peers {
         let Some(id) = a.id() else { continue };
         r.live.insert(id);
+        r.announced
+            .extend(a.data_best_effort.iter().chain(&a.data_reliable).cloned());
         let mut matched = false;
         for p in &a.publications {
             if !expr.matches(&p.key) {

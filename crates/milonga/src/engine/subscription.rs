@@ -407,7 +407,8 @@ impl Subscription {
             .filter(|ep| {
                 !r.endpoints.contains(*ep)
                     && !io.liveliness.contains_key(*ep)
-                    && !io.data_nodes.get(*ep).is_some_and(|n| r.live.contains(n))
+                    && !(io.data_nodes.get(*ep).is_some_and(|n| r.live.contains(n))
+                        && r.announced.contains(*ep))
             })
             .cloned()
             .collect();
@@ -428,7 +429,13 @@ impl Subscription {
             }
         }
         for ep in gone {
-            if io.data_nodes.contains_key(&ep) {
+            // A live node's endpoint that it no longer announces moved (a
+            // node on several networks, now known at another address):
+            // closed at once, or each sample would arrive on both
+            // connections. What was in flight on it is a gap of the new
+            // one: reported lost, or repaired.
+            let moved = io.data_nodes.get(&ep).is_some_and(|n| r.live.contains(n));
+            if !moved && io.data_nodes.contains_key(&ep) {
                 // Its node left discovery (it closed, died, or is out of
                 // sight): the connection stays until it closes by itself
                 // (read_closed_connections) or the lease passes.
@@ -1685,6 +1692,33 @@ mod tests {
         // The same routes again change nothing.
         assert!(!f.core.set_target(routes_for(&f.core.expr, &[&a])));
         assert!(f.events().is_empty());
+    }
+
+    /// Broken, a publisher known at a new address (a node on several
+    /// networks) stays connected at the old one too, and every sample
+    /// arrives twice, the lagging copy taken for a sequence that went back.
+    #[test]
+    fn a_live_publisher_known_at_another_address_is_followed_there_only() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        let a = announcement("sr/a", Reliability::BestEffort, 0);
+        f.route(&a);
+        let mut moved = a.clone();
+        moved.data_best_effort = Some("tcp://10.0.0.1:5501".into());
+        f.route(&moved);
+        assert_eq!(
+            f.io.link.disconnected,
+            [BE],
+            "the old address closed at once"
+        );
+        assert_eq!(f.io.data_connections(), 1);
+        // A publication that ends keeps its node's connection (the node
+        // still announces the endpoint).
+        let mut quiet = moved.clone();
+        quiet.publications.clear();
+        f.core.set_target(routes_for(&f.core.expr, &[&quiet]));
+        f.core.apply(&mut f.io);
+        assert_eq!(f.io.link.disconnected, [BE]);
+        assert_eq!(f.io.data_connections(), 1);
     }
 
     #[test]

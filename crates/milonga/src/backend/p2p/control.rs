@@ -412,9 +412,10 @@ impl<H: Host> Control<H> {
             local.peers_into(&mut peers);
         }
         self.statics.peers_into(&mut peers);
+        let me = self.host.p2p().core().id.to_hex();
         self.known = peers
             .values()
-            .filter(|a| a.control.starts_with("tcp://"))
+            .filter(|a| a.control.starts_with("tcp://") && a.node_id != me)
             .map(|a| a.control.clone())
             .take(MAX_TOLD)
             .collect();

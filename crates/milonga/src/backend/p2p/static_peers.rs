@@ -52,6 +52,10 @@ pub(crate) struct StaticPeers {
     own_control: String,
     /// A node was ignored because [`MAX_LEARNED`] were known (logged once).
     warned_full: bool,
+    /// Learned endpoints that answered as this node, or as a node known
+    /// at another endpoint (other addresses of nodes on several
+    /// networks): never learned again (bounded by the endpoints asked).
+    aliases: std::collections::BTreeSet<String>,
 }
 
 impl StaticPeers {
@@ -76,6 +80,7 @@ impl StaticPeers {
             request,
             own_control: own_control.to_owned(),
             warned_full: false,
+            aliases: std::collections::BTreeSet::new(),
         };
         for ep in s.node.cfg.peers.clone() {
             match connect(&s.ctx, &s.node, &ep) {
@@ -92,6 +97,7 @@ impl StaticPeers {
     pub(crate) fn learn(&mut self, endpoint: &str, now: Instant) -> bool {
         if !self.node.cfg.gossip
             || endpoint == self.own_control
+            || self.aliases.contains(endpoint)
             || !endpoint.starts_with("tcp://")
             || self.peers.iter().any(|p| p.endpoint == endpoint)
         {
@@ -147,6 +153,14 @@ impl StaticPeers {
     fn read(&mut self, now: Instant, told: &mut Vec<String>) -> bool {
         let domain = &self.node.domain;
         let c = &self.node.counters;
+        let own_id = self.node.id.to_hex();
+        // Which endpoint each node is known at now.
+        let asked_at: std::collections::HashMap<String, String> = self
+            .peers
+            .iter()
+            .filter_map(|p| Some((p.announcement.as_ref()?.node_id.clone(), p.endpoint.clone())))
+            .collect();
+        let aliases = &mut self.aliases;
         let mut changed = false;
         for p in &mut self.peers {
             while let Ok(frames) = p.sock.recv_multipart(zmq::DONTWAIT) {
@@ -171,6 +185,17 @@ impl StaticPeers {
                     }
                     continue;
                 }
+                let id = &info.announcement.node_id;
+                let elsewhere = asked_at.get(id).is_some_and(|ep| *ep != p.endpoint);
+                if *id == own_id || (p.learned.is_some() && elsewhere) {
+                    // This node, or a node already asked at another
+                    // endpoint, at another of its addresses (a node on
+                    // several networks, told by gossip how others reach
+                    // it): the address this node uses stays, and the
+                    // alias is neither asked nor learned again.
+                    aliases.insert(p.endpoint.clone());
+                    continue;
+                }
                 p.last_reply = Some(now);
                 told.append(&mut info.peers);
                 reached_at(&mut info.announcement, &p.endpoint);
@@ -181,6 +206,14 @@ impl StaticPeers {
             }
         }
         changed
+    }
+
+    /// Drops the learned peers that turned out to be this node, or a node
+    /// known at another endpoint.
+    fn drop_aliases(&mut self) {
+        let aliases = &self.aliases;
+        self.peers
+            .retain(|p| p.learned.is_none() || !aliases.contains(&p.endpoint));
     }
 
     /// Asks every peer again when a query is due, and forgets those that
@@ -250,6 +283,9 @@ impl Source for StaticPeers {
         }
         let mut told = Vec::new();
         let read = std::mem::take(&mut self.readable) && self.read(now, &mut told);
+        if !self.aliases.is_empty() {
+            self.drop_aliases();
+        }
         for ep in told {
             self.learn(&ep, now);
         }
@@ -257,8 +293,15 @@ impl Source for StaticPeers {
     }
 
     fn peers_into(&self, peers: &mut BTreeMap<String, Announcement>) {
+        // The first entry of a node wins (a configured peer before a
+        // learned one): its address does not change with the order
+        // replies come in.
+        let mut mine = BTreeMap::new();
         for a in self.peers.iter().filter_map(|p| p.announcement.as_ref()) {
-            peers.insert(a.node_id.clone(), a.clone());
+            mine.entry(a.node_id.clone()).or_insert(a);
+        }
+        for (id, a) in mine {
+            peers.insert(id, a.clone());
         }
     }
 
