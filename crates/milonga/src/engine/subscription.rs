@@ -405,10 +405,11 @@ impl Subscription {
             .connected
             .iter()
             .filter(|ep| {
-                !r.endpoints.contains(*ep)
-                    && !io.liveliness.contains_key(*ep)
-                    && !(io.data_nodes.get(*ep).is_some_and(|n| r.live.contains(n))
-                        && r.announced.contains(*ep))
+                // A live node's data endpoint that it still announces
+                // stays (it may publish a matching key again).
+                let kept = io.data_nodes.get(*ep).is_some_and(|n| r.live.contains(n))
+                    && r.announced.contains(*ep);
+                !(r.endpoints.contains(*ep) || io.liveliness.contains_key(*ep) || kept)
             })
             .cloned()
             .collect();
