@@ -51,9 +51,28 @@ impl Lan {
             .env("MILONGA_LOCATOR", format!("milonga:///{}", self.domain))
             .env("MILONGA_TCP_HOST", self.bed.host(i).addr.to_string())
             .env("MILONGA_HEARTBEAT_INTERVAL_MS", "200")
+            // Static discovery (a network without multicast), unless a
+            // test turns scouting on.
+            .env("MILONGA_SCOUTING", "0")
             .env_remove("MILONGA_PEERS")
             .env_remove("MILONGA_TRANSPORT")
             .env_remove("MILONGA_CONTROL_ENDPOINT")
+            .args(args);
+        c
+    }
+
+    /// `milonga ARGS` on host `i` with nothing set but its runtime
+    /// directory, domain and `tcp_host = auto`: what a user on a LAN runs.
+    fn bare(&self, i: usize, args: &[&str]) -> Command {
+        let mut c = self.bed.command(i, env!("CARGO_BIN_EXE_milonga"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("MILONGA_") {
+                c.env_remove(k);
+            }
+        }
+        c.env("MILONGA_RUNTIME_DIR", self.dirs[i].path())
+            .env("MILONGA_LOCATOR", format!("milonga:///{}", self.domain))
+            .env("MILONGA_TCP_HOST", "auto")
             .args(args);
         c
     }
@@ -446,8 +465,10 @@ fn with_scouting_a_sample_crosses_hosts_with_no_configuration() {
         return;
     };
     let start = Instant::now();
-    let _publ = Proc::spawn(lan.scouting(0, &["pub", "lan/x", "1", "--rate", "100"]));
-    let sub = Proc::spawn(lan.scouting(1, &["sub", "lan/**", "--json"]));
+    // No discovery setting at all: scouting is on by default, and a node
+    // bound to the host's address (`auto`) scouts.
+    let _publ = Proc::spawn(lan.bare(0, &["pub", "lan/x", "1", "--rate", "100"]));
+    let sub = Proc::spawn(lan.bare(1, &["sub", "lan/**", "--json"]));
     let mut ledger = SeqLedger::default();
     read_until(&sub, &mut ledger, "a sample found by scouting", is_sample);
     let took = start.elapsed();
@@ -481,21 +502,29 @@ fn with_scouting_over_ipv6_a_sample_crosses_hosts() {
 }
 
 #[test]
-fn scouting_refuses_an_address_other_hosts_cannot_reach() {
-    // On the machine's own network namespace: refused before any socket
-    // exists, so nothing is sent.
+fn a_node_on_loopback_or_a_wildcard_opens_and_does_not_scout() {
+    // On the machine's own network namespace: scouting is on by default,
+    // yet a node there must send nothing outside loopback.
     let dir = TempDir::new("scout-lo");
-    for lo in ["127.0.0.1", "::1"] {
+    for (host, why) in [
+        ("127.0.0.1", "bound to loopback"),
+        ("::1", "bound to loopback"),
+        ("0.0.0.0", "not one address of this host"),
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_milonga"))
             .args(["pub", "lan/x", "1", "--count", "1"])
             .env("MILONGA_RUNTIME_DIR", dir.path())
             .env("MILONGA_SCOUTING", "1")
-            .env("MILONGA_TCP_HOST", lo)
+            .env("MILONGA_TCP_HOST", host)
+            .env("RUST_LOG", "milonga=debug")
             .output()
             .unwrap();
-        assert!(!out.status.success(), "{lo}");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("tcp_host") && err.contains(lo), "{err}");
+        assert!(out.status.success(), "{host}: {err}");
+        assert!(
+            err.contains("not scouting") && err.contains(why),
+            "{host}: {err}"
+        );
     }
 }
 

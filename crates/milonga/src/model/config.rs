@@ -311,8 +311,9 @@ pub struct Config {
     /// multicast-capable and not loopback.
     pub interfaces: Vec<String>,
     /// Find the nodes of other hosts by UDP multicast (`scout`
-    /// discovery, docs/protocol.md §9.5): needs `tcp_host` set to this
-    /// host's address on that network. Default false.
+    /// discovery, docs/protocol.md §9.5). Default true; it runs only when
+    /// `tcp_host` is an address of this host that others reach (`auto`,
+    /// or one given): a node on loopback, the default, does not scout.
     pub scouting: bool,
     /// The multicast group and port of scouting, `ADDRESS:PORT`. Default
     /// `239.255.77.77:7477`.
@@ -382,7 +383,7 @@ impl Config {
             local_discovery: true,
             peers: Vec::new(),
             interfaces: Vec::new(),
-            scouting: false,
+            scouting: true,
             gossip: true,
             scout_group: "239.255.77.77:7477".to_owned(),
             scout_group6: "[ff02::7477]:7477".to_owned(),
@@ -683,7 +684,7 @@ mod tests {
             ("MILONGA_PEERS", "tcp://a:1, tcp://b:2"),
             ("MILONGA_GOSSIP", "off"),
             ("MILONGA_INTERFACES", "eth0, 10.0.0.0/8"),
-            ("MILONGA_SCOUTING", "1"),
+            ("MILONGA_SCOUTING", "no"),
             ("MILONGA_SCOUT_GROUP", "239.1.2.3:9000"),
             ("MILONGA_SCOUT_GROUP6", "[ff02::9]:9000"),
             ("MILONGA_SCOUT_INTERVAL_MS", "250"),
@@ -717,7 +718,7 @@ mod tests {
         assert_eq!(c.peers, ["tcp://a:1", "tcp://b:2"]);
         assert!(!c.gossip);
         assert_eq!(c.interfaces, ["eth0", "10.0.0.0/8"]);
-        assert!(c.scouting);
+        assert!(!c.scouting, "on by default, off by the variable");
         assert_eq!(
             (
                 c.scout_group.as_str(),

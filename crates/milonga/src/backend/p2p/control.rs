@@ -252,7 +252,7 @@ pub(crate) fn start<H: Host>(
         ..
     } = socks;
     let statics = StaticPeers::new(p2p.core.clone(), &control_endpoint);
-    let scout = if p2p.core().cfg.scouting {
+    let scout = if scouts(p2p.core()) {
         Some(ScoutPeers::open(p2p.core.clone(), control_endpoint)?)
     } else {
         None
@@ -284,6 +284,34 @@ pub(crate) fn start<H: Host>(
         .name(name)
         .spawn(move || ctl.run())
         .map_err(OpenError::Thread)
+}
+
+/// Whether the node scouts: `scouting` is on (the default) and `tcp_host`
+/// is an address other hosts can reach. A node bound to loopback (the
+/// default) has nothing to find other hosts for and is found by none, so
+/// it does not scout, and says so only at debug level; one bound to a
+/// wildcard, a name or an IPv6 link-local address cannot announce where
+/// it is reached, and says so once at info level (docs/discovery.md).
+fn scouts(core: &NodeCore) -> bool {
+    let cfg = &core.cfg;
+    if !cfg.scouting {
+        return false;
+    }
+    match cfg.tcp_host.parse::<std::net::IpAddr>() {
+        Ok(ip) if ip.is_loopback() => {
+            tracing::debug!(tcp_host = %cfg.tcp_host, "not scouting: bound to loopback (set tcp_host = auto to find and be found by other hosts)");
+            false
+        }
+        Ok(std::net::IpAddr::V6(v6)) if v6.segments()[0] & 0xffc0 == 0xfe80 => {
+            tracing::info!(tcp_host = %cfg.tcp_host, "not scouting: an IPv6 link-local address needs a scope that no endpoint carries (give a global or unique-local address)");
+            false
+        }
+        Ok(ip) if !ip.is_unspecified() => true,
+        _ => {
+            tracing::info!(tcp_host = %cfg.tcp_host, "not scouting: tcp_host is not one address of this host (a wildcard or a name cannot be announced; set an address, or auto)");
+            false
+        }
+    }
 }
 
 /// Which of the node thread's sockets a poll found readable.
