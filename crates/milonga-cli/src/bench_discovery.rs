@@ -6,6 +6,10 @@
 //! bench then also measures the discovery traffic at rest, per node, from
 //! the hosts' interface counters.
 //!
+//! With a bed, it also cuts the link of host 0 (a partition) and measures
+//! until the nodes of the other hosts have forgotten every node of host 0,
+//! then restores it and measures until they have them all again.
+//!
 //! Each node is a process (`milonga bench-worker` role `disc-node`) that
 //! opens a node in a private domain, declares a publication and prints the
 //! time, from the bench's start signal (a wall-clock instant passed to
@@ -100,13 +104,22 @@ pub fn worker(a: DiscWorkerArgs) -> Result<std::process::ExitCode> {
         let f: Vec<&str> = line.split_whitespace().collect();
         match f.as_slice() {
             [what @ ("join" | "leave"), who, start] => {
-                let name = format!("disc-{who}@");
+                // `who`: one node number, or several separated by commas
+                // (all must be there, or none).
+                let names: Vec<String> = who.split(',').map(|w| format!("disc-{w}@")).collect();
                 let start: u64 = start.parse().unwrap_or(0);
                 let want_present = *what == "join";
                 let deadline = Instant::now() + Duration::from_secs(30);
                 let verdict = loop {
-                    let present = node.peers().iter().any(|p| p.name.starts_with(&name));
-                    if present == want_present {
+                    let peers = node.peers();
+                    let has =
+                        |name: &String| peers.iter().any(|p| p.name.starts_with(name.as_str()));
+                    let done = if want_present {
+                        names.iter().all(has)
+                    } else {
+                        !names.iter().any(has)
+                    };
+                    if done {
                         break format!("{:.1}", now_ns().saturating_sub(start) as f64 / 1e6);
                     }
                     if Instant::now() > deadline {
@@ -349,6 +362,9 @@ pub fn run(a: DiscoveryArgs) -> Result<std::process::ExitCode> {
         rest_traffic(bed, n, Duration::from_secs_f64(a.rest.max(0.5)))?;
     }
     join_and_leave(&place, &locator, &mut procs, &all, 20 * n, a.format)?;
+    if let Some(bed) = &place.bed {
+        partition(bed, &mut procs, a.format)?;
+    }
     // Churn: a fifth replaced by new nodes; each new node must see every
     // node now alive, and an observer every new node.
     let k = n / 5;
@@ -377,6 +393,49 @@ pub fn run(a: DiscoveryArgs) -> Result<std::process::ExitCode> {
     drop((procs, fresh, observer));
     let _ = std::fs::remove_dir_all(&place.dir);
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Cuts host 0's link, and measures until every node of the other hosts
+/// has forgotten all the nodes of host 0; restores it, and measures until
+/// they have them all again. `procs[i]` is node `i`, on host `i % hosts`.
+fn partition(bed: &milonga_testkit::netbed::Bed, procs: &mut [Proc], format: Format) -> Result<()> {
+    let hosts = bed.hosts().len();
+    let cut: Vec<String> = (0..procs.len())
+        .filter(|i| i % hosts == 0)
+        .map(|i| i.to_string())
+        .collect();
+    let list = cut.join(",");
+    let deadline = || Instant::now() + Duration::from_secs(60);
+    for (what, case, note) in [
+        (
+            "leave",
+            "partition",
+            "host 0's link cut: ms until the nodes of the other hosts have forgotten all of host 0's (scouting's expiry)",
+        ),
+        (
+            "join",
+            "heal",
+            "host 0's link restored: ms until the nodes of the other hosts have all of host 0's again",
+        ),
+    ] {
+        let start = now_ns();
+        let mut observers = Vec::new();
+        for (i, p) in procs.iter_mut().enumerate() {
+            if i % hosts != 0 {
+                p.order(&format!("{what} {list} {start}"))?;
+                observers.push(i);
+            }
+        }
+        if what == "leave" {
+            bed.cut(0);
+        } else {
+            bed.restore(0);
+        }
+        let watching: Vec<&Proc> = observers.iter().map(|&i| &procs[i]).collect();
+        let t = answers(&watching, what, deadline())?;
+        report(format, case, cut.len(), &t, note);
+    }
+    Ok(())
 }
 
 /// The packets and bytes `eth0` of each host sent and received so far.
