@@ -85,6 +85,12 @@ fn in_netns<T: Send + 'static>(
 /// in `netns` (the legacy ethtool ioctls, so that no `ethtool` binary is
 /// needed).
 pub(crate) fn offloads_off(netns: &str, dev: &str) -> Result<(), String> {
+    if dev.len() >= libc::IFNAMSIZ {
+        return Err(format!(
+            "{dev:?}: an interface name is shorter than {} bytes",
+            libc::IFNAMSIZ
+        ));
+    }
     let dev = dev.to_owned();
     in_netns(netns, move || {
         #[repr(C)]
@@ -269,6 +275,8 @@ fn pump(
                 libc::send(tx.as_raw_fd(), h.frame.as_ptr().cast(), h.frame.len(), 0);
             }
         }
+        // Rounded down: the last fraction of a millisecond is spun, so
+        // that a 1 ms delay is 1 ms, not 2.
         let wait_ms = held.peek().map_or(50, |h: &Held| {
             h.due.saturating_duration_since(now).as_millis() as i32
         });

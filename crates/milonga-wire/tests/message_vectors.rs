@@ -288,7 +288,7 @@ fn cases() -> Vec<Case> {
         valid(
             "control_gossip_request",
             "control_request",
-            "four frames after the ROUTER identity: the magic, gossip, the asker's tcp control endpoint, its domain; answered like info, and the asker is learned if its domain is the node's and its endpoint is at the address the request came from",
+            "four frames after the ROUTER identity: the magic, gossip, the asker's tcp control endpoint, its domain; answered like info; an asker of the node's domain is learned at the address the request came from, with the port its endpoint names",
             Request::Gossip {
                 control: "tcp://10.99.0.2:7100".into(),
                 domain: "lab".into(),

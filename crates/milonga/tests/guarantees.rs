@@ -509,14 +509,15 @@ fn malformed_control_requests_are_counted_and_the_node_goes_on_answering() {
 }
 
 /// docs/guarantees.md, Bad input: "a gossip request whose endpoint is
-/// not where it came from | `gossip_refused`"; a genuine one is learned.
+/// not where it came from | `gossip_readdressed`"; a genuine one is learned.
 ///
-/// Broken, this looks like a node that starts asking an endpoint a
-/// request merely named (any client could then point a node at any
-/// address), one that is not counted, a refused asker that gets no
-/// answer, or a genuine asker that is never asked back.
+/// Broken, this looks like a node that starts asking an address a request
+/// merely named (any client could then point a node at any address), one
+/// that is not counted, an asker that gets no answer, a genuine asker that
+/// is never asked back, or the node's peers told to a plain `info` or to
+/// another domain.
 #[test]
-fn a_gossip_request_is_learned_only_from_the_address_it_names() {
+fn a_gossip_asker_is_learned_only_at_the_address_it_came_from() {
     let dir = TempDir::new("g-gossip");
     let node = open("gsp", "target", dir.path());
     let ctx = zmq::Context::new();
@@ -540,37 +541,93 @@ fn a_gossip_request_is_learned_only_from_the_address_it_names() {
         assert_eq!(&reply[1][..], CONTROL_INFO);
         serde_json::from_slice::<NodeInfo>(&reply[2]).expect("a NodeInfo")
     };
-    // A forged endpoint: the request comes from 127.0.0.1.
-    let info = ask("tcp://10.9.9.9:7100", "gsp");
+    // Control ROUTERs of our own on loopback, which the node must ask.
+    let asker = || {
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.set_linger(0).unwrap();
+        router.set_rcvtimeo(T.as_millis() as i32).unwrap();
+        router.bind("tcp://127.0.0.1:*").unwrap();
+        let ep = router.get_last_endpoint().unwrap().unwrap();
+        (router, ep)
+    };
+    let asked_frames = |router: &zmq::Socket| {
+        let asked = router.recv_multipart(0).expect("the node asks the asker");
+        asked[1..].to_vec()
+    };
+    let own_gossip = [
+        CONTROL_MAGIC.to_vec(),
+        b"gossip".to_vec(),
+        node.control_endpoint().as_bytes().to_vec(),
+        b"gsp".to_vec(),
+    ];
+    // A forged address: the request comes from 127.0.0.1, so the node
+    // asks 127.0.0.1 at the port named, never 10.9.9.9.
+    let (forged, forged_ep) = asker();
+    let port = forged_ep.rsplit_once(':').unwrap().1;
+    let info = ask(&format!("tcp://10.9.9.9:{port}"), "gsp");
     assert_eq!(info.announcement.node_id, node.id().to_hex());
-    assert_eq!(info.stats.gossip_refused, 1);
-    // Another domain: answered, not learned.
-    ask("tcp://127.0.0.1:1", "elsewhere");
-    assert_eq!(node.stats().peers_foreign_domain, 1);
-    // A genuine asker: a control ROUTER of our own on loopback, which the
-    // node must start asking.
-    let router = ctx.socket(zmq::ROUTER).unwrap();
-    router.set_linger(0).unwrap();
-    router.set_rcvtimeo(T.as_millis() as i32).unwrap();
-    router.bind("tcp://127.0.0.1:*").unwrap();
-    let ours = router.get_last_endpoint().unwrap().unwrap();
-    ask(&ours, "gsp");
-    let asked = router
-        .recv_multipart(0)
-        .expect("the node asks the asker back");
-    let frames: Vec<&[u8]> = asked[1..].iter().map(|f| &f[..]).collect();
+    assert_eq!(info.stats.gossip_readdressed, 1);
     assert_eq!(
-        frames,
-        [
-            CONTROL_MAGIC,
-            &b"gossip"[..],
-            node.control_endpoint().as_bytes(),
-            &b"gsp"[..]
-        ],
-        "the node asks with gossip, naming its own endpoint"
+        asked_frames(&forged),
+        own_gossip,
+        "asked at the address it came from"
     );
-    assert_eq!(node.stats().gossip_refused, 1);
+    // Another domain: answered with no peers, not learned.
+    let (_other, other_ep) = asker();
+    let info = ask(&other_ep, "elsewhere");
+    assert!(info.peers.is_empty(), "{:?}", info.peers);
+    assert_eq!(node.stats().peers_foreign_domain, 1);
+    // A genuine asker, once the forged one answered: asked back, and told
+    // of the nodes the node has checked (the first asker).
+    forged
+        .send_multipart(
+            [
+                &asked_frames_id(&forged, &node)[..],
+                CONTROL_MAGIC,
+                CONTROL_INFO,
+                &serde_json::to_vec(&fake_info(&node, "gsp", &forged_ep)).unwrap(),
+            ],
+            0,
+        )
+        .unwrap();
+    let (genuine, genuine_ep) = asker();
+    wait_for("the node to know the first asker", T, || {
+        node.peers().iter().any(|p| p.control == forged_ep)
+    });
+    let info = ask(&genuine_ep, "gsp");
+    assert_eq!(info.peers, [forged_ep.as_str()], "told what it checked");
+    assert_eq!(asked_frames(&genuine), own_gossip);
+    // A plain info is told no peers.
+    dealer
+        .send_multipart([CONTROL_MAGIC, CONTROL_INFO], 0)
+        .unwrap();
+    let reply = dealer.recv_multipart(0).unwrap();
+    let info: NodeInfo = serde_json::from_slice(&reply[2]).unwrap();
+    assert!(info.peers.is_empty(), "{:?}", info.peers);
+    assert_eq!(node.stats().gossip_readdressed, 1);
     assert_eq!(node.stats().control_malformed, 0);
+}
+
+/// The routing identity of the node's next request on `router`.
+fn asked_frames_id(router: &zmq::Socket, _node: &Node) -> Vec<u8> {
+    router.recv_multipart(0).expect("the node asks again")[0].clone()
+}
+
+/// A NodeInfo for a fake node of `domain` answering at `control`.
+fn fake_info(node: &Node, domain: &str, control: &str) -> NodeInfo {
+    let mut info = node
+        .query(node.control_endpoint(), T)
+        .expect("the node answers");
+    info.announcement.node_id = "cd".repeat(16);
+    info.announcement.name = "fake".into();
+    info.announcement.domain = domain.into();
+    info.announcement.control = control.into();
+    info.announcement.publications.clear();
+    info.announcement.data_best_effort = None;
+    info.announcement.data_reliable = None;
+    info.announcement.liveliness = None;
+    info.peers.clear();
+    info
 }
 
 /// A node told by gossip of a node it already asks, at another endpoint

@@ -84,7 +84,18 @@ pub(crate) fn reached_at(a: &mut Announcement, reached: &str) {
     else {
         return;
     };
-    if port != announced_port || host == announced {
+    // Addresses, compared as such: a name (a static peer given by DNS
+    // name) is never put in place of an address.
+    let ip = |h: &str| {
+        h.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .ok()
+    };
+    let (Some(reached_ip), Some(announced_ip)) = (ip(host), ip(announced)) else {
+        return;
+    };
+    if port != announced_port || reached_ip == announced_ip {
         return;
     }
     let from = format!("tcp://{announced}:");
@@ -577,6 +588,8 @@ mod tests {
         assert_eq!(other, a);
         reached_at(&mut other, "tcp://10.0.0.1:6000");
         assert_eq!(other, a, "the announced address itself");
+        reached_at(&mut other, "tcp://host.example:6000");
+        assert_eq!(other, a, "a name is never put in place of an address");
         reached_at(&mut other, "tcp://10.1.0.1:6000");
         assert_eq!(other.control, "tcp://10.1.0.1:6000");
         assert_eq!(

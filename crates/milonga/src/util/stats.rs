@@ -103,9 +103,9 @@ counters! {
     /// Nodes told by gossip but not asked: this node already asks 1,024
     /// learned nodes (logged when it happens).
     gossip_dropped,
-    /// Gossip requests refused: the endpoint they give is not at the
-    /// address the request came from.
-    gossip_refused,
+    /// Gossip requests whose endpoint is not at the address they came
+    /// from: the asker is learned at that address, with the port it named.
+    gossip_readdressed,
     /// Announcement files that could not be read.
     announcements_malformed,
     /// Subscribe/unsubscribe messages received by the data sockets.

@@ -59,10 +59,10 @@ pub struct NodeInfo {
     pub announcement: Announcement,
     /// The node's counters.
     pub stats: NodeStats,
-    /// The `tcp://` control endpoints of the other nodes of its domain it
-    /// knows (at most [`MAX_TOLD`]; loopback ones only to an asker on
-    /// loopback; none to an asker of another domain). Absent from the
-    /// JSON when empty.
+    /// The `tcp://` control endpoints at which it checked other nodes of
+    /// its domain (at most [`MAX_TOLD`]; loopback ones only to an asker on
+    /// loopback), in a reply to a `gossip` request of its domain only.
+    /// Absent from the JSON when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<String>,
 }
@@ -253,7 +253,20 @@ pub(crate) fn start<H: Host>(
     } = socks;
     let statics = StaticPeers::new(p2p.core.clone(), &control_endpoint);
     let scout = if scouts(p2p.core()) {
-        Some(ScoutPeers::open(p2p.core.clone(), control_endpoint)?)
+        match ScoutPeers::open(p2p.core.clone(), control_endpoint) {
+            Ok(s) => Some(s),
+            // A group that is not one: the configuration is wrong.
+            Err(e) if matches!(&e, OpenError::Config { key, .. } if key.starts_with("scout_group")) => {
+                return Err(e)
+            }
+            // Scouting is on by default: a host where it cannot run (the
+            // port taken without sharing, no multicast route) still runs
+            // the node, with the other sources.
+            Err(e) => {
+                tracing::warn!(err = %e, "cannot scout; going on without it (static peers and local discovery still work)");
+                None
+            }
+        }
     } else {
         None
     };
@@ -440,13 +453,28 @@ impl<H: Host> Control<H> {
             local.peers_into(&mut peers);
         }
         self.statics.peers_into(&mut peers);
-        let me = self.host.p2p().core().id.to_hex();
-        self.known = peers
-            .values()
-            .filter(|a| a.control.starts_with("tcp://") && a.node_id != me)
-            .map(|a| a.control.clone())
-            .take(MAX_TOLD)
-            .collect();
+        // Told to gossip askers: endpoints checked, not claimed: where a
+        // static peer answered, where a hello came from, and the local
+        // nodes (their files are this user's).
+        let mut known: Vec<String> = self.statics.answered().map(str::to_owned).collect();
+        if let Some(scout) = &self.scout {
+            known.extend(scout.heard().map(str::to_owned));
+        }
+        if let Some(local) = &self.local {
+            let mut here = BTreeMap::new();
+            local.peers_into(&mut here);
+            known.extend(here.into_values().map(|a| a.control));
+        }
+        let own = self.statics.own_control();
+        known.retain(|ep| {
+            ep != own
+                && endpoint_host(ep)
+                    .is_some_and(|h| ip_of(h).is_some_and(|ip| !ip.is_unspecified()))
+        });
+        known.sort_unstable();
+        known.dedup();
+        known.truncate(MAX_TOLD);
+        self.known = known;
         self.host.set_peers(peers);
     }
 
@@ -594,21 +622,24 @@ impl<H: Host> Control<H> {
                     continue;
                 }
             };
-            let mut tell = true;
+            // The peers this node knows are told only to a gossip asker
+            // of its domain.
+            let mut tell = false;
             if let Request::Gossip { control, domain } = request {
                 if domain != core.domain {
                     stats::inc(&c.peers_foreign_domain);
                     limited!(info, asker = %control, their = %domain, ours = %core.domain, "a node of another domain asked this one (answered, not learned)");
-                    tell = false;
-                } else if !endpoint_host(&control)
-                    .zip(from.as_deref())
-                    .is_some_and(|(host, from)| same_ip(host, from))
-                {
-                    stats::inc(&c.gossip_refused);
-                    limited!(warn, asker = %control, from = ?from, "refused a gossip request: its endpoint is not at the address it came from (behind NAT? set control_endpoint to an address the others reach)");
-                    tell = false;
-                } else {
-                    self.statics.learn(&control, Instant::now());
+                } else if let Some(at) = asker_at(&control, from.as_deref()) {
+                    if at != control {
+                        // Its endpoint is not where it asked from (a node
+                        // on several networks names its first address,
+                        // or NAT): learned at the address it came from,
+                        // never at the one it names.
+                        stats::inc(&c.gossip_readdressed);
+                        limited!(info, asker = %control, learned_at = %at, "a gossip request named another address than it came from: learned at the one it came from");
+                    }
+                    self.statics.learn(&at, Instant::now());
+                    tell = true;
                 }
             }
             let asker_on_loopback = from
@@ -747,6 +778,19 @@ fn recv_request(router: &zmq::Socket) -> Option<(Vec<Vec<u8>>, Option<String>)> 
     Some((frames, from))
 }
 
+/// Where to learn a gossip asker that names `control` and asked from
+/// `from` (libzmq's `Peer-Address`): the port it names, at the address it
+/// came from. `None` without an address (ipc) or a port.
+fn asker_at(control: &str, from: Option<&str>) -> Option<String> {
+    let ip = ip_of(from?)?;
+    let port = control.strip_prefix("tcp://")?.rsplit_once(':')?.1;
+    port.parse::<u16>().ok()?;
+    Some(match ip {
+        std::net::IpAddr::V4(a) => format!("tcp://{a}:{port}"),
+        std::net::IpAddr::V6(a) => format!("tcp://[{a}]:{port}"),
+    })
+}
+
 /// The host of a `tcp://HOST:PORT` endpoint (brackets of an IPv6 address
 /// removed).
 fn endpoint_host(endpoint: &str) -> Option<&str> {
@@ -767,11 +811,6 @@ fn ip_of(text: &str) -> Option<std::net::IpAddr> {
         std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
         v4 => v4,
     })
-}
-
-/// Whether two texts name the same IP address.
-fn same_ip(a: &str, b: &str) -> bool {
-    ip_of(a).is_some_and(|a| Some(a) == ip_of(b))
 }
 
 /// Counts the events a monitor of one of this node's listening sockets
@@ -898,18 +937,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_gossip_endpoint_is_compared_with_the_peer_address_as_an_ip() {
+    fn a_gossip_asker_is_learned_at_the_address_it_came_from() {
         assert_eq!(endpoint_host("tcp://10.0.0.1:7100"), Some("10.0.0.1"));
         assert_eq!(endpoint_host("tcp://[fd99::1]:7100"), Some("fd99::1"));
         assert_eq!(endpoint_host("ipc:///x"), None);
-        // libzmq reports an IPv4 peer of an IPv6-enabled socket mapped.
-        assert!(same_ip("10.0.0.1", "::ffff:10.0.0.1"));
-        assert!(same_ip("fd99::1", "fd99:0::1"));
-        assert!(!same_ip("10.0.0.1", "10.0.0.2"));
-        assert!(
-            !same_ip("host.example", "10.0.0.1"),
-            "names are never resolved"
+        let at = |ep: &str, from: Option<&str>| asker_at(ep, from);
+        assert_eq!(
+            at("tcp://10.0.0.1:7100", Some("10.0.0.1")).as_deref(),
+            Some("tcp://10.0.0.1:7100")
         );
+        // Another address named: the one it came from, with its port.
+        assert_eq!(
+            at("tcp://10.9.9.9:7100", Some("10.0.0.1")).as_deref(),
+            Some("tcp://10.0.0.1:7100")
+        );
+        // libzmq reports an IPv4 peer of an IPv6-enabled socket mapped.
+        assert_eq!(
+            at("tcp://10.0.0.1:7100", Some("::ffff:10.0.0.1")).as_deref(),
+            Some("tcp://10.0.0.1:7100")
+        );
+        assert_eq!(
+            at("tcp://host.example:7100", Some("fd99::2")).as_deref(),
+            Some("tcp://[fd99::2]:7100"),
+            "a name is never resolved"
+        );
+        assert_eq!(at("tcp://10.0.0.1:7100", None), None, "ipc: no address");
+        assert_eq!(at("tcp://10.0.0.1:x", Some("10.0.0.1")), None);
         assert!(is_loopback_host("::ffff:127.0.0.1") && is_loopback_host("::1"));
         assert!(!is_loopback_host("10.0.0.1"));
     }

@@ -160,19 +160,48 @@ impl P2p {
                     source: source.transport(),
                 })?;
         }
-        let bound = zmq_io::bind(sock, endpoint)?;
         let core = &self.core;
-        let port = bound
-            .strip_prefix("tcp://")
-            .and_then(|hp| hp.strip_prefix(core.cfg.tcp_host.as_str()))
-            .and_then(|p| p.strip_prefix(':'));
-        if let Some(port) = port {
+        let ephemeral = endpoint == format!("tcp://{}:*", core.cfg.tcp_host);
+        // An ephemeral port taken on another address is tried again with a
+        // new one, a few times; a fixed one is what it is.
+        let tries = if ephemeral && !core.other_hosts.is_empty() {
+            8
+        } else {
+            1
+        };
+        let mut bound = String::new();
+        for attempt in 1..=tries {
+            bound = zmq_io::bind(sock, endpoint)?;
+            let Some(port) = bound
+                .strip_prefix("tcp://")
+                .and_then(|hp| hp.strip_prefix(core.cfg.tcp_host.as_str()))
+                .and_then(|p| p.strip_prefix(':'))
+                .map(str::to_owned)
+            else {
+                break;
+            };
+            let mut done = vec![bound.clone()];
+            let mut failed = None;
             for h in &core.other_hosts {
                 let also = format!("tcp://{h}:{port}");
-                if let Err(err) = zmq_io::bind(sock, &also) {
-                    tracing::warn!(endpoint = %also, %err, "cannot bind the same port on another address of this node: that network will not reach this socket");
+                match zmq_io::bind(sock, &also) {
+                    Ok(ep) => done.push(ep),
+                    Err(err) => {
+                        failed = Some((also, err));
+                        break;
+                    }
                 }
             }
+            let Some((also, err)) = failed else {
+                break;
+            };
+            if attempt < tries {
+                for ep in &done {
+                    let _ = sock.unbind(ep);
+                }
+                continue;
+            }
+            tracing::warn!(endpoint = %also, %err, "cannot bind the same port on every address of this node: that network will not reach this socket");
         }
         Ok(bound)
     }

@@ -128,6 +128,15 @@ impl ScoutPeers {
         })
     }
 
+    /// The control endpoints of the nodes heard (each the address its
+    /// hello came from) whose announcement is held: told to gossip askers.
+    pub(crate) fn heard(&self) -> impl Iterator<Item = &str> {
+        self.nodes
+            .values()
+            .filter(|n| n.announcement.is_some())
+            .map(|n| n.control.as_str())
+    }
+
     /// The UDP socket, for the node thread's poll.
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
         self.scout.fd()

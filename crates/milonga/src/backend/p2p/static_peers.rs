@@ -3,8 +3,10 @@
 //! `static_query_interval_ms` (docs/protocol.md §9.4) and forgotten when it
 //! stops answering. With `gossip` on (the default), the node asks with
 //! `gossip` (saying where it answers) instead of `info`, and also asks the
-//! nodes that its peers list in their replies and the nodes that ask it:
-//! one seed given, the rest are learned. A learned node is dropped
+//! nodes that its configured peers (its seeds) list in their replies and
+//! the nodes that ask it: one seed given, the rest are learned. What a
+//! learned node lists is not followed (a node that merely asked cannot
+//! point this one at other addresses). A learned node is dropped
 //! altogether when it stops answering. It speaks the control protocol over
 //! ZeroMQ DEALERs, so it belongs to this backend.
 
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use milonga_wire::control::Request;
 
-use crate::backend::p2p::control::NodeInfo;
+use crate::backend::p2p::control::{NodeInfo, MAX_TOLD};
 use crate::backend::p2p::{zmq_io, ContextRef};
 use crate::discovery::{reached_at, Announcement, Source};
 use crate::model::error::{IntoTransport, OpenError};
@@ -22,8 +24,23 @@ use crate::model::node::NodeCore;
 use crate::util::stats;
 
 /// Most nodes learned by gossip; more are ignored, counted
-/// (`gossip_dropped`) and logged once.
-pub(crate) const MAX_LEARNED: usize = 1024;
+/// (`gossip_dropped`) and logged once. Each costs a socket and about two
+/// file descriptors (libzmq's default limit is 1,023 sockets a process).
+pub(crate) const MAX_LEARNED: usize = 256;
+/// Most nodes learned at one IP address (one host's nodes), so that one
+/// host cannot take every place.
+pub(crate) const MAX_LEARNED_PER_ADDRESS: usize = 64;
+/// Most endpoints remembered as aliases (another address of a known node,
+/// or of this one); each is forgotten after [`ALIAS_TTL`].
+const MAX_ALIASES: usize = 1024;
+/// How long an alias is not learned again.
+const ALIAS_TTL: Duration = Duration::from_secs(60);
+/// Largest reply taken from a peer (an announcement, the counters and up
+/// to [`crate::backend::p2p::control::MAX_TOLD`] endpoints).
+const MAX_REPLY_BYTES: i64 = 1 << 20;
+/// Gossip requests a configured peer leaves unanswered before it is asked
+/// with `info` (a node of an older release drops `gossip`).
+const GOSSIP_TRIES: u32 = 3;
 
 struct StaticPeer {
     endpoint: String,
@@ -33,6 +50,11 @@ struct StaticPeer {
     last_reply: Option<Instant>,
     announcement: Option<Announcement>,
     warned_domain: bool,
+    /// Requests sent before any reply came (see [`GOSSIP_TRIES`]).
+    unanswered: u32,
+    /// It answered as this node or as a node known elsewhere: a learned
+    /// one is dropped.
+    alias: bool,
 }
 
 /// The configured peers and what they last answered.
@@ -54,8 +76,9 @@ pub(crate) struct StaticPeers {
     warned_full: bool,
     /// Learned endpoints that answered as this node, or as a node known
     /// at another endpoint (other addresses of nodes on several
-    /// networks): never learned again (bounded by the endpoints asked).
-    aliases: std::collections::BTreeSet<String>,
+    /// networks), and when: not learned again for [`ALIAS_TTL`] (at most
+    /// [`MAX_ALIASES`]).
+    aliases: std::collections::HashMap<String, Instant>,
 }
 
 impl StaticPeers {
@@ -80,7 +103,7 @@ impl StaticPeers {
             request,
             own_control: own_control.to_owned(),
             warned_full: false,
-            aliases: std::collections::BTreeSet::new(),
+            aliases: std::collections::HashMap::new(),
         };
         for ep in s.node.cfg.peers.clone() {
             match connect(&s.ctx, &s.node, &ep) {
@@ -92,24 +115,33 @@ impl StaticPeers {
     }
 
     /// Adds `endpoint`, told by gossip, to the nodes asked (unless it is
-    /// known, this node, or gossip is off); asks it at once. Whether it was
-    /// added.
+    /// known, this node, an alias, not a `tcp://` endpoint of at most 256
+    /// bytes, or gossip is off); asks it at once. Whether it was added.
     pub(crate) fn learn(&mut self, endpoint: &str, now: Instant) -> bool {
         if !self.node.cfg.gossip
             || endpoint == self.own_control
-            || self.aliases.contains(endpoint)
+            || endpoint.len() > milonga_wire::control::MAX_GOSSIP_ENDPOINT
             || !endpoint.starts_with("tcp://")
+            || self.aliases.contains_key(endpoint)
             || self.peers.iter().any(|p| p.endpoint == endpoint)
         {
             return false;
         }
-        if self.peers.iter().filter(|p| p.learned.is_some()).count() >= MAX_LEARNED {
+        let host = |ep: &str| ep.rsplit_once(':').map(|(h, _)| h.to_owned());
+        let at = host(endpoint);
+        let (learned, here) = self
+            .peers
+            .iter()
+            .filter(|p| p.learned.is_some())
+            .fold((0, 0), |(n, h), p| {
+                (n + 1, h + usize::from(host(&p.endpoint) == at))
+            });
+        if learned >= MAX_LEARNED || here >= MAX_LEARNED_PER_ADDRESS {
             stats::inc(&self.node.counters.gossip_dropped);
             if !std::mem::replace(&mut self.warned_full, true) {
                 tracing::warn!(
                     peer = %endpoint,
-                    max = MAX_LEARNED,
-                    "ignoring nodes learned by gossip: this node already asks {MAX_LEARNED} (counted in gossip_dropped)"
+                    "ignoring nodes learned by gossip: this node already asks {MAX_LEARNED} (or {MAX_LEARNED_PER_ADDRESS} at one address); counted in gossip_dropped"
                 );
             }
             return false;
@@ -127,6 +159,21 @@ impl StaticPeers {
                 false
             }
         }
+    }
+
+    /// This node's control endpoint.
+    pub(crate) fn own_control(&self) -> &str {
+        &self.own_control
+    }
+
+    /// The endpoints at which peers answered with an announcement of this
+    /// domain: told to gossip askers (what was checked, not what an
+    /// announcement claims).
+    pub(crate) fn answered(&self) -> impl Iterator<Item = &str> {
+        self.peers
+            .iter()
+            .filter(|p| p.announcement.is_some())
+            .map(|p| p.endpoint.as_str())
     }
 
     /// Their sockets, for the node thread's poll ([`StaticPeers::sockets`]
@@ -154,8 +201,8 @@ impl StaticPeers {
         let domain = &self.node.domain;
         let c = &self.node.counters;
         let own_id = self.node.id.to_hex();
-        // Which endpoint each node is known at now.
-        let asked_at: std::collections::HashMap<String, String> = self
+        // Which endpoint each node is known at, kept up to date below.
+        let mut asked_at: std::collections::HashMap<String, String> = self
             .peers
             .iter()
             .filter_map(|p| Some((p.announcement.as_ref()?.node_id.clone(), p.endpoint.clone())))
@@ -192,12 +239,23 @@ impl StaticPeers {
                     // endpoint, at another of its addresses (a node on
                     // several networks, told by gossip how others reach
                     // it): the address this node uses stays, and the
-                    // alias is neither asked nor learned again.
-                    aliases.insert(p.endpoint.clone());
+                    // alias is not learned again for a while.
+                    if aliases.len() < MAX_ALIASES {
+                        aliases.insert(p.endpoint.clone(), now);
+                    }
+                    p.alias = true;
                     continue;
                 }
                 p.last_reply = Some(now);
-                told.append(&mut info.peers);
+                p.unanswered = 0;
+                asked_at
+                    .entry(id.clone())
+                    .or_insert_with(|| p.endpoint.clone());
+                // Only seeds (configured peers) are followed, and only as
+                // far as one reply may list.
+                if p.learned.is_none() {
+                    told.extend(info.peers.drain(..).take(MAX_TOLD));
+                }
                 reached_at(&mut info.announcement, &p.endpoint);
                 if p.announcement.as_ref() != Some(&info.announcement) {
                     p.announcement = Some(info.announcement);
@@ -209,11 +267,12 @@ impl StaticPeers {
     }
 
     /// Drops the learned peers that turned out to be this node, or a node
-    /// known at another endpoint.
-    fn drop_aliases(&mut self) {
+    /// known at another endpoint; forgets old aliases.
+    fn drop_aliases(&mut self, now: Instant) {
+        self.aliases.retain(|_, at| now < *at + ALIAS_TTL);
         let aliases = &self.aliases;
         self.peers
-            .retain(|p| p.learned.is_none() || !aliases.contains(&p.endpoint));
+            .retain(|p| p.learned.is_none() || !(p.alias || aliases.contains_key(&p.endpoint)));
     }
 
     /// Asks every peer again when a query is due, and forgets those that
@@ -230,8 +289,15 @@ impl StaticPeers {
         ));
         let mut changed = false;
         let request = self.request.frames();
+        let info = Request::Info.frames();
         self.peers.retain_mut(|p| {
-            let _ = p.sock.send_multipart(&request, zmq::DONTWAIT);
+            // A configured peer that never answered `gossip` may be of an
+            // older release, which drops it: asked with `info` from then.
+            let old = p.learned.is_none() && p.last_reply.is_none() && p.unanswered >= GOSSIP_TRIES;
+            let _ = p
+                .sock
+                .send_multipart(if old { &info } else { &request }, zmq::DONTWAIT);
+            p.unanswered = p.unanswered.saturating_add(1);
             let silent = p.last_reply.or(p.learned).is_none_or(|t| now - t > expiry);
             if !silent {
                 return true;
@@ -253,6 +319,10 @@ fn connect(ctx: &ContextRef, node: &NodeCore, ep: &str) -> Result<zmq::Socket, O
     let s = ctx.socket(zmq::DEALER)?;
     let _ = zmq_io::apply_common(&s, &node.cfg);
     let _ = s.set_sndhwm(4);
+    // Replies are small and one at a time is enough: a peer that pushes
+    // more, or larger, costs nothing.
+    let _ = s.set_rcvhwm(4);
+    let _ = s.set_maxmsgsize(MAX_REPLY_BYTES);
     let _ = s.set_ipv6(true);
     s.connect(ep)
         .map_err(|source: zmq::Error| OpenError::Socket {
@@ -272,6 +342,8 @@ impl StaticPeer {
             last_reply: None,
             announcement: None,
             warned_domain: false,
+            unanswered: 0,
+            alias: false,
         }
     }
 }
@@ -283,9 +355,11 @@ impl Source for StaticPeers {
         }
         let mut told = Vec::new();
         let read = std::mem::take(&mut self.readable) && self.read(now, &mut told);
-        if !self.aliases.is_empty() {
-            self.drop_aliases();
+        if !self.aliases.is_empty() || self.peers.iter().any(|p| p.alias) {
+            self.drop_aliases(now);
         }
+        told.sort_unstable();
+        told.dedup();
         for ep in told {
             self.learn(&ep, now);
         }
