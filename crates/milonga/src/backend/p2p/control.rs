@@ -60,7 +60,7 @@ pub struct NodeInfo {
     /// The node's counters.
     pub stats: NodeStats,
     /// The `tcp://` control endpoints at which it checked other nodes of
-    /// its domain (at most [`MAX_TOLD`]; loopback ones only to an asker on
+    /// its domain (at most 1,024; loopback ones only to an asker on
     /// loopback), in a reply to a `gossip` request of its domain only.
     /// Absent from the JSON when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -639,7 +639,8 @@ impl<H: Host> Control<H> {
                         limited!(info, asker = %control, learned_at = %at, "a gossip request named another address than it came from: learned at the one it came from");
                     }
                     self.statics.learn(&at, Instant::now());
-                    tell = true;
+                    // A node with gossip off neither learns nor tells.
+                    tell = core.cfg.gossip;
                 }
             }
             let asker_on_loopback = from
