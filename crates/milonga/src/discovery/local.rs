@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{pid_exists, Announcement, LocalDir, Source};
+use super::{Announcement, LocalDir, Source};
 use crate::model::node::NodeCore;
 use crate::util::lock;
 use crate::util::stats;
 
-/// How often the known peers' processes are checked (one `kill(pid, 0)`
-/// each).
+/// How often the known peers' processes are checked (one `poll` of their
+/// pidfds, or a `kill(pid, 0)` each where there are none).
 const ALIVE_EVERY: Duration = Duration::from_millis(250);
 /// How often the directory is re-read though nothing said it changed (a
 /// recycled pid is told by its start time).
@@ -27,6 +27,8 @@ pub(crate) struct LocalSource {
     found: BTreeMap<String, Announcement>,
     last_scan: Option<Instant>,
     last_alive_check: Option<Instant>,
+    /// The peers' processes, to see one end (a zombie included).
+    pidfds: crate::util::sys::Pidfds,
 }
 
 impl LocalSource {
@@ -37,6 +39,7 @@ impl LocalSource {
             found: BTreeMap::new(),
             last_scan: None,
             last_alive_check: None,
+            pidfds: crate::util::sys::Pidfds::default(),
         }
     }
 
@@ -65,7 +68,8 @@ impl Source for LocalSource {
             drop(dir);
             let gone = alive_due && {
                 self.last_alive_check = Some(now);
-                !self.found.values().all(|a| pid_exists(a.pid))
+                let pids: Vec<u32> = self.found.values().map(|a| a.pid).collect();
+                self.pidfds.any_ended(&pids)
             };
             if !gone {
                 return false;

@@ -24,6 +24,74 @@ pub(crate) fn pid_exists(pid: u32) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Most processes a [`Pidfds`] holds a descriptor of; the others are
+/// checked with `kill(pid, 0)`.
+pub(crate) const MAX_PIDFDS: usize = 64;
+
+/// Descriptors of other processes (pidfds, Linux 5.3 and later): one
+/// becomes readable when its process has ended, even before its parent
+/// reaps it (a zombie, which `kill(pid, 0)` still finds).
+#[derive(Debug, Default)]
+pub(crate) struct Pidfds(std::collections::HashMap<u32, OwnedFd>);
+
+impl Pidfds {
+    /// Whether one of `pids` has ended: by its pidfd (opened on first
+    /// sight, at most [`MAX_PIDFDS`]), or by `kill(pid, 0)` where none can
+    /// be had. Descriptors of processes no longer in `pids` are closed.
+    pub(crate) fn any_ended(&mut self, pids: &[u32]) -> bool {
+        let wanted: std::collections::HashSet<u32> = pids.iter().copied().collect();
+        self.0.retain(|p, _| wanted.contains(p));
+        for &pid in &wanted {
+            if self.0.contains_key(&pid) {
+                continue;
+            }
+            if self.0.len() < MAX_PIDFDS {
+                match pidfd_open(pid) {
+                    Ok(fd) => {
+                        self.0.insert(pid, fd);
+                        continue;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return true,
+                    Err(_) => {}
+                }
+            }
+            if !pid_exists(pid) {
+                return true;
+            }
+        }
+        let mut items: Vec<libc::pollfd> = self
+            .0
+            .values()
+            .map(|fd| libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        if items.is_empty() {
+            return false;
+        }
+        // SAFETY: poll reads and writes `items.len()` pollfds of a live
+        // vector; a timeout of 0 never blocks.
+        let n = unsafe { libc::poll(items.as_mut_ptr(), items.len() as libc::nfds_t, 0) };
+        n > 0 && items.iter().any(|i| i.revents != 0)
+    }
+}
+
+/// A pidfd of process `pid`.
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    let pid =
+        libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
+    // (owned at once) or -1; it has no memory preconditions.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// An IPv4 address of a network interface of this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Ipv4Iface {
@@ -181,5 +249,43 @@ pub(crate) mod testing {
         };
         // SAFETY: a NUL-terminated path that outlives the call.
         unsafe { libc::mkfifo(p.as_ptr(), 0o600) == 0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Broken, a process killed and not yet reaped (a zombie) counts as
+    /// alive until the 5 s full check.
+    #[test]
+    fn a_killed_process_has_ended_before_its_parent_reaps_it() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut fds = Pidfds::default();
+        assert!(!fds.any_ended(&[pid, std::process::id()]));
+        testing::kill(pid, libc::SIGKILL);
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !fds.any_ended(&[pid]) {
+            assert!(
+                std::time::Instant::now() < end,
+                "the killed child is never seen ended"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            pid_exists(pid),
+            "not reaped yet: kill(pid, 0) still finds it"
+        );
+        child.wait().unwrap();
+        assert!(fds.any_ended(&[pid]));
+        assert!(
+            !fds.any_ended(&[std::process::id()]),
+            "its descriptor closed, ours open"
+        );
+        assert_eq!(fds.0.len(), 1);
     }
 }
