@@ -685,21 +685,26 @@ fn fake_info(node: &Node, domain: &str, control: &str) -> NodeInfo {
 fn gossip_of_a_known_node_at_another_address_changes_nothing() {
     let dir_a = TempDir::new("g-alias-a");
     let dir_b = TempDir::new("g-alias-b");
+    // `b`'s control socket listens on every loopback address: reached at
+    // 127.0.0.1 and at 127.0.0.2, it is one node at two addresses (as a
+    // node on two networks is).
+    let port = milonga_testkit::free_port();
     let mut cfg = config("alias", "b", dir_b.path());
     cfg.local_discovery = false;
+    cfg.control_endpoint = Some(format!("tcp://0.0.0.0:{port}"));
     let b = Node::open_with(cfg).unwrap();
     let _p = b.publisher("alias/x").unwrap();
-    // A fake peer whose replies tell of `b` at `localhost` (the same
-    // socket, another name).
+    let known_at = format!("tcp://127.0.0.1:{port}");
+    let alias = format!("tcp://127.0.0.2:{port}");
+    // A fake peer whose replies tell of `b` at the other address.
     let ctx = zmq::Context::new();
     let fake = ctx.socket(zmq::ROUTER).unwrap();
     fake.set_linger(0).unwrap();
     fake.bind("tcp://127.0.0.1:*").unwrap();
     let fake_ep = fake.get_last_endpoint().unwrap().unwrap();
-    let alias = b.control_endpoint().replace("127.0.0.1", "localhost");
     let mut cfg = config("alias", "a", dir_a.path());
     cfg.local_discovery = false;
-    cfg.peers = vec![b.control_endpoint().to_owned(), fake_ep];
+    cfg.peers = vec![known_at.clone(), fake_ep];
     let a = Node::open_with(cfg).unwrap();
     let b_id = b.id().to_hex();
     let control_of_b = || {
@@ -708,24 +713,32 @@ fn gossip_of_a_known_node_at_another_address_changes_nothing() {
             .find(|p| p.node_id == b_id)
             .map(|p| p.control)
     };
-    wait_for("a to know b", T, || control_of_b().is_some());
-    let mut fake_info = a.query(b.control_endpoint(), T).expect("b answers");
+    wait_for("a to know b at 127.0.0.1", T, || {
+        control_of_b().as_deref() == Some(known_at.as_str())
+    });
+    let mut fake_info = a.query(&known_at, T).expect("b answers");
     fake_info.announcement.node_id = "ab".repeat(16);
     fake_info.announcement.name = "fake".into();
     fake_info.peers = vec![alias.clone()];
     let body = serde_json::to_vec(&fake_info).unwrap();
-    let end = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < end {
-        if let Ok(req) = fake.recv_multipart(zmq::DONTWAIT) {
+    // Four answers, 500 ms apart: `a` learns the alias from the first,
+    // asks it at once, and `b` answers there well before the last; `b`'s
+    // address is checked all along.
+    let end = Instant::now() + T;
+    let mut answered = 0;
+    while answered < 4 {
+        assert!(Instant::now() < end, "a stopped asking the fake peer");
+        if fake.poll(zmq::POLLIN, 5).unwrap() > 0 {
+            let req = fake.recv_multipart(0).unwrap();
             fake.send_multipart([&req[0][..], CONTROL_MAGIC, CONTROL_INFO, &body], 0)
                 .unwrap();
+            answered += 1;
         }
         assert_eq!(
             control_of_b().as_deref(),
-            Some(b.control_endpoint()),
+            Some(known_at.as_str()),
             "b's address changed after gossip told {alias}"
         );
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

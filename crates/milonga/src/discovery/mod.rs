@@ -67,9 +67,25 @@ pub(crate) fn is_alive(a: &Announcement) -> bool {
     }
 }
 
-/// Host and port of a `tcp://HOST:PORT` endpoint.
-fn tcp_host_port(endpoint: &str) -> Option<(&str, &str)> {
+/// Host (an IPv6 one in its brackets) and port of a `tcp://HOST:PORT`
+/// endpoint.
+pub(crate) fn tcp_host_port(endpoint: &str) -> Option<(&str, &str)> {
     endpoint.strip_prefix("tcp://")?.rsplit_once(':')
+}
+
+/// The IP address `host` names (brackets allowed), an IPv4-mapped IPv6
+/// one as IPv4 (transport sockets with IPv6 on name IPv4 peers so); `None`
+/// for a name, which is never resolved.
+pub(crate) fn ip_of(host: &str) -> Option<std::net::IpAddr> {
+    let ip: std::net::IpAddr = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()?;
+    Some(match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+        v4 => v4,
+    })
 }
 
 /// `a` as seen by a node that reached it at `reached`, the endpoint of its
@@ -86,13 +102,7 @@ pub(crate) fn reached_at(a: &mut Announcement, reached: &str) {
     };
     // Addresses, compared as such: a name (a static peer given by DNS
     // name) is never put in place of an address.
-    let ip = |h: &str| {
-        h.trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .ok()
-    };
-    let (Some(reached_ip), Some(announced_ip)) = (ip(host), ip(announced)) else {
+    let (Some(reached_ip), Some(announced_ip)) = (ip_of(host), ip_of(announced)) else {
         return;
     };
     if port != announced_port || reached_ip == announced_ip {

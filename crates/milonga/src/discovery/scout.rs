@@ -51,6 +51,22 @@ pub(crate) fn endpoint_at(iface: IpAddr, port: &str) -> String {
     }
 }
 
+/// `text`, the value of `key`, as a multicast group and port of the
+/// family `A` (`ADDRESS:PORT`, `[ADDRESS]:PORT`).
+fn parse_group<A>(key: &str, text: &str, multicast: impl Fn(&A) -> bool) -> Result<A, OpenError>
+where
+    A: std::str::FromStr,
+    A::Err: std::fmt::Display,
+{
+    let g: A = text
+        .parse()
+        .map_err(|e| config_err(key, format!("{text:?} is not a group and port: {e}")))?;
+    if !multicast(&g) {
+        return Err(config_err(key, format!("{text} is not a multicast group")));
+    }
+    Ok(g)
+}
+
 /// Why a configuration cannot scout.
 fn config_err(key: &str, why: String) -> OpenError {
     OpenError::Config {
@@ -61,51 +77,22 @@ fn config_err(key: &str, why: String) -> OpenError {
 
 impl Scout {
     /// Joins the scouting group on the interface whose address is
-    /// `tcp_host` (an IPv4 or IPv6 address; the group of its family), and
-    /// on those of the node's other addresses. Refused when `tcp_host` is
-    /// not one address of this host on a network (loopback and `0.0.0.0`
-    /// would announce what other hosts cannot reach, and an IPv6
-    /// link-local address needs a scope no endpoint carries).
-    pub(crate) fn open(node: Arc<NodeCore>) -> Result<Scout, OpenError> {
-        let cfg = &node.cfg;
-        let iface: IpAddr = cfg.tcp_host.parse().map_err(|_| {
-            config_err(
-                "tcp_host",
-                format!(
-                    "scouting needs this host's IP address on the network to scout, not {:?}",
-                    cfg.tcp_host
-                ),
-            )
-        })?;
-        if iface.is_loopback() || iface.is_unspecified() {
-            return Err(config_err(
-                "tcp_host",
-                format!(
-                    "scouting announces tcp_host to other hosts: {iface} is not reachable from them; set this host's address on the network to scout"
-                ),
-            ));
-        }
+    /// `iface` (the node's `tcp_host`; the group of its family), and on
+    /// those of the node's other addresses. The caller has checked that
+    /// `iface` is an address other hosts reach (`control::scouts`).
+    pub(crate) fn open(node: Arc<NodeCore>, iface: IpAddr) -> Result<Scout, OpenError> {
         match iface {
-            IpAddr::V4(v4) => Scout::open_v4(node.clone(), v4),
-            IpAddr::V6(v6) => Scout::open_v6(node.clone(), v6),
+            IpAddr::V4(v4) => Scout::open_v4(node, v4),
+            IpAddr::V6(v6) => Scout::open_v6(node, v6),
         }
     }
 
     fn open_v4(node: Arc<NodeCore>, iface: Ipv4Addr) -> Result<Scout, OpenError> {
         use socket2::{Domain, Protocol, Socket, Type};
         let cfg = &node.cfg;
-        let group: SocketAddrV4 = cfg.scout_group.parse().map_err(|e| {
-            config_err(
-                "scout_group",
-                format!("{:?} is not ADDRESS:PORT: {e}", cfg.scout_group),
-            )
+        let group = parse_group("scout_group", &cfg.scout_group, |g: &SocketAddrV4| {
+            g.ip().is_multicast()
         })?;
-        if !group.ip().is_multicast() {
-            return Err(config_err(
-                "scout_group",
-                format!("{} is not an IPv4 multicast address", group.ip()),
-            ));
-        }
         let err = |what: &str, e: std::io::Error| {
             config_err(
                 "scouting",
@@ -149,24 +136,9 @@ impl Scout {
     fn open_v6(node: Arc<NodeCore>, iface: Ipv6Addr) -> Result<Scout, OpenError> {
         use socket2::{Domain, Protocol, Socket, Type};
         let cfg = &node.cfg;
-        if iface.segments()[0] & 0xffc0 == 0xfe80 {
-            return Err(config_err(
-                "tcp_host",
-                format!("{iface} is link-local: its endpoints would need a scope; give this host's global or unique-local IPv6 address on the network to scout"),
-            ));
-        }
-        let group: SocketAddrV6 = cfg.scout_group6.parse().map_err(|e| {
-            config_err(
-                "scout_group6",
-                format!("{:?} is not [ADDRESS]:PORT: {e}", cfg.scout_group6),
-            )
+        let group = parse_group("scout_group6", &cfg.scout_group6, |g: &SocketAddrV6| {
+            g.ip().is_multicast()
         })?;
-        if !group.ip().is_multicast() {
-            return Err(config_err(
-                "scout_group6",
-                format!("{} is not an IPv6 multicast address", group.ip()),
-            ));
-        }
         let index = crate::util::sys::ipv6_interface_index(iface).ok_or_else(|| {
             config_err(
                 "tcp_host",

@@ -19,7 +19,7 @@ use crate::backend::p2p::static_peers::StaticPeers;
 use crate::backend::p2p::sub_link::{ConnectionWatcher, Monitor};
 use crate::backend::p2p::{zmq_io, P2p, WakeRx};
 use crate::discovery::local::LocalSource;
-use crate::discovery::{Announcement, Source};
+use crate::discovery::{ip_of, tcp_host_port, Announcement, Source};
 use crate::model::error::IntoTransport;
 use crate::model::error::OpenError;
 use crate::model::node::NodeCore;
@@ -252,8 +252,8 @@ pub(crate) fn start<H: Host>(
         ..
     } = socks;
     let statics = StaticPeers::new(p2p.core.clone(), &control_endpoint);
-    let scout = if scouts(p2p.core()) {
-        match ScoutPeers::open(p2p.core.clone(), control_endpoint) {
+    let scout = if let Some(iface) = scouts(p2p.core()) {
+        match ScoutPeers::open(p2p.core.clone(), iface, control_endpoint) {
             Ok(s) => Some(s),
             // A group that is not one: the configuration is wrong.
             Err(e) if matches!(&e, OpenError::Config { key, .. } if key.starts_with("scout_group")) => {
@@ -299,30 +299,31 @@ pub(crate) fn start<H: Host>(
         .map_err(OpenError::Thread)
 }
 
-/// Whether the node scouts: `scouting` is on (the default) and `tcp_host`
-/// is an address other hosts can reach. A node bound to loopback (the
-/// default) has nothing to find other hosts for and is found by none, so
-/// it does not scout, and says so only at debug level; one bound to a
-/// wildcard, a name or an IPv6 link-local address cannot announce where
-/// it is reached, and says so once at info level (docs/discovery.md).
-fn scouts(core: &NodeCore) -> bool {
+/// The address the node scouts from, if it scouts: `scouting` is on (the
+/// default) and `tcp_host` is an address other hosts can reach. A node
+/// bound to loopback (the default) has nothing to find other hosts for
+/// and is found by none, so it does not scout, and says so only at debug
+/// level; one bound to a wildcard, a name or an IPv6 link-local address
+/// cannot announce where it is reached, and says so once at info level
+/// (docs/discovery.md).
+fn scouts(core: &NodeCore) -> Option<std::net::IpAddr> {
     let cfg = &core.cfg;
     if !cfg.scouting {
-        return false;
+        return None;
     }
     match cfg.tcp_host.parse::<std::net::IpAddr>() {
         Ok(ip) if ip.is_loopback() => {
             tracing::debug!(tcp_host = %cfg.tcp_host, "not scouting: bound to loopback (set tcp_host = auto to find and be found by other hosts)");
-            false
+            None
         }
         Ok(std::net::IpAddr::V6(v6)) if v6.segments()[0] & 0xffc0 == 0xfe80 => {
             tracing::info!(tcp_host = %cfg.tcp_host, "not scouting: an IPv6 link-local address needs a scope that no endpoint carries (give a global or unique-local address)");
-            false
+            None
         }
-        Ok(ip) if !ip.is_unspecified() => true,
+        Ok(ip) if !ip.is_unspecified() => Some(ip),
         _ => {
             tracing::info!(tcp_host = %cfg.tcp_host, "not scouting: tcp_host is not one address of this host (a wildcard or a name cannot be announced; set an address, or auto)");
-            false
+            None
         }
     }
 }
@@ -466,11 +467,7 @@ impl<H: Host> Control<H> {
             known.extend(here.into_values().map(|a| a.control));
         }
         let own = self.statics.own_control();
-        known.retain(|ep| {
-            ep != own
-                && endpoint_host(ep)
-                    .is_some_and(|h| ip_of(h).is_some_and(|ip| !ip.is_unspecified()))
-        });
+        known.retain(|ep| ep != own && endpoint_ip(ep).is_some_and(|ip| !ip.is_unspecified()));
         known.sort_unstable();
         known.dedup();
         known.truncate(MAX_TOLD);
@@ -651,7 +648,8 @@ impl<H: Host> Control<H> {
                 self.known
                     .iter()
                     .filter(|ep| {
-                        asker_on_loopback || !endpoint_host(ep).is_some_and(is_loopback_host)
+                        asker_on_loopback
+                            || !tcp_host_port(ep).is_some_and(|(h, _)| is_loopback_host(h))
                     })
                     .cloned()
                     .collect()
@@ -784,34 +782,18 @@ fn recv_request(router: &zmq::Socket) -> Option<(Vec<Vec<u8>>, Option<String>)> 
 /// came from. `None` without an address (ipc) or a port.
 fn asker_at(control: &str, from: Option<&str>) -> Option<String> {
     let ip = ip_of(from?)?;
-    let port = control.strip_prefix("tcp://")?.rsplit_once(':')?.1;
+    let (_, port) = tcp_host_port(control)?;
     port.parse::<u16>().ok()?;
-    Some(match ip {
-        std::net::IpAddr::V4(a) => format!("tcp://{a}:{port}"),
-        std::net::IpAddr::V6(a) => format!("tcp://[{a}]:{port}"),
-    })
+    Some(crate::discovery::scout::endpoint_at(ip, port))
 }
 
-/// The host of a `tcp://HOST:PORT` endpoint (brackets of an IPv6 address
-/// removed).
-fn endpoint_host(endpoint: &str) -> Option<&str> {
-    let rest = endpoint.strip_prefix("tcp://")?;
-    let (host, _port) = rest.rsplit_once(':')?;
-    Some(host.trim_start_matches('[').trim_end_matches(']'))
+/// The IP address of a `tcp://` endpoint (`None` for a name).
+fn endpoint_ip(endpoint: &str) -> Option<std::net::IpAddr> {
+    ip_of(tcp_host_port(endpoint)?.0)
 }
 
 fn is_loopback_host(host: &str) -> bool {
     ip_of(host).is_some_and(|ip| ip.is_loopback()) || host == "localhost"
-}
-
-/// The address `text` names, an IPv4-mapped IPv6 one as IPv4 (libzmq's
-/// sockets accept IPv6, and report IPv4 peers so).
-fn ip_of(text: &str) -> Option<std::net::IpAddr> {
-    let ip: std::net::IpAddr = text.parse().ok()?;
-    Some(match ip {
-        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
-        v4 => v4,
-    })
 }
 
 /// Counts the events a monitor of one of this node's listening sockets
@@ -939,9 +921,10 @@ mod tests {
 
     #[test]
     fn a_gossip_asker_is_learned_at_the_address_it_came_from() {
-        assert_eq!(endpoint_host("tcp://10.0.0.1:7100"), Some("10.0.0.1"));
-        assert_eq!(endpoint_host("tcp://[fd99::1]:7100"), Some("fd99::1"));
-        assert_eq!(endpoint_host("ipc:///x"), None);
+        assert_eq!(endpoint_ip("tcp://10.0.0.1:7100"), "10.0.0.1".parse().ok());
+        assert_eq!(endpoint_ip("tcp://[fd99::1]:7100"), "fd99::1".parse().ok());
+        assert_eq!(endpoint_ip("tcp://host.example:7100"), None);
+        assert_eq!(endpoint_ip("ipc:///x"), None);
         let at = |ep: &str, from: Option<&str>| asker_at(ep, from);
         assert_eq!(
             at("tcp://10.0.0.1:7100", Some("10.0.0.1")).as_deref(),

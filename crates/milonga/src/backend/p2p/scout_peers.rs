@@ -105,9 +105,13 @@ pub(crate) struct ScoutPeers {
 impl ScoutPeers {
     /// Joins the group; the first turn says hello and asks the others for
     /// theirs.
-    pub(crate) fn open(node: Arc<NodeCore>, control: String) -> Result<ScoutPeers, OpenError> {
+    pub(crate) fn open(
+        node: Arc<NodeCore>,
+        iface: std::net::IpAddr,
+        control: String,
+    ) -> Result<ScoutPeers, OpenError> {
         Ok(ScoutPeers {
-            scout: Scout::open(node.clone())?,
+            scout: Scout::open(node.clone(), iface)?,
             node,
             nodes: HashMap::new(),
             control,
