@@ -159,6 +159,12 @@ pub fn event_line(ev: &Event) -> serde_json::Value {
             "policy": q.policy.as_str(),
             "detail": q.detail,
         }),
+        Event::PermissionDenied(p) => json!({
+            "event": "permission_denied",
+            "endpoint": p.endpoint,
+            "publisher": p.publisher.map(|n| n.to_hex()),
+            "reason": p.reason,
+        }),
         other => json!({ "event": format!("{other:?}") }),
     }
 }

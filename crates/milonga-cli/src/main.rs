@@ -65,6 +65,16 @@ pub struct NetArgs {
     /// Fixed control endpoint of this node, for peers on other hosts.
     #[arg(long, global = true, env = "MILONGA_CONTROL_ENDPOINT")]
     pub control_endpoint: Option<String>,
+    /// CURVE on every connection: on or off (docs/security.md). On when
+    /// --key is given.
+    #[arg(long, global = true, value_name = "on|off")]
+    pub security: Option<milonga::Security>,
+    /// This node's secret key file (NAME.key, from `milonga keygen`).
+    #[arg(long = "key", global = true, value_name = "FILE")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// Directory of trusted public keys (*.pub): who may connect.
+    #[arg(long = "trust", global = true, value_name = "DIR")]
+    pub trust_dir: Option<std::path::PathBuf>,
 }
 
 impl NetArgs {
@@ -78,6 +88,16 @@ impl NetArgs {
         }
         if let Some(e) = &self.control_endpoint {
             c.control_endpoint = Some(e.clone());
+        }
+        if let Some(k) = &self.key_file {
+            c.key_file = Some(k.clone());
+            c.security = milonga::Security::On;
+        }
+        if let Some(t) = &self.trust_dir {
+            c.trust_dir = Some(t.clone());
+        }
+        if let Some(s) = self.security {
+            c.security = s;
         }
         Ok(c)
     }
@@ -100,6 +120,8 @@ enum Cmd {
     Serve(ServeArgs),
     /// List the nodes of the domain: endpoints, keys, services and counters.
     Ls(LsArgs),
+    /// Make a CURVE identity: DIR/NAME.key (secret, mode 0600) and DIR/NAME.pub.
+    Keygen(KeygenArgs),
     /// Run a small simulated control system and a live monitor.
     Demo(demo::DemoArgs),
     /// Measure throughput and latency against raw libzmq.
@@ -116,6 +138,16 @@ enum Cmd {
     /// A discovery benchmark node process (used by `bench discovery`).
     #[command(hide = true)]
     BenchDiscWorker(bench_discovery::DiscWorkerArgs),
+}
+
+#[derive(Args, Debug)]
+struct KeygenArgs {
+    /// The identity's name: letters, digits, '.', '_', '-'.
+    #[arg(long)]
+    name: String,
+    /// The directory to write to (made, mode 0700, if missing).
+    #[arg(short = 'o', long = "out", default_value = ".")]
+    out: std::path::PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -291,6 +323,7 @@ fn main() -> ExitCode {
         Cmd::Call(a) => cmd_call(&cli.net, a),
         Cmd::Serve(a) => cmd_serve(&cli.net, a),
         Cmd::Ls(a) => cmd_ls(&cli.net, a),
+        Cmd::Keygen(a) => cmd_keygen(&a),
         Cmd::Demo(a) => demo::run(&cli.net, a),
         Cmd::Device(a) => demo::device(&cli.net, a),
         Cmd::Bench(a) => bench::run(&cli.net, a),
@@ -481,6 +514,15 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
                     d.key,
                     d.silent_for.as_secs_f64() * 1000.0
                 )?,
+                Event::PermissionDenied(p) => writeln!(
+                    o,
+                    "! permission denied by {}{}: {}",
+                    p.endpoint,
+                    p.publisher
+                        .map(|n| format!(" (node {n})"))
+                        .unwrap_or_default(),
+                    p.reason
+                )?,
                 other => writeln!(o, "! {other:?}")?,
             }
         }
@@ -604,6 +646,21 @@ fn cmd_serve(net: &NetArgs, a: ServeArgs) -> Result<ExitCode> {
     }
     drop(svc);
     node.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_keygen(a: &KeygenArgs) -> Result<ExitCode> {
+    let id = milonga::security::Identity::generate(&a.name)?;
+    let (secret, public) = id.write(&a.out)?;
+    println!(
+        "secret key: {} (mode 0600: keep it to this node)",
+        secret.display()
+    );
+    println!(
+        "public key: {} (copy it into the trust directories of the nodes that talk to this one)",
+        public.display()
+    );
+    println!("key: {}", id.public());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -7,6 +7,7 @@
 //! These tests need root (CI runs as root); on a machine that cannot make
 //! namespaces they fail, unless `MILONGA_SKIP_MULTIHOST=1` (see netbed).
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -721,4 +722,107 @@ fn after_a_cut_link_a_reliable_subscriber_gets_every_sample() {
         a[0].lost, 0,
         "every sample, from the queues or history: {a:?}"
     );
+}
+
+/// Whether `needle` occurs in `hay`.
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn an_eavesdropper_between_hosts_reads_payloads_only_with_security_off() {
+    let Some(lan) = Lan::new("eaves", 2) else {
+        return;
+    };
+    let keys = TempDir::new("eaves-keys");
+    let alice = milonga::security::Identity::generate("alice").unwrap();
+    let bob = milonga::security::Identity::generate("bob").unwrap();
+    let (alice_key, _) = alice.write(&keys.path().join("k")).unwrap();
+    let (bob_key, _) = bob.write(&keys.path().join("k")).unwrap();
+    let trust = keys.path().join("trust");
+    std::fs::create_dir_all(&trust).unwrap();
+    for n in ["alice", "bob"] {
+        std::fs::copy(
+            keys.path().join("k").join(format!("{n}.pub")),
+            trust.join(format!("{n}.pub")),
+        )
+        .unwrap();
+    }
+    let secret_text = std::fs::read_to_string(&alice_key).unwrap();
+    let secret = secret_text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("secret-key = \""))
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap()
+        .to_owned();
+    const PAYLOAD: &str = "EAVESDROP-ME-314159";
+    for secure in [false, true] {
+        let tap = lan
+            .bed
+            .capture(1)
+            .expect("an eavesdropper on host 1's link");
+        let with_key = |c: &mut Command, key: &Path| {
+            if secure {
+                c.arg("--key").arg(key).arg("--trust").arg(&trust);
+            }
+        };
+        let mut p = lan.cmd(0, &[]);
+        with_key(&mut p, &alice_key);
+        p.args([
+            "pub",
+            "lan/secret/plaintext",
+            &format!("\"{PAYLOAD}\""),
+            "--rate",
+            "50",
+        ])
+        .env("MILONGA_CONTROL_ENDPOINT", lan.control(0));
+        let publ = Proc::spawn(p);
+        let mut s = lan.cmd(1, &[]);
+        with_key(&mut s, &bob_key);
+        s.args(["sub", "lan/secret/**", "--json"]).env(
+            "MILONGA_PEERS",
+            if secure {
+                format!("alice@{}", lan.control(0))
+            } else {
+                lan.control(0)
+            },
+        );
+        let sub = Proc::spawn(s);
+        let mut ledger = SeqLedger::default();
+        for _ in 0..5 {
+            let j = read_until(
+                &sub,
+                &mut ledger,
+                "a sample across the tapped link",
+                is_sample,
+            );
+            assert_eq!(j["value"], PAYLOAD);
+        }
+        drop(sub);
+        drop(publ);
+        let seen = tap.finish();
+        assert!(
+            seen.len() > 1000,
+            "the tap saw the traffic: {} bytes",
+            seen.len()
+        );
+        if secure {
+            assert!(
+                !contains(&seen, PAYLOAD.as_bytes()),
+                "the payload crossed in clear"
+            );
+            assert!(!contains(&seen, b"lan/secret"), "the key crossed in clear");
+            assert!(
+                !contains(&seen, secret.as_bytes()),
+                "the secret key crossed"
+            );
+        } else {
+            // The test can fail: without security the tap reads it all.
+            assert!(
+                contains(&seen, PAYLOAD.as_bytes()),
+                "no plaintext seen with security off"
+            );
+            assert!(contains(&seen, b"lan/secret"));
+        }
+    }
 }

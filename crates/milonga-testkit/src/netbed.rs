@@ -26,6 +26,7 @@
 //! unless `MILONGA_SKIP_MULTIHOST=1` asks to skip, so that a skipped
 //! multi-host suite never looks green.
 
+pub use crate::relay::Capture;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -393,6 +394,12 @@ impl Bed {
             .jitter_us
             .store(jitter.as_micros() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Starts an eavesdropper on host `i`'s link: every frame it sends or
+    /// receives on the bed's network is kept (see [`Capture`]).
+    pub fn capture(&self, i: usize) -> Result<Capture, String> {
+        crate::relay::capture(&self.switch, &self.hosts[i].port)
     }
 
     /// What the relay of host `i`'s link did so far ([`Bed::set_delay`]):

@@ -374,3 +374,60 @@ pub(crate) fn start(
     }
     Ok(relay)
 }
+
+/// An eavesdropper on one link: a thread in the switch's namespace reading
+/// every frame that crosses a host's switch port (both directions) with an
+/// `AF_PACKET` socket, keeping up to 64 MiB.
+#[derive(Debug)]
+pub struct Capture {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Vec<u8>>>,
+}
+
+/// Most bytes a [`Capture`] keeps; later frames are not kept.
+pub const MAX_CAPTURED: usize = 64 << 20;
+
+impl Capture {
+    /// Stops listening: every byte of every frame seen, frames one after
+    /// the other.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts capturing on `dev` in namespace `netns`.
+pub(crate) fn capture(netns: &str, dev: &str) -> Result<Capture, String> {
+    let dev = dev.to_owned();
+    let (sock, _) = in_netns(netns, move || packet_socket(&dev))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 65_536 + 128];
+        while !stopped.load(Ordering::Relaxed) {
+            // SAFETY: reads into a buffer of the length given.
+            let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n > 0 && out.len() < MAX_CAPTURED {
+                out.extend_from_slice(&buf[..n as usize]);
+            }
+        }
+        out
+    });
+    Ok(Capture {
+        stop,
+        thread: Some(thread),
+    })
+}

@@ -87,6 +87,10 @@ pub struct Announcement {
     /// Services.
     #[serde(default)]
     pub services: Vec<ServiceInfo>,
+    /// The node's CURVE public key (Z85, 40 characters) when its security
+    /// is on: the server key of every socket it binds. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 impl Announcement {

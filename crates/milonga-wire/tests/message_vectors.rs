@@ -109,6 +109,7 @@ fn announcement() -> Announcement {
             workers: 1,
             max_request_bytes: 1 << 20,
         }],
+        key: None,
     }
 }
 

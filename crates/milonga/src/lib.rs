@@ -48,19 +48,20 @@ pub use api::call::{PendingCall, ServerReply};
 pub use api::node::Node;
 pub use api::p2p;
 pub use api::publisher::Publisher;
+pub use api::security;
 pub use api::service::{Request, ServeOptions, Service, ServiceError, ServiceInfo};
 pub use api::subscriber::{Iter, Subscriber};
 pub use discovery::{Announcement, PublicationInfo};
 pub use engine::queue::QueuePolicy;
-pub use model::config::{Config, ConfigValue, Transport, MAX_DOMAIN_BYTES};
+pub use model::config::{Config, ConfigValue, Security, Transport, MAX_DOMAIN_BYTES};
 pub use model::error::{
-    CallError, OpenError, PublisherError, PutError, RecvError, ServeError, SubscribeError,
-    TransportError,
+    CallError, OpenError, PublisherError, PutError, RecvError, SecurityError, ServeError,
+    SubscribeError, TransportError,
 };
 pub use model::qos::{PublisherQos, Reliability, SubscriberQos};
 pub use model::sample::{
-    DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
-    QosPolicy, Sample,
+    DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PermissionDenied,
+    PublisherAlive, PublisherLost, QosPolicy, Sample,
 };
 pub use util::stats::NodeStats;
 

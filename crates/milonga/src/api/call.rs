@@ -401,6 +401,14 @@ impl InFlight {
             // followed by a reconnection (older than this call, or a
             // hiccup) is not a lost server.
             if ch.is_down() {
+                if ch.refused() {
+                    return Some(Err(CallError::PermissionDenied {
+                        server,
+                        reason:
+                            "the server's node refused this node's key (not in its trust directory)"
+                                .into(),
+                    }));
+                }
                 stats::inc(&c.calls_server_lost);
                 return Some(Err(CallError::ServerLost { server }));
             }

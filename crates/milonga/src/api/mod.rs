@@ -6,5 +6,6 @@ pub(crate) mod call;
 pub(crate) mod node;
 pub mod p2p;
 pub(crate) mod publisher;
+pub mod security;
 pub(crate) mod service;
 pub(crate) mod subscriber;

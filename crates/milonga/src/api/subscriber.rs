@@ -35,6 +35,9 @@ pub(crate) struct SubShared {
     pub(crate) monitor: Mutex<Option<Monitor>>,
     /// Endpoints whose connection closed, reported by the node thread.
     closed_connections: Mutex<Vec<String>>,
+    /// Connections a publisher's node refused (its ZAP status), reported
+    /// with the closed ones.
+    refused_connections: Mutex<Vec<(String, u32)>>,
     has_closed_connections: AtomicBool,
     stop: AtomicBool,
     /// The application queue, with a queue policy.
@@ -98,6 +101,7 @@ impl SubShared {
             waker,
             monitor: Mutex::new(Some(monitor)),
             closed_connections: Mutex::new(Vec::new()),
+            refused_connections: Mutex::new(Vec::new()),
             has_closed_connections: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             app: qos.queue.map(AppQueue::new),
@@ -263,6 +267,10 @@ impl SubShared {
     /// as an over-size frame.
     fn read_closed_connections(&self, io: &mut SubState<SubLink>) {
         self.has_closed_connections.store(false, Ordering::Release);
+        let refused = std::mem::take(&mut *lock(&self.refused_connections));
+        for (endpoint, status) in refused {
+            self.core.connection_refused(io, endpoint, status);
+        }
         let closed = std::mem::take(&mut *lock(&self.closed_connections));
         self.core.connections_closed(io, closed, Instant::now());
     }
@@ -311,6 +319,16 @@ impl ConnectionWatcher for SubShared {
     /// Called by the node thread, which watches the socket monitor.
     fn connection_closed(&self, endpoint: String) {
         lock(&self.closed_connections).push(endpoint);
+        self.has_closed_connections.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    fn connection_refused(&self, endpoint: String, status: u32) {
+        let mut r = lock(&self.refused_connections);
+        if r.len() < 1024 {
+            r.push((endpoint, status));
+        }
+        drop(r);
         self.has_closed_connections.store(true, Ordering::Release);
         self.wake();
     }

@@ -559,6 +559,7 @@ mod tests {
             liveliness: None,
             publications: vec![],
             services: vec![],
+            key: None,
         };
         assert!(is_alive(&a));
         a.start_time += 1;
@@ -625,6 +626,7 @@ mod tests {
             liveliness: None,
             publications: vec![],
             services: vec![],
+            key: None,
         }
     }
 

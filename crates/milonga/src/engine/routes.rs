@@ -117,6 +117,7 @@ pub(crate) fn test_announcement(
             })
             .collect(),
         services: vec![],
+        key: None,
     }
 }
 

@@ -21,8 +21,8 @@ use crate::engine::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
 use crate::model::error::TransportError;
 use crate::model::qos::Reliability;
 use crate::model::sample::{
-    DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PublisherAlive, PublisherLost,
-    QosPolicy, Sample,
+    DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PermissionDenied,
+    PublisherAlive, PublisherLost, QosPolicy, Sample,
 };
 use crate::util::lock;
 use crate::util::stats::{self, log_drop, Counters};
@@ -84,6 +84,9 @@ pub(crate) struct SubState<L> {
     /// Endpoints whose connection closed, and when they may be connected
     /// again (exponential back-off with jitter, 50 ms to 2 s).
     backoff: HashMap<String, Backoff>,
+    /// Endpoints that refused this node's key, reported once each (at most
+    /// [`MAX_REFUSED`]); forgotten when the endpoint is dropped.
+    refused: BTreeSet<String>,
     /// Every node discovery shows in the domain, as last applied: samples
     /// of other nodes (unless remembered in `seqs` or
     /// `recently_gone`) are dropped.
@@ -225,6 +228,8 @@ pub(crate) const MAX_ABSENT_KEYS: usize = 1 << 16;
 /// Most nodes that left discovery whose first samples a subscription still
 /// accepts (see `SubState::recently_gone`).
 const MAX_RECENTLY_GONE: usize = 1024;
+/// Most refusing endpoints remembered (each reported once).
+const MAX_REFUSED: usize = 1024;
 
 /// Most goodbyes (nodes) whose last sequence numbers wait for their data
 /// connections to close.
@@ -299,6 +304,7 @@ impl<L> SubState<L> {
             live: BTreeSet::new(),
             recently_gone: VecDeque::new(),
             backoff: HashMap::new(),
+            refused: BTreeSet::new(),
             publishers: HashMap::new(),
             deadlines: HashMap::new(),
             next_timer: None,
@@ -617,6 +623,7 @@ impl Subscription {
     fn drop_connection<L: Link>(&self, io: &mut SubState<L>, ep: &str) {
         io.link.disconnect(ep);
         io.connected.remove(ep);
+        io.refused.remove(ep);
         io.lingering.remove(ep);
         let node = io.data_nodes.remove(ep);
         tracing::debug!(expr = %self.expr, endpoint = %ep, "disconnected");
@@ -1467,6 +1474,32 @@ impl Subscription {
             }
             Step::First | Step::Next => Verdict::Deliver,
         }
+    }
+
+    /// Reports, once per endpoint, a publisher's node that refused this
+    /// node's key (the node thread saw the handshake fail with ZAP status
+    /// `status`). The connection then closes, and is made again like any
+    /// other that closed: a key added to the publisher's trust lets it in.
+    pub(crate) fn connection_refused<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        endpoint: String,
+        status: u32,
+    ) {
+        self.counters.auth_rejected.fetch_add(1, Ordering::Relaxed);
+        if io.refused.len() >= MAX_REFUSED || !io.refused.insert(endpoint.clone()) {
+            return;
+        }
+        tracing::warn!(expr = %self.expr, %endpoint, status, "a publisher's node refused this node: its key is not in that node's trust directory");
+        io.pending.push_back(Event::PermissionDenied(PermissionDenied {
+            publisher: io
+                .data_nodes
+                .get(&endpoint)
+                .or_else(|| io.liveliness.get(&endpoint))
+                .copied(),
+            endpoint,
+            reason: format!("refused this node's key (ZAP status {status}): add its .pub file to the publisher's trust directory"),
+        }));
     }
 
     /// Counts connections that closed (the node thread watches the socket

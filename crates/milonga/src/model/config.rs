@@ -45,6 +45,39 @@ impl Transport {
     }
 }
 
+/// Whether a node's connections are encrypted and authenticated with CURVE
+/// (docs/security.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Security {
+    /// Plain ZMTP: anyone who reaches the node's ports may connect.
+    #[default]
+    Off,
+    /// CURVE on every socket: the node has a key (`key_file`) and admits
+    /// only the keys of its trust directory (`trust_dir`).
+    On,
+}
+
+impl std::str::FromStr for Security {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Security::Off),
+            "on" => Ok(Security::On),
+            other => Err(format!("unknown security {other:?}: expected on or off")),
+        }
+    }
+}
+
+impl Security {
+    /// `on` or `off`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Security::Off => "off",
+            Security::On => "on",
+        }
+    }
+}
+
 /// A value for [`Config::set`], as the environment or a binding gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -206,6 +239,9 @@ pub(crate) const KEYS: &[KeySpec] = &[
     key("tcp_buffer_bytes", None, Kind::Int),
     key("close_linger_ms", None, Kind::Int),
     key("zero_copy_threshold_bytes", None, Kind::Int),
+    key("security", Some("MILONGA_SECURITY"), Kind::Text),
+    key("key_file", Some("MILONGA_KEY"), Kind::OptText),
+    key("trust_dir", Some("MILONGA_TRUST"), Kind::OptText),
 ];
 
 /// The name of every field of `c`: written out without `..`, so that a new
@@ -242,6 +278,9 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         tcp_buffer_bytes: _,
         close_linger_ms: _,
         zero_copy_threshold_bytes: _,
+        security: _,
+        key_file: _,
+        trust_dir: _,
     } = c;
     vec![
         "locator",
@@ -272,6 +311,9 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "tcp_buffer_bytes",
         "close_linger_ms",
         "zero_copy_threshold_bytes",
+        "security",
+        "key_file",
+        "trust_dir",
     ]
 }
 
@@ -367,6 +409,16 @@ pub struct Config {
     /// Payloads (whole byte strings or typed arrays) of at least this many
     /// bytes travel in their own frame without a copy. Default 64 KiB.
     pub zero_copy_threshold_bytes: usize,
+    /// CURVE on every connection (`on`) or not (`off`, the default for
+    /// now: docs/security.md says where it must be on).
+    pub security: Security,
+    /// The node's secret key file (`NAME.key`, mode 0600, made by `milonga
+    /// keygen`). Required when `security` is on.
+    pub key_file: Option<PathBuf>,
+    /// The directory of trusted public keys (`*.pub`): only they may
+    /// connect, and only to nodes announcing one of them does this node
+    /// connect. Reloaded when it changes. Required when `security` is on.
+    pub trust_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -401,6 +453,9 @@ impl Config {
             tcp_buffer_bytes: 0,
             close_linger_ms: 1000,
             zero_copy_threshold_bytes: 64 << 10,
+            security: Security::Off,
+            key_file: None,
+            trust_dir: None,
         }
     }
 
@@ -478,6 +533,7 @@ impl Config {
                 "tcp_host" => self.tcp_host = t,
                 "scout_group" => self.scout_group = t,
                 "scout_group6" => self.scout_group6 = t,
+                "security" => self.security = t.parse().map_err(err)?,
                 _ => unreachable!("a text key without a field: {key}"),
             },
             (Kind::OptText, v @ (V::Text(_) | V::Unset)) => {
@@ -490,6 +546,8 @@ impl Config {
                     "reliable_data_endpoint" => self.reliable_data_endpoint = t,
                     "control_endpoint" => self.control_endpoint = t,
                     "runtime_dir" => self.runtime_dir = t.map(PathBuf::from),
+                    "key_file" => self.key_file = t.map(PathBuf::from),
+                    "trust_dir" => self.trust_dir = t.map(PathBuf::from),
                     _ => unreachable!("an optional key without a field: {key}"),
                 }
             }
@@ -696,6 +754,9 @@ mod tests {
             ("MILONGA_SEND_HWM", "10"),
             ("MILONGA_RELIABLE_SEND_HWM", "2"),
             ("MILONGA_RECV_HWM", "30"),
+            ("MILONGA_SECURITY", "on"),
+            ("MILONGA_KEY", "/k/node.key"),
+            ("MILONGA_TRUST", "/k/trust"),
         ]
         .into_iter()
         .collect();
@@ -738,6 +799,9 @@ mod tests {
         );
         assert_eq!(c.max_message_bytes, 65536);
         assert_eq!((c.send_hwm, c.reliable_send_hwm, c.recv_hwm), (10, 2, 30));
+        assert_eq!(c.security, Security::On);
+        assert_eq!(c.key_file, Some(PathBuf::from("/k/node.key")));
+        assert_eq!(c.trust_dir, Some(PathBuf::from("/k/trust")));
         let none = Config::from_lookup("milonga:///given", "n", |_| None).unwrap();
         assert_eq!(none.locator, "milonga:///given");
     }
@@ -770,6 +834,10 @@ mod tests {
             .set("transport", ConfigValue::Text("udp".into()))
             .unwrap_err();
         assert!(e.to_string().contains("transport"), "{e}");
+        let e = c
+            .set("security", ConfigValue::Text("maybe".into()))
+            .unwrap_err();
+        assert!(e.to_string().contains("expected on or off"), "{e}");
         assert!(c.set("max_message_bytes", ConfigValue::Int(-1)).is_err());
         c.set("control_endpoint", ConfigValue::Text("tcp://h:1".into()))
             .unwrap();
@@ -794,6 +862,7 @@ mod tests {
             let mut c = Config::new("milonga:///x", "n");
             let v = match (spec.kind, spec.name) {
                 (Kind::Text, "transport") => ConfigValue::Text("ipc".into()),
+                (Kind::Text, "security") => ConfigValue::Text("on".into()),
                 (Kind::Text | Kind::OptText, _) => ConfigValue::Text("tcp://h:1".into()),
                 (Kind::Bool, _) => ConfigValue::Bool(false),
                 (Kind::Int, _) => ConfigValue::Int(7),

@@ -84,6 +84,57 @@ pub enum OpenError {
     /// The node's control thread could not be started.
     #[error("cannot start the node thread: {0}")]
     Thread(std::io::Error),
+    /// The node's key or trust directory cannot be used (docs/security.md).
+    #[error("security: {0}")]
+    Security(#[from] SecurityError),
+}
+
+/// Why a key, a key file or a trust directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SecurityError {
+    /// The file or directory could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// A secret key file that others can read.
+    #[error("{path}: a secret key must be readable by its owner only (mode {mode:o}; run chmod 600 on it)")]
+    Permissions {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Not a key file.
+    #[error("{path}: not a Milonga (ZPL) key file: {why}")]
+    Malformed {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// A secret key file whose public key is not the secret key's.
+    #[error("{path}: its public key does not belong to its secret key (corrupt or edited)")]
+    Mismatch {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+    /// A text that is not a Z85 key.
+    #[error("not a CURVE key: {0}")]
+    BadKey(String),
+    /// A name a key file cannot have.
+    #[error("bad key name {0:?}: 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'")]
+    BadName(String),
+    /// The file exists already (keygen never overwrites a key).
+    #[error("{0} exists already: keys are never overwritten (remove it first)")]
+    Exists(std::path::PathBuf),
+    /// The transport library was built without CURVE (never with this build).
+    #[error("the transport library has no CURVE support")]
+    NoCurve,
 }
 
 /// Why a publisher could not be declared.
@@ -260,6 +311,14 @@ pub enum CallError {
         kind: String,
         /// Why, for a person.
         message: String,
+    },
+    /// The server refused the caller (security on, docs/security.md).
+    #[error("permission denied by {server}: {reason}")]
+    PermissionDenied {
+        /// The server.
+        server: String,
+        /// Why.
+        reason: String,
     },
     /// The reply arrived but its value does not decode.
     #[error("the reply of {server} does not decode: {why}")]

@@ -169,6 +169,18 @@ pub struct IncompatibleQos {
     pub detail: String,
 }
 
+/// A publisher's node refused this subscription (security on,
+/// docs/security.md): nothing will come from it until that changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermissionDenied {
+    /// The endpoint that refused.
+    pub endpoint: String,
+    /// The node behind it, when known.
+    pub publisher: Option<NodeId>,
+    /// Why, as far as this side can tell.
+    pub reason: String,
+}
+
 /// What `recv` and callbacks deliver.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -188,6 +200,9 @@ pub enum Event {
     SubscriptionLive,
     /// A matching publication offers less than the subscription asked for.
     IncompatibleQos(IncompatibleQos),
+    /// A publisher's node refused the connection (reported once per
+    /// endpoint; the subscription keeps trying, in case it is let in).
+    PermissionDenied(PermissionDenied),
 }
 
 impl Event {

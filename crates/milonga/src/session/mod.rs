@@ -358,6 +358,7 @@ impl NodeInner {
                 })
                 .collect(),
             services: st.services.values().cloned().collect(),
+            key: self.p2p.public_key().map(|k| k.to_z85()),
         }
     }
 

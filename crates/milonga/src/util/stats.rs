@@ -73,6 +73,15 @@ counters! {
     /// Connections dropped because the peer did not speak ZMTP correctly
     /// (random bytes on a data or control port, for example).
     handshakes_failed,
+    /// Connections to this node's sockets refused because the peer's key
+    /// is not in the trust directory (security on; docs/security.md).
+    auth_refused,
+    /// Connections this node made that the peer refused: this node's key
+    /// is not in the peer's trust directory (security on).
+    auth_rejected,
+    /// Peers this node did not connect to because their announced key is
+    /// missing or not trusted (security on).
+    peers_untrusted,
     /// Connections peers had made to this node's data, liveliness, control
     /// and service sockets that closed: a subscriber leaving, or ZeroMQ closing
     /// one that broke the protocol, such as a message over the socket's

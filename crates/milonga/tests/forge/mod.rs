@@ -76,6 +76,7 @@ pub fn forge_publisher(
             history,
         }],
         services: vec![],
+        key: None,
     };
     let file = dir.join(domain).join(format!("{}.json", FORGER.to_hex()));
     std::fs::write(file, serde_json::to_vec(&announcement).unwrap()).unwrap();

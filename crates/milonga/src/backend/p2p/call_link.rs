@@ -12,7 +12,9 @@ use crate::model::error::{IntoTransport, OpenError, TransportError};
 const LOST_EVENTS: u16 = (zmq_sys::ZMQ_EVENT_DISCONNECTED
     | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) as u16;
+    | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) as u16;
+const REFUSED: u16 = zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH as u16;
 const UP_EVENTS: u16 = zmq_sys::ZMQ_EVENT_HANDSHAKE_SUCCEEDED as u16;
 
 /// A connection to one server: a DEALER and the reader of its monitor.
@@ -23,6 +25,8 @@ pub(crate) struct CallLink {
     rcvtimeo: i32,
     /// The last monitor event read said the connection is down.
     down: bool,
+    /// ... because the server refused this node's key (security on).
+    refused: bool,
 }
 
 impl CallLink {
@@ -52,12 +56,19 @@ impl CallLink {
         let monitor = p2p.ctx().socket(zmq::PAIR)?;
         monitor.set_linger(0).map_err(sock_err("monitor"))?;
         monitor.connect(&mon).map_err(sock_err("monitor"))?;
+        p2p.secure_client(&sock, endpoint)
+            .map_err(|source| OpenError::Socket {
+                action: "secure a call to",
+                endpoint: endpoint.to_owned(),
+                source,
+            })?;
         sock.connect(endpoint).map_err(sock_err("connect"))?;
         Ok(CallLink {
             sock,
             monitor,
             rcvtimeo: -1,
             down: false,
+            refused: false,
         })
     }
 
@@ -95,6 +106,12 @@ impl CallLink {
         }
     }
 
+    /// Whether the server refused this node's key (as of the last
+    /// [`CallLink::is_down`]).
+    pub(crate) fn refused(&self) -> bool {
+        self.refused
+    }
+
     /// Whether the connection is down, as its last monitor event says.
     /// Reads the monitor's queued events, so that they never pile up in
     /// its queue (libzmq's I/O thread would block on a full one): a
@@ -107,8 +124,12 @@ impl CallLink {
                 .map_or(0, |f| u16::from_le_bytes([f[0], f[1]]));
             if what & LOST_EVENTS != 0 {
                 self.down = true;
+                // A refusal is followed by its disconnection: it stands
+                // until a handshake succeeds.
+                self.refused |= what & REFUSED != 0;
             } else if what & UP_EVENTS != 0 {
                 self.down = false;
+                self.refused = false;
             }
         }
         self.down

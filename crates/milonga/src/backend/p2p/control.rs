@@ -76,6 +76,7 @@ const HANDSHAKE_FAILED: i32 = (zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
 const ACCEPT_FAILED: i32 = zmq_sys::ZMQ_EVENT_ACCEPT_FAILED as i32;
 const DISCONNECTED: i32 = zmq_sys::ZMQ_EVENT_DISCONNECTED as i32;
 const CONNECT_RETRIED: i32 = zmq_sys::ZMQ_EVENT_CONNECT_RETRIED as i32;
+const AUTH_FAILED: i32 = zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH as i32;
 
 /// A socket monitor reporting failed handshakes (a peer that does not speak
 /// ZMTP, or speaks it wrongly, or not within `handshake_timeout_ms`),
@@ -102,7 +103,7 @@ pub(crate) fn monitor(p2p: &P2p, sock: &zmq::Socket, what: &str) -> Result<zmq::
 /// subscriber (it is verbose, so every subscription shows).
 fn liveliness_socket(p2p: &P2p) -> Result<zmq::Socket, OpenError> {
     let cfg = &p2p.core().cfg;
-    let sock = p2p.ctx().socket(zmq::XPUB)?;
+    let mut sock = p2p.ctx().socket(zmq::XPUB)?;
     let err = |source: zmq::Error| OpenError::Socket {
         action: "configure",
         endpoint: "liveliness".into(),
@@ -127,6 +128,7 @@ fn liveliness_socket(p2p: &P2p) -> Result<zmq::Socket, OpenError> {
         cfg.close_linger_ms.min(200)
     };
     sock.set_linger(linger).map_err(err)?;
+    p2p.secure_server(&mut sock)?;
     Ok(sock)
 }
 
@@ -212,7 +214,7 @@ pub(crate) struct NodeSockets {
 /// Binds the node's control and liveliness sockets.
 pub(crate) fn bind_node(p2p: &P2p) -> Result<NodeSockets, OpenError> {
     let cfg = &p2p.core().cfg;
-    let router = p2p.ctx().socket(zmq::ROUTER)?;
+    let mut router = p2p.ctx().socket(zmq::ROUTER)?;
     let ep = p2p.endpoint_for("c", cfg.control_endpoint.as_ref());
     zmq_io::apply_common(&router, cfg)
         .and_then(|_| router.set_maxmsgsize(65_536))
@@ -221,6 +223,7 @@ pub(crate) fn bind_node(p2p: &P2p) -> Result<NodeSockets, OpenError> {
             endpoint: ep.clone(),
             source: source.transport(),
         })?;
+    p2p.secure_server(&mut router)?;
     let control_endpoint = p2p.bind(&router, &ep)?;
     let live = liveliness_socket(p2p)?;
     let ep = p2p.endpoint_for("hb", None);
@@ -251,8 +254,12 @@ pub(crate) fn start<H: Host>(
         control_endpoint,
         ..
     } = socks;
-    let statics = StaticPeers::new(p2p.core.clone(), &control_endpoint);
-    let scout = if let Some(iface) = scouts(p2p.core()) {
+    let statics = StaticPeers::new(p2p.core.clone(), &control_endpoint, p2p.guard());
+    let scout = if p2p.security().is_some() && scouts(p2p.core()).is_some() {
+        // Hellos do not carry keys yet: docs/security.md.
+        tracing::info!("security is on: scouting is off (give peers as NAME@tcp://HOST:PORT)");
+        None
+    } else if let Some(iface) = scouts(p2p.core()) {
         match ScoutPeers::open(p2p.core.clone(), iface, control_endpoint) {
             Ok(s) => Some(s),
             // A group that is not one: the configuration is wrong.
@@ -433,6 +440,10 @@ impl<H: Host> Control<H> {
     /// `force`), hands the merged peers to the node.
     fn discover(&mut self, now: Instant, force: bool) {
         let mut changed = self.statics.turn(now);
+        if let Some(g) = self.host.p2p().security() {
+            // Keys added or removed: the peers to connect to may change.
+            changed |= g.refresh();
+        }
         if let Some(local) = &mut self.local {
             changed |= local.turn(now);
         }
@@ -472,6 +483,15 @@ impl<H: Host> Control<H> {
         known.dedup();
         known.truncate(MAX_TOLD);
         self.known = known;
+        match self.host.p2p().security() {
+            Some(g) => g.admit_peers(&mut peers),
+            None => peers.retain(|_, a| {
+                if a.key.is_some() {
+                    limited!(warn, node = %a.name, "not connecting to a peer: its security is on and this node's is off (docs/security.md)");
+                }
+                a.key.is_none()
+            }),
+        }
         self.host.set_peers(peers);
     }
 
@@ -695,6 +715,14 @@ impl<H: Host> Control<H> {
                     Some([a, b, ..]) => i32::from(u16::from_le_bytes([*a, *b])),
                     _ => 0,
                 };
+                if event == AUTH_FAILED {
+                    let status = frames
+                        .first()
+                        .and_then(|f| f.get(2..6))
+                        .map_or(0, |v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]));
+                    sub.connection_refused(endpoint, status);
+                    continue;
+                }
                 if event == CONNECT_RETRIED {
                     // Not made: a publisher discovery shows that this
                     // host cannot reach. Said, and retried by libzmq.
@@ -818,6 +846,11 @@ fn count_events(node: &NodeCore, what: &str, m: &zmq::Socket) {
             stats::inc(&c.peer_disconnects);
             continue;
         }
+        if event == AUTH_FAILED {
+            // A key the trust directory lacks: counted (`auth_refused`)
+            // and logged by the ZAP handler.
+            continue;
+        }
         if event == ACCEPT_FAILED {
             let n = c.accepts_failed.fetch_add(1, Ordering::Relaxed) + 1;
             if n <= 10 || n % 1000 == 0 {
@@ -837,7 +870,7 @@ fn count_events(node: &NodeCore, what: &str, m: &zmq::Socket) {
                 socket = %what,
                 %endpoint,
                 dropped_so_far = n,
-                "dropped a connection whose peer does not speak ZMTP correctly, or not within handshake_timeout_ms"
+                "dropped a connection whose peer does not speak ZMTP correctly, or not within handshake_timeout_ms (with security on: not CURVE with this node's key)"
             );
         }
     }
@@ -859,6 +892,7 @@ pub(crate) fn query_many(
             s.set_linger(0).ok()?;
             s.set_maxmsgsize(16 << 20).ok()?;
             s.set_ipv6(true).ok()?;
+            p2p.secure_client(&s, ep).ok()?;
             s.connect(ep).ok()?;
             let req = milonga_wire::control::Request::Info.frames();
             s.send_multipart(req, zmq::DONTWAIT).ok()?;
@@ -904,6 +938,7 @@ pub(crate) fn query(p2p: &P2p, endpoint: &str, timeout: Duration) -> Option<Node
     sock.set_linger(0).ok()?;
     sock.set_maxmsgsize(16 << 20).ok()?;
     sock.set_ipv6(true).ok()?;
+    p2p.secure_client(&sock, endpoint).ok()?;
     sock.connect(endpoint).ok()?;
     sock.send_multipart(milonga_wire::control::Request::Info.frames(), 0)
         .ok()?;

@@ -58,6 +58,7 @@ impl DataSocket {
             .map_err(opt_err)?;
         sock.set_linger(node.cfg.close_linger_ms).map_err(opt_err)?;
         zmq_io::set_xpub_verboser(&mut sock).map_err(opt_err)?;
+        p2p.secure_server(&mut sock)?;
         if reliability == Reliability::Reliable {
             zmq_io::set_xpub_nodrop(&mut sock, true).map_err(opt_err)?;
             sock.set_sndhwm(node.cfg.reliable_send_hwm)

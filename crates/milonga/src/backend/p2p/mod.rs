@@ -8,6 +8,7 @@
 
 pub(crate) mod call_link;
 pub(crate) mod control;
+pub(crate) mod curve;
 pub(crate) mod data;
 pub(crate) mod scout_peers;
 pub(crate) mod serve_link;
@@ -22,8 +23,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use milonga_wire::NodeId;
 
-use crate::model::config::Transport;
-use crate::model::error::{IntoTransport, OpenError};
+use crate::model::config::{Security, Transport};
+use crate::model::error::{IntoTransport, OpenError, TransportError};
 use crate::model::node::NodeCore;
 use crate::model::qos::Reliability;
 use crate::util::lock;
@@ -71,6 +72,8 @@ pub(crate) struct P2p {
     waker: NodeWaker,
     /// Lock order: after the session's state, before a data socket.
     sockets: Mutex<Sockets>,
+    /// CURVE: the node's key, what it trusts, its peers' keys (security on).
+    security: Option<Arc<curve::Guard>>,
     // Declared last: sockets above are closed before the context goes.
     ctx: ContextRef,
 }
@@ -91,12 +94,39 @@ impl P2p {
     pub(crate) fn new(core: Arc<NodeCore>) -> Result<(P2p, WakeRx), OpenError> {
         let ctx = ContextRef::acquire();
         let (waker, wake_rx) = NodeWaker::pair(&ctx, core.id)?;
+        let security = match core.cfg.security {
+            Security::Off => None,
+            Security::On => {
+                let missing = |key: &str, var: &str| OpenError::Config {
+                    key: key.into(),
+                    why: format!(
+                        "security is on: give it ({var}, or --{}; docs/security.md)",
+                        &key[..key.find('_').unwrap_or(key.len())]
+                    ),
+                };
+                let key_file = core
+                    .cfg
+                    .key_file
+                    .as_ref()
+                    .ok_or_else(|| missing("key_file", "MILONGA_KEY"))?;
+                let trust_dir = core
+                    .cfg
+                    .trust_dir
+                    .as_ref()
+                    .ok_or_else(|| missing("trust_dir", "MILONGA_TRUST"))?;
+                let identity = curve::Identity::load(key_file)?;
+                let guard = curve::Guard::new(&core, identity, trust_dir)?;
+                ctx.ensure_zap()?;
+                Some(guard)
+            }
+        };
         Ok((
             P2p {
                 core,
                 batch_pending: AtomicBool::new(false),
                 waker,
                 sockets: Mutex::new(Sockets::default()),
+                security,
                 ctx,
             },
             wake_rx,
@@ -109,6 +139,48 @@ impl P2p {
 
     pub(crate) fn ctx(&self) -> &ContextRef {
         &self.ctx
+    }
+
+    /// The node's security, when it is on.
+    pub(crate) fn security(&self) -> Option<&curve::Guard> {
+        self.security.as_deref()
+    }
+
+    /// The node's public key, when its security is on.
+    pub(crate) fn public_key(&self) -> Option<curve::PublicKey> {
+        self.security.as_ref().map(|g| g.identity.public())
+    }
+
+    /// Makes `sock`, a socket that binds, a CURVE server admitting the
+    /// trusted keys only (security on; nothing otherwise). Before `bind`.
+    pub(crate) fn secure_server(&self, sock: &mut zmq::Socket) -> Result<(), OpenError> {
+        let Some(g) = &self.security else {
+            return Ok(());
+        };
+        let err = |source: zmq::Error| OpenError::Socket {
+            action: "secure",
+            endpoint: "a listening socket".into(),
+            source: source.transport(),
+        };
+        sock.set_curve_server(true).map_err(err)?;
+        sock.set_curve_secretkey(g.identity.secret()).map_err(err)?;
+        sock.set_zap_domain(&g.zap_domain).map_err(err)?;
+        zmq_io::set_zap_enforce(sock).map_err(err)
+    }
+
+    /// Makes `sock` a CURVE client for its next `connect`, to `endpoint`
+    /// (see [`curve::secure_client`]).
+    pub(crate) fn secure_client(
+        &self,
+        sock: &zmq::Socket,
+        endpoint: &str,
+    ) -> Result<(), TransportError> {
+        curve::secure_client(self.security.as_deref(), sock, endpoint)
+    }
+
+    /// The node's security, shared (for the discovery sources and links).
+    pub(crate) fn guard(&self) -> Option<Arc<curve::Guard>> {
+        self.security.clone()
     }
 
     /// Wakes the node thread now rather than at its next turn.

@@ -41,7 +41,7 @@ impl ServeLink {
         n: u64,
         endpoint: &str,
     ) -> Result<(ServeLink, ServeWaker, String, ServeMonitor), OpenError> {
-        let sock = p2p.ctx().socket(zmq::ROUTER)?;
+        let mut sock = p2p.ctx().socket(zmq::ROUTER)?;
         let opt_err = |source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: endpoint.to_owned(),
@@ -51,6 +51,7 @@ impl ServeLink {
         // A reply to a caller that has gone fails (and is counted) rather
         // than vanishing.
         sock.set_router_mandatory(true).map_err(opt_err)?;
+        p2p.secure_server(&mut sock)?;
         // Replies already queued get a moment to leave when the service goes.
         // Negative (wait forever) is capped like any long wait.
         let linger = if p2p.core().cfg.close_linger_ms < 0 {

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use milonga_wire::control::Request;
 
 use crate::backend::p2p::control::{NodeInfo, MAX_TOLD};
+use crate::backend::p2p::curve::{resolve_key, secure_client, split_peer, Guard};
 use crate::backend::p2p::{zmq_io, ContextRef};
 use crate::discovery::{reached_at, Announcement, Source};
 use crate::model::error::{IntoTransport, OpenError};
@@ -60,6 +61,8 @@ struct StaticPeer {
 /// The configured peers and what they last answered.
 pub(crate) struct StaticPeers {
     ctx: ContextRef,
+    /// The node's security, when on: a peer is connected to with its key.
+    guard: Option<Arc<Guard>>,
     node: Arc<NodeCore>,
     peers: Vec<StaticPeer>,
     last_query: Option<Instant>,
@@ -84,7 +87,11 @@ pub(crate) struct StaticPeers {
 impl StaticPeers {
     /// Connects to every configured peer (a bad endpoint is logged and
     /// skipped); `own_control` is this node's control endpoint.
-    pub(crate) fn new(node: Arc<NodeCore>, own_control: &str) -> StaticPeers {
+    pub(crate) fn new(
+        node: Arc<NodeCore>,
+        own_control: &str,
+        guard: Option<Arc<Guard>>,
+    ) -> StaticPeers {
         let request = if node.cfg.gossip && own_control.starts_with("tcp://") {
             Request::Gossip {
                 control: own_control.to_owned(),
@@ -95,6 +102,7 @@ impl StaticPeers {
         };
         let mut s = StaticPeers {
             ctx: ContextRef::acquire(),
+            guard,
             node,
             peers: Vec::new(),
             last_query: None,
@@ -105,8 +113,19 @@ impl StaticPeers {
             warned_full: false,
             aliases: std::collections::HashMap::new(),
         };
-        for ep in s.node.cfg.peers.clone() {
-            match connect(&s.ctx, &s.node, &ep) {
+        for spec in s.node.cfg.peers.clone() {
+            let (who, ep) = split_peer(&spec);
+            let ep = ep.to_owned();
+            if let Some(g) = &s.guard {
+                match who.and_then(|w| resolve_key(g, w)) {
+                    Some(key) => g.set_static_key(&ep, key),
+                    None => {
+                        tracing::warn!(peer = %spec, "ignoring a static peer: with security on, name its key: NAME@tcp://HOST:PORT (NAME.pub in the trust directory) or KEY@tcp://HOST:PORT");
+                        continue;
+                    }
+                }
+            }
+            match connect(&s.ctx, &s.node, s.guard.as_deref(), &ep) {
                 Ok(sock) => s.peers.push(StaticPeer::new(ep, sock, None)),
                 Err(err) => tracing::warn!(peer = %ep, %err, "ignoring a static peer"),
             }
@@ -146,7 +165,7 @@ impl StaticPeers {
             }
             return false;
         }
-        match connect(&self.ctx, &self.node, endpoint) {
+        match connect(&self.ctx, &self.node, self.guard.as_deref(), endpoint) {
             Ok(sock) => {
                 tracing::debug!(peer = %endpoint, "learned a node by gossip");
                 let _ = sock.send_multipart(self.request.frames(), zmq::DONTWAIT);
@@ -315,8 +334,18 @@ impl StaticPeers {
 }
 
 /// A DEALER connected to the control endpoint `ep`.
-fn connect(ctx: &ContextRef, node: &NodeCore, ep: &str) -> Result<zmq::Socket, OpenError> {
+fn connect(
+    ctx: &ContextRef,
+    node: &NodeCore,
+    guard: Option<&Guard>,
+    ep: &str,
+) -> Result<zmq::Socket, OpenError> {
     let s = ctx.socket(zmq::DEALER)?;
+    secure_client(guard, &s, ep).map_err(|source| OpenError::Socket {
+        action: "secure a connection to",
+        endpoint: ep.to_owned(),
+        source,
+    })?;
     let _ = zmq_io::apply_common(&s, &node.cfg);
     let _ = s.set_sndhwm(4);
     // Replies are small and one at a time is enough: a peer that pushes

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
+use crate::backend::p2p::curve;
 use crate::backend::p2p::zmq_io::{self, message_bytes};
 use crate::backend::p2p::P2p;
 use crate::engine::subscription::Link;
@@ -25,6 +26,8 @@ pub(crate) struct SubLink {
     sock: zmq::Socket,
     /// The receive timeout currently set on `sock`, in ms.
     rcvtimeo: i32,
+    /// The node's security, when on: each connection names its server's key.
+    guard: Option<std::sync::Arc<curve::Guard>>,
 }
 
 /// Wakes the thread blocked in [`SubLink::recv_wait`].
@@ -38,6 +41,8 @@ pub(crate) struct Monitor(pub(crate) zmq::Socket);
 pub(crate) trait ConnectionWatcher: Send + Sync {
     /// The connection to `endpoint` closed.
     fn connection_closed(&self, endpoint: String);
+    /// The node at `endpoint` refused this node's key (ZAP `status`).
+    fn connection_refused(&self, endpoint: String, status: u32);
     /// The node thread stopped: the monitor's reader goes back to the
     /// subscription, to be dropped after its socket (libzmq blocks on a
     /// monitor event nobody can take).
@@ -92,7 +97,9 @@ impl SubLink {
         let mon_ep = format!("inproc://milonga-submon-{}-{id}", p2p.core().id);
         sock.monitor(
             &mon_ep,
-            (zmq_sys::ZMQ_EVENT_DISCONNECTED | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED) as i32,
+            (zmq_sys::ZMQ_EVENT_DISCONNECTED
+                | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED
+                | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) as i32,
         )
         .map_err(cfg_err)?;
         let monitor = p2p.ctx().socket(zmq::PAIR)?;
@@ -110,7 +117,11 @@ impl SubLink {
                 source: source.transport(),
             })?;
         Ok((
-            SubLink { sock, rcvtimeo: -1 },
+            SubLink {
+                sock,
+                rcvtimeo: -1,
+                guard: p2p.guard(),
+            },
             Waker(Mutex::new(wake_tx)),
             Monitor(monitor),
         ))
@@ -179,6 +190,7 @@ impl SubLink {
 
 impl Link for SubLink {
     fn connect(&mut self, endpoint: &str) -> Result<(), TransportError> {
+        curve::secure_client(self.guard.as_deref(), &self.sock, endpoint)?;
         self.sock
             .connect(endpoint)
             .map_err(IntoTransport::transport)

@@ -18,7 +18,20 @@ use crate::model::error::{IntoTransport, TransportError};
 /// queued messages leave within each socket's linger, when the last socket
 /// closes. A node opened while an earlier generation's sockets still live
 /// gets a fresh context and cannot reach their `inproc://` endpoints.
-static CONTEXT: Mutex<(usize, Option<zmq::Context>)> = Mutex::new((0, None));
+static CONTEXT: Mutex<Shared> = Mutex::new(Shared {
+    refs: 0,
+    ctx: None,
+    zap: None,
+});
+
+/// What [`CONTEXT`] guards.
+struct Shared {
+    refs: usize,
+    ctx: Option<zmq::Context>,
+    /// The ZAP handler, once a secured node opened: it lives as long as
+    /// the context, so that no secured socket is ever without it.
+    zap: Option<Zap>,
+}
 
 /// A reference on the process context; dropping the last one terminates it.
 pub(crate) struct ContextRef(Option<zmq::Context>);
@@ -26,8 +39,8 @@ pub(crate) struct ContextRef(Option<zmq::Context>);
 impl ContextRef {
     pub(crate) fn acquire() -> ContextRef {
         let mut g = CONTEXT.lock().unwrap_or_else(|e| e.into_inner());
-        g.0 += 1;
-        let ctx = g.1.get_or_insert_with(|| {
+        g.refs += 1;
+        let ctx = g.ctx.get_or_insert_with(|| {
             let c = zmq::Context::new();
             // One I/O thread per 1 GB/s is libzmq's guidance; one is right
             // for these sizes, and every extra thread costs memory.
@@ -35,6 +48,16 @@ impl ContextRef {
             c
         });
         ContextRef(Some(ctx.clone()))
+    }
+
+    /// Starts the process's ZAP handler if it is not running: every
+    /// secured node's listening sockets ask it who may connect.
+    pub(crate) fn ensure_zap(&self) -> Result<(), OpenError> {
+        let mut g = CONTEXT.lock().unwrap_or_else(|e| e.into_inner());
+        if g.zap.is_none() {
+            g.zap = Some(Zap::start(self)?);
+        }
+        Ok(())
     }
 
     pub(crate) fn socket(&self, kind: zmq::SocketType) -> Result<zmq::Socket, OpenError> {
@@ -53,15 +76,17 @@ impl ContextRef {
 impl Drop for ContextRef {
     fn drop(&mut self) {
         let mine = self.0.take();
-        let last = {
+        let (last, zap) = {
             let mut g = CONTEXT.lock().unwrap_or_else(|e| e.into_inner());
-            g.0 -= 1;
-            if g.0 == 0 {
-                g.1.take()
+            g.refs -= 1;
+            if g.refs == 0 {
+                (g.ctx.take(), g.zap.take())
             } else {
-                None
+                (None, None)
             }
         };
+        // The handler's sockets hold the context: it goes first.
+        drop(zap);
         drop(mine);
         // Dropped outside the lock: if it is the last reference, zmq_ctx_term
         // waits for sockets' linger, and a new node may open meanwhile.
@@ -105,6 +130,136 @@ fn set_int(sock: &mut zmq::Socket, option: u32, value: c_int) -> zmq::Result<()>
         Ok(())
     } else {
         Err(last_error())
+    }
+}
+
+/// ZMQ_ZAP_ENFORCE_DOMAIN (libzmq's number; a draft option in its
+/// headers, always built): refuse every connection when no ZAP handler
+/// answers, instead of letting it in unauthenticated.
+const ZMQ_ZAP_ENFORCE_DOMAIN: u32 = 93;
+
+/// Makes a CURVE server refuse connections when no ZAP handler answers.
+pub(crate) fn set_zap_enforce(sock: &mut zmq::Socket) -> zmq::Result<()> {
+    set_int(sock, ZMQ_ZAP_ENFORCE_DOMAIN, 1)
+}
+
+/// The Z85 public key (40 characters and a NUL) of a Z85 secret key
+/// (NUL-terminated): 0, or -1 without CURVE.
+pub(crate) fn curve_public(public: &mut [u8; 41], secret_z85: &[u8]) -> c_int {
+    if secret_z85.len() != 41 || secret_z85[40] != 0 {
+        return -1;
+    }
+    // SAFETY: both buffers are 41 bytes as libzmq requires, the secret
+    // NUL-terminated (checked above); libzmq writes 41 bytes to `public`.
+    unsafe { zmq_curve_public(public.as_mut_ptr().cast(), secret_z85.as_ptr().cast()) }
+}
+
+// libzmq's, linked with it; zmq-sys does not export its declaration.
+extern "C" {
+    fn zmq_curve_public(
+        z85_public_key: *mut std::os::raw::c_char,
+        z85_secret_key: *const std::os::raw::c_char,
+    ) -> c_int;
+}
+
+/// The process's ZAP handler (RFC 27): a thread answering libzmq's
+/// requests on `inproc://zeromq.zap.01` with the verdict of the node whose
+/// socket asks (by ZAP domain, see `curve::admit`).
+struct Zap {
+    stop: zmq::Socket,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Zap {
+    fn start(ctx: &ContextRef) -> Result<Zap, OpenError> {
+        let err = |action: &'static str| {
+            move |source: zmq::Error| OpenError::Socket {
+                action,
+                endpoint: "inproc://zeromq.zap.01".into(),
+                source: source.transport(),
+            }
+        };
+        let rep = ctx.socket(zmq::REP)?;
+        rep.set_linger(0).map_err(err("configure"))?;
+        rep.bind("inproc://zeromq.zap.01").map_err(err("bind"))?;
+        let stop_rx = ctx.socket(zmq::PAIR)?;
+        let stop = ctx.socket(zmq::PAIR)?;
+        stop_rx.set_linger(0).map_err(err("configure"))?;
+        stop.set_linger(0).map_err(err("configure"))?;
+        stop_rx
+            .bind("inproc://milonga-zap-stop")
+            .map_err(err("bind"))?;
+        stop.connect("inproc://milonga-zap-stop")
+            .map_err(err("connect"))?;
+        let thread = std::thread::Builder::new()
+            .name("milonga-zap".into())
+            .spawn(move || zap_loop(&rep, &stop_rx))
+            .map_err(OpenError::Thread)?;
+        Ok(Zap {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Zap {
+    fn drop(&mut self) {
+        let _ = self.stop.send(&[][..], 0);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn zap_loop(rep: &zmq::Socket, stop: &zmq::Socket) {
+    loop {
+        let mut items = [
+            rep.as_poll_item(zmq::POLLIN),
+            stop.as_poll_item(zmq::POLLIN),
+        ];
+        match zmq::poll(&mut items, -1) {
+            Ok(_) => {}
+            Err(zmq::Error::EINTR) => continue,
+            Err(_) => return,
+        }
+        if items[1].is_readable() {
+            return;
+        }
+        if !items[0].is_readable() {
+            continue;
+        }
+        let Ok(frames) = rep.recv_multipart(0) else {
+            continue;
+        };
+        let _ = rep.send_multipart(zap_reply(&frames), 0);
+    }
+}
+
+/// The reply to one ZAP request: version, request id, status code and
+/// text, user id (the key's name in the trust directory), metadata.
+fn zap_reply(frames: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let id = frames.get(1).cloned().unwrap_or_default();
+    let reply = |code: &str, text: &str, user: &str| {
+        vec![
+            b"1.0".to_vec(),
+            id.clone(),
+            code.as_bytes().to_vec(),
+            text.as_bytes().to_vec(),
+            user.as_bytes().to_vec(),
+            Vec::new(),
+        ]
+    };
+    if frames.len() < 7 || frames[0] != b"1.0" {
+        return reply("500", "malformed ZAP request", "");
+    }
+    let domain = String::from_utf8_lossy(&frames[2]);
+    let address = String::from_utf8_lossy(&frames[3]);
+    if frames[5] != b"CURVE" {
+        return reply("400", "only CURVE is accepted", "");
+    }
+    match super::curve::admit(&domain, &frames[6], &address) {
+        Ok(name) => reply("200", "OK", &name),
+        Err(why) => reply("400", why, ""),
     }
 }
 

@@ -1,0 +1,336 @@
+//! Security (docs/security.md) with real processes on one host: keys made
+//! by `milonga keygen`, nodes that admit only the keys of their trust
+//! directory, and what a refused node is told. The eavesdropper test,
+//! which needs two hosts, is in hosts.rs.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use milonga_testkit::{poll_until, Proc, TempDir};
+use serde_json::Value as Json;
+
+mod common;
+use common::Env;
+
+const T: Duration = Duration::from_secs(20);
+
+/// Keys made by `milonga keygen` in a directory of their own, and trust
+/// directories made of some of them.
+struct Keys {
+    dir: TempDir,
+}
+
+impl Keys {
+    fn new(tag: &str, names: &[&str]) -> Keys {
+        let k = Keys {
+            dir: TempDir::new(tag),
+        };
+        for n in names {
+            let out = keygen(n, &k.dir.path().join("keys"));
+            assert!(out.status.success(), "keygen {n}: {out:?}");
+        }
+        k
+    }
+
+    fn key(&self, name: &str) -> PathBuf {
+        self.dir.path().join("keys").join(format!("{name}.key"))
+    }
+
+    fn public(&self, name: &str) -> PathBuf {
+        self.dir.path().join("keys").join(format!("{name}.pub"))
+    }
+
+    /// A trust directory `tag` holding the public keys of `names`.
+    fn trust(&self, tag: &str, names: &[&str]) -> PathBuf {
+        let d = self.dir.path().join(format!("trust-{tag}"));
+        std::fs::create_dir_all(&d).unwrap();
+        for n in names {
+            std::fs::copy(self.public(n), d.join(format!("{n}.pub"))).unwrap();
+        }
+        d
+    }
+}
+
+fn keygen(name: &str, out: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_milonga"))
+        .args(["keygen", "--name", name, "-o"])
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+/// `milonga ARGS` as `who` (its key) trusting `trust`.
+fn secured(
+    env: &Env,
+    keys: &Keys,
+    who: &str,
+    trust: &Path,
+    args: &[&str],
+) -> std::process::Command {
+    let mut c = env.cmd(&["--key"]);
+    c.arg(keys.key(who)).arg("--trust").arg(trust).args(args);
+    c
+}
+
+fn json_line(p: &Proc) -> Option<Json> {
+    let line = p.line(T)?;
+    Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}")))
+}
+
+/// The next line of `p` that is a sample or a `permission_denied` event.
+fn sample_or_denied(p: &Proc) -> Json {
+    loop {
+        let j = json_line(p).expect("a line before the timeout");
+        if j.get("event").is_none() || j["event"] == "permission_denied" {
+            return j;
+        }
+    }
+}
+
+#[test]
+fn keygen_writes_a_secret_only_its_owner_reads_and_never_overwrites() {
+    let keys = Keys::new("keygen", &["ps-server"]);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&keys.key("ps-server")), 0o600);
+    assert_eq!(mode(&keys.public("ps-server")), 0o644);
+    assert_eq!(mode(&keys.dir.path().join("keys")), 0o700);
+    let public = std::fs::read_to_string(keys.public("ps-server")).unwrap();
+    assert!(public.contains("public-key = \""), "{public}");
+    assert!(!public.contains("secret-key"), "{public}");
+    let secret = std::fs::read_to_string(keys.key("ps-server")).unwrap();
+    assert!(secret.contains("secret-key = \""), "{secret}");
+    // A second keygen of the same name refuses and leaves the key alone.
+    let again = keygen("ps-server", &keys.dir.path().join("keys"));
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("exists already"),
+        "{again:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(keys.key("ps-server")).unwrap(),
+        secret
+    );
+    let bad = keygen("../escape", keys.dir.path());
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("bad key name"),
+        "{bad:?}"
+    );
+}
+
+#[test]
+fn trusted_nodes_exchange_samples_and_an_unknown_key_is_refused_and_told() {
+    let env = Env::new("sec-trust");
+    let keys = Keys::new("sec-trust", &["alice", "bob", "eve"]);
+    let ab = keys.trust("ab", &["alice", "bob"]);
+    // Eve trusts alice, so she tries; alice does not trust eve.
+    let ae = keys.trust("ae", &["alice", "eve"]);
+    let _publ = Proc::spawn(secured(
+        &env,
+        &keys,
+        "alice",
+        &ab,
+        &["pub", "sec/x", "7", "--rate", "50"],
+    ));
+    let bob = Proc::spawn(secured(
+        &env,
+        &keys,
+        "bob",
+        &ab,
+        &["sub", "sec/x", "--json"],
+    ));
+    let eve = Proc::spawn(secured(
+        &env,
+        &keys,
+        "eve",
+        &ae,
+        &["sub", "sec/x", "--json"],
+    ));
+    let got = sample_or_denied(&bob);
+    assert_eq!(got["value"], 7, "bob is trusted: {got}");
+    let told = sample_or_denied(&eve);
+    assert_eq!(
+        told["event"], "permission_denied",
+        "eve is not trusted: {told}"
+    );
+    assert!(
+        told["reason"].as_str().unwrap().contains("trust directory"),
+        "{told}"
+    );
+    // Nothing but status events reach eve afterwards.
+    while let Some(line) = eve.line(Duration::from_secs(1)) {
+        assert!(!line.contains("\"seq\""), "a sample reached eve: {line}");
+    }
+    // Alice counted the refusals: `ls` as bob (trusted by alice) says so.
+    let mut refused = 0;
+    assert!(
+        poll_until(T, || {
+            let out = secured(&env, &keys, "bob", &ab, &["ls", "--json"])
+                .output()
+                .unwrap();
+            let nodes: Json = serde_json::from_slice(&out.stdout).unwrap_or(Json::Null);
+            refused = nodes
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n["stats"]["auth_refused"].as_u64())
+                .max()
+                .unwrap_or(0);
+            refused > 0
+        }),
+        "alice counts eve's refused connections"
+    );
+}
+
+#[test]
+fn a_node_without_security_and_a_secured_one_do_not_talk_and_say_why() {
+    let env = Env::new("sec-plain");
+    let keys = Keys::new("sec-plain", &["alice"]);
+    let trust = keys.trust("a", &["alice"]);
+    let _publ = Proc::spawn(secured(
+        &env,
+        &keys,
+        "alice",
+        &trust,
+        &["pub", "sec/y", "1", "--rate", "50"],
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    let out = env
+        .cmd(&["sub", "sec/y", "--json", "--timeout", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !stdout.contains("\"seq\""),
+        "a plain node got a secured one's sample: {stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("its security is on and this node's is off"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_key_added_to_the_trust_directory_lets_its_node_in_while_running() {
+    let env = Env::new("sec-rotate");
+    let keys = Keys::new("sec-rotate", &["alice", "bob"]);
+    let alice_trust = keys.trust("a", &["alice"]);
+    let bob_trust = keys.trust("ab", &["alice", "bob"]);
+    let _publ = Proc::spawn(secured(
+        &env,
+        &keys,
+        "alice",
+        &alice_trust,
+        &["pub", "sec/z", "3", "--rate", "50"],
+    ));
+    let bob = Proc::spawn(secured(
+        &env,
+        &keys,
+        "bob",
+        &bob_trust,
+        &["sub", "sec/z", "--json"],
+    ));
+    assert_eq!(sample_or_denied(&bob)["event"], "permission_denied");
+    // The operator adds bob's key: alice rereads her trust directory and
+    // bob's next try (at most 2 s later) is let in.
+    std::fs::copy(keys.public("bob"), alice_trust.join("bob.pub")).unwrap();
+    // (The liveliness socket's refusal may be told too.)
+    let got = loop {
+        let j = sample_or_denied(&bob);
+        if j.get("event").is_none() {
+            break j;
+        }
+    };
+    assert_eq!(got["value"], 3, "bob let in: {got}");
+    // Removing it refuses new connections (a new subscriber of bob's).
+    std::fs::remove_file(alice_trust.join("bob.pub")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let again = Proc::spawn(secured(
+        &env,
+        &keys,
+        "bob",
+        &bob_trust,
+        &["sub", "sec/z", "--json"],
+    ));
+    assert_eq!(sample_or_denied(&again)["event"], "permission_denied");
+}
+
+#[test]
+fn a_corrupt_or_exposed_key_file_is_a_clear_error() {
+    let env = Env::new("sec-badkey");
+    let keys = Keys::new("sec-badkey", &["alice"]);
+    let trust = keys.trust("a", &["alice"]);
+    let run = |args: &[&str]| {
+        let out = secured(&env, &keys, "alice", &trust, args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let key = keys.key("alice");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = run(&["pub", "sec/k", "1", "--count", "1"]);
+    assert!(e.contains("chmod 600"), "{e}");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let text = std::fs::read_to_string(&key).unwrap();
+    let line = text.lines().find(|l| l.contains("secret-key")).unwrap();
+    let i = line.find('"').unwrap() + 3;
+    let flipped = if &line[i..=i] == "a" { "b" } else { "a" };
+    let corrupt = format!("{}{flipped}{}", &line[..i], &line[i + 1..]);
+    std::fs::write(&key, text.replace(line, &corrupt)).unwrap();
+    let e = run(&["pub", "sec/k", "1", "--count", "1"]);
+    assert!(e.contains("does not belong to its secret key"), "{e}");
+    // Security on with no trust directory says which setting is missing.
+    let out = env
+        .cmd(&["--security", "on", "pub", "sec/k", "1", "--count", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("key_file"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_call_to_a_server_that_refuses_the_caller_ends_permission_denied() {
+    let env = Env::new("sec-call");
+    let keys = Keys::new("sec-call", &["srv", "friend", "stranger"]);
+    let srv_trust = keys.trust("s", &["srv", "friend"]);
+    let caller_trust = keys.trust("c", &["srv", "friend", "stranger"]);
+    let _srv = Proc::spawn(secured(
+        &env,
+        &keys,
+        "srv",
+        &srv_trust,
+        &["serve", "sec/echo", "--echo"],
+    ));
+    let call = |who: &str| {
+        let mut out = None;
+        poll_until(T, || {
+            let o = secured(
+                &env,
+                &keys,
+                who,
+                &caller_trust,
+                &["call", "sec/echo", "42", "--timeout", "5"],
+            )
+            .output()
+            .unwrap();
+            // Until discovery shows the server, a call finds none.
+            let retry = String::from_utf8_lossy(&o.stderr).contains("no server");
+            out = Some(o);
+            !retry
+        });
+        out.unwrap()
+    };
+    let ok = call("friend");
+    assert!(ok.status.success(), "{ok:?}");
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "42");
+    let refused = call("stranger");
+    assert!(!refused.status.success(), "{refused:?}");
+    let e = String::from_utf8_lossy(&refused.stderr);
+    assert!(e.contains("permission denied"), "{e}");
+}

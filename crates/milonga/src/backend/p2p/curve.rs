@@ -1,0 +1,822 @@
+//! CURVE security (docs/security.md): identities (a CURVE key pair with a
+//! name), a trust directory of authorized public keys, and the ZAP handler
+//! that admits only those keys to a node's listening sockets.
+//!
+//! The files are ZPL certificates as CZMQ's `zcert` and pyzmq's `zmq.auth`
+//! write them (`public-key = "…"`, `secret-key = "…"`, Z85), so keys made
+//! by those tools load here and the reverse.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::discovery::Announcement;
+use crate::model::error::SecurityError;
+use crate::model::node::NodeCore;
+use crate::util::lock;
+
+/// Bytes of a CURVE key.
+pub const KEY_BYTES: usize = 32;
+/// Characters of a key in Z85.
+pub const Z85_KEY_CHARS: usize = 40;
+/// Largest key or certificate file read.
+const MAX_FILE_BYTES: u64 = 64 << 10;
+/// Most `.pub` files a trust directory may hold.
+pub const MAX_TRUSTED: usize = 10_000;
+
+/// A CURVE public key: who a node is.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PublicKey([u8; KEY_BYTES]);
+
+impl PublicKey {
+    /// The key of 40 Z85 characters.
+    pub fn from_z85(text: &str) -> Result<PublicKey, SecurityError> {
+        decode_key(text).map(PublicKey)
+    }
+
+    /// The key of 32 bytes.
+    pub fn from_bytes(bytes: [u8; KEY_BYTES]) -> PublicKey {
+        PublicKey(bytes)
+    }
+
+    /// The key in Z85 (40 characters), as in `.pub` files and announcements.
+    pub fn to_z85(&self) -> String {
+        encode_key(&self.0)
+    }
+
+    /// The first 8 characters of the Z85 form: what `milonga ls` shows.
+    pub fn fingerprint(&self) -> String {
+        let mut z = self.to_z85();
+        z.truncate(8);
+        z
+    }
+
+    /// The 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; KEY_BYTES] {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for PublicKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_z85())
+    }
+}
+
+impl std::fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PublicKey({})", self.to_z85())
+    }
+}
+
+impl std::str::FromStr for PublicKey {
+    type Err = SecurityError;
+    fn from_str(s: &str) -> Result<Self, SecurityError> {
+        PublicKey::from_z85(s)
+    }
+}
+
+fn decode_key(text: &str) -> Result<[u8; KEY_BYTES], SecurityError> {
+    let text = text.trim();
+    if text.len() != Z85_KEY_CHARS {
+        return Err(SecurityError::BadKey(format!(
+            "{} characters, a Z85 key has {Z85_KEY_CHARS}",
+            text.len()
+        )));
+    }
+    let bytes = zmq::z85_decode(text).map_err(|e| SecurityError::BadKey(e.to_string()))?;
+    bytes
+        .try_into()
+        .map_err(|_| SecurityError::BadKey("not 32 bytes".into()))
+}
+
+fn encode_key(bytes: &[u8; KEY_BYTES]) -> String {
+    // 32 bytes are a multiple of 4: Z85 cannot refuse them.
+    zmq::z85_encode(bytes).unwrap_or_default()
+}
+
+/// Whether `name` may name a key file (and an identity in ACL rules).
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A node's identity: a name and a CURVE key pair. The secret never
+/// appears in `Debug` output or logs.
+#[derive(Clone)]
+pub struct Identity {
+    name: String,
+    public: PublicKey,
+    secret: [u8; KEY_BYTES],
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("name", &self.name)
+            .field("public", &self.public)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Identity {
+    /// A new random key pair named `name` (libsodium's generator).
+    pub fn generate(name: &str) -> Result<Identity, SecurityError> {
+        if !valid_name(name) {
+            return Err(SecurityError::BadName(name.into()));
+        }
+        let pair = zmq::CurveKeyPair::new().map_err(|_| SecurityError::NoCurve)?;
+        Ok(Identity {
+            name: name.into(),
+            public: PublicKey(pair.public_key),
+            secret: pair.secret_key,
+        })
+    }
+
+    /// The identity's name (the key file's name without `.key`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The public key.
+    pub fn public(&self) -> PublicKey {
+        self.public
+    }
+
+    pub(crate) fn secret(&self) -> &[u8; KEY_BYTES] {
+        &self.secret
+    }
+
+    /// Reads a secret key file (`NAME.key`). It must be a regular file of
+    /// its owner only (mode 0600 or stricter), and its public key must be
+    /// the one its secret key gives.
+    pub fn load(path: &Path) -> Result<Identity, SecurityError> {
+        let text = read_small(path)?;
+        let fields = parse_zpl(&text, path)?;
+        let malformed = |why: &str| SecurityError::Malformed {
+            path: path.into(),
+            why: why.into(),
+        };
+        let secret = fields
+            .get("secret-key")
+            .ok_or_else(|| malformed("no secret-key (a .pub file is not an identity)"))?;
+        let mode = fs::metadata(path)
+            .map_err(|source| SecurityError::Io {
+                path: path.into(),
+                source,
+            })?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(SecurityError::Permissions {
+                path: path.into(),
+                mode: mode & 0o777,
+            });
+        }
+        let secret = decode_key(secret).map_err(|e| malformed(&format!("secret-key: {e}")))?;
+        let public = public_of(&secret)?;
+        if let Some(p) = fields.get("public-key") {
+            let p = decode_key(p).map_err(|e| malformed(&format!("public-key: {e}")))?;
+            if p != public.0 {
+                return Err(SecurityError::Mismatch { path: path.into() });
+            }
+        }
+        let name = fields
+            .get("name")
+            .cloned()
+            .or_else(|| stem(path, "key"))
+            .filter(|n| valid_name(n))
+            .unwrap_or_else(|| public.fingerprint());
+        Ok(Identity {
+            name,
+            public,
+            secret,
+        })
+    }
+
+    /// Writes `DIR/NAME.key` (the secret, mode 0600) and `DIR/NAME.pub`
+    /// (the public key, mode 0644), creating `DIR` (mode 0700) if needed.
+    /// Never overwrites a file. Returns both paths.
+    pub fn write(&self, dir: &Path) -> Result<(PathBuf, PathBuf), SecurityError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| SecurityError::Io { path, source }
+        };
+        if !dir.exists() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(io(dir))?;
+        }
+        let key = dir.join(format!("{}.key", self.name));
+        let public = dir.join(format!("{}.pub", self.name));
+        for p in [&key, &public] {
+            if p.exists() {
+                return Err(SecurityError::Exists(p.clone()));
+            }
+        }
+        let z = self.public.to_z85();
+        let stamp = humantime_now();
+        let secret_text = format!(
+            "# Milonga CURVE identity {name}: the SECRET key (made {stamp} by milonga keygen).\n\
+             # Readable by its owner only; never copy it to another machine.\n\n\
+             metadata\n    name = \"{name}\"\ncurve\n    public-key = \"{z}\"\n    secret-key = \"{s}\"\n",
+            name = self.name,
+            s = encode_key(&self.secret),
+        );
+        let public_text = format!(
+            "# Milonga CURVE identity {name}: the public key (made {stamp} by milonga keygen).\n\
+             # Put it in the trust directory of every node that may talk to {name}.\n\n\
+             metadata\n    name = \"{name}\"\ncurve\n    public-key = \"{z}\"\n",
+            name = self.name,
+        );
+        write_new(&key, secret_text.as_bytes(), 0o600).map_err(io(&key))?;
+        write_new(&public, public_text.as_bytes(), 0o644).map_err(io(&public))?;
+        Ok((key, public))
+    }
+}
+
+/// The public key a secret key gives.
+fn public_of(secret: &[u8; KEY_BYTES]) -> Result<PublicKey, SecurityError> {
+    let z = zmq::z85_encode(secret).map_err(|_| SecurityError::NoCurve)?;
+    let mut secret_z = z.into_bytes();
+    secret_z.push(0);
+    let mut public_z = [0u8; Z85_KEY_CHARS + 1];
+    let rc = super::zmq_io::curve_public(&mut public_z, &secret_z);
+    if rc != 0 {
+        return Err(SecurityError::NoCurve);
+    }
+    let text =
+        std::str::from_utf8(&public_z[..Z85_KEY_CHARS]).map_err(|_| SecurityError::NoCurve)?;
+    PublicKey::from_z85(text)
+}
+
+fn stem(path: &Path, ext: &str) -> Option<String> {
+    (path.extension()? == ext).then(|| path.file_stem()?.to_str().map(str::to_owned))?
+}
+
+fn humantime_now() -> String {
+    let s = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{s} (seconds since 1970, UTC)")
+}
+
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Reads a regular file of at most [`MAX_FILE_BYTES`], not following a
+/// link and not blocking on a FIFO.
+fn read_small(path: &Path) -> Result<String, SecurityError> {
+    let io = |source| SecurityError::Io {
+        path: path.into(),
+        source,
+    };
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io)?;
+    let meta = f.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(SecurityError::Malformed {
+            path: path.into(),
+            why: "not a regular file".into(),
+        });
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(SecurityError::Malformed {
+            path: path.into(),
+            why: format!("{} bytes, at most {MAX_FILE_BYTES}", meta.len()),
+        });
+    }
+    let mut text = String::new();
+    f.take(MAX_FILE_BYTES)
+        .read_to_string(&mut text)
+        .map_err(|e| SecurityError::Malformed {
+            path: path.into(),
+            why: e.to_string(),
+        })?;
+    Ok(text)
+}
+
+/// The `name = "value"` lines of a ZPL file (sections and comments aside):
+/// what a key file needs.
+fn parse_zpl(text: &str, path: &Path) -> Result<HashMap<String, String>, SecurityError> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else {
+            continue; // a section name
+        };
+        let value = value.trim();
+        let value = value
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or(value);
+        out.insert(name.trim().to_owned(), value.to_owned());
+    }
+    if !out.contains_key("public-key") && !out.contains_key("secret-key") {
+        return Err(SecurityError::Malformed {
+            path: path.into(),
+            why: "no public-key or secret-key line".into(),
+        });
+    }
+    Ok(out)
+}
+
+/// Reads a public key file (`NAME.pub`, or a `.key` file's public part).
+pub fn load_public(path: &Path) -> Result<(String, PublicKey), SecurityError> {
+    let text = read_small(path)?;
+    let fields = parse_zpl(&text, path)?;
+    let p = fields
+        .get("public-key")
+        .ok_or_else(|| SecurityError::Malformed {
+            path: path.into(),
+            why: "no public-key line".into(),
+        })?;
+    let key = PublicKey::from_z85(p).map_err(|e| SecurityError::Malformed {
+        path: path.into(),
+        why: format!("public-key: {e}"),
+    })?;
+    // In a trust directory the file names the key, whatever it says.
+    let name = stem(path, "pub")
+        .or_else(|| fields.get("name").cloned())
+        .filter(|n| valid_name(n))
+        .unwrap_or_else(|| key.fingerprint());
+    Ok((name, key))
+}
+
+/// The keys a node trusts: every `*.pub` file of a directory (like ssh's
+/// `authorized_keys`), each named by its file.
+#[derive(Debug, Clone, Default)]
+pub struct Trust {
+    dir: PathBuf,
+    by_key: HashMap<PublicKey, String>,
+    by_name: BTreeMap<String, PublicKey>,
+    /// Files skipped (unreadable or malformed), with why.
+    skipped: Vec<(PathBuf, String)>,
+}
+
+impl Trust {
+    /// Reads every `*.pub` file of `dir`. A file that is not a public key is
+    /// skipped (listed by [`Trust::skipped`], and logged); a directory that
+    /// cannot be read is an error.
+    pub fn load(dir: &Path) -> Result<Trust, SecurityError> {
+        let io = |source| SecurityError::Io {
+            path: dir.into(),
+            source,
+        };
+        let mut t = Trust {
+            dir: dir.into(),
+            ..Trust::default()
+        };
+        let mut entries: Vec<PathBuf> = fs::read_dir(dir)
+            .map_err(io)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "pub"))
+            .collect();
+        entries.sort();
+        for path in entries.into_iter().take(MAX_TRUSTED) {
+            match load_public(&path) {
+                Ok((name, key)) => t.insert(name, key),
+                Err(e) => t.skipped.push((path, e.to_string())),
+            }
+        }
+        Ok(t)
+    }
+
+    fn insert(&mut self, name: String, key: PublicKey) {
+        self.by_name.insert(name.clone(), key);
+        self.by_key.entry(key).or_insert(name);
+    }
+
+    /// The name a trusted key goes by, or `None` if it is not trusted.
+    pub fn name_of(&self, key: &PublicKey) -> Option<&str> {
+        self.by_key.get(key).map(String::as_str)
+    }
+
+    /// The trusted key of `name` (a `.pub` file's name without `.pub`).
+    pub fn key_of(&self, name: &str) -> Option<PublicKey> {
+        self.by_name.get(name).copied()
+    }
+
+    /// How many keys are trusted.
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// Whether no key is trusted.
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// The directory read.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Files skipped, and why.
+    pub fn skipped(&self) -> &[(PathBuf, String)] {
+        &self.skipped
+    }
+}
+
+/// What a trust directory looked like when read: each `.pub` file's name,
+/// modification time (seconds, nanoseconds) and size. A change means a
+/// reload.
+type DirStamp = Vec<(PathBuf, i64, i64, u64)>;
+
+fn dir_stamp(dir: &Path) -> DirStamp {
+    let mut out: Vec<_> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "pub"))
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((e.path(), m.mtime(), m.mtime_nsec(), m.len()))
+        })
+        .take(MAX_TRUSTED + 1)
+        .collect();
+    out.sort();
+    out
+}
+
+/// A node's security: its identity, what it trusts (reloaded when the
+/// directory changes), and the keys of the peers it may connect to.
+pub(crate) struct Guard {
+    pub(crate) identity: Identity,
+    /// Its own key is always trusted (a node subscribes to itself).
+    trust: RwLock<Trust>,
+    stamp: Mutex<(Instant, DirStamp)>,
+    /// The ZAP domain of the node's listening sockets.
+    pub(crate) zap_domain: String,
+    core: Weak<NodeCore>,
+    /// The key of every endpoint of the trusted peers discovery shows (the
+    /// server key a connection to it must name).
+    peer_keys: Mutex<HashMap<String, PublicKey>>,
+    /// Keys given with static peers (`NAME@tcp://…`).
+    static_keys: Mutex<HashMap<String, PublicKey>>,
+    /// Untrusted peers already logged, by node id.
+    untrusted: Mutex<std::collections::HashSet<String>>,
+}
+
+/// How often a node looks at its trust directory.
+const TRUST_CHECK: Duration = Duration::from_secs(1);
+
+impl Guard {
+    pub(crate) fn new(
+        core: &Arc<NodeCore>,
+        identity: Identity,
+        trust_dir: &Path,
+    ) -> Result<Arc<Guard>, SecurityError> {
+        let stamp = dir_stamp(trust_dir);
+        let mut trust = Trust::load(trust_dir)?;
+        for (path, why) in &trust.skipped {
+            tracing::warn!(file = %path.display(), %why, "trust directory: skipped a file that is not a public key");
+        }
+        trust.insert(identity.name.clone(), identity.public);
+        let g = Arc::new(Guard {
+            identity,
+            trust: RwLock::new(trust),
+            stamp: Mutex::new((Instant::now(), stamp)),
+            zap_domain: format!("milonga-{}", core.id),
+            core: Arc::downgrade(core),
+            peer_keys: Mutex::default(),
+            static_keys: Mutex::default(),
+            untrusted: Mutex::default(),
+        });
+        register(&g);
+        Ok(g)
+    }
+
+    /// The name `key` goes by if trusted.
+    pub(crate) fn trusted(&self, key: &PublicKey) -> Option<String> {
+        self.trust
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .name_of(key)
+            .map(str::to_owned)
+    }
+
+    /// The trusted key named `name`.
+    pub(crate) fn key_named(&self, name: &str) -> Option<PublicKey> {
+        self.trust
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .key_of(name)
+    }
+
+    /// Reads the trust directory again if it changed (checked at most once
+    /// a second; the node thread calls this every turn). Whether it did.
+    pub(crate) fn refresh(&self) -> bool {
+        let mut st = lock(&self.stamp);
+        if st.0.elapsed() < TRUST_CHECK {
+            return false;
+        }
+        st.0 = Instant::now();
+        let dir = self
+            .trust
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .dir
+            .clone();
+        let now = dir_stamp(&dir);
+        if now == st.1 {
+            return false;
+        }
+        st.1 = now;
+        match Trust::load(&dir) {
+            Ok(mut t) => {
+                for (path, why) in &t.skipped {
+                    limited!(warn, file = %path.display(), %why, "trust directory: skipped a file that is not a public key");
+                }
+                t.insert(self.identity.name.clone(), self.identity.public);
+                tracing::info!(dir = %dir.display(), keys = t.len(), "trust directory changed: reloaded (new connections only)");
+                *self.trust.write().unwrap_or_else(|e| e.into_inner()) = t;
+                true
+            }
+            Err(e) => {
+                limited!(warn, dir = %dir.display(), %e, "trust directory unreadable: keeping the keys read before");
+                false
+            }
+        }
+    }
+
+    /// Keeps of `peers` those announcing a trusted key, and learns the key
+    /// of each of their endpoints. The others are counted
+    /// (`peers_untrusted`) and logged once each: this node neither
+    /// connects to them nor lists them.
+    pub(crate) fn admit_peers(&self, peers: &mut BTreeMap<String, Announcement>) {
+        let mut keys = HashMap::new();
+        let mut untrusted = lock(&self.untrusted);
+        peers.retain(|id, a| {
+            let key = a.key.as_deref().map(PublicKey::from_z85);
+            match key {
+                Some(Ok(k)) if self.trusted(&k).is_some() => {
+                    for ep in endpoints_of(a) {
+                        keys.insert(ep.to_owned(), k);
+                    }
+                    true
+                }
+                other => {
+                    if untrusted.len() < 4096 && untrusted.insert(id.clone()) {
+                        if let Some(core) = self.core.upgrade() {
+                            core.counters
+                                .peers_untrusted
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        let why = match other {
+                            None => "it announces no key (security off?)".to_owned(),
+                            Some(Err(e)) => format!("its key is malformed: {e}"),
+                            Some(Ok(k)) => {
+                                format!("its key {} is not in the trust directory", k.fingerprint())
+                            }
+                        };
+                        limited!(warn, node = %a.name, %why, "not connecting to a peer");
+                    }
+                    false
+                }
+            }
+        });
+        *lock(&self.peer_keys) = keys;
+    }
+
+    /// Remembers the key of a static peer's control endpoint.
+    pub(crate) fn set_static_key(&self, endpoint: &str, key: PublicKey) {
+        lock(&self.static_keys).insert(endpoint.to_owned(), key);
+    }
+
+    /// The server key a connection to `endpoint` must name, if known.
+    pub(crate) fn key_for(&self, endpoint: &str) -> Option<PublicKey> {
+        let learned = lock(&self.peer_keys).get(endpoint).copied();
+        learned.or_else(|| lock(&self.static_keys).get(endpoint).copied())
+    }
+
+    fn refuse(&self, key: &PublicKey, address: &str) {
+        if let Some(core) = self.core.upgrade() {
+            core.counters
+                .auth_refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        limited!(warn, key = %key, fingerprint = %key.fingerprint(), %address, "refused a connection: its key is not in the trust directory");
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let mut reg = lock(&REGISTRY);
+        if reg
+            .get(&self.zap_domain)
+            .is_some_and(|w| w.strong_count() == 0)
+        {
+            reg.remove(&self.zap_domain);
+        }
+    }
+}
+
+/// Makes `sock` a CURVE client for its next `connect`, to `endpoint`, when
+/// `guard` is there (security on): the server key is the one known for
+/// `endpoint` (announced by a trusted peer, or given with a static peer).
+/// An inproc endpoint needs none (no handshake within a process).
+pub(crate) fn secure_client(
+    guard: Option<&Guard>,
+    sock: &zmq::Socket,
+    endpoint: &str,
+) -> Result<(), crate::model::error::TransportError> {
+    use crate::model::error::{IntoTransport, TransportError};
+    let Some(g) = guard else {
+        return Ok(());
+    };
+    if endpoint.starts_with("inproc://") {
+        return Ok(());
+    }
+    let Some(server) = g.key_for(endpoint) else {
+        return Err(TransportError::new(
+            format!("no trusted key is known for {endpoint} (security on: docs/security.md)"),
+            None,
+        ));
+    };
+    let set = || -> zmq::Result<()> {
+        sock.set_curve_serverkey(server.as_bytes())?;
+        sock.set_curve_publickey(g.identity.public().as_bytes())?;
+        sock.set_curve_secretkey(g.identity.secret())
+    };
+    set().map_err(IntoTransport::transport)
+}
+
+/// A static peer as configured: `tcp://HOST:PORT`, or `WHO@tcp://HOST:PORT`
+/// where `WHO` names its key (a `.pub` file's name in the trust directory,
+/// or the key itself in Z85). The name (if any) and the endpoint.
+pub(crate) fn split_peer(spec: &str) -> (Option<&str>, &str) {
+    match spec.split_once('@') {
+        Some((who, ep)) if !who.contains("://") && ep.contains("://") => (Some(who), ep),
+        _ => (None, spec),
+    }
+}
+
+/// The key `who` names: a trusted key's name, or a Z85 key.
+pub(crate) fn resolve_key(guard: &Guard, who: &str) -> Option<PublicKey> {
+    guard
+        .key_named(who)
+        .or_else(|| PublicKey::from_z85(who).ok())
+}
+
+/// Every endpoint an announcement names.
+fn endpoints_of(a: &Announcement) -> impl Iterator<Item = &str> {
+    [
+        Some(a.control.as_str()),
+        a.data_best_effort.as_deref(),
+        a.data_reliable.as_deref(),
+        a.liveliness.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .chain(a.services.iter().map(|s| s.endpoint.as_str()))
+}
+
+/// The guards of this process's secured nodes, by ZAP domain.
+static REGISTRY: Mutex<BTreeMap<String, Weak<Guard>>> = Mutex::new(BTreeMap::new());
+
+fn register(g: &Arc<Guard>) {
+    lock(&REGISTRY).insert(g.zap_domain.clone(), Arc::downgrade(g));
+}
+
+/// The ZAP verdict on a connection to a socket of ZAP domain `domain` by a
+/// client presenting `key` (RFC 27): the name it goes by, or why not.
+pub(crate) fn admit(domain: &str, key: &[u8], address: &str) -> Result<String, &'static str> {
+    let Ok(key) = <[u8; KEY_BYTES]>::try_from(key) else {
+        return Err("not a CURVE key");
+    };
+    let key = PublicKey(key);
+    let guard = lock(&REGISTRY).get(domain).and_then(Weak::upgrade);
+    let Some(guard) = guard else {
+        return Err("no such node");
+    };
+    match guard.trusted(&key) {
+        Some(name) => Ok(name),
+        None => {
+            guard.refuse(&key, address);
+            Err("key not trusted")
+        }
+    }
+}
+
+#[cfg(test)]
+fn z85(bytes: &[u8; KEY_BYTES]) -> String {
+    encode_key(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("milonga-curve-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn a_written_identity_loads_back_with_its_modes() {
+        let dir = tmp("write");
+        let id = Identity::generate("alice").unwrap();
+        let (key, public) = id.write(&dir).unwrap();
+        assert_eq!(
+            fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            fs::metadata(&public).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
+        let back = Identity::load(&key).unwrap();
+        assert_eq!(back.name(), "alice");
+        assert_eq!(back.public(), id.public());
+        assert_eq!(back.secret(), id.secret());
+        let (name, p) = load_public(&public).unwrap();
+        assert_eq!((name.as_str(), p), ("alice", id.public()));
+        assert!(matches!(id.write(&dir), Err(SecurityError::Exists(_))));
+        // The secret appears nowhere in Debug.
+        assert!(!format!("{id:?}").contains(&z85(id.secret())));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_key_files_are_clear_errors() {
+        let dir = tmp("bad");
+        let id = Identity::generate("bob").unwrap();
+        let (key, public) = id.write(&dir).unwrap();
+        // Readable by others.
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(
+            Identity::load(&key),
+            Err(SecurityError::Permissions { .. })
+        ));
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).unwrap();
+        // A public key file is not an identity.
+        let e = Identity::load(&public).unwrap_err().to_string();
+        assert!(e.contains("no secret-key"), "{e}");
+        // A corrupt secret: the public key no longer matches.
+        let text = fs::read_to_string(&key).unwrap();
+        let s = z85(id.secret());
+        let mut flipped = s.clone().into_bytes();
+        flipped[5] = if flipped[5] == b'a' { b'b' } else { b'a' };
+        fs::write(
+            &key,
+            text.replace(&s, std::str::from_utf8(&flipped).unwrap()),
+        )
+        .unwrap();
+        assert!(matches!(
+            Identity::load(&key),
+            Err(SecurityError::Mismatch { .. })
+        ));
+        // Truncated: not a key.
+        fs::write(&key, "curve\n    secret-key = \"abc\"\n").unwrap();
+        let e = Identity::load(&key).unwrap_err().to_string();
+        assert!(e.contains("secret-key") && e.contains("characters"), "{e}");
+        assert!(Identity::generate("../x").is_err());
+        assert!(matches!(
+            Identity::load(&dir.join("missing.key")),
+            Err(SecurityError::Io { .. })
+        ));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_trust_directory_names_its_keys_and_skips_what_is_not_one() {
+        let dir = tmp("trust");
+        let a = Identity::generate("a").unwrap();
+        let b = Identity::generate("b").unwrap();
+        a.write(&dir).unwrap();
+        b.write(&dir).unwrap();
+        fs::write(dir.join("junk.pub"), "hello").unwrap();
+        let t = Trust::load(&dir).unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.name_of(&a.public()), Some("a"));
+        assert_eq!(t.key_of("b"), Some(b.public()));
+        assert_eq!(t.skipped().len(), 1);
+        assert!(Trust::load(&dir.join("nope")).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
