@@ -32,6 +32,7 @@ from ._native import (
     IncompatibleQos,
     Lost,
     PendingCall,
+    PermissionDenied,
     Publisher,
     PublisherAlive,
     PublisherLost,
@@ -56,6 +57,7 @@ from .errors import (
     Rejected,
     RemoteError,
     ServerLost,
+    CallDenied,
     ServiceError,
     TimeoutError,
     TooLarge,
@@ -64,6 +66,7 @@ from .errors import (
 
 __all__ = [
     "open",
+    "keygen",
     "Node",
     "Publisher",
     "Subscription",
@@ -80,6 +83,7 @@ __all__ = [
     "DeadlineMissed",
     "SubscriptionLive",
     "IncompatibleQos",
+    "PermissionDenied",
     "UnknownEvent",
     "Event",
     "Tagged",
@@ -97,6 +101,7 @@ __all__ = [
     "NoServer",
     "RemoteError",
     "ServerLost",
+    "CallDenied",
     "Rejected",
     "BadReply",
     "ServiceError",
@@ -116,6 +121,7 @@ Event = (
     | DeadlineMissed
     | SubscriptionLive
     | IncompatibleQos
+    | PermissionDenied
     | UnknownEvent
 )
 
@@ -351,6 +357,14 @@ class Node(_native.Node):
 def _default_name() -> str:
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
     return f"{prog or 'python'}-{os.getpid()}"
+
+
+def keygen(name: str, directory: str | os.PathLike[str]) -> tuple[str, str]:
+    """Makes a CURVE identity for a node whose ``security`` is on
+    (docs/security.md): ``directory/name.key`` (the secret key, mode 0600)
+    and ``directory/name.pub`` (its public key, for other nodes' trust
+    directories). Never overwrites a file. Returns both paths."""
+    return _native.keygen(name, os.fspath(directory))
 
 
 def open(locator: str, name: str | None = None, **config: Any) -> Node:

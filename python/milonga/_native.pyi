@@ -11,6 +11,7 @@ __all__ = [
     "Lost",
     "Node",
     "PendingCall",
+    "PermissionDenied",
     "Publisher",
     "PublisherAlive",
     "PublisherLost",
@@ -22,10 +23,12 @@ __all__ = [
     "SubscriptionLive",
     "Tagged",
     "UnknownEvent",
+    "keygen",
     "version",
 ]
 
 def version() -> str: ...
+def keygen(name: str, directory: str) -> tuple[str, str]: ...
 
 @final
 class Buffer:
@@ -102,6 +105,7 @@ _Event = (
     | DeadlineMissed
     | SubscriptionLive
     | IncompatibleQos
+    | PermissionDenied
     | UnknownEvent
 )
 
@@ -183,6 +187,15 @@ class IncompatibleQos:
     def policy(self) -> str: ...
     @property
     def detail(self) -> str: ...
+
+@final
+class PermissionDenied:
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def publisher(self) -> str | None: ...
+    @property
+    def reason(self) -> str: ...
 
 @final
 class UnknownEvent:

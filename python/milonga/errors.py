@@ -22,6 +22,7 @@ __all__ = [
     "NoServer",
     "RemoteError",
     "ServerLost",
+    "CallDenied",
     "Rejected",
     "BadReply",
     "ServiceError",
@@ -90,6 +91,13 @@ class RemoteError(Error):
 
 class ServerLost(Error):
     """The server's process went away while the call was in flight."""
+
+    server: str = ""
+
+
+class CallDenied(Error, PermissionError):
+    """The server's node refused the caller: its security is on and the
+    caller's key is not in its trust directory."""
 
     server: str = ""
 

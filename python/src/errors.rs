@@ -139,6 +139,9 @@ pub(crate) fn call(py: Python<'_>, e: CallError) -> PyErr {
                 &[("server", server), ("kind", s(py, &kind))],
             )
         }
+        CallError::PermissionDenied { server, .. } => {
+            raise_with(py, "CallDenied", msg, &[("server", s(py, &server))])
+        }
         CallError::BadReply { server, .. } => {
             raise_with(py, "BadReply", msg, &[("server", s(py, &server))])
         }

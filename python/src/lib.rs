@@ -734,6 +734,15 @@ fn event_to_py(py: Python<'_>, ev: Event, threshold: usize) -> PyResult<Py<PyAny
             },
         )?
         .into_any(),
+        Event::PermissionDenied(p) => Py::new(
+            py,
+            PermissionDenied {
+                endpoint: p.endpoint,
+                publisher: p.publisher.map(|n| n.to_hex()),
+                reason: p.reason,
+            },
+        )?
+        .into_any(),
         other => Py::new(
             py,
             Unknown {
@@ -882,6 +891,25 @@ impl IncompatibleQos {
     }
 }
 
+/// A publisher's node refused this subscription (its security is on and
+/// this node's key is not in its trust directory).
+#[pyclass(frozen, module = "milonga._native", name = "PermissionDenied", get_all)]
+pub(crate) struct PermissionDenied {
+    endpoint: String,
+    publisher: Option<String>,
+    reason: String,
+}
+
+#[pymethods]
+impl PermissionDenied {
+    fn __repr__(&self) -> String {
+        format!(
+            "PermissionDenied(endpoint={:?}, reason={:?})",
+            self.endpoint, self.reason
+        )
+    }
+}
+
 /// An event of a kind this binding does not know yet.
 #[pyclass(frozen, module = "milonga._native", name = "UnknownEvent", get_all)]
 pub(crate) struct Unknown {
@@ -1018,6 +1046,20 @@ impl ServerReply {
     }
 }
 
+/// Makes a CURVE identity: `directory/name.key` (the secret, mode 0600)
+/// and `directory/name.pub`; their paths.
+#[pyfunction]
+fn keygen(py: Python<'_>, name: &str, directory: std::path::PathBuf) -> PyResult<(String, String)> {
+    let made = milonga::security::Identity::generate(name).and_then(|id| id.write(&directory));
+    match made {
+        Ok((key, public)) => Ok((key.display().to_string(), public.display().to_string())),
+        Err(e @ milonga::SecurityError::BadName(_)) => {
+            Err(errors::raise(py, "ConfigError", e.to_string()))
+        }
+        Err(e) => Err(errors::raise(py, "OpenError", e.to_string())),
+    }
+}
+
 /// Milonga's version.
 #[pyfunction]
 fn version() -> &'static str {
@@ -1036,6 +1078,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DeadlineMissed>()?;
     m.add_class::<SubscriptionLive>()?;
     m.add_class::<IncompatibleQos>()?;
+    m.add_class::<PermissionDenied>()?;
     m.add_class::<Unknown>()?;
     m.add_class::<Request>()?;
     m.add_class::<Service>()?;
@@ -1044,5 +1087,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<convert::Buffer>()?;
     m.add_class::<convert::Tagged>()?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(keygen, m)?)?;
     Ok(())
 }

@@ -116,6 +116,10 @@ struct PubsubArgs {
     /// would; a round trip waits twice).
     #[arg(long, default_value_t = 0.0)]
     delay_ms: f64,
+    /// Also measure Milonga with security on (CURVE on every connection,
+    /// docs/security.md), as a row `mlg+curve` in the same run.
+    #[arg(long = "with-security")]
+    with_security: bool,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -141,6 +145,10 @@ struct LatencyArgs {
     /// would; a round trip waits twice).
     #[arg(long, default_value_t = 0.0)]
     delay_ms: f64,
+    /// Also measure Milonga with security on (CURVE on every connection,
+    /// docs/security.md), as a row `mlg+curve` in the same run.
+    #[arg(long = "with-security")]
+    with_security: bool,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -165,6 +173,37 @@ pub(crate) struct Place {
     /// Milonga publishers: samples kept per key (`PublisherQos::history`).
     #[serde(default)]
     pub history: usize,
+    /// Milonga with security on: the directory of the run's key
+    /// (`bench.key`) and trust directory (`trust/`).
+    #[serde(default)]
+    pub keys: Option<String>,
+}
+
+/// The systems measured in a run: the raw baseline if asked, Milonga, and
+/// Milonga with security on if asked.
+fn systems(baseline: Baseline, security: bool) -> Vec<&'static str> {
+    let mut s = Vec::new();
+    if baseline == Baseline::RawZmq {
+        s.push("raw-zmq");
+    }
+    s.push("milonga");
+    if security {
+        s.push("mlg+curve");
+    }
+    s
+}
+
+/// Makes the one identity every worker of a secured run uses (in `dir`),
+/// trusted by all: the cost measured is CURVE's, not key management's.
+fn bench_keys(dir: &std::path::Path) -> Result<String> {
+    let keys = dir.join("keys");
+    if !keys.join("bench.key").exists() {
+        let id = milonga::security::Identity::generate("bench")?;
+        id.write(&keys)?;
+        std::fs::create_dir_all(keys.join("trust"))?;
+        std::fs::copy(keys.join("bench.pub"), keys.join("trust").join("bench.pub"))?;
+    }
+    Ok(keys.display().to_string())
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -484,18 +523,14 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
         );
     } else {
         println!(
-            "{:<8} {:>6} {:>9} {:>5} {:>14} {:>10} {:>8}",
+            "{:<9} {:>6} {:>9} {:>5} {:>14} {:>10} {:>8}",
             "system", "transp", "bytes", "subs", "events/s/sub", "MB/s/sub", "lost"
         );
     }
     let mut cell = 0;
     for &size in &a.sizes {
         for &subs in &a.subs {
-            let mut systems: Vec<&'static str> = vec!["milonga"];
-            if a.baseline == Baseline::RawZmq {
-                systems.insert(0, "raw-zmq");
-            }
-            for system in systems {
+            for system in systems(a.baseline, a.with_security) {
                 cell += 1;
                 let hwm = hwm_for(size);
                 let at = Place {
@@ -508,6 +543,9 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     transport: t.name().to_owned(),
                     hwm,
                     history: a.history,
+                    keys: (system == "mlg+curve")
+                        .then(|| bench_keys(&tmp))
+                        .transpose()?,
                 };
                 let deadline_s = a.duration + 20.0 + size as f64 / 1e6;
                 let sub_role = |at: Place| match system {
@@ -558,7 +596,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     lost,
                 };
                 print_row(&row, t, a.format)?;
-                if system == "milonga" {
+                if system != "raw-zmq" {
                     let reported: u64 = subs_out.iter().map(|o| o.lost_reported).sum();
                     if reported > lost {
                         eprintln!("# note: milonga subscribers reported {reported} lost (gaps), more than sent - received = {lost}");
@@ -588,7 +626,7 @@ fn print_row(r: &Row, t: Transport, f: Format) -> Result<()> {
         )?,
         Format::Table => writeln!(
             o,
-            "{:<8} {:>6} {:>9} {:>5} {:>14.0} {:>10.2} {:>8}",
+            "{:<9} {:>6} {:>9} {:>5} {:>14.0} {:>10.2} {:>8}",
             r.system,
             t.name(),
             r.size,
@@ -704,6 +742,12 @@ fn mlg_config(at: &Place, name: &str) -> Result<Config> {
     c.send_hwm = at.hwm;
     c.recv_hwm = at.hwm;
     c.close_linger_ms = 5000;
+    if let Some(k) = &at.keys {
+        let k = std::path::Path::new(k);
+        c.security = milonga::Security::On;
+        c.key_file = Some(k.join("bench.key"));
+        c.trust_dir = Some(k.join("trust"));
+    }
     Ok(c)
 }
 
@@ -935,7 +979,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
         println!("system,transport,payload_bytes,latency_p50_us,latency_p99_us");
     } else {
         println!(
-            "{:<8} {:>6} {:>9} {:>10} {:>10} {:>8}",
+            "{:<9} {:>6} {:>9} {:>10} {:>10} {:>8}",
             "system", "transp", "bytes", "p50 us", "p99 us", "trips"
         );
     }
@@ -946,11 +990,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
         } else {
             a.round_trips
         };
-        let mut systems: Vec<&'static str> = vec!["milonga"];
-        if a.baseline == Baseline::RawZmq {
-            systems.insert(0, "raw-zmq");
-        }
-        for system in systems {
+        for system in systems(a.baseline, a.with_security) {
             cell += 1;
             let at = Place {
                 address: if system == "raw-zmq" {
@@ -968,6 +1008,9 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                 transport: t.name().to_owned(),
                 hwm: hwm_for(size),
                 history: 0,
+                keys: (system == "mlg+curve")
+                    .then(|| bench_keys(&tmp))
+                    .transpose()?,
             };
             let roles = if system == "raw-zmq" {
                 let back = endpoint_on(
@@ -1009,7 +1052,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                 )?,
                 Format::Table => writeln!(
                     out,
-                    "{system:<8} {:>6} {size:>9} {:>10.1} {:>10.1} {n:>8}",
+                    "{system:<9} {:>6} {size:>9} {:>10.1} {:>10.1} {n:>8}",
                     t.name(),
                     o.p50_us,
                     o.p99_us

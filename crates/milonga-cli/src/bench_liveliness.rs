@@ -217,6 +217,7 @@ pub fn run(a: LivelinessArgs, t: Transport) -> Result<std::process::ExitCode> {
         transport: t.name().to_owned(),
         hwm: 1000,
         history: 0,
+        keys: None,
     };
     let mut cfg = Config::new(&at.address, "live-sub");
     cfg.runtime_dir = Some(dir.clone());

@@ -677,8 +677,9 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
     // All at once: a node that does not answer costs one timeout in all.
     let controls: Vec<String> = peers.iter().map(|p| p.control.clone()).collect();
     let infos = node.query_many(&controls, Duration::from_millis(500));
-    for (peer, info) in peers.into_iter().zip(infos) {
-        rows.push(serde_json::json!({
+    let secured = node.security() == milonga::Security::On;
+    let row = |peer: &milonga::Announcement| {
+        serde_json::json!({
             "name": peer.name,
             "node_id": peer.node_id,
             "host": peer.host,
@@ -688,8 +689,24 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             "data_reliable": peer.data_reliable,
             "publications": peer.publications,
             "services": peer.services,
-            "stats": info.map(|i| i.stats),
-        }));
+            "key": peer.key,
+            "fingerprint": peer.key.as_deref().map(|k| k.chars().take(8).collect::<String>()),
+        })
+    };
+    for (peer, info) in peers.iter().zip(infos) {
+        let mut r = row(peer);
+        r["trusted"] = serde_json::json!(secured);
+        r["stats"] = serde_json::json!(info.map(|i| i.stats));
+        rows.push(r);
+    }
+    // Nodes seen and not connected to (security: an untrusted key, or a
+    // security setting other than this node's).
+    for (peer, why) in node.excluded_peers() {
+        let mut r = row(&peer);
+        r["trusted"] = serde_json::json!(false);
+        r["excluded"] = serde_json::json!(why);
+        r["stats"] = serde_json::Value::Null;
+        rows.push(r);
     }
     let mut o = std::io::stdout().lock();
     if a.json {
@@ -707,6 +724,18 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             r["pid"],
             r["control"].as_str().unwrap_or("?")
         )?;
+        if let Some(fp) = r["fingerprint"].as_str() {
+            let trust = if r["trusted"] == true {
+                "trusted"
+            } else {
+                "not trusted"
+            };
+            writeln!(o, "  key {fp}... ({trust})")?;
+        }
+        if let Some(why) = r["excluded"].as_str() {
+            writeln!(o, "  not connected: {why}")?;
+            continue;
+        }
         for (label, field) in [
             ("best-effort data", "data_best_effort"),
             ("reliable data", "data_reliable"),

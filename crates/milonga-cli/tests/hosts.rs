@@ -638,6 +638,7 @@ fn hostile_scouting_datagrams_are_dropped_and_counted() {
         version: 1,
         control: control.into(),
         announcement: None,
+        key: None,
     };
     let host0 = lan.bed.host(0).addr;
     let mut v2 = hello("tcp://10.99.0.2:9", tag).encode();
@@ -724,6 +725,114 @@ fn after_a_cut_link_a_reliable_subscriber_gets_every_sample() {
     );
 }
 
+/// Identities made for a test, and one trust directory.
+struct Keys {
+    dir: TempDir,
+}
+
+impl Keys {
+    /// Identities `names`; the trust directory holds those of `trusted`.
+    fn new(tag: &str, names: &[&str], trusted: &[&str]) -> Keys {
+        let k = Keys {
+            dir: TempDir::new(&format!("{tag}-keys")),
+        };
+        std::fs::create_dir_all(k.trust()).unwrap();
+        for n in names {
+            milonga::security::Identity::generate(n)
+                .unwrap()
+                .write(&k.dir.path().join("k"))
+                .unwrap();
+        }
+        for n in trusted {
+            std::fs::copy(
+                k.dir.path().join("k").join(format!("{n}.pub")),
+                k.trust().join(format!("{n}.pub")),
+            )
+            .unwrap();
+        }
+        k
+    }
+
+    fn key(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join("k").join(format!("{name}.key"))
+    }
+
+    fn trust(&self) -> std::path::PathBuf {
+        self.dir.path().join("trust")
+    }
+
+    /// Security on for `c`, as `name`.
+    fn on(&self, c: &mut Command, name: &str) {
+        c.env("MILONGA_SECURITY", "on")
+            .env("MILONGA_KEY", self.key(name))
+            .env("MILONGA_TRUST", self.trust());
+    }
+}
+
+#[test]
+fn with_security_scouting_finds_trusted_nodes_and_not_the_others() {
+    let Some(lan) = Lan::new("secscout", 3) else {
+        return;
+    };
+    let keys = Keys::new("secscout", &["alice", "bob", "eve"], &["alice", "bob"]);
+    let mut p = lan.bare(0, &["pub", "lan/x", "1", "--rate", "100"]);
+    keys.on(&mut p, "alice");
+    let _publ = Proc::spawn(p);
+    let mut s = lan.bare(1, &["sub", "lan/**", "--json"]);
+    keys.on(&mut s, "bob");
+    let sub = Proc::spawn(s);
+    let mut ledger = SeqLedger::default();
+    read_until(
+        &sub,
+        &mut ledger,
+        "a sample found by secured scouting",
+        is_sample,
+    );
+    // Eve's key is not trusted: she hears alice and is refused.
+    let mut e = lan.bare(2, &["sub", "lan/**", "--json"]);
+    keys.on(&mut e, "eve");
+    let eve = Proc::spawn(e);
+    let j = read_until(&eve, &mut SeqLedger::default(), "eve refused", |j| {
+        assert!(!is_sample(j), "a sample reached eve: {j}");
+        j["event"] == "permission_denied"
+    });
+    assert!(
+        j["reason"].as_str().unwrap().contains("trust directory"),
+        "{j}"
+    );
+}
+
+#[test]
+fn with_security_one_seed_named_by_its_key_is_enough_by_gossip() {
+    let Some(lan) = Lan::new("secgossip", 3) else {
+        return;
+    };
+    let keys = Keys::new(
+        "secgossip",
+        &["seed", "alice", "bob"],
+        &["seed", "alice", "bob"],
+    );
+    let mut seed = lan.node(0, 7100, &[], &["pub", "seed/x", "0", "--rate", "5"]);
+    keys.on(&mut seed, "seed");
+    let _seed = Proc::spawn(seed);
+    let named_seed = format!("seed@{}", lan.control(0));
+    let mut publ = lan.cmd(1, &["pub", "lan/b", "1", "--rate", "50"]);
+    publ.env("MILONGA_PEERS", &named_seed);
+    keys.on(&mut publ, "alice");
+    let _publ = Proc::spawn(publ);
+    let mut sub = lan.cmd(2, &["sub", "lan/**", "--json"]);
+    sub.env("MILONGA_PEERS", &named_seed);
+    keys.on(&mut sub, "bob");
+    let sub = Proc::spawn(sub);
+    let j = read_until(
+        &sub,
+        &mut SeqLedger::default(),
+        "a sample of host 1, learned through the seed with its key",
+        is_sample,
+    );
+    assert_eq!(j["key"], "lan/b", "{j}");
+}
+
 /// Whether `needle` occurs in `hay`.
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
@@ -734,20 +843,8 @@ fn an_eavesdropper_between_hosts_reads_payloads_only_with_security_off() {
     let Some(lan) = Lan::new("eaves", 2) else {
         return;
     };
-    let keys = TempDir::new("eaves-keys");
-    let alice = milonga::security::Identity::generate("alice").unwrap();
-    let bob = milonga::security::Identity::generate("bob").unwrap();
-    let (alice_key, _) = alice.write(&keys.path().join("k")).unwrap();
-    let (bob_key, _) = bob.write(&keys.path().join("k")).unwrap();
-    let trust = keys.path().join("trust");
-    std::fs::create_dir_all(&trust).unwrap();
-    for n in ["alice", "bob"] {
-        std::fs::copy(
-            keys.path().join("k").join(format!("{n}.pub")),
-            trust.join(format!("{n}.pub")),
-        )
-        .unwrap();
-    }
+    let keys = Keys::new("eaves", &["alice", "bob"], &["alice", "bob"]);
+    let (alice_key, bob_key, trust) = (keys.key("alice"), keys.key("bob"), keys.trust());
     let secret_text = std::fs::read_to_string(&alice_key).unwrap();
     let secret = secret_text
         .lines()

@@ -10,7 +10,8 @@
 //!  0     4    magic "MLGS"
 //!  4     1    version = 1
 //!  5     1    flags: bit 0 leaving (the node closes), bit 1 ask (answer
-//!             with your own hello: a node that just opened)
+//!             with your own hello: a node that just opened), bit 2 key
+//!             (the node's security is on: its CURVE public key follows)
 //!  6     2    reserved, 0
 //!  8     4    domain tag (little endian, as in the frame header)
 //! 12    16    node id
@@ -20,9 +21,11 @@
 //! 38     N    control endpoint, UTF-8, `tcp://ADDRESS:PORT`
 //! 38+N   2    length M of the announcement (little endian), 0: none
 //! 40+N   M    the announcement (JSON, [`crate::announce`]) of that version
+//! 40+N+M 32   with flag bit 2 only: the node's CURVE public key, the server
+//!             key of its control socket
 //! ```
 //!
-//! Nothing may follow; unknown flag bits are ignored. A sender includes
+//! Nothing else may follow; unknown flag bits are ignored. A sender includes
 //! its announcement when the whole hello fits [`MAX_INLINE`] bytes (one
 //! Ethernet frame), so that most nodes are known from their hello alone;
 //! a receiver of a hello without one asks the control endpoint.
@@ -37,6 +40,10 @@ pub const VERSION: u8 = 1;
 pub const FLAG_LEAVING: u8 = 1;
 /// Flag: the sender asks every node that hears it to send its own hello.
 pub const FLAG_ASK: u8 = 2;
+/// Flag: the node's CURVE public key ends the hello.
+pub const FLAG_KEY: u8 = 4;
+/// Bytes of a CURVE public key.
+pub const KEY_LEN: usize = 32;
 /// Bytes before the endpoint.
 pub const HEAD_LEN: usize = 38;
 /// Longest control endpoint a hello carries.
@@ -79,6 +86,8 @@ pub struct Hello {
     pub control: String,
     /// The node's announcement of `version` (JSON), when it fits.
     pub announcement: Option<Vec<u8>>,
+    /// The node's CURVE public key, when its security is on.
+    pub key: Option<[u8; KEY_LEN]>,
 }
 
 impl Hello {
@@ -93,7 +102,11 @@ impl Hello {
         let mut out = Vec::with_capacity(HEAD_LEN + ep.len());
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
-        out.push((u8::from(self.leaving) * FLAG_LEAVING) | (u8::from(self.ask) * FLAG_ASK));
+        out.push(
+            (u8::from(self.leaving) * FLAG_LEAVING)
+                | (u8::from(self.ask) * FLAG_ASK)
+                | (u8::from(self.key.is_some()) * FLAG_KEY),
+        );
         out.extend_from_slice(&[0, 0]);
         out.extend_from_slice(&self.domain_tag.to_le_bytes());
         out.extend_from_slice(&self.node_id.0);
@@ -107,13 +120,17 @@ impl Hello {
         );
         out.extend_from_slice(&(a.len() as u16).to_le_bytes());
         out.extend_from_slice(a);
+        if let Some(k) = &self.key {
+            out.extend_from_slice(k);
+        }
         out
     }
 
     /// The datagram, with `announcement` included if the whole fits
     /// [`MAX_INLINE`] bytes.
     pub fn encode_with(&self, announcement: &[u8]) -> Vec<u8> {
-        let fits = HEAD_LEN + self.control.len() + 2 + announcement.len() <= MAX_INLINE;
+        let key = if self.key.is_some() { KEY_LEN } else { 0 };
+        let fits = HEAD_LEN + self.control.len() + 2 + announcement.len() + key <= MAX_INLINE;
         Hello {
             announcement: fits.then(|| announcement.to_vec()),
             ..self.clone()
@@ -144,7 +161,9 @@ impl Hello {
             return Err(ScoutError::Truncated(b.len()));
         }
         let m = usize::from(u16_at(HEAD_LEN + n));
-        if b.len() != HEAD_LEN + n + 2 + m {
+        let flags = b[5];
+        let key_len = if flags & FLAG_KEY != 0 { KEY_LEN } else { 0 };
+        if b.len() != HEAD_LEN + n + 2 + m + key_len {
             return Err(ScoutError::Truncated(b.len()));
         }
         let control = std::str::from_utf8(&b[HEAD_LEN..HEAD_LEN + n])
@@ -152,7 +171,7 @@ impl Hello {
         if !control.starts_with("tcp://") {
             return Err(ScoutError::Endpoint(format!("{control:?} is not tcp://")));
         }
-        let flags = b[5];
+        let end = HEAD_LEN + n + 2 + m;
         Ok(Hello {
             leaving: flags & FLAG_LEAVING != 0,
             ask: flags & FLAG_ASK != 0,
@@ -160,7 +179,8 @@ impl Hello {
             node_id: NodeId(b[12..28].try_into().expect("16 bytes")),
             version: u64::from_le_bytes(b[28..36].try_into().expect("8 bytes")),
             control: control.to_owned(),
-            announcement: (m > 0).then(|| b[HEAD_LEN + n + 2..].to_vec()),
+            announcement: (m > 0).then(|| b[HEAD_LEN + n + 2..end].to_vec()),
+            key: (key_len > 0).then(|| b[end..].try_into().expect("32 bytes")),
         })
     }
 }
@@ -178,6 +198,7 @@ mod tests {
             version: 42,
             control: "tcp://10.99.0.1:7100".into(),
             announcement: None,
+            key: None,
         }
     }
 
@@ -203,6 +224,35 @@ mod tests {
                 .announcement,
             None
         );
+    }
+
+    #[test]
+    fn a_secured_nodes_hello_ends_with_its_key() {
+        let keyed = Hello {
+            key: Some([9; KEY_LEN]),
+            ..hello()
+        };
+        let b = keyed.encode_with(br#"{"a":1}"#);
+        assert_eq!(b[5] & FLAG_KEY, FLAG_KEY);
+        assert_eq!(&b[b.len() - KEY_LEN..], &[9; KEY_LEN]);
+        let back = Hello::decode(&b).unwrap();
+        assert_eq!(back.key, Some([9; KEY_LEN]));
+        assert_eq!(back.announcement.as_deref(), Some(&br#"{"a":1}"#[..]));
+        // The flag without the 32 bytes is truncated.
+        assert_eq!(
+            Hello::decode(&b[..b.len() - 1]),
+            Err(ScoutError::Truncated(b.len() - 1))
+        );
+        // A key counts toward the size that decides inlining.
+        let almost = vec![b' '; MAX_INLINE - HEAD_LEN - keyed.control.len() - 2];
+        assert!(Hello::decode(&hello().encode_with(&almost))
+            .unwrap()
+            .announcement
+            .is_some());
+        assert!(Hello::decode(&keyed.encode_with(&almost))
+            .unwrap()
+            .announcement
+            .is_none());
     }
 
     #[test]

@@ -213,6 +213,7 @@ fn mutations_of_a_scouting_hello_never_panic() {
         version: 3,
         control: "tcp://10.99.0.1:7100".into(),
         announcement: Some(br#"{"node_id":"x"}"#.to_vec()),
+        key: Some([3; 32]),
     }
     .encode();
     let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15);

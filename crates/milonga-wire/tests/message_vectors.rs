@@ -461,6 +461,7 @@ fn encode(family: &str, meaning: &Json) -> Vec<Vec<u8>> {
             version: meaning["version"].as_u64().unwrap(),
             control: meaning["control"].as_str().unwrap().to_owned(),
             announcement: meaning["announcement_hex"].as_str().map(unhex),
+            key: None,
         }
         .encode()],
         other => panic!("unknown family {other}"),
@@ -479,6 +480,7 @@ fn hello() -> Hello {
         announcement: Some(
             br#"{"protocol":1,"domain":"lab","node_id":"5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a","name":"ps@h:1","host":"h","pid":1,"start_time":0,"control":"tcp://10.99.0.1:7100","data_best_effort":null,"data_reliable":null,"liveliness":null,"publications":[],"services":[]}"#.to_vec(),
         ),
+        key: None,
     }
 }
 

@@ -60,6 +60,16 @@ impl Node {
         &self.inner.core().domain
     }
 
+    /// Whether this node's connections are secured (docs/security.md).
+    pub fn security(&self) -> crate::Security {
+        self.inner.core().cfg.security
+    }
+
+    /// This node's CURVE public key, when its security is on.
+    pub fn public_key(&self) -> Option<crate::security::PublicKey> {
+        self.inner.backend().public_key()
+    }
+
     /// Declares a best-effort publisher of `key`.
     pub fn publisher(&self, key: &str) -> Result<Publisher, PublisherError> {
         self.publisher_with(key, PublisherQos::default())

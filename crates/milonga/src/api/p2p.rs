@@ -31,6 +31,12 @@ pub trait NodeExt {
     /// counters at once, waiting at most `timeout` in all; `None` for those
     /// that do not answer in time.
     fn query_many(&self, control_endpoints: &[String], timeout: Duration) -> Vec<Option<NodeInfo>>;
+
+    /// The nodes discovery shows that this node does not connect to, and
+    /// why: a key not in its trust directory, no key while its security is
+    /// on, or a key while its security is off (docs/security.md). They are
+    /// not among [`crate::Node::peers`].
+    fn excluded_peers(&self) -> Vec<(crate::Announcement, String)>;
 }
 
 impl NodeExt for Node {
@@ -44,6 +50,10 @@ impl NodeExt for Node {
 
     fn query_many(&self, control_endpoints: &[String], timeout: Duration) -> Vec<Option<NodeInfo>> {
         crate::backend::p2p::control::query_many(self.inner.backend(), control_endpoints, timeout)
+    }
+
+    fn excluded_peers(&self) -> Vec<(crate::Announcement, String)> {
+        self.inner.backend().excluded_peers()
     }
 }
 

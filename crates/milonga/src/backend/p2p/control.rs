@@ -255,12 +255,8 @@ pub(crate) fn start<H: Host>(
         ..
     } = socks;
     let statics = StaticPeers::new(p2p.core.clone(), &control_endpoint, p2p.guard());
-    let scout = if p2p.security().is_some() && scouts(p2p.core()).is_some() {
-        // Hellos do not carry keys yet: docs/security.md.
-        tracing::info!("security is on: scouting is off (give peers as NAME@tcp://HOST:PORT)");
-        None
-    } else if let Some(iface) = scouts(p2p.core()) {
-        match ScoutPeers::open(p2p.core.clone(), iface, control_endpoint) {
+    let scout = if let Some(iface) = scouts(p2p.core()) {
+        match ScoutPeers::open(p2p.core.clone(), iface, control_endpoint, p2p.guard()) {
             Ok(s) => Some(s),
             // A group that is not one: the configuration is wrong.
             Err(e) if matches!(&e, OpenError::Config { key, .. } if key.starts_with("scout_group")) => {
@@ -481,17 +477,33 @@ impl<H: Host> Control<H> {
         known.retain(|ep| ep != own && endpoint_ip(ep).is_some_and(|ip| !ip.is_unspecified()));
         known.sort_unstable();
         known.dedup();
+        let excluded = match self.host.p2p().security() {
+            Some(g) => {
+                let excluded = g.admit_peers(&mut peers);
+                // Told with their keys (`KEY@tcp://…`): only those known
+                // and trusted.
+                known = known
+                    .into_iter()
+                    .filter_map(|ep| g.key_for(&ep).map(|k| format!("{}@{ep}", k.to_z85())))
+                    .collect();
+                excluded
+            }
+            None => {
+                let mut excluded = Vec::new();
+                peers.retain(|_, a| {
+                    if a.key.is_none() {
+                        return true;
+                    }
+                    limited!(warn, node = %a.name, "not connecting to a peer: its security is on and this node's is off (docs/security.md)");
+                    excluded.push((a.clone(), "its security is on and this node's is off".to_owned()));
+                    false
+                });
+                excluded
+            }
+        };
         known.truncate(MAX_TOLD);
         self.known = known;
-        match self.host.p2p().security() {
-            Some(g) => g.admit_peers(&mut peers),
-            None => peers.retain(|_, a| {
-                if a.key.is_some() {
-                    limited!(warn, node = %a.name, "not connecting to a peer: its security is on and this node's is off (docs/security.md)");
-                }
-                a.key.is_none()
-            }),
-        }
+        self.host.p2p().set_excluded(excluded);
         self.host.set_peers(peers);
     }
 
@@ -621,7 +633,7 @@ impl<H: Host> Control<H> {
         use milonga_wire::control::Request;
         let core = self.host.p2p().core();
         let c = &core.counters;
-        while let Some((frames, from)) = recv_request(&self.router) {
+        while let Some(Received { frames, from, key }) = recv_request(&self.router) {
             // Frame 0 is the ROUTER's identity of the asker.
             let request = match Request::decode(&frames[1..]) {
                 Ok(r) => r,
@@ -655,7 +667,13 @@ impl<H: Host> Control<H> {
                         stats::inc(&c.gossip_readdressed);
                         limited!(info, asker = %control, learned_at = %at, "a gossip request named another address than it came from: learned at the one it came from");
                     }
-                    self.statics.learn(&at, Instant::now());
+                    // With security on, the asker is learned with the key
+                    // its connection was admitted with.
+                    let told = match &key {
+                        Some(k) => format!("{k}@{at}"),
+                        None => at,
+                    };
+                    self.statics.learn(&told, Instant::now());
                     // A node with gossip off neither learns nor tells.
                     tell = core.cfg.gossip;
                 }
@@ -787,22 +805,38 @@ impl<H: Host> Control<H> {
 /// The next request waiting on the control ROUTER, without waiting: its
 /// frames, and the address it came from (libzmq's `Peer-Address`, `None`
 /// over ipc).
-fn recv_request(router: &zmq::Socket) -> Option<(Vec<Vec<u8>>, Option<String>)> {
+/// A control request: its frames, the address it came from (libzmq's
+/// `Peer-Address`) and, with security on, the asker's public key (the
+/// `User-Id` the ZAP handler gave its connection, in Z85).
+struct Received {
+    frames: Vec<Vec<u8>>,
+    from: Option<String>,
+    key: Option<String>,
+}
+
+fn recv_request(router: &zmq::Socket) -> Option<Received> {
     // The identity frame is the ROUTER's own: the peer's properties come
     // with the frames it sent.
     let identity = router.recv_bytes(zmq::DONTWAIT).ok()?;
-    let mut frames = vec![identity];
-    let mut from = None;
+    let mut r = Received {
+        frames: vec![identity],
+        from: None,
+        key: None,
+    };
     while router.get_rcvmore().unwrap_or(false) {
         let Ok(mut m) = router.recv_msg(0) else {
             break;
         };
-        if from.is_none() {
-            from = m.gets("Peer-Address").map(str::to_owned);
+        if r.frames.len() == 1 {
+            r.from = m.gets("Peer-Address").map(str::to_owned);
+            r.key = m
+                .gets("User-Id")
+                .filter(|k| !k.is_empty())
+                .map(str::to_owned);
         }
-        frames.push(m.to_vec());
+        r.frames.push(m.to_vec());
     }
-    Some((frames, from))
+    Some(r)
 }
 
 /// Where to learn a gossip asker that names `control` and asked from

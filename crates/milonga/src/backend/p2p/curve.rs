@@ -481,6 +481,11 @@ pub(crate) struct Guard {
     untrusted: Mutex<std::collections::HashSet<String>>,
 }
 
+/// Most keys of static and learned peers remembered; beyond, the map
+/// starts again (a learned peer is asked again, with the key it was told
+/// with, when gossip tells it again).
+const MAX_STATIC_KEYS: usize = 4096;
+
 /// How often a node looks at its trust directory.
 const TRUST_CHECK: Duration = Duration::from_secs(1);
 
@@ -567,9 +572,13 @@ impl Guard {
     /// of each of their endpoints. The others are counted
     /// (`peers_untrusted`) and logged once each: this node neither
     /// connects to them nor lists them.
-    pub(crate) fn admit_peers(&self, peers: &mut BTreeMap<String, Announcement>) {
+    pub(crate) fn admit_peers(
+        &self,
+        peers: &mut BTreeMap<String, Announcement>,
+    ) -> Vec<(Announcement, String)> {
         let mut keys = HashMap::new();
         let mut untrusted = lock(&self.untrusted);
+        let mut excluded = Vec::new();
         peers.retain(|id, a| {
             let key = a.key.as_deref().map(PublicKey::from_z85);
             match key {
@@ -580,31 +589,39 @@ impl Guard {
                     true
                 }
                 other => {
+                    let why = match other {
+                        None => "it announces no key (its security is off)".to_owned(),
+                        Some(Err(e)) => format!("its key is malformed: {e}"),
+                        Some(Ok(k)) => {
+                            format!("its key {} is not in the trust directory", k.fingerprint())
+                        }
+                    };
                     if untrusted.len() < 4096 && untrusted.insert(id.clone()) {
                         if let Some(core) = self.core.upgrade() {
                             core.counters
                                 .peers_untrusted
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
-                        let why = match other {
-                            None => "it announces no key (security off?)".to_owned(),
-                            Some(Err(e)) => format!("its key is malformed: {e}"),
-                            Some(Ok(k)) => {
-                                format!("its key {} is not in the trust directory", k.fingerprint())
-                            }
-                        };
                         limited!(warn, node = %a.name, %why, "not connecting to a peer");
                     }
+                    excluded.push((a.clone(), why));
                     false
                 }
             }
         });
         *lock(&self.peer_keys) = keys;
+        excluded
     }
 
-    /// Remembers the key of a static peer's control endpoint.
+    /// Remembers the key of a static peer's control endpoint (configured,
+    /// or learned by gossip: at most [`MAX_STATIC_KEYS`], the oldest
+    /// forgotten first).
     pub(crate) fn set_static_key(&self, endpoint: &str, key: PublicKey) {
-        lock(&self.static_keys).insert(endpoint.to_owned(), key);
+        let mut m = lock(&self.static_keys);
+        if m.len() >= MAX_STATIC_KEYS && !m.contains_key(endpoint) {
+            m.clear();
+        }
+        m.insert(endpoint.to_owned(), key);
     }
 
     /// The server key a connection to `endpoint` must name, if known.
@@ -644,7 +661,7 @@ pub(crate) fn secure_client(
     sock: &zmq::Socket,
     endpoint: &str,
 ) -> Result<(), crate::model::error::TransportError> {
-    use crate::model::error::{IntoTransport, TransportError};
+    use crate::model::error::TransportError;
     let Some(g) = guard else {
         return Ok(());
     };
@@ -657,6 +674,26 @@ pub(crate) fn secure_client(
             None,
         ));
     };
+    secure_client_to(g, sock, server)
+}
+
+/// Makes `sock` a CURVE client of the server whose key is `server`, which
+/// must be trusted.
+pub(crate) fn secure_client_to(
+    g: &Guard,
+    sock: &zmq::Socket,
+    server: PublicKey,
+) -> Result<(), crate::model::error::TransportError> {
+    use crate::model::error::{IntoTransport, TransportError};
+    if g.trusted(&server).is_none() {
+        return Err(TransportError::new(
+            format!(
+                "the key {} is not in the trust directory",
+                server.fingerprint()
+            ),
+            None,
+        ));
+    }
     let set = || -> zmq::Result<()> {
         sock.set_curve_serverkey(server.as_bytes())?;
         sock.set_curve_publickey(g.identity.public().as_bytes())?;
@@ -669,6 +706,16 @@ pub(crate) fn secure_client(
 /// where `WHO` names its key (a `.pub` file's name in the trust directory,
 /// or the key itself in Z85). The name (if any) and the endpoint.
 pub(crate) fn split_peer(spec: &str) -> (Option<&str>, &str) {
+    // A Z85 key may hold '@', ':' and '/': it is known by its length.
+    if spec.len() > Z85_KEY_CHARS + 1
+        && spec.as_bytes()[Z85_KEY_CHARS] == b'@'
+        && spec.is_char_boundary(Z85_KEY_CHARS)
+        && spec[Z85_KEY_CHARS + 1..].contains("://")
+        && PublicKey::from_z85(&spec[..Z85_KEY_CHARS]).is_ok()
+    {
+        return (Some(&spec[..Z85_KEY_CHARS]), &spec[Z85_KEY_CHARS + 1..]);
+    }
+    // A name has no '@'.
     match spec.split_once('@') {
         Some((who, ep)) if !who.contains("://") && ep.contains("://") => (Some(who), ep),
         _ => (None, spec),
@@ -703,7 +750,8 @@ fn register(g: &Arc<Guard>) {
 }
 
 /// The ZAP verdict on a connection to a socket of ZAP domain `domain` by a
-/// client presenting `key` (RFC 27): the name it goes by, or why not.
+/// client presenting `key` (RFC 27): the key in Z85 (the connection's user
+/// id), or why not.
 pub(crate) fn admit(domain: &str, key: &[u8], address: &str) -> Result<String, &'static str> {
     let Ok(key) = <[u8; KEY_BYTES]>::try_from(key) else {
         return Err("not a CURVE key");
@@ -714,7 +762,7 @@ pub(crate) fn admit(domain: &str, key: &[u8], address: &str) -> Result<String, &
         return Err("no such node");
     };
     match guard.trusted(&key) {
-        Some(name) => Ok(name),
+        Some(_) => Ok(key.to_z85()),
         None => {
             guard.refuse(&key, address);
             Err("key not trusted")

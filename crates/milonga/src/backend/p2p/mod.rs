@@ -31,6 +31,9 @@ use crate::util::lock;
 use data::DataSocket;
 pub(crate) use zmq_io::ContextRef;
 
+/// Most excluded peers remembered for `ls`.
+const MAX_EXCLUDED: usize = 1024;
+
 /// Wakes the node thread: one end of an inproc PAIR.
 pub(crate) struct NodeWaker(Mutex<zmq::Socket>);
 
@@ -74,6 +77,9 @@ pub(crate) struct P2p {
     sockets: Mutex<Sockets>,
     /// CURVE: the node's key, what it trusts, its peers' keys (security on).
     security: Option<Arc<curve::Guard>>,
+    /// Peers discovery shows that this node does not connect to, and why
+    /// (as of the last discovery turn; at most [`MAX_EXCLUDED`]).
+    excluded: Mutex<Vec<(crate::discovery::Announcement, String)>>,
     // Declared last: sockets above are closed before the context goes.
     ctx: ContextRef,
 }
@@ -127,6 +133,7 @@ impl P2p {
                 waker,
                 sockets: Mutex::new(Sockets::default()),
                 security,
+                excluded: Mutex::new(Vec::new()),
                 ctx,
             },
             wake_rx,
@@ -144,6 +151,17 @@ impl P2p {
     /// The node's security, when it is on.
     pub(crate) fn security(&self) -> Option<&curve::Guard> {
         self.security.as_deref()
+    }
+
+    /// Records the peers this node does not connect to, and why.
+    pub(crate) fn set_excluded(&self, mut peers: Vec<(crate::discovery::Announcement, String)>) {
+        peers.truncate(MAX_EXCLUDED);
+        *lock(&self.excluded) = peers;
+    }
+
+    /// The peers this node does not connect to, and why.
+    pub(crate) fn excluded_peers(&self) -> Vec<(crate::discovery::Announcement, String)> {
+        lock(&self.excluded).clone()
     }
 
     /// The node's public key, when its security is on.

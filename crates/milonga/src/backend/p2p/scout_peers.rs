@@ -16,6 +16,7 @@ use milonga_wire::scout::Hello;
 use milonga_wire::NodeId;
 
 use crate::backend::p2p::control::NodeInfo;
+use crate::backend::p2p::curve::{secure_client_to, Guard, PublicKey};
 use crate::backend::p2p::ContextRef;
 use crate::discovery::scout::Scout;
 use crate::discovery::{reached_at, Announcement, Source};
@@ -55,6 +56,8 @@ struct Scouted {
     announcement: Option<(Announcement, u64)>,
     /// A query in flight: its socket, when it was sent, the version asked.
     query: Option<(zmq::Socket, Instant, u64)>,
+    /// The CURVE key its last hello carried (its security is on).
+    key: Option<[u8; 32]>,
     /// The last version whose query failed, and when.
     failed: Option<(u64, Instant)>,
 }
@@ -98,6 +101,8 @@ pub(crate) struct ScoutPeers {
     /// When silent nodes and late queries are next looked for.
     next_sweep: Instant,
     warned_full: bool,
+    /// The node's security, when on: queries name the hello's key.
+    guard: Option<Arc<Guard>>,
     // Last: the query sockets above close before it.
     ctx: ContextRef,
 }
@@ -109,6 +114,7 @@ impl ScoutPeers {
         node: Arc<NodeCore>,
         iface: std::net::IpAddr,
         control: String,
+        guard: Option<Arc<Guard>>,
     ) -> Result<ScoutPeers, OpenError> {
         Ok(ScoutPeers {
             scout: Scout::open(node.clone(), iface)?,
@@ -128,6 +134,7 @@ impl ScoutPeers {
             stale: false,
             next_sweep: Instant::now(),
             warned_full: false,
+            guard,
             ctx: ContextRef::acquire(),
         })
     }
@@ -186,6 +193,7 @@ impl ScoutPeers {
                 version: self.version,
                 control: crate::discovery::scout::endpoint_at(iface, port),
                 announcement: None,
+                key: self.guard.as_ref().map(|g| *g.identity.public().as_bytes()),
             };
             let bytes = if leaving {
                 h.encode()
@@ -283,6 +291,7 @@ impl ScoutPeers {
                 }
                 n.last_heard = now;
                 n.control_heard = now;
+                n.key = h.key;
                 if n.control != h.control {
                     // Another endpoint for the same id (ids are random per
                     // process: a forged hello, or a move): ask again.
@@ -323,6 +332,7 @@ impl ScoutPeers {
                     announcement: inline.map(|a| (a, h.version)),
                     query: None,
                     failed: None,
+                    key: h.key,
                 },
             );
         }
@@ -394,7 +404,7 @@ impl ScoutPeers {
                 break;
             }
             {
-                match query(&self.ctx, &n.control) {
+                match query(&self.ctx, self.guard.as_deref(), &n.control, n.key) {
                     Ok(sock) => {
                         n.query = Some((sock, now, n.version));
                         inflight += 1;
@@ -433,9 +443,28 @@ impl ScoutPeers {
 }
 
 /// A DEALER that has asked `endpoint` for its node's announcement.
-fn query(ctx: &ContextRef, endpoint: &str) -> Result<zmq::Socket, OpenError> {
-    use crate::model::error::IntoTransport;
+fn query(
+    ctx: &ContextRef,
+    guard: Option<&Guard>,
+    endpoint: &str,
+    key: Option<[u8; 32]>,
+) -> Result<zmq::Socket, OpenError> {
+    use crate::model::error::{IntoTransport, TransportError};
     let s = ctx.socket(zmq::DEALER)?;
+    if let Some(g) = guard {
+        let secured = match key {
+            Some(k) => secure_client_to(g, &s, PublicKey::from_bytes(k)),
+            None => Err(TransportError::new(
+                "its hello carries no key (its security is off)".into(),
+                None,
+            )),
+        };
+        secured.map_err(|source| OpenError::Socket {
+            action: "secure a query to",
+            endpoint: endpoint.to_owned(),
+            source,
+        })?;
+    }
     let err = |source: zmq::Error| OpenError::Socket {
         action: "query",
         endpoint: endpoint.to_owned(),

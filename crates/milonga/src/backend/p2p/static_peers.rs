@@ -133,10 +133,22 @@ impl StaticPeers {
         s
     }
 
-    /// Adds `endpoint`, told by gossip, to the nodes asked (unless it is
-    /// known, this node, an alias, not a `tcp://` endpoint of at most 256
-    /// bytes, or gossip is off); asks it at once. Whether it was added.
-    pub(crate) fn learn(&mut self, endpoint: &str, now: Instant) -> bool {
+    /// Adds `told`, an endpoint told by gossip, to the nodes asked (unless
+    /// it is known, this node, an alias, not a `tcp://` endpoint of at most
+    /// 256 bytes, or gossip is off); asks it at once. Whether it was added.
+    /// With security on, `told` is `KEY@tcp://…` and the key must be
+    /// trusted; with it off, a keyed endpoint (a secured node's) is not
+    /// learned.
+    pub(crate) fn learn(&mut self, told: &str, now: Instant) -> bool {
+        let (who, endpoint) = split_peer(told);
+        match (&self.guard, who) {
+            (Some(g), Some(who)) => match resolve_key(g, who).filter(|k| g.trusted(k).is_some()) {
+                Some(key) if self.node.cfg.gossip => g.set_static_key(endpoint, key),
+                _ => return false,
+            },
+            (None, None) => {}
+            _ => return false,
+        }
         if !self.node.cfg.gossip
             || endpoint == self.own_control
             || endpoint.len() > milonga_wire::control::MAX_GOSSIP_ENDPOINT

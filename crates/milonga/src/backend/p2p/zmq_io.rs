@@ -257,8 +257,10 @@ fn zap_reply(frames: &[Vec<u8>]) -> Vec<Vec<u8>> {
     if frames[5] != b"CURVE" {
         return reply("400", "only CURVE is accepted", "");
     }
+    // The user id is the key itself (Z85): a node learns a gossip asker
+    // with the key its connection was admitted with.
     match super::curve::admit(&domain, &frames[6], &address) {
-        Ok(name) => reply("200", "OK", &name),
+        Ok(key) => reply("200", "OK", &key),
         Err(why) => reply("400", why, ""),
     }
 }

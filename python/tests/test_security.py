@@ -1,0 +1,107 @@
+"""Security from Python (docs/security.md): keys made by ``milonga.keygen``,
+nodes with ``security="on"`` that admit only the keys of their trust
+directory, and what a refused subscriber and caller are told."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+import milonga
+from conftest import Domain
+
+
+def _keys(tmp: Path, *names: str) -> Path:
+    for n in names:
+        milonga.keygen(n, tmp / "keys")
+    return tmp / "keys"
+
+
+def _trust(tmp: Path, keys: Path, tag: str, *names: str) -> Path:
+    d = tmp / f"trust-{tag}"
+    d.mkdir()
+    for n in names:
+        shutil.copy(keys / f"{n}.pub", d / f"{n}.pub")
+    return d
+
+
+T = TypeVar("T")
+
+
+def _first(sub: milonga.Subscription, kind: type[T], pub: milonga.Publisher) -> T:
+    """The first event of ``kind`` on ``sub`` within 10 s, putting 5 on
+    ``pub`` meanwhile (a best-effort sample put before the subscription
+    connects is not delivered). A sample of another kind fails."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pub.put(5)
+        event = sub.try_recv()
+        while event is not None:
+            if isinstance(event, kind):
+                return event
+            assert not isinstance(event, milonga.Sample), f"unexpected {event!r}"
+            event = sub.try_recv()
+        time.sleep(0.02)
+    raise AssertionError(f"no {kind.__name__} within 10 s")
+
+
+def _secured(domain: Domain, name: str, keys: Path, trust: Path) -> milonga.Node:
+    return domain.open(
+        name,
+        security="on",
+        key_file=str(keys / f"{name}.key"),
+        trust_dir=str(trust),
+    )
+
+
+def test_keygen_writes_a_private_secret_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    key, public = milonga.keygen("ps", tmp_path / "k")
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    assert "public-key" in Path(public).read_text()
+    with pytest.raises(milonga.OpenError, match="exists already"):
+        milonga.keygen("ps", tmp_path / "k")
+    with pytest.raises(milonga.ConfigError, match="bad key name"):
+        milonga.keygen("../x", tmp_path / "k")
+
+
+def test_trusted_nodes_talk_and_an_untrusted_one_is_told(domain: Domain, tmp_path: Path) -> None:
+    keys = _keys(tmp_path, "alice", "bob", "eve")
+    ab = _trust(tmp_path, keys, "ab", "alice", "bob")
+    ae = _trust(tmp_path, keys, "ae", "alice", "eve")
+    alice = _secured(domain, "alice", keys, ab)
+    bob = _secured(domain, "bob", keys, ab)
+    eve = _secured(domain, "eve", keys, ae)
+    pub = alice.publisher("sec/x")
+    got = bob.subscribe("sec/x")
+    denied = eve.subscribe("sec/x")
+    first = _first(got, milonga.Sample, pub)
+    assert first.value == 5
+    told = _first(denied, milonga.PermissionDenied, pub)
+    assert "trust directory" in told.reason
+    # A call from eve ends CallDenied, not a hang.
+    svc = alice.serve("sec/echo", lambda req: req.value)
+    with pytest.raises(milonga.CallDenied, match="permission denied"):
+        for _ in range(100):
+            try:
+                eve.call("sec/echo", 1, timeout=5)
+                break
+            except milonga.NoServer:
+                time.sleep(0.05)
+    assert bob.call("sec/echo", 7, timeout=5) == 7
+    svc.close()
+
+
+def test_a_key_file_others_can_read_is_refused(domain: Domain, tmp_path: Path) -> None:
+    keys = _keys(tmp_path, "alice")
+    trust = _trust(tmp_path, keys, "a", "alice")
+    os.chmod(keys / "alice.key", 0o644)
+    with pytest.raises(milonga.OpenError, match="chmod 600"):
+        _secured(domain, "alice", keys, trust)
+    with pytest.raises(milonga.ConfigError, match="trust_dir"):
+        domain.open("x", security="on", key_file=str(keys / "alice.key"))
