@@ -181,6 +181,28 @@ fn trusted_nodes_exchange_samples_and_an_unknown_key_is_refused_and_told() {
         }),
         "alice counts eve's refused connections"
     );
+    // `ls` as bob: alice's node trusted, with her key's fingerprint; eve's
+    // node seen and not connected to, with why.
+    let out = secured(&env, &keys, "bob", &ab, &["ls", "--json"])
+        .output()
+        .unwrap();
+    let nodes: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let nodes = nodes.as_array().unwrap();
+    let alice = nodes
+        .iter()
+        .find(|n| n["publications"][0]["key"] == "sec/x")
+        .unwrap_or_else(|| panic!("alice listed: {nodes:?}"));
+    assert_eq!(alice["trusted"], true, "{alice}");
+    assert_eq!(alice["fingerprint"].as_str().unwrap().len(), 8, "{alice}");
+    assert!(
+        nodes.iter().any(|n| {
+            n["trusted"] == false
+                && n["excluded"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("not in the trust directory"))
+        }),
+        "eve's node listed as not trusted: {nodes:?}"
+    );
 }
 
 #[test]
