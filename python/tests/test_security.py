@@ -105,3 +105,40 @@ def test_a_key_file_others_can_read_is_refused(domain: Domain, tmp_path: Path) -
         _secured(domain, "alice", keys, trust)
     with pytest.raises(milonga.ConfigError, match="trust_dir"):
         domain.open("x", security="on", key_file=str(keys / "alice.key"))
+
+
+def test_access_control_denies_a_call_no_rule_allows(domain: Domain, tmp_path: Path) -> None:
+    keys = _keys(tmp_path, "srv", "ops", "guest")
+    trust = _trust(tmp_path, keys, "all", "srv", "ops", "guest")
+    rules = tmp_path / "acl.rules"
+    rules.write_text("allow srv serve lab/**\nallow ops call lab/**\n")
+
+    def node(name: str) -> milonga.Node:
+        return domain.open(
+            name,
+            security="on",
+            key_file=str(keys / f"{name}.key"),
+            trust_dir=str(trust),
+            acl_file=str(rules),
+        )
+
+    srv, ops, guest = node("srv"), node("ops"), node("guest")
+    svc = srv.serve("lab/echo", lambda req: req.value)
+
+    def call(who: milonga.Node, value: int) -> object:
+        # Until discovery shows the service, a call finds no server.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                return who.call("lab/echo", value, timeout=5)
+            except milonga.NoServer:
+                assert time.monotonic() < deadline, "the service never showed"
+                time.sleep(0.05)
+
+    assert call(ops, 3) == 3
+    with pytest.raises(milonga.CallDenied, match="no rule of .*acl.rules allows guest call"):
+        call(guest, 1)
+    assert srv.stats()["acl_denied"] >= 1
+    svc.close()
+    with pytest.raises(milonga.ConfigError, match="needs security on"):
+        domain.open("plain", acl_file=str(rules))

@@ -75,6 +75,10 @@ pub struct NetArgs {
     /// Directory of trusted public keys (*.pub): who may connect.
     #[arg(long = "trust", global = true, value_name = "DIR")]
     pub trust_dir: Option<std::path::PathBuf>,
+    /// Access control rules: who may put, subscribe, serve, call, history
+    /// on which keys; everything else is denied (docs/security.md).
+    #[arg(long = "acl", global = true, value_name = "FILE")]
+    pub acl_file: Option<std::path::PathBuf>,
 }
 
 impl NetArgs {
@@ -95,6 +99,9 @@ impl NetArgs {
         }
         if let Some(t) = &self.trust_dir {
             c.trust_dir = Some(t.clone());
+        }
+        if let Some(a) = &self.acl_file {
+            c.acl_file = Some(a.clone());
         }
         if let Some(s) = self.security {
             c.security = s;

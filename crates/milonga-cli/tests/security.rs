@@ -356,3 +356,132 @@ fn a_call_to_a_server_that_refuses_the_caller_ends_permission_denied() {
     let e = String::from_utf8_lossy(&refused.stderr);
     assert!(e.contains("permission denied"), "{e}");
 }
+
+/// The next sample of `p` under `key`, skipping status events and other
+/// keys; panics after the timeout.
+fn sample_of(p: &Proc, key: &str) -> Json {
+    loop {
+        let j = json_line(p).expect("a line before the timeout");
+        if j.get("event").is_none() && j["key"] == key {
+            return j;
+        }
+    }
+}
+
+#[test]
+fn access_control_allows_and_denies_each_operation_as_its_rules_say() {
+    let env = Env::new("sec-acl");
+    let keys = Keys::new("sec-acl", &["srv", "console", "reader", "intruder"]);
+    let trust = keys.trust("all", &["srv", "console", "reader", "intruder"]);
+    let acl = keys.dir.path().join("acl.rules");
+    std::fs::write(
+        &acl,
+        "# who       operations                key expressions\n\
+         allow srv      put,serve                 sr/**\n\
+         allow console  subscribe,history,call    sr/**\n\
+         allow reader   subscribe                 sr/**\n\
+         allow *        call                      public/**\n",
+    )
+    .unwrap();
+    let run = |who: &str, args: &[&str]| {
+        let mut c = secured(&env, &keys, who, &trust, &["--acl"]);
+        c.arg(&acl).args(args);
+        c
+    };
+    let _publ = Proc::spawn(run(
+        "srv",
+        &["pub", "sr/ps/1", "7", "--rate", "50", "--history", "5"],
+    ));
+    let _svc = Proc::spawn(run("srv", &["serve", "sr/ps/set", "--echo"]));
+    // put denied: the intruder publishes a key the rules give to srv.
+    let _forger = Proc::spawn(run("intruder", &["pub", "sr/ps/2", "666", "--rate", "50"]));
+    // serve denied: the intruder serves a key under sr/.
+    let _evil = Proc::spawn(run("intruder", &["serve", "sr/evil", "--echo"]));
+
+    // subscribe and history allowed: the console gets the last value first.
+    let console = Proc::spawn(run("console", &["sub", "sr/**", "--json", "--last", "1"]));
+    assert_eq!(sample_of(&console, "sr/ps/1")["value"], 7);
+    // subscribe allowed, history denied: live samples, and told why the
+    // history did not come.
+    let reader = Proc::spawn(run("reader", &["sub", "sr/**", "--json", "--last", "1"]));
+    let told = loop {
+        let j = json_line(&reader).expect("a line");
+        if j["event"] == "permission_denied" {
+            break j;
+        }
+    };
+    let why = told["reason"].as_str().unwrap();
+    assert!(
+        why.contains("history") && why.contains("no rule of"),
+        "{told}"
+    );
+    assert_eq!(sample_of(&reader, "sr/ps/1")["value"], 7);
+    // subscribe denied (no rule lets the intruder subscribe to anything:
+    // its connections to data sockets are refused), told, and no sample.
+    let intruder = Proc::spawn(run("intruder", &["sub", "sr/**", "--json"]));
+    let told = sample_or_denied(&intruder);
+    assert_eq!(told["event"], "permission_denied", "{told}");
+    assert!(
+        told["reason"]
+            .as_str()
+            .unwrap()
+            .contains("subscribe to nothing"),
+        "{told}"
+    );
+    while let Some(line) = intruder.line(Duration::from_secs(1)) {
+        assert!(
+            !line.contains("\"seq\""),
+            "a sample reached the intruder: {line}"
+        );
+    }
+    // put denied: nothing of the intruder's sr/ps/2 reached the console.
+    let mut got = 0;
+    while got < 50 {
+        let j = json_line(&console).expect("a line");
+        assert_ne!(
+            j["key"], "sr/ps/2",
+            "the intruder's put reached the console: {j}"
+        );
+        got += usize::from(j["key"] == "sr/ps/1");
+    }
+    // call allowed for the console, denied for the intruder (naming the
+    // rules), and the intruder's service is not called (no server).
+    let call = |who: &str, key: &str| {
+        let mut out = None;
+        poll_until(T, || {
+            let o = run(who, &["call", key, "42", "--timeout", "5"])
+                .output()
+                .unwrap();
+            let e = String::from_utf8_lossy(&o.stderr).into_owned();
+            out = Some(o);
+            !e.contains("no server")
+        });
+        out.unwrap()
+    };
+    let ok = call("console", "sr/ps/set");
+    assert!(ok.status.success(), "{ok:?}");
+    let denied = call("intruder", "sr/ps/set");
+    let e = String::from_utf8_lossy(&denied.stderr);
+    assert!(
+        e.contains("permission denied") && e.contains("allows intruder call on sr/ps/set"),
+        "{e}"
+    );
+    let evil = run("console", &["call", "sr/evil", "1", "--timeout", "2"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&evil.stderr).contains("no server"),
+        "{evil:?}"
+    );
+    // Access control without security is a configuration error.
+    let out = env
+        .cmd(&["--acl"])
+        .arg(&acl)
+        .args(["pub", "x", "1", "--count", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs security on"),
+        "{out:?}"
+    );
+}

@@ -89,6 +89,24 @@ pub enum Kind {
     /// node id; the body is a status byte, then the payload (see
     /// [`crate::service::ReplyStatus`]).
     Reply = 6,
+    /// A publisher refused a subscription or a history query (access
+    /// control, docs/security.md), sent to that subscriber alone under the
+    /// key [`DENIED_KEY`]; the body is a JSON [`Denied`].
+    Denied = 7,
+}
+
+/// The key a refusal is sent under.
+pub const DENIED_KEY: &str = "@d";
+
+/// The body of a [`Kind::Denied`] frame: what was refused and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Denied {
+    /// `subscribe` or `history`.
+    pub operation: String,
+    /// The subscription prefix or the history query's key expression.
+    pub what: String,
+    /// Why, naming the rules file.
+    pub reason: String,
 }
 
 /// The key heartbeats are sent under.
@@ -220,6 +238,7 @@ impl Header {
             4 => Kind::History,
             5 => Kind::Request,
             6 => Kind::Reply,
+            7 => Kind::Denied,
             k => return Err(FrameError::UnknownKind(k)),
         };
         let flags = b[o::FLAGS];
@@ -229,7 +248,9 @@ impl Header {
         if kind == Kind::Batch && flags & FLAG_PAYLOAD_FRAME != 0 {
             return Err(FrameError::BadBatch("a batch cannot have a payload frame"));
         }
-        if matches!(kind, Kind::Heartbeat | Kind::History) && flags & FLAG_PAYLOAD_FRAME != 0 {
+        if matches!(kind, Kind::Heartbeat | Kind::History | Kind::Denied)
+            && flags & FLAG_PAYLOAD_FRAME != 0
+        {
             return Err(FrameError::BadHeartbeat(
                 "a heartbeat or history frame cannot have a payload frame",
             ));

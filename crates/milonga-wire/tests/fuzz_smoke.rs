@@ -20,6 +20,9 @@ fn run(f1: &[u8], f2: Option<&[u8]>) {
         Kind::History => {
             let _ = milonga_wire::history::Reply::decode(&Bytes::copy_from_slice(view.body));
         }
+        Kind::Denied => {
+            let _ = serde_json::from_slice::<milonga_wire::frame::Denied>(view.body);
+        }
         Kind::Sample | Kind::Heartbeat | Kind::Request => {
             let _ = decode_payload(
                 view.header.encoding,

@@ -115,6 +115,7 @@ fn header_json(h: &Header, domain: &str) -> Json {
             Kind::History => "history",
             Kind::Request => "request",
             Kind::Reply => "reply",
+            Kind::Denied => "denied",
         },
         "flags": h.flags,
         "encoding": encoding_name(h.encoding),
@@ -743,7 +744,7 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
         );
         let samples = desc["samples"].as_array().unwrap();
         let bodies: Vec<(u64, Bytes)> = match view.header.kind {
-            Kind::Sample | Kind::Heartbeat | Kind::History | Kind::Request => {
+            Kind::Sample | Kind::Heartbeat | Kind::History | Kind::Request | Kind::Denied => {
                 vec![(view.header.timestamp_ns, Bytes::copy_from_slice(view.body))]
             }
             Kind::Reply => {
@@ -777,6 +778,8 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
             Kind::Heartbeat | Kind::History | Kind::Request => {
                 cbor(&value_from_json(&samples[0]["value"]))
             }
+            // No vector of a refusal yet: its body is JSON (docs/protocol.md §2.2).
+            Kind::Denied => panic!("{name}: no refusal vectors"),
             Kind::Reply => {
                 let mut b = vec![desc["reply_status"].as_u64().unwrap() as u8];
                 b.extend(cbor(&value_from_json(&samples[0]["value"])));

@@ -572,19 +572,50 @@ impl Server {
     ) -> Option<Incoming> {
         let me = Me::from(self.node.core());
         match check_request(&me, &self.node.core().domain, &self.key, frames) {
-            Check::Accept(r) => Some(Incoming {
-                identity,
-                header: r.header,
-                frame: r.frame,
-                body_offset: r.body_offset,
-                second: r.second,
-            }),
+            Check::Accept(r) => {
+                if let Err(f) = self.permitted(&identity) {
+                    self.refuse(sock, identity, &r.header, ReplyStatus::Rejected, f);
+                    return None;
+                }
+                Some(Incoming {
+                    identity,
+                    header: r.header,
+                    frame: r.frame,
+                    body_offset: r.body_offset,
+                    second: r.second,
+                })
+            }
             Check::Refuse(header, status, f) => {
                 self.refuse(sock, identity, &header, status, f);
                 None
             }
             Check::Drop => None,
         }
+    }
+
+    /// Whether the node's access control rules let `caller` call this
+    /// service: else the failure it is refused with (kind
+    /// `permission_denied`, the message naming the rules file).
+    fn permitted(&self, caller: &Caller) -> Result<(), Failure> {
+        let Some(g) = self.node.backend().security() else {
+            return Ok(());
+        };
+        // An inproc caller has no handshake, hence no key: it is this process.
+        if caller.key().is_none() && self.node.cfg().transport == crate::Transport::Inproc {
+            return Ok(());
+        }
+        let key = self.key.as_str();
+        g.allowed(caller.key(), |acl, who| {
+            acl.check(who, crate::model::acl::Operation::Call, key)
+        })
+        .map_err(|why| {
+            stats::inc(&self.node.counters().acl_denied);
+            limited!(warn, service = %key, %why, "access control refused a call");
+            Failure {
+                kind: "permission_denied".into(),
+                message: why,
+            }
+        })
     }
 
     /// Runs the handler on one request: its reply.

@@ -128,6 +128,12 @@ pub(crate) fn outcome(
         Some(ReplyStatus::Rejected) => {
             stats::inc(&c.calls_rejected);
             let f = failure(&body);
+            if f.kind == "permission_denied" {
+                return Some(Err(CallError::PermissionDenied {
+                    server,
+                    reason: f.message,
+                }));
+            }
             Err(CallError::Rejected {
                 server: Some(server),
                 kind: f.kind,

@@ -1251,6 +1251,10 @@ impl Subscription {
                 self.on_heartbeat(io, c, h.node_id, view.body);
                 return;
             }
+            Kind::Denied => {
+                self.on_denied(io, h.node_id, view.body);
+                return;
+            }
             Kind::History => {
                 self.on_history(io, c, h.node_id, view.key, view.body);
                 return;
@@ -1306,7 +1310,7 @@ impl Subscription {
                 }
             }
             // Handled above, before key matching.
-            Kind::Heartbeat | Kind::History | Kind::Request | Kind::Reply => {}
+            Kind::Heartbeat | Kind::History | Kind::Request | Kind::Reply | Kind::Denied => {}
             Kind::Batch => {
                 // `decode` has validated every entry.
                 let entries = BatchEntries::new(view.body).into_iter().flatten().flatten();
@@ -1498,8 +1502,58 @@ impl Subscription {
                 .or_else(|| io.liveliness.get(&endpoint))
                 .copied(),
             endpoint,
-            reason: format!("refused this node's key (ZAP status {status}): add its .pub file to the publisher's trust directory"),
+            reason: format!("refused this node's key (ZAP status {status}): it is not in that node's trust directory, or that node's access control rules let it subscribe to nothing"),
         }));
+    }
+
+    /// A publisher refused a subscription prefix or a history query of
+    /// this subscription (its access control rules): reported once per
+    /// (publisher, operation, what), as [`Event::PermissionDenied`].
+    fn on_denied<L: Link>(&self, io: &mut SubState<L>, node: NodeId, body: &[u8]) {
+        // Only from a node discovery shows (a refusal costs a place in
+        // `refused` and an event).
+        if !io.live.contains(&node) {
+            stats::inc(&self.counters.samples_unknown_publisher);
+            return;
+        }
+        let Ok(mut d) = serde_json::from_slice::<milonga_wire::frame::Denied>(body) else {
+            let n = self
+                .counters
+                .frames_malformed
+                .fetch_add(1, Ordering::Relaxed)
+                + 1;
+            log_drop(n, "a refusal", &"its body is not the JSON of a refusal");
+            return;
+        };
+        self.counters
+            .acl_denied_here
+            .fetch_add(1, Ordering::Relaxed);
+        for field in [&mut d.operation, &mut d.what, &mut d.reason] {
+            if field.len() > 512 {
+                let mut end = 512;
+                while !field.is_char_boundary(end) {
+                    end -= 1;
+                }
+                field.truncate(end);
+            }
+        }
+        let tag = format!("{node}:{}:{}", d.operation, d.what);
+        if io.refused.len() >= MAX_REFUSED || !io.refused.insert(tag) {
+            return;
+        }
+        let endpoint = io
+            .data_nodes
+            .iter()
+            .find(|(_, n)| **n == node)
+            .map(|(ep, _)| ep.clone())
+            .unwrap_or_default();
+        tracing::warn!(expr = %self.expr, publisher = %node, operation = %d.operation, what = %d.what, reason = %d.reason, "a publisher's access control refused this subscription");
+        io.pending
+            .push_back(Event::PermissionDenied(PermissionDenied {
+                endpoint,
+                publisher: Some(node),
+                reason: format!("{} {} refused: {}", d.operation, d.what, d.reason),
+            }));
     }
 
     /// Counts connections that closed (the node thread watches the socket

@@ -242,6 +242,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
     key("security", Some("MILONGA_SECURITY"), Kind::Text),
     key("key_file", Some("MILONGA_KEY"), Kind::OptText),
     key("trust_dir", Some("MILONGA_TRUST"), Kind::OptText),
+    key("acl_file", Some("MILONGA_ACL"), Kind::OptText),
 ];
 
 /// The name of every field of `c`: written out without `..`, so that a new
@@ -281,6 +282,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         security: _,
         key_file: _,
         trust_dir: _,
+        acl_file: _,
     } = c;
     vec![
         "locator",
@@ -314,6 +316,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "security",
         "key_file",
         "trust_dir",
+        "acl_file",
     ]
 }
 
@@ -419,6 +422,10 @@ pub struct Config {
     /// connect, and only to nodes announcing one of them does this node
     /// connect. Reloaded when it changes. Required when `security` is on.
     pub trust_dir: Option<PathBuf>,
+    /// Access control rules (docs/security.md): with a file, every
+    /// operation not allowed by a rule is denied. Needs `security` on.
+    /// Reloaded when it changes.
+    pub acl_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -456,6 +463,7 @@ impl Config {
             security: Security::Off,
             key_file: None,
             trust_dir: None,
+            acl_file: None,
         }
     }
 
@@ -548,6 +556,7 @@ impl Config {
                     "runtime_dir" => self.runtime_dir = t.map(PathBuf::from),
                     "key_file" => self.key_file = t.map(PathBuf::from),
                     "trust_dir" => self.trust_dir = t.map(PathBuf::from),
+                    "acl_file" => self.acl_file = t.map(PathBuf::from),
                     _ => unreachable!("an optional key without a field: {key}"),
                 }
             }
@@ -757,6 +766,7 @@ mod tests {
             ("MILONGA_SECURITY", "on"),
             ("MILONGA_KEY", "/k/node.key"),
             ("MILONGA_TRUST", "/k/trust"),
+            ("MILONGA_ACL", "/k/acl.rules"),
         ]
         .into_iter()
         .collect();
@@ -802,6 +812,7 @@ mod tests {
         assert_eq!(c.security, Security::On);
         assert_eq!(c.key_file, Some(PathBuf::from("/k/node.key")));
         assert_eq!(c.trust_dir, Some(PathBuf::from("/k/trust")));
+        assert_eq!(c.acl_file, Some(PathBuf::from("/k/acl.rules")));
         let none = Config::from_lookup("milonga:///given", "n", |_| None).unwrap();
         assert_eq!(none.locator, "milonga:///given");
     }

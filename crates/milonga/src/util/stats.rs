@@ -82,6 +82,15 @@ counters! {
     /// Peers this node did not connect to because their announced key is
     /// missing or not trusted (security on).
     peers_untrusted,
+    /// Operations of others this node's access control rules refused: a
+    /// subscription prefix, a history query, a call (docs/security.md).
+    acl_denied,
+    /// Refusals by others' access control rules that reached this node's
+    /// subscriptions (each a `PermissionDenied` event the first time).
+    acl_denied_here,
+    /// Publications and services of peers ignored because the rules do not
+    /// let their node `put` or `serve` that key.
+    acl_ignored,
     /// Connections peers had made to this node's data, liveliness, control
     /// and service sockets that closed: a subscriber leaving, or ZeroMQ closing
     /// one that broke the protocol, such as a message over the socket's

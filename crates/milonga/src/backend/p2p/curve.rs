@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::discovery::Announcement;
+use crate::model::acl::{Acl, Asker};
 use crate::model::error::SecurityError;
 use crate::model::node::NodeCore;
 use crate::util::lock;
@@ -475,10 +476,22 @@ pub(crate) struct Guard {
     /// The key of every endpoint of the trusted peers discovery shows (the
     /// server key a connection to it must name).
     peer_keys: Mutex<HashMap<String, PublicKey>>,
-    /// Keys given with static peers (`NAME@tcp://…`).
+    /// Keys given with static peers (`NAME@tcp://…`), never forgotten.
+    configured_keys: Mutex<HashMap<String, PublicKey>>,
+    /// Keys told by gossip with the endpoints learned (bounded).
     static_keys: Mutex<HashMap<String, PublicKey>>,
     /// Untrusted peers already logged, by node id.
     untrusted: Mutex<std::collections::HashSet<String>>,
+    /// The access control rules, if a file is given, and what the file
+    /// looked like when read (reloaded when that changes).
+    acl: RwLock<Option<Acl>>,
+    acl_stamp: Mutex<Option<(i64, i64, u64)>>,
+}
+
+/// A file's modification time and size, if it can be read.
+fn file_stamp(path: &Path) -> Option<(i64, i64, u64)> {
+    let m = fs::metadata(path).ok()?;
+    Some((m.mtime(), m.mtime_nsec(), m.len()))
 }
 
 /// Most keys of static and learned peers remembered; beyond, the map
@@ -494,7 +507,10 @@ impl Guard {
         core: &Arc<NodeCore>,
         identity: Identity,
         trust_dir: &Path,
+        acl_file: Option<&Path>,
     ) -> Result<Arc<Guard>, SecurityError> {
+        let acl_stamp = acl_file.and_then(file_stamp);
+        let acl = acl_file.map(Acl::load).transpose()?;
         let stamp = dir_stamp(trust_dir);
         let mut trust = Trust::load(trust_dir)?;
         for (path, why) in &trust.skipped {
@@ -508,8 +524,11 @@ impl Guard {
             zap_domain: format!("milonga-{}", core.id),
             core: Arc::downgrade(core),
             peer_keys: Mutex::default(),
+            configured_keys: Mutex::default(),
             static_keys: Mutex::default(),
             untrusted: Mutex::default(),
+            acl: RwLock::new(acl),
+            acl_stamp: Mutex::new(acl_stamp),
         });
         register(&g);
         Ok(g)
@@ -532,14 +551,70 @@ impl Guard {
             .key_of(name)
     }
 
-    /// Reads the trust directory again if it changed (checked at most once
-    /// a second; the node thread calls this every turn). Whether it did.
+    /// Whether `key` (Z85, the `User-Id` of a connection) may do what
+    /// `check` asks of the rules: always without a rules file; otherwise
+    /// what the first allowing rule says (`Ok`) or why none does. The
+    /// node's own identity is under the rules like any other.
+    pub(crate) fn allowed(
+        &self,
+        key: Option<&str>,
+        check: impl FnOnce(&Acl, Asker<'_>) -> Result<usize, String>,
+    ) -> Result<(), String> {
+        let acl = self.acl.read().unwrap_or_else(|e| e.into_inner());
+        let Some(acl) = acl.as_ref() else {
+            return Ok(());
+        };
+        let Some(key) = key else {
+            return Err("the connection has no authenticated key".into());
+        };
+        let name = PublicKey::from_z85(key)
+            .ok()
+            .and_then(|k| self.trusted(&k))
+            .unwrap_or_else(|| "?".into());
+        check(acl, Asker { name: &name, key }).map(|_| ())
+    }
+
+    /// Whether a rules file is in force.
+    pub(crate) fn has_acl(&self) -> bool {
+        self.acl.read().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// Reads the rules file again if it changed; a file that no longer
+    /// parses keeps the rules read before (logged).
+    fn refresh_acl(&self) -> bool {
+        let path = match &*self.acl.read().unwrap_or_else(|e| e.into_inner()) {
+            Some(a) => a.path().to_path_buf(),
+            None => return false,
+        };
+        let now = file_stamp(&path);
+        let mut stamp = lock(&self.acl_stamp);
+        if now == *stamp {
+            return false;
+        }
+        *stamp = now;
+        match Acl::load(&path) {
+            Ok(a) => {
+                tracing::info!(file = %path.display(), "access control rules changed: reloaded");
+                *self.acl.write().unwrap_or_else(|e| e.into_inner()) = Some(a);
+                true
+            }
+            Err(e) => {
+                limited!(warn, %e, "access control rules unreadable: keeping the rules read before");
+                false
+            }
+        }
+    }
+
+    /// Reads the trust directory and the rules file again if they changed
+    /// (checked at most once a second; the node thread calls this every
+    /// turn). Whether either did.
     pub(crate) fn refresh(&self) -> bool {
         let mut st = lock(&self.stamp);
         if st.0.elapsed() < TRUST_CHECK {
             return false;
         }
         st.0 = Instant::now();
+        let acl_changed = self.refresh_acl();
         let dir = self
             .trust
             .read()
@@ -548,7 +623,7 @@ impl Guard {
             .clone();
         let now = dir_stamp(&dir);
         if now == st.1 {
-            return false;
+            return acl_changed;
         }
         st.1 = now;
         match Trust::load(&dir) {
@@ -586,6 +661,7 @@ impl Guard {
                     for ep in endpoints_of(a) {
                         keys.insert(ep.to_owned(), k);
                     }
+                    self.filter_offers(id, a, &k, &mut untrusted);
                     true
                 }
                 other => {
@@ -613,10 +689,60 @@ impl Guard {
         excluded
     }
 
-    /// Remembers the key of a static peer's control endpoint (configured,
-    /// or learned by gossip: at most [`MAX_STATIC_KEYS`], the oldest
-    /// forgotten first).
+    /// Drops from `a` (the announcement of node `id`, whose key is `k`) the
+    /// publications its key may not `put` and the services it may not
+    /// `serve` under the rules: this node neither subscribes to nor calls
+    /// them. Each is counted (`acl_ignored`) and logged once.
+    fn filter_offers(
+        &self,
+        id: &str,
+        a: &mut Announcement,
+        k: &PublicKey,
+        seen: &mut std::collections::HashSet<String>,
+    ) {
+        use crate::model::acl::Operation;
+        if !self.has_acl() {
+            return;
+        }
+        let key = k.to_z85();
+        let mut note = |what: &str, why: &str| {
+            if seen.len() < 4096 && seen.insert(format!("acl:{id}:{what}")) {
+                if let Some(core) = self.core.upgrade() {
+                    core.counters
+                        .acl_ignored
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                limited!(warn, node = %a.name, %what, %why, "access control: ignoring what a peer offers");
+            }
+        };
+        a.publications.retain(|p| {
+            let ok = self.allowed(Some(&key), |acl, who| {
+                acl.check(who, Operation::Put, &p.key)
+            });
+            ok.map_err(|why| note(&format!("put {}", p.key), &why))
+                .is_ok()
+        });
+        a.services.retain(|s| {
+            let ok = self.allowed(Some(&key), |acl, who| {
+                acl.check(who, Operation::Serve, &s.key)
+            });
+            ok.map_err(|why| note(&format!("serve {}", s.key), &why))
+                .is_ok()
+        });
+    }
+
+    /// Remembers the key of a configured static peer's control endpoint.
+    pub(crate) fn set_configured_key(&self, endpoint: &str, key: PublicKey) {
+        lock(&self.configured_keys).insert(endpoint.to_owned(), key);
+    }
+
+    /// Remembers the key of a control endpoint learned by gossip (at most
+    /// [`MAX_STATIC_KEYS`]: beyond, they are forgotten and learned again
+    /// when told again). A configured peer's key is never replaced.
     pub(crate) fn set_static_key(&self, endpoint: &str, key: PublicKey) {
+        if lock(&self.configured_keys).contains_key(endpoint) {
+            return;
+        }
         let mut m = lock(&self.static_keys);
         if m.len() >= MAX_STATIC_KEYS && !m.contains_key(endpoint) {
             m.clear();
@@ -626,8 +752,11 @@ impl Guard {
 
     /// The server key a connection to `endpoint` must name, if known.
     pub(crate) fn key_for(&self, endpoint: &str) -> Option<PublicKey> {
-        let learned = lock(&self.peer_keys).get(endpoint).copied();
-        learned.or_else(|| lock(&self.static_keys).get(endpoint).copied())
+        let configured = lock(&self.configured_keys).get(endpoint).copied();
+        let learned = || lock(&self.peer_keys).get(endpoint).copied();
+        configured
+            .or_else(learned)
+            .or_else(|| lock(&self.static_keys).get(endpoint).copied())
     }
 
     fn refuse(&self, key: &PublicKey, address: &str) {
@@ -643,6 +772,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         let mut reg = lock(&REGISTRY);
+        // (The data sockets' domain is this one with a suffix.)
         if reg
             .get(&self.zap_domain)
             .is_some_and(|w| w.strong_count() == 0)
@@ -749,25 +879,47 @@ fn register(g: &Arc<Guard>) {
     lock(&REGISTRY).insert(g.zap_domain.clone(), Arc::downgrade(g));
 }
 
+/// What ends the ZAP domain of a node's data sockets.
+pub(crate) const DATA_DOMAIN_SUFFIX: &str = "-data";
+
 /// The ZAP verdict on a connection to a socket of ZAP domain `domain` by a
 /// client presenting `key` (RFC 27): the key in Z85 (the connection's user
-/// id), or why not.
+/// id), or why not. A data socket (its domain ends with
+/// [`DATA_DOMAIN_SUFFIX`]) of a node with access control admits only keys
+/// that some rule lets subscribe to something: libzmq's XPUB cannot refuse
+/// one subscription of a connection soundly, so this is where `subscribe`
+/// is decided (docs/security.md).
 pub(crate) fn admit(domain: &str, key: &[u8], address: &str) -> Result<String, &'static str> {
     let Ok(key) = <[u8; KEY_BYTES]>::try_from(key) else {
         return Err("not a CURVE key");
     };
     let key = PublicKey(key);
-    let guard = lock(&REGISTRY).get(domain).and_then(Weak::upgrade);
+    let (node, data) = match domain.strip_suffix(DATA_DOMAIN_SUFFIX) {
+        Some(node) => (node, true),
+        None => (domain, false),
+    };
+    let guard = lock(&REGISTRY).get(node).and_then(Weak::upgrade);
     let Some(guard) = guard else {
         return Err("no such node");
     };
-    match guard.trusted(&key) {
-        Some(_) => Ok(key.to_z85()),
-        None => {
-            guard.refuse(&key, address);
-            Err("key not trusted")
+    if guard.trusted(&key).is_none() {
+        guard.refuse(&key, address);
+        return Err("key not trusted");
+    }
+    let z = key.to_z85();
+    if data {
+        let may = guard.allowed(Some(&z), |acl, who| acl.may_subscribe(who));
+        if let Err(why) = may {
+            if let Some(core) = guard.core.upgrade() {
+                core.counters
+                    .acl_denied
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            limited!(warn, key = %key.fingerprint(), %address, %why, "access control refused a subscriber's connection");
+            return Err("no rule lets this key subscribe");
         }
     }
+    Ok(z)
 }
 
 #[cfg(test)]

@@ -4,13 +4,14 @@
 //! frames of history replies and filters.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use milonga_wire::cbor::Encoded;
 use milonga_wire::frame::{self, BATCH_ENTRY_HEADER_LEN, FLAG_PAYLOAD_FRAME};
 use milonga_wire::{Bytes, Key};
 
+use crate::backend::p2p::curve::Guard;
 use crate::backend::p2p::zmq_io;
 use crate::backend::p2p::P2p;
 use crate::engine::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
@@ -58,7 +59,11 @@ impl DataSocket {
             .map_err(opt_err)?;
         sock.set_linger(node.cfg.close_linger_ms).map_err(opt_err)?;
         zmq_io::set_xpub_verboser(&mut sock).map_err(opt_err)?;
-        p2p.secure_server(&mut sock)?;
+        // A data socket admits only keys its rules let subscribe to
+        // something (see `curve::admit`).
+        p2p.secure_data_server(&mut sock)?;
+        // With access control, history queries are checked (`DataSock::gate`).
+        let gate = p2p.guard().filter(|g| g.has_acl());
         if reliability == Reliability::Reliable {
             zmq_io::set_xpub_nodrop(&mut sock, true).map_err(opt_err)?;
             sock.set_sndhwm(node.cfg.reliable_send_hwm)
@@ -68,7 +73,11 @@ impl DataSocket {
         let monitor = crate::backend::p2p::control::monitor(p2p, &sock, role)?;
         Ok((
             DataSocket {
-                sock: Mutex::new(DataSock::new(sock, reliability)),
+                sock: Mutex::new(DataSock {
+                    gate,
+                    inproc: node.cfg.transport == crate::model::config::Transport::Inproc,
+                    ..DataSock::new(sock, reliability)
+                }),
                 endpoint: bound,
             },
             (role, monitor),
@@ -341,6 +350,19 @@ impl Put<'_> {
 pub(crate) struct DataSock {
     pub(crate) sock: zmq::Socket,
     pub(crate) out: Outlet,
+    /// With access control: the node's security, whose rules decide each
+    /// subscription and history query (the socket is in manual mode).
+    gate: Option<Arc<Guard>>,
+    /// The socket is inproc (no handshake, no key: the node's own process).
+    inproc: bool,
+}
+
+/// What the gate makes of one message from a subscriber.
+enum Gate {
+    /// On to the outlet, as without access control.
+    Pass,
+    /// Refused (and told), or never to be granted: dropped here.
+    Drop,
 }
 
 /// Most messages (subscriptions, queries, declarations) one call of
@@ -355,7 +377,78 @@ impl DataSock {
         DataSock {
             sock,
             out: Outlet::new(reliability),
+            gate: None,
+            inproc: false,
         }
+    }
+
+    /// With access control, refuses the history queries the rules do not
+    /// allow the asking key (the `User-Id` its connection was admitted
+    /// with), telling the subscriber under its reply key (a `Denied` frame)
+    /// and counting them (`acl_denied`). Subscriptions are not judged here:
+    /// libzmq's XPUB cannot refuse one subscription of a connection soundly
+    /// (docs/security.md); the ZAP handler admits to a data socket only keys
+    /// the rules let subscribe to something.
+    fn gate(&mut self, g: &Guard, me: &Me, msg: &mut zmq::Message) -> Gate {
+        use crate::model::acl::Operation;
+        let key = msg.gets("User-Id").map(str::to_owned);
+        let key = key.as_deref().filter(|k| !k.is_empty());
+        let bytes: &[u8] = msg;
+        if bytes.first() != Some(&milonga_wire::history::QUERY_TAG) {
+            return Gate::Pass;
+        }
+        let Ok(q) = milonga_wire::history::Query::decode(bytes) else {
+            return Gate::Pass; // the outlet counts it malformed
+        };
+        if q.node != me.id.to_hex() {
+            return Gate::Pass; // another node's: ignored there
+        }
+        let Ok(expr) = milonga_wire::KeyExpr::new(q.expr.as_str()) else {
+            return Gate::Pass;
+        };
+        let verdict = if self.inproc && key.is_none() {
+            Ok(())
+        } else {
+            g.allowed(key, |acl, who| {
+                acl.check_expr(who, Operation::History, &expr)
+            })
+        };
+        match verdict {
+            Ok(()) => Gate::Pass,
+            Err(reason) => {
+                let to = format!("{}{}", milonga_wire::history::REPLY_KEY_PREFIX, q.token);
+                self.refuse(me, "history", &q.expr, &reason, &to);
+                Gate::Drop
+            }
+        }
+    }
+
+    /// Counts and logs a refusal, and sends the subscriber a `Denied`
+    /// frame under the key `to` (its reply key, which it subscribes to).
+    fn refuse(&mut self, me: &Me, operation: &str, what: &str, reason: &str, to: &str) {
+        stats::inc(&me.counters.acl_denied);
+        limited!(warn, %operation, %what, %reason, "access control refused a subscriber");
+        let body = serde_json::to_vec(&milonga_wire::frame::Denied {
+            operation: operation.into(),
+            what: what.into(),
+            reason: reason.into(),
+        })
+        .unwrap_or_default();
+        let Ok(key) = Key::internal(to) else {
+            return;
+        };
+        let header = frame::Header {
+            kind: frame::Kind::Denied,
+            flags: 0,
+            encoding: milonga_wire::Encoding::Json,
+            domain_tag: me.domain_tag,
+            schema_id: 0,
+            node_id: me.id,
+            seq: 0,
+            timestamp_ns: crate::util::now_ns(),
+        };
+        let f = frame::encode(&key, &header, &body);
+        let _ = self.sock.send(f, zmq::DONTWAIT);
     }
 
     /// Reads the subscribe/unsubscribe messages and history queries queued
@@ -364,9 +457,14 @@ impl DataSock {
     pub(crate) fn drain_subscriptions(&mut self, node: &NodeCore) -> bool {
         let me = Me::from(node);
         for _ in 0..MAX_DRAIN {
-            let Ok(msg) = self.sock.recv_msg(zmq::DONTWAIT) else {
+            let Ok(mut msg) = self.sock.recv_msg(zmq::DONTWAIT) else {
                 return false;
             };
+            if let Some(g) = self.gate.clone() {
+                if let Gate::Drop = self.gate(&g, &me, &mut msg) {
+                    continue;
+                }
+            }
             match self.out.upstream(&me, &msg) {
                 Upstream::Done => {}
                 Upstream::Freed(bytes) => zmq_io::note_freed(bytes),

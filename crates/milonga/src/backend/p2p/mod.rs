@@ -101,6 +101,12 @@ impl P2p {
         let ctx = ContextRef::acquire();
         let (waker, wake_rx) = NodeWaker::pair(&ctx, core.id)?;
         let security = match core.cfg.security {
+            Security::Off if core.cfg.acl_file.is_some() => {
+                return Err(OpenError::Config {
+                    key: "acl_file".into(),
+                    why: "access control needs security on (its rules name keys)".into(),
+                })
+            }
             Security::Off => None,
             Security::On => {
                 let missing = |key: &str, var: &str| OpenError::Config {
@@ -121,7 +127,8 @@ impl P2p {
                     .as_ref()
                     .ok_or_else(|| missing("trust_dir", "MILONGA_TRUST"))?;
                 let identity = curve::Identity::load(key_file)?;
-                let guard = curve::Guard::new(&core, identity, trust_dir)?;
+                let guard =
+                    curve::Guard::new(&core, identity, trust_dir, core.cfg.acl_file.as_deref())?;
                 ctx.ensure_zap()?;
                 Some(guard)
             }
@@ -172,8 +179,23 @@ impl P2p {
     /// Makes `sock`, a socket that binds, a CURVE server admitting the
     /// trusted keys only (security on; nothing otherwise). Before `bind`.
     pub(crate) fn secure_server(&self, sock: &mut zmq::Socket) -> Result<(), OpenError> {
+        self.secure_server_in(sock, false)
+    }
+
+    /// [`P2p::secure_server`] for a data socket: with access control, it
+    /// admits only keys the rules let subscribe to something.
+    pub(crate) fn secure_data_server(&self, sock: &mut zmq::Socket) -> Result<(), OpenError> {
+        self.secure_server_in(sock, true)
+    }
+
+    fn secure_server_in(&self, sock: &mut zmq::Socket, data: bool) -> Result<(), OpenError> {
         let Some(g) = &self.security else {
             return Ok(());
+        };
+        let domain = if data {
+            format!("{}{}", g.zap_domain, curve::DATA_DOMAIN_SUFFIX)
+        } else {
+            g.zap_domain.clone()
         };
         let err = |source: zmq::Error| OpenError::Socket {
             action: "secure",
@@ -182,7 +204,7 @@ impl P2p {
         };
         sock.set_curve_server(true).map_err(err)?;
         sock.set_curve_secretkey(g.identity.secret()).map_err(err)?;
-        sock.set_zap_domain(&g.zap_domain).map_err(err)?;
+        sock.set_zap_domain(&domain).map_err(err)?;
         zmq_io::set_zap_enforce(sock).map_err(err)
     }
 

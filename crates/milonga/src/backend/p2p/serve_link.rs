@@ -16,13 +16,19 @@ pub(crate) struct ServeLink {
     sock: zmq::Socket,
 }
 
-/// Who sent a request: the ROUTER's identity of the caller's connection.
-pub(crate) struct Caller(zmq::Message);
+/// Who sent a request: the ROUTER's identity of the caller's connection,
+/// and (security on) the key that connection was admitted with.
+pub(crate) struct Caller(zmq::Message, Option<String>);
 
 impl Caller {
     /// The identity's bytes (a caller's connection, to count its requests).
     pub(crate) fn to_vec(&self) -> Vec<u8> {
         self.0.to_vec()
+    }
+
+    /// The caller's key (Z85), when its connection was secured.
+    pub(crate) fn key(&self) -> Option<&str> {
+        self.1.as_deref()
     }
 }
 
@@ -96,9 +102,17 @@ impl ServeLink {
         let flags = if wait { 0 } else { zmq::DONTWAIT };
         match recv_parts(&mut self.sock, flags) {
             Ok(mut parts) => {
-                let rest = parts.split_off(1).into_iter().map(message_bytes).collect();
+                let mut rest = parts.split_off(1);
+                // The properties of the connection come with the frames
+                // the caller sent (the identity frame is the ROUTER's).
+                let key = rest.first_mut().and_then(|m| {
+                    m.gets("User-Id")
+                        .filter(|k| !k.is_empty())
+                        .map(str::to_owned)
+                });
+                let rest = rest.into_iter().map(message_bytes).collect();
                 let identity = parts.pop().expect("a message has a first frame");
-                Ok(Some((Caller(identity), rest)))
+                Ok(Some((Caller(identity, key), rest)))
             }
             Err(zmq::Error::EINTR | zmq::Error::EAGAIN) => Ok(None),
             Err(e) => Err(e.transport()),

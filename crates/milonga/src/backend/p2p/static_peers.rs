@@ -118,7 +118,7 @@ impl StaticPeers {
             let ep = ep.to_owned();
             if let Some(g) = &s.guard {
                 match who.and_then(|w| resolve_key(g, w)) {
-                    Some(key) => g.set_static_key(&ep, key),
+                    Some(key) => g.set_configured_key(&ep, key),
                     None => {
                         tracing::warn!(peer = %spec, "ignoring a static peer: with security on, name its key: NAME@tcp://HOST:PORT (NAME.pub in the trust directory) or KEY@tcp://HOST:PORT");
                         continue;
@@ -141,14 +141,14 @@ impl StaticPeers {
     /// learned.
     pub(crate) fn learn(&mut self, told: &str, now: Instant) -> bool {
         let (who, endpoint) = split_peer(told);
-        match (&self.guard, who) {
+        let key = match (&self.guard, who) {
             (Some(g), Some(who)) => match resolve_key(g, who).filter(|k| g.trusted(k).is_some()) {
-                Some(key) if self.node.cfg.gossip => g.set_static_key(endpoint, key),
-                _ => return false,
+                Some(key) => Some(key),
+                None => return false,
             },
-            (None, None) => {}
+            (None, None) => None,
             _ => return false,
-        }
+        };
         if !self.node.cfg.gossip
             || endpoint == self.own_control
             || endpoint.len() > milonga_wire::control::MAX_GOSSIP_ENDPOINT
@@ -176,6 +176,9 @@ impl StaticPeers {
                 );
             }
             return false;
+        }
+        if let (Some(g), Some(key)) = (&self.guard, key) {
+            g.set_static_key(endpoint, key);
         }
         match connect(&self.ctx, &self.node, self.guard.as_deref(), endpoint) {
             Ok(sock) => {
