@@ -142,3 +142,12 @@ def test_access_control_denies_a_call_no_rule_allows(domain: Domain, tmp_path: P
     svc.close()
     with pytest.raises(milonga.ConfigError, match="needs security on"):
         domain.open("plain", acl_file=str(rules))
+
+
+def test_a_secured_node_receives_its_own_samples(domain: Domain, tmp_path: Path) -> None:
+    keys = _keys(tmp_path, "solo")
+    trust = _trust(tmp_path, keys, "s", "solo")
+    node = _secured(domain, "solo", keys, trust)
+    sub = node.subscribe("own/x")
+    got = _first(sub, milonga.Sample, node.publisher("own/x"))
+    assert got.value == 5

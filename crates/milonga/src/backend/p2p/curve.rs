@@ -784,26 +784,25 @@ impl Drop for Guard {
 
 /// Makes `sock` a CURVE client for its next `connect`, to `endpoint`, when
 /// `guard` is there (security on): the server key is the one known for
-/// `endpoint` (announced by a trusted peer, or given with a static peer).
-/// An inproc endpoint needs none (no handshake within a process).
+/// `endpoint` (announced by a trusted peer, or given with a static peer),
+/// else this node's own. An inproc endpoint needs none (no handshake
+/// within a process).
 pub(crate) fn secure_client(
     guard: Option<&Guard>,
     sock: &zmq::Socket,
     endpoint: &str,
 ) -> Result<(), crate::model::error::TransportError> {
-    use crate::model::error::TransportError;
     let Some(g) = guard else {
         return Ok(());
     };
     if endpoint.starts_with("inproc://") {
         return Ok(());
     }
-    let Some(server) = g.key_for(endpoint) else {
-        return Err(TransportError::new(
-            format!("no trusted key is known for {endpoint} (security on: docs/security.md)"),
-            None,
-        ));
-    };
+    // An endpoint no peer announced is this node's own (a subscription to
+    // its own publications: its announcement is not among the peers'), or
+    // one of a node of its own identity: this node's key. A server that
+    // does not hold this node's secret key fails the handshake with it.
+    let server = g.key_for(endpoint).unwrap_or(g.identity.public);
     secure_client_to(g, sock, server)
 }
 
