@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -22,6 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 # Each test chooses its own domain; an exported MILONGA_LOCATOR would
 # replace it (in this process and in the children, which inherit it).
 os.environ.pop("MILONGA_LOCATOR", None)
+# A default identity or trust directory a secured node makes (docs/security.md)
+# goes with the test session, not into the user's home.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="milonga-py-config-")
 
 
 class Domain:

@@ -103,8 +103,11 @@ def test_a_key_file_others_can_read_is_refused(domain: Domain, tmp_path: Path) -
     os.chmod(keys / "alice.key", 0o644)
     with pytest.raises(milonga.OpenError, match="chmod 600"):
         _secured(domain, "alice", keys, trust)
-    with pytest.raises(milonga.ConfigError, match="trust_dir"):
-        domain.open("x", security="on", key_file=str(keys / "alice.key"))
+    # A key and no trust directory: the user's default one (conftest points
+    # XDG_CONFIG_HOME at a directory of the test session).
+    os.chmod(keys / "alice.key", 0o600)
+    domain.open("x", security="on", key_file=str(keys / "alice.key"))
+    assert (Path(os.environ["XDG_CONFIG_HOME"]) / "milonga" / "trust").is_dir()
 
 
 def test_access_control_denies_a_call_no_rule_allows(domain: Domain, tmp_path: Path) -> None:

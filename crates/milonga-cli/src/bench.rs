@@ -287,6 +287,9 @@ pub fn run(net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
 fn idle(a: IdleArgs) -> Result<ExitCode> {
     let dir = std::env::temp_dir().join(format!("mlg-idle-{}", std::process::id()));
     let mut cfg = Config::new(&format!("milonga:///idle-{}", std::process::id()), "idle");
+    // Benchmarks compare with plain libzmq: security off unless asked
+    // (`--with-security`), whatever the address.
+    cfg.security = milonga::Security::Off;
     cfg.runtime_dir = Some(dir.clone());
     let node = Node::open_with(cfg)?;
     let _p = node.publisher("idle/x")?;
@@ -733,6 +736,9 @@ fn raw_sub(ctx: &zmq::Context, at: &Place, deadline_s: f64) -> Result<Outcome> {
 
 fn mlg_config(at: &Place, name: &str) -> Result<Config> {
     let mut c = Config::new(&at.address, name);
+    // Benchmarks compare with plain libzmq: security off unless asked
+    // (`--with-security`), whatever the address.
+    c.security = milonga::Security::Off;
     c.runtime_dir = Some(at.runtime_dir.clone().into());
     // On a host of the test bed (`--hosts 2`): bound to its address.
     if let Ok(host) = std::env::var("MILONGA_BENCH_TCP_HOST") {

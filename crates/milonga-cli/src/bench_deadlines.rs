@@ -81,6 +81,9 @@ pub fn run(a: DeadlinesArgs, t: Transport) -> Result<std::process::ExitCode> {
     let locator = format!("milonga:///bench-deadlines-{}", std::process::id());
     let open = |name: &str| {
         let mut cfg = Config::new(&locator, name);
+        // Benchmarks compare with plain libzmq: security off unless asked
+        // (`--with-security`), whatever the address.
+        cfg.security = milonga::Security::Off;
         cfg.runtime_dir = Some(dir.clone());
         cfg.transport = t;
         Node::open_with(cfg)

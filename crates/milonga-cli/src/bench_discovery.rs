@@ -71,6 +71,9 @@ fn now_ns() -> u64 {
 /// orders on its input until it ends.
 pub fn worker(a: DiscWorkerArgs) -> Result<std::process::ExitCode> {
     let mut cfg = Config::new(&a.locator, &format!("disc-{}", a.me));
+    // Benchmarks compare with plain libzmq: security off unless asked
+    // (`--with-security`), whatever the address.
+    cfg.security = milonga::Security::Off;
     cfg.runtime_dir = Some(a.runtime_dir.into());
     // Set by the bench on the hosts of a test bed.
     if let Ok(host) = std::env::var("MILONGA_BENCH_SCOUT_HOST") {

@@ -48,6 +48,9 @@ fn now_ns() -> u64 {
 /// until killed.
 pub(crate) fn live_pub(at: &Place) -> Result<Outcome> {
     let mut cfg = Config::new(&at.address, "live-pub");
+    // Benchmarks compare with plain libzmq: security off unless asked
+    // (`--with-security`), whatever the address.
+    cfg.security = milonga::Security::Off;
     cfg.runtime_dir = Some(at.runtime_dir.clone().into());
     cfg.transport = at
         .transport
@@ -220,6 +223,9 @@ pub fn run(a: LivelinessArgs, t: Transport) -> Result<std::process::ExitCode> {
         keys: None,
     };
     let mut cfg = Config::new(&at.address, "live-sub");
+    // Benchmarks compare with plain libzmq: security off unless asked
+    // (`--with-security`), whatever the address.
+    cfg.security = milonga::Security::Off;
     cfg.runtime_dir = Some(dir.clone());
     cfg.transport = t;
     let lease = Duration::from_millis(cfg.heartbeat_timeout_ms as u64);

@@ -105,6 +105,9 @@ fn now_ns() -> u64 {
 
 fn mlg_config(at: &MlgPlace, name: &str) -> Result<Config> {
     let mut c = Config::new(&at.locator, name);
+    // Benchmarks compare with plain libzmq: security off unless asked
+    // (`--with-security`), whatever the address.
+    c.security = milonga::Security::Off;
     c.runtime_dir = Some(at.runtime_dir.clone().into());
     c.transport = at.transport.parse().map_err(|e: String| anyhow!(e))?;
     Ok(c)

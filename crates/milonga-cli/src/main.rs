@@ -65,9 +65,10 @@ pub struct NetArgs {
     /// Fixed control endpoint of this node, for peers on other hosts.
     #[arg(long, global = true, env = "MILONGA_CONTROL_ENDPOINT")]
     pub control_endpoint: Option<String>,
-    /// CURVE on every connection: on or off (docs/security.md). On when
-    /// --key is given.
-    #[arg(long, global = true, value_name = "on|off")]
+    /// CURVE on every connection: auto (the default: on when the node
+    /// listens on an address other hosts reach, or --key is given), on or
+    /// off (docs/security.md).
+    #[arg(long, global = true, value_name = "auto|on|off")]
     pub security: Option<milonga::Security>,
     /// This node's secret key file (NAME.key, from `milonga keygen`).
     #[arg(long = "key", global = true, value_name = "FILE")]

@@ -24,6 +24,10 @@ struct Lan {
     bed: Bed,
     dirs: Vec<TempDir>,
     domain: String,
+    /// `XDG_CONFIG_HOME` of every process: the default identity the
+    /// nodes (secured by default on the bed's network) share, as the
+    /// hosts of one user with one home directory would.
+    config: TempDir,
 }
 
 impl Lan {
@@ -36,6 +40,7 @@ impl Lan {
             bed,
             dirs,
             domain: format!("{tag}-{}", std::process::id()),
+            config: TempDir::new(&format!("{tag}-config")),
         })
     }
 
@@ -49,6 +54,7 @@ impl Lan {
     fn cmd(&self, i: usize, args: &[&str]) -> Command {
         let mut c = self.bed.command(i, env!("CARGO_BIN_EXE_milonga"));
         c.env("MILONGA_RUNTIME_DIR", self.dirs[i].path())
+            .env("XDG_CONFIG_HOME", self.config.path())
             .env("MILONGA_LOCATOR", format!("milonga:///{}", self.domain))
             .env("MILONGA_TCP_HOST", self.bed.host(i).addr.to_string())
             .env("MILONGA_HEARTBEAT_INTERVAL_MS", "200")
@@ -72,6 +78,7 @@ impl Lan {
             }
         }
         c.env("MILONGA_RUNTIME_DIR", self.dirs[i].path())
+            .env("XDG_CONFIG_HOME", self.config.path())
             .env("MILONGA_LOCATOR", format!("milonga:///{}", self.domain))
             .env("MILONGA_TCP_HOST", "auto")
             .args(args);
@@ -861,6 +868,9 @@ fn an_eavesdropper_between_hosts_reads_payloads_only_with_security_off() {
         let with_key = |c: &mut Command, key: &Path| {
             if secure {
                 c.arg("--key").arg(key).arg("--trust").arg(&trust);
+            } else {
+                // On the bed's network security is on by default.
+                c.env("MILONGA_SECURITY", "off");
             }
         };
         let mut p = lan.cmd(0, &[]);

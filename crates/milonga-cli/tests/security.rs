@@ -304,15 +304,19 @@ fn a_corrupt_or_exposed_key_file_is_a_clear_error() {
     std::fs::write(&key, text.replace(line, &corrupt)).unwrap();
     let e = run(&["pub", "sec/k", "1", "--count", "1"]);
     assert!(e.contains("does not belong to its secret key"), "{e}");
-    // Security on with no trust directory says which setting is missing.
+    // Security on with no key given and no home directory for the default
+    // identity says which settings are missing.
     let out = env
         .cmd(&["--security", "on", "pub", "sec/k", "1", "--count", "1"])
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("HOME")
         .output()
         .unwrap();
     assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("key_file"),
-        "{out:?}"
+        e.contains("no home directory") && e.contains("MILONGA_KEY"),
+        "{e}"
     );
 }
 
@@ -483,5 +487,48 @@ fn access_control_allows_and_denies_each_operation_as_its_rules_say() {
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("needs security on"),
         "{out:?}"
+    );
+}
+
+#[test]
+fn a_node_reachable_from_other_hosts_is_secured_by_default_with_the_users_identity() {
+    let env = Env::new("sec-default");
+    let config = env.dir.path().join("config");
+    // Loopback, the default: off, and no identity is made.
+    let plain = env
+        .cmd(&["pub", "sec/d", "1", "--count", "1"])
+        .output()
+        .unwrap();
+    assert!(plain.status.success(), "{plain:?}");
+    assert!(!config.join("milonga/identity.key").exists());
+    // A node on an address other hosts reach (0.0.0.0 here: every
+    // interface) is secured, with an identity made for this user.
+    let mut p = env.cmd(&["pub", "sec/d", "2", "--rate", "50"]);
+    p.env("MILONGA_TCP_HOST", "0.0.0.0");
+    let _publ = Proc::spawn(p);
+    let key = config.join("milonga/identity.key");
+    assert!(poll_until(T, || key.exists()), "no default identity made");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let trusted: Vec<_> = std::fs::read_dir(config.join("milonga/trust"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(trusted.len(), 1, "its own public key: {trusted:?}");
+    // A subscriber of the same user (same default identity) is secured
+    // too, and gets the samples; `ls` says the key is trusted.
+    let mut s = env.cmd(&["sub", "sec/d", "--json"]);
+    s.env("MILONGA_TCP_HOST", "0.0.0.0");
+    let sub = Proc::spawn(s);
+    assert_eq!(sample_or_denied(&sub)["value"], 2);
+    // A plain node on loopback sees it and does not connect, saying why.
+    let out = env.cmd(&["ls", "--json"]).output().unwrap();
+    let nodes: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        nodes.as_array().unwrap().iter().any(|n| n["excluded"]
+            .as_str()
+            .is_some_and(|w| w.contains("security is on and this node's is off"))),
+        "{nodes}"
     );
 }

@@ -37,6 +37,8 @@ impl Env {
             .env_remove("MILONGA_PEERS")
             .env_remove("MILONGA_TRANSPORT")
             .env_remove("MILONGA_MAX_MESSAGE_BYTES")
+            // A default identity, if one is made, lives with the test.
+            .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
             .args(args);
         c
     }

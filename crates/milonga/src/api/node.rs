@@ -60,9 +60,10 @@ impl Node {
         &self.inner.core().domain
     }
 
-    /// Whether this node's connections are secured (docs/security.md).
+    /// Whether this node's connections are secured (docs/security.md):
+    /// `On` or `Off` (`Auto` resolved at open).
     pub fn security(&self) -> crate::Security {
-        self.inner.core().cfg.security
+        self.inner.core().cfg.effective_security()
     }
 
     /// This node's CURVE public key, when its security is on.

@@ -49,11 +49,16 @@ impl Transport {
 /// (docs/security.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Security {
-    /// Plain ZMTP: anyone who reaches the node's ports may connect.
+    /// On when the node can be reached from other hosts (tcp on an
+    /// address that is not loopback) or a `key_file` is given; off on
+    /// loopback, ipc and inproc. The default.
     #[default]
+    Auto,
+    /// Plain ZMTP: anyone who reaches the node's ports may connect.
     Off,
-    /// CURVE on every socket: the node has a key (`key_file`) and admits
-    /// only the keys of its trust directory (`trust_dir`).
+    /// CURVE on every socket: the node has a key (`key_file`, else the
+    /// user's default identity) and admits only the keys of its trust
+    /// directory (`trust_dir`, else the user's default one).
     On,
 }
 
@@ -61,17 +66,21 @@ impl std::str::FromStr for Security {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(Security::Auto),
             "off" => Ok(Security::Off),
             "on" => Ok(Security::On),
-            other => Err(format!("unknown security {other:?}: expected on or off")),
+            other => Err(format!(
+                "unknown security {other:?}: expected auto, on or off"
+            )),
         }
     }
 }
 
 impl Security {
-    /// `on` or `off`.
+    /// `auto`, `on` or `off`.
     pub fn name(self) -> &'static str {
         match self {
+            Security::Auto => "auto",
             Security::Off => "off",
             Security::On => "on",
         }
@@ -412,15 +421,19 @@ pub struct Config {
     /// Payloads (whole byte strings or typed arrays) of at least this many
     /// bytes travel in their own frame without a copy. Default 64 KiB.
     pub zero_copy_threshold_bytes: usize,
-    /// CURVE on every connection (`on`) or not (`off`, the default for
-    /// now: docs/security.md says where it must be on).
+    /// CURVE on every connection: `auto` (the default: on when the node
+    /// can be reached from other hosts or a key is given), `on` or `off`
+    /// (docs/security.md).
     pub security: Security,
     /// The node's secret key file (`NAME.key`, mode 0600, made by `milonga
-    /// keygen`). Required when `security` is on.
+    /// keygen`). Default, when security is on: the user's default
+    /// identity (`$XDG_CONFIG_HOME/milonga/identity.key`, made if missing).
     pub key_file: Option<PathBuf>,
     /// The directory of trusted public keys (`*.pub`): only they may
     /// connect, and only to nodes announcing one of them does this node
-    /// connect. Reloaded when it changes. Required when `security` is on.
+    /// connect. Reloaded when it changes. Default, when security is on:
+    /// `$XDG_CONFIG_HOME/milonga/trust` (made if missing, holding the
+    /// default identity's public key).
     pub trust_dir: Option<PathBuf>,
     /// Access control rules (docs/security.md): with a file, every
     /// operation not allowed by a rule is denied. Needs `security` on.
@@ -460,7 +473,7 @@ impl Config {
             tcp_buffer_bytes: 0,
             close_linger_ms: 1000,
             zero_copy_threshold_bytes: 64 << 10,
-            security: Security::Off,
+            security: Security::Auto,
             key_file: None,
             trust_dir: None,
             acl_file: None,
@@ -616,6 +629,43 @@ impl Config {
         }
         let uid = crate::util::sys::uid();
         PathBuf::from(format!("/tmp/milonga-{uid}"))
+    }
+
+    /// The security a node with this configuration runs with: `auto`
+    /// resolved (on when a key is given, or when the node listens on tcp
+    /// at an address other hosts may reach: not loopback).
+    pub(crate) fn effective_security(&self) -> Security {
+        match self.security {
+            Security::Auto => {
+                let reachable = self.transport == Transport::Tcp && {
+                    let host = self.tcp_host.trim_start_matches('[').trim_end_matches(']');
+                    match host.parse::<std::net::IpAddr>() {
+                        Ok(ip) => !ip.is_loopback(),
+                        Err(_) => host != "localhost",
+                    }
+                };
+                if self.key_file.is_some() || reachable {
+                    Security::On
+                } else {
+                    Security::Off
+                }
+            }
+            s => s,
+        }
+    }
+
+    /// The directory of the user's default identity and trust directory:
+    /// `$XDG_CONFIG_HOME/milonga`, else `$HOME/.config/milonga`.
+    pub(crate) fn default_security_dir() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .filter(|x| !x.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|h| !h.is_empty())
+                    .map(|h| PathBuf::from(h).join(".config"))
+            })?;
+        Some(base.join("milonga"))
     }
 
     pub(crate) fn discovery_interval(&self) -> Duration {
@@ -848,7 +898,7 @@ mod tests {
         let e = c
             .set("security", ConfigValue::Text("maybe".into()))
             .unwrap_err();
-        assert!(e.to_string().contains("expected on or off"), "{e}");
+        assert!(e.to_string().contains("expected auto, on or off"), "{e}");
         assert!(c.set("max_message_bytes", ConfigValue::Int(-1)).is_err());
         c.set("control_endpoint", ConfigValue::Text("tcp://h:1".into()))
             .unwrap();

@@ -224,24 +224,111 @@ impl Identity {
                 return Err(SecurityError::Exists(p.clone()));
             }
         }
-        let z = self.public.to_z85();
-        let stamp = humantime_now();
-        let secret_text = format!(
-            "# Milonga CURVE identity {name}: the SECRET key (made {stamp} by milonga keygen).\n\
+        write_new(&key, self.secret_text().as_bytes(), 0o600).map_err(io(&key))?;
+        write_new(&public, self.public_text().as_bytes(), 0o644).map_err(io(&public))?;
+        Ok((key, public))
+    }
+
+    /// The text of `NAME.key`.
+    fn secret_text(&self) -> String {
+        format!(
+            "# Milonga CURVE identity {name}: the SECRET key (made {stamp} by milonga).\n\
              # Readable by its owner only; never copy it to another machine.\n\n\
              metadata\n    name = \"{name}\"\ncurve\n    public-key = \"{z}\"\n    secret-key = \"{s}\"\n",
             name = self.name,
+            stamp = humantime_now(),
+            z = self.public.to_z85(),
             s = encode_key(&self.secret),
-        );
-        let public_text = format!(
-            "# Milonga CURVE identity {name}: the public key (made {stamp} by milonga keygen).\n\
+        )
+    }
+
+    /// The text of `NAME.pub`.
+    fn public_text(&self) -> String {
+        format!(
+            "# Milonga CURVE identity {name}: the public key (made {stamp} by milonga).\n\
              # Put it in the trust directory of every node that may talk to {name}.\n\n\
              metadata\n    name = \"{name}\"\ncurve\n    public-key = \"{z}\"\n",
             name = self.name,
-        );
-        write_new(&key, secret_text.as_bytes(), 0o600).map_err(io(&key))?;
-        write_new(&public, public_text.as_bytes(), 0o644).map_err(io(&public))?;
-        Ok((key, public))
+            stamp = humantime_now(),
+            z = self.public.to_z85(),
+        )
+    }
+}
+
+/// Writes `text` at `path` unless a file is there, atomically: written
+/// under a temporary name, then linked into place, so that two nodes
+/// opening at once never read a half-written file. Whether it wrote.
+fn create_atomically(path: &Path, text: &str, mode: u32) -> Result<bool, SecurityError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SecurityError::Io { path, source }
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
+        std::process::id()
+    ));
+    let _ = fs::remove_file(&tmp);
+    write_new(&tmp, text.as_bytes(), mode).map_err(io(&tmp))?;
+    let linked = fs::hard_link(&tmp, path);
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(io(path)(e)),
+    }
+}
+
+/// The user's default trust directory, `dir/trust` (`dir` is
+/// `$XDG_CONFIG_HOME/milonga`), made (mode 0700) if missing.
+pub(crate) fn default_trust(dir: &Path) -> Result<PathBuf, SecurityError> {
+    let trust = dir.join("trust");
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&trust)
+        .map_err(|source| SecurityError::Io {
+            path: trust.clone(),
+            source,
+        })?;
+    Ok(trust)
+}
+
+/// The user's default identity, `dir/identity.key`, made if missing
+/// (named after this host), its public key put in the default trust
+/// directory (made if missing). The key file.
+pub(crate) fn default_identity(dir: &Path) -> Result<PathBuf, SecurityError> {
+    let trust = default_trust(dir)?;
+    let key = dir.join("identity.key");
+    if !key.exists() {
+        let id = Identity::generate(&default_name())?;
+        if create_atomically(&key, &id.secret_text(), 0o600)? {
+            tracing::info!(key = %key.display(), public = %id.public(), "made this user's default identity");
+        }
+    }
+    // Whichever node made it, its public key is trusted here.
+    let id = Identity::load(&key)?;
+    let public = trust.join(format!("{}.pub", id.name()));
+    if !public.exists() {
+        create_atomically(&public, &id.public_text(), 0o644)?;
+    }
+    Ok(key)
+}
+
+/// This host's name as a key name ("node" if it has none that fits).
+fn default_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name: String = host
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .take(64)
+        .collect();
+    if valid_name(&name) {
+        name
+    } else {
+        "node".into()
     }
 }
 

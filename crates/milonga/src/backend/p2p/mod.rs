@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use milonga_wire::NodeId;
 
-use crate::model::config::{Security, Transport};
+use crate::model::config::{Config, Security, Transport};
 use crate::model::error::{IntoTransport, OpenError, TransportError};
 use crate::model::node::NodeCore;
 use crate::model::qos::Reliability;
@@ -100,38 +100,41 @@ impl P2p {
     pub(crate) fn new(core: Arc<NodeCore>) -> Result<(P2p, WakeRx), OpenError> {
         let ctx = ContextRef::acquire();
         let (waker, wake_rx) = NodeWaker::pair(&ctx, core.id)?;
-        let security = match core.cfg.security {
-            Security::Off if core.cfg.acl_file.is_some() => {
+        let security = match core.cfg.effective_security() {
+            Security::On => {
+                let (key_file, trust_dir) = match (&core.cfg.key_file, &core.cfg.trust_dir) {
+                    (Some(k), Some(t)) => (k.clone(), t.clone()),
+                    (given_key, given_trust) => {
+                        let dir = Config::default_security_dir().ok_or_else(|| OpenError::Config {
+                            key: "key_file".into(),
+                            why: "security is on and no key_file or trust_dir is given, and there is no home directory for the default identity (set MILONGA_KEY and MILONGA_TRUST, or --key and --trust; docs/security.md)".into(),
+                        })?;
+                        // The default identity is made only when no key is
+                        // given; the default trust directory when none is.
+                        let key = match given_key {
+                            Some(k) => k.clone(),
+                            None => curve::default_identity(&dir)?,
+                        };
+                        let trust = match given_trust {
+                            Some(t) => t.clone(),
+                            None => curve::default_trust(&dir)?,
+                        };
+                        (key, trust)
+                    }
+                };
+                let identity = curve::Identity::load(&key_file)?;
+                let guard =
+                    curve::Guard::new(&core, identity, &trust_dir, core.cfg.acl_file.as_deref())?;
+                ctx.ensure_zap()?;
+                Some(guard)
+            }
+            _ if core.cfg.acl_file.is_some() => {
                 return Err(OpenError::Config {
                     key: "acl_file".into(),
                     why: "access control needs security on (its rules name keys)".into(),
                 })
             }
-            Security::Off => None,
-            Security::On => {
-                let missing = |key: &str, var: &str| OpenError::Config {
-                    key: key.into(),
-                    why: format!(
-                        "security is on: give it ({var}, or --{}; docs/security.md)",
-                        &key[..key.find('_').unwrap_or(key.len())]
-                    ),
-                };
-                let key_file = core
-                    .cfg
-                    .key_file
-                    .as_ref()
-                    .ok_or_else(|| missing("key_file", "MILONGA_KEY"))?;
-                let trust_dir = core
-                    .cfg
-                    .trust_dir
-                    .as_ref()
-                    .ok_or_else(|| missing("trust_dir", "MILONGA_TRUST"))?;
-                let identity = curve::Identity::load(key_file)?;
-                let guard =
-                    curve::Guard::new(&core, identity, trust_dir, core.cfg.acl_file.as_deref())?;
-                ctx.ensure_zap()?;
-                Some(guard)
-            }
+            _ => None,
         };
         Ok((
             P2p {

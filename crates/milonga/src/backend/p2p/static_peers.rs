@@ -117,11 +117,17 @@ impl StaticPeers {
             let (who, ep) = split_peer(&spec);
             let ep = ep.to_owned();
             if let Some(g) = &s.guard {
-                match who.and_then(|w| resolve_key(g, w)) {
-                    Some(key) => g.set_configured_key(&ep, key),
-                    None => {
-                        tracing::warn!(peer = %spec, "ignoring a static peer: with security on, name its key: NAME@tcp://HOST:PORT (NAME.pub in the trust directory) or KEY@tcp://HOST:PORT");
+                match (who, who.and_then(|w| resolve_key(g, w))) {
+                    (_, Some(key)) => g.set_configured_key(&ep, key),
+                    (Some(w), None) => {
+                        tracing::warn!(peer = %spec, name = %w, "ignoring a static peer: its key is named by neither a .pub file of the trust directory nor a Z85 key");
                         continue;
+                    }
+                    // No key named: the peer is taken to have this node's
+                    // own identity (one user's default identity on several
+                    // hosts); a peer with another fails the handshake.
+                    (None, None) => {
+                        tracing::info!(peer = %spec, "a static peer without a key named: expecting this node's own identity there (name another as NAME@tcp://HOST:PORT)")
                     }
                 }
             }
