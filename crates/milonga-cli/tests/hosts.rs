@@ -522,6 +522,8 @@ fn a_node_on_loopback_or_a_wildcard_opens_and_does_not_scout() {
         let out = Command::new(env!("CARGO_BIN_EXE_milonga"))
             .args(["pub", "lan/x", "1", "--count", "1"])
             .env("MILONGA_RUNTIME_DIR", dir.path())
+            // 0.0.0.0 is reachable: secured by default, its identity here.
+            .env("XDG_CONFIG_HOME", dir.path().join("config"))
             .env("MILONGA_SCOUTING", "1")
             .env("MILONGA_TCP_HOST", host)
             .env("RUST_LOG", "milonga=debug")
