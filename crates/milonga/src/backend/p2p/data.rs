@@ -351,7 +351,8 @@ pub(crate) struct DataSock {
     pub(crate) sock: zmq::Socket,
     pub(crate) out: Outlet,
     /// With access control: the node's security, whose rules decide each
-    /// subscription and history query (the socket is in manual mode).
+    /// history query (subscriptions are decided per connection, at the
+    /// handshake: `curve::admit`).
     gate: Option<Arc<Guard>>,
     /// The socket is inproc (no handshake, no key: the node's own process).
     inproc: bool,
@@ -361,7 +362,7 @@ pub(crate) struct DataSock {
 enum Gate {
     /// On to the outlet, as without access control.
     Pass,
-    /// Refused (and told), or never to be granted: dropped here.
+    /// Refused (and told): dropped here.
     Drop,
 }
 
