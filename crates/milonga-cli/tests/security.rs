@@ -217,7 +217,12 @@ fn a_node_without_security_and_a_secured_one_do_not_talk_and_say_why() {
         &trust,
         &["pub", "sec/y", "1", "--rate", "50"],
     ));
-    std::thread::sleep(Duration::from_millis(300));
+    // The publisher is announced (its file read by a plain `ls`) before the
+    // plain subscriber starts.
+    assert!(
+        poll_until(T, || env.try_ls().is_some_and(|n| !n.is_empty())),
+        "the secured publisher never showed"
+    );
     let out = env
         .cmd(&["sub", "sec/y", "--json", "--timeout", "2"])
         .output()
@@ -266,17 +271,25 @@ fn a_key_added_to_the_trust_directory_lets_its_node_in_while_running() {
         }
     };
     assert_eq!(got["value"], 3, "bob let in: {got}");
-    // Removing it refuses new connections (a new subscriber of bob's).
+    // Removing it refuses new connections: a new subscriber of bob's is
+    // refused once alice has reread her trust directory (within a second).
     std::fs::remove_file(alice_trust.join("bob.pub")).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    let again = Proc::spawn(secured(
-        &env,
-        &keys,
-        "bob",
-        &bob_trust,
-        &["sub", "sec/z", "--json"],
-    ));
-    assert_eq!(sample_or_denied(&again)["event"], "permission_denied");
+    let refused = poll_until(T, || {
+        let out = secured(
+            &env,
+            &keys,
+            "bob",
+            &bob_trust,
+            &["sub", "sec/z", "--json", "--timeout", "2"],
+        )
+        .output()
+        .unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("permission_denied")
+    });
+    assert!(
+        refused,
+        "bob's new connections are refused once his key is removed"
+    );
 }
 
 #[test]
