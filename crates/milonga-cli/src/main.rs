@@ -695,6 +695,7 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             "control": peer.control,
             "data_best_effort": peer.data_best_effort,
             "data_reliable": peer.data_reliable,
+            "liveliness": peer.liveliness,
             "publications": peer.publications,
             "services": peer.services,
             "key": peer.key,

@@ -215,7 +215,7 @@ fn long_subscriptions_cost_what_libzmq_keeps() {
     let rss = || rss_kib(publ.pid()).unwrap_or(0);
     let before = rss();
     // 5 MB: 80 subscriptions of 64 KiB.
-    let (leave, sender) = common::long_subscriptions(data, 80);
+    let (leave, sender) = common::long_subscriptions(data, None, 80);
     let mut during = before;
     wait_for("libzmq to take the subscriptions", T, || {
         during = during.max(rss());

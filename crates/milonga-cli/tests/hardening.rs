@@ -554,7 +554,7 @@ fn finding_04_memory_of_long_subscriptions_is_given_back_when_the_peer_leaves() 
     // memory back only after a megabyte of prefixes went, and libzmq drops
     // a subscription still queued when its peer disconnects, so 16 sent
     // were sometimes 15 kept and the memory was never given back.
-    let (leave, sender) = common::long_subscriptions(data.unwrap(), 15);
+    let (leave, sender) = common::long_subscriptions(data.unwrap(), None, 15);
     wait_for("libzmq to take the subscriptions", T, || {
         rss() > before + 16 * 1024
     });

@@ -545,3 +545,83 @@ fn a_node_reachable_from_other_hosts_is_secured_by_default_with_the_users_identi
         "{nodes}"
     );
 }
+
+/// Issue 10, finding 4, where security closes it: 5 MB of long
+/// subscriptions sent to a secured node's data and liveliness ports by a
+/// peer whose key it does not trust cost the node nothing, because the
+/// handshake is refused before libzmq stores a single one (without
+/// security the same flood takes a publisher from 7.5 to 175 MiB, `make
+/// chaos`); the refusals are counted and a trusted subscriber goes on.
+#[test]
+fn finding_04_an_untrusted_peers_long_subscriptions_cost_a_secured_node_nothing() {
+    let env = Env::new("sec-subamp");
+    let keys = Keys::new("sec-subamp", &["alice", "bob"]);
+    let ab = keys.trust("ab", &["alice", "bob"]);
+    let publ = Proc::spawn(secured(
+        &env,
+        &keys,
+        "alice",
+        &ab,
+        &["pub", "sa/x", "1", "--rate", "20"],
+    ));
+    let bob = Proc::spawn(secured(&env, &keys, "bob", &ab, &["sub", "sa/x", "--json"]));
+    assert_eq!(sample_or_denied(&bob)["value"], 1);
+    let ls = || -> Vec<Json> {
+        let out = secured(&env, &keys, "bob", &ab, &["ls", "--json"])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Json>(&out.stdout)
+            .ok()
+            .and_then(|j| j.as_array().cloned())
+            .unwrap_or_default()
+    };
+    let alice = || {
+        ls().into_iter()
+            .find(|n| n["publications"][0]["key"] == "sa/x")
+    };
+    let mut a = None;
+    assert!(poll_until(T, || {
+        a = alice();
+        a.is_some()
+    }));
+    let a = a.unwrap();
+    let key = a["key"]
+        .as_str()
+        .expect("alice announces her key")
+        .to_owned();
+    let rss = || milonga_testkit::rss_kib(publ.pid()).unwrap_or(0);
+    let before = rss();
+    let refused = |a: &Json| a["stats"]["auth_refused"].as_u64().unwrap_or(0);
+    let refused_before = refused(&a);
+    let mut floods = Vec::new();
+    for port in ["data_best_effort", "liveliness"] {
+        let ep = a[port].as_str().unwrap().to_owned();
+        floods.push(common::long_subscriptions(ep, Some(key.clone()), 40));
+    }
+    // A handshake refused by the server's ZAP handler ends the client's
+    // session for good (libzmq does not reconnect after an authentication
+    // error): one refusal per port. Had a handshake been let through, the
+    // connection would have stayed and carried every subscription.
+    let mut peak = before;
+    assert!(
+        poll_until(T, || {
+            peak = peak.max(rss());
+            alice().is_some_and(|a| refused(&a) >= refused_before + 2)
+        }),
+        "alice refuses the untrusted connections"
+    );
+    for _ in 0..10 {
+        peak = peak.max(rss());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        peak < before + 16 * 1024,
+        "the publisher's RSS went from {before} KiB to {peak} KiB"
+    );
+    for (leave, sender) in floods {
+        drop(leave);
+        sender.join().unwrap();
+    }
+    // The trusted subscriber was served all along.
+    assert_eq!(sample_or_denied(&bob)["value"], 1);
+}

@@ -137,9 +137,11 @@ pub fn kill_together(
 /// 64 KiB of pseudo-random bytes, then holds its connection until the
 /// returned sender is dropped; join the handle after. libzmq's XSUB adds a
 /// subscription to its own trie recursively, a stack frame per byte: the
-/// thread gets a large stack.
+/// thread gets a large stack. With `server_key` (Z85), the XSUB is a CURVE
+/// client with a key of its own that nobody trusts.
 pub fn long_subscriptions(
     endpoint: String,
+    server_key: Option<String>,
     n: usize,
 ) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
     let (leave, left) = std::sync::mpsc::channel::<()>();
@@ -149,6 +151,13 @@ pub fn long_subscriptions(
             let ctx = zmq::Context::new();
             let raw = ctx.socket(zmq::XSUB).unwrap();
             raw.set_sndhwm(0).unwrap();
+            if let Some(server) = server_key {
+                let own = zmq::CurveKeyPair::new().unwrap();
+                raw.set_curve_serverkey(&zmq::z85_decode(&server).unwrap())
+                    .unwrap();
+                raw.set_curve_publickey(&own.public_key).unwrap();
+                raw.set_curve_secretkey(&own.secret_key).unwrap();
+            }
             raw.connect(&endpoint).unwrap();
             let mut x: u32 = 1;
             for _ in 0..n {
