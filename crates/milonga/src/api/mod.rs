@@ -6,6 +6,7 @@ pub(crate) mod call;
 pub(crate) mod node;
 pub mod p2p;
 pub(crate) mod publisher;
+pub mod recording;
 pub mod security;
 pub(crate) mod service;
 pub(crate) mod subscriber;

@@ -1,0 +1,30 @@
+//! Recordings: what subscriptions received, in MCAP files that
+//! `milonga record` writes and `milonga cat`, `info` and `replay` read, as
+//! do MCAP's own tools (docs/recording.md has the format mapping).
+//!
+//! ```no_run
+//! use milonga::recording::{RecordOptions, RecordReader, RecordWriter, Entry};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let node = milonga::Node::open("milonga:///lab")?;
+//! let sub = node.subscribe("beam/**")?;
+//! let path = std::path::Path::new("run.mcap");
+//! let mut w = RecordWriter::create(path, &RecordOptions::default())?;
+//! for _ in 0..100 {
+//!     if let milonga::Event::Sample(s) = sub.recv()? {
+//!         w.sample(&s, s.timestamp_ns)?;
+//!     }
+//! }
+//! w.finish()?;
+//! for entry in RecordReader::open(path)? {
+//!     if let Entry::Sample(s, _received) = entry? {
+//!         println!("{} {} {:?}", s.key, s.seq, s.value);
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+pub use crate::backend::file::{
+    Compression, Entry, RecordError, RecordOptions, RecordReader, RecordWriter, Skipped,
+    EVENTS_TOPIC, META_ENCODING, META_PUBLISHER, METADATA_NAME, RECORD_LIMIT,
+};

@@ -1,0 +1,707 @@
+//! Recordings: samples and status events in MCAP files (docs/recording.md
+//! is the format mapping). The writer is chunked and ends a chunk at least
+//! every `flush_every`, so a recorder killed with -9 (or stopped by a full
+//! disk) leaves a file whose completed chunks every MCAP reader can read;
+//! the reader reads such a file to its last complete record and says that
+//! it was cut short. A `file:///` backend will be built on these two.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use mcap::records::{MessageHeader, Record};
+use mcap::sans_io::{LinearReadEvent, LinearReader, LinearReaderOptions};
+use milonga_wire::cbor::{decode_cbor, encode_cbor};
+use milonga_wire::{Bytes, Encoding, NodeId};
+
+use crate::model::sample::Sample;
+
+/// The topic of the channel that holds status events (lost samples,
+/// publishers alive and lost, deadlines), as JSON. Milonga keys never
+/// start with `/`, so it cannot be a key's topic.
+pub const EVENTS_TOPIC: &str = "/milonga/events";
+/// Channel metadata: the publishing node's id (32 hex digits).
+pub const META_PUBLISHER: &str = "milonga.publisher";
+/// Channel metadata: the encoding the publisher used (`cbor`, `raw`,
+/// `json`); the message data is CBOR whatever it was.
+pub const META_ENCODING: &str = "milonga.encoding";
+/// The name of the metadata record that describes the recording.
+pub const METADATA_NAME: &str = "milonga";
+/// The longest record a reader accepts (a sample is at most
+/// `max_message_bytes`, 256 MiB at most): a hostile file cannot make a
+/// reader allocate more.
+pub const RECORD_LIMIT: usize = 256 << 20;
+
+/// Chunk compression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// zstd (level 3), the default.
+    #[default]
+    Zstd,
+    /// lz4.
+    Lz4,
+    /// None.
+    None,
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "zstd" => Ok(Compression::Zstd),
+            "lz4" => Ok(Compression::Lz4),
+            "none" => Ok(Compression::None),
+            _ => Err(format!("compression {s:?}: zstd, lz4 or none")),
+        }
+    }
+}
+
+/// How a recording is written.
+#[derive(Debug, Clone)]
+pub struct RecordOptions {
+    /// Chunk compression.
+    pub compression: Compression,
+    /// A chunk ends when it holds this many bytes (before compression).
+    pub chunk_bytes: u64,
+    /// ... or when this long has passed since it began: what a crash can
+    /// lose.
+    pub flush_every: Duration,
+    /// Written into the `milonga` metadata record.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Default for RecordOptions {
+    fn default() -> Self {
+        RecordOptions {
+            compression: Compression::Zstd,
+            chunk_bytes: 1 << 20,
+            flush_every: Duration::from_secs(1),
+            metadata: BTreeMap::new(),
+        }
+    }
+}
+
+/// A recording that failed: which file, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Opening, writing or reading the file failed (a full disk among
+    /// others).
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not MCAP, or a record in it is malformed.
+    #[error("{path}: not a readable MCAP recording: {why}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// A sample's value cannot be written as CBOR.
+    #[error("a value of {key} cannot be recorded: {why}")]
+    Value {
+        /// The sample's key.
+        key: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Writes a recording.
+pub struct RecordWriter {
+    path: PathBuf,
+    w: mcap::Writer<BufWriter<Counted>>,
+    channels: HashMap<(String, NodeId), u16>,
+    events: u16,
+    chunk_started: Instant,
+    flush_every: Duration,
+    buf: Vec<u8>,
+    messages: u64,
+    written: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl std::fmt::Debug for RecordWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordWriter")
+            .field("path", &self.path)
+            .field("messages", &self.messages)
+            .finish()
+    }
+}
+
+/// A file that counts what was written to it (for `--max-bytes`).
+struct Counted {
+    file: File,
+    written: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl std::io::Seek for Counted {
+    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.file.seek(pos)
+    }
+}
+
+fn format_err(path: &Path, e: impl std::fmt::Display) -> RecordError {
+    RecordError::Format {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    }
+}
+
+/// An I/O error inside an MCAP error is reported as what it is (a full
+/// disk says so).
+fn write_err(path: &Path, e: mcap::McapError) -> RecordError {
+    match e {
+        mcap::McapError::Io(source) => RecordError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+        other => format_err(path, other),
+    }
+}
+
+impl RecordWriter {
+    /// Creates `path` (it must not exist: a recording is never
+    /// overwritten).
+    pub fn create(path: &Path, opts: &RecordOptions) -> Result<RecordWriter, RecordError> {
+        let io = |source| RecordError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::options()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(io)?;
+        let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = Counted {
+            file,
+            written: written.clone(),
+        };
+        let compression = match opts.compression {
+            Compression::Zstd => Some(mcap::Compression::Zstd),
+            Compression::Lz4 => Some(mcap::Compression::Lz4),
+            Compression::None => None,
+        };
+        let mut w = mcap::WriteOptions::new()
+            .profile("")
+            .library(format!("milonga {}", env!("CARGO_PKG_VERSION")))
+            .compression(compression)
+            .chunk_size(Some(opts.chunk_bytes))
+            .create(BufWriter::with_capacity(1 << 16, counted))
+            .map_err(|e| write_err(path, e))?;
+        w.write_metadata(&mcap::records::Metadata {
+            name: METADATA_NAME.into(),
+            metadata: opts.metadata.clone(),
+        })
+        .map_err(|e| write_err(path, e))?;
+        let events = w
+            .add_channel(0, EVENTS_TOPIC, "json", &BTreeMap::new())
+            .map_err(|e| write_err(path, e))?;
+        Ok(RecordWriter {
+            path: path.to_path_buf(),
+            w,
+            channels: HashMap::new(),
+            events,
+            chunk_started: Instant::now(),
+            flush_every: opts.flush_every,
+            buf: Vec::new(),
+            messages: 0,
+            written,
+        })
+    }
+
+    /// Records a sample received at `received_ns` (UNIX time, ns).
+    pub fn sample(&mut self, s: &Sample, received_ns: u64) -> Result<(), RecordError> {
+        let channel = match self.channels.get(&(s.key.clone(), s.publisher)) {
+            Some(c) => *c,
+            None => {
+                let mut meta = BTreeMap::new();
+                meta.insert(META_PUBLISHER.to_owned(), s.publisher.to_hex());
+                meta.insert(
+                    META_ENCODING.to_owned(),
+                    encoding_name(s.encoding).to_owned(),
+                );
+                let c = self
+                    .w
+                    .add_channel(0, &s.key, "cbor", &meta)
+                    .map_err(|e| write_err(&self.path, e))?;
+                self.channels.insert((s.key.clone(), s.publisher), c);
+                c
+            }
+        };
+        self.buf.clear();
+        encode_cbor(&s.value, &mut self.buf).map_err(|e| RecordError::Value {
+            key: s.key.clone(),
+            why: e.to_string(),
+        })?;
+        let header = MessageHeader {
+            channel_id: channel,
+            // MCAP's sequence is 32 bits: the reader extends it again.
+            sequence: s.seq as u32,
+            log_time: received_ns,
+            publish_time: s.timestamp_ns,
+        };
+        self.w
+            .write_to_known_channel(&header, &self.buf)
+            .map_err(|e| write_err(&self.path, e))?;
+        self.wrote()
+    }
+
+    /// Records a status event (its JSON form, docs/event-kinds.md)
+    /// received at `received_ns`.
+    pub fn event(&mut self, json: &[u8], received_ns: u64) -> Result<(), RecordError> {
+        let header = MessageHeader {
+            channel_id: self.events,
+            sequence: self.messages as u32,
+            log_time: received_ns,
+            publish_time: received_ns,
+        };
+        self.w
+            .write_to_known_channel(&header, json)
+            .map_err(|e| write_err(&self.path, e))?;
+        self.wrote()
+    }
+
+    fn wrote(&mut self) -> Result<(), RecordError> {
+        self.messages += 1;
+        if self.messages % 64 == 0 {
+            self.tick()?;
+        }
+        Ok(())
+    }
+
+    /// Ends the current chunk (and writes it out) if it began
+    /// `flush_every` ago; call it when idle too.
+    pub fn tick(&mut self) -> Result<(), RecordError> {
+        if self.chunk_started.elapsed() >= self.flush_every {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Ends the current chunk and writes it out.
+    pub fn flush(&mut self) -> Result<(), RecordError> {
+        self.chunk_started = Instant::now();
+        self.w.flush().map_err(|e| write_err(&self.path, e))
+    }
+
+    /// Messages written so far (samples and events).
+    pub fn messages(&self) -> u64 {
+        self.messages
+    }
+
+    /// Bytes written to the file so far (what is still in the open chunk
+    /// is not).
+    pub fn bytes(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Writes the summary (statistics, indexes) and closes the file.
+    pub fn finish(mut self) -> Result<u64, RecordError> {
+        self.w.finish().map_err(|e| write_err(&self.path, e))?;
+        let mut inner = self.w.into_inner();
+        inner.flush().map_err(|source| RecordError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        inner
+            .get_ref()
+            .file
+            .sync_all()
+            .map_err(|source| RecordError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        Ok(self.written.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+fn encoding_name(e: Encoding) -> &'static str {
+    match e {
+        Encoding::Raw => "raw",
+        Encoding::Cbor => "cbor",
+        Encoding::Json => "json",
+    }
+}
+
+fn encoding_of(name: &str) -> Encoding {
+    match name {
+        "raw" => Encoding::Raw,
+        "json" => Encoding::Json,
+        _ => Encoding::Cbor,
+    }
+}
+
+/// One entry of a recording, in file order.
+#[derive(Debug, Clone)]
+pub enum Entry {
+    /// A sample, as it was received, and when (UNIX time, ns).
+    Sample(Sample, u64),
+    /// A status event (its JSON form), and when it was received.
+    Event(serde_json::Value, u64),
+}
+
+/// What a reader found in a channel it does not know as Milonga's: a
+/// foreign MCAP file, or a message that does not decode.
+#[derive(Debug, Clone, Default)]
+pub struct Skipped {
+    /// Messages of channels with another encoding, or of no channel.
+    pub foreign: u64,
+    /// Messages whose data did not decode.
+    pub undecodable: u64,
+}
+
+/// Reads a recording from start to end, record by record (the file is
+/// never loaded whole). A file cut short (a recorder killed, a full disk)
+/// is read to its last complete record; [`RecordReader::truncated`] then
+/// says why it ended.
+pub struct RecordReader {
+    path: PathBuf,
+    file: File,
+    reader: LinearReader,
+    channels: HashMap<u16, Channel>,
+    truncated: Option<String>,
+    finished: bool,
+    skipped: Skipped,
+    metadata: BTreeMap<String, String>,
+    complete: bool,
+    seen_header: bool,
+}
+
+impl std::fmt::Debug for RecordReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordReader")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+#[derive(Debug)]
+enum Channel {
+    Events,
+    Samples {
+        key: String,
+        publisher: NodeId,
+        encoding: Encoding,
+        /// The last sequence number read, extended to 64 bits.
+        last_seq: u64,
+    },
+    Foreign,
+}
+
+impl RecordReader {
+    /// Opens a recording.
+    pub fn open(path: &Path) -> Result<RecordReader, RecordError> {
+        let file = File::open(path).map_err(|source| RecordError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let opts = LinearReaderOptions::default()
+            .with_skip_end_magic(true)
+            .with_record_length_limit(RECORD_LIMIT);
+        Ok(RecordReader {
+            path: path.to_path_buf(),
+            file,
+            reader: LinearReader::new_with_options(opts),
+            channels: HashMap::new(),
+            truncated: None,
+            finished: false,
+            skipped: Skipped::default(),
+            metadata: BTreeMap::new(),
+            complete: false,
+            seen_header: false,
+        })
+    }
+
+    /// Why the file ended before its summary, if it did (read to the end
+    /// first).
+    pub fn truncated(&self) -> Option<&str> {
+        self.truncated.as_deref()
+    }
+
+    /// Whether the file ended with its footer: the recorder finished it.
+    pub fn complete(&self) -> bool {
+        self.complete
+    }
+
+    /// Messages skipped so far.
+    pub fn skipped(&self) -> &Skipped {
+        &self.skipped
+    }
+
+    /// The `milonga` metadata record, once read (it comes first).
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// The next entry, `Ok(None)` at the end (or where the file was cut
+    /// short). An error is a file that is not MCAP at all.
+    pub fn next_entry(&mut self) -> Result<Option<Entry>, RecordError> {
+        if self.finished {
+            return Ok(None);
+        }
+        loop {
+            let event = match self.reader.next_event() {
+                None => {
+                    self.finished = true;
+                    return Ok(None);
+                }
+                Some(Err(e)) => {
+                    self.finished = true;
+                    if !self.seen_header {
+                        return Err(format_err(&self.path, e));
+                    }
+                    self.truncated = Some(e.to_string());
+                    return Ok(None);
+                }
+                Some(Ok(e)) => e,
+            };
+            let (opcode, data) = match event {
+                LinearReadEvent::ReadRequest(need) => {
+                    let buf = self.reader.insert(need);
+                    let n = self.file.read(buf).map_err(|source| RecordError::Io {
+                        path: self.path.clone(),
+                        source,
+                    })?;
+                    self.reader.notify_read(n);
+                    continue;
+                }
+                LinearReadEvent::Record { opcode, data } => (opcode, data),
+            };
+            let record = match mcap::parse_record(opcode, data) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.finished = true;
+                    self.truncated = Some(e.to_string());
+                    return Ok(None);
+                }
+            };
+            match record {
+                Record::Header(_) => self.seen_header = true,
+                Record::Metadata(m) if m.name == METADATA_NAME => {
+                    self.metadata.extend(m.metadata);
+                }
+                Record::Footer(_) => self.complete = true,
+                Record::Channel(c) => {
+                    let ch = if c.topic == EVENTS_TOPIC {
+                        Channel::Events
+                    } else if c.message_encoding == "cbor" {
+                        match c.metadata.get(META_PUBLISHER).and_then(|h| NodeId::from_hex(h)) {
+                            Some(publisher) => Channel::Samples {
+                                key: c.topic.clone(),
+                                publisher,
+                                encoding: encoding_of(
+                                    c.metadata.get(META_ENCODING).map_or("cbor", String::as_str),
+                                ),
+                                last_seq: 0,
+                            },
+                            None => Channel::Foreign,
+                        }
+                    } else {
+                        Channel::Foreign
+                    };
+                    self.channels.insert(c.id, ch);
+                }
+                Record::Message { header, data } => {
+                    let entry = match self.channels.get_mut(&header.channel_id) {
+                        Some(Channel::Events) => match serde_json::from_slice(&data) {
+                            Ok(v) => Entry::Event(v, header.log_time),
+                            Err(_) => {
+                                self.skipped.undecodable += 1;
+                                continue;
+                            }
+                        },
+                        Some(Channel::Samples {
+                            key,
+                            publisher,
+                            encoding,
+                            last_seq,
+                        }) => {
+                            let value = match decode_cbor(&Bytes::copy_from_slice(&data)) {
+                                Ok(v) => v,
+                                Err(_) => {
+                                    self.skipped.undecodable += 1;
+                                    continue;
+                                }
+                            };
+                            *last_seq = extend_seq(*last_seq, header.sequence);
+                            Entry::Sample(
+                                Sample {
+                                    key: key.clone(),
+                                    value,
+                                    publisher: *publisher,
+                                    seq: *last_seq,
+                                    timestamp_ns: header.publish_time,
+                                    encoding: *encoding,
+                                    schema_id: 0,
+                                },
+                                header.log_time,
+                            )
+                        }
+                        Some(Channel::Foreign) | None => {
+                            self.skipped.foreign += 1;
+                            continue;
+                        }
+                    };
+                    return Ok(Some(entry));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Iterator for RecordReader {
+    type Item = Result<Entry, RecordError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_entry().transpose()
+    }
+}
+
+/// The 64-bit sequence number whose low 32 bits are `low`, closest after
+/// `last` (a recording keeps 32 bits, as MCAP does; a publisher's numbers
+/// only grow, by less than 2^32 between two samples recorded).
+fn extend_seq(last: u64, low: u32) -> u64 {
+    let base = last & !0xffff_ffff;
+    let candidate = base | u64::from(low);
+    if candidate < last && last - candidate > 1 << 31 {
+        candidate + (1 << 32)
+    } else {
+        candidate
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequence_numbers_are_extended_past_32_bits() {
+        assert_eq!(extend_seq(0, 1), 1);
+        assert_eq!(extend_seq(5, 7), 7);
+        assert_eq!(extend_seq(0xffff_fffe, 1), 0x1_0000_0001);
+        assert_eq!(extend_seq(0x1_0000_0001, 3), 0x1_0000_0003);
+        // A late sample of a republished range (a repair) goes back a little.
+        assert_eq!(extend_seq(100, 90), 90);
+    }
+
+    fn sample(key: &str, seq: u64, value: milonga_wire::Value) -> Sample {
+        Sample {
+            key: key.into(),
+            value,
+            publisher: NodeId([7; 16]),
+            seq,
+            timestamp_ns: 1_000 + seq,
+            encoding: Encoding::Cbor,
+            schema_id: 0,
+        }
+    }
+
+    fn write(path: &Path, compression: Compression, n: u64) {
+        let opts = RecordOptions {
+            compression,
+            chunk_bytes: 4096,
+            ..RecordOptions::default()
+        };
+        let mut w = RecordWriter::create(path, &opts).unwrap();
+        for i in 1..=n {
+            let v = milonga_wire::Value::from(format!("value {i}"));
+            w.sample(&sample(if i % 2 == 0 { "a/b" } else { "a/c" }, i, v), 5_000 + i)
+                .unwrap();
+            if i % 10 == 0 {
+                w.event(br#"{"event":"lost","count":1}"#, 6_000 + i).unwrap();
+            }
+        }
+        w.finish().unwrap();
+    }
+
+    #[test]
+    fn a_recording_reads_back_as_written_with_every_compression() {
+        let dir = milonga_testkit::TempDir::new("rec-rt");
+        for c in [Compression::Zstd, Compression::Lz4, Compression::None] {
+            let path = dir.path().join(format!("{c:?}.mcap"));
+            write(&path, c, 100);
+            // A recording is never overwritten.
+            assert!(matches!(
+                RecordWriter::create(&path, &RecordOptions::default()),
+                Err(RecordError::Io { .. })
+            ));
+            let mut r = RecordReader::open(&path).unwrap();
+            let entries: Vec<Entry> = r.by_ref().map(Result::unwrap).collect();
+            assert!(r.complete() && r.truncated().is_none(), "{c:?}");
+            let samples: Vec<&Sample> = entries
+                .iter()
+                .filter_map(|e| match e {
+                    Entry::Sample(s, _) => Some(s),
+                    Entry::Event(..) => None,
+                })
+                .collect();
+            assert_eq!(samples.len(), 100);
+            for (i, s) in samples.iter().enumerate() {
+                let want = sample(
+                    if (i + 1) % 2 == 0 { "a/b" } else { "a/c" },
+                    i as u64 + 1,
+                    milonga_wire::Value::from(format!("value {}", i + 1)),
+                );
+                assert_eq!((&s.key, s.seq, s.timestamp_ns), (&want.key, want.seq, want.timestamp_ns));
+                assert_eq!(s.value, want.value);
+                assert_eq!(s.publisher, want.publisher);
+            }
+            let events = entries.iter().filter(|e| matches!(e, Entry::Event(..))).count();
+            assert_eq!(events, 10);
+        }
+    }
+
+    #[test]
+    fn a_file_cut_short_reads_to_its_last_complete_record() {
+        let dir = milonga_testkit::TempDir::new("rec-cut");
+        let path = dir.path().join("full.mcap");
+        write(&path, Compression::Zstd, 2000);
+        let bytes = std::fs::read(&path).unwrap();
+        let full = RecordReader::open(&path).unwrap().count();
+        let mut last = 0;
+        // The last cut is inside the footer (29 bytes, then 8 of magic).
+        for cut in [bytes.len() / 4, bytes.len() / 2, bytes.len() - 100, bytes.len() - 20] {
+            let p = dir.path().join(format!("cut{cut}.mcap"));
+            std::fs::write(&p, &bytes[..cut]).unwrap();
+            let mut r = RecordReader::open(&p).unwrap();
+            let n = r.by_ref().map(Result::unwrap).count();
+            assert!(!r.complete(), "cut at {cut}");
+            assert!(r.truncated().is_some() || n == full, "cut at {cut}");
+            assert!(n >= last && n <= full, "cut at {cut}: {n} of {full}");
+            last = n;
+        }
+        assert!(last > 0);
+    }
+
+    #[test]
+    fn a_file_that_is_not_mcap_is_a_clear_error() {
+        let dir = milonga_testkit::TempDir::new("rec-bad");
+        let p = dir.path().join("bad.mcap");
+        std::fs::write(&p, b"not an mcap file at all").unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        let err = r.next_entry().unwrap_err();
+        assert!(err.to_string().contains("not a readable MCAP"), "{err}");
+        let missing = RecordReader::open(&dir.path().join("none.mcap")).unwrap_err();
+        assert!(missing.to_string().contains("none.mcap"), "{missing}");
+    }
+}
