@@ -20,6 +20,7 @@ mod demo;
 #[allow(unsafe_code)]
 mod ffi;
 mod json;
+mod record;
 
 pub(crate) static INTERRUPTED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
@@ -130,6 +131,14 @@ enum Cmd {
     Ls(LsArgs),
     /// Make a CURVE identity: DIR/NAME.key (secret, mode 0600) and DIR/NAME.pub.
     Keygen(KeygenArgs),
+    /// Record what key expressions carry into an MCAP file.
+    Record(record::RecordArgs),
+    /// Print a recording's samples and events.
+    Cat(record::CatArgs),
+    /// Summarise a recording: keys, counts, time range, rates, gaps, size.
+    Info(record::InfoArgs),
+    /// Publish a recording's samples again, at the recorded pace or faster.
+    Replay(record::ReplayArgs),
     /// Run a small simulated control system and a live monitor.
     Demo(demo::DemoArgs),
     /// Measure throughput and latency against raw libzmq.
@@ -332,6 +341,10 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => cmd_serve(&cli.net, a),
         Cmd::Ls(a) => cmd_ls(&cli.net, a),
         Cmd::Keygen(a) => cmd_keygen(&a),
+        Cmd::Record(a) => record::cmd_record(&cli.net, a),
+        Cmd::Cat(a) => record::cmd_cat(a),
+        Cmd::Info(a) => record::cmd_info(a),
+        Cmd::Replay(a) => record::cmd_replay(&cli.net, a),
         Cmd::Demo(a) => demo::run(&cli.net, a),
         Cmd::Device(a) => demo::device(&cli.net, a),
         Cmd::Bench(a) => bench::run(&cli.net, a),

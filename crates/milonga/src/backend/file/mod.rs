@@ -505,7 +505,11 @@ impl RecordReader {
                     let ch = if c.topic == EVENTS_TOPIC {
                         Channel::Events
                     } else if c.message_encoding == "cbor" {
-                        match c.metadata.get(META_PUBLISHER).and_then(|h| NodeId::from_hex(h)) {
+                        match c
+                            .metadata
+                            .get(META_PUBLISHER)
+                            .and_then(|h| NodeId::from_hex(h))
+                        {
                             Some(publisher) => Channel::Samples {
                                 key: c.topic.clone(),
                                 publisher,
@@ -625,10 +629,14 @@ mod tests {
         let mut w = RecordWriter::create(path, &opts).unwrap();
         for i in 1..=n {
             let v = milonga_wire::Value::from(format!("value {i}"));
-            w.sample(&sample(if i % 2 == 0 { "a/b" } else { "a/c" }, i, v), 5_000 + i)
-                .unwrap();
+            w.sample(
+                &sample(if i % 2 == 0 { "a/b" } else { "a/c" }, i, v),
+                5_000 + i,
+            )
+            .unwrap();
             if i % 10 == 0 {
-                w.event(br#"{"event":"lost","count":1}"#, 6_000 + i).unwrap();
+                w.event(br#"{"event":"lost","count":1}"#, 6_000 + i)
+                    .unwrap();
             }
         }
         w.finish().unwrap();
@@ -662,11 +670,17 @@ mod tests {
                     i as u64 + 1,
                     milonga_wire::Value::from(format!("value {}", i + 1)),
                 );
-                assert_eq!((&s.key, s.seq, s.timestamp_ns), (&want.key, want.seq, want.timestamp_ns));
+                assert_eq!(
+                    (&s.key, s.seq, s.timestamp_ns),
+                    (&want.key, want.seq, want.timestamp_ns)
+                );
                 assert_eq!(s.value, want.value);
                 assert_eq!(s.publisher, want.publisher);
             }
-            let events = entries.iter().filter(|e| matches!(e, Entry::Event(..))).count();
+            let events = entries
+                .iter()
+                .filter(|e| matches!(e, Entry::Event(..)))
+                .count();
             assert_eq!(events, 10);
         }
     }
@@ -680,7 +694,12 @@ mod tests {
         let full = RecordReader::open(&path).unwrap().count();
         let mut last = 0;
         // The last cut is inside the footer (29 bytes, then 8 of magic).
-        for cut in [bytes.len() / 4, bytes.len() / 2, bytes.len() - 100, bytes.len() - 20] {
+        for cut in [
+            bytes.len() / 4,
+            bytes.len() / 2,
+            bytes.len() - 100,
+            bytes.len() - 20,
+        ] {
             let p = dir.path().join(format!("cut{cut}.mcap"));
             std::fs::write(&p, &bytes[..cut]).unwrap();
             let mut r = RecordReader::open(&p).unwrap();

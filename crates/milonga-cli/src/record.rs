@@ -1,0 +1,565 @@
+//! `milonga record`, `cat`, `info` and `replay`: recordings in MCAP files
+//! (docs/recording.md).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use milonga::recording::{Compression, Entry, RecordOptions, RecordReader, RecordWriter};
+use milonga::{Event, KeyExpr, NodeId, PublisherQos, SubscriberQos};
+
+use crate::{catch_interrupts, interrupted, json, NetArgs};
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// Key expressions to record (one subscription each).
+    #[arg(required_unless_present = "recover")]
+    exprs: Vec<String>,
+    /// The file to write (never overwritten). With --max-bytes or
+    /// --split-every, files STEM-0000.mcap, STEM-0001.mcap, ... beside it.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Start a new file when this one holds this many bytes.
+    #[arg(long)]
+    max_bytes: Option<u64>,
+    /// Start a new file every this many seconds.
+    #[arg(long)]
+    split_every: Option<f64>,
+    /// Chunk compression: zstd, lz4 or none.
+    #[arg(long, default_value = "zstd")]
+    compression: Compression,
+    /// Subscribe reliably: gaps from reliable publishers with history are
+    /// repaired, and a slow disk holds those publishers back.
+    #[arg(long)]
+    reliable: bool,
+    /// Start with the last N samples publishers keep of each key.
+    #[arg(long, default_value_t = 0)]
+    last: usize,
+    /// Write a clean copy of DAMAGED (a recording cut short by a crash or
+    /// a full disk) to --output: every complete record, and a summary.
+    #[arg(long, value_name = "DAMAGED")]
+    recover: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct CatArgs {
+    /// The recording.
+    file: PathBuf,
+    /// One JSON object per line, as `milonga sub --json` prints them, with
+    /// `received_ns`.
+    #[arg(long)]
+    json: bool,
+    /// Only the samples of keys this expression matches (events stay).
+    #[arg(long)]
+    keys: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    /// The recording.
+    file: PathBuf,
+    /// One JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// The recording.
+    file: PathBuf,
+    /// 1 is the recorded pace, 2 twice as fast, `max` as fast as the
+    /// subscribers take them (reliable publishers).
+    #[arg(long, default_value = "1")]
+    speed: String,
+    /// Only the keys this expression matches.
+    #[arg(long)]
+    keys: Option<String>,
+    /// Start over at the end, until interrupted.
+    #[arg(long = "loop")]
+    repeat: bool,
+    /// Wait for this many subscribers of every replayed key first.
+    #[arg(long, default_value_t = 0)]
+    wait_subscribers: u32,
+    /// How long to wait for them, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    wait_timeout: f64,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The name of file `n` of a split recording: `STEM-000n.mcap`.
+fn split_name(output: &Path, n: u32) -> PathBuf {
+    let stem = output
+        .file_stem()
+        .map_or_else(|| "recording".into(), |s| s.to_string_lossy().into_owned());
+    output.with_file_name(format!("{stem}-{n:04}.mcap"))
+}
+
+pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
+    if let Some(damaged) = &a.recover {
+        return recover(damaged, &a.output, a.compression);
+    }
+    let exprs = a
+        .exprs
+        .iter()
+        .map(|e| KeyExpr::new(e.as_str()).with_context(|| format!("key expression {e:?}")))
+        .collect::<Result<Vec<_>>>()?;
+    let node = net.open("record")?;
+    let mut meta = BTreeMap::new();
+    meta.insert("domain".to_owned(), node.domain().to_owned());
+    meta.insert("expressions".to_owned(), a.exprs.join(" "));
+    meta.insert("recorder".to_owned(), node.name().to_owned());
+    meta.insert("started_ns".to_owned(), now_ns().to_string());
+    let opts = RecordOptions {
+        compression: a.compression,
+        metadata: meta,
+        ..RecordOptions::default()
+    };
+    let split = a.max_bytes.is_some() || a.split_every.is_some();
+    let mut file_no = 0u32;
+    let path_of = |n: u32| {
+        if split {
+            split_name(&a.output, n)
+        } else {
+            a.output.clone()
+        }
+    };
+    let mut path = path_of(0);
+    let mut w = RecordWriter::create(&path, &opts)?;
+    let mut file_started = Instant::now();
+    // The subscriptions' dispatchers hand events over a bounded queue: a
+    // disk slower than the stream holds the dispatchers, so a reliable
+    // subscription holds its publishers back and a best-effort one
+    // reports what it loses (recorded as `lost` events).
+    let (tx, rx) = crossbeam_channel::bounded::<(Event, u64)>(4096);
+    let mut subs = Vec::new();
+    for e in &exprs {
+        let mut qos = SubscriberQos::default().last(a.last);
+        if a.reliable {
+            qos = qos.reliable();
+        }
+        let tx = tx.clone();
+        subs.push(node.subscribe_callback(e.as_str(), qos, move |ev| {
+            let _ = tx.send((ev, now_ns()));
+        })?);
+    }
+    drop(tx);
+    catch_interrupts();
+    let start = Instant::now();
+    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let (mut samples, mut events) = (0u64, 0u64);
+    let mut total_bytes = 0u64;
+    let result: Result<()> = (|| {
+        while !interrupted() && end.is_none_or(|t| Instant::now() < t) {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok((Event::Sample(s), at)) => {
+                    w.sample(&s, at)?;
+                    samples += 1;
+                }
+                Ok((ev, at)) => {
+                    w.event(json::event_line(&ev).to_string().as_bytes(), at)?;
+                    events += 1;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            }
+            w.tick()?;
+            let full = a.max_bytes.is_some_and(|m| w.bytes() >= m);
+            let old = a
+                .split_every
+                .is_some_and(|s| file_started.elapsed() >= Duration::from_secs_f64(s));
+            if full || old {
+                file_no += 1;
+                let next = RecordWriter::create(&path_of(file_no), &opts)?;
+                total_bytes += std::mem::replace(&mut w, next).finish()?;
+                path = path_of(file_no);
+                file_started = Instant::now();
+            }
+        }
+        Ok(())
+    })();
+    // Events still queued are written before the file is finished.
+    drop(subs);
+    if result.is_ok() {
+        while let Ok((ev, at)) = rx.try_recv() {
+            match ev {
+                Event::Sample(s) => {
+                    w.sample(&s, at)?;
+                    samples += 1;
+                }
+                ev => {
+                    w.event(json::event_line(&ev).to_string().as_bytes(), at)?;
+                    events += 1;
+                }
+            }
+        }
+    }
+    node.close();
+    if let Err(e) = result {
+        // A full disk: the file is left as it is, without a summary, so
+        // that no reader takes it for complete; its finished chunks read.
+        bail!(
+            "recording stopped: {e:#}; {} holds what was written before (milonga record --recover makes a clean copy)",
+            path.display()
+        );
+    }
+    total_bytes += w.finish()?;
+    eprintln!(
+        "milonga record: {samples} samples and {events} events in {} file(s), {total_bytes} bytes",
+        file_no + 1
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn recover(damaged: &Path, output: &Path, compression: Compression) -> Result<ExitCode> {
+    let mut r = RecordReader::open(damaged)?;
+    let mut w = None;
+    let mut n = 0u64;
+    while let Some(entry) = r.next_entry()? {
+        let w = match &mut w {
+            Some(w) => w,
+            None => {
+                let opts = RecordOptions {
+                    compression,
+                    metadata: r.metadata().clone(),
+                    ..RecordOptions::default()
+                };
+                w.insert(RecordWriter::create(output, &opts)?)
+            }
+        };
+        match entry {
+            Entry::Sample(s, at) => w.sample(&s, at)?,
+            Entry::Event(j, at) => w.event(j.to_string().as_bytes(), at)?,
+        }
+        n += 1;
+    }
+    let w = match w {
+        Some(w) => w,
+        None => RecordWriter::create(
+            output,
+            &RecordOptions {
+                compression,
+                metadata: r.metadata().clone(),
+                ..RecordOptions::default()
+            },
+        )?,
+    };
+    w.finish()?;
+    match r.truncated() {
+        Some(why) => eprintln!(
+            "milonga record --recover: {n} messages copied; {} was cut short ({why})",
+            damaged.display()
+        ),
+        None => eprintln!(
+            "milonga record --recover: {n} messages copied; {} was {}",
+            damaged.display(),
+            if r.complete() {
+                "complete"
+            } else {
+                "whole but without its summary"
+            }
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn key_filter(keys: &Option<String>) -> Result<Option<KeyExpr>> {
+    keys.as_deref()
+        .map(|k| KeyExpr::new(k).with_context(|| format!("--keys {k:?}")))
+        .transpose()
+}
+
+pub fn cmd_cat(a: CatArgs) -> Result<ExitCode> {
+    match cat(&a) {
+        // `milonga cat run.mcap | head`: the reader left, nothing failed.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(ExitCode::SUCCESS)
+        }
+        other => other,
+    }
+}
+
+fn cat(a: &CatArgs) -> Result<ExitCode> {
+    let keys = key_filter(&a.keys)?;
+    let mut r = RecordReader::open(&a.file)?;
+    let out = std::io::stdout();
+    let mut out = std::io::BufWriter::new(out.lock());
+    use std::io::Write;
+    while let Some(entry) = r.next_entry()? {
+        match entry {
+            Entry::Sample(s, at) => {
+                if keys.as_ref().is_some_and(|k| !k.matches(&s.key)) {
+                    continue;
+                }
+                if a.json {
+                    let mut line = json::event_line(&Event::Sample(s));
+                    line["received_ns"] = at.into();
+                    writeln!(out, "{line}")?;
+                } else {
+                    writeln!(out, "{} #{} {}", s.key, s.seq, json::short(&s.value))?;
+                }
+            }
+            Entry::Event(mut j, at) => {
+                if a.json {
+                    j["received_ns"] = at.into();
+                    writeln!(out, "{j}")?;
+                } else {
+                    writeln!(out, "-- {j}")?;
+                }
+            }
+        }
+    }
+    out.flush()?;
+    if let Some(why) = r.truncated() {
+        eprintln!(
+            "milonga cat: {} was cut short ({why}); everything before is shown",
+            a.file.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `info` gathers of one key.
+#[derive(Default)]
+struct KeyInfo {
+    samples: u64,
+    publishers: BTreeMap<NodeId, (u64, u64)>,
+    gaps: u64,
+    first_ns: u64,
+    last_ns: u64,
+}
+
+pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
+    let size = std::fs::metadata(&a.file)
+        .with_context(|| a.file.display().to_string())?
+        .len();
+    let mut r = RecordReader::open(&a.file)?;
+    let mut keys: BTreeMap<String, KeyInfo> = BTreeMap::new();
+    let (mut events, mut lost_reported) = (0u64, 0u64);
+    let mut payload = 0u64;
+    // What the message records take before compression: opcode, length
+    // and MCAP's message header (31 bytes), then the data.
+    let mut records = 0u64;
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    while let Some(entry) = r.next_entry()? {
+        match entry {
+            Entry::Sample(s, at) => {
+                let k = keys.entry(s.key.clone()).or_default();
+                if k.samples == 0 {
+                    k.first_ns = at;
+                }
+                k.samples += 1;
+                k.last_ns = at;
+                let p = k.publishers.entry(s.publisher).or_insert((0, 0));
+                if p.0 > 0 && s.seq > p.1 + 1 {
+                    k.gaps += s.seq - p.1 - 1;
+                }
+                p.0 += 1;
+                p.1 = p.1.max(s.seq);
+                let mut buf = Vec::new();
+                if milonga::wire::cbor::encode_cbor(&s.value, &mut buf).is_ok() {
+                    payload += buf.len() as u64;
+                    records += 31 + buf.len() as u64;
+                }
+                first = first.min(at);
+                last = last.max(at);
+            }
+            Entry::Event(j, at) => {
+                events += 1;
+                records += 31 + j.to_string().len() as u64;
+                if j["event"] == "lost" {
+                    lost_reported += j["count"].as_u64().unwrap_or(0);
+                }
+                first = first.min(at);
+                last = last.max(at);
+            }
+        }
+    }
+    let span = if last > first {
+        (last - first) as f64 / 1e9
+    } else {
+        0.0
+    };
+    let samples: u64 = keys.values().map(|k| k.samples).sum();
+    let state = match (r.complete(), r.truncated()) {
+        (true, _) => "complete".to_owned(),
+        (false, Some(why)) => format!("cut short ({why}); read to its last complete record"),
+        (false, None) => "without a summary (not finished)".to_owned(),
+    };
+    let ratio = if size > 0 {
+        records as f64 / size as f64
+    } else {
+        0.0
+    };
+    if a.json {
+        let per_key: serde_json::Map<String, serde_json::Value> = keys
+            .iter()
+            .map(|(k, i)| {
+                let rate = if i.last_ns > i.first_ns {
+                    (i.samples - 1) as f64 / ((i.last_ns - i.first_ns) as f64 / 1e9)
+                } else {
+                    0.0
+                };
+                (
+                    k.clone(),
+                    serde_json::json!({
+                        "samples": i.samples,
+                        "publishers": i.publishers.len(),
+                        "gaps": i.gaps,
+                        "rate_hz": rate,
+                        "first_ns": i.first_ns,
+                        "last_ns": i.last_ns,
+                    }),
+                )
+            })
+            .collect();
+        let line = serde_json::json!({
+            "file": a.file.display().to_string(),
+            "state": state,
+            "complete": r.complete(),
+            "bytes": size,
+            "payload_bytes": payload,
+            "compression_ratio": ratio,
+            "samples": samples,
+            "events": events,
+            "lost_reported": lost_reported,
+            "gaps": keys.values().map(|k| k.gaps).sum::<u64>(),
+            "first_ns": if samples + events > 0 { first } else { 0 },
+            "last_ns": last,
+            "duration_s": span,
+            "keys": per_key,
+            "metadata": r.metadata(),
+            "skipped_foreign": r.skipped().foreign,
+            "skipped_undecodable": r.skipped().undecodable,
+        });
+        println!("{line}");
+    } else {
+        println!("file:      {} ({size} bytes, {state})", a.file.display());
+        println!(
+            "messages:  {samples} samples of {} keys, {events} events ({lost_reported} samples reported lost)",
+            keys.len()
+        );
+        println!("duration:  {span:.3} s");
+        println!(
+            "size:      {payload} bytes of values; messages {ratio:.2}x the file's size before compression"
+        );
+        for (k, i) in &keys {
+            let secs = (i.last_ns.saturating_sub(i.first_ns)) as f64 / 1e9;
+            let rate = if secs > 0.0 {
+                (i.samples - 1) as f64 / secs
+            } else {
+                0.0
+            };
+            println!(
+                "  {k}: {} samples, {} publisher(s), {rate:.1}/s, {} missing by sequence number",
+                i.samples,
+                i.publishers.len(),
+                i.gaps
+            );
+        }
+        if r.skipped().foreign + r.skipped().undecodable > 0 {
+            println!(
+                "skipped:   {} messages of other channels, {} that did not decode",
+                r.skipped().foreign,
+                r.skipped().undecodable
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
+    let speed: Option<f64> = match a.speed.as_str() {
+        "max" => None,
+        s => match s.parse::<f64>() {
+            Ok(v) if v > 0.0 && v.is_finite() => Some(v),
+            _ => bail!("--speed {s:?}: a positive number, or max"),
+        },
+    };
+    let keys = key_filter(&a.keys)?;
+    // Every key first: publishers are declared before the first sample, so
+    // that subscribers can connect (--wait-subscribers).
+    let mut names = std::collections::BTreeSet::new();
+    let mut r = RecordReader::open(&a.file)?;
+    while let Some(entry) = r.next_entry()? {
+        if let Entry::Sample(s, _) = entry {
+            if keys.as_ref().is_none_or(|k| k.matches(&s.key)) {
+                names.insert(s.key);
+            }
+        }
+    }
+    if names.is_empty() {
+        bail!("{}: no sample to replay", a.file.display());
+    }
+    let node = net.open("replay")?;
+    let qos = || {
+        if speed.is_none() {
+            PublisherQos::reliable()
+        } else {
+            PublisherQos::best_effort()
+        }
+    };
+    let mut pubs = BTreeMap::new();
+    for k in &names {
+        pubs.insert(k.clone(), node.publisher_with(k, qos())?);
+    }
+    catch_interrupts();
+    if a.wait_subscribers > 0 {
+        let end = Instant::now() + Duration::from_secs_f64(a.wait_timeout);
+        while pubs
+            .values()
+            .any(|p| p.subscriber_count() < a.wait_subscribers)
+        {
+            if Instant::now() > end || interrupted() {
+                bail!("not every key has {} subscribers", a.wait_subscribers);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let mut sent = 0u64;
+    'outer: loop {
+        let mut r = RecordReader::open(&a.file)?;
+        let start = Instant::now();
+        let mut t0: Option<u64> = None;
+        while let Some(entry) = r.next_entry()? {
+            if interrupted() {
+                break 'outer;
+            }
+            let Entry::Sample(s, at) = entry else {
+                continue;
+            };
+            let Some(p) = pubs.get(&s.key) else { continue };
+            if let Some(speed) = speed {
+                let first = *t0.get_or_insert(at);
+                let due = start + Duration::from_nanos(at.saturating_sub(first)).div_f64(speed);
+                while let Some(d) = due.checked_duration_since(Instant::now()) {
+                    if interrupted() {
+                        break 'outer;
+                    }
+                    std::thread::sleep(d.min(Duration::from_millis(100)));
+                }
+            }
+            p.put(s.value)?;
+            sent += 1;
+        }
+        if !a.repeat {
+            break;
+        }
+    }
+    node.close();
+    eprintln!("milonga replay: {sent} samples published");
+    Ok(ExitCode::SUCCESS)
+}

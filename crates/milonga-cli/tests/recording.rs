@@ -1,0 +1,206 @@
+//! Recordings (docs/recording.md) with real processes: `milonga record`
+//! while publishers run, `info` and `cat` reading the file, `replay` into
+//! a subscriber, a recorder killed with -9 and its file recovered, and
+//! files split by size.
+
+use std::path::Path;
+use std::time::Duration;
+
+use milonga_testkit::{wait_for, Proc};
+use serde_json::Value as Json;
+
+mod common;
+use common::Env;
+
+const T: Duration = Duration::from_secs(30);
+
+fn info(env: &Env, file: &Path) -> Json {
+    let out = env.cmd(&["info", "--json"]).arg(file).output().unwrap();
+    assert!(out.status.success(), "info: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The samples of `cat --json`, as (key, seq, value).
+fn cat(env: &Env, file: &Path) -> Vec<(String, u64, Json)> {
+    let out = env.cmd(&["cat", "--json"]).arg(file).output().unwrap();
+    assert!(out.status.success(), "cat: {out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Json>(l).unwrap())
+        .filter(|j| j.get("event").is_none())
+        .map(|j| {
+            (
+                j["key"].as_str().unwrap().to_owned(),
+                j["seq"].as_u64().unwrap(),
+                j["value"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_recording_holds_every_sample_once_and_replays_into_a_subscriber() {
+    let env = Env::new("rec-replay");
+    let file = env.dir.path().join("run.mcap");
+    let pa = env.spawn(&["pub", "rr/a", "{\"v\": [1.5, 2]}", "--rate", "200"]);
+    let pb = env.spawn(&["pub", "rr/b", "\"text\"", "--rate", "50"]);
+    let mut rec = env.cmd(&["record", "rr/**", "--duration", "2", "-o"]);
+    rec.arg(&file);
+    let out = rec.output().unwrap();
+    assert!(out.status.success(), "record: {out:?}");
+    let i = info(&env, &file);
+    assert_eq!(i["complete"], true, "{i}");
+    assert_eq!(i["gaps"], 0, "{i}");
+    assert_eq!(i["lost_reported"], 0, "{i}");
+    let a = i["keys"]["rr/a"]["samples"].as_u64().unwrap();
+    let b = i["keys"]["rr/b"]["samples"].as_u64().unwrap();
+    // Two seconds at 200/s and 50/s, joined late and left early.
+    assert!(a > 150 && b > 40, "{i}");
+    let samples = cat(&env, &file);
+    assert_eq!(samples.len() as u64, a + b);
+    // Every sequence number once, in order, per key.
+    for key in ["rr/a", "rr/b"] {
+        let seqs: Vec<u64> = samples.iter().filter(|s| s.0 == key).map(|s| s.1).collect();
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{key}: {seqs:?}");
+    }
+    assert!(samples
+        .iter()
+        .any(|s| s.0 == "rr/a" && s.2 == serde_json::json!({"v": [1.5, 2]})));
+    // The live publishers go; the replay, as fast as a reliable
+    // subscriber takes it, gives the same samples in the same order.
+    drop((pa, pb));
+    let sub = Proc::spawn(env.cmd(&[
+        "sub",
+        "rr/**",
+        "--json",
+        "--reliable",
+        "--count",
+        &(a + b).to_string(),
+        "--timeout",
+        "20",
+    ]));
+    let mut replay = env.cmd(&["replay", "--speed", "max", "--wait-subscribers", "1"]);
+    replay.arg(&file);
+    let out = replay.output().unwrap();
+    assert!(out.status.success(), "replay: {out:?}");
+    let mut got = Vec::new();
+    while (got.len() as u64) < a + b {
+        let Some(line) = sub.line(T) else { break };
+        let j: Json = serde_json::from_str(&line).unwrap();
+        if j.get("event").is_none() {
+            got.push((j["key"].as_str().unwrap().to_owned(), j["value"].clone()));
+        }
+    }
+    for key in ["rr/a", "rr/b"] {
+        let want: Vec<&Json> = samples
+            .iter()
+            .filter(|s| s.0 == key)
+            .map(|s| &s.2)
+            .collect();
+        let have: Vec<&Json> = got.iter().filter(|s| s.0 == key).map(|s| &s.1).collect();
+        assert_eq!(have, want, "the replayed {key} samples, in order");
+    }
+}
+
+#[test]
+fn a_recorder_killed_mid_run_leaves_a_file_that_reads_and_recovers() {
+    let env = Env::new("rec-kill");
+    let file = env.dir.path().join("run.mcap");
+    let _p = env.spawn(&["pub", "rk/x", "[1, 2, 3]", "--rate", "500"]);
+    let mut rec = env.cmd(&["record", "rk/x", "-o"]);
+    rec.arg(&file);
+    let mut rec = Proc::spawn(rec);
+    // Chunks end every second: wait for two to be on disk.
+    wait_for("two chunks on disk", T, || {
+        file.exists() && info(&env, &file)["samples"].as_u64().unwrap_or(0) > 500
+    });
+    rec.kill9();
+    let i = info(&env, &file);
+    assert_eq!(i["complete"], false, "{i}");
+    let n = i["samples"].as_u64().unwrap();
+    assert!(n > 500, "{i}");
+    assert_eq!(i["gaps"], 0, "{i}");
+    // A clean copy: complete, the same samples.
+    let clean = env.dir.path().join("clean.mcap");
+    let out = env
+        .cmd(&["record", "--recover"])
+        .arg(&file)
+        .arg("-o")
+        .arg(&clean)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "recover: {out:?}");
+    let c = info(&env, &clean);
+    assert_eq!(c["complete"], true, "{c}");
+    assert_eq!(c["samples"].as_u64().unwrap(), n, "{c}");
+    assert_eq!(cat(&env, &clean), cat(&env, &file));
+}
+
+#[test]
+fn max_bytes_splits_a_recording_into_complete_files() {
+    let env = Env::new("rec-split");
+    let file = env.dir.path().join("run.mcap");
+    let _p = env.spawn(&[
+        "pub",
+        "rs/x",
+        "\"a value of some length\"",
+        "--rate",
+        "1000",
+    ]);
+    // Wait until the publisher is there, so that every file gets samples.
+    let sub = Proc::spawn(env.cmd(&["sub", "rs/x", "--count", "1", "--timeout", "20"]));
+    assert!(sub.line(T).is_some());
+    let mut rec = env.cmd(&[
+        "record",
+        "rs/x",
+        "--duration",
+        "3",
+        "--max-bytes",
+        "8000",
+        "-o",
+    ]);
+    rec.arg(&file);
+    let out = rec.output().unwrap();
+    assert!(out.status.success(), "record: {out:?}");
+    let mut files: Vec<_> = std::fs::read_dir(env.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("run-"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    assert!(
+        !file.exists(),
+        "split files are numbered, the plain name is not used"
+    );
+    // Sequence numbers run on from one file to the next.
+    let mut last = None;
+    for f in &files {
+        let i = info(&env, f);
+        assert_eq!(i["complete"], true, "{f:?}: {i}");
+        for (_, seq, _) in cat(&env, f) {
+            if let Some(l) = last {
+                assert_eq!(seq, l + 1, "{f:?}");
+            }
+            last = Some(seq);
+        }
+    }
+    assert!(last.is_some());
+}
+
+#[test]
+fn cat_and_info_refuse_a_file_that_is_not_a_recording() {
+    let env = Env::new("rec-bad");
+    let bad = env.dir.path().join("bad.mcap");
+    std::fs::write(&bad, b"definitely not MCAP").unwrap();
+    for cmd in ["cat", "info"] {
+        let out = env.cmd(&[cmd]).arg(&bad).output().unwrap();
+        assert!(!out.status.success(), "{cmd}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("not a readable MCAP recording"),
+            "{cmd}: {err}"
+        );
+    }
+}
