@@ -204,3 +204,53 @@ fn cat_and_info_refuse_a_file_that_is_not_a_recording() {
         );
     }
 }
+
+/// A write that fails (here a file size limit, as a full disk would) stops
+/// the recorder with an error that says why, and leaves the file without
+/// a summary: read as cut short, never as complete.
+#[test]
+fn a_recorder_that_cannot_write_stops_and_says_why() {
+    let env = Env::new("rec-full");
+    let file = env.dir.path().join("run.mcap");
+    let big = format!("\"{}\"", "x".repeat(500));
+    let _p = env.spawn(&["pub", "rf/x", &big, "--rate", "1000"]);
+    let rec = env.cmd(&[
+        "record",
+        "rf/x",
+        "--compression",
+        "none",
+        "--duration",
+        "20",
+        "-o",
+    ]);
+    // 1 MiB at most (`ulimit -f` counts KiB), about two seconds of this
+    // stream (a chunk a second); SIGXFSZ ignored, so that the write fails
+    // with EFBIG instead of killing the process.
+    let mut c = std::process::Command::new("bash");
+    c.arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 1024; exec \"$0\" \"$@\"")
+        .arg(rec.get_program())
+        .args(rec.get_args())
+        .arg(&file);
+    for (k, v) in rec.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let started = std::time::Instant::now();
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "it stopped at once"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("recording stopped") && err.contains("File too large"),
+        "{err}"
+    );
+    let i = info(&env, &file);
+    assert_eq!(i["complete"], false, "{i}");
+    assert!(i["samples"].as_u64().unwrap() > 0, "{i}");
+}

@@ -135,27 +135,45 @@ impl std::fmt::Debug for RecordWriter {
     }
 }
 
-/// A file that counts what was written to it (for `--max-bytes`).
+/// A file that counts what was written to it (for `--max-bytes`), and
+/// that refuses every write after one failed: the MCAP writer finishes a
+/// file when dropped, and a summary written after a failure (a full disk
+/// that freed up) would present a file with a hole as complete.
 struct Counted {
     file: File,
     written: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    failed: bool,
+}
+
+impl Counted {
+    fn check(&self) -> std::io::Result<()> {
+        if self.failed {
+            return Err(std::io::Error::other(
+                "an earlier write to this recording failed",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Write for Counted {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.file.write(buf)?;
+        self.check()?;
+        let n = self.file.write(buf).inspect_err(|_| self.failed = true)?;
         self.written
             .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        self.file.flush()
+        self.check()?;
+        self.file.flush().inspect_err(|_| self.failed = true)
     }
 }
 
 impl std::io::Seek for Counted {
     fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
-        self.file.seek(pos)
+        self.check()?;
+        self.file.seek(pos).inspect_err(|_| self.failed = true)
     }
 }
 
@@ -195,6 +213,7 @@ impl RecordWriter {
         let counted = Counted {
             file,
             written: written.clone(),
+            failed: false,
         };
         let compression = match opts.compression {
             Compression::Zstd => Some(mcap::Compression::Zstd),
@@ -206,6 +225,13 @@ impl RecordWriter {
             .library(format!("milonga {}", env!("CARGO_PKG_VERSION")))
             .compression(compression)
             .chunk_size(Some(opts.chunk_bytes))
+            // Each chunk is built in memory and written whole: by default
+            // the writer streams a chunk into the file and seeks back to
+            // fill in its header when it ends, so a recorder killed
+            // meanwhile left a header of placeholders that readers take
+            // for garbage (the `mcap` Python package stopped there with
+            // an error) rather than a file that ends early.
+            .disable_seeking(true)
             .create(BufWriter::with_capacity(1 << 16, counted))
             .map_err(|e| write_err(path, e))?;
         w.write_metadata(&mcap::records::Metadata {

@@ -1,0 +1,89 @@
+"""Recordings written by `milonga record` read by the `mcap` package, the
+reader that MCAP's own tools and Foxglove build on (docs/recording.md): a
+finished file, and one whose recorder was killed with -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from mcap.exceptions import EndOfFile
+from mcap.reader import NonSeekingReader, make_reader
+
+from conftest import REPO, Domain, wait_for
+
+# Built by `cargo test` (and `make test`) before the Python tests run.
+MILONGA = Path(os.environ.get("MILONGA_BIN", REPO / "target" / "debug" / "milonga"))
+
+
+def milonga(domain: Domain, *args: str) -> list[str]:
+    if not MILONGA.exists():
+        pytest.fail(f"{MILONGA} is missing: build it first (cargo build -p milonga-cli)")
+    return [str(MILONGA), "--locator", domain.locator, *args]
+
+
+def start(domain: Domain, *args: str) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        milonga(domain, *args),
+        env=domain.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    domain.children.append(child)
+    return child
+
+
+def test_the_mcap_package_reads_a_recording(domain: Domain, tmp_path: Path) -> None:
+    start(domain, "pub", "py/rec/a", "5", "--rate", "200")
+    start(domain, "pub", "py/rec/b", '"text"', "--rate", "50")
+    out = tmp_path / "run.mcap"
+    done = domain.run(milonga(domain, "record", "py/rec/**", "--duration", "2", "-o", str(out)))
+    assert done.returncode == 0, done.stderr
+    with open(out, "rb") as f:
+        reader = make_reader(f)
+        summary = reader.get_summary()
+        assert summary is not None and summary.statistics is not None
+        seen: dict[str, list[bytes]] = {}
+        encodings = set()
+        publishers = set()
+        for _schema, channel, message in reader.iter_messages():
+            if channel.topic == "/milonga/events":
+                assert channel.message_encoding == "json"
+                continue
+            encodings.add(channel.message_encoding)
+            publishers.add(channel.metadata["milonga.publisher"])
+            seen.setdefault(channel.topic, []).append(message.data)
+            assert message.publish_time > 0 and message.log_time >= message.publish_time - 10**9
+    assert encodings == {"cbor"}
+    assert len(publishers) == 2 and all(len(p) == 32 for p in publishers)
+    # The values as CBOR: 5 is one byte, "text" a text string of four.
+    assert set(seen["py/rec/a"]) == {b"\x05"}
+    assert set(seen["py/rec/b"]) == {b"\x64text"}
+    assert len(seen["py/rec/a"]) > 150
+    total = sum(len(v) for v in seen.values())
+    assert summary.statistics.message_count >= total
+
+
+def test_a_recording_cut_by_kill_9_reads_up_to_the_cut(domain: Domain, tmp_path: Path) -> None:
+    start(domain, "pub", "py/kill/x", "[1, 2, 3]", "--rate", "500")
+    out = tmp_path / "run.mcap"
+    rec = start(domain, "record", "py/kill/x", "-o", str(out))
+    # A chunk is written out every second.
+    wait_for("two chunks on disk", lambda: out.exists() and out.stat().st_size > 8000, 20)
+    rec.send_signal(signal.SIGKILL)
+    rec.wait(timeout=10)
+    n = 0
+    with open(out, "rb") as f:
+        with pytest.raises(EndOfFile):
+            # In file order: a reader sorting by time would read to the
+            # end before it yields anything.
+            for _schema, channel, _message in NonSeekingReader(f).iter_messages(
+                log_time_order=False
+            ):
+                if channel.topic == "py/kill/x":
+                    n += 1
+    assert n > 300
