@@ -5,7 +5,7 @@
 //! ```no_run
 //! use milonga::recording::{RecordOptions, RecordReader, RecordWriter, Entry};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let node = milonga::Node::open("milonga:///lab")?;
+//! let node = milonga::Node::open("milonga:///lab", "recorder")?;
 //! let sub = node.subscribe("beam/**")?;
 //! let path = std::path::Path::new("run.mcap");
 //! let mut w = RecordWriter::create(path, &RecordOptions::default())?;
