@@ -684,6 +684,7 @@ fn event_to_py(py: Python<'_>, ev: Event, threshold: usize) -> PyResult<Py<PyAny
                 value: to_py(py, &s.value, threshold)?.unbind(),
                 seq: s.seq,
                 timestamp_ns: s.timestamp_ns,
+                replayed: s.replayed,
                 publisher: s.publisher,
             },
         )?
@@ -764,6 +765,10 @@ pub(crate) struct Sample {
     seq: u64,
     #[pyo3(get)]
     timestamp_ns: u64,
+    /// Republished from a recording (`milonga replay`); `timestamp_ns` is
+    /// then when it was first published.
+    #[pyo3(get)]
+    replayed: bool,
     /// Formatted when asked for (most readers never look).
     publisher: milonga::NodeId,
 }

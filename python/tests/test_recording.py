@@ -13,7 +13,7 @@ import pytest
 from mcap.exceptions import EndOfFile
 from mcap.reader import NonSeekingReader, make_reader
 
-from conftest import REPO, Domain, wait_for
+from conftest import REPO, Domain, next_sample, wait_for
 
 # Built by `cargo test` (and `make test`) before the Python tests run.
 MILONGA = Path(os.environ.get("MILONGA_BIN", REPO / "target" / "debug" / "milonga"))
@@ -87,3 +87,26 @@ def test_a_recording_cut_by_kill_9_reads_up_to_the_cut(domain: Domain, tmp_path:
                 if channel.topic == "py/kill/x":
                     n += 1
     assert n > 300
+
+
+def test_a_replayed_sample_says_so_and_keeps_its_timestamp(
+    domain: Domain, tmp_path: Path
+) -> None:
+    start(domain, "pub", "py/rp/x", "7", "--rate", "100")
+    out = tmp_path / "run.mcap"
+    done = domain.run(milonga(domain, "record", "py/rp/x", "--duration", "1", "-o", str(out)))
+    assert done.returncode == 0, done.stderr
+    for c in domain.children:
+        c.kill()
+    with open(out, "rb") as f:
+        times = [m.publish_time for _s, ch, m in make_reader(f).iter_messages() if ch.topic == "py/rp/x"]
+    node = domain.open("replay-reader")
+    sub = node.subscribe("py/rp/x")
+    replay = start(domain, "replay", "--speed", "max", "--wait-subscribers", "1", str(out))
+    got = []
+    while len(got) < len(times):
+        s = next_sample(sub)
+        got.append(s)
+    assert replay.wait(timeout=30) == 0
+    assert all(s.replayed and s.value == 7 for s in got)
+    assert [s.timestamp_ns for s in got] == times

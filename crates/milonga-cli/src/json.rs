@@ -121,13 +121,19 @@ pub fn short(v: &Value) -> String {
 /// One JSON line for an event of `milonga sub --json`.
 pub fn event_line(ev: &Event) -> serde_json::Value {
     match ev {
-        Event::Sample(s) => json!({
-            "key": s.key,
-            "seq": s.seq,
-            "timestamp_ns": s.timestamp_ns,
-            "publisher": s.publisher.to_hex(),
-            "value": to_json(&s.value),
-        }),
+        Event::Sample(s) => {
+            let mut j = json!({
+                "key": s.key,
+                "seq": s.seq,
+                "timestamp_ns": s.timestamp_ns,
+                "publisher": s.publisher.to_hex(),
+                "value": to_json(&s.value),
+            });
+            if s.replayed {
+                j["replayed"] = true.into();
+            }
+            j
+        }
         Event::Lost(l) => json!({
             "event": "lost",
             "key": l.key,

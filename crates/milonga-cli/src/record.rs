@@ -80,6 +80,12 @@ pub struct ReplayArgs {
     /// Only the keys this expression matches.
     #[arg(long)]
     keys: Option<String>,
+    /// Start this many seconds into the recording (by receive time).
+    #[arg(long, default_value_t = 0.0)]
+    from: f64,
+    /// Stop this many seconds into the recording.
+    #[arg(long)]
+    to: Option<f64>,
     /// Start over at the end, until interrupted.
     #[arg(long = "loop")]
     repeat: bool,
@@ -490,14 +496,21 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         },
     };
     let keys = key_filter(&a.keys)?;
+    if !(a.from >= 0.0 && a.from.is_finite()) || a.to.is_some_and(|t| t <= a.from) {
+        bail!("--from and --to: seconds into the recording, --from before --to");
+    }
+    let from_ns = (a.from * 1e9) as u64;
+    let to_ns = a.to.map_or(u64::MAX, |t| (t * 1e9) as u64);
     // Every key first: publishers are declared before the first sample, so
     // that subscribers can connect (--wait-subscribers).
     let mut names = std::collections::BTreeSet::new();
+    let mut total = 0u64;
     let mut r = RecordReader::open(&a.file)?;
     while let Some(entry) = r.next_entry()? {
         if let Entry::Sample(s, _) = entry {
             if keys.as_ref().is_none_or(|k| k.matches(&s.key)) {
                 names.insert(s.key);
+                total += 1;
             }
         }
     }
@@ -505,12 +518,14 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         bail!("{}: no sample to replay", a.file.display());
     }
     let node = net.open("replay")?;
+    // Every sample carries the replayed flag and its original timestamp.
     let qos = || {
         if speed.is_none() {
             PublisherQos::reliable()
         } else {
             PublisherQos::best_effort()
         }
+        .replay()
     };
     let mut pubs = BTreeMap::new();
     for k in &names {
@@ -530,21 +545,41 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         }
     }
     let mut sent = 0u64;
+    // A progress line when stderr is a terminal.
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut shown = Instant::now();
     'outer: loop {
         let mut r = RecordReader::open(&a.file)?;
         let start = Instant::now();
+        // The recording's first receive time: --from and --to count from it.
         let mut t0: Option<u64> = None;
         while let Some(entry) = r.next_entry()? {
             if interrupted() {
                 break 'outer;
             }
-            let Entry::Sample(s, at) = entry else {
+            let at = match &entry {
+                Entry::Sample(_, at) | Entry::Event(_, at) => *at,
+            };
+            let offset = at.saturating_sub(*t0.get_or_insert(at));
+            if offset > to_ns {
+                break;
+            }
+            let Entry::Sample(s, _) = entry else {
                 continue;
             };
             let Some(p) = pubs.get(&s.key) else { continue };
+            if offset < from_ns {
+                continue;
+            }
+            if progress && shown.elapsed() >= Duration::from_millis(200) {
+                shown = Instant::now();
+                eprint!(
+                    "\rmilonga replay: {sent} of {total} samples, {:.1} s into the recording",
+                    offset as f64 / 1e9
+                );
+            }
             if let Some(speed) = speed {
-                let first = *t0.get_or_insert(at);
-                let due = start + Duration::from_nanos(at.saturating_sub(first)).div_f64(speed);
+                let due = start + Duration::from_nanos(offset - from_ns).div_f64(speed);
                 while let Some(d) = due.checked_duration_since(Instant::now()) {
                     if interrupted() {
                         break 'outer;
@@ -552,12 +587,15 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                     std::thread::sleep(d.min(Duration::from_millis(100)));
                 }
             }
-            p.put(s.value)?;
+            p.put_at(s.value, s.timestamp_ns)?;
             sent += 1;
         }
         if !a.repeat {
             break;
         }
+    }
+    if progress {
+        eprintln!();
     }
     node.close();
     eprintln!("milonga replay: {sent} samples published");

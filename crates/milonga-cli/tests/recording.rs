@@ -22,13 +22,8 @@ fn info(env: &Env, file: &Path) -> Json {
 
 /// The samples of `cat --json`, as (key, seq, value).
 fn cat(env: &Env, file: &Path) -> Vec<(String, u64, Json)> {
-    let out = env.cmd(&["cat", "--json"]).arg(file).output().unwrap();
-    assert!(out.status.success(), "cat: {out:?}");
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Json>(l).unwrap())
-        .filter(|j| j.get("event").is_none())
+    cat_all(env, file)
+        .into_iter()
         .map(|j| {
             (
                 j["key"].as_str().unwrap().to_owned(),
@@ -36,6 +31,25 @@ fn cat(env: &Env, file: &Path) -> Vec<(String, u64, Json)> {
                 j["value"].clone(),
             )
         })
+        .collect()
+}
+
+/// The samples of `cat --json`, whole.
+fn cat_all(env: &Env, file: &Path) -> Vec<Json> {
+    cat_lines(env, file)
+        .into_iter()
+        .filter(|j| j.get("event").is_none())
+        .collect()
+}
+
+/// Every line of `cat --json`: samples and events.
+fn cat_lines(env: &Env, file: &Path) -> Vec<Json> {
+    let out = env.cmd(&["cat", "--json"]).arg(file).output().unwrap();
+    assert!(out.status.success(), "cat: {out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Json>(l).unwrap())
         .collect()
 }
 
@@ -68,39 +82,82 @@ fn a_recording_holds_every_sample_once_and_replays_into_a_subscriber() {
         .iter()
         .any(|s| s.0 == "rr/a" && s.2 == serde_json::json!({"v": [1.5, 2]})));
     // The live publishers go; the replay, as fast as a reliable
-    // subscriber takes it, gives the same samples in the same order.
+    // subscriber takes it, gives the same samples in the same order, with
+    // their original timestamps and the replayed flag.
     drop((pa, pb));
-    let sub = Proc::spawn(env.cmd(&[
-        "sub",
-        "rr/**",
-        "--json",
-        "--reliable",
-        "--count",
-        &(a + b).to_string(),
-        "--timeout",
-        "20",
-    ]));
-    let mut replay = env.cmd(&["replay", "--speed", "max", "--wait-subscribers", "1"]);
-    replay.arg(&file);
-    let out = replay.output().unwrap();
-    assert!(out.status.success(), "replay: {out:?}");
-    let mut got = Vec::new();
-    while (got.len() as u64) < a + b {
-        let Some(line) = sub.line(T) else { break };
-        let j: Json = serde_json::from_str(&line).unwrap();
-        if j.get("event").is_none() {
-            got.push((j["key"].as_str().unwrap().to_owned(), j["value"].clone()));
+    let replay_into = |extra: &[&str], n: usize| -> Vec<Json> {
+        let sub = Proc::spawn(env.cmd(&[
+            "sub",
+            "rr/**",
+            "--json",
+            "--reliable",
+            "--count",
+            &n.to_string(),
+            "--timeout",
+            "20",
+        ]));
+        let mut replay = env.cmd(&["replay", "--speed", "max", "--wait-subscribers", "1"]);
+        replay.args(extra).arg(&file);
+        let out = replay.output().unwrap();
+        assert!(out.status.success(), "replay: {out:?}");
+        let mut got = Vec::new();
+        while got.len() < n {
+            let Some(line) = sub.line(T) else { break };
+            let j: Json = serde_json::from_str(&line).unwrap();
+            if j.get("event").is_none() {
+                got.push(j);
+            }
         }
-    }
+        got
+    };
+    let recorded = cat_all(&env, &file);
+    let got = replay_into(&[], recorded.len());
+    let fields = |j: &Json| {
+        (
+            j["key"].clone(),
+            j["value"].clone(),
+            j["timestamp_ns"].clone(),
+        )
+    };
     for key in ["rr/a", "rr/b"] {
-        let want: Vec<&Json> = samples
+        let want: Vec<_> = recorded
             .iter()
-            .filter(|s| s.0 == key)
-            .map(|s| &s.2)
+            .filter(|j| j["key"] == key)
+            .map(fields)
             .collect();
-        let have: Vec<&Json> = got.iter().filter(|s| s.0 == key).map(|s| &s.1).collect();
-        assert_eq!(have, want, "the replayed {key} samples, in order");
+        let have: Vec<_> = got.iter().filter(|j| j["key"] == key).map(fields).collect();
+        assert_eq!(
+            have, want,
+            "the replayed {key} samples, in order, with their timestamps"
+        );
     }
+    assert!(
+        got.iter().all(|j| j["replayed"] == true),
+        "{:?}",
+        got.first()
+    );
+    // --from and --to pick the samples received in that window, counted
+    // from the recording's first entry (events included).
+    let t0 = cat_lines(&env, &file)
+        .iter()
+        .map(|j| j["received_ns"].as_u64().unwrap())
+        .min()
+        .unwrap();
+    let window: Vec<_> = recorded
+        .iter()
+        .filter(|j| {
+            let off = j["received_ns"].as_u64().unwrap() - t0;
+            (500_000_000..=1_000_000_000).contains(&off)
+        })
+        .map(fields)
+        .collect();
+    assert!(window.len() > 50, "{}", window.len());
+    let got = replay_into(&["--from", "0.5", "--to", "1.0"], window.len());
+    let mut have: Vec<_> = got.iter().map(fields).collect();
+    let mut want = window;
+    have.sort_by_key(|f| f.2.as_u64());
+    want.sort_by_key(|f| f.2.as_u64());
+    assert_eq!(have, want);
 }
 
 #[test]

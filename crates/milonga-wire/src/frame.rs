@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | 0 | 1 | protocol version (1) |
 //! | 1 | 1 | kind: 1 sample, 2 batch, 3 heartbeat, 4 history, 5 request, 6 reply |
-//! | 2 | 1 | flags: bit 0 = the payload continues in a second frame |
+//! | 2 | 1 | flags: bit 0 = the payload continues in a second frame; bit 1 = republished from a recording |
 //! | 3 | 1 | encoding: 0 raw bytes, 1 CBOR, 2 JSON |
 //! | 4 | 4 | domain tag (FNV-1a 32 of the domain name) |
 //! | 8 | 4 | schema id (0 = none) |
@@ -63,8 +63,11 @@ pub mod offset {
 
 /// Flag bit 0: the payload continues in a second ZeroMQ frame.
 pub const FLAG_PAYLOAD_FRAME: u8 = 0x01;
+/// Flag bit 1: a sample republished from a recording (`milonga replay`):
+/// its timestamp is the original source timestamp.
+pub const FLAG_REPLAYED: u8 = 0x02;
 /// Every flag bit this version knows.
-pub const KNOWN_FLAGS: u8 = FLAG_PAYLOAD_FRAME;
+pub const KNOWN_FLAGS: u8 = FLAG_PAYLOAD_FRAME | FLAG_REPLAYED;
 
 /// What a data frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -553,6 +556,10 @@ mod tests {
         let mut v = good.clone();
         v[4] = 0x80;
         assert_eq!(decode(&v), Err(FrameError::UnknownFlags(0x80)));
+        // The replayed flag is known.
+        let mut v = good.clone();
+        v[4] = FLAG_REPLAYED;
+        assert_eq!(decode(&v).unwrap().header.flags, FLAG_REPLAYED);
         let mut v = good.clone();
         v[5] = 200;
         assert_eq!(decode(&v), Err(FrameError::UnknownEncoding(200)));

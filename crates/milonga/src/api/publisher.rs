@@ -44,7 +44,11 @@ impl Publisher {
     ) -> Self {
         let header = Header {
             kind: Kind::Sample,
-            flags: 0,
+            flags: if qos.replayed {
+                frame::FLAG_REPLAYED
+            } else {
+                0
+            },
             encoding: Encoding::Raw,
             domain_tag: node.core().domain_tag,
             schema_id: 0,
@@ -84,6 +88,15 @@ impl Publisher {
     pub fn put(&self, value: impl Into<Value>) -> Result<(), PutError> {
         let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
         self.send(enc, 0, self.default_wait())
+    }
+
+    /// Puts a value with its source timestamp given (ns since the Unix
+    /// epoch): when the value was measured, or, replaying a recording, when
+    /// it was first published. Otherwise as [`Publisher::put`], which
+    /// stamps the time of the put.
+    pub fn put_at(&self, value: impl Into<Value>, timestamp_ns: u64) -> Result<(), PutError> {
+        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
+        self.send_at(enc, 0, self.default_wait(), Some(timestamp_ns))
     }
 
     /// Puts a value, failing with [`PutError::WouldBlock`] at once instead of
@@ -128,7 +141,18 @@ impl Publisher {
     }
 
     fn send(&self, enc: Encoded, schema_id: u32, wait: Wait) -> Result<(), PutError> {
+        self.send_at(enc, schema_id, wait, None)
+    }
+
+    fn send_at(
+        &self,
+        enc: Encoded,
+        schema_id: u32,
+        wait: Wait,
+        timestamp_ns: Option<u64>,
+    ) -> Result<(), PutError> {
         let put = Put {
+            timestamp_ns,
             p2p: self.node.backend(),
             key: &self.key,
             template: &self.template,

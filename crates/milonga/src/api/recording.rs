@@ -26,5 +26,5 @@
 
 pub use crate::backend::file::{
     Compression, Entry, RecordError, RecordOptions, RecordReader, RecordWriter, Skipped,
-    EVENTS_TOPIC, METADATA_NAME, META_ENCODING, META_PUBLISHER, RECORD_LIMIT,
+    EVENTS_TOPIC, METADATA_NAME, META_ENCODING, META_PUBLISHER, META_REPLAYED, RECORD_LIMIT,
 };

@@ -144,6 +144,7 @@ pub(super) fn apply(
     timestamp_ns: u64,
     enc: &Encoded,
     schema_id: u32,
+    flags: u8,
 ) -> Vec<Vec<u8>> {
     // The value is decoded only for keys some filter selects.
     if !d.filters.values().any(|f| f.keys.matches(key)) {
@@ -179,7 +180,7 @@ pub(super) fn apply(
         };
         let header = Header {
             kind: Kind::Sample,
-            flags: 0,
+            flags,
             encoding: enc.encoding,
             domain_tag: me.domain_tag,
             schema_id,

@@ -155,22 +155,30 @@ impl Outlet {
         &mut self,
         me: &Me,
         key: &str,
-        seq: u64,
-        timestamp_ns: u64,
         enc: &Encoded,
-        schema_id: u32,
+        st: Stamp,
     ) -> Vec<Vec<u8>> {
         // Most sockets keep no history: their puts skip the hash lookup.
         if !self.histories.is_empty() {
             if let Some(k) = self.histories.get_mut(key) {
-                k.push(seq, timestamp_ns, enc, schema_id);
+                k.push(st.seq, st.timestamp_ns, enc, st.schema_id);
             }
         }
         if self.filters.is_empty() {
             return Vec::new();
         }
-        super::filters::apply(self, me, key, timestamp_ns, enc, schema_id)
+        super::filters::apply(self, me, key, st.timestamp_ns, enc, st.schema_id, st.flags)
     }
+}
+
+/// The header fields of one accepted sample that are not its key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stamp {
+    pub(crate) seq: u64,
+    pub(crate) timestamp_ns: u64,
+    pub(crate) schema_id: u32,
+    /// The publisher's flags that every frame of it carries (replayed).
+    pub(crate) flags: u8,
 }
 
 #[cfg(test)]
@@ -208,7 +216,17 @@ mod tests {
 
     fn put(o: &mut Outlet, me: &Me, key: &str, seq: u64, v: f64) -> Vec<Vec<u8>> {
         let enc = encode_payload(&Value::Float(v), 1 << 20).unwrap();
-        o.accepted(me, key, seq, 1000 + seq, &enc, 0)
+        o.accepted(
+            me,
+            key,
+            &enc,
+            Stamp {
+                seq,
+                timestamp_ns: 1000 + seq,
+                schema_id: 0,
+                flags: 0,
+            },
+        )
     }
 
     #[test]

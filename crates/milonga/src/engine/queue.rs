@@ -211,6 +211,7 @@ mod tests {
             timestamp_ns: 0,
             encoding: Encoding::Cbor,
             schema_id: 0,
+            replayed: false,
         })
     }
 

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use milonga_wire::cbor::decode_payload;
-use milonga_wire::frame::{self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRAME};
+use milonga_wire::frame::{
+    self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRAME, FLAG_REPLAYED,
+};
 use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::{Bytes, KeyExpr, NodeId};
 
@@ -814,6 +816,7 @@ impl Subscription {
                             timestamp_ns: e.timestamp_ns,
                             encoding: e.encoding,
                             schema_id: e.schema_id,
+                            replayed: false,
                         };
                         if io.seqs.is_new(node, &s.key, s.seq) {
                             stats::inc(&c.samples_replayed);
@@ -1301,6 +1304,7 @@ impl Subscription {
                             timestamp_ns: h.timestamp_ns,
                             encoding: h.encoding,
                             schema_id: h.schema_id,
+                            replayed: h.flags & FLAG_REPLAYED != 0,
                         };
                         self.deliver(io, c, s, true);
                     }
@@ -1332,6 +1336,7 @@ impl Subscription {
                                 timestamp_ns: e.timestamp_ns,
                                 encoding: h.encoding,
                                 schema_id: h.schema_id,
+                                replayed: h.flags & FLAG_REPLAYED != 0,
                             };
                             self.deliver(io, c, s, true);
                         }

@@ -16,6 +16,10 @@ pub struct PublisherQos {
     /// Samples kept per key for late joiners and repair (0: none). Memory:
     /// `history` samples of this key.
     pub history: usize,
+    /// The samples are republished from a recording: each carries the
+    /// replayed flag (`Sample::replayed`), and `Publisher::put_at` gives
+    /// their original timestamps.
+    pub replayed: bool,
 }
 
 impl PublisherQos {
@@ -30,12 +34,20 @@ impl PublisherQos {
             reliability: Reliability::Reliable,
             put_timeout: None,
             history: 0,
+            replayed: false,
         }
     }
 
     /// Keeps the last `depth` samples for late joiners and repair.
     pub fn history(mut self, depth: usize) -> Self {
         self.history = depth;
+        self
+    }
+
+    /// Marks the samples as republished from a recording (see
+    /// [`PublisherQos::replayed`](PublisherQos#structfield.replayed)).
+    pub fn replay(mut self) -> Self {
+        self.replayed = true;
         self
     }
 

@@ -21,6 +21,11 @@ pub struct Sample {
     pub encoding: Encoding,
     /// Schema id from the header (0 = none).
     pub schema_id: u32,
+    /// Republished from a recording (`milonga replay`, a publisher with
+    /// [`PublisherQos::replay`](crate::PublisherQos::replay)): `timestamp_ns`
+    /// is when it was first published. Samples a publisher's history
+    /// hands to a late joiner or a repair do not carry it yet.
+    pub replayed: bool,
 }
 
 impl Sample {

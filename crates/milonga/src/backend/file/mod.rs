@@ -27,6 +27,9 @@ pub const META_PUBLISHER: &str = "milonga.publisher";
 /// Channel metadata: the encoding the publisher used (`cbor`, `raw`,
 /// `json`); the message data is CBOR whatever it was.
 pub const META_ENCODING: &str = "milonga.encoding";
+/// Channel metadata, present when the publisher republished a recording
+/// (`Sample::replayed`): `true`.
+pub const META_REPLAYED: &str = "milonga.replayed";
 /// The name of the metadata record that describes the recording.
 pub const METADATA_NAME: &str = "milonga";
 /// The longest record a reader accepts (a sample is at most
@@ -266,6 +269,9 @@ impl RecordWriter {
                     META_ENCODING.to_owned(),
                     encoding_name(s.encoding).to_owned(),
                 );
+                if s.replayed {
+                    meta.insert(META_REPLAYED.to_owned(), "true".to_owned());
+                }
                 let c = self
                     .w
                     .add_channel(0, &s.key, "cbor", &meta)
@@ -428,6 +434,7 @@ enum Channel {
         key: String,
         publisher: NodeId,
         encoding: Encoding,
+        replayed: bool,
         /// The last sequence number read, extended to 64 bits.
         last_seq: u64,
     },
@@ -542,6 +549,10 @@ impl RecordReader {
                                 encoding: encoding_of(
                                     c.metadata.get(META_ENCODING).map_or("cbor", String::as_str),
                                 ),
+                                replayed: c
+                                    .metadata
+                                    .get(META_REPLAYED)
+                                    .is_some_and(|v| v == "true"),
                                 last_seq: 0,
                             },
                             None => Channel::Foreign,
@@ -564,6 +575,7 @@ impl RecordReader {
                             key,
                             publisher,
                             encoding,
+                            replayed,
                             last_seq,
                         }) => {
                             let value = match decode_cbor(&Bytes::copy_from_slice(&data)) {
@@ -583,6 +595,7 @@ impl RecordReader {
                                     timestamp_ns: header.publish_time,
                                     encoding: *encoding,
                                     schema_id: 0,
+                                    replayed: *replayed,
                                 },
                                 header.log_time,
                             )
@@ -643,6 +656,7 @@ mod tests {
             timestamp_ns: 1_000 + seq,
             encoding: Encoding::Cbor,
             schema_id: 0,
+            replayed: false,
         }
     }
 

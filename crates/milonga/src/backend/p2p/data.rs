@@ -15,7 +15,7 @@ use crate::backend::p2p::curve::Guard;
 use crate::backend::p2p::zmq_io;
 use crate::backend::p2p::P2p;
 use crate::engine::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
-use crate::engine::outlet::{Outlet, Upstream};
+use crate::engine::outlet::{Outlet, Stamp, Upstream};
 use crate::engine::Me;
 use crate::model::error::{IntoTransport, OpenError, PutError};
 use crate::model::node::NodeCore;
@@ -123,7 +123,7 @@ impl DataSocket {
         // Sequence number and timestamp are taken under the lock, so that
         // both follow the order in which samples leave.
         let seq = put.seq.load(Ordering::Relaxed) + 1;
-        let timestamp_ns = crate::util::now_ns();
+        let timestamp_ns = put.timestamp_ns.unwrap_or_else(crate::util::now_ns);
 
         // A batch from earlier puts of this key: this sample joins it, or it
         // leaves first. (A batch of another key need not: sequence numbers
@@ -227,6 +227,9 @@ pub(crate) struct Put<'a> {
     /// locked.
     pub(crate) seq: &'a AtomicU64,
     pub(crate) reliable: bool,
+    /// The source timestamp the application gave (`put_at`), else the
+    /// time of the put.
+    pub(crate) timestamp_ns: Option<u64>,
 }
 
 impl Put<'_> {
@@ -234,9 +237,17 @@ impl Put<'_> {
     /// sends it to the filters it passes, if subscribers declared any.
     fn keep(&self, d: &mut DataSock, seq: u64, timestamp_ns: u64, enc: &Encoded, schema_id: u32) {
         let me = Me::from(self.p2p.core());
-        let filtered = d
-            .out
-            .accepted(&me, self.key.as_str(), seq, timestamp_ns, enc, schema_id);
+        let filtered = d.out.accepted(
+            &me,
+            self.key.as_str(),
+            enc,
+            Stamp {
+                seq,
+                timestamp_ns,
+                schema_id,
+                flags: self.flags(),
+            },
+        );
         if !filtered.is_empty() {
             d.send_filtered(filtered, me.counters);
         }
@@ -327,14 +338,22 @@ impl Put<'_> {
         head.copy_from_slice(self.template);
         body.copy_from_slice(&enc.head);
         use frame::offset::{ENCODING, FLAGS, SCHEMA_ID};
-        head[h + FLAGS] = if enc.tail.is_some() {
-            FLAG_PAYLOAD_FRAME
-        } else {
-            0
-        };
+        // The template's flags (replayed) and the payload's.
+        head[h + FLAGS] = self.template[h + FLAGS]
+            | if enc.tail.is_some() {
+                FLAG_PAYLOAD_FRAME
+            } else {
+                0
+            };
         head[h + ENCODING] = enc.encoding as u8;
         head[h + SCHEMA_ID..h + SCHEMA_ID + 4].copy_from_slice(&schema_id.to_le_bytes());
         msg
+    }
+
+    /// The flags every frame of this publisher carries (replayed).
+    fn flags(&self) -> u8 {
+        let h = self.key.as_str().len() + 1;
+        self.template[h + frame::offset::FLAGS] & frame::FLAG_REPLAYED
     }
 
     /// Writes the sequence number and source timestamp into a built frame.
