@@ -311,3 +311,44 @@ fn a_recorder_that_cannot_write_stops_and_says_why() {
     assert_eq!(i["complete"], false, "{i}");
     assert!(i["samples"].as_u64().unwrap() > 0, "{i}");
 }
+
+/// A recording of 1,000 keys: a channel each, every sample once.
+#[test]
+fn a_recording_of_a_thousand_keys_holds_each_once() {
+    use milonga::PublisherQos;
+    let env = Env::new("rec-keys");
+    let file = env.dir.path().join("run.mcap");
+    let mut rec = env.cmd(&["record", "rk1000/**", "--reliable", "--duration", "6", "-o"]);
+    rec.arg(&file);
+    let mut rec = Proc::spawn(rec);
+    let node = env.node("keys");
+    let pubs: Vec<_> = (0..1000)
+        .map(|i| {
+            node.publisher_with(&format!("rk1000/{i}"), PublisherQos::reliable())
+                .unwrap()
+        })
+        .collect();
+    wait_for("the recorder's subscription", T, || {
+        pubs.iter().all(|p| p.subscriber_count() > 0)
+    });
+    for round in 0..5u64 {
+        for p in &pubs {
+            p.put(round).unwrap();
+        }
+    }
+    assert!(rec.wait_exit(T).is_some_and(|s| s.success()));
+    let i = info(&env, &file);
+    assert_eq!(
+        i["keys"].as_object().unwrap().len(),
+        1000,
+        "{}",
+        i["samples"]
+    );
+    assert_eq!(i["samples"], 5000);
+    assert_eq!(i["gaps"], 0);
+    assert!(i["keys"]
+        .as_object()
+        .unwrap()
+        .values()
+        .all(|k| k["samples"] == 5 && k["publishers"] == 1));
+}

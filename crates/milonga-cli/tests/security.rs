@@ -523,12 +523,20 @@ fn a_node_reachable_from_other_hosts_is_secured_by_default_with_the_users_identi
     assert!(poll_until(T, || key.exists()), "no default identity made");
     let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
-    let trusted: Vec<_> = std::fs::read_dir(config.join("milonga/trust"))
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(trusted.len(), 1, "its own public key: {trusted:?}");
+    // The trust directory is made after the key, holding its public key.
+    let trusted = || -> Vec<String> {
+        std::fs::read_dir(config.join("milonga/trust"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert!(
+        poll_until(T, || !trusted().is_empty()),
+        "no trust directory made"
+    );
+    assert_eq!(trusted().len(), 1, "its own public key: {:?}", trusted());
     // A subscriber of the same user (same default identity) is secured
     // too, and gets the samples; `ls` says the key is trusted.
     let mut s = env.cmd(&["sub", "sec/d", "--json"]);
