@@ -36,6 +36,7 @@ from ._native import (
     Publisher,
     PublisherAlive,
     PublisherLost,
+    Recording,
     Request,
     Sample,
     ServerReply,
@@ -67,6 +68,8 @@ from .errors import (
 __all__ = [
     "open",
     "keygen",
+    "open_recording",
+    "Recording",
     "Node",
     "Publisher",
     "Subscription",
@@ -365,6 +368,18 @@ def keygen(name: str, directory: str | os.PathLike[str]) -> tuple[str, str]:
     and ``directory/name.pub`` (its public key, for other nodes' trust
     directories). Never overwrites a file. Returns both paths."""
     return _native.keygen(name, os.fspath(directory))
+
+
+def open_recording(path: str | os.PathLike[str]) -> Recording:
+    """Opens a recording made by ``milonga record`` (docs/recording.md).
+    Iterating it yields its events in file order, as a live subscription
+    yields them: ``Sample`` (arrays as read-only numpy views, as live),
+    ``Lost``, ``PublisherAlive``, ``PublisherLost``, ...; ``received_ns``
+    is when the last one yielded was received. A file cut short (a
+    recorder killed) is read to its last complete record: ``complete`` is
+    then false and, once read to its end, ``truncated`` says why. Raises
+    ``OpenError`` for a missing file or one that is not a recording."""
+    return Recording(os.fspath(path))
 
 
 def open(locator: str, name: str | None = None, **config: Any) -> Node:

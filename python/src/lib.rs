@@ -23,6 +23,7 @@ use pyo3::types::PyDict;
 #[allow(unsafe_code)]
 mod convert;
 mod errors;
+mod recording;
 
 use convert::{from_py, to_py};
 
@@ -1089,6 +1090,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Service>()?;
     m.add_class::<PendingCall>()?;
     m.add_class::<ServerReply>()?;
+    m.add_class::<recording::Recording>()?;
     m.add_class::<convert::Buffer>()?;
     m.add_class::<convert::Tagged>()?;
     m.add_function(wrap_pyfunction!(version, m)?)?;

@@ -110,3 +110,46 @@ def test_a_replayed_sample_says_so_and_keeps_its_timestamp(
     assert replay.wait(timeout=30) == 0
     assert all(s.replayed and s.value == 7 for s in got)
     assert [s.timestamp_ns for s in got] == times
+
+
+def test_open_recording_yields_the_events_a_live_subscription_yields(
+    domain: Domain, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    import milonga
+
+    out = tmp_path / "run.mcap"
+    rec = start(domain, "record", "py/or/**", "--duration", "3", "-o", str(out))
+    node = domain.open("arrays")
+    pub = node.publisher("py/or/wave")
+    wave = np.arange(20000, dtype=np.float64)
+    wait_for("the recorder's subscription", lambda: pub.subscriber_count() > 0, 20)
+    for i in range(5):
+        pub.put(wave + i)
+    node.close()
+    assert rec.wait(timeout=30) == 0
+    with milonga.open_recording(out) as r:
+        events = list(r)
+        assert r.complete and r.truncated is None
+        assert r.metadata["expressions"] == "py/or/**"
+        assert r.received_ns > 0
+    samples = [e for e in events if isinstance(e, milonga.Sample)]
+    assert [s.seq for s in samples] == [1, 2, 3, 4, 5]
+    for i, s in enumerate(samples):
+        assert isinstance(s.value, np.ndarray) and not s.value.flags.writeable
+        assert np.array_equal(s.value, wave + i)
+        assert not s.replayed
+    kinds = {type(e).__name__ for e in events}
+    assert "PublisherAlive" in kinds and "PublisherLost" in kinds, kinds
+
+
+def test_open_recording_refuses_what_is_not_a_recording(tmp_path: Path) -> None:
+    import milonga
+
+    bad = tmp_path / "bad.mcap"
+    bad.write_bytes(b"not MCAP at all")
+    with pytest.raises(milonga.OpenError, match="not a readable MCAP"):
+        list(milonga.open_recording(bad))
+    with pytest.raises(milonga.OpenError, match="missing.mcap"):
+        milonga.open_recording(tmp_path / "missing.mcap")

@@ -134,44 +134,9 @@ pub fn event_line(ev: &Event) -> serde_json::Value {
             }
             j
         }
-        Event::Lost(l) => json!({
-            "event": "lost",
-            "key": l.key,
-            "publisher": l.publisher.to_hex(),
-            "count": l.count,
-            "first_seq": l.first_seq,
-        }),
-        Event::PublisherAlive(a) => json!({
-            "event": "publisher_alive",
-            "publisher": a.publisher.to_hex(),
-            "name": a.name,
-        }),
-        Event::PublisherLost(l) => json!({
-            "event": "publisher_lost",
-            "publisher": l.publisher.to_hex(),
-            "name": l.name,
-            "reason": l.reason.as_str(),
-        }),
-        Event::DeadlineMissed(d) => json!({
-            "event": "deadline_missed",
-            "key": d.key,
-            "silent_ms": d.silent_for.as_secs_f64() * 1000.0,
-        }),
-        Event::SubscriptionLive => json!({ "event": "subscription_live" }),
-        Event::IncompatibleQos(q) => json!({
-            "event": "incompatible_qos",
-            "publisher": q.publisher.to_hex(),
-            "key": q.key,
-            "policy": q.policy.as_str(),
-            "detail": q.detail,
-        }),
-        Event::PermissionDenied(p) => json!({
-            "event": "permission_denied",
-            "endpoint": p.endpoint,
-            "publisher": p.publisher.map(|n| n.to_hex()),
-            "reason": p.reason,
-        }),
-        other => json!({ "event": format!("{other:?}") }),
+        // Status events: the form recordings keep (one definition).
+        other => milonga::recording::status_json(other)
+            .unwrap_or_else(|| json!({ "event": format!("{other:?}") })),
     }
 }
 

@@ -168,13 +168,12 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     let result: Result<()> = (|| {
         while !interrupted() && end.is_none_or(|t| Instant::now() < t) {
             match rx.recv_timeout(Duration::from_millis(100)) {
-                Ok((Event::Sample(s), at)) => {
-                    w.sample(&s, at)?;
-                    samples += 1;
-                }
                 Ok((ev, at)) => {
-                    w.event(json::event_line(&ev).to_string().as_bytes(), at)?;
-                    events += 1;
+                    w.event(&ev, at)?;
+                    match ev {
+                        Event::Sample(_) => samples += 1,
+                        _ => events += 1,
+                    }
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
@@ -198,15 +197,10 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     drop(subs);
     if result.is_ok() {
         while let Ok((ev, at)) = rx.try_recv() {
+            w.event(&ev, at)?;
             match ev {
-                Event::Sample(s) => {
-                    w.sample(&s, at)?;
-                    samples += 1;
-                }
-                ev => {
-                    w.event(json::event_line(&ev).to_string().as_bytes(), at)?;
-                    events += 1;
-                }
+                Event::Sample(_) => samples += 1,
+                _ => events += 1,
             }
         }
     }
@@ -245,7 +239,7 @@ fn recover(damaged: &Path, output: &Path, compression: Compression) -> Result<Ex
         };
         match entry {
             Entry::Sample(s, at) => w.sample(&s, at)?,
-            Entry::Event(j, at) => w.event(j.to_string().as_bytes(), at)?,
+            Entry::Event(ev, at) => w.event(&ev, at)?,
         }
         n += 1;
     }
@@ -318,7 +312,8 @@ fn cat(a: &CatArgs) -> Result<ExitCode> {
                     writeln!(out, "{} #{} {}", s.key, s.seq, json::short(&s.value))?;
                 }
             }
-            Entry::Event(mut j, at) => {
+            Entry::Event(ev, at) => {
+                let mut j = json::event_line(&ev);
                 if a.json {
                     j["received_ns"] = at.into();
                     writeln!(out, "{j}")?;
@@ -383,11 +378,11 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
                 first = first.min(at);
                 last = last.max(at);
             }
-            Entry::Event(j, at) => {
+            Entry::Event(ev, at) => {
                 events += 1;
-                records += 31 + j.to_string().len() as u64;
-                if j["event"] == "lost" {
-                    lost_reported += j["count"].as_u64().unwrap_or(0);
+                records += 31 + json::event_line(&ev).to_string().len() as u64;
+                if let Event::Lost(l) = &ev {
+                    lost_reported += l.count;
                 }
                 first = first.min(at);
                 last = last.max(at);

@@ -318,7 +318,7 @@ fn a_recording_of_a_thousand_keys_holds_each_once() {
     use milonga::PublisherQos;
     let env = Env::new("rec-keys");
     let file = env.dir.path().join("run.mcap");
-    let mut rec = env.cmd(&["record", "rk1000/**", "--reliable", "--duration", "6", "-o"]);
+    let mut rec = env.cmd(&["record", "rk1000/**", "--reliable", "-o"]);
     rec.arg(&file);
     let mut rec = Proc::spawn(rec);
     let node = env.node("keys");
@@ -336,8 +336,15 @@ fn a_recording_of_a_thousand_keys_holds_each_once() {
             p.put(round).unwrap();
         }
     }
+    // Chunks reach the file every second: once all are there, the
+    // recorder is stopped as Ctrl-C would, and finishes the file.
+    wait_for("every sample on disk", T, || {
+        info(&env, &file)["samples"].as_u64() == Some(5000)
+    });
+    rec.signal(libc::SIGINT);
     assert!(rec.wait_exit(T).is_some_and(|s| s.success()));
     let i = info(&env, &file);
+    assert_eq!(i["complete"], true);
     assert_eq!(
         i["keys"].as_object().unwrap().len(),
         1000,

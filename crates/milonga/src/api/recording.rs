@@ -25,6 +25,7 @@
 //! ```
 
 pub use crate::backend::file::{
-    Compression, Entry, RecordError, RecordOptions, RecordReader, RecordWriter, Skipped,
-    EVENTS_TOPIC, METADATA_NAME, META_ENCODING, META_PUBLISHER, META_REPLAYED, RECORD_LIMIT,
+    status_from_json, status_json, Compression, Entry, RecordError, RecordOptions, RecordReader,
+    RecordWriter, Skipped, EVENTS_TOPIC, METADATA_NAME, META_ENCODING, META_PUBLISHER,
+    META_REPLAYED, RECORD_LIMIT,
 };

@@ -16,7 +16,10 @@ use mcap::sans_io::{LinearReadEvent, LinearReader, LinearReaderOptions};
 use milonga_wire::cbor::{decode_cbor, encode_cbor};
 use milonga_wire::{Bytes, Encoding, NodeId};
 
-use crate::model::sample::Sample;
+use crate::model::sample::{
+    DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PermissionDenied,
+    PublisherAlive, PublisherLost, QosPolicy, Sample,
+};
 
 /// The topic of the channel that holds status events (lost samples,
 /// publishers alive and lost, deadlines), as JSON. Milonga keys never
@@ -298,9 +301,20 @@ impl RecordWriter {
         self.wrote()
     }
 
-    /// Records a status event (its JSON form, docs/event-kinds.md)
-    /// received at `received_ns`.
-    pub fn event(&mut self, json: &[u8], received_ns: u64) -> Result<(), RecordError> {
+    /// Records an event received at `received_ns`: a sample as
+    /// [`RecordWriter::sample`] does, a status event in its JSON form
+    /// ([`status_json`]).
+    pub fn event(&mut self, event: &Event, received_ns: u64) -> Result<(), RecordError> {
+        match status_json(event) {
+            None => match event {
+                Event::Sample(s) => self.sample(s, received_ns),
+                _ => Ok(()),
+            },
+            Some(j) => self.status(j.to_string().as_bytes(), received_ns),
+        }
+    }
+
+    fn status(&mut self, json: &[u8], received_ns: u64) -> Result<(), RecordError> {
         let header = MessageHeader {
             channel_id: self.events,
             sequence: self.messages as u32,
@@ -388,12 +402,112 @@ fn encoding_of(name: &str) -> Encoding {
 pub enum Entry {
     /// A sample, as it was received, and when (UNIX time, ns).
     Sample(Sample, u64),
-    /// A status event (its JSON form), and when it was received.
-    Event(serde_json::Value, u64),
+    /// A status event (never `Event::Sample`), and when it was received.
+    Event(Event, u64),
 }
 
-/// What a reader found in a channel it does not know as Milonga's: a
-/// foreign MCAP file, or a message that does not decode.
+/// The JSON form of a status event, as recordings keep it and `milonga
+/// sub --json` prints it (`{"event": "lost", ...}`); `None` for a sample.
+pub fn status_json(ev: &Event) -> Option<serde_json::Value> {
+    use serde_json::json;
+    Some(match ev {
+        Event::Sample(_) => return None,
+        Event::Lost(l) => json!({
+            "event": "lost",
+            "key": l.key,
+            "publisher": l.publisher.to_hex(),
+            "count": l.count,
+            "first_seq": l.first_seq,
+        }),
+        Event::PublisherAlive(a) => json!({
+            "event": "publisher_alive",
+            "publisher": a.publisher.to_hex(),
+            "name": a.name,
+        }),
+        Event::PublisherLost(l) => json!({
+            "event": "publisher_lost",
+            "publisher": l.publisher.to_hex(),
+            "name": l.name,
+            "reason": l.reason.as_str(),
+        }),
+        Event::DeadlineMissed(d) => json!({
+            "event": "deadline_missed",
+            "key": d.key,
+            "silent_ms": d.silent_for.as_secs_f64() * 1000.0,
+        }),
+        Event::SubscriptionLive => json!({ "event": "subscription_live" }),
+        Event::IncompatibleQos(q) => json!({
+            "event": "incompatible_qos",
+            "publisher": q.publisher.to_hex(),
+            "key": q.key,
+            "policy": q.policy.as_str(),
+            "detail": q.detail,
+        }),
+        Event::PermissionDenied(p) => json!({
+            "event": "permission_denied",
+            "endpoint": p.endpoint,
+            "publisher": p.publisher.map(|n| n.to_hex()),
+            "reason": p.reason,
+        }),
+    })
+}
+
+/// The status event of a JSON form that [`status_json`] wrote; `None`
+/// for a kind or a field this version does not know.
+pub fn status_from_json(j: &serde_json::Value) -> Option<Event> {
+    let text = |f: &str| j.get(f)?.as_str().map(str::to_owned);
+    let node = |f: &str| NodeId::from_hex(j.get(f)?.as_str()?);
+    let num = |f: &str| j.get(f)?.as_u64();
+    Some(match j.get("event")?.as_str()? {
+        "lost" => Event::Lost(LostSamples {
+            publisher: node("publisher")?,
+            key: text("key")?,
+            count: num("count")?,
+            first_seq: num("first_seq")?,
+        }),
+        "publisher_alive" => Event::PublisherAlive(PublisherAlive {
+            publisher: node("publisher")?,
+            name: text("name")?,
+        }),
+        "publisher_lost" => Event::PublisherLost(PublisherLost {
+            publisher: node("publisher")?,
+            name: text("name")?,
+            reason: match j.get("reason")?.as_str()? {
+                "closed" => LostReason::Closed,
+                "disconnected" => LostReason::Disconnected,
+                "lease_expired" => LostReason::LeaseExpired,
+                "undeclared" => LostReason::Undeclared,
+                "forgotten" => LostReason::Forgotten,
+                _ => return None,
+            },
+        }),
+        "deadline_missed" => Event::DeadlineMissed(DeadlineMissed {
+            key: text("key")?,
+            silent_for: Duration::try_from_secs_f64(j.get("silent_ms")?.as_f64()? / 1000.0).ok()?,
+        }),
+        "subscription_live" => Event::SubscriptionLive,
+        "incompatible_qos" => Event::IncompatibleQos(IncompatibleQos {
+            publisher: node("publisher")?,
+            key: text("key")?,
+            policy: match j.get("policy")?.as_str()? {
+                "reliability" => QosPolicy::Reliability,
+                "history" => QosPolicy::History,
+                _ => return None,
+            },
+            detail: text("detail")?,
+        }),
+        "permission_denied" => Event::PermissionDenied(PermissionDenied {
+            endpoint: text("endpoint")?,
+            publisher: node("publisher"),
+            reason: text("reason")?,
+        }),
+        _ => return None,
+    })
+}
+
+/// What a reader skipped: messages of channels it does not know as
+/// Milonga's (a foreign MCAP file), and messages that do not decode (or
+/// status events of a kind this version does not know).
 #[derive(Debug, Clone, Default)]
 pub struct Skipped {
     /// Messages of channels with another encoding, or of no channel.
@@ -564,9 +678,13 @@ impl RecordReader {
                 }
                 Record::Message { header, data } => {
                     let entry = match self.channels.get_mut(&header.channel_id) {
-                        Some(Channel::Events) => match serde_json::from_slice(&data) {
-                            Ok(v) => Entry::Event(v, header.log_time),
-                            Err(_) => {
+                        Some(Channel::Events) => match serde_json::from_slice(&data)
+                            .ok()
+                            .as_ref()
+                            .and_then(status_from_json)
+                        {
+                            Some(ev) => Entry::Event(ev, header.log_time),
+                            None => {
                                 self.skipped.undecodable += 1;
                                 continue;
                             }
@@ -675,8 +793,13 @@ mod tests {
             )
             .unwrap();
             if i % 10 == 0 {
-                w.event(br#"{"event":"lost","count":1}"#, 6_000 + i)
-                    .unwrap();
+                let lost = Event::Lost(LostSamples {
+                    publisher: NodeId([7; 16]),
+                    key: "a/b".into(),
+                    count: 1,
+                    first_seq: i,
+                });
+                w.event(&lost, 6_000 + i).unwrap();
             }
         }
         w.finish().unwrap();
@@ -717,11 +840,15 @@ mod tests {
                 assert_eq!(s.value, want.value);
                 assert_eq!(s.publisher, want.publisher);
             }
-            let events = entries
+            let events: Vec<_> = entries
                 .iter()
-                .filter(|e| matches!(e, Entry::Event(..)))
-                .count();
-            assert_eq!(events, 10);
+                .filter_map(|e| match e {
+                    Entry::Event(Event::Lost(l), at) => Some((l.first_seq, *at)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(events.len(), 10);
+            assert_eq!(events[0], (10, 6_010));
         }
     }
 
@@ -750,6 +877,49 @@ mod tests {
             last = n;
         }
         assert!(last > 0);
+    }
+
+    #[test]
+    fn every_status_event_survives_its_json_form() {
+        let n = NodeId([3; 16]);
+        let all = [
+            Event::Lost(LostSamples {
+                publisher: n,
+                key: "k".into(),
+                count: 4,
+                first_seq: 9,
+            }),
+            Event::PublisherAlive(PublisherAlive {
+                publisher: n,
+                name: "p@h:1".into(),
+            }),
+            Event::PublisherLost(PublisherLost {
+                publisher: n,
+                name: "p@h:1".into(),
+                reason: LostReason::LeaseExpired,
+            }),
+            Event::DeadlineMissed(DeadlineMissed {
+                key: "k".into(),
+                silent_for: Duration::from_millis(250),
+            }),
+            Event::SubscriptionLive,
+            Event::IncompatibleQos(IncompatibleQos {
+                publisher: n,
+                key: "k".into(),
+                policy: QosPolicy::History,
+                detail: "none kept".into(),
+            }),
+            Event::PermissionDenied(PermissionDenied {
+                endpoint: "tcp://10.0.0.1:7000".into(),
+                publisher: None,
+                reason: "not trusted".into(),
+            }),
+        ];
+        for ev in all {
+            let j = status_json(&ev).unwrap();
+            assert_eq!(status_from_json(&j).as_ref(), Some(&ev), "{j}");
+        }
+        assert!(status_from_json(&serde_json::json!({"event": "from_the_future"})).is_none());
     }
 
     #[test]
