@@ -56,6 +56,9 @@ enum BenchKind {
     /// How soon a call ends when nobody serves it, its deadline passes or
     /// its server is killed.
     Deadlines(crate::bench_deadlines::DeadlinesArgs),
+    /// What recording to MCAP costs: rate against a subscriber alone and
+    /// against the disk, and the replay rate.
+    Record(crate::bench_record::RecordArgs),
 }
 
 #[derive(Args, Debug)]
@@ -279,6 +282,7 @@ pub fn run(net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
         BenchKind::Rpc(r) => crate::bench_rpc::run(r, t),
         BenchKind::Discovery(d) => crate::bench_discovery::run(d),
         BenchKind::Deadlines(d) => crate::bench_deadlines::run(d, t),
+        BenchKind::Record(r) => crate::bench_record::run(r, t),
     }
 }
 

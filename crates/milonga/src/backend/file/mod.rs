@@ -123,7 +123,9 @@ pub enum RecordError {
 pub struct RecordWriter {
     path: PathBuf,
     w: mcap::Writer<BufWriter<Counted>>,
-    channels: HashMap<(String, NodeId), u16>,
+    /// Publisher -> key -> channel: looked up with the sample's own key,
+    /// no copy of it per sample.
+    channels: HashMap<NodeId, HashMap<String, u16>>,
     events: u16,
     chunk_started: Instant,
     flush_every: Duration,
@@ -263,7 +265,11 @@ impl RecordWriter {
 
     /// Records a sample received at `received_ns` (UNIX time, ns).
     pub fn sample(&mut self, s: &Sample, received_ns: u64) -> Result<(), RecordError> {
-        let channel = match self.channels.get(&(s.key.clone(), s.publisher)) {
+        let known = self
+            .channels
+            .get(&s.publisher)
+            .and_then(|keys| keys.get(s.key.as_str()));
+        let channel = match known {
             Some(c) => *c,
             None => {
                 let mut meta = BTreeMap::new();
@@ -279,7 +285,10 @@ impl RecordWriter {
                     .w
                     .add_channel(0, &s.key, "cbor", &meta)
                     .map_err(|e| write_err(&self.path, e))?;
-                self.channels.insert((s.key.clone(), s.publisher), c);
+                self.channels
+                    .entry(s.publisher)
+                    .or_default()
+                    .insert(s.key.clone(), c);
                 c
             }
         };
