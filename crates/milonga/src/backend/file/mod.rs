@@ -531,7 +531,9 @@ pub struct Skipped {
 /// says why it ended.
 pub struct RecordReader {
     path: PathBuf,
-    file: File,
+    /// Buffered: the reader asks for a few bytes at a time (a record's
+    /// opcode and length, then its body), a system call each unbuffered.
+    file: std::io::BufReader<File>,
     reader: LinearReader,
     channels: HashMap<u16, Channel>,
     truncated: Option<String>,
@@ -576,7 +578,7 @@ impl RecordReader {
             .with_record_length_limit(RECORD_LIMIT);
         Ok(RecordReader {
             path: path.to_path_buf(),
-            file,
+            file: std::io::BufReader::with_capacity(1 << 16, file),
             reader: LinearReader::new_with_options(opts),
             channels: HashMap::new(),
             truncated: None,
