@@ -406,15 +406,35 @@ impl Publisher {
 
     /// Publishes `value`. A reliable publisher waits for room at most
     /// `timeout` seconds (default: its QoS `put_timeout`, else forever).
-    #[pyo3(signature = (value, timeout=None))]
-    fn put(&self, py: Python<'_>, value: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+    /// `timestamp_ns` is the source timestamp (ns since the Unix epoch:
+    /// when the value was measured); default: now.
+    #[pyo3(signature = (value, timeout=None, timestamp_ns=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        value: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        timestamp_ns: Option<u64>,
+    ) -> PyResult<()> {
         let p = self.get(py)?;
         let v = from_py(value, self.threshold)?;
+        let try_put = |v: Value| match timestamp_ns {
+            Some(ts) => p.try_put_at(v, ts),
+            None => p.try_put(v),
+        };
+        let put_timeout = |v: Value, t: Duration| match timestamp_ns {
+            Some(ts) => p.put_at_timeout(v, ts, t),
+            None => p.put_timeout(v, t),
+        };
         if !self.reliable {
-            return p.put(v).map_err(|e| errors::put(py, e));
+            let put = match timestamp_ns {
+                Some(ts) => p.put_at(v, ts),
+                None => p.put(v),
+            };
+            return put.map_err(|e| errors::put(py, e));
         }
         // Room now: no need to release the interpreter.
-        match p.try_put(v.clone()) {
+        match try_put(v.clone()) {
             Ok(()) => return Ok(()),
             Err(milonga::PutError::WouldBlock) => {}
             Err(e) => return Err(errors::put(py, e)),
@@ -426,7 +446,7 @@ impl Publisher {
                 d.saturating_duration_since(Instant::now()).min(SLICE)
             });
             let v2 = v.clone();
-            match py.detach(|| p.put_timeout(v2, slice)) {
+            match py.detach(|| put_timeout(v2, slice)) {
                 Ok(()) => return Ok(()),
                 Err(milonga::PutError::Timeout(_))
                     if deadline.is_none_or(|d| Instant::now() < d) =>

@@ -153,3 +153,17 @@ def test_open_recording_refuses_what_is_not_a_recording(tmp_path: Path) -> None:
         list(milonga.open_recording(bad))
     with pytest.raises(milonga.OpenError, match="missing.mcap"):
         milonga.open_recording(tmp_path / "missing.mcap")
+
+
+def test_put_with_a_source_timestamp_arrives_with_it(domain: Domain) -> None:
+    import milonga
+
+    node = domain.open("stamps")
+    sub = node.subscribe("py/ts/**")
+    for reliable in (False, True):
+        key = f"py/ts/{reliable}"
+        pub = node.publisher(key, milonga.PublisherQos(reliable=reliable))
+        wait_for("the subscription", lambda: pub.subscriber_count() > 0)
+        pub.put(1.5, timestamp_ns=1_700_000_000_123_456_789)
+        s = next_sample(sub)
+        assert (s.key, s.timestamp_ns, s.replayed) == (key, 1_700_000_000_123_456_789, False)

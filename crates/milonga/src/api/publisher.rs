@@ -99,6 +99,25 @@ impl Publisher {
         self.send_at(enc, 0, self.default_wait(), Some(timestamp_ns))
     }
 
+    /// [`Publisher::try_put`] with a source timestamp given, as
+    /// [`Publisher::put_at`].
+    pub fn try_put_at(&self, value: impl Into<Value>, timestamp_ns: u64) -> Result<(), PutError> {
+        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
+        self.send_at(enc, 0, Wait::No, Some(timestamp_ns))
+    }
+
+    /// [`Publisher::put_timeout`] with a source timestamp given, as
+    /// [`Publisher::put_at`].
+    pub fn put_at_timeout(
+        &self,
+        value: impl Into<Value>,
+        timestamp_ns: u64,
+        timeout: Duration,
+    ) -> Result<(), PutError> {
+        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
+        self.send_at(enc, 0, Wait::For(timeout), Some(timestamp_ns))
+    }
+
     /// Puts a value, failing with [`PutError::WouldBlock`] at once instead of
     /// waiting when a reliable publisher's subscriber is full.
     pub fn try_put(&self, value: impl Into<Value>) -> Result<(), PutError> {
