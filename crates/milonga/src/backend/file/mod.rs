@@ -933,6 +933,77 @@ mod tests {
         assert!(status_from_json(&serde_json::json!({"event": "from_the_future"})).is_none());
     }
 
+    /// Hostile files: a recording with bytes flipped, cut or overwritten
+    /// at random, a thousand times, reads without a panic (every entry or
+    /// an error, then the end).
+    #[test]
+    fn a_damaged_file_never_panics_the_reader() {
+        let dir = milonga_testkit::TempDir::new("rec-fuzz");
+        let good = dir.path().join("good.mcap");
+        write(&good, Compression::Zstd, 300);
+        let bytes = std::fs::read(&good).unwrap();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let p = dir.path().join("bad.mcap");
+        for _ in 0..1000 {
+            let mut b = bytes.clone();
+            for _ in 0..1 + next() % 8 {
+                let at = (next() as usize) % b.len();
+                b[at] = match next() % 3 {
+                    0 => b[at] ^ (1 << (next() % 8)),
+                    1 => 0xff,
+                    _ => next() as u8,
+                };
+            }
+            if next() % 4 == 0 {
+                b.truncate((next() as usize) % b.len());
+            }
+            std::fs::write(&p, &b).unwrap();
+            let Ok(mut r) = RecordReader::open(&p) else {
+                continue;
+            };
+            let mut n = 0;
+            while let Ok(Some(_)) = r.next_entry() {
+                n += 1;
+                assert!(n <= 1000, "more entries than were written");
+            }
+        }
+    }
+
+    /// A chunk that claims to hold a terabyte once decompressed is refused,
+    /// not allocated.
+    #[test]
+    fn a_chunk_claiming_a_huge_size_is_refused() {
+        let dir = milonga_testkit::TempDir::new("rec-bomb");
+        let good = dir.path().join("good.mcap");
+        write(&good, Compression::Zstd, 300);
+        let mut b = std::fs::read(&good).unwrap();
+        // Records after the 8-byte magic: opcode, u64 length, body.
+        let mut at = 8;
+        let chunk = loop {
+            let len = u64::from_le_bytes(b[at + 1..at + 9].try_into().unwrap()) as usize;
+            if b[at] == 0x06 {
+                break at + 9;
+            }
+            at += 9 + len;
+        };
+        // The body: start time, end time, then the uncompressed size.
+        b[chunk + 16..chunk + 24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        let p = dir.path().join("bomb.mcap");
+        std::fs::write(&p, &b).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        while let Ok(Some(_)) = r.next_entry() {}
+        assert!(
+            r.truncated().is_some(),
+            "the damaged chunk is said to end the file"
+        );
+    }
+
     #[test]
     fn a_file_that_is_not_mcap_is_a_clear_error() {
         let dir = milonga_testkit::TempDir::new("rec-bad");
