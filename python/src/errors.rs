@@ -84,7 +84,8 @@ pub(crate) fn put(py: Python<'_>, e: PutError) -> PyErr {
 pub(crate) fn recv(py: Python<'_>, e: RecvError) -> PyErr {
     let class = match &e {
         RecvError::Timeout => "TimeoutError",
-        RecvError::Closed => "Closed",
+        // Iteration ends there, as at a closed node.
+        RecvError::Closed | RecvError::EndOfRecording => "Closed",
         _ => "Error",
     };
     raise(py, class, e.to_string())

@@ -167,3 +167,27 @@ def test_put_with_a_source_timestamp_arrives_with_it(domain: Domain) -> None:
         pub.put(1.5, timestamp_ns=1_700_000_000_123_456_789)
         s = next_sample(sub)
         assert (s.key, s.timestamp_ns, s.replayed) == (key, 1_700_000_000_123_456_789, False)
+
+
+def test_the_file_locator_writes_and_reads_a_recording(tmp_path: Path) -> None:
+    import numpy as np
+
+    import milonga
+
+    path = tmp_path / "run.mcap"
+    with milonga.open(f"file://{path}", name="writer") as node:
+        pub = node.publisher("py/file/wave")
+        for i in range(3):
+            pub.put(np.full(50000, float(i)))
+        pub.put(7, timestamp_ns=123)
+    # Read back as a live subscription would, then the iteration ends.
+    with milonga.open(f"file://{path}", name="reader") as node:
+        got = [e for e in node.subscribe("py/file/**") if isinstance(e, milonga.Sample)]
+    assert [s.seq for s in got] == [1, 2, 3, 4]
+    for i, s in enumerate(got[:3]):
+        assert isinstance(s.value, np.ndarray) and float(s.value[0]) == float(i)
+    assert (got[3].value, got[3].timestamp_ns) == (7, 123)
+    # open_recording reads the same file.
+    assert sum(isinstance(e, milonga.Sample) for e in milonga.open_recording(path)) == 4
+    with pytest.raises(milonga.ConfigError, match="no such recording"):
+        milonga.open(f"file://{tmp_path}/no/such/dir/x.mcap")

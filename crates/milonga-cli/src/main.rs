@@ -504,6 +504,14 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
                 }
                 return Ok(ExitCode::SUCCESS);
             }
+            // A `file:///` locator: the recording was read to its end.
+            Err(RecvError::EndOfRecording) => {
+                if let Some(c) = a.count.filter(|c| got < *c) {
+                    eprintln!("milonga sub: {got} of {c} samples in the recording");
+                    return Ok(ExitCode::from(2));
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             Err(e) => bail!(e),
         };
         let mut o = out.lock();

@@ -359,3 +359,37 @@ fn a_recording_of_a_thousand_keys_holds_each_once() {
         .values()
         .all(|k| k["samples"] == 5 && k["publishers"] == 1));
 }
+
+/// `milonga sub --locator file:///PATH` reads a recording as it would
+/// subscribe live (samples and the recorded status events) and exits at
+/// its end; `milonga pub --locator file:///PATH` writes one.
+#[test]
+fn the_file_locator_from_the_command_line() {
+    let env = Env::new("rec-loc");
+    let file = env.dir.path().join("run.mcap");
+    let locator = format!("file://{}", file.display());
+    let out = env
+        .cmd(&["pub", "fl/x", "[1, 2]", "--count", "20", "--rate", "1000"])
+        .args(["--locator", &locator])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = env
+        .cmd(&["sub", "fl/**", "--json", "--timeout", "20"])
+        .args(["--locator", &locator])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<Json> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seqs: Vec<u64> = lines
+        .iter()
+        .filter(|j| j.get("event").is_none())
+        .map(|j| j["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (1..=20).collect::<Vec<_>>());
+    assert_eq!(cat(&env, &file).len(), 20);
+}

@@ -3,6 +3,7 @@
 //! decode values, and hand frames to the layers below.
 
 pub(crate) mod call;
+pub(crate) mod file_node;
 pub(crate) mod node;
 pub mod p2p;
 pub(crate) mod publisher;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use milonga_wire::{Key, KeyExpr, NodeId};
 
+use crate::api::file_node::FileNode;
 use crate::api::publisher::Publisher;
 use crate::api::subscriber::{SubShared, Subscriber};
 use crate::discovery::Announcement;
@@ -28,6 +29,8 @@ use crate::util::stats::NodeStats;
 /// Dropping the node closes it ([`Node::close`]).
 pub struct Node {
     pub(crate) inner: Arc<NodeInner>,
+    /// With a `file:///` locator: the recording (api/file_node.rs).
+    file: Option<Arc<FileNode>>,
 }
 
 impl Node {
@@ -38,10 +41,35 @@ impl Node {
         Node::open_with(Config::from_env(locator, name)?)
     }
 
-    /// Opens a node with an explicit configuration.
-    pub fn open_with(cfg: Config) -> Result<Node, OpenError> {
+    /// Opens a node with an explicit configuration. A `file:///PATH`
+    /// locator opens the recording at PATH (docs/recording.md): it must be
+    /// one, or not exist yet in a directory that does.
+    pub fn open_with(mut cfg: Config) -> Result<Node, OpenError> {
+        let loc = crate::model::config::parse_locator(&cfg.locator)?;
+        let Some(path) = loc.file else {
+            return Ok(Node {
+                inner: NodeInner::open(cfg)?,
+                file: None,
+            });
+        };
+        let speed = crate::model::config::parse_speed(&cfg.file_speed).map_err(|why| {
+            OpenError::Config {
+                key: "file_speed".into(),
+                why,
+            }
+        })?;
+        check_recording(&path)?;
+        // The node underneath stays within this process.
+        cfg.transport = crate::Transport::Inproc;
+        cfg.security = crate::Security::Off;
+        cfg.local_discovery = false;
+        cfg.scouting = false;
+        cfg.peers.clear();
+        let inner = NodeInner::open(cfg)?;
+        let file = FileNode::new(path, speed, inner.id(), &inner.core().name);
         Ok(Node {
-            inner: NodeInner::open(cfg)?,
+            inner,
+            file: Some(Arc::new(file)),
         })
     }
 
@@ -99,7 +127,8 @@ impl Node {
         if qos.history > 0 {
             lock(&data.sock).out.keep_history(key.as_str(), qos.history);
         }
-        let p = Publisher::new(self.inner.clone(), key, qos, data, last_seq);
+        let mut p = Publisher::new(self.inner.clone(), key, qos, data, last_seq);
+        p.file = self.file.clone();
         self.inner.publisher_started(p.key(), p.seq_counter());
         Ok(p)
     }
@@ -169,6 +198,10 @@ impl Node {
             self.inner
                 .backend()
                 .watch_subscription(Arc::downgrade(&watcher), m);
+        }
+        if let Some(file) = &self.file {
+            file.feed(shared.clone(), shared.core.expr.clone())
+                .map_err(SubscribeError::Thread)?;
         }
         Subscriber::start(self.inner.clone(), shared, callback)
     }
@@ -293,6 +326,9 @@ impl Node {
     /// return `Closed`), its announcement is withdrawn, and queued samples
     /// get up to `close_linger_ms` to leave. Idempotent.
     pub fn close(&self) {
+        if let Some(f) = &self.file {
+            f.close();
+        }
         self.inner.close();
     }
 }
@@ -309,6 +345,27 @@ impl std::fmt::Debug for Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        self.inner.close();
+        self.close();
+    }
+}
+
+/// A `file:///` path must be a recording, or not exist yet in a
+/// directory that does.
+fn check_recording(path: &std::path::Path) -> Result<(), OpenError> {
+    let bad = |why: String| OpenError::BadLocator {
+        locator: format!("file://{}", path.display()),
+        why,
+    };
+    if path.exists() {
+        let mut r =
+            crate::backend::file::RecordReader::open(path).map_err(|e| bad(e.to_string()))?;
+        r.next_entry().map_err(|e| bad(e.to_string()))?;
+        return Ok(());
+    }
+    match path.parent() {
+        Some(dir) if dir.is_dir() => Ok(()),
+        _ => Err(bad(
+            "no such recording, nor a directory to make it in".into()
+        )),
     }
 }

@@ -30,6 +30,8 @@ pub struct Publisher {
     /// reference to the node, its socket is closed before the context is
     /// terminated (which waits for every socket).
     node: Arc<NodeInner>,
+    /// With a `file:///` locator: samples go into the recording instead.
+    pub(crate) file: Option<Arc<crate::api::file_node::FileNode>>,
 }
 
 impl Publisher {
@@ -65,6 +67,7 @@ impl Publisher {
             data,
             template,
             seq: Arc::new(last_seq.into()),
+            file: None,
         }
     }
 
@@ -170,6 +173,17 @@ impl Publisher {
         wait: Wait,
         timestamp_ns: Option<u64>,
     ) -> Result<(), PutError> {
+        if let Some(f) = &self.file {
+            let replayed = self.qos.replayed;
+            return f.put(
+                self.key.as_str(),
+                &self.seq,
+                enc,
+                schema_id,
+                timestamp_ns,
+                replayed,
+            );
+        }
         let put = Put {
             timestamp_ns,
             p2p: self.node.backend(),

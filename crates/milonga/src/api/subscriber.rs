@@ -40,6 +40,13 @@ pub(crate) struct SubShared {
     refused_connections: Mutex<Vec<(String, u32)>>,
     has_closed_connections: AtomicBool,
     stop: AtomicBool,
+    /// With a `file:///` locator: events read from the recording, handed
+    /// over by the feeder thread (api/file_node.rs), and whether some wait.
+    pub(crate) injected: Mutex<std::collections::VecDeque<Event>>,
+    pub(crate) has_injected: AtomicBool,
+    /// The feeder read the recording to its end: once what it handed over
+    /// is read, `recv` says so ([`RecvError::EndOfRecording`]).
+    pub(crate) ended: AtomicBool,
     /// The application queue, with a queue policy.
     app: Option<AppQueue>,
     squashed: AtomicU64,
@@ -104,6 +111,9 @@ impl SubShared {
             refused_connections: Mutex::new(Vec::new()),
             has_closed_connections: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            injected: Mutex::new(std::collections::VecDeque::new()),
+            has_injected: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
             app: qos.queue.map(AppQueue::new),
             squashed: AtomicU64::new(0),
         })
@@ -114,17 +124,29 @@ impl SubShared {
         self.waker.wake();
     }
 
+    /// Whether the subscription was dropped.
+    pub(crate) fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
     fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
         // The deadline is computed only when there is nothing to return at
         // once: reading the clock costs as much as a small sample.
         let mut deadline: Option<Option<Instant>> = None;
         let mut io = lock(&self.io);
         loop {
+            if self.has_injected.load(Ordering::Acquire) {
+                self.has_injected.store(false, Ordering::Release);
+                io.pending.extend(lock(&self.injected).drain(..));
+            }
             if let Some(ev) = io.pending.pop_front() {
                 return Ok(ev);
             }
             if self.node.is_closed() || self.stop.load(Ordering::Acquire) {
                 return Err(RecvError::Closed);
+            }
+            if self.ended.load(Ordering::Acquire) && !self.has_injected.load(Ordering::Acquire) {
+                return Err(RecvError::EndOfRecording);
             }
             self.core.apply(&mut io);
             // Closed connections and departed publishers are dealt with

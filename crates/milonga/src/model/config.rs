@@ -252,6 +252,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
     key("key_file", Some("MILONGA_KEY"), Kind::OptText),
     key("trust_dir", Some("MILONGA_TRUST"), Kind::OptText),
     key("acl_file", Some("MILONGA_ACL"), Kind::OptText),
+    key("file_speed", Some("MILONGA_FILE_SPEED"), Kind::Text),
 ];
 
 /// The name of every field of `c`: written out without `..`, so that a new
@@ -292,6 +293,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         key_file: _,
         trust_dir: _,
         acl_file: _,
+        file_speed: _,
     } = c;
     vec![
         "locator",
@@ -326,6 +328,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "key_file",
         "trust_dir",
         "acl_file",
+        "file_speed",
     ]
 }
 
@@ -439,6 +442,10 @@ pub struct Config {
     /// operation not allowed by a rule is denied. Needs `security` on.
     /// Reloaded when it changes.
     pub acl_file: Option<PathBuf>,
+    /// With a `file:///` locator (docs/recording.md): how fast
+    /// subscriptions read the recording back, `max` (the default: as fast
+    /// as they take it) or a factor of the recorded pace (`1`, `2`, `0.5`).
+    pub file_speed: String,
 }
 
 impl Config {
@@ -477,6 +484,7 @@ impl Config {
             key_file: None,
             trust_dir: None,
             acl_file: None,
+            file_speed: "max".into(),
         }
     }
 
@@ -555,6 +563,10 @@ impl Config {
                 "scout_group" => self.scout_group = t,
                 "scout_group6" => self.scout_group6 = t,
                 "security" => self.security = t.parse().map_err(err)?,
+                "file_speed" => {
+                    parse_speed(&t).map_err(err)?;
+                    self.file_speed = t;
+                }
                 _ => unreachable!("a text key without a field: {key}"),
             },
             (Kind::OptText, v @ (V::Text(_) | V::Unset)) => {
@@ -677,6 +689,21 @@ impl Config {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Locator {
     pub domain: String,
+    /// `file:///PATH`: the recording.
+    pub file: Option<PathBuf>,
+}
+
+/// `file_speed`: `None` for `max`, else the factor of the recorded pace.
+pub(crate) fn parse_speed(s: &str) -> Result<Option<f64>, String> {
+    match s {
+        "max" => Ok(None),
+        _ => match s.parse::<f64>() {
+            Ok(v) if v > 0.0 && v.is_finite() => Ok(Some(v)),
+            _ => Err(format!(
+                "{s:?}: max, or a positive factor of the recorded pace"
+            )),
+        },
+    }
 }
 
 /// The longest domain name.
@@ -693,11 +720,23 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
     match scheme {
         "milonga" => {}
         "file" => {
-            return Err(OpenError::Unsupported {
-                what: format!("{s}: the file domain (record/replay) comes in a later version"),
-            })
+            // file:///abs/path.mcap: the domain is private to the file.
+            if rest.is_empty() || !rest.starts_with('/') {
+                return Err(bad("expected file:///PATH (an absolute path)"));
+            }
+            let hash = rest.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            return Ok(Locator {
+                domain: format!("file-{hash:016x}"),
+                file: Some(PathBuf::from(rest)),
+            });
         }
-        _ => return Err(bad("the scheme must be milonga")),
+        _ => {
+            return Err(bad(
+                "the scheme must be milonga (a domain) or file (a recording)",
+            ))
+        }
     }
     let (authority, path) = rest
         .split_once('/')
@@ -721,6 +760,7 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
     }
     Ok(Locator {
         domain: path.to_owned(),
+        file: None,
     })
 }
 
@@ -735,9 +775,12 @@ mod tests {
             parse_locator("milonga://host:1/lab"),
             Err(OpenError::Unsupported { .. })
         ));
+        let f = parse_locator("file:///tmp/x.mcap").unwrap();
+        assert_eq!(f.file, Some(PathBuf::from("/tmp/x.mcap")));
+        assert!(f.domain.starts_with("file-"));
         assert!(matches!(
-            parse_locator("file:///x.mlg"),
-            Err(OpenError::Unsupported { .. })
+            parse_locator("file://x.mcap"),
+            Err(OpenError::BadLocator { .. })
         ));
         for bad in [
             "lab",

@@ -207,6 +207,11 @@ pub enum PutError {
     /// The transport refused the message.
     #[error("send failed: {0}")]
     Socket(TransportError),
+    /// With a `file:///` locator: the sample could not be written to the
+    /// recording (a full disk among others); the text says which file
+    /// and why.
+    #[error("recording failed: {0}")]
+    Recording(String),
 }
 
 /// Why `recv` returned no event.
@@ -228,6 +233,9 @@ pub enum RecvError {
     /// The transport failed.
     #[error("receive failed: {0}")]
     Socket(TransportError),
+    /// With a `file:///` locator: the recording was read to its end.
+    #[error("the recording was read to its end")]
+    EndOfRecording,
 }
 
 /// Why a service could not be served.

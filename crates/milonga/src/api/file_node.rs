@@ -1,0 +1,252 @@
+//! A node on a `file:///PATH` locator (docs/recording.md): the same API
+//! over a recording. Its publishers write their samples into the file (a
+//! `RecordWriter`, this node's id and sequence numbers, the source
+//! timestamps given or taken at the put); its subscriptions read the file
+//! back, each from the start, as fast as they take it or at a factor of
+//! the recorded pace (`file_speed`), and end with
+//! [`RecvError::EndOfRecording`](crate::RecvError::EndOfRecording).
+//!
+//! Underneath is an ordinary node on a domain private to the file, over
+//! inproc, so that subscriptions keep their machinery (queue policies,
+//! callbacks, the events of a live subscription): a feeder thread per
+//! subscription hands the recorded events to it, and publishers send
+//! nothing over it.
+//!
+//! A file that exists is appended to by copying it, record by record, to
+//! `PATH.milonga-tmp` at the first publisher, writing on, and renaming the
+//! copy over `PATH` when the node closes (so that the original stays whole
+//! until then); a new file is written in place.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use milonga_wire::cbor::decode_payload;
+use milonga_wire::cbor::Encoded;
+use milonga_wire::{KeyExpr, NodeId};
+
+use crate::api::subscriber::SubShared;
+use crate::backend::file::{Entry, RecordError, RecordOptions, RecordReader, RecordWriter};
+use crate::model::error::PutError;
+use crate::model::sample::{Event, Sample};
+use crate::util::lock;
+
+/// How many events a feeder hands over before the subscription reads them.
+const FEED_AHEAD: usize = 1024;
+
+/// The recording behind a `file:///` node.
+pub(crate) struct FileNode {
+    pub(crate) path: PathBuf,
+    /// `None`: as fast as subscriptions take it.
+    pub(crate) speed: Option<f64>,
+    node: NodeId,
+    name: String,
+    sink: Mutex<Sink>,
+}
+
+enum Sink {
+    /// No publisher yet.
+    Idle,
+    Writing {
+        writer: Box<RecordWriter>,
+        /// Appending: the copy being written, renamed over `path` at close.
+        tmp: Option<PathBuf>,
+    },
+    Closed,
+}
+
+fn now_ns() -> u64 {
+    crate::util::now_ns()
+}
+
+impl FileNode {
+    pub(crate) fn new(path: PathBuf, speed: Option<f64>, node: NodeId, name: &str) -> FileNode {
+        FileNode {
+            path,
+            speed,
+            node,
+            name: name.to_owned(),
+            sink: Mutex::new(Sink::Idle),
+        }
+    }
+
+    fn open_writer(&self) -> Result<Sink, RecordError> {
+        let mut opts = RecordOptions::default();
+        opts.metadata.insert("recorder".into(), self.name.clone());
+        opts.metadata
+            .insert("started_ns".into(), now_ns().to_string());
+        if !self.path.exists() {
+            let writer = Box::new(RecordWriter::create(&self.path, &opts)?);
+            return Ok(Sink::Writing { writer, tmp: None });
+        }
+        // Appending: the recording so far, copied into a new file.
+        let tmp = tmp_path(&self.path);
+        let _ = std::fs::remove_file(&tmp);
+        let mut reader = RecordReader::open(&self.path)?;
+        let mut writer = None;
+        while let Some(entry) = reader.next_entry()? {
+            let w = match &mut writer {
+                Some(w) => w,
+                None => {
+                    let mut o = opts.clone();
+                    o.metadata.extend(reader.metadata().clone());
+                    writer.insert(RecordWriter::create(&tmp, &o)?)
+                }
+            };
+            match entry {
+                Entry::Sample(s, at) => w.sample(&s, at)?,
+                Entry::Event(ev, at) => w.event(&ev, at)?,
+            }
+        }
+        let writer = match writer {
+            Some(w) => w,
+            None => RecordWriter::create(&tmp, &opts)?,
+        };
+        Ok(Sink::Writing {
+            writer: Box::new(writer),
+            tmp: Some(tmp),
+        })
+    }
+
+    /// Writes one sample of `key` put by this node: its sequence number
+    /// is the next of `seq`, its timestamp `timestamp_ns` or now.
+    pub(crate) fn put(
+        &self,
+        key: &str,
+        seq: &AtomicU64,
+        enc: Encoded,
+        schema_id: u32,
+        timestamp_ns: Option<u64>,
+        replayed: bool,
+    ) -> Result<(), PutError> {
+        let value = decode_payload(enc.encoding, enc.head, enc.tail)
+            .map_err(|e| PutError::Recording(format!("{key}: {e}")))?;
+        let mut sink = lock(&self.sink);
+        if matches!(*sink, Sink::Idle) {
+            *sink = self
+                .open_writer()
+                .map_err(|e| PutError::Recording(e.to_string()))?;
+        }
+        let Sink::Writing { writer, .. } = &mut *sink else {
+            return Err(PutError::Closed);
+        };
+        let now = now_ns();
+        let n = seq.load(Ordering::Relaxed) + 1;
+        let sample = Sample {
+            key: key.to_owned(),
+            value,
+            publisher: self.node,
+            seq: n,
+            timestamp_ns: timestamp_ns.unwrap_or(now),
+            encoding: enc.encoding,
+            schema_id,
+            replayed,
+        };
+        writer
+            .sample(&sample, now)
+            .map_err(|e| PutError::Recording(e.to_string()))?;
+        writer
+            .tick()
+            .map_err(|e| PutError::Recording(e.to_string()))?;
+        seq.store(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Finishes the recording (and puts an appended copy in its place).
+    /// Idempotent; a failure is logged, the file then left as it is.
+    pub(crate) fn close(&self) {
+        let sink = std::mem::replace(&mut *lock(&self.sink), Sink::Closed);
+        if let Sink::Writing { writer, tmp } = sink {
+            let done = writer.finish().and_then(|_| match &tmp {
+                Some(t) => std::fs::rename(t, &self.path).map_err(|source| RecordError::Io {
+                    path: self.path.clone(),
+                    source,
+                }),
+                None => Ok(()),
+            });
+            if let Err(e) = done {
+                tracing::error!(file = %self.path.display(), error = %e, "the recording could not be finished");
+            }
+        }
+    }
+
+    /// Starts the thread that reads the recording into `sub`.
+    pub(crate) fn feed(
+        self: &Arc<Self>,
+        sub: Arc<SubShared>,
+        expr: KeyExpr,
+    ) -> std::io::Result<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name(format!("milonga-file {expr}"))
+            .spawn(move || {
+                if let Err(e) = me.read_into(&sub, &expr) {
+                    tracing::error!(file = %me.path.display(), error = %e, "reading the recording failed; the subscription ends there");
+                }
+                sub.ended.store(true, Ordering::Release);
+                sub.wake();
+            })
+            .map(|_| ())
+    }
+
+    fn read_into(&self, sub: &SubShared, expr: &KeyExpr) -> Result<(), RecordError> {
+        let mut reader = RecordReader::open(&self.path)?;
+        let start = Instant::now();
+        let mut first: Option<u64> = None;
+        while let Some(entry) = reader.next_entry()? {
+            if sub.stopped() {
+                return Ok(());
+            }
+            let (ev, at) = match entry {
+                Entry::Sample(s, at) => (Event::Sample(s), at),
+                Entry::Event(ev, at) => (ev, at),
+            };
+            if !wanted(&ev, expr) {
+                continue;
+            }
+            if let Some(speed) = self.speed {
+                let t0 = *first.get_or_insert(at);
+                let due = start + Duration::from_nanos(at.saturating_sub(t0)).div_f64(speed);
+                while let Some(d) = due.checked_duration_since(Instant::now()) {
+                    if sub.stopped() {
+                        return Ok(());
+                    }
+                    std::thread::sleep(d.min(Duration::from_millis(100)));
+                }
+            }
+            // At most FEED_AHEAD events wait for the reader.
+            while lock(&sub.injected).len() >= FEED_AHEAD {
+                if sub.stopped() {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            lock(&sub.injected).push_back(ev);
+            sub.has_injected.store(true, Ordering::Release);
+            sub.wake();
+        }
+        if let Some(why) = reader.truncated() {
+            tracing::warn!(file = %self.path.display(), %why, "the recording was cut short; read to its last complete record");
+        }
+        Ok(())
+    }
+}
+
+/// Whether a recorded event belongs to a subscription of `expr`: samples
+/// and losses of its keys, and the events of no key.
+fn wanted(ev: &Event, expr: &KeyExpr) -> bool {
+    match ev {
+        Event::Sample(s) => expr.matches(&s.key),
+        Event::Lost(l) => expr.matches(&l.key),
+        Event::DeadlineMissed(d) => expr.matches(&d.key),
+        Event::IncompatibleQos(q) => expr.matches(&q.key),
+        _ => true,
+    }
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".milonga-tmp");
+    path.with_file_name(name)
+}

@@ -1,0 +1,157 @@
+//! The `file:///PATH` locator (docs/recording.md): publishers write into
+//! the recording, subscriptions read it back with the events a live
+//! subscription yields, and end.
+
+use std::time::{Duration, Instant};
+
+use milonga::recording::{Entry, RecordReader};
+use milonga::{Config, Event, Node, OpenError, PublisherQos, RecvError, Value};
+use milonga_testkit::TempDir;
+
+fn node(path: &std::path::Path, speed: &str) -> Result<Node, OpenError> {
+    let mut cfg = Config::new(&format!("file://{}", path.display()), "file-test");
+    cfg.set("file_speed", milonga::ConfigValue::Text(speed.into()))?;
+    Node::open_with(cfg)
+}
+
+fn samples(path: &std::path::Path) -> Vec<milonga::Sample> {
+    RecordReader::open(path)
+        .unwrap()
+        .filter_map(|e| match e.unwrap() {
+            Entry::Sample(s, _) => Some(s),
+            Entry::Event(..) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn publishers_write_the_file_and_subscriptions_read_it_back_then_end() {
+    let dir = TempDir::new("file-loc");
+    let path = dir.path().join("run.mcap");
+    let writer = node(&path, "max").unwrap();
+    let id = writer.id();
+    let p = writer.publisher("f/a").unwrap();
+    for i in 1..=100u64 {
+        if i % 10 == 0 {
+            p.put_at(i, 1_000 + i).unwrap();
+        } else {
+            p.put(i).unwrap();
+        }
+    }
+    assert_eq!(p.subscriber_count(), 0, "nothing goes over the network");
+    writer.close();
+    assert!(matches!(p.put(0u64), Err(milonga::PutError::Closed)));
+    let written = samples(&path);
+    assert_eq!(written.len(), 100);
+    assert!(written.iter().all(|s| s.publisher == id && s.key == "f/a"));
+    assert_eq!(written[9].timestamp_ns, 1_010);
+
+    // Read back: the same samples, publisher, sequence numbers and
+    // timestamps, then the end.
+    let reader = node(&path, "max").unwrap();
+    let sub = reader.subscribe("f/**").unwrap();
+    let mut got = Vec::new();
+    loop {
+        match sub.recv_timeout(Duration::from_secs(10)) {
+            Ok(Event::Sample(s)) => got.push(s),
+            Ok(_) => {}
+            Err(RecvError::EndOfRecording) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(got, written);
+    assert_eq!(
+        got.iter().map(|s| s.seq).collect::<Vec<_>>(),
+        (1..=100).collect::<Vec<_>>()
+    );
+    // A second subscription reads from the start too; iteration ends.
+    let other = reader.subscribe("f/a").unwrap();
+    assert_eq!(
+        (&other)
+            .into_iter()
+            .filter(|e| e.as_sample().is_some())
+            .count(),
+        100
+    );
+    // One that matches nothing ends at once.
+    let none = reader.subscribe("g/**").unwrap();
+    assert!(matches!(
+        none.recv_timeout(Duration::from_secs(10)),
+        Err(RecvError::EndOfRecording)
+    ));
+}
+
+#[test]
+fn a_node_appends_to_an_existing_recording() {
+    let dir = TempDir::new("file-append");
+    let path = dir.path().join("run.mcap");
+    let first = node(&path, "max").unwrap();
+    let p = first.publisher("f/a").unwrap();
+    for i in 0..10u64 {
+        p.put(i).unwrap();
+    }
+    drop(p);
+    drop(first);
+    let second = node(&path, "max").unwrap();
+    let q = second
+        .publisher_with("f/b", PublisherQos::reliable())
+        .unwrap();
+    for i in 0..5u64 {
+        q.put(Value::from(format!("b{i}"))).unwrap();
+    }
+    // Until the node closes, the original stays as it was.
+    assert_eq!(samples(&path).len(), 10);
+    drop(q);
+    second.close();
+    let all = samples(&path);
+    assert_eq!(all.len(), 15);
+    assert_eq!(all.iter().filter(|s| s.key == "f/b").count(), 5);
+    assert!(!dir.path().join("run.mcap.milonga-tmp").exists());
+}
+
+#[test]
+fn file_speed_one_reads_at_the_recorded_pace() {
+    let dir = TempDir::new("file-pace");
+    let path = dir.path().join("run.mcap");
+    let w = node(&path, "max").unwrap();
+    let p = w.publisher("f/t").unwrap();
+    for i in 0..6u64 {
+        p.put(i).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    w.close();
+    let r = node(&path, "1").unwrap();
+    let sub = r.subscribe("f/t").unwrap();
+    let started = Instant::now();
+    let n = sub.iter().filter(|e| e.as_sample().is_some()).count();
+    assert_eq!(n, 6);
+    // Five gaps of 100 ms between the first sample and the last.
+    assert!(
+        started.elapsed() >= Duration::from_millis(450),
+        "{:?}",
+        started.elapsed()
+    );
+    let fast = node(&path, "max").unwrap();
+    let started = Instant::now();
+    assert_eq!(fast.subscribe("f/t").unwrap().iter().count(), 6);
+    assert!(
+        started.elapsed() < Duration::from_millis(450),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn what_is_not_a_recording_is_a_clear_error() {
+    let dir = TempDir::new("file-bad");
+    let bad = dir.path().join("bad.mcap");
+    std::fs::write(&bad, b"this is not MCAP").unwrap();
+    let err = node(&bad, "max").unwrap_err();
+    assert!(err.to_string().contains("not a readable MCAP"), "{err}");
+    let nowhere = dir.path().join("no/such/dir/run.mcap");
+    let err = node(&nowhere, "max").unwrap_err();
+    assert!(err.to_string().contains("no such recording"), "{err}");
+    let err = node(&dir.path().join("x.mcap"), "fast").unwrap_err();
+    assert!(err.to_string().contains("file_speed"), "{err}");
+    assert!(Node::open_with(Config::new("file://relative.mcap", "x")).is_err());
+}
