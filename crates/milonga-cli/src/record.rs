@@ -80,12 +80,13 @@ pub struct ReplayArgs {
     /// Only the keys this expression matches.
     #[arg(long)]
     keys: Option<String>,
-    /// Start this many seconds into the recording (by receive time).
-    #[arg(long, default_value_t = 0.0)]
-    from: f64,
-    /// Stop this many seconds into the recording.
-    #[arg(long)]
-    to: Option<f64>,
+    /// Start this many seconds into the recording (by receive time), or
+    /// at this time (RFC 3339: 2026-11-23T10:00:00Z).
+    #[arg(long, value_parser = parse_bound)]
+    from: Option<Bound>,
+    /// Stop this many seconds into the recording, or at this time.
+    #[arg(long, value_parser = parse_bound)]
+    to: Option<Bound>,
     /// Start over at the end, until interrupted.
     #[arg(long = "loop")]
     repeat: bool,
@@ -95,6 +96,42 @@ pub struct ReplayArgs {
     /// How long to wait for them, in seconds.
     #[arg(long, default_value_t = 10.0)]
     wait_timeout: f64,
+}
+
+/// Where `replay --from/--to` are.
+#[derive(Debug, Clone, Copy)]
+pub enum Bound {
+    /// Nanoseconds after the recording's first entry.
+    Offset(u64),
+    /// A receive time, ns since the Unix epoch.
+    At(u64),
+}
+
+impl Bound {
+    /// Nanoseconds after `t0`, the first entry's receive time.
+    fn offset(self, t0: u64) -> u64 {
+        match self {
+            Bound::Offset(n) => n,
+            Bound::At(t) => t.saturating_sub(t0),
+        }
+    }
+}
+
+fn parse_bound(s: &str) -> Result<Bound, String> {
+    if let Ok(secs) = s.parse::<f64>() {
+        return if secs >= 0.0 && secs.is_finite() {
+            Ok(Bound::Offset((secs * 1e9) as u64))
+        } else {
+            Err(format!("{s}: seconds must be zero or more"))
+        };
+    }
+    let t = humantime::parse_rfc3339_weak(s)
+        .map_err(|e| format!("{s}: seconds into the recording, or an RFC 3339 time ({e})"))?;
+    let ns = t
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| format!("{s}: before 1970"))?
+        .as_nanos();
+    Ok(Bound::At(ns as u64))
 }
 
 fn now_ns() -> u64 {
@@ -491,11 +528,6 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         },
     };
     let keys = key_filter(&a.keys)?;
-    if !(a.from >= 0.0 && a.from.is_finite()) || a.to.is_some_and(|t| t <= a.from) {
-        bail!("--from and --to: seconds into the recording, --from before --to");
-    }
-    let from_ns = (a.from * 1e9) as u64;
-    let to_ns = a.to.map_or(u64::MAX, |t| (t * 1e9) as u64);
     // Every key first: publishers are declared before the first sample, so
     // that subscribers can connect (--wait-subscribers).
     let mut names = std::collections::BTreeSet::new();
@@ -555,7 +587,13 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             let at = match &entry {
                 Entry::Sample(_, at) | Entry::Event(_, at) => *at,
             };
-            let offset = at.saturating_sub(*t0.get_or_insert(at));
+            let first = *t0.get_or_insert(at);
+            let offset = at.saturating_sub(first);
+            let from_ns = a.from.map_or(0, |b| b.offset(first));
+            let to_ns = a.to.map_or(u64::MAX, |b| b.offset(first));
+            if to_ns <= from_ns {
+                bail!("--to must come after --from");
+            }
             if offset > to_ns {
                 break;
             }

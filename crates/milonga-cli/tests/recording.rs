@@ -152,7 +152,12 @@ fn a_recording_holds_every_sample_once_and_replays_into_a_subscriber() {
         .map(fields)
         .collect();
     assert!(window.len() > 50, "{}", window.len());
-    let got = replay_into(&["--from", "0.5", "--to", "1.0"], window.len());
+    // --from as a time (RFC 3339), --to as an offset.
+    let from = humantime::format_rfc3339_nanos(
+        std::time::UNIX_EPOCH + Duration::from_nanos(t0 + 500_000_000),
+    )
+    .to_string();
+    let got = replay_into(&["--from", &from, "--to", "1.0"], window.len());
     let mut have: Vec<_> = got.iter().map(fields).collect();
     let mut want = window;
     have.sort_by_key(|f| f.2.as_u64());

@@ -124,9 +124,9 @@ impl SubShared {
         self.waker.wake();
     }
 
-    /// Whether the subscription was dropped.
+    /// Whether the subscription was dropped or its node closed.
     pub(crate) fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Acquire)
+        self.stop.load(Ordering::Acquire) || self.node.is_closed()
     }
 
     fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {

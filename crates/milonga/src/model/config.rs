@@ -860,6 +860,7 @@ mod tests {
             ("MILONGA_KEY", "/k/node.key"),
             ("MILONGA_TRUST", "/k/trust"),
             ("MILONGA_ACL", "/k/acl.rules"),
+            ("MILONGA_FILE_SPEED", "2"),
         ]
         .into_iter()
         .collect();
@@ -906,6 +907,7 @@ mod tests {
         assert_eq!(c.key_file, Some(PathBuf::from("/k/node.key")));
         assert_eq!(c.trust_dir, Some(PathBuf::from("/k/trust")));
         assert_eq!(c.acl_file, Some(PathBuf::from("/k/acl.rules")));
+        assert_eq!(c.file_speed, "2");
         let none = Config::from_lookup("milonga:///given", "n", |_| None).unwrap();
         assert_eq!(none.locator, "milonga:///given");
     }
@@ -967,6 +969,7 @@ mod tests {
             let v = match (spec.kind, spec.name) {
                 (Kind::Text, "transport") => ConfigValue::Text("ipc".into()),
                 (Kind::Text, "security") => ConfigValue::Text("on".into()),
+                (Kind::Text, "file_speed") => ConfigValue::Text("0.5".into()),
                 (Kind::Text | Kind::OptText, _) => ConfigValue::Text("tcp://h:1".into()),
                 (Kind::Bool, _) => ConfigValue::Bool(false),
                 (Kind::Int, _) => ConfigValue::Int(7),
