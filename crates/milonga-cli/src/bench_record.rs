@@ -16,8 +16,9 @@
 //! In the same run, `disk`: the same number of bytes written to a file in
 //! 1 MiB blocks and synced (what `dd bs=1M conv=fsync` measures), and
 //! `replay`: the uncompressed recording read back and published reliably
-//! into a subscription, as `milonga replay --speed max` does. Each is run
-//! `--runs` times; the median is printed.
+//! into a subscription, as `milonga replay --speed max` does; `writer`:
+//! `RecordWriter::sample` alone, uncompressed, no network (what a record
+//! costs by itself). Each is run `--runs` times; the median is printed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -115,8 +116,10 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
         let mut disk = Vec::new();
         let mut rates = vec![Vec::new(); modes.len()];
         let mut replay = Vec::new();
+        let mut writer = Vec::new();
         for run in 0..a.runs {
             disk.push(disk_rate(dir, n * size as u64)?);
+            writer.push(writer_rate(dir, size, n)?);
             for (i, (name, mode)) in modes.iter().enumerate() {
                 let key = format!("bench/rec/{size}/{name}/{run}");
                 let file = dir.join(format!("{size}-{name}-{run}.mcap"));
@@ -160,6 +163,15 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
             mb(replay),
             replay / sub_rate,
             ""
+        );
+        let writer = median(writer);
+        println!(
+            "{size:>9} {:>8} {writer:>14.0} {:>10.1} {:>9} {:>8.2}  ({:.0} ns a sample)",
+            "writer",
+            mb(writer),
+            "",
+            mb(writer) / disk,
+            1e9 / writer
         );
     }
     Ok(std::process::ExitCode::SUCCESS)
@@ -245,6 +257,39 @@ fn one_run(
         .join()
         .map_err(|_| anyhow::anyhow!("the sending thread panicked"))??;
     drop((p, sub));
+    Ok(n as f64 / took.as_secs_f64())
+}
+
+/// `RecordWriter::sample` alone (uncompressed, the same payloads, no
+/// network): samples per second, the file finished and synced.
+fn writer_rate(dir: &Path, size: usize, n: u64) -> Result<f64> {
+    let path = dir.join("writer.mcap");
+    let mut w = RecordWriter::create(
+        &path,
+        &RecordOptions {
+            compression: Compression::None,
+            ..RecordOptions::default()
+        },
+    )?;
+    let mut s = milonga::Sample {
+        key: format!("bench/writer/{size}"),
+        value: Value::Bytes(Bytes::from(vec![0x5au8; size])),
+        publisher: milonga::NodeId([1; 16]),
+        seq: 0,
+        timestamp_ns: 0,
+        encoding: milonga::Encoding::Raw,
+        schema_id: 0,
+        replayed: false,
+    };
+    let started = Instant::now();
+    for i in 1..=n {
+        s.seq = i;
+        s.timestamp_ns = i;
+        w.sample(&s, i)?;
+    }
+    w.finish()?;
+    let took = started.elapsed();
+    std::fs::remove_file(&path)?;
     Ok(n as f64 / took.as_secs_f64())
 }
 
