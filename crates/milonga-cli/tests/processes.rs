@@ -514,6 +514,29 @@ fn bench_prints_the_documented_csv() {
         let (p50, p99): (f64, f64) = (r[3].parse().unwrap(), r[4].parse().unwrap());
         assert!(p50 > 0.0 && p99 >= p50, "{r:?}");
     }
+    // bench record: a table, a row per mode, every rate a real figure.
+    let out = env
+        .cmd(&[
+            "bench", "record", "--sizes", "92", "--bytes", "100000", "--runs", "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let modes: Vec<(String, f64)> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim_start().starts_with("size"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[1].to_owned(), f[2].parse().unwrap())
+        })
+        .collect();
+    let names: Vec<&str> = modes.iter().map(|m| m.0.as_str()).collect();
+    assert_eq!(
+        names,
+        ["sub", "none", "lz4", "zstd", "disk", "replay", "writer"]
+    );
+    assert!(modes.iter().all(|m| m.1 > 0.0), "{text}");
     let rows = run(&["bench", "discovery", "--nodes", "5", "--format", "csv"]);
     assert_eq!(rows[0].join(","), "case,nodes,p50_ms,max_ms,note");
     let cases: Vec<&str> = rows[1..].iter().map(|r| r[0].as_str()).collect();
