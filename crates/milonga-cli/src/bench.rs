@@ -482,7 +482,14 @@ fn free_endpoint(transport: Transport, tag: &str) -> Result<String> {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;
             format!("tcp://127.0.0.1:{}", l.local_addr()?.port())
         }
-        Transport::Ipc => format!("ipc:///tmp/mlg-bench-{}-{tag}.sock", std::process::id()),
+        // In the run's own directory, removed at its end: a socket file of
+        // a worker killed mid-run goes with it.
+        Transport::Ipc => format!(
+            "ipc://{}/{tag}.sock",
+            std::env::temp_dir()
+                .join(format!("mlg-bench-{}", std::process::id()))
+                .display()
+        ),
         Transport::Inproc => format!("inproc://mlg-bench-{tag}"),
     })
 }
