@@ -82,11 +82,16 @@ pub struct NetArgs {
     /// on which keys; everything else is denied (docs/security.md).
     #[arg(long = "acl", global = true, value_name = "FILE")]
     pub acl_file: Option<std::path::PathBuf>,
+    /// This node's name (shown as NAME@host:pid by `ls` and in liveliness
+    /// events); default: the command's.
+    #[arg(long = "node-name", global = true, value_name = "NAME")]
+    pub node_name: Option<String>,
 }
 
 impl NetArgs {
     /// The node configuration: environment, then these flags.
     pub fn config(&self, name: &str) -> Result<Config> {
+        let name = self.node_name.as_deref().unwrap_or(name);
         let mut c = Config::from_env(&self.locator, name)?;
         c.locator = self.locator.clone();
         c.peers.extend(self.peers.iter().cloned());

@@ -811,6 +811,44 @@ fn with_security_scouting_finds_trusted_nodes_and_not_the_others() {
     );
 }
 
+/// Secured scouting when the announcement does not fit the hello (a node
+/// name of 1,500 bytes; a hello carries at most 1,472): the hello carries
+/// the key only, and the subscriber fetches the announcement from the
+/// publisher's control socket, naming that key; an untrusted node is
+/// refused there and told.
+#[test]
+fn with_security_scouting_fetches_an_announcement_too_large_for_the_hello() {
+    let Some(lan) = Lan::new("secbig", 3) else {
+        return;
+    };
+    let keys = Keys::new("secbig", &["alice", "bob", "eve"], &["alice", "bob"]);
+    let long = "n".repeat(1500);
+    let mut p = lan.bare(
+        0,
+        &["--node-name", &long, "pub", "lan/big", "1", "--rate", "100"],
+    );
+    keys.on(&mut p, "alice");
+    let _publ = Proc::spawn(p);
+    let mut s = lan.bare(1, &["sub", "lan/**", "--json"]);
+    keys.on(&mut s, "bob");
+    let sub = Proc::spawn(s);
+    let mut ledger = SeqLedger::default();
+    let j = read_until(
+        &sub,
+        &mut ledger,
+        "a sample of a node whose announcement was fetched",
+        is_sample,
+    );
+    assert_eq!(j["key"], "lan/big", "{j}");
+    let mut e = lan.bare(2, &["sub", "lan/**", "--json"]);
+    keys.on(&mut e, "eve");
+    let eve = Proc::spawn(e);
+    read_until(&eve, &mut SeqLedger::default(), "eve refused", |j| {
+        assert!(!is_sample(j), "a sample reached eve: {j}");
+        j["event"] == "permission_denied"
+    });
+}
+
 #[test]
 fn with_security_one_seed_named_by_its_key_is_enough_by_gossip() {
     let Some(lan) = Lan::new("secgossip", 3) else {

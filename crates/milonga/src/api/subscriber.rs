@@ -47,6 +47,8 @@ pub(crate) struct SubShared {
     /// The feeder read the recording to its end: once what it handed over
     /// is read, `recv` says so ([`RecvError::EndOfRecording`]).
     pub(crate) ended: AtomicBool,
+    /// Endpoints already told as refusing this node (`RouteTarget::denied`).
+    denied: Mutex<std::collections::HashSet<String>>,
     /// The application queue, with a queue policy.
     app: Option<AppQueue>,
     squashed: AtomicU64,
@@ -114,6 +116,7 @@ impl SubShared {
             injected: Mutex::new(std::collections::VecDeque::new()),
             has_injected: AtomicBool::new(false),
             ended: AtomicBool::new(false),
+            denied: Mutex::new(std::collections::HashSet::new()),
             app: qos.queue.map(AppQueue::new),
             squashed: AtomicU64::new(0),
         })
@@ -334,6 +337,19 @@ impl RouteTarget for SubShared {
 
     fn wake(&self) {
         SubShared::wake(self);
+    }
+
+    fn denied(&self, ev: crate::model::sample::PermissionDenied) {
+        {
+            let mut told = lock(&self.denied);
+            if told.len() >= 1024 || !told.insert(ev.endpoint.clone()) {
+                return;
+            }
+        }
+        tracing::warn!(expr = %self.core.expr, endpoint = %ev.endpoint, "a node refused this node's key; this subscription receives nothing from it");
+        lock(&self.injected).push_back(Event::PermissionDenied(ev));
+        self.has_injected.store(true, Ordering::Release);
+        self.wake();
     }
 }
 

@@ -36,6 +36,10 @@ pub(crate) trait RouteTarget: Send + Sync {
     fn set_routes(&self, routes: Routes);
     /// Wakes a thread blocked on it (the node closed).
     fn wake(&self);
+    /// A node refused this node before any route to it was known (its
+    /// control socket refused this node's key): told as
+    /// `Event::PermissionDenied`, once per endpoint.
+    fn denied(&self, ev: crate::model::sample::PermissionDenied);
 }
 
 /// What [`NodeInner::state`] guards.
@@ -477,6 +481,21 @@ impl Host for NodeInner {
 
     fn announcement_version(&self) -> u64 {
         self.announced.load(Ordering::Relaxed)
+    }
+
+    fn peer_refused(&self, endpoint: &str, node: NodeId, status: u32) {
+        let subs: Vec<_> = lock(&self.state)
+            .subs
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for s in subs {
+            s.denied(crate::model::sample::PermissionDenied {
+                endpoint: endpoint.to_owned(),
+                publisher: Some(node),
+                reason: format!("its node refused this node's key (ZAP status {status}) when asked for its announcement: it is not in that node's trust directory"),
+            });
+        }
     }
 
     fn last_seqs(&self) -> Vec<(String, u64)> {

@@ -12,6 +12,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use milonga_wire::NodeId;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::p2p::scout_peers::ScoutPeers;
@@ -44,6 +45,9 @@ pub(crate) trait Host: Send + Sync + 'static {
     /// A number that changes whenever the announcement may have (for
     /// scouting's hellos).
     fn announcement_version(&self) -> u64;
+    /// Node `node` at `endpoint` refused this node's key (ZAP `status`)
+    /// before its announcement was known: every subscription is told.
+    fn peer_refused(&self, endpoint: &str, node: NodeId, status: u32);
 }
 
 /// First frame of every control request and reply.
@@ -449,6 +453,9 @@ impl<H: Host> Control<H> {
                 scout.set_announcement(v, self.host.announcement().to_json());
             }
             changed |= scout.turn(now);
+            for (node, endpoint, status) in scout.take_refusals() {
+                self.host.peer_refused(&endpoint, node, status);
+            }
         }
         if !changed && !force {
             return;

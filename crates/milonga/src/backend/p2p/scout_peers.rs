@@ -54,8 +54,8 @@ struct Scouted {
     last_heard: Instant,
     /// Its announcement, and the version it was fetched for.
     announcement: Option<(Announcement, u64)>,
-    /// A query in flight: its socket, when it was sent, the version asked.
-    query: Option<(zmq::Socket, Instant, u64)>,
+    /// A query in flight.
+    query: Option<Query>,
     /// The CURVE key its last hello carried (its security is on).
     key: Option<[u8; 32]>,
     /// The last version whose query failed, and when.
@@ -77,6 +77,44 @@ impl Scouted {
                 .is_none_or(|(v, at)| v < self.version || now >= at + RETRY_AFTER)
     }
 }
+
+/// A query for a node's announcement: its socket, when it was sent, the
+/// version asked, and with security on a monitor that tells a refused key
+/// (the peer's ZAP handler) from no answer.
+struct Query {
+    sock: zmq::Socket,
+    mon: Option<zmq::Socket>,
+    sent: Instant,
+    asked: u64,
+}
+
+impl Query {
+    /// The ZAP status with which the peer refused this node's key, if it
+    /// did.
+    fn refused(&self) -> Option<u32> {
+        let mon = self.mon.as_ref()?;
+        while let Ok(frames) = mon.recv_multipart(zmq::DONTWAIT) {
+            let first = frames.first()?;
+            if first.len() >= 6
+                && i32::from(u16::from_le_bytes([first[0], first[1]])) == AUTH_FAILED
+            {
+                return Some(u32::from_le_bytes([first[2], first[3], first[4], first[5]]));
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Query {
+    fn drop(&mut self) {
+        // Before the monitor's reader goes (see `zmq_io::stop_monitor`).
+        if self.mon.is_some() {
+            crate::backend::p2p::zmq_io::stop_monitor(&mut self.sock);
+        }
+    }
+}
+
+const AUTH_FAILED: i32 = zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH as i32;
 
 /// The nodes scouting found.
 pub(crate) struct ScoutPeers {
@@ -103,6 +141,12 @@ pub(crate) struct ScoutPeers {
     warned_full: bool,
     /// The node's security, when on: queries name the hello's key.
     guard: Option<Arc<Guard>>,
+    /// Nodes that refused this node's key when asked for their
+    /// announcement (node, control endpoint, ZAP status), for the node
+    /// thread to tell the subscriptions.
+    refusals: Vec<(NodeId, String, u32)>,
+    /// Numbers the query monitors' endpoints.
+    queries_made: u64,
     // Last: the query sockets above close before it.
     ctx: ContextRef,
 }
@@ -135,8 +179,15 @@ impl ScoutPeers {
             next_sweep: Instant::now(),
             warned_full: false,
             guard,
+            refusals: Vec::new(),
+            queries_made: 0,
             ctx: ContextRef::acquire(),
         })
+    }
+
+    /// The refusals since the last call.
+    pub(crate) fn take_refusals(&mut self) -> Vec<(NodeId, String, u32)> {
+        std::mem::take(&mut self.refusals)
     }
 
     /// The control endpoints of the nodes heard (each the address its
@@ -158,7 +209,7 @@ impl ScoutPeers {
         self.nodes
             .values()
             .filter_map(|n| n.query.as_ref())
-            .map(|(s, _, _)| s.as_poll_item(zmq::POLLIN))
+            .map(|q| q.sock.as_poll_item(zmq::POLLIN))
             .collect()
     }
 
@@ -347,7 +398,10 @@ impl ScoutPeers {
         let domain = &self.node.domain;
         let c = &self.node.counters;
         for (id, n) in &mut self.nodes {
-            if let Some((sock, sent, asked)) = &n.query {
+            if let Some(Query {
+                sock, sent, asked, ..
+            }) = &n.query
+            {
                 if let Ok(frames) = sock.recv_multipart(zmq::DONTWAIT) {
                     let info = milonga_wire::control::decode_info_reply(&frames)
                         .ok()
@@ -381,6 +435,15 @@ impl ScoutPeers {
                             limited!(warn, endpoint = %n.control, "dropped a malformed reply from a scouted node");
                         }
                     }
+                } else if let Some(status) = n.query.as_ref().and_then(Query::refused) {
+                    // Its ZAP handler refused this node's key: said to the
+                    // subscriptions (they would otherwise wait in silence:
+                    // without the announcement they know of no publisher).
+                    stats::inc(&c.auth_rejected);
+                    limited!(warn, node = %id, endpoint = %n.control, status, "a node heard by scouting refused this node's key: it is not in that node's trust directory");
+                    self.refusals.push((*id, n.control.clone(), status));
+                    n.failed = Some((n.version, now));
+                    n.query = None;
                 } else if now >= *sent + QUERY_TIMEOUT {
                     // Heard, yet not reachable at what it announces: say
                     // so rather than leave it silently missing.
@@ -404,9 +467,24 @@ impl ScoutPeers {
                 break;
             }
             {
-                match query(&self.ctx, self.guard.as_deref(), &n.control, n.key) {
-                    Ok(sock) => {
-                        n.query = Some((sock, now, n.version));
+                self.queries_made += 1;
+                let mon = self.guard.is_some().then(|| {
+                    format!(
+                        "inproc://milonga-scoutq-{}-{}",
+                        self.node.id, self.queries_made
+                    )
+                });
+                let asked = (now, n.version);
+                match query(
+                    &self.ctx,
+                    self.guard.as_deref(),
+                    &n.control,
+                    n.key,
+                    mon.as_deref(),
+                    asked,
+                ) {
+                    Ok(q) => {
+                        n.query = Some(q);
                         inflight += 1;
                     }
                     Err(e) => {
@@ -442,13 +520,17 @@ impl ScoutPeers {
     }
 }
 
-/// A DEALER that has asked `endpoint` for its node's announcement.
+/// A query (a DEALER) that has asked `endpoint` for its node's
+/// announcement, with the reader of its monitor at `monitor` (handshakes
+/// refused), if asked.
 fn query(
     ctx: &ContextRef,
     guard: Option<&Guard>,
     endpoint: &str,
     key: Option<[u8; 32]>,
-) -> Result<zmq::Socket, OpenError> {
+    monitor: Option<&str>,
+    (sent, asked): (Instant, u64),
+) -> Result<Query, OpenError> {
     use crate::model::error::{IntoTransport, TransportError};
     let s = ctx.socket(zmq::DEALER)?;
     if let Some(g) = guard {
@@ -474,10 +556,29 @@ fn query(
     s.set_maxmsgsize(MAX_REPLY_BYTES).map_err(err)?;
     s.set_rcvhwm(1).map_err(err)?;
     s.set_ipv6(true).map_err(err)?;
-    s.connect(endpoint).map_err(err)?;
-    s.send_multipart(milonga_wire::control::Request::Info.frames(), zmq::DONTWAIT)
+    let mon = match monitor {
+        None => None,
+        Some(ep) => {
+            s.monitor(ep, AUTH_FAILED).map_err(err)?;
+            let m = ctx.socket(zmq::PAIR)?;
+            m.set_linger(0).map_err(err)?;
+            m.connect(ep).map_err(err)?;
+            Some(m)
+        }
+    };
+    // Whole from here: dropped on an error, it stops its monitor first.
+    let query = Query {
+        sock: s,
+        mon,
+        sent,
+        asked,
+    };
+    query.sock.connect(endpoint).map_err(err)?;
+    query
+        .sock
+        .send_multipart(milonga_wire::control::Request::Info.frames(), zmq::DONTWAIT)
         .map_err(err)?;
-    Ok(s)
+    Ok(query)
 }
 
 impl Source for ScoutPeers {
