@@ -633,3 +633,56 @@ fn finding_04_an_untrusted_peers_long_subscriptions_cost_a_secured_node_nothing(
     // The trusted subscriber was served all along.
     assert_eq!(sample_or_denied(&bob)["value"], 1);
 }
+
+/// A static peer (`--peer NAME@tcp://…`) that refuses this node's key at
+/// its control socket: the subscriber is told `permission_denied` (it was
+/// a silent wait: without the announcement it knows of no publisher), and
+/// once its key is trusted there it gets in without a restart (libzmq does
+/// not reconnect after a refusal: the socket is made again).
+#[test]
+fn a_static_peer_that_refuses_the_key_is_told_and_a_later_trust_lets_it_in() {
+    let env = Env::new("sec-static");
+    let keys = Keys::new("sec-static", &["alice", "eve"]);
+    let alone = keys.trust("a", &["alice"]);
+    let both = keys.trust("e", &["alice", "eve"]);
+    let ctl = format!("tcp://127.0.0.1:{}", milonga_testkit::free_port());
+    let mut p = secured(
+        &env,
+        &keys,
+        "alice",
+        &alone,
+        &[
+            "pub",
+            "ss/x",
+            "5",
+            "--rate",
+            "50",
+            "--control-endpoint",
+            &ctl,
+        ],
+    );
+    p.env("MILONGA_LOCAL_DISCOVERY", "off");
+    let _publ = Proc::spawn(p);
+    let peer = format!("alice@{ctl}");
+    let mut s = secured(
+        &env,
+        &keys,
+        "eve",
+        &both,
+        &["sub", "ss/x", "--json", "--peer", &peer],
+    );
+    s.env("MILONGA_LOCAL_DISCOVERY", "off");
+    let eve = Proc::spawn(s);
+    let told = sample_or_denied(&eve);
+    assert_eq!(told["event"], "permission_denied", "{told}");
+    assert_eq!(told["endpoint"], ctl.as_str(), "{told}");
+    // Alice now trusts eve (her trust directory is reread within a second).
+    std::fs::copy(keys.public("eve"), alone.join("eve.pub")).unwrap();
+    let got = loop {
+        let j = sample_or_denied(&eve);
+        if j.get("event").is_none() {
+            break j;
+        }
+    };
+    assert_eq!(got["value"], 5, "{got}");
+}

@@ -483,7 +483,7 @@ impl Host for NodeInner {
         self.announced.load(Ordering::Relaxed)
     }
 
-    fn peer_refused(&self, endpoint: &str, node: NodeId, status: u32) {
+    fn peer_refused(&self, endpoint: &str, node: Option<NodeId>, status: u32) {
         let subs: Vec<_> = lock(&self.state)
             .subs
             .iter()
@@ -492,7 +492,7 @@ impl Host for NodeInner {
         for s in subs {
             s.denied(crate::model::sample::PermissionDenied {
                 endpoint: endpoint.to_owned(),
-                publisher: Some(node),
+                publisher: node,
                 reason: format!("its node refused this node's key (ZAP status {status}) when asked for its announcement: it is not in that node's trust directory"),
             });
         }

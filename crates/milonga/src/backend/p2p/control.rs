@@ -45,9 +45,10 @@ pub(crate) trait Host: Send + Sync + 'static {
     /// A number that changes whenever the announcement may have (for
     /// scouting's hellos).
     fn announcement_version(&self) -> u64;
-    /// Node `node` at `endpoint` refused this node's key (ZAP `status`)
-    /// before its announcement was known: every subscription is told.
-    fn peer_refused(&self, endpoint: &str, node: NodeId, status: u32);
+    /// The node (`node`, when known) at control endpoint `endpoint` refused
+    /// this node's key (ZAP `status`) before its announcement was known:
+    /// every subscription is told.
+    fn peer_refused(&self, endpoint: &str, node: Option<NodeId>, status: u32);
 }
 
 /// First frame of every control request and reply.
@@ -440,6 +441,9 @@ impl<H: Host> Control<H> {
     /// `force`), hands the merged peers to the node.
     fn discover(&mut self, now: Instant, force: bool) {
         let mut changed = self.statics.turn(now);
+        for (endpoint, status) in self.statics.take_refusals() {
+            self.host.peer_refused(&endpoint, None, status);
+        }
         if let Some(g) = self.host.p2p().security() {
             // Keys added or removed: the peers to connect to may change.
             changed |= g.refresh();
@@ -454,7 +458,7 @@ impl<H: Host> Control<H> {
             }
             changed |= scout.turn(now);
             for (node, endpoint, status) in scout.take_refusals() {
-                self.host.peer_refused(&endpoint, node, status);
+                self.host.peer_refused(&endpoint, Some(node), status);
             }
         }
         if !changed && !force {

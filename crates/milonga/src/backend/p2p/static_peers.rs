@@ -48,6 +48,10 @@ struct StaticPeer {
     /// When it was learned by gossip (`None`: configured, never dropped).
     learned: Option<Instant>,
     sock: zmq::Socket,
+    /// With security on: the monitor of `sock`, which tells a key the peer
+    /// refused (libzmq does not reconnect after that: the socket is made
+    /// again, so that a key trusted later gets in).
+    mon: Option<zmq::Socket>,
     last_reply: Option<Instant>,
     announcement: Option<Announcement>,
     warned_domain: bool,
@@ -77,6 +81,11 @@ pub(crate) struct StaticPeers {
     own_control: String,
     /// A node was ignored because [`MAX_LEARNED`] were known (logged once).
     warned_full: bool,
+    /// Peers that refused this node's key (control endpoint, ZAP status),
+    /// for the node thread to tell the subscriptions.
+    refusals: Vec<(String, u32)>,
+    /// Numbers the monitors' endpoints.
+    sockets_made: u64,
     /// Learned endpoints that answered as this node, or as a node known
     /// at another endpoint (other addresses of nodes on several
     /// networks), and when: not learned again for [`ALIAS_TTL`] (at most
@@ -111,6 +120,8 @@ impl StaticPeers {
             request,
             own_control: own_control.to_owned(),
             warned_full: false,
+            refusals: Vec::new(),
+            sockets_made: 0,
             aliases: std::collections::HashMap::new(),
         };
         for spec in s.node.cfg.peers.clone() {
@@ -131,8 +142,8 @@ impl StaticPeers {
                     }
                 }
             }
-            match connect(&s.ctx, &s.node, s.guard.as_deref(), &ep) {
-                Ok(sock) => s.peers.push(StaticPeer::new(ep, sock, None)),
+            match s.connect(&ep) {
+                Ok((sock, mon)) => s.peers.push(StaticPeer::new(ep, sock, mon, None)),
                 Err(err) => tracing::warn!(peer = %ep, %err, "ignoring a static peer"),
             }
         }
@@ -186,12 +197,12 @@ impl StaticPeers {
         if let (Some(g), Some(key)) = (&self.guard, key) {
             g.set_static_key(endpoint, key);
         }
-        match connect(&self.ctx, &self.node, self.guard.as_deref(), endpoint) {
-            Ok(sock) => {
+        match self.connect(endpoint) {
+            Ok((sock, mon)) => {
                 tracing::debug!(peer = %endpoint, "learned a node by gossip");
                 let _ = sock.send_multipart(self.request.frames(), zmq::DONTWAIT);
                 self.peers
-                    .push(StaticPeer::new(endpoint.to_owned(), sock, Some(now)));
+                    .push(StaticPeer::new(endpoint.to_owned(), sock, mon, Some(now)));
                 true
             }
             Err(err) => {
@@ -199,6 +210,30 @@ impl StaticPeers {
                 false
             }
         }
+    }
+
+    /// A DEALER connected to the control endpoint `ep`, and its monitor
+    /// with security on.
+    fn connect(&mut self, ep: &str) -> Result<(zmq::Socket, Option<zmq::Socket>), OpenError> {
+        self.sockets_made += 1;
+        let mon = self.guard.is_some().then(|| {
+            format!(
+                "inproc://milonga-staticmon-{}-{}",
+                self.node.id, self.sockets_made
+            )
+        });
+        connect(
+            &self.ctx,
+            &self.node,
+            self.guard.as_deref(),
+            ep,
+            mon.as_deref(),
+        )
+    }
+
+    /// The peers that refused this node's key since the last call.
+    pub(crate) fn take_refusals(&mut self) -> Vec<(String, u32)> {
+        std::mem::take(&mut self.refusals)
     }
 
     /// This node's control endpoint.
@@ -328,6 +363,23 @@ impl StaticPeers {
             self.node.cfg.heartbeat_timeout_ms as u64,
         ));
         let mut changed = false;
+        // Refused keys: told, and the socket made again (libzmq gives up
+        // after a refusal; the peer may trust this key later).
+        for i in 0..self.peers.len() {
+            let Some(status) = self.peers[i].refused() else {
+                continue;
+            };
+            stats::inc(&self.node.counters.auth_rejected);
+            let ep = self.peers[i].endpoint.clone();
+            limited!(warn, peer = %ep, status, "a static peer refused this node's key: it is not in that node's trust directory");
+            self.refusals.push((ep.clone(), status));
+            match self.connect(&ep) {
+                Ok((sock, mon)) => self.peers[i].replace(sock, mon),
+                Err(err) => {
+                    limited!(warn, peer = %ep, %err, "cannot connect to a static peer again")
+                }
+            }
+        }
         let request = self.request.frames();
         let info = Request::Info.frames();
         self.peers.retain_mut(|p| {
@@ -354,14 +406,16 @@ impl StaticPeers {
     }
 }
 
-/// A DEALER connected to the control endpoint `ep`.
+/// A DEALER connected to the control endpoint `ep`, with the reader of
+/// its monitor at `monitor` (refused handshakes), if asked.
 fn connect(
     ctx: &ContextRef,
     node: &NodeCore,
     guard: Option<&Guard>,
     ep: &str,
-) -> Result<zmq::Socket, OpenError> {
-    let s = ctx.socket(zmq::DEALER)?;
+    monitor: Option<&str>,
+) -> Result<(zmq::Socket, Option<zmq::Socket>), OpenError> {
+    let mut s = ctx.socket(zmq::DEALER)?;
     secure_client(guard, &s, ep).map_err(|source| OpenError::Socket {
         action: "secure a connection to",
         endpoint: ep.to_owned(),
@@ -374,26 +428,91 @@ fn connect(
     let _ = s.set_rcvhwm(4);
     let _ = s.set_maxmsgsize(MAX_REPLY_BYTES);
     let _ = s.set_ipv6(true);
-    s.connect(ep)
-        .map_err(|source: zmq::Error| OpenError::Socket {
-            action: "connect",
+    let err = |action: &'static str| {
+        move |source: zmq::Error| OpenError::Socket {
+            action,
             endpoint: ep.to_owned(),
             source: source.transport(),
-        })?;
-    Ok(s)
+        }
+    };
+    let mon = match monitor {
+        None => None,
+        Some(m) => {
+            s.monitor(m, AUTH_FAILED).map_err(err("monitor"))?;
+            let r = ctx.socket(zmq::PAIR)?;
+            let _ = r.set_linger(0);
+            if let Err(e) = r.connect(m) {
+                zmq_io::stop_monitor(&mut s);
+                return Err(err("monitor")(e));
+            }
+            Some(r)
+        }
+    };
+    if let Err(e) = s.connect(ep) {
+        if mon.is_some() {
+            zmq_io::stop_monitor(&mut s);
+        }
+        return Err(err("connect")(e));
+    }
+    Ok((s, mon))
 }
 
+const AUTH_FAILED: i32 = zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH as i32;
+
 impl StaticPeer {
-    fn new(endpoint: String, sock: zmq::Socket, learned: Option<Instant>) -> StaticPeer {
+    fn new(
+        endpoint: String,
+        sock: zmq::Socket,
+        mon: Option<zmq::Socket>,
+        learned: Option<Instant>,
+    ) -> StaticPeer {
         StaticPeer {
             endpoint,
             learned,
             sock,
+            mon,
             last_reply: None,
             announcement: None,
             warned_domain: false,
             unanswered: 0,
             alias: false,
+        }
+    }
+
+    /// The ZAP status with which the peer refused this node's key since
+    /// the last look, if it did.
+    fn refused(&self) -> Option<u32> {
+        let mon = self.mon.as_ref()?;
+        let mut refused = None;
+        while let Ok(frames) = mon.recv_multipart(zmq::DONTWAIT) {
+            match frames.first() {
+                Some(f)
+                    if f.len() >= 6
+                        && i32::from(u16::from_le_bytes([f[0], f[1]])) == AUTH_FAILED =>
+                {
+                    refused = Some(u32::from_le_bytes([f[2], f[3], f[4], f[5]]));
+                }
+                _ => {}
+            }
+        }
+        refused
+    }
+
+    /// Puts a new socket (and monitor) in place of the old ones.
+    fn replace(&mut self, sock: zmq::Socket, mon: Option<zmq::Socket>) {
+        if self.mon.is_some() {
+            zmq_io::stop_monitor(&mut self.sock);
+        }
+        self.sock = sock;
+        self.mon = mon;
+    }
+}
+
+impl Drop for StaticPeer {
+    fn drop(&mut self) {
+        // Before the monitor's reader goes (see `zmq_io::stop_monitor`).
+        if self.mon.is_some() {
+            zmq_io::stop_monitor(&mut self.sock);
         }
     }
 }
