@@ -260,8 +260,9 @@ fn one_run(
     Ok(n as f64 / took.as_secs_f64())
 }
 
-/// `RecordWriter::sample` alone (uncompressed, the same payloads, no
-/// network): samples per second, the file finished and synced.
+/// `RecordWriter::sample` alone (uncompressed, payloads of the same size:
+/// their bytes do not matter without compression; no network): samples
+/// per second, the file finished and synced.
 fn writer_rate(dir: &Path, size: usize, n: u64) -> Result<f64> {
     let path = dir.join("writer.mcap");
     let mut w = RecordWriter::create(

@@ -260,37 +260,11 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
 
 fn recover(damaged: &Path, output: &Path, compression: Compression) -> Result<ExitCode> {
     let mut r = RecordReader::open(damaged)?;
-    let mut w = None;
-    let mut n = 0u64;
-    while let Some(entry) = r.next_entry()? {
-        let w = match &mut w {
-            Some(w) => w,
-            None => {
-                let opts = RecordOptions {
-                    compression,
-                    metadata: r.metadata().clone(),
-                    ..RecordOptions::default()
-                };
-                w.insert(RecordWriter::create(output, &opts)?)
-            }
-        };
-        match entry {
-            Entry::Sample(s, at) => w.sample(&s, at)?,
-            Entry::Event(ev, at) => w.event(&ev, at)?,
-        }
-        n += 1;
-    }
-    let w = match w {
-        Some(w) => w,
-        None => RecordWriter::create(
-            output,
-            &RecordOptions {
-                compression,
-                metadata: r.metadata().clone(),
-                ..RecordOptions::default()
-            },
-        )?,
+    let opts = RecordOptions {
+        compression,
+        ..RecordOptions::default()
     };
+    let (w, n) = milonga::recording::copy_recording(&mut r, output, &opts)?;
     w.finish()?;
     match r.truncated() {
         Some(why) => eprintln!(
@@ -407,17 +381,14 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
                 }
                 p.0 += 1;
                 p.1 = p.1.max(s.seq);
-                let mut buf = Vec::new();
-                if milonga::wire::cbor::encode_cbor(&s.value, &mut buf).is_ok() {
-                    payload += buf.len() as u64;
-                    records += 31 + buf.len() as u64;
-                }
+                payload += r.last_len() as u64;
+                records += 31 + r.last_len() as u64;
                 first = first.min(at);
                 last = last.max(at);
             }
             Entry::Event(ev, at) => {
                 events += 1;
-                records += 31 + json::event_line(&ev).to_string().len() as u64;
+                records += 31 + r.last_len() as u64;
                 if let Event::Lost(l) = &ev {
                     lost_reported += l.count;
                 }

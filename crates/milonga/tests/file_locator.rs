@@ -115,6 +115,8 @@ fn file_speed_one_reads_at_the_recorded_pace() {
     let path = dir.path().join("run.mcap");
     let w = node(&path, "max").unwrap();
     let p = w.publisher("f/t").unwrap();
+    // The input, not a wait: samples recorded 100 ms apart, the pace
+    // that `file_speed = 1` must reproduce.
     for i in 0..6u64 {
         p.put(i).unwrap();
         std::thread::sleep(Duration::from_millis(100));

@@ -27,7 +27,9 @@ use milonga_wire::cbor::Encoded;
 use milonga_wire::{KeyExpr, NodeId};
 
 use crate::api::subscriber::SubShared;
-use crate::backend::file::{Entry, RecordError, RecordOptions, RecordReader, RecordWriter};
+use crate::backend::file::{
+    copy_recording, Entry, RecordError, RecordOptions, RecordReader, RecordWriter,
+};
 use crate::model::error::PutError;
 use crate::model::sample::{Event, Sample};
 use crate::util::lock;
@@ -84,25 +86,7 @@ impl FileNode {
         let tmp = tmp_path(&self.path);
         let _ = std::fs::remove_file(&tmp);
         let mut reader = RecordReader::open(&self.path)?;
-        let mut writer = None;
-        while let Some(entry) = reader.next_entry()? {
-            let w = match &mut writer {
-                Some(w) => w,
-                None => {
-                    let mut o = opts.clone();
-                    o.metadata.extend(reader.metadata().clone());
-                    writer.insert(RecordWriter::create(&tmp, &o)?)
-                }
-            };
-            match entry {
-                Entry::Sample(s, at) => w.sample(&s, at)?,
-                Entry::Event(ev, at) => w.event(&ev, at)?,
-            }
-        }
-        let writer = match writer {
-            Some(w) => w,
-            None => RecordWriter::create(&tmp, &opts)?,
-        };
+        let (writer, _) = copy_recording(&mut reader, &tmp, &opts)?;
         Ok(Sink::Writing {
             writer: Box::new(writer),
             tmp: Some(tmp),

@@ -25,7 +25,7 @@
 //! ```
 
 pub use crate::backend::file::{
-    status_from_json, status_json, Compression, Entry, RecordError, RecordOptions, RecordReader,
-    RecordWriter, Skipped, EVENTS_TOPIC, METADATA_NAME, META_ENCODING, META_PUBLISHER,
-    META_REPLAYED, RECORD_LIMIT,
+    copy_recording, status_from_json, status_json, Compression, Entry, RecordError, RecordOptions,
+    RecordReader, RecordWriter, Skipped, EVENTS_TOPIC, METADATA_NAME, META_ENCODING,
+    META_PUBLISHER, META_REPLAYED, RECORD_LIMIT,
 };

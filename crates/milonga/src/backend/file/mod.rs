@@ -390,6 +390,33 @@ impl RecordWriter {
     }
 }
 
+/// Copies every complete entry `reader` has left into a new recording at
+/// `path`, made with `opts` and the reader's `milonga` metadata added to
+/// its own: the writer, not finished (to write on, or to finish), and how
+/// many entries were copied. What `milonga record --recover` and an
+/// appending `file:///` node do.
+pub fn copy_recording(
+    reader: &mut RecordReader,
+    path: &Path,
+    opts: &RecordOptions,
+) -> Result<(RecordWriter, u64), RecordError> {
+    // The metadata record comes before the first entry: read by then.
+    let mut next = reader.next_entry()?;
+    let mut o = opts.clone();
+    o.metadata.extend(reader.metadata().clone());
+    let mut w = RecordWriter::create(path, &o)?;
+    let mut n = 0;
+    while let Some(entry) = next {
+        match entry {
+            Entry::Sample(s, at) => w.sample(&s, at)?,
+            Entry::Event(ev, at) => w.event(&ev, at)?,
+        }
+        n += 1;
+        next = reader.next_entry()?;
+    }
+    Ok((w, n))
+}
+
 fn encoding_name(e: Encoding) -> &'static str {
     match e {
         Encoding::Raw => "raw",
@@ -542,6 +569,8 @@ pub struct RecordReader {
     metadata: BTreeMap<String, String>,
     complete: bool,
     seen_header: bool,
+    /// Bytes of the last entry's message data, as stored.
+    last_len: usize,
 }
 
 impl std::fmt::Debug for RecordReader {
@@ -587,6 +616,7 @@ impl RecordReader {
             metadata: BTreeMap::new(),
             complete: false,
             seen_header: false,
+            last_len: 0,
         })
     }
 
@@ -599,6 +629,12 @@ impl RecordReader {
     /// Whether the file ended with its footer: the recorder finished it.
     pub fn complete(&self) -> bool {
         self.complete
+    }
+
+    /// Bytes of the last entry's message data as the file stores it (the
+    /// value's CBOR, an event's JSON).
+    pub fn last_len(&self) -> usize {
+        self.last_len
     }
 
     /// Messages skipped so far.
@@ -688,6 +724,7 @@ impl RecordReader {
                     self.channels.insert(c.id, ch);
                 }
                 Record::Message { header, data } => {
+                    self.last_len = data.len();
                     let entry = match self.channels.get_mut(&header.channel_id) {
                         Some(Channel::Events) => match serde_json::from_slice(&data)
                             .ok()
@@ -860,6 +897,11 @@ mod tests {
                 .collect();
             assert_eq!(events.len(), 10);
             assert_eq!(events[0], (10, 6_010));
+            // The first entry, "value 1": a CBOR text of 7 bytes, stored
+            // in 8.
+            let mut r = RecordReader::open(&path).unwrap();
+            assert!(matches!(r.next_entry().unwrap(), Some(Entry::Sample(..))));
+            assert_eq!(r.last_len(), 8);
         }
     }
 

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::p2p::scout_peers::ScoutPeers;
 use crate::backend::p2p::static_peers::StaticPeers;
 use crate::backend::p2p::sub_link::{ConnectionWatcher, Monitor};
+use crate::backend::p2p::zmq_io::AUTH_FAILED;
 use crate::backend::p2p::{zmq_io, P2p, WakeRx};
 use crate::discovery::local::LocalSource;
 use crate::discovery::{ip_of, tcp_host_port, Announcement, Source};
@@ -81,7 +82,6 @@ const HANDSHAKE_FAILED: i32 = (zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
 const ACCEPT_FAILED: i32 = zmq_sys::ZMQ_EVENT_ACCEPT_FAILED as i32;
 const DISCONNECTED: i32 = zmq_sys::ZMQ_EVENT_DISCONNECTED as i32;
 const CONNECT_RETRIED: i32 = zmq_sys::ZMQ_EVENT_CONNECT_RETRIED as i32;
-const AUTH_FAILED: i32 = zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH as i32;
 
 /// A socket monitor reporting failed handshakes (a peer that does not speak
 /// ZMTP, or speaks it wrongly, or not within `handshake_timeout_ms`),
@@ -740,15 +740,8 @@ impl<H: Host> Control<H> {
                     .get(1)
                     .map(|f| String::from_utf8_lossy(f).into_owned())
                     .unwrap_or_default();
-                let event = match frames.first().map(|f| &f[..]) {
-                    Some([a, b, ..]) => i32::from(u16::from_le_bytes([*a, *b])),
-                    _ => 0,
-                };
+                let (event, status) = zmq_io::monitor_event(&frames);
                 if event == AUTH_FAILED {
-                    let status = frames
-                        .first()
-                        .and_then(|f| f.get(2..6))
-                        .map_or(0, |v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]));
                     sub.connection_refused(endpoint, status);
                     continue;
                 }
@@ -878,14 +871,7 @@ fn count_events(node: &NodeCore, what: &str, m: &zmq::Socket) {
             .get(1)
             .map(|f| String::from_utf8_lossy(f).into_owned())
             .unwrap_or_default();
-        // Frame 1: the event (u16) and its value (u32), little endian.
-        let (event, value) = match frames.first().map(|f| &f[..]) {
-            Some([a, b, c, d, e, f, ..]) => (
-                i32::from(u16::from_le_bytes([*a, *b])),
-                u32::from_le_bytes([*c, *d, *e, *f]),
-            ),
-            _ => (0, 0),
-        };
+        let (event, value) = zmq_io::monitor_event(&frames);
         let c = &node.counters;
         if event == DISCONNECTED {
             stats::inc(&c.peer_disconnects);

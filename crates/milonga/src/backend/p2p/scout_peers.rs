@@ -17,7 +17,7 @@ use milonga_wire::NodeId;
 
 use crate::backend::p2p::control::NodeInfo;
 use crate::backend::p2p::curve::{secure_client_to, Guard, PublicKey};
-use crate::backend::p2p::ContextRef;
+use crate::backend::p2p::{zmq_io, ContextRef};
 use crate::discovery::scout::Scout;
 use crate::discovery::{reached_at, Announcement, Source};
 use crate::model::error::OpenError;
@@ -92,16 +92,7 @@ impl Query {
     /// The ZAP status with which the peer refused this node's key, if it
     /// did.
     fn refused(&self) -> Option<u32> {
-        let mon = self.mon.as_ref()?;
-        while let Ok(frames) = mon.recv_multipart(zmq::DONTWAIT) {
-            let first = frames.first()?;
-            if first.len() >= 6
-                && i32::from(u16::from_le_bytes([first[0], first[1]])) == AUTH_FAILED
-            {
-                return Some(u32::from_le_bytes([first[2], first[3], first[4], first[5]]));
-            }
-        }
-        None
+        zmq_io::auth_refusal(self.mon.as_ref()?)
     }
 }
 
@@ -109,12 +100,10 @@ impl Drop for Query {
     fn drop(&mut self) {
         // Before the monitor's reader goes (see `zmq_io::stop_monitor`).
         if self.mon.is_some() {
-            crate::backend::p2p::zmq_io::stop_monitor(&mut self.sock);
+            zmq_io::stop_monitor(&mut self.sock);
         }
     }
 }
-
-const AUTH_FAILED: i32 = zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH as i32;
 
 /// The nodes scouting found.
 pub(crate) struct ScoutPeers {
@@ -559,7 +548,7 @@ fn query(
     let mon = match monitor {
         None => None,
         Some(ep) => {
-            s.monitor(ep, AUTH_FAILED).map_err(err)?;
+            s.monitor(ep, zmq_io::AUTH_FAILED).map_err(err)?;
             let m = ctx.socket(zmq::PAIR)?;
             m.set_linger(0).map_err(err)?;
             m.connect(ep).map_err(err)?;

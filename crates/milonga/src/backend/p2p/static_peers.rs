@@ -438,7 +438,7 @@ fn connect(
     let mon = match monitor {
         None => None,
         Some(m) => {
-            s.monitor(m, AUTH_FAILED).map_err(err("monitor"))?;
+            s.monitor(m, zmq_io::AUTH_FAILED).map_err(err("monitor"))?;
             let r = ctx.socket(zmq::PAIR)?;
             let _ = r.set_linger(0);
             if let Err(e) = r.connect(m) {
@@ -456,8 +456,6 @@ fn connect(
     }
     Ok((s, mon))
 }
-
-const AUTH_FAILED: i32 = zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH as i32;
 
 impl StaticPeer {
     fn new(
@@ -482,20 +480,7 @@ impl StaticPeer {
     /// The ZAP status with which the peer refused this node's key since
     /// the last look, if it did.
     fn refused(&self) -> Option<u32> {
-        let mon = self.mon.as_ref()?;
-        let mut refused = None;
-        while let Ok(frames) = mon.recv_multipart(zmq::DONTWAIT) {
-            match frames.first() {
-                Some(f)
-                    if f.len() >= 6
-                        && i32::from(u16::from_le_bytes([f[0], f[1]])) == AUTH_FAILED =>
-                {
-                    refused = Some(u32::from_le_bytes([f[2], f[3], f[4], f[5]]));
-                }
-                _ => {}
-            }
-        }
-        refused
+        zmq_io::auth_refusal(self.mon.as_ref()?)
     }
 
     /// Puts a new socket (and monitor) in place of the old ones.

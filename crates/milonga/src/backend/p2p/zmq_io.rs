@@ -320,6 +320,34 @@ pub(crate) fn trim_if_due() {
     }
 }
 
+/// The monitor event of a handshake refused by the peer's ZAP handler.
+pub(crate) const AUTH_FAILED: i32 = zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH as i32;
+
+/// A socket monitor's event from its first frame: the event (u16) and its
+/// value (u32), little endian; `(0, 0)` for a frame too short.
+pub(crate) fn monitor_event(frames: &[Vec<u8>]) -> (i32, u32) {
+    match frames.first().map(|f| &f[..]) {
+        Some([a, b, c, d, e, f, ..]) => (
+            i32::from(u16::from_le_bytes([*a, *b])),
+            u32::from_le_bytes([*c, *d, *e, *f]),
+        ),
+        _ => (0, 0),
+    }
+}
+
+/// Reads every event queued on the monitor reader `mon` (so that none
+/// piles up) and returns the ZAP status of a refused handshake among them,
+/// if there was one.
+pub(crate) fn auth_refusal(mon: &zmq::Socket) -> Option<u32> {
+    let mut refused = None;
+    while let Ok(frames) = mon.recv_multipart(zmq::DONTWAIT) {
+        if let (AUTH_FAILED, status) = monitor_event(&frames) {
+            refused = Some(status);
+        }
+    }
+    refused
+}
+
 /// Stops the socket monitor of `sock`. Must run before the PAIR socket
 /// reading the monitor is closed: libzmq sends monitor events with a
 /// blocking send from its I/O thread, so an event with nobody to take it
