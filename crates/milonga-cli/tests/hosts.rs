@@ -798,7 +798,13 @@ fn with_security_scouting_finds_trusted_nodes_and_not_the_others() {
         is_sample,
     );
     // Eve's key is not trusted: she hears alice and is refused.
-    let mut e = lan.bare(2, &["sub", "lan/**", "--json"]);
+    eve_is_refused_and_told(&lan, &keys, 2);
+}
+
+/// A subscriber with eve's key (not trusted) on host `h`: it gets no sample
+/// and is told `permission_denied`, naming the trust directory.
+fn eve_is_refused_and_told(lan: &Lan, keys: &Keys, h: usize) {
+    let mut e = lan.bare(h, &["sub", "lan/**", "--json"]);
     keys.on(&mut e, "eve");
     let eve = Proc::spawn(e);
     let j = read_until(&eve, &mut SeqLedger::default(), "eve refused", |j| {
@@ -840,13 +846,7 @@ fn with_security_scouting_fetches_an_announcement_too_large_for_the_hello() {
         is_sample,
     );
     assert_eq!(j["key"], "lan/big", "{j}");
-    let mut e = lan.bare(2, &["sub", "lan/**", "--json"]);
-    keys.on(&mut e, "eve");
-    let eve = Proc::spawn(e);
-    read_until(&eve, &mut SeqLedger::default(), "eve refused", |j| {
-        assert!(!is_sample(j), "a sample reached eve: {j}");
-        j["event"] == "permission_denied"
-    });
+    eve_is_refused_and_told(&lan, &keys, 2);
 }
 
 #[test]
