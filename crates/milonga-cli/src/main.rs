@@ -781,9 +781,14 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             }
         }
         for p in r["publications"].as_array().into_iter().flatten() {
+            // A data socket of its own (access control), if it has one.
+            let at = p["endpoint"]
+                .as_str()
+                .map(|e| format!(" at {e}"))
+                .unwrap_or_default();
             writeln!(
                 o,
-                "  pub {} ({})",
+                "  pub {} ({}){at}",
                 p["key"].as_str().unwrap_or("?"),
                 p["reliability"].as_str().unwrap_or("?")
             )?;

@@ -442,7 +442,7 @@ fn access_control_allows_and_denies_each_operation_as_its_rules_say() {
         told["reason"]
             .as_str()
             .unwrap()
-            .contains("subscribe to nothing"),
+            .contains("do not let it subscribe"),
         "{told}"
     );
     while let Some(line) = intruder.line(Duration::from_secs(1)) {
@@ -688,4 +688,156 @@ fn a_static_peer_that_refuses_the_key_is_told_and_a_later_trust_lets_it_in() {
         }
     };
     assert_eq!(got["value"], 5, "{got}");
+}
+
+/// The Z85 key on the line `field = "…"` of a key file.
+fn key_field(file: &Path, field: &str) -> Vec<u8> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let z85 = text
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once('=')?;
+            (name.trim() == field).then(|| value.trim().trim_matches('"').to_owned())
+        })
+        .unwrap_or_else(|| panic!("no {field} in {}", file.display()));
+    zmq::z85_decode(&z85).unwrap()
+}
+
+/// `subscribe` decided per key (issue 16, item 3): a node publishing keys
+/// that different `subscribe` rules cover serves them on data sockets of
+/// their own, each admitting only keys allowed every key it carries. A
+/// console allowed `sr/ps/**` that subscribes to `sr/**` gets `sr/ps/1`,
+/// is told of the refusal, and never gets `sr/rf/1`, not even through a
+/// raw socket of its own that subscribes to everything on every data
+/// endpoint the publisher announces. Before, one socket carried all three
+/// keys and admitted every key with any `subscribe` rule: the console got
+/// `sr/rf/1`.
+#[test]
+fn subscribe_is_decided_per_key_even_for_a_raw_client_subscribing_to_everything() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let env = Env::new("sec-acl-keys");
+    let names = ["srv", "ps-console", "console"];
+    let keys = Keys::new("sec-acl-keys", &names);
+    let trust = keys.trust("all", &names);
+    let acl = keys.dir.path().join("acl.rules");
+    std::fs::write(
+        &acl,
+        "allow srv         put,subscribe  sr/** public/**\n\
+         allow ps-console  subscribe      sr/ps/**\n\
+         allow console     subscribe      sr/**\n\
+         allow *           subscribe      public/**\n",
+    )
+    .unwrap();
+    // The publisher: one node, three keys (a node of its own per key
+    // would make the check per node, not per key).
+    let mut cfg = env.config("srv");
+    cfg.security = milonga::Security::On;
+    cfg.key_file = Some(keys.key("srv"));
+    cfg.trust_dir = Some(trust.clone());
+    cfg.acl_file = Some(acl.clone());
+    let node = milonga::Node::open_with(cfg).expect("a secured node");
+    let published = ["sr/ps/1", "sr/rf/1", "public/x"];
+    let pubs: Vec<_> = published
+        .iter()
+        .map(|k| node.publisher(k).unwrap())
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let putter = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for (i, p) in pubs.iter().enumerate() {
+                    p.put(i as i64).unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let run = |who: &str, args: &[&str]| {
+        let mut c = secured(&env, &keys, who, &trust, &["--acl"]);
+        c.arg(&acl).args(args);
+        c
+    };
+
+    // Three classes of keys, three data endpoints, each announced.
+    let mine = || {
+        node.peers()
+            .into_iter()
+            .find(|a| a.node_id == node.id().to_hex() && a.publications.len() == 3)
+    };
+    assert!(
+        poll_until(T, || mine().is_some()),
+        "the node announces its keys"
+    );
+    let me = mine().unwrap();
+    let endpoint_of = |key: &str| {
+        let p = me.publications.iter().find(|p| p.key == key).unwrap();
+        me.publication_endpoint(p).unwrap().to_owned()
+    };
+    let eps: Vec<String> = published.iter().map(|k| endpoint_of(k)).collect();
+    assert!(
+        eps[0] != eps[1] && eps[1] != eps[2] && eps[0] != eps[2],
+        "{eps:?}"
+    );
+
+    // The restricted console: sr/ps/1, a refusal told, never sr/rf/1.
+    let ps = Proc::spawn(run("ps-console", &["sub", "sr/**", "--json"]));
+    let (mut got, mut told) = (0, None);
+    while got < 20 || told.is_none() {
+        let j = json_line(&ps).expect("a line before the timeout");
+        if j["event"] == "permission_denied" {
+            told = Some(j);
+            continue;
+        }
+        assert_ne!(j["key"], "sr/rf/1", "a key it may not see reached it: {j}");
+        got += usize::from(j["key"] == "sr/ps/1");
+    }
+    let told = told.unwrap();
+    assert_eq!(told["endpoint"], eps[1].as_str(), "{told}");
+    assert!(
+        told["reason"]
+            .as_str()
+            .unwrap()
+            .contains("do not let it subscribe"),
+        "{told}"
+    );
+    // The console allowed sr/** gets both; public/** is anyone's.
+    let all = Proc::spawn(run("console", &["sub", "sr/**", "--json"]));
+    assert_eq!(sample_of(&all, "sr/rf/1")["value"], 1);
+    assert_eq!(sample_of(&all, "sr/ps/1")["value"], 0);
+    let public = Proc::spawn(run("ps-console", &["sub", "public/**", "--json"]));
+    assert_eq!(sample_of(&public, "public/x")["value"], 2);
+
+    // A raw XSUB holding the restricted console's key, subscribed to
+    // everything, connected to every data endpoint announced.
+    let ctx = zmq::Context::new();
+    let raw = ctx.socket(zmq::XSUB).unwrap();
+    raw.set_curve_serverkey(&zmq::z85_decode(me.key.as_deref().unwrap()).unwrap())
+        .unwrap();
+    raw.set_curve_publickey(&key_field(&keys.public("ps-console"), "public-key"))
+        .unwrap();
+    raw.set_curve_secretkey(&key_field(&keys.key("ps-console"), "secret-key"))
+        .unwrap();
+    raw.set_rcvtimeo(200).unwrap();
+    for ep in &eps {
+        raw.connect(ep).unwrap();
+    }
+    raw.send(vec![1u8], 0).unwrap();
+    let contains = |m: &[u8], key: &str| m.windows(key.len()).any(|w| w == key.as_bytes());
+    let (mut ps_seen, mut public_seen) = (0, 0);
+    let deadline = std::time::Instant::now() + T;
+    while (ps_seen < 20 || public_seen < 20) && std::time::Instant::now() < deadline {
+        let Ok(m) = raw.recv_bytes(0) else { continue };
+        assert!(!contains(&m, "sr/rf/1"), "sr/rf/1 reached a raw socket");
+        ps_seen += usize::from(contains(&m, "sr/ps/1"));
+        public_seen += usize::from(contains(&m, "public/x"));
+    }
+    assert!(
+        ps_seen >= 20 && public_seen >= 20,
+        "{ps_seen} {public_seen}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    putter.join().unwrap();
 }

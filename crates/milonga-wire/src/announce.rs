@@ -53,6 +53,12 @@ pub struct PublicationInfo {
     /// Samples it keeps per key for late joiners and repair.
     #[serde(default)]
     pub history: usize,
+    /// The data endpoint serving it when that is not the node's endpoint
+    /// of its reliability: with access control, publications whose keys
+    /// different `subscribe` rules cover are served on data sockets of
+    /// their own (docs/protocol.md §2.2). Absent: the node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 /// What a node tells its domain about itself.
@@ -105,6 +111,28 @@ impl Announcement {
             Reliability::BestEffort => self.data_best_effort.as_deref(),
             Reliability::Reliable => self.data_reliable.as_deref(),
         }
+    }
+
+    /// The data endpoint serving publication `p`: its own, else the
+    /// node's of its reliability.
+    pub fn publication_endpoint<'a>(&'a self, p: &'a PublicationInfo) -> Option<&'a str> {
+        p.endpoint
+            .as_deref()
+            .or_else(|| self.data_endpoint(p.reliability))
+    }
+
+    /// Every data endpoint the announcement names: the node's two and
+    /// those of publications served on sockets of their own.
+    pub fn data_endpoints(&self) -> impl Iterator<Item = &str> {
+        self.data_best_effort
+            .as_deref()
+            .into_iter()
+            .chain(self.data_reliable.as_deref())
+            .chain(
+                self.publications
+                    .iter()
+                    .filter_map(|p| p.endpoint.as_deref()),
+            )
     }
 
     /// The compact JSON form (fields in the order above).

@@ -102,6 +102,7 @@ fn announcement() -> Announcement {
             key: "sr/ps/1/current".into(),
             reliability: Reliability::BestEffort,
             history: 10,
+            endpoint: None,
         }],
         services: vec![ServiceInfo {
             key: "sr/ps/1/set_current".into(),

@@ -114,10 +114,10 @@ impl Node {
             return Err(PublisherError::Closed);
         }
         let key = Key::new(key)?;
-        let data = self.inner.data_socket(qos.reliability)?;
+        let data = self.inner.data_socket(qos.reliability, key.as_str())?;
         let Some(last_seq) =
             self.inner
-                .declare_publication(key.as_str(), qos.reliability, qos.history)
+                .declare_publication(key.as_str(), qos.reliability, qos.history, &data)
         else {
             return Err(PublisherError::AlreadyDeclared(key.as_str().to_owned()));
         };

@@ -118,7 +118,12 @@ pub(crate) fn reached_at(a: &mut Announcement, reached: &str) {
     ]
     .into_iter()
     .flatten()
-    .chain(a.services.iter_mut().map(|s| &mut s.endpoint));
+    .chain(a.services.iter_mut().map(|s| &mut s.endpoint))
+    .chain(
+        a.publications
+            .iter_mut()
+            .filter_map(|p| p.endpoint.as_mut()),
+    );
     for e in endpoints {
         if let Some(rest) = e.strip_prefix(from.as_str()) {
             *e = format!("{to}{rest}");
@@ -494,11 +499,11 @@ impl LocalDir {
 /// inside `within` (the domain directory, where Milonga puts them). `own`:
 /// the closing node's own, deleted even though still bound.
 pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path, own: bool) {
-    for ep in [&a.data_best_effort, &a.data_reliable, &a.liveliness]
-        .into_iter()
-        .flatten()
-        .chain(std::iter::once(&a.control))
-        .chain(a.services.iter().map(|s| &s.endpoint))
+    for ep in a
+        .data_endpoints()
+        .chain(a.liveliness.as_deref())
+        .chain(std::iter::once(a.control.as_str()))
+        .chain(a.services.iter().map(|s| s.endpoint.as_str()))
     {
         if let Some(path) = ep.strip_prefix("ipc://").map(Path::new) {
             // Only a socket file in the domain directory, with the name
@@ -703,6 +708,7 @@ mod tests {
             key: "a/x".into(),
             reliability: crate::model::qos::Reliability::BestEffort,
             history: 0,
+            endpoint: None,
         }];
         let file = dir.dir.join(format!("{}.json", a.node_id));
         fs::write(&file, serde_json::to_vec(&a).unwrap()).unwrap();

@@ -51,14 +51,13 @@ pub(crate) fn routes_for(expr: &KeyExpr, peers: &[&Announcement]) -> Routes {
     for a in peers {
         let Some(id) = a.id() else { continue };
         r.live.insert(id);
-        r.announced
-            .extend(a.data_best_effort.iter().chain(&a.data_reliable).cloned());
+        r.announced.extend(a.data_endpoints().map(str::to_owned));
         let mut matched = false;
         for p in &a.publications {
             if !expr.matches(&p.key) {
                 continue;
             }
-            if let Some(ep) = a.data_endpoint(p.reliability) {
+            if let Some(ep) = a.publication_endpoint(p) {
                 if ep.starts_with("inproc://") && a.pid != me {
                     continue;
                 }
@@ -114,6 +113,7 @@ pub(crate) fn test_announcement(
                 key: (*k).into(),
                 reliability: *r,
                 history: *h,
+                endpoint: None,
             })
             .collect(),
         services: vec![],
@@ -177,6 +177,28 @@ mod tests {
         assert_eq!(r.live.len(), 1, "the node is still alive");
         let r = routes_for(&expr, &[&mine]);
         assert!(r.endpoints.contains("inproc://milonga-x-be"), "{r:?}");
+    }
+
+    #[test]
+    fn a_publication_served_on_a_socket_of_its_own_is_followed_there() {
+        use Reliability::*;
+        let mut a = node(1, 1, &[("sr/ps/1", BestEffort), ("sr/rf/1", BestEffort)]);
+        a.publications[1].endpoint = Some("tcp://127.0.0.1:5109".into());
+        let r = routes_for(&KeyExpr::new("sr/rf/*").unwrap(), &[&a]);
+        let want: BTreeSet<String> = ["tcp://127.0.0.1:5109", "tcp://127.0.0.1:5103"]
+            .map(String::from)
+            .into();
+        assert_eq!(r.endpoints, want, "its own endpoint, not the node's");
+        // Both data endpoints are the node's: a connection to either stays.
+        assert!(r.announced.contains("tcp://127.0.0.1:5101"));
+        assert!(r.announced.contains("tcp://127.0.0.1:5109"));
+        // Without the field, the node's endpoint of its reliability.
+        let r = routes_for(&KeyExpr::new("sr/ps/*").unwrap(), &[&a]);
+        assert!(r.endpoints.contains("tcp://127.0.0.1:5101"), "{r:?}");
+        // Announced only when set.
+        let json = String::from_utf8(a.to_json()).unwrap();
+        assert_eq!(json.matches("\"endpoint\"").count(), 1, "{json}");
+        assert_eq!(Announcement::from_json(json.as_bytes()).unwrap(), a);
     }
 
     #[test]

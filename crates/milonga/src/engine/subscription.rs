@@ -1507,7 +1507,7 @@ impl Subscription {
                 .or_else(|| io.liveliness.get(&endpoint))
                 .copied(),
             endpoint,
-            reason: format!("refused this node's key (ZAP status {status}): it is not in that node's trust directory, or that node's access control rules let it subscribe to nothing"),
+            reason: format!("refused this node's key (ZAP status {status}): it is not in that node's trust directory, or that node's access control rules do not let it subscribe to every key served at that endpoint"),
         }));
     }
 

@@ -229,6 +229,20 @@ impl Acl {
             })
     }
 
+    /// The lines of the rules that let someone subscribe to `key`: keys
+    /// with the same lines have the same allowed subscribers, so they can
+    /// share a data socket whose connections are judged once, at the
+    /// handshake (docs/security.md).
+    pub fn subscribe_class(&self, key: &str) -> Vec<usize> {
+        self.rules
+            .iter()
+            .filter(|r| {
+                r.ops & Operation::Subscribe.bit() != 0 && r.exprs.iter().any(|e| e.matches(key))
+            })
+            .map(|r| r.line)
+            .collect()
+    }
+
     /// Whether `asker` may do `op` on every key `expr` matches.
     pub fn check_expr(
         &self,
@@ -324,6 +338,24 @@ mod tests {
         assert_eq!(a.may_subscribe(PS), Ok(4), "the rule for everyone");
         let none = Acl::parse("allow console call a/b", Path::new("r")).unwrap();
         assert!(none.may_subscribe(CONSOLE).is_err());
+    }
+
+    #[test]
+    fn keys_covered_by_the_same_subscribe_rules_are_of_one_class() {
+        let a = acl();
+        assert_eq!(a.subscribe_class("sr/ps/1"), vec![2]);
+        assert_eq!(a.subscribe_class("sr/rf/1"), vec![2]);
+        assert_eq!(a.subscribe_class("public/news"), vec![4]);
+        // `put` and `serve` rules do not count: nobody may subscribe.
+        assert_eq!(a.subscribe_class("lab/x"), Vec::<usize>::new());
+        let b = Acl::parse(
+            "allow a subscribe x/**\nallow b subscribe x/1 y/*\n",
+            Path::new("r"),
+        )
+        .unwrap();
+        assert_eq!(b.subscribe_class("x/1"), vec![1, 2]);
+        assert_eq!(b.subscribe_class("x/2"), vec![1]);
+        assert_eq!(b.subscribe_class("y/2"), vec![2]);
     }
 
     #[test]

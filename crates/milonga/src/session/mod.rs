@@ -45,8 +45,9 @@ pub(crate) trait RouteTarget: Send + Sync {
 /// What [`NodeInner::state`] guards.
 #[derive(Default)]
 struct NodeState {
-    /// Declared publications: key -> (reliability, history depth).
-    publications: BTreeMap<String, (Reliability, usize)>,
+    /// Declared publications: key -> (reliability, history depth, the
+    /// data endpoint serving it if not the node's of its reliability).
+    publications: BTreeMap<String, (Reliability, usize, Option<String>)>,
     /// Services served, by key.
     services: BTreeMap<String, ServiceInfo>,
     subs: Vec<Weak<dyn RouteTarget>>,
@@ -244,13 +245,14 @@ impl NodeInner {
         lock(&self.state).peers.contains_key(&id.to_hex())
     }
 
-    /// The data socket for `reliability`, created on first use (the
-    /// announcement then names it).
+    /// The data socket serving a publication of `key` with `reliability`,
+    /// created on first use (the announcement then names it).
     pub(crate) fn data_socket(
         &self,
         reliability: Reliability,
+        key: &str,
     ) -> Result<Arc<DataSocket>, OpenError> {
-        let (d, created) = self.p2p.data_socket(reliability)?;
+        let (d, created) = self.p2p.data_socket(reliability, key)?;
         if created {
             lock(&self.state).announce_dirty = true;
         }
@@ -265,13 +267,15 @@ impl NodeInner {
         key: &str,
         reliability: Reliability,
         history: usize,
+        data: &DataSocket,
     ) -> Option<u64> {
+        let endpoint = (!data.first).then(|| data.endpoint.clone());
         let mut st = lock(&self.state);
         if st.publications.contains_key(key) {
             return None;
         }
         st.publications
-            .insert(key.to_owned(), (reliability, history));
+            .insert(key.to_owned(), (reliability, history, endpoint));
         Some(st.last_seq.get(key).copied().unwrap_or(0))
     }
 
@@ -355,10 +359,11 @@ impl NodeInner {
             publications: st
                 .publications
                 .iter()
-                .map(|(k, (r, h))| PublicationInfo {
+                .map(|(k, (r, h, e))| PublicationInfo {
                     key: k.clone(),
                     reliability: *r,
                     history: *h,
+                    endpoint: e.clone(),
                 })
                 .collect(),
             services: st.services.values().cloned().collect(),

@@ -74,6 +74,7 @@ pub fn forge_publisher(
             key: key.into(),
             reliability: Reliability::BestEffort,
             history,
+            endpoint: None,
         }],
         services: vec![],
         key: None,

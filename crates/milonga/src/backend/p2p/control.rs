@@ -25,6 +25,7 @@ use crate::discovery::{ip_of, tcp_host_port, Announcement, Source};
 use crate::model::error::IntoTransport;
 use crate::model::error::OpenError;
 use crate::model::node::NodeCore;
+use crate::model::qos::Reliability;
 use crate::util::stats::{self, NodeStats};
 use crate::util::{lock, try_lock};
 
@@ -530,7 +531,7 @@ impl<H: Host> Control<H> {
         let new = self.p2p().take_new_monitors();
         self.monitors.extend(new.data);
         self.sub_monitors.extend(new.subs);
-        for d in self.p2p().data_sockets().into_iter().flatten() {
+        for d in self.p2p().data_sockets() {
             zmq_io::stop_monitor(&mut lock(&d.sock).sock);
         }
         for (sub, m) in self.sub_monitors.drain(..) {
@@ -777,17 +778,22 @@ impl<H: Host> Control<H> {
     /// for the socket if a user thread holds it (that thread sends it).
     fn flush_batches(&self) {
         let p2p = self.p2p();
-        let [_, reliable] = p2p.data_sockets();
-        let Some(d) = reliable else {
-            p2p.batch_sent();
-            return;
-        };
-        if let Some(mut g) = try_lock(&d.sock) {
-            let _ = g.send_pending(zmq::DONTWAIT, &p2p.core().counters);
-            if g.out.pending().is_none() {
-                p2p.batch_sent();
+        let mut left = false;
+        for d in p2p.data_sockets() {
+            if d.reliability != Reliability::Reliable {
+                continue;
             }
-        };
+            match try_lock(&d.sock) {
+                Some(mut g) => {
+                    let _ = g.send_pending(zmq::DONTWAIT, &p2p.core().counters);
+                    left |= g.out.pending().is_some();
+                }
+                None => left = true,
+            }
+        }
+        if !left {
+            p2p.batch_sent();
+        }
     }
 
     /// Reads subscription messages so that they do not pile up in a
@@ -797,7 +803,7 @@ impl<H: Host> Control<H> {
     fn drain_data_sockets(&self) -> bool {
         let p2p = self.p2p();
         let mut more = false;
-        for d in p2p.data_sockets().into_iter().flatten() {
+        for d in p2p.data_sockets() {
             if let Some(mut g) = try_lock(&d.sock) {
                 more |= g.drain_subscriptions(p2p.core());
             }

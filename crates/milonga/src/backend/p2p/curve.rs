@@ -6,7 +6,7 @@
 //! write them (`public-key = "…"`, `secret-key = "…"`, Z85), so keys made
 //! by those tools load here and the reverse.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -573,6 +573,11 @@ pub(crate) struct Guard {
     /// looked like when read (reloaded when that changes).
     acl: RwLock<Option<Acl>>,
     acl_stamp: Mutex<Option<(i64, i64, u64)>>,
+    /// With access control: the keys published on each data socket (by
+    /// its number), every one of which a key must be allowed to subscribe
+    /// to before the socket admits it (`admit`). Only grows: a key whose
+    /// publisher went stays, which can only refuse more.
+    data_keys: Mutex<BTreeMap<u32, BTreeSet<String>>>,
 }
 
 /// A file's modification time and size, if it can be read.
@@ -616,6 +621,7 @@ impl Guard {
             untrusted: Mutex::default(),
             acl: RwLock::new(acl),
             acl_stamp: Mutex::new(acl_stamp),
+            data_keys: Mutex::default(),
         });
         register(&g);
         Ok(g)
@@ -659,6 +665,49 @@ impl Guard {
             .and_then(|k| self.trusted(&k))
             .unwrap_or_else(|| "?".into());
         check(acl, Asker { name: &name, key }).map(|_| ())
+    }
+
+    /// With access control, whether `key` may be served on data socket
+    /// `socket`: whether the same `subscribe` rules cover it and every
+    /// key published there (so the socket admits exactly the keys allowed
+    /// to subscribe to it). Without: always.
+    pub(crate) fn fits_data_socket(&self, socket: u32, key: &str) -> bool {
+        let acl = self.acl.read().unwrap_or_else(|e| e.into_inner());
+        let Some(acl) = acl.as_ref() else {
+            return true;
+        };
+        let class = acl.subscribe_class(key);
+        lock(&self.data_keys)
+            .get(&socket)
+            .is_none_or(|keys| keys.iter().all(|k| acl.subscribe_class(k) == class))
+    }
+
+    /// Notes that `key` is published on data socket `socket`.
+    pub(crate) fn note_data_key(&self, socket: u32, key: &str) {
+        lock(&self.data_keys)
+            .entry(socket)
+            .or_default()
+            .insert(key.to_owned());
+    }
+
+    /// Forgets what was noted of data socket `socket` (it could not be made).
+    pub(crate) fn forget_data_socket(&self, socket: u32) {
+        lock(&self.data_keys).remove(&socket);
+    }
+
+    /// Whether `asker` may subscribe to every key published on data
+    /// socket `socket` (to something, if none is noted yet).
+    fn may_subscribe_to_socket(&self, socket: u32, key: &str) -> Result<(), String> {
+        let keys: Vec<String> = lock(&self.data_keys)
+            .get(&socket)
+            .map(|k| k.iter().cloned().collect())
+            .unwrap_or_default();
+        self.allowed(Some(key), |acl, who| match keys.is_empty() {
+            true => acl.may_subscribe(who),
+            false => keys.iter().try_fold(0, |_, k| {
+                acl.check(who, crate::model::acl::Operation::Subscribe, k)
+            }),
+        })
     }
 
     /// Whether a rules file is in force.
@@ -947,15 +996,11 @@ pub(crate) fn resolve_key(guard: &Guard, who: &str) -> Option<PublicKey> {
 
 /// Every endpoint an announcement names.
 fn endpoints_of(a: &Announcement) -> impl Iterator<Item = &str> {
-    [
-        Some(a.control.as_str()),
-        a.data_best_effort.as_deref(),
-        a.data_reliable.as_deref(),
-        a.liveliness.as_deref(),
-    ]
-    .into_iter()
-    .flatten()
-    .chain(a.services.iter().map(|s| s.endpoint.as_str()))
+    [Some(a.control.as_str()), a.liveliness.as_deref()]
+        .into_iter()
+        .flatten()
+        .chain(a.data_endpoints())
+        .chain(a.services.iter().map(|s| s.endpoint.as_str()))
 }
 
 /// The guards of this process's secured nodes, by ZAP domain.
@@ -965,24 +1010,29 @@ fn register(g: &Arc<Guard>) {
     lock(&REGISTRY).insert(g.zap_domain.clone(), Arc::downgrade(g));
 }
 
-/// What ends the ZAP domain of a node's data sockets.
-pub(crate) const DATA_DOMAIN_SUFFIX: &str = "-data";
+/// What follows a node's ZAP domain, before the socket's number, in the
+/// ZAP domain of its data sockets.
+pub(crate) const DATA_DOMAIN_INFIX: &str = "-data-";
 
 /// The ZAP verdict on a connection to a socket of ZAP domain `domain` by a
 /// client presenting `key` (RFC 27): the key in Z85 (the connection's user
-/// id), or why not. A data socket (its domain ends with
-/// [`DATA_DOMAIN_SUFFIX`]) of a node with access control admits only keys
-/// that some rule lets subscribe to something: libzmq's XPUB cannot refuse
-/// one subscription of a connection soundly, so this is where `subscribe`
-/// is decided (docs/security.md).
+/// id), or why not. A data socket (its domain `<node's>-data-<number>`) of
+/// a node with access control admits only keys allowed to subscribe to
+/// every key published on it: libzmq's XPUB cannot refuse one
+/// subscription of a connection soundly, so keys that different
+/// `subscribe` rules cover are published on different sockets, and this
+/// is where `subscribe` is decided (docs/security.md).
 pub(crate) fn admit(domain: &str, key: &[u8], address: &str) -> Result<String, &'static str> {
     let Ok(key) = <[u8; KEY_BYTES]>::try_from(key) else {
         return Err("not a CURVE key");
     };
     let key = PublicKey(key);
-    let (node, data) = match domain.strip_suffix(DATA_DOMAIN_SUFFIX) {
-        Some(node) => (node, true),
-        None => (domain, false),
+    let (node, data) = match domain.rsplit_once(DATA_DOMAIN_INFIX) {
+        Some((node, n)) => match n.parse::<u32>() {
+            Ok(n) => (node, Some(n)),
+            Err(_) => return Err("no such socket"),
+        },
+        None => (domain, None),
     };
     let guard = lock(&REGISTRY).get(node).and_then(Weak::upgrade);
     let Some(guard) = guard else {
@@ -993,16 +1043,15 @@ pub(crate) fn admit(domain: &str, key: &[u8], address: &str) -> Result<String, &
         return Err("key not trusted");
     }
     let z = key.to_z85();
-    if data {
-        let may = guard.allowed(Some(&z), |acl, who| acl.may_subscribe(who));
-        if let Err(why) = may {
+    if let Some(socket) = data {
+        if let Err(why) = guard.may_subscribe_to_socket(socket, &z) {
             if let Some(core) = guard.core.upgrade() {
                 core.counters
                     .acl_denied
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             limited!(warn, key = %key.fingerprint(), %address, %why, "access control refused a subscriber's connection");
-            return Err("no rule lets this key subscribe");
+            return Err("no rule lets this key subscribe to the keys published here");
         }
     }
     Ok(z)

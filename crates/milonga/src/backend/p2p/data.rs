@@ -27,14 +27,24 @@ use crate::util::stats::{self, Counters};
 pub(crate) struct DataSocket {
     pub(crate) sock: Mutex<DataSock>,
     pub(crate) endpoint: String,
+    pub(crate) reliability: Reliability,
+    /// Its place among the node's data sockets (its ZAP domain ends with it).
+    pub(crate) number: u32,
+    /// The node's first of its reliability: the one the announcement's
+    /// `data_best_effort` / `data_reliable` names.
+    pub(crate) first: bool,
 }
 
 impl DataSocket {
-    /// Binds node's data socket of `reliability` (XPUB; reliable: with
-    /// `XPUB_NODROP`): the socket and its monitor, for the node thread.
+    /// Binds data socket `number` of the node, of `reliability` (XPUB;
+    /// reliable: with `XPUB_NODROP`): the socket and its monitor, for the
+    /// node thread. The `first` of its reliability is bound at the
+    /// configured endpoint, if any; the others (access control) at any port.
     pub(crate) fn open(
         p2p: &P2p,
         reliability: Reliability,
+        number: u32,
+        first: bool,
     ) -> Result<(DataSocket, crate::backend::p2p::control::NodeMonitor), OpenError> {
         let node = p2p.core();
         let mut sock = p2p.ctx().socket(zmq::XPUB)?;
@@ -46,7 +56,10 @@ impl DataSocket {
             Reliability::BestEffort => "be",
             Reliability::Reliable => "r",
         };
-        let endpoint = p2p.endpoint_for(role, fixed);
+        let endpoint = match first {
+            true => p2p.endpoint_for(role, fixed),
+            false => p2p.endpoint_for(&format!("{role}{number}"), None),
+        };
         let opt_err = |source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: endpoint.clone(),
@@ -61,7 +74,7 @@ impl DataSocket {
         zmq_io::set_xpub_verboser(&mut sock).map_err(opt_err)?;
         // A data socket admits only keys its rules let subscribe to
         // something (see `curve::admit`).
-        p2p.secure_data_server(&mut sock)?;
+        p2p.secure_data_server(&mut sock, number)?;
         // With access control, history queries are checked (`DataSock::gate`).
         let gate = p2p.guard().filter(|g| g.has_acl());
         if reliability == Reliability::Reliable {
@@ -70,7 +83,8 @@ impl DataSocket {
                 .map_err(opt_err)?;
         }
         let bound = p2p.bind(&sock, &endpoint)?;
-        let monitor = crate::backend::p2p::control::monitor(p2p, &sock, role)?;
+        let monitor =
+            crate::backend::p2p::control::monitor(p2p, &sock, &format!("{role}{number}"))?;
         Ok((
             DataSocket {
                 sock: Mutex::new(DataSock {
@@ -79,6 +93,9 @@ impl DataSocket {
                     ..DataSock::new(sock, reliability)
                 }),
                 endpoint: bound,
+                reliability,
+                number,
+                first,
             },
             (role, monitor),
         ))

@@ -87,8 +87,10 @@ pub(crate) struct P2p {
 /// What [`P2p::sockets`] guards.
 #[derive(Default)]
 struct Sockets {
-    data_best_effort: Option<Arc<DataSocket>>,
-    data_reliable: Option<Arc<DataSocket>>,
+    /// The data sockets, numbered by their place here (never removed).
+    /// Without access control, at most one per reliability; with it, one
+    /// per reliability and set of `subscribe` rules covering its keys.
+    data: Vec<Arc<DataSocket>>,
     /// Monitors created since the node thread last looked: of data
     /// sockets (counted), of subscriptions (closed connections), of
     /// services (counted while the service lives).
@@ -182,23 +184,26 @@ impl P2p {
     /// Makes `sock`, a socket that binds, a CURVE server admitting the
     /// trusted keys only (security on; nothing otherwise). Before `bind`.
     pub(crate) fn secure_server(&self, sock: &mut zmq::Socket) -> Result<(), OpenError> {
-        self.secure_server_in(sock, false)
+        self.secure_server_in(sock, None)
     }
 
     /// [`P2p::secure_server`] for a data socket: with access control, it
     /// admits only keys the rules let subscribe to something.
-    pub(crate) fn secure_data_server(&self, sock: &mut zmq::Socket) -> Result<(), OpenError> {
-        self.secure_server_in(sock, true)
+    pub(crate) fn secure_data_server(
+        &self,
+        sock: &mut zmq::Socket,
+        number: u32,
+    ) -> Result<(), OpenError> {
+        self.secure_server_in(sock, Some(number))
     }
 
-    fn secure_server_in(&self, sock: &mut zmq::Socket, data: bool) -> Result<(), OpenError> {
+    fn secure_server_in(&self, sock: &mut zmq::Socket, data: Option<u32>) -> Result<(), OpenError> {
         let Some(g) = &self.security else {
             return Ok(());
         };
-        let domain = if data {
-            format!("{}{}", g.zap_domain, curve::DATA_DOMAIN_SUFFIX)
-        } else {
-            g.zap_domain.clone()
+        let domain = match data {
+            Some(n) => format!("{}{}{n}", g.zap_domain, curve::DATA_DOMAIN_INFIX),
+            None => g.zap_domain.clone(),
         };
         let err = |source: zmq::Error| OpenError::Socket {
             action: "secure",
@@ -250,8 +255,7 @@ impl P2p {
     /// Whether this node has a data socket, whose subscriptions, history
     /// queries and filter declarations the node thread reads every turn.
     fn has_data_sockets(&self) -> bool {
-        let s = lock(&self.sockets);
-        s.data_best_effort.is_some() || s.data_reliable.is_some()
+        !lock(&self.sockets).data.is_empty()
     }
 
     /// The monitors created since the node thread last looked.
@@ -341,23 +345,46 @@ impl P2p {
         }
     }
 
-    /// The data socket for `reliability`, created on first use; whether it
-    /// was (the announcement then names it).
+    /// The data socket serving a publication of `key` with
+    /// `reliability`, created on first use; whether it was (the
+    /// announcement then names it). Without access control, one per
+    /// reliability. With it, keys share a socket only if the same
+    /// `subscribe` rules cover them, so that the socket's handshake, which
+    /// admits only keys allowed to subscribe to everything it carries,
+    /// decides `subscribe` per key (docs/security.md).
     pub(crate) fn data_socket(
         &self,
         reliability: Reliability,
+        key: &str,
     ) -> Result<(Arc<DataSocket>, bool), OpenError> {
         let mut s = lock(&self.sockets);
-        let slot = match reliability {
-            Reliability::BestEffort => &mut s.data_best_effort,
-            Reliability::Reliable => &mut s.data_reliable,
+        let acl = self.security.as_ref().filter(|g| g.has_acl());
+        let fits = |d: &&Arc<DataSocket>| {
+            d.reliability == reliability && acl.is_none_or(|g| g.fits_data_socket(d.number, key))
         };
-        if let Some(d) = slot {
+        if let Some(d) = s.data.iter().find(fits) {
+            if let Some(g) = acl {
+                g.note_data_key(d.number, key);
+            }
             return Ok((d.clone(), false));
         }
-        let (d, monitor) = DataSocket::open(self, reliability)?;
+        let number = u32::try_from(s.data.len()).unwrap_or(u32::MAX);
+        let first = !s.data.iter().any(|d| d.reliability == reliability);
+        // Noted before the socket can admit anyone.
+        if let Some(g) = acl {
+            g.note_data_key(number, key);
+        }
+        let (d, monitor) = match DataSocket::open(self, reliability, number, first) {
+            Ok(opened) => opened,
+            Err(e) => {
+                if let Some(g) = acl {
+                    g.forget_data_socket(number);
+                }
+                return Err(e);
+            }
+        };
         let d = Arc::new(d);
-        *slot = Some(d.clone());
+        s.data.push(d.clone());
         s.new.data.push(monitor);
         drop(s);
         // From now on the node thread reads this socket every turn.
@@ -365,16 +392,23 @@ impl P2p {
         Ok((d, true))
     }
 
-    /// The data sockets: best effort, reliable.
-    pub(crate) fn data_sockets(&self) -> [Option<Arc<DataSocket>>; 2] {
-        let s = lock(&self.sockets);
-        [s.data_best_effort.clone(), s.data_reliable.clone()]
+    /// The data sockets.
+    pub(crate) fn data_sockets(&self) -> Vec<Arc<DataSocket>> {
+        lock(&self.sockets).data.clone()
     }
 
-    /// Where the data sockets are bound: best effort, reliable.
+    /// Where the node's first data socket of each reliability is bound
+    /// (best effort, reliable): the ones its announcement names; the
+    /// others are named by the publications they serve.
     pub(crate) fn data_endpoints(&self) -> [Option<String>; 2] {
-        self.data_sockets()
-            .map(|d| d.as_ref().map(|d| d.endpoint.clone()))
+        let s = lock(&self.sockets);
+        let first = |r: Reliability| {
+            s.data
+                .iter()
+                .find(|d| d.reliability == r && d.first)
+                .map(|d| d.endpoint.clone())
+        };
+        [first(Reliability::BestEffort), first(Reliability::Reliable)]
     }
 
     /// Hands the node thread the monitor of a subscription's socket: it
@@ -404,9 +438,10 @@ impl P2p {
     /// Gives a reliable batch still waiting up to `close_linger_ms` to
     /// leave (the node is closing).
     pub(crate) fn flush_at_close(&self) {
-        let reliable = lock(&self.sockets).data_reliable.clone();
-        if let Some(d) = reliable {
-            lock(&d.sock).flush_at_close(self.core.cfg.close_linger_ms, &self.core.counters);
+        for d in self.data_sockets() {
+            if d.reliability == Reliability::Reliable {
+                lock(&d.sock).flush_at_close(self.core.cfg.close_linger_ms, &self.core.counters);
+            }
         }
     }
 }
