@@ -724,10 +724,10 @@ fn subscribe_is_decided_per_key_even_for_a_raw_client_subscribing_to_everything(
     let acl = keys.dir.path().join("acl.rules");
     std::fs::write(
         &acl,
-        "allow srv         put,subscribe  sr/** public/**\n\
-         allow ps-console  subscribe      sr/ps/**\n\
-         allow console     subscribe      sr/**\n\
-         allow *           subscribe      public/**\n",
+        "allow srv         put,subscribe          sr/** public/**\n\
+         allow ps-console  subscribe,history      sr/ps/**\n\
+         allow console     subscribe,history      sr/**\n\
+         allow *           subscribe              public/**\n",
     )
     .unwrap();
     // The publisher: one node, three keys (a node of its own per key
@@ -741,20 +741,15 @@ fn subscribe_is_decided_per_key_even_for_a_raw_client_subscribing_to_everything(
     let published = ["sr/ps/1", "sr/rf/1", "public/x"];
     let pubs: Vec<_> = published
         .iter()
-        .map(|k| node.publisher(k).unwrap())
-        .collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let putter = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                for (i, p) in pubs.iter().enumerate() {
-                    p.put(i as i64).unwrap();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        .map(|k| {
+            node.publisher_with(k, milonga::PublisherQos::default().history(1))
+                .unwrap()
         })
-    };
+        .collect();
+    // One value each, kept: what `--last 1` asks each socket for.
+    for (i, p) in pubs.iter().enumerate() {
+        p.put(10 + i as i64).unwrap();
+    }
     let run = |who: &str, args: &[&str]| {
         let mut c = secured(&env, &keys, who, &trust, &["--acl"]);
         c.arg(&acl).args(args);
@@ -782,9 +777,57 @@ fn subscribe_is_decided_per_key_even_for_a_raw_client_subscribing_to_everything(
         "{eps:?}"
     );
 
+    // The console allowed sr/** gets the kept value of both keys, each
+    // from its own socket (the queries name the socket: one answer must
+    // not end the wait for the other).
+    let all = Proc::spawn(run("console", &["sub", "sr/**", "--json", "--last", "1"]));
+    assert_eq!(sample_of(&all, "sr/rf/1")["value"], 11);
+    let ps = Proc::spawn(run(
+        "ps-console",
+        &["sub", "sr/**", "--json", "--last", "1"],
+    ));
+    let mut told = None;
+    let kept = loop {
+        let j = sample_or_denied(&ps);
+        if j["event"] == "permission_denied" {
+            told = Some(j);
+            continue;
+        }
+        break j;
+    };
+    assert_eq!(
+        (&kept["key"], &kept["value"]),
+        (&"sr/ps/1".into(), &10.into())
+    );
+    // Not after the 2 s a query waits for its answer: the refusing
+    // socket's share of the query was given up when it refused.
+    let ls = secured(&env, &keys, "console", &trust, &["ls", "--json"])
+        .output()
+        .unwrap();
+    let nodes: Json = serde_json::from_slice(&ls.stdout).unwrap();
+    let sub = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["pid"] == ps.pid())
+        .expect("the subscriber's node is listed");
+    assert_eq!(sub["stats"]["history_queries_unanswered"], 0, "{sub}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let putter = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for (i, p) in pubs.iter().enumerate() {
+                    p.put(i as i64).unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+
     // The restricted console: sr/ps/1, a refusal told, never sr/rf/1.
-    let ps = Proc::spawn(run("ps-console", &["sub", "sr/**", "--json"]));
-    let (mut got, mut told) = (0, None);
+    let mut got = 0;
     while got < 20 || told.is_none() {
         let j = json_line(&ps).expect("a line before the timeout");
         if j["event"] == "permission_denied" {
@@ -803,8 +846,7 @@ fn subscribe_is_decided_per_key_even_for_a_raw_client_subscribing_to_everything(
             .contains("do not let it subscribe"),
         "{told}"
     );
-    // The console allowed sr/** gets both; public/** is anyone's.
-    let all = Proc::spawn(run("console", &["sub", "sr/**", "--json"]));
+    // The console allowed sr/** gets both live; public/** is anyone's.
     assert_eq!(sample_of(&all, "sr/rf/1")["value"], 1);
     assert_eq!(sample_of(&all, "sr/ps/1")["value"], 0);
     let public = Proc::spawn(run("ps-console", &["sub", "public/**", "--json"]));

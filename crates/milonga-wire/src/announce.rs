@@ -59,6 +59,19 @@ pub struct PublicationInfo {
     /// their own (docs/protocol.md §2.2). Absent: the node's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// The name history queries and filter declarations give that data
+    /// socket (`socket`, docs/protocol.md §4.2, §4.4) when it has an
+    /// endpoint of its own. Absent: the reliability's (`best_effort`,
+    /// `reliable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+}
+
+impl PublicationInfo {
+    /// The name of the data socket serving it, as queries give it.
+    pub fn socket_name(&self) -> &str {
+        self.socket.as_deref().unwrap_or(self.reliability.as_str())
+    }
 }
 
 /// What a node tells its domain about itself.

@@ -103,6 +103,7 @@ fn announcement() -> Announcement {
             reliability: Reliability::BestEffort,
             history: 10,
             endpoint: None,
+            socket: None,
         }],
         services: vec![ServiceInfo {
             key: "sr/ps/1/set_current".into(),

@@ -709,6 +709,7 @@ mod tests {
             reliability: crate::model::qos::Reliability::BestEffort,
             history: 0,
             endpoint: None,
+            socket: None,
         }];
         let file = dir.dir.join(format!("{}.json", a.node_id));
         fs::write(&file, serde_json::to_vec(&a).unwrap()).unwrap();

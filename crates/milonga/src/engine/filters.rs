@@ -95,7 +95,7 @@ pub(super) fn declare(d: &mut Outlet, me: &Me, msg: &[u8]) {
             return;
         }
     };
-    if decl.node != me.id.to_hex() || decl.socket != d.reliability.as_str() {
+    if decl.node != me.id.to_hex() || decl.socket != d.name {
         return;
     }
     let id = decl.filter.id_for(&decl.keys);

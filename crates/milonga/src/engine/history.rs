@@ -240,7 +240,7 @@ pub(super) fn answer(d: &mut Outlet, me: &Me, msg: &[u8]) -> Option<Answer> {
             return None;
         }
     };
-    if q.node != me.id.to_hex() || q.socket != d.reliability.as_str() {
+    if q.node != me.id.to_hex() || q.socket != d.name {
         return None;
     }
     // Only a token subscribed on this socket gets an answer: its replies
@@ -266,7 +266,7 @@ pub(super) fn answer(d: &mut Outlet, me: &Me, msg: &[u8]) -> Option<Answer> {
         }
     };
     let since: HashMap<&str, u64> = q.since.iter().map(|(k, s)| (k.as_str(), *s)).collect();
-    let socket = d.reliability.as_str().to_owned();
+    let socket = d.name.clone();
     let mut frames: Vec<Reply> = vec![Reply {
         socket: socket.clone(),
         ..Reply::default()

@@ -23,8 +23,10 @@ pub(crate) struct Outlet {
     pub(super) subscriptions: HashMap<Vec<u8>, u32>,
     /// Samples of a reliable publisher waiting for the socket as one batch.
     pub(super) pending: Option<Pending>,
-    /// Best effort or reliable (history queries name the socket by it).
-    pub(super) reliability: Reliability,
+    /// The socket's name in history queries and filter declarations: its
+    /// reliability's, or for another socket of that reliability (access
+    /// control) `<reliability>/<number>`.
+    pub(crate) name: String,
     /// Samples kept per key, for publishers with history.
     pub(super) histories: HashMap<String, Kept>,
     /// Filters declared by subscribers, by id.
@@ -51,11 +53,17 @@ pub(crate) enum Upstream {
 }
 
 impl Outlet {
+    /// The outlet of the node's first data socket of `reliability`.
     pub(crate) fn new(reliability: Reliability) -> Self {
+        Self::named(reliability.as_str().to_owned())
+    }
+
+    /// The outlet of a data socket named `name` in queries.
+    pub(crate) fn named(name: String) -> Self {
         Outlet {
             subscriptions: HashMap::new(),
             pending: None,
-            reliability,
+            name,
             histories: HashMap::new(),
             filters: HashMap::new(),
             replies: 0,
@@ -141,6 +149,16 @@ impl Outlet {
     /// history was declared).
     pub(crate) fn keep_history(&mut self, key: &str, depth: usize) {
         self.histories.insert(key.to_owned(), Kept::new(depth));
+    }
+
+    /// The keys whose samples are kept here that `expr` matches: what a
+    /// history query of `expr` to this socket would be answered with.
+    pub(crate) fn kept_keys(&self, expr: &milonga_wire::KeyExpr) -> Vec<String> {
+        self.histories
+            .keys()
+            .filter(|k| expr.matches(k))
+            .cloned()
+            .collect()
     }
 
     /// Stops keeping samples of `key` (its publisher was dropped).

@@ -14,6 +14,8 @@ use milonga_wire::announce::Announcement;
 pub(crate) struct MatchedPublication {
     /// The data endpoint serving it.
     pub endpoint: String,
+    /// That data socket's name in history queries and filter declarations.
+    pub socket: String,
     pub reliability: Reliability,
     /// Samples kept per key.
     pub history: usize,
@@ -67,6 +69,7 @@ pub(crate) fn routes_for(expr: &KeyExpr, peers: &[&Announcement]) -> Routes {
                     (id, p.key.clone()),
                     MatchedPublication {
                         endpoint: ep.to_owned(),
+                        socket: p.socket_name().to_owned(),
                         reliability: p.reliability,
                         history: p.history,
                     },
@@ -114,6 +117,7 @@ pub(crate) fn test_announcement(
                 reliability: *r,
                 history: *h,
                 endpoint: None,
+                socket: None,
             })
             .collect(),
         services: vec![],
@@ -184,17 +188,22 @@ mod tests {
         use Reliability::*;
         let mut a = node(1, 1, &[("sr/ps/1", BestEffort), ("sr/rf/1", BestEffort)]);
         a.publications[1].endpoint = Some("tcp://127.0.0.1:5109".into());
+        a.publications[1].socket = Some("best_effort/2".into());
         let r = routes_for(&KeyExpr::new("sr/rf/*").unwrap(), &[&a]);
         let want: BTreeSet<String> = ["tcp://127.0.0.1:5109", "tcp://127.0.0.1:5103"]
             .map(String::from)
             .into();
         assert_eq!(r.endpoints, want, "its own endpoint, not the node's");
+        let p = &r.publications[&(NodeId([1; 16]), "sr/rf/1".to_owned())];
+        assert_eq!(p.socket, "best_effort/2", "queries name its socket");
         // Both data endpoints are the node's: a connection to either stays.
         assert!(r.announced.contains("tcp://127.0.0.1:5101"));
         assert!(r.announced.contains("tcp://127.0.0.1:5109"));
         // Without the field, the node's endpoint of its reliability.
         let r = routes_for(&KeyExpr::new("sr/ps/*").unwrap(), &[&a]);
         assert!(r.endpoints.contains("tcp://127.0.0.1:5101"), "{r:?}");
+        let p = &r.publications[&(NodeId([1; 16]), "sr/ps/1".to_owned())];
+        assert_eq!(p.socket, "best_effort");
         // Announced only when set.
         let json = String::from_utf8(a.to_json()).unwrap();
         assert_eq!(json.matches("\"endpoint\"").count(), 1, "{json}");

@@ -503,7 +503,7 @@ impl Subscription {
                 if p.history > 0 && fresh.contains(&p.endpoint) && asked.insert(&p.endpoint) {
                     let q = Query {
                         node: node.to_hex(),
-                        socket: p.reliability.as_str().to_owned(),
+                        socket: p.socket.clone(),
                         token: self.token.clone(),
                         expr: self.expr.as_str().to_owned(),
                         last,
@@ -519,7 +519,7 @@ impl Subscription {
                 if fresh.contains(&p.endpoint) && declared.insert(&p.endpoint) {
                     let d = milonga_wire::filter::Declaration {
                         node: node.to_hex(),
-                        socket: p.reliability.as_str().to_owned(),
+                        socket: p.socket.clone(),
                         keys: self.expr.as_str().to_owned(),
                         filter: f.clone(),
                     };
@@ -1496,6 +1496,24 @@ impl Subscription {
         status: u32,
     ) {
         self.counters.auth_rejected.fetch_add(1, Ordering::Relaxed);
+        // A history query to a data socket that refused this node gets no
+        // answer: the node's other sockets (access control gives keys of
+        // other rules sockets of their own) need not wait for it.
+        let refusing: Vec<(NodeId, String)> = io
+            .matched
+            .iter()
+            .filter(|(_, p)| p.endpoint == endpoint)
+            .map(|((node, _), p)| (*node, p.socket.clone()))
+            .collect();
+        for (node, socket) in refusing {
+            let done = io
+                .joins
+                .get_mut(&node)
+                .is_some_and(|j| j.pending.remove(&socket) && j.pending.is_empty());
+            if done {
+                self.finish_join(io, &self.counters, node, true);
+            }
+        }
         if io.refused.len() >= MAX_REFUSED || !io.refused.insert(endpoint.clone()) {
             return;
         }

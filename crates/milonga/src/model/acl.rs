@@ -243,22 +243,6 @@ impl Acl {
             .collect()
     }
 
-    /// Whether `asker` may do `op` on every key `expr` matches.
-    pub fn check_expr(
-        &self,
-        asker: Asker<'_>,
-        op: Operation,
-        expr: &KeyExpr,
-    ) -> Result<usize, String> {
-        if expr.is_literal() {
-            return self.check(asker, op, expr.as_str());
-        }
-        self.rules_for(asker, op)
-            .find(|r| r.exprs.iter().any(|e| expr_within(expr, e)))
-            .map(|r| r.line)
-            .ok_or_else(|| self.denied(asker, op, expr.as_str()))
-    }
-
     fn denied(&self, asker: Asker<'_>, op: Operation, what: &str) -> String {
         format!(
             "no rule of {} allows {} {} on {what}",
@@ -267,26 +251,6 @@ impl Acl {
             op.as_str()
         )
     }
-}
-
-/// Whether every key `inner` matches, `outer` matches too (sufficient
-/// check: chunk by chunk, `**` of `outer` taking the rest, `*` of `outer`
-/// any one chunk that is not `**`).
-fn expr_within(inner: &KeyExpr, outer: &KeyExpr) -> bool {
-    let i: Vec<&str> = inner.as_str().split('/').collect();
-    let o: Vec<&str> = outer.as_str().split('/').collect();
-    fn within(i: &[&str], o: &[&str]) -> bool {
-        match (i.first(), o.first()) {
-            (_, Some(&"**")) if o.len() == 1 => true,
-            (None, None) => true,
-            (None, _) | (_, None) => false,
-            (Some(&"**"), _) => false,
-            (Some(a), Some(&"*")) => *a != "**" && within(&i[1..], &o[1..]),
-            (Some(a), Some(&"**")) => within(i, &o[1..]) || (*a != "**" && within(&i[1..], o)),
-            (Some(a), Some(b)) => a == b && within(&i[1..], &o[1..]),
-        }
-    }
-    within(&i, &o)
 }
 
 #[cfg(test)]
@@ -356,23 +320,6 @@ mod tests {
         assert_eq!(b.subscribe_class("x/1"), vec![1, 2]);
         assert_eq!(b.subscribe_class("x/2"), vec![1]);
         assert_eq!(b.subscribe_class("y/2"), vec![2]);
-    }
-
-    #[test]
-    fn an_expression_is_allowed_only_within_a_rule() {
-        let a = acl();
-        let e = |s: &str| KeyExpr::new(s).unwrap();
-        assert!(a
-            .check_expr(CONSOLE, Operation::History, &e("sr/*/1/**"))
-            .is_ok());
-        assert!(a.check_expr(CONSOLE, Operation::History, &e("**")).is_err());
-        assert!(a
-            .check_expr(CONSOLE, Operation::History, &e("*/ps"))
-            .is_err());
-        assert!(expr_within(&e("a/*/c"), &e("a/**")));
-        assert!(expr_within(&e("a/b/c"), &e("a/*/c")));
-        assert!(!expr_within(&e("a/**/c"), &e("a/*/c")));
-        assert!(expr_within(&e("a/**"), &e("a/**")));
     }
 
     #[test]

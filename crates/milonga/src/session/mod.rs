@@ -45,9 +45,8 @@ pub(crate) trait RouteTarget: Send + Sync {
 /// What [`NodeInner::state`] guards.
 #[derive(Default)]
 struct NodeState {
-    /// Declared publications: key -> (reliability, history depth, the
-    /// data endpoint serving it if not the node's of its reliability).
-    publications: BTreeMap<String, (Reliability, usize, Option<String>)>,
+    /// Declared publications, by key, as announced.
+    publications: BTreeMap<String, PublicationInfo>,
     /// Services served, by key.
     services: BTreeMap<String, ServiceInfo>,
     subs: Vec<Weak<dyn RouteTarget>>,
@@ -269,13 +268,19 @@ impl NodeInner {
         history: usize,
         data: &DataSocket,
     ) -> Option<u64> {
-        let endpoint = (!data.first).then(|| data.endpoint.clone());
         let mut st = lock(&self.state);
         if st.publications.contains_key(key) {
             return None;
         }
-        st.publications
-            .insert(key.to_owned(), (reliability, history, endpoint));
+        let own = !data.first;
+        let info = PublicationInfo {
+            key: key.to_owned(),
+            reliability,
+            history,
+            endpoint: own.then(|| data.endpoint.clone()),
+            socket: own.then(|| data.name.clone()),
+        };
+        st.publications.insert(key.to_owned(), info);
         Some(st.last_seq.get(key).copied().unwrap_or(0))
     }
 
@@ -356,16 +361,7 @@ impl NodeInner {
             data_best_effort: best_effort,
             data_reliable: reliable,
             liveliness: Some(self.liveliness_endpoint.clone()),
-            publications: st
-                .publications
-                .iter()
-                .map(|(k, (r, h, e))| PublicationInfo {
-                    key: k.clone(),
-                    reliability: *r,
-                    history: *h,
-                    endpoint: e.clone(),
-                })
-                .collect(),
+            publications: st.publications.values().cloned().collect(),
             services: st.services.values().cloned().collect(),
             key: self.p2p.public_key().map(|k| k.to_z85()),
         }

@@ -75,6 +75,7 @@ pub fn forge_publisher(
             reliability: Reliability::BestEffort,
             history,
             endpoint: None,
+            socket: None,
         }],
         services: vec![],
         key: None,

@@ -28,6 +28,8 @@ pub(crate) struct DataSocket {
     pub(crate) sock: Mutex<DataSock>,
     pub(crate) endpoint: String,
     pub(crate) reliability: Reliability,
+    /// Its name in history queries and filter declarations (its outlet's).
+    pub(crate) name: String,
     /// Its place among the node's data sockets (its ZAP domain ends with it).
     pub(crate) number: u32,
     /// The node's first of its reliability: the one the announcement's
@@ -85,15 +87,21 @@ impl DataSocket {
         let bound = p2p.bind(&sock, &endpoint)?;
         let monitor =
             crate::backend::p2p::control::monitor(p2p, &sock, &format!("{role}{number}"))?;
+        let name = match first {
+            true => reliability.as_str().to_owned(),
+            false => format!("{}/{number}", reliability.as_str()),
+        };
         Ok((
             DataSocket {
                 sock: Mutex::new(DataSock {
+                    out: Outlet::named(name.clone()),
                     gate,
                     inproc: node.cfg.transport == crate::model::config::Transport::Inproc,
                     ..DataSock::new(sock, reliability)
                 }),
                 endpoint: bound,
                 reliability,
+                name,
                 number,
                 first,
             },
@@ -443,11 +451,16 @@ impl DataSock {
         let Ok(expr) = milonga_wire::KeyExpr::new(q.expr.as_str()) else {
             return Gate::Pass;
         };
+        // Judged by what the answer would hold: each kept key of this
+        // socket that the expression matches (a console allowed history
+        // on `sr/ps/**` that asks for `sr/**` gets what it may read).
         let verdict = if self.inproc && key.is_none() {
             Ok(())
         } else {
+            let kept = self.out.kept_keys(&expr);
             g.allowed(key, |acl, who| {
-                acl.check_expr(who, Operation::History, &expr)
+                kept.iter()
+                    .try_fold(0, |_, k| acl.check(who, Operation::History, k))
             })
         };
         match verdict {
