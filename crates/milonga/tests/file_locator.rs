@@ -73,6 +73,21 @@ fn publishers_write_the_file_and_subscriptions_read_it_back_then_end() {
             .count(),
         100
     );
+    // With a queue policy (a pump thread between the recording and the
+    // application): the same samples, and the same end (it was `Closed`).
+    let queued = reader
+        .subscribe_with("f/**", milonga::SubscriberQos::default().keep_all(1000))
+        .unwrap();
+    let mut n = 0;
+    loop {
+        match queued.recv_timeout(Duration::from_secs(10)) {
+            Ok(Event::Sample(_)) => n += 1,
+            Ok(_) => {}
+            Err(RecvError::EndOfRecording) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(n, 100);
     // One that matches nothing ends at once.
     let none = reader.subscribe("g/**").unwrap();
     assert!(matches!(

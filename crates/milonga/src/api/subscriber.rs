@@ -224,6 +224,8 @@ impl SubShared {
         };
         match app.pop(timeout) {
             Ok(ev) => Ok(ev),
+            // The pump stopped at the end of a recording: said as such.
+            Err(true) if self.ended.load(Ordering::Acquire) => Err(RecvError::EndOfRecording),
             Err(true) => Err(RecvError::Closed),
             Err(false) if timeout == Some(Duration::ZERO) => Err(RecvError::Empty),
             Err(false) => Err(RecvError::Timeout),
