@@ -883,3 +883,150 @@ fn subscribe_is_decided_per_key_even_for_a_raw_client_subscribing_to_everything(
     stop.store(true, Ordering::Relaxed);
     putter.join().unwrap();
 }
+
+/// Authentic headers (issue 16, item 4): a trusted peer that sends frames
+/// naming another node's id is not believed. The attacker here is a raw
+/// CURVE XPUB holding a trusted key and announcing a node of its own; it
+/// sends samples under its own id (delivered: the connection is up) and
+/// samples naming the victim's id with a later sequence number and a
+/// value of its choosing. None of the latter reaches the subscriber, and
+/// each is counted (`frames_unattributed`). Without the check, the
+/// subscriber took them as the victim's (seen: value 666 from the victim).
+#[test]
+fn a_trusted_peer_cannot_send_samples_under_another_nodes_id() {
+    use milonga::wire::frame::{self, domain_tag, Encoding, Header, Kind};
+    use milonga::{Announcement, Key, NodeId, PublicationInfo, Reliability};
+
+    let env = Env::new("sec-forge");
+    let names = ["victim", "attacker", "reader"];
+    let keys = Keys::new("sec-forge", &names);
+    let trust = keys.trust("all", &names);
+    let _victim = Proc::spawn(secured(
+        &env,
+        &keys,
+        "victim",
+        &trust,
+        &["pub", "lab/x", "1", "--rate", "20"],
+    ));
+    let ls = || -> Vec<Json> {
+        let out = secured(&env, &keys, "reader", &trust, &["ls", "--json"])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Json>(&out.stdout)
+            .ok()
+            .and_then(|j| j.as_array().cloned())
+            .unwrap_or_default()
+    };
+    let mut victim_id = String::new();
+    assert!(poll_until(T, || {
+        if let Some(n) = ls()
+            .into_iter()
+            .find(|n| n["publications"][0]["key"] == "lab/x")
+        {
+            victim_id = n["node_id"].as_str().unwrap().to_owned();
+        }
+        !victim_id.is_empty()
+    }));
+
+    // The attacker: a CURVE server with its trusted key, announced.
+    let ctx = zmq::Context::new();
+    let xpub = ctx.socket(zmq::XPUB).unwrap();
+    xpub.set_linger(0).unwrap();
+    xpub.set_curve_server(true).unwrap();
+    xpub.set_curve_secretkey(&key_field(&keys.key("attacker"), "secret-key"))
+        .unwrap();
+    let endpoint = format!("tcp://127.0.0.1:{}", milonga_testkit::free_port());
+    xpub.bind(&endpoint).unwrap();
+    let attacker = NodeId([0x66; 16]);
+    let announcement = Announcement {
+        protocol: 1,
+        domain: env.domain.clone(),
+        node_id: attacker.to_hex(),
+        name: "attacker".into(),
+        host: "localhost".into(),
+        pid: std::process::id(),
+        start_time: milonga_testkit::process_start_time(std::process::id()).unwrap(),
+        control: "tcp://127.0.0.1:9".into(),
+        data_best_effort: Some(endpoint),
+        data_reliable: None,
+        liveliness: None,
+        publications: vec![PublicationInfo {
+            key: "lab/x".into(),
+            reliability: Reliability::BestEffort,
+            history: 0,
+            endpoint: None,
+            socket: None,
+        }],
+        services: vec![],
+        key: Some(zmq::z85_encode(&key_field(&keys.public("attacker"), "public-key")).unwrap()),
+    };
+    std::fs::write(
+        env.dir
+            .path()
+            .join(&env.domain)
+            .join(format!("{}.json", attacker.to_hex())),
+        announcement.to_json(),
+    )
+    .unwrap();
+    let frame_of = |node: NodeId, seq: u64, value: &[u8]| {
+        let h = Header {
+            kind: Kind::Sample,
+            flags: 0,
+            encoding: Encoding::Cbor,
+            domain_tag: domain_tag(&env.domain),
+            schema_id: 0,
+            node_id: node,
+            seq,
+            timestamp_ns: 1,
+        };
+        frame::encode(&Key::new("lab/x").unwrap(), &h, value)
+    };
+    let victim = NodeId::from_hex(&victim_id).unwrap();
+
+    let reader = Proc::spawn(secured(
+        &env,
+        &keys,
+        "reader",
+        &trust,
+        &["sub", "lab/x", "--json"],
+    ));
+    // Its samples and the victim's both arrive (one socket per key the
+    // subscription connects to: two here, read in turn).
+    let (mut own, mut genuine, mut seq) = (0, 0, 1u64);
+    while own < 10 || genuine < 3 {
+        // Its own sample (CBOR 7), then one naming the victim (CBOR 666).
+        xpub.send(frame_of(attacker, seq, &[0x07]), 0).unwrap();
+        xpub.send(frame_of(victim, 1_000_000 + seq, &[0x19, 0x02, 0x9a]), 0)
+            .unwrap();
+        seq += 1;
+        while let Some(line) = reader.line(Duration::from_millis(20)) {
+            let j: Json = serde_json::from_str(&line).unwrap();
+            if j.get("event").is_some() {
+                continue;
+            }
+            assert_ne!(j["value"], 666, "a forged sample was believed: {j}");
+            if j["publisher"] == attacker.to_hex().as_str() {
+                own += 1;
+            } else {
+                assert!(j["seq"].as_u64().unwrap() < 1_000_000, "{j}");
+                assert_eq!(j["publisher"], victim_id.as_str(), "{j}");
+                genuine += 1;
+            }
+        }
+        assert!(
+            seq < 2_000,
+            "{own} of the attacker's own samples, {genuine} of the victim's"
+        );
+    }
+    let reader_node = ls()
+        .into_iter()
+        .find(|n| n["pid"] == reader.pid())
+        .expect("the reader is listed");
+    assert!(
+        reader_node["stats"]["frames_unattributed"]
+            .as_u64()
+            .unwrap()
+            >= 10,
+        "{reader_node}"
+    );
+}

@@ -192,8 +192,11 @@ impl Node {
         let shared = Arc::new(SubShared::new(&self.inner, id, expr, &qos)?);
         let routed: Arc<dyn RouteTarget> = shared.clone();
         self.inner.add_subscription(Arc::downgrade(&routed));
-        let monitor = lock(&shared.monitor).take();
-        if let Some(m) = monitor {
+        // The monitors of its sockets: the first, and those made by the
+        // connections just made; later ones are handed over as made.
+        let _ = shared.this.set(Arc::downgrade(&shared));
+        let monitors = std::mem::take(&mut *lock(&shared.monitors));
+        for m in monitors {
             let watcher: Arc<dyn crate::backend::p2p::sub_link::ConnectionWatcher> = shared.clone();
             self.inner
                 .backend()

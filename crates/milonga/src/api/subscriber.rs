@@ -30,9 +30,12 @@ pub(crate) struct SubShared {
     /// The receive state and the socket, held by the receiving thread.
     io: Mutex<SubState<SubLink>>,
     waker: Waker,
-    /// The socket monitor (closed connections), until the node thread
-    /// takes it to watch.
-    pub(crate) monitor: Mutex<Option<Monitor>>,
+    /// The socket monitors (closed connections) until the node thread
+    /// takes them to watch, and when it gives them back.
+    pub(crate) monitors: Mutex<Vec<Monitor>>,
+    /// This subscription, for the node thread to tell of the sockets
+    /// made after it began (security on: one per publishers' key).
+    pub(crate) this: std::sync::OnceLock<std::sync::Weak<SubShared>>,
     /// Endpoints whose connection closed, reported by the node thread.
     closed_connections: Mutex<Vec<String>>,
     /// Connections a publisher's node refused (its ZAP status), reported
@@ -108,7 +111,8 @@ impl SubShared {
             node: node.clone(),
             io: Mutex::new(SubState::new(link, qos.last)),
             waker,
-            monitor: Mutex::new(Some(monitor)),
+            monitors: Mutex::new(vec![monitor]),
+            this: std::sync::OnceLock::new(),
             closed_connections: Mutex::new(Vec::new()),
             refused_connections: Mutex::new(Vec::new()),
             has_closed_connections: AtomicBool::new(false),
@@ -152,6 +156,7 @@ impl SubShared {
                 return Err(RecvError::EndOfRecording);
             }
             self.core.apply(&mut io);
+            self.watch_new_sockets(&mut io);
             // Closed connections and departed publishers are dealt with
             // once what already arrived has been read: a closing node's
             // goodbye comes before its connection closes and its
@@ -264,11 +269,31 @@ impl SubShared {
         app.close();
     }
 
+    /// Hands the node thread the monitors of the sockets the link made
+    /// since the last call (a connection to a publisher of another key).
+    fn watch_new_sockets(&self, io: &mut SubState<SubLink>) {
+        let new = io.link.take_new_monitors();
+        if new.is_empty() {
+            return;
+        }
+        let Some(this) = self.this.get() else {
+            // Not started yet: Node::subscribe hands them over.
+            lock(&self.monitors).extend(new);
+            return;
+        };
+        for m in new {
+            let watcher: std::sync::Weak<dyn ConnectionWatcher> = this.clone();
+            self.node.backend().watch_subscription(watcher, m);
+        }
+    }
+
     /// Handles a received message; under a flood the socket is never
     /// empty, so the timers are looked at every 256 messages all the same.
     fn received(&self, io: &mut SubState<SubLink>, msg: Incoming) {
         match msg {
-            Incoming::Message(first, second) => self.core.handle(io, first, second),
+            Incoming::Message(first, second, sender) => {
+                self.core.handle_from(io, first, second, sender.as_deref())
+            }
             Incoming::TooManyFrames => {
                 let c = self.node.counters();
                 let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -332,7 +357,10 @@ impl RouteTarget for SubShared {
             return;
         }
         match try_lock(&self.io) {
-            Some(mut io) => self.core.apply(&mut io),
+            Some(mut io) => {
+                self.core.apply(&mut io);
+                self.watch_new_sockets(&mut io);
+            }
             None => self.wake(),
         }
     }
@@ -374,7 +402,7 @@ impl ConnectionWatcher for SubShared {
     }
 
     fn monitor_back(&self, monitor: Monitor) {
-        *lock(&self.monitor) = Some(monitor);
+        lock(&self.monitors).push(monitor);
     }
 }
 

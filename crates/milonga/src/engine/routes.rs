@@ -38,6 +38,10 @@ pub(crate) struct Routes {
     /// Every node alive in the domain: sequence state of others is
     /// forgotten.
     pub live: BTreeSet<NodeId>,
+    /// The key (Z85) each live node that has one announces: with security
+    /// on, a frame naming the node is taken only from a connection to
+    /// that key's holder.
+    pub node_keys: BTreeMap<NodeId, String>,
     /// Every data endpoint those nodes announce (matching or not): a
     /// connection to one that is no longer announced by its live node (it
     /// moved: another address of a node on several networks) is closed.
@@ -53,6 +57,9 @@ pub(crate) fn routes_for(expr: &KeyExpr, peers: &[&Announcement]) -> Routes {
     for a in peers {
         let Some(id) = a.id() else { continue };
         r.live.insert(id);
+        if let Some(k) = &a.key {
+            r.node_keys.insert(id, k.clone());
+        }
         r.announced.extend(a.data_endpoints().map(str::to_owned));
         let mut matched = false;
         for p in &a.publications {

@@ -97,6 +97,10 @@ pub(crate) struct SubState<L> {
     /// [`MAX_RECENTLY_GONE`]): samples they sent before leaving may still
     /// be read, a first one included.
     recently_gone: VecDeque<NodeId>,
+    /// The key each node announced (security on), kept while the node is
+    /// live or its data connection may still deliver (at most
+    /// [`MAX_NODE_KEYS`] beyond those).
+    node_keys: HashMap<NodeId, std::sync::Arc<str>>,
     /// The publisher nodes discovery shows for this subscription.
     publishers: HashMap<NodeId, PubState>,
     /// Per-key deadline state, when the QoS sets a deadline.
@@ -230,6 +234,10 @@ pub(crate) const MAX_ABSENT_KEYS: usize = 1 << 16;
 /// Most nodes that left discovery whose first samples a subscription still
 /// accepts (see `SubState::recently_gone`).
 const MAX_RECENTLY_GONE: usize = 1024;
+
+/// Keys of nodes that are not live a subscription remembers beyond the
+/// live ones' before it forgets those of nodes long gone.
+const MAX_NODE_KEYS: usize = 4096;
 /// Most refusing endpoints remembered (each reported once).
 const MAX_REFUSED: usize = 1024;
 
@@ -304,6 +312,7 @@ impl<L> SubState<L> {
             absent: VecDeque::new(),
             goodbyes: HashMap::new(),
             live: BTreeSet::new(),
+            node_keys: HashMap::new(),
             recently_gone: VecDeque::new(),
             backoff: HashMap::new(),
             refused: BTreeSet::new(),
@@ -406,6 +415,18 @@ impl Subscription {
             }
         }
         io.liveliness = liveliness;
+        for (id, k) in &r.node_keys {
+            if io.node_keys.get(id).is_none_or(|old| **old != **k) {
+                io.node_keys.insert(*id, k.as_str().into());
+            }
+        }
+        if io.node_keys.len() > MAX_NODE_KEYS {
+            // Those of nodes long gone go; a lingering connection's stays.
+            let (live, gone, data) = (&r.live, &io.recently_gone, &io.data_nodes);
+            io.node_keys.retain(|id, _| {
+                live.contains(id) || gone.contains(id) || data.values().any(|n| n == id)
+            });
+        }
         for ((node, _), p) in &r.publications {
             io.data_nodes.insert(p.endpoint.clone(), *node);
         }
@@ -1203,11 +1224,26 @@ impl Subscription {
     }
 
     /// Checks one received message and queues the events it yields.
+    #[cfg(test)]
     pub(crate) fn handle<L: Link>(
         &self,
         io: &mut SubState<L>,
         frame: Bytes,
         second: Option<Bytes>,
+    ) {
+        self.handle_from(io, frame, second, None);
+    }
+
+    /// [`Subscription::handle`] for a message that came on a connection
+    /// to the holder of key `sender` (Z85; `None`: no handshake, security
+    /// off or the node's own process): taken only if the node its header
+    /// names announced that key (docs/security.md, "Authentic headers").
+    pub(crate) fn handle_from<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        frame: Bytes,
+        second: Option<Bytes>,
+        sender: Option<&str>,
     ) {
         let c = &self.counters;
         stats::add(
@@ -1238,6 +1274,20 @@ impl Subscription {
                 &format_args!("key {}", view.key),
             );
             return;
+        }
+        if let Some(sender) = sender {
+            if io.node_keys.get(&h.node_id).map(|k| &**k) != Some(sender) {
+                let n = c.frames_unattributed.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(
+                    n,
+                    "a frame whose node did not send it",
+                    &format_args!(
+                        "it names node {} and came from a connection to key {sender}, which that node does not announce",
+                        h.node_id
+                    ),
+                );
+                return;
+            }
         }
         let has_flag = h.flags & FLAG_PAYLOAD_FRAME != 0;
         if has_flag != second.is_some() {
@@ -1788,6 +1838,36 @@ mod tests {
             .iter()
             .filter_map(|e| e.as_sample().map(|s| s.seq))
             .collect()
+    }
+
+    #[test]
+    fn with_security_a_frame_is_taken_only_from_the_key_its_node_announced() {
+        let mut f = fixture("k", wants(0, false, None));
+        let mut a = announcement("k", Reliability::BestEffort, 0);
+        a.key = Some("publisher-key".into());
+        f.route(&a);
+        let take = |f: &mut Fixture, seq: u64, sender: Option<&str>| {
+            f.core
+                .handle_from(&mut f.io, Bytes::from(sample("k", seq)), None, sender);
+            f.events()
+                .iter()
+                .filter(|e| matches!(e, Event::Sample(s) if s.seq == seq))
+                .count()
+        };
+        // From a connection to its node's key: taken.
+        assert_eq!(take(&mut f, 1, Some("publisher-key")), 1);
+        // From another trusted key's connection, naming that node: not.
+        assert_eq!(take(&mut f, 2, Some("someone-else")), 0);
+        assert_eq!(f.counters.frames_unattributed.load(Relaxed), 1);
+        // Without a handshake (security off, or inproc): as before.
+        assert_eq!(take(&mut f, 3, None), 1);
+        // A node discovery never showed: nobody's key is its.
+        let mut h = header(Kind::Sample, 4, "lab");
+        h.node_id = NodeId([7; 16]);
+        let other = frame::encode(&Key::new("k").unwrap(), &h, &cbor(&Value::Float(4.0)));
+        f.core
+            .handle_from(&mut f.io, Bytes::from(other), None, Some("publisher-key"));
+        assert_eq!(f.counters.frames_unattributed.load(Relaxed), 2);
     }
 
     #[test]

@@ -63,6 +63,11 @@ counters! {
     /// discovery nor remembered by the subscription (forged, or from a node
     /// long gone): each would cost the subscription state.
     samples_unknown_publisher,
+    /// Data frames dropped because the node their header names announced
+    /// another key than the one of the connection they came on (security
+    /// on: a trusted peer claiming another node's id), or announced none
+    /// the subscription knows.
+    frames_unattributed,
     /// Samples of a new key dropped because the subscription already
     /// follows 65,536 keys of that publisher node.
     samples_over_key_limit,

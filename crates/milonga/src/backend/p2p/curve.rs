@@ -928,18 +928,24 @@ pub(crate) fn secure_client(
     sock: &zmq::Socket,
     endpoint: &str,
 ) -> Result<(), crate::model::error::TransportError> {
-    let Some(g) = guard else {
-        return Ok(());
-    };
-    if endpoint.starts_with("inproc://") {
-        return Ok(());
+    match (guard, server_key(guard, endpoint)) {
+        (Some(g), Some(server)) => secure_client_to(g, sock, server),
+        _ => Ok(()),
     }
-    // An endpoint no peer announced is this node's own (a subscription to
-    // its own publications: its announcement is not among the peers'), or
-    // one of a node of its own identity: this node's key. A server that
-    // does not hold this node's secret key fails the handshake with it.
-    let server = g.key_for(endpoint).unwrap_or(g.identity.public);
-    secure_client_to(g, sock, server)
+}
+
+/// The server key a connection to `endpoint` names: none with security
+/// off or for `inproc://` (no handshake). An endpoint no peer announced
+/// is this node's own (a subscription to its own publications: its
+/// announcement is not among the peers'), or one of a node of its own
+/// identity: this node's key. A server that does not hold the secret key
+/// of the key named fails the handshake.
+pub(crate) fn server_key(guard: Option<&Guard>, endpoint: &str) -> Option<PublicKey> {
+    let g = guard?;
+    if endpoint.starts_with("inproc://") {
+        return None;
+    }
+    Some(g.key_for(endpoint).unwrap_or(g.identity.public))
 }
 
 /// Makes `sock` a CURVE client of the server whose key is `server`, which

@@ -156,6 +156,11 @@ impl P2p {
         &self.core
     }
 
+    /// The node's core, shared.
+    pub(crate) fn core_arc(&self) -> Arc<NodeCore> {
+        self.core.clone()
+    }
+
     pub(crate) fn ctx(&self) -> &ContextRef {
         &self.ctx
     }

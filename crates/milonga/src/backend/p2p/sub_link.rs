@@ -1,19 +1,28 @@
-//! A subscription's connections in the peer-to-peer backend: one XSUB
-//! socket connected to the data and liveliness endpoints of the publishers
-//! it follows (its subscriptions, history queries and filter declarations
+//! A subscription's connections in the peer-to-peer backend: XSUB sockets
+//! connected to the data and liveliness endpoints of the publishers it
+//! follows (its subscriptions, history queries and filter declarations
 //! travel upstream on the same connections, docs/protocol.md §4), a
-//! socket monitor that tells the node thread of closed connections, and
-//! an inproc PUB that wakes a thread blocked in a receive.
+//! socket monitor per socket that tells the node thread of closed
+//! connections, and an inproc PUB that wakes a thread blocked in a receive.
+//!
+//! With security off there is one socket. With security on, one per
+//! server key the subscription connects to (usually one: the default
+//! identity is the user's): libzmq tells a message's receiver nothing of
+//! the connection it came on, so the socket is what says which key sent
+//! it, and the engine checks that key against the one the frame's node
+//! announced (docs/security.md, "Authentic headers").
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
 use crate::backend::p2p::curve;
-use crate::backend::p2p::zmq_io::{self, message_bytes};
+use crate::backend::p2p::zmq_io::{self, message_bytes, ContextRef};
 use crate::backend::p2p::P2p;
 use crate::engine::subscription::Link;
 use crate::model::error::{IntoTransport, OpenError, TransportError};
+use crate::model::node::NodeCore;
 
 /// Prefix of the wake-up messages a subscription's own inproc PUB sends to
 /// its SUB socket, so that a thread blocked in `recv` on that one socket
@@ -21,20 +30,54 @@ use crate::model::error::{IntoTransport, OpenError, TransportError};
 /// message; a blocking recv on one, as raw libzmq does, costs one).
 const WAKE: &[u8] = b"@w\0";
 
-/// The XSUB socket of one subscription.
+/// The XSUB sockets of one subscription.
 pub(crate) struct SubLink {
-    sock: zmq::Socket,
-    /// The receive timeout currently set on `sock`, in ms.
+    /// At least one; the first takes the key of its first connection.
+    groups: Vec<Group>,
+    /// Endpoint connected -> the group whose socket connected it.
+    at: HashMap<String, usize>,
+    /// The group read first next time (several groups take turns).
+    next: usize,
+    /// The receive timeout currently set on the first group's socket, in
+    /// ms (a single group's receive blocks on it; several are polled).
     rcvtimeo: i32,
     /// The node's security, when on: each connection names its server's key.
-    guard: Option<std::sync::Arc<curve::Guard>>,
+    guard: Option<Arc<curve::Guard>>,
+    /// What a new group's socket is made of.
+    spec: Spec,
+    /// Monitors of groups made since the subscription last looked, for
+    /// the node thread to watch ([`SubLink::take_new_monitors`]).
+    new_monitors: Vec<Monitor>,
+    // Declared last: the sockets above close before the context goes.
+    ctx: ContextRef,
+}
+
+/// One XSUB socket and the key every connection it made names.
+struct Group {
+    /// The server key (Z85) of its connections; `None`: keyless (security
+    /// off, or `inproc://` in the node's own process).
+    key: Option<Arc<str>>,
+    sock: zmq::Socket,
+    /// Whether it connected an endpoint yet (the first group, unclaimed,
+    /// takes the key of the first connection).
+    used: bool,
+}
+
+/// What every socket of a subscription is made with.
+struct Spec {
+    core: Arc<NodeCore>,
+    id: u64,
+    what: String,
+    prefixes: Vec<Vec<u8>>,
+    hwm: i32,
+    wake_ep: String,
 }
 
 /// Wakes the thread blocked in [`SubLink::recv_wait`].
 pub(crate) struct Waker(Mutex<zmq::Socket>);
 
-/// The socket monitor of a subscription's link (closed connections), read
-/// by the node thread.
+/// The socket monitor of one of a subscription's sockets (closed
+/// connections), read by the node thread.
 pub(crate) struct Monitor(pub(crate) zmq::Socket);
 
 /// What the node thread tells a subscription of its socket's connections.
@@ -51,13 +94,65 @@ pub(crate) trait ConnectionWatcher: Send + Sync {
 
 /// What a receive found.
 pub(crate) enum Incoming {
-    /// A data message: its first frame, and the payload frame if the
-    /// publisher sent one.
-    Message(Bytes, Option<Bytes>),
+    /// A data message: its first frame, the payload frame if the
+    /// publisher sent one, and the server key (Z85) of the connection it
+    /// came on (`None`: security off, or the node's own process).
+    Message(Bytes, Option<Bytes>, Option<Arc<str>>),
     /// A message of more than two frames, read to its end and dropped.
     TooManyFrames,
     /// A wake-up, or a message whose second frame could not be read.
     Nothing,
+}
+
+impl Spec {
+    /// A socket of group `g`, subscribed to the prefixes and to wake-ups,
+    /// and its monitor.
+    fn socket(&self, ctx: &ContextRef, g: usize) -> Result<(zmq::Socket, Monitor), OpenError> {
+        // XSUB rather than SUB: it can send history queries upstream, on the
+        // same connections as its subscriptions (docs/protocol.md §4.2).
+        let sock = ctx.socket(zmq::XSUB)?;
+        let cfg_err = |source: zmq::Error| OpenError::Socket {
+            action: "configure",
+            endpoint: format!("subscription {}", self.what),
+            source: source.transport(),
+        };
+        zmq_io::apply_common(&sock, &self.core.cfg).map_err(cfg_err)?;
+        // A connection whose SYN goes unanswered (a firewall, no route
+        // back) fails within the handshake timeout, not the kernel's two
+        // minutes, and is retried; the monitor reports each failure.
+        sock.set_connect_timeout(self.core.cfg.handshake_timeout_ms.max(1))
+            .map_err(cfg_err)?;
+        // Publishers may be at IPv6 addresses.
+        sock.set_ipv6(true).map_err(cfg_err)?;
+        sock.set_rcvhwm(self.hwm).map_err(cfg_err)?;
+        for p in self.prefixes.iter().map(Vec::as_slice).chain([WAKE]) {
+            let mut msg = Vec::with_capacity(p.len() + 1);
+            msg.push(1);
+            msg.extend_from_slice(p);
+            sock.send(msg, 0).map_err(cfg_err)?;
+        }
+        let mon_ep = match g {
+            0 => format!("inproc://milonga-submon-{}-{}", self.core.id, self.id),
+            g => format!("inproc://milonga-submon-{}-{}-{g}", self.core.id, self.id),
+        };
+        sock.monitor(
+            &mon_ep,
+            (zmq_sys::ZMQ_EVENT_DISCONNECTED
+                | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED
+                | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) as i32,
+        )
+        .map_err(cfg_err)?;
+        let monitor = ctx.socket(zmq::PAIR)?;
+        monitor.set_linger(0).map_err(cfg_err)?;
+        monitor.connect(&mon_ep).map_err(cfg_err)?;
+        sock.connect(&self.wake_ep)
+            .map_err(|source: zmq::Error| OpenError::Socket {
+                action: "connect",
+                endpoint: self.wake_ep.clone(),
+                source: source.transport(),
+            })?;
+        Ok((sock, Monitor(monitor)))
+    }
 }
 
 impl SubLink {
@@ -71,108 +166,128 @@ impl SubLink {
         prefixes: Vec<Vec<u8>>,
         hwm: i32,
     ) -> Result<(SubLink, Waker, Monitor), OpenError> {
-        // XSUB rather than SUB: it can send history queries upstream, on the
-        // same connections as its subscriptions (docs/protocol.md §4.2).
-        let sock = p2p.ctx().socket(zmq::XSUB)?;
+        let ctx = ContextRef::acquire();
         let cfg_err = |source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: format!("subscription {what}"),
             source: source.transport(),
         };
-        zmq_io::apply_common(&sock, &p2p.core().cfg).map_err(cfg_err)?;
-        // A connection whose SYN goes unanswered (a firewall, no route
-        // back) fails within the handshake timeout, not the kernel's two
-        // minutes, and is retried; the monitor reports each failure.
-        sock.set_connect_timeout(p2p.core().cfg.handshake_timeout_ms.max(1))
-            .map_err(cfg_err)?;
-        // Publishers may be at IPv6 addresses.
-        sock.set_ipv6(true).map_err(cfg_err)?;
-        sock.set_rcvhwm(hwm).map_err(cfg_err)?;
-        for p in prefixes.iter().map(Vec::as_slice).chain([WAKE]) {
-            let mut msg = Vec::with_capacity(p.len() + 1);
-            msg.push(1);
-            msg.extend_from_slice(p);
-            sock.send(msg, 0).map_err(cfg_err)?;
-        }
-        let mon_ep = format!("inproc://milonga-submon-{}-{id}", p2p.core().id);
-        sock.monitor(
-            &mon_ep,
-            (zmq_sys::ZMQ_EVENT_DISCONNECTED
-                | zmq_sys::ZMQ_EVENT_CONNECT_RETRIED
-                | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) as i32,
-        )
-        .map_err(cfg_err)?;
-        let monitor = p2p.ctx().socket(zmq::PAIR)?;
-        monitor.set_linger(0).map_err(cfg_err)?;
-        monitor.connect(&mon_ep).map_err(cfg_err)?;
         let wake_ep = format!("inproc://milonga-wake-{}-{id}", p2p.core().id);
-        let wake_tx = p2p.ctx().socket(zmq::PUB)?;
+        let wake_tx = ctx.socket(zmq::PUB)?;
         wake_tx.set_linger(0).map_err(cfg_err)?;
         wake_tx.set_sndhwm(4).map_err(cfg_err)?;
         zmq_io::bind(&wake_tx, &wake_ep)?;
-        sock.connect(&wake_ep)
-            .map_err(|source: zmq::Error| OpenError::Socket {
-                action: "connect",
-                endpoint: wake_ep.clone(),
-                source: source.transport(),
-            })?;
+        let spec = Spec {
+            core: p2p.core_arc(),
+            id,
+            what: what.to_owned(),
+            prefixes,
+            hwm,
+            wake_ep,
+        };
+        let (sock, monitor) = spec.socket(&ctx, 0)?;
         Ok((
             SubLink {
-                sock,
+                groups: vec![Group {
+                    key: None,
+                    sock,
+                    used: false,
+                }],
+                at: HashMap::new(),
+                next: 0,
                 rcvtimeo: -1,
                 guard: p2p.guard(),
+                spec,
+                new_monitors: Vec::new(),
+                ctx,
             },
             Waker(Mutex::new(wake_tx)),
-            Monitor(monitor),
+            monitor,
         ))
+    }
+
+    /// The monitors of the sockets made since the last call, for the node
+    /// thread to watch.
+    pub(crate) fn take_new_monitors(&mut self) -> Vec<Monitor> {
+        std::mem::take(&mut self.new_monitors)
     }
 
     /// Whether a message is waiting to be read.
     pub(crate) fn readable(&self) -> bool {
-        self.sock
-            .get_events()
-            .is_ok_and(|e| e.contains(zmq::POLLIN))
+        self.groups
+            .iter()
+            .any(|g| g.sock.get_events().is_ok_and(|e| e.contains(zmq::POLLIN)))
     }
 
     /// Reads a message if one is waiting: `Ok(None)` if none is,
     /// `Err(None)` if a signal interrupted the read.
     pub(crate) fn try_recv(&mut self) -> Result<Option<Incoming>, Option<TransportError>> {
-        match self.sock.recv_msg(zmq::DONTWAIT) {
-            Ok(first) => Ok(Some(self.rest(first))),
-            Err(zmq::Error::EAGAIN) => Ok(None),
-            Err(zmq::Error::EINTR) => Err(None),
-            Err(e) => Err(Some(e.transport())),
+        let n = self.groups.len();
+        for i in 0..n {
+            let g = if n == 1 { 0 } else { (self.next + i) % n };
+            match self.groups[g].sock.recv_msg(zmq::DONTWAIT) {
+                Ok(first) => {
+                    self.next = g + 1;
+                    return Ok(Some(self.rest(g, first)));
+                }
+                Err(zmq::Error::EAGAIN) => {}
+                Err(zmq::Error::EINTR) => return Err(None),
+                Err(e) => return Err(Some(e.transport())),
+            }
         }
+        Ok(None)
     }
 
     /// Waits up to `wait_ms` (at least 1) for a message: `Ok(None)` when
     /// none came, or a signal interrupted the wait. A wake-up ends it too.
     pub(crate) fn recv_wait(&mut self, wait_ms: i32) -> Result<Option<Incoming>, TransportError> {
+        if self.groups.len() > 1 {
+            // Several sockets: wait on all of them, then read the first
+            // ready in turn.
+            let mut items: Vec<zmq::PollItem> = self
+                .groups
+                .iter()
+                .map(|g| g.sock.as_poll_item(zmq::POLLIN))
+                .collect();
+            match zmq::poll(&mut items, i64::from(wait_ms)) {
+                Ok(0) | Err(zmq::Error::EINTR) => return Ok(None),
+                Ok(_) => {}
+                Err(e) => return Err(e.transport()),
+            }
+            drop(items);
+            return match self.try_recv() {
+                Ok(m) => Ok(m),
+                Err(None) => Ok(None),
+                Err(Some(e)) => Err(e),
+            };
+        }
         if self.rcvtimeo != wait_ms {
-            self.sock
+            self.groups[0]
+                .sock
                 .set_rcvtimeo(wait_ms)
                 .map_err(IntoTransport::transport)?;
             self.rcvtimeo = wait_ms;
         }
         // One blocking receive on one socket: wake-ups (a stop, new routes,
         // a closed connection) arrive on it too.
-        match self.sock.recv_msg(0) {
-            Ok(first) => Ok(Some(self.rest(first))),
+        match self.groups[0].sock.recv_msg(0) {
+            Ok(first) => Ok(Some(self.rest(0, first))),
             Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => Ok(None),
             Err(e) => Err(e.transport()),
         }
     }
 
-    /// The rest of the message that starts with `first`.
-    fn rest(&mut self, first: zmq::Message) -> Incoming {
+    /// The rest of the message that starts with `first`, read on group `g`.
+    fn rest(&mut self, g: usize, first: zmq::Message) -> Incoming {
         if first.first() == Some(&b'@') && first.starts_with(WAKE) {
             return Incoming::Nothing;
         }
+        let group = &self.groups[g];
         let second = if first.get_more() {
-            match self.sock.recv_msg(0) {
+            match group.sock.recv_msg(0) {
                 Ok(m) if !m.get_more() => Some(message_bytes(m)),
                 Ok(_) => {
-                    while let Ok(m) = self.sock.recv_msg(0) {
+                    while let Ok(m) = group.sock.recv_msg(0) {
                         if !m.get_more() {
                             break;
                         }
@@ -184,26 +299,65 @@ impl SubLink {
         } else {
             None
         };
-        Incoming::Message(message_bytes(first), second)
+        Incoming::Message(message_bytes(first), second, group.key.clone())
+    }
+
+    /// The group whose connections name `key` as their server's: one
+    /// that does, else the first if it connected nothing yet, else a new
+    /// one (its monitor handed to the node thread).
+    fn group_for(&mut self, key: Option<Arc<str>>) -> Result<usize, TransportError> {
+        if let Some(g) = self.groups.iter().position(|g| g.key == key) {
+            return Ok(g);
+        }
+        if !self.groups[0].used {
+            self.groups[0].key = key;
+            return Ok(0);
+        }
+        let g = self.groups.len();
+        let (sock, monitor) = self
+            .spec
+            .socket(&self.ctx, g)
+            .map_err(|e| TransportError::new(e.to_string(), None))?;
+        self.groups.push(Group {
+            key,
+            sock,
+            used: false,
+        });
+        self.new_monitors.push(monitor);
+        Ok(g)
     }
 }
 
 impl Link for SubLink {
     fn connect(&mut self, endpoint: &str) -> Result<(), TransportError> {
-        curve::secure_client(self.guard.as_deref(), &self.sock, endpoint)?;
-        self.sock
+        let key = curve::server_key(self.guard.as_deref(), endpoint).map(|k| k.to_z85().into());
+        let g = self.group_for(key)?;
+        let group = &mut self.groups[g];
+        curve::secure_client(self.guard.as_deref(), &group.sock, endpoint)?;
+        group
+            .sock
             .connect(endpoint)
-            .map_err(IntoTransport::transport)
+            .map_err(IntoTransport::transport)?;
+        group.used = true;
+        self.at.insert(endpoint.to_owned(), g);
+        Ok(())
     }
 
     fn disconnect(&mut self, endpoint: &str) {
-        let _ = self.sock.disconnect(endpoint);
+        if let Some(g) = self.at.remove(endpoint) {
+            let _ = self.groups[g].sock.disconnect(endpoint);
+        }
     }
 
     fn send(&mut self, msg: Vec<u8>) -> Result<(), TransportError> {
-        self.sock
-            .send(msg, zmq::DONTWAIT)
-            .map_err(IntoTransport::transport)
+        // Upstream messages go to every connection, whichever its socket.
+        let mut result = Ok(());
+        for g in self.groups.iter().filter(|g| g.used) {
+            if let Err(e) = g.sock.send(msg.as_slice(), zmq::DONTWAIT) {
+                result = result.and(Err(e.transport()));
+            }
+        }
+        result
     }
 
     fn now(&self) -> std::time::Instant {
@@ -213,9 +367,11 @@ impl Link for SubLink {
 
 impl Drop for SubLink {
     fn drop(&mut self) {
-        // Before the monitor's reader (the node thread's, or the
-        // subscription's own) goes: see `zmq_io::stop_monitor`.
-        zmq_io::stop_monitor(&mut self.sock);
+        // Before the monitors' readers (the node thread's, or the
+        // subscription's own) go: see `zmq_io::stop_monitor`.
+        for g in &mut self.groups {
+            zmq_io::stop_monitor(&mut g.sock);
+        }
     }
 }
 
