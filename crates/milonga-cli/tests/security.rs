@@ -937,8 +937,13 @@ fn a_trusted_peer_cannot_send_samples_under_another_nodes_id() {
         .unwrap();
     let endpoint = format!("tcp://127.0.0.1:{}", milonga_testkit::free_port());
     xpub.bind(&endpoint).unwrap();
-    let attacker = NodeId([0x66; 16]);
-    let announcement = Announcement {
+    // Its node id is the one its key gives (NodeId::keyed, salt 0): a
+    // node it may speak for.
+    let attacker_key: [u8; 32] = key_field(&keys.public("attacker"), "public-key")
+        .try_into()
+        .unwrap();
+    let attacker = NodeId::keyed(&attacker_key, &[0; 16]);
+    let mut announcement = Announcement {
         protocol: 1,
         domain: env.domain.clone(),
         node_id: attacker.to_hex(),
@@ -958,7 +963,8 @@ fn a_trusted_peer_cannot_send_samples_under_another_nodes_id() {
             socket: None,
         }],
         services: vec![],
-        key: Some(zmq::z85_encode(&key_field(&keys.public("attacker"), "public-key")).unwrap()),
+        key: Some(zmq::z85_encode(&attacker_key).unwrap()),
+        id_salt: Some("00".repeat(16)),
     };
     std::fs::write(
         env.dir
@@ -1029,4 +1035,39 @@ fn a_trusted_peer_cannot_send_samples_under_another_nodes_id() {
             >= 10,
         "{reader_node}"
     );
+
+    // The attacker now claims the victim's node id in an announcement of
+    // its own key: its id is not that key's, so the reader sets it aside
+    // (`peers_unattributed`, listed as not connected, with why) and goes
+    // on with the victim's own.
+    announcement.node_id = victim_id.clone();
+    std::fs::write(
+        env.dir.path().join(&env.domain).join("claim.json"),
+        announcement.to_json(),
+    )
+    .unwrap();
+    let mut claim = None;
+    assert!(
+        poll_until(T, || {
+            let nodes = ls();
+            let reader_node = nodes.iter().find(|n| n["pid"] == reader.pid());
+            claim = nodes
+                .iter()
+                .find(|n| n["node_id"] == victim_id.as_str() && n["excluded"].is_string())
+                .cloned();
+            claim.is_some()
+                && reader_node.is_some_and(|r| r["stats"]["peers_unattributed"].as_u64() >= Some(1))
+        }),
+        "the claim is set aside"
+    );
+    let why = claim.unwrap()["excluded"].as_str().unwrap().to_owned();
+    assert!(why.contains("not its own"), "{why}");
+    let mut genuine = 0;
+    while genuine < 3 {
+        let j: Json = serde_json::from_str(&reader.line(T).expect("a line")).unwrap();
+        if j["publisher"] == victim_id.as_str() && j.get("event").is_none() {
+            assert_eq!(j["value"], 1, "{j}");
+            genuine += 1;
+        }
+    }
 }

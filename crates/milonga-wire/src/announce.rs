@@ -110,6 +110,11 @@ pub struct Announcement {
     /// is on: the server key of every socket it binds. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// With `key`: the 16 random bytes (32 hex digits) that, hashed with
+    /// the key, give `node_id` ([`crate::NodeId::keyed`]). A secured node
+    /// takes an announcement only if they do: it names a node of that key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_salt: Option<String>,
 }
 
 impl Announcement {

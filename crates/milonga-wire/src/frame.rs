@@ -139,11 +139,33 @@ impl Encoding {
     }
 }
 
-/// A node's 128-bit random identity.
+/// A node's 128-bit identity: random, or with security on bound to the
+/// node's key ([`NodeId::keyed`]).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct NodeId(pub [u8; 16]);
 
+/// What the hash of a keyed node id starts with (docs/protocol.md §9.2).
+const KEYED_ID_CONTEXT: &[u8] = b"milonga node id v1\0";
+
 impl NodeId {
+    /// The node id of a secured node: the first 16 bytes of SHA-256 over
+    /// `"milonga node id v1\0"`, its CURVE public key (32 bytes) and a
+    /// random `salt` of 16 bytes (announced as `id_salt`, docs/protocol.md
+    /// §9.2). Finding a salt that gives a chosen id with another key is a
+    /// preimage of SHA-256: a peer cannot claim a node id of someone else's
+    /// key.
+    pub fn keyed(key: &[u8; 32], salt: &[u8; 16]) -> NodeId {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(KEYED_ID_CONTEXT);
+        h.update(key);
+        h.update(salt);
+        let d = h.finalize();
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&d[..16]);
+        NodeId(id)
+    }
+
     /// Lower-case hexadecimal, 32 characters.
     pub fn to_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
@@ -471,6 +493,15 @@ pub fn push_batch_entry(out: &mut Vec<u8>, timestamp_ns: u64, payload: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+
+    /// The worked example of docs/protocol.md §9.2 (computed there with
+    /// Python's hashlib too).
+    #[test]
+    fn a_keyed_node_id_is_the_head_of_sha256_over_context_key_and_salt() {
+        let key: [u8; 32] = std::array::from_fn(|i| i as u8);
+        let id = NodeId::keyed(&key, &[0xaa; 16]);
+        assert_eq!(id.to_hex(), "0b12ea8a738f74f7ff4c74a9205b8bca");
+    }
     use super::*;
 
     /// The offsets say where `Header::write` puts each field, so that an

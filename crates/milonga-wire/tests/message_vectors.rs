@@ -112,6 +112,7 @@ fn announcement() -> Announcement {
             max_request_bytes: 1 << 20,
         }],
         key: None,
+        id_salt: None,
     }
 }
 

@@ -86,8 +86,8 @@ impl Source for LocalSource {
         let me = self.node.id.to_hex();
         let found: BTreeMap<String, Announcement> = found
             .into_iter()
-            .filter(|(id, a)| {
-                if *id == me {
+            .filter(|(_, a)| {
+                if a.node_id == me {
                     return false;
                 }
                 if a.domain != self.node.domain {
@@ -104,8 +104,8 @@ impl Source for LocalSource {
         false
     }
 
-    fn peers_into(&self, peers: &mut BTreeMap<String, Announcement>) {
-        peers.extend(self.found.iter().map(|(k, a)| (k.clone(), a.clone())));
+    fn peers_into(&self, peers: &mut Vec<Announcement>) {
+        peers.extend(self.found.values().cloned());
     }
 
     fn next_due(&self) -> Option<Instant> {

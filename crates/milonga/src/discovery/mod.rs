@@ -394,7 +394,8 @@ impl LocalDir {
     /// Reads every live announcement; removes stale ones (and their ipc
     /// socket files, unless in use). Files that cannot be used are skipped,
     /// and counted and logged once per version. Only files that changed
-    /// since the last scan are read.
+    /// since the last scan are read. By node id (a file not named after
+    /// its node: by its own name).
     pub(crate) fn scan(&mut self, bad_files: &mut u64) -> BTreeMap<String, Announcement> {
         self.last_mtime = fs::metadata(&self.dir).and_then(|m| m.modified()).ok();
         let mut out = BTreeMap::new();
@@ -481,7 +482,16 @@ impl LocalDir {
             };
             let Some(a) = a else { continue };
             if is_alive(&a) {
-                out.insert(a.node_id.clone(), a);
+                // By node id when the file is named after it, as its node
+                // writes it; a file of another name under its own name, so
+                // that it cannot hide the node's own (with security on the
+                // node thread sets aside one whose id is not its key's).
+                let own_file = e.file_name().to_str() == Some(&format!("{}.json", a.node_id));
+                let slot = match own_file {
+                    true => a.node_id.clone(),
+                    false => e.file_name().to_string_lossy().into_owned(),
+                };
+                out.insert(slot, a);
             } else {
                 tracing::info!(node = %a.name, "removing the announcement of a node that is gone");
                 remove_ipc_files(&a, &self.dir, false);
@@ -534,8 +544,9 @@ pub(crate) trait Source {
     /// of the peers' processes); whether the peers it sees changed.
     fn turn(&mut self, now: Instant) -> bool;
 
-    /// Adds the peers it sees, by node id, to `peers`.
-    fn peers_into(&self, peers: &mut BTreeMap<String, Announcement>);
+    /// Adds the announcements of the peers it sees to `peers`, in the
+    /// order it prefers them (the first of a node stands).
+    fn peers_into(&self, peers: &mut Vec<Announcement>);
 
     /// When it next needs a turn though nothing arrived (`None`: only when
     /// something arrives).
@@ -565,6 +576,7 @@ mod tests {
             publications: vec![],
             services: vec![],
             key: None,
+            id_salt: None,
         };
         assert!(is_alive(&a));
         a.start_time += 1;
@@ -632,6 +644,7 @@ mod tests {
             publications: vec![],
             services: vec![],
             key: None,
+            id_salt: None,
         }
     }
 

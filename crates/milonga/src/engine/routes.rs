@@ -129,6 +129,7 @@ pub(crate) fn test_announcement(
             .collect(),
         services: vec![],
         key: None,
+        id_salt: None,
     }
 }
 

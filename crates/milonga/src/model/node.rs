@@ -13,8 +13,11 @@ use crate::util::stats::Counters;
 
 /// A node's identity and configuration (see the module).
 pub(crate) struct NodeCore {
-    /// The node id, random at open.
+    /// The node id, random at open; with security on, bound to its key
+    /// by `id_salt` (`NodeId::keyed`).
     pub(crate) id: NodeId,
+    /// With security on: the random salt that gives `id` with the key.
+    pub(crate) id_salt: Option<[u8; 16]>,
     /// `name@host:pid`.
     pub(crate) name: String,
     /// The domain's name.
@@ -37,6 +40,7 @@ impl NodeCore {
     pub(crate) fn new(id: NodeId, name: String, domain: String, cfg: Config) -> NodeCore {
         NodeCore {
             id,
+            id_salt: None,
             name,
             domain_tag: milonga_wire::frame::domain_tag(&domain),
             domain,

@@ -156,10 +156,24 @@ impl NodeInner {
             cfg.tcp_host = addrs[0].to_string();
             other_hosts = addrs[1..].to_vec();
         }
+        // With security on the id is bound to the key: a peer holding
+        // another key cannot claim it (docs/protocol.md §9.2).
+        let identity = crate::backend::p2p::load_identity(&cfg)?;
+        let mut salt = None;
+        if let Some((me, _)) = &identity {
+            let mut s = [0u8; 16];
+            getrandom::fill(&mut s).map_err(|e| OpenError::Config {
+                key: "node id".into(),
+                why: format!("no randomness available: {e}"),
+            })?;
+            id = NodeId::keyed(me.public().as_bytes(), &s).0;
+            salt = Some(s);
+        }
         let mut core = NodeCore::new(NodeId(id), name, loc.domain, cfg);
         core.other_hosts = other_hosts;
+        core.id_salt = salt;
         let core = Arc::new(core);
-        let (p2p, wake_rx) = P2p::new(core.clone())?;
+        let (p2p, wake_rx) = P2p::new(core.clone(), identity)?;
         let socks = control::bind_node(&p2p)?;
         let inner = Arc::new(NodeInner {
             core: core.clone(),
@@ -364,6 +378,10 @@ impl NodeInner {
             publications: st.publications.values().cloned().collect(),
             services: st.services.values().cloned().collect(),
             key: self.p2p.public_key().map(|k| k.to_z85()),
+            id_salt: self
+                .core
+                .id_salt
+                .map(|s| s.iter().map(|b| format!("{b:02x}")).collect()),
         }
     }
 

@@ -63,6 +63,10 @@ counters! {
     /// discovery nor remembered by the subscription (forged, or from a node
     /// long gone): each would cost the subscription state.
     samples_unknown_publisher,
+    /// Announcements refused because their node id is not the one their
+    /// key and `id_salt` give (security on: a peer claiming another node's
+    /// id, or a build before node ids were keyed), once per node id.
+    peers_unattributed,
     /// Data frames dropped because the node their header names announced
     /// another key than the one of the connection they came on (security
     /// on: a trusted peer claiming another node's id), or announced none

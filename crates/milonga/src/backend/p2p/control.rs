@@ -19,7 +19,7 @@ use crate::backend::p2p::scout_peers::ScoutPeers;
 use crate::backend::p2p::static_peers::StaticPeers;
 use crate::backend::p2p::sub_link::{ConnectionWatcher, Monitor};
 use crate::backend::p2p::zmq_io::AUTH_FAILED;
-use crate::backend::p2p::{zmq_io, P2p, WakeRx};
+use crate::backend::p2p::{curve, zmq_io, P2p, WakeRx};
 use crate::discovery::local::LocalSource;
 use crate::discovery::{ip_of, tcp_host_port, Announcement, Source};
 use crate::model::error::IntoTransport;
@@ -465,14 +465,39 @@ impl<H: Host> Control<H> {
         if !changed && !force {
             return;
         }
+        // With security on, an announcement whose node id its key does not
+        // give is set aside before the sources' views are merged by node
+        // id, so that a claim of another node's id cannot displace it.
+        let security = self.host.p2p().guard();
         let mut peers = BTreeMap::new();
+        let mut unattributed = Vec::new();
+        // Within a source the first entry of a node stands; a later source
+        // replaces an earlier one's.
+        let mut merge = |from: Vec<Announcement>| {
+            let mut mine = BTreeMap::new();
+            for a in from {
+                match security.as_ref().map(|_| curve::attributed(&a)) {
+                    Some(Err(why)) => unattributed.push((a, why)),
+                    _ => {
+                        mine.entry(a.node_id.clone()).or_insert(a);
+                    }
+                }
+            }
+            peers.extend(mine);
+        };
         if let Some(scout) = &self.scout {
-            scout.peers_into(&mut peers);
+            let mut v = Vec::new();
+            scout.peers_into(&mut v);
+            merge(v);
         }
         if let Some(local) = &self.local {
-            local.peers_into(&mut peers);
+            let mut v = Vec::new();
+            local.peers_into(&mut v);
+            merge(v);
         }
-        self.statics.peers_into(&mut peers);
+        let mut v = Vec::new();
+        self.statics.peers_into(&mut v);
+        merge(v);
         // Told to gossip askers: endpoints checked, not claimed: where a
         // static peer answered, where a hello came from, and the local
         // nodes (their files are this user's).
@@ -481,9 +506,9 @@ impl<H: Host> Control<H> {
             known.extend(scout.heard().map(str::to_owned));
         }
         if let Some(local) = &self.local {
-            let mut here = BTreeMap::new();
+            let mut here = Vec::new();
             local.peers_into(&mut here);
-            known.extend(here.into_values().map(|a| a.control));
+            known.extend(here.into_iter().map(|a| a.control));
         }
         let own = self.statics.own_control();
         known.retain(|ep| ep != own && endpoint_ip(ep).is_some_and(|ip| !ip.is_unspecified()));
@@ -491,7 +516,11 @@ impl<H: Host> Control<H> {
         known.dedup();
         let excluded = match self.host.p2p().security() {
             Some(g) => {
-                let excluded = g.admit_peers(&mut peers);
+                let mut excluded = g.admit_peers(&mut peers);
+                for (a, why) in unattributed {
+                    g.note_unattributed(&a, &why);
+                    excluded.push((a, why));
+                }
                 // Told with their keys (`KEY@tcp://…`): only those known
                 // and trusted.
                 known = known

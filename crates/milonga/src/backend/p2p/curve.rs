@@ -825,6 +825,20 @@ impl Guard {
         excluded
     }
 
+    /// Counts and logs (once per node id) an announcement that does not
+    /// name a node of its key ([`attributed`]).
+    pub(crate) fn note_unattributed(&self, a: &Announcement, why: &str) {
+        let mut seen = lock(&self.untrusted);
+        if seen.len() < 4096 && seen.insert(format!("id:{}", a.node_id)) {
+            if let Some(core) = self.core.upgrade() {
+                core.counters
+                    .peers_unattributed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            limited!(warn, node = %a.name, id = %a.node_id, %why, "not connecting to a peer");
+        }
+    }
+
     /// Drops from `a` (the announcement of node `id`, whose key is `k`) the
     /// publications its key may not `put` and the services it may not
     /// `serve` under the rules: this node neither subscribes to nor calls
@@ -1000,6 +1014,32 @@ pub(crate) fn resolve_key(guard: &Guard, who: &str) -> Option<PublicKey> {
         .or_else(|| PublicKey::from_z85(who).ok())
 }
 
+/// Whether announcement `a` names a node of the key it announces: its
+/// `node_id` is the one that key and its `id_salt` give (`NodeId::keyed`,
+/// docs/protocol.md §9.2), or why not. One without a key, or with a
+/// malformed one, passes here: [`Guard::admit_peers`] says why it is not
+/// connected to.
+pub(crate) fn attributed(a: &Announcement) -> Result<(), String> {
+    let Some(Ok(key)) = a.key.as_deref().map(PublicKey::from_z85) else {
+        return Ok(());
+    };
+    let salt = a
+        .id_salt
+        .as_deref()
+        .and_then(milonga_wire::NodeId::from_hex)
+        .ok_or_else(|| {
+            "it gives no id_salt binding its node id to its key (a build before node ids were keyed)"
+                .to_owned()
+        })?;
+    if milonga_wire::NodeId::keyed(key.as_bytes(), &salt.0).to_hex() != a.node_id {
+        return Err(format!(
+            "its node id is not the one its key {} and id_salt give: it claims a node id that is not its own",
+            key.fingerprint()
+        ));
+    }
+    Ok(())
+}
+
 /// Every endpoint an announcement names.
 fn endpoints_of(a: &Announcement) -> impl Iterator<Item = &str> {
     [Some(a.control.as_str()), a.liveliness.as_deref()]
@@ -1101,6 +1141,41 @@ mod tests {
         // The secret appears nowhere in Debug.
         assert!(!format!("{id:?}").contains(&z85(id.secret())));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_announcement_is_attributed_only_if_its_key_gives_its_node_id() {
+        let id = Identity::generate("alice").unwrap();
+        let salt = [5u8; 16];
+        let node = milonga_wire::NodeId::keyed(id.public().as_bytes(), &salt);
+        let mut a = crate::engine::routes::test_announcement(1, 1, &[]);
+        a.node_id = node.to_hex();
+        a.key = Some(id.public().to_z85());
+        a.id_salt = Some(milonga_wire::NodeId(salt).to_hex());
+        assert_eq!(attributed(&a), Ok(()));
+        // Another key claiming that id, with the same salt or any other.
+        let mallory = Identity::generate("mallory").unwrap();
+        let mut claim = a.clone();
+        claim.key = Some(mallory.public().to_z85());
+        assert!(attributed(&claim).unwrap_err().contains("not its own"));
+        claim.id_salt = Some("11".repeat(16));
+        assert!(attributed(&claim).is_err());
+        // No salt: an older build, not attributed.
+        let mut old = a.clone();
+        old.id_salt = None;
+        assert!(attributed(&old).unwrap_err().contains("no id_salt"));
+        // No key: not judged here (admit_peers says why not).
+        old.key = None;
+        assert_eq!(attributed(&old), Ok(()));
+        // The id is a function of key and salt alone.
+        assert_eq!(
+            milonga_wire::NodeId::keyed(id.public().as_bytes(), &salt),
+            node
+        );
+        assert_ne!(
+            milonga_wire::NodeId::keyed(id.public().as_bytes(), &[6; 16]),
+            node
+        );
     }
 
     #[test]

@@ -97,46 +97,61 @@ struct Sockets {
     new: control::NewMonitors,
 }
 
+/// The identity and trust directory of a node opened with `cfg`, if its
+/// security is on (loaded before the node exists: its id is bound to the
+/// key). An ACL without security is an error.
+pub(crate) fn load_identity(
+    cfg: &Config,
+) -> Result<Option<(curve::Identity, std::path::PathBuf)>, OpenError> {
+    match cfg.effective_security() {
+        Security::On => {
+            let (key_file, trust_dir) = match (&cfg.key_file, &cfg.trust_dir) {
+                (Some(k), Some(t)) => (k.clone(), t.clone()),
+                (given_key, given_trust) => {
+                    let dir = Config::default_security_dir().ok_or_else(|| OpenError::Config {
+                        key: "key_file".into(),
+                        why: "security is on and no key_file or trust_dir is given, and there is no home directory for the default identity (set MILONGA_KEY and MILONGA_TRUST, or --key and --trust; docs/security.md)".into(),
+                    })?;
+                    // The default identity is made only when no key is
+                    // given; the default trust directory when none is.
+                    let key = match given_key {
+                        Some(k) => k.clone(),
+                        None => curve::default_identity(&dir)?,
+                    };
+                    let trust = match given_trust {
+                        Some(t) => t.clone(),
+                        None => curve::default_trust(&dir)?,
+                    };
+                    (key, trust)
+                }
+            };
+            let identity = curve::Identity::load(&key_file)?;
+            Ok(Some((identity, trust_dir)))
+        }
+        _ if cfg.acl_file.is_some() => Err(OpenError::Config {
+            key: "acl_file".into(),
+            why: "access control needs security on (its rules name keys)".into(),
+        }),
+        _ => Ok(None),
+    }
+}
+
 impl P2p {
     /// The backend of node `core`, and the node thread's end of its waker.
-    pub(crate) fn new(core: Arc<NodeCore>) -> Result<(P2p, WakeRx), OpenError> {
+    pub(crate) fn new(
+        core: Arc<NodeCore>,
+        identity: Option<(curve::Identity, std::path::PathBuf)>,
+    ) -> Result<(P2p, WakeRx), OpenError> {
         let ctx = ContextRef::acquire();
         let (waker, wake_rx) = NodeWaker::pair(&ctx, core.id)?;
-        let security = match core.cfg.effective_security() {
-            Security::On => {
-                let (key_file, trust_dir) = match (&core.cfg.key_file, &core.cfg.trust_dir) {
-                    (Some(k), Some(t)) => (k.clone(), t.clone()),
-                    (given_key, given_trust) => {
-                        let dir = Config::default_security_dir().ok_or_else(|| OpenError::Config {
-                            key: "key_file".into(),
-                            why: "security is on and no key_file or trust_dir is given, and there is no home directory for the default identity (set MILONGA_KEY and MILONGA_TRUST, or --key and --trust; docs/security.md)".into(),
-                        })?;
-                        // The default identity is made only when no key is
-                        // given; the default trust directory when none is.
-                        let key = match given_key {
-                            Some(k) => k.clone(),
-                            None => curve::default_identity(&dir)?,
-                        };
-                        let trust = match given_trust {
-                            Some(t) => t.clone(),
-                            None => curve::default_trust(&dir)?,
-                        };
-                        (key, trust)
-                    }
-                };
-                let identity = curve::Identity::load(&key_file)?;
+        let security = match identity {
+            Some((identity, trust_dir)) => {
                 let guard =
                     curve::Guard::new(&core, identity, &trust_dir, core.cfg.acl_file.as_deref())?;
                 ctx.ensure_zap()?;
                 Some(guard)
             }
-            _ if core.cfg.acl_file.is_some() => {
-                return Err(OpenError::Config {
-                    key: "acl_file".into(),
-                    why: "access control needs security on (its rules name keys)".into(),
-                })
-            }
-            _ => None,
+            None => None,
         };
         Ok((
             P2p {

@@ -8,7 +8,7 @@
 //! the others for theirs when it opens, so that a new node has its view
 //! within a round trip.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -591,10 +591,10 @@ impl Source for ScoutPeers {
         changed
     }
 
-    fn peers_into(&self, peers: &mut BTreeMap<String, Announcement>) {
+    fn peers_into(&self, peers: &mut Vec<Announcement>) {
         for n in self.nodes.values() {
             if let Some((a, _)) = &n.announcement {
-                peers.insert(a.node_id.clone(), a.clone());
+                peers.push(a.clone());
             }
         }
     }

@@ -10,7 +10,6 @@
 //! altogether when it stops answering. It speaks the control protocol over
 //! ZeroMQ DEALERs, so it belongs to this backend.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -520,17 +519,16 @@ impl Source for StaticPeers {
         self.query(now) | read
     }
 
-    fn peers_into(&self, peers: &mut BTreeMap<String, Announcement>) {
-        // The first entry of a node wins (a configured peer before a
-        // learned one): its address does not change with the order
-        // replies come in.
-        let mut mine = BTreeMap::new();
-        for a in self.peers.iter().filter_map(|p| p.announcement.as_ref()) {
-            mine.entry(a.node_id.clone()).or_insert(a);
-        }
-        for (id, a) in mine {
-            peers.insert(id, a.clone());
-        }
+    /// Configured peers first, then learned ones: the first entry of a
+    /// node wins where they are merged, so its address does not change
+    /// with the order replies come in.
+    fn peers_into(&self, peers: &mut Vec<Announcement>) {
+        peers.extend(
+            self.peers
+                .iter()
+                .filter_map(|p| p.announcement.as_ref())
+                .cloned(),
+        );
     }
 
     fn next_due(&self) -> Option<Instant> {
