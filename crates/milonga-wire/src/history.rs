@@ -175,6 +175,10 @@ pub struct KeyHistory {
     pub last: u64,
     /// The samples sent, in order.
     pub entries: Vec<Entry>,
+    /// Whether its publisher republishes a recording (the header flag
+    /// `FLAG_REPLAYED` of its live samples): `"replayed": true` in the
+    /// key's map, absent otherwise.
+    pub replayed: bool,
 }
 
 /// The body of a history frame (kind 4).
@@ -209,12 +213,16 @@ impl Reply {
                         ])
                     })
                     .collect();
-                map(vec![
+                let mut fields = vec![
                     ("key", Value::from(k.key.as_str())),
                     ("first", Value::from(k.first)),
                     ("last", Value::from(k.last)),
                     ("entries", Value::Array(entries)),
-                ])
+                ];
+                if k.replayed {
+                    fields.push(("replayed", Value::Bool(true)));
+                }
+                map(fields)
             })
             .collect();
         encode(&map(vec![
@@ -250,6 +258,7 @@ impl Reply {
                 first: uint(field(k, "first")?, "first")?,
                 last: uint(field(k, "last")?, "last")?,
                 entries,
+                replayed: matches!(k.get("replayed"), Some(Value::Bool(true))),
             });
         }
         Ok(Reply {
@@ -297,10 +306,18 @@ mod tests {
                     schema_id: 9,
                     payload: Bytes::from_static(&[0xf9, 0x3c, 0x00]),
                 }],
+                replayed: false,
             }],
             done: true,
         };
         assert_eq!(Reply::decode(&Bytes::from(r.encode())).unwrap(), r);
         assert!(Reply::decode(&Bytes::from_static(b"\xa0")).is_err());
+        // `replayed` is written only when true, and read back.
+        let plain = r.encode();
+        let mut replayed = r.clone();
+        replayed.keys[0].replayed = true;
+        let bytes = replayed.encode();
+        assert_eq!(bytes.len(), plain.len() + "replayed".len() + 2);
+        assert_eq!(Reply::decode(&Bytes::from(bytes)).unwrap(), replayed);
     }
 }

@@ -426,6 +426,7 @@ fn cases() -> Vec<Case> {
                         payload: Bytes::from(cbor(&Value::Float(seq as f64))),
                     })
                     .collect(),
+                replayed: false,
             }],
             done: true,
         };

@@ -898,3 +898,50 @@ conformance!(
     a_large_sample_passing_a_filter_reaches_everyone_intact,
     a_refused_second_declaration_leaves_the_history_alone,
 );
+
+/// A late joiner's kept samples say whether their publisher republishes a
+/// recording, as its live ones do (history replies carry the flag per
+/// key): before, samples of a replay publisher that came from history
+/// were not marked replayed.
+#[test]
+fn kept_samples_of_a_replay_publisher_are_marked_replayed() {
+    let dir = milonga_testkit::TempDir::new("inproc-replayed");
+    let domain = format!("replayed-{}", std::process::id());
+    let a = open(&domain, "a", Transport::Inproc, dir.path());
+    let b = open(&domain, "b", Transport::Inproc, dir.path());
+    let replay = a
+        .publisher_with("r/x", PublisherQos::default().history(2).replay())
+        .unwrap();
+    let live = a
+        .publisher_with("r/y", PublisherQos::default().history(2))
+        .unwrap();
+    for i in 1..=3u64 {
+        replay.put_at(i, 1_000 + i).unwrap();
+        live.put(i).unwrap();
+    }
+    let s = b
+        .subscribe_with("r/*", milonga::SubscriberQos::default().last(2))
+        .unwrap();
+    let mut kept = Vec::new();
+    while kept.len() < 4 {
+        let x = next_sample(&s);
+        kept.push((x.key, x.seq, x.replayed));
+    }
+    kept.sort();
+    assert_eq!(
+        kept,
+        [
+            ("r/x".to_owned(), 2, true),
+            ("r/x".to_owned(), 3, true),
+            ("r/y".to_owned(), 2, false),
+            ("r/y".to_owned(), 3, false),
+        ]
+    );
+    // And live, as before.
+    replay.put_at(4u64, 1_004).unwrap();
+    let x = next_sample(&s);
+    assert_eq!(
+        (x.key.as_str(), x.seq, x.replayed, x.timestamp_ns),
+        ("r/x", 4, true, 1_004)
+    );
+}

@@ -125,7 +125,9 @@ impl Node {
         // first one's history), and not under the state lock: a reliable
         // put may hold the data socket while it waits.
         if qos.history > 0 {
-            lock(&data.sock).out.keep_history(key.as_str(), qos.history);
+            lock(&data.sock)
+                .out
+                .keep_history(key.as_str(), qos.history, qos.replayed);
         }
         let mut p = Publisher::new(self.inner.clone(), key, qos, data, last_seq);
         p.file = self.file.clone();

@@ -148,15 +148,19 @@ impl KeptSample {
 #[derive(Debug)]
 pub(crate) struct Kept {
     depth: usize,
+    /// Its publisher republishes a recording (`PublisherQos::replay`):
+    /// answers say so, as its live samples' header does.
+    replayed: bool,
     samples: VecDeque<KeptSample>,
     /// Last sequence number put on the key.
     last: u64,
 }
 
 impl Kept {
-    pub(crate) fn new(depth: usize) -> Kept {
+    pub(crate) fn new(depth: usize, replayed: bool) -> Kept {
         Kept {
             depth,
+            replayed,
             samples: VecDeque::with_capacity(depth.min(1024)),
             last: 0,
         }
@@ -197,6 +201,7 @@ impl Kept {
             first,
             last: sent_last,
             entries: chosen.into_iter().map(KeptSample::entry).collect(),
+            replayed: self.replayed,
         }
     }
 }
@@ -292,12 +297,14 @@ pub(super) fn answer(d: &mut Outlet, me: &Me, msg: &[u8]) -> Option<Answer> {
             first,
             last,
             entries,
+            replayed,
         } = kh;
         let empty = || KeyHistory {
             key: key.clone(),
             first,
             last,
             entries: Vec::new(),
+            replayed,
         };
         let mut chunk = empty();
         for e in entries {
@@ -377,7 +384,7 @@ mod tests {
     }
 
     fn kept(depth: usize, seqs: std::ops::RangeInclusive<u64>) -> Kept {
-        let mut k = Kept::new(depth);
+        let mut k = Kept::new(depth, false);
         for seq in seqs {
             let enc = encode_payload(&Value::from(seq), usize::MAX).unwrap();
             k.push(seq, seq * 10, &enc, 0);
@@ -421,7 +428,7 @@ mod tests {
 
     #[test]
     fn an_empty_history_answers_nothing_and_says_where_it_starts() {
-        let h = Kept::new(4).answer("k", None, 10, None);
+        let h = Kept::new(4, false).answer("k", None, 10, None);
         assert!(h.entries.is_empty());
         assert_eq!((h.first, h.last), (1, 0));
     }

@@ -146,9 +146,10 @@ impl Outlet {
     }
 
     /// Starts keeping the last `depth` samples of `key` (a publisher with
-    /// history was declared).
-    pub(crate) fn keep_history(&mut self, key: &str, depth: usize) {
-        self.histories.insert(key.to_owned(), Kept::new(depth));
+    /// history was declared; `replayed`: it republishes a recording).
+    pub(crate) fn keep_history(&mut self, key: &str, depth: usize, replayed: bool) {
+        self.histories
+            .insert(key.to_owned(), Kept::new(depth, replayed));
     }
 
     /// The keys whose samples are kept here that `expr` matches: what a
@@ -287,7 +288,7 @@ mod tests {
         let c = Counters::default();
         let me = me(&c);
         let mut o = Outlet::new(Reliability::Reliable);
-        o.keep_history("sr/k", 2);
+        o.keep_history("sr/k", 2, false);
         for seq in 1..=3 {
             assert!(put(&mut o, &me, "sr/k", seq, seq as f64).is_empty());
         }

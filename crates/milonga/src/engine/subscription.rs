@@ -837,7 +837,7 @@ impl Subscription {
                             timestamp_ns: e.timestamp_ns,
                             encoding: e.encoding,
                             schema_id: e.schema_id,
-                            replayed: false,
+                            replayed: kh.replayed,
                         };
                         if io.seqs.is_new(node, &s.key, s.seq) {
                             stats::inc(&c.samples_replayed);
@@ -2117,6 +2117,7 @@ mod tests {
                 first: 1,
                 last: 8,
                 entries: vec![entry(7), entry(8)],
+                replayed: false,
             }],
             done: true,
         };
@@ -2372,6 +2373,7 @@ mod tests {
                     first: 1,
                     last,
                     entries,
+                    replayed: false,
                 }],
                 done: true,
             };
