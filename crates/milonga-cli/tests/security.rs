@@ -73,6 +73,18 @@ fn secured(
     c
 }
 
+/// `milonga ls --json` as `who` trusting `trust`: the nodes listed, or
+/// none if it fails.
+fn ls_as(env: &Env, keys: &Keys, who: &str, trust: &Path) -> Vec<Json> {
+    let out = secured(env, keys, who, trust, &["ls", "--json"])
+        .output()
+        .unwrap();
+    serde_json::from_slice::<Json>(&out.stdout)
+        .ok()
+        .and_then(|j| j.as_array().cloned())
+        .unwrap_or_default()
+}
+
 fn json_line(p: &Proc) -> Option<Json> {
     let line = p.line(T)?;
     Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}")))
@@ -574,15 +586,7 @@ fn finding_04_an_untrusted_peers_long_subscriptions_cost_a_secured_node_nothing(
     ));
     let bob = Proc::spawn(secured(&env, &keys, "bob", &ab, &["sub", "sa/x", "--json"]));
     assert_eq!(sample_or_denied(&bob)["value"], 1);
-    let ls = || -> Vec<Json> {
-        let out = secured(&env, &keys, "bob", &ab, &["ls", "--json"])
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Json>(&out.stdout)
-            .ok()
-            .and_then(|j| j.as_array().cloned())
-            .unwrap_or_default()
-    };
+    let ls = || ls_as(&env, &keys, "bob", &ab);
     let alice = || {
         ls().into_iter()
             .find(|n| n["publications"][0]["key"] == "sa/x")
@@ -801,14 +805,8 @@ fn subscribe_is_decided_per_key_even_for_a_raw_client_subscribing_to_everything(
     );
     // Not after the 2 s a query waits for its answer: the refusing
     // socket's share of the query was given up when it refused.
-    let ls = secured(&env, &keys, "console", &trust, &["ls", "--json"])
-        .output()
-        .unwrap();
-    let nodes: Json = serde_json::from_slice(&ls.stdout).unwrap();
-    let sub = nodes
-        .as_array()
-        .unwrap()
-        .iter()
+    let sub = ls_as(&env, &keys, "console", &trust)
+        .into_iter()
         .find(|n| n["pid"] == ps.pid())
         .expect("the subscriber's node is listed");
     assert_eq!(sub["stats"]["history_queries_unanswered"], 0, "{sub}");
@@ -821,6 +819,8 @@ fn subscribe_is_decided_per_key_even_for_a_raw_client_subscribing_to_everything(
                 for (i, p) in pubs.iter().enumerate() {
                     p.put(i as i64).unwrap();
                 }
+                // Paces the stream at 50 puts a second per key (a rate,
+                // not a wait for anything).
                 std::thread::sleep(Duration::from_millis(20));
             }
         })
@@ -908,15 +908,7 @@ fn a_trusted_peer_cannot_send_samples_under_another_nodes_id() {
         &trust,
         &["pub", "lab/x", "1", "--rate", "20"],
     ));
-    let ls = || -> Vec<Json> {
-        let out = secured(&env, &keys, "reader", &trust, &["ls", "--json"])
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Json>(&out.stdout)
-            .ok()
-            .and_then(|j| j.as_array().cloned())
-            .unwrap_or_default()
-    };
+    let ls = || ls_as(&env, &keys, "reader", &trust);
     let mut victim_id = String::new();
     assert!(poll_until(T, || {
         if let Some(n) = ls()
