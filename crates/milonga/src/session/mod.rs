@@ -409,23 +409,24 @@ impl NodeInner {
                 tracing::warn!(%err, "cannot write the local announcement");
             }
         }
-        self.reconcile();
+        self.reconcile(&mut lock(&self.state));
     }
 
     /// Connects every subscription to the data endpoints of the peers that
     /// publish keys it matches, and disconnects it from the others; updates
     /// the call routes.
     ///
-    /// Runs with the state lock held, so that a caller with an older view of
-    /// the peers cannot overwrite a newer one (lock order: state, then a
-    /// subscription's target; the subscription socket is only try-locked).
-    fn reconcile(&self) {
-        let mut st = lock(&self.state);
+    /// Runs with the state lock held (`st`), so that a caller with an older
+    /// view of the peers cannot overwrite a newer one, and so that nobody
+    /// sees peers whose services the call routes do not have yet (lock
+    /// order: state, then a subscription's target; the subscription socket
+    /// is only try-locked).
+    fn reconcile(&self, st: &mut NodeState) {
         st.subs.retain(|w| w.strong_count() > 0);
         let subs: Vec<_> = st.subs.iter().filter_map(Weak::upgrade).collect();
         self.callers.update(&st.peers.values().collect::<Vec<_>>());
         for s in subs {
-            connect_subscription(&st, &*s);
+            connect_subscription(st, &*s);
         }
     }
 
@@ -482,19 +483,14 @@ impl Host for NodeInner {
     }
 
     fn set_peers(&self, mut peers: BTreeMap<String, Announcement>) {
-        let changed = {
-            let mut st = lock(&self.state);
-            let me = self.announcement_of(&st);
-            peers.insert(me.node_id.clone(), me);
-            if st.peers != peers {
-                st.peers = peers;
-                true
-            } else {
-                false
-            }
-        };
-        if changed {
-            self.reconcile();
+        let mut st = lock(&self.state);
+        let me = self.announcement_of(&st);
+        peers.insert(me.node_id.clone(), me);
+        if st.peers != peers {
+            st.peers = peers;
+            // Under the same lock: `Node::peers` never shows a service
+            // that a call would not find yet.
+            self.reconcile(&mut st);
         }
     }
 
