@@ -17,6 +17,7 @@ mod bench_discovery;
 mod bench_liveliness;
 mod bench_record;
 mod bench_rpc;
+mod broker;
 mod demo;
 #[allow(unsafe_code)]
 mod ffi;
@@ -147,6 +148,8 @@ enum Cmd {
     Replay(record::ReplayArgs),
     /// Run a small simulated control system and a live monitor.
     Demo(demo::DemoArgs),
+    /// Serve nodes opened on milonga://HOST:PORT/DOMAIN (docs/broker.md).
+    Broker(broker::BrokerArgs),
     /// Measure throughput and latency against raw libzmq.
     Bench(bench::BenchArgs),
     /// A simulated device server (used by `demo`).
@@ -352,6 +355,7 @@ fn main() -> ExitCode {
         Cmd::Info(a) => record::cmd_info(a),
         Cmd::Replay(a) => record::cmd_replay(&cli.net, a),
         Cmd::Demo(a) => demo::run(&cli.net, a),
+        Cmd::Broker(a) => broker::run(a),
         Cmd::Device(a) => demo::device(&cli.net, a),
         Cmd::Bench(a) => bench::run(&cli.net, a),
         Cmd::BenchWorker(a) => bench::worker(a),

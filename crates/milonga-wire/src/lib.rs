@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod announce;
+pub mod broker;
 pub mod cbor;
 pub mod control;
 pub mod filter;

@@ -44,6 +44,7 @@ mod engine;
 mod model;
 mod session;
 
+pub use api::broker;
 pub use api::call::{PendingCall, ServerReply};
 pub use api::node::Node;
 pub use api::p2p;

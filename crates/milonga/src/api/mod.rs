@@ -2,6 +2,7 @@
 //! subscribers, services and calls. They check their arguments, encode and
 //! decode values, and hand frames to the layers below.
 
+pub mod broker;
 pub(crate) mod call;
 pub(crate) mod file_node;
 pub(crate) mod node;

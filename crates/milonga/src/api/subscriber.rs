@@ -321,9 +321,14 @@ impl SubShared {
         self.has_closed_connections.store(false, Ordering::Release);
         let refused = std::mem::take(&mut *lock(&self.refused_connections));
         for (endpoint, status) in refused {
-            self.core.connection_refused(io, endpoint, status);
+            for endpoint in io.link.carried_by(endpoint) {
+                self.core.connection_refused(io, endpoint, status);
+            }
         }
-        let closed = std::mem::take(&mut *lock(&self.closed_connections));
+        let closed = std::mem::take(&mut *lock(&self.closed_connections))
+            .into_iter()
+            .flat_map(|e| io.link.carried_by(e))
+            .collect();
         self.core.connections_closed(io, closed, Instant::now());
     }
 
@@ -336,7 +341,10 @@ impl SubShared {
         if !self.has_closed_connections.load(Ordering::Acquire) {
             return;
         }
-        let closed = lock(&self.closed_connections).clone();
+        let closed: Vec<String> = lock(&self.closed_connections)
+            .iter()
+            .flat_map(|e| io.link.carried_by(e.clone()))
+            .collect();
         let now = Instant::now();
         for endpoint in closed {
             self.core

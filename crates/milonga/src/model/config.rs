@@ -691,6 +691,9 @@ pub(crate) struct Locator {
     pub domain: String,
     /// `file:///PATH`: the recording.
     pub file: Option<PathBuf>,
+    /// `milonga://HOST:PORT[,HOST:PORT...]/DOMAIN`: the brokers, in the
+    /// order they are tried, as `tcp://HOST:PORT` (docs/broker.md).
+    pub brokers: Vec<String>,
 }
 
 /// `file_speed`: `None` for `max`, else the factor of the recorded pace.
@@ -730,6 +733,7 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
             return Ok(Locator {
                 domain: format!("file-{hash:016x}"),
                 file: Some(PathBuf::from(rest)),
+                brokers: Vec::new(),
             });
         }
         _ => {
@@ -741,10 +745,24 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
     let (authority, path) = rest
         .split_once('/')
         .ok_or_else(|| bad("no domain: expected milonga:///DOMAIN"))?;
+    let mut brokers = Vec::new();
     if !authority.is_empty() {
-        return Err(OpenError::Unsupported {
-            what: format!("{s}: brokered domains (milonga://host:port/domain) come in a later version; use milonga:///{path} for peer-to-peer"),
-        });
+        for b in authority.split(',') {
+            let (host, port) = b.rsplit_once(':').ok_or_else(|| {
+                bad("a broker is HOST:PORT, such as milonga://localhost:7447/lab")
+            })?;
+            let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
+            let host_ok = !host.is_empty()
+                && host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || b"-.:".contains(&c));
+            if !port_ok || !host_ok {
+                return Err(bad("a broker is HOST:PORT with a port from 1 to 65535, such as milonga://localhost:7447/lab"));
+            }
+            brokers.push(format!("tcp://{b}"));
+        }
     }
     if path.is_empty() || path.len() > MAX_DOMAIN_BYTES {
         return Err(bad("the domain name must have 1 to 64 characters"));
@@ -761,6 +779,7 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
     Ok(Locator {
         domain: path.to_owned(),
         file: None,
+        brokers,
     })
 }
 
@@ -771,10 +790,10 @@ mod tests {
     #[test]
     fn locators() {
         assert_eq!(parse_locator("milonga:///lab").unwrap().domain, "lab");
-        assert!(matches!(
-            parse_locator("milonga://host:1/lab"),
-            Err(OpenError::Unsupported { .. })
-        ));
+        let b = parse_locator("milonga://b1:7447,10.0.0.2:7448/lab").unwrap();
+        assert_eq!(b.brokers, ["tcp://b1:7447", "tcp://10.0.0.2:7448"]);
+        assert_eq!(b.domain, "lab");
+        assert!(parse_locator("milonga:///lab").unwrap().brokers.is_empty());
         let f = parse_locator("file:///tmp/x.mcap").unwrap();
         assert_eq!(f.file, Some(PathBuf::from("/tmp/x.mcap")));
         assert!(f.domain.starts_with("file-"));
@@ -790,6 +809,11 @@ mod tests {
             "milonga:///",
             "milonga:///a/b",
             "milonga://",
+            "milonga://host/lab",
+            "milonga://host:0/lab",
+            "milonga://host:x/lab",
+            "milonga://:7447/lab",
+            "milonga://a:1,/lab",
         ] {
             assert!(
                 matches!(parse_locator(bad), Err(OpenError::BadLocator { .. })),

@@ -49,6 +49,19 @@ pub enum OpenError {
         /// What is wrong with it.
         why: String,
     },
+    /// No broker of a `milonga://HOST:PORT/DOMAIN` locator answered, or
+    /// none serves the domain (docs/broker.md).
+    #[error("no broker answered for domain {domain} at {brokers} within {waited_ms} ms{why}")]
+    BrokerUnreachable {
+        /// The brokers tried.
+        brokers: String,
+        /// The domain asked for.
+        domain: String,
+        /// How long the node waited for each.
+        waited_ms: u64,
+        /// What a broker that answered said (empty when none answered).
+        why: String,
+    },
     /// The locator names a deployment this version does not provide.
     #[error("unsupported: {what}")]
     Unsupported {

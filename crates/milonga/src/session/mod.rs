@@ -124,6 +124,20 @@ impl NodeInner {
     /// its thread, which finds the peers that exist now and announces it.
     pub(crate) fn open(mut cfg: Config) -> Result<Arc<NodeInner>, OpenError> {
         let loc = parse_locator(&cfg.locator)?;
+        if !loc.brokers.is_empty() {
+            // A broker client: the broker is its discovery and its
+            // connections (docs/broker.md).
+            if cfg.effective_security() == crate::Security::On {
+                return Err(OpenError::Unsupported {
+                    what: "security through a broker: a brokered node runs with security off in this version (docs/broker.md)".into(),
+                });
+            }
+            cfg.security = crate::Security::Off;
+            cfg.local_discovery = false;
+            cfg.scouting = false;
+            cfg.peers.clear();
+            cfg.transport = Transport::Tcp;
+        }
         let mut id = [0u8; 16];
         getrandom::fill(&mut id).map_err(|e| OpenError::Config {
             key: "node id".into(),
@@ -173,7 +187,16 @@ impl NodeInner {
         core.other_hosts = other_hosts;
         core.id_salt = salt;
         let core = Arc::new(core);
-        let (p2p, wake_rx) = P2p::new(core.clone(), identity)?;
+        let uplink = match loc.brokers.is_empty() {
+            true => None,
+            false => Some(crate::backend::p2p::uplink::hello(
+                &core.cfg,
+                &loc.brokers,
+                &core.domain,
+                std::time::Duration::from_millis(core.cfg.handshake_timeout_ms.max(1) as u64),
+            )?),
+        };
+        let (p2p, wake_rx) = P2p::new(core.clone(), identity, uplink)?;
         let socks = control::bind_node(&p2p)?;
         let inner = Arc::new(NodeInner {
             core: core.clone(),
@@ -382,6 +405,38 @@ impl NodeInner {
                 .core
                 .id_salt
                 .map(|s| s.iter().map(|b| format!("{b:02x}")).collect()),
+        }
+    }
+
+    /// This node's process as its announcement names it: host and pid.
+    pub(crate) fn process(&self) -> (String, u32) {
+        (self.host.clone(), std::process::id())
+    }
+
+    /// Writes the announcement of a node this one speaks for (a broker's
+    /// client) in the local directory, as a node of this process, so that
+    /// it is taken for gone when this process is. Nothing without local
+    /// discovery.
+    pub(crate) fn show_local(&self, a: &Announcement) {
+        let Some(dir) = self.local.as_deref().map(lock) else {
+            return;
+        };
+        if self.is_closed() {
+            return;
+        }
+        let mut a = a.clone();
+        a.host = self.host.clone();
+        a.pid = std::process::id();
+        a.start_time = self.start_time;
+        if let Err(err) = dir.write(&a) {
+            tracing::warn!(%err, node = %a.name, "cannot write a client's announcement in the local directory");
+        }
+    }
+
+    /// Removes what [`NodeInner::show_local`] wrote.
+    pub(crate) fn hide_local(&self, node_id: &str) {
+        if let Some(mut dir) = self.local.as_deref().map(lock) {
+            dir.remove(node_id);
         }
     }
 

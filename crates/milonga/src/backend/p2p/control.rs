@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::p2p::scout_peers::ScoutPeers;
 use crate::backend::p2p::static_peers::StaticPeers;
 use crate::backend::p2p::sub_link::{ConnectionWatcher, Monitor};
+use crate::backend::p2p::uplink::BrokerSource;
 use crate::backend::p2p::zmq_io::AUTH_FAILED;
 use crate::backend::p2p::{curve, zmq_io, P2p, WakeRx};
 use crate::discovery::local::LocalSource;
@@ -233,7 +234,8 @@ pub(crate) fn bind_node(p2p: &P2p) -> Result<NodeSockets, OpenError> {
     let control_endpoint = p2p.bind(&router, &ep)?;
     let live = liveliness_socket(p2p)?;
     let ep = p2p.endpoint_for("hb", None);
-    let liveliness_endpoint = p2p.bind(&live, &ep)?;
+    let liveliness_endpoint =
+        p2p.place(&live, &ep, crate::backend::p2p::uplink::Plane::Liveliness)?;
     Ok(NodeSockets {
         router,
         live,
@@ -279,6 +281,19 @@ pub(crate) fn start<H: Host>(
     } else {
         None
     };
+    let broker = match p2p.uplink() {
+        Some(up) => {
+            let mut b = BrokerSource::new(p2p.core.clone(), up)?;
+            let wait = Duration::from_millis(p2p.core().cfg.handshake_timeout_ms.max(1) as u64);
+            b.first_view(
+                host.announcement_version(),
+                host.announcement().to_json(),
+                wait,
+            );
+            Some(b)
+        }
+        None => None,
+    };
     let monitor = self::monitor(p2p, &router, "control")?;
     let live_monitor = self::monitor(p2p, &live, "liveliness")?;
     let watch_fd = local.as_ref().and_then(LocalSource::watch_fd);
@@ -295,6 +310,7 @@ pub(crate) fn start<H: Host>(
         statics,
         local,
         scout,
+        broker,
         watch_fd,
         flooded: false,
         known: Vec::new(),
@@ -364,6 +380,8 @@ struct Control<H: Host> {
     statics: StaticPeers,
     local: Option<LocalSource>,
     scout: Option<ScoutPeers>,
+    /// A broker client's discovery: the broker's view.
+    broker: Option<BrokerSource>,
     /// The local directory's inotify descriptor, if any.
     watch_fd: Option<std::os::fd::RawFd>,
     /// The last drain of the data sockets left messages to read.
@@ -418,6 +436,9 @@ impl<H: Host> Control<H> {
         if let Some(s) = &self.scout {
             s.leave();
         }
+        if let Some(b) = &self.broker {
+            b.leave();
+        }
         self.stop_monitors();
     }
 
@@ -430,6 +451,7 @@ impl<H: Host> Control<H> {
             self.statics.next_due(),
             self.local.as_ref().and_then(Source::next_due),
             self.scout.as_ref().and_then(Source::next_due),
+            self.broker.as_ref().and_then(Source::next_due),
         ];
         for due in sources.into_iter().flatten() {
             next = next.min(due);
@@ -461,6 +483,13 @@ impl<H: Host> Control<H> {
             for (node, endpoint, status) in scout.take_refusals() {
                 self.host.peer_refused(&endpoint, Some(node), status);
             }
+        }
+        if let Some(broker) = &mut self.broker {
+            let v = self.host.announcement_version();
+            if v != broker.version() {
+                broker.set_announcement(v, self.host.announcement().to_json());
+            }
+            changed |= broker.turn(now);
         }
         if !changed && !force {
             return;
@@ -498,6 +527,11 @@ impl<H: Host> Control<H> {
         let mut v = Vec::new();
         self.statics.peers_into(&mut v);
         merge(v);
+        if let Some(broker) = &self.broker {
+            let mut v = Vec::new();
+            broker.peers_into(&mut v);
+            merge(v);
+        }
         // Told to gossip askers: endpoints checked, not claimed: where a
         // static peer answered, where a hello came from, and the local
         // nodes (their files are this user's).

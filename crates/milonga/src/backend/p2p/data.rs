@@ -84,7 +84,11 @@ impl DataSocket {
             sock.set_sndhwm(node.cfg.reliable_send_hwm)
                 .map_err(opt_err)?;
         }
-        let bound = p2p.bind(&sock, &endpoint)?;
+        let plane = match reliability {
+            Reliability::BestEffort => crate::backend::p2p::uplink::Plane::BestEffort,
+            Reliability::Reliable => crate::backend::p2p::uplink::Plane::Reliable,
+        };
+        let bound = p2p.place(&sock, &endpoint, plane)?;
         let monitor =
             crate::backend::p2p::control::monitor(p2p, &sock, &format!("{role}{number}"))?;
         let name = match first {

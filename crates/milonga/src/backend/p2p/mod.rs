@@ -6,6 +6,7 @@
 //! node through [`control::Host`], a subscription's closed connections
 //! through [`sub_link::ConnectionWatcher`].
 
+pub(crate) mod broker;
 pub(crate) mod call_link;
 pub(crate) mod control;
 pub(crate) mod curve;
@@ -14,6 +15,7 @@ pub(crate) mod scout_peers;
 pub(crate) mod serve_link;
 pub(crate) mod static_peers;
 pub(crate) mod sub_link;
+pub(crate) mod uplink;
 // libzmq's calls that the zmq crate does not wrap.
 #[allow(unsafe_code)]
 pub(crate) mod zmq_io;
@@ -80,6 +82,9 @@ pub(crate) struct P2p {
     /// Peers discovery shows that this node does not connect to, and why
     /// (as of the last discovery turn; at most [`MAX_EXCLUDED`]).
     excluded: Mutex<Vec<(crate::discovery::Announcement, String)>>,
+    /// The broker a `milonga://HOST:PORT/DOMAIN` node is attached to: its
+    /// data and liveliness sockets connect there instead of binding.
+    uplink: Option<uplink::Uplink>,
     // Declared last: sockets above are closed before the context goes.
     ctx: ContextRef,
 }
@@ -141,6 +146,7 @@ impl P2p {
     pub(crate) fn new(
         core: Arc<NodeCore>,
         identity: Option<(curve::Identity, std::path::PathBuf)>,
+        uplink: Option<uplink::Uplink>,
     ) -> Result<(P2p, WakeRx), OpenError> {
         let ctx = ContextRef::acquire();
         let (waker, wake_rx) = NodeWaker::pair(&ctx, core.id)?;
@@ -161,6 +167,7 @@ impl P2p {
                 sockets: Mutex::new(Sockets::default()),
                 security,
                 excluded: Mutex::new(Vec::new()),
+                uplink,
                 ctx,
             },
             wake_rx,
@@ -343,6 +350,33 @@ impl P2p {
             tracing::warn!(endpoint = %also, %err, "cannot bind the same port on every address of this node: that network will not reach this socket");
         }
         Ok(bound)
+    }
+
+    /// The broker this node is attached to, if it is a broker client.
+    pub(crate) fn uplink(&self) -> Option<&uplink::Uplink> {
+        self.uplink.as_ref()
+    }
+
+    /// Places a data or liveliness socket: binds it at `endpoint`, or, for
+    /// a broker client, connects it to the broker's socket of `plane`.
+    /// The endpoint to announce.
+    pub(crate) fn place(
+        &self,
+        sock: &zmq::Socket,
+        endpoint: &str,
+        plane: uplink::Plane,
+    ) -> Result<String, OpenError> {
+        let Some(up) = &self.uplink else {
+            return self.bind(sock, endpoint);
+        };
+        let (to, announced) = up.endpoints(plane, &self.core.id.to_hex());
+        sock.connect(to)
+            .map_err(|source: zmq::Error| OpenError::Socket {
+                action: "connect",
+                endpoint: to.to_owned(),
+                source: source.transport(),
+            })?;
+        Ok(announced)
     }
 
     /// The endpoint to bind for a new socket of role `role` (`c`, `be`, `r`,

@@ -12,7 +12,7 @@
 //! it, and the engine checks that key against the one the frame's node
 //! announced (docs/security.md, "Authentic headers").
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -36,6 +36,9 @@ pub(crate) struct SubLink {
     groups: Vec<Group>,
     /// Endpoint connected -> the group whose socket connected it.
     at: HashMap<String, usize>,
+    /// Tagged endpoints (`ENDPOINT#<node id>`, nodes a broker speaks for)
+    /// connected, by the endpoint their one connection is made to.
+    tagged: HashMap<String, BTreeSet<String>>,
     /// The group read first next time (several groups take turns).
     next: usize,
     /// The receive timeout currently set on the first group's socket, in
@@ -194,6 +197,7 @@ impl SubLink {
                     used: false,
                 }],
                 at: HashMap::new(),
+                tagged: HashMap::new(),
                 next: 0,
                 rcvtimeo: -1,
                 guard: p2p.guard(),
@@ -328,8 +332,29 @@ impl SubLink {
     }
 }
 
-impl Link for SubLink {
-    fn connect(&mut self, endpoint: &str) -> Result<(), TransportError> {
+impl SubLink {
+    /// The endpoints the engine connected that a connection to `endpoint`
+    /// (as the socket made it) carries: itself, or the tagged endpoints
+    /// of the nodes a broker serves there.
+    pub(crate) fn carried_by(&self, endpoint: String) -> Vec<String> {
+        match self.tagged.get(&endpoint) {
+            Some(tags) => tags.iter().cloned().collect(),
+            None => vec![endpoint],
+        }
+    }
+
+    fn connect_tagged(&mut self, endpoint: &str, real: &str) -> Result<(), TransportError> {
+        if let Some(tags) = self.tagged.get_mut(real) {
+            tags.insert(endpoint.to_owned());
+            return Ok(());
+        }
+        self.connect_untagged(real)?;
+        self.tagged
+            .insert(real.to_owned(), BTreeSet::from([endpoint.to_owned()]));
+        Ok(())
+    }
+
+    fn connect_untagged(&mut self, endpoint: &str) -> Result<(), TransportError> {
         let key = curve::server_key(self.guard.as_deref(), endpoint).map(|k| k.to_z85().into());
         let g = self.group_for(key)?;
         let group = &mut self.groups[g];
@@ -342,10 +367,30 @@ impl Link for SubLink {
         self.at.insert(endpoint.to_owned(), g);
         Ok(())
     }
+}
+
+impl Link for SubLink {
+    fn connect(&mut self, endpoint: &str) -> Result<(), TransportError> {
+        match crate::backend::p2p::uplink::untagged(endpoint) {
+            real if real.len() != endpoint.len() => self.connect_tagged(endpoint, real),
+            _ => self.connect_untagged(endpoint),
+        }
+    }
 
     fn disconnect(&mut self, endpoint: &str) {
-        if let Some(g) = self.at.remove(endpoint) {
-            let _ = self.groups[g].sock.disconnect(endpoint);
+        let real = crate::backend::p2p::uplink::untagged(endpoint);
+        if real.len() != endpoint.len() {
+            let Some(tags) = self.tagged.get_mut(real) else {
+                return;
+            };
+            tags.remove(endpoint);
+            if !tags.is_empty() {
+                return;
+            }
+            self.tagged.remove(real);
+        }
+        if let Some(g) = self.at.remove(real) {
+            let _ = self.groups[g].sock.disconnect(real);
         }
     }
 

@@ -1,0 +1,87 @@
+//! `milonga broker`: serves nodes opened on `milonga://HOST:PORT/DOMAIN`
+//! (docs/broker.md) until SIGINT or SIGTERM.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use milonga::broker::{Broker, BrokerOptions, DEFAULT_PORT};
+
+#[derive(Args, Debug)]
+pub struct BrokerArgs {
+    /// Where clients reach it: tcp://HOST:PORT (port 0: a free one, told
+    /// on the first line of output).
+    #[arg(long, default_value_t = format!("tcp://127.0.0.1:{DEFAULT_PORT}"))]
+    pub listen: String,
+    /// A domain to serve (repeat for several).
+    #[arg(long = "domain", required = true)]
+    pub domains: Vec<String>,
+    /// How often clients attach, in ms.
+    #[arg(long, default_value_t = 250)]
+    pub attach_interval_ms: u64,
+    /// A client silent this long is forgotten, and a broker silent this
+    /// long is lost to its clients (ms).
+    #[arg(long, default_value_t = 3000)]
+    pub lease_ms: u64,
+    /// How long a reliable frame waits for a full client before it is
+    /// dropped for that client (ms).
+    #[arg(long, default_value_t = 1000)]
+    pub stall_ms: u64,
+    /// Print a JSON line with the broker's counters every second (and
+    /// its endpoints first).
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this many seconds (default: at SIGINT or SIGTERM).
+    #[arg(long)]
+    pub duration: Option<f64>,
+}
+
+pub fn run(a: BrokerArgs) -> Result<ExitCode> {
+    crate::catch_interrupts();
+    let broker = Broker::start(BrokerOptions {
+        listen: a.listen.clone(),
+        domains: a.domains.clone(),
+        attach_interval_ms: a.attach_interval_ms,
+        lease_ms: a.lease_ms,
+        stall_ms: a.stall_ms,
+        ..Default::default()
+    })
+    .with_context(|| format!("cannot start a broker at {}", a.listen))?;
+    let locators: Vec<String> = a.domains.iter().map(|d| broker.locator(d)).collect();
+    if a.json {
+        let line = serde_json::json!({
+            "event": "listening",
+            "listen": broker.listen_endpoint(),
+            "locators": locators,
+            "endpoints": broker.endpoints(),
+        });
+        println!("{line}");
+    } else {
+        println!("broker listening at {}", broker.listen_endpoint());
+        for l in &locators {
+            println!("  clients open {l}");
+        }
+    }
+    let start = Instant::now();
+    let mut next = start + Duration::from_secs(1);
+    while !crate::interrupted() && a.duration.is_none_or(|d| start.elapsed().as_secs_f64() < d) {
+        std::thread::sleep(Duration::from_millis(50));
+        if a.json && Instant::now() >= next {
+            next += Duration::from_secs(1);
+            let line = serde_json::json!({"event": "stats", "stats": broker.stats()});
+            println!("{line}");
+        }
+    }
+    let stats = broker.stats();
+    broker.stop();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"event": "stopped", "stats": stats})
+        );
+    } else {
+        println!("broker stopped");
+    }
+    Ok(ExitCode::SUCCESS)
+}

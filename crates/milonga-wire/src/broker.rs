@@ -1,0 +1,168 @@
+//! The broker's client protocol (docs/protocol.md §10): what a node opened
+//! on `milonga://HOST:PORT/DOMAIN` says to the broker's ROUTER at
+//! HOST:PORT, from a DEALER. Every message is a few frames, the first
+//! [`MAGIC`]; these are the frames after the ROUTER's identity frame.
+//!
+//! - `[MAGIC, "hello", domain]` -> `[MAGIC, "hello", BrokerHello (JSON)]`,
+//!   or `[MAGIC, "error", text]` when the broker does not serve the domain.
+//! - `[MAGIC, "attach", announcement (JSON), view]` -> `[MAGIC, "view",
+//!   version, announcements (a JSON array)]`, or `[MAGIC, "same", version]`
+//!   when `view` (decimal text) is the version the broker holds.
+//! - `[MAGIC, "detach", node id]`: the node is leaving; no reply.
+
+use serde::{Deserialize, Serialize};
+
+use crate::announce::Announcement;
+
+/// First frame of every broker request and reply.
+pub const MAGIC: &[u8] = b"MILONGA-BRK/1";
+/// "Which endpoints do you serve this domain on".
+pub const HELLO: &[u8] = b"hello";
+/// "Here I am (my announcement); what is there".
+pub const ATTACH: &[u8] = b"attach";
+/// "I am leaving".
+pub const DETACH: &[u8] = b"detach";
+/// Reply to `attach`: the view changed.
+pub const VIEW: &[u8] = b"view";
+/// Reply to `attach`: the view is the one the client has.
+pub const SAME: &[u8] = b"same";
+/// Reply to `hello` for a domain the broker does not serve.
+pub const ERROR: &[u8] = b"error";
+/// Largest request a broker reads (bytes): an announcement with its
+/// publications and services.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// Where a broker serves one domain. A client's data and liveliness
+/// sockets connect to the `*_in` endpoints (the broker subscribes to
+/// them); its subscriptions connect to the `*_out` ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerHello {
+    /// The domain.
+    pub domain: String,
+    /// The broker's node id in that domain (32 hex digits).
+    pub node_id: String,
+    /// Clients' best-effort data sockets connect here.
+    pub data_best_effort_in: String,
+    /// Clients' reliable data sockets connect here.
+    pub data_reliable_in: String,
+    /// Clients' liveliness sockets connect here.
+    pub liveliness_in: String,
+    /// Clients subscribe here to best-effort data.
+    pub data_best_effort_out: String,
+    /// Clients subscribe here to reliable data.
+    pub data_reliable_out: String,
+    /// Clients subscribe here to heartbeats.
+    pub liveliness_out: String,
+    /// How often a client should attach (ms); it is forgotten after
+    /// [`BrokerHello::lease_ms`] without one.
+    pub attach_interval_ms: u64,
+    /// How long the broker keeps a client that stopped attaching (ms).
+    pub lease_ms: u64,
+}
+
+/// A request a broker reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BrokerRequest {
+    /// `hello`: the endpoints of `domain`.
+    Hello {
+        /// The domain asked for.
+        domain: String,
+    },
+    /// `attach`: the client's announcement, and the view version it holds
+    /// (0: none yet).
+    Attach {
+        /// Its announcement.
+        announcement: Box<Announcement>,
+        /// The version of the view it has.
+        view: u64,
+    },
+    /// `detach`: the node with this id (hex) is leaving.
+    Detach {
+        /// Its node id.
+        node_id: String,
+    },
+}
+
+/// Why frames are not a broker request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokerError {
+    /// Not the frames of a request of this version.
+    #[error("not a broker request: {0}")]
+    Malformed(String),
+}
+
+fn text(f: &[u8], what: &str) -> Result<String, BrokerError> {
+    std::str::from_utf8(f)
+        .map(str::to_owned)
+        .map_err(|_| BrokerError::Malformed(format!("{what} is not UTF-8")))
+}
+
+impl BrokerRequest {
+    /// Reads a request's frames (after the ROUTER's identity).
+    pub fn decode<F: AsRef<[u8]>>(frames: &[F]) -> Result<BrokerRequest, BrokerError> {
+        let bad = |why: &str| BrokerError::Malformed(why.to_owned());
+        if frames.first().map(AsRef::as_ref) != Some(MAGIC) {
+            return Err(bad("the first frame is not MILONGA-BRK/1"));
+        }
+        let f: Vec<&[u8]> = frames.iter().map(AsRef::as_ref).collect();
+        match (f.get(1).copied(), f.len()) {
+            (Some(HELLO), 3) => {
+                let domain = text(f[2], "the domain")?;
+                Ok(BrokerRequest::Hello { domain })
+            }
+            (Some(ATTACH), 4) => {
+                let announcement = Announcement::from_json(f[2])
+                    .map_err(|e| BrokerError::Malformed(format!("the announcement: {e}")))?;
+                let view = text(f[3], "the view version")?
+                    .parse::<u64>()
+                    .map_err(|_| bad("the view version is not a decimal integer"))?;
+                Ok(BrokerRequest::Attach {
+                    announcement: Box::new(announcement),
+                    view,
+                })
+            }
+            (Some(DETACH), 3) => {
+                let node_id = text(f[2], "the node id")?;
+                if node_id.len() != 32 || !node_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(bad("the node id is not 32 hex digits"));
+                }
+                Ok(BrokerRequest::Detach { node_id })
+            }
+            (Some(cmd), n) => Err(BrokerError::Malformed(format!(
+                "{:?} with {n} frames",
+                String::from_utf8_lossy(cmd)
+            ))),
+            (None, _) => Err(bad("no command frame")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_decode_and_bad_ones_are_refused() {
+        assert_eq!(
+            BrokerRequest::decode(&[MAGIC, HELLO, b"lab"]).unwrap(),
+            BrokerRequest::Hello {
+                domain: "lab".into()
+            }
+        );
+        let id = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            BrokerRequest::decode(&[MAGIC, DETACH, id.as_bytes()]).unwrap(),
+            BrokerRequest::Detach { node_id: id.into() }
+        );
+        for bad in [
+            vec![&b"MILONGA-CTL/1"[..], HELLO, b"lab"],
+            vec![MAGIC, HELLO],
+            vec![MAGIC, b"stop", b"x"],
+            vec![MAGIC, DETACH, b"xyz"],
+            vec![MAGIC, ATTACH, b"{}", b"0"],
+            vec![MAGIC],
+        ] {
+            assert!(BrokerRequest::decode(&bad).is_err(), "{bad:?}");
+        }
+    }
+}

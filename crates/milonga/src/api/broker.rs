@@ -1,0 +1,177 @@
+//! The broker (docs/broker.md): serves nodes opened on
+//! `milonga://HOST:PORT/DOMAIN`, and is a node of each domain it serves,
+//! so that its clients and the peer-to-peer nodes of its host see each
+//! other's publications.
+//!
+//! ```no_run
+//! let broker = milonga::broker::Broker::start(milonga::broker::BrokerOptions {
+//!     domains: vec!["lab".into()],
+//!     ..Default::default()
+//! })?;
+//! let node = milonga::Node::open(&broker.locator("lab"), "gui")?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use milonga_wire::announce::Announcement;
+
+pub use crate::backend::p2p::broker::BrokerStats;
+use crate::backend::p2p::broker::{self, BrokerSpec, DomainHost, Running};
+use crate::model::config::Config;
+use crate::model::error::OpenError;
+use crate::Node;
+
+/// The port a broker listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7447;
+
+/// How a broker runs.
+#[derive(Debug, Clone)]
+pub struct BrokerOptions {
+    /// Where clients reach it: `tcp://HOST:PORT` (default
+    /// `tcp://127.0.0.1:7447`; port 0 picks a free one). Its other sockets
+    /// are bound at free ports of the same host, told to clients when
+    /// they ask.
+    pub listen: String,
+    /// The domains it serves (at least one).
+    pub domains: Vec<String>,
+    /// How often clients attach (ms, default 250).
+    pub attach_interval_ms: u64,
+    /// A client that has not attached for this long is forgotten, and
+    /// clients take a broker silent for this long as lost (ms, default
+    /// 3000).
+    pub lease_ms: u64,
+    /// How long a reliable frame waits for a client whose queue is full
+    /// before it is dropped for that client (ms, default 1000).
+    pub stall_ms: u64,
+    /// Most clients served at once (default 10,000).
+    pub max_clients: usize,
+}
+
+impl Default for BrokerOptions {
+    fn default() -> Self {
+        BrokerOptions {
+            listen: format!("tcp://127.0.0.1:{DEFAULT_PORT}"),
+            domains: Vec::new(),
+            attach_interval_ms: 250,
+            lease_ms: 3000,
+            stall_ms: 1000,
+            max_clients: 10_000,
+        }
+    }
+}
+
+/// A running broker; dropping it stops it.
+pub struct Broker {
+    running: Running,
+    /// Its node in each domain: closed after its threads stopped.
+    _nodes: Vec<std::sync::Arc<Node>>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("listen", &self.running.listen)
+            .field("domains", &self.running.hellos.len())
+            .finish()
+    }
+}
+
+/// The broker's node in one domain.
+struct NodeHost(std::sync::Arc<Node>);
+
+impl DomainHost for NodeHost {
+    fn domain(&self) -> &str {
+        self.0.domain()
+    }
+    fn node_id(&self) -> String {
+        self.0.id().to_hex()
+    }
+    fn process(&self) -> (String, u32) {
+        self.0.inner.process()
+    }
+    fn peers(&self) -> Vec<Announcement> {
+        self.0.peers()
+    }
+    fn show(&self, a: &Announcement) {
+        self.0.inner.show_local(a);
+    }
+    fn hide(&self, node_id: &str) {
+        self.0.inner.hide_local(node_id);
+    }
+}
+
+impl Broker {
+    /// Opens the broker's node in each domain (with the configuration
+    /// from the environment, docs/config.md) and starts serving.
+    pub fn start(opts: BrokerOptions) -> Result<Broker, OpenError> {
+        if opts.domains.is_empty() {
+            return Err(OpenError::Config {
+                key: "domains".into(),
+                why: "a broker serves at least one domain".into(),
+            });
+        }
+        let mut nodes = Vec::new();
+        let mut hosts: Vec<Box<dyn DomainHost>> = Vec::new();
+        for d in &opts.domains {
+            let mut cfg = Config::from_env(&format!("milonga:///{d}"), "broker")?;
+            if !crate::model::config::parse_locator(&cfg.locator)?
+                .brokers
+                .is_empty()
+            {
+                return Err(OpenError::Config {
+                    key: "MILONGA_LOCATOR".into(),
+                    why: "a broker's own node is peer-to-peer (milonga:///DOMAIN)".into(),
+                });
+            }
+            // Its clients are announced in the local directory.
+            cfg.local_discovery = true;
+            let node = std::sync::Arc::new(Node::open_with(cfg)?);
+            hosts.push(Box::new(NodeHost(node.clone())));
+            nodes.push(node);
+        }
+        let spec = BrokerSpec {
+            listen: opts.listen,
+            attach_interval_ms: opts.attach_interval_ms.max(10),
+            lease_ms: opts.lease_ms.max(100),
+            stall_ms: opts.stall_ms,
+            max_clients: opts.max_clients,
+            cfg: Config::from_env("milonga:///broker", "broker")?,
+        };
+        let running = broker::start(spec, hosts)?;
+        Ok(Broker {
+            running,
+            _nodes: nodes,
+        })
+    }
+
+    /// Where clients reach it, as bound: `tcp://HOST:PORT`.
+    pub fn listen_endpoint(&self) -> &str {
+        &self.running.listen
+    }
+
+    /// The locator of `domain` through this broker:
+    /// `milonga://HOST:PORT/DOMAIN`.
+    pub fn locator(&self, domain: &str) -> String {
+        let hp = self
+            .running
+            .listen
+            .strip_prefix("tcp://")
+            .unwrap_or(&self.running.listen);
+        format!("milonga://{hp}/{domain}")
+    }
+
+    /// The endpoints it serves each domain on.
+    pub fn endpoints(&self) -> &[milonga_wire::broker::BrokerHello] {
+        &self.running.hellos
+    }
+
+    /// A snapshot of its counters.
+    pub fn stats(&self) -> BrokerStats {
+        self.running.counters.snapshot()
+    }
+
+    /// Stops it: its clients are withdrawn from the domains, then its
+    /// nodes close.
+    pub fn stop(mut self) {
+        self.running.stop();
+    }
+}

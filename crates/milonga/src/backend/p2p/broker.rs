@@ -1,0 +1,852 @@
+//! The broker (docs/broker.md): a ROUTER on its listen endpoint that
+//! answers clients (docs/protocol.md §10), and, per domain, three planes
+//! (best effort, reliable, liveliness) that move frames untouched:
+//!
+//! ```text
+//!  clients' XPUBs ──> from_clients (XSUB) ──┬──> to_clients (XPUB) ──> clients' XSUBs
+//!                                           └──> to_domain  (XPUB) ──> peer-to-peer subscribers
+//!  peer-to-peer publishers ──> from_domain (XSUB) ──> to_clients
+//! ```
+//!
+//! Subscriptions, history queries and filter declarations travel the
+//! other way: from `to_clients` to both XSUBs, from `to_domain` to
+//! `from_clients` only, so that a peer-to-peer subscriber never gets a
+//! peer-to-peer publisher's frames twice. libzmq's XPUBs match each frame
+//! against each connection's subscriptions: a frame goes only to the
+//! connections that asked for it, and each connection's queue is bounded
+//! by its high-water mark.
+//!
+//! The clients' announcements reach the domain through the broker's
+//! node (`DomainHost::show`, its local directory), with endpoints at
+//! `to_domain` tagged `#<node id>`; the domain's reach the clients in the
+//! view, at `to_clients` likewise.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use milonga_wire::announce::Announcement;
+use milonga_wire::broker::{self as wire, BrokerHello, BrokerRequest};
+use serde::Serialize;
+
+use crate::backend::p2p::uplink::Plane;
+use crate::backend::p2p::zmq_io::{self, ContextRef};
+use crate::model::config::Config;
+use crate::model::error::{IntoTransport, OpenError};
+use crate::util::lock;
+
+/// What the broker needs of its node in one domain.
+pub(crate) trait DomainHost: Send + 'static {
+    /// The domain.
+    fn domain(&self) -> &str;
+    /// The node's id (hex).
+    fn node_id(&self) -> String;
+    /// The node's process, as its announcements name it: `(host, pid)`.
+    fn process(&self) -> (String, u32);
+    /// Every node discovery shows in the domain.
+    fn peers(&self) -> Vec<Announcement>;
+    /// Announces a client to the domain (as a node of the broker's
+    /// process, so that it is gone when the broker is).
+    fn show(&self, a: &Announcement);
+    /// Withdraws a client's announcement.
+    fn hide(&self, node_id: &str);
+}
+
+/// How a broker runs.
+#[derive(Debug, Clone)]
+pub(crate) struct BrokerSpec {
+    /// The ROUTER clients ask, `tcp://HOST:PORT`.
+    pub listen: String,
+    /// How often clients attach (ms).
+    pub attach_interval_ms: u64,
+    /// A client that has not attached for this long is forgotten (ms).
+    pub lease_ms: u64,
+    /// How long a reliable frame waits for a full client before it is
+    /// dropped for that client (ms).
+    pub stall_ms: u64,
+    /// Most clients served at once.
+    pub max_clients: usize,
+    /// Socket options (high-water marks, heartbeats, message size).
+    pub cfg: Config,
+}
+
+/// The broker's counters, shared by its threads.
+#[derive(Debug, Default)]
+pub(crate) struct BrokerCounters {
+    pub frames_forwarded: AtomicU64,
+    pub bytes_forwarded: AtomicU64,
+    pub upstream_messages: AtomicU64,
+    pub reliable_stalls: AtomicU64,
+    pub reliable_dropped: AtomicU64,
+    pub requests_malformed: AtomicU64,
+    pub clients_expired: AtomicU64,
+    pub clients_refused: AtomicU64,
+    pub clients: AtomicU64,
+}
+
+/// A snapshot of the broker's counters (`milonga broker --json`).
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct BrokerStats {
+    /// Clients attached now, in all domains.
+    pub clients: u64,
+    /// Frames (samples, batches, heartbeats, history replies) forwarded,
+    /// counted once per socket they were sent on.
+    pub frames_forwarded: u64,
+    /// Their bytes.
+    pub bytes_forwarded: u64,
+    /// Subscriptions, history queries and filter declarations forwarded.
+    pub upstream_messages: u64,
+    /// Reliable frames that found a client's queue full and waited.
+    pub reliable_stalls: u64,
+    /// Reliable frames dropped for a client whose queue stayed full for
+    /// `stall_ms` (it sees a gap: repaired from history or reported lost).
+    pub reliable_dropped: u64,
+    /// Requests dropped as malformed.
+    pub requests_malformed: u64,
+    /// Clients forgotten after their lease.
+    pub clients_expired: u64,
+    /// Clients refused: the broker serves `max_clients` already.
+    pub clients_refused: u64,
+}
+
+impl BrokerCounters {
+    pub(crate) fn snapshot(&self) -> BrokerStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BrokerStats {
+            clients: g(&self.clients),
+            frames_forwarded: g(&self.frames_forwarded),
+            bytes_forwarded: g(&self.bytes_forwarded),
+            upstream_messages: g(&self.upstream_messages),
+            reliable_stalls: g(&self.reliable_stalls),
+            reliable_dropped: g(&self.reliable_dropped),
+            requests_malformed: g(&self.requests_malformed),
+            clients_expired: g(&self.clients_expired),
+            clients_refused: g(&self.clients_refused),
+        }
+    }
+}
+
+/// A running broker: its threads stop when it is dropped.
+pub(crate) struct Running {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    /// Where its ROUTER is bound.
+    pub(crate) listen: String,
+    pub(crate) counters: Arc<BrokerCounters>,
+    /// Each domain's endpoints.
+    pub(crate) hellos: Vec<BrokerHello>,
+}
+
+impl Running {
+    /// Stops the threads and waits for them.
+    pub(crate) fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The endpoints a plane's peer-to-peer XSUB should be connected to,
+/// set by the control thread, applied by the plane's.
+#[derive(Default)]
+struct Wanted {
+    generation: u64,
+    endpoints: BTreeSet<String>,
+}
+
+fn sock_err(endpoint: &str) -> impl Fn(zmq::Error) -> OpenError + '_ {
+    move |source| OpenError::Socket {
+        action: "configure",
+        endpoint: endpoint.to_owned(),
+        source: source.transport(),
+    }
+}
+
+/// The host part of `tcp://HOST:PORT`.
+fn host_of(listen: &str) -> Option<&str> {
+    let rest = listen.strip_prefix("tcp://")?;
+    Some(rest.rsplit_once(':')?.0)
+}
+
+/// One plane's four sockets and its thread's state.
+struct PlaneIo {
+    plane: Plane,
+    from_clients: zmq::Socket,
+    from_domain: zmq::Socket,
+    to_clients: zmq::Socket,
+    to_domain: zmq::Socket,
+    wanted: Arc<Mutex<Wanted>>,
+    applied: u64,
+    connected: BTreeSet<String>,
+    stall: Duration,
+    counters: Arc<BrokerCounters>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Most messages read from one socket before the others get a turn.
+const BURST: usize = 256;
+
+impl PlaneIo {
+    fn open(
+        ctx: &ContextRef,
+        spec: &BrokerSpec,
+        host: &str,
+        plane: Plane,
+        counters: &Arc<BrokerCounters>,
+        stop: &Arc<AtomicBool>,
+    ) -> Result<(PlaneIo, [String; 3]), OpenError> {
+        let cfg = &spec.cfg;
+        let ep = format!("tcp://{host}:*");
+        let err = sock_err(&ep);
+        // A listening socket with IPv6 on names IPv4 peers and its own
+        // endpoint in IPv6 form: on only for an IPv6 address.
+        let v6 = host.starts_with('[');
+        let xsub = || -> Result<zmq::Socket, OpenError> {
+            let s = ctx.socket(zmq::XSUB)?;
+            zmq_io::apply_common(&s, cfg).map_err(&err)?;
+            s.set_ipv6(v6).map_err(&err)?;
+            Ok(s)
+        };
+        let xpub = || -> Result<zmq::Socket, OpenError> {
+            let mut s = ctx.socket(zmq::XPUB)?;
+            zmq_io::apply_common(&s, cfg).map_err(&err)?;
+            s.set_ipv6(v6).map_err(&err)?;
+            // Every subscribe and unsubscribe goes upstream, where the
+            // XSUBs count them: a topic stays subscribed upstream while
+            // one connection here holds it.
+            zmq_io::set_xpub_verboser(&mut s).map_err(&err)?;
+            s.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
+                .map_err(&err)?;
+            match plane {
+                Plane::Reliable => {
+                    zmq_io::set_xpub_nodrop(&mut s, true).map_err(&err)?;
+                    s.set_sndhwm(cfg.reliable_send_hwm.max(16)).map_err(&err)?;
+                }
+                // Heartbeats are small and the goodbye must get through.
+                Plane::Liveliness => s.set_sndhwm(1000).map_err(&err)?,
+                Plane::BestEffort => {}
+            }
+            Ok(s)
+        };
+        let from_clients = xsub()?;
+        let from_domain = xsub()?;
+        // It connects to publishers, which may be at IPv6 addresses.
+        from_domain.set_ipv6(true).map_err(&err)?;
+        let to_clients = xpub()?;
+        let to_domain = xpub()?;
+        let fc = zmq_io::bind(&from_clients, &ep)?;
+        let tc = zmq_io::bind(&to_clients, &ep)?;
+        let td = zmq_io::bind(&to_domain, &ep)?;
+        Ok((
+            PlaneIo {
+                plane,
+                from_clients,
+                from_domain,
+                to_clients,
+                to_domain,
+                wanted: Arc::new(Mutex::new(Wanted::default())),
+                applied: 0,
+                connected: BTreeSet::new(),
+                stall: Duration::from_millis(spec.stall_ms),
+                counters: counters.clone(),
+                stop: stop.clone(),
+            },
+            [fc, tc, td],
+        ))
+    }
+
+    fn run(mut self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            self.reconcile();
+            let mut items = [
+                self.from_clients.as_poll_item(zmq::POLLIN),
+                self.from_domain.as_poll_item(zmq::POLLIN),
+                self.to_clients.as_poll_item(zmq::POLLIN),
+                self.to_domain.as_poll_item(zmq::POLLIN),
+            ];
+            if !matches!(zmq::poll(&mut items, 50), Ok(n) if n > 0) {
+                continue;
+            }
+            let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
+            if ready[0] {
+                self.down(true);
+            }
+            if ready[1] {
+                self.down(false);
+            }
+            if ready[2] {
+                self.up(true);
+            }
+            if ready[3] {
+                self.up(false);
+            }
+        }
+    }
+
+    /// Connects the peer-to-peer XSUB to the endpoints wanted now.
+    fn reconcile(&mut self) {
+        let w = lock(&self.wanted);
+        if w.generation == self.applied {
+            return;
+        }
+        self.applied = w.generation;
+        let wanted = w.endpoints.clone();
+        drop(w);
+        for ep in self.connected.difference(&wanted) {
+            let _ = self.from_domain.disconnect(ep);
+        }
+        for ep in wanted.difference(&self.connected) {
+            if let Err(e) = self.from_domain.connect(ep) {
+                tracing::warn!(endpoint = %ep, err = %e, "the broker cannot connect to a publisher of its domain");
+            }
+        }
+        self.connected = wanted;
+    }
+
+    /// Frames from clients (`from_clients`) or from the domain: to the
+    /// clients, and a client's to the domain too.
+    fn down(&mut self, from_clients: bool) {
+        for _ in 0..BURST {
+            let src = if from_clients {
+                &self.from_clients
+            } else {
+                &self.from_domain
+            };
+            let Ok(frames) = recv_all(src) else {
+                return;
+            };
+            if from_clients {
+                let copy: Vec<zmq::Message> =
+                    frames.iter().map(|m| zmq::Message::from(&m[..])).collect();
+                self.send(true, copy);
+                self.send(false, frames);
+            } else {
+                self.send(true, frames);
+            }
+        }
+    }
+
+    /// Sends `frames` on `to_clients` (or `to_domain`). A reliable plane
+    /// waits up to `stall` for a full connection, then sends without
+    /// waiting: the full connection drops the frame, and its subscriber
+    /// sees the gap.
+    fn send(&mut self, to_clients: bool, frames: Vec<zmq::Message>) {
+        let bytes: usize = frames.iter().map(|m| m.len()).sum();
+        let sock = if to_clients {
+            &mut self.to_clients
+        } else {
+            &mut self.to_domain
+        };
+        let n = frames.len();
+        let reliable = self.plane == Plane::Reliable;
+        for (i, m) in frames.into_iter().enumerate() {
+            let flags = if i + 1 < n { zmq::SNDMORE } else { 0 };
+            if !reliable {
+                // Never blocks: a full connection drops it.
+                if sock.send(m, flags | zmq::DONTWAIT).is_err() {
+                    return;
+                }
+                continue;
+            }
+            // The zmq crate drops a message libzmq refused: the reliable
+            // plane sends copies, so that it can try again.
+            let deadline = Instant::now() + self.stall;
+            let mut stalled = false;
+            loop {
+                match sock.send(&m[..], flags | zmq::DONTWAIT) {
+                    Ok(()) => break,
+                    Err(zmq::Error::EAGAIN) => {}
+                    Err(_) => return,
+                }
+                if !stalled {
+                    stalled = true;
+                    self.counters
+                        .reliable_stalls
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                if Instant::now() >= deadline || self.stop.load(Ordering::Relaxed) {
+                    // Sent to those with room; the full ones drop it.
+                    let _ = zmq_io::set_xpub_nodrop(sock, false);
+                    let _ = sock.send(&m[..], flags | zmq::DONTWAIT);
+                    let _ = zmq_io::set_xpub_nodrop(sock, true);
+                    self.counters
+                        .reliable_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("a reliable frame waited the stall limit for a full subscriber and was dropped for it");
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        self.counters
+            .frames_forwarded
+            .fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_forwarded
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Subscriptions, queries and declarations from clients (or from the
+    /// domain's subscribers): to the clients' publishers, and a client's
+    /// to the domain's too.
+    fn up(&mut self, from_clients: bool) {
+        for _ in 0..BURST {
+            let src = if from_clients {
+                &self.to_clients
+            } else {
+                &self.to_domain
+            };
+            let Ok(frames) = recv_all(src) else {
+                return;
+            };
+            self.counters
+                .upstream_messages
+                .fetch_add(1, Ordering::Relaxed);
+            if from_clients {
+                let copy: Vec<zmq::Message> =
+                    frames.iter().map(|m| zmq::Message::from(&m[..])).collect();
+                send_all(&self.from_domain, copy);
+            }
+            send_all(&self.from_clients, frames);
+        }
+    }
+}
+
+/// Reads one whole message without waiting.
+fn recv_all(sock: &zmq::Socket) -> zmq::Result<Vec<zmq::Message>> {
+    let first = sock.recv_msg(zmq::DONTWAIT)?;
+    let mut more = first.get_more();
+    let mut frames = vec![first];
+    while more {
+        let m = sock.recv_msg(0)?;
+        more = m.get_more();
+        frames.push(m);
+    }
+    Ok(frames)
+}
+
+fn send_all(sock: &zmq::Socket, frames: Vec<zmq::Message>) {
+    let n = frames.len();
+    for (i, m) in frames.into_iter().enumerate() {
+        let flags = if i + 1 < n { zmq::SNDMORE } else { 0 };
+        if sock.send(m, flags | zmq::DONTWAIT).is_err() {
+            return;
+        }
+    }
+}
+
+/// A client the broker serves.
+struct Client {
+    /// Its announcement, as it attached it.
+    announcement: Announcement,
+    /// When it last attached.
+    seen: Instant,
+}
+
+/// One domain: its node, its planes' endpoints, its clients and the view
+/// the clients are told.
+struct Domain {
+    host: Box<dyn DomainHost>,
+    hello: BrokerHello,
+    /// `to_domain` endpoints: best effort, reliable, liveliness.
+    to_domain: [String; 3],
+    /// Each plane's wanted peer-to-peer endpoints.
+    wanted: [Arc<Mutex<Wanted>>; 3],
+    clients: HashMap<String, Client>,
+    /// The domain's nodes as the clients are told them, by node id.
+    others: BTreeMap<String, Announcement>,
+    view_version: u64,
+    view: Vec<u8>,
+    dirty: bool,
+}
+
+/// `endpoint#id` for a node served at `base`.
+fn tagged(base: &str, id: &str) -> String {
+    format!("{base}#{id}")
+}
+
+impl Domain {
+    /// `a`'s data and liveliness endpoints moved to the broker's
+    /// `[best effort, reliable, liveliness]` sockets, tagged with its id.
+    fn at(a: &Announcement, eps: [&str; 3]) -> Announcement {
+        let mut a = a.clone();
+        let id = a.node_id.clone();
+        a.data_best_effort = a.data_best_effort.as_ref().map(|_| tagged(eps[0], &id));
+        a.data_reliable = a.data_reliable.as_ref().map(|_| tagged(eps[1], &id));
+        a.liveliness = a.liveliness.as_ref().map(|_| tagged(eps[2], &id));
+        for p in &mut a.publications {
+            if p.endpoint.is_some() {
+                let i = match p.reliability {
+                    crate::model::qos::Reliability::BestEffort => 0,
+                    crate::model::qos::Reliability::Reliable => 1,
+                };
+                p.endpoint = Some(tagged(eps[i], &id));
+            }
+        }
+        a
+    }
+
+    fn out(&self) -> [&str; 3] {
+        let h = &self.hello;
+        [
+            h.data_best_effort_out.as_str(),
+            h.data_reliable_out.as_str(),
+            h.liveliness_out.as_str(),
+        ]
+    }
+
+    /// Takes in what discovery shows of the domain now: the nodes the
+    /// clients are told, and the endpoints the planes connect to.
+    fn refresh(&mut self) {
+        let (my_host, my_pid) = self.host.process();
+        let mut others = BTreeMap::new();
+        let mut wanted: [BTreeSet<String>; 3] = Default::default();
+        for a in self.host.peers() {
+            // The broker's own node and the clients it announces.
+            if a.pid == my_pid && a.host == my_host {
+                continue;
+            }
+            if !a.publications.is_empty() {
+                let inproc = |e: &&String| !e.starts_with("inproc://");
+                for p in &a.publications {
+                    let i = match p.reliability {
+                        crate::model::qos::Reliability::BestEffort => 0,
+                        crate::model::qos::Reliability::Reliable => 1,
+                    };
+                    if let Some(ep) = a.publication_endpoint(p).map(str::to_owned) {
+                        if inproc(&&ep) {
+                            wanted[i].insert(ep);
+                        }
+                    }
+                }
+                if let Some(ep) = a.liveliness.as_ref().filter(inproc) {
+                    wanted[2].insert(ep.clone());
+                }
+            }
+            others.insert(a.node_id.clone(), Domain::at(&a, self.out()));
+        }
+        for (w, set) in self.wanted.iter().zip(wanted) {
+            let mut w = lock(w);
+            if w.endpoints != set {
+                w.endpoints = set;
+                w.generation += 1;
+            }
+        }
+        if others != self.others {
+            self.others = others;
+            self.dirty = true;
+        }
+    }
+
+    /// The view's version and JSON, rebuilt if anything changed.
+    fn view(&mut self) -> (u64, &[u8]) {
+        if self.dirty {
+            self.dirty = false;
+            self.view_version += 1;
+            let mut v = b"[".to_vec();
+            let all = self
+                .others
+                .values()
+                .chain(self.clients.values().map(|c| &c.announcement));
+            for (i, a) in all.enumerate() {
+                if i > 0 {
+                    v.push(b',');
+                }
+                v.extend_from_slice(&a.to_json());
+            }
+            v.push(b']');
+            self.view = v;
+        }
+        (self.view_version, &self.view)
+    }
+
+    fn attach(&mut self, a: Announcement, now: Instant) {
+        let changed = self
+            .clients
+            .get(&a.node_id)
+            .is_none_or(|c| c.announcement != a);
+        if changed {
+            let td = [
+                self.to_domain[0].as_str(),
+                self.to_domain[1].as_str(),
+                self.to_domain[2].as_str(),
+            ];
+            self.host.show(&Domain::at(&a, td));
+            self.dirty = true;
+        }
+        match self.clients.get_mut(&a.node_id) {
+            Some(c) => {
+                c.seen = now;
+                if changed {
+                    c.announcement = a;
+                }
+            }
+            None => {
+                self.clients.insert(
+                    a.node_id.clone(),
+                    Client {
+                        announcement: a,
+                        seen: now,
+                    },
+                );
+            }
+        }
+    }
+
+    fn detach(&mut self, id: &str) -> bool {
+        if self.clients.remove(id).is_some() {
+            self.host.hide(id);
+            self.dirty = true;
+            return true;
+        }
+        false
+    }
+
+    /// Forgets the clients silent for `lease`; how many.
+    fn expire(&mut self, now: Instant, lease: Duration) -> usize {
+        let gone: Vec<String> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| now.duration_since(c.seen) > lease)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &gone {
+            tracing::info!(node = %id, domain = %self.hello.domain, "a broker client stopped attaching: forgotten");
+            self.detach(id);
+        }
+        gone.len()
+    }
+}
+
+/// The control thread: answers clients, follows the domains.
+struct Control {
+    router: zmq::Socket,
+    domains: Vec<Domain>,
+    spec: BrokerSpec,
+    counters: Arc<BrokerCounters>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Control {
+    fn run(mut self) {
+        let lease = Duration::from_millis(self.spec.lease_ms);
+        let mut next_refresh = Instant::now();
+        while !self.stop.load(Ordering::Relaxed) {
+            let mut items = [self.router.as_poll_item(zmq::POLLIN)];
+            let _ = zmq::poll(&mut items, 20);
+            let now = Instant::now();
+            for _ in 0..BURST {
+                let Ok(frames) = self.router.recv_multipart(zmq::DONTWAIT) else {
+                    break;
+                };
+                self.serve(frames, now);
+            }
+            if now >= next_refresh {
+                next_refresh = now + Duration::from_millis(100);
+                for d in &mut self.domains {
+                    let n = d.expire(now, lease);
+                    self.counters
+                        .clients_expired
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    d.refresh();
+                }
+                let n: usize = self.domains.iter().map(|d| d.clients.len()).sum();
+                self.counters.clients.store(n as u64, Ordering::Relaxed);
+            }
+        }
+        for d in &mut self.domains {
+            let ids: Vec<String> = d.clients.keys().cloned().collect();
+            for id in ids {
+                d.detach(&id);
+            }
+        }
+    }
+
+    fn serve(&mut self, frames: Vec<Vec<u8>>, now: Instant) {
+        let Some((who, rest)) = frames.split_first() else {
+            return;
+        };
+        let reply = |router: &zmq::Socket, parts: &[&[u8]]| {
+            let mut msg: Vec<&[u8]> = vec![who];
+            msg.extend_from_slice(parts);
+            let _ = router.send_multipart(msg, zmq::DONTWAIT);
+        };
+        let req = match BrokerRequest::decode(rest) {
+            Ok(r) => r,
+            Err(err) => {
+                let n = self
+                    .counters
+                    .requests_malformed
+                    .fetch_add(1, Ordering::Relaxed)
+                    + 1;
+                if n <= 10 || n % 1000 == 0 {
+                    tracing::warn!(dropped_so_far = n, %err, "dropped a malformed broker request");
+                }
+                return;
+            }
+        };
+        match req {
+            BrokerRequest::Hello { domain } => {
+                match self.domains.iter().find(|d| d.hello.domain == domain) {
+                    Some(d) => {
+                        let body = serde_json::to_vec(&d.hello).unwrap_or_default();
+                        reply(&self.router, &[wire::MAGIC, wire::HELLO, &body]);
+                    }
+                    None => {
+                        let served: Vec<&str> = self
+                            .domains
+                            .iter()
+                            .map(|d| d.hello.domain.as_str())
+                            .collect();
+                        let text = format!(
+                            "this broker does not serve domain {domain} (it serves {})",
+                            served.join(", ")
+                        );
+                        reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                    }
+                }
+            }
+            BrokerRequest::Attach { announcement, view } => {
+                let total: usize = self.domains.iter().map(|d| d.clients.len()).sum();
+                let Some(d) = self
+                    .domains
+                    .iter_mut()
+                    .find(|d| d.hello.domain == announcement.domain)
+                else {
+                    let text = format!("this broker does not serve domain {}", announcement.domain);
+                    reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                    return;
+                };
+                if total >= self.spec.max_clients && !d.clients.contains_key(&announcement.node_id)
+                {
+                    self.counters
+                        .clients_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                    let text = format!("this broker serves {total} clients, its most");
+                    reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                    return;
+                }
+                d.attach(*announcement, now);
+                let (version, body) = d.view();
+                let v = version.to_string();
+                if version == view {
+                    reply(&self.router, &[wire::MAGIC, wire::SAME, v.as_bytes()]);
+                } else {
+                    reply(&self.router, &[wire::MAGIC, wire::VIEW, v.as_bytes(), body]);
+                }
+            }
+            BrokerRequest::Detach { node_id } => {
+                for d in &mut self.domains {
+                    d.detach(&node_id);
+                }
+            }
+        }
+    }
+}
+
+/// Starts a broker serving `domains` (at least one).
+pub(crate) fn start(
+    spec: BrokerSpec,
+    domains: Vec<Box<dyn DomainHost>>,
+) -> Result<Running, OpenError> {
+    let ctx = ContextRef::acquire();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(BrokerCounters::default());
+    let host = host_of(&spec.listen)
+        .ok_or_else(|| OpenError::Config {
+            key: "listen".into(),
+            why: format!("{}: expected tcp://HOST:PORT", spec.listen),
+        })?
+        .to_owned();
+    let router = ctx.socket(zmq::ROUTER)?;
+    let listen_ep = spec.listen.clone();
+    let err = sock_err(&listen_ep);
+    zmq_io::apply_common(&router, &spec.cfg).map_err(&err)?;
+    router
+        .set_maxmsgsize(wire::MAX_REQUEST_BYTES as i64)
+        .map_err(&err)?;
+    router.set_ipv6(host.starts_with('[')).map_err(&err)?;
+    let listen = zmq_io::bind(&router, &spec.listen)?;
+    let mut threads = Vec::new();
+    let mut ds = Vec::new();
+    let mut hellos = Vec::new();
+    let mut planes = Vec::new();
+    for host_of_domain in domains {
+        let mut eps: Vec<[String; 3]> = Vec::new();
+        let mut wanted = Vec::new();
+        for plane in [Plane::BestEffort, Plane::Reliable, Plane::Liveliness] {
+            let (io, e) = PlaneIo::open(&ctx, &spec, &host, plane, &counters, &stop)?;
+            wanted.push(io.wanted.clone());
+            eps.push(e);
+            planes.push((host_of_domain.domain().to_owned(), io));
+        }
+        let hello = BrokerHello {
+            domain: host_of_domain.domain().to_owned(),
+            node_id: host_of_domain.node_id(),
+            data_best_effort_in: eps[0][0].clone(),
+            data_reliable_in: eps[1][0].clone(),
+            liveliness_in: eps[2][0].clone(),
+            data_best_effort_out: eps[0][1].clone(),
+            data_reliable_out: eps[1][1].clone(),
+            liveliness_out: eps[2][1].clone(),
+            attach_interval_ms: spec.attach_interval_ms,
+            lease_ms: spec.lease_ms,
+        };
+        hellos.push(hello.clone());
+        let [w0, w1, w2]: [Arc<Mutex<Wanted>>; 3] = wanted
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("three planes"));
+        ds.push(Domain {
+            host: host_of_domain,
+            hello,
+            to_domain: [eps[0][2].clone(), eps[1][2].clone(), eps[2][2].clone()],
+            wanted: [w0, w1, w2],
+            clients: HashMap::new(),
+            others: BTreeMap::new(),
+            view_version: 0,
+            view: Vec::new(),
+            dirty: true,
+        });
+    }
+    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .map_err(OpenError::Thread)
+    };
+    let mut running = Running {
+        stop: stop.clone(),
+        threads: Vec::new(),
+        listen,
+        counters: counters.clone(),
+        hellos,
+    };
+    for (domain, io) in planes {
+        let name = format!("milonga-broker-{:?} {domain}", io.plane).to_lowercase();
+        threads.push(spawn(name, Box::new(move || io.run()))?);
+    }
+    let control = Control {
+        router,
+        domains: ds,
+        spec,
+        counters,
+        stop,
+    };
+    threads.push(spawn(
+        "milonga-broker".into(),
+        Box::new(move || control.run()),
+    )?);
+    running.threads = threads;
+    // The planes' sockets hold the context; this reference can go.
+    drop(ctx);
+    Ok(running)
+}

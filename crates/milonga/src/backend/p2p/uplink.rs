@@ -1,0 +1,313 @@
+//! A node opened on `milonga://HOST:PORT/DOMAIN`: a broker client
+//! (docs/broker.md). It binds no data or liveliness socket: its data and
+//! liveliness XPUBs connect to the broker (which subscribes to them on
+//! behalf of every interested subscriber), its subscriptions connect to
+//! the broker's outgoing sockets, and its discovery is the broker's view
+//! of the domain, asked for by [`BrokerSource`] (docs/protocol.md §10).
+//!
+//! Every node the broker speaks for is announced at the broker's shared
+//! endpoints with a `#<node id>` tag, so that the engine, which follows
+//! each node's endpoints, sees one endpoint per node; the subscription's
+//! socket makes one connection per endpoint without its tag (see
+//! [`untagged`]).
+
+use std::time::{Duration, Instant};
+
+use milonga_wire::announce::Announcement;
+use milonga_wire::broker::{self as wire, BrokerHello};
+
+use crate::backend::p2p::zmq_io::ContextRef;
+use crate::discovery::Source;
+use crate::model::error::{IntoTransport, OpenError};
+use crate::model::node::NodeCore;
+use crate::util::stats;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The broker a client node is attached to, and where it serves the
+/// node's domain.
+#[derive(Debug, Clone)]
+pub(crate) struct Uplink {
+    /// The broker's ROUTER, `tcp://HOST:PORT`.
+    pub(crate) broker: String,
+    pub(crate) hello: BrokerHello,
+}
+
+/// Which of a node's sockets an endpoint is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plane {
+    BestEffort,
+    Reliable,
+    Liveliness,
+}
+
+impl Uplink {
+    /// Where a node's socket of `plane` connects, and the endpoint it is
+    /// announced at (the broker's outgoing one, tagged with `id`).
+    pub(crate) fn endpoints(&self, plane: Plane, id: &str) -> (&str, String) {
+        let h = &self.hello;
+        let (inn, out) = match plane {
+            Plane::BestEffort => (&h.data_best_effort_in, &h.data_best_effort_out),
+            Plane::Reliable => (&h.data_reliable_in, &h.data_reliable_out),
+            Plane::Liveliness => (&h.liveliness_in, &h.liveliness_out),
+        };
+        (inn, format!("{out}#{id}"))
+    }
+}
+
+/// An endpoint without its `#<node id>` tag: what a socket connects to.
+pub(crate) fn untagged(endpoint: &str) -> &str {
+    endpoint.split_once('#').map_or(endpoint, |(e, _)| e)
+}
+
+/// A DEALER to `broker` with the options every broker client socket has.
+fn dealer(
+    ctx: &ContextRef,
+    core_cfg: &crate::Config,
+    broker: &str,
+) -> Result<zmq::Socket, OpenError> {
+    let sock = ctx.socket(zmq::DEALER)?;
+    let err = |source: zmq::Error| OpenError::Socket {
+        action: "connect",
+        endpoint: broker.to_owned(),
+        source: source.transport(),
+    };
+    crate::backend::p2p::zmq_io::apply_common(&sock, core_cfg).map_err(err)?;
+    sock.set_maxmsgsize(64 << 20).map_err(err)?;
+    sock.set_sndhwm(16).map_err(err)?;
+    sock.set_linger(0).map_err(err)?;
+    sock.connect(broker).map_err(err)?;
+    Ok(sock)
+}
+
+/// Asks each broker in turn, waiting up to `wait` for each, where it
+/// serves `domain`: the first that answers is the node's.
+pub(crate) fn hello(
+    cfg: &crate::Config,
+    brokers: &[String],
+    domain: &str,
+    wait: Duration,
+) -> Result<Uplink, OpenError> {
+    let ctx = ContextRef::acquire();
+    let mut why = String::new();
+    for broker in brokers {
+        let sock = dealer(&ctx, cfg, broker)?;
+        let req: [&[u8]; 3] = [wire::MAGIC, wire::HELLO, domain.as_bytes()];
+        if sock.send_multipart(req, zmq::DONTWAIT).is_err() {
+            continue;
+        }
+        let deadline = Instant::now() + wait;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            let mut items = [sock.as_poll_item(zmq::POLLIN)];
+            let ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
+            if !matches!(zmq::poll(&mut items, ms), Ok(n) if n > 0) {
+                continue;
+            }
+            let Ok(frames) = sock.recv_multipart(zmq::DONTWAIT) else {
+                continue;
+            };
+            match frames.as_slice() {
+                [m, c, body] if m == wire::MAGIC && c == wire::HELLO => {
+                    match serde_json::from_slice::<BrokerHello>(body) {
+                        Ok(hello) if hello.domain == domain => {
+                            return Ok(Uplink {
+                                broker: broker.clone(),
+                                hello,
+                            })
+                        }
+                        Ok(h) => why = format!(" ({broker} answered for domain {})", h.domain),
+                        Err(e) => why = format!(" ({broker} sent a bad hello: {e})"),
+                    }
+                    break;
+                }
+                [m, c, text] if m == wire::MAGIC && c == wire::ERROR => {
+                    why = format!(" ({broker}: {})", String::from_utf8_lossy(text));
+                    break;
+                }
+                _ => {}
+            }
+        }
+    }
+    Err(OpenError::BrokerUnreachable {
+        brokers: brokers.join(","),
+        domain: domain.to_owned(),
+        waited_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        why,
+    })
+}
+
+/// Discovery through the broker: attaches the node's announcement every
+/// `attach_interval_ms` and keeps the view the broker answers with. A
+/// broker silent for its lease is lost: the view empties, and with it
+/// the node's peers (its publishers are reported lost).
+pub(crate) struct BrokerSource {
+    core: Arc<NodeCore>,
+    sock: zmq::Socket,
+    interval: Duration,
+    lease: Duration,
+    /// The announcement to attach, and its version.
+    announcement: Vec<u8>,
+    version: u64,
+    /// The version last attached.
+    sent: u64,
+    next_attach: Instant,
+    last_heard: Instant,
+    view_version: u64,
+    view: Vec<Announcement>,
+    // Declared last: the socket closes before the context goes.
+    _ctx: ContextRef,
+}
+
+impl BrokerSource {
+    pub(crate) fn new(core: Arc<NodeCore>, up: &Uplink) -> Result<BrokerSource, OpenError> {
+        let ctx = ContextRef::acquire();
+        let sock = dealer(&ctx, &core.cfg, &up.broker)?;
+        // The detach at close gets a moment to leave.
+        let _ = sock.set_linger(200);
+        let now = Instant::now();
+        Ok(BrokerSource {
+            core,
+            sock,
+            interval: Duration::from_millis(up.hello.attach_interval_ms.max(10)),
+            lease: Duration::from_millis(up.hello.lease_ms.max(100)),
+            announcement: Vec::new(),
+            version: 0,
+            sent: 0,
+            next_attach: now,
+            last_heard: now,
+            view_version: 0,
+            view: Vec::new(),
+            _ctx: ctx,
+        })
+    }
+
+    /// The version of the announcement it attaches.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The node's announcement changed: attached at the next turn.
+    pub(crate) fn set_announcement(&mut self, version: u64, json: Vec<u8>) {
+        self.version = version;
+        self.announcement = json;
+    }
+
+    /// Attaches `announcement` (version `version`) and waits up to `wait`
+    /// for the broker's view, so that a node opened on a broker knows the
+    /// domain when `open` returns, as a peer-to-peer node knows its local
+    /// peers.
+    pub(crate) fn first_view(&mut self, version: u64, announcement: Vec<u8>, wait: Duration) {
+        self.set_announcement(version, announcement);
+        let deadline = Instant::now() + wait;
+        self.turn(Instant::now());
+        while self.view_version == 0 {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                tracing::warn!("the broker sent no view in time: the node starts without peers");
+                return;
+            };
+            let mut items = [self.sock.as_poll_item(zmq::POLLIN)];
+            let ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
+            if matches!(zmq::poll(&mut items, ms), Ok(n) if n > 0) {
+                self.turn(Instant::now());
+            }
+        }
+    }
+
+    /// Tells the broker the node is leaving (its closing).
+    pub(crate) fn leave(&self) {
+        let id = self.core.id.to_hex();
+        let req: [&[u8]; 3] = [wire::MAGIC, wire::DETACH, id.as_bytes()];
+        let _ = self.sock.send_multipart(req, zmq::DONTWAIT);
+    }
+
+    /// Reads one reply; whether the view changed.
+    fn read(&mut self, frames: &[Vec<u8>], now: Instant) -> bool {
+        let c = &self.core.counters;
+        match frames {
+            [m, c1, v] if m == wire::MAGIC && c1 == wire::SAME => {
+                if std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    == Some(self.view_version)
+                {
+                    self.last_heard = now;
+                }
+                false
+            }
+            [m, c1, v, body] if m == wire::MAGIC && c1 == wire::VIEW => {
+                let version = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok());
+                let view = serde_json::from_slice::<Vec<serde_json::Value>>(body);
+                let (Some(version), Ok(view)) = (version, view) else {
+                    stats::inc(&c.control_malformed);
+                    return false;
+                };
+                self.last_heard = now;
+                self.view_version = version;
+                let me = self.core.id.to_hex();
+                let mut peers = Vec::with_capacity(view.len());
+                for a in view {
+                    let Ok(a) = serde_json::to_vec(&a)
+                        .map_err(|_| ())
+                        .and_then(|j| Announcement::from_json(&j).map_err(|_| ()))
+                    else {
+                        stats::inc(&c.announcements_malformed);
+                        continue;
+                    };
+                    if a.domain != self.core.domain {
+                        stats::inc(&c.peers_foreign_domain);
+                    } else if a.node_id != me {
+                        peers.push(a);
+                    }
+                }
+                let changed = peers != self.view;
+                self.view = peers;
+                changed
+            }
+            _ => {
+                c.control_malformed.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+}
+
+impl Source for BrokerSource {
+    fn turn(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        while let Ok(frames) = self.sock.recv_multipart(zmq::DONTWAIT) {
+            changed |= self.read(&frames, now);
+        }
+        if now >= self.next_attach || self.sent != self.version {
+            let view = self.view_version.to_string();
+            let req: [&[u8]; 4] = [
+                wire::MAGIC,
+                wire::ATTACH,
+                &self.announcement,
+                view.as_bytes(),
+            ];
+            if !self.announcement.is_empty() && self.sock.send_multipart(req, zmq::DONTWAIT).is_ok()
+            {
+                self.sent = self.version;
+            }
+            self.next_attach = now + self.interval;
+        }
+        if now.duration_since(self.last_heard) > self.lease && !self.view.is_empty() {
+            // The broker is gone (or cut off): so is everything it showed.
+            tracing::warn!(broker = ?self.sock.get_last_endpoint().ok().and_then(Result::ok), "the broker has not answered for its lease: its nodes are gone from view");
+            self.view.clear();
+            self.view_version = 0;
+            changed = true;
+        }
+        changed
+    }
+
+    fn peers_into(&self, peers: &mut Vec<Announcement>) {
+        peers.extend(self.view.iter().cloned());
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        Some(self.next_attach)
+    }
+}
