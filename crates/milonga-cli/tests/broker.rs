@@ -1,0 +1,342 @@
+//! The broker with real processes: `milonga broker`, clients opened on
+//! `milonga://HOST:PORT/DOMAIN` (the CLI and Rust nodes), peer-to-peer
+//! nodes of the same domain beside them, and what each is told when a
+//! client, a publisher or the broker is killed.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use milonga::{Config, Node};
+use milonga_testkit::{wait_for, Proc};
+use serde_json::Value as Json;
+
+mod common;
+use common::Env;
+
+const T: Duration = Duration::from_secs(20);
+
+/// A running `milonga broker` and the locator of the test's domain
+/// through it.
+struct Broker {
+    proc: Proc,
+    locator: String,
+}
+
+impl Env {
+    /// `milonga broker --json` on a free port of loopback, serving this
+    /// environment's domain, with `extra` arguments.
+    fn broker(&self, extra: &[&str]) -> Broker {
+        let args = [
+            &["broker", "--listen", "tcp://127.0.0.1:0", "--json"][..],
+            &["--domain", &self.domain],
+            extra,
+        ]
+        .concat();
+        let proc = self.spawn(&args);
+        let line = proc.line(T).expect("the broker says where it listens");
+        let v: Json = serde_json::from_str(&line).expect("a JSON line");
+        assert_eq!(v["event"], "listening", "{v}");
+        let locator = v["locators"][0].as_str().expect("a locator").to_owned();
+        assert!(locator.starts_with("milonga://127.0.0.1:"), "{locator}");
+        Broker { proc, locator }
+    }
+
+    /// A node configuration on `locator`, in this environment.
+    fn config_at(&self, locator: &str, name: &str) -> Config {
+        let mut c = Config::new(locator, name);
+        c.runtime_dir = Some(self.dir.path().to_path_buf());
+        c
+    }
+
+    /// `milonga --locator LOCATOR ARGS`.
+    fn spawn_at(&self, locator: &str, args: &[&str]) -> Proc {
+        self.spawn(&[&["--locator", locator][..], args].concat())
+    }
+}
+
+/// Waits until `node` sees a publication of each of `keys`.
+fn sees(node: &Node, keys: &[&str]) {
+    wait_for("the publications in discovery", T, || {
+        let peers = node.peers();
+        keys.iter().all(|k| {
+            peers
+                .iter()
+                .any(|a| a.publications.iter().any(|p| p.key == *k))
+        })
+    });
+}
+
+/// The JSON lines of a `sub --json` process until its summary (or the
+/// timeout).
+fn lines_until_summary(p: &Proc, timeout: Duration) -> Vec<Json> {
+    let end = Instant::now() + timeout;
+    let mut out = Vec::new();
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        let Some(line) = p.line(left) else { break };
+        let v: Json = serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line}"));
+        let done = v["event"] == "summary";
+        out.push(v);
+        if done {
+            break;
+        }
+    }
+    out
+}
+
+/// The samples' sequence numbers by key, in the order they came.
+fn seqs_by_key(lines: &[Json]) -> BTreeMap<String, Vec<u64>> {
+    let mut m: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for v in lines.iter().filter(|v| v.get("key").is_some()) {
+        m.entry(v["key"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(v["seq"].as_u64().unwrap());
+    }
+    m
+}
+
+fn consecutive(s: &[u64]) -> bool {
+    s.windows(2).all(|w| w[1] == w[0] + 1)
+}
+
+#[test]
+fn brokered_and_peer_to_peer_nodes_see_each_others_samples_and_kept_values() {
+    let env = Env::new("brk-both");
+    let broker = env.broker(&[]);
+    let l = broker.locator.as_str();
+    // One publisher behind the broker, one peer-to-peer, each keeping 5
+    // of the 10 samples it put.
+    let qos = milonga::PublisherQos::best_effort().history(5);
+    let client = Node::open_with(env.config_at(l, "client-pub")).expect("open on the broker");
+    let peer = env.node("p2p-pub");
+    let cp = client.publisher_with("sr/c/1", qos.clone()).unwrap();
+    let pp = peer.publisher_with("sr/p/1", qos).unwrap();
+    for i in 1..=10 {
+        cp.put(f64::from(i)).unwrap();
+        pp.put(f64::from(i) + 0.5).unwrap();
+    }
+    sees(&client, &["sr/c/1", "sr/p/1"]);
+    // The peer-to-peer publisher is seen by a client at the broker's
+    // endpoint, tagged with its node id.
+    let p2p = client
+        .peers()
+        .into_iter()
+        .find(|a| a.publications.iter().any(|p| p.key == "sr/p/1"))
+        .unwrap();
+    let be = p2p.data_best_effort.clone().unwrap();
+    assert!(be.ends_with(&format!("#{}", p2p.node_id)), "{be}");
+
+    // A client subscriber and a peer-to-peer one, each asking for the
+    // last 2 kept samples of every key: 9 and 10 of each, then live.
+    let cs = env.spawn_at(
+        l,
+        &["sub", "sr/**", "--last", "2", "--json", "--count", "8"],
+    );
+    let ps = env.spawn(&["sub", "sr/**", "--last", "2", "--json", "--count", "8"]);
+    for (who, p) in [("client", &cs), ("peer-to-peer", &ps)] {
+        let mut head = Vec::new();
+        while !head
+            .iter()
+            .any(|v: &Json| v["event"] == "subscription_live")
+        {
+            let line = p
+                .line(T)
+                .unwrap_or_else(|| panic!("{who}: subscription_live after {head:?}"));
+            head.push(serde_json::from_str::<Json>(&line).unwrap());
+        }
+        let kept = seqs_by_key(&head);
+        let want: BTreeMap<String, Vec<u64>> = [
+            ("sr/c/1".to_owned(), vec![9, 10]),
+            ("sr/p/1".to_owned(), vec![9, 10]),
+        ]
+        .into();
+        assert_eq!(
+            kept, want,
+            "{who}: the kept samples, before subscription_live"
+        );
+    }
+    // Live: both subscribers follow both publishers, without a gap. Each
+    // history answer came after the subscriptions it followed on the same
+    // connections (through the broker too): what is put now reaches them.
+    for i in 11..=12 {
+        cp.put(f64::from(i)).unwrap();
+        pp.put(f64::from(i) + 0.5).unwrap();
+    }
+    for (who, p) in [("client", &cs), ("peer-to-peer", &ps)] {
+        let lines = lines_until_summary(p, T);
+        let live = seqs_by_key(&lines);
+        let want: BTreeMap<String, Vec<u64>> = [
+            ("sr/c/1".to_owned(), vec![11, 12]),
+            ("sr/p/1".to_owned(), vec![11, 12]),
+        ]
+        .into();
+        assert_eq!(live, want, "{who}: the live samples: {lines:?}");
+        let summary = lines.last().unwrap();
+        assert_eq!(summary["event"], "summary", "{who}: {summary}");
+        assert_eq!(summary["lost"], 0, "{who}: {summary}");
+    }
+}
+
+#[test]
+fn a_client_asking_for_a_domain_the_broker_does_not_serve_or_no_broker_gets_a_clear_error() {
+    let env = Env::new("brk-err");
+    let broker = env.broker(&[]);
+    let other = broker
+        .locator
+        .rsplit_once('/')
+        .map(|(base, _)| format!("{base}/another-domain"))
+        .unwrap();
+    let out = env
+        .cmd(&["--locator", &other, "pub", "k", "1", "--count", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not serve domain another-domain"),
+        "{err}"
+    );
+    // Nobody listening: the same error, naming the broker tried.
+    let port = milonga_testkit::free_port();
+    let none = format!("milonga://127.0.0.1:{port}/{}", env.domain);
+    let mut c = env.config_at(&none, "x");
+    c.handshake_timeout_ms = 300;
+    let t0 = Instant::now();
+    let e = Node::open_with(c).expect_err("no broker");
+    assert!(
+        matches!(&e, milonga::OpenError::BrokerUnreachable { brokers, .. } if brokers.contains(&port.to_string())),
+        "{e}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    // Garbage at the broker's socket is counted, and it goes on serving.
+    let ctx = zmq::Context::new();
+    let d = ctx.socket(zmq::DEALER).unwrap();
+    d.connect(
+        broker
+            .locator
+            .replace("milonga://", "tcp://")
+            .rsplit_once('/')
+            .unwrap()
+            .0,
+    )
+    .unwrap();
+    d.send_multipart([&b"MILONGA-BRK/1"[..], b"attach", b"{not json", b"0"], 0)
+        .unwrap();
+    d.send(&b"hello"[..], 0).unwrap();
+    let n = Node::open_with(env.config_at(&broker.locator, "after")).expect("still serving");
+    drop(n);
+    let stats = loop {
+        let line = broker.proc.line(T).expect("a stats line");
+        let v: Json = serde_json::from_str(&line).unwrap();
+        if v["event"] == "stats" && v["stats"]["requests_malformed"].as_u64() >= Some(2) {
+            break v;
+        }
+    };
+    assert_eq!(stats["stats"]["requests_malformed"], 2, "{stats}");
+}
+
+#[test]
+fn a_killed_client_publisher_is_reported_lost_and_the_broker_forgets_it() {
+    let env = Env::new("brk-kill-client");
+    let mut broker = env.broker(&["--lease-ms", "1000"]);
+    let l = broker.locator.clone();
+    let mut publisher = env.spawn_at(&l, &["pub", "sr/k/1", "1", "--rate", "100"]);
+    let watcher = Node::open_with(env.config_at(&l, "watcher")).unwrap();
+    sees(&watcher, &["sr/k/1"]);
+    let cs = env.spawn_at(&l, &["sub", "sr/**", "--json"]);
+    let ps = env.spawn(&["sub", "sr/**", "--json"]);
+    for p in [&cs, &ps] {
+        wait_for("a sample", T, || {
+            p.line(T).is_some_and(|l| l.contains("\"seq\""))
+        });
+    }
+    publisher.kill9();
+    let killed = Instant::now();
+    for (who, p) in [("client", &cs), ("peer-to-peer", &ps)] {
+        let lost = loop {
+            let line = p.line(T).unwrap_or_else(|| panic!("{who}: publisher_lost"));
+            let v: Json = serde_json::from_str(&line).unwrap();
+            if v["event"] == "publisher_lost" {
+                break v;
+            }
+        };
+        // Its heartbeats stop (lease 3 s by default) or the broker
+        // forgets it (1 s here) and discovery drops it: whichever first.
+        let reason = lost["reason"].as_str().unwrap().to_owned();
+        assert!(
+            ["lease_expired", "disconnected", "undeclared", "closed"].contains(&reason.as_str()),
+            "{who}: {lost}"
+        );
+        assert!(
+            killed.elapsed() < Duration::from_secs(6),
+            "{who}: {:?}",
+            killed.elapsed()
+        );
+    }
+    // The broker forgot it: only the watcher and the client subscriber
+    // remain attached.
+    wait_for("the broker forgets the killed client", T, || {
+        broker
+            .proc
+            .line(T)
+            .and_then(|l| serde_json::from_str::<Json>(&l).ok())
+            .is_some_and(|v| {
+                v["event"] == "stats"
+                    && v["stats"]["clients"] == 2
+                    && v["stats"]["clients_expired"] == 1
+            })
+    });
+    broker.proc.kill9();
+}
+
+#[test]
+fn a_killed_broker_is_reported_by_its_clients_and_by_the_peer_to_peer_subscribers_of_its_clients() {
+    let env = Env::new("brk-kill-broker");
+    let mut broker = env.broker(&[]);
+    let l = broker.locator.clone();
+    let _cp = env.spawn_at(&l, &["pub", "sr/c/1", "1", "--rate", "100"]);
+    let _pp = env.spawn(&["pub", "sr/p/1", "2", "--rate", "100"]);
+    let watcher = Node::open_with(env.config_at(&l, "watcher")).unwrap();
+    sees(&watcher, &["sr/c/1", "sr/p/1"]);
+    // A client following both publishers; a peer-to-peer node following
+    // the client's.
+    let cs = env.spawn_at(&l, &["sub", "sr/**", "--json"]);
+    let ps = env.spawn(&["sub", "sr/c/**", "--json"]);
+    let mut seen = BTreeMap::new();
+    wait_for("samples of both keys at the client", T, || {
+        if let Some(v) = cs
+            .line(T)
+            .and_then(|l| serde_json::from_str::<Json>(&l).ok())
+        {
+            if let Some(k) = v["key"].as_str() {
+                seen.insert(k.to_owned(), ());
+            }
+        }
+        seen.len() == 2
+    });
+    wait_for("a sample at the peer-to-peer node", T, || {
+        ps.line(T).is_some_and(|l| l.contains("\"seq\""))
+    });
+    broker.proc.kill9();
+    let killed = Instant::now();
+    // Everything behind the broker is gone for the client (its connection
+    // to the broker closed: disconnected), and the client publisher is
+    // gone for the peer-to-peer subscriber.
+    for (who, p, n) in [("client", &cs, 2), ("peer-to-peer", &ps, 1)] {
+        let mut lost = Vec::new();
+        while lost.len() < n {
+            let line = p
+                .line(T)
+                .unwrap_or_else(|| panic!("{who}: {n} publisher_lost, got {lost:?}"));
+            let v: Json = serde_json::from_str(&line).unwrap();
+            if v["event"] == "publisher_lost" {
+                lost.push(v["reason"].as_str().unwrap().to_owned());
+            }
+        }
+        assert!(lost.iter().all(|r| r == "disconnected"), "{who}: {lost:?}");
+        assert!(
+            killed.elapsed() < Duration::from_secs(3),
+            "{who}: {:?}",
+            killed.elapsed()
+        );
+    }
+}
