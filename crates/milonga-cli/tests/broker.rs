@@ -340,3 +340,221 @@ fn a_killed_broker_is_reported_by_its_clients_and_by_the_peer_to_peer_subscriber
         );
     }
 }
+
+/// Every sequence number from the first sample to `last` accounted for
+/// exactly once, as a sample or inside a loss report; the number lost.
+fn accounted(lines: &[Json], key: &str, last: u64) -> u64 {
+    let mut seen = Vec::new();
+    let mut lost = 0;
+    for v in lines {
+        if v["key"] == key && v.get("seq").is_some() {
+            seen.push((v["seq"].as_u64().unwrap(), 1));
+        } else if v["event"] == "lost" && v["key"] == key {
+            let n = v["count"].as_u64().unwrap();
+            seen.push((v["first_seq"].as_u64().unwrap(), n));
+            lost += n;
+        }
+    }
+    seen.sort_unstable();
+    let mut next = seen.first().map_or(1, |s| s.0);
+    for (first, n) in &seen {
+        assert_eq!(
+            *first, next,
+            "{key}: a sequence number twice or never: {seen:?}"
+        );
+        next = first + n;
+    }
+    assert_eq!(next, last + 1, "{key}: up to {last}: {seen:?}");
+    lost
+}
+
+#[test]
+fn a_frozen_client_loses_exactly_what_it_missed_and_slows_no_other_client() {
+    let env = Env::new("brk-frozen");
+    let broker = env.broker(&[]);
+    let l = broker.locator.as_str();
+    let node = Node::open_with(env.config_at(l, "pub")).unwrap();
+    let p = node.publisher("sr/fast/1").unwrap();
+    // Sequence numbers start at 1: the number of puts is the last one.
+    let puts = std::cell::Cell::new(0u64);
+    let put = |v: milonga::Value| {
+        p.put(v).unwrap();
+        puts.set(puts.get() + 1);
+    };
+    let fast = env.spawn_at(l, &["sub", "sr/**", "--json", "--timeout", "20"]);
+    let frozen = env.spawn_at(l, &["sub", "sr/**", "--json", "--timeout", "20"]);
+    let (mut fast_on, mut frozen_on) = (false, false);
+    wait_for("both subscribers take samples", T, || {
+        put(milonga::Value::from(0.0));
+        fast_on |= fast
+            .line(Duration::from_millis(50))
+            .is_some_and(|l| l.contains("\"seq\""));
+        frozen_on |= frozen
+            .line(Duration::from_millis(50))
+            .is_some_and(|l| l.contains("\"seq\""));
+        fast_on && frozen_on
+    });
+    frozen.signal(libc::SIGSTOP);
+    // 1 KiB samples at 4,000 a second for 5 s: the broker and the other
+    // client keep up; the frozen client's queue at the broker (and the
+    // socket buffers) hold a part of them.
+    let text = milonga::Value::from("x".repeat(1024));
+    let start = Instant::now();
+    for i in 0..20_000u32 {
+        put(text.clone());
+        if i % 40 == 39 {
+            let due = start + Duration::from_millis(u64::from(i + 1) / 4);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        }
+    }
+    let last = puts.get();
+    frozen.signal(libc::SIGCONT);
+    // Each reads on to `last` or beyond; small samples keep coming, so
+    // that a gap at the end is revealed too.
+    let read = |proc: &Proc| -> Vec<Json> {
+        let mut out = Vec::new();
+        let end = Instant::now() + T;
+        while Instant::now() < end {
+            let Some(line) = proc.line(Duration::from_millis(100)) else {
+                put(milonga::Value::from(1.0));
+                continue;
+            };
+            let v: Json = serde_json::from_str(&line).unwrap();
+            let done = v["seq"].as_u64().is_some_and(|s| s >= last);
+            out.push(v);
+            if done {
+                return out;
+            }
+        }
+        panic!("no sample up to {last} in time: {} lines", out.len());
+    };
+    let fast_lines = read(&fast);
+    let frozen_lines = read(&frozen);
+    let upto = |lines: &[Json]| {
+        lines
+            .iter()
+            .filter_map(|v| v["seq"].as_u64())
+            .max()
+            .unwrap()
+    };
+    let fast_lost = accounted(&fast_lines, "sr/fast/1", upto(&fast_lines));
+    let frozen_lost = accounted(&frozen_lines, "sr/fast/1", upto(&frozen_lines));
+    eprintln!("frozen client: {frozen_lost} lost of {last}");
+    assert_eq!(fast_lost, 0, "the other client lost nothing");
+    assert!(
+        frozen_lost > 1000,
+        "the frozen client's queue is bounded: {frozen_lost} lost"
+    );
+}
+
+#[test]
+fn reliable_samples_through_the_broker_all_arrive_in_order_even_to_a_client_frozen_for_a_moment() {
+    let env = Env::new("brk-reliable");
+    let broker = env.broker(&[]);
+    let l = broker.locator.as_str();
+    let node = Node::open_with(env.config_at(l, "pub")).unwrap();
+    let p = node
+        .publisher_with("sr/rel/1", milonga::PublisherQos::reliable())
+        .unwrap();
+    let puts = std::cell::Cell::new(0u64);
+    let put = |v: f64| {
+        p.put(v).unwrap();
+        puts.set(puts.get() + 1);
+    };
+    // A client subscriber, one frozen for a moment, a peer-to-peer one.
+    let subs = [
+        (
+            "client",
+            env.spawn_at(
+                l,
+                &["sub", "sr/**", "--reliable", "--json", "--timeout", "30"],
+            ),
+        ),
+        (
+            "frozen",
+            env.spawn_at(
+                l,
+                &["sub", "sr/**", "--reliable", "--json", "--timeout", "30"],
+            ),
+        ),
+        (
+            "peer-to-peer",
+            env.spawn(&["sub", "sr/**", "--reliable", "--json", "--timeout", "30"]),
+        ),
+    ];
+    let mut on = [false; 3];
+    wait_for("every subscriber takes samples", T, || {
+        put(0.0);
+        for (i, (_, s)) in subs.iter().enumerate() {
+            on[i] |= s
+                .line(Duration::from_millis(30))
+                .is_some_and(|l| l.contains("\"seq\""));
+        }
+        on.iter().all(|o| *o)
+    });
+    // Frozen for 300 ms (less than the broker's stall limit, 1 s) while
+    // 20,000 samples of 1 KiB are put (more than the queues and socket
+    // buffers on the way hold): the broker and the publisher wait,
+    // nothing is dropped.
+    subs[1].1.signal(libc::SIGSTOP);
+    let thaw = std::thread::spawn({
+        let pid = subs[1].1.pid();
+        move || {
+            std::thread::sleep(Duration::from_millis(300));
+            signal_from_elsewhere(pid, libc::SIGCONT);
+        }
+    });
+    let text = "x".repeat(1024);
+    for _ in 0..20_000u32 {
+        p.put(text.as_str()).unwrap();
+        puts.set(puts.get() + 1);
+    }
+    thaw.join().unwrap();
+    let last = puts.get();
+    for (who, proc) in &subs {
+        let mut lines = Vec::new();
+        loop {
+            let line = proc.line(T).unwrap_or_else(|| panic!("{who}: seq {last}"));
+            let v: Json = serde_json::from_str(&line).unwrap();
+            let done = v["seq"].as_u64() == Some(last);
+            lines.push(v);
+            if done {
+                break;
+            }
+        }
+        let upto = lines
+            .iter()
+            .filter_map(|v| v["seq"].as_u64())
+            .max()
+            .unwrap();
+        assert_eq!(
+            accounted(&lines, "sr/rel/1", upto),
+            0,
+            "{who}: nothing lost"
+        );
+        assert!(
+            consecutive(&seqs_by_key(&lines)["sr/rel/1"]),
+            "{who}: in order"
+        );
+    }
+    let stats = loop {
+        let v: Json = serde_json::from_str(&broker.proc.line(T).unwrap()).unwrap();
+        if v["event"] == "stats" {
+            break v;
+        }
+    };
+    eprintln!("{stats}");
+    assert_eq!(stats["stats"]["reliable_dropped"], 0, "{stats}");
+    assert!(
+        stats["stats"]["reliable_stalls"].as_u64() > Some(0),
+        "the frozen client held the broker: {stats}"
+    );
+}
+
+/// Sends `signal` to process `pid` from another thread.
+fn signal_from_elsewhere(pid: u32, signal: i32) {
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
+}

@@ -227,10 +227,11 @@ impl PlaneIo {
             s.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
                 .map_err(&err)?;
             match plane {
-                Plane::Reliable => {
-                    zmq_io::set_xpub_nodrop(&mut s, true).map_err(&err)?;
-                    s.set_sndhwm(cfg.reliable_send_hwm.max(16)).map_err(&err)?;
-                }
+                // A reliable publisher's small high-water mark makes it batch
+                // (docs/protocol.md §4); here the queue per client is the
+                // usual one, and a full one holds the plane up to the
+                // stall limit.
+                Plane::Reliable => zmq_io::set_xpub_nodrop(&mut s, true).map_err(&err)?,
                 // Heartbeats are small and the goodbye must get through.
                 Plane::Liveliness => s.set_sndhwm(1000).map_err(&err)?,
                 Plane::BestEffort => {}
@@ -384,7 +385,7 @@ impl PlaneIo {
                     tracing::debug!("a reliable frame waited the stall limit for a full subscriber and was dropped for it");
                     break;
                 }
-                std::thread::sleep(Duration::from_micros(200));
+                std::thread::sleep(Duration::from_micros(100));
             }
         }
         self.counters
