@@ -558,3 +558,122 @@ fn signal_from_elsewhere(pid: u32, signal: i32) {
         .arg(pid.to_string())
         .status();
 }
+
+/// `milonga call` at `locator`: its exit status and stdout.
+fn call_at(env: &Env, locator: &str, args: &[&str]) -> (i32, String, String) {
+    let out = env
+        .cmd(&[&["--locator", locator, "call"][..], args].concat())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+    )
+}
+
+/// `milonga serve` at `locator`, once it says it is serving.
+fn serve_at(env: &Env, locator: &str, args: &[&str]) -> Proc {
+    let p = env.spawn_at(locator, &[&["serve"][..], args].concat());
+    let line = p.line(T).expect("the server says it is serving");
+    assert!(line.starts_with("serving "), "{line}");
+    p
+}
+
+#[test]
+fn calls_through_the_broker_reach_every_server_with_every_outcome() {
+    let env = Env::new("brk-calls");
+    let mut broker = env.broker(&[]);
+    let l = broker.locator.clone();
+    let p2p = env.locator();
+    // Servers behind the broker and peer-to-peer: echo, error, slow.
+    let _ce = serve_at(&env, &l, &["c/echo", "--echo"]);
+    let _pe = serve_at(&env, &p2p, &["p/echo", "--echo"]);
+    let _cf = serve_at(&env, &l, &["c/fail", "--error", "broken"]);
+    let _cs = serve_at(&env, &l, &["c/slow", "--echo", "--delay-ms", "3000"]);
+    let watcher = Node::open_with(env.config_at(&l, "watcher")).unwrap();
+    wait_for("the services in discovery", T, || {
+        let keys: Vec<String> = watcher
+            .peers()
+            .iter()
+            .flat_map(|a| a.services.iter().map(|s| s.key.clone()))
+            .collect();
+        ["c/echo", "p/echo", "c/fail", "c/slow"]
+            .iter()
+            .all(|k| keys.iter().any(|x| x == k))
+    });
+    // Every way across: client to client, client to peer-to-peer,
+    // peer-to-peer to client, and a value large enough for a second frame.
+    let big = format!("\"{}\"", "y".repeat(100_000));
+    for (from, key) in [
+        (&l, "c/echo"),
+        (&l, "p/echo"),
+        (&p2p, "c/echo"),
+        (&p2p, "p/echo"),
+    ] {
+        let (code, out, err) = call_at(&env, from, &[key, r#"{"x": 1}"#, "--wait-server", "5"]);
+        assert_eq!(
+            (code, out.as_str()),
+            (0, r#"{"x":1}"#),
+            "{from} -> {key}: {err}"
+        );
+        let (code, out, err) = call_at(&env, from, &[key, &big, "--wait-server", "5"]);
+        assert_eq!(
+            (code, out.len()),
+            (0, big.len()),
+            "{from} -> {key}, 100 kB: {err}"
+        );
+    }
+    // The handler's error, a timeout, no server: as peer-to-peer.
+    let (code, _, err) = call_at(&env, &l, &["c/fail", "1", "--wait-server", "5"]);
+    assert_eq!(code, 5, "remote error: {err}");
+    assert!(err.contains("broken"), "{err}");
+    let (code, _, err) = call_at(
+        &env,
+        &p2p,
+        &["c/slow", "1", "--timeout", "0.5", "--wait-server", "5"],
+    );
+    assert_eq!(code, 3, "timeout: {err}");
+    let (code, _, err) = call_at(&env, &l, &["c/none", "1"]);
+    assert_eq!(code, 4, "no server: {err}");
+    // A call in flight when the broker dies: the caller's connection to
+    // the server (the broker) is gone, so is the server.
+    let slow = env
+        .cmd(&[
+            "--locator",
+            &l,
+            "call",
+            "c/slow",
+            "1",
+            "--timeout",
+            "10",
+            "--wait-server",
+            "5",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed once the server has the call (its second; it sleeps 3 s).
+    let server = watcher
+        .peers()
+        .into_iter()
+        .find(|a| a.services.iter().any(|s| s.key == "c/slow"))
+        .unwrap();
+    wait_for("the slow server reads the call", T, || {
+        use milonga::p2p::NodeExt;
+        watcher
+            .query(&server.control, Duration::from_millis(500))
+            .is_some_and(|i| i.stats.requests_received >= 2)
+    });
+    broker.proc.kill9();
+    let t0 = Instant::now();
+    let out = slow.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(6),
+        "server lost: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}

@@ -53,6 +53,11 @@ pub struct BrokerHello {
     pub data_reliable_out: String,
     /// Clients subscribe here to heartbeats.
     pub liveliness_out: String,
+    /// Callers connect here to call a service behind the broker (the
+    /// service's endpoint, tagged, says which).
+    pub calls: String,
+    /// Clients' service sockets connect here.
+    pub services_in: String,
     /// How often a client should attach (ms); it is forgotten after
     /// [`BrokerHello::lease_ms`] without one.
     pub attach_interval_ms: u64,

@@ -84,6 +84,7 @@ pub(crate) struct BrokerCounters {
     pub clients_expired: AtomicU64,
     pub clients_refused: AtomicU64,
     pub clients: AtomicU64,
+    pub calls_unroutable: AtomicU64,
 }
 
 /// A snapshot of the broker's counters (`milonga broker --json`).
@@ -109,6 +110,9 @@ pub struct BrokerStats {
     pub clients_expired: u64,
     /// Clients refused: the broker serves `max_clients` already.
     pub clients_refused: u64,
+    /// Calls for a service the broker could not reach (its server gone,
+    /// or not connected yet): not relayed; the caller's deadline ends them.
+    pub calls_unroutable: u64,
 }
 
 impl BrokerCounters {
@@ -124,6 +128,7 @@ impl BrokerCounters {
             requests_malformed: g(&self.requests_malformed),
             clients_expired: g(&self.clients_expired),
             clients_refused: g(&self.clients_refused),
+            calls_unroutable: g(&self.calls_unroutable),
         }
     }
 }
@@ -462,6 +467,8 @@ struct Domain {
     to_domain: [String; 3],
     /// Each plane's wanted peer-to-peer endpoints.
     wanted: [Arc<Mutex<Wanted>>; 3],
+    /// The peer-to-peer services calls are relayed to.
+    services: Arc<Mutex<ServiceTable>>,
     clients: HashMap<String, Client>,
     /// The domain's nodes as the clients are told them, by node id.
     others: BTreeMap<String, Announcement>,
@@ -511,6 +518,7 @@ impl Domain {
         let (my_host, my_pid) = self.host.process();
         let mut others = BTreeMap::new();
         let mut wanted: [BTreeSet<String>; 3] = Default::default();
+        let mut table = HashMap::new();
         for a in self.host.peers() {
             // The broker's own node and the clients it announces.
             if a.pid == my_pid && a.host == my_host {
@@ -533,8 +541,23 @@ impl Domain {
                     wanted[2].insert(ep.clone());
                 }
             }
-            others.insert(a.node_id.clone(), Domain::at(&a, self.out()));
+            let mut told = Domain::at(&a, self.out());
+            for s in &mut told.services {
+                if s.endpoint.starts_with("inproc://") {
+                    continue;
+                }
+                let tag = service_tag(&a.node_id, &s.endpoint);
+                table.insert(tag.clone(), s.endpoint.clone());
+                s.endpoint = tagged(&self.hello.calls, &tag);
+            }
+            others.insert(a.node_id.clone(), told);
         }
+        let mut t = lock(&self.services);
+        if t.endpoints != table {
+            t.endpoints = table;
+            t.generation += 1;
+        }
+        drop(t);
         for (w, set) in self.wanted.iter().zip(wanted) {
             let mut w = lock(w);
             if w.endpoints != set {
@@ -781,6 +804,7 @@ pub(crate) fn start(
     let mut ds = Vec::new();
     let mut hellos = Vec::new();
     let mut planes = Vec::new();
+    let mut call_planes = Vec::new();
     for host_of_domain in domains {
         let mut eps: Vec<[String; 3]> = Vec::new();
         let mut wanted = Vec::new();
@@ -790,6 +814,10 @@ pub(crate) fn start(
             eps.push(e);
             planes.push((host_of_domain.domain().to_owned(), io));
         }
+        let (calls, [calls_ep, services_ep]) =
+            CallPlane::open(&ctx, &spec, &host, &counters, &stop)?;
+        let services = calls.table.clone();
+        call_planes.push((host_of_domain.domain().to_owned(), calls));
         let hello = BrokerHello {
             domain: host_of_domain.domain().to_owned(),
             node_id: host_of_domain.node_id(),
@@ -799,6 +827,8 @@ pub(crate) fn start(
             data_best_effort_out: eps[0][1].clone(),
             data_reliable_out: eps[1][1].clone(),
             liveliness_out: eps[2][1].clone(),
+            calls: calls_ep,
+            services_in: services_ep,
             attach_interval_ms: spec.attach_interval_ms,
             lease_ms: spec.lease_ms,
         };
@@ -811,6 +841,7 @@ pub(crate) fn start(
             hello,
             to_domain: [eps[0][2].clone(), eps[1][2].clone(), eps[2][2].clone()],
             wanted: [w0, w1, w2],
+            services,
             clients: HashMap::new(),
             others: BTreeMap::new(),
             view_version: 0,
@@ -835,6 +866,10 @@ pub(crate) fn start(
         let name = format!("milonga-broker-{:?} {domain}", io.plane).to_lowercase();
         threads.push(spawn(name, Box::new(move || io.run()))?);
     }
+    for (domain, calls) in call_planes {
+        let name = format!("milonga-broker-calls {domain}");
+        threads.push(spawn(name, Box::new(move || calls.run()))?);
+    }
     let control = Control {
         router,
         domains: ds,
@@ -850,4 +885,225 @@ pub(crate) fn start(
     // The planes' sockets hold the context; this reference can go.
     drop(ctx);
     Ok(running)
+}
+
+/// Where the calls plane relays a call to a peer-to-peer service: by
+/// its tag (`<node id>/e<hash of its endpoint>`), its endpoint.
+#[derive(Default)]
+struct ServiceTable {
+    generation: u64,
+    endpoints: HashMap<String, String>,
+}
+
+/// The tag of a peer-to-peer service at `endpoint` of node `id`.
+fn service_tag(id: &str, endpoint: &str) -> String {
+    let h = endpoint.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{id}/e{h:016x}")
+}
+
+/// One domain's calls: callers' DEALERs connect to `calls` with an
+/// identity `<tag>|<n>`; a call for a client's service goes to its
+/// ROUTER, connected to `services` with the identity `<tag>`; one for a
+/// peer-to-peer service goes out on a DEALER to it. Each request gets an
+/// envelope naming its caller, which the server sends back with the
+/// reply (docs/protocol.md §4.5).
+struct CallPlane {
+    calls: zmq::Socket,
+    services: zmq::Socket,
+    /// DEALERs to peer-to-peer services, by tag.
+    out: HashMap<String, zmq::Socket>,
+    table: Arc<Mutex<ServiceTable>>,
+    applied: u64,
+    cfg: Config,
+    counters: Arc<BrokerCounters>,
+    stop: Arc<AtomicBool>,
+    // Declared last: the sockets above close before the context goes.
+    ctx: ContextRef,
+}
+
+impl CallPlane {
+    fn open(
+        ctx: &ContextRef,
+        spec: &BrokerSpec,
+        host: &str,
+        counters: &Arc<BrokerCounters>,
+        stop: &Arc<AtomicBool>,
+    ) -> Result<(CallPlane, [String; 2]), OpenError> {
+        let ep = format!("tcp://{host}:*");
+        let err = sock_err(&ep);
+        let router = || -> Result<zmq::Socket, OpenError> {
+            let s = ctx.socket(zmq::ROUTER)?;
+            zmq_io::apply_common(&s, &spec.cfg).map_err(&err)?;
+            s.set_ipv6(host.starts_with('[')).map_err(&err)?;
+            // An unknown or gone identity is an error, not a silent drop.
+            s.set_router_mandatory(true).map_err(&err)?;
+            Ok(s)
+        };
+        let calls = router()?;
+        let services = router()?;
+        let c = zmq_io::bind(&calls, &ep)?;
+        let s = zmq_io::bind(&services, &ep)?;
+        Ok((
+            CallPlane {
+                calls,
+                services,
+                out: HashMap::new(),
+                table: Arc::new(Mutex::new(ServiceTable::default())),
+                applied: 0,
+                cfg: spec.cfg.clone(),
+                counters: counters.clone(),
+                stop: stop.clone(),
+                ctx: ContextRef::acquire(),
+            },
+            [c, s],
+        ))
+    }
+
+    fn run(mut self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            self.reconcile();
+            let tags: Vec<String> = self.out.keys().cloned().collect();
+            let mut items = vec![
+                self.calls.as_poll_item(zmq::POLLIN),
+                self.services.as_poll_item(zmq::POLLIN),
+            ];
+            items.extend(tags.iter().map(|t| self.out[t].as_poll_item(zmq::POLLIN)));
+            if !matches!(zmq::poll(&mut items, 50), Ok(n) if n > 0) {
+                continue;
+            }
+            let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
+            drop(items);
+            if ready[0] {
+                self.requests();
+            }
+            if ready[1] {
+                for _ in 0..BURST {
+                    let Ok(mut frames) = recv_all(&self.services) else {
+                        break;
+                    };
+                    // [server, envelope, reply...]
+                    frames.remove(0);
+                    self.reply(frames);
+                }
+            }
+            for (tag, r) in tags.iter().zip(&ready[2..]) {
+                if !r {
+                    continue;
+                }
+                for _ in 0..BURST {
+                    let Some(Ok(frames)) = self.out.get(tag).map(recv_all) else {
+                        break;
+                    };
+                    self.reply(frames);
+                }
+            }
+        }
+    }
+
+    /// Drops the DEALERs of services no longer announced.
+    fn reconcile(&mut self) {
+        let t = lock(&self.table);
+        if t.generation == self.applied {
+            return;
+        }
+        self.applied = t.generation;
+        self.out.retain(|tag, _| t.endpoints.contains_key(tag));
+    }
+
+    /// Relays what callers sent: `[caller, request...]`.
+    fn requests(&mut self) {
+        for _ in 0..BURST {
+            let Ok(mut frames) = recv_all(&self.calls) else {
+                return;
+            };
+            if frames.len() < 2 || frames.len() > 3 {
+                self.counters
+                    .requests_malformed
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let caller = frames.remove(0);
+            let mut envelope = crate::backend::p2p::serve_link::ENVELOPE.to_vec();
+            envelope.extend_from_slice(&caller);
+            let tag = caller.split(|b| *b == b'|').next().unwrap_or_default();
+            let tag = String::from_utf8_lossy(tag).into_owned();
+            if envelope.len() > crate::backend::p2p::serve_link::MAX_ENVELOPE {
+                self.counters
+                    .requests_malformed
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let mut msg = vec![zmq::Message::from(&envelope[..])];
+            msg.extend(frames);
+            let sent = if tag
+                .rsplit_once('/')
+                .is_some_and(|(_, n)| n.starts_with('s'))
+            {
+                // A client's service: its ROUTER is connected here.
+                let mut with_id = vec![zmq::Message::from(tag.as_bytes())];
+                with_id.extend(msg);
+                send_all_checked(&self.services, with_id)
+            } else {
+                match self.dealer(&tag) {
+                    Some(d) => send_all_checked(d, msg),
+                    None => false,
+                }
+            };
+            if !sent {
+                self.counters
+                    .calls_unroutable
+                    .fetch_add(1, Ordering::Relaxed);
+                limited!(info, service = %tag, "a call for a service the broker cannot reach now: not relayed (the caller's deadline ends it)");
+            }
+        }
+    }
+
+    /// The DEALER to the peer-to-peer service tagged `tag`, connected on
+    /// first use.
+    fn dealer(&mut self, tag: &str) -> Option<&zmq::Socket> {
+        if !self.out.contains_key(tag) {
+            let endpoint = lock(&self.table).endpoints.get(tag).cloned()?;
+            let s = self.ctx.socket(zmq::DEALER).ok()?;
+            zmq_io::apply_common(&s, &self.cfg).ok()?;
+            s.set_ipv6(true).ok()?;
+            s.connect(&endpoint).ok()?;
+            self.out.insert(tag.to_owned(), s);
+        }
+        self.out.get(tag)
+    }
+
+    /// A reply `[envelope, reply...]`, back to the caller it names.
+    fn reply(&mut self, mut frames: Vec<zmq::Message>) {
+        if frames.len() < 2 {
+            self.counters
+                .requests_malformed
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let envelope = frames.remove(0);
+        let Some(caller) = envelope.strip_prefix(crate::backend::p2p::serve_link::ENVELOPE) else {
+            self.counters
+                .requests_malformed
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let mut msg = vec![zmq::Message::from(caller)];
+        msg.extend(frames);
+        // A caller that has gone: nothing to do.
+        let _ = send_all_checked(&self.calls, msg);
+    }
+}
+
+/// Sends a whole message without waiting; whether it went.
+fn send_all_checked(sock: &zmq::Socket, frames: Vec<zmq::Message>) -> bool {
+    let n = frames.len();
+    for (i, m) in frames.into_iter().enumerate() {
+        let flags = if i + 1 < n { zmq::SNDMORE } else { 0 };
+        if sock.send(m, flags | zmq::DONTWAIT).is_err() {
+            return false;
+        }
+    }
+    true
 }

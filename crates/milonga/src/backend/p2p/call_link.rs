@@ -62,7 +62,18 @@ impl CallLink {
                 endpoint: endpoint.to_owned(),
                 source,
             })?;
-        sock.connect(endpoint).map_err(sock_err("connect"))?;
+        let real = crate::backend::p2p::uplink::untagged(endpoint);
+        if let Some((_, tag)) = endpoint.split_once('#') {
+            // A service behind a broker: the connection's identity names
+            // it (and this connection, uniquely), so that the broker knows
+            // where to relay (docs/protocol.md §10).
+            let mut r = [0u8; 8];
+            let _ = getrandom::fill(&mut r);
+            let id = format!("{tag}|{}", u64::from_le_bytes(r));
+            sock.set_identity(id.as_bytes())
+                .map_err(sock_err("configure"))?;
+        }
+        sock.connect(real).map_err(sock_err("connect"))?;
         Ok(CallLink {
             sock,
             monitor,

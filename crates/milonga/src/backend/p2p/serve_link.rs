@@ -17,18 +17,30 @@ pub(crate) struct ServeLink {
 }
 
 /// Who sent a request: the ROUTER's identity of the caller's connection,
+/// the envelope a broker put before the request (docs/protocol.md §4.5),
 /// and (security on) the key that connection was admitted with.
-pub(crate) struct Caller(zmq::Message, Option<String>);
+pub(crate) struct Caller(zmq::Message, Option<zmq::Message>, Option<String>);
+
+/// What an envelope frame starts with: a broker's name for the caller
+/// whose request it relays, sent back before the reply.
+pub(crate) const ENVELOPE: &[u8] = b"@via/";
+/// The longest envelope a server takes.
+pub(crate) const MAX_ENVELOPE: usize = 256;
 
 impl Caller {
-    /// The identity's bytes (a caller's connection, to count its requests).
+    /// Who the caller is, as bytes (its connection, and the envelope of
+    /// one relayed by a broker), to count its requests.
     pub(crate) fn to_vec(&self) -> Vec<u8> {
-        self.0.to_vec()
+        let mut v = self.0.to_vec();
+        if let Some(e) = &self.1 {
+            v.extend_from_slice(e);
+        }
+        v
     }
 
     /// The caller's key (Z85), when its connection was secured.
     pub(crate) fn key(&self) -> Option<&str> {
-        self.1.as_deref()
+        self.2.as_deref()
     }
 }
 
@@ -66,7 +78,23 @@ impl ServeLink {
             p2p.core().cfg.close_linger_ms.min(1000)
         };
         sock.set_linger(linger).map_err(opt_err)?;
-        let bound = p2p.bind(&sock, endpoint)?;
+        let bound = match p2p.uplink() {
+            // A broker client's service connects to the broker, which
+            // relays the calls made to the endpoint it announces.
+            Some(up) => {
+                let (to, announced) = up.service_endpoints(&p2p.core().id.to_hex(), n);
+                let tag = announced.split_once('#').map_or("", |(_, t)| t);
+                sock.set_identity(tag.as_bytes()).map_err(opt_err)?;
+                sock.connect(&to)
+                    .map_err(|source: zmq::Error| OpenError::Socket {
+                        action: "connect",
+                        endpoint: to.clone(),
+                        source: source.transport(),
+                    })?;
+                announced
+            }
+            None => p2p.bind(&sock, endpoint)?,
+        };
         let wake_ep = format!("inproc://milonga-svcwake-{}-{n}", p2p.core().id);
         let wake_err = |source: zmq::Error| OpenError::Socket {
             action: "bind or connect",
@@ -110,9 +138,16 @@ impl ServeLink {
                         .filter(|k| !k.is_empty())
                         .map(str::to_owned)
                 });
+                // A broker's envelope (one frame, before the request).
+                let envelope = match rest.first() {
+                    Some(f) if f.len() <= MAX_ENVELOPE && f.starts_with(ENVELOPE) => {
+                        Some(rest.remove(0))
+                    }
+                    _ => None,
+                };
                 let rest = rest.into_iter().map(message_bytes).collect();
                 let identity = parts.pop().expect("a message has a first frame");
-                Ok(Some((Caller(identity, key), rest)))
+                Ok(Some((Caller(identity, envelope, key), rest)))
             }
             Err(zmq::Error::EINTR | zmq::Error::EAGAIN) => Ok(None),
             Err(e) => Err(e.transport()),
@@ -131,6 +166,10 @@ impl ServeLink {
         let more = if tail.is_some() { zmq::SNDMORE } else { 0 };
         self.sock
             .send(caller.0, zmq::DONTWAIT | zmq::SNDMORE)
+            .and_then(|_| match caller.1 {
+                Some(e) => self.sock.send(e, zmq::DONTWAIT | zmq::SNDMORE),
+                None => Ok(()),
+            })
             .and_then(|_| self.sock.send(head, zmq::DONTWAIT | more))
             .and_then(|_| match tail {
                 Some(t) => zmq_io::send_bytes(&mut self.sock, t, zmq::DONTWAIT),

@@ -55,6 +55,15 @@ impl Uplink {
     }
 }
 
+impl Uplink {
+    /// Where service number `n` of node `id` connects, and the endpoint
+    /// callers are told (the broker's, tagged `<node id>/s<n>`).
+    pub(crate) fn service_endpoints(&self, id: &str, n: u64) -> (String, String) {
+        let h = &self.hello;
+        (h.services_in.clone(), format!("{}#{id}/s{n}", h.calls))
+    }
+}
+
 /// An endpoint without its `#<node id>` tag: what a socket connects to.
 pub(crate) fn untagged(endpoint: &str) -> &str {
     endpoint.split_once('#').map_or(endpoint, |(e, _)| e)
