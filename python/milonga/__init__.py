@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 from . import _native
 from ._native import (
+    BrokerChanged,
     Buffer,
     DeadlineMissed,
     IncompatibleQos,
@@ -87,6 +88,7 @@ __all__ = [
     "SubscriptionLive",
     "IncompatibleQos",
     "PermissionDenied",
+    "BrokerChanged",
     "UnknownEvent",
     "Event",
     "Tagged",
@@ -125,6 +127,7 @@ Event = (
     | SubscriptionLive
     | IncompatibleQos
     | PermissionDenied
+    | BrokerChanged
     | UnknownEvent
 )
 

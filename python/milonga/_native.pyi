@@ -13,6 +13,7 @@ __all__ = [
     "Node",
     "PendingCall",
     "PermissionDenied",
+    "BrokerChanged",
     "Publisher",
     "PublisherAlive",
     "PublisherLost",
@@ -110,6 +111,7 @@ _Event = (
     | SubscriptionLive
     | IncompatibleQos
     | PermissionDenied
+    | BrokerChanged
     | UnknownEvent
 )
 
@@ -202,6 +204,13 @@ class PermissionDenied:
     def publisher(self) -> str | None: ...
     @property
     def reason(self) -> str: ...
+
+@final
+class BrokerChanged:
+    @property
+    def from_broker(self) -> str: ...
+    @property
+    def to_broker(self) -> str: ...
 
 @final
 class Recording:

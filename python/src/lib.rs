@@ -765,6 +765,14 @@ fn event_to_py(py: Python<'_>, ev: Event, threshold: usize) -> PyResult<Py<PyAny
             },
         )?
         .into_any(),
+        Event::BrokerChanged(b) => Py::new(
+            py,
+            BrokerChanged {
+                from_broker: b.from,
+                to_broker: b.to,
+            },
+        )?
+        .into_any(),
         other => Py::new(
             py,
             Unknown {
@@ -932,6 +940,24 @@ impl PermissionDenied {
         format!(
             "PermissionDenied(endpoint={:?}, reason={:?})",
             self.endpoint, self.reason
+        )
+    }
+}
+
+/// The node lost its broker and moved to another (a locator naming
+/// several brokers, docs/broker.md).
+#[pyclass(frozen, module = "milonga._native", name = "BrokerChanged", get_all)]
+pub(crate) struct BrokerChanged {
+    from_broker: String,
+    to_broker: String,
+}
+
+#[pymethods]
+impl BrokerChanged {
+    fn __repr__(&self) -> String {
+        format!(
+            "BrokerChanged(from_broker={:?}, to_broker={:?})",
+            self.from_broker, self.to_broker
         )
     }
 }
@@ -1105,6 +1131,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SubscriptionLive>()?;
     m.add_class::<IncompatibleQos>()?;
     m.add_class::<PermissionDenied>()?;
+    m.add_class::<BrokerChanged>()?;
     m.add_class::<Unknown>()?;
     m.add_class::<Request>()?;
     m.add_class::<Service>()?;

@@ -562,6 +562,7 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
                         .unwrap_or_default(),
                     p.reason
                 )?,
+                Event::BrokerChanged(b) => writeln!(o, "! broker changed: {} -> {}", b.from, b.to)?,
                 other => writeln!(o, "! {other:?}")?,
             }
         }

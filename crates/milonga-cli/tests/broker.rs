@@ -677,3 +677,112 @@ fn calls_through_the_broker_reach_every_server_with_every_outcome() {
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }
+
+#[test]
+fn clients_move_to_the_next_broker_when_theirs_is_killed_and_back_when_it_returns() {
+    let env = Env::new("brk-failover");
+    let ports = [milonga_testkit::free_port(), milonga_testkit::free_port()];
+    let at = |i: usize| format!("tcp://127.0.0.1:{}", ports[i]);
+    let start = |i: usize| {
+        let p = env.spawn(&[
+            "broker",
+            "--listen",
+            &at(i),
+            "--domain",
+            &env.domain,
+            "--json",
+        ]);
+        p.line(T).expect("the broker listens");
+        p
+    };
+    let mut b = [start(0), start(1)];
+    let l = format!(
+        "milonga://127.0.0.1:{},127.0.0.1:{}/{}",
+        ports[0], ports[1], env.domain
+    );
+    // A reliable publisher keeping 1,000 samples, a service, both behind
+    // the brokers; a reliable subscriber process.
+    let node = Node::open_with(env.config_at(&l, "pub")).unwrap();
+    let p = node
+        .publisher_with("sr/f/1", milonga::PublisherQos::reliable().history(1000))
+        .unwrap();
+    let _svc = serve_at(&env, &l, &["f/echo", "--echo"]);
+    let sub = env.spawn_at(&l, &["sub", "sr/**", "--reliable", "--json"]);
+    let puts = std::cell::Cell::new(0u64);
+    let put = || {
+        p.put(puts.get() as f64).unwrap();
+        puts.set(puts.get() + 1);
+    };
+    let mut lines = Vec::new();
+    wait_for("the subscriber takes samples", T, || {
+        put();
+        match sub.line(Duration::from_millis(20)) {
+            Some(line) => {
+                lines.push(serde_json::from_str::<Json>(&line).unwrap());
+                lines.iter().any(|v| v.get("seq").is_some())
+            }
+            None => false,
+        }
+    });
+    for round in 0..2 {
+        // The broker in use (the first, then the second) dies while samples
+        // flow at 200 a second.
+        let (dead, alive) = (round, 1 - round);
+        b[dead].kill9();
+        let killed = Instant::now();
+        let mut changed = None;
+        while killed.elapsed() < Duration::from_secs(3) || changed.is_none() {
+            assert!(
+                killed.elapsed() < T,
+                "round {round}: no broker_changed: {lines:?}"
+            );
+            put();
+            std::thread::sleep(Duration::from_millis(5));
+            while let Some(line) = sub.line(Duration::ZERO) {
+                let v: Json = serde_json::from_str(&line).unwrap();
+                if v["event"] == "broker_changed" && changed.is_none() {
+                    changed = Some((killed.elapsed(), v.clone()));
+                }
+                lines.push(v);
+            }
+        }
+        let (after, ev) = changed.unwrap();
+        assert_eq!(ev["from"], at(dead), "round {round}: {ev}");
+        assert_eq!(ev["to"], at(alive), "round {round}: {ev}");
+        assert!(
+            after < Duration::from_secs(1),
+            "round {round}: moved after {after:?}"
+        );
+        // Nothing lost, nobody reported gone: what was in flight came
+        // again from the publisher's history.
+        let last = puts.get();
+        while !lines
+            .iter()
+            .rev()
+            .take(50)
+            .any(|v| v["seq"].as_u64() == Some(last))
+        {
+            let line = sub
+                .line(T)
+                .unwrap_or_else(|| panic!("round {round}: up to {last}"));
+            lines.push(serde_json::from_str(&line).unwrap());
+        }
+        assert_eq!(accounted(&lines, "sr/f/1", last), 0, "round {round}");
+        assert!(
+            !lines
+                .iter()
+                .any(|v| v["event"] == "publisher_lost" || v["event"] == "lost"),
+            "round {round}: {:?}",
+            lines
+                .iter()
+                .filter(|v| v.get("seq").is_none())
+                .collect::<Vec<_>>()
+        );
+        // The service moved too.
+        let (code, out, err) = call_at(&env, &l, &["f/echo", "7", "--wait-server", "5"]);
+        assert_eq!((code, out.as_str()), (0, "7"), "round {round}: {err}");
+        // The dead broker comes back (same port), to be used again when
+        // the other one dies.
+        b[dead] = start(dead);
+    }
+}

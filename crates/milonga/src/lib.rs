@@ -62,8 +62,8 @@ pub use model::error::{
 };
 pub use model::qos::{PublisherQos, Reliability, SubscriberQos};
 pub use model::sample::{
-    DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PermissionDenied,
-    PublisherAlive, PublisherLost, QosPolicy, Sample,
+    BrokerChanged, DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples,
+    PermissionDenied, PublisherAlive, PublisherLost, QosPolicy, Sample,
 };
 pub use util::stats::NodeStats;
 

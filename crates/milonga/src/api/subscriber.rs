@@ -144,7 +144,15 @@ impl SubShared {
         loop {
             if self.has_injected.load(Ordering::Acquire) {
                 self.has_injected.store(false, Ordering::Release);
-                io.pending.extend(lock(&self.injected).drain(..));
+                let injected: Vec<Event> = lock(&self.injected).drain(..).collect();
+                for ev in injected {
+                    if matches!(ev, Event::BrokerChanged(_)) {
+                        // The nodes behind the lost broker are reached
+                        // through the new one: not disconnected.
+                        self.core.broker_changed(&mut io);
+                    }
+                    io.pending.push_back(ev);
+                }
             }
             if let Some(ev) = io.pending.pop_front() {
                 return Ok(ev);
@@ -325,11 +333,25 @@ impl SubShared {
                 self.core.connection_refused(io, endpoint, status);
             }
         }
-        let closed = std::mem::take(&mut *lock(&self.closed_connections))
-            .into_iter()
-            .flat_map(|e| io.link.carried_by(e))
-            .collect();
-        self.core.connections_closed(io, closed, Instant::now());
+        // A broker's connection carries the nodes behind it: they are
+        // reported disconnected only if the node does not move to another
+        // broker within the failover grace (docs/broker.md).
+        let (mut direct, mut brokered) = (Vec::new(), Vec::new());
+        for e in std::mem::take(&mut *lock(&self.closed_connections)) {
+            let carried = io.link.carried_by(e.clone());
+            match carried.as_slice() {
+                [one] if *one == e => direct.push(e),
+                _ => brokered.extend(carried),
+            }
+        }
+        let now = Instant::now();
+        self.core.connections_closed(io, direct, now);
+        self.core.connections_closed_with(
+            io,
+            brokered,
+            now,
+            crate::engine::subscription::BROKER_GRACE,
+        );
     }
 
     /// Under a flood the socket is never empty, so closed connections
@@ -341,14 +363,17 @@ impl SubShared {
         if !self.has_closed_connections.load(Ordering::Acquire) {
             return;
         }
-        let closed: Vec<String> = lock(&self.closed_connections)
-            .iter()
-            .flat_map(|e| io.link.carried_by(e.clone()))
-            .collect();
+        let closed = lock(&self.closed_connections).clone();
         let now = Instant::now();
-        for endpoint in closed {
-            self.core
-                .note_liveliness_closed(io, &endpoint, now, FLOOD_GRACE);
+        for e in closed {
+            let carried = io.link.carried_by(e.clone());
+            let grace = match carried.as_slice() {
+                [one] if *one == e => FLOOD_GRACE,
+                _ => crate::engine::subscription::BROKER_GRACE,
+            };
+            for endpoint in carried {
+                self.core.note_liveliness_closed(io, &endpoint, now, grace);
+            }
         }
     }
 }
@@ -385,7 +410,17 @@ impl RouteTarget for SubShared {
             }
         }
         tracing::warn!(expr = %self.core.expr, endpoint = %ev.endpoint, "a node refused this node's key; this subscription receives nothing from it");
-        lock(&self.injected).push_back(Event::PermissionDenied(ev));
+        self.inject_event(Event::PermissionDenied(ev));
+    }
+
+    fn inject(&self, ev: Event) {
+        self.inject_event(ev);
+    }
+}
+
+impl SubShared {
+    fn inject_event(&self, ev: Event) {
+        lock(&self.injected).push_back(ev);
         self.has_injected.store(true, Ordering::Release);
         self.wake();
     }

@@ -200,6 +200,11 @@ const DEPARTURE_GRACE: Duration = Duration::from_millis(10);
 /// the goodbye may be among them.
 pub(crate) const FLOOD_GRACE: Duration = Duration::from_millis(50);
 
+/// How long a node whose broker connection closed waits, before it is
+/// reported `disconnected`, for its node to move to another broker
+/// (docs/broker.md): the failover's own bound.
+pub(crate) const BROKER_GRACE: Duration = Duration::from_secs(1);
+
 /// A connection that stayed up this long since its last close starts its
 /// back-off over.
 const BACKOFF_RESET: Duration = Duration::from_secs(10);
@@ -1202,6 +1207,15 @@ impl Subscription {
         io.arm(now + d);
     }
 
+    /// The node moved to another broker: the nodes whose broker
+    /// connection closed are reached through the new one, so none is
+    /// reported `disconnected` for it (their leases still run).
+    pub(crate) fn broker_changed<L: Link>(&self, io: &mut SubState<L>) {
+        for p in io.publishers.values_mut() {
+            p.disconnected_at = None;
+        }
+    }
+
     /// A closed liveliness connection: its node is reported `disconnected`
     /// after `grace`, unless its goodbye arrives first.
     pub(crate) fn note_liveliness_closed<L: Link>(
@@ -1639,10 +1653,22 @@ impl Subscription {
         closed: Vec<String>,
         now: Instant,
     ) {
+        self.connections_closed_with(io, closed, now, DISCONNECT_GRACE);
+    }
+
+    /// [`Subscription::connections_closed`], their nodes reported
+    /// disconnected after `grace` unless heard of otherwise.
+    pub(crate) fn connections_closed_with<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        closed: Vec<String>,
+        now: Instant,
+        grace: Duration,
+    ) {
         for endpoint in closed {
             let c = &self.counters;
             let n = c.connections_closed.fetch_add(1, Ordering::Relaxed) + 1;
-            self.note_liveliness_closed(io, &endpoint, now, DISCONNECT_GRACE);
+            self.note_liveliness_closed(io, &endpoint, now, grace);
             if n <= 10 || n % 1000 == 0 {
                 tracing::info!(
                     expr = %self.expr,

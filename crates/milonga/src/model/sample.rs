@@ -208,6 +208,19 @@ pub enum Event {
     /// A publisher's node refused the connection (reported once per
     /// endpoint; the subscription keeps trying, in case it is let in).
     PermissionDenied(PermissionDenied),
+    /// A node opened on several brokers (`milonga://b1:7447,b2:7447/lab`)
+    /// lost its broker and moved to another (docs/broker.md). What the
+    /// subscription missed meanwhile follows as repairs or `Lost`.
+    BrokerChanged(BrokerChanged),
+}
+
+/// The broker a node is attached to changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerChanged {
+    /// The broker left (`tcp://HOST:PORT`).
+    pub from: String,
+    /// The broker now used.
+    pub to: String,
 }
 
 impl Event {

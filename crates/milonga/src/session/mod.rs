@@ -40,6 +40,8 @@ pub(crate) trait RouteTarget: Send + Sync {
     /// control socket refused this node's key): told as
     /// `Event::PermissionDenied`, once per endpoint.
     fn denied(&self, ev: crate::model::sample::PermissionDenied);
+    /// An event from the node itself (its broker changed).
+    fn inject(&self, ev: crate::model::sample::Event);
 }
 
 /// What [`NodeInner::state`] guards.
@@ -397,9 +399,26 @@ impl NodeInner {
             control: self.control_endpoint.clone(),
             data_best_effort: best_effort,
             data_reliable: reliable,
-            liveliness: Some(self.liveliness_endpoint.clone()),
+            liveliness: Some(
+                self.p2p
+                    .announced_at(crate::backend::p2p::uplink::Plane::Liveliness)
+                    .unwrap_or_else(|| self.liveliness_endpoint.clone()),
+            ),
             publications: st.publications.values().cloned().collect(),
-            services: st.services.values().cloned().collect(),
+            services: st
+                .services
+                .values()
+                .cloned()
+                .map(|mut s| {
+                    // A broker client's: at its current broker's.
+                    if let (Some(up), Some((_, tag))) =
+                        (self.p2p.uplink(), s.endpoint.split_once('#'))
+                    {
+                        s.endpoint = format!("{}#{tag}", up.hello.calls);
+                    }
+                    s
+                })
+                .collect(),
             key: self.p2p.public_key().map(|k| k.to_z85()),
             id_salt: self
                 .core
@@ -551,6 +570,24 @@ impl Host for NodeInner {
 
     fn announcement_version(&self) -> u64 {
         self.announced.load(Ordering::Relaxed)
+    }
+
+    fn broker_changed(&self, from: &str, to: &str) {
+        // Announced at the new broker's endpoints.
+        self.announce();
+        let subs: Vec<_> = lock(&self.state)
+            .subs
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for s in subs {
+            s.inject(crate::model::sample::Event::BrokerChanged(
+                crate::model::sample::BrokerChanged {
+                    from: from.to_owned(),
+                    to: to.to_owned(),
+                },
+            ));
+        }
     }
 
     fn peer_refused(&self, endpoint: &str, node: Option<NodeId>, status: u32) {

@@ -485,6 +485,11 @@ pub fn status_json(ev: &Event) -> Option<serde_json::Value> {
             "publisher": p.publisher.map(|n| n.to_hex()),
             "reason": p.reason,
         }),
+        Event::BrokerChanged(b) => json!({
+            "event": "broker_changed",
+            "from": b.from,
+            "to": b.to,
+        }),
     })
 }
 
@@ -536,6 +541,10 @@ pub fn status_from_json(j: &serde_json::Value) -> Option<Event> {
             endpoint: text("endpoint")?,
             publisher: node("publisher"),
             reason: text("reason")?,
+        }),
+        "broker_changed" => Event::BrokerChanged(crate::model::sample::BrokerChanged {
+            from: text("from")?,
+            to: text("to")?,
         }),
         _ => return None,
     })
@@ -966,6 +975,10 @@ mod tests {
                 endpoint: "tcp://10.0.0.1:7000".into(),
                 publisher: None,
                 reason: "not trusted".into(),
+            }),
+            Event::BrokerChanged(crate::model::sample::BrokerChanged {
+                from: "tcp://b1:7447".into(),
+                to: "tcp://b2:7447".into(),
             }),
         ];
         for ev in all {

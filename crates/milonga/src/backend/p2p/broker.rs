@@ -577,9 +577,12 @@ impl Domain {
             self.dirty = false;
             self.view_version += 1;
             let mut v = b"[".to_vec();
+            // A client is told as it attached, not as another broker of
+            // this host announces it.
             let all = self
                 .others
                 .values()
+                .filter(|a| !self.clients.contains_key(&a.node_id))
                 .chain(self.clients.values().map(|c| &c.announcement));
             for (i, a) in all.enumerate() {
                 if i > 0 {
@@ -594,6 +597,14 @@ impl Domain {
     }
 
     fn attach(&mut self, a: Announcement, now: Instant) {
+        // At this broker's endpoints, whatever the client last knew (it
+        // may have come from another broker).
+        let mut a = Domain::at(&a, self.out());
+        for s in &mut a.services {
+            if let Some((_, tag)) = s.endpoint.split_once('#') {
+                s.endpoint = tagged(&self.hello.calls, tag);
+            }
+        }
         let changed = self
             .clients
             .get(&a.node_id)

@@ -52,6 +52,9 @@ pub(crate) trait Host: Send + Sync + 'static {
     /// this node's key (ZAP `status`) before its announcement was known:
     /// every subscription is told.
     fn peer_refused(&self, endpoint: &str, node: Option<NodeId>, status: u32);
+    /// A broker client moved from broker `from` to `to`: re-announce at
+    /// the new one, and tell the subscriptions.
+    fn broker_changed(&self, from: &str, to: &str);
 }
 
 /// First frame of every control request and reply.
@@ -490,6 +493,23 @@ impl<H: Host> Control<H> {
                 broker.set_announcement(v, self.host.announcement().to_json());
             }
             changed |= broker.turn(now);
+            if let Some((from, to)) = broker.take_move() {
+                // The node's sockets follow it to the new broker; its
+                // subscriptions follow the new view (the nodes there are
+                // at the new broker's endpoints).
+                let p2p = self.host.p2p();
+                let id = p2p.core().id.to_hex();
+                let old = p2p.move_uplink(to.clone());
+                let live = crate::backend::p2p::uplink::Plane::Liveliness;
+                if let Some(old) = old {
+                    let _ = self.live.disconnect(old.endpoints(live, &id).0);
+                }
+                if let Err(e) = self.live.connect(to.endpoints(live, &id).0) {
+                    tracing::warn!(err = %e, "the liveliness socket cannot connect to the new broker");
+                }
+                self.host.broker_changed(&from, &to.broker);
+                changed = true;
+            }
         }
         if !changed && !force {
             return;

@@ -84,7 +84,10 @@ pub(crate) struct P2p {
     excluded: Mutex<Vec<(crate::discovery::Announcement, String)>>,
     /// The broker a `milonga://HOST:PORT/DOMAIN` node is attached to: its
     /// data and liveliness sockets connect there instead of binding.
-    uplink: Option<uplink::Uplink>,
+    uplink: Mutex<Option<uplink::Uplink>>,
+    /// A broker client's services, told when the node moves to another
+    /// broker.
+    service_moves: Mutex<Vec<Weak<serve_link::ServeMove>>>,
     // Declared last: sockets above are closed before the context goes.
     ctx: ContextRef,
 }
@@ -167,7 +170,8 @@ impl P2p {
                 sockets: Mutex::new(Sockets::default()),
                 security,
                 excluded: Mutex::new(Vec::new()),
-                uplink,
+                uplink: Mutex::new(uplink),
+                service_moves: Mutex::new(Vec::new()),
                 ctx,
             },
             wake_rx,
@@ -353,8 +357,48 @@ impl P2p {
     }
 
     /// The broker this node is attached to, if it is a broker client.
-    pub(crate) fn uplink(&self) -> Option<&uplink::Uplink> {
-        self.uplink.as_ref()
+    pub(crate) fn uplink(&self) -> Option<uplink::Uplink> {
+        lock(&self.uplink).clone()
+    }
+
+    /// Notes a broker client's service, to move it with the node.
+    pub(crate) fn watch_service_move(&self, m: Weak<serve_link::ServeMove>) {
+        let mut v = lock(&self.service_moves);
+        v.retain(|w| w.strong_count() > 0);
+        v.push(m);
+    }
+
+    /// A broker client moves to the broker `to` (its last one failed):
+    /// its data sockets and services connect there instead. The
+    /// liveliness socket is the node thread's to move. The broker before.
+    pub(crate) fn move_uplink(&self, to: uplink::Uplink) -> Option<uplink::Uplink> {
+        let old = lock(&self.uplink).replace(to.clone());
+        for d in self.data_sockets() {
+            let plane = match d.reliability {
+                Reliability::BestEffort => uplink::Plane::BestEffort,
+                Reliability::Reliable => uplink::Plane::Reliable,
+            };
+            let id = self.core.id.to_hex();
+            let sock = lock(&d.sock);
+            if let Some(old) = &old {
+                let _ = sock.sock.disconnect(old.endpoints(plane, &id).0);
+            }
+            if let Err(e) = sock.sock.connect(to.endpoints(plane, &id).0) {
+                tracing::warn!(err = %e, broker = %to.broker, "a data socket cannot connect to the new broker");
+            }
+        }
+        for m in lock(&self.service_moves).iter().filter_map(Weak::upgrade) {
+            m.move_to(to.hello.services_in.clone());
+        }
+        old
+    }
+
+    /// The endpoint a broker client's socket of `plane` is announced at
+    /// now (the current broker's), if it is one.
+    pub(crate) fn announced_at(&self, plane: uplink::Plane) -> Option<String> {
+        let up = lock(&self.uplink);
+        up.as_ref()
+            .map(|u| u.endpoints(plane, &self.core.id.to_hex()).1)
     }
 
     /// Places a data or liveliness socket: binds it at `endpoint`, or, for
@@ -366,7 +410,7 @@ impl P2p {
         endpoint: &str,
         plane: uplink::Plane,
     ) -> Result<String, OpenError> {
-        let Some(up) = &self.uplink else {
+        let Some(up) = self.uplink() else {
             return self.bind(sock, endpoint);
         };
         let (to, announced) = up.endpoints(plane, &self.core.id.to_hex());
@@ -457,10 +501,16 @@ impl P2p {
     pub(crate) fn data_endpoints(&self) -> [Option<String>; 2] {
         let s = lock(&self.sockets);
         let first = |r: Reliability| {
-            s.data
-                .iter()
-                .find(|d| d.reliability == r && d.first)
-                .map(|d| d.endpoint.clone())
+            let d = s.data.iter().find(|d| d.reliability == r && d.first)?;
+            // A broker client's: at its current broker.
+            let plane = match r {
+                Reliability::BestEffort => uplink::Plane::BestEffort,
+                Reliability::Reliable => uplink::Plane::Reliable,
+            };
+            Some(
+                self.announced_at(plane)
+                    .unwrap_or_else(|| d.endpoint.clone()),
+            )
         };
         [first(Reliability::BestEffort), first(Reliability::Reliable)]
     }

@@ -14,6 +14,24 @@ use crate::model::error::{IntoTransport, OpenError, TransportError};
 /// The ROUTER socket of one service.
 pub(crate) struct ServeLink {
     sock: zmq::Socket,
+    /// A broker client's service: where it is connected, and where the
+    /// node thread tells it to move.
+    at: Option<(String, Arc<ServeMove>)>,
+}
+
+/// Where a broker client's service should connect next (the node moved
+/// to another broker), and a way to wake the leader blocked on it.
+pub(crate) struct ServeMove {
+    to: Mutex<Option<String>>,
+    waker: ServeWaker,
+}
+
+impl ServeMove {
+    /// Tells the service to connect to `endpoint` instead.
+    pub(crate) fn move_to(&self, endpoint: String) {
+        *crate::util::lock(&self.to) = Some(endpoint);
+        self.waker.wake();
+    }
 }
 
 /// Who sent a request: the ROUTER's identity of the caller's connection,
@@ -78,10 +96,12 @@ impl ServeLink {
             p2p.core().cfg.close_linger_ms.min(1000)
         };
         sock.set_linger(linger).map_err(opt_err)?;
+        let mut at = None;
         let bound = match p2p.uplink() {
             // A broker client's service connects to the broker, which
             // relays the calls made to the endpoint it announces.
             Some(up) => {
+                at = Some(up.hello.services_in.clone());
                 let (to, announced) = up.service_endpoints(&p2p.core().id.to_hex(), n);
                 let tag = announced.split_once('#').map_or("", |(_, t)| t);
                 sock.set_identity(tag.as_bytes()).map_err(opt_err)?;
@@ -105,6 +125,20 @@ impl ServeLink {
         let waker = p2p.ctx().socket(zmq::DEALER)?;
         waker.set_linger(0).map_err(wake_err)?;
         waker.connect(&wake_ep).map_err(wake_err)?;
+        let at = match at {
+            Some(to) => {
+                let w = p2p.ctx().socket(zmq::DEALER)?;
+                w.set_linger(0).map_err(wake_err)?;
+                w.connect(&wake_ep).map_err(wake_err)?;
+                let m = Arc::new(ServeMove {
+                    to: Mutex::new(None),
+                    waker: ServeWaker(Mutex::new(w)),
+                });
+                p2p.watch_service_move(Arc::downgrade(&m));
+                Some((to, m))
+            }
+            None => None,
+        };
         // Created last: nothing fallible follows before the link owns the
         // socket, whose `Drop` stops the monitor before the reader goes.
         let monitor = Arc::new(Mutex::new(crate::backend::p2p::control::monitor(
@@ -113,7 +147,7 @@ impl ServeLink {
             &format!("s{n}"),
         )?));
         Ok((
-            ServeLink { sock },
+            ServeLink { sock, at },
             ServeWaker(Mutex::new(waker)),
             bound,
             monitor,
@@ -127,6 +161,15 @@ impl ServeLink {
         &mut self,
         wait: bool,
     ) -> Result<Option<(Caller, Vec<Bytes>)>, TransportError> {
+        if let Some((at, m)) = &mut self.at {
+            if let Some(to) = crate::util::lock(&m.to).take() {
+                let _ = self.sock.disconnect(at);
+                if let Err(e) = self.sock.connect(&to) {
+                    tracing::warn!(err = %e, broker = %to, "a service cannot connect to the new broker");
+                }
+                *at = to;
+            }
+        }
         let flags = if wait { 0 } else { zmq::DONTWAIT };
         match recv_parts(&mut self.sock, flags) {
             Ok(mut parts) => {

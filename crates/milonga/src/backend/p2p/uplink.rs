@@ -146,12 +146,28 @@ pub(crate) fn hello(
 }
 
 /// Discovery through the broker: attaches the node's announcement every
-/// `attach_interval_ms` and keeps the view the broker answers with. A
-/// broker silent for its lease is lost: the view empties, and with it
-/// the node's peers (its publishers are reported lost).
+/// `attach_interval_ms` and keeps the view the broker answers with.
+///
+/// Failover: a broker whose connection closes (its process died), or
+/// that leaves attaches unanswered for [`FAILOVER_AFTER`] intervals, is
+/// left for the next of the locator's brokers that answers (the same one
+/// again if it is the only one, or the only one back): the node thread
+/// then moves the node's sockets there ([`BrokerSource::take_move`]).
+/// Until a broker answers, the last view stands for the broker's lease;
+/// then it empties, and with it the node's peers.
 pub(crate) struct BrokerSource {
     core: Arc<NodeCore>,
     sock: zmq::Socket,
+    /// The reader of `sock`'s monitor: a closed connection.
+    monitor: zmq::Socket,
+    /// The locator's brokers, and which one is the node's.
+    brokers: Vec<String>,
+    current: Uplink,
+    /// A move the node thread has not made yet: from, to.
+    moved: Option<(String, Uplink)>,
+    /// The broker was lost: when to look for another next.
+    lost_since: Option<Instant>,
+    next_try: Instant,
     interval: Duration,
     lease: Duration,
     /// The announcement to attach, and its version.
@@ -163,22 +179,64 @@ pub(crate) struct BrokerSource {
     last_heard: Instant,
     view_version: u64,
     view: Vec<Announcement>,
-    // Declared last: the socket closes before the context goes.
-    _ctx: ContextRef,
+    // Declared last: the sockets close before the context goes.
+    ctx: ContextRef,
+}
+
+/// Attach intervals without an answer after which a broker is left.
+pub(crate) const FAILOVER_AFTER: u32 = 4;
+
+/// How long a failover waits for each broker's hello.
+const FAILOVER_HELLO: Duration = Duration::from_millis(250);
+
+/// A DEALER to `up`'s broker and the reader of its monitor.
+fn attach_socket(
+    ctx: &ContextRef,
+    core: &NodeCore,
+    up: &Uplink,
+) -> Result<(zmq::Socket, zmq::Socket), OpenError> {
+    let sock = dealer(ctx, &core.cfg, &up.broker)?;
+    // The detach at close gets a moment to leave.
+    let _ = sock.set_linger(200);
+    let err = |source: zmq::Error| OpenError::Socket {
+        action: "monitor",
+        endpoint: up.broker.clone(),
+        source: source.transport(),
+    };
+    let mut r = [0u8; 8];
+    let _ = getrandom::fill(&mut r);
+    let ep = format!(
+        "inproc://milonga-brokermon-{}-{}",
+        core.id,
+        u64::from_le_bytes(r)
+    );
+    sock.monitor(&ep, zmq_sys::ZMQ_EVENT_DISCONNECTED as i32)
+        .map_err(err)?;
+    let monitor = ctx.socket(zmq::PAIR)?;
+    monitor.set_linger(0).map_err(err)?;
+    monitor.connect(&ep).map_err(err)?;
+    Ok((sock, monitor))
 }
 
 impl BrokerSource {
-    pub(crate) fn new(core: Arc<NodeCore>, up: &Uplink) -> Result<BrokerSource, OpenError> {
+    pub(crate) fn new(core: Arc<NodeCore>, up: Uplink) -> Result<BrokerSource, OpenError> {
         let ctx = ContextRef::acquire();
-        let sock = dealer(&ctx, &core.cfg, &up.broker)?;
-        // The detach at close gets a moment to leave.
-        let _ = sock.set_linger(200);
+        let (sock, monitor) = attach_socket(&ctx, &core, &up)?;
+        let brokers = crate::model::config::parse_locator(&core.cfg.locator)
+            .map(|l| l.brokers)
+            .unwrap_or_default();
         let now = Instant::now();
         Ok(BrokerSource {
-            core,
             sock,
+            monitor,
+            brokers,
+            moved: None,
+            lost_since: None,
+            next_try: now,
             interval: Duration::from_millis(up.hello.attach_interval_ms.max(10)),
             lease: Duration::from_millis(up.hello.lease_ms.max(100)),
+            current: up,
+            core,
             announcement: Vec::new(),
             version: 0,
             sent: 0,
@@ -186,8 +244,76 @@ impl BrokerSource {
             last_heard: now,
             view_version: 0,
             view: Vec::new(),
-            _ctx: ctx,
+            ctx,
         })
+    }
+
+    /// A move to another broker the node thread has to make: the broker
+    /// left, and the one now used.
+    pub(crate) fn take_move(&mut self) -> Option<(String, Uplink)> {
+        self.moved.take()
+    }
+
+    /// Whether the broker's connection closed, or it stopped answering.
+    fn broker_lost(&mut self, now: Instant) -> bool {
+        let mut closed = false;
+        while let Ok(ev) = self.monitor.recv_multipart(zmq::DONTWAIT) {
+            closed |= ev.first().filter(|f| f.len() >= 2).is_some_and(|f| {
+                u32::from(u16::from_le_bytes([f[0], f[1]])) & zmq_sys::ZMQ_EVENT_DISCONNECTED != 0
+            });
+        }
+        closed || now.duration_since(self.last_heard) > self.interval * FAILOVER_AFTER
+    }
+
+    /// Looks for a broker that answers, the current one's successors
+    /// first and the current one last; moves there if one does.
+    fn fail_over(&mut self, now: Instant) {
+        if now < self.next_try {
+            return;
+        }
+        self.next_try = now + FAILOVER_HELLO;
+        let i = self
+            .brokers
+            .iter()
+            .position(|b| *b == self.current.broker)
+            .unwrap_or(0);
+        let n = self.brokers.len().max(1);
+        let order: Vec<String> = (1..=n)
+            .filter_map(|k| self.brokers.get((i + k) % n).cloned())
+            .collect();
+        let mut found = None;
+        for b in &order {
+            if let Ok(up) = hello(
+                &self.core.cfg,
+                std::slice::from_ref(b),
+                &self.core.domain,
+                FAILOVER_HELLO,
+            ) {
+                found = Some(up);
+                break;
+            }
+        }
+        let Some(up) = found else {
+            limited!(warn, brokers = %order.join(","), "no broker answers: the node keeps trying");
+            return;
+        };
+        match attach_socket(&self.ctx, &self.core, &up) {
+            Ok((sock, monitor)) => {
+                tracing::warn!(from = %self.current.broker, to = %up.broker, "the broker was lost: the node moves to another");
+                crate::backend::p2p::zmq_io::stop_monitor(&mut self.sock);
+                self.sock = sock;
+                self.monitor = monitor;
+                let from = std::mem::replace(&mut self.current, up.clone());
+                self.moved = Some((from.broker, up));
+                self.lost_since = None;
+                // Its view starts afresh.
+                self.view_version = 0;
+                self.sent = 0;
+                self.next_attach = now;
+                self.last_heard = now;
+            }
+            Err(e) => tracing::warn!(err = %e, "cannot connect to the broker that answered"),
+        }
     }
 
     /// The version of the announcement it attaches.
@@ -288,6 +414,12 @@ impl Source for BrokerSource {
         while let Ok(frames) = self.sock.recv_multipart(zmq::DONTWAIT) {
             changed |= self.read(&frames, now);
         }
+        if self.lost_since.is_none() && self.broker_lost(now) {
+            self.lost_since = Some(now);
+        }
+        if self.lost_since.is_some() {
+            self.fail_over(now);
+        }
         if now >= self.next_attach || self.sent != self.version {
             let view = self.view_version.to_string();
             let req: [&[u8]; 4] = [
@@ -303,8 +435,8 @@ impl Source for BrokerSource {
             self.next_attach = now + self.interval;
         }
         if now.duration_since(self.last_heard) > self.lease && !self.view.is_empty() {
-            // The broker is gone (or cut off): so is everything it showed.
-            tracing::warn!(broker = ?self.sock.get_last_endpoint().ok().and_then(Result::ok), "the broker has not answered for its lease: its nodes are gone from view");
+            // No broker answers: everything the last one showed is gone.
+            tracing::warn!(broker = %self.current.broker, "no broker has answered for the lease: its nodes are gone from view");
             self.view.clear();
             self.view_version = 0;
             changed = true;
@@ -317,6 +449,16 @@ impl Source for BrokerSource {
     }
 
     fn next_due(&self) -> Option<Instant> {
-        Some(self.next_attach)
+        Some(match self.lost_since {
+            Some(_) => self.next_attach.min(self.next_try),
+            None => self.next_attach,
+        })
+    }
+}
+
+impl Drop for BrokerSource {
+    fn drop(&mut self) {
+        // Before the monitor's reader goes (see zmq_io::stop_monitor).
+        crate::backend::p2p::zmq_io::stop_monitor(&mut self.sock);
     }
 }
