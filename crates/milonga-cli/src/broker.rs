@@ -35,6 +35,11 @@ pub struct BrokerArgs {
     /// Stop after this many seconds (default: at SIGINT or SIGTERM).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Listen on an address other hosts can reach, although brokered
+    /// connections are not secured in this version: only on a network
+    /// where every host is trusted (docs/broker.md).
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 pub fn run(a: BrokerArgs) -> Result<ExitCode> {
@@ -45,6 +50,7 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
         attach_interval_ms: a.attach_interval_ms,
         lease_ms: a.lease_ms,
         stall_ms: a.stall_ms,
+        insecure: a.insecure,
         ..Default::default()
     })
     .with_context(|| format!("cannot start a broker at {}", a.listen))?;

@@ -207,6 +207,21 @@ fn a_client_asking_for_a_domain_the_broker_does_not_serve_or_no_broker_gets_a_cl
         "{e}"
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    // A broker other hosts could reach is refused without --insecure
+    // (brokered connections are not secured yet).
+    let out = env
+        .cmd(&[
+            "broker",
+            "--listen",
+            "tcp://0.0.0.0:0",
+            "--domain",
+            &env.domain,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--insecure"), "{err}");
     // Garbage at the broker's socket is counted, and it goes on serving.
     let ctx = zmq::Context::new();
     let d = ctx.socket(zmq::DEALER).unwrap();

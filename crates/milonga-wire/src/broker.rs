@@ -1,4 +1,4 @@
-//! The broker's client protocol (docs/protocol.md §10): what a node opened
+//! The broker's client protocol (docs/protocol.md §11): what a node opened
 //! on `milonga://HOST:PORT/DOMAIN` says to the broker's ROUTER at
 //! HOST:PORT, from a DEALER. Every message is a few frames, the first
 //! [`MAGIC`]; these are the frames after the ROUTER's identity frame.

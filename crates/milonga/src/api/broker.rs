@@ -44,6 +44,11 @@ pub struct BrokerOptions {
     pub stall_ms: u64,
     /// Most clients served at once (default 10,000).
     pub max_clients: usize,
+    /// Serve on an address other hosts can reach although brokered
+    /// connections are not secured in this version (docs/broker.md):
+    /// only on a network where every host is trusted. Without it, such
+    /// a `listen` is refused.
+    pub insecure: bool,
 }
 
 impl Default for BrokerOptions {
@@ -55,6 +60,7 @@ impl Default for BrokerOptions {
             lease_ms: 3000,
             stall_ms: 1000,
             max_clients: 10_000,
+            insecure: false,
         }
     }
 }
@@ -107,6 +113,25 @@ impl Broker {
             return Err(OpenError::Config {
                 key: "domains".into(),
                 why: "a broker serves at least one domain".into(),
+            });
+        }
+        let loopback = opts
+            .listen
+            .strip_prefix("tcp://")
+            .and_then(|hp| hp.rsplit_once(':'))
+            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+            .is_some_and(|h| {
+                h == "localhost"
+                    || h.parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            });
+        if !loopback && !opts.insecure {
+            return Err(OpenError::Config {
+                key: "listen".into(),
+                why: format!(
+                    "{}: other hosts could reach this broker, and brokered connections are not secured in this version; listen on loopback, or accept that risk on a trusted network with --insecure (docs/broker.md)",
+                    opts.listen
+                ),
             });
         }
         let mut nodes = Vec::new();

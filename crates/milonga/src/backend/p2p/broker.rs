@@ -1,5 +1,5 @@
 //! The broker (docs/broker.md): a ROUTER on its listen endpoint that
-//! answers clients (docs/protocol.md §10), and, per domain, three planes
+//! answers clients (docs/protocol.md §11), and, per domain, three planes
 //! (best effort, reliable, liveliness) that move frames untouched:
 //!
 //! ```text

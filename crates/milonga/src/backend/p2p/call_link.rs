@@ -66,7 +66,7 @@ impl CallLink {
         if let Some((_, tag)) = endpoint.split_once('#') {
             // A service behind a broker: the connection's identity names
             // it (and this connection, uniquely), so that the broker knows
-            // where to relay (docs/protocol.md §10).
+            // where to relay (docs/protocol.md §11).
             let mut r = [0u8; 8];
             let _ = getrandom::fill(&mut r);
             let id = format!("{tag}|{}", u64::from_le_bytes(r));

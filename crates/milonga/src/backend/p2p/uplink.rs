@@ -3,7 +3,7 @@
 //! liveliness XPUBs connect to the broker (which subscribes to them on
 //! behalf of every interested subscriber), its subscriptions connect to
 //! the broker's outgoing sockets, and its discovery is the broker's view
-//! of the domain, asked for by [`BrokerSource`] (docs/protocol.md §10).
+//! of the domain, asked for by [`BrokerSource`] (docs/protocol.md §11).
 //!
 //! Every node the broker speaks for is announced at the broker's shared
 //! endpoints with a `#<node id>` tag, so that the engine, which follows
