@@ -123,6 +123,11 @@ struct PubsubArgs {
     /// docs/security.md), as a row `mlg+curve` in the same run.
     #[arg(long = "with-security")]
     with_security: bool,
+    /// Measure through a relay instead: a raw libzmq XSUB/XPUB proxy
+    /// (`raw-proxy`), Milonga peer-to-peer (`milonga`) and Milonga through
+    /// `milonga broker` (`mlg-broker`), in the same run (tcp only).
+    #[arg(long = "via-broker")]
+    via_broker: bool,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -152,6 +157,10 @@ struct LatencyArgs {
     /// docs/security.md), as a row `mlg+curve` in the same run.
     #[arg(long = "with-security")]
     with_security: bool,
+    /// Measure through a relay instead: raw libzmq proxies, Milonga
+    /// peer-to-peer and Milonga through `milonga broker` (tcp only).
+    #[arg(long = "via-broker")]
+    via_broker: bool,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -183,8 +192,12 @@ pub(crate) struct Place {
 }
 
 /// The systems measured in a run: the raw baseline if asked, Milonga, and
-/// Milonga with security on if asked.
-fn systems(baseline: Baseline, security: bool) -> Vec<&'static str> {
+/// Milonga with security on if asked; through a relay, the raw proxy,
+/// Milonga peer-to-peer and Milonga through a broker.
+fn systems(baseline: Baseline, security: bool, via_broker: bool) -> Vec<&'static str> {
+    if via_broker {
+        return vec!["raw-proxy", "milonga", "mlg-broker"];
+    }
     let mut s = Vec::new();
     if baseline == Baseline::RawZmq {
         s.push("raw-zmq");
@@ -218,6 +231,10 @@ pub(crate) enum Role {
         subs: usize,
         duration_s: f64,
         mode: Mode,
+        /// Through a raw proxy: connect to its XSUB here instead of
+        /// binding `at.address` (where the proxy's XPUB is).
+        #[serde(default)]
+        via: Option<String>,
     },
     RawSub {
         at: Place,
@@ -239,10 +256,24 @@ pub(crate) enum Role {
         back: String,
         size: usize,
         n: usize,
+        /// Through raw proxies: (where its PUB connects, where its SUB
+        /// connects), instead of binding `at.address` and connecting `back`.
+        #[serde(default)]
+        via: Option<(String, String)>,
     },
     RawPong {
         at: Place,
         back: String,
+        #[serde(default)]
+        via: Option<(String, String)>,
+    },
+    /// A raw libzmq XSUB/XPUB proxy (`--via-broker`'s baseline), killed by
+    /// the bench.
+    RawProxy {
+        front: String,
+        back: String,
+        hwm: i32,
+        nodrop: bool,
     },
     MlgPing {
         at: Place,
@@ -332,7 +363,8 @@ fn run_role(ctx: &zmq::Context, role: Role) -> Result<Outcome> {
             subs,
             duration_s,
             mode,
-        } => raw_pub(ctx, &at, size, subs, duration_s, mode),
+            via,
+        } => raw_pub(ctx, &at, size, subs, duration_s, mode, via.as_deref()),
         Role::RawSub { at, deadline_s } => raw_sub(ctx, &at, deadline_s),
         Role::MlgPub {
             at,
@@ -342,8 +374,21 @@ fn run_role(ctx: &zmq::Context, role: Role) -> Result<Outcome> {
             mode,
         } => mlg_pub(&at, size, subs, duration_s, mode),
         Role::MlgSub { at, deadline_s } => mlg_sub(&at, deadline_s),
-        Role::RawPing { at, back, size, n } => raw_ping(ctx, &at, &back, size, n),
-        Role::RawPong { at, back } => raw_pong(ctx, &at, &back),
+        Role::RawPing {
+            at,
+            back,
+            size,
+            n,
+            via,
+        } => raw_ping(ctx, &at, &back, size, n, via),
+        Role::RawPong { at, back, via } => raw_pong(ctx, &at, &back, via),
+        Role::RawProxy {
+            front,
+            back,
+            hwm,
+            nodrop,
+        } => crate::bench_broker::raw_proxy(ctx, &front, &back, hwm, nodrop)
+            .map(|()| Outcome::default()),
         Role::MlgPing { at, size, n } => mlg_ping(&at, size, n),
         Role::MlgPong { at } => mlg_pong(&at),
         Role::LivePub { at } => crate::bench_liveliness::live_pub(&at),
@@ -516,6 +561,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
+    if a.via_broker && (t != Transport::Tcp || a.hosts != 1 || a.with_security) {
+        bail!("--via-broker runs over tcp on one host, without --with-security");
+    }
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
@@ -544,14 +592,29 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     let mut cell = 0;
     for &size in &a.sizes {
         for &subs in &a.subs {
-            for system in systems(a.baseline, a.with_security) {
+            for system in systems(a.baseline, a.with_security, a.via_broker) {
                 cell += 1;
                 let hwm = hwm_for(size);
+                let domain = format!("bench-{}-{cell}", std::process::id());
+                let relay = match system {
+                    "raw-proxy" => Some(crate::bench_broker::Relay::raw_proxy(
+                        hwm,
+                        a.mode == Mode::Reliable,
+                    )?),
+                    "mlg-broker" => Some(crate::bench_broker::Relay::broker(&domain, hwm)?),
+                    _ => None,
+                };
                 let at = Place {
-                    address: if system == "raw-zmq" {
-                        endpoint_on(bed.as_ref(), 0, t, &cell.to_string(), 20_000 + cell as u16)?
-                    } else {
-                        format!("milonga:///bench-{}-{cell}", std::process::id())
+                    address: match (system, &relay) {
+                        ("raw-zmq", _) => endpoint_on(
+                            bed.as_ref(),
+                            0,
+                            t,
+                            &cell.to_string(),
+                            20_000 + cell as u16,
+                        )?,
+                        (_, Some(r)) => r.back.clone(),
+                        _ => format!("milonga:///{domain}"),
                     },
                     runtime_dir: tmp.display().to_string(),
                     transport: t.name().to_owned(),
@@ -562,19 +625,24 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                         .transpose()?,
                 };
                 let deadline_s = a.duration + 20.0 + size as f64 / 1e6;
-                let sub_role = |at: Place| match system {
-                    "raw-zmq" => Role::RawSub { at, deadline_s },
-                    _ => Role::MlgSub { at, deadline_s },
+                let raw = system.starts_with("raw");
+                let sub_role = |at: Place| match raw {
+                    true => Role::RawSub { at, deadline_s },
+                    false => Role::MlgSub { at, deadline_s },
                 };
-                let pub_role = match system {
-                    "raw-zmq" => Role::RawPub {
+                let pub_role = match raw {
+                    true => Role::RawPub {
                         at: at.clone(),
                         size,
                         subs,
                         duration_s: a.duration,
                         mode: a.mode,
+                        via: relay
+                            .as_ref()
+                            .filter(|_| system == "raw-proxy")
+                            .map(|r| r.front.clone()),
                     },
-                    _ => Role::MlgPub {
+                    false => Role::MlgPub {
                         at: at.clone(),
                         size,
                         subs,
@@ -610,7 +678,16 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     lost,
                 };
                 print_row(&row, t, a.format)?;
-                if system != "raw-zmq" {
+                if let Some(r) = relay {
+                    let cpu_ns = r.finish()?;
+                    let delivered: u64 = subs_out.iter().map(|o| o.received).sum();
+                    eprintln!(
+                        "# {system} {size} B x{subs}: relay CPU {:.2} us per delivered sample ({:.2} s for {delivered})",
+                        cpu_ns as f64 / 1e3 / delivered.max(1) as f64,
+                        cpu_ns as f64 / 1e9
+                    );
+                }
+                if !raw {
                     let reported: u64 = subs_out.iter().map(|o| o.lost_reported).sum();
                     if reported > lost {
                         eprintln!("# note: milonga subscribers reported {reported} lost (gaps), more than sent - received = {lost}");
@@ -663,6 +740,7 @@ fn raw_pub(
     subs: usize,
     duration_s: f64,
     mode: Mode,
+    via: Option<&str>,
 ) -> Result<Outcome> {
     let s = ctx.socket(zmq::XPUB)?;
     s.set_sndhwm(at.hwm)?;
@@ -671,7 +749,10 @@ fn raw_pub(
     s.set_xpub_verbose(true)?;
     let mut s = s;
     crate::ffi::set_xpub_nodrop(&mut s, mode == Mode::Reliable)?;
-    s.bind(&at.address)?;
+    match via {
+        Some(proxy) => s.connect(proxy)?,
+        None => s.bind(&at.address)?,
+    }
     let mut joined = 0;
     while joined < subs {
         let m = s.recv_msg(0)?;
@@ -869,8 +950,36 @@ fn raw_pair(
     Ok((p, s))
 }
 
-fn raw_ping(ctx: &zmq::Context, at: &Place, back: &str, size: usize, n: usize) -> Result<Outcome> {
-    let (mut p, s) = raw_pair(ctx, &at.address, back, at.hwm)?;
+/// A PUB and a SUB that both connect, to raw proxies.
+fn raw_pair_via(
+    ctx: &zmq::Context,
+    to: &str,
+    from: &str,
+    hwm: i32,
+) -> Result<(zmq::Socket, zmq::Socket)> {
+    let p = ctx.socket(zmq::PUB)?;
+    p.set_sndhwm(hwm)?;
+    p.set_linger(0)?;
+    p.connect(to)?;
+    let s = ctx.socket(zmq::SUB)?;
+    s.set_rcvhwm(hwm)?;
+    s.set_subscribe(b"")?;
+    s.connect(from)?;
+    Ok((p, s))
+}
+
+fn raw_ping(
+    ctx: &zmq::Context,
+    at: &Place,
+    back: &str,
+    size: usize,
+    n: usize,
+    via: Option<(String, String)>,
+) -> Result<Outcome> {
+    let (mut p, s) = match via {
+        Some((to, from)) => raw_pair_via(ctx, &to, &from, at.hwm)?,
+        None => raw_pair(ctx, &at.address, back, at.hwm)?,
+    };
     let payload = Bytes::from(vec![0x5au8; size]);
     // Large payloads leave without a copy, as in the throughput baseline.
     let zero_copy = size >= 64 << 10;
@@ -910,8 +1019,16 @@ fn raw_ping(ctx: &zmq::Context, at: &Place, back: &str, size: usize, n: usize) -
     })
 }
 
-fn raw_pong(ctx: &zmq::Context, at: &Place, back: &str) -> Result<Outcome> {
-    let (p, s) = raw_pair(ctx, back, &at.address, at.hwm)?;
+fn raw_pong(
+    ctx: &zmq::Context,
+    at: &Place,
+    back: &str,
+    via: Option<(String, String)>,
+) -> Result<Outcome> {
+    let (p, s) = match via {
+        Some((to, from)) => raw_pair_via(ctx, &to, &from, at.hwm)?,
+        None => raw_pair(ctx, back, &at.address, at.hwm)?,
+    };
     s.set_rcvtimeo(60_000)?;
     loop {
         let msg = s.recv_msg(0).context("raw ping went silent")?;
@@ -930,9 +1047,14 @@ fn mlg_ping(at: &Place, size: usize, n: usize) -> Result<Outcome> {
     let s = node.subscribe("bench/pong")?;
     let payload = Value::Bytes(Bytes::from(vec![0x5au8; size]));
     let end = Instant::now() + Duration::from_secs(30);
+    // Warm up until the pong answers with a sample (a status event, such
+    // as the pong's publisher_alive, can come before the path works).
     loop {
         p.put(payload.clone())?;
-        if s.recv_timeout(Duration::from_millis(20)).is_ok() {
+        if matches!(
+            s.recv_timeout(Duration::from_millis(20)),
+            Ok(Event::Sample(_))
+        ) {
             break;
         }
         if Instant::now() > end {
@@ -984,6 +1106,9 @@ fn mlg_pong(at: &Place) -> Result<Outcome> {
 }
 
 fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
+    if a.via_broker && (t != Transport::Tcp || a.hosts != 1 || a.with_security) {
+        bail!("--via-broker runs over tcp on one host, without --with-security");
+    }
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
@@ -1007,10 +1132,23 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
         } else {
             a.round_trips
         };
-        for system in systems(a.baseline, a.with_security) {
+        for system in systems(a.baseline, a.with_security, a.via_broker) {
             cell += 1;
+            let domain = format!("bench-lat-{}-{cell}", std::process::id());
+            // Through raw proxies: one each way (ping to pong, pong to
+            // ping), as a broker carries both.
+            let relays = match system {
+                "raw-proxy" => vec![
+                    crate::bench_broker::Relay::raw_proxy(hwm_for(size), false)?,
+                    crate::bench_broker::Relay::raw_proxy(hwm_for(size), false)?,
+                ],
+                "mlg-broker" => vec![crate::bench_broker::Relay::broker(&domain, hwm_for(size))?],
+                _ => vec![],
+            };
             let at = Place {
-                address: if system == "raw-zmq" {
+                address: if system == "mlg-broker" {
+                    relays[0].front.clone()
+                } else if system == "raw-zmq" {
                     endpoint_on(
                         bed.as_ref(),
                         0,
@@ -1029,7 +1167,23 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                     .then(|| bench_keys(&tmp))
                     .transpose()?,
             };
-            let roles = if system == "raw-zmq" {
+            let roles = if system == "raw-proxy" {
+                let (ab, ba) = (&relays[0], &relays[1]);
+                vec![
+                    Role::RawPing {
+                        at: at.clone(),
+                        back: String::new(),
+                        size,
+                        n,
+                        via: Some((ab.front.clone(), ba.back.clone())),
+                    },
+                    Role::RawPong {
+                        at,
+                        back: String::new(),
+                        via: Some((ba.front.clone(), ab.back.clone())),
+                    },
+                ]
+            } else if system == "raw-zmq" {
                 let back = endpoint_on(
                     bed.as_ref(),
                     1,
@@ -1043,8 +1197,13 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                         back: back.clone(),
                         size,
                         n,
+                        via: None,
                     },
-                    Role::RawPong { at, back },
+                    Role::RawPong {
+                        at,
+                        back,
+                        via: None,
+                    },
                 ]
             } else {
                 vec![
@@ -1058,6 +1217,17 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
             };
             let outs = Workers::start(roles, inproc_ctx.as_ref(), bed.as_ref())?.finish()?;
             let o = &outs[0];
+            let mut cpu_ns = 0;
+            let relayed = !relays.is_empty();
+            for r in relays {
+                cpu_ns += r.finish()?;
+            }
+            if relayed {
+                eprintln!(
+                    "# {system} {size} B: relay CPU {:.2} us per round trip ({n} round trips, warm-up included)",
+                    cpu_ns as f64 / 1e3 / n.max(1) as f64
+                );
+            }
             let mut out = std::io::stdout().lock();
             match a.format {
                 Format::Csv => writeln!(

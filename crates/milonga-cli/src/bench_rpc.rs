@@ -285,7 +285,7 @@ impl Drop for Proc {
 }
 
 /// CPU time of every thread of `pid`, in nanoseconds.
-fn cpu_ns(pid: u32) -> Result<u64> {
+pub(crate) fn cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for t in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let path = t?.path().join("schedstat");

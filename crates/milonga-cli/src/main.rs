@@ -12,6 +12,7 @@ use milonga::p2p::{NodeExt, ServiceExt};
 use milonga::{Config, Event, Node, PublisherQos, RecvError, SubscriberQos, Transport};
 
 mod bench;
+mod bench_broker;
 mod bench_deadlines;
 mod bench_discovery;
 mod bench_liveliness;

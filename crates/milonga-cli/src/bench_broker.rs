@@ -1,0 +1,141 @@
+//! What `--via-broker` adds to `milonga bench pubsub` and `bench latency`:
+//! a relay process between publishers and subscribers, either a raw
+//! libzmq XSUB/XPUB proxy (`zmq_proxy`, the baseline) or `milonga broker`,
+//! started for each cell, with the CPU time it spent.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// A relay process and its CPU time at the start of the cell.
+pub(crate) struct Relay {
+    child: Child,
+    cpu_at_start: u64,
+    /// Raw proxy: where publishers connect (the XSUB) and subscribers
+    /// connect (the XPUB). Broker: the locator.
+    pub(crate) front: String,
+    pub(crate) back: String,
+}
+
+impl Relay {
+    /// A raw libzmq proxy (`zmq::proxy`) binding two free loopback ports,
+    /// with high-water mark `hwm` (and `XPUB_NODROP` when `nodrop`, as a
+    /// reliable raw publisher has).
+    pub(crate) fn raw_proxy(hwm: i32, nodrop: bool) -> Result<Relay> {
+        let free = || -> Result<String> {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            Ok(format!("tcp://127.0.0.1:{}", l.local_addr()?.port()))
+        };
+        let (front, back) = (free()?, free()?);
+        let role = crate::bench::Role::RawProxy {
+            front: front.clone(),
+            back: back.clone(),
+            hwm,
+            nodrop,
+        };
+        let child = Command::new(std::env::current_exe()?)
+            .arg("bench-worker")
+            .arg(serde_json::to_string(&role)?)
+            .stdout(Stdio::null())
+            .stdin(Stdio::null())
+            .spawn()
+            .context("cannot start the raw proxy")?;
+        Relay::started(child, front, back)
+    }
+
+    /// `milonga broker` on a free loopback port serving `domain`, with
+    /// high-water mark `hwm` on its sockets.
+    pub(crate) fn broker(domain: &str, hwm: i32) -> Result<Relay> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "broker",
+                "--listen",
+                "tcp://127.0.0.1:0",
+                "--json",
+                "--domain",
+                domain,
+            ])
+            .env("MILONGA_SEND_HWM", hwm.to_string())
+            .env("MILONGA_RECV_HWM", hwm.to_string())
+            .env_remove("MILONGA_LOCATOR")
+            .env_remove("MILONGA_PEERS")
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .context("cannot start milonga broker")?;
+        let mut line = String::new();
+        let out = child.stdout.take().expect("piped");
+        let mut r = BufReader::new(out);
+        r.read_line(&mut line)?;
+        let v: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| format!("the broker said {line:?}"))?;
+        let locator = v["locators"][0]
+            .as_str()
+            .ok_or_else(|| anyhow!("the broker said {line:?}"))?
+            .to_owned();
+        // Its later lines (stats) are read and dropped, so that it never
+        // blocks on a full pipe.
+        std::thread::spawn(move || for _ in r.lines() {});
+        Relay::started(child, locator.clone(), locator)
+    }
+
+    fn started(child: Child, front: String, back: String) -> Result<Relay> {
+        let cpu_at_start = crate::bench_rpc::cpu_ns(child.id())?;
+        Ok(Relay {
+            child,
+            cpu_at_start,
+            front,
+            back,
+        })
+    }
+
+    /// Stops it; the CPU time it spent since it started, in nanoseconds.
+    pub(crate) fn finish(mut self) -> Result<u64> {
+        let cpu = crate::bench_rpc::cpu_ns(self.child.id())?.saturating_sub(self.cpu_at_start);
+        crate::ffi::signal(self.child.id(), libc::SIGTERM);
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while self.child.try_wait()?.is_none() {
+            if std::time::Instant::now() > end {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!("the relay did not stop within 5 s of SIGTERM");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(cpu)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The raw proxy's worker: binds an XSUB at `front` and an XPUB at `back`
+/// (verbose, so that a raw publisher counts each subscriber) and forwards
+/// until killed.
+pub(crate) fn raw_proxy(
+    ctx: &zmq::Context,
+    front: &str,
+    back: &str,
+    hwm: i32,
+    nodrop: bool,
+) -> Result<()> {
+    let f = ctx.socket(zmq::XSUB)?;
+    f.set_rcvhwm(hwm)?;
+    f.set_sndhwm(hwm)?;
+    f.bind(front)?;
+    let mut b = ctx.socket(zmq::XPUB)?;
+    b.set_sndhwm(hwm)?;
+    b.set_rcvhwm(hwm)?;
+    b.set_xpub_verbose(true)?;
+    crate::ffi::set_xpub_nodrop(&mut b, nodrop)?;
+    b.bind(back)?;
+    zmq::proxy(&f, &b)?;
+    Ok(())
+}
