@@ -753,10 +753,13 @@ fn raw_pub(
         Some(proxy) => s.connect(proxy)?,
         None => s.bind(&at.address)?,
     }
+    // Each subscriber subscribes to a topic of its own too (see
+    // `raw_sub`): counted, as a proxy forwards a topic it already had
+    // only once to a publisher that connects after the subscribers.
     let mut joined = 0;
     while joined < subs {
         let m = s.recv_msg(0)?;
-        if m.first() == Some(&1) {
+        if m.first() == Some(&1) && m[1..].starts_with(JOIN) {
             joined += 1;
         }
     }
@@ -796,10 +799,20 @@ fn end_markers(mut send: impl FnMut() -> bool) {
     }
 }
 
+/// What a raw subscriber's own topic starts with: its publisher counts
+/// the subscribers by them (no message carries one).
+const JOIN: &[u8] = b"\xffjoin/";
+
 fn raw_sub(ctx: &zmq::Context, at: &Place, deadline_s: f64) -> Result<Outcome> {
     let s = ctx.socket(zmq::SUB)?;
     s.set_rcvhwm(at.hwm)?;
     s.set_subscribe(b"")?;
+    let mut own = JOIN.to_vec();
+    // Unique across processes and, for inproc, the threads of one.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    own.extend_from_slice(format!("{}-{n}", std::process::id()).as_bytes());
+    s.set_subscribe(&own)?;
     s.connect(&at.address)?;
     s.set_rcvtimeo((deadline_s * 1000.0) as i32)?;
     let mut msg = zmq::Message::new();

@@ -90,6 +90,11 @@ impl Relay {
         })
     }
 
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Stops it; the CPU time it spent since it started, in nanoseconds.
     pub(crate) fn finish(mut self) -> Result<u64> {
         let cpu = crate::bench_rpc::cpu_ns(self.child.id())?.saturating_sub(self.cpu_at_start);

@@ -49,6 +49,11 @@ pub struct RpcArgs {
     /// Baseline measured in the same run.
     #[arg(long, value_enum, default_value = "raw-zmq")]
     baseline: RpcBaseline,
+    /// Measure through a relay instead: a raw ROUTER/DEALER proxy in
+    /// front of the raw echo (`raw-proxy`), Milonga peer-to-peer
+    /// (`milonga`) and Milonga through `milonga broker` (`mlg-broker`).
+    #[arg(long = "via-broker")]
+    via_broker: bool,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -72,10 +77,26 @@ pub struct RpcWorkerArgs {
 #[derive(Serialize, Deserialize, Debug, Clone)]
 #[serde(tag = "role", rename_all = "kebab-case")]
 enum RpcRole {
-    RawServer { endpoint: String },
-    RawClient { endpoint: String, size: usize },
-    MlgServer { at: MlgPlace },
-    MlgClient { at: MlgPlace, size: usize },
+    RawServer {
+        endpoint: String,
+    },
+    RawClient {
+        endpoint: String,
+        size: usize,
+    },
+    MlgServer {
+        at: MlgPlace,
+    },
+    MlgClient {
+        at: MlgPlace,
+        size: usize,
+    },
+    /// A raw ROUTER (bound at `front`) / DEALER (connected to the raw
+    /// server at `back`) proxy: `--via-broker`'s baseline.
+    RawProxy {
+        front: String,
+        back: String,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -120,6 +141,20 @@ pub fn worker(a: RpcWorkerArgs) -> Result<ExitCode> {
     let role: RpcRole = serde_json::from_str(&a.spec).context("bad worker spec")?;
     match role {
         RpcRole::RawServer { endpoint } => raw_server(&endpoint)?,
+        RpcRole::RawProxy { front, back } => {
+            let ctx = zmq::Context::new();
+            let f = ctx.socket(zmq::ROUTER)?;
+            f.set_linger(0)?;
+            f.bind(&front)?;
+            let b = ctx.socket(zmq::DEALER)?;
+            b.set_linger(0)?;
+            b.connect(&back)?;
+            std::thread::spawn(move || {
+                let _ = zmq::proxy(&f, &b);
+            });
+            ready()?;
+            wait_for_eof();
+        }
         RpcRole::MlgServer { at } => {
             let node = Node::open_with(mlg_config(&at, "rpc-server")?)?;
             let _svc = node.serve(KEY, |req| Ok(req.value))?;
@@ -333,6 +368,9 @@ fn cell(
         }
         _ => format!("ipc://{}/raw-{n}.sock", tmp.display()),
     };
+    let mut at = at;
+    let mut relay: Option<(Proc, u32)> = None;
+    let mut broker = None;
     let (server_role, client_role) = match system {
         "raw-zmq" => (
             RpcRole::RawServer {
@@ -340,11 +378,46 @@ fn cell(
             },
             RpcRole::RawClient { endpoint, size },
         ),
+        "raw-proxy" => {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let front = format!("tcp://127.0.0.1:{}", l.local_addr()?.port());
+            drop(l);
+            let mut p = Proc::start(&RpcRole::RawProxy {
+                front: front.clone(),
+                back: endpoint.clone(),
+            })?;
+            p.line()?;
+            let pid = p.child.id();
+            relay = Some((p, pid));
+            (
+                RpcRole::RawServer { endpoint },
+                RpcRole::RawClient {
+                    endpoint: front,
+                    size,
+                },
+            )
+        }
+        "mlg-broker" => {
+            let b = crate::bench_broker::Relay::broker(
+                &format!("rpc-{}-{n}", std::process::id()),
+                1000,
+            )?;
+            at.locator = b.front.clone();
+            broker = Some(b);
+            (
+                RpcRole::MlgServer { at: at.clone() },
+                RpcRole::MlgClient { at, size },
+            )
+        }
         _ => (
             RpcRole::MlgServer { at: at.clone() },
             RpcRole::MlgClient { at, size },
         ),
     };
+    let relay_pid = relay
+        .as_ref()
+        .map(|(_, pid)| *pid)
+        .or(broker.as_ref().map(crate::bench_broker::Relay::pid));
     let mut server = Proc::start(&server_role)?;
     server.line()?;
     let mut procs = Vec::new();
@@ -367,8 +440,10 @@ fn cell(
     let pid = server.child.id();
     std::thread::sleep(Duration::from_nanos(start.saturating_sub(now_ns())));
     let cpu0 = cpu_ns(pid)?;
+    let relay0 = relay_pid.map(cpu_ns).transpose()?;
     std::thread::sleep(Duration::from_nanos(end.saturating_sub(now_ns())));
     let cpu1 = cpu_ns(pid)?;
+    let relay1 = relay_pid.map(cpu_ns).transpose()?;
     let mut calls = 0;
     let mut errors = 0;
     let mut lat = Vec::new();
@@ -382,6 +457,16 @@ fn cell(
     }
     drop(procs);
     drop(server);
+    drop(relay);
+    if let Some(b) = broker {
+        b.finish()?;
+    }
+    if let (Some(c0), Some(c1)) = (relay0, relay1) {
+        eprintln!(
+            "# {system} {size} B x{clients}: relay CPU {:.2} us per call",
+            (c1 - c0) as f64 / 1000.0 / calls.max(1) as f64
+        );
+    }
     let _ = std::fs::remove_dir_all(&tmp);
     lat.sort_unstable();
     let q = |q: f64| {
@@ -408,6 +493,9 @@ fn cell(
 pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
     if t == Transport::Inproc {
         bail!("bench rpc runs clients in separate processes: use tcp or ipc");
+    }
+    if a.via_broker && t != Transport::Tcp {
+        bail!("--via-broker runs over tcp");
     }
     if !(a.duration > 0.0 && a.duration.is_finite()) {
         bail!("--duration must be a positive number of seconds");
@@ -437,7 +525,9 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
                 bail!("--clients must be at least 1");
             }
             let mut systems = vec!["milonga"];
-            if a.baseline == RpcBaseline::RawZmq {
+            if a.via_broker {
+                systems = vec!["raw-proxy", "milonga", "mlg-broker"];
+            } else if a.baseline == RpcBaseline::RawZmq {
                 systems.insert(0, "raw-zmq");
             }
             for system in systems {

@@ -750,12 +750,40 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
         r["stats"] = serde_json::Value::Null;
         rows.push(r);
     }
+    // Through a broker: what it knows of its clients (their
+    // subscriptions, counters and rates as they last reported them; a
+    // client's control endpoint may be out of reach).
+    if let Some(clients) = milonga::broker::clients(&node, Duration::from_millis(500)) {
+        for c in clients {
+            let Some(r) = rows.iter_mut().find(|r| r["node_id"] == c.node_id.as_str()) else {
+                continue;
+            };
+            if r["stats"].is_null() && !c.stats.is_empty() {
+                r["stats"] = serde_json::json!(c.stats);
+            }
+            r["broker_client"] = serde_json::json!({
+                "broker": node.broker(),
+                "attached_s": c.attached_s,
+                "last_attach_ms": c.last_attach_ms,
+                "subscriptions": c.subscriptions,
+                "rates": c.rates,
+            });
+        }
+    }
     let mut o = std::io::stdout().lock();
     if a.json {
         writeln!(o, "{}", serde_json::Value::Array(rows))?;
         return Ok(ExitCode::SUCCESS);
     }
-    writeln!(o, "domain {}: {} node(s)", node.domain(), rows.len())?;
+    match node.broker() {
+        Some(b) => writeln!(
+            o,
+            "domain {} through {b}: {} node(s)",
+            node.domain(),
+            rows.len()
+        )?,
+        None => writeln!(o, "domain {}: {} node(s)", node.domain(), rows.len())?,
+    }
     for r in &rows {
         writeln!(
             o,
@@ -797,6 +825,24 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
                 "  pub {} ({}){at}",
                 p["key"].as_str().unwrap_or("?"),
                 p["reliability"].as_str().unwrap_or("?")
+            )?;
+        }
+        if let Some(c) = r["broker_client"].as_object() {
+            let subs: Vec<&str> = c["subscriptions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str())
+                .collect();
+            let rate = |k: &str| c["rates"][k].as_f64().unwrap_or(0.0);
+            writeln!(
+                o,
+                "  broker client for {:.0} s: subscribes {}; {:.0} sent/s, {:.0} received/s, {:.0} lost/s",
+                c["attached_s"].as_f64().unwrap_or(0.0),
+                if subs.is_empty() { "nothing".to_owned() } else { subs.join(", ") },
+                rate("samples_sent_per_s"),
+                rate("samples_received_per_s"),
+                rate("samples_lost_per_s"),
             )?;
         }
         for p in r["services"].as_array().into_iter().flatten() {

@@ -9,6 +9,11 @@
 //!   version, announcements (a JSON array)]`, or `[MAGIC, "same", version]`
 //!   when `view` (decimal text) is the version the broker holds.
 //! - `[MAGIC, "detach", node id]`: the node is leaving; no reply.
+//! - `[MAGIC, "clients", domain]` -> `[MAGIC, "clients", ClientInfo array
+//!   (JSON)]`: who the broker serves, for `milonga ls`.
+//!
+//! An attach may carry a fifth frame, the client's report (JSON: its
+//! subscriptions and counters), which the broker keeps for `clients`.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +31,8 @@ pub const DETACH: &[u8] = b"detach";
 pub const VIEW: &[u8] = b"view";
 /// Reply to `attach`: the view is the one the client has.
 pub const SAME: &[u8] = b"same";
+/// "Whom do you serve" (and its reply).
+pub const CLIENTS: &[u8] = b"clients";
 /// Reply to `hello` for a domain the broker does not serve.
 pub const ERROR: &[u8] = b"error";
 /// Largest request a broker reads (bytes): an announcement with its
@@ -65,6 +72,39 @@ pub struct BrokerHello {
     pub lease_ms: u64,
 }
 
+/// What a client tells its broker of itself now and then (every 4th
+/// attach): what it subscribes to and its counters (docs/protocol.md
+/// §9.1's `stats`), for `milonga ls` through the broker.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ClientReport {
+    /// Its subscriptions' key expressions (at most 256 are told).
+    #[serde(default)]
+    pub subscriptions: Vec<String>,
+    /// Its counters, by name.
+    #[serde(default)]
+    pub stats: std::collections::BTreeMap<String, u64>,
+}
+
+/// A broker client, as `clients` tells it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientInfo {
+    /// Its node id (hex).
+    pub node_id: String,
+    /// Its name (`name@host:pid`).
+    pub name: String,
+    /// Seconds since it first attached.
+    pub attached_s: f64,
+    /// Milliseconds since its last attach.
+    pub last_attach_ms: u64,
+    /// Its last report (none yet: empty).
+    pub subscriptions: Vec<String>,
+    /// Its counters as last reported.
+    pub stats: std::collections::BTreeMap<String, u64>,
+    /// Per second, between its last two reports: samples sent, received
+    /// and lost.
+    pub rates: std::collections::BTreeMap<String, f64>,
+}
+
 /// A request a broker reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BrokerRequest {
@@ -80,6 +120,13 @@ pub enum BrokerRequest {
         announcement: Box<Announcement>,
         /// The version of the view it has.
         view: u64,
+        /// Its report, when it sent one.
+        report: Option<ClientReport>,
+    },
+    /// `clients`: the clients served in `domain`.
+    Clients {
+        /// The domain asked about.
+        domain: String,
     },
     /// `detach`: the node with this id (hex) is leaving.
     Detach {
@@ -115,16 +162,28 @@ impl BrokerRequest {
                 let domain = text(f[2], "the domain")?;
                 Ok(BrokerRequest::Hello { domain })
             }
-            (Some(ATTACH), 4) => {
+            (Some(ATTACH), 4 | 5) => {
                 let announcement = Announcement::from_json(f[2])
                     .map_err(|e| BrokerError::Malformed(format!("the announcement: {e}")))?;
                 let view = text(f[3], "the view version")?
                     .parse::<u64>()
                     .map_err(|_| bad("the view version is not a decimal integer"))?;
+                let report = match f.get(4) {
+                    Some(r) => Some(
+                        serde_json::from_slice::<ClientReport>(r)
+                            .map_err(|e| BrokerError::Malformed(format!("the report: {e}")))?,
+                    ),
+                    None => None,
+                };
                 Ok(BrokerRequest::Attach {
                     announcement: Box::new(announcement),
                     view,
+                    report,
                 })
+            }
+            (Some(CLIENTS), 3) => {
+                let domain = text(f[2], "the domain")?;
+                Ok(BrokerRequest::Clients { domain })
             }
             (Some(DETACH), 3) => {
                 let node_id = text(f[2], "the node id")?;
@@ -165,6 +224,7 @@ mod tests {
             vec![MAGIC, b"stop", b"x"],
             vec![MAGIC, DETACH, b"xyz"],
             vec![MAGIC, ATTACH, b"{}", b"0"],
+            vec![MAGIC, CLIENTS],
             vec![MAGIC],
         ] {
             assert!(BrokerRequest::decode(&bad).is_err(), "{bad:?}");

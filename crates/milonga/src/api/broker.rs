@@ -19,6 +19,7 @@ use crate::backend::p2p::broker::{self, BrokerSpec, DomainHost, Running};
 use crate::model::config::Config;
 use crate::model::error::OpenError;
 use crate::Node;
+pub use milonga_wire::broker::ClientInfo;
 
 /// The port a broker listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7447;
@@ -70,6 +71,15 @@ pub struct Broker {
     running: Running,
     /// Its node in each domain: closed after its threads stopped.
     _nodes: Vec<std::sync::Arc<Node>>,
+}
+
+/// The clients of the broker `node` is attached to, in its domain, with
+/// what they last reported (subscriptions, counters, rates): `None` if
+/// `node` is not a broker client, or its broker did not answer within
+/// `timeout`. `milonga ls` shows them.
+pub fn clients(node: &Node, timeout: std::time::Duration) -> Option<Vec<ClientInfo>> {
+    let up = node.inner.backend().uplink()?;
+    crate::backend::p2p::uplink::clients(node.inner.cfg(), &up.broker, node.domain(), timeout)
 }
 
 impl std::fmt::Debug for Broker {

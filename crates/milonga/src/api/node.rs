@@ -94,6 +94,12 @@ impl Node {
         self.inner.core().cfg.effective_security()
     }
 
+    /// The broker this node is attached to now (`tcp://HOST:PORT`), when
+    /// it was opened on `milonga://HOST:PORT/DOMAIN` (docs/broker.md).
+    pub fn broker(&self) -> Option<String> {
+        self.inner.backend().uplink().map(|u| u.broker)
+    }
+
     /// This node's CURVE public key, when its security is on.
     pub fn public_key(&self) -> Option<crate::security::PublicKey> {
         self.inner.backend().public_key()

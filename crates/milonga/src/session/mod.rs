@@ -572,6 +572,28 @@ impl Host for NodeInner {
         self.announced.load(Ordering::Relaxed)
     }
 
+    fn broker_report(&self) -> Vec<u8> {
+        let subscriptions: Vec<String> = lock(&self.state)
+            .subs
+            .iter()
+            .filter_map(Weak::upgrade)
+            .take(256)
+            .map(|s| s.expr().as_str().to_owned())
+            .collect();
+        let stats = match serde_json::to_value(self.core.counters.snapshot()) {
+            Ok(serde_json::Value::Object(m)) => m
+                .into_iter()
+                .filter_map(|(k, v)| v.as_u64().map(|v| (k, v)))
+                .collect(),
+            _ => Default::default(),
+        };
+        serde_json::to_vec(&milonga_wire::broker::ClientReport {
+            subscriptions,
+            stats,
+        })
+        .unwrap_or_default()
+    }
+
     fn broker_changed(&self, from: &str, to: &str) {
         // Announced at the new broker's endpoints.
         self.announce();

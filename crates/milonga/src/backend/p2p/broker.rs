@@ -28,11 +28,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use milonga_wire::announce::Announcement;
-use milonga_wire::broker::{self as wire, BrokerHello, BrokerRequest};
+use milonga_wire::broker::{self as wire, BrokerHello, BrokerRequest, ClientInfo, ClientReport};
 use serde::Serialize;
 
 use crate::backend::p2p::uplink::Plane;
-use crate::backend::p2p::zmq_io::{self, ContextRef};
+use crate::backend::p2p::zmq_io::{self, ContextRef, Frame};
 use crate::model::config::Config;
 use crate::model::error::{IntoTransport, OpenError};
 use crate::util::lock;
@@ -192,7 +192,6 @@ struct PlaneIo {
     wanted: Arc<Mutex<Wanted>>,
     applied: u64,
     connected: BTreeSet<String>,
-    stall: Duration,
     counters: Arc<BrokerCounters>,
     stop: Arc<AtomicBool>,
 }
@@ -236,7 +235,11 @@ impl PlaneIo {
                 // (docs/protocol.md §4); here the queue per client is the
                 // usual one, and a full one holds the plane up to the
                 // stall limit.
-                Plane::Reliable => zmq_io::set_xpub_nodrop(&mut s, true).map_err(&err)?,
+                Plane::Reliable => {
+                    zmq_io::set_xpub_nodrop(&mut s, true).map_err(&err)?;
+                    s.set_sndtimeo(i32::try_from(spec.stall_ms).unwrap_or(i32::MAX))
+                        .map_err(&err)?;
+                }
                 // Heartbeats are small and the goodbye must get through.
                 Plane::Liveliness => s.set_sndhwm(1000).map_err(&err)?,
                 Plane::BestEffort => {}
@@ -262,7 +265,6 @@ impl PlaneIo {
                 wanted: Arc::new(Mutex::new(Wanted::default())),
                 applied: 0,
                 connected: BTreeSet::new(),
-                stall: Duration::from_millis(spec.stall_ms),
                 counters: counters.clone(),
                 stop: stop.clone(),
             },
@@ -319,21 +321,27 @@ impl PlaneIo {
     }
 
     /// Frames from clients (`from_clients`) or from the domain: to the
-    /// clients, and a client's to the domain too.
+    /// clients, and a client's to the domain too (the same frames, shared,
+    /// not copied).
     fn down(&mut self, from_clients: bool) {
         for _ in 0..BURST {
             let src = if from_clients {
-                &self.from_clients
+                &mut self.from_clients
             } else {
-                &self.from_domain
+                &mut self.from_domain
             };
-            let Ok(frames) = recv_all(src) else {
+            let Ok(mut frames) = recv_frames(src) else {
                 return;
             };
             if from_clients {
-                let copy: Vec<zmq::Message> =
-                    frames.iter().map(|m| zmq::Message::from(&m[..])).collect();
-                self.send(true, copy);
+                let Ok(shared) = frames
+                    .iter_mut()
+                    .map(Frame::share)
+                    .collect::<zmq::Result<Vec<_>>>()
+                else {
+                    continue;
+                };
+                self.send(true, shared);
                 self.send(false, frames);
             } else {
                 self.send(true, frames);
@@ -345,8 +353,8 @@ impl PlaneIo {
     /// waits up to `stall` for a full connection, then sends without
     /// waiting: the full connection drops the frame, and its subscriber
     /// sees the gap.
-    fn send(&mut self, to_clients: bool, frames: Vec<zmq::Message>) {
-        let bytes: usize = frames.iter().map(|m| m.len()).sum();
+    fn send(&mut self, to_clients: bool, frames: Vec<Frame>) {
+        let bytes: usize = frames.iter().map(Frame::len).sum();
         let sock = if to_clients {
             &mut self.to_clients
         } else {
@@ -354,43 +362,33 @@ impl PlaneIo {
         };
         let n = frames.len();
         let reliable = self.plane == Plane::Reliable;
-        for (i, m) in frames.into_iter().enumerate() {
-            let flags = if i + 1 < n { zmq::SNDMORE } else { 0 };
-            if !reliable {
-                // Never blocks: a full connection drops it.
-                if sock.send(m, flags | zmq::DONTWAIT).is_err() {
-                    return;
-                }
-                continue;
-            }
-            // The zmq crate drops a message libzmq refused: the reliable
-            // plane sends copies, so that it can try again.
-            let deadline = Instant::now() + self.stall;
-            let mut stalled = false;
-            loop {
-                match sock.send(&m[..], flags | zmq::DONTWAIT) {
-                    Ok(()) => break,
-                    Err(zmq::Error::EAGAIN) => {}
-                    Err(_) => return,
-                }
-                if !stalled {
-                    stalled = true;
-                    self.counters
-                        .reliable_stalls
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                if Instant::now() >= deadline || self.stop.load(Ordering::Relaxed) {
+        for (i, f) in frames.into_iter().enumerate() {
+            let flags = if i + 1 < n { zmq::SNDMORE } else { 0 } | zmq::DONTWAIT;
+            let f = match f.send(sock, flags) {
+                Ok(()) => continue,
+                // Best effort never waits: a full connection drops it.
+                Err(_) if !reliable => return,
+                Err((f, zmq::Error::EAGAIN)) => f,
+                Err(_) => return,
+            };
+            self.counters
+                .reliable_stalls
+                .fetch_add(1, Ordering::Relaxed);
+            // Blocks until the full connection has room, at most the stall
+            // limit (the socket's ZMQ_SNDTIMEO).
+            match f.send(sock, flags & !zmq::DONTWAIT) {
+                Ok(()) => {}
+                Err((f, zmq::Error::EAGAIN)) => {
                     // Sent to those with room; the full ones drop it.
                     let _ = zmq_io::set_xpub_nodrop(sock, false);
-                    let _ = sock.send(&m[..], flags | zmq::DONTWAIT);
+                    let _ = f.send(sock, flags);
                     let _ = zmq_io::set_xpub_nodrop(sock, true);
                     self.counters
                         .reliable_dropped
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::debug!("a reliable frame waited the stall limit for a full subscriber and was dropped for it");
-                    break;
                 }
-                std::thread::sleep(Duration::from_micros(100));
+                Err(_) => return,
             }
         }
         self.counters
@@ -407,27 +405,56 @@ impl PlaneIo {
     fn up(&mut self, from_clients: bool) {
         for _ in 0..BURST {
             let src = if from_clients {
-                &self.to_clients
+                &mut self.to_clients
             } else {
-                &self.to_domain
+                &mut self.to_domain
             };
-            let Ok(frames) = recv_all(src) else {
+            let Ok(mut frames) = recv_frames(src) else {
                 return;
             };
             self.counters
                 .upstream_messages
                 .fetch_add(1, Ordering::Relaxed);
             if from_clients {
-                let copy: Vec<zmq::Message> =
-                    frames.iter().map(|m| zmq::Message::from(&m[..])).collect();
-                send_all(&self.from_domain, copy);
+                if let Ok(shared) = frames
+                    .iter_mut()
+                    .map(Frame::share)
+                    .collect::<zmq::Result<Vec<_>>>()
+                {
+                    send_frames(&mut self.from_domain, shared);
+                }
             }
-            send_all(&self.from_clients, frames);
+            send_frames(&mut self.from_clients, frames);
         }
     }
 }
 
 /// Reads one whole message without waiting.
+fn recv_frames(sock: &mut zmq::Socket) -> zmq::Result<Vec<Frame>> {
+    let first = Frame::recv(sock, zmq::DONTWAIT)?;
+    let mut more = first.more();
+    let mut frames = vec![first];
+    while more {
+        let f = Frame::recv(sock, 0)?;
+        more = f.more();
+        frames.push(f);
+    }
+    Ok(frames)
+}
+
+/// Sends a whole message without waiting (upstream: a full connection
+/// drops it, as libzmq's XSUB does).
+fn send_frames(sock: &mut zmq::Socket, frames: Vec<Frame>) {
+    let n = frames.len();
+    for (i, f) in frames.into_iter().enumerate() {
+        let flags = if i + 1 < n { zmq::SNDMORE } else { 0 } | zmq::DONTWAIT;
+        if f.send(sock, flags).is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads one whole message without waiting (the calls plane's).
 fn recv_all(sock: &zmq::Socket) -> zmq::Result<Vec<zmq::Message>> {
     let first = sock.recv_msg(zmq::DONTWAIT)?;
     let mut more = first.get_more();
@@ -440,22 +467,49 @@ fn recv_all(sock: &zmq::Socket) -> zmq::Result<Vec<zmq::Message>> {
     Ok(frames)
 }
 
-fn send_all(sock: &zmq::Socket, frames: Vec<zmq::Message>) {
-    let n = frames.len();
-    for (i, m) in frames.into_iter().enumerate() {
-        let flags = if i + 1 < n { zmq::SNDMORE } else { 0 };
-        if sock.send(m, flags | zmq::DONTWAIT).is_err() {
-            return;
-        }
-    }
-}
-
 /// A client the broker serves.
 struct Client {
     /// Its announcement, as it attached it.
     announcement: Announcement,
     /// When it last attached.
     seen: Instant,
+    /// When it first attached.
+    since: Instant,
+    /// Its last two reports, with when they came.
+    report: Option<(Instant, ClientReport)>,
+    previous: Option<(Instant, ClientReport)>,
+}
+
+impl Client {
+    /// What `clients` tells of it.
+    fn info(&self, now: Instant) -> ClientInfo {
+        let mut rates = BTreeMap::new();
+        if let (Some((t1, r1)), Some((t0, r0))) = (&self.report, &self.previous) {
+            let dt = t1.duration_since(*t0).as_secs_f64();
+            if dt > 0.0 {
+                for k in ["samples_sent", "samples_received", "samples_lost"] {
+                    let d = r1
+                        .stats
+                        .get(k)
+                        .copied()
+                        .unwrap_or(0)
+                        .saturating_sub(r0.stats.get(k).copied().unwrap_or(0));
+                    rates.insert(format!("{k}_per_s"), d as f64 / dt);
+                }
+            }
+        }
+        let r = self.report.as_ref().map(|(_, r)| r);
+        ClientInfo {
+            node_id: self.announcement.node_id.clone(),
+            name: self.announcement.name.clone(),
+            attached_s: now.duration_since(self.since).as_secs_f64(),
+            last_attach_ms: u64::try_from(now.duration_since(self.seen).as_millis())
+                .unwrap_or(u64::MAX),
+            subscriptions: r.map(|r| r.subscriptions.clone()).unwrap_or_default(),
+            stats: r.map(|r| r.stats.clone()).unwrap_or_default(),
+            rates,
+        }
+    }
 }
 
 /// One domain: its node, its planes' endpoints, its clients and the view
@@ -596,7 +650,7 @@ impl Domain {
         (self.view_version, &self.view)
     }
 
-    fn attach(&mut self, a: Announcement, now: Instant) {
+    fn attach(&mut self, a: Announcement, report: Option<ClientReport>, now: Instant) {
         // At this broker's endpoints, whatever the client last knew (it
         // may have come from another broker).
         let mut a = Domain::at(&a, self.out());
@@ -618,22 +672,23 @@ impl Domain {
             self.host.show(&Domain::at(&a, td));
             self.dirty = true;
         }
-        match self.clients.get_mut(&a.node_id) {
-            Some(c) => {
-                c.seen = now;
-                if changed {
-                    c.announcement = a;
-                }
-            }
-            None => {
-                self.clients.insert(
-                    a.node_id.clone(),
-                    Client {
-                        announcement: a,
-                        seen: now,
-                    },
-                );
-            }
+        let c = self
+            .clients
+            .entry(a.node_id.clone())
+            .or_insert_with(|| Client {
+                announcement: a.clone(),
+                seen: now,
+                since: now,
+                report: None,
+                previous: None,
+            });
+        c.seen = now;
+        if changed {
+            c.announcement = a;
+        }
+        if let Some(mut r) = report {
+            r.subscriptions.truncate(256);
+            c.previous = c.report.replace((now, r));
         }
     }
 
@@ -750,7 +805,21 @@ impl Control {
                     }
                 }
             }
-            BrokerRequest::Attach { announcement, view } => {
+            BrokerRequest::Clients { domain } => {
+                let infos: Vec<ClientInfo> = self
+                    .domains
+                    .iter()
+                    .filter(|d| d.hello.domain == domain)
+                    .flat_map(|d| d.clients.values().map(|c| c.info(now)))
+                    .collect();
+                let body = serde_json::to_vec(&infos).unwrap_or_default();
+                reply(&self.router, &[wire::MAGIC, wire::CLIENTS, &body]);
+            }
+            BrokerRequest::Attach {
+                announcement,
+                view,
+                report,
+            } => {
                 let total: usize = self.domains.iter().map(|d| d.clients.len()).sum();
                 let Some(d) = self
                     .domains
@@ -770,7 +839,7 @@ impl Control {
                     reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
                     return;
                 }
-                d.attach(*announcement, now);
+                d.attach(*announcement, report, now);
                 let (version, body) = d.view();
                 let v = version.to_string();
                 if version == view {

@@ -55,6 +55,9 @@ pub(crate) trait Host: Send + Sync + 'static {
     /// A broker client moved from broker `from` to `to`: re-announce at
     /// the new one, and tell the subscriptions.
     fn broker_changed(&self, from: &str, to: &str);
+    /// What a broker client tells its broker of itself (JSON, a
+    /// `ClientReport`): its subscriptions and counters.
+    fn broker_report(&self) -> Vec<u8>;
 }
 
 /// First frame of every control request and reply.
@@ -491,6 +494,9 @@ impl<H: Host> Control<H> {
             let v = self.host.announcement_version();
             if v != broker.version() {
                 broker.set_announcement(v, self.host.announcement().to_json());
+            }
+            if broker.report_due(now) {
+                broker.set_report(self.host.broker_report());
             }
             changed |= broker.turn(now);
             if let Some((from, to)) = broker.take_move() {

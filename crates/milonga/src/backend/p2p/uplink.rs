@@ -89,8 +89,15 @@ fn dealer(
     Ok(sock)
 }
 
-/// Asks each broker in turn, waiting up to `wait` for each, where it
-/// serves `domain`: the first that answers is the node's.
+/// How long, once a broker answered, the answer of one listed before it
+/// is awaited (the locator's order is the order of preference).
+const PREFERENCE_WAIT: Duration = Duration::from_millis(50);
+
+/// Asks every broker of `brokers` at once where it serves `domain`,
+/// waiting up to `wait` in all: the node's is the first in the list of
+/// those that answered (a later one is taken once none listed before it
+/// answered within [`PREFERENCE_WAIT`] of it), so that a dead broker
+/// listed first costs no more than the wait for the others.
 pub(crate) fn hello(
     cfg: &crate::Config,
     brokers: &[String],
@@ -99,17 +106,38 @@ pub(crate) fn hello(
 ) -> Result<Uplink, OpenError> {
     let ctx = ContextRef::acquire();
     let mut why = String::new();
+    let mut socks = Vec::new();
     for broker in brokers {
         let sock = dealer(&ctx, cfg, broker)?;
         let req: [&[u8]; 3] = [wire::MAGIC, wire::HELLO, domain.as_bytes()];
-        if sock.send_multipart(req, zmq::DONTWAIT).is_err() {
+        if sock.send_multipart(req, zmq::DONTWAIT).is_ok() {
+            socks.push((broker, sock));
+        }
+    }
+    let start = Instant::now();
+    let mut deadline = start + wait;
+    // The answers, by place in the list.
+    let mut found: Vec<Option<Uplink>> = (0..socks.len()).map(|_| None).collect();
+    let mut settled = vec![false; socks.len()];
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        // The first listed that answered, if every one before it gave up.
+        if let Some(i) = found.iter().position(Option::is_some) {
+            if settled[..i].iter().all(|s| *s) {
+                return Ok(found.swap_remove(i).expect("found"));
+            }
+        }
+        let mut items: Vec<zmq::PollItem> = socks
+            .iter()
+            .map(|(_, s)| s.as_poll_item(zmq::POLLIN))
+            .collect();
+        let ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
+        if !matches!(zmq::poll(&mut items, ms), Ok(n) if n > 0) {
             continue;
         }
-        let deadline = Instant::now() + wait;
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            let mut items = [sock.as_poll_item(zmq::POLLIN)];
-            let ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
-            if !matches!(zmq::poll(&mut items, ms), Ok(n) if n > 0) {
+        let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
+        drop(items);
+        for (i, (broker, sock)) in socks.iter().enumerate() {
+            if !ready[i] {
                 continue;
             }
             let Ok(frames) = sock.recv_multipart(zmq::DONTWAIT) else {
@@ -119,23 +147,29 @@ pub(crate) fn hello(
                 [m, c, body] if m == wire::MAGIC && c == wire::HELLO => {
                     match serde_json::from_slice::<BrokerHello>(body) {
                         Ok(hello) if hello.domain == domain => {
-                            return Ok(Uplink {
-                                broker: broker.clone(),
+                            found[i] = Some(Uplink {
+                                broker: (*broker).clone(),
                                 hello,
-                            })
+                            });
+                            // Those listed before it get a moment more.
+                            deadline = deadline.min(Instant::now() + PREFERENCE_WAIT);
                         }
                         Ok(h) => why = format!(" ({broker} answered for domain {})", h.domain),
                         Err(e) => why = format!(" ({broker} sent a bad hello: {e})"),
                     }
-                    break;
+                    settled[i] = true;
                 }
                 [m, c, text] if m == wire::MAGIC && c == wire::ERROR => {
                     why = format!(" ({broker}: {})", String::from_utf8_lossy(text));
-                    break;
+                    settled[i] = true;
                 }
                 _ => {}
             }
         }
+    }
+    // Time is up: the first listed that answered.
+    if let Some(i) = found.iter().position(Option::is_some) {
+        return Ok(found.swap_remove(i).expect("found"));
     }
     Err(OpenError::BrokerUnreachable {
         brokers: brokers.join(","),
@@ -143,6 +177,29 @@ pub(crate) fn hello(
         waited_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
         why,
     })
+}
+
+/// Asks the broker at `broker` whom it serves in `domain` (its clients,
+/// with their last reports); `None` without an answer within `wait`.
+pub(crate) fn clients(
+    cfg: &crate::Config,
+    broker: &str,
+    domain: &str,
+    wait: Duration,
+) -> Option<Vec<wire::ClientInfo>> {
+    let ctx = ContextRef::acquire();
+    let sock = dealer(&ctx, cfg, broker).ok()?;
+    let req: [&[u8]; 3] = [wire::MAGIC, wire::CLIENTS, domain.as_bytes()];
+    sock.send_multipart(req, zmq::DONTWAIT).ok()?;
+    let mut items = [sock.as_poll_item(zmq::POLLIN)];
+    let ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX).max(1);
+    if !matches!(zmq::poll(&mut items, ms), Ok(n) if n > 0) {
+        return None;
+    }
+    match sock.recv_multipart(zmq::DONTWAIT).ok()?.as_slice() {
+        [m, c, body] if m == wire::MAGIC && c == wire::CLIENTS => serde_json::from_slice(body).ok(),
+        _ => None,
+    }
 }
 
 /// Discovery through the broker: attaches the node's announcement every
@@ -179,14 +236,22 @@ pub(crate) struct BrokerSource {
     last_heard: Instant,
     view_version: u64,
     view: Vec<Announcement>,
+    /// The report sent with every [`REPORT_EVERY`]th attach, and how many
+    /// attaches were sent.
+    report: Vec<u8>,
+    attaches: u64,
     // Declared last: the sockets close before the context goes.
     ctx: ContextRef,
 }
 
+/// Every how many attaches a client reports its subscriptions and
+/// counters (once a second by default).
+pub(crate) const REPORT_EVERY: u64 = 4;
+
 /// Attach intervals without an answer after which a broker is left.
 pub(crate) const FAILOVER_AFTER: u32 = 4;
 
-/// How long a failover waits for each broker's hello.
+/// How long a failover waits for the brokers' hellos.
 const FAILOVER_HELLO: Duration = Duration::from_millis(250);
 
 /// A DEALER to `up`'s broker and the reader of its monitor.
@@ -244,8 +309,21 @@ impl BrokerSource {
             last_heard: now,
             view_version: 0,
             view: Vec::new(),
+            report: Vec::new(),
+            attaches: 0,
             ctx,
         })
+    }
+
+    /// Whether the next attach, due by `now`, carries a report: the node
+    /// thread then gives it one ([`BrokerSource::set_report`]).
+    pub(crate) fn report_due(&self, now: Instant) -> bool {
+        now >= self.next_attach && self.attaches % REPORT_EVERY == 0
+    }
+
+    /// The report the next attach carries.
+    pub(crate) fn set_report(&mut self, json: Vec<u8>) {
+        self.report = json;
     }
 
     /// A move to another broker the node thread has to make: the broker
@@ -281,18 +359,7 @@ impl BrokerSource {
         let order: Vec<String> = (1..=n)
             .filter_map(|k| self.brokers.get((i + k) % n).cloned())
             .collect();
-        let mut found = None;
-        for b in &order {
-            if let Ok(up) = hello(
-                &self.core.cfg,
-                std::slice::from_ref(b),
-                &self.core.domain,
-                FAILOVER_HELLO,
-            ) {
-                found = Some(up);
-                break;
-            }
-        }
+        let found = hello(&self.core.cfg, &order, &self.core.domain, FAILOVER_HELLO).ok();
         let Some(up) = found else {
             limited!(warn, brokers = %order.join(","), "no broker answers: the node keeps trying");
             return;
@@ -422,15 +489,19 @@ impl Source for BrokerSource {
         }
         if now >= self.next_attach || self.sent != self.version {
             let view = self.view_version.to_string();
-            let req: [&[u8]; 4] = [
+            let mut req: Vec<&[u8]> = vec![
                 wire::MAGIC,
                 wire::ATTACH,
                 &self.announcement,
                 view.as_bytes(),
             ];
+            if self.attaches % REPORT_EVERY == 0 && !self.report.is_empty() {
+                req.push(&self.report);
+            }
             if !self.announcement.is_empty() && self.sock.send_multipart(req, zmq::DONTWAIT).is_ok()
             {
                 self.sent = self.version;
+                self.attaches += 1;
             }
             self.next_attach = now + self.interval;
         }

@@ -455,6 +455,87 @@ impl IntoTransport for zmq::Error {
     }
 }
 
+/// A frame the broker forwards without copying it: libzmq's own message,
+/// which [`Frame::share`] lets several sockets send (libzmq counts the
+/// references to one buffer). A send that fails leaves the frame here, to
+/// be sent again.
+pub(crate) struct Frame(zmq_sys::zmq_msg_t);
+
+// SAFETY: a zmq_msg_t is plain data owned by this value; libzmq's
+// reference counting of a shared buffer is atomic.
+unsafe impl Send for Frame {}
+
+impl Frame {
+    /// Receives one frame from `sock`.
+    pub(crate) fn recv(sock: &mut zmq::Socket, flags: i32) -> zmq::Result<Frame> {
+        let mut msg = zmq_sys::zmq_msg_t::default();
+        // SAFETY: `msg` is ours to initialise; an empty message needs no
+        // close on failure of the receive below (closing is harmless).
+        unsafe { zmq_sys::zmq_msg_init(&mut msg) };
+        let f = Frame(msg);
+        let mut f = f;
+        // SAFETY: `f.0` is initialised; the socket is used by this thread
+        // only (we hold `&mut`).
+        let rc = unsafe { zmq_sys::zmq_msg_recv(&mut f.0, sock.as_mut_ptr(), flags as c_int) };
+        if rc < 0 {
+            return Err(last_error());
+        }
+        Ok(f)
+    }
+
+    /// Whether more frames of the message follow.
+    pub(crate) fn more(&self) -> bool {
+        // SAFETY: the message is initialised; zmq_msg_more only reads it
+        // (the C signature takes a const pointer).
+        unsafe { zmq_sys::zmq_msg_more(&self.0) != 0 }
+    }
+
+    /// Its size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        // SAFETY: as `more`.
+        unsafe { zmq_sys::zmq_msg_size(&self.0) }
+    }
+
+    /// Another reference to the same frame (no copy of a large one).
+    pub(crate) fn share(&mut self) -> zmq::Result<Frame> {
+        let mut msg = zmq_sys::zmq_msg_t::default();
+        // SAFETY: `msg` is ours to initialise, then made a copy of an
+        // initialised message.
+        unsafe { zmq_sys::zmq_msg_init(&mut msg) };
+        let mut f = Frame(msg);
+        // SAFETY: both messages are initialised.
+        let rc = unsafe { zmq_sys::zmq_msg_copy(&mut f.0, &mut self.0) };
+        if rc != 0 {
+            return Err(last_error());
+        }
+        Ok(f)
+    }
+
+    /// Sends it on `sock`; on failure it comes back with the error.
+    pub(crate) fn send(
+        mut self,
+        sock: &mut zmq::Socket,
+        flags: i32,
+    ) -> Result<(), (Frame, zmq::Error)> {
+        // SAFETY: the message is initialised; the socket is used by this
+        // thread only. On success libzmq owns the content and leaves the
+        // message empty, which `Drop` closes harmlessly.
+        let rc = unsafe { zmq_sys::zmq_msg_send(&mut self.0, sock.as_mut_ptr(), flags as c_int) };
+        if rc < 0 {
+            let e = last_error();
+            return Err((self, e));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Frame {
+    fn drop(&mut self) {
+        // SAFETY: the message is initialised (or emptied by a send).
+        unsafe { zmq_sys::zmq_msg_close(&mut self.0) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
