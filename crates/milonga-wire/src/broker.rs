@@ -143,6 +143,17 @@ pub enum BrokerError {
     Malformed(String),
 }
 
+/// The largest announcement a broker takes from a client.
+pub const MAX_ANNOUNCEMENT_BYTES: usize = 256 << 10;
+
+/// 32 lower-case hex digits: a node id as announcements write it (and the
+/// only form a broker takes, since it names files after it).
+fn is_node_id(s: &str) -> bool {
+    s.len() == 32
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 fn text(f: &[u8], what: &str) -> Result<String, BrokerError> {
     std::str::from_utf8(f)
         .map(str::to_owned)
@@ -163,8 +174,16 @@ impl BrokerRequest {
                 Ok(BrokerRequest::Hello { domain })
             }
             (Some(ATTACH), 4 | 5) => {
+                if f[2].len() > MAX_ANNOUNCEMENT_BYTES {
+                    return Err(bad("the announcement is over 256 KiB"));
+                }
                 let announcement = Announcement::from_json(f[2])
                     .map_err(|e| BrokerError::Malformed(format!("the announcement: {e}")))?;
+                if !is_node_id(&announcement.node_id) {
+                    return Err(bad(
+                        "the announcement's node id is not 32 lower-case hex digits",
+                    ));
+                }
                 let view = text(f[3], "the view version")?
                     .parse::<u64>()
                     .map_err(|_| bad("the view version is not a decimal integer"))?;
@@ -187,8 +206,8 @@ impl BrokerRequest {
             }
             (Some(DETACH), 3) => {
                 let node_id = text(f[2], "the node id")?;
-                if node_id.len() != 32 || !node_id.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(bad("the node id is not 32 hex digits"));
+                if !is_node_id(&node_id) {
+                    return Err(bad("the node id is not 32 lower-case hex digits"));
                 }
                 Ok(BrokerRequest::Detach { node_id })
             }
@@ -218,11 +237,22 @@ mod tests {
             BrokerRequest::decode(&[MAGIC, DETACH, id.as_bytes()]).unwrap(),
             BrokerRequest::Detach { node_id: id.into() }
         );
+        // An attach naming a node id that is not one (a broker names files
+        // after it) is refused, however well-formed the rest.
+        let evil = br#"{"protocol":1,"domain":"lab","node_id":"/../../../../home/u/x","name":"n@h:1","host":"h","pid":1,"start_time":0,"control":"tcp://127.0.0.1:1","publications":[]}"#;
+        let good = String::from_utf8_lossy(evil)
+            .replace("/../../../../home/u/x", "0123456789abcdef0123456789abcdef");
+        assert!(BrokerRequest::decode(&[MAGIC, ATTACH, good.as_bytes(), b"0"]).is_ok());
+        assert!(BrokerRequest::decode(&[MAGIC, ATTACH, &evil[..], b"0"]).is_err());
+        let huge = vec![b' '; MAX_ANNOUNCEMENT_BYTES + 1];
+        assert!(BrokerRequest::decode(&[MAGIC, ATTACH, &huge[..], b"0"]).is_err());
         for bad in [
             vec![&b"MILONGA-CTL/1"[..], HELLO, b"lab"],
             vec![MAGIC, HELLO],
             vec![MAGIC, b"stop", b"x"],
             vec![MAGIC, DETACH, b"xyz"],
+            vec![MAGIC, DETACH, b"/../../../../../../tmp/x-padding-to-32"],
+            vec![MAGIC, DETACH, b"0123456789ABCDEF0123456789ABCDEF"],
             vec![MAGIC, ATTACH, b"{}", b"0"],
             vec![MAGIC, CLIENTS],
             vec![MAGIC],

@@ -370,6 +370,20 @@ impl LocalDir {
         let _ = self.scan(&mut bad);
     }
 
+    /// Removes the announcement of node `id` if process `pid` wrote it
+    /// (a broker withdrawing a client that another broker of this host
+    /// may announce by now).
+    pub(crate) fn remove_if_of(&mut self, id: &str, pid: u32) {
+        let path = self.file_of(id);
+        let ours = fs::read(&path)
+            .ok()
+            .and_then(|t| Announcement::from_json(&t).ok())
+            .is_some_and(|a| a.pid == pid);
+        if ours {
+            let _ = fs::remove_file(path);
+        }
+    }
+
     /// Whether the directory changed since the last [`LocalDir::scan`].
     pub(crate) fn changed(&mut self) -> bool {
         if let Some(w) = &self.watch {

@@ -419,6 +419,17 @@ impl Subscription {
                 liveliness.insert(ep.clone(), *id);
             }
         }
+        // A node now reached at another liveliness endpoint (it moved to
+        // another broker) is not disconnected by the close of the old one.
+        let reached: std::collections::HashSet<NodeId> = liveliness.values().copied().collect();
+        for (ep, id) in &io.liveliness {
+            let moved = !liveliness.contains_key(ep) && reached.contains(id);
+            if moved {
+                if let Some(p) = io.publishers.get_mut(id) {
+                    p.disconnected_at = None;
+                }
+            }
+        }
         io.liveliness = liveliness;
         for (id, k) in &r.node_keys {
             if io.node_keys.get(id).is_none_or(|old| **old != **k) {

@@ -437,6 +437,10 @@ impl NodeInner {
     /// it is taken for gone when this process is. Nothing without local
     /// discovery.
     pub(crate) fn show_local(&self, a: &Announcement) {
+        // Files are named after node ids: only a real one names a file.
+        if NodeId::from_hex(&a.node_id).is_none_or(|id| id.to_hex() != a.node_id) {
+            return;
+        }
         let Some(dir) = self.local.as_deref().map(lock) else {
             return;
         };
@@ -454,8 +458,13 @@ impl NodeInner {
 
     /// Removes what [`NodeInner::show_local`] wrote.
     pub(crate) fn hide_local(&self, node_id: &str) {
+        if NodeId::from_hex(node_id).is_none_or(|id| id.to_hex() != node_id) {
+            return;
+        }
         if let Some(mut dir) = self.local.as_deref().map(lock) {
-            dir.remove(node_id);
+            // Only a file this process wrote: another broker of this host
+            // may announce the node now (it moved there).
+            dir.remove_if_of(node_id, std::process::id());
         }
     }
 

@@ -31,7 +31,7 @@ use milonga_wire::announce::Announcement;
 use milonga_wire::broker::{self as wire, BrokerHello, BrokerRequest, ClientInfo, ClientReport};
 use serde::Serialize;
 
-use crate::backend::p2p::uplink::Plane;
+use crate::backend::p2p::uplink::{self, Plane};
 use crate::backend::p2p::zmq_io::{self, ContextRef, Frame};
 use crate::model::config::Config;
 use crate::model::error::{IntoTransport, OpenError};
@@ -192,9 +192,17 @@ struct PlaneIo {
     wanted: Arc<Mutex<Wanted>>,
     applied: u64,
     connected: BTreeSet<String>,
+    /// The reliable plane's stall limit, and until when a connection that
+    /// stayed full for one is not waited for.
+    stall: Duration,
+    lossy_until: Option<Instant>,
     counters: Arc<BrokerCounters>,
     stop: Arc<AtomicBool>,
 }
+
+/// How long a reliable frame waits for a full connection while one
+/// connection is known stuck (it stayed full for a whole stall limit).
+const STUCK_WAIT: Duration = Duration::from_millis(5);
 
 /// Most messages read from one socket before the others get a turn.
 const BURST: usize = 256;
@@ -265,6 +273,8 @@ impl PlaneIo {
                 wanted: Arc::new(Mutex::new(Wanted::default())),
                 applied: 0,
                 connected: BTreeSet::new(),
+                stall: Duration::from_millis(spec.stall_ms),
+                lossy_until: None,
                 counters: counters.clone(),
                 stop: stop.clone(),
             },
@@ -325,6 +335,9 @@ impl PlaneIo {
     /// not copied).
     fn down(&mut self, from_clients: bool) {
         for _ in 0..BURST {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
             let src = if from_clients {
                 &mut self.from_clients
             } else {
@@ -371,24 +384,48 @@ impl PlaneIo {
                 Err((f, zmq::Error::EAGAIN)) => f,
                 Err(_) => return,
             };
-            self.counters
-                .reliable_stalls
-                .fetch_add(1, Ordering::Relaxed);
-            // Blocks until the full connection has room, at most the stall
-            // limit (the socket's ZMQ_SNDTIMEO).
-            match f.send(sock, flags & !zmq::DONTWAIT) {
-                Ok(()) => {}
-                Err((f, zmq::Error::EAGAIN)) => {
-                    // Sent to those with room; the full ones drop it.
-                    let _ = zmq_io::set_xpub_nodrop(sock, false);
-                    let _ = f.send(sock, flags);
-                    let _ = zmq_io::set_xpub_nodrop(sock, true);
-                    self.counters
-                        .reliable_dropped
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!("a reliable frame waited the stall limit for a full subscriber and was dropped for it");
+            // A connection that stayed full for a whole stall limit is not
+            // waited for again until another has passed: meanwhile a frame
+            // that finds a connection full waits only STUCK_WAIT (a client
+            // that reads catches up in that time), so that one stuck
+            // client does not hold every other one at a frame per stall.
+            let stuck = self.lossy_until.is_some_and(|t| Instant::now() < t);
+            let f = if stuck {
+                let end = Instant::now() + STUCK_WAIT;
+                let mut f = f;
+                loop {
+                    std::thread::sleep(Duration::from_micros(100));
+                    f = match f.send(sock, flags) {
+                        Ok(()) => break None,
+                        Err((f, zmq::Error::EAGAIN)) if Instant::now() < end => f,
+                        Err((f, zmq::Error::EAGAIN)) => break Some(f),
+                        Err(_) => return,
+                    };
                 }
-                Err(_) => return,
+            } else {
+                self.counters
+                    .reliable_stalls
+                    .fetch_add(1, Ordering::Relaxed);
+                // Blocks until the full connection has room, at most the
+                // stall limit (the socket's ZMQ_SNDTIMEO).
+                match f.send(sock, flags & !zmq::DONTWAIT) {
+                    Ok(()) => None,
+                    Err((f, zmq::Error::EAGAIN)) => {
+                        self.lossy_until = Some(Instant::now() + self.stall);
+                        Some(f)
+                    }
+                    Err(_) => return,
+                }
+            };
+            if let Some(f) = f {
+                // Sent to those with room; the full ones drop it.
+                let _ = zmq_io::set_xpub_nodrop(sock, false);
+                let _ = f.send(sock, flags);
+                let _ = zmq_io::set_xpub_nodrop(sock, true);
+                self.counters
+                    .reliable_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("a reliable frame found a subscriber full past the stall limit and was dropped for it");
             }
         }
         self.counters
@@ -569,17 +606,26 @@ impl Domain {
     /// Takes in what discovery shows of the domain now: the nodes the
     /// clients are told, and the endpoints the planes connect to.
     fn refresh(&mut self) {
-        let (my_host, my_pid) = self.host.process();
+        let (_, my_pid) = self.host.process();
+        let me = self.host.node_id();
         let mut others = BTreeMap::new();
         let mut wanted: [BTreeSet<String>; 3] = Default::default();
         let mut table = HashMap::new();
         for a in self.host.peers() {
-            // The broker's own node and the clients it announces.
-            if a.pid == my_pid && a.host == my_host {
+            // The broker's own node, its clients, and what it announced for
+            // a client it no longer serves (at its own sockets).
+            let ours = |e: &String| self.to_domain.iter().any(|t| uplink::untagged(e) == t);
+            if a.node_id == me
+                || self.clients.contains_key(&a.node_id)
+                || a.data_endpoints().any(|e| ours(&e.to_owned()))
+                || a.liveliness.as_ref().is_some_and(ours)
+            {
                 continue;
             }
             if !a.publications.is_empty() {
-                let inproc = |e: &&String| !e.starts_with("inproc://");
+                // An inproc endpoint is reached from this process only;
+                // a tagged one (another broker's) once per untagged one.
+                let inproc = |e: &&String| !e.starts_with("inproc://") || a.pid == my_pid;
                 for p in &a.publications {
                     let i = match p.reliability {
                         crate::model::qos::Reliability::BestEffort => 0,
@@ -587,17 +633,20 @@ impl Domain {
                     };
                     if let Some(ep) = a.publication_endpoint(p).map(str::to_owned) {
                         if inproc(&&ep) {
-                            wanted[i].insert(ep);
+                            wanted[i].insert(uplink::untagged(&ep).to_owned());
                         }
                     }
                 }
                 if let Some(ep) = a.liveliness.as_ref().filter(inproc) {
-                    wanted[2].insert(ep.clone());
+                    wanted[2].insert(uplink::untagged(ep).to_owned());
                 }
             }
             let mut told = Domain::at(&a, self.out());
+            // Services behind another broker are not relayed from broker to
+            // broker (a limit of this version: docs/broker.md).
+            told.services.retain(|s| !s.endpoint.contains('#'));
             for s in &mut told.services {
-                if s.endpoint.starts_with("inproc://") {
+                if s.endpoint.starts_with("inproc://") && a.pid != my_pid {
                     continue;
                 }
                 let tag = service_tag(&a.node_id, &s.endpoint);
@@ -1019,6 +1068,9 @@ impl CallPlane {
             s.set_ipv6(host.starts_with('[')).map_err(&err)?;
             // An unknown or gone identity is an error, not a silent drop.
             s.set_router_mandatory(true).map_err(&err)?;
+            // A service or caller that reconnects before its old
+            // connection is gone takes its identity over.
+            s.set_router_handover(true).map_err(&err)?;
             Ok(s)
         };
         let calls = router()?;

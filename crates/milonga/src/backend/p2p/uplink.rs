@@ -64,6 +64,48 @@ impl Uplink {
     }
 }
 
+/// `endpoint` as a client of the broker at `broker` (`tcp://HOST:PORT`)
+/// reaches it: a broker listening on a wildcard address (`0.0.0.0`, `::`)
+/// names its sockets with it, which means "this host" only on the
+/// broker's; the client uses the address it reached the broker at.
+pub(crate) fn reached(endpoint: &str, broker: &str) -> String {
+    let host = |e: &str| -> Option<(String, String)> {
+        let rest = e.strip_prefix("tcp://")?;
+        let (h, p) = rest.rsplit_once(':')?;
+        Some((h.to_owned(), p.to_owned()))
+    };
+    match (host(endpoint), host(broker)) {
+        (Some((h, port)), Some((bh, _)))
+            if ["0.0.0.0", "[::]", "*", "[::ffff:0.0.0.0]"].contains(&h.as_str()) =>
+        {
+            format!("tcp://{bh}:{port}")
+        }
+        _ => endpoint.to_owned(),
+    }
+}
+
+/// [`reached`] for every endpoint of an announcement told by `broker`.
+fn reached_all(a: &mut Announcement, broker: &str) {
+    for e in [
+        &mut a.data_best_effort,
+        &mut a.data_reliable,
+        &mut a.liveliness,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        *e = reached(e, broker);
+    }
+    for p in &mut a.publications {
+        if let Some(e) = &mut p.endpoint {
+            *e = reached(e, broker);
+        }
+    }
+    for s in &mut a.services {
+        s.endpoint = reached(&s.endpoint, broker);
+    }
+}
+
 /// An endpoint without its `#<node id>` tag: what a socket connects to.
 pub(crate) fn untagged(endpoint: &str) -> &str {
     endpoint.split_once('#').map_or(endpoint, |(e, _)| e)
@@ -83,6 +125,8 @@ fn dealer(
     };
     crate::backend::p2p::zmq_io::apply_common(&sock, core_cfg).map_err(err)?;
     sock.set_maxmsgsize(64 << 20).map_err(err)?;
+    // A broker may be at an IPv6 address.
+    sock.set_ipv6(true).map_err(err)?;
     sock.set_sndhwm(16).map_err(err)?;
     sock.set_linger(0).map_err(err)?;
     sock.connect(broker).map_err(err)?;
@@ -146,7 +190,19 @@ pub(crate) fn hello(
             match frames.as_slice() {
                 [m, c, body] if m == wire::MAGIC && c == wire::HELLO => {
                     match serde_json::from_slice::<BrokerHello>(body) {
-                        Ok(hello) if hello.domain == domain => {
+                        Ok(mut hello) if hello.domain == domain => {
+                            for e in [
+                                &mut hello.data_best_effort_in,
+                                &mut hello.data_reliable_in,
+                                &mut hello.liveliness_in,
+                                &mut hello.data_best_effort_out,
+                                &mut hello.data_reliable_out,
+                                &mut hello.liveliness_out,
+                                &mut hello.calls,
+                                &mut hello.services_in,
+                            ] {
+                                *e = reached(e, broker);
+                            }
                             found[i] = Some(Uplink {
                                 broker: (*broker).clone(),
                                 hello,
@@ -365,6 +421,17 @@ impl BrokerSource {
             return;
         };
         match attach_socket(&self.ctx, &self.core, &up) {
+            Ok((sock, monitor)) if up.hello == self.current.hello => {
+                // The same broker (it was silent, not gone): the node's
+                // sockets stay; it attaches again.
+                crate::backend::p2p::zmq_io::stop_monitor(&mut self.sock);
+                self.sock = sock;
+                self.monitor = monitor;
+                self.lost_since = None;
+                self.sent = 0;
+                self.next_attach = now;
+                self.last_heard = now;
+            }
             Ok((sock, monitor)) => {
                 tracing::warn!(from = %self.current.broker, to = %up.broker, "the broker was lost: the node moves to another");
                 crate::backend::p2p::zmq_io::stop_monitor(&mut self.sock);
@@ -450,13 +517,14 @@ impl BrokerSource {
                 let me = self.core.id.to_hex();
                 let mut peers = Vec::with_capacity(view.len());
                 for a in view {
-                    let Ok(a) = serde_json::to_vec(&a)
+                    let Ok(mut a) = serde_json::to_vec(&a)
                         .map_err(|_| ())
                         .and_then(|j| Announcement::from_json(&j).map_err(|_| ()))
                     else {
                         stats::inc(&c.announcements_malformed);
                         continue;
                     };
+                    reached_all(&mut a, &self.current.broker);
                     if a.domain != self.core.domain {
                         stats::inc(&c.peers_foreign_domain);
                     } else if a.node_id != me {
@@ -531,5 +599,27 @@ impl Drop for BrokerSource {
     fn drop(&mut self) {
         // Before the monitor's reader goes (see zmq_io::stop_monitor).
         crate::backend::p2p::zmq_io::stop_monitor(&mut self.sock);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wildcard_endpoint_is_reached_at_the_brokers_address_and_a_tag_is_dropped_to_connect() {
+        let b = "tcp://10.0.0.5:7447";
+        assert_eq!(reached("tcp://0.0.0.0:4001", b), "tcp://10.0.0.5:4001");
+        assert_eq!(
+            reached("tcp://[::]:4001#00ff", b),
+            "tcp://10.0.0.5:4001#00ff"
+        );
+        assert_eq!(reached("tcp://127.0.0.1:4001", b), "tcp://127.0.0.1:4001");
+        assert_eq!(
+            reached("tcp://0.0.0.0:4001", "tcp://[fd00::1]:7447"),
+            "tcp://[fd00::1]:4001"
+        );
+        assert_eq!(untagged("tcp://10.0.0.5:4001#00ff"), "tcp://10.0.0.5:4001");
+        assert_eq!(untagged("tcp://10.0.0.5:4001"), "tcp://10.0.0.5:4001");
     }
 }
