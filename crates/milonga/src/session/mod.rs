@@ -427,6 +427,16 @@ impl NodeInner {
         }
     }
 
+    /// The subscriptions still alive (taken out of the state lock, so that
+    /// they can be told something without it).
+    fn live_subs(&self) -> Vec<Arc<dyn RouteTarget>> {
+        lock(&self.state)
+            .subs
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
     /// This node's process as its announcement names it: host and pid.
     pub(crate) fn process(&self) -> (String, u32) {
         (self.host.clone(), std::process::id())
@@ -606,12 +616,7 @@ impl Host for NodeInner {
     fn broker_changed(&self, from: &str, to: &str) {
         // Announced at the new broker's endpoints.
         self.announce();
-        let subs: Vec<_> = lock(&self.state)
-            .subs
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for s in subs {
+        for s in self.live_subs() {
             s.inject(crate::model::sample::Event::BrokerChanged(
                 crate::model::sample::BrokerChanged {
                     from: from.to_owned(),
@@ -622,12 +627,7 @@ impl Host for NodeInner {
     }
 
     fn peer_refused(&self, endpoint: &str, node: Option<NodeId>, status: u32) {
-        let subs: Vec<_> = lock(&self.state)
-            .subs
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for s in subs {
+        for s in self.live_subs() {
             s.denied(crate::model::sample::PermissionDenied {
                 endpoint: endpoint.to_owned(),
                 publisher: node,
