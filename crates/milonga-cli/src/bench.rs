@@ -521,7 +521,7 @@ fn hwm_for(size: usize) -> i32 {
     ((64usize << 20) / size.max(1)).clamp(16, 10_000) as i32
 }
 
-fn free_endpoint(transport: Transport, tag: &str) -> Result<String> {
+pub(crate) fn free_endpoint(transport: Transport, tag: &str) -> Result<String> {
     Ok(match transport {
         Transport::Tcp => {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;

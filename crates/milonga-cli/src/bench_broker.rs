@@ -23,10 +23,7 @@ impl Relay {
     /// with high-water mark `hwm` (and `XPUB_NODROP` when `nodrop`, as a
     /// reliable raw publisher has).
     pub(crate) fn raw_proxy(hwm: i32, nodrop: bool) -> Result<Relay> {
-        let free = || -> Result<String> {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-            Ok(format!("tcp://127.0.0.1:{}", l.local_addr()?.port()))
-        };
+        let free = || crate::bench::free_endpoint(milonga::Transport::Tcp, "proxy");
         let (front, back) = (free()?, free()?);
         let role = crate::bench::Role::RawProxy {
             front: front.clone(),

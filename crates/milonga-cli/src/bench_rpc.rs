@@ -362,14 +362,11 @@ fn cell(
         transport: t.name().to_owned(),
     };
     let endpoint = match t {
-        Transport::Tcp => {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-            format!("tcp://127.0.0.1:{}", l.local_addr()?.port())
-        }
+        Transport::Tcp => crate::bench::free_endpoint(t, "rpc")?,
         _ => format!("ipc://{}/raw-{n}.sock", tmp.display()),
     };
     let mut at = at;
-    let mut relay: Option<(Proc, u32)> = None;
+    let mut relay: Option<Proc> = None;
     let mut broker = None;
     let (server_role, client_role) = match system {
         "raw-zmq" => (
@@ -379,16 +376,13 @@ fn cell(
             RpcRole::RawClient { endpoint, size },
         ),
         "raw-proxy" => {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-            let front = format!("tcp://127.0.0.1:{}", l.local_addr()?.port());
-            drop(l);
+            let front = crate::bench::free_endpoint(t, "rpc-proxy")?;
             let mut p = Proc::start(&RpcRole::RawProxy {
                 front: front.clone(),
                 back: endpoint.clone(),
             })?;
             p.line()?;
-            let pid = p.child.id();
-            relay = Some((p, pid));
+            relay = Some(p);
             (
                 RpcRole::RawServer { endpoint },
                 RpcRole::RawClient {
@@ -416,7 +410,7 @@ fn cell(
     };
     let relay_pid = relay
         .as_ref()
-        .map(|(_, pid)| *pid)
+        .map(|p| p.child.id())
         .or(broker.as_ref().map(crate::bench_broker::Relay::pid));
     let mut server = Proc::start(&server_role)?;
     server.line()?;

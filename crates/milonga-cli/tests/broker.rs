@@ -22,6 +22,35 @@ struct Broker {
     locator: String,
 }
 
+impl Broker {
+    /// The broker's first stats line printed from now on (one comes every
+    /// second; those queued until now are skipped).
+    fn stats_from_now(&self) -> Json {
+        while self.proc.line(Duration::ZERO).is_some() {}
+        loop {
+            let v: Json = serde_json::from_str(&self.proc.line(T).expect("a stats line")).unwrap();
+            if v["event"] == "stats" {
+                return v;
+            }
+        }
+    }
+}
+
+/// Puts (with `put`) until every subscriber process of `subs` has printed
+/// a sample.
+fn until_each_takes_a_sample(subs: &[&Proc], mut put: impl FnMut()) {
+    let mut on = vec![false; subs.len()];
+    wait_for("every subscriber takes samples", T, || {
+        put();
+        for (o, s) in on.iter_mut().zip(subs) {
+            *o |= s
+                .line(Duration::from_millis(30))
+                .is_some_and(|l| l.contains("\"seq\""));
+        }
+        on.iter().all(|o| *o)
+    });
+}
+
 impl Env {
     /// `milonga broker --json` on a free port of loopback, serving this
     /// environment's domain, with `extra` arguments.
@@ -398,17 +427,7 @@ fn a_frozen_client_loses_exactly_what_it_missed_and_slows_no_other_client() {
     };
     let fast = env.spawn_at(l, &["sub", "sr/**", "--json", "--timeout", "20"]);
     let frozen = env.spawn_at(l, &["sub", "sr/**", "--json", "--timeout", "20"]);
-    let (mut fast_on, mut frozen_on) = (false, false);
-    wait_for("both subscribers take samples", T, || {
-        put(milonga::Value::from(0.0));
-        fast_on |= fast
-            .line(Duration::from_millis(50))
-            .is_some_and(|l| l.contains("\"seq\""));
-        frozen_on |= frozen
-            .line(Duration::from_millis(50))
-            .is_some_and(|l| l.contains("\"seq\""));
-        fast_on && frozen_on
-    });
+    until_each_takes_a_sample(&[&fast, &frozen], || put(milonga::Value::from(0.0)));
     frozen.signal(libc::SIGSTOP);
     // 1 KiB samples at 4,000 a second for 5 s: the broker and the other
     // client keep up; the frozen client's queue at the broker (and the
@@ -497,16 +516,7 @@ fn reliable_samples_through_the_broker_all_arrive_in_order_even_to_a_client_froz
             env.spawn(&["sub", "sr/**", "--reliable", "--json", "--timeout", "30"]),
         ),
     ];
-    let mut on = [false; 3];
-    wait_for("every subscriber takes samples", T, || {
-        put(0.0);
-        for (i, (_, s)) in subs.iter().enumerate() {
-            on[i] |= s
-                .line(Duration::from_millis(30))
-                .is_some_and(|l| l.contains("\"seq\""));
-        }
-        on.iter().all(|o| *o)
-    });
+    until_each_takes_a_sample(&[&subs[0].1, &subs[1].1, &subs[2].1], || put(0.0));
     // Frozen for 300 ms (less than the broker's stall limit, 1 s) while
     // 20,000 samples of 1 KiB are put (more than the queues and socket
     // buffers on the way hold): the broker and the publisher wait,
@@ -552,15 +562,8 @@ fn reliable_samples_through_the_broker_all_arrive_in_order_even_to_a_client_froz
             "{who}: in order"
         );
     }
-    // A stats line printed after the run (one comes every second): those
-    // queued until now are skipped.
-    while broker.proc.line(Duration::ZERO).is_some() {}
-    let stats = loop {
-        let v: Json = serde_json::from_str(&broker.proc.line(T).expect("a stats line")).unwrap();
-        if v["event"] == "stats" {
-            break v;
-        }
-    };
+    // A stats line printed after the run.
+    let stats = broker.stats_from_now();
     assert_eq!(stats["stats"]["reliable_dropped"], 0, "{stats}");
     assert!(
         stats["stats"]["reliable_stalls"].as_u64() > Some(0),
@@ -869,17 +872,9 @@ fn a_reliable_client_stuck_past_the_stall_limit_does_not_hold_the_others() {
         &["sub", "sr/**", "--reliable", "--json", "--timeout", "30"],
     );
     let mut puts = 0u64;
-    let (mut a, mut b) = (false, false);
-    wait_for("both subscribers take samples", T, || {
+    until_each_takes_a_sample(&[&live, &stuck], || {
         p.put("warm").unwrap();
         puts += 1;
-        a |= live
-            .line(Duration::from_millis(30))
-            .is_some_and(|l| l.contains("\"seq\""));
-        b |= stuck
-            .line(Duration::from_millis(30))
-            .is_some_and(|l| l.contains("\"seq\""));
-        a && b
     });
     // Frozen for the rest of the test: far past the 200 ms stall limit.
     stuck.signal(libc::SIGSTOP);
@@ -918,13 +913,7 @@ fn a_reliable_client_stuck_past_the_stall_limit_does_not_hold_the_others() {
         .unwrap();
     accounted(&lines, "sr/s/1", upto);
     stuck.signal(libc::SIGCONT);
-    while broker.proc.line(Duration::ZERO).is_some() {}
-    let stats = loop {
-        let v: Json = serde_json::from_str(&broker.proc.line(T).expect("a stats line")).unwrap();
-        if v["event"] == "stats" {
-            break v;
-        }
-    };
+    let stats = broker.stats_from_now();
     assert!(
         stats["stats"]["reliable_dropped"].as_u64() > Some(0),
         "dropped for the stuck one: {stats}"

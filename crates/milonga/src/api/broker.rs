@@ -101,9 +101,6 @@ impl DomainHost for NodeHost {
     fn node_id(&self) -> String {
         self.0.id().to_hex()
     }
-    fn process(&self) -> (String, u32) {
-        self.0.inner.process()
-    }
     fn peers(&self) -> Vec<Announcement> {
         self.0.peers()
     }

@@ -437,11 +437,6 @@ impl NodeInner {
             .collect()
     }
 
-    /// This node's process as its announcement names it: host and pid.
-    pub(crate) fn process(&self) -> (String, u32) {
-        (self.host.clone(), std::process::id())
-    }
-
     /// Writes the announcement of a node this one speaks for (a broker's
     /// client) in the local directory, as a node of this process, so that
     /// it is taken for gone when this process is. Nothing without local

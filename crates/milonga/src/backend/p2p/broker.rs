@@ -43,8 +43,6 @@ pub(crate) trait DomainHost: Send + 'static {
     fn domain(&self) -> &str;
     /// The node's id (hex).
     fn node_id(&self) -> String;
-    /// The node's process, as its announcements name it: `(host, pid)`.
-    fn process(&self) -> (String, u32);
     /// Every node discovery shows in the domain.
     fn peers(&self) -> Vec<Announcement>;
     /// Announces a client to the domain (as a node of the broker's
@@ -606,7 +604,8 @@ impl Domain {
     /// Takes in what discovery shows of the domain now: the nodes the
     /// clients are told, and the endpoints the planes connect to.
     fn refresh(&mut self) {
-        let (_, my_pid) = self.host.process();
+        // The broker's nodes are of this process.
+        let my_pid = std::process::id();
         let me = self.host.node_id();
         let mut others = BTreeMap::new();
         let mut wanted: [BTreeSet<String>; 3] = Default::default();
