@@ -28,6 +28,12 @@ pub struct BrokerArgs {
     /// dropped for that client (ms).
     #[arg(long, default_value_t = 1000)]
     pub stall_ms: u64,
+    /// Link to the broker listening at tcp://HOST:PORT (repeat for
+    /// several): brokers linked in any graph form a federation whose
+    /// clients see each other (docs/broker.md). One end naming the other
+    /// is enough.
+    #[arg(long = "peer-broker", value_name = "tcp://HOST:PORT")]
+    pub peers: Vec<String>,
     /// Print a JSON line with the broker's counters every second (and
     /// its endpoints first).
     #[arg(long)]
@@ -51,6 +57,7 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
         lease_ms: a.lease_ms,
         stall_ms: a.stall_ms,
         insecure: a.insecure,
+        peers: a.peers.clone(),
         ..Default::default()
     })
     .with_context(|| format!("cannot start a broker at {}", a.listen))?;
@@ -59,12 +66,20 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
         let line = serde_json::json!({
             "event": "listening",
             "listen": broker.listen_endpoint(),
+            "broker_id": broker.id(),
             "locators": locators,
             "endpoints": broker.endpoints(),
         });
         println!("{line}");
     } else {
-        println!("broker listening at {}", broker.listen_endpoint());
+        println!(
+            "broker {} listening at {}",
+            broker.id(),
+            broker.listen_endpoint()
+        );
+        for p in &a.peers {
+            println!("  links to {p}");
+        }
         for l in &locators {
             println!("  clients open {l}");
         }

@@ -14,6 +14,10 @@
 //!
 //! An attach may carry a fifth frame, the client's report (JSON: its
 //! subscriptions and counters), which the broker keeps for `clients`.
+//!
+//! Brokers linked in a federation (docs/protocol.md §11.5) talk over the
+//! same kind of connection: `[MAGIC, "peer", PeerHeader (JSON), Lsa
+//! (JSON)...]`, answered in kind.
 
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +39,11 @@ pub const SAME: &[u8] = b"same";
 pub const CLIENTS: &[u8] = b"clients";
 /// Reply to `hello` for a domain the broker does not serve.
 pub const ERROR: &[u8] = b"error";
+/// A federated broker's link message (and its answer).
+pub const PEER: &[u8] = b"peer";
+/// Most link-state records one peer message carries (a federation of at
+/// most this many brokers).
+pub const MAX_LSAS: usize = 256;
 /// Largest request a broker reads (bytes): an announcement with its
 /// publications and services.
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
@@ -105,6 +114,49 @@ pub struct ClientInfo {
     pub rates: std::collections::BTreeMap<String, f64>,
 }
 
+/// The first frame of a link message between federated brokers, after
+/// `peer` (docs/protocol.md §11.5).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PeerHeader {
+    /// The sender's broker id (32 hex digits, new at each start).
+    pub broker: String,
+    /// Where the sender listens.
+    pub listen: String,
+    /// The sender's link sockets for the receiver, by domain: the XPUBs
+    /// (best effort, reliable, liveliness) the receiver's link XSUBs
+    /// connect to. Empty while the link is not in the spanning tree.
+    #[serde(default)]
+    pub links: std::collections::BTreeMap<String, [String; 3]>,
+}
+
+/// A link-state record: what one broker of a federation tells of itself,
+/// flooded to every broker (docs/protocol.md §11.5).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Lsa {
+    /// The broker it is of (32 hex digits).
+    pub broker: String,
+    /// Grows with each new record of that broker (at least every second):
+    /// a record whose number stops growing for a lease is of a broker gone.
+    pub seq: u64,
+    /// The brokers it has a link with now.
+    #[serde(default)]
+    pub neighbors: Vec<String>,
+    /// What it serves, by domain.
+    #[serde(default)]
+    pub domains: std::collections::BTreeMap<String, LsaDomain>,
+}
+
+/// A broker's part of one domain in its [`Lsa`].
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct LsaDomain {
+    /// The broker's own node in the domain.
+    pub node_id: String,
+    /// The nodes it reaches without another broker: its clients, and the
+    /// peer-to-peer nodes it sees.
+    #[serde(default)]
+    pub nodes: Vec<Announcement>,
+}
+
 /// A request a broker reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BrokerRequest {
@@ -133,6 +185,13 @@ pub enum BrokerRequest {
         /// Its node id.
         node_id: String,
     },
+    /// `peer`: a federated broker's link message.
+    Peer {
+        /// Who sends it, and its link sockets.
+        header: PeerHeader,
+        /// The link-state records it passes on.
+        lsas: Vec<Lsa>,
+    },
 }
 
 /// Why frames are not a broker request.
@@ -147,8 +206,9 @@ pub enum BrokerError {
 pub const MAX_ANNOUNCEMENT_BYTES: usize = 256 << 10;
 
 /// 32 lower-case hex digits: a node id as announcements write it (and the
-/// only form a broker takes, since it names files after it).
-fn is_node_id(s: &str) -> bool {
+/// only form a broker takes, since it names files after it); a broker id
+/// likewise.
+pub fn is_node_id(s: &str) -> bool {
     s.len() == 32
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -211,6 +271,30 @@ impl BrokerRequest {
                 }
                 Ok(BrokerRequest::Detach { node_id })
             }
+            (Some(PEER), n) if n >= 3 && n - 3 <= MAX_LSAS => {
+                let header: PeerHeader = serde_json::from_slice(f[2])
+                    .map_err(|e| BrokerError::Malformed(format!("the peer header: {e}")))?;
+                if !is_node_id(&header.broker) {
+                    return Err(bad("the broker id is not 32 lower-case hex digits"));
+                }
+                let mut lsas = Vec::with_capacity(n - 3);
+                for frame in &f[3..] {
+                    let l: Lsa = serde_json::from_slice(frame)
+                        .map_err(|e| BrokerError::Malformed(format!("a link-state record: {e}")))?;
+                    let ids_ok = is_node_id(&l.broker)
+                        && l.neighbors.iter().all(|b| is_node_id(b))
+                        && l.domains.values().all(|d| {
+                            is_node_id(&d.node_id) && d.nodes.iter().all(|a| is_node_id(&a.node_id))
+                        });
+                    if !ids_ok {
+                        return Err(bad(
+                            "a link-state record names an id that is not 32 lower-case hex digits",
+                        ));
+                    }
+                    lsas.push(l);
+                }
+                Ok(BrokerRequest::Peer { header, lsas })
+            }
             (Some(cmd), n) => Err(BrokerError::Malformed(format!(
                 "{:?} with {n} frames",
                 String::from_utf8_lossy(cmd)
@@ -244,6 +328,20 @@ mod tests {
             .replace("/../../../../home/u/x", "0123456789abcdef0123456789abcdef");
         assert!(BrokerRequest::decode(&[MAGIC, ATTACH, good.as_bytes(), b"0"]).is_ok());
         assert!(BrokerRequest::decode(&[MAGIC, ATTACH, &evil[..], b"0"]).is_err());
+        // A peer message: its ids are checked like a client's.
+        let header = format!(r#"{{"broker":"{id}","listen":"tcp://h:1"}}"#);
+        let lsa = format!(r#"{{"broker":"{id}","seq":3,"neighbors":["{id}"]}}"#);
+        match BrokerRequest::decode(&[MAGIC, PEER, header.as_bytes(), lsa.as_bytes()]).unwrap() {
+            BrokerRequest::Peer { header, lsas } => {
+                assert_eq!(header.broker, id);
+                assert_eq!(lsas[0].seq, 3);
+            }
+            other => panic!("{other:?}"),
+        }
+        let evil_lsa = format!(r#"{{"broker":"{id}","seq":3,"neighbors":["../x"]}}"#);
+        assert!(
+            BrokerRequest::decode(&[MAGIC, PEER, header.as_bytes(), evil_lsa.as_bytes()]).is_err()
+        );
         let huge = vec![b' '; MAX_ANNOUNCEMENT_BYTES + 1];
         assert!(BrokerRequest::decode(&[MAGIC, ATTACH, &huge[..], b"0"]).is_err());
         for bad in [
@@ -255,6 +353,8 @@ mod tests {
             vec![MAGIC, DETACH, b"0123456789ABCDEF0123456789ABCDEF"],
             vec![MAGIC, ATTACH, b"{}", b"0"],
             vec![MAGIC, CLIENTS],
+            vec![MAGIC, PEER],
+            vec![MAGIC, PEER, br#"{"broker":"x","listen":"tcp://h:1"}"#],
             vec![MAGIC],
         ] {
             assert!(BrokerRequest::decode(&bad).is_err(), "{bad:?}");

@@ -45,6 +45,10 @@ pub struct BrokerOptions {
     pub stall_ms: u64,
     /// Most clients served at once (default 10,000).
     pub max_clients: usize,
+    /// The brokers it links to, by their listen endpoints
+    /// (`tcp://HOST:PORT` or `HOST:PORT`): a federation (docs/broker.md).
+    /// A link is two-way; one end naming the other is enough.
+    pub peers: Vec<String>,
     /// Serve on an address other hosts can reach although brokered
     /// connections are not secured in this version (docs/broker.md):
     /// only on a network where every host is trusted. Without it, such
@@ -61,6 +65,7 @@ impl Default for BrokerOptions {
             lease_ms: 3000,
             stall_ms: 1000,
             max_clients: 10_000,
+            peers: Vec::new(),
             insecure: false,
         }
     }
@@ -166,6 +171,7 @@ impl Broker {
             lease_ms: opts.lease_ms.max(100),
             stall_ms: opts.stall_ms,
             max_clients: opts.max_clients,
+            peers: opts.peers,
             cfg: Config::from_env("milonga:///broker", "broker")?,
         };
         let running = broker::start(spec, hosts)?;
@@ -194,6 +200,11 @@ impl Broker {
     /// The endpoints it serves each domain on.
     pub fn endpoints(&self) -> &[milonga_wire::broker::BrokerHello] {
         &self.running.hellos
+    }
+
+    /// Its id in a federation: 32 hex digits, new at each start.
+    pub fn id(&self) -> &str {
+        &self.running.broker_id
     }
 
     /// A snapshot of its counters.

@@ -21,16 +21,19 @@
 //! `to_domain` tagged `#<node id>`; the domain's reach the clients in the
 //! view, at `to_clients` likewise.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use milonga_wire::announce::Announcement;
-use milonga_wire::broker::{self as wire, BrokerHello, BrokerRequest, ClientInfo, ClientReport};
+use milonga_wire::broker::{
+    self as wire, BrokerHello, BrokerRequest, ClientInfo, ClientReport, LsaDomain,
+};
 use serde::Serialize;
 
+use crate::backend::p2p::federation::Federation;
 use crate::backend::p2p::uplink::{self, Plane};
 use crate::backend::p2p::zmq_io::{self, ContextRef, Frame};
 use crate::model::config::Config;
@@ -66,6 +69,8 @@ pub(crate) struct BrokerSpec {
     pub stall_ms: u64,
     /// Most clients served at once.
     pub max_clients: usize,
+    /// The listen endpoints of the brokers it links to (federation).
+    pub peers: Vec<String>,
     /// Socket options (high-water marks, heartbeats, message size).
     pub cfg: Config,
 }
@@ -83,6 +88,9 @@ pub(crate) struct BrokerCounters {
     pub clients_refused: AtomicU64,
     pub clients: AtomicU64,
     pub calls_unroutable: AtomicU64,
+    pub links: AtomicU64,
+    pub federation_brokers: AtomicU64,
+    pub tree: Mutex<Vec<String>>,
 }
 
 /// A snapshot of the broker's counters (`milonga broker --json`).
@@ -111,6 +119,13 @@ pub struct BrokerStats {
     /// Calls for a service the broker could not reach (its server gone,
     /// or not connected yet): not relayed; the caller's deadline ends them.
     pub calls_unroutable: u64,
+    /// Federation links up now (docs/broker.md "Federation").
+    pub links: u64,
+    /// Other brokers of its federation it knows now.
+    pub federation_brokers: u64,
+    /// The peers (broker ids) of its links in the federation's spanning
+    /// tree, which data crosses.
+    pub tree: Vec<String>,
 }
 
 impl BrokerCounters {
@@ -127,6 +142,9 @@ impl BrokerCounters {
             clients_expired: g(&self.clients_expired),
             clients_refused: g(&self.clients_refused),
             calls_unroutable: g(&self.calls_unroutable),
+            links: g(&self.links),
+            federation_brokers: g(&self.federation_brokers),
+            tree: lock(&self.tree).clone(),
         }
     }
 }
@@ -140,6 +158,8 @@ pub(crate) struct Running {
     pub(crate) counters: Arc<BrokerCounters>,
     /// Each domain's endpoints.
     pub(crate) hellos: Vec<BrokerHello>,
+    /// Its id in a federation (new at each start).
+    pub(crate) broker_id: String,
 }
 
 impl Running {
@@ -164,6 +184,11 @@ impl Drop for Running {
 struct Wanted {
     generation: u64,
     endpoints: BTreeSet<String>,
+    /// The links in the federation's spanning tree, by peer: the peer's
+    /// XPUB for this broker on this plane, once told.
+    links: BTreeMap<String, Option<String>>,
+    /// The nodes of other brokers shown to the domain.
+    shown: Arc<HashSet<[u8; 16]>>,
 }
 
 fn sock_err(endpoint: &str) -> impl Fn(zmq::Error) -> OpenError + '_ {
@@ -180,14 +205,103 @@ fn host_of(listen: &str) -> Option<&str> {
     Some(rest.rsplit_once(':')?.0)
 }
 
-/// One plane's four sockets and its thread's state.
+/// Where a plane's messages come from and go: the clients' sockets, the
+/// domain's, or a link's to a federated broker (by its id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Port {
+    Clients,
+    Domain,
+    Link(String),
+}
+
+/// What one port's subscribers asked upstream: subscriptions with their
+/// counts, and filter declarations by filter id. A link made later is
+/// told them (a new XSUB knows none of them).
+#[derive(Default)]
+struct Interest {
+    topics: BTreeMap<Vec<u8>, u32>,
+    decls: BTreeMap<String, Vec<u8>>,
+}
+
+/// Most distinct topics (and declarations) a port's [`Interest`] keeps;
+/// more are forwarded but not told to a link made later.
+const MAX_TRACKED: usize = 65_536;
+
+impl Interest {
+    /// Takes note of an upstream message.
+    fn note(&mut self, msg: &[u8]) {
+        match msg.split_first() {
+            Some((1, topic)) => {
+                if let Some(n) = self.topics.get_mut(topic) {
+                    *n += 1;
+                } else if self.topics.len() < MAX_TRACKED {
+                    self.topics.insert(topic.to_vec(), 1);
+                }
+            }
+            Some((0, topic)) => {
+                if let Some(n) = self.topics.get_mut(topic) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.topics.remove(topic);
+                    }
+                }
+            }
+            Some((&milonga_wire::filter::DECLARE_TAG, _)) if self.decls.len() < MAX_TRACKED => {
+                if let Ok(d) = milonga_wire::filter::Declaration::decode(msg) {
+                    self.decls.insert(d.filter.id_for(&d.keys), msg.to_vec());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The declarations whose filtered samples are still subscribed to.
+    fn live_decls(&mut self) -> Vec<Vec<u8>> {
+        let topics = &self.topics;
+        self.decls.retain(|id, _| {
+            let p = format!("{}{id}/", milonga_wire::filter::FILTERED_KEY_PREFIX);
+            topics
+                .range(p.as_bytes().to_vec()..)
+                .next()
+                .is_some_and(|(t, _)| t.starts_with(p.as_bytes()))
+        });
+        self.decls.values().cloned().collect()
+    }
+}
+
+/// A link to a federated broker on one plane: an XPUB bound here that
+/// the peer's XSUB connects to, and an XSUB connected to the peer's.
+struct LinkIo {
+    inp: zmq::Socket,
+    out: zmq::Socket,
+    /// The peer's XPUB for this broker, once told.
+    peer_out: Option<String>,
+    interest: Interest,
+    /// When to tell the peer's publishers the filter declarations again
+    /// (the connection is being made: a declaration sent before it is
+    /// lost; publishers ignore one they keep).
+    redeclare: Vec<Instant>,
+}
+
+/// One plane's sockets and its thread's state.
 struct PlaneIo {
     plane: Plane,
     from_clients: zmq::Socket,
     from_domain: zmq::Socket,
     to_clients: zmq::Socket,
     to_domain: zmq::Socket,
+    links: BTreeMap<String, LinkIo>,
+    clients_interest: Interest,
+    domain_interest: Interest,
     wanted: Arc<Mutex<Wanted>>,
+    /// The links' XPUB endpoints, by peer, for the control thread.
+    bound: Arc<Mutex<BTreeMap<String, String>>>,
+    /// Nodes of other brokers this one shows to its domain: their frames
+    /// from links go to `to_domain` too.
+    shown: Arc<HashSet<[u8; 16]>>,
+    host: String,
+    ctx: ContextRef,
+    spec_cfg: Config,
     applied: u64,
     connected: BTreeSet<String>,
     /// The reliable plane's stall limit, and until when a connection that
@@ -205,6 +319,59 @@ const STUCK_WAIT: Duration = Duration::from_millis(5);
 /// Most messages read from one socket before the others get a turn.
 const BURST: usize = 256;
 
+/// The publisher node id in a data frame's header, if it has one.
+fn origin(first: &[u8]) -> Option<[u8; 16]> {
+    use milonga_wire::frame::offset::NODE_ID;
+    let nul = first
+        .iter()
+        .take(milonga_wire::key::MAX_KEY_BYTES + 1)
+        .position(|b| *b == 0)?;
+    let at = nul + 1 + NODE_ID;
+    first.get(at..at + 16)?.try_into().ok()
+}
+
+fn new_xsub(ctx: &ContextRef, cfg: &Config, v6: bool, ep: &str) -> Result<zmq::Socket, OpenError> {
+    let err = sock_err(ep);
+    let s = ctx.socket(zmq::XSUB)?;
+    zmq_io::apply_common(&s, cfg).map_err(&err)?;
+    s.set_ipv6(v6).map_err(&err)?;
+    Ok(s)
+}
+
+fn new_xpub(
+    ctx: &ContextRef,
+    cfg: &Config,
+    v6: bool,
+    ep: &str,
+    plane: Plane,
+    stall_ms: u64,
+) -> Result<zmq::Socket, OpenError> {
+    let err = sock_err(ep);
+    let mut s = ctx.socket(zmq::XPUB)?;
+    zmq_io::apply_common(&s, cfg).map_err(&err)?;
+    s.set_ipv6(v6).map_err(&err)?;
+    // Every subscribe and unsubscribe goes upstream, where the XSUBs
+    // count them: a topic stays subscribed upstream while one connection
+    // here holds it.
+    zmq_io::set_xpub_verboser(&mut s).map_err(&err)?;
+    s.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
+        .map_err(&err)?;
+    match plane {
+        // A reliable publisher's small high-water mark makes it batch
+        // (docs/protocol.md §4); here the queue per client is the usual
+        // one, and a full one holds the plane up to the stall limit.
+        Plane::Reliable => {
+            zmq_io::set_xpub_nodrop(&mut s, true).map_err(&err)?;
+            s.set_sndtimeo(i32::try_from(stall_ms).unwrap_or(i32::MAX))
+                .map_err(&err)?;
+        }
+        // Heartbeats are small and the goodbye must get through.
+        Plane::Liveliness => s.set_sndhwm(1000).map_err(&err)?,
+        Plane::BestEffort => {}
+    }
+    Ok(s)
+}
+
 impl PlaneIo {
     fn open(
         ctx: &ContextRef,
@@ -216,48 +383,14 @@ impl PlaneIo {
     ) -> Result<(PlaneIo, [String; 3]), OpenError> {
         let cfg = &spec.cfg;
         let ep = format!("tcp://{host}:*");
-        let err = sock_err(&ep);
         // A listening socket with IPv6 on names IPv4 peers and its own
         // endpoint in IPv6 form: on only for an IPv6 address.
         let v6 = host.starts_with('[');
-        let xsub = || -> Result<zmq::Socket, OpenError> {
-            let s = ctx.socket(zmq::XSUB)?;
-            zmq_io::apply_common(&s, cfg).map_err(&err)?;
-            s.set_ipv6(v6).map_err(&err)?;
-            Ok(s)
-        };
-        let xpub = || -> Result<zmq::Socket, OpenError> {
-            let mut s = ctx.socket(zmq::XPUB)?;
-            zmq_io::apply_common(&s, cfg).map_err(&err)?;
-            s.set_ipv6(v6).map_err(&err)?;
-            // Every subscribe and unsubscribe goes upstream, where the
-            // XSUBs count them: a topic stays subscribed upstream while
-            // one connection here holds it.
-            zmq_io::set_xpub_verboser(&mut s).map_err(&err)?;
-            s.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
-                .map_err(&err)?;
-            match plane {
-                // A reliable publisher's small high-water mark makes it batch
-                // (docs/protocol.md §4); here the queue per client is the
-                // usual one, and a full one holds the plane up to the
-                // stall limit.
-                Plane::Reliable => {
-                    zmq_io::set_xpub_nodrop(&mut s, true).map_err(&err)?;
-                    s.set_sndtimeo(i32::try_from(spec.stall_ms).unwrap_or(i32::MAX))
-                        .map_err(&err)?;
-                }
-                // Heartbeats are small and the goodbye must get through.
-                Plane::Liveliness => s.set_sndhwm(1000).map_err(&err)?,
-                Plane::BestEffort => {}
-            }
-            Ok(s)
-        };
-        let from_clients = xsub()?;
-        let from_domain = xsub()?;
+        let from_clients = new_xsub(ctx, cfg, v6, &ep)?;
         // It connects to publishers, which may be at IPv6 addresses.
-        from_domain.set_ipv6(true).map_err(&err)?;
-        let to_clients = xpub()?;
-        let to_domain = xpub()?;
+        let from_domain = new_xsub(ctx, cfg, true, &ep)?;
+        let to_clients = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms)?;
+        let to_domain = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms)?;
         let fc = zmq_io::bind(&from_clients, &ep)?;
         let tc = zmq_io::bind(&to_clients, &ep)?;
         let td = zmq_io::bind(&to_domain, &ep)?;
@@ -268,7 +401,15 @@ impl PlaneIo {
                 from_domain,
                 to_clients,
                 to_domain,
+                links: BTreeMap::new(),
+                clients_interest: Interest::default(),
+                domain_interest: Interest::default(),
                 wanted: Arc::new(Mutex::new(Wanted::default())),
+                bound: Arc::default(),
+                shown: Arc::default(),
+                host: host.to_owned(),
+                ctx: ContextRef::acquire(),
+                spec_cfg: cfg.clone(),
                 applied: 0,
                 connected: BTreeSet::new(),
                 stall: Duration::from_millis(spec.stall_ms),
@@ -283,32 +424,49 @@ impl PlaneIo {
     fn run(mut self) {
         while !self.stop.load(Ordering::Relaxed) {
             self.reconcile();
-            let mut items = [
+            self.redeclare();
+            let ids: Vec<String> = self.links.keys().cloned().collect();
+            let mut items = vec![
                 self.from_clients.as_poll_item(zmq::POLLIN),
                 self.from_domain.as_poll_item(zmq::POLLIN),
                 self.to_clients.as_poll_item(zmq::POLLIN),
                 self.to_domain.as_poll_item(zmq::POLLIN),
             ];
+            for l in self.links.values() {
+                items.push(l.inp.as_poll_item(zmq::POLLIN));
+                items.push(l.out.as_poll_item(zmq::POLLIN));
+            }
             if !matches!(zmq::poll(&mut items, 50), Ok(n) if n > 0) {
                 continue;
             }
             let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
+            drop(items);
             if ready[0] {
-                self.down(true);
+                self.down(&Port::Clients);
             }
             if ready[1] {
-                self.down(false);
+                self.down(&Port::Domain);
             }
             if ready[2] {
-                self.up(true);
+                self.up(&Port::Clients);
             }
             if ready[3] {
-                self.up(false);
+                self.up(&Port::Domain);
+            }
+            for (i, id) in ids.into_iter().enumerate() {
+                let port = Port::Link(id);
+                if ready[4 + 2 * i] {
+                    self.down(&port);
+                }
+                if ready[5 + 2 * i] {
+                    self.up(&port);
+                }
             }
         }
     }
 
-    /// Connects the peer-to-peer XSUB to the endpoints wanted now.
+    /// Connects the peer-to-peer XSUB to the endpoints wanted now, and
+    /// makes or drops links.
     fn reconcile(&mut self) {
         let w = lock(&self.wanted);
         if w.generation == self.applied {
@@ -316,6 +474,8 @@ impl PlaneIo {
         }
         self.applied = w.generation;
         let wanted = w.endpoints.clone();
+        let links = w.links.clone();
+        self.shown = w.shown.clone();
         drop(w);
         for ep in self.connected.difference(&wanted) {
             let _ = self.from_domain.disconnect(ep);
@@ -326,53 +486,229 @@ impl PlaneIo {
             }
         }
         self.connected = wanted;
-    }
-
-    /// Frames from clients (`from_clients`) or from the domain: to the
-    /// clients, and a client's to the domain too (the same frames, shared,
-    /// not copied).
-    fn down(&mut self, from_clients: bool) {
-        for _ in 0..BURST {
-            if self.stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let src = if from_clients {
-                &mut self.from_clients
-            } else {
-                &mut self.from_domain
-            };
-            let Ok(mut frames) = recv_frames(src) else {
-                return;
-            };
-            if from_clients {
-                let Ok(shared) = frames
-                    .iter_mut()
-                    .map(Frame::share)
-                    .collect::<zmq::Result<Vec<_>>>()
-                else {
+        let gone: Vec<String> = self
+            .links
+            .keys()
+            .filter(|id| !links.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            self.drop_link(&id);
+        }
+        for (id, peer_out) in links {
+            if !self.links.contains_key(&id) {
+                if let Err(e) = self.add_link(&id) {
+                    tracing::warn!(peer = %id, err = %e, "the broker cannot open a link's sockets");
                     continue;
-                };
-                self.send(true, shared);
-                self.send(false, frames);
-            } else {
-                self.send(true, frames);
+                }
+            }
+            let Some(l) = self.links.get_mut(&id) else {
+                continue;
+            };
+            if l.peer_out != peer_out {
+                if let Some(old) = l.peer_out.take() {
+                    let _ = l.inp.disconnect(&old);
+                }
+                if let Some(ep) = &peer_out {
+                    if let Err(e) = l.inp.connect(ep) {
+                        tracing::warn!(endpoint = %ep, err = %e, "the broker cannot connect to a federated broker");
+                    }
+                    let now = Instant::now();
+                    l.redeclare = [100, 500, 1500]
+                        .iter()
+                        .map(|ms| now + Duration::from_millis(*ms))
+                        .collect();
+                }
+                l.peer_out = peer_out;
             }
         }
     }
 
-    /// Sends `frames` on `to_clients` (or `to_domain`). A reliable plane
-    /// waits up to `stall` for a full connection, then sends without
-    /// waiting: the full connection drops the frame, and its subscriber
-    /// sees the gap.
-    fn send(&mut self, to_clients: bool, frames: Vec<Frame>) {
+    /// Opens a link's sockets; its XSUB subscribes to what every other
+    /// port's subscribers asked for.
+    fn add_link(&mut self, id: &str) -> Result<(), OpenError> {
+        let ep = format!("tcp://{}:*", self.host);
+        let v6 = self.host.starts_with('[');
+        let stall_ms = u64::try_from(self.stall.as_millis()).unwrap_or(u64::MAX);
+        let inp = new_xsub(&self.ctx, &self.spec_cfg, true, &ep)?;
+        let out = new_xpub(&self.ctx, &self.spec_cfg, v6, &ep, self.plane, stall_ms)?;
+        let bound = zmq_io::bind(&out, &ep)?;
+        let others = std::iter::once(&self.clients_interest)
+            .chain(std::iter::once(&self.domain_interest))
+            .chain(self.links.values().map(|l| &l.interest));
+        for i in others {
+            for (topic, n) in &i.topics {
+                let mut m = vec![1u8];
+                m.extend_from_slice(topic);
+                for _ in 0..*n {
+                    let _ = inp.send(&m[..], zmq::DONTWAIT);
+                }
+            }
+        }
+        lock(&self.bound).insert(id.to_owned(), bound);
+        self.links.insert(
+            id.to_owned(),
+            LinkIo {
+                inp,
+                out,
+                peer_out: None,
+                interest: Interest::default(),
+                redeclare: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Closes a link: what its subscribers asked for is withdrawn
+    /// upstream.
+    fn drop_link(&mut self, id: &str) {
+        lock(&self.bound).remove(id);
+        let Some(l) = self.links.remove(id) else {
+            return;
+        };
+        let _ = l.inp.set_linger(0);
+        let _ = l.out.set_linger(0);
+        for (topic, n) in &l.interest.topics {
+            let mut m = vec![0u8];
+            m.extend_from_slice(topic);
+            for _ in 0..*n {
+                let _ = self.from_clients.send(&m[..], zmq::DONTWAIT);
+                let _ = self.from_domain.send(&m[..], zmq::DONTWAIT);
+                for o in self.links.values() {
+                    let _ = o.inp.send(&m[..], zmq::DONTWAIT);
+                }
+            }
+        }
+    }
+
+    /// Tells the filter declarations of every other port to the links
+    /// whose connection was being made.
+    fn redeclare(&mut self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.redeclare.first().is_some_and(|t| *t <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            let mut decls = self.clients_interest.live_decls();
+            decls.extend(self.domain_interest.live_decls());
+            for (other, l) in &mut self.links {
+                if *other != id {
+                    decls.extend(l.interest.live_decls());
+                }
+            }
+            if let Some(l) = self.links.get_mut(&id) {
+                l.redeclare.remove(0);
+                for d in &decls {
+                    let _ = l.inp.send(&d[..], zmq::DONTWAIT);
+                }
+            }
+        }
+    }
+
+    fn in_socket(&mut self, p: &Port) -> Option<&mut zmq::Socket> {
+        match p {
+            Port::Clients => Some(&mut self.from_clients),
+            Port::Domain => Some(&mut self.from_domain),
+            Port::Link(id) => self.links.get_mut(id).map(|l| &mut l.inp),
+        }
+    }
+
+    fn out_socket(&mut self, p: &Port) -> Option<&mut zmq::Socket> {
+        match p {
+            Port::Clients => Some(&mut self.to_clients),
+            Port::Domain => Some(&mut self.to_domain),
+            Port::Link(id) => self.links.get_mut(id).map(|l| &mut l.out),
+        }
+    }
+
+    /// The links other than `but`.
+    fn other_links(&self, but: &Port) -> impl Iterator<Item = Port> + '_ {
+        let but = match but {
+            Port::Link(id) => Some(id.clone()),
+            _ => None,
+        };
+        self.links
+            .keys()
+            .filter(move |id| Some(*id) != but.as_ref())
+            .map(|id| Port::Link(id.clone()))
+    }
+
+    /// Data frames that came in on `src`: a client's go to the clients,
+    /// the domain and the links; the domain's to the clients and the
+    /// links; a link's to the clients, the other links, and the domain
+    /// when this broker shows their publisher there. The same frames are
+    /// shared between the sockets, not copied.
+    fn down(&mut self, src: &Port) {
+        for _ in 0..BURST {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let Some(sock) = self.in_socket(src) else {
+                return;
+            };
+            let Ok(frames) = recv_frames(sock) else {
+                return;
+            };
+            let mut targets = vec![Port::Clients];
+            match src {
+                Port::Clients => targets.push(Port::Domain),
+                Port::Domain => {}
+                Port::Link(_) => {
+                    if frames
+                        .first()
+                        .and_then(|f| origin(f.bytes()))
+                        .is_some_and(|o| self.shown.contains(&o))
+                    {
+                        targets.push(Port::Domain);
+                    }
+                }
+            }
+            targets.extend(self.other_links(src));
+            self.fan_out(targets, frames, |me, t, f| me.send(t, f));
+        }
+    }
+
+    /// Sends `frames` to each of `targets` with `send`, sharing them.
+    fn fan_out(
+        &mut self,
+        targets: Vec<Port>,
+        mut frames: Vec<Frame>,
+        send: impl Fn(&mut Self, &Port, Vec<Frame>),
+    ) {
+        let n = targets.len();
+        for (i, t) in targets.iter().enumerate() {
+            if i + 1 == n {
+                send(self, t, frames);
+                return;
+            }
+            let Ok(shared) = frames
+                .iter_mut()
+                .map(Frame::share)
+                .collect::<zmq::Result<Vec<_>>>()
+            else {
+                return;
+            };
+            send(self, t, shared);
+        }
+    }
+
+    /// Sends `frames` on the XPUB of `to`. A reliable plane waits up to
+    /// `stall` for a full connection, then sends without waiting: the
+    /// full connection drops the frame, and its subscriber sees the gap.
+    fn send(&mut self, to: &Port, frames: Vec<Frame>) {
         let bytes: usize = frames.iter().map(Frame::len).sum();
-        let sock = if to_clients {
-            &mut self.to_clients
-        } else {
-            &mut self.to_domain
+        let reliable = self.plane == Plane::Reliable;
+        let stuck = self.lossy_until.is_some_and(|t| Instant::now() < t);
+        let stall = self.stall;
+        let counters = self.counters.clone();
+        let Some(sock) = self.out_socket(to) else {
+            return;
         };
         let n = frames.len();
-        let reliable = self.plane == Plane::Reliable;
+        let mut lossy_from = None;
         for (i, f) in frames.into_iter().enumerate() {
             let flags = if i + 1 < n { zmq::SNDMORE } else { 0 } | zmq::DONTWAIT;
             let f = match f.send(sock, flags) {
@@ -387,7 +723,6 @@ impl PlaneIo {
             // that finds a connection full waits only STUCK_WAIT (a client
             // that reads catches up in that time), so that one stuck
             // client does not hold every other one at a frame per stall.
-            let stuck = self.lossy_until.is_some_and(|t| Instant::now() < t);
             let f = if stuck {
                 let end = Instant::now() + STUCK_WAIT;
                 let mut f = f;
@@ -401,15 +736,13 @@ impl PlaneIo {
                     };
                 }
             } else {
-                self.counters
-                    .reliable_stalls
-                    .fetch_add(1, Ordering::Relaxed);
+                counters.reliable_stalls.fetch_add(1, Ordering::Relaxed);
                 // Blocks until the full connection has room, at most the
                 // stall limit (the socket's ZMQ_SNDTIMEO).
                 match f.send(sock, flags & !zmq::DONTWAIT) {
                     Ok(()) => None,
                     Err((f, zmq::Error::EAGAIN)) => {
-                        self.lossy_until = Some(Instant::now() + self.stall);
+                        lossy_from = Some(Instant::now());
                         Some(f)
                     }
                     Err(_) => return,
@@ -420,46 +753,54 @@ impl PlaneIo {
                 let _ = zmq_io::set_xpub_nodrop(sock, false);
                 let _ = f.send(sock, flags);
                 let _ = zmq_io::set_xpub_nodrop(sock, true);
-                self.counters
-                    .reliable_dropped
-                    .fetch_add(1, Ordering::Relaxed);
+                counters.reliable_dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!("a reliable frame found a subscriber full past the stall limit and was dropped for it");
             }
         }
-        self.counters
-            .frames_forwarded
-            .fetch_add(1, Ordering::Relaxed);
-        self.counters
+        if let Some(t) = lossy_from {
+            self.lossy_until = Some(t + stall);
+        }
+        counters.frames_forwarded.fetch_add(1, Ordering::Relaxed);
+        counters
             .bytes_forwarded
             .fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
-    /// Subscriptions, queries and declarations from clients (or from the
-    /// domain's subscribers): to the clients' publishers, and a client's
-    /// to the domain's too.
-    fn up(&mut self, from_clients: bool) {
+    /// Subscriptions, queries and declarations from the subscribers on
+    /// `src`'s XPUB: to the XSUBs of every other port (a client's to the
+    /// clients' too, since clients subscribe to each other), each noted
+    /// for the links made later.
+    fn up(&mut self, src: &Port) {
         for _ in 0..BURST {
-            let src = if from_clients {
-                &mut self.to_clients
-            } else {
-                &mut self.to_domain
+            let Some(sock) = self.out_socket(src) else {
+                return;
             };
-            let Ok(mut frames) = recv_frames(src) else {
+            let Ok(frames) = recv_frames(sock) else {
                 return;
             };
             self.counters
                 .upstream_messages
                 .fetch_add(1, Ordering::Relaxed);
-            if from_clients {
-                if let Ok(shared) = frames
-                    .iter_mut()
-                    .map(Frame::share)
-                    .collect::<zmq::Result<Vec<_>>>()
-                {
-                    send_frames(&mut self.from_domain, shared);
+            if let [only] = &frames[..] {
+                let interest = match src {
+                    Port::Clients => Some(&mut self.clients_interest),
+                    Port::Domain => Some(&mut self.domain_interest),
+                    Port::Link(id) => self.links.get_mut(id).map(|l| &mut l.interest),
+                };
+                if let Some(i) = interest {
+                    i.note(only.bytes());
                 }
             }
-            send_frames(&mut self.from_clients, frames);
+            let mut targets = vec![Port::Clients];
+            if *src != Port::Domain {
+                targets.push(Port::Domain);
+            }
+            targets.extend(self.other_links(src));
+            self.fan_out(targets, frames, |me, t, f| {
+                if let Some(s) = me.in_socket(t) {
+                    send_frames(s, f);
+                }
+            });
         }
     }
 }
@@ -554,8 +895,14 @@ struct Domain {
     hello: BrokerHello,
     /// `to_domain` endpoints: best effort, reliable, liveliness.
     to_domain: [String; 3],
-    /// Each plane's wanted peer-to-peer endpoints.
+    /// Each plane's wanted peer-to-peer endpoints, links and shown nodes.
     wanted: [Arc<Mutex<Wanted>>; 3],
+    /// Each plane's link XPUBs, by peer broker.
+    bound: [Arc<Mutex<BTreeMap<String, String>>>; 3],
+    /// The other brokers' nodes this broker shows to its domain.
+    shown: BTreeMap<String, Announcement>,
+    /// What it reaches without another broker (its record's part).
+    direct: Vec<Announcement>,
     /// The peer-to-peer services calls are relayed to.
     services: Arc<Mutex<ServiceTable>>,
     clients: HashMap<String, Client>,
@@ -601,27 +948,76 @@ impl Domain {
         ]
     }
 
-    /// Takes in what discovery shows of the domain now: the nodes the
-    /// clients are told, and the endpoints the planes connect to.
-    fn refresh(&mut self) {
+    /// Takes in what discovery shows of the domain now, and what the
+    /// federation reaches: the nodes the clients are told, the endpoints
+    /// the planes connect to, the links they use, the nodes shown to the
+    /// domain.
+    fn refresh(&mut self, fed: &Federation) {
         // The broker's nodes are of this process.
         let my_pid = std::process::id();
         let me = self.host.node_id();
+        let domain = self.hello.domain.clone();
+        // What the other brokers reach directly: each node with the
+        // smallest broker id that lists it (where it enters the
+        // federation), and the brokers' own nodes.
+        let mut listed: BTreeMap<String, (String, Announcement)> = BTreeMap::new();
+        let mut broker_nodes: HashMap<String, String> = HashMap::new();
+        for l in fed.others() {
+            let Some(d) = l.domains.get(&domain) else {
+                continue;
+            };
+            broker_nodes.insert(d.node_id.clone(), l.broker.clone());
+            for a in &d.nodes {
+                match listed.get(&a.node_id) {
+                    Some((b, _)) if *b <= l.broker => {}
+                    _ => {
+                        listed.insert(a.node_id.clone(), (l.broker.clone(), a.clone()));
+                    }
+                }
+            }
+        }
+        let peers = self.host.peers();
+        // The brokers of the federation that share this domain's local
+        // directory (their nodes are among the peers), with their pid: of
+        // them, the one of smallest id brings the domain's peer-to-peer
+        // nodes into the federation and shows the federation's nodes to
+        // the domain; each shows its own clients.
+        let colocated: HashMap<&str, u32> = peers
+            .iter()
+            .filter_map(|a| Some((broker_nodes.get(&a.node_id)?.as_str(), a.pid)))
+            .collect();
+        let gateway = !colocated.keys().any(|b| *b < fed.me.as_str());
         let mut others = BTreeMap::new();
         let mut wanted: [BTreeSet<String>; 3] = Default::default();
         let mut table = HashMap::new();
-        for a in self.host.peers() {
+        let mut direct = Vec::new();
+        for a in peers {
             // The broker's own node, its clients, and what it announced for
-            // a client it no longer serves (at its own sockets).
+            // a client it no longer serves or for another broker's node (at
+            // its own sockets).
             let ours = |e: &String| self.to_domain.iter().any(|t| uplink::untagged(e) == t);
             if a.node_id == me
                 || self.clients.contains_key(&a.node_id)
                 || a.data_endpoints().any(|e| ours(&e.to_owned()))
                 || a.liveliness.as_ref().is_some_and(ours)
+                || broker_nodes.contains_key(&a.node_id)
             {
                 continue;
             }
-            if !a.publications.is_empty() {
+            let brokered = a.data_endpoints().any(|e| e.contains('#'))
+                || a.liveliness.as_ref().is_some_and(|e| e.contains('#'));
+            // A node another broker serves comes through the federation if
+            // that broker is of it; a peer-to-peer node enters the
+            // federation at the broker of smallest id that sees it.
+            let import = if brokered {
+                !listed.contains_key(&a.node_id) && !colocated.values().any(|pid| *pid == a.pid)
+            } else {
+                let mut d = a.clone();
+                d.services.clear();
+                direct.push(d);
+                gateway && listed.get(&a.node_id).is_none_or(|(b, _)| *b > fed.me)
+            };
+            if import && !a.publications.is_empty() {
                 // An inproc endpoint is reached from this process only;
                 // a tagged one (another broker's) once per untagged one.
                 let inproc = |e: &&String| !e.starts_with("inproc://") || a.pid == my_pid;
@@ -654,16 +1050,68 @@ impl Domain {
             }
             others.insert(a.node_id.clone(), told);
         }
+        // The federation's other nodes: told to the clients at this
+        // broker's sockets, and shown to the domain by its gateway.
+        let td = [
+            self.to_domain[0].as_str(),
+            self.to_domain[1].as_str(),
+            self.to_domain[2].as_str(),
+        ];
+        let mut shown = BTreeMap::new();
+        for (id, (owner, a)) in &listed {
+            if self.clients.contains_key(id) || others.contains_key(id) {
+                continue;
+            }
+            let mut told = Domain::at(a, self.out());
+            told.services.clear();
+            others.insert(id.clone(), told);
+            // A co-located broker shows its own clients.
+            if gateway && !colocated.contains_key(owner.as_str()) {
+                let mut s = Domain::at(a, td);
+                s.services.clear();
+                shown.insert(id.clone(), s);
+            }
+        }
+        for (id, a) in &shown {
+            if self.shown.get(id) != Some(a) {
+                self.host.show(a);
+            }
+        }
+        for id in self.shown.keys() {
+            if !shown.contains_key(id) && !self.clients.contains_key(id) {
+                self.host.hide(id);
+            }
+        }
+        let shown_ids: Arc<HashSet<[u8; 16]>> = Arc::new(
+            shown
+                .keys()
+                .filter_map(|id| milonga_wire::frame::NodeId::from_hex(id).map(|n| n.0))
+                .collect(),
+        );
+        self.shown = shown;
+        direct.extend(self.clients.values().map(|c| {
+            let mut a = c.announcement.clone();
+            a.services.clear();
+            a
+        }));
+        self.direct = direct;
         let mut t = lock(&self.services);
         if t.endpoints != table {
             t.endpoints = table;
             t.generation += 1;
         }
         drop(t);
-        for (w, set) in self.wanted.iter().zip(wanted) {
+        let tree = fed.tree_links();
+        for (i, (w, set)) in self.wanted.iter().zip(wanted).enumerate() {
+            let links: BTreeMap<String, Option<String>> = tree
+                .iter()
+                .map(|p| (p.clone(), fed.peer_out(p, &domain).map(|e| e[i].clone())))
+                .collect();
             let mut w = lock(w);
-            if w.endpoints != set {
+            if w.endpoints != set || w.links != links || *w.shown != *shown_ids {
                 w.endpoints = set;
+                w.links = links;
+                w.shown = shown_ids.clone();
                 w.generation += 1;
             }
         }
@@ -671,6 +1119,13 @@ impl Domain {
             self.others = others;
             self.dirty = true;
         }
+    }
+
+    /// This broker's link XPUBs for `peer` in this domain, once the
+    /// three planes have them.
+    fn link_out(&self, peer: &str) -> Option<[String; 3]> {
+        let get = |i: usize| lock(&self.bound[i]).get(peer).cloned();
+        Some([get(0)?, get(1)?, get(2)?])
     }
 
     /// The view's version and JSON, rebuilt if anything changed.
@@ -769,6 +1224,7 @@ impl Domain {
 struct Control {
     router: zmq::Socket,
     domains: Vec<Domain>,
+    fed: Federation,
     spec: BrokerSpec,
     counters: Arc<BrokerCounters>,
     stop: Arc<AtomicBool>,
@@ -779,14 +1235,25 @@ impl Control {
         let lease = Duration::from_millis(self.spec.lease_ms);
         let mut next_refresh = Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
-            let mut items = [self.router.as_poll_item(zmq::POLLIN)];
+            let mut items = vec![self.router.as_poll_item(zmq::POLLIN)];
+            items.extend(self.fed.poll_items());
             let _ = zmq::poll(&mut items, 20);
+            let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
+            drop(items);
             let now = Instant::now();
             for _ in 0..BURST {
                 let Ok(frames) = self.router.recv_multipart(zmq::DONTWAIT) else {
                     break;
                 };
                 self.serve(frames, now);
+            }
+            for (i, r) in ready.iter().skip(1).enumerate() {
+                if *r {
+                    let bad = self.fed.read_dealer(i, now);
+                    self.counters
+                        .requests_malformed
+                        .fetch_add(bad, Ordering::Relaxed);
+                }
             }
             if now >= next_refresh {
                 next_refresh = now + Duration::from_millis(100);
@@ -795,16 +1262,40 @@ impl Control {
                     self.counters
                         .clients_expired
                         .fetch_add(n as u64, Ordering::Relaxed);
-                    d.refresh();
+                    d.refresh(&self.fed);
                 }
+                let direct = self
+                    .domains
+                    .iter()
+                    .map(|d| {
+                        let ld = LsaDomain {
+                            node_id: d.hello.node_id.clone(),
+                            nodes: d.direct.clone(),
+                        };
+                        (d.hello.domain.clone(), ld)
+                    })
+                    .collect();
+                let domains = &self.domains;
+                self.fed
+                    .tick(now, direct, |peer| link_out_all(domains, peer));
                 let n: usize = self.domains.iter().map(|d| d.clients.len()).sum();
                 self.counters.clients.store(n as u64, Ordering::Relaxed);
+                self.counters
+                    .links
+                    .store(self.fed.links_up() as u64, Ordering::Relaxed);
+                self.counters
+                    .federation_brokers
+                    .store(self.fed.known() as u64, Ordering::Relaxed);
+                *lock(&self.counters.tree) = self.fed.tree_links().into_iter().collect();
             }
         }
         for d in &mut self.domains {
             let ids: Vec<String> = d.clients.keys().cloned().collect();
             for id in ids {
                 d.detach(&id);
+            }
+            for id in std::mem::take(&mut d.shown).into_keys() {
+                d.host.hide(&id);
             }
         }
     }
@@ -901,8 +1392,24 @@ impl Control {
                     d.detach(&node_id);
                 }
             }
+            BrokerRequest::Peer { header, lsas } => {
+                let peer = header.broker.clone();
+                self.fed.take(header, lsas, now);
+                let out = link_out_all(&self.domains, &peer);
+                let msg = self.fed.message_for(Some(&peer), &out);
+                let parts: Vec<&[u8]> = msg.iter().map(Vec::as_slice).collect();
+                reply(&self.router, &parts);
+            }
         }
     }
+}
+
+/// This broker's link XPUBs for `peer`, by domain.
+fn link_out_all(domains: &[Domain], peer: &str) -> BTreeMap<String, [String; 3]> {
+    domains
+        .iter()
+        .filter_map(|d| Some((d.hello.domain.clone(), d.link_out(peer)?)))
+        .collect()
 }
 
 /// Starts a broker serving `domains` (at least one).
@@ -936,9 +1443,11 @@ pub(crate) fn start(
     for host_of_domain in domains {
         let mut eps: Vec<[String; 3]> = Vec::new();
         let mut wanted = Vec::new();
+        let mut bound = Vec::new();
         for plane in [Plane::BestEffort, Plane::Reliable, Plane::Liveliness] {
             let (io, e) = PlaneIo::open(&ctx, &spec, &host, plane, &counters, &stop)?;
             wanted.push(io.wanted.clone());
+            bound.push(io.bound.clone());
             eps.push(e);
             planes.push((host_of_domain.domain().to_owned(), io));
         }
@@ -964,11 +1473,17 @@ pub(crate) fn start(
         let [w0, w1, w2]: [Arc<Mutex<Wanted>>; 3] = wanted
             .try_into()
             .unwrap_or_else(|_| unreachable!("three planes"));
+        let [b0, b1, b2]: [Arc<Mutex<BTreeMap<String, String>>>; 3] = bound
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("three planes"));
         ds.push(Domain {
             host: host_of_domain,
             hello,
             to_domain: [eps[0][2].clone(), eps[1][2].clone(), eps[2][2].clone()],
             wanted: [w0, w1, w2],
+            bound: [b0, b1, b2],
+            shown: BTreeMap::new(),
+            direct: Vec::new(),
             services,
             clients: HashMap::new(),
             others: BTreeMap::new(),
@@ -989,6 +1504,7 @@ pub(crate) fn start(
         listen,
         counters: counters.clone(),
         hellos,
+        broker_id: String::new(),
     };
     for (domain, io) in planes {
         let name = format!("milonga-broker-{:?} {domain}", io.plane).to_lowercase();
@@ -998,9 +1514,18 @@ pub(crate) fn start(
         let name = format!("milonga-broker-calls {domain}");
         threads.push(spawn(name, Box::new(move || calls.run()))?);
     }
+    let fed = Federation::new(
+        &running.listen,
+        &spec.peers,
+        &spec.cfg,
+        Duration::from_millis(spec.lease_ms),
+        Duration::from_millis(spec.attach_interval_ms),
+    )?;
+    running.broker_id = fed.me.clone();
     let control = Control {
         router,
         domains: ds,
+        fed,
         spec,
         counters,
         stop,

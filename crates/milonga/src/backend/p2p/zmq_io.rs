@@ -496,6 +496,21 @@ impl Frame {
         unsafe { zmq_sys::zmq_msg_size(&self.0) }
     }
 
+    /// Its bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        let n = self.len();
+        if n == 0 {
+            return &[];
+        }
+        // SAFETY: zmq_msg_data only reads the message (its C signature
+        // takes a mutable pointer nonetheless); the data lives as long as
+        // the message, which `&self` borrows.
+        unsafe {
+            let p = zmq_sys::zmq_msg_data(std::ptr::addr_of!(self.0).cast_mut());
+            std::slice::from_raw_parts(p.cast::<u8>(), n)
+        }
+    }
+
     /// Another reference to the same frame (no copy of a large one).
     pub(crate) fn share(&mut self) -> zmq::Result<Frame> {
         let mut msg = zmq_sys::zmq_msg_t::default();

@@ -1,0 +1,354 @@
+//! Brokers linked in a federation (docs/broker.md "Federation"), with real
+//! broker processes: a triangle of brokers on one host, and a ring of four
+//! "hosts" (a runtime directory each) whose link through a proxy breaks
+//! and comes back. Each broker has clients that publish and subscribe;
+//! every sample must reach every subscriber exactly once.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use milonga::{Config, Event, Node, Publisher, PublisherQos, Subscriber, SubscriberQos};
+use milonga_testkit::{wait_for, FaultProxy, Proc, TempDir};
+use serde_json::Value as Json;
+
+mod common;
+use common::Env;
+
+const T: Duration = Duration::from_secs(30);
+
+/// A `milonga broker --json` process.
+struct Broker {
+    proc: Proc,
+    id: String,
+    listen: String,
+    locator: String,
+}
+
+impl Broker {
+    /// Its next stats line's counters.
+    fn next_stats(&self) -> Json {
+        loop {
+            let line = self.proc.line(T).expect("a stats line");
+            let v: Json = serde_json::from_str(&line).unwrap();
+            if v["event"] == "stats" {
+                return v["stats"].clone();
+            }
+        }
+    }
+
+    /// Reads stats lines until `ok` holds for one (the broker prints one
+    /// a second).
+    fn until_stats(&self, what: &str, ok: impl Fn(&Json) -> bool) {
+        let end = Instant::now() + T;
+        loop {
+            let left = end
+                .checked_duration_since(Instant::now())
+                .unwrap_or_else(|| panic!("{}: {what}", self.listen));
+            let line = self
+                .proc
+                .line(left)
+                .unwrap_or_else(|| panic!("{}: {what}: no more lines", self.listen));
+            let v: Json = serde_json::from_str(&line).unwrap();
+            if v["event"] == "stats" && ok(&v["stats"]) {
+                return;
+            }
+        }
+    }
+}
+
+/// A broker on a free port of loopback, its local directory `dir` (a
+/// host of its own, or the one of `env`), linked to `peers`.
+fn broker(env: &Env, dir: &Path, listen: Option<String>, peers: &[&str]) -> Broker {
+    let listen = listen.unwrap_or_else(|| "tcp://127.0.0.1:0".to_owned());
+    let mut args = vec![
+        "broker",
+        "--listen",
+        &listen,
+        "--json",
+        "--domain",
+        &env.domain,
+    ];
+    for p in peers {
+        args.extend(["--peer-broker", p]);
+    }
+    let mut cmd = env.cmd(&args);
+    cmd.env("MILONGA_RUNTIME_DIR", dir);
+    let proc = Proc::spawn(cmd);
+    let line = proc.line(T).expect("the broker says where it listens");
+    let v: Json = serde_json::from_str(&line).expect("a JSON line");
+    assert_eq!(v["event"], "listening", "{v}");
+    Broker {
+        proc,
+        id: v["broker_id"].as_str().unwrap().to_owned(),
+        listen: v["listen"].as_str().unwrap().to_owned(),
+        locator: v["locators"][0].as_str().unwrap().to_owned(),
+    }
+}
+
+/// A node on `locator` whose local directory is `dir`.
+fn node(locator: &str, dir: &Path, name: &str) -> Node {
+    let mut c = Config::new(locator, name);
+    c.runtime_dir = Some(dir.to_path_buf());
+    Node::open_with(c).unwrap()
+}
+
+/// A publisher of `key` (reliable, with history for repairs) and a
+/// reliable subscriber of `fed/**`, on one node or two.
+struct Member {
+    name: String,
+    publisher: Option<(Publisher, String)>,
+    sub: Option<Subscriber>,
+    nodes: Vec<Node>,
+    /// Each key's sequence numbers as they came.
+    got: BTreeMap<String, Vec<u64>>,
+    lost: u64,
+}
+
+impl Member {
+    fn new(name: &str, publishing: Option<Node>, subscribing: Option<Node>) -> Member {
+        let key = format!("fed/{name}");
+        let publisher = publishing.as_ref().map(|n| {
+            let p = n
+                .publisher_with(&key, PublisherQos::reliable().history(10_000))
+                .unwrap();
+            (p, key)
+        });
+        let sub = subscribing.as_ref().map(|n| {
+            n.subscribe_with("fed/**", SubscriberQos::default().reliable())
+                .unwrap()
+        });
+        Member {
+            name: name.to_owned(),
+            publisher,
+            sub,
+            nodes: publishing.into_iter().chain(subscribing).collect(),
+            got: BTreeMap::new(),
+            lost: 0,
+        }
+    }
+
+    fn drain(&mut self) {
+        let Some(s) = &self.sub else { return };
+        while let Ok(e) = s.try_recv() {
+            match e {
+                Event::Sample(s) => self.got.entry(s.key).or_default().push(s.seq),
+                Event::Lost(l) => self.lost += l.count,
+                _ => {}
+            }
+        }
+    }
+
+    fn duplicates(&self) -> u64 {
+        self.nodes.iter().map(|n| n.stats().samples_duplicate).sum()
+    }
+}
+
+/// Puts on every publisher until every subscriber has a sample of every
+/// publisher's key; returns how many each put.
+fn until_all_see_all(members: &mut [Member]) -> u64 {
+    let keys: Vec<String> = members
+        .iter()
+        .filter_map(|m| m.publisher.as_ref().map(|(_, k)| k.clone()))
+        .collect();
+    let mut n = 0;
+    wait_for(
+        "every subscriber takes every publisher's samples",
+        T,
+        || {
+            for m in members.iter() {
+                if let Some((p, _)) = &m.publisher {
+                    p.put(n as f64).unwrap();
+                }
+            }
+            n += 1;
+            std::thread::sleep(Duration::from_millis(20));
+            members.iter_mut().for_each(Member::drain);
+            members
+                .iter()
+                .filter(|m| m.sub.is_some())
+                .all(|m| keys.iter().all(|k| m.got.contains_key(k)))
+        },
+    );
+    n
+}
+
+/// Puts `count` more samples on every publisher (`sent` so far each),
+/// `between` apart, then checks that every subscriber got every one of
+/// them once, in order, with nothing lost.
+fn each_gets_each_once(members: &mut [Member], sent: &mut u64, count: u64, between: Duration) {
+    for m in members.iter_mut() {
+        m.drain();
+        m.got.clear();
+    }
+    let first = *sent + 1;
+    for _ in 0..count {
+        for m in members.iter() {
+            if let Some((p, _)) = &m.publisher {
+                p.put(*sent as f64).unwrap();
+            }
+        }
+        *sent += 1;
+        std::thread::sleep(between);
+        members.iter_mut().for_each(Member::drain);
+    }
+    let keys: Vec<String> = members
+        .iter()
+        .filter_map(|m| m.publisher.as_ref().map(|(_, k)| k.clone()))
+        .collect();
+    let last = *sent;
+    let done = |m: &Member| {
+        keys.iter()
+            .all(|k| m.got.get(k).and_then(|s| s.last()) == Some(&last))
+    };
+    let end = Instant::now() + T;
+    while Instant::now() < end && !members.iter().filter(|m| m.sub.is_some()).all(done) {
+        std::thread::sleep(Duration::from_millis(20));
+        members.iter_mut().for_each(Member::drain);
+    }
+    for m in members.iter().filter(|m| m.sub.is_some()) {
+        for k in &keys {
+            let got = m.got.get(k).cloned().unwrap_or_default();
+            // Samples before `first` may still come in (repaired); those
+            // from `first` on must all be there, once each, in order.
+            let from: Vec<u64> = got.into_iter().filter(|s| *s >= first).collect();
+            let want: Vec<u64> = (first..=last).collect();
+            assert_eq!(
+                from, want,
+                "{} got {k} {first}..={last} not once each in order",
+                m.name
+            );
+        }
+        assert_eq!(m.lost, 0, "{} reported losses", m.name);
+        assert_eq!(m.duplicates(), 0, "{} got duplicates", m.name);
+    }
+}
+
+#[test]
+fn a_triangle_of_brokers_on_one_host_delivers_each_sample_to_each_client_once() {
+    let env = Env::new("fed-tri");
+    let dir = env.dir.path().to_path_buf();
+    let b1 = broker(&env, &dir, None, &[]);
+    let b2 = broker(&env, &dir, None, &[&b1.listen]);
+    let b3 = broker(&env, &dir, None, &[&b1.listen, &b2.listen]);
+    for b in [&b1, &b2, &b3] {
+        b.until_stats("two links, two other brokers", |s| {
+            s["links"] == 2 && s["federation_brokers"] == 2
+        });
+    }
+    // A publisher and a subscriber behind each broker, and a peer-to-peer
+    // publisher and subscriber on the host, which every broker sees.
+    let mut members = Vec::new();
+    for (i, b) in [&b1, &b2, &b3].iter().enumerate() {
+        let name = format!("c{i}");
+        members.push(Member::new(
+            &name,
+            Some(node(&b.locator, &dir, &format!("{name}-pub"))),
+            Some(node(&b.locator, &dir, &format!("{name}-sub"))),
+        ));
+    }
+    members.push(Member::new(
+        "p2p",
+        Some(node(&env.locator(), &dir, "p2p-pub")),
+        Some(node(&env.locator(), &dir, "p2p-sub")),
+    ));
+    let mut sent = until_all_see_all(&mut members);
+    each_gets_each_once(&mut members, &mut sent, 200, Duration::from_millis(2));
+}
+
+#[test]
+fn a_ring_of_four_brokers_delivers_once_through_a_broken_link_and_resumes_when_it_returns() {
+    let env = Env::new("fed-ring");
+    // Four hosts: a local directory each.
+    let hosts: Vec<TempDir> = (0..4)
+        .map(|i| TempDir::new(&format!("fed-ring-h{i}")))
+        .collect();
+    let dir = |i: usize| -> PathBuf { hosts[i].path().to_path_buf() };
+    // Each link goes through a proxy that the test can break.
+    let mut proxies = Vec::new();
+    let mut via = |b: &Broker| -> String {
+        let addr: std::net::SocketAddr = b.listen.trim_start_matches("tcp://").parse().unwrap();
+        let p = FaultProxy::start(addr);
+        let at = format!("tcp://127.0.0.1:{}", p.port());
+        proxies.push(p);
+        at
+    };
+    let b1 = broker(&env, &dir(0), None, &[]);
+    let to_b1 = via(&b1);
+    let b2 = broker(&env, &dir(1), None, &[&to_b1]);
+    let to_b2 = via(&b2);
+    let b3 = broker(&env, &dir(2), None, &[&to_b2]);
+    let to_b3 = via(&b3);
+    let to_b1_again = via(&b1);
+    let b4 = broker(&env, &dir(3), None, &[&to_b3, &to_b1_again]);
+    // The links (dialling broker, dialled broker) in proxy order.
+    let edges = [(1, 0), (2, 1), (3, 2), (3, 0)];
+    let all = [&b1, &b2, &b3, &b4];
+    for b in all {
+        b.until_stats("two links, three other brokers", |s| {
+            s["links"] == 2 && s["federation_brokers"] == 3
+        });
+    }
+    let mut members = Vec::new();
+    for (i, b) in all.iter().enumerate() {
+        let name = format!("c{i}");
+        members.push(Member::new(
+            &name,
+            Some(node(&b.locator, &dir(i), &format!("{name}-pub"))),
+            Some(node(&b.locator, &dir(i), &format!("{name}-sub"))),
+        ));
+    }
+    // A peer-to-peer publisher on the first host, a peer-to-peer
+    // subscriber on the third: each sees the other hosts through its
+    // broker.
+    members.push(Member::new(
+        "p2p",
+        Some(node(&env.locator(), &dir(0), "p2p-pub")),
+        None,
+    ));
+    members.push(Member::new(
+        "p2p-far",
+        None,
+        Some(node(&env.locator(), &dir(2), "p2p-sub")),
+    ));
+    let mut sent = until_all_see_all(&mut members);
+    each_gets_each_once(&mut members, &mut sent, 200, Duration::from_millis(2));
+
+    // A link of the spanning tree (which data crosses) breaks: the ring
+    // is a line, and samples flow on while the brokers find out (a
+    // lease) and after, by another tree.
+    let (cut, (x, y)) = edges
+        .iter()
+        .enumerate()
+        .find(|(_, (x, y))| {
+            all[*x].next_stats()["tree"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| *p == all[*y].id)
+        })
+        .map(|(i, e)| (i, *e))
+        .expect("a link of the tree");
+    proxies[cut].set_down(true);
+    proxies[cut].cut();
+    each_gets_each_once(&mut members, &mut sent, 400, Duration::from_millis(10));
+    for b in [all[x], all[y]] {
+        b.until_stats("one link left", |s| s["links"] == 1);
+    }
+    assert!(
+        !all[x].next_stats()["tree"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| *p == all[y].id),
+        "the broken link is out of the tree"
+    );
+    each_gets_each_once(&mut members, &mut sent, 200, Duration::from_millis(2));
+
+    // It comes back: the ring again.
+    proxies[cut].set_down(false);
+    for b in [all[x], all[y]] {
+        b.until_stats("two links again", |s| s["links"] == 2);
+    }
+    each_gets_each_once(&mut members, &mut sent, 200, Duration::from_millis(2));
+}
