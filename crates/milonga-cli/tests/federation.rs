@@ -352,3 +352,105 @@ fn a_ring_of_four_brokers_delivers_once_through_a_broken_link_and_resumes_when_i
     }
     each_gets_each_once(&mut members, &mut sent, 200, Duration::from_millis(2));
 }
+
+/// The next sample of `sub` within `T`, its value as a number.
+fn next_value(sub: &Subscriber) -> f64 {
+    let end = Instant::now() + T;
+    loop {
+        let left = end
+            .checked_duration_since(Instant::now())
+            .expect("a sample in time");
+        if let Ok(Event::Sample(s)) = sub.recv_timeout(left) {
+            return s.value.as_f64().expect("a number");
+        }
+    }
+}
+
+#[test]
+fn through_two_brokers_last_values_filters_and_liveliness_work_and_a_killed_broker_is_reported() {
+    let env = Env::new("fed-line");
+    let hosts: Vec<TempDir> = (0..3)
+        .map(|i| TempDir::new(&format!("fed-line-h{i}")))
+        .collect();
+    let b1 = broker(&env, hosts[0].path(), None, &[]);
+    let mut b2 = broker(&env, hosts[1].path(), None, &[&b1.listen]);
+    let b3 = broker(&env, hosts[2].path(), None, &[&b2.listen]);
+    for b in [&b1, &b2, &b3] {
+        b.until_stats("two other brokers", |s| s["federation_brokers"] == 2);
+    }
+    // A publisher behind b1 with a current value, one behind b2; a node
+    // behind b3, two brokers from the first.
+    let far = node(&b1.locator, hosts[0].path(), "far");
+    let p = far
+        .publisher_with("fed/far", PublisherQos::reliable().history(100))
+        .unwrap();
+    for i in 0..10 {
+        p.put(f64::from(i)).unwrap();
+    }
+    let mid = node(&b2.locator, hosts[1].path(), "mid");
+    let pm = mid.publisher("fed/mid").unwrap();
+    let near = node(&b3.locator, hosts[2].path(), "near");
+    wait_for("the publications through two brokers", T, || {
+        let peers = near.peers();
+        ["fed/far", "fed/mid"].iter().all(|k| {
+            peers
+                .iter()
+                .any(|a| a.publications.iter().any(|p| p.key == *k))
+        })
+    });
+    // `last`: the history query crosses two brokers and the answer comes
+    // back.
+    let last = near
+        .subscribe_with("fed/far", SubscriberQos::default().reliable().last(1))
+        .unwrap();
+    assert_eq!(next_value(&last), 9.0);
+    // A filter, evaluated at the publisher two brokers away: only values
+    // of 100 and more come.
+    let filter = milonga::Filter {
+        expr: Some("value >= 100".into()),
+        ..Default::default()
+    };
+    let filtered = near
+        .subscribe_with("fed/far", SubscriberQos::default().filter(filter))
+        .unwrap();
+    let all = near.subscribe("fed/**").unwrap();
+    let mut passed = Vec::new();
+    let mut heard_mid = false;
+    wait_for("filtered samples through two brokers", T, || {
+        p.put(50.0).unwrap();
+        p.put(150.0).unwrap();
+        pm.put(1.0).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        while let Ok(e) = filtered.try_recv() {
+            if let Event::Sample(s) = e {
+                passed.push(s.value.as_f64().unwrap());
+            }
+        }
+        while let Ok(e) = all.try_recv() {
+            if let Event::Sample(s) = e {
+                heard_mid |= s.key == "fed/mid";
+            }
+        }
+        passed.len() >= 3 && heard_mid
+    });
+    assert!(passed.iter().all(|v| *v >= 100.0), "{passed:?}");
+    assert!(
+        far.stats().filter_evaluations > 0,
+        "evaluated at the publisher"
+    );
+    // b2 dies: the line is cut, and near is told that both publishers
+    // beyond it are lost.
+    b2.proc.kill9();
+    let killed = Instant::now();
+    let mut lost = std::collections::BTreeSet::new();
+    while lost.len() < 2 {
+        assert!(killed.elapsed() < T, "publishers lost: {lost:?}");
+        if let Ok(Event::PublisherLost(l)) = all.recv_timeout(Duration::from_millis(100)) {
+            lost.insert(l.publisher);
+        }
+    }
+    assert!(lost.contains(&far.id()) && lost.contains(&mid.id()));
+    let after = killed.elapsed();
+    // Told within the lease (3 s) and a refresh, not at some long timeout.
+    assert!(after < Duration::from_secs(6), "told after {after:?}");
+}
