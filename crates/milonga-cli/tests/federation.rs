@@ -173,14 +173,31 @@ fn until_all_see_all(members: &mut [Member]) -> u64 {
     n
 }
 
+/// Whether a phase may see the federation's tree change: a sample may
+/// then reach a subscriber twice (dropped there, counted in
+/// `samples_duplicate`, docs/broker.md), never be missing.
+#[derive(PartialEq)]
+enum Tree {
+    Steady,
+    Changing,
+}
+
 /// Puts `count` more samples on every publisher (`sent` so far each),
 /// `between` apart, then checks that every subscriber got every one of
-/// them once, in order, with nothing lost.
-fn each_gets_each_once(members: &mut [Member], sent: &mut u64, count: u64, between: Duration) {
+/// them once, in order, with nothing lost (and no duplicate to drop, the
+/// tree steady).
+fn each_gets_each_once(
+    members: &mut [Member],
+    sent: &mut u64,
+    count: u64,
+    between: Duration,
+    tree: Tree,
+) {
     for m in members.iter_mut() {
         m.drain();
         m.got.clear();
     }
+    let dups_before: Vec<u64> = members.iter().map(Member::duplicates).collect();
     let first = *sent + 1;
     for _ in 0..count {
         for m in members.iter() {
@@ -206,7 +223,10 @@ fn each_gets_each_once(members: &mut [Member], sent: &mut u64, count: u64, betwe
         std::thread::sleep(Duration::from_millis(20));
         members.iter_mut().for_each(Member::drain);
     }
-    for m in members.iter().filter(|m| m.sub.is_some()) {
+    for (m, before) in members.iter().zip(dups_before) {
+        if m.sub.is_none() {
+            continue;
+        }
         for k in &keys {
             let got = m.got.get(k).cloned().unwrap_or_default();
             // Samples before `first` may still come in (repaired); those
@@ -220,7 +240,9 @@ fn each_gets_each_once(members: &mut [Member], sent: &mut u64, count: u64, betwe
             );
         }
         assert_eq!(m.lost, 0, "{} reported losses", m.name);
-        assert_eq!(m.duplicates(), 0, "{} got duplicates", m.name);
+        if tree == Tree::Steady {
+            assert_eq!(m.duplicates(), before, "{} got duplicates", m.name);
+        }
     }
 }
 
@@ -253,7 +275,13 @@ fn a_triangle_of_brokers_on_one_host_delivers_each_sample_to_each_client_once() 
         Some(node(&env.locator(), &dir, "p2p-sub")),
     ));
     let mut sent = until_all_see_all(&mut members);
-    each_gets_each_once(&mut members, &mut sent, 200, Duration::from_millis(2));
+    each_gets_each_once(
+        &mut members,
+        &mut sent,
+        200,
+        Duration::from_millis(2),
+        Tree::Steady,
+    );
 }
 
 #[test]
@@ -312,7 +340,13 @@ fn a_ring_of_four_brokers_delivers_once_through_a_broken_link_and_resumes_when_i
         Some(node(&env.locator(), &dir(2), "p2p-sub")),
     ));
     let mut sent = until_all_see_all(&mut members);
-    each_gets_each_once(&mut members, &mut sent, 200, Duration::from_millis(2));
+    each_gets_each_once(
+        &mut members,
+        &mut sent,
+        200,
+        Duration::from_millis(2),
+        Tree::Steady,
+    );
 
     // A link of the spanning tree (which data crosses) breaks: the ring
     // is a line, and samples flow on while the brokers find out (a
@@ -331,7 +365,13 @@ fn a_ring_of_four_brokers_delivers_once_through_a_broken_link_and_resumes_when_i
         .expect("a link of the tree");
     proxies[cut].set_down(true);
     proxies[cut].cut();
-    each_gets_each_once(&mut members, &mut sent, 400, Duration::from_millis(10));
+    each_gets_each_once(
+        &mut members,
+        &mut sent,
+        400,
+        Duration::from_millis(10),
+        Tree::Changing,
+    );
     for b in [all[x], all[y]] {
         b.until_stats("one link left", |s| s["links"] == 1);
     }
@@ -343,14 +383,38 @@ fn a_ring_of_four_brokers_delivers_once_through_a_broken_link_and_resumes_when_i
             .any(|p| *p == all[y].id),
         "the broken link is out of the tree"
     );
-    each_gets_each_once(&mut members, &mut sent, 200, Duration::from_millis(2));
+    // The new tree reaches every broker (a record crosses a link in an
+    // attach interval, 250 ms).
+    std::thread::sleep(Duration::from_secs(1));
+    each_gets_each_once(
+        &mut members,
+        &mut sent,
+        200,
+        Duration::from_millis(2),
+        Tree::Steady,
+    );
 
     // It comes back: the ring again.
     proxies[cut].set_down(false);
     for b in [all[x], all[y]] {
         b.until_stats("two links again", |s| s["links"] == 2);
     }
-    each_gets_each_once(&mut members, &mut sent, 200, Duration::from_millis(2));
+    // Samples flow on while the tree changes back (the links that leave
+    // it carry data until those that join are connected), then by it.
+    each_gets_each_once(
+        &mut members,
+        &mut sent,
+        200,
+        Duration::from_millis(10),
+        Tree::Changing,
+    );
+    each_gets_each_once(
+        &mut members,
+        &mut sent,
+        200,
+        Duration::from_millis(2),
+        Tree::Steady,
+    );
 }
 
 /// The next sample of `sub` within `T`, its value as a number.

@@ -282,6 +282,7 @@ impl BrokerRequest {
                     let l: Lsa = serde_json::from_slice(frame)
                         .map_err(|e| BrokerError::Malformed(format!("a link-state record: {e}")))?;
                     let ids_ok = is_node_id(&l.broker)
+                        && l.neighbors.len() <= MAX_LSAS
                         && l.neighbors.iter().all(|b| is_node_id(b))
                         && l.domains.values().all(|d| {
                             is_node_id(&d.node_id) && d.nodes.iter().all(|a| is_node_id(&a.node_id))

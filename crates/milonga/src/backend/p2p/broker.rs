@@ -90,6 +90,7 @@ pub(crate) struct BrokerCounters {
     pub calls_unroutable: AtomicU64,
     pub links: AtomicU64,
     pub federation_brokers: AtomicU64,
+    pub duplicates_dropped: AtomicU64,
     pub tree: Mutex<Vec<String>>,
 }
 
@@ -123,6 +124,9 @@ pub struct BrokerStats {
     pub links: u64,
     /// Other brokers of its federation it knows now.
     pub federation_brokers: u64,
+    /// Frames that came from a federation link a second time (by another
+    /// path, while the tree changed) and were dropped.
+    pub duplicates_dropped: u64,
     /// The peers (broker ids) of its links in the federation's spanning
     /// tree, which data crosses.
     pub tree: Vec<String>,
@@ -144,6 +148,7 @@ impl BrokerCounters {
             calls_unroutable: g(&self.calls_unroutable),
             links: g(&self.links),
             federation_brokers: g(&self.federation_brokers),
+            duplicates_dropped: g(&self.duplicates_dropped),
             tree: lock(&self.tree).clone(),
         }
     }
@@ -281,16 +286,88 @@ struct LinkIo {
     /// (the connection is being made: a declaration sent before it is
     /// lost; publishers ignore one they keep).
     redeclare: Vec<Instant>,
+    /// Out of the tree: closed at this time. Until then it carries data
+    /// as before, so that nothing is lost while the links that replace it
+    /// connect (a copy that comes twice is dropped, [`Seen`]).
+    retire_at: Option<Instant>,
+}
+
+/// How long a link that left the tree goes on carrying data.
+const LINK_LINGER: Duration = Duration::from_secs(2);
+
+/// The data frames a broker of a federation has forwarded lately, by
+/// publisher and key: while the tree changes, a frame can come by two
+/// paths, or around a cycle of old and new links, and the second copy is
+/// dropped here (counted in `duplicates_dropped`). Samples, batches and
+/// heartbeats only: their (publisher, key, sequence number) is unique.
+#[derive(Default)]
+struct Seen {
+    /// (publisher, hash of the key) -> (highest number, bit i: that less i
+    /// seen).
+    windows: HashMap<([u8; 16], u64), (u64, u64)>,
+}
+
+/// Most (publisher, key) pairs [`Seen`] keeps; past that it starts over.
+const MAX_SEEN: usize = 65_536;
+
+impl Seen {
+    /// Whether the frame whose first part is `first` was seen already;
+    /// notes it.
+    fn again(&mut self, first: &[u8]) -> bool {
+        use milonga_wire::frame::offset;
+        let Some(nul) = first
+            .iter()
+            .take(milonga_wire::key::MAX_KEY_BYTES + 1)
+            .position(|b| *b == 0)
+        else {
+            return false;
+        };
+        let h = &first[nul + 1..];
+        if h.len() < milonga_wire::frame::HEADER_LEN || !matches!(h[offset::KIND], 1..=3) {
+            return false;
+        }
+        let mut node = [0u8; 16];
+        node.copy_from_slice(&h[offset::NODE_ID..offset::NODE_ID + 16]);
+        let mut seq = [0u8; 8];
+        seq.copy_from_slice(&h[offset::SEQ..offset::SEQ + 8]);
+        let seq = u64::from_le_bytes(seq);
+        let key = first[..nul].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        if self.windows.len() >= MAX_SEEN && !self.windows.contains_key(&(node, key)) {
+            self.windows.clear();
+        }
+        let (max, bits) = self.windows.entry((node, key)).or_insert((0, 0));
+        if seq > *max {
+            let shift = seq - *max;
+            *bits = if shift >= 64 { 0 } else { *bits << shift };
+            *bits |= 1;
+            *max = seq;
+            return false;
+        }
+        let back = *max - seq;
+        if back >= 64 {
+            // Too old to tell: let it through (the subscriber drops a
+            // duplicate).
+            return false;
+        }
+        let seen = *bits & (1 << back) != 0;
+        *bits |= 1 << back;
+        seen
+    }
 }
 
 /// One plane's sockets and its thread's state.
 struct PlaneIo {
+    /// Its broker's id, short (for the logs).
+    me: String,
     plane: Plane,
     from_clients: zmq::Socket,
     from_domain: zmq::Socket,
     to_clients: zmq::Socket,
     to_domain: zmq::Socket,
     links: BTreeMap<String, LinkIo>,
+    seen: Seen,
     clients_interest: Interest,
     domain_interest: Interest,
     wanted: Arc<Mutex<Wanted>>,
@@ -345,6 +422,7 @@ fn new_xpub(
     ep: &str,
     plane: Plane,
     stall_ms: u64,
+    verbose: bool,
 ) -> Result<zmq::Socket, OpenError> {
     let err = sock_err(ep);
     let mut s = ctx.socket(zmq::XPUB)?;
@@ -352,8 +430,13 @@ fn new_xpub(
     s.set_ipv6(v6).map_err(&err)?;
     // Every subscribe and unsubscribe goes upstream, where the XSUBs
     // count them: a topic stays subscribed upstream while one connection
-    // here holds it.
-    zmq_io::set_xpub_verboser(&mut s).map_err(&err)?;
+    // here holds it. A link's XPUB has one connection, the peer's XSUB,
+    // which sends every subscribe but only the last unsubscribe of a
+    // topic: there the XPUB passes only the first subscribe and the last
+    // unsubscribe, so the counts upstream stay exact.
+    if verbose {
+        zmq_io::set_xpub_verboser(&mut s).map_err(&err)?;
+    }
     s.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
         .map_err(&err)?;
     match plane {
@@ -389,19 +472,21 @@ impl PlaneIo {
         let from_clients = new_xsub(ctx, cfg, v6, &ep)?;
         // It connects to publishers, which may be at IPv6 addresses.
         let from_domain = new_xsub(ctx, cfg, true, &ep)?;
-        let to_clients = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms)?;
-        let to_domain = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms)?;
+        let to_clients = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms, true)?;
+        let to_domain = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms, true)?;
         let fc = zmq_io::bind(&from_clients, &ep)?;
         let tc = zmq_io::bind(&to_clients, &ep)?;
         let td = zmq_io::bind(&to_domain, &ep)?;
         Ok((
             PlaneIo {
+                me: String::new(),
                 plane,
                 from_clients,
                 from_domain,
                 to_clients,
                 to_domain,
                 links: BTreeMap::new(),
+                seen: Seen::default(),
                 clients_interest: Interest::default(),
                 domain_interest: Interest::default(),
                 wanted: Arc::new(Mutex::new(Wanted::default())),
@@ -424,6 +509,7 @@ impl PlaneIo {
     fn run(mut self) {
         while !self.stop.load(Ordering::Relaxed) {
             self.reconcile();
+            self.retire();
             self.redeclare();
             let ids: Vec<String> = self.links.keys().cloned().collect();
             let mut items = vec![
@@ -492,11 +578,16 @@ impl PlaneIo {
             .filter(|id| !links.contains_key(*id))
             .cloned()
             .collect();
+        let now = Instant::now();
         for id in gone {
-            self.drop_link(&id);
+            if let Some(l) = self.links.get_mut(&id) {
+                l.retire_at.get_or_insert(now + LINK_LINGER);
+            }
         }
         for (id, peer_out) in links {
-            if !self.links.contains_key(&id) {
+            if let Some(l) = self.links.get_mut(&id) {
+                l.retire_at = None;
+            } else {
                 if let Err(e) = self.add_link(&id) {
                     tracing::warn!(peer = %id, err = %e, "the broker cannot open a link's sockets");
                     continue;
@@ -506,6 +597,7 @@ impl PlaneIo {
                 continue;
             };
             if l.peer_out != peer_out {
+                tracing::debug!(broker = %self.me, plane = ?self.plane, peer = %id, from = ?l.peer_out, to = ?peer_out, "a link's XSUB connects");
                 if let Some(old) = l.peer_out.take() {
                     let _ = l.inp.disconnect(&old);
                 }
@@ -531,7 +623,15 @@ impl PlaneIo {
         let v6 = self.host.starts_with('[');
         let stall_ms = u64::try_from(self.stall.as_millis()).unwrap_or(u64::MAX);
         let inp = new_xsub(&self.ctx, &self.spec_cfg, true, &ep)?;
-        let out = new_xpub(&self.ctx, &self.spec_cfg, v6, &ep, self.plane, stall_ms)?;
+        let out = new_xpub(
+            &self.ctx,
+            &self.spec_cfg,
+            v6,
+            &ep,
+            self.plane,
+            stall_ms,
+            false,
+        )?;
         let bound = zmq_io::bind(&out, &ep)?;
         let others = std::iter::once(&self.clients_interest)
             .chain(std::iter::once(&self.domain_interest))
@@ -545,6 +645,7 @@ impl PlaneIo {
                 }
             }
         }
+        tracing::debug!(broker = %self.me, plane = ?self.plane, peer = %id, out = %bound, "a link opens");
         lock(&self.bound).insert(id.to_owned(), bound);
         self.links.insert(
             id.to_owned(),
@@ -554,14 +655,30 @@ impl PlaneIo {
                 peer_out: None,
                 interest: Interest::default(),
                 redeclare: Vec::new(),
+                retire_at: None,
             },
         );
         Ok(())
     }
 
+    /// Closes the links out of the tree for `LINK_LINGER`.
+    fn retire(&mut self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.retire_at.is_some_and(|t| t <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            self.drop_link(&id);
+        }
+    }
+
     /// Closes a link: what its subscribers asked for is withdrawn
     /// upstream.
     fn drop_link(&mut self, id: &str) {
+        tracing::debug!(broker = %self.me, plane = ?self.plane, peer = %id, "a link closes");
         lock(&self.bound).remove(id);
         let Some(l) = self.links.remove(id) else {
             return;
@@ -652,6 +769,16 @@ impl PlaneIo {
             let Ok(frames) = recv_frames(sock) else {
                 return;
             };
+            // In a federation, a copy that came by another path is dropped.
+            if !self.links.is_empty() {
+                let first = frames.first().map(|f| f.bytes()).unwrap_or_default();
+                if self.seen.again(first) && matches!(src, Port::Link(_)) {
+                    self.counters
+                        .duplicates_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
             let mut targets = vec![Port::Clients];
             match src {
                 Port::Clients => targets.push(Port::Domain),
@@ -789,6 +916,9 @@ impl PlaneIo {
                 };
                 if let Some(i) = interest {
                     i.note(only.bytes());
+                    if let Some((&b @ (0 | 1), topic)) = only.bytes().split_first() {
+                        tracing::debug!(broker = %self.me, plane = ?self.plane, from = ?src, subscribe = b == 1, topic = %String::from_utf8_lossy(topic), "upstream");
+                    }
                 }
             }
             let mut targets = vec![Port::Clients];
@@ -1009,8 +1139,10 @@ impl Domain {
             // A node another broker serves comes through the federation if
             // that broker is of it; a peer-to-peer node enters the
             // federation at the broker of smallest id that sees it.
-            let import = if brokered {
-                !listed.contains_key(&a.node_id) && !colocated.values().any(|pid| *pid == a.pid)
+            // (a node served by a broker outside the federation is taken in
+            // like a peer-to-peer one).
+            let import = if brokered && colocated.values().any(|pid| *pid == a.pid) {
+                false
             } else {
                 let mut d = a.clone();
                 d.services.clear();
@@ -1105,7 +1237,10 @@ impl Domain {
         for (i, (w, set)) in self.wanted.iter().zip(wanted).enumerate() {
             let links: BTreeMap<String, Option<String>> = tree
                 .iter()
-                .map(|p| (p.clone(), fed.peer_out(p, &domain).map(|e| e[i].clone())))
+                .map(|p| {
+                    let ep = fed.peer_out(p, &domain).map(|e| e[i].clone());
+                    (p.clone(), ep.filter(|e| e.starts_with("tcp://")))
+                })
                 .collect();
             let mut w = lock(w);
             if w.endpoints != set || w.links != links || *w.shown != *shown_ids {
@@ -1396,9 +1531,12 @@ impl Control {
                 let peer = header.broker.clone();
                 self.fed.take(header, lsas, now);
                 let out = link_out_all(&self.domains, &peer);
-                let msg = self.fed.message_for(Some(&peer), &out);
-                let parts: Vec<&[u8]> = msg.iter().map(Vec::as_slice).collect();
-                reply(&self.router, &parts);
+                let (msg, told) = self.fed.message_for(Some(&peer), &out);
+                let mut parts: Vec<&[u8]> = vec![who];
+                parts.extend(msg.iter().map(Vec::as_slice));
+                if self.router.send_multipart(parts, zmq::DONTWAIT).is_ok() {
+                    self.fed.told(&peer, told);
+                }
             }
         }
     }
@@ -1435,6 +1573,7 @@ pub(crate) fn start(
         .map_err(&err)?;
     router.set_ipv6(host.starts_with('[')).map_err(&err)?;
     let listen = zmq_io::bind(&router, &spec.listen)?;
+    let broker_id = crate::backend::p2p::federation::new_id()?;
     let mut threads = Vec::new();
     let mut ds = Vec::new();
     let mut hellos = Vec::new();
@@ -1445,7 +1584,8 @@ pub(crate) fn start(
         let mut wanted = Vec::new();
         let mut bound = Vec::new();
         for plane in [Plane::BestEffort, Plane::Reliable, Plane::Liveliness] {
-            let (io, e) = PlaneIo::open(&ctx, &spec, &host, plane, &counters, &stop)?;
+            let (mut io, e) = PlaneIo::open(&ctx, &spec, &host, plane, &counters, &stop)?;
+            io.me = broker_id[..8].to_owned();
             wanted.push(io.wanted.clone());
             bound.push(io.bound.clone());
             eps.push(e);
@@ -1515,6 +1655,7 @@ pub(crate) fn start(
         threads.push(spawn(name, Box::new(move || calls.run()))?);
     }
     let fed = Federation::new(
+        broker_id,
         &running.listen,
         &spec.peers,
         &spec.cfg,
@@ -1762,4 +1903,86 @@ fn send_all_checked(sock: &zmq::Socket, frames: Vec<zmq::Message>) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use milonga_wire::frame::{self, Encoding, Header, Kind, NodeId};
+    use milonga_wire::key::Key;
+
+    fn frame(kind: Kind, node: u8, key: &str, seq: u64) -> Vec<u8> {
+        let header = Header {
+            kind,
+            flags: 0,
+            encoding: Encoding::Cbor,
+            domain_tag: frame::domain_tag("lab"),
+            schema_id: 0,
+            node_id: NodeId([node; 16]),
+            seq,
+            timestamp_ns: 1,
+        };
+        frame::encode(&Key::new(key).unwrap(), &header, b"\x01")
+    }
+
+    #[test]
+    fn a_frame_seen_before_is_told_again_by_publisher_key_and_number() {
+        let mut s = Seen::default();
+        assert!(!s.again(&frame(Kind::Sample, 1, "a", 1)));
+        assert!(s.again(&frame(Kind::Sample, 1, "a", 1)), "the same again");
+        assert!(
+            !s.again(&frame(Kind::Sample, 2, "a", 1)),
+            "another publisher"
+        );
+        assert!(!s.again(&frame(Kind::Sample, 1, "b", 1)), "another key");
+        assert!(!s.again(&frame(Kind::Sample, 1, "a", 5)));
+        assert!(!s.again(&frame(Kind::Sample, 1, "a", 3)), "late, not seen");
+        assert!(s.again(&frame(Kind::Sample, 1, "a", 3)));
+        assert!(
+            s.again(&frame(Kind::Batch, 1, "a", 5)),
+            "a batch starting there"
+        );
+        assert!(!s.again(&frame(Kind::Heartbeat, 1, "hb", 5)));
+        // Far behind: let through (the subscriber has the last word).
+        assert!(!s.again(&frame(Kind::Sample, 1, "a", 500)));
+        assert!(!s.again(&frame(Kind::Sample, 1, "a", 5)));
+        // History replies are never taken for copies.
+        assert!(!s.again(&frame(Kind::History, 1, "r/x", 1)));
+        assert!(!s.again(&frame(Kind::History, 1, "r/x", 1)));
+        assert!(!s.again(b"garbage"));
+    }
+
+    #[test]
+    fn a_port_keeps_the_counts_and_live_declarations_its_subscribers_asked_for() {
+        let mut i = Interest::default();
+        i.note(b"\x01a");
+        i.note(b"\x01a");
+        i.note(b"\x00a");
+        assert_eq!(i.topics.get(&b"a"[..]), Some(&1));
+        i.note(b"\x00a");
+        assert!(i.topics.is_empty());
+        i.note(b"\x00never");
+        assert!(
+            i.topics.is_empty(),
+            "an unsubscribe of nothing changes nothing"
+        );
+        let d = milonga_wire::filter::Declaration {
+            node: "00".repeat(16),
+            socket: "reliable".into(),
+            keys: "sr/**".into(),
+            filter: milonga_wire::filter::Filter {
+                expr: Some("value > 1".into()),
+                ..Default::default()
+            },
+        };
+        let id = d.filter.id_for(&d.keys);
+        i.note(&d.encode());
+        assert!(
+            i.live_decls().is_empty(),
+            "its filtered keys are not subscribed"
+        );
+        i.note(d.encode().as_slice());
+        i.note(format!("\x01@f/{id}/sr/").as_bytes());
+        assert_eq!(i.live_decls(), vec![d.encode()]);
+    }
 }

@@ -60,6 +60,16 @@ pub(crate) struct Federation {
     _ctx: ContextRef,
 }
 
+/// A new broker id: 32 random hex digits.
+pub(crate) fn new_id() -> Result<String, OpenError> {
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id).map_err(|e| OpenError::Config {
+        key: "broker id".into(),
+        why: format!("no random bytes: {e}"),
+    })?;
+    Ok(milonga_wire::frame::NodeId(id).to_hex())
+}
+
 /// `tcp://HOST:PORT` from `HOST:PORT` or itself.
 fn tcp(addr: &str) -> String {
     if addr.contains("://") {
@@ -73,18 +83,13 @@ impl Federation {
     /// A federation member with links to `peers` (`tcp://HOST:PORT` or
     /// `HOST:PORT`, their listen endpoints).
     pub(crate) fn new(
+        me: String,
         listen: &str,
         peers: &[String],
         cfg: &Config,
         lease: Duration,
         interval: Duration,
     ) -> Result<Federation, OpenError> {
-        let mut id = [0u8; 16];
-        getrandom::fill(&mut id).map_err(|e| OpenError::Config {
-            key: "broker id".into(),
-            why: format!("no random bytes: {e}"),
-        })?;
-        let me = milonga_wire::frame::NodeId(id).to_hex();
         let ctx = ContextRef::acquire();
         let mut dealers = Vec::new();
         for p in peers {
@@ -182,10 +187,13 @@ impl Federation {
         link.heard = now;
         link.their_out = header.links;
         for l in lsas {
+            // What the peer told need not be told back to it.
+            link.told.insert(l.broker.clone(), l.seq);
             if l.broker == self.me {
                 continue;
             }
-            let room = self.lsdb.len() < wire::MAX_LSAS;
+            // Its own record and these fit in one message.
+            let room = self.lsdb.len() < wire::MAX_LSAS - 1;
             match self.lsdb.get_mut(&l.broker) {
                 Some(k) if k.lsa.seq >= l.seq => {}
                 Some(k) => {
@@ -208,12 +216,13 @@ impl Federation {
 
     /// The message for `peer` (unknown yet: everything): its header with
     /// this broker's link XPUBs for it (`out`, by domain), and the records
-    /// it was not told yet.
+    /// it was not told yet; and what to note as told once it is sent
+    /// ([`Federation::told`]).
     pub(crate) fn message_for(
-        &mut self,
+        &self,
         peer: Option<&str>,
         out: &BTreeMap<String, [String; 3]>,
-    ) -> Vec<Vec<u8>> {
+    ) -> (Vec<Vec<u8>>, Vec<(String, u64)>) {
         let header = PeerHeader {
             broker: self.me.clone(),
             listen: self.listen.clone(),
@@ -225,22 +234,30 @@ impl Federation {
             serde_json::to_vec(&header).unwrap_or_default(),
         ];
         let all = std::iter::once(&self.mine).chain(self.lsdb.values().map(|k| &k.lsa));
-        let mut told = peer
-            .and_then(|p| self.links.get_mut(p))
-            .map(|l| &mut l.told);
+        let told = peer.and_then(|p| self.links.get(p)).map(|l| &l.told);
+        let mut sent = Vec::new();
         for l in all {
-            if Some(l.broker.as_str()) == peer {
+            if Some(l.broker.as_str()) == peer
+                || told.is_some_and(|t| t.get(&l.broker) == Some(&l.seq))
+            {
                 continue;
             }
-            if let Some(t) = told.as_deref_mut() {
-                if t.get(&l.broker) == Some(&l.seq) {
-                    continue;
-                }
-                t.insert(l.broker.clone(), l.seq);
+            let json = serde_json::to_vec(l).unwrap_or_default();
+            if json.len() > wire::MAX_REQUEST_BYTES {
+                limited!(warn, broker = %l.broker, bytes = json.len(), "a link-state record is over 1 MiB (its announcements): not sent, the federation does not see those nodes");
+                continue;
             }
-            frames.push(serde_json::to_vec(l).unwrap_or_default());
+            frames.push(json);
+            sent.push((l.broker.clone(), l.seq));
         }
-        frames
+        (frames, sent)
+    }
+
+    /// Notes that `peer` was sent these records.
+    pub(crate) fn told(&mut self, peer: &str, sent: Vec<(String, u64)>) {
+        if let Some(l) = self.links.get_mut(peer) {
+            l.told.extend(sent);
+        }
     }
 
     /// Keeps time: forgets silent links and records, renews this broker's
@@ -279,10 +296,12 @@ impl Federation {
         for i in 0..self.dealers.len() {
             let peer = self.dealers[i].peer.clone();
             let eps = peer.as_deref().map(&out).unwrap_or_default();
-            let msg = self.message_for(peer.as_deref(), &eps);
+            let (msg, sent) = self.message_for(peer.as_deref(), &eps);
             let d = &self.dealers[i];
             if d.sock.send_multipart(msg, zmq::DONTWAIT).is_err() {
                 tracing::trace!(peer = %d.addr, "a peer broker is not reachable now");
+            } else if let Some(p) = peer {
+                self.told(&p, sent);
             }
         }
     }
