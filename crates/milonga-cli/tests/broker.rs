@@ -919,3 +919,46 @@ fn a_reliable_client_stuck_past_the_stall_limit_does_not_hold_the_others() {
         "dropped for the stuck one: {stats}"
     );
 }
+
+#[test]
+fn a_filter_through_the_broker_reaches_peer_to_peer_publishers_that_start_after_it() {
+    let env = Env::new("brk-late-filter");
+    let b = env.broker(&[]);
+    let client = Node::open_with(env.config_at(&b.locator, "gui")).unwrap();
+    let filter = milonga::Filter {
+        expr: Some("value >= 100".into()),
+        ..Default::default()
+    };
+    let sub = client
+        .subscribe_with(
+            "sr/late/**",
+            milonga::SubscriberQos::default().filter(filter),
+        )
+        .unwrap();
+    // Publishers that appear one after another: the broker connects to
+    // each after the declaration was made, and tells it the declaration
+    // then (sent before the connection was up, it would be lost, and
+    // that publisher would send this subscription nothing).
+    for i in 0..4 {
+        let node = env.node(&format!("late{i}"));
+        let key = format!("sr/late/{i}");
+        let p = node.publisher(&key).unwrap();
+        let mut got = Vec::new();
+        wait_for(&format!("filtered samples of {key}"), T, || {
+            p.put(50.0).unwrap();
+            p.put(150.0).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            while let Ok(e) = sub.try_recv() {
+                if let milonga::Event::Sample(s) = e {
+                    got.push((s.key, s.value.as_f64().unwrap()));
+                }
+            }
+            got.iter().any(|(k, _)| *k == key)
+        });
+        assert!(got.iter().all(|(_, v)| *v >= 100.0), "{got:?}");
+        assert!(
+            node.stats().filter_evaluations > 0,
+            "filtered at {key}'s publisher"
+        );
+    }
+}

@@ -292,6 +292,16 @@ struct LinkIo {
     retire_at: Option<Instant>,
 }
 
+/// When to send the filter declarations again on connections being made:
+/// a declaration sent before a connection is up is lost.
+fn redeclare_times() -> Vec<Instant> {
+    let now = Instant::now();
+    [100, 500, 1500]
+        .iter()
+        .map(|ms| now + Duration::from_millis(*ms))
+        .collect()
+}
+
 /// How long a link that left the tree goes on carrying data.
 const LINK_LINGER: Duration = Duration::from_secs(2);
 
@@ -381,6 +391,9 @@ struct PlaneIo {
     spec_cfg: Config,
     applied: u64,
     connected: BTreeSet<String>,
+    /// When to tell the domain's publishers the filter declarations again
+    /// (new connections were being made).
+    domain_redeclare: Vec<Instant>,
     /// The reliable plane's stall limit, and until when a connection that
     /// stayed full for one is not waited for.
     stall: Duration,
@@ -497,6 +510,7 @@ impl PlaneIo {
                 spec_cfg: cfg.clone(),
                 applied: 0,
                 connected: BTreeSet::new(),
+                domain_redeclare: Vec::new(),
                 stall: Duration::from_millis(spec.stall_ms),
                 lossy_until: None,
                 counters: counters.clone(),
@@ -566,10 +580,17 @@ impl PlaneIo {
         for ep in self.connected.difference(&wanted) {
             let _ = self.from_domain.disconnect(ep);
         }
+        let mut new = false;
         for ep in wanted.difference(&self.connected) {
             if let Err(e) = self.from_domain.connect(ep) {
                 tracing::warn!(endpoint = %ep, err = %e, "the broker cannot connect to a publisher of its domain");
             }
+            new = true;
+        }
+        if new {
+            // The filter declarations already made reach the publishers
+            // connected now too (those that keep them ignore them).
+            self.domain_redeclare = redeclare_times();
         }
         self.connected = wanted;
         let gone: Vec<String> = self
@@ -605,11 +626,7 @@ impl PlaneIo {
                     if let Err(e) = l.inp.connect(ep) {
                         tracing::warn!(endpoint = %ep, err = %e, "the broker cannot connect to a federated broker");
                     }
-                    let now = Instant::now();
-                    l.redeclare = [100, 500, 1500]
-                        .iter()
-                        .map(|ms| now + Duration::from_millis(*ms))
-                        .collect();
+                    l.redeclare = redeclare_times();
                 }
                 l.peer_out = peer_out;
             }
@@ -699,9 +716,20 @@ impl PlaneIo {
     }
 
     /// Tells the filter declarations of every other port to the links
-    /// whose connection was being made.
+    /// whose connection was being made, and to the domain's publishers
+    /// when new ones were connected.
     fn redeclare(&mut self) {
         let now = Instant::now();
+        if self.domain_redeclare.first().is_some_and(|t| *t <= now) {
+            self.domain_redeclare.remove(0);
+            let mut decls = self.clients_interest.live_decls();
+            for l in self.links.values_mut() {
+                decls.extend(l.interest.live_decls());
+            }
+            for d in &decls {
+                let _ = self.from_domain.send(&d[..], zmq::DONTWAIT);
+            }
+        }
         let due: Vec<String> = self
             .links
             .iter()
