@@ -70,6 +70,9 @@ pub(crate) fn new_id() -> Result<String, OpenError> {
     Ok(milonga_wire::frame::NodeId(id).to_hex())
 }
 
+/// Most links a broker keeps up at once (a peer beyond is not answered).
+const MAX_LINKS: usize = 64;
+
 /// `tcp://HOST:PORT` from `HOST:PORT` or itself.
 fn tcp(addr: &str) -> String {
     if addr.contains("://") {
@@ -171,6 +174,10 @@ impl Federation {
     pub(crate) fn take(&mut self, header: PeerHeader, lsas: Vec<Lsa>, now: Instant) {
         if header.broker == self.me {
             // A broker listed as its own peer.
+            return;
+        }
+        if !self.links.contains_key(&header.broker) && self.links.len() >= MAX_LINKS {
+            limited!(warn, peer = %header.broker, "a broker with {MAX_LINKS} federation links refused another");
             return;
         }
         let link = self
