@@ -320,30 +320,37 @@ struct Seen {
 /// Most (publisher, key) pairs [`Seen`] keeps; past that it starts over.
 const MAX_SEEN: usize = 65_536;
 
+/// The (publisher, hash of the key, sequence number) of a frame whose
+/// copies [`Seen`] can tell: a sample, batch or heartbeat, not a filtered
+/// sample (a filter declared again numbers from 1 again).
+fn stream_of(first: &[u8]) -> Option<([u8; 16], u64, u64)> {
+    use milonga_wire::frame::offset;
+    let nul = first
+        .iter()
+        .take(milonga_wire::key::MAX_KEY_BYTES + 1)
+        .position(|b| *b == 0)?;
+    let h = &first[nul + 1..];
+    if h.len() < milonga_wire::frame::HEADER_LEN
+        || !matches!(h[offset::KIND], 1..=3)
+        || first.starts_with(milonga_wire::filter::FILTERED_KEY_PREFIX.as_bytes())
+    {
+        return None;
+    }
+    let mut node = [0u8; 16];
+    node.copy_from_slice(&h[offset::NODE_ID..offset::NODE_ID + 16]);
+    let mut seq = [0u8; 8];
+    seq.copy_from_slice(&h[offset::SEQ..offset::SEQ + 8]);
+    let key = first[..nul].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    Some((node, key, u64::from_le_bytes(seq)))
+}
+
 impl Seen {
-    /// Whether the frame whose first part is `first` was seen already;
-    /// notes it.
-    fn again(&mut self, first: &[u8]) -> bool {
-        use milonga_wire::frame::offset;
-        let Some(nul) = first
-            .iter()
-            .take(milonga_wire::key::MAX_KEY_BYTES + 1)
-            .position(|b| *b == 0)
-        else {
-            return false;
-        };
-        let h = &first[nul + 1..];
-        if h.len() < milonga_wire::frame::HEADER_LEN || !matches!(h[offset::KIND], 1..=3) {
-            return false;
-        }
-        let mut node = [0u8; 16];
-        node.copy_from_slice(&h[offset::NODE_ID..offset::NODE_ID + 16]);
-        let mut seq = [0u8; 8];
-        seq.copy_from_slice(&h[offset::SEQ..offset::SEQ + 8]);
-        let seq = u64::from_le_bytes(seq);
-        let key = first[..nul].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-        });
+    /// Whether a frame of `stream` was seen already; notes it. One far
+    /// behind the newest (a path delivers a publisher's frames in order)
+    /// is taken for a copy too.
+    fn again(&mut self, (node, key, seq): ([u8; 16], u64, u64)) -> bool {
         if self.windows.len() >= MAX_SEEN && !self.windows.contains_key(&(node, key)) {
             self.windows.clear();
         }
@@ -357,9 +364,7 @@ impl Seen {
         }
         let back = *max - seq;
         if back >= 64 {
-            // Too old to tell: let it through (the subscriber drops a
-            // duplicate).
-            return false;
+            return true;
         }
         let seen = *bits & (1 << back) != 0;
         *bits |= 1 << back;
@@ -770,15 +775,25 @@ impl PlaneIo {
     }
 
     /// The links other than `but`.
-    fn other_links(&self, but: &Port) -> impl Iterator<Item = Port> + '_ {
+    /// The links other than `but`; those leaving the tree too only if
+    /// `retiring`.
+    fn other_links(&self, but: &Port, retiring: bool) -> impl Iterator<Item = Port> + '_ {
         let but = match but {
             Port::Link(id) => Some(id.clone()),
             _ => None,
         };
         self.links
-            .keys()
-            .filter(move |id| Some(*id) != but.as_ref())
-            .map(|id| Port::Link(id.clone()))
+            .iter()
+            .filter(move |(id, l)| Some(*id) != but.as_ref() && (retiring || l.retire_at.is_none()))
+            .map(|(id, _)| Port::Link(id.clone()))
+    }
+
+    /// Whether `p` is a link leaving the tree.
+    fn retiring(&self, p: &Port) -> bool {
+        match p {
+            Port::Link(id) => self.links.get(id).is_some_and(|l| l.retire_at.is_some()),
+            _ => false,
+        }
     }
 
     /// Data frames that came in on `src`: a client's go to the clients,
@@ -797,14 +812,28 @@ impl PlaneIo {
             let Ok(frames) = recv_frames(sock) else {
                 return;
             };
-            // In a federation, a copy that came by another path is dropped.
+            // In a federation, a copy that came by another path is dropped;
+            // a link leaving the tree carries only what can be told apart
+            // from its copies, so that nothing goes round a cycle of old
+            // and new links.
+            let mut tellable = true;
             if !self.links.is_empty() {
                 let first = frames.first().map(|f| f.bytes()).unwrap_or_default();
-                if self.seen.again(first) && matches!(src, Port::Link(_)) {
+                let stream = stream_of(first);
+                tellable = stream.is_some();
+                let from_link = matches!(src, Port::Link(_));
+                if from_link && stream.is_some_and(|st| self.seen.again(st))
+                    || stream.is_none() && self.retiring(src)
+                {
                     self.counters
                         .duplicates_dropped
                         .fetch_add(1, Ordering::Relaxed);
                     continue;
+                }
+                if !from_link {
+                    if let Some(st) = stream {
+                        self.seen.again(st);
+                    }
                 }
             }
             let mut targets = vec![Port::Clients];
@@ -821,7 +850,7 @@ impl PlaneIo {
                     }
                 }
             }
-            targets.extend(self.other_links(src));
+            targets.extend(self.other_links(src, tellable));
             self.fan_out(targets, frames, |me, t, f| me.send(t, f));
         }
     }
@@ -933,6 +962,15 @@ impl PlaneIo {
             let Ok(frames) = recv_frames(sock) else {
                 return;
             };
+            // Subscriptions cross a link leaving the tree (they are
+            // counted, and withdrawn when it closes); queries and
+            // declarations, which nothing tells apart from their copies,
+            // do not.
+            let subscription =
+                matches!(&frames[..], [only] if matches!(only.bytes().first(), Some(0 | 1)));
+            if !subscription && self.retiring(src) {
+                continue;
+            }
             self.counters
                 .upstream_messages
                 .fetch_add(1, Ordering::Relaxed);
@@ -953,7 +991,7 @@ impl PlaneIo {
             if *src != Port::Domain {
                 targets.push(Port::Domain);
             }
-            targets.extend(self.other_links(src));
+            targets.extend(self.other_links(src, subscription));
             self.fan_out(targets, frames, |me, t, f| {
                 if let Some(s) = me.in_socket(t) {
                     send_frames(s, f);
@@ -1557,7 +1595,9 @@ impl Control {
             }
             BrokerRequest::Peer { header, lsas } => {
                 let peer = header.broker.clone();
-                self.fed.take(header, lsas, now);
+                if !self.fed.take(header, lsas, now) {
+                    return;
+                }
                 let out = link_out_all(&self.domains, &peer);
                 let (msg, told) = self.fed.message_for(Some(&peer), &out);
                 let mut parts: Vec<&[u8]> = vec![who];
@@ -1956,28 +1996,31 @@ mod tests {
     #[test]
     fn a_frame_seen_before_is_told_again_by_publisher_key_and_number() {
         let mut s = Seen::default();
-        assert!(!s.again(&frame(Kind::Sample, 1, "a", 1)));
-        assert!(s.again(&frame(Kind::Sample, 1, "a", 1)), "the same again");
-        assert!(
-            !s.again(&frame(Kind::Sample, 2, "a", 1)),
-            "another publisher"
-        );
-        assert!(!s.again(&frame(Kind::Sample, 1, "b", 1)), "another key");
-        assert!(!s.again(&frame(Kind::Sample, 1, "a", 5)));
-        assert!(!s.again(&frame(Kind::Sample, 1, "a", 3)), "late, not seen");
-        assert!(s.again(&frame(Kind::Sample, 1, "a", 3)));
-        assert!(
-            s.again(&frame(Kind::Batch, 1, "a", 5)),
-            "a batch starting there"
-        );
-        assert!(!s.again(&frame(Kind::Heartbeat, 1, "hb", 5)));
-        // Far behind: let through (the subscriber has the last word).
-        assert!(!s.again(&frame(Kind::Sample, 1, "a", 500)));
-        assert!(!s.again(&frame(Kind::Sample, 1, "a", 5)));
-        // History replies are never taken for copies.
-        assert!(!s.again(&frame(Kind::History, 1, "r/x", 1)));
-        assert!(!s.again(&frame(Kind::History, 1, "r/x", 1)));
-        assert!(!s.again(b"garbage"));
+        let mut again = |kind, node, key: &str, seq| {
+            s.again(stream_of(&frame(kind, node, key, seq)).expect("a stream"))
+        };
+        assert!(!again(Kind::Sample, 1, "a", 1));
+        assert!(again(Kind::Sample, 1, "a", 1), "the same again");
+        assert!(!again(Kind::Sample, 2, "a", 1), "another publisher");
+        assert!(!again(Kind::Sample, 1, "b", 1), "another key");
+        assert!(!again(Kind::Sample, 1, "a", 5));
+        assert!(!again(Kind::Sample, 1, "a", 3), "late, not seen");
+        assert!(again(Kind::Sample, 1, "a", 3));
+        assert!(again(Kind::Batch, 1, "a", 5), "a batch starting there");
+        assert!(!again(Kind::Heartbeat, 1, "hb", 5));
+        // Far behind the newest: a copy (one path keeps a publisher's
+        // frames in order), so it cannot go round a cycle.
+        assert!(!again(Kind::Sample, 1, "a", 500));
+        assert!(again(Kind::Sample, 1, "a", 5));
+        // Frames nothing tells from their copies: history replies,
+        // filtered samples (numbered again from 1 when a filter is
+        // declared again), garbage.
+        assert!(stream_of(&frame(Kind::History, 1, "r/x", 1)).is_none());
+        let mut filtered = frame(Kind::Sample, 1, "x", 1);
+        filtered.splice(0..1, b"@f/0123456789abcdef/".iter().copied());
+        assert!(stream_of(&filtered).is_none());
+        assert!(stream_of(b"garbage").is_none());
+        assert!(stream_of(b"k\0short").is_none());
     }
 
     #[test]

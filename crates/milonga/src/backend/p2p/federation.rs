@@ -161,7 +161,7 @@ impl Federation {
                     if let Some(d) = self.dealers.get_mut(i) {
                         d.peer = Some(header.broker.clone());
                     }
-                    self.take(header, lsas, now);
+                    let _ = self.take(header, lsas, now);
                 }
                 Ok(_) | Err(_) => malformed += 1,
             }
@@ -170,15 +170,15 @@ impl Federation {
     }
 
     /// Takes a peer's message in (a request on the listen ROUTER, or the
-    /// answer to one of ours).
-    pub(crate) fn take(&mut self, header: PeerHeader, lsas: Vec<Lsa>, now: Instant) {
+    /// answer to one of ours); whether it is a peer to answer.
+    pub(crate) fn take(&mut self, header: PeerHeader, lsas: Vec<Lsa>, now: Instant) -> bool {
         if header.broker == self.me {
             // A broker listed as its own peer.
-            return;
+            return false;
         }
         if !self.links.contains_key(&header.broker) && self.links.len() >= MAX_LINKS {
             limited!(warn, peer = %header.broker, "a broker with {MAX_LINKS} federation links refused another");
-            return;
+            return false;
         }
         let link = self
             .links
@@ -219,6 +219,7 @@ impl Federation {
                 }
             }
         }
+        true
     }
 
     /// The message for `peer` (unknown yet: everything): its header with
