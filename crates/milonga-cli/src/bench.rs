@@ -613,6 +613,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                             &cell.to_string(),
                             20_000 + cell as u16,
                         )?,
+                        ("mlg-broker", Some(r)) => r.front.clone(),
                         (_, Some(r)) => r.back.clone(),
                         _ => format!("milonga:///{domain}"),
                     },
@@ -1145,7 +1146,13 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
         } else {
             a.round_trips
         };
-        for system in systems(a.baseline, a.with_security, a.via_broker) {
+        let mut these = systems(a.baseline, a.with_security, a.via_broker);
+        if a.via_broker {
+            // Two federated brokers: ping behind one, pong behind the
+            // other (two hops each way).
+            these.push("mlg-fed2");
+        }
+        for system in these {
             cell += 1;
             let domain = format!("bench-lat-{}-{cell}", std::process::id());
             // Through raw proxies: one each way (ping to pong, pong to
@@ -1156,10 +1163,19 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                     crate::bench_broker::Relay::raw_proxy(hwm_for(size), false)?,
                 ],
                 "mlg-broker" => vec![crate::bench_broker::Relay::broker(&domain, hwm_for(size))?],
+                "mlg-fed2" => {
+                    let b1 = crate::bench_broker::Relay::broker(&domain, hwm_for(size))?;
+                    let b2 = crate::bench_broker::Relay::linked_broker(
+                        &domain,
+                        hwm_for(size),
+                        Some(&b1.back),
+                    )?;
+                    vec![b1, b2]
+                }
                 _ => vec![],
             };
             let at = Place {
-                address: if system == "mlg-broker" {
+                address: if system == "mlg-broker" || system == "mlg-fed2" {
                     relays[0].front.clone()
                 } else if system == "raw-zmq" {
                     endpoint_on(
@@ -1219,13 +1235,21 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                     },
                 ]
             } else {
+                // The pong behind the second broker of a federation.
+                let pong_at = match relays.get(1) {
+                    Some(b2) if system == "mlg-fed2" => Place {
+                        address: b2.front.clone(),
+                        ..at.clone()
+                    },
+                    _ => at.clone(),
+                };
                 vec![
                     Role::MlgPing {
                         at: at.clone(),
                         size,
                         n,
                     },
-                    Role::MlgPong { at },
+                    Role::MlgPong { at: pong_at },
                 ]
             };
             let outs = Workers::start(roles, inproc_ctx.as_ref(), bed.as_ref())?.finish()?;

@@ -13,7 +13,7 @@ pub(crate) struct Relay {
     child: Child,
     cpu_at_start: u64,
     /// Raw proxy: where publishers connect (the XSUB) and subscribers
-    /// connect (the XPUB). Broker: the locator.
+    /// connect (the XPUB). Broker: the locator, and its listen endpoint.
     pub(crate) front: String,
     pub(crate) back: String,
 }
@@ -44,15 +44,25 @@ impl Relay {
     /// `milonga broker` on a free loopback port serving `domain`, with
     /// high-water mark `hwm` on its sockets.
     pub(crate) fn broker(domain: &str, hwm: i32) -> Result<Relay> {
+        Relay::linked_broker(domain, hwm, None)
+    }
+
+    /// A broker as [`Relay::broker`], linked to the broker `peer` (its
+    /// listen endpoint) in a federation when given.
+    pub(crate) fn linked_broker(domain: &str, hwm: i32, peer: Option<&str>) -> Result<Relay> {
+        let mut args = vec![
+            "broker",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--json",
+            "--domain",
+            domain,
+        ];
+        if let Some(p) = peer {
+            args.extend(["--peer-broker", p]);
+        }
         let mut child = Command::new(std::env::current_exe()?)
-            .args([
-                "broker",
-                "--listen",
-                "tcp://127.0.0.1:0",
-                "--json",
-                "--domain",
-                domain,
-            ])
+            .args(args)
             .env("MILONGA_SEND_HWM", hwm.to_string())
             .env("MILONGA_RECV_HWM", hwm.to_string())
             .env_remove("MILONGA_LOCATOR")
@@ -71,10 +81,11 @@ impl Relay {
             .as_str()
             .ok_or_else(|| anyhow!("the broker said {line:?}"))?
             .to_owned();
+        let listen = v["listen"].as_str().unwrap_or_default().to_owned();
         // Its later lines (stats) are read and dropped, so that it never
         // blocks on a full pipe.
         std::thread::spawn(move || for _ in r.lines() {});
-        Relay::started(child, locator.clone(), locator)
+        Relay::started(child, locator, listen)
     }
 
     fn started(child: Child, front: String, back: String) -> Result<Relay> {
