@@ -590,9 +590,15 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
         );
     }
     let mut cell = 0;
+    let mut these = systems(a.baseline, a.with_security, a.via_broker);
+    if a.via_broker {
+        // Two federated brokers: the publisher behind one, the
+        // subscribers behind the other.
+        these.push("mlg-fed2");
+    }
     for &size in &a.sizes {
         for &subs in &a.subs {
-            for system in systems(a.baseline, a.with_security, a.via_broker) {
+            for &system in &these {
                 cell += 1;
                 let hwm = hwm_for(size);
                 let domain = format!("bench-{}-{cell}", std::process::id());
@@ -601,7 +607,18 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                         hwm,
                         a.mode == Mode::Reliable,
                     )?),
-                    "mlg-broker" => Some(crate::bench_broker::Relay::broker(&domain, hwm)?),
+                    "mlg-broker" | "mlg-fed2" => {
+                        Some(crate::bench_broker::Relay::broker(&domain, hwm)?)
+                    }
+                    _ => None,
+                };
+                // The second broker of a federation, the subscribers'.
+                let far = match (system, &relay) {
+                    ("mlg-fed2", Some(b1)) => Some(crate::bench_broker::Relay::linked_broker(
+                        &domain,
+                        hwm,
+                        Some(&b1.back),
+                    )?),
                     _ => None,
                 };
                 let at = Place {
@@ -613,7 +630,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                             &cell.to_string(),
                             20_000 + cell as u16,
                         )?,
-                        ("mlg-broker", Some(r)) => r.front.clone(),
+                        ("mlg-broker" | "mlg-fed2", Some(r)) => r.front.clone(),
                         (_, Some(r)) => r.back.clone(),
                         _ => format!("milonga:///{domain}"),
                     },
@@ -653,7 +670,14 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                 };
                 // Raw: the publisher binds first. Milonga: either order works.
                 let mut roles = vec![pub_role];
-                roles.extend((0..subs).map(|_| sub_role(at.clone())));
+                let sub_at = match &far {
+                    Some(b2) => Place {
+                        address: b2.front.clone(),
+                        ..at.clone()
+                    },
+                    None => at.clone(),
+                };
+                roles.extend((0..subs).map(|_| sub_role(sub_at.clone())));
                 let outs = Workers::start(roles, inproc_ctx.as_ref(), bed.as_ref())?.finish()?;
                 let sent = outs[0].sent;
                 let subs_out = &outs[1..];
@@ -680,7 +704,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                 };
                 print_row(&row, t, a.format)?;
                 if let Some(r) = relay {
-                    let cpu_ns = r.finish()?;
+                    let cpu_ns = r.finish()? + far.map(|b2| b2.finish()).transpose()?.unwrap_or(0);
                     let delivered: u64 = subs_out.iter().map(|o| o.received).sum();
                     eprintln!(
                         "# {system} {size} B x{subs}: relay CPU {:.2} us per delivered sample ({:.2} s for {delivered})",

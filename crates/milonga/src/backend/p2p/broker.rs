@@ -1099,6 +1099,9 @@ struct Domain {
     shown: BTreeMap<String, Announcement>,
     /// What it reaches without another broker (its record's part).
     direct: Vec<Announcement>,
+    /// Each plane's peer-to-peer endpoints wanted at the last refresh,
+    /// and those no longer wanted, kept connected until then.
+    lingering: [(BTreeSet<String>, HashMap<String, Instant>); 3],
     /// The peer-to-peer services calls are relayed to.
     services: Arc<Mutex<ServiceTable>>,
     clients: HashMap<String, Client>,
@@ -1300,7 +1303,22 @@ impl Domain {
         }
         drop(t);
         let tree = fed.tree_links();
-        for (i, (w, set)) in self.wanted.iter().zip(wanted).enumerate() {
+        let now = Instant::now();
+        for (i, (w, mut set)) in self.wanted.iter().zip(wanted).enumerate() {
+            // A publisher no longer taken from the domain (it comes through
+            // the federation now, or it left) stays connected for
+            // LINK_LINGER: the path that replaces it may not be connected
+            // yet (a copy that comes both ways is dropped by the
+            // subscriber).
+            let (previous, lingering) = &mut self.lingering[i];
+            for ep in previous.iter() {
+                if !set.contains(ep) {
+                    lingering.entry(ep.clone()).or_insert(now + LINK_LINGER);
+                }
+            }
+            lingering.retain(|ep, until| *until > now && !set.contains(ep));
+            previous.clone_from(&set);
+            set.extend(lingering.keys().cloned());
             let links: BTreeMap<String, Option<String>> = tree
                 .iter()
                 .map(|p| {
@@ -1692,6 +1710,7 @@ pub(crate) fn start(
             bound: [b0, b1, b2],
             shown: BTreeMap::new(),
             direct: Vec::new(),
+            lingering: Default::default(),
             services,
             clients: HashMap::new(),
             others: BTreeMap::new(),
