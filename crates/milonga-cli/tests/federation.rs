@@ -246,6 +246,23 @@ fn each_gets_each_once(
     }
 }
 
+/// 200 samples from each publisher, 2 ms apart, the tree steady.
+fn steady(members: &mut [Member], sent: &mut u64) {
+    each_gets_each_once(members, sent, 200, Duration::from_millis(2), Tree::Steady);
+}
+
+/// `count` samples from each publisher, 10 ms apart (100 a second),
+/// while the tree changes.
+fn changing(members: &mut [Member], sent: &mut u64, count: u64) {
+    each_gets_each_once(
+        members,
+        sent,
+        count,
+        Duration::from_millis(10),
+        Tree::Changing,
+    );
+}
+
 #[test]
 fn a_triangle_of_brokers_on_one_host_delivers_each_sample_to_each_client_once() {
     let env = Env::new("fed-tri");
@@ -275,13 +292,7 @@ fn a_triangle_of_brokers_on_one_host_delivers_each_sample_to_each_client_once() 
         Some(node(&env.locator(), &dir, "p2p-sub")),
     ));
     let mut sent = until_all_see_all(&mut members);
-    each_gets_each_once(
-        &mut members,
-        &mut sent,
-        200,
-        Duration::from_millis(2),
-        Tree::Steady,
-    );
+    steady(&mut members, &mut sent);
 }
 
 #[test]
@@ -340,13 +351,7 @@ fn a_ring_of_four_brokers_delivers_once_through_a_broken_link_and_resumes_when_i
         Some(node(&env.locator(), &dir(2), "p2p-sub")),
     ));
     let mut sent = until_all_see_all(&mut members);
-    each_gets_each_once(
-        &mut members,
-        &mut sent,
-        200,
-        Duration::from_millis(2),
-        Tree::Steady,
-    );
+    steady(&mut members, &mut sent);
 
     // A link of the spanning tree (which data crosses) breaks: the ring
     // is a line, and samples flow on while the brokers find out (a
@@ -365,13 +370,7 @@ fn a_ring_of_four_brokers_delivers_once_through_a_broken_link_and_resumes_when_i
         .expect("a link of the tree");
     proxies[cut].set_down(true);
     proxies[cut].cut();
-    each_gets_each_once(
-        &mut members,
-        &mut sent,
-        400,
-        Duration::from_millis(10),
-        Tree::Changing,
-    );
+    changing(&mut members, &mut sent, 400);
     for b in [all[x], all[y]] {
         b.until_stats("one link left", |s| s["links"] == 1);
     }
@@ -383,16 +382,26 @@ fn a_ring_of_four_brokers_delivers_once_through_a_broken_link_and_resumes_when_i
             .any(|p| *p == all[y].id),
         "the broken link is out of the tree"
     );
-    // The new tree reaches every broker (a record crosses a link in an
-    // attach interval, 250 ms).
-    std::thread::sleep(Duration::from_secs(1));
-    each_gets_each_once(
-        &mut members,
-        &mut sent,
-        200,
-        Duration::from_millis(2),
-        Tree::Steady,
-    );
+    // Until every broker computes the same new tree: three links, each
+    // listed by both ends, the broken one not among them.
+    wait_for("one tree at every broker", T, || {
+        let trees: Vec<Vec<String>> = all
+            .iter()
+            .map(|b| {
+                b.next_stats()["tree"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| p.as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .collect();
+        let ends = |a: usize, b: usize| trees[a].contains(&all[b].id);
+        let agreed = (0..4).all(|a| (0..4).all(|b| ends(a, b) == ends(b, a)));
+        let edges: usize = trees.iter().map(Vec::len).sum();
+        agreed && edges == 6 && !ends(x, y)
+    });
+    steady(&mut members, &mut sent);
 
     // It comes back: the ring again.
     proxies[cut].set_down(false);
@@ -401,20 +410,8 @@ fn a_ring_of_four_brokers_delivers_once_through_a_broken_link_and_resumes_when_i
     }
     // Samples flow on while the tree changes back (the links that leave
     // it carry data until those that join are connected), then by it.
-    each_gets_each_once(
-        &mut members,
-        &mut sent,
-        200,
-        Duration::from_millis(10),
-        Tree::Changing,
-    );
-    each_gets_each_once(
-        &mut members,
-        &mut sent,
-        200,
-        Duration::from_millis(2),
-        Tree::Steady,
-    );
+    changing(&mut members, &mut sent, 200);
+    steady(&mut members, &mut sent);
 }
 
 /// The next sample of `sub` within `T`, its value as a number.

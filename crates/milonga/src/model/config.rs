@@ -727,9 +727,7 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
             if rest.is_empty() || !rest.starts_with('/') {
                 return Err(bad("expected file:///PATH (an absolute path)"));
             }
-            let hash = rest.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
+            let hash = crate::util::fnv1a64(rest.as_bytes());
             return Ok(Locator {
                 domain: format!("file-{hash:016x}"),
                 file: Some(PathBuf::from(rest)),

@@ -11,6 +11,15 @@ pub(crate) mod stats;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
 
+/// FNV-1a 64 of `bytes`: the short, stable hash the protocol names
+/// (docs/protocol.md: service tags, file domains, the broker's frame
+/// streams). Not for untrusted keys of a map that must resist floods.
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// The lock, taken over if another thread panicked while holding it: a
 /// panic in one thread must not take every other thread of the node down.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -340,9 +340,7 @@ fn stream_of(first: &[u8]) -> Option<([u8; 16], u64, u64)> {
     node.copy_from_slice(&h[offset::NODE_ID..offset::NODE_ID + 16]);
     let mut seq = [0u8; 8];
     seq.copy_from_slice(&h[offset::SEQ..offset::SEQ + 8]);
-    let key = first[..nul].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let key = crate::util::fnv1a64(&first[..nul]);
     Some((node, key, u64::from_le_bytes(seq)))
 }
 
@@ -1151,7 +1149,7 @@ impl Domain {
     /// federation reaches: the nodes the clients are told, the endpoints
     /// the planes connect to, the links they use, the nodes shown to the
     /// domain.
-    fn refresh(&mut self, fed: &Federation) {
+    fn refresh(&mut self, fed: &Federation, tree: &BTreeSet<String>) {
         // The broker's nodes are of this process.
         let my_pid = std::process::id();
         let me = self.host.node_id();
@@ -1302,7 +1300,6 @@ impl Domain {
             t.generation += 1;
         }
         drop(t);
-        let tree = fed.tree_links();
         let now = Instant::now();
         for (i, (w, mut set)) in self.wanted.iter().zip(wanted).enumerate() {
             // A publisher no longer taken from the domain (it comes through
@@ -1476,12 +1473,14 @@ impl Control {
             }
             if now >= next_refresh {
                 next_refresh = now + Duration::from_millis(100);
+                // The tree of the records held now, for every domain.
+                let tree = self.fed.tree_links();
                 for d in &mut self.domains {
                     let n = d.expire(now, lease);
                     self.counters
                         .clients_expired
                         .fetch_add(n as u64, Ordering::Relaxed);
-                    d.refresh(&self.fed);
+                    d.refresh(&self.fed, &tree);
                 }
                 let direct = self
                     .domains
@@ -1505,7 +1504,7 @@ impl Control {
                 self.counters
                     .federation_brokers
                     .store(self.fed.known() as u64, Ordering::Relaxed);
-                *lock(&self.counters.tree) = self.fed.tree_links().into_iter().collect();
+                *lock(&self.counters.tree) = tree.into_iter().collect();
             }
         }
         for d in &mut self.domains {
@@ -1778,10 +1777,7 @@ struct ServiceTable {
 
 /// The tag of a peer-to-peer service at `endpoint` of node `id`.
 fn service_tag(id: &str, endpoint: &str) -> String {
-    let h = endpoint.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("{id}/e{h:016x}")
+    format!("{id}/e{:016x}", crate::util::fnv1a64(endpoint.as_bytes()))
 }
 
 /// One domain's calls: callers' DEALERs connect to `calls` with an
