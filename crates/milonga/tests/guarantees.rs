@@ -951,3 +951,54 @@ fn a_subscription_declared_after_open_connects_before_subscribe_returns() {
     assert_eq!(s.seq, 1);
     assert_eq!(s.value, Value::from(7u64));
 }
+
+/// A reliable subscriber whose application does not read for four leases:
+/// the reliable publisher waits (or its samples wait in queues), and once
+/// the application reads again every sample comes, in order. Broken, the
+/// subscriber's socket timed out its own connection while it was not
+/// reading (libzmq's heartbeat timeout ends only at a message read), and
+/// what was sent until it reconnected vanished without a loss report.
+#[test]
+fn a_reliable_subscriber_that_stops_reading_for_a_while_gets_every_sample_after() {
+    let dir = TempDir::new("stall");
+    let domain = "stall";
+    let short_lease = |name| {
+        let mut c = config(domain, name, dir.path());
+        c.heartbeat_interval_ms = 100;
+        c.heartbeat_timeout_ms = 500;
+        Node::open_with(c).unwrap()
+    };
+    let subscribing = short_lease("sub");
+    let sub = subscribing
+        .subscribe_with("stall/k", SubscriberQos::default().reliable())
+        .unwrap();
+    let publishing = short_lease("pub");
+    let p = publishing
+        .publisher_with("stall/k", milonga::PublisherQos::reliable())
+        .unwrap();
+    wait_for("a subscriber", T, || p.subscriber_count() > 0);
+    let mut sent = 0u64;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        p.put(sent as f64).unwrap();
+        sent += 1;
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let mut seqs = Vec::new();
+    let end = Instant::now() + T;
+    while (seqs.len() as u64) < sent && Instant::now() < end {
+        match sub.recv_timeout(Duration::from_millis(100)) {
+            Ok(Event::Sample(s)) => seqs.push(s.seq),
+            Ok(Event::Lost(l)) => panic!("{} lost after {} samples", l.count, seqs.len()),
+            _ => {}
+        }
+    }
+    let wrong = seqs
+        .iter()
+        .zip(1..)
+        .find(|(got, want)| **got != *want)
+        .map(|(got, want)| (want, *got));
+    assert_eq!(wrong, None, "(expected, got) of {} received", seqs.len());
+    assert_eq!(seqs.len() as u64, sent);
+    assert_eq!(subscribing.stats().connections_closed, 0);
+}

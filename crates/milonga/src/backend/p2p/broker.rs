@@ -425,8 +425,9 @@ fn origin(first: &[u8]) -> Option<[u8; 16]> {
 
 fn new_xsub(ctx: &ContextRef, cfg: &Config, v6: bool, ep: &str) -> Result<zmq::Socket, OpenError> {
     let err = sock_err(ep);
-    let s = ctx.socket(zmq::XSUB)?;
+    let mut s = ctx.socket(zmq::XSUB)?;
     zmq_io::apply_common(&s, cfg).map_err(&err)?;
+    zmq_io::apply_receiving(&mut s, cfg).map_err(&err)?;
     s.set_ipv6(v6).map_err(&err)?;
     Ok(s)
 }

@@ -113,13 +113,14 @@ impl Spec {
     fn socket(&self, ctx: &ContextRef, g: usize) -> Result<(zmq::Socket, Monitor), OpenError> {
         // XSUB rather than SUB: it can send history queries upstream, on the
         // same connections as its subscriptions (docs/protocol.md §4.2).
-        let sock = ctx.socket(zmq::XSUB)?;
+        let mut sock = ctx.socket(zmq::XSUB)?;
         let cfg_err = |source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: format!("subscription {}", self.what),
             source: source.transport(),
         };
         zmq_io::apply_common(&sock, &self.core.cfg).map_err(cfg_err)?;
+        zmq_io::apply_receiving(&mut sock, &self.core.cfg).map_err(cfg_err)?;
         // A connection whose SYN goes unanswered (a firewall, no route
         // back) fails within the handshake timeout, not the kernel's two
         // minutes, and is retried; the monitor reports each failure.

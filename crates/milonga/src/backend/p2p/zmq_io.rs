@@ -114,6 +114,29 @@ pub(crate) fn apply_common(sock: &zmq::Socket, cfg: &Config) -> zmq::Result<()> 
     Ok(())
 }
 
+/// Options of a socket that receives data and stops reading it when its
+/// reader is behind (a subscription's, a broker's upstream XSUB): the
+/// back-pressure of reliable delivery (docs/guarantees.md).
+///
+/// libzmq's heartbeat timeout runs from each PING this socket sends and
+/// ends at the next message it *reads*; a socket that stops reading
+/// because its application is slow would time out its own healthy
+/// connection after `heartbeat_timeout_ms`, and what the publisher sent
+/// meanwhile would go to no one. So it sends PINGs (which keep the
+/// publisher's side of the connection alive: a frozen process sends none
+/// and is dropped there) but never times out on its own; a peer whose
+/// host dies is still noticed within about `heartbeat_timeout_ms` by the
+/// kernel (`TCP_USER_TIMEOUT`: the PINGs go unacknowledged), and a peer
+/// process that dies closes the connection at once.
+pub(crate) fn apply_receiving(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Result<()> {
+    sock.set_heartbeat_timeout(0)?;
+    set_int(
+        sock,
+        zmq_sys::ZMQ_TCP_MAXRT,
+        cfg.heartbeat_timeout_ms.max(1),
+    )
+}
+
 fn set_int(sock: &mut zmq::Socket, option: u32, value: c_int) -> zmq::Result<()> {
     // SAFETY: the socket pointer is valid for the life of `sock`, which we
     // borrow mutably so no other thread uses it; the option value is a c_int
