@@ -15,6 +15,12 @@
 //! An attach may carry a fifth frame, the client's report (JSON: its
 //! subscriptions and counters), which the broker keeps for `clients`.
 //!
+//! A peer-to-peer node that uses a broker as its registry (registry mode,
+//! docs/protocol.md §11.6) sends `[MAGIC, "register", RegisterHeader
+//! (JSON), announcement (JSON, optional)]` and `[MAGIC, "unregister",
+//! domain, node id]`; the broker sends it `[MAGIC, "entries",
+//! EntriesHeader (JSON), announcement (JSON)...]`.
+//!
 //! Brokers linked in a federation (docs/protocol.md §11.5) talk over the
 //! same kind of connection: `[MAGIC, "peer", PeerHeader (JSON), Lsa
 //! (JSON)...]`, answered in kind.
@@ -41,6 +47,19 @@ pub const CLIENTS: &[u8] = b"clients";
 pub const ERROR: &[u8] = b"error";
 /// A federated broker's link message (and its answer).
 pub const PEER: &[u8] = b"peer";
+/// Registry mode (docs/protocol.md §11.6): "keep me in the registry of
+/// the domain; here is what I hold of it".
+pub const REGISTER: &[u8] = b"register";
+/// Registry mode: the changes a registered node has not seen (sent when
+/// there are some and none is unacknowledged).
+pub const ENTRIES: &[u8] = b"entries";
+/// Registry mode: "take me out of the registry".
+pub const UNREGISTER: &[u8] = b"unregister";
+/// Most announcements one `entries` message carries.
+pub const MAX_PAGE_ENTRIES: usize = 512;
+/// Largest `entries` message a registry sends (bytes of announcements; a
+/// single larger announcement goes alone).
+pub const MAX_PAGE_BYTES: usize = 256 << 10;
 /// Most link-state records one peer message carries (a federation of at
 /// most this many brokers).
 pub const MAX_LSAS: usize = 256;
@@ -157,6 +176,45 @@ pub struct LsaDomain {
     pub nodes: Vec<Announcement>,
 }
 
+/// The first frame of a `register` request, after the command (registry
+/// mode, docs/protocol.md §11.6).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RegisterHeader {
+    /// The domain the node is of.
+    pub domain: String,
+    /// The node's id (32 hex digits).
+    pub node_id: String,
+    /// The registry epoch the node's view is of (0: none yet).
+    pub epoch: u64,
+    /// The registry version the node's view is at.
+    pub have: u64,
+}
+
+/// The first frame of an `entries` message, after the command: the
+/// changes of registry versions `from` (exclusive) to `to` (inclusive).
+/// The announcements of the nodes added or changed follow, one a frame.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct EntriesHeader {
+    /// The registry's epoch (new at each start of the registry).
+    pub epoch: u64,
+    /// The version the changes start after: the receiver applies them
+    /// only when it is at this version (or `reset`).
+    pub from: u64,
+    /// The version the receiver is at after applying them.
+    pub to: u64,
+    /// The receiver forgets what it holds first: the registry lists every
+    /// node from the start (another epoch, or changes too old to list).
+    #[serde(default)]
+    pub reset: bool,
+    /// The nodes removed (expired or unregistered), by id.
+    #[serde(default)]
+    pub removed: Vec<String>,
+    /// The registry's lease (ms): a node renews its registration at least
+    /// three times a lease, or is removed.
+    #[serde(default)]
+    pub lease_ms: u64,
+}
+
 /// A request a broker reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BrokerRequest {
@@ -182,6 +240,22 @@ pub enum BrokerRequest {
     },
     /// `detach`: the node with this id (hex) is leaving.
     Detach {
+        /// Its node id.
+        node_id: String,
+    },
+    /// `register`: a node keeps its place in the domain's registry
+    /// (registry mode) and says what it holds of it.
+    Register {
+        /// Who, where and what it holds.
+        header: RegisterHeader,
+        /// Its announcement, as sent (validated), when it sent it: on
+        /// a renewal or a change, not on an acknowledgement.
+        announcement: Option<Vec<u8>>,
+    },
+    /// `unregister`: the node with this id leaves the domain's registry.
+    Unregister {
+        /// The domain.
+        domain: String,
         /// Its node id.
         node_id: String,
     },
@@ -271,6 +345,42 @@ impl BrokerRequest {
                 }
                 Ok(BrokerRequest::Detach { node_id })
             }
+            (Some(REGISTER), 3 | 4) => {
+                let header: RegisterHeader = serde_json::from_slice(f[2])
+                    .map_err(|e| BrokerError::Malformed(format!("the register header: {e}")))?;
+                if !is_node_id(&header.node_id) {
+                    return Err(bad("the node id is not 32 lower-case hex digits"));
+                }
+                let announcement = match f.get(3) {
+                    Some(raw) => {
+                        if raw.len() > MAX_ANNOUNCEMENT_BYTES {
+                            return Err(bad("the announcement is over 256 KiB"));
+                        }
+                        let a = Announcement::from_json(raw).map_err(|e| {
+                            BrokerError::Malformed(format!("the announcement: {e}"))
+                        })?;
+                        if a.node_id != header.node_id || a.domain != header.domain {
+                            return Err(bad(
+                                "the announcement is of another node or domain than the header",
+                            ));
+                        }
+                        Some(raw.to_vec())
+                    }
+                    None => None,
+                };
+                Ok(BrokerRequest::Register {
+                    header,
+                    announcement,
+                })
+            }
+            (Some(UNREGISTER), 4) => {
+                let domain = text(f[2], "the domain")?;
+                let node_id = text(f[3], "the node id")?;
+                if !is_node_id(&node_id) {
+                    return Err(bad("the node id is not 32 lower-case hex digits"));
+                }
+                Ok(BrokerRequest::Unregister { domain, node_id })
+            }
             (Some(PEER), n) if n >= 3 && n - 3 <= MAX_LSAS => {
                 let header: PeerHeader = serde_json::from_slice(f[2])
                     .map_err(|e| BrokerError::Malformed(format!("the peer header: {e}")))?;
@@ -343,6 +453,27 @@ mod tests {
         assert!(
             BrokerRequest::decode(&[MAGIC, PEER, header.as_bytes(), evil_lsa.as_bytes()]).is_err()
         );
+        // A registration: its announcement must be the header's node's.
+        let reg = format!(r#"{{"domain":"lab","node_id":"{id}","epoch":0,"have":0}}"#);
+        let other = format!(
+            r#"{{"domain":"lab","node_id":"{}","epoch":0,"have":0}}"#,
+            "1".repeat(32)
+        );
+        match BrokerRequest::decode(&[MAGIC, REGISTER, reg.as_bytes(), good.as_bytes()]).unwrap() {
+            BrokerRequest::Register {
+                header,
+                announcement,
+            } => {
+                assert_eq!(header.node_id, id);
+                assert_eq!(announcement.as_deref(), Some(good.as_bytes()));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(BrokerRequest::decode(&[MAGIC, REGISTER, reg.as_bytes()]).is_ok());
+        assert!(
+            BrokerRequest::decode(&[MAGIC, REGISTER, other.as_bytes(), good.as_bytes()]).is_err()
+        );
+        assert!(BrokerRequest::decode(&[MAGIC, UNREGISTER, b"lab", id.as_bytes()]).is_ok());
         let huge = vec![b' '; MAX_ANNOUNCEMENT_BYTES + 1];
         assert!(BrokerRequest::decode(&[MAGIC, ATTACH, &huge[..], b"0"]).is_err());
         for bad in [
@@ -355,6 +486,8 @@ mod tests {
             vec![MAGIC, ATTACH, b"{}", b"0"],
             vec![MAGIC, CLIENTS],
             vec![MAGIC, PEER],
+            vec![MAGIC, REGISTER, b"{}"],
+            vec![MAGIC, UNREGISTER, b"lab", b"../x"],
             vec![MAGIC, PEER, br#"{"broker":"x","listen":"tcp://h:1"}"#],
             vec![MAGIC],
         ] {

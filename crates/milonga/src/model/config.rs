@@ -206,6 +206,9 @@ pub(crate) const KEYS: &[KeySpec] = &[
     ),
     key("peers", Some("MILONGA_PEERS"), Kind::List),
     key("gossip", Some("MILONGA_GOSSIP"), Kind::Bool),
+    key("registry", Some("MILONGA_REGISTRY"), Kind::List),
+    key("discovery", Some("MILONGA_DISCOVERY"), Kind::Text),
+    key("etcd_endpoints", Some("MILONGA_ETCD_ENDPOINTS"), Kind::List),
     key("interfaces", Some("MILONGA_INTERFACES"), Kind::List),
     key("scouting", Some("MILONGA_SCOUTING"), Kind::Bool),
     key("scout_group", Some("MILONGA_SCOUT_GROUP"), Kind::Text),
@@ -271,6 +274,9 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         local_discovery: _,
         peers: _,
         gossip: _,
+        registry: _,
+        discovery: _,
+        etcd_endpoints: _,
         interfaces: _,
         scouting: _,
         scout_group: _,
@@ -306,6 +312,9 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "local_discovery",
         "peers",
         "gossip",
+        "registry",
+        "discovery",
+        "etcd_endpoints",
         "interfaces",
         "scouting",
         "scout_group",
@@ -359,6 +368,17 @@ pub struct Config {
     pub local_discovery: bool,
     /// Control endpoints of nodes on other hosts (`static` discovery).
     pub peers: Vec<String>,
+    /// Brokers (`tcp://HOST:PORT`, as `milonga broker --listen`) this
+    /// peer-to-peer node registers with and learns the domain's nodes
+    /// from, while its data flows directly (registry mode,
+    /// docs/discovery.md "A registry"). Default none.
+    pub registry: Vec<String>,
+    /// `auto` (default): the sources the other keys configure; `etcd`:
+    /// also keep the node's announcement in etcd and learn the others'
+    /// there (`etcd_endpoints`; docs/discovery.md "etcd").
+    pub discovery: String,
+    /// etcd's client URLs (`http://HOST:2379`), for `discovery = etcd`.
+    pub etcd_endpoints: Vec<String>,
     /// Learn the nodes that the static peers know, and tell them this
     /// node's control endpoint (a `tcp://` one), so that one peer given is
     /// enough to find the rest (docs/discovery.md). Default true.
@@ -461,6 +481,9 @@ impl Config {
             control_endpoint: None,
             local_discovery: true,
             peers: Vec::new(),
+            registry: Vec::new(),
+            discovery: "auto".into(),
+            etcd_endpoints: Vec::new(),
             interfaces: Vec::new(),
             scouting: true,
             gossip: true,
@@ -563,6 +586,12 @@ impl Config {
                 "scout_group" => self.scout_group = t,
                 "scout_group6" => self.scout_group6 = t,
                 "security" => self.security = t.parse().map_err(err)?,
+                "discovery" => {
+                    if !matches!(t.as_str(), "auto" | "etcd") {
+                        return Err(err(format!("{t:?}: expected auto or etcd")));
+                    }
+                    self.discovery = t;
+                }
                 "file_speed" => {
                     parse_speed(&t).map_err(err)?;
                     self.file_speed = t;
@@ -593,6 +622,8 @@ impl Config {
             },
             (Kind::List, V::List(l)) => match key {
                 "peers" => self.peers = l,
+                "registry" => self.registry = l,
+                "etcd_endpoints" => self.etcd_endpoints = l,
                 "interfaces" => self.interfaces = l,
                 _ => unreachable!("a list key without a field: {key}"),
             },
@@ -865,6 +896,9 @@ mod tests {
             ("MILONGA_LOCAL_DISCOVERY", "off"),
             ("MILONGA_PEERS", "tcp://a:1, tcp://b:2"),
             ("MILONGA_GOSSIP", "off"),
+            ("MILONGA_REGISTRY", "tcp://r:7447"),
+            ("MILONGA_DISCOVERY", "etcd"),
+            ("MILONGA_ETCD_ENDPOINTS", "http://e1:2379, http://e2:2379"),
             ("MILONGA_INTERFACES", "eth0, 10.0.0.0/8"),
             ("MILONGA_SCOUTING", "no"),
             ("MILONGA_SCOUT_GROUP", "239.1.2.3:9000"),
@@ -904,6 +938,9 @@ mod tests {
         assert!(!c.local_discovery);
         assert_eq!(c.peers, ["tcp://a:1", "tcp://b:2"]);
         assert!(!c.gossip);
+        assert_eq!(c.registry, ["tcp://r:7447"]);
+        assert_eq!(c.discovery, "etcd");
+        assert_eq!(c.etcd_endpoints, ["http://e1:2379", "http://e2:2379"]);
         assert_eq!(c.interfaces, ["eth0", "10.0.0.0/8"]);
         assert!(!c.scouting, "on by default, off by the variable");
         assert_eq!(
@@ -992,6 +1029,7 @@ mod tests {
                 (Kind::Text, "transport") => ConfigValue::Text("ipc".into()),
                 (Kind::Text, "security") => ConfigValue::Text("on".into()),
                 (Kind::Text, "file_speed") => ConfigValue::Text("0.5".into()),
+                (Kind::Text, "discovery") => ConfigValue::Text("etcd".into()),
                 (Kind::Text | Kind::OptText, _) => ConfigValue::Text("tcp://h:1".into()),
                 (Kind::Bool, _) => ConfigValue::Bool(false),
                 (Kind::Int, _) => ConfigValue::Int(7),

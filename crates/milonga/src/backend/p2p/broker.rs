@@ -34,6 +34,7 @@ use milonga_wire::broker::{
 use serde::Serialize;
 
 use crate::backend::p2p::federation::Federation;
+use crate::backend::p2p::registry::Table;
 use crate::backend::p2p::uplink::{self, Plane};
 use crate::backend::p2p::zmq_io::{self, ContextRef, Frame};
 use crate::model::config::Config;
@@ -91,6 +92,9 @@ pub(crate) struct BrokerCounters {
     pub links: AtomicU64,
     pub federation_brokers: AtomicU64,
     pub duplicates_dropped: AtomicU64,
+    pub registered: AtomicU64,
+    pub registry_refused: AtomicU64,
+    pub registry_expired: AtomicU64,
     pub tree: Mutex<Vec<String>>,
 }
 
@@ -127,6 +131,13 @@ pub struct BrokerStats {
     /// Frames that came from a federation link a second time (by another
     /// path, while the tree changed) and were dropped.
     pub duplicates_dropped: u64,
+    /// Peer-to-peer nodes in its registry now, in all domains (registry
+    /// mode, docs/discovery.md "A registry").
+    pub registered: u64,
+    /// Registrations refused: the registry holds its most.
+    pub registry_refused: u64,
+    /// Registered nodes removed after their lease (not unregistered).
+    pub registry_expired: u64,
     /// The peers (broker ids) of its links in the federation's spanning
     /// tree, which data crosses.
     pub tree: Vec<String>,
@@ -149,6 +160,9 @@ impl BrokerCounters {
             links: g(&self.links),
             federation_brokers: g(&self.federation_brokers),
             duplicates_dropped: g(&self.duplicates_dropped),
+            registered: g(&self.registered),
+            registry_refused: g(&self.registry_refused),
+            registry_expired: g(&self.registry_expired),
             tree: lock(&self.tree).clone(),
         }
     }
@@ -1088,6 +1102,8 @@ impl Client {
 struct Domain {
     host: Box<dyn DomainHost>,
     hello: BrokerHello,
+    /// The peer-to-peer nodes that use this broker as their registry.
+    registry: Table,
     /// `to_domain` endpoints: best effort, reliable, liveliness.
     to_domain: [String; 3],
     /// Each plane's wanted peer-to-peer endpoints, links and shown nodes.
@@ -1437,6 +1453,9 @@ impl Domain {
     }
 }
 
+/// Most bytes of registry pages sent in one turn of the control thread.
+const REGISTRY_BUDGET: usize = 8 << 20;
+
 /// The control thread: answers clients, follows the domains.
 struct Control {
     router: zmq::Socket,
@@ -1464,6 +1483,7 @@ impl Control {
                 };
                 self.serve(frames, now);
             }
+            self.registry_pages();
             for (i, r) in ready.iter().skip(1).enumerate() {
                 if *r {
                     let bad = self.fed.read_dealer(i, now);
@@ -1480,6 +1500,10 @@ impl Control {
                     let n = d.expire(now, lease);
                     self.counters
                         .clients_expired
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    let n = d.registry.expire(now);
+                    self.counters
+                        .registry_expired
                         .fetch_add(n as u64, Ordering::Relaxed);
                     d.refresh(&self.fed, &tree);
                 }
@@ -1499,6 +1523,8 @@ impl Control {
                     .tick(now, direct, |peer| link_out_all(domains, peer));
                 let n: usize = self.domains.iter().map(|d| d.clients.len()).sum();
                 self.counters.clients.store(n as u64, Ordering::Relaxed);
+                let n: usize = self.domains.iter().map(|d| d.registry.len()).sum();
+                self.counters.registered.store(n as u64, Ordering::Relaxed);
                 self.counters
                     .links
                     .store(self.fed.links_up() as u64, Ordering::Relaxed);
@@ -1515,6 +1541,23 @@ impl Control {
             }
             for id in std::mem::take(&mut d.shown).into_keys() {
                 d.host.hide(&id);
+            }
+        }
+    }
+
+    /// Sends the registry pages due, at most [`REGISTRY_BUDGET`] bytes a
+    /// turn over all domains (a thousand nodes joining at once must not
+    /// queue a gigabyte of pages).
+    fn registry_pages(&mut self) {
+        let mut left = REGISTRY_BUDGET;
+        for d in &mut self.domains {
+            for (who, frames) in d.registry.pages(left) {
+                left = left.saturating_sub(frames.iter().map(Vec::len).sum());
+                let mut msg: Vec<&[u8]> = vec![&who];
+                msg.extend(frames.iter().map(Vec::as_slice));
+                // Dropped on a full queue: the node's next renewal says what
+                // it holds, and the page goes again.
+                let _ = self.router.send_multipart(msg, zmq::DONTWAIT);
             }
         }
     }
@@ -1609,6 +1652,37 @@ impl Control {
             BrokerRequest::Detach { node_id } => {
                 for d in &mut self.domains {
                     d.detach(&node_id);
+                }
+            }
+            BrokerRequest::Register {
+                header,
+                announcement,
+            } => {
+                let total: usize = self.domains.iter().map(|d| d.registry.len()).sum();
+                let Some(d) = self
+                    .domains
+                    .iter_mut()
+                    .find(|d| d.hello.domain == header.domain)
+                else {
+                    let text = format!("this broker does not serve domain {}", header.domain);
+                    reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                    return;
+                };
+                if d.registry
+                    .register(who, &header, announcement, total, now)
+                    .is_err()
+                {
+                    self.counters
+                        .registry_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                    limited!(warn, node = %header.node_id, "refused a registration: the registry holds its most nodes");
+                    let text = format!("this registry holds {total} nodes, its most");
+                    reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                }
+            }
+            BrokerRequest::Unregister { domain, node_id } => {
+                for d in self.domains.iter_mut().filter(|d| d.hello.domain == domain) {
+                    d.registry.unregister(&node_id, now);
                 }
             }
             BrokerRequest::Peer { header, lsas } => {
@@ -1717,6 +1791,7 @@ pub(crate) fn start(
             view_version: 0,
             view: Vec::new(),
             dirty: true,
+            registry: Table::new(Duration::from_millis(spec.lease_ms)),
         });
     }
     let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {

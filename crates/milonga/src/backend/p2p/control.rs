@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use milonga_wire::NodeId;
 use serde::{Deserialize, Serialize};
 
+use crate::backend::p2p::registry::RegistrySource;
 use crate::backend::p2p::scout_peers::ScoutPeers;
 use crate::backend::p2p::static_peers::StaticPeers;
 use crate::backend::p2p::sub_link::{ConnectionWatcher, Monitor};
@@ -300,6 +301,21 @@ pub(crate) fn start<H: Host>(
         }
         None => None,
     };
+    let registry = if p2p.core().cfg.registry.is_empty() {
+        None
+    } else if p2p.uplink().is_some() {
+        tracing::warn!("registry is ignored by a broker's client: the broker is its discovery");
+        None
+    } else {
+        let mut r = RegistrySource::new(p2p.core.clone())?;
+        let wait = Duration::from_millis(p2p.core().cfg.handshake_timeout_ms.max(1) as u64);
+        r.first_view(
+            host.announcement_version(),
+            host.announcement().to_json(),
+            wait,
+        );
+        Some(r)
+    };
     let monitor = self::monitor(p2p, &router, "control")?;
     let live_monitor = self::monitor(p2p, &live, "liveliness")?;
     let watch_fd = local.as_ref().and_then(LocalSource::watch_fd);
@@ -317,6 +333,7 @@ pub(crate) fn start<H: Host>(
         local,
         scout,
         broker,
+        registry,
         watch_fd,
         flooded: false,
         known: Vec::new(),
@@ -388,6 +405,8 @@ struct Control<H: Host> {
     scout: Option<ScoutPeers>,
     /// A broker client's discovery: the broker's view.
     broker: Option<BrokerSource>,
+    /// Registry mode: the registries' views.
+    registry: Option<RegistrySource>,
     /// The local directory's inotify descriptor, if any.
     watch_fd: Option<std::os::fd::RawFd>,
     /// The last drain of the data sockets left messages to read.
@@ -445,6 +464,9 @@ impl<H: Host> Control<H> {
         if let Some(b) = &self.broker {
             b.leave();
         }
+        if let Some(r) = &self.registry {
+            r.leave();
+        }
         self.stop_monitors();
     }
 
@@ -458,6 +480,7 @@ impl<H: Host> Control<H> {
             self.local.as_ref().and_then(Source::next_due),
             self.scout.as_ref().and_then(Source::next_due),
             self.broker.as_ref().and_then(Source::next_due),
+            self.registry.as_ref().and_then(Source::next_due),
         ];
         for due in sources.into_iter().flatten() {
             next = next.min(due);
@@ -517,6 +540,13 @@ impl<H: Host> Control<H> {
                 changed = true;
             }
         }
+        if let Some(registry) = &mut self.registry {
+            let v = self.host.announcement_version();
+            if v != registry.version() {
+                registry.set_announcement(v, self.host.announcement().to_json());
+            }
+            changed |= registry.turn(now);
+        }
         if !changed && !force {
             return;
         }
@@ -548,6 +578,11 @@ impl<H: Host> Control<H> {
         if let Some(local) = &self.local {
             let mut v = Vec::new();
             local.peers_into(&mut v);
+            merge(v);
+        }
+        if let Some(registry) = &self.registry {
+            let mut v = Vec::new();
+            registry.peers_into(&mut v);
             merge(v);
         }
         let mut v = Vec::new();
@@ -702,6 +737,10 @@ impl<H: Host> Control<H> {
             items.extend(s.poll_items());
         }
         let scouted = items.len();
+        if let Some(r) = &self.registry {
+            items.extend(r.poll_items());
+        }
+        let registered = items.len();
         if let Some(fd) = self.watch_fd {
             items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
         }
@@ -717,6 +756,11 @@ impl<H: Host> Control<H> {
             .any(|r| *r)
         {
             self.statics.mark_readable();
+        }
+        if readable[scouted..registered].iter().any(|r| *r) {
+            if let Some(r) = &mut self.registry {
+                r.mark_readable();
+            }
         }
         if readable[scouting..scouted].iter().any(|r| *r) {
             if let Some(s) = &mut self.scout {

@@ -12,6 +12,7 @@ pub(crate) mod control;
 pub(crate) mod curve;
 pub(crate) mod data;
 pub(crate) mod federation;
+pub(crate) mod registry;
 pub(crate) mod scout_peers;
 pub(crate) mod serve_link;
 pub(crate) mod static_peers;

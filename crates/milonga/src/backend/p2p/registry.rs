@@ -1,0 +1,677 @@
+//! Registry mode (docs/protocol.md §11.6, docs/discovery.md "A registry"):
+//! peer-to-peer nodes keep their announcements in a broker's table and
+//! learn the others' from it, while their data flows directly between
+//! them. One address (`registry = tcp://HOST:PORT`) replaces a list of
+//! peers, and no node asks every other: the route to thousands of nodes.
+//!
+//! The broker's side is [`Table`]: each node registers its announcement
+//! and renews it every lease/3; the table numbers every change with a
+//! version and sends each node the changes it has not acknowledged, a page
+//! at a time ([`MAX_PAGE_ENTRIES`], [`MAX_PAGE_BYTES`]), the next once it
+//! acknowledged the last. A node that stops renewing is removed after the
+//! lease. The node's side is [`RegistrySource`], one of the node's
+//! discovery sources.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use milonga_wire::broker::{
+    self as wire, EntriesHeader, RegisterHeader, MAX_PAGE_BYTES, MAX_PAGE_ENTRIES,
+};
+
+use crate::backend::p2p::{zmq_io, ContextRef};
+use crate::discovery::{Announcement, Source};
+use crate::model::error::OpenError;
+use crate::model::node::NodeCore;
+use crate::util::stats;
+
+/// Most nodes one registry holds, over all its domains' tables; a node
+/// beyond is refused with an error it logs (`registry_refused`).
+pub(crate) const MAX_NODES: usize = 20_000;
+/// Most bytes of announcements one domain's table holds.
+pub(crate) const MAX_TABLE_BYTES: usize = 256 << 20;
+/// How long a removed node is listed as removed (in leases); a node whose
+/// view is older is sent the whole table again.
+const REMOVED_KEPT_LEASES: u32 = 10;
+
+/// One registered node.
+struct Entry {
+    json: Vec<u8>,
+    version: u64,
+    expires: Instant,
+}
+
+/// One node that registered (by its connection), and what it holds.
+struct Registrant {
+    node_id: String,
+    /// The version its view is at (valid when `fresh`).
+    have: u64,
+    /// Its view is of this epoch and not older than the removals listed.
+    fresh: bool,
+    /// A page was sent and not acknowledged yet.
+    in_flight: bool,
+    last: Instant,
+}
+
+/// One domain's registry, in a broker.
+pub(crate) struct Table {
+    epoch: u64,
+    version: u64,
+    lease: Duration,
+    entries: HashMap<String, Entry>,
+    /// Each node's latest change (registered, changed or removed), by
+    /// version.
+    by_version: BTreeMap<u64, String>,
+    /// Removed nodes: the version of their removal, and when.
+    removed: HashMap<String, (u64, Instant)>,
+    /// Removals at or below this version are no longer listed.
+    floor: u64,
+    bytes: usize,
+    registrants: HashMap<Vec<u8>, Registrant>,
+    /// Where the next round of pages starts (fairness under the budget).
+    rotate: usize,
+}
+
+/// What [`Table::register`] refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The table holds as many nodes or bytes as it may.
+    Full,
+}
+
+impl Table {
+    pub(crate) fn new(lease: Duration) -> Table {
+        Table {
+            // Another number at each start, so that nodes tell a restarted
+            // registry from the one whose versions they hold.
+            epoch: rand_epoch(),
+            version: 0,
+            lease,
+            entries: HashMap::new(),
+            by_version: BTreeMap::new(),
+            removed: HashMap::new(),
+            floor: 0,
+            bytes: 0,
+            registrants: HashMap::new(),
+            rotate: 0,
+        }
+    }
+
+    /// How many nodes it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn bump(&mut self, node_id: &str, old: Option<u64>) -> u64 {
+        if let Some(v) = old {
+            self.by_version.remove(&v);
+        }
+        self.version += 1;
+        self.by_version.insert(self.version, node_id.to_owned());
+        self.version
+    }
+
+    /// A `register` from connection `who`; `total` is how many nodes the
+    /// broker's tables hold in all.
+    pub(crate) fn register(
+        &mut self,
+        who: &[u8],
+        header: &RegisterHeader,
+        announcement: Option<Vec<u8>>,
+        total: usize,
+        now: Instant,
+    ) -> Result<(), Refused> {
+        let id = &header.node_id;
+        if let Some(json) = announcement {
+            match self.entries.get(id).map(|e| (e.json == json, e.version)) {
+                Some((true, _)) => {}
+                Some((false, old)) => {
+                    let version = self.bump(id, Some(old));
+                    let e = self.entries.get_mut(id).expect("present");
+                    self.bytes = self.bytes - e.json.len() + json.len();
+                    e.json = json;
+                    e.version = version;
+                }
+                None => {
+                    if total >= MAX_NODES || self.bytes + json.len() > MAX_TABLE_BYTES {
+                        return Err(Refused::Full);
+                    }
+                    let old = self.removed.remove(id).map(|(v, _)| v);
+                    let version = self.bump(id, old);
+                    self.bytes += json.len();
+                    self.entries.insert(
+                        id.clone(),
+                        Entry {
+                            json,
+                            version,
+                            expires: now,
+                        },
+                    );
+                }
+            }
+        }
+        if let Some(e) = self.entries.get_mut(id) {
+            e.expires = now + self.lease;
+        }
+        let fresh =
+            header.epoch == self.epoch && header.have >= self.floor && header.have <= self.version;
+        if !self.registrants.contains_key(who) && self.registrants.len() >= MAX_NODES {
+            return Err(Refused::Full);
+        }
+        let r = self
+            .registrants
+            .entry(who.to_vec())
+            .or_insert_with(|| Registrant {
+                node_id: id.clone(),
+                have: 0,
+                fresh: false,
+                in_flight: false,
+                last: now,
+            });
+        r.node_id.clone_from(id);
+        r.have = header.have;
+        r.fresh = fresh;
+        r.in_flight = false;
+        r.last = now;
+        Ok(())
+    }
+
+    fn remove(&mut self, id: &str, now: Instant) {
+        if let Some(e) = self.entries.remove(id) {
+            self.bytes -= e.json.len();
+            let version = self.bump(id, Some(e.version));
+            self.removed.insert(id.to_owned(), (version, now));
+        }
+    }
+
+    /// An `unregister`: the node leaves now.
+    pub(crate) fn unregister(&mut self, node_id: &str, now: Instant) {
+        self.remove(node_id, now);
+        self.registrants.retain(|_, r| r.node_id != node_id);
+    }
+
+    /// Removes the nodes whose lease ran out and forgets old removals;
+    /// how many nodes expired.
+    pub(crate) fn expire(&mut self, now: Instant) -> usize {
+        let gone: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.expires <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &gone {
+            self.remove(id, now);
+        }
+        let lease = self.lease;
+        self.registrants
+            .retain(|_, r| now.duration_since(r.last) <= lease);
+        let keep = lease * REMOVED_KEPT_LEASES;
+        let old: Vec<(String, u64)> = self
+            .removed
+            .iter()
+            .filter(|(_, (_, at))| now.duration_since(*at) > keep)
+            .map(|(id, (v, _))| (id.clone(), *v))
+            .collect();
+        for (id, v) in old {
+            self.removed.remove(&id);
+            self.by_version.remove(&v);
+            self.floor = self.floor.max(v);
+        }
+        gone.len()
+    }
+
+    /// The pages due: to each registrant with changes it has not seen and
+    /// no page unacknowledged, the next page, until about `budget` bytes
+    /// are out. Each is `(connection, frames after it)`.
+    pub(crate) fn pages(&mut self, budget: usize) -> Vec<(Vec<u8>, Vec<Vec<u8>>)> {
+        let mut due: Vec<&Vec<u8>> = self
+            .registrants
+            .iter()
+            .filter(|(_, r)| !r.in_flight && (!r.fresh || r.have < self.version))
+            .map(|(who, _)| who)
+            .collect();
+        if due.is_empty() {
+            return Vec::new();
+        }
+        due.sort();
+        let start = self.rotate % due.len();
+        due.rotate_left(start);
+        let due: Vec<Vec<u8>> = due.into_iter().cloned().collect();
+        let mut out = Vec::new();
+        let mut spent = 0;
+        for who in due {
+            if spent >= budget {
+                break;
+            }
+            self.rotate += 1;
+            let r = &self.registrants[&who];
+            let frames = self.page(r.fresh, r.have);
+            spent += frames.iter().map(Vec::len).sum::<usize>();
+            if let Some(r) = self.registrants.get_mut(&who) {
+                r.in_flight = true;
+            }
+            out.push((who, frames));
+        }
+        out
+    }
+
+    /// The page after `have` (or, not `fresh`, the first of a reset).
+    fn page(&self, fresh: bool, have: u64) -> Vec<Vec<u8>> {
+        let after = if fresh { have } else { 0 };
+        let mut header = EntriesHeader {
+            epoch: self.epoch,
+            from: after,
+            to: self.version,
+            reset: !fresh,
+            removed: Vec::new(),
+            lease_ms: self.lease.as_millis() as u64,
+        };
+        let mut frames = vec![wire::MAGIC.to_vec(), wire::ENTRIES.to_vec(), Vec::new()];
+        let mut bytes = 0;
+        for (v, id) in self.by_version.range(after + 1..) {
+            if frames.len() - 3 + header.removed.len() >= MAX_PAGE_ENTRIES
+                || bytes >= MAX_PAGE_BYTES
+            {
+                header.to = v - 1;
+                break;
+            }
+            match self.entries.get(id) {
+                Some(e) if bytes == 0 || bytes + e.json.len() <= MAX_PAGE_BYTES => {
+                    bytes += e.json.len();
+                    frames.push(e.json.clone());
+                }
+                Some(_) => {
+                    header.to = v - 1;
+                    break;
+                }
+                // Listed as removed only to a view that may hold it.
+                None if fresh => header.removed.push(id.clone()),
+                None => {}
+            }
+        }
+        frames[2] = serde_json::to_vec(&header).unwrap_or_default();
+        frames
+    }
+}
+
+/// A registry epoch: a random number, not 0 (which a node sends before it
+/// has any).
+fn rand_epoch() -> u64 {
+    let id = crate::backend::p2p::federation::new_id().unwrap_or_default();
+    u64::from_str_radix(id.get(..15).unwrap_or("1"), 16)
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// The node's side: one connection to each registry of `registry`.
+pub(crate) struct RegistrySource {
+    core: Arc<NodeCore>,
+    conns: Vec<Conn>,
+    announcement: Vec<u8>,
+    version: u64,
+    /// Replies may wait: read in the next turn.
+    readable: bool,
+    // Declared last: the sockets above close before the context goes.
+    _ctx: ContextRef,
+}
+
+/// One registry, and the view it gave.
+struct Conn {
+    endpoint: String,
+    sock: zmq::Socket,
+    epoch: u64,
+    have: u64,
+    view: BTreeMap<String, Announcement>,
+    /// When the registry was last heard from.
+    heard: Option<Instant>,
+    next_renew: Instant,
+    renew_every: Duration,
+    /// The announcement version it was last sent.
+    sent: u64,
+    refused_logged: bool,
+}
+
+impl RegistrySource {
+    /// Connects to every registry of the configuration (`registry`).
+    pub(crate) fn new(core: Arc<NodeCore>) -> Result<RegistrySource, OpenError> {
+        let ctx = ContextRef::acquire();
+        let mut conns = Vec::new();
+        for endpoint in &core.cfg.registry {
+            let sock = ctx.socket(zmq::DEALER)?;
+            let err = |source: zmq::Error| OpenError::Socket {
+                action: "connect",
+                endpoint: endpoint.clone(),
+                source: crate::model::error::IntoTransport::transport(source),
+            };
+            zmq_io::apply_common(&sock, &core.cfg).map_err(err)?;
+            sock.set_ipv6(true).map_err(err)?;
+            sock.set_maxmsgsize((MAX_PAGE_BYTES + wire::MAX_REQUEST_BYTES) as i64)
+                .map_err(err)?;
+            sock.connect(endpoint).map_err(err)?;
+            conns.push(Conn {
+                endpoint: endpoint.clone(),
+                sock,
+                epoch: 0,
+                have: 0,
+                view: BTreeMap::new(),
+                heard: None,
+                next_renew: Instant::now(),
+                renew_every: Duration::from_millis(core.cfg.heartbeat_interval_ms.max(1) as u64),
+                sent: 0,
+                refused_logged: false,
+            });
+        }
+        Ok(RegistrySource {
+            core,
+            conns,
+            announcement: Vec::new(),
+            version: 0,
+            readable: true,
+            _ctx: ctx,
+        })
+    }
+
+    /// The node's announcement version it holds.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The node's announcement changed: registered again at the next turn.
+    pub(crate) fn set_announcement(&mut self, version: u64, json: Vec<u8>) {
+        self.version = version;
+        self.announcement = json;
+    }
+
+    /// Registers and waits up to `wait` for every registry's first page,
+    /// so that the node knows the domain when `open` returns.
+    pub(crate) fn first_view(&mut self, version: u64, announcement: Vec<u8>, wait: Duration) {
+        self.set_announcement(version, announcement);
+        let deadline = Instant::now() + wait;
+        self.turn(Instant::now());
+        while self.conns.iter().any(|c| c.heard.is_none()) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                tracing::warn!("a registry sent nothing in time: the node starts without its view");
+                return;
+            };
+            let mut items = self.poll_items();
+            let ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
+            if matches!(zmq::poll(&mut items, ms), Ok(n) if n > 0) {
+                drop(items);
+                self.readable = true;
+                self.turn(Instant::now());
+            }
+        }
+    }
+
+    /// What the node thread polls.
+    pub(crate) fn poll_items(&self) -> Vec<zmq::PollItem<'_>> {
+        self.conns
+            .iter()
+            .map(|c| c.sock.as_poll_item(zmq::POLLIN))
+            .collect()
+    }
+
+    /// A poll found a reply waiting.
+    pub(crate) fn mark_readable(&mut self) {
+        self.readable = true;
+    }
+
+    /// Tells every registry the node is leaving.
+    pub(crate) fn leave(&self) {
+        let id = self.core.id.to_hex();
+        for c in &self.conns {
+            let req: [&[u8]; 4] = [
+                wire::MAGIC,
+                wire::UNREGISTER,
+                self.core.domain.as_bytes(),
+                id.as_bytes(),
+            ];
+            let _ = c.sock.send_multipart(req, zmq::DONTWAIT);
+        }
+    }
+}
+
+impl Conn {
+    /// Sends `register`, with the announcement when `with` is given.
+    fn register(&mut self, core: &NodeCore, with: Option<&[u8]>) -> bool {
+        let header = RegisterHeader {
+            domain: core.domain.clone(),
+            node_id: core.id.to_hex(),
+            epoch: self.epoch,
+            have: self.have,
+        };
+        let h = serde_json::to_vec(&header).unwrap_or_default();
+        let mut req: Vec<&[u8]> = vec![wire::MAGIC, wire::REGISTER, &h];
+        req.extend(with);
+        self.sock.send_multipart(req, zmq::DONTWAIT).is_ok()
+    }
+
+    /// Applies one message; whether the view changed.
+    fn read(&mut self, core: &NodeCore, frames: &[Vec<u8>], now: Instant) -> bool {
+        let c = &core.counters;
+        let (Some(m), Some(cmd)) = (frames.first(), frames.get(1)) else {
+            stats::inc(&c.control_malformed);
+            return false;
+        };
+        if m != wire::MAGIC {
+            stats::inc(&c.control_malformed);
+            return false;
+        }
+        if cmd == wire::ERROR {
+            self.heard = Some(now);
+            if !self.refused_logged {
+                self.refused_logged = true;
+                let text = frames
+                    .get(2)
+                    .map(|t| String::from_utf8_lossy(t).into_owned());
+                tracing::warn!(registry = %self.endpoint, why = ?text, "the registry refused this node");
+            }
+            return false;
+        }
+        let header = match frames
+            .get(2)
+            .map(|h| serde_json::from_slice::<EntriesHeader>(h))
+        {
+            Some(Ok(h)) if cmd == wire::ENTRIES => h,
+            _ => {
+                stats::inc(&c.control_malformed);
+                return false;
+            }
+        };
+        self.heard = Some(now);
+        if header.lease_ms > 0 {
+            self.renew_every = Duration::from_millis((header.lease_ms / 3).max(1)).min(
+                Duration::from_millis(core.cfg.heartbeat_interval_ms.max(1) as u64),
+            );
+        }
+        let continues = header.epoch == self.epoch && header.from == self.have;
+        if !header.reset && !continues {
+            // A page sent before the registry heard where this view is
+            // (or of another epoch): the acknowledgement below says.
+            self.register(core, None);
+            return false;
+        }
+        let mut changed = false;
+        if header.reset {
+            changed = !self.view.is_empty();
+            self.view.clear();
+            if header.epoch != self.epoch {
+                // A registry that started again holds nothing of this node.
+                self.sent = 0;
+            }
+            self.epoch = header.epoch;
+        }
+        let me = core.id.to_hex();
+        for id in &header.removed {
+            changed |= self.view.remove(id).is_some();
+        }
+        for raw in &frames[3..] {
+            match Announcement::from_json(raw) {
+                Ok(a) if a.domain != core.domain => stats::inc(&c.peers_foreign_domain),
+                Ok(a) if a.node_id == me => {}
+                Ok(a) => {
+                    if self.view.get(&a.node_id) != Some(&a) {
+                        self.view.insert(a.node_id.clone(), a);
+                        changed = true;
+                    }
+                }
+                Err(_) => stats::inc(&c.announcements_malformed),
+            }
+        }
+        self.have = header.to;
+        // The acknowledgement: the next page comes after it.
+        self.register(core, None);
+        changed
+    }
+}
+
+impl Source for RegistrySource {
+    fn turn(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        let readable = std::mem::take(&mut self.readable);
+        for c in &mut self.conns {
+            if readable {
+                for _ in 0..64 {
+                    let Ok(frames) = c.sock.recv_multipart(zmq::DONTWAIT) else {
+                        break;
+                    };
+                    changed |= c.read(&self.core, &frames, now);
+                }
+            }
+            if (now >= c.next_renew || c.sent != self.version) && !self.announcement.is_empty() {
+                if c.register(&self.core, Some(&self.announcement)) {
+                    c.sent = self.version;
+                }
+                c.next_renew = now + c.renew_every;
+            }
+        }
+        changed
+    }
+
+    fn peers_into(&self, peers: &mut Vec<Announcement>) {
+        for c in &self.conns {
+            peers.extend(c.view.values().cloned());
+        }
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        self.conns.iter().map(|c| c.next_renew).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(i: u32) -> (String, Vec<u8>) {
+        let id = format!("{i:032x}");
+        let json = format!(
+            r#"{{"protocol":1,"domain":"lab","node_id":"{id}","name":"n{i}@h:1","host":"h","pid":1,"start_time":0,"control":"tcp://127.0.0.1:{}","publications":[]}}"#,
+            1000 + i
+        );
+        (id, json.into_bytes())
+    }
+
+    fn header(t: &Table, id: &str, have: u64) -> RegisterHeader {
+        RegisterHeader {
+            domain: "lab".into(),
+            node_id: id.into(),
+            epoch: t.epoch,
+            have,
+        }
+    }
+
+    fn entries(frames: &[Vec<u8>]) -> (EntriesHeader, usize) {
+        let h: EntriesHeader = serde_json::from_slice(&frames[2]).unwrap();
+        (h, frames.len() - 3)
+    }
+
+    #[test]
+    fn a_table_pages_its_changes_one_unacknowledged_page_at_a_time_and_lists_removals() {
+        let now = Instant::now();
+        let mut t = Table::new(Duration::from_secs(3));
+        for i in 0..1000 {
+            let (id, json) = ann(i);
+            let who = id.as_bytes().to_vec();
+            let mut h = header(&t, &id, 0);
+            h.epoch = 0;
+            t.register(&who, &h, Some(json), t.len(), now).unwrap();
+        }
+        assert_eq!(t.len(), 1000);
+        // A newcomer that holds nothing gets a reset, page by page.
+        let (me, json) = ann(5000);
+        let who = b"me".to_vec();
+        let mut h = header(&t, &me, 0);
+        h.epoch = 0;
+        t.register(&who, &h, Some(json), t.len(), now).unwrap();
+        let mut seen = 0;
+        let mut have = 0;
+        let mut first = true;
+        loop {
+            let pages: Vec<_> = t
+                .pages(usize::MAX)
+                .into_iter()
+                .filter(|(w, _)| *w == who)
+                .collect();
+            let Some((_, frames)) = pages.into_iter().next() else {
+                break;
+            };
+            let (eh, n) = entries(&frames);
+            assert_eq!(eh.reset, first);
+            assert!(first || eh.from == have);
+            assert!(n <= MAX_PAGE_ENTRIES);
+            first = false;
+            seen += n;
+            have = eh.to;
+            // Nothing more until acknowledged.
+            assert!(t.pages(usize::MAX).iter().all(|(w, _)| *w != who));
+            t.register(&who, &header(&t, &me, have), None, t.len(), now)
+                .unwrap();
+        }
+        assert_eq!(seen, 1001);
+        assert_eq!(have, t.version);
+        // A removal is listed to a view that holds the node.
+        t.unregister(&ann(7).0, now);
+        let (_, frames) = t
+            .pages(usize::MAX)
+            .into_iter()
+            .find(|(w, _)| *w == who)
+            .unwrap();
+        let (eh, n) = entries(&frames);
+        assert_eq!((eh.removed, n), (vec![ann(7).0], 0));
+        // An unchanged renewal is no change; a node that stops renewing is
+        // removed after the lease.
+        let v = t.version;
+        t.register(&who, &header(&t, &me, v), Some(ann(5000).1), t.len(), now)
+            .unwrap();
+        assert_eq!(t.version, v);
+        assert_eq!(t.expire(now + Duration::from_secs(4)), 1000);
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn a_full_table_refuses_and_a_stale_view_is_reset() {
+        let now = Instant::now();
+        let mut t = Table::new(Duration::from_secs(3));
+        let (id, json) = ann(1);
+        assert_eq!(
+            t.register(
+                b"a",
+                &header(&t, &id, 0),
+                Some(json.clone()),
+                MAX_NODES,
+                now
+            ),
+            Err(Refused::Full)
+        );
+        t.register(b"a", &header(&t, &id, 0), Some(json), 0, now)
+            .unwrap();
+        // Another epoch's view (a registry restarted): a reset.
+        let mut h = header(&t, &id, 0);
+        h.epoch = t.epoch + 1;
+        t.register(b"a", &h, None, 1, now).unwrap();
+        let (_, frames) = t.pages(usize::MAX).pop().unwrap();
+        assert!(entries(&frames).0.reset);
+    }
+}
