@@ -13,13 +13,14 @@ VPY := $(VENV)/bin/python
 # compiler (libzmq is built from source by the zmq crate). The multi-host
 # tests (crates/milonga-cli/tests/hosts.rs) need iproute2 and nftables, and
 # root to make network namespaces (they fail without, unless
-# MILONGA_SKIP_MULTIHOST=1).
+# MILONGA_SKIP_MULTIHOST=1); `discovery = etcd` is tested against Debian's
+# etcd-server (crates/milonga-cli/tests/registry.rs starts its own).
 setup:
 	rustup component add rustfmt clippy
-	@command -v ip >/dev/null && command -v nft >/dev/null || \
+	@command -v ip >/dev/null && command -v nft >/dev/null && command -v etcd >/dev/null || \
 		{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			apt-get update -qq && apt-get install -y -qq iproute2 nftables; \
-		else echo "setup: the multi-host tests need iproute2 and nftables (ip, nft); install them as root"; fi; }
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 nftables etcd-server; \
+		else echo "setup: the multi-host tests need iproute2 and nftables (ip, nft), the etcd test etcd-server; install them as root"; fi; }
 
 demo: setup
 	$(CARGO) run --release -p milonga-cli -- demo

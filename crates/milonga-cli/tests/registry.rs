@@ -145,3 +145,134 @@ fn nodes_find_each_other_through_the_registry_and_data_flows_directly_even_when_
     wait_for("a knows d", T, || knows(&a, &d.id().to_hex()));
     assert_eq!(next_stats(&broker)["registered"], 3);
 }
+
+/// A real etcd (Debian's `etcd-server`, installed by `make setup`) on two
+/// free loopback ports, its data in `dir`; killed when dropped.
+struct Etcd {
+    proc: Proc,
+    url: String,
+}
+
+impl Etcd {
+    fn start(dir: &Path, client: u16, peer: u16) -> Etcd {
+        let url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let mut cmd = std::process::Command::new("etcd");
+        cmd.args([
+            "--data-dir",
+            &dir.join("etcd").display().to_string(),
+            "--listen-client-urls",
+            &url,
+            "--advertise-client-urls",
+            &url,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &format!("default={peer_url}"),
+        ]);
+        let proc = Proc::spawn(cmd);
+        // Ready when it answers a range (its port opens before it has
+        // elected itself leader).
+        wait_for("etcd answers", T, || {
+            use std::io::{Read, Write};
+            let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", client)) else {
+                return false;
+            };
+            let body = r#"{"key":"AA=="}"#;
+            let req = format!(
+                "POST /v3/kv/range HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let mut answer = String::new();
+            s.write_all(req.as_bytes()).is_ok()
+                && s.read_to_string(&mut answer).is_ok()
+                && answer.starts_with("HTTP/1.0 200")
+        });
+        Etcd { proc, url }
+    }
+}
+
+#[test]
+fn with_discovery_etcd_nodes_find_each_other_and_a_lease_is_a_node_s_liveness() {
+    let env = Env::new("etcd");
+    let hosts: Vec<TempDir> = (0..4)
+        .map(|i| TempDir::new(&format!("etcd-h{i}")))
+        .collect();
+    let (client, peer) = (free_port(), free_port());
+    let mut etcd = Etcd::start(hosts[0].path(), client, peer);
+    let config = |dir: &Path, name: &str| {
+        let mut c = Config::new(&env.locator(), name);
+        c.runtime_dir = Some(dir.to_path_buf());
+        c.local_discovery = false;
+        c.transport = Transport::Tcp;
+        c.discovery = "etcd".into();
+        c.etcd_endpoints = vec![etcd.url.clone()];
+        c
+    };
+    let a = Node::open_with(config(hosts[1].path(), "a")).unwrap();
+    let p = a.publisher("etcd/a").unwrap();
+    let b = Node::open_with(config(hosts[2].path(), "b")).unwrap();
+    let (a_id, b_id) = (a.id().to_hex(), b.id().to_hex());
+    assert!(knows(&b, &a_id), "b knows a when open returns");
+    wait_for("a knows b", T, || knows(&a, &b_id));
+    let sub = b.subscribe("etcd/a").unwrap();
+    let next = || {
+        let end = Instant::now() + T;
+        loop {
+            p.put(1.0).unwrap();
+            if let Ok(Event::Sample(s)) = sub.recv_timeout(Duration::from_millis(50)) {
+                return s;
+            }
+            assert!(Instant::now() < end, "no sample");
+        }
+    };
+    next();
+    // A node that closes revokes its lease: gone at once.
+    let c = Node::open_with(config(hosts[3].path(), "c")).unwrap();
+    let c_id = c.id().to_hex();
+    wait_for("a knows c", T, || knows(&a, &c_id));
+    let closed = Instant::now();
+    c.close();
+    wait_for("c gone", T, || !knows(&a, &c_id));
+    assert!(
+        closed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        closed.elapsed()
+    );
+    // One killed with -9: gone when its lease ends (3 s: the default
+    // heartbeat_timeout_ms).
+    let mut killed = {
+        let mut cmd = env.cmd(&["pub", "etcd/killed", "1", "--rate", "10"]);
+        cmd.env("MILONGA_RUNTIME_DIR", hosts[3].path())
+            .env("MILONGA_LOCAL_DISCOVERY", "0")
+            .env("MILONGA_TRANSPORT", "tcp")
+            .env("MILONGA_DISCOVERY", "etcd")
+            .env("MILONGA_ETCD_ENDPOINTS", &etcd.url);
+        Proc::spawn(cmd)
+    };
+    let published = |n: &Node| {
+        n.peers()
+            .iter()
+            .any(|x| x.publications.iter().any(|p| p.key == "etcd/killed"))
+    };
+    wait_for("a knows the CLI publisher", T, || published(&a));
+    killed.kill9();
+    let at = Instant::now();
+    wait_for("the killed node gone", T, || !published(&a));
+    assert!(at.elapsed() < Duration::from_secs(5), "{:?}", at.elapsed());
+    // etcd dies: data still flows and views stay; started again on its
+    // data, a newcomer finds the nodes there.
+    etcd.proc.kill9();
+    for _ in 0..5 {
+        next();
+    }
+    assert!(knows(&b, &a_id) && knows(&a, &b_id));
+    let _etcd = Etcd::start(hosts[0].path(), client, peer);
+    let d = Node::open_with(config(hosts[3].path(), "d")).unwrap();
+    wait_for("d knows a and b", T, || {
+        knows(&d, &a_id) && knows(&d, &b_id)
+    });
+    wait_for("a knows d", T, || knows(&a, &d.id().to_hex()));
+}

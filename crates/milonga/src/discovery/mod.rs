@@ -18,7 +18,12 @@
 //!   announcement version) on its network and hears the others'
 //!   ([`scout::Scout`]); a node heard is asked for its announcement over
 //!   the control protocol (`backend::p2p::scout_peers`).
+//! - `etcd` ([`etcd::EtcdSource`], `discovery = etcd`): announcements kept
+//!   in etcd under a lease per node, watched.
+//! - `registry` (`registry = tcp://...`): a broker's table of the domain's
+//!   nodes (`backend::p2p::registry`).
 
+pub(crate) mod etcd;
 pub(crate) mod interfaces;
 pub(crate) mod local;
 pub(crate) mod scout;

@@ -22,6 +22,7 @@ use crate::backend::p2p::sub_link::{ConnectionWatcher, Monitor};
 use crate::backend::p2p::uplink::BrokerSource;
 use crate::backend::p2p::zmq_io::AUTH_FAILED;
 use crate::backend::p2p::{curve, zmq_io, P2p, WakeRx};
+use crate::discovery::etcd::EtcdSource;
 use crate::discovery::local::LocalSource;
 use crate::discovery::{ip_of, tcp_host_port, Announcement, Source};
 use crate::model::error::IntoTransport;
@@ -316,6 +317,16 @@ pub(crate) fn start<H: Host>(
         );
         Some(r)
     };
+    let etcd = (p2p.core().cfg.discovery == "etcd").then(|| {
+        let mut e = EtcdSource::new(p2p.core.clone());
+        let wait = Duration::from_millis(p2p.core().cfg.handshake_timeout_ms.max(1) as u64);
+        e.first_view(
+            host.announcement_version(),
+            host.announcement().to_json(),
+            wait,
+        );
+        e
+    });
     let monitor = self::monitor(p2p, &router, "control")?;
     let live_monitor = self::monitor(p2p, &live, "liveliness")?;
     let watch_fd = local.as_ref().and_then(LocalSource::watch_fd);
@@ -334,6 +345,7 @@ pub(crate) fn start<H: Host>(
         scout,
         broker,
         registry,
+        etcd,
         watch_fd,
         flooded: false,
         known: Vec::new(),
@@ -407,6 +419,8 @@ struct Control<H: Host> {
     broker: Option<BrokerSource>,
     /// Registry mode: the registries' views.
     registry: Option<RegistrySource>,
+    /// `discovery = etcd`: etcd's view.
+    etcd: Option<EtcdSource>,
     /// The local directory's inotify descriptor, if any.
     watch_fd: Option<std::os::fd::RawFd>,
     /// The last drain of the data sockets left messages to read.
@@ -467,6 +481,9 @@ impl<H: Host> Control<H> {
         if let Some(r) = &self.registry {
             r.leave();
         }
+        if let Some(e) = &self.etcd {
+            e.leave();
+        }
         self.stop_monitors();
     }
 
@@ -481,6 +498,7 @@ impl<H: Host> Control<H> {
             self.scout.as_ref().and_then(Source::next_due),
             self.broker.as_ref().and_then(Source::next_due),
             self.registry.as_ref().and_then(Source::next_due),
+            self.etcd.as_ref().and_then(Source::next_due),
         ];
         for due in sources.into_iter().flatten() {
             next = next.min(due);
@@ -547,6 +565,13 @@ impl<H: Host> Control<H> {
             }
             changed |= registry.turn(now);
         }
+        if let Some(etcd) = &mut self.etcd {
+            let v = self.host.announcement_version();
+            if v != etcd.version() {
+                etcd.set_announcement(v, self.host.announcement().to_json());
+            }
+            changed |= etcd.turn(now);
+        }
         if !changed && !force {
             return;
         }
@@ -583,6 +608,11 @@ impl<H: Host> Control<H> {
         if let Some(registry) = &self.registry {
             let mut v = Vec::new();
             registry.peers_into(&mut v);
+            merge(v);
+        }
+        if let Some(etcd) = &self.etcd {
+            let mut v = Vec::new();
+            etcd.peers_into(&mut v);
             merge(v);
         }
         let mut v = Vec::new();

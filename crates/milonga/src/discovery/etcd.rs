@@ -1,0 +1,479 @@
+//! `discovery = etcd` (docs/discovery.md "etcd"): a site that runs etcd
+//! keeps the nodes' announcements there instead of in a registry of
+//! Milonga's own. Each node puts its announcement under
+//! `milonga/<domain>/<node id>`, attached to a lease of its own that it
+//! keeps alive (so a killed node's key goes when the lease ends: the lease
+//! is the node's liveness), and watches the prefix for the others'.
+//!
+//! It speaks etcd's v3 JSON gateway (`/v3/kv/...`, `/v3/lease/...`,
+//! `/v3/watch`) over plain HTTP with `ureq`: two threads per node, one
+//! that writes (lease, announcement, keep-alive) and one that reads (a
+//! range of the prefix, then a watch from the revision after it).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde_json::{json, Value as Json};
+
+use crate::discovery::{Announcement, Source};
+use crate::model::node::NodeCore;
+use crate::util::lock;
+
+/// Most nodes a view holds; more are dropped and counted in
+/// `scout_nodes_dropped` (the counter of nodes a view had no room for).
+const MAX_VIEW: usize = 20_000;
+/// How long one watch request lasts before it is made again (from the
+/// revision after the last seen): bounds how long a closed node's reader
+/// lives on.
+const WATCH_SPAN: Duration = Duration::from_secs(5);
+/// Wait after a failed request before the next.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// What the node thread and the two etcd threads share.
+struct Shared {
+    stop: AtomicBool,
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// The node's announcement and its version.
+    announcement: Vec<u8>,
+    version: u64,
+    /// The others, by node id.
+    view: BTreeMap<String, Announcement>,
+    /// Grows with each change of `view`.
+    generation: u64,
+    /// The first range was read.
+    loaded: bool,
+    /// The announcement version in etcd, once one is.
+    put: Option<u64>,
+    /// The writer has revoked the lease and ended.
+    done: bool,
+}
+
+/// The node's side of `discovery = etcd`.
+pub(crate) struct EtcdSource {
+    shared: Arc<Shared>,
+    seen: u64,
+    view: Vec<Announcement>,
+    version: u64,
+}
+
+/// HTTP to the first of `endpoints` that answers.
+struct Client {
+    agent: ureq::Agent,
+    endpoints: Vec<String>,
+    at: usize,
+}
+
+impl Client {
+    fn new(endpoints: &[String], body_timeout: Option<Duration>) -> Client {
+        let config = ureq::Agent::config_builder()
+            .timeout_connect(Some(Duration::from_secs(2)))
+            .timeout_recv_body(body_timeout)
+            .http_status_as_error(false)
+            .build();
+        Client {
+            agent: config.into(),
+            endpoints: endpoints
+                .iter()
+                .map(|e| e.trim_end_matches('/').to_owned())
+                .collect(),
+            at: 0,
+        }
+    }
+
+    /// POSTs `body` to `path` of one endpoint after another until one
+    /// answers; the response.
+    fn send(
+        &mut self,
+        path: &str,
+        body: &Json,
+    ) -> Result<ureq::http::Response<ureq::Body>, String> {
+        let bytes = body.to_string();
+        let mut last = String::from("no etcd endpoint configured (etcd_endpoints)");
+        for _ in 0..self.endpoints.len() {
+            let url = format!("{}{path}", self.endpoints[self.at]);
+            match self
+                .agent
+                .post(&url)
+                .header("content-type", "application/json")
+                .send(bytes.as_bytes())
+            {
+                Ok(r) if r.status().is_success() => return Ok(r),
+                Ok(mut r) => {
+                    let text = r.body_mut().read_to_string().unwrap_or_default();
+                    return Err(format!("{url}: HTTP {}: {text}", r.status()));
+                }
+                Err(e) => {
+                    last = format!("{url}: {e}");
+                    self.at = (self.at + 1) % self.endpoints.len();
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// A JSON request and its JSON answer.
+    fn call(&mut self, path: &str, body: &Json) -> Result<Json, String> {
+        let mut r = self.send(path, body)?;
+        let text = r
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_vec()
+            .map_err(|e| format!("{path}: {e}"))?;
+        serde_json::from_slice(&text).map_err(|e| format!("{path}: {e}"))
+    }
+}
+
+/// An int64 of the gateway's JSON (a string) or a number.
+fn int(v: &Json) -> Option<i64> {
+    match v {
+        Json::String(s) => s.parse().ok(),
+        v => v.as_i64(),
+    }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    B64.encode(bytes)
+}
+
+/// The end of the range of keys starting with `prefix` (its last byte
+/// plus one).
+fn range_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+impl EtcdSource {
+    /// Starts the threads; the node's announcement comes with
+    /// [`EtcdSource::first_view`].
+    pub(crate) fn new(core: Arc<NodeCore>) -> EtcdSource {
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+        });
+        let prefix = format!("milonga/{}/", core.domain);
+        let me = core.id.to_hex();
+        let ttl_s = (i64::from(core.cfg.heartbeat_timeout_ms) + 999) / 1000;
+        // etcd refuses a lease much shorter than its election timeout.
+        let ttl_s = ttl_s.max(2);
+        {
+            let (shared, endpoints, key) = (
+                shared.clone(),
+                core.cfg.etcd_endpoints.clone(),
+                format!("{prefix}{me}"),
+            );
+            let spawned = std::thread::Builder::new()
+                .name("milonga-etcd-writer".into())
+                .spawn(move || write(&shared, &endpoints, &key, ttl_s));
+            if let Err(e) = spawned {
+                tracing::warn!(err = %e, "cannot start the etcd writer thread: this node is not in etcd");
+            }
+        }
+        {
+            let (shared, core) = (shared.clone(), core.clone());
+            let spawned = std::thread::Builder::new()
+                .name("milonga-etcd-watch".into())
+                .spawn(move || watch(&shared, &core, &prefix, &me));
+            if let Err(e) = spawned {
+                tracing::warn!(err = %e, "cannot start the etcd watch thread: this node sees nobody in etcd");
+            }
+        }
+        EtcdSource {
+            shared,
+            seen: 0,
+            view: Vec::new(),
+            version: 0,
+        }
+    }
+
+    /// The node's announcement version it holds.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The node's announcement changed: put at once by the writer.
+    pub(crate) fn set_announcement(&mut self, version: u64, json: Vec<u8>) {
+        self.version = version;
+        let mut s = lock(&self.shared.state);
+        s.announcement = json;
+        s.version = version;
+        self.shared.wake.notify_all();
+    }
+
+    /// Sets the announcement and waits up to `wait` until it is in etcd and
+    /// the first view is read, so that when `open` returns the node is
+    /// found and finds the others (as with local discovery).
+    pub(crate) fn first_view(&mut self, version: u64, json: Vec<u8>, wait: Duration) {
+        self.set_announcement(version, json);
+        let s = lock(&self.shared.state);
+        let (s, timeout) = self
+            .shared
+            .wake
+            .wait_timeout_while(s, wait, |s| !s.loaded || s.put != Some(version))
+            .unwrap_or_else(|e| e.into_inner());
+        drop(s);
+        if timeout.timed_out() {
+            tracing::warn!("etcd gave no view in time: the node starts without it");
+        }
+        self.turn(Instant::now());
+    }
+
+    /// Revokes the node's lease (its key goes at once) and stops the
+    /// threads; waits up to a second for the revocation.
+    pub(crate) fn leave(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.wake.notify_all();
+        let s = lock(&self.shared.state);
+        let _ = self
+            .shared
+            .wake
+            .wait_timeout_while(s, Duration::from_secs(1), |s| !s.done);
+    }
+}
+
+impl Drop for EtcdSource {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.wake.notify_all();
+    }
+}
+
+impl Source for EtcdSource {
+    fn turn(&mut self, _now: Instant) -> bool {
+        let s = lock(&self.shared.state);
+        if s.generation == self.seen {
+            return false;
+        }
+        self.seen = s.generation;
+        self.view = s.view.values().cloned().collect();
+        true
+    }
+
+    fn peers_into(&self, peers: &mut Vec<Announcement>) {
+        peers.extend(self.view.iter().cloned());
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        // The threads change the view at any time: looked at every 100 ms.
+        Some(Instant::now() + Duration::from_millis(100))
+    }
+}
+
+/// The writer: a lease of `ttl_s` seconds, the announcement put under
+/// `key` with it whenever it changes, the lease kept alive every third of
+/// its time; at stop, the lease revoked.
+fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
+    let mut c = Client::new(endpoints, Some(Duration::from_secs(2)));
+    let mut lease: Option<i64> = None;
+    // The announcement version put under the current lease.
+    let mut put: Option<u64> = None;
+    let keep_every = Duration::from_millis(ttl_s as u64 * 1000 / 3);
+    let mut next_keep = Instant::now();
+    let mut failures = 0u64;
+    let mut fail = |what: &str, e: String| {
+        failures += 1;
+        if failures <= 3 || failures % 100 == 0 {
+            tracing::warn!(failures, err = %e, "etcd: {what} failed");
+        }
+    };
+    while !shared.stop.load(Ordering::Relaxed) {
+        let (announcement, version) = {
+            let s = lock(&shared.state);
+            (s.announcement.clone(), s.version)
+        };
+        let mut wait = RETRY;
+        match lease {
+            None => match c.call("/v3/lease/grant", &json!({ "TTL": ttl_s })) {
+                Ok(r) => match int(&r["ID"]) {
+                    Some(id) => {
+                        lease = Some(id);
+                        put = None;
+                        next_keep = Instant::now() + keep_every;
+                        continue;
+                    }
+                    None => fail("a lease grant", format!("no lease id in {r}")),
+                },
+                Err(e) => fail("a lease grant", e),
+            },
+            Some(id) if put != Some(version) && !announcement.is_empty() => {
+                let body = json!({ "key": b64(key.as_bytes()), "value": b64(&announcement), "lease": id.to_string() });
+                match c.call("/v3/kv/put", &body) {
+                    Ok(_) => {
+                        put = Some(version);
+                        lock(&shared.state).put = put;
+                        shared.wake.notify_all();
+                        continue;
+                    }
+                    Err(e) => {
+                        // The lease may have ended meanwhile: take another.
+                        if e.contains("lease not found") {
+                            lease = None;
+                        }
+                        fail("a put", e);
+                    }
+                }
+            }
+            Some(id) => {
+                let now = Instant::now();
+                if now >= next_keep {
+                    match c.call("/v3/lease/keepalive", &json!({ "ID": id.to_string() })) {
+                        Ok(r) if int(&r["result"]["TTL"]).unwrap_or(0) > 0 => {
+                            next_keep = now + keep_every;
+                        }
+                        // Expired (the node was stopped longer than the
+                        // lease): its key is gone; put again under a new one.
+                        Ok(_) => lease = None,
+                        Err(e) => fail("a keep-alive", e),
+                    }
+                    continue;
+                }
+                wait = next_keep - now;
+            }
+        }
+        let s = lock(&shared.state);
+        let _ = shared.wake.wait_timeout_while(s, wait, |s| {
+            s.version == version && !shared.stop.load(Ordering::Relaxed)
+        });
+    }
+    if let Some(id) = lease {
+        let _ = c.call("/v3/lease/revoke", &json!({ "ID": id.to_string() }));
+    }
+    lock(&shared.state).done = true;
+    shared.wake.notify_all();
+}
+
+/// The reader: the prefix's keys, then the changes from the revision
+/// after, for as long as the node runs.
+fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
+    let endpoints = &core.cfg.etcd_endpoints;
+    let mut c = Client::new(endpoints, Some(WATCH_SPAN));
+    let mut failures = 0u64;
+    // The revision the view is at; None: read the whole prefix.
+    let mut at: Option<i64> = None;
+    let end = range_end(prefix);
+    let take = |view: &mut BTreeMap<String, Announcement>, k: &[u8], v: Option<&[u8]>| -> bool {
+        let Some(id) = std::str::from_utf8(k)
+            .ok()
+            .and_then(|k| k.strip_prefix(prefix))
+        else {
+            return false;
+        };
+        if id == me {
+            return false;
+        }
+        let Some(v) = v else {
+            return view.remove(id).is_some();
+        };
+        match Announcement::from_json(v) {
+            Ok(a) if a.node_id == id && a.domain == core.domain => {
+                if view.len() >= MAX_VIEW && !view.contains_key(id) {
+                    crate::util::stats::inc(&core.counters.scout_nodes_dropped);
+                    return false;
+                }
+                view.insert(id.to_owned(), a);
+                true
+            }
+            _ => {
+                crate::util::stats::inc(&core.counters.announcements_malformed);
+                false
+            }
+        }
+    };
+    let value = |kv: &Json, field: &str| -> Option<Vec<u8>> {
+        B64.decode(kv[field].as_str().unwrap_or_default()).ok()
+    };
+    while !shared.stop.load(Ordering::Relaxed) {
+        let Some(rev) = at else {
+            let body = json!({ "key": b64(prefix.as_bytes()), "range_end": b64(&end) });
+            match c.call("/v3/kv/range", &body) {
+                Ok(r) => {
+                    let mut view = BTreeMap::new();
+                    for kv in r["kvs"].as_array().into_iter().flatten() {
+                        if let Some(k) = value(kv, "key") {
+                            take(&mut view, &k, Some(&value(kv, "value").unwrap_or_default()));
+                        }
+                    }
+                    at = int(&r["header"]["revision"]);
+                    let mut s = lock(&shared.state);
+                    s.view = view;
+                    s.generation += 1;
+                    s.loaded = true;
+                    shared.wake.notify_all();
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures <= 3 || failures % 100 == 0 {
+                        tracing::warn!(failures, err = %e, "etcd: reading the nodes failed");
+                    }
+                    std::thread::sleep(RETRY);
+                }
+            }
+            continue;
+        };
+        let body = json!({ "create_request": {
+            "key": b64(prefix.as_bytes()),
+            "range_end": b64(&end),
+            "start_revision": (rev + 1).to_string(),
+        }});
+        let stream = match c.send("/v3/watch", &body) {
+            Ok(r) => r,
+            Err(e) => {
+                failures += 1;
+                if failures <= 3 || failures % 100 == 0 {
+                    tracing::warn!(failures, err = %e, "etcd: watching the nodes failed");
+                }
+                std::thread::sleep(RETRY);
+                at = None;
+                continue;
+            }
+        };
+        // One JSON message a line, until the span ends (an error here).
+        for line in BufReader::new(stream.into_body().into_reader()).lines() {
+            let Ok(line) = line else { break };
+            let Ok(msg) = serde_json::from_str::<Json>(&line) else {
+                continue;
+            };
+            let r = &msg["result"];
+            if r["canceled"].as_bool() == Some(true) || int(&r["compact_revision"]).unwrap_or(0) > 0
+            {
+                // Compacted past the view: read it all again.
+                at = None;
+                break;
+            }
+            let mut changed = false;
+            let mut s = lock(&shared.state);
+            for ev in r["events"].as_array().into_iter().flatten() {
+                let kv = &ev["kv"];
+                let Some(k) = value(kv, "key") else { continue };
+                let deleted = ev["type"].as_str() == Some("DELETE");
+                let v = (!deleted).then(|| value(kv, "value").unwrap_or_default());
+                changed |= take(&mut s.view, &k, v.as_deref());
+                // The next watch starts after the last change applied.
+                if let Some(rev) = int(&kv["mod_revision"]) {
+                    at = Some(at.map_or(rev, |a| a.max(rev)));
+                }
+            }
+            if changed {
+                s.generation += 1;
+            }
+            drop(s);
+            if shared.stop.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+    }
+}
