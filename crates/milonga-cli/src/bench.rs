@@ -53,6 +53,9 @@ enum BenchKind {
     /// How long N node processes of one host take to find each other, and
     /// to see a fifth of them replaced.
     Discovery(crate::bench_discovery::DiscoveryArgs),
+    /// N peer-to-peer nodes finding each other through one registry: a
+    /// broker (`registry`) and etcd (`discovery = etcd`).
+    Registry(crate::bench_registry::RegistryArgs),
     /// How soon a call ends when nobody serves it, its deadline passes or
     /// its server is killed.
     Deadlines(crate::bench_deadlines::DeadlinesArgs),
@@ -312,6 +315,7 @@ pub fn run(net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
         BenchKind::Liveliness(l) => crate::bench_liveliness::run(l, t),
         BenchKind::Rpc(r) => crate::bench_rpc::run(r, t),
         BenchKind::Discovery(d) => crate::bench_discovery::run(d),
+        BenchKind::Registry(r) => crate::bench_registry::run(r),
         BenchKind::Deadlines(d) => crate::bench_deadlines::run(d, t),
         BenchKind::Record(r) => crate::bench_record::run(r, t),
     }

@@ -17,6 +17,7 @@ mod bench_deadlines;
 mod bench_discovery;
 mod bench_liveliness;
 mod bench_record;
+mod bench_registry;
 mod bench_rpc;
 mod broker;
 mod demo;
@@ -165,6 +166,9 @@ enum Cmd {
     /// A discovery benchmark node process (used by `bench discovery`).
     #[command(hide = true)]
     BenchDiscWorker(bench_discovery::DiscWorkerArgs),
+    /// A registry benchmark worker process (used by `bench registry`).
+    #[command(hide = true)]
+    BenchRegistryWorker(bench_registry::RegWorkerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -362,6 +366,7 @@ fn main() -> ExitCode {
         Cmd::BenchWorker(a) => bench::worker(a),
         Cmd::BenchRpcWorker(a) => bench_rpc::worker(a),
         Cmd::BenchDiscWorker(a) => bench_discovery::worker(a),
+        Cmd::BenchRegistryWorker(a) => bench_registry::worker(a),
     };
     match r {
         Ok(code) => code,

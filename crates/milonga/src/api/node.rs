@@ -328,6 +328,12 @@ impl Node {
         self.inner.peers()
     }
 
+    /// How many peers discovery shows now: [`Node::peers`]'s length,
+    /// without copying a thousand announcements to count them.
+    pub fn peer_count(&self) -> usize {
+        self.inner.peer_count()
+    }
+
     /// A snapshot of this node's counters.
     pub fn stats(&self) -> NodeStats {
         self.inner.counters().snapshot()

@@ -31,12 +31,20 @@ const MAX_VIEW: usize = 20_000;
 /// revision after the last seen): bounds how long a closed node's reader
 /// lives on.
 const WATCH_SPAN: Duration = Duration::from_secs(5);
+/// Least time between two views taken by the node thread while etcd
+/// changes: a thousand nodes joining cost each node a few merges of its
+/// peer table a second, not a thousand.
+const PACE: Duration = Duration::from_millis(200);
 /// Wait after a failed request before the next.
 const RETRY: Duration = Duration::from_millis(500);
+
+/// Wakes the node thread (a change of the view is looked at at once).
+pub(crate) type Wake = Box<dyn Fn() + Send + Sync>;
 
 /// What the node thread and the two etcd threads share.
 struct Shared {
     stop: AtomicBool,
+    wake_node: Wake,
     state: Mutex<State>,
     wake: Condvar,
 }
@@ -62,6 +70,10 @@ struct State {
 pub(crate) struct EtcdSource {
     shared: Arc<Shared>,
     seen: u64,
+    /// No view taken before this ([`PACE`]).
+    next_take: Instant,
+    /// The view changed since it was last taken.
+    pending: bool,
     view: Vec<Announcement>,
     version: u64,
 }
@@ -159,9 +171,10 @@ fn range_end(prefix: &str) -> Vec<u8> {
 impl EtcdSource {
     /// Starts the threads; the node's announcement comes with
     /// [`EtcdSource::first_view`].
-    pub(crate) fn new(core: Arc<NodeCore>) -> EtcdSource {
+    pub(crate) fn new(core: Arc<NodeCore>, wake_node: Wake) -> EtcdSource {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
+            wake_node,
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
         });
@@ -195,6 +208,8 @@ impl EtcdSource {
         EtcdSource {
             shared,
             seen: 0,
+            next_take: Instant::now(),
+            pending: false,
             view: Vec::new(),
             version: 0,
         }
@@ -229,6 +244,7 @@ impl EtcdSource {
         if timeout.timed_out() {
             tracing::warn!("etcd gave no view in time: the node starts without it");
         }
+        self.next_take = Instant::now();
         self.turn(Instant::now());
     }
 
@@ -253,13 +269,19 @@ impl Drop for EtcdSource {
 }
 
 impl Source for EtcdSource {
-    fn turn(&mut self, _now: Instant) -> bool {
+    fn turn(&mut self, now: Instant) -> bool {
         let s = lock(&self.shared.state);
         if s.generation == self.seen {
             return false;
         }
+        if now < self.next_take {
+            self.pending = true;
+            return false;
+        }
         self.seen = s.generation;
         self.view = s.view.values().cloned().collect();
+        self.next_take = now + PACE;
+        self.pending = false;
         true
     }
 
@@ -268,8 +290,9 @@ impl Source for EtcdSource {
     }
 
     fn next_due(&self) -> Option<Instant> {
-        // The threads change the view at any time: looked at every 100 ms.
-        Some(Instant::now() + Duration::from_millis(100))
+        // The watcher wakes the node thread when the view changes; a
+        // change held back by the pace is taken when it allows.
+        self.pending.then_some(self.next_take)
     }
 }
 
@@ -413,6 +436,8 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
                     s.generation += 1;
                     s.loaded = true;
                     shared.wake.notify_all();
+                    drop(s);
+                    (shared.wake_node)();
                 }
                 Err(e) => {
                     failures += 1;
@@ -471,6 +496,9 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
                 s.generation += 1;
             }
             drop(s);
+            if changed {
+                (shared.wake_node)();
+            }
             if shared.stop.load(Ordering::Relaxed) {
                 return;
             }

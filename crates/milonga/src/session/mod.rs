@@ -278,6 +278,11 @@ impl NodeInner {
         lock(&self.state).peers.values().cloned().collect()
     }
 
+    /// How many peers discovery shows now.
+    pub(crate) fn peer_count(&self) -> usize {
+        lock(&self.state).peers.len()
+    }
+
     /// Whether discovery shows node `id` now.
     pub(crate) fn knows_peer(&self, id: NodeId) -> bool {
         lock(&self.state).peers.contains_key(&id.to_hex())

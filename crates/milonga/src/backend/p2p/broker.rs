@@ -1550,8 +1550,9 @@ impl Control {
     /// queue a gigabyte of pages).
     fn registry_pages(&mut self) {
         let mut left = REGISTRY_BUDGET;
+        let now = Instant::now();
         for d in &mut self.domains {
-            for (who, frames) in d.registry.pages(left) {
+            for (who, frames) in d.registry.pages(left, now) {
                 left = left.saturating_sub(frames.iter().map(Vec::len).sum());
                 let mut msg: Vec<&[u8]> = vec![&who];
                 msg.extend(frames.iter().map(Vec::as_slice));

@@ -318,7 +318,13 @@ pub(crate) fn start<H: Host>(
         Some(r)
     };
     let etcd = (p2p.core().cfg.discovery == "etcd").then(|| {
-        let mut e = EtcdSource::new(p2p.core.clone());
+        let weak = Arc::downgrade(host);
+        let wake = Box::new(move || {
+            if let Some(h) = weak.upgrade() {
+                h.p2p().wake();
+            }
+        });
+        let mut e = EtcdSource::new(p2p.core.clone(), wake);
         let wait = Duration::from_millis(p2p.core().cfg.handshake_timeout_ms.max(1) as u64);
         e.first_view(
             host.announcement_version(),

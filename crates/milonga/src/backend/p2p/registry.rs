@@ -31,6 +31,11 @@ use crate::util::stats;
 pub(crate) const MAX_NODES: usize = 20_000;
 /// Most bytes of announcements one domain's table holds.
 pub(crate) const MAX_TABLE_BYTES: usize = 256 << 20;
+/// Least time between two pages to one node, unless the first left
+/// changes that were already there (a view being filled): a thousand nodes
+/// joining cost each node a few pages a second, not a thousand, and a
+/// change reaches every node within this plus a round trip.
+const PACE: Duration = Duration::from_millis(200);
 /// How long a removed node is listed as removed (in leases); a node whose
 /// view is older is sent the whole table again.
 const REMOVED_KEPT_LEASES: u32 = 10;
@@ -51,6 +56,8 @@ struct Registrant {
     fresh: bool,
     /// A page was sent and not acknowledged yet.
     in_flight: bool,
+    /// No page before this ([`PACE`]).
+    next_at: Instant,
     last: Instant,
 }
 
@@ -167,6 +174,7 @@ impl Table {
                 have: 0,
                 fresh: false,
                 in_flight: false,
+                next_at: now,
                 last: now,
             });
         r.node_id.clone_from(id);
@@ -221,14 +229,17 @@ impl Table {
         gone.len()
     }
 
-    /// The pages due: to each registrant with changes it has not seen and
-    /// no page unacknowledged, the next page, until about `budget` bytes
-    /// are out. Each is `(connection, frames after it)`.
-    pub(crate) fn pages(&mut self, budget: usize) -> Vec<(Vec<u8>, Vec<Vec<u8>>)> {
+    /// The pages due at `now`: to each registrant with changes it has not
+    /// seen, no page unacknowledged and its pace kept, the next page, until
+    /// about `budget` bytes are out. Each is `(connection, frames after
+    /// it)`.
+    pub(crate) fn pages(&mut self, budget: usize, now: Instant) -> Vec<(Vec<u8>, Vec<Vec<u8>>)> {
         let mut due: Vec<&Vec<u8>> = self
             .registrants
             .iter()
-            .filter(|(_, r)| !r.in_flight && (!r.fresh || r.have < self.version))
+            .filter(|(_, r)| {
+                !r.in_flight && now >= r.next_at && (!r.fresh || r.have < self.version)
+            })
             .map(|(who, _)| who)
             .collect();
         if due.is_empty() {
@@ -246,18 +257,23 @@ impl Table {
             }
             self.rotate += 1;
             let r = &self.registrants[&who];
-            let frames = self.page(r.fresh, r.have);
+            let (frames, to) = self.page(r.fresh, r.have);
             spent += frames.iter().map(Vec::len).sum::<usize>();
+            let version = self.version;
             if let Some(r) = self.registrants.get_mut(&who) {
                 r.in_flight = true;
+                // The rest of what is there now follows at once; later
+                // changes wait for the pace.
+                r.next_at = if to < version { now } else { now + PACE };
             }
             out.push((who, frames));
         }
         out
     }
 
-    /// The page after `have` (or, not `fresh`, the first of a reset).
-    fn page(&self, fresh: bool, have: u64) -> Vec<Vec<u8>> {
+    /// The page after `have` (or, not `fresh`, the first of a reset), and
+    /// the version it brings the view to.
+    fn page(&self, fresh: bool, have: u64) -> (Vec<Vec<u8>>, u64) {
         let after = if fresh { have } else { 0 };
         let mut header = EntriesHeader {
             epoch: self.epoch,
@@ -291,7 +307,7 @@ impl Table {
             }
         }
         frames[2] = serde_json::to_vec(&header).unwrap_or_default();
-        frames
+        (frames, header.to)
     }
 }
 
@@ -610,7 +626,7 @@ mod tests {
         let mut first = true;
         loop {
             let pages: Vec<_> = t
-                .pages(usize::MAX)
+                .pages(usize::MAX, now)
                 .into_iter()
                 .filter(|(w, _)| *w == who)
                 .collect();
@@ -625,16 +641,18 @@ mod tests {
             seen += n;
             have = eh.to;
             // Nothing more until acknowledged.
-            assert!(t.pages(usize::MAX).iter().all(|(w, _)| *w != who));
+            assert!(t.pages(usize::MAX, now).iter().all(|(w, _)| *w != who));
             t.register(&who, &header(&t, &me, have), None, t.len(), now)
                 .unwrap();
         }
         assert_eq!(seen, 1001);
         assert_eq!(have, t.version);
-        // A removal is listed to a view that holds the node.
+        // A removal is listed to a view that holds the node, once the pace
+        // allows: not at once after a page that brought the view up to date.
         t.unregister(&ann(7).0, now);
+        assert!(t.pages(usize::MAX, now).iter().all(|(w, _)| *w != who));
         let (_, frames) = t
-            .pages(usize::MAX)
+            .pages(usize::MAX, now + PACE)
             .into_iter()
             .find(|(w, _)| *w == who)
             .unwrap();
@@ -671,7 +689,7 @@ mod tests {
         let mut h = header(&t, &id, 0);
         h.epoch = t.epoch + 1;
         t.register(b"a", &h, None, 1, now).unwrap();
-        let (_, frames) = t.pages(usize::MAX).pop().unwrap();
+        let (_, frames) = t.pages(usize::MAX, now).pop().unwrap();
         assert!(entries(&frames).0.reset);
     }
 }
