@@ -59,7 +59,7 @@ pub const UNREGISTER: &[u8] = b"unregister";
 pub const MAX_PAGE_ENTRIES: usize = 512;
 /// Largest `entries` message a registry sends (bytes of announcements; a
 /// single larger announcement goes alone).
-pub const MAX_PAGE_BYTES: usize = 256 << 10;
+pub const MAX_PAGE_BYTES: usize = 64 << 10;
 /// Most link-state records one peer message carries (a federation of at
 /// most this many brokers).
 pub const MAX_LSAS: usize = 256;

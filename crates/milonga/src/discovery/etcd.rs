@@ -31,10 +31,6 @@ const MAX_VIEW: usize = 20_000;
 /// revision after the last seen): bounds how long a closed node's reader
 /// lives on.
 const WATCH_SPAN: Duration = Duration::from_secs(5);
-/// Least time between two views taken by the node thread while etcd
-/// changes: a thousand nodes joining cost each node a few merges of its
-/// peer table a second, not a thousand.
-const PACE: Duration = Duration::from_millis(200);
 /// Wait after a failed request before the next.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -70,7 +66,7 @@ struct State {
 pub(crate) struct EtcdSource {
     shared: Arc<Shared>,
     seen: u64,
-    /// No view taken before this ([`PACE`]).
+    /// No view taken before this ([`crate::discovery::pace`]).
     next_take: Instant,
     /// The view changed since it was last taken.
     pending: bool,
@@ -280,7 +276,7 @@ impl Source for EtcdSource {
         }
         self.seen = s.generation;
         self.view = s.view.values().cloned().collect();
-        self.next_take = now + PACE;
+        self.next_take = now + crate::discovery::pace(self.view.len());
         self.pending = false;
         true
     }

@@ -36,6 +36,19 @@ use std::time::{Instant, SystemTime};
 
 pub use milonga_wire::announce::{Announcement, PublicationInfo};
 
+/// Least time between two views a registry gives a node while changes
+/// come (a registry's pages to it, etcd's view taken by it), unless the
+/// last left changes that were already there (a view being filled): one
+/// millisecond per node of the domain, from 100 ms to 1 s. Each view costs
+/// a node a merge of its whole peer table, so a node's cost of following
+/// changes stays about the same whatever the size of the domain: a
+/// thousand nodes joining cost each node at most one view a second, not a
+/// thousand, and a change reaches every node within the pace and a round
+/// trip.
+pub(crate) fn pace(nodes: usize) -> std::time::Duration {
+    std::time::Duration::from_millis(nodes.clamp(100, 1000) as u64)
+}
+
 /// The start time of process `pid` (field 22 of /proc/pid/stat), or None
 /// if there is no such process.
 pub(crate) fn process_start_time(pid: u32) -> Option<u64> {

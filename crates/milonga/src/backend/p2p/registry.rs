@@ -21,7 +21,7 @@ use milonga_wire::broker::{
 };
 
 use crate::backend::p2p::{zmq_io, ContextRef};
-use crate::discovery::{Announcement, Source};
+use crate::discovery::{pace, Announcement, Source};
 use crate::model::error::OpenError;
 use crate::model::node::NodeCore;
 use crate::util::stats;
@@ -31,11 +31,6 @@ use crate::util::stats;
 pub(crate) const MAX_NODES: usize = 20_000;
 /// Most bytes of announcements one domain's table holds.
 pub(crate) const MAX_TABLE_BYTES: usize = 256 << 20;
-/// Least time between two pages to one node, unless the first left
-/// changes that were already there (a view being filled): a thousand nodes
-/// joining cost each node a few pages a second, not a thousand, and a
-/// change reaches every node within this plus a round trip.
-const PACE: Duration = Duration::from_millis(200);
 /// How long a removed node is listed as removed (in leases); a node whose
 /// view is older is sent the whole table again.
 const REMOVED_KEPT_LEASES: u32 = 10;
@@ -56,7 +51,7 @@ struct Registrant {
     fresh: bool,
     /// A page was sent and not acknowledged yet.
     in_flight: bool,
-    /// No page before this ([`PACE`]).
+    /// No page before this ([`pace`]: pages are paced).
     next_at: Instant,
     last: Instant,
 }
@@ -259,12 +254,12 @@ impl Table {
             let r = &self.registrants[&who];
             let (frames, to) = self.page(r.fresh, r.have);
             spent += frames.iter().map(Vec::len).sum::<usize>();
-            let version = self.version;
+            let (version, pace) = (self.version, pace(self.entries.len()));
             if let Some(r) = self.registrants.get_mut(&who) {
                 r.in_flight = true;
                 // The rest of what is there now follows at once; later
                 // changes wait for the pace.
-                r.next_at = if to < version { now } else { now + PACE };
+                r.next_at = if to < version { now } else { now + pace };
             }
             out.push((who, frames));
         }
@@ -652,7 +647,7 @@ mod tests {
         t.unregister(&ann(7).0, now);
         assert!(t.pages(usize::MAX, now).iter().all(|(w, _)| *w != who));
         let (_, frames) = t
-            .pages(usize::MAX, now + PACE)
+            .pages(usize::MAX, now + pace(t.len()))
             .into_iter()
             .find(|(w, _)| *w == who)
             .unwrap();
