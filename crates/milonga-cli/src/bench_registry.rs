@@ -74,6 +74,9 @@ pub struct RegWorkerArgs {
     start_ns: u64,
 }
 
+/// How long after the start instant the nodes have to see each other.
+const WINDOW: Duration = Duration::from_secs(300);
+
 fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -110,7 +113,10 @@ pub fn worker(a: RegWorkerArgs) -> Result<std::process::ExitCode> {
     }
     let opened = now_ns().saturating_sub(a.start_ns) as f64 / 1e6;
     println!("opened {opened:.1}");
-    let deadline = Instant::now() + Duration::from_secs(300);
+    // 300 s after the start instant, the nodes that have not seen every
+    // other are given up (the bench reports how many did).
+    let deadline = Instant::now()
+        + Duration::from_nanos((a.start_ns + WINDOW.as_nanos() as u64).saturating_sub(now_ns()));
     let mut left = nodes.len();
     let out = std::io::stdout();
     while left > 0 && Instant::now() < deadline {
@@ -231,6 +237,8 @@ fn etcd_ready(port: u16) -> bool {
 struct Row {
     via: Via,
     nodes: usize,
+    /// How many saw every other within the window.
+    complete: usize,
     opened_ms: f64,
     p50_ms: f64,
     max_ms: f64,
@@ -276,7 +284,7 @@ fn measure(a: &RegistryArgs, via: Via, dir: &std::path::Path) -> Result<Row> {
     }
     let mut seen = Vec::with_capacity(a.nodes);
     let mut opened_ms: f64 = 0.0;
-    let end = Instant::now() + Duration::from_secs(320);
+    let end = Instant::now() + WINDOW + Duration::from_secs(30);
     for (_, rx) in &workers {
         loop {
             let left = end.saturating_duration_since(Instant::now());
@@ -297,12 +305,8 @@ fn measure(a: &RegistryArgs, via: Via, dir: &std::path::Path) -> Result<Row> {
         }
     }
     let cpu_to_view = cpu_ms(pid)? - cpu_at_start;
-    if seen.len() < a.nodes {
-        bail!(
-            "{via:?}: {} of {} nodes saw every other within 300 s",
-            seen.len(),
-            a.nodes
-        );
+    if seen.is_empty() {
+        bail!("{via:?}: no node saw every other within {WINDOW:?}");
     }
     let rest_from = cpu_ms(pid)?;
     let rest_start = Instant::now();
@@ -314,6 +318,7 @@ fn measure(a: &RegistryArgs, via: Via, dir: &std::path::Path) -> Result<Row> {
     let row = Row {
         via,
         nodes: a.nodes,
+        complete: seen.len(),
         opened_ms,
         p50_ms: seen[seen.len() / 2],
         max_ms: seen[seen.len() - 1],
@@ -337,15 +342,16 @@ pub fn run(a: RegistryArgs) -> Result<std::process::ExitCode> {
          discovery_interval_ms 250 (each node publishes one key: at the default 20 ms, 1,000 node threads \
          turning 50 times a second would fill 2 cores); \
          all_open = when the last node was open (from the start instant); time to full view = from one start instant until a node's peer table holds every other node \
+         (p50 and max over the nodes that did within 300 s: `complete` of them) \
          (the process opens its nodes one after the other: the later ones start later); registry CPU \
          (its threads' /proc schedstat) until every node has full view, then per second over {} s at rest; RSS at the end",
         a.nodes, a.per_process, a.rest
     );
     match a.format {
-        Format::Csv => println!("via,nodes,all_open_ms,p50_ms,max_ms,registry_cpu_to_view_ms,registry_rest_cpu_pct,registry_rss_mib"),
+        Format::Csv => println!("via,nodes,complete,all_open_ms,p50_ms,max_ms,registry_cpu_to_view_ms,registry_rest_cpu_pct,registry_rss_mib"),
         Format::Table => println!(
-            "{:<7} {:>6} {:>11} {:>10} {:>10} {:>14} {:>12} {:>9}",
-            "via", "nodes", "all_open_ms", "p50_ms", "max_ms", "cpu_to_view_ms", "rest_cpu_%", "rss_MiB"
+            "{:<7} {:>6} {:>9} {:>11} {:>10} {:>10} {:>14} {:>12} {:>9}",
+            "via", "nodes", "complete", "all_open_ms", "p50_ms", "max_ms", "cpu_to_view_ms", "rest_cpu_%", "rss_MiB"
         ),
     }
     let mut failed = false;
@@ -355,12 +361,26 @@ pub fn run(a: RegistryArgs) -> Result<std::process::ExitCode> {
                 let v = format!("{:?}", r.via).to_lowercase();
                 match a.format {
                     Format::Csv => println!(
-                        "{v},{},{:.1},{:.1},{:.1},{:.0},{:.2},{:.1}",
-                        r.nodes, r.opened_ms, r.p50_ms, r.max_ms, r.cpu_to_view_ms, r.rest_cpu_pct, r.rss_mib
+                        "{v},{},{},{:.1},{:.1},{:.1},{:.0},{:.2},{:.1}",
+                        r.nodes,
+                        r.complete,
+                        r.opened_ms,
+                        r.p50_ms,
+                        r.max_ms,
+                        r.cpu_to_view_ms,
+                        r.rest_cpu_pct,
+                        r.rss_mib
                     ),
                     Format::Table => println!(
-                        "{v:<7} {:>6} {:>11.1} {:>10.1} {:>10.1} {:>14.0} {:>12.2} {:>9.1}",
-                        r.nodes, r.opened_ms, r.p50_ms, r.max_ms, r.cpu_to_view_ms, r.rest_cpu_pct, r.rss_mib
+                        "{v:<7} {:>6} {:>9} {:>11.1} {:>10.1} {:>10.1} {:>14.0} {:>12.2} {:>9.1}",
+                        r.nodes,
+                        r.complete,
+                        r.opened_ms,
+                        r.p50_ms,
+                        r.max_ms,
+                        r.cpu_to_view_ms,
+                        r.rest_cpu_pct,
+                        r.rss_mib
                     ),
                 }
             }

@@ -154,13 +154,33 @@ struct Etcd {
 }
 
 impl Etcd {
+    /// On two free ports: a port found free may be taken by another test
+    /// before etcd binds it, and etcd then exits; it is tried again.
+    fn start_anywhere(dir: &Path) -> (Etcd, u16, u16) {
+        for _ in 0..5 {
+            let (client, peer) = (free_port(), free_port());
+            if let Some(e) = Etcd::try_start(dir, client, peer) {
+                return (e, client, peer);
+            }
+        }
+        panic!("etcd did not start on 5 pairs of free ports");
+    }
+
+    /// On `client` and `peer`, which must be free.
     fn start(dir: &Path, client: u16, peer: u16) -> Etcd {
+        Etcd::try_start(dir, client, peer).expect("etcd starts on its ports again")
+    }
+
+    /// etcd on `client` and `peer`, once it answers; `None` if it exited.
+    fn try_start(dir: &Path, client: u16, peer: u16) -> Option<Etcd> {
         let url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let mut cmd = std::process::Command::new("etcd");
         cmd.args([
             "--data-dir",
-            &dir.join("etcd").display().to_string(),
+            // Its own per client port: an attempt that failed leaves
+            // nothing for the next (a restart finds its data again).
+            &dir.join(format!("etcd-{client}")).display().to_string(),
             "--listen-client-urls",
             &url,
             "--advertise-client-urls",
@@ -172,10 +192,15 @@ impl Etcd {
             "--initial-cluster",
             &format!("default={peer_url}"),
         ]);
-        let proc = Proc::spawn(cmd);
+        let mut proc = Proc::spawn(cmd);
         // Ready when it answers a range (its port opens before it has
         // elected itself leader).
+        let mut exited = false;
         wait_for("etcd answers", T, || {
+            if proc.wait_exit(Duration::ZERO).is_some() {
+                exited = true;
+                return true;
+            }
             use std::io::{Read, Write};
             let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", client)) else {
                 return false;
@@ -190,7 +215,7 @@ impl Etcd {
                 && s.read_to_string(&mut answer).is_ok()
                 && answer.starts_with("HTTP/1.0 200")
         });
-        Etcd { proc, url }
+        (!exited).then_some(Etcd { proc, url })
     }
 }
 
@@ -200,8 +225,7 @@ fn with_discovery_etcd_nodes_find_each_other_and_a_lease_is_a_node_s_liveness() 
     let hosts: Vec<TempDir> = (0..4)
         .map(|i| TempDir::new(&format!("etcd-h{i}")))
         .collect();
-    let (client, peer) = (free_port(), free_port());
-    let mut etcd = Etcd::start(hosts[0].path(), client, peer);
+    let (mut etcd, client, peer) = Etcd::start_anywhere(hosts[0].path());
     let config = |dir: &Path, name: &str| {
         let mut c = Config::new(&env.locator(), name);
         c.runtime_dir = Some(dir.to_path_buf());

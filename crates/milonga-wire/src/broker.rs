@@ -19,7 +19,8 @@
 //! docs/protocol.md §11.6) sends `[MAGIC, "register", RegisterHeader
 //! (JSON), announcement (JSON, optional)]` and `[MAGIC, "unregister",
 //! domain, node id]`; the broker sends it `[MAGIC, "entries",
-//! EntriesHeader (JSON), announcement (JSON)...]`.
+//! EntriesHeader (JSON), announcement (JSON)...]` and `[MAGIC,
+//! "announce"]`.
 //!
 //! Brokers linked in a federation (docs/protocol.md §11.5) talk over the
 //! same kind of connection: `[MAGIC, "peer", PeerHeader (JSON), Lsa
@@ -55,6 +56,9 @@ pub const REGISTER: &[u8] = b"register";
 pub const ENTRIES: &[u8] = b"entries";
 /// Registry mode: "take me out of the registry".
 pub const UNREGISTER: &[u8] = b"unregister";
+/// Registry mode, broker to node: "I do not hold your announcement: send
+/// it" (a renewal without one, from a node the registry removed).
+pub const ANNOUNCE: &[u8] = b"announce";
 /// Most announcements one `entries` message carries.
 pub const MAX_PAGE_ENTRIES: usize = 512;
 /// Largest `entries` message a registry sends (bytes of announcements; a

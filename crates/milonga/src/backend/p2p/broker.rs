@@ -1669,10 +1669,10 @@ impl Control {
                     reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
                     return;
                 };
-                if d.registry
-                    .register(who, &header, announcement, total, now)
-                    .is_err()
-                {
+                let registered = d.registry.register(who, &header, announcement, total, now);
+                if registered == Ok(false) {
+                    reply(&self.router, &[wire::MAGIC, wire::ANNOUNCE]);
+                } else if registered.is_err() {
                     self.counters
                         .registry_refused
                         .fetch_add(1, Ordering::Relaxed);

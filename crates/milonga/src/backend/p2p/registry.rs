@@ -115,7 +115,8 @@ impl Table {
     }
 
     /// A `register` from connection `who`; `total` is how many nodes the
-    /// broker's tables hold in all.
+    /// broker's tables hold in all. `Ok(false)`: the node is not in the
+    /// table and sent no announcement (it should, `announce`).
     pub(crate) fn register(
         &mut self,
         who: &[u8],
@@ -123,7 +124,7 @@ impl Table {
         announcement: Option<Vec<u8>>,
         total: usize,
         now: Instant,
-    ) -> Result<(), Refused> {
+    ) -> Result<bool, Refused> {
         let id = &header.node_id;
         if let Some(json) = announcement {
             match self.entries.get(id).map(|e| (e.json == json, e.version)) {
@@ -153,9 +154,13 @@ impl Table {
                 }
             }
         }
-        if let Some(e) = self.entries.get_mut(id) {
-            e.expires = now + self.lease;
-        }
+        let known = match self.entries.get_mut(id) {
+            Some(e) => {
+                e.expires = now + self.lease;
+                true
+            }
+            None => false,
+        };
         let fresh =
             header.epoch == self.epoch && header.have >= self.floor && header.have <= self.version;
         if !self.registrants.contains_key(who) && self.registrants.len() >= MAX_NODES {
@@ -177,7 +182,7 @@ impl Table {
         r.fresh = fresh;
         r.in_flight = false;
         r.last = now;
-        Ok(())
+        Ok(known)
     }
 
     fn remove(&mut self, id: &str, now: Instant) {
@@ -338,8 +343,9 @@ struct Conn {
     heard: Option<Instant>,
     next_renew: Instant,
     renew_every: Duration,
-    /// The announcement version it was last sent.
-    sent: u64,
+    /// The announcement version the registry holds (`None`: send it with
+    /// the next `register`).
+    sent: Option<u64>,
     refused_logged: bool,
 }
 
@@ -369,7 +375,7 @@ impl RegistrySource {
                 heard: None,
                 next_renew: Instant::now(),
                 renew_every: Duration::from_millis(core.cfg.heartbeat_interval_ms.max(1) as u64),
-                sent: 0,
+                sent: None,
                 refused_logged: false,
             });
         }
@@ -469,6 +475,12 @@ impl Conn {
             stats::inc(&c.control_malformed);
             return false;
         }
+        if cmd == wire::ANNOUNCE {
+            self.heard = Some(now);
+            self.sent = None;
+            self.next_renew = now;
+            return false;
+        }
         if cmd == wire::ERROR {
             self.heard = Some(now);
             if !self.refused_logged {
@@ -509,7 +521,7 @@ impl Conn {
             self.view.clear();
             if header.epoch != self.epoch {
                 // A registry that started again holds nothing of this node.
-                self.sent = 0;
+                self.sent = None;
             }
             self.epoch = header.epoch;
         }
@@ -550,9 +562,13 @@ impl Source for RegistrySource {
                     changed |= c.read(&self.core, &frames, now);
                 }
             }
-            if (now >= c.next_renew || c.sent != self.version) && !self.announcement.is_empty() {
-                if c.register(&self.core, Some(&self.announcement)) {
-                    c.sent = self.version;
+            // The announcement goes only when the registry does not hold
+            // this version: a renewal is its header alone.
+            let announce = c.sent != Some(self.version);
+            if (now >= c.next_renew || announce) && !self.announcement.is_empty() {
+                let with = announce.then_some(self.announcement.as_slice());
+                if c.register(&self.core, with) && announce {
+                    c.sent = Some(self.version);
                 }
                 c.next_renew = now + c.renew_every;
             }
@@ -683,8 +699,15 @@ mod tests {
         // Another epoch's view (a registry restarted): a reset.
         let mut h = header(&t, &id, 0);
         h.epoch = t.epoch + 1;
-        t.register(b"a", &h, None, 1, now).unwrap();
+        assert_eq!(t.register(b"a", &h, None, 1, now), Ok(true));
         let (_, frames) = t.pages(usize::MAX, now).pop().unwrap();
         assert!(entries(&frames).0.reset);
+        // A renewal without its announcement from a node the table does not
+        // hold (removed, or never registered): it is asked for it.
+        let (other, _) = ann(2);
+        assert_eq!(
+            t.register(b"b", &header(&t, &other, 0), None, 1, now),
+            Ok(false)
+        );
     }
 }
