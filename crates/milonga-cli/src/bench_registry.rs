@@ -74,6 +74,8 @@ pub struct RegWorkerArgs {
     start_ns: u64,
 }
 
+/// How long after full view the rest measurement starts.
+const SETTLE: Duration = Duration::from_secs(5);
 /// How long after the start instant the nodes have to see each other.
 const WINDOW: Duration = Duration::from_secs(300);
 
@@ -308,6 +310,8 @@ fn measure(a: &RegistryArgs, via: Via, dir: &std::path::Path) -> Result<Row> {
     if seen.is_empty() {
         bail!("{via:?}: no node saw every other within {WINDOW:?}");
     }
+    // The last changes (publications declared after open) settle first.
+    std::thread::sleep(SETTLE);
     let rest_from = cpu_ms(pid)?;
     let rest_start = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(a.rest));
@@ -344,7 +348,7 @@ pub fn run(a: RegistryArgs) -> Result<std::process::ExitCode> {
          all_open = when the last node was open (from the start instant); time to full view = from one start instant until a node's peer table holds every other node \
          (p50 and max over the nodes that did within 300 s: `complete` of them) \
          (the process opens its nodes one after the other: the later ones start later); registry CPU \
-         (its threads' /proc schedstat) until every node has full view, then per second over {} s at rest; RSS at the end",
+         (its threads' /proc schedstat) until every node has full view, then per second over {} s at rest from 5 s after; RSS at the end",
         a.nodes, a.per_process, a.rest
     );
     match a.format {

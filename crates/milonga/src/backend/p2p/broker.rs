@@ -1725,10 +1725,11 @@ pub(crate) fn start(
             why: format!("{}: expected tcp://HOST:PORT", spec.listen),
         })?
         .to_owned();
-    let router = ctx.socket(zmq::ROUTER)?;
+    let mut router = ctx.socket(zmq::ROUTER)?;
     let listen_ep = spec.listen.clone();
     let err = sock_err(&listen_ep);
     zmq_io::apply_common(&router, &spec.cfg).map_err(&err)?;
+    zmq_io::apply_leased(&mut router, &spec.cfg).map_err(&err)?;
     router
         .set_maxmsgsize(wire::MAX_REQUEST_BYTES as i64)
         .map_err(&err)?;

@@ -102,8 +102,9 @@ impl Federation {
                 endpoint: addr.clone(),
                 source: crate::model::error::IntoTransport::transport(source),
             };
-            let sock = ctx.socket(zmq::DEALER)?;
+            let mut sock = ctx.socket(zmq::DEALER)?;
             zmq_io::apply_common(&sock, cfg).map_err(err)?;
+            zmq_io::apply_leased(&mut sock, cfg).map_err(err)?;
             sock.set_maxmsgsize(wire::MAX_REQUEST_BYTES as i64)
                 .map_err(err)?;
             // A message for a peer that is not there is not kept for it:

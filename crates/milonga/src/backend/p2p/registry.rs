@@ -355,13 +355,14 @@ impl RegistrySource {
         let ctx = ContextRef::acquire();
         let mut conns = Vec::new();
         for endpoint in &core.cfg.registry {
-            let sock = ctx.socket(zmq::DEALER)?;
+            let mut sock = ctx.socket(zmq::DEALER)?;
             let err = |source: zmq::Error| OpenError::Socket {
                 action: "connect",
                 endpoint: endpoint.clone(),
                 source: crate::model::error::IntoTransport::transport(source),
             };
             zmq_io::apply_common(&sock, &core.cfg).map_err(err)?;
+            zmq_io::apply_leased(&mut sock, &core.cfg).map_err(err)?;
             sock.set_ipv6(true).map_err(err)?;
             sock.set_maxmsgsize((MAX_PAGE_BYTES + wire::MAX_REQUEST_BYTES) as i64)
                 .map_err(err)?;

@@ -117,13 +117,14 @@ fn dealer(
     core_cfg: &crate::Config,
     broker: &str,
 ) -> Result<zmq::Socket, OpenError> {
-    let sock = ctx.socket(zmq::DEALER)?;
+    let mut sock = ctx.socket(zmq::DEALER)?;
     let err = |source: zmq::Error| OpenError::Socket {
         action: "connect",
         endpoint: broker.to_owned(),
         source: source.transport(),
     };
     crate::backend::p2p::zmq_io::apply_common(&sock, core_cfg).map_err(err)?;
+    crate::backend::p2p::zmq_io::apply_leased(&mut sock, core_cfg).map_err(err)?;
     sock.set_maxmsgsize(64 << 20).map_err(err)?;
     // A broker may be at an IPv6 address.
     sock.set_ipv6(true).map_err(err)?;
