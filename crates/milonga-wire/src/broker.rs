@@ -192,6 +192,10 @@ pub struct RegisterHeader {
     pub epoch: u64,
     /// The registry version the node's view is at.
     pub have: u64,
+    /// FNV-1a 64 of the announcement the node last sent (0: not said): a
+    /// registry holding another one answers `announce`.
+    #[serde(default)]
+    pub announced: u64,
 }
 
 /// The first frame of an `entries` message, after the command: the
@@ -217,6 +221,11 @@ pub struct EntriesHeader {
     /// three times a lease, or is removed.
     #[serde(default)]
     pub lease_ms: u64,
+    /// The registry's version when it sent this: a reset is complete
+    /// once `to` reaches it (until then the receiver keeps its old view
+    /// in use and fills the new one aside).
+    #[serde(default)]
+    pub latest: u64,
 }
 
 /// A request a broker reads.

@@ -82,10 +82,12 @@ struct Client {
 }
 
 impl Client {
-    fn new(endpoints: &[String], body_timeout: Option<Duration>) -> Client {
+    /// A client whose every request ends within `per_call` (a member
+    /// partitioned away or black-holed must not hold a thread longer).
+    fn new(endpoints: &[String], per_call: Duration) -> Client {
         let config = ureq::Agent::config_builder()
             .timeout_connect(Some(Duration::from_secs(2)))
-            .timeout_recv_body(body_timeout)
+            .timeout_per_call(Some(per_call))
             .http_status_as_error(false)
             .build();
         Client {
@@ -118,7 +120,15 @@ impl Client {
                 Ok(r) if r.status().is_success() => return Ok(r),
                 Ok(mut r) => {
                     let text = r.body_mut().read_to_string().unwrap_or_default();
-                    return Err(format!("{url}: HTTP {}: {text}", r.status()));
+                    let status = r.status();
+                    last = format!("{url}: HTTP {status}: {text}");
+                    // A member that cannot serve (no leader, overloaded):
+                    // the next one is tried. A refusal of the request
+                    // itself (4xx) would be the same everywhere.
+                    if !status.is_server_error() {
+                        return Err(last);
+                    }
+                    self.at = (self.at + 1) % self.endpoints.len();
                 }
                 Err(e) => {
                     last = format!("{url}: {e}");
@@ -247,9 +257,9 @@ impl EtcdSource {
     /// Revokes the node's lease (its key goes at once) and stops the
     /// threads; waits up to a second for the revocation.
     pub(crate) fn leave(&self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        self.shared.wake.notify_all();
-        let s = lock(&self.shared.state);
+        let s = self.stop();
+        // (`stop` is set under the lock the writer waits with: the
+        // notification cannot fall between its check and its wait.)
         let _ = self
             .shared
             .wake
@@ -257,10 +267,19 @@ impl EtcdSource {
     }
 }
 
-impl Drop for EtcdSource {
-    fn drop(&mut self) {
+impl EtcdSource {
+    /// Sets `stop` under the state's lock and wakes the writer; the lock.
+    fn stop(&self) -> std::sync::MutexGuard<'_, State> {
+        let s = lock(&self.shared.state);
         self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.wake.notify_all();
+        s
+    }
+}
+
+impl Drop for EtcdSource {
+    fn drop(&mut self) {
+        drop(self.stop());
     }
 }
 
@@ -296,7 +315,7 @@ impl Source for EtcdSource {
 /// `key` with it whenever it changes, the lease kept alive every third of
 /// its time; at stop, the lease revoked.
 fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
-    let mut c = Client::new(endpoints, Some(Duration::from_secs(2)));
+    let mut c = Client::new(endpoints, Duration::from_secs(5));
     let mut lease: Option<i64> = None;
     // The announcement version put under the current lease.
     let mut put: Option<u64> = None;
@@ -356,7 +375,11 @@ fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
                         // Expired (the node was stopped longer than the
                         // lease): its key is gone; put again under a new one.
                         Ok(_) => lease = None,
-                        Err(e) => fail("a keep-alive", e),
+                        Err(e) => {
+                            // Tried again after a pause, not at once.
+                            next_keep = now + RETRY;
+                            fail("a keep-alive", e);
+                        }
                     }
                     continue;
                 }
@@ -379,7 +402,7 @@ fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
 /// after, for as long as the node runs.
 fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
     let endpoints = &core.cfg.etcd_endpoints;
-    let mut c = Client::new(endpoints, Some(WATCH_SPAN));
+    let mut c = Client::new(endpoints, WATCH_SPAN);
     let mut failures = 0u64;
     // The revision the view is at; None: read the whole prefix.
     let mut at: Option<i64> = None;

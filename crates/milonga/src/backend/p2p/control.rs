@@ -317,6 +317,12 @@ pub(crate) fn start<H: Host>(
         );
         Some(r)
     };
+    if p2p.core().cfg.discovery == "etcd" && p2p.core().cfg.etcd_endpoints.is_empty() {
+        return Err(OpenError::Config {
+            key: "etcd_endpoints".into(),
+            why: "discovery = etcd needs etcd's client URLs (http://HOST:2379)".into(),
+        });
+    }
     let etcd = (p2p.core().cfg.discovery == "etcd").then(|| {
         let weak = Arc::downgrade(host);
         let wake = Box::new(move || {

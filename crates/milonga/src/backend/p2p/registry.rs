@@ -31,6 +31,12 @@ use crate::util::stats;
 pub(crate) const MAX_NODES: usize = 20_000;
 /// Most bytes of announcements one domain's table holds.
 pub(crate) const MAX_TABLE_BYTES: usize = 256 << 20;
+/// Most removals listed; beyond, the oldest is forgotten (and a view older
+/// than it is sent the whole table again).
+const MAX_REMOVED: usize = MAX_NODES;
+/// A page unacknowledged for this long is taken as lost: the next
+/// `register` (a renewal) lets it go again.
+const PAGE_LOST_AFTER: Duration = Duration::from_secs(1);
 /// How long a removed node is listed as removed (in leases); a node whose
 /// view is older is sent the whole table again.
 const REMOVED_KEPT_LEASES: u32 = 10;
@@ -38,6 +44,8 @@ const REMOVED_KEPT_LEASES: u32 = 10;
 /// One registered node.
 struct Entry {
     json: Vec<u8>,
+    /// `util::fnv1a64` of `json`, which a node's renewal names.
+    hash: u64,
     version: u64,
     expires: Instant,
 }
@@ -49,8 +57,8 @@ struct Registrant {
     have: u64,
     /// Its view is of this epoch and not older than the removals listed.
     fresh: bool,
-    /// A page was sent and not acknowledged yet.
-    in_flight: bool,
+    /// A page was sent and not acknowledged yet, at this instant.
+    in_flight: Option<Instant>,
     /// No page before this ([`pace`]: pages are paced).
     next_at: Instant,
     last: Instant,
@@ -126,13 +134,24 @@ impl Table {
         now: Instant,
     ) -> Result<bool, Refused> {
         let id = &header.node_id;
+        if !self.registrants.contains_key(who) && self.registrants.len() >= MAX_NODES {
+            return Err(Refused::Full);
+        }
         if let Some(json) = announcement {
-            match self.entries.get(id).map(|e| (e.json == json, e.version)) {
-                Some((true, _)) => {}
-                Some((false, old)) => {
+            match self
+                .entries
+                .get(id)
+                .map(|e| (e.json == json, e.version, e.json.len()))
+            {
+                Some((true, _, _)) => {}
+                Some((false, old, len)) => {
+                    if self.bytes - len + json.len() > MAX_TABLE_BYTES {
+                        return Err(Refused::Full);
+                    }
                     let version = self.bump(id, Some(old));
                     let e = self.entries.get_mut(id).expect("present");
-                    self.bytes = self.bytes - e.json.len() + json.len();
+                    self.bytes = self.bytes - len + json.len();
+                    e.hash = crate::util::fnv1a64(&json);
                     e.json = json;
                     e.version = version;
                 }
@@ -146,6 +165,7 @@ impl Table {
                     self.entries.insert(
                         id.clone(),
                         Entry {
+                            hash: crate::util::fnv1a64(&json),
                             json,
                             version,
                             expires: now,
@@ -154,18 +174,17 @@ impl Table {
                 }
             }
         }
+        // Known, and holding the announcement the node holds (a change
+        // whose message was lost on a broken connection is asked again).
         let known = match self.entries.get_mut(id) {
             Some(e) => {
                 e.expires = now + self.lease;
-                true
+                header.announced == 0 || header.announced == e.hash
             }
             None => false,
         };
         let fresh =
             header.epoch == self.epoch && header.have >= self.floor && header.have <= self.version;
-        if !self.registrants.contains_key(who) && self.registrants.len() >= MAX_NODES {
-            return Err(Refused::Full);
-        }
         let r = self
             .registrants
             .entry(who.to_vec())
@@ -173,14 +192,23 @@ impl Table {
                 node_id: id.clone(),
                 have: 0,
                 fresh: false,
-                in_flight: false,
+                in_flight: None,
                 next_at: now,
                 last: now,
             });
         r.node_id.clone_from(id);
+        // An acknowledgement (the view moved), or a page gone too long:
+        // the next may go. A renewal that crossed the page does not send
+        // it twice.
+        let moved = header.have != r.have || fresh != r.fresh;
+        if moved
+            || r.in_flight
+                .is_some_and(|at| now.duration_since(at) >= PAGE_LOST_AFTER)
+        {
+            r.in_flight = None;
+        }
         r.have = header.have;
         r.fresh = fresh;
-        r.in_flight = false;
         r.last = now;
         Ok(known)
     }
@@ -190,6 +218,20 @@ impl Table {
             self.bytes -= e.json.len();
             let version = self.bump(id, Some(e.version));
             self.removed.insert(id.to_owned(), (version, now));
+            if self.removed.len() > MAX_REMOVED {
+                // The oldest removal listed goes; views older than it get
+                // the whole table.
+                let oldest = self
+                    .by_version
+                    .iter()
+                    .find(|(_, id)| self.removed.contains_key(*id))
+                    .map(|(v, id)| (*v, id.clone()));
+                if let Some((v, id)) = oldest {
+                    self.removed.remove(&id);
+                    self.by_version.remove(&v);
+                    self.floor = self.floor.max(v);
+                }
+            }
         }
     }
 
@@ -238,7 +280,7 @@ impl Table {
             .registrants
             .iter()
             .filter(|(_, r)| {
-                !r.in_flight && now >= r.next_at && (!r.fresh || r.have < self.version)
+                r.in_flight.is_none() && now >= r.next_at && (!r.fresh || r.have < self.version)
             })
             .map(|(who, _)| who)
             .collect();
@@ -261,7 +303,7 @@ impl Table {
             spent += frames.iter().map(Vec::len).sum::<usize>();
             let (version, pace) = (self.version, pace(self.entries.len()));
             if let Some(r) = self.registrants.get_mut(&who) {
-                r.in_flight = true;
+                r.in_flight = Some(now);
                 // The rest of what is there now follows at once; later
                 // changes wait for the pace.
                 r.next_at = if to < version { now } else { now + pace };
@@ -282,6 +324,7 @@ impl Table {
             reset: !fresh,
             removed: Vec::new(),
             lease_ms: self.lease.as_millis() as u64,
+            latest: self.version,
         };
         let mut frames = vec![wire::MAGIC.to_vec(), wire::ENTRIES.to_vec(), Vec::new()];
         let mut bytes = 0;
@@ -314,10 +357,11 @@ impl Table {
 /// A registry epoch: a random number, not 0 (which a node sends before it
 /// has any).
 fn rand_epoch() -> u64 {
-    let id = crate::backend::p2p::federation::new_id().unwrap_or_default();
-    u64::from_str_radix(id.get(..15).unwrap_or("1"), 16)
-        .unwrap_or(1)
-        .max(1)
+    match crate::backend::p2p::federation::new_id() {
+        Ok(id) => u64::from_str_radix(&id[..15], 16).unwrap_or(1).max(1),
+        // No random bytes: the clock, which differs from start to start.
+        Err(_) => crate::util::now_ns().max(1),
+    }
 }
 
 /// The node's side: one connection to each registry of `registry`.
@@ -325,6 +369,8 @@ pub(crate) struct RegistrySource {
     core: Arc<NodeCore>,
     conns: Vec<Conn>,
     announcement: Vec<u8>,
+    /// `util::fnv1a64` of `announcement`, named in every `register`.
+    hash: u64,
     version: u64,
     /// Replies may wait: read in the next turn.
     readable: bool,
@@ -339,10 +385,20 @@ struct Conn {
     epoch: u64,
     have: u64,
     view: BTreeMap<String, Announcement>,
+    /// A reset being filled (pages until `to` reaches `latest`): the view
+    /// in use stays until it is complete, so that peers do not vanish
+    /// and come back while it fills.
+    filling: Option<BTreeMap<String, Announcement>>,
+    /// The view of a registry that started again (another epoch), still
+    /// shown until `carry_until`: the nodes take a renewal each to be in
+    /// the new table, and are not dropped meanwhile.
+    carry: BTreeMap<String, Announcement>,
+    carry_until: Option<Instant>,
     /// When the registry was last heard from.
     heard: Option<Instant>,
     next_renew: Instant,
     renew_every: Duration,
+    lease: Duration,
     /// The announcement version the registry holds (`None`: send it with
     /// the next `register`).
     sent: Option<u64>,
@@ -366,6 +422,8 @@ impl RegistrySource {
             sock.set_ipv6(true).map_err(err)?;
             sock.set_maxmsgsize((MAX_PAGE_BYTES + wire::MAX_REQUEST_BYTES) as i64)
                 .map_err(err)?;
+            // The `unregister` of a closing node gets a moment to leave.
+            sock.set_linger(200).map_err(err)?;
             sock.connect(endpoint).map_err(err)?;
             conns.push(Conn {
                 endpoint: endpoint.clone(),
@@ -373,9 +431,13 @@ impl RegistrySource {
                 epoch: 0,
                 have: 0,
                 view: BTreeMap::new(),
+                filling: None,
+                carry: BTreeMap::new(),
+                carry_until: None,
                 heard: None,
                 next_renew: Instant::now(),
                 renew_every: Duration::from_millis(core.cfg.heartbeat_interval_ms.max(1) as u64),
+                lease: Duration::from_millis(core.cfg.heartbeat_timeout_ms.max(1) as u64),
                 sent: None,
                 refused_logged: false,
             });
@@ -384,6 +446,7 @@ impl RegistrySource {
             core,
             conns,
             announcement: Vec::new(),
+            hash: 0,
             version: 0,
             readable: true,
             _ctx: ctx,
@@ -398,16 +461,29 @@ impl RegistrySource {
     /// The node's announcement changed: registered again at the next turn.
     pub(crate) fn set_announcement(&mut self, version: u64, json: Vec<u8>) {
         self.version = version;
+        self.hash = crate::util::fnv1a64(&json);
+        if json.len() > milonga_wire::broker::MAX_ANNOUNCEMENT_BYTES {
+            tracing::warn!(
+                bytes = json.len(),
+                "this node's announcement is too large for a registry (256 KiB): not registered"
+            );
+            self.announcement = Vec::new();
+            return;
+        }
         self.announcement = json;
     }
 
-    /// Registers and waits up to `wait` for every registry's first page,
-    /// so that the node knows the domain when `open` returns.
+    /// Registers and waits up to `wait` for every registry's view (all its
+    /// pages), so that the node knows the domain when `open` returns.
     pub(crate) fn first_view(&mut self, version: u64, announcement: Vec<u8>, wait: Duration) {
         self.set_announcement(version, announcement);
         let deadline = Instant::now() + wait;
         self.turn(Instant::now());
-        while self.conns.iter().any(|c| c.heard.is_none()) {
+        while self
+            .conns
+            .iter()
+            .any(|c| c.heard.is_none() || c.filling.is_some())
+        {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 tracing::warn!("a registry sent nothing in time: the node starts without its view");
                 return;
@@ -451,13 +527,15 @@ impl RegistrySource {
 }
 
 impl Conn {
-    /// Sends `register`, with the announcement when `with` is given.
-    fn register(&mut self, core: &NodeCore, with: Option<&[u8]>) -> bool {
+    /// Sends `register` naming the announcement held (`hash`), with it
+    /// when `with` is given.
+    fn register(&mut self, core: &NodeCore, hash: u64, with: Option<&[u8]>) -> bool {
         let header = RegisterHeader {
             domain: core.domain.clone(),
             node_id: core.id.to_hex(),
             epoch: self.epoch,
             have: self.have,
+            announced: hash,
         };
         let h = serde_json::to_vec(&header).unwrap_or_default();
         let mut req: Vec<&[u8]> = vec![wire::MAGIC, wire::REGISTER, &h];
@@ -466,7 +544,7 @@ impl Conn {
     }
 
     /// Applies one message; whether the view changed.
-    fn read(&mut self, core: &NodeCore, frames: &[Vec<u8>], now: Instant) -> bool {
+    fn read(&mut self, core: &NodeCore, hash: u64, frames: &[Vec<u8>], now: Instant) -> bool {
         let c = &core.counters;
         let (Some(m), Some(cmd)) = (frames.first(), frames.get(1)) else {
             stats::inc(&c.control_malformed);
@@ -513,30 +591,40 @@ impl Conn {
         if !header.reset && !continues {
             // A page sent before the registry heard where this view is
             // (or of another epoch): the acknowledgement below says.
-            self.register(core, None);
+            self.register(core, hash, None);
             return false;
         }
+        self.refused_logged = false;
         let mut changed = false;
         if header.reset {
-            changed = !self.view.is_empty();
-            self.view.clear();
-            if header.epoch != self.epoch {
-                // A registry that started again holds nothing of this node.
+            if header.epoch != self.epoch && self.epoch != 0 {
+                // A registry that started again holds nothing of this node,
+                // and only the nodes that renewed since: the view of before
+                // stays shown for two leases, until they all have.
                 self.sent = None;
+                let old = std::mem::take(&mut self.view);
+                self.carry.extend(old);
+                self.carry_until = Some(now + 2 * self.lease);
             }
             self.epoch = header.epoch;
+            self.filling = Some(BTreeMap::new());
         }
         let me = core.id.to_hex();
+        let target = match &mut self.filling {
+            Some(f) => f,
+            None => &mut self.view,
+        };
         for id in &header.removed {
-            changed |= self.view.remove(id).is_some();
+            changed |= target.remove(id).is_some();
+            changed |= self.carry.remove(id).is_some();
         }
         for raw in &frames[3..] {
             match Announcement::from_json(raw) {
                 Ok(a) if a.domain != core.domain => stats::inc(&c.peers_foreign_domain),
                 Ok(a) if a.node_id == me => {}
                 Ok(a) => {
-                    if self.view.get(&a.node_id) != Some(&a) {
-                        self.view.insert(a.node_id.clone(), a);
+                    if target.get(&a.node_id) != Some(&a) {
+                        target.insert(a.node_id.clone(), a);
                         changed = true;
                     }
                 }
@@ -544,8 +632,17 @@ impl Conn {
             }
         }
         self.have = header.to;
+        if self.filling.is_some() {
+            // Nothing shown changes until the reset is complete.
+            changed = false;
+            if header.to >= header.latest {
+                let full = self.filling.take().unwrap_or_default();
+                changed = full != self.view;
+                self.view = full;
+            }
+        }
         // The acknowledgement: the next page comes after it.
-        self.register(core, None);
+        self.register(core, hash, None);
         changed
     }
 }
@@ -560,15 +657,20 @@ impl Source for RegistrySource {
                     let Ok(frames) = c.sock.recv_multipart(zmq::DONTWAIT) else {
                         break;
                     };
-                    changed |= c.read(&self.core, &frames, now);
+                    changed |= c.read(&self.core, self.hash, &frames, now);
                 }
+            }
+            if c.carry_until.is_some_and(|t| now >= t) {
+                c.carry_until = None;
+                changed |= !c.carry.is_empty();
+                c.carry.clear();
             }
             // The announcement goes only when the registry does not hold
             // this version: a renewal is its header alone.
             let announce = c.sent != Some(self.version);
             if (now >= c.next_renew || announce) && !self.announcement.is_empty() {
                 let with = announce.then_some(self.announcement.as_slice());
-                if c.register(&self.core, with) && announce {
+                if c.register(&self.core, self.hash, with) && announce {
                     c.sent = Some(self.version);
                 }
                 c.next_renew = now + c.renew_every;
@@ -580,11 +682,21 @@ impl Source for RegistrySource {
     fn peers_into(&self, peers: &mut Vec<Announcement>) {
         for c in &self.conns {
             peers.extend(c.view.values().cloned());
+            peers.extend(
+                c.carry
+                    .iter()
+                    .filter(|(id, _)| !c.view.contains_key(*id))
+                    .map(|(_, a)| a.clone()),
+            );
         }
     }
 
     fn next_due(&self) -> Option<Instant> {
-        self.conns.iter().map(|c| c.next_renew).min()
+        self.conns
+            .iter()
+            .flat_map(|c| [Some(c.next_renew), c.carry_until])
+            .flatten()
+            .min()
     }
 }
 
@@ -607,6 +719,7 @@ mod tests {
             node_id: id.into(),
             epoch: t.epoch,
             have,
+            announced: 0,
         }
     }
 
@@ -709,6 +822,65 @@ mod tests {
         assert_eq!(
             t.register(b"b", &header(&t, &other, 0), None, 1, now),
             Ok(false)
+        );
+    }
+
+    #[test]
+    fn a_renewal_does_not_resend_a_page_in_flight_nor_hide_a_lost_change() {
+        let now = Instant::now();
+        let mut t = Table::new(Duration::from_secs(3));
+        let (a, json_a) = ann(1);
+        let (b, json_b) = ann(2);
+        t.register(b"a", &header(&t, &a, 0), Some(json_a.clone()), 0, now)
+            .unwrap();
+        t.register(b"b", &header(&t, &b, 0), Some(json_b), 1, now)
+            .unwrap();
+        let sent = t.pages(usize::MAX, now);
+        assert_eq!(sent.len(), 2);
+        // a's renewal crosses its page: nothing goes twice, unless the
+        // page has been out for PAGE_LOST_AFTER.
+        let mut h = header(&t, &a, 0);
+        h.epoch = 0;
+        t.register(b"a", &h, None, 2, now).unwrap();
+        assert!(t.pages(usize::MAX, now).is_empty());
+        let later = now + PAGE_LOST_AFTER;
+        t.register(b"a", &h, None, 2, later).unwrap();
+        assert_eq!(t.pages(usize::MAX, later).len(), 1);
+        // A renewal naming another announcement than the one held (a
+        // change lost with its connection) is asked for it.
+        let mut h = header(&t, &a, 0);
+        h.announced = crate::util::fnv1a64(&json_a);
+        assert_eq!(t.register(b"a", &h, None, 2, later), Ok(true));
+        h.announced ^= 1;
+        assert_eq!(t.register(b"a", &h, None, 2, later), Ok(false));
+    }
+
+    #[test]
+    fn removals_and_bytes_stay_bounded_under_churn() {
+        let now = Instant::now();
+        let mut t = Table::new(Duration::from_secs(3));
+        // A node that registers and leaves again and again under new ids
+        // leaves at most MAX_REMOVED removals listed.
+        for i in 0..(MAX_REMOVED as u32 + 100) {
+            let (id, json) = ann(i);
+            t.register(b"x", &header(&t, &id, 0), Some(json), 0, now)
+                .unwrap();
+            t.unregister(&id, now);
+        }
+        assert_eq!(t.removed.len(), MAX_REMOVED);
+        assert!(t.floor > 0);
+        // A registered node cannot grow its announcement past the table's
+        // bytes: a change is held to the bound as a new node is.
+        let (id, json) = ann(1);
+        t.register(b"y", &header(&t, &id, 0), Some(json), 0, now)
+            .unwrap();
+        t.bytes = MAX_TABLE_BYTES - 10;
+        let big = String::from_utf8(ann(1).1)
+            .unwrap()
+            .replace("n1@h:1", &"n".repeat(200));
+        assert_eq!(
+            t.register(b"y", &header(&t, &id, 0), Some(big.into_bytes()), 1, now),
+            Err(Refused::Full)
         );
     }
 }
