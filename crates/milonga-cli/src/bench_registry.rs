@@ -154,8 +154,23 @@ impl Drop for Kid {
     }
 }
 
-/// The registry process: a broker, or etcd; its endpoint.
-fn start_registry(via: Via, dir: &std::path::Path, domain: &str) -> Result<(Kid, String)> {
+/// A registry process: a broker, or etcd.
+enum Registry {
+    Broker(Kid),
+    Etcd(milonga_testkit::etcd::Etcd),
+}
+
+impl Registry {
+    fn pid(&self) -> u32 {
+        match self {
+            Registry::Broker(k) => k.0.id(),
+            Registry::Etcd(e) => e.pid(),
+        }
+    }
+}
+
+/// The registry process, and its endpoint.
+fn start_registry(via: Via, dir: &std::path::Path, domain: &str) -> Result<(Registry, String)> {
     match via {
         Via::Broker => {
             let mut child = Command::new(std::env::current_exe()?)
@@ -177,62 +192,17 @@ fn start_registry(via: Via, dir: &std::path::Path, domain: &str) -> Result<(Kid,
                 .context("a listen endpoint")?
                 .to_owned();
             std::thread::spawn(move || for _ in r.lines() {});
-            Ok((Kid(child), listen))
+            Ok((Registry::Broker(Kid(child)), listen))
         }
         Via::Etcd => {
-            let free = || -> Result<u16> {
-                Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-                    .local_addr()?
-                    .port())
-            };
-            let (client, peer) = (free()?, free()?);
-            let url = format!("http://127.0.0.1:{client}");
-            let peer_url = format!("http://127.0.0.1:{peer}");
-            let child = Command::new("etcd")
-                .args(["--data-dir", &dir.join("etcd").display().to_string()])
-                .args([
-                    "--listen-client-urls",
-                    &url,
-                    "--advertise-client-urls",
-                    &url,
-                ])
-                .args(["--listen-peer-urls", &peer_url])
-                .args(["--initial-advertise-peer-urls", &peer_url])
-                .args(["--initial-cluster", &format!("default={peer_url}")])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .stdin(Stdio::null())
-                .spawn()
-                .context("cannot start etcd (Debian's etcd-server; make setup installs it)")?;
-            let kid = Kid(child);
-            let end = Instant::now() + Duration::from_secs(30);
-            while !etcd_ready(client) {
-                if Instant::now() > end {
-                    bail!("etcd did not answer within 30 s");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Ok((kid, url))
+            let e =
+                milonga_testkit::etcd::Etcd::start(dir, Duration::from_secs(30)).map_err(|e| {
+                    anyhow::anyhow!("{e} (etcd is Debian's etcd-server; make setup installs it)")
+                })?;
+            let url = e.url.clone();
+            Ok((Registry::Etcd(e), url))
         }
     }
-}
-
-/// Whether etcd at `port` answers a range (its port opens before it has
-/// elected itself leader).
-fn etcd_ready(port: u16) -> bool {
-    use std::io::Read;
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let body = r#"{"key":"AA=="}"#;
-    let req = format!(
-        "POST /v3/kv/range HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let mut answer = String::new();
-    s.write_all(req.as_bytes()).is_ok()
-        && s.read_to_string(&mut answer).is_ok()
-        && answer.starts_with("HTTP/1.0 200")
 }
 
 /// One measurement.
@@ -252,7 +222,7 @@ struct Row {
 fn measure(a: &RegistryArgs, via: Via, dir: &std::path::Path) -> Result<Row> {
     let domain = format!("bench-reg-{}-{via:?}", std::process::id()).to_lowercase();
     let (registry, endpoint) = start_registry(via, dir, &domain)?;
-    let pid = registry.0.id();
+    let pid = registry.pid();
     let cpu_at_start = cpu_ms(pid)?;
     // Every process gets the same start instant, a moment ahead.
     let start_ns = now_ns() + 500_000_000;
@@ -338,6 +308,35 @@ fn measure(a: &RegistryArgs, via: Via, dir: &std::path::Path) -> Result<Row> {
     Ok(row)
 }
 
+/// The columns of the output, in order.
+const COLUMNS: [&str; 9] = [
+    "via",
+    "nodes",
+    "complete",
+    "all_open_ms",
+    "p50_ms",
+    "max_ms",
+    "registry_cpu_to_view_ms",
+    "registry_rest_cpu_pct",
+    "registry_rss_mib",
+];
+
+/// One line of the output: comma-separated, or right-aligned under
+/// [`COLUMNS`].
+fn print_row(format: Format, cells: &[String]) {
+    match format {
+        Format::Csv => println!("{}", cells.join(",")),
+        Format::Table => {
+            let padded: Vec<String> = cells
+                .iter()
+                .zip(COLUMNS)
+                .map(|(c, name)| format!("{c:>w$}", w = name.len().max(7)))
+                .collect();
+            println!("{}", padded.join(" "));
+        }
+    }
+}
+
 pub fn run(a: RegistryArgs) -> Result<std::process::ExitCode> {
     let dir = std::env::temp_dir().join(format!("mlg-bench-reg-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -351,43 +350,24 @@ pub fn run(a: RegistryArgs) -> Result<std::process::ExitCode> {
          (its threads' /proc schedstat) until every node has full view, then per second over {} s at rest from 5 s after; RSS at the end",
         a.nodes, a.per_process, a.rest
     );
-    match a.format {
-        Format::Csv => println!("via,nodes,complete,all_open_ms,p50_ms,max_ms,registry_cpu_to_view_ms,registry_rest_cpu_pct,registry_rss_mib"),
-        Format::Table => println!(
-            "{:<7} {:>6} {:>9} {:>11} {:>10} {:>10} {:>14} {:>12} {:>9}",
-            "via", "nodes", "complete", "all_open_ms", "p50_ms", "max_ms", "cpu_to_view_ms", "rest_cpu_%", "rss_MiB"
-        ),
-    }
+    print_row(a.format, &COLUMNS.map(str::to_owned));
     let mut failed = false;
     for &via in &a.via {
         match measure(&a, via, &dir) {
-            Ok(r) => {
-                let v = format!("{:?}", r.via).to_lowercase();
-                match a.format {
-                    Format::Csv => println!(
-                        "{v},{},{},{:.1},{:.1},{:.1},{:.0},{:.2},{:.1}",
-                        r.nodes,
-                        r.complete,
-                        r.opened_ms,
-                        r.p50_ms,
-                        r.max_ms,
-                        r.cpu_to_view_ms,
-                        r.rest_cpu_pct,
-                        r.rss_mib
-                    ),
-                    Format::Table => println!(
-                        "{v:<7} {:>6} {:>9} {:>11.1} {:>10.1} {:>10.1} {:>14.0} {:>12.2} {:>9.1}",
-                        r.nodes,
-                        r.complete,
-                        r.opened_ms,
-                        r.p50_ms,
-                        r.max_ms,
-                        r.cpu_to_view_ms,
-                        r.rest_cpu_pct,
-                        r.rss_mib
-                    ),
-                }
-            }
+            Ok(r) => print_row(
+                a.format,
+                &[
+                    format!("{:?}", r.via).to_lowercase(),
+                    r.nodes.to_string(),
+                    r.complete.to_string(),
+                    format!("{:.1}", r.opened_ms),
+                    format!("{:.1}", r.p50_ms),
+                    format!("{:.1}", r.max_ms),
+                    format!("{:.0}", r.cpu_to_view_ms),
+                    format!("{:.2}", r.rest_cpu_pct),
+                    format!("{:.1}", r.rss_mib),
+                ],
+            ),
             Err(e) => {
                 eprintln!("# {via:?}: {e:#}");
                 failed = true;

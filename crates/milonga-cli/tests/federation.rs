@@ -564,12 +564,5 @@ fn co_located_linked_brokers_lose_nothing_while_the_route_moves_to_the_federatio
         "samples reported lost after {} of {sent}",
         seqs.len()
     );
-    // Every sample once, in order (the first that differs is shown).
-    let wrong = seqs
-        .iter()
-        .zip(1..)
-        .find(|(got, want)| **got != *want)
-        .map(|(got, want)| (want, *got));
-    assert_eq!(wrong, None, "(expected, got) of {} received", seqs.len());
-    assert_eq!(seqs.len() as u64, sent);
+    milonga_testkit::in_order_from_1(&seqs, sent).unwrap();
 }

@@ -5,6 +5,7 @@
 // `unsafe` lives in `sys` and in `relay` (raw sockets, namespaces) alone.
 #![deny(unsafe_code)]
 
+pub mod etcd;
 pub mod netbed;
 #[allow(unsafe_code)]
 mod relay;
@@ -154,6 +155,21 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
 /// Number of open file descriptors of process `pid`.
 pub fn fd_count(pid: u32) -> Option<usize> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+}
+
+/// `Err` naming the first sequence number out of place unless `seqs` is
+/// exactly 1, 2, ... `sent`: every sample once, in order.
+pub fn in_order_from_1(seqs: &[u64], sent: u64) -> Result<(), String> {
+    if let Some((got, want)) = seqs.iter().zip(1..).find(|(got, want)| **got != *want) {
+        return Err(format!(
+            "sample {want} expected, {got} came ({} of {sent} received)",
+            seqs.len()
+        ));
+    }
+    if seqs.len() as u64 != sent {
+        return Err(format!("{} of {sent} samples received", seqs.len()));
+    }
+    Ok(())
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
