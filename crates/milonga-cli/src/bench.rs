@@ -249,6 +249,9 @@ pub(crate) enum Role {
         subs: usize,
         duration_s: f64,
         mode: Mode,
+        /// The subscribers are behind another broker of a federation.
+        #[serde(default)]
+        behind_link: bool,
     },
     MlgSub {
         at: Place,
@@ -376,7 +379,8 @@ fn run_role(ctx: &zmq::Context, role: Role) -> Result<Outcome> {
             subs,
             duration_s,
             mode,
-        } => mlg_pub(&at, size, subs, duration_s, mode),
+            behind_link,
+        } => mlg_pub(&at, size, subs, duration_s, mode, behind_link),
         Role::MlgSub { at, deadline_s } => mlg_sub(&at, deadline_s),
         Role::RawPing {
             at,
@@ -670,6 +674,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                         subs,
                         duration_s: a.duration,
                         mode: a.mode,
+                        behind_link: system == "mlg-fed2",
                     },
                 };
                 // Raw: the publisher binds first. Milonga: either order works.
@@ -891,7 +896,14 @@ fn mlg_config(at: &Place, name: &str) -> Result<Config> {
     Ok(c)
 }
 
-fn mlg_pub(at: &Place, size: usize, subs: usize, duration_s: f64, mode: Mode) -> Result<Outcome> {
+fn mlg_pub(
+    at: &Place,
+    size: usize,
+    subs: usize,
+    duration_s: f64,
+    mode: Mode,
+    behind_link: bool,
+) -> Result<Outcome> {
     let node = Node::open_with(mlg_config(at, "bench-pub")?)?;
     let qos = match mode {
         Mode::Reliable => PublisherQos::reliable(),
@@ -899,12 +911,20 @@ fn mlg_pub(at: &Place, size: usize, subs: usize, duration_s: f64, mode: Mode) ->
     }
     .history(at.history);
     let p = node.publisher_with("bench/data", qos)?;
+    // Subscribers behind another broker of a federation count as one at
+    // the publisher (one subscription per link, `subscriber_count`): wait
+    // for that one, then give the others the time they take to subscribe
+    // at their broker, which all of them start doing at once.
+    let expected = if behind_link { 1 } else { subs };
     let wait_end = Instant::now() + Duration::from_secs(30);
-    while (p.subscriber_count() as usize) < subs {
+    while (p.subscriber_count() as usize) < expected {
         if Instant::now() > wait_end {
             bail!("only {} of {subs} subscribers joined", p.subscriber_count());
         }
         std::thread::sleep(Duration::from_millis(2));
+    }
+    if behind_link {
+        std::thread::sleep(Duration::from_secs(2));
     }
     let payload = Value::Bytes(Bytes::from(vec![0xa5u8; size]));
     let start = Instant::now();

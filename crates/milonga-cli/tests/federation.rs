@@ -566,3 +566,88 @@ fn co_located_linked_brokers_lose_nothing_while_the_route_moves_to_the_federatio
     );
     milonga_testkit::in_order_from_1(&seqs, sent).unwrap();
 }
+
+/// As above with several subscribers behind the second broker, each
+/// reading on a thread of its own, and a publisher that puts as fast as
+/// reliable delivery lets it: every subscriber gets every sample once and
+/// in order while the route moves. Before the second broker dropped the
+/// copies that came by its direct path too (not only by links), the
+/// lagging path's samples reached the subscribers (3 runs of 3).
+#[test]
+fn co_located_linked_brokers_deliver_everything_to_several_subscribers_while_the_route_moves() {
+    let env = Env::new("fed-coloc-n");
+    let b1 = broker(&env, env.dir.path(), None, &[]);
+    let b2 = broker(&env, env.dir.path(), None, &[&b1.listen]);
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| node(&b2.locator, env.dir.path(), &format!("sub{i}")))
+        .collect();
+    let subs: Vec<Subscriber> = nodes
+        .iter()
+        .map(|n| {
+            n.subscribe_with("coloc/n", SubscriberQos::default().reliable())
+                .unwrap()
+        })
+        .collect();
+    let publishing = node(&b1.locator, env.dir.path(), "pub");
+    let p = publishing
+        .publisher_with("coloc/n", PublisherQos::reliable())
+        .unwrap();
+    // The subscribers subscribed at their broker before the publisher
+    // existed: the first subscription the publisher hears (directly from
+    // the second broker, or through the link, which carries the three as
+    // one) covers them all.
+    wait_for("a subscription", T, || p.subscriber_count() >= 1);
+    let sent = std::sync::atomic::AtomicU64::new(u64::MAX);
+    let mut counts = Vec::new();
+    std::thread::scope(|scope| {
+        let readers: Vec<_> = subs
+            .iter()
+            .map(|sub| {
+                let sent = &sent;
+                scope.spawn(move || {
+                    let mut seqs = Vec::new();
+                    let mut lost = 0;
+                    let mut idle_since = Instant::now();
+                    while (seqs.len() as u64) < sent.load(std::sync::atomic::Ordering::SeqCst)
+                        && lost == 0
+                        && idle_since.elapsed() < Duration::from_secs(10)
+                    {
+                        match sub.recv_timeout(Duration::from_millis(100)) {
+                            Ok(Event::Sample(s)) => {
+                                seqs.push(s.seq);
+                                idle_since = Instant::now();
+                            }
+                            Ok(Event::Lost(l)) => lost += l.count,
+                            _ => {}
+                        }
+                    }
+                    (seqs, lost)
+                })
+            })
+            .collect();
+        let mut n = 0u64;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(4) {
+            for _ in 0..64 {
+                p.put(n as f64).unwrap();
+                n += 1;
+            }
+            if counts.last() != Some(&p.subscriber_count()) {
+                counts.push(p.subscriber_count());
+            }
+        }
+        sent.store(n, std::sync::atomic::Ordering::SeqCst);
+        for (i, r) in readers.into_iter().enumerate() {
+            let (seqs, lost) = r.join().unwrap();
+            assert_eq!(lost, 0, "subscriber {i}: lost after {} of {n}", seqs.len());
+            milonga_testkit::in_order_from_1(&seqs, n)
+                .unwrap_or_else(|e| panic!("subscriber {i}: {e}"));
+        }
+    });
+    // Never zero while the route moves (which would let a reliable
+    // publisher send into the void).
+    assert!(
+        counts.iter().all(|c| *c >= 1),
+        "the publisher lost its subscribers: {counts:?}"
+    );
+}

@@ -3,6 +3,12 @@
 //! linked against the libsodium that `libsodium-sys-stable` built from its
 //! bundled, signature-checked sources. `with_libsodium(None)` (what zmq-sys
 //! passes) would build libzmq without CURVE; Milonga's security needs it.
+//!
+//! It also builds libzmq's draft API, for one socket option that 4.3.5
+//! offers only there: `ZMQ_OUT_BATCH_SIZE`, which lets a data socket hand
+//! the kernel a whole batch of samples in one `send` instead of 8 KiB at a
+//! time (docs/internals.md, "Batch sizes"). Nothing else of the draft API
+//! is used, and building it changes none of libzmq's defaults.
 
 pub use upstream::LibLocation;
 
@@ -34,9 +40,9 @@ impl Build {
         self
     }
 
-    /// Whether to build libzmq's draft API.
-    pub fn enable_draft(&mut self, enabled: bool) -> &mut Self {
-        self.inner.enable_draft(enabled);
+    /// Kept for the 0.2 API; the draft API is always built (see the crate
+    /// documentation).
+    pub fn enable_draft(&mut self, _enabled: bool) -> &mut Self {
         self
     }
 
@@ -55,6 +61,7 @@ impl Build {
 
     /// Builds libzmq and prints the link lines for the calling build script.
     pub fn build(&mut self) {
+        self.inner.enable_draft(true);
         self.inner.build();
     }
 }

@@ -155,6 +155,10 @@ impl Publisher {
 
     /// How many subscriptions currently match this key, as far as this
     /// publisher's socket has heard (subscriptions travel asynchronously).
+    /// Each subscriber peer-to-peer or behind this node's broker counts
+    /// once; subscribers behind another broker of a federation reach it
+    /// through a link, which carries their subscriptions to a key as one
+    /// (docs/broker.md, "Federation").
     pub fn subscriber_count(&self) -> u32 {
         let mut d = lock(&self.data.sock);
         d.drain_subscriptions(self.node.core());

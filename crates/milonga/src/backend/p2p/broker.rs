@@ -458,6 +458,7 @@ fn new_xpub(
     let err = sock_err(ep);
     let mut s = ctx.socket(zmq::XPUB)?;
     zmq_io::apply_common(&s, cfg).map_err(&err)?;
+    zmq_io::apply_sending(&mut s).map_err(&err)?;
     s.set_ipv6(v6).map_err(&err)?;
     // Every subscribe and unsubscribe goes upstream, where the XSUBs
     // count them: a topic stays subscribed upstream while one connection
@@ -825,28 +826,25 @@ impl PlaneIo {
             let Ok(frames) = recv_frames(sock) else {
                 return;
             };
-            // In a federation, a copy that came by another path is dropped;
-            // a link leaving the tree carries only what can be told apart
-            // from its copies, so that nothing goes round a cycle of old
-            // and new links.
+            // In a federation, a copy that came by another path is dropped,
+            // whichever path it came by: a publisher of this host reached
+            // both directly and through a link sends on both, and the path
+            // that lags may be either (the direct one, when this broker
+            // reads its link first). A link leaving the tree carries only
+            // what can be told apart from its copies, so that nothing goes
+            // round a cycle of old and new links.
             let mut tellable = true;
             if !self.links.is_empty() {
                 let first = frames.first().map(|f| f.bytes()).unwrap_or_default();
                 let stream = stream_of(first);
                 tellable = stream.is_some();
-                let from_link = matches!(src, Port::Link(_));
-                if from_link && stream.is_some_and(|st| self.seen.again(st))
+                if stream.is_some_and(|st| self.seen.again(st))
                     || stream.is_none() && self.retiring(src)
                 {
                     self.counters
                         .duplicates_dropped
                         .fetch_add(1, Ordering::Relaxed);
                     continue;
-                }
-                if !from_link {
-                    if let Some(st) = stream {
-                        self.seen.again(st);
-                    }
                 }
             }
             let mut targets = vec![Port::Clients];

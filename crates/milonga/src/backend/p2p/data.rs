@@ -68,6 +68,7 @@ impl DataSocket {
             source: source.transport(),
         };
         zmq_io::apply_common(&sock, &node.cfg).map_err(opt_err)?;
+        zmq_io::apply_sending(&mut sock).map_err(opt_err)?;
         // Subscriptions and history queries are small; refuse anything
         // large on this side.
         sock.set_maxmsgsize(crate::engine::history::MAX_QUERY_BYTES as i64)
