@@ -919,7 +919,15 @@ fn mlg_pub(
     let wait_end = Instant::now() + Duration::from_secs(30);
     while (p.subscriber_count() as usize) < expected {
         if Instant::now() > wait_end {
-            bail!("only {} of {subs} subscribers joined", p.subscriber_count());
+            bail!(
+                "{} subscriptions heard of the {expected} awaited ({subs} subscribers{})",
+                p.subscriber_count(),
+                if behind_link {
+                    ", behind a federation link"
+                } else {
+                    ""
+                }
+            );
         }
         std::thread::sleep(Duration::from_millis(2));
     }

@@ -6,9 +6,9 @@
 //!
 //! It also builds libzmq's draft API, for one socket option that 4.3.5
 //! offers only there: `ZMQ_OUT_BATCH_SIZE`, which lets a data socket hand
-//! the kernel a whole batch of samples in one `send` instead of 8 KiB at a
-//! time (docs/internals.md, "Batch sizes"). Nothing else of the draft API
-//! is used, and building it changes none of libzmq's defaults.
+//! the kernel up to 128 KiB of queued messages in one `send` instead of
+//! 8 KiB (docs/internals.md, §4 "Batch sizes"). Nothing else of the draft
+//! API is used, and building it changes none of libzmq's defaults.
 
 pub use upstream::LibLocation;
 

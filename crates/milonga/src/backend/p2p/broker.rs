@@ -319,16 +319,19 @@ fn redeclare_times() -> Vec<Instant> {
 /// How long a link that left the tree goes on carrying data.
 const LINK_LINGER: Duration = Duration::from_secs(2);
 
-/// The data frames a broker of a federation has forwarded lately, by
-/// publisher and key: while the tree changes, a frame can come by two
-/// paths, or around a cycle of old and new links, and the second copy is
-/// dropped here (counted in `duplicates_dropped`). Samples, batches and
+/// The newest data frame a broker of a federation has forwarded, by
+/// publisher and key: while the tree changes a frame can come by two
+/// paths (or around a cycle of old and new links), and a path delivers a
+/// publisher's frames in order, so a frame no newer than one already
+/// forwarded is a copy, or would reach the subscribers out of order; it
+/// is dropped here (counted in `duplicates_dropped`). What one path
+/// carried alone and another overtook shows to the subscribers as a gap,
+/// repaired from history or reported exactly. Samples, batches and
 /// heartbeats only: their (publisher, key, sequence number) is unique.
 #[derive(Default)]
 struct Seen {
-    /// (publisher, hash of the key) -> (highest number, bit i: that less i
-    /// seen).
-    windows: HashMap<([u8; 16], u64), (u64, u64)>,
+    /// (publisher, hash of the key) -> the highest number forwarded.
+    newest: HashMap<([u8; 16], u64), u64>,
 }
 
 /// Most (publisher, key) pairs [`Seen`] keeps; past that it starts over.
@@ -359,28 +362,18 @@ fn stream_of(first: &[u8]) -> Option<([u8; 16], u64, u64)> {
 }
 
 impl Seen {
-    /// Whether a frame of `stream` was seen already; notes it. One far
-    /// behind the newest (a path delivers a publisher's frames in order)
-    /// is taken for a copy too.
-    fn again(&mut self, (node, key, seq): ([u8; 16], u64, u64)) -> bool {
-        if self.windows.len() >= MAX_SEEN && !self.windows.contains_key(&(node, key)) {
-            self.windows.clear();
+    /// Whether a frame of `stream` is no newer than one forwarded already
+    /// (then it is not to be forwarded); notes it otherwise.
+    fn stale(&mut self, (node, key, seq): ([u8; 16], u64, u64)) -> bool {
+        if self.newest.len() >= MAX_SEEN && !self.newest.contains_key(&(node, key)) {
+            self.newest.clear();
         }
-        let (max, bits) = self.windows.entry((node, key)).or_insert((0, 0));
-        if seq > *max {
-            let shift = seq - *max;
-            *bits = if shift >= 64 { 0 } else { *bits << shift };
-            *bits |= 1;
-            *max = seq;
+        let newest = self.newest.entry((node, key)).or_insert(0);
+        if seq > *newest {
+            *newest = seq;
             return false;
         }
-        let back = *max - seq;
-        if back >= 64 {
-            return true;
-        }
-        let seen = *bits & (1 << back) != 0;
-        *bits |= 1 << back;
-        seen
+        true
     }
 }
 
@@ -826,19 +819,18 @@ impl PlaneIo {
             let Ok(frames) = recv_frames(sock) else {
                 return;
             };
-            // In a federation, a copy that came by another path is dropped,
-            // whichever path it came by: a publisher of this host reached
-            // both directly and through a link sends on both, and the path
-            // that lags may be either (the direct one, when this broker
-            // reads its link first). A link leaving the tree carries only
-            // what can be told apart from its copies, so that nothing goes
-            // round a cycle of old and new links.
+            // In a federation, a frame no newer than one forwarded is
+            // dropped, whichever path it came by ([`Seen`]): a publisher of
+            // this host reached both directly and through a link sends on
+            // both, and the path that lags may be either. A link leaving
+            // the tree carries only what can be told apart from its copies,
+            // so that nothing goes round a cycle of old and new links.
             let mut tellable = true;
             if !self.links.is_empty() {
                 let first = frames.first().map(|f| f.bytes()).unwrap_or_default();
                 let stream = stream_of(first);
                 tellable = stream.is_some();
-                if stream.is_some_and(|st| self.seen.again(st))
+                if stream.is_some_and(|st| self.seen.stale(st))
                     || stream.is_none() && self.retiring(src)
                 {
                     self.counters
@@ -2085,24 +2077,25 @@ mod tests {
     }
 
     #[test]
-    fn a_frame_seen_before_is_told_again_by_publisher_key_and_number() {
+    fn a_frame_no_newer_than_one_forwarded_is_stale_by_publisher_key_and_number() {
         let mut s = Seen::default();
-        let mut again = |kind, node, key: &str, seq| {
-            s.again(stream_of(&frame(kind, node, key, seq)).expect("a stream"))
+        let mut stale = |kind, node, key: &str, seq| {
+            s.stale(stream_of(&frame(kind, node, key, seq)).expect("a stream"))
         };
-        assert!(!again(Kind::Sample, 1, "a", 1));
-        assert!(again(Kind::Sample, 1, "a", 1), "the same again");
-        assert!(!again(Kind::Sample, 2, "a", 1), "another publisher");
-        assert!(!again(Kind::Sample, 1, "b", 1), "another key");
-        assert!(!again(Kind::Sample, 1, "a", 5));
-        assert!(!again(Kind::Sample, 1, "a", 3), "late, not seen");
-        assert!(again(Kind::Sample, 1, "a", 3));
-        assert!(again(Kind::Batch, 1, "a", 5), "a batch starting there");
-        assert!(!again(Kind::Heartbeat, 1, "hb", 5));
-        // Far behind the newest: a copy (one path keeps a publisher's
-        // frames in order), so it cannot go round a cycle.
-        assert!(!again(Kind::Sample, 1, "a", 500));
-        assert!(again(Kind::Sample, 1, "a", 5));
+        assert!(!stale(Kind::Sample, 1, "a", 1));
+        assert!(stale(Kind::Sample, 1, "a", 1), "the same again");
+        assert!(!stale(Kind::Sample, 2, "a", 1), "another publisher");
+        assert!(!stale(Kind::Sample, 1, "b", 1), "another key");
+        assert!(!stale(Kind::Sample, 1, "a", 5));
+        // One path overtook another: what the lagging path brings now
+        // would reach the subscribers out of order (they see a gap).
+        assert!(stale(Kind::Sample, 1, "a", 3), "late");
+        assert!(stale(Kind::Batch, 1, "a", 5), "a batch starting there");
+        assert!(!stale(Kind::Batch, 1, "a", 6), "the next batch");
+        assert!(!stale(Kind::Heartbeat, 1, "hb", 5));
+        // Far behind: a copy that went round a cycle of links.
+        assert!(!stale(Kind::Sample, 1, "a", 500));
+        assert!(stale(Kind::Sample, 1, "a", 5));
         // Frames nothing tells from their copies: history replies,
         // filtered samples (numbered again from 1 when a filter is
         // declared again), garbage.

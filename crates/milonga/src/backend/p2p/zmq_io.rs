@@ -168,14 +168,17 @@ pub(crate) fn apply_leased(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Result<
 /// libzmq is built with it, see the `zeromq-src-curve` crate).
 const ZMQ_OUT_BATCH_SIZE: u32 = 102;
 
-/// How many bytes a data socket hands the kernel in one `send`: the size
-/// of the largest batch a publisher makes (`MAX_BATCH_BYTES`), so that a
-/// batch leaves in one system call. libzmq's default, 8 KiB, cut each
-/// 128 KiB batch into 16 sends; a broker, which receives and sends every
-/// byte, spent a quarter less CPU per 4 KiB sample with this
-/// (docs/benchmarks.md, "Batch sizes"). The buffer is per connection and
-/// filled only as far as the data that waits, so an idle connection keeps
-/// no more memory than before.
+/// How many bytes of queued messages a data socket's connection gathers
+/// into one `send` (libzmq's default is 8 KiB): 128 KiB, the size of the
+/// largest batch (`MAX_BATCH_BYTES`). Small samples that a publisher did
+/// not batch, and frames a broker forwards, leave about 32 to a system
+/// call instead of two; a broker, which receives and sends every byte,
+/// spent about a quarter less CPU per 4 KiB sample (docs/benchmarks.md,
+/// "Batch sizes"; docs/internals.md §4). The price: libzmq copies a
+/// message into this buffer up to its size before it sends the rest of
+/// the message in place, so a large message has its first 128 KiB copied
+/// where 8 KiB were (not measurable at 1 MiB beside the kernel's copies).
+/// The buffer is per connection; its pages are touched once data queues.
 pub(crate) const DATA_OUT_BATCH_BYTES: c_int = crate::engine::batch::MAX_BATCH_BYTES as c_int;
 
 /// Options of a socket that sends samples (a publisher's data socket, a
