@@ -128,8 +128,10 @@ pub struct BrokerStats {
     pub links: u64,
     /// Other brokers of its federation it knows now.
     pub federation_brokers: u64,
-    /// Frames that came from a federation link a second time (by another
-    /// path, while the tree changed) and were dropped.
+    /// Frames dropped in a federation: no newer than one already
+    /// forwarded of their publisher and key (a copy by another path while
+    /// the tree changed, or a late one), or frames nothing tells from
+    /// their copies on a link leaving the tree.
     pub duplicates_dropped: u64,
     /// Peer-to-peer nodes in its registry now, in all domains (registry
     /// mode, docs/discovery.md "A registry").
@@ -1312,8 +1314,8 @@ impl Domain {
             // A publisher no longer taken from the domain (it comes through
             // the federation now, or it left) stays connected for
             // LINK_LINGER: the path that replaces it may not be connected
-            // yet (a copy that comes both ways is dropped by the
-            // subscriber).
+            // yet (a frame that comes both ways is forwarded once,
+            // [`Seen`]).
             let (previous, lingering) = &mut self.lingering[i];
             for ep in previous.iter() {
                 if !set.contains(ep) {
@@ -2093,7 +2095,8 @@ mod tests {
         assert!(stale(Kind::Batch, 1, "a", 5), "a batch starting there");
         assert!(!stale(Kind::Batch, 1, "a", 6), "the next batch");
         assert!(!stale(Kind::Heartbeat, 1, "hb", 5));
-        // Far behind: a copy that went round a cycle of links.
+        // Once 500 is forwarded, 5 is stale however it comes (a copy
+        // that went round a cycle of links).
         assert!(!stale(Kind::Sample, 1, "a", 500));
         assert!(stale(Kind::Sample, 1, "a", 5));
         // Frames nothing tells from their copies: history replies,
