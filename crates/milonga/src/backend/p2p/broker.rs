@@ -437,6 +437,7 @@ fn new_xsub(ctx: &ContextRef, cfg: &Config, v6: bool, ep: &str) -> Result<zmq::S
     let mut s = ctx.socket(zmq::XSUB)?;
     zmq_io::apply_common(&s, cfg).map_err(&err)?;
     zmq_io::apply_receiving(&mut s, cfg).map_err(&err)?;
+    zmq_io::apply_relaying(&mut s).map_err(&err)?;
     s.set_ipv6(v6).map_err(&err)?;
     Ok(s)
 }

@@ -187,6 +187,27 @@ pub(crate) fn apply_sending(sock: &mut zmq::Socket) -> zmq::Result<()> {
     set_int(sock, ZMQ_OUT_BATCH_SIZE, DATA_OUT_BATCH_BYTES)
 }
 
+/// libzmq's `ZMQ_IN_BATCH_SIZE` (draft API, as above).
+const ZMQ_IN_BATCH_SIZE: u32 = 101;
+
+/// How many bytes a broker's upstream socket reads from a connection in
+/// one `recv` (libzmq's default is 8 KiB): 32 KiB, about eight unbatched
+/// 4 KiB samples a call instead of two; the broker spent about a fifth
+/// less CPU per 4 KiB sample (docs/benchmarks.md, "Batch sizes"). Not
+/// more: libzmq allocates a new read buffer, with a reference counter for
+/// every message that could fit in it (about 40 bytes per 33 bytes of
+/// buffer), for each read while received messages still hold the last
+/// one, and past glibc's 128 KiB threshold each allocation is a fresh
+/// mapping the kernel zeroes (64 KiB cost more than it saved, measured).
+/// A message larger than the buffer is read straight into the message.
+pub(crate) const RELAY_IN_BATCH_BYTES: c_int = 32 * 1024;
+
+/// Options of a broker's socket that receives frames to forward (its
+/// upstream XSUBs): see [`RELAY_IN_BATCH_BYTES`].
+pub(crate) fn apply_relaying(sock: &mut zmq::Socket) -> zmq::Result<()> {
+    set_int(sock, ZMQ_IN_BATCH_SIZE, RELAY_IN_BATCH_BYTES)
+}
+
 fn set_int(sock: &mut zmq::Socket, option: u32, value: c_int) -> zmq::Result<()> {
     // SAFETY: the socket pointer is valid for the life of `sock`, which we
     // borrow mutably so no other thread uses it; the option value is a c_int
