@@ -4,11 +4,11 @@
 //! bundled, signature-checked sources. `with_libsodium(None)` (what zmq-sys
 //! passes) would build libzmq without CURVE; Milonga's security needs it.
 //!
-//! It also builds libzmq's draft API, for one socket option that 4.3.5
-//! offers only there: `ZMQ_OUT_BATCH_SIZE`, which lets a data socket hand
-//! the kernel up to 128 KiB of queued messages in one `send` instead of
-//! 8 KiB (docs/internals.md, §4 "Batch sizes"). Nothing else of the draft
-//! API is used, and building it changes none of libzmq's defaults.
+//! It also builds libzmq's draft API, for two socket options that 4.3.5
+//! offers only there: `ZMQ_OUT_BATCH_SIZE` and `ZMQ_IN_BATCH_SIZE`, how
+//! many bytes a connection hands the kernel per `send` and reads per
+//! `recv` (docs/internals.md, §4 "Batch sizes"). Nothing else of the
+//! draft API is used, and building it changes none of libzmq's defaults.
 
 pub use upstream::LibLocation;
 
