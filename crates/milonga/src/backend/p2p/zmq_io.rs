@@ -192,13 +192,14 @@ const ZMQ_IN_BATCH_SIZE: u32 = 101;
 
 /// How many bytes a broker's upstream socket reads from a connection in
 /// one `recv` (libzmq's default is 8 KiB): 32 KiB, about eight unbatched
-/// 4 KiB samples a call instead of two; the broker spent about a fifth
-/// less CPU per 4 KiB sample (docs/benchmarks.md, "Batch sizes"). Not
-/// more: libzmq allocates a new read buffer, with a reference counter for
-/// every message that could fit in it (about 40 bytes per 33 bytes of
-/// buffer), for each read while received messages still hold the last
-/// one, and past glibc's 128 KiB threshold each allocation is a fresh
-/// mapping the kernel zeroes (64 KiB cost more than it saved, measured).
+/// 4 KiB samples a call instead of two; the broker spent a tenth to a
+/// fifth less CPU per 4 KiB sample, inside the spread of single runs
+/// (docs/benchmarks.md, "Batch sizes"). Not more: libzmq allocates a new
+/// read buffer, with a reference counter for every message that could
+/// fit in it (about 40 bytes per 33 bytes of buffer), for each read while
+/// received messages still hold the last one, and past glibc's 128 KiB
+/// threshold each allocation is a fresh mapping the kernel zeroes (at
+/// 128 KiB, 9% of a broker's `perf` samples were page faults).
 /// A message larger than the buffer is read straight into the message.
 pub(crate) const RELAY_IN_BATCH_BYTES: c_int = 32 * 1024;
 
