@@ -177,10 +177,9 @@ const ZMQ_OUT_BATCH_SIZE: u32 = 102;
 /// "Batch sizes"; docs/internals.md §4). The price: libzmq copies a
 /// message into this buffer up to its size before it sends the rest of
 /// the message in place, so a large message has its first 128 KiB copied
-/// where 8 KiB were, per connection: within the noise peer-to-peer at
-/// 1 MiB, but a broker fanning 1 MiB samples out to ten subscribers
-/// spent 1.26 times the raw proxy's CPU (docs/benchmarks.md). The buffer
-/// is per connection; its pages are touched once data queues.
+/// where 8 KiB were, per connection (within the noise of the 1 MiB runs,
+/// peer-to-peer and through a broker: docs/benchmarks.md). The buffer is
+/// per connection; its pages are touched once data queues.
 pub(crate) const DATA_OUT_BATCH_BYTES: c_int = crate::engine::batch::MAX_BATCH_BYTES as c_int;
 
 /// Options of a socket that sends samples (a publisher's data socket, a
