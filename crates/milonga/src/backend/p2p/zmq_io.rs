@@ -180,7 +180,7 @@ const ZMQ_OUT_BATCH_SIZE: u32 = 102;
 /// where 8 KiB were, per connection (within the noise of the 1 MiB runs,
 /// peer-to-peer and through a broker: docs/benchmarks.md). The buffer is
 /// per connection; its pages are touched once data queues.
-pub(crate) const DATA_OUT_BATCH_BYTES: c_int = crate::engine::batch::MAX_BATCH_BYTES as c_int;
+const DATA_OUT_BATCH_BYTES: c_int = crate::engine::batch::MAX_BATCH_BYTES as c_int;
 
 /// Options of a socket that sends samples (a publisher's data socket, a
 /// broker's XPUBs): see [`DATA_OUT_BATCH_BYTES`].
@@ -202,7 +202,7 @@ const ZMQ_IN_BATCH_SIZE: u32 = 101;
 /// threshold each allocation is a fresh mapping the kernel zeroes (at
 /// 128 KiB, 9% of a broker's `perf` samples were page faults).
 /// A message larger than the buffer is read straight into the message.
-pub(crate) const RELAY_IN_BATCH_BYTES: c_int = 32 * 1024;
+const RELAY_IN_BATCH_BYTES: c_int = 32 * 1024;
 
 /// Options of a broker's socket that receives frames to forward (its
 /// upstream XSUBs): see [`RELAY_IN_BATCH_BYTES`].
