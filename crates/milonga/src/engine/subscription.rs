@@ -142,10 +142,22 @@ struct Join {
     /// Started by the subscription's first routes (`SubscriptionLive`
     /// waits for it).
     initial: bool,
+    /// Each query sent, by data socket, to be sent again while its socket
+    /// has sent no reply ([`RESEND_AFTER`]).
+    queries: Vec<(String, Vec<u8>)>,
+    /// The sockets that sent a reply, done or not.
+    heard: BTreeSet<String>,
+    /// How many of [`RESEND_AFTER`] have passed.
+    resent: usize,
 }
 
 /// How long a history query may go unanswered.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// When a query no reply began to answer is sent again, after the first:
+/// the connection it went on may have been made after it (a broker that
+/// connects to a publisher once a client subscribes, a publisher whose
+/// connection was still being made). A second answer is ignored.
+const RESEND_AFTER: [Duration; 2] = [Duration::from_millis(300), Duration::from_millis(900)];
 /// Most live samples a node's join holds before it gives up waiting.
 const MAX_JOIN_BUFFER: usize = 100_000;
 
@@ -770,7 +782,8 @@ impl Subscription {
     /// Sends a history query to `endpoint` of `node` and holds that node's
     /// samples until it is answered.
     fn ask<L: Link>(&self, io: &mut SubState<L>, node: NodeId, q: Query, initial: bool) -> bool {
-        if let Err(err) = io.link.send(q.encode()) {
+        let msg = q.encode();
+        if let Err(err) = io.link.send(msg.clone()) {
             tracing::warn!(publisher = %node, %err, "cannot send a history query");
             return false;
         }
@@ -781,11 +794,15 @@ impl Subscription {
             buffer: Vec::new(),
             started: now,
             initial,
+            queries: Vec::new(),
+            heard: BTreeSet::new(),
+            resent: 0,
         });
-        if j.pending.insert(q.socket) && initial && j.pending.len() == 1 {
+        if j.pending.insert(q.socket.clone()) && initial && j.pending.len() == 1 {
             io.initial_joins += 1;
         }
-        io.arm(now + JOIN_TIMEOUT);
+        j.queries.push((q.socket, msg));
+        io.arm(now + RESEND_AFTER[0].min(JOIN_TIMEOUT));
         true
     }
 
@@ -816,6 +833,7 @@ impl Subscription {
         if !j.pending.contains(&reply.socket) {
             return;
         }
+        j.heard.insert(reply.socket.clone());
         j.replies.extend(reply.keys);
         if reply.done {
             j.pending.remove(&reply.socket);
@@ -1115,11 +1133,35 @@ impl Subscription {
             }
         }
         let mut late = Vec::new();
-        for (id, j) in &io.joins {
+        let mut again = Vec::new();
+        for (id, j) in &mut io.joins {
             if now >= j.started + JOIN_TIMEOUT {
                 late.push(*id);
-            } else {
-                earliest(j.started + JOIN_TIMEOUT);
+                continue;
+            }
+            earliest(j.started + JOIN_TIMEOUT);
+            if let Some(after) = RESEND_AFTER.get(j.resent) {
+                if now >= j.started + *after {
+                    j.resent += 1;
+                    again.extend(
+                        j.queries
+                            .iter()
+                            .filter(|(socket, _)| {
+                                j.pending.contains(socket) && !j.heard.contains(socket)
+                            })
+                            .map(|(_, msg)| msg.clone()),
+                    );
+                }
+                if let Some(after) = RESEND_AFTER.get(j.resent) {
+                    earliest(j.started + *after);
+                }
+            }
+        }
+        for msg in again {
+            // A query that cannot go now is not tried again before the
+            // join times out (and is reported unanswered).
+            if io.link.send(msg).is_ok() {
+                stats::inc(&self.counters.history_queries_resent);
             }
         }
         io.next_timer = next;
@@ -2353,6 +2395,63 @@ mod tests {
         f.receive(sample("sr/a", 1));
         assert!(f.events().is_empty());
         assert_eq!(f.counters.samples_unknown_publisher.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_history_query_nothing_answered_is_sent_again_and_a_second_answer_is_ignored() {
+        let mut f = fixture("sr/**", wants(2, false, None));
+        f.route(&announcement("sr/a", Reliability::Reliable, 10));
+        let t0 = f.io.link.now;
+        assert_eq!(f.io.link.sent.len(), 1);
+        let first = f.io.link.sent[0].clone();
+        f.core.check_timers(
+            &mut f.io,
+            t0 + RESEND_AFTER[0] - Duration::from_millis(1),
+            true,
+        );
+        assert_eq!(f.io.link.sent.len(), 1, "not yet");
+        f.core.check_timers(&mut f.io, t0 + RESEND_AFTER[0], true);
+        assert_eq!(f.io.link.sent.len(), 2, "sent again");
+        assert_eq!(f.io.link.sent[1], first, "the same query");
+        f.core.check_timers(&mut f.io, t0 + RESEND_AFTER[0], true);
+        assert_eq!(f.io.link.sent.len(), 2, "once per step");
+        // A reply begins (not done): no third copy.
+        let entry = |seq: u64| Entry {
+            seq,
+            timestamp_ns: 1,
+            encoding: Encoding::Cbor,
+            schema_id: 0,
+            payload: Bytes::from(cbor(&Value::Float(seq as f64))),
+        };
+        let reply = |entries: Vec<u64>, done: bool| Reply {
+            socket: "reliable".into(),
+            keys: vec![KeyHistory {
+                key: "sr/a".into(),
+                first: 7,
+                last: 8,
+                entries: entries.into_iter().map(entry).collect(),
+                replayed: false,
+            }],
+            done,
+        };
+        let key = Key::internal("@r/tok").unwrap();
+        let send = |f: &mut Fixture, r: Reply| {
+            f.receive(frame::encode(
+                &key,
+                &header(Kind::History, 1, "lab"),
+                &r.encode(),
+            ))
+        };
+        send(&mut f, reply(vec![7], false));
+        f.core.check_timers(&mut f.io, t0 + RESEND_AFTER[1], true);
+        assert_eq!(f.io.link.sent.len(), 2, "a reply began: not sent again");
+        // The first answer ends; the copy's answer comes after it, whole.
+        send(&mut f, reply(vec![8], true));
+        send(&mut f, reply(vec![7, 8], true));
+        let ev = f.events();
+        assert_eq!(seqs(&ev), [7, 8], "each kept sample once");
+        assert_eq!(f.counters.history_queries_resent.load(Relaxed), 1);
+        assert_eq!(f.counters.history_queries_unanswered.load(Relaxed), 0);
     }
 
     #[test]

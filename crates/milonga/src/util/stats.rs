@@ -160,6 +160,8 @@ counters! {
     history_replies_dropped,
     /// History queries of this node's subscriptions that got no answer in time.
     history_queries_unanswered,
+    /// History queries sent again because no reply had begun (§4.2).
+    history_queries_resent,
     /// Samples delivered from a publisher's history (late joining or repair).
     samples_replayed,
     /// Filter evaluations by this node's publishers (one per distinct
