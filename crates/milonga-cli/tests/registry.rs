@@ -257,3 +257,97 @@ fn with_discovery_etcd_nodes_find_each_other_and_a_lease_is_a_node_s_liveness() 
         know_each_other(&d, &a) && know_each_other(&d, &b)
     });
 }
+
+/// The samples `sub` delivers until `SubscriptionLive`, by sequence
+/// number.
+fn until_live(sub: &Subscriber) -> Vec<u64> {
+    let end = Instant::now() + T;
+    let mut seqs = Vec::new();
+    loop {
+        match sub.recv_timeout(Duration::from_millis(100)) {
+            Ok(Event::Sample(s)) => seqs.push(s.seq),
+            Ok(Event::SubscriptionLive) => return seqs,
+            _ => {}
+        }
+        assert!(Instant::now() < end, "not live; got {seqs:?}");
+    }
+}
+
+#[test]
+fn registered_nodes_and_the_broker_s_clients_see_each_other_s_publications_and_services() {
+    let env = Env::new("reg-join");
+    let hosts: Vec<TempDir> = (0..4)
+        .map(|i| TempDir::new(&format!("reg-join-h{i}")))
+        .collect();
+    let listen = format!("tcp://127.0.0.1:{}", free_port());
+    let via = Via::Registry(listen.clone());
+    let _broker = registry(&env, hosts[0].path(), &listen);
+    // A registered node publishes (keeping 3) and serves before any
+    // client is there.
+    let a = via.node(&env, hosts[1].path(), "a");
+    let pa = a
+        .publisher_with("reg/a", milonga::PublisherQos::reliable().history(3))
+        .unwrap();
+    for i in 1..=3 {
+        pa.put(f64::from(i)).unwrap();
+    }
+    let _echo = a
+        .serve("reg/a/echo", |r: milonga::Request| Ok(r.value))
+        .unwrap();
+    // A client of the broker, on a host of its own.
+    let mut cfg = Config::new(
+        &format!(
+            "milonga://{}/{}",
+            listen.strip_prefix("tcp://").unwrap(),
+            env.domain
+        ),
+        "client",
+    );
+    cfg.runtime_dir = Some(hosts[3].path().to_path_buf());
+    let c = Node::open_with(cfg).unwrap();
+    wait_for("the client sees the registered publication", T, || {
+        c.peers()
+            .iter()
+            .any(|x| x.publications.iter().any(|p| p.key == "reg/a"))
+    });
+    // Its subscription gets the last two kept samples, then the live ones:
+    // the broker connects to the registered publisher once the client asks
+    // (and the history query, sent before that, goes again).
+    let sub = c
+        .subscribe_with("reg/a", milonga::SubscriberQos::default().last(2))
+        .unwrap();
+    assert_eq!(until_live(&sub), [2, 3], "the kept samples, then live");
+    assert_eq!(next(&pa, &sub).seq, 4, "then the live one, no gap");
+    let v = c
+        .call("reg/a/echo", 7.5, Duration::from_secs(5))
+        .expect("the client calls the registered node's service");
+    assert_eq!(v.as_f64(), Some(7.5));
+    // The other way: a registered node sees the client's publication and
+    // service, at the broker's sockets.
+    let pc = c.publisher("reg/c").unwrap();
+    let _cecho = c
+        .serve("reg/c/echo", |r: milonga::Request| Ok(r.value))
+        .unwrap();
+    let b = via.node(&env, hosts[2].path(), "b");
+    let cid = c.id().to_hex();
+    wait_for("the registered node sees the client's service", T, || {
+        b.peers()
+            .iter()
+            .any(|x| x.node_id == cid && x.services.iter().any(|s| s.key == "reg/c/echo"))
+    });
+    let sb = b.subscribe("reg/c").unwrap();
+    next(&pc, &sb);
+    let v = b
+        .call("reg/c/echo", 8.5, Duration::from_secs(5))
+        .expect("the registered node calls the client's service");
+    assert_eq!(v.as_f64(), Some(8.5));
+    // A client that closes leaves the registered nodes' views.
+    let closed = Instant::now();
+    c.close();
+    wait_for("the client gone from b's view", T, || !knows(&b, &cid));
+    assert!(
+        closed.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        closed.elapsed()
+    );
+}

@@ -212,6 +212,46 @@ struct Wanted {
     shown: Arc<HashSet<[u8; 16]>>,
 }
 
+/// What the clients and the links subscribe to on one plane, as key
+/// prefixes (docs/protocol.md §3; a filtered subscription's `@f/<id>/`
+/// taken off, heartbeats' and replies' `@` topics left out): set by the
+/// plane's thread, read by the control thread, which connects to a
+/// registered node's publisher only if one of them covers its key.
+#[derive(Default, Debug, PartialEq, Eq)]
+struct Asked {
+    prefixes: BTreeSet<Vec<u8>>,
+}
+
+impl Asked {
+    /// From the topics of the ports' [`Interest`]s.
+    fn of<'a>(topics: impl Iterator<Item = &'a Vec<u8>>) -> Asked {
+        let filtered = milonga_wire::filter::FILTERED_KEY_PREFIX.as_bytes();
+        let prefixes = topics
+            .filter_map(|t| match t.strip_prefix(filtered) {
+                // `@f/<id>/P`: P.
+                Some(rest) => {
+                    let slash = rest.iter().position(|b| *b == b'/')?;
+                    Some(rest[slash + 1..].to_vec())
+                }
+                None if t.first() == Some(&b'@') => None,
+                None => Some(t.clone()),
+            })
+            .collect();
+        Asked { prefixes }
+    }
+
+    /// Whether a subscription asked for samples of `key` (its frames
+    /// begin `key ‖ 0x00`).
+    fn covers(&self, key: &str) -> bool {
+        let mut k = key.as_bytes().to_vec();
+        k.push(0);
+        self.prefixes.iter().any(|p| k.starts_with(p))
+    }
+}
+
+/// How often a plane tells the control thread what is asked, at most.
+const ASKED_EVERY: Duration = Duration::from_millis(50);
+
 fn sock_err(endpoint: &str) -> impl Fn(zmq::Error) -> OpenError + '_ {
     move |source| OpenError::Socket {
         action: "configure",
@@ -393,6 +433,11 @@ struct PlaneIo {
     clients_interest: Interest,
     domain_interest: Interest,
     wanted: Arc<Mutex<Wanted>>,
+    /// What the clients and links ask, for the control thread; changed
+    /// since it was last told, and when it was.
+    asked: Arc<Mutex<Arc<Asked>>>,
+    asked_changed: bool,
+    asked_at: Instant,
     /// The links' XPUB endpoints, by peer, for the control thread.
     bound: Arc<Mutex<BTreeMap<String, String>>>,
     /// Nodes of other brokers this one shows to its domain: their frames
@@ -518,6 +563,9 @@ impl PlaneIo {
                 clients_interest: Interest::default(),
                 domain_interest: Interest::default(),
                 wanted: Arc::new(Mutex::new(Wanted::default())),
+                asked: Arc::default(),
+                asked_changed: false,
+                asked_at: Instant::now(),
                 bound: Arc::default(),
                 shown: Arc::default(),
                 host: host.to_owned(),
@@ -540,6 +588,7 @@ impl PlaneIo {
             self.reconcile();
             self.retire();
             self.redeclare();
+            self.tell_asked();
             let ids: Vec<String> = self.links.keys().cloned().collect();
             let mut items = vec![
                 self.from_clients.as_poll_item(zmq::POLLIN),
@@ -578,6 +627,24 @@ impl PlaneIo {
                 }
             }
         }
+    }
+
+    /// Tells the control thread what the clients and links ask now, if it
+    /// changed, at most every [`ASKED_EVERY`].
+    fn tell_asked(&mut self) {
+        let now = Instant::now();
+        if !self.asked_changed || now < self.asked_at + ASKED_EVERY {
+            return;
+        }
+        self.asked_changed = false;
+        self.asked_at = now;
+        let topics = self
+            .clients_interest
+            .topics
+            .keys()
+            .chain(self.links.values().flat_map(|l| l.interest.topics.keys()));
+        let asked = Arc::new(Asked::of(topics));
+        *lock(&self.asked) = asked;
     }
 
     /// Connects the peer-to-peer XSUB to the endpoints wanted now, and
@@ -715,6 +782,7 @@ impl PlaneIo {
         let Some(l) = self.links.remove(id) else {
             return;
         };
+        self.asked_changed = true;
         let _ = l.inp.set_linger(0);
         let _ = l.out.set_linger(0);
         for (topic, n) in &l.interest.topics {
@@ -988,6 +1056,7 @@ impl PlaneIo {
                 };
                 if let Some(i) = interest {
                     i.note(only.bytes());
+                    self.asked_changed |= *src != Port::Domain;
                     if let Some((&b @ (0 | 1), topic)) = only.bytes().split_first() {
                         tracing::debug!(broker = %self.me, plane = ?self.plane, from = ?src, subscribe = b == 1, topic = %String::from_utf8_lossy(topic), "upstream");
                     }
@@ -1101,6 +1170,9 @@ struct Domain {
     to_domain: [String; 3],
     /// Each plane's wanted peer-to-peer endpoints, links and shown nodes.
     wanted: [Arc<Mutex<Wanted>>; 3],
+    /// What the clients and links ask on each data plane (best effort,
+    /// reliable).
+    asked: [Arc<Mutex<Arc<Asked>>>; 2],
     /// Each plane's link XPUBs, by peer broker.
     bound: [Arc<Mutex<BTreeMap<String, String>>>; 3],
     /// The other brokers' nodes this broker shows to its domain.
@@ -1198,6 +1270,7 @@ impl Domain {
         let mut wanted: [BTreeSet<String>; 3] = Default::default();
         let mut table = HashMap::new();
         let mut direct = Vec::new();
+        let local: HashSet<String> = peers.iter().map(|a| a.node_id.clone()).collect();
         for a in peers {
             // The broker's own node, its clients, and what it announced for
             // a client it no longer serves or for another broker's node (at
@@ -1253,6 +1326,48 @@ impl Domain {
                 if s.endpoint.starts_with("inproc://") && a.pid != my_pid {
                     continue;
                 }
+                let tag = service_tag(&a.node_id, &s.endpoint);
+                table.insert(tag.clone(), s.endpoint.clone());
+                s.endpoint = tagged(&self.hello.calls, &tag);
+            }
+            others.insert(a.node_id.clone(), told);
+        }
+        // The nodes registered with this broker (registry mode), not of
+        // its host's directory: told to the clients, and their publishers
+        // connected to only for what a client or a link asks (a registry
+        // may hold thousands of nodes; most of them nobody here wants).
+        // They are not brought into the federation.
+        let asked = [lock(&self.asked[0]).clone(), lock(&self.asked[1]).clone()];
+        for a in self.registry.registered() {
+            if a.node_id == me
+                || a.domain != domain
+                || local.contains(&a.node_id)
+                || self.clients.contains_key(&a.node_id)
+            {
+                continue;
+            }
+            // An inproc endpoint is of another process here: unreachable.
+            let reachable = |e: &str| !e.starts_with("inproc://");
+            let mut any = false;
+            for p in &a.publications {
+                let i = match p.reliability {
+                    crate::model::qos::Reliability::BestEffort => 0,
+                    crate::model::qos::Reliability::Reliable => 1,
+                };
+                if let Some(ep) = a.publication_endpoint(p).filter(|e| reachable(e)) {
+                    if asked[i].covers(&p.key) {
+                        wanted[i].insert(uplink::untagged(ep).to_owned());
+                        any = true;
+                    }
+                }
+            }
+            if let Some(ep) = a.liveliness.as_deref().filter(|e| any && reachable(e)) {
+                wanted[2].insert(uplink::untagged(ep).to_owned());
+            }
+            let mut told = Domain::at(a, self.out());
+            told.services
+                .retain(|s| !s.endpoint.contains('#') && reachable(&s.endpoint));
+            for s in &mut told.services {
                 let tag = service_tag(&a.node_id, &s.endpoint);
                 table.insert(tag.clone(), s.endpoint.clone());
                 s.endpoint = tagged(&self.hello.calls, &tag);
@@ -1398,7 +1513,12 @@ impl Domain {
                 self.to_domain[1].as_str(),
                 self.to_domain[2].as_str(),
             ];
-            self.host.show(&Domain::at(&a, td));
+            let shown = Domain::at(&a, td);
+            self.host.show(&shown);
+            // The registered nodes see it too (at the same sockets).
+            if self.registry.hold(&shown, now).is_err() {
+                limited!(warn, node = %a.node_id, "a broker client is not shown to the registered nodes: the registry holds its most");
+            }
             self.dirty = true;
         }
         let c = self
@@ -1424,6 +1544,7 @@ impl Domain {
     fn detach(&mut self, id: &str) -> bool {
         if self.clients.remove(id).is_some() {
             self.host.hide(id);
+            self.registry.release(id, Instant::now());
             self.dirty = true;
             return true;
         }
@@ -1737,11 +1858,13 @@ pub(crate) fn start(
     for host_of_domain in domains {
         let mut eps: Vec<[String; 3]> = Vec::new();
         let mut wanted = Vec::new();
+        let mut asked = Vec::new();
         let mut bound = Vec::new();
         for plane in [Plane::BestEffort, Plane::Reliable, Plane::Liveliness] {
             let (mut io, e) = PlaneIo::open(&ctx, &spec, &host, plane, &counters, &stop)?;
             io.me = broker_id[..8].to_owned();
             wanted.push(io.wanted.clone());
+            asked.push(io.asked.clone());
             bound.push(io.bound.clone());
             eps.push(e);
             planes.push((host_of_domain.domain().to_owned(), io));
@@ -1771,11 +1894,15 @@ pub(crate) fn start(
         let [b0, b1, b2]: [Arc<Mutex<BTreeMap<String, String>>>; 3] = bound
             .try_into()
             .unwrap_or_else(|_| unreachable!("three planes"));
+        let [a0, a1, _]: [Arc<Mutex<Arc<Asked>>>; 3] = asked
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("three planes"));
         ds.push(Domain {
             host: host_of_domain,
             hello,
             to_domain: [eps[0][2].clone(), eps[1][2].clone(), eps[2][2].clone()],
             wanted: [w0, w1, w2],
+            asked: [a0, a1],
             bound: [b0, b1, b2],
             shown: BTreeMap::new(),
             direct: Vec::new(),
@@ -2064,6 +2191,33 @@ mod tests {
     use super::*;
     use milonga_wire::frame::{self, Encoding, Header, Kind, NodeId};
     use milonga_wire::key::Key;
+
+    #[test]
+    fn what_is_asked_covers_keys_as_the_subscription_prefixes_do() {
+        let topics: Vec<Vec<u8>> = [
+            &b"sr/a\0"[..],
+            b"sr/b/",
+            b"@f/0123/pc/",
+            b"@hb\0",
+            b"@r/tok\0",
+        ]
+        .iter()
+        .map(|t| t.to_vec())
+        .collect();
+        let a = Asked::of(topics.iter());
+        assert!(a.covers("sr/a"));
+        assert!(
+            !a.covers("sr/ab"),
+            "a literal subscription is the key alone"
+        );
+        assert!(a.covers("sr/b/c/d"));
+        assert!(!a.covers("sr/b"));
+        assert!(a.covers("pc/1"), "a filtered subscription's keys");
+        assert!(!a.covers("hb"));
+        assert!(!Asked::default().covers("sr/a"));
+        let all = [Vec::new()];
+        assert!(Asked::of(all.iter()).covers("anything"));
+    }
 
     fn frame(kind: Kind, node: u8, key: &str, seq: u64) -> Vec<u8> {
         let header = Header {

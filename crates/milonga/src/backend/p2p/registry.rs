@@ -48,6 +48,11 @@ struct Entry {
     hash: u64,
     version: u64,
     expires: Instant,
+    /// `json` read, for the broker's own use (`None`: not an announcement).
+    parsed: Option<Announcement>,
+    /// Put by the broker for one of its clients ([`Table::hold`]): no
+    /// lease, removed by [`Table::release`].
+    held: bool,
 }
 
 /// One node that registered (by its connection), and what it holds.
@@ -152,8 +157,10 @@ impl Table {
                     let e = self.entries.get_mut(id).expect("present");
                     self.bytes = self.bytes - len + json.len();
                     e.hash = crate::util::fnv1a64(&json);
+                    e.parsed = Announcement::from_json(&json).ok();
                     e.json = json;
                     e.version = version;
+                    e.held = false;
                 }
                 None => {
                     if total >= MAX_NODES || self.bytes + json.len() > MAX_TABLE_BYTES {
@@ -166,9 +173,11 @@ impl Table {
                         id.clone(),
                         Entry {
                             hash: crate::util::fnv1a64(&json),
+                            parsed: Announcement::from_json(&json).ok(),
                             json,
                             version,
                             expires: now,
+                            held: false,
                         },
                     );
                 }
@@ -241,13 +250,72 @@ impl Table {
         self.registrants.retain(|_, r| r.node_id != node_id);
     }
 
+    /// Puts (or changes) the announcement of one of the broker's clients,
+    /// at the broker's sockets, so that the registered nodes see it; it
+    /// stays until [`Table::release`], whatever the lease.
+    pub(crate) fn hold(&mut self, a: &Announcement, now: Instant) -> Result<(), Refused> {
+        let id = &a.node_id;
+        let json = a.to_json();
+        let old = self.entries.get(id).map(|e| (e.json == json, e.json.len()));
+        match old {
+            Some((true, _)) => {}
+            Some((false, len)) if self.bytes - len + json.len() > MAX_TABLE_BYTES => {
+                return Err(Refused::Full)
+            }
+            None if self.entries.len() >= MAX_NODES
+                || self.bytes + json.len() > MAX_TABLE_BYTES =>
+            {
+                return Err(Refused::Full)
+            }
+            _ => {
+                let previous = match self.entries.remove(id) {
+                    Some(e) => {
+                        self.bytes -= e.json.len();
+                        Some(e.version)
+                    }
+                    None => self.removed.remove(id).map(|(v, _)| v),
+                };
+                let version = self.bump(id, previous);
+                self.bytes += json.len();
+                self.entries.insert(
+                    id.clone(),
+                    Entry {
+                        hash: crate::util::fnv1a64(&json),
+                        json,
+                        version,
+                        expires: now,
+                        parsed: None,
+                        held: true,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Withdraws what [`Table::hold`] put for `node_id` (a client gone).
+    pub(crate) fn release(&mut self, node_id: &str, now: Instant) {
+        if self.entries.get(node_id).is_some_and(|e| e.held) {
+            self.remove(node_id, now);
+        }
+    }
+
+    /// The announcements the nodes registered (not those held for the
+    /// broker's clients), as read.
+    pub(crate) fn registered(&self) -> impl Iterator<Item = &Announcement> {
+        self.entries
+            .values()
+            .filter(|e| !e.held)
+            .filter_map(|e| e.parsed.as_ref())
+    }
+
     /// Removes the nodes whose lease ran out and forgets old removals;
     /// how many nodes expired.
     pub(crate) fn expire(&mut self, now: Instant) -> usize {
         let gone: Vec<String> = self
             .entries
             .iter()
-            .filter(|(_, e)| e.expires <= now)
+            .filter(|(_, e)| !e.held && e.expires <= now)
             .map(|(id, _)| id.clone())
             .collect();
         for id in &gone {
@@ -791,6 +859,49 @@ mod tests {
         assert_eq!(t.version, v);
         assert_eq!(t.expire(now + Duration::from_secs(4)), 1000);
         assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn a_client_held_by_the_broker_is_paged_outlives_the_lease_and_leaves_when_released() {
+        let now = Instant::now();
+        let mut t = Table::new(Duration::from_secs(3));
+        let (id, json) = ann(1);
+        let who = id.as_bytes().to_vec();
+        let mut h = header(&t, &id, 0);
+        h.epoch = 0;
+        t.register(&who, &h, Some(json), t.len(), now).unwrap();
+        let client = Announcement::from_json(&ann(2).1).unwrap();
+        t.hold(&client, now).unwrap();
+        // Paged to the registered node, but not among the registered.
+        let (_, frames) = t.pages(usize::MAX, now).into_iter().next().unwrap();
+        assert_eq!(entries(&frames).1, 2);
+        let have = entries(&frames).0.to;
+        let registered: Vec<&str> = t.registered().map(|a| a.node_id.as_str()).collect();
+        assert_eq!(registered, [id.as_str()]);
+        // Holding it again unchanged is no change.
+        let v = t.version;
+        t.hold(&client, now).unwrap();
+        assert_eq!(t.version, v);
+        // The lease passes: the registered node goes, the held one stays
+        // until released, and is then listed removed.
+        let later = now + Duration::from_secs(4);
+        assert_eq!(t.expire(later), 1);
+        assert_eq!(t.len(), 1);
+        let (id3, json3) = ann(3);
+        let who3 = id3.as_bytes().to_vec();
+        t.register(&who3, &header(&t, &id3, have), Some(json3), t.len(), later)
+            .unwrap();
+        t.release(&client.node_id, later);
+        assert_eq!(t.len(), 1);
+        let (_, frames) = t
+            .pages(usize::MAX, later)
+            .into_iter()
+            .find(|(w, _)| *w == who3)
+            .unwrap();
+        assert!(entries(&frames).0.removed.contains(&client.node_id));
+        // Releasing a registered node does nothing.
+        t.release(&id3, later);
+        assert_eq!(t.len(), 1);
     }
 
     #[test]
