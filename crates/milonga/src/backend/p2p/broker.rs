@@ -210,13 +210,16 @@ struct Wanted {
     links: BTreeMap<String, Option<String>>,
     /// The nodes of other brokers shown to the domain.
     shown: Arc<HashSet<[u8; 16]>>,
+    /// The registered nodes connected to: their frames go to the clients
+    /// only (they are not brought into the federation).
+    registered: Arc<HashSet<[u8; 16]>>,
 }
 
-/// What the clients and the links subscribe to on one plane, as key
-/// prefixes (docs/protocol.md §3; a filtered subscription's `@f/<id>/`
-/// taken off, heartbeats' and replies' `@` topics left out): set by the
-/// plane's thread, read by the control thread, which connects to a
-/// registered node's publisher only if one of them covers its key.
+/// What the clients subscribe to on one plane, as key prefixes
+/// (docs/protocol.md §3; a filtered subscription's `@f/<id>/` taken off,
+/// heartbeats' and replies' `@` topics left out): set by the plane's
+/// thread, read by the control thread, which connects to a registered
+/// node's publisher only if one of them covers its key.
 #[derive(Default, Debug, PartialEq, Eq)]
 struct Asked {
     prefixes: BTreeSet<Vec<u8>>,
@@ -433,8 +436,8 @@ struct PlaneIo {
     clients_interest: Interest,
     domain_interest: Interest,
     wanted: Arc<Mutex<Wanted>>,
-    /// What the clients and links ask, for the control thread; changed
-    /// since it was last told, and when it was.
+    /// What the clients ask, for the control thread; changed since it was
+    /// last told, and when it was.
     asked: Arc<Mutex<Arc<Asked>>>,
     asked_changed: bool,
     asked_at: Instant,
@@ -443,6 +446,8 @@ struct PlaneIo {
     /// Nodes of other brokers this one shows to its domain: their frames
     /// from links go to `to_domain` too.
     shown: Arc<HashSet<[u8; 16]>>,
+    /// Registered nodes (registry mode): their frames go to no link.
+    registered: Arc<HashSet<[u8; 16]>>,
     host: String,
     ctx: ContextRef,
     spec_cfg: Config,
@@ -568,6 +573,7 @@ impl PlaneIo {
                 asked_at: Instant::now(),
                 bound: Arc::default(),
                 shown: Arc::default(),
+                registered: Arc::default(),
                 host: host.to_owned(),
                 ctx: ContextRef::acquire(),
                 spec_cfg: cfg.clone(),
@@ -629,8 +635,8 @@ impl PlaneIo {
         }
     }
 
-    /// Tells the control thread what the clients and links ask now, if it
-    /// changed, at most every [`ASKED_EVERY`].
+    /// Tells the control thread what the clients ask now, if it changed,
+    /// at most every [`ASKED_EVERY`].
     fn tell_asked(&mut self) {
         let now = Instant::now();
         if !self.asked_changed || now < self.asked_at + ASKED_EVERY {
@@ -638,12 +644,7 @@ impl PlaneIo {
         }
         self.asked_changed = false;
         self.asked_at = now;
-        let topics = self
-            .clients_interest
-            .topics
-            .keys()
-            .chain(self.links.values().flat_map(|l| l.interest.topics.keys()));
-        let asked = Arc::new(Asked::of(topics));
+        let asked = Arc::new(Asked::of(self.clients_interest.topics.keys()));
         *lock(&self.asked) = asked;
     }
 
@@ -658,6 +659,7 @@ impl PlaneIo {
         let wanted = w.endpoints.clone();
         let links = w.links.clone();
         self.shown = w.shown.clone();
+        self.registered = w.registered.clone();
         drop(w);
         for ep in self.connected.difference(&wanted) {
             let _ = self.from_domain.disconnect(ep);
@@ -782,7 +784,6 @@ impl PlaneIo {
         let Some(l) = self.links.remove(id) else {
             return;
         };
-        self.asked_changed = true;
         let _ = l.inp.set_linger(0);
         let _ = l.out.set_linger(0);
         for (topic, n) in &l.interest.topics {
@@ -924,7 +925,15 @@ impl PlaneIo {
                     }
                 }
             }
-            targets.extend(self.other_links(src, tellable));
+            let registered = *src == Port::Domain
+                && !self.registered.is_empty()
+                && frames
+                    .first()
+                    .and_then(|f| origin(f.bytes()))
+                    .is_some_and(|o| self.registered.contains(&o));
+            if !registered {
+                targets.extend(self.other_links(src, tellable));
+            }
             self.fan_out(targets, frames, |me, t, f| me.send(t, f));
         }
     }
@@ -1056,7 +1065,7 @@ impl PlaneIo {
                 };
                 if let Some(i) = interest {
                     i.note(only.bytes());
-                    self.asked_changed |= *src != Port::Domain;
+                    self.asked_changed |= *src == Port::Clients;
                     if let Some((&b @ (0 | 1), topic)) = only.bytes().split_first() {
                         tracing::debug!(broker = %self.me, plane = ?self.plane, from = ?src, subscribe = b == 1, topic = %String::from_utf8_lossy(topic), "upstream");
                     }
@@ -1338,6 +1347,7 @@ impl Domain {
         // may hold thousands of nodes; most of them nobody here wants).
         // They are not brought into the federation.
         let asked = [lock(&self.asked[0]).clone(), lock(&self.asked[1]).clone()];
+        let mut registered = HashSet::new();
         for a in self.registry.registered() {
             if a.node_id == me
                 || a.domain != domain
@@ -1363,6 +1373,9 @@ impl Domain {
             }
             if let Some(ep) = a.liveliness.as_deref().filter(|e| any && reachable(e)) {
                 wanted[2].insert(uplink::untagged(ep).to_owned());
+            }
+            if let Some(id) = milonga_wire::frame::NodeId::from_hex(&a.node_id).filter(|_| any) {
+                registered.insert(id.0);
             }
             let mut told = Domain::at(a, self.out());
             told.services
@@ -1406,6 +1419,7 @@ impl Domain {
                 self.host.hide(id);
             }
         }
+        let registered = Arc::new(registered);
         let shown_ids: Arc<HashSet<[u8; 16]>> = Arc::new(
             shown
                 .keys()
@@ -1449,10 +1463,15 @@ impl Domain {
                 })
                 .collect();
             let mut w = lock(w);
-            if w.endpoints != set || w.links != links || *w.shown != *shown_ids {
+            if w.endpoints != set
+                || w.links != links
+                || *w.shown != *shown_ids
+                || *w.registered != *registered
+            {
                 w.endpoints = set;
                 w.links = links;
                 w.shown = shown_ids.clone();
+                w.registered = registered.clone();
                 w.generation += 1;
             }
         }
