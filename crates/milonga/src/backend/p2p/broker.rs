@@ -644,8 +644,11 @@ impl PlaneIo {
         }
         self.asked_changed = false;
         self.asked_at = now;
-        let asked = Arc::new(Asked::of(self.clients_interest.topics.keys()));
-        *lock(&self.asked) = asked;
+        let asked = Asked::of(self.clients_interest.topics.keys());
+        let mut told = lock(&self.asked);
+        if **told != asked {
+            *told = Arc::new(asked);
+        }
     }
 
     /// Connects the peer-to-peer XSUB to the endpoints wanted now, and
@@ -1175,6 +1178,11 @@ struct Domain {
     hello: BrokerHello,
     /// The peer-to-peer nodes that use this broker as their registry.
     registry: Table,
+    /// The registered nodes as the clients are told them, read when the
+    /// table or what the clients ask last changed (at this key: the
+    /// table's version, and what is asked on each data plane).
+    registry_nodes: Vec<RegistryNode>,
+    registry_read: Option<(u64, [Arc<Asked>; 2])>,
     /// `to_domain` endpoints: best effort, reliable, liveliness.
     to_domain: [String; 3],
     /// Each plane's wanted peer-to-peer endpoints, links and shown nodes.
@@ -1199,6 +1207,20 @@ struct Domain {
     view_version: u64,
     view: Vec<u8>,
     dirty: bool,
+}
+
+/// A node registered with the broker, as its clients are told it.
+struct RegistryNode {
+    id: String,
+    /// At the broker's sockets.
+    told: Announcement,
+    /// The endpoints to connect to on each plane (0, 1, 2), for what the
+    /// clients ask.
+    wanted: Vec<(usize, String)>,
+    /// Its id, if connected to (its frames go to no link).
+    registered: Option<[u8; 16]>,
+    /// Its services: tag and endpoint.
+    services: Vec<(String, String)>,
 }
 
 /// `endpoint#id` for a node served at `base`.
@@ -1346,46 +1368,30 @@ impl Domain {
         // connected to only for what a client or a link asks (a registry
         // may hold thousands of nodes; most of them nobody here wants).
         // They are not brought into the federation.
-        let asked = [lock(&self.asked[0]).clone(), lock(&self.asked[1]).clone()];
+        // With no client, nobody is told them: nothing to do (a pure
+        // registry of thousands costs nothing here).
         let mut registered = HashSet::new();
-        for a in self.registry.registered() {
-            if a.node_id == me
-                || a.domain != domain
-                || local.contains(&a.node_id)
-                || self.clients.contains_key(&a.node_id)
-            {
+        if !self.clients.is_empty() {
+            self.read_registry();
+        }
+        for r in self
+            .registry_nodes
+            .iter()
+            .filter(|_| !self.clients.is_empty())
+        {
+            if local.contains(&r.id) || self.clients.contains_key(&r.id) {
                 continue;
             }
-            // An inproc endpoint is of another process here: unreachable.
-            let reachable = |e: &str| !e.starts_with("inproc://");
-            let mut any = false;
-            for p in &a.publications {
-                let i = match p.reliability {
-                    crate::model::qos::Reliability::BestEffort => 0,
-                    crate::model::qos::Reliability::Reliable => 1,
-                };
-                if let Some(ep) = a.publication_endpoint(p).filter(|e| reachable(e)) {
-                    if asked[i].covers(&p.key) {
-                        wanted[i].insert(uplink::untagged(ep).to_owned());
-                        any = true;
-                    }
-                }
+            for (i, ep) in &r.wanted {
+                wanted[*i].insert(ep.clone());
             }
-            if let Some(ep) = a.liveliness.as_deref().filter(|e| any && reachable(e)) {
-                wanted[2].insert(uplink::untagged(ep).to_owned());
+            if let Some(id) = r.registered {
+                registered.insert(id);
             }
-            if let Some(id) = milonga_wire::frame::NodeId::from_hex(&a.node_id).filter(|_| any) {
-                registered.insert(id.0);
+            for (tag, ep) in &r.services {
+                table.insert(tag.clone(), ep.clone());
             }
-            let mut told = Domain::at(a, self.out());
-            told.services
-                .retain(|s| !s.endpoint.contains('#') && reachable(&s.endpoint));
-            for s in &mut told.services {
-                let tag = service_tag(&a.node_id, &s.endpoint);
-                table.insert(tag.clone(), s.endpoint.clone());
-                s.endpoint = tagged(&self.hello.calls, &tag);
-            }
-            others.insert(a.node_id.clone(), told);
+            others.insert(r.id.clone(), r.told.clone());
         }
         // The federation's other nodes: told to the clients at this
         // broker's sockets, and shown to the domain by its gateway.
@@ -1479,6 +1485,65 @@ impl Domain {
             self.others = others;
             self.dirty = true;
         }
+    }
+
+    /// Reads the registered nodes again if the table or what the clients
+    /// ask changed since the last time (`registry_nodes`).
+    fn read_registry(&mut self) {
+        let asked = [lock(&self.asked[0]).clone(), lock(&self.asked[1]).clone()];
+        let version = self.registry.version();
+        // The `Asked` read last are held here, so a new one is another
+        // allocation.
+        if self.registry_read.as_ref().is_some_and(|(v, a)| {
+            *v == version && Arc::ptr_eq(&a[0], &asked[0]) && Arc::ptr_eq(&a[1], &asked[1])
+        }) {
+            return;
+        }
+        self.registry_read = Some((version, asked.clone()));
+        let me = self.host.node_id();
+        let mut nodes = Vec::new();
+        for a in self.registry.registered() {
+            if a.node_id == me || a.domain != self.hello.domain {
+                continue;
+            }
+            // An inproc endpoint is of another process here: unreachable.
+            let reachable = |e: &str| !e.starts_with("inproc://");
+            let mut wanted = Vec::new();
+            for p in &a.publications {
+                let i = match p.reliability {
+                    crate::model::qos::Reliability::BestEffort => 0,
+                    crate::model::qos::Reliability::Reliable => 1,
+                };
+                if let Some(ep) = a.publication_endpoint(p).filter(|e| reachable(e)) {
+                    if asked[i].covers(&p.key) {
+                        wanted.push((i, uplink::untagged(ep).to_owned()));
+                    }
+                }
+            }
+            let any = !wanted.is_empty();
+            if let Some(ep) = a.liveliness.as_deref().filter(|e| any && reachable(e)) {
+                wanted.push((2, uplink::untagged(ep).to_owned()));
+            }
+            let mut told = Domain::at(a, self.out());
+            told.services
+                .retain(|s| !s.endpoint.contains('#') && reachable(&s.endpoint));
+            let mut services = Vec::new();
+            for s in &mut told.services {
+                let tag = service_tag(&a.node_id, &s.endpoint);
+                services.push((tag.clone(), s.endpoint.clone()));
+                s.endpoint = tagged(&self.hello.calls, &tag);
+            }
+            nodes.push(RegistryNode {
+                id: a.node_id.clone(),
+                told,
+                wanted,
+                registered: milonga_wire::frame::NodeId::from_hex(&a.node_id)
+                    .filter(|_| any)
+                    .map(|n| n.0),
+                services,
+            });
+        }
+        self.registry_nodes = nodes;
     }
 
     /// This broker's link XPUBs for `peer` in this domain, once the
@@ -1933,6 +1998,8 @@ pub(crate) fn start(
             view: Vec::new(),
             dirty: true,
             registry: Table::new(Duration::from_millis(spec.lease_ms)),
+            registry_nodes: Vec::new(),
+            registry_read: None,
         });
     }
     let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {

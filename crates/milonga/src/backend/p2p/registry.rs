@@ -113,6 +113,11 @@ impl Table {
         }
     }
 
+    /// The number of its latest change.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
     /// How many nodes it holds.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
