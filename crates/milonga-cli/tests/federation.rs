@@ -499,6 +499,50 @@ fn through_two_brokers_last_values_filters_and_liveliness_work_and_a_killed_brok
         far.stats().filter_evaluations > 0,
         "evaluated at the publisher"
     );
+    // Calls cross the federation: from near to far's services (b3 relays
+    // them straight to b1), with a reply, a large one and an error; and
+    // from a peer-to-peer node of b1's host to mid's (b1 to b2).
+    let _echo = far
+        .serve("fed/far/echo", |r: milonga::Request| Ok(r.value))
+        .unwrap();
+    let _fail = far
+        .serve("fed/far/fail", |_r: milonga::Request| {
+            Err(milonga::ServiceError::new("broken", "on purpose"))
+        })
+        .unwrap();
+    let _mid_echo = mid
+        .serve("fed/mid/echo", |r: milonga::Request| Ok(r.value))
+        .unwrap();
+    let mut c = Config::new(&env.locator(), "p2p-caller");
+    c.runtime_dir = Some(hosts[0].path().to_path_buf());
+    let p2p = Node::open_with(c).unwrap();
+    let serves = |n: &Node, key: &str| {
+        n.peers()
+            .iter()
+            .any(|a| a.services.iter().any(|s| s.key == key))
+    };
+    wait_for("the services through the federation", T, || {
+        serves(&near, "fed/far/echo")
+            && serves(&near, "fed/far/fail")
+            && serves(&p2p, "fed/mid/echo")
+    });
+    let call = |n: &Node, key: &str, v: milonga::Value| n.call(key, v, Duration::from_secs(5));
+    assert_eq!(
+        call(&near, "fed/far/echo", 3.5.into()).unwrap().as_f64(),
+        Some(3.5)
+    );
+    let big = milonga::Value::from("z".repeat(100_000));
+    assert_eq!(call(&near, "fed/far/echo", big.clone()).unwrap(), big);
+    match call(&near, "fed/far/fail", 1.0.into()) {
+        Err(milonga::CallError::Remote { kind, message, .. }) => {
+            assert_eq!((kind.as_str(), message.as_str()), ("broken", "on purpose"));
+        }
+        other => panic!("the handler's error, through two brokers: {other:?}"),
+    }
+    assert_eq!(
+        call(&p2p, "fed/mid/echo", 4.5.into()).unwrap().as_f64(),
+        Some(4.5)
+    );
     // b2 dies: the line is cut, and near is told that both publishers
     // beyond it are lost.
     b2.proc.kill9();

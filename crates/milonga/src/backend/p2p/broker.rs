@@ -35,6 +35,7 @@ use serde::Serialize;
 
 use crate::backend::p2p::federation::Federation;
 use crate::backend::p2p::registry::Table;
+use crate::backend::p2p::serve_link::ENVELOPE;
 use crate::backend::p2p::uplink::{self, Plane};
 use crate::backend::p2p::zmq_io::{self, ContextRef, Frame};
 use crate::model::config::Config;
@@ -1322,14 +1323,9 @@ impl Domain {
             // federation at the broker of smallest id that sees it.
             // (a node served by a broker outside the federation is taken in
             // like a peer-to-peer one).
-            let import = if brokered && colocated.values().any(|pid| *pid == a.pid) {
-                false
-            } else {
-                let mut d = a.clone();
-                d.services.clear();
-                direct.push(d);
-                gateway && listed.get(&a.node_id).is_none_or(|(b, _)| *b > fed.me)
-            };
+            let in_direct = !(brokered && colocated.values().any(|pid| *pid == a.pid));
+            let import =
+                in_direct && gateway && listed.get(&a.node_id).is_none_or(|(b, _)| *b > fed.me);
             if import && !a.publications.is_empty() {
                 // An inproc endpoint is reached from this process only;
                 // a tagged one (another broker's) once per untagged one.
@@ -1350,16 +1346,20 @@ impl Domain {
                 }
             }
             let mut told = Domain::at(&a, self.out());
-            // Services behind another broker are not relayed from broker to
-            // broker (a limit of this version: docs/broker.md).
-            told.services.retain(|s| !s.endpoint.contains('#'));
+            // Each service is relayed by this broker: to its endpoint, or
+            // (one of another broker, `<calls>#<tag>`) to that broker.
+            told.services
+                .retain(|s| !s.endpoint.starts_with("inproc://") || a.pid == my_pid);
             for s in &mut told.services {
-                if s.endpoint.starts_with("inproc://") && a.pid != my_pid {
-                    continue;
-                }
                 let tag = service_tag(&a.node_id, &s.endpoint);
                 table.insert(tag.clone(), s.endpoint.clone());
                 s.endpoint = tagged(&self.hello.calls, &tag);
+            }
+            if in_direct {
+                // The federation reaches its services through this broker.
+                let mut d = a.clone();
+                d.services.clone_from(&told.services);
+                direct.push(d);
             }
             others.insert(a.node_id.clone(), told);
         }
@@ -1406,14 +1406,21 @@ impl Domain {
                 continue;
             }
             let mut told = Domain::at(a, self.out());
-            told.services.clear();
-            others.insert(id.clone(), told);
+            // Its services are at the calls socket of the broker that
+            // lists it: relayed there, straight from this broker.
+            told.services.retain(|s| s.endpoint.starts_with("tcp://"));
+            for s in &mut told.services {
+                let tag = service_tag(id, &s.endpoint);
+                table.insert(tag.clone(), s.endpoint.clone());
+                s.endpoint = tagged(&self.hello.calls, &tag);
+            }
             // A co-located broker shows its own clients.
             if gateway && !colocated.contains_key(owner.as_str()) {
                 let mut s = Domain::at(a, td);
-                s.services.clear();
+                s.services.clone_from(&told.services);
                 shown.insert(id.clone(), s);
             }
+            others.insert(id.clone(), told);
         }
         for (id, a) in &shown {
             if self.shown.get(id) != Some(a) {
@@ -1433,11 +1440,8 @@ impl Domain {
                 .collect(),
         );
         self.shown = shown;
-        direct.extend(self.clients.values().map(|c| {
-            let mut a = c.announcement.clone();
-            a.services.clear();
-            a
-        }));
+        // The clients' services are at this broker's calls socket already.
+        direct.extend(self.clients.values().map(|c| c.announcement.clone()));
         self.direct = direct;
         let mut t = lock(&self.services);
         if t.endpoints != table {
@@ -1953,8 +1957,9 @@ pub(crate) fn start(
             eps.push(e);
             planes.push((host_of_domain.domain().to_owned(), io));
         }
-        let (calls, [calls_ep, services_ep]) =
+        let (mut calls, [calls_ep, services_ep]) =
             CallPlane::open(&ctx, &spec, &host, &counters, &stop)?;
+        calls.me.clone_from(&broker_id);
         let services = calls.table.clone();
         call_planes.push((host_of_domain.domain().to_owned(), calls));
         let hello = BrokerHello {
@@ -2071,6 +2076,9 @@ fn service_tag(id: &str, endpoint: &str) -> String {
 /// envelope naming its caller, which the server sends back with the
 /// reply (docs/protocol.md §4.5).
 struct CallPlane {
+    /// Its broker's id: its DEALERs to another broker's calls socket name
+    /// themselves `<tag>|<id>`.
+    me: String,
     calls: zmq::Socket,
     services: zmq::Socket,
     /// DEALERs to peer-to-peer services, by tag.
@@ -2111,6 +2119,7 @@ impl CallPlane {
         let s = zmq_io::bind(&services, &ep)?;
         Ok((
             CallPlane {
+                me: String::new(),
                 calls,
                 services,
                 out: HashMap::new(),
@@ -2182,15 +2191,27 @@ impl CallPlane {
             let Ok(mut frames) = recv_all(&self.calls) else {
                 return;
             };
-            if frames.len() < 2 || frames.len() > 3 {
+            // [caller, request (1 or 2 frames)], or from another broker
+            // [caller, its envelope, request].
+            let relayed = frames.get(1).is_some_and(|f| f.starts_with(ENVELOPE));
+            let request = frames.len() - 1 - usize::from(relayed);
+            // An identity with a NUL could not be told from a nested
+            // envelope's (below).
+            if !(1..=2).contains(&request) || frames[0].contains(&0) {
                 self.counters
                     .requests_malformed
                     .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let caller = frames.remove(0);
-            let mut envelope = crate::backend::p2p::serve_link::ENVELOPE.to_vec();
+            let mut envelope = ENVELOPE.to_vec();
             envelope.extend_from_slice(&caller);
+            if relayed {
+                // Ours names the broker that relayed it, then a NUL, then
+                // the envelope it put (which names its caller).
+                envelope.push(0);
+                envelope.extend_from_slice(&frames.remove(0));
+            }
             let tag = caller.split(|b| *b == b'|').next().unwrap_or_default();
             let tag = String::from_utf8_lossy(tag).into_owned();
             if envelope.len() > crate::backend::p2p::serve_link::MAX_ENVELOPE {
@@ -2232,6 +2253,16 @@ impl CallPlane {
             let s = self.ctx.socket(zmq::DEALER).ok()?;
             zmq_io::apply_common(&s, &self.cfg).ok()?;
             s.set_ipv6(true).ok()?;
+            // Another broker's service: its calls socket, as a caller of
+            // that tag (§11.4).
+            let endpoint = match endpoint.split_once('#') {
+                Some((base, theirs)) => {
+                    s.set_identity(format!("{theirs}|{}", self.me).as_bytes())
+                        .ok()?;
+                    base.to_owned()
+                }
+                None => endpoint,
+            };
             s.connect(&endpoint).ok()?;
             self.out.insert(tag.to_owned(), s);
         }
@@ -2247,13 +2278,20 @@ impl CallPlane {
             return;
         }
         let envelope = frames.remove(0);
-        let Some(caller) = envelope.strip_prefix(crate::backend::p2p::serve_link::ENVELOPE) else {
+        let Some(caller) = envelope.strip_prefix(ENVELOPE) else {
             self.counters
                 .requests_malformed
                 .fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let mut msg = vec![zmq::Message::from(caller)];
+        // A call another broker relayed: back to it, with its envelope.
+        let mut msg = match caller.iter().position(|b| *b == 0) {
+            Some(nul) => vec![
+                zmq::Message::from(&caller[..nul]),
+                zmq::Message::from(&caller[nul + 1..]),
+            ],
+            None => vec![zmq::Message::from(caller)],
+        };
         msg.extend(frames);
         // A caller that has gone: nothing to do.
         let _ = send_all_checked(&self.calls, msg);
