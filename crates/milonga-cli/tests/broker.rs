@@ -962,3 +962,27 @@ fn a_filter_through_the_broker_reaches_peer_to_peer_publishers_that_start_after_
         );
     }
 }
+
+#[test]
+fn a_client_calls_a_service_behind_another_broker_of_its_host() {
+    // Two brokers of one host, not linked: each shows its clients in the
+    // local directory, and relays a call for the other's client to it.
+    let env = Env::new("brk-two-calls");
+    let b1 = env.broker(&[]);
+    let b2 = env.broker(&[]);
+    let server = Node::open_with(env.config_at(&b1.locator, "server")).unwrap();
+    let _echo = server
+        .serve("two/echo", |r: milonga::Request| Ok(r.value))
+        .unwrap();
+    let caller = Node::open_with(env.config_at(&b2.locator, "caller")).unwrap();
+    wait_for("the service seen through the other broker", T, || {
+        caller
+            .peers()
+            .iter()
+            .any(|a| a.services.iter().any(|s| s.key == "two/echo"))
+    });
+    let v = caller
+        .call("two/echo", 2.5, Duration::from_secs(5))
+        .expect("relayed from broker to broker");
+    assert_eq!(v.as_f64(), Some(2.5));
+}
