@@ -1510,8 +1510,10 @@ impl Domain {
             if a.node_id == me || a.domain != self.hello.domain {
                 continue;
             }
-            // An inproc endpoint is of another process here: unreachable.
-            let reachable = |e: &str| !e.starts_with("inproc://");
+            // Registered nodes are on other hosts (or found here through
+            // the local directory too): tcp only, and a registration cannot
+            // make the broker connect to a local socket.
+            let reachable = |e: &str| e.starts_with("tcp://");
             let mut wanted = Vec::new();
             for p in &a.publications {
                 let i = match p.reliability {
