@@ -164,6 +164,7 @@ fn a_fifteen_second_query_flood_keeps_memory_bounded() {
         expr: "qf/**".into(),
         last: u64::MAX,
         since: vec![],
+        id: None,
     }
     .encode();
     // The outside test's rate: 36 MB of queries a second

@@ -53,6 +53,10 @@ pub struct Query {
     /// Per key, the last sequence number the subscriber has: everything
     /// after it that is still kept is sent (a repair).
     pub since: Vec<(String, u64)>,
+    /// A number the subscriber chose, which the reply repeats: an answer
+    /// to a copy sent again is told from the answer to a later query.
+    /// Absent in queries of older subscribers.
+    pub id: Option<u64>,
 }
 
 fn text(v: &Value, what: &str) -> Result<String, HistoryError> {
@@ -89,6 +93,17 @@ fn map(pairs: Vec<(&str, Value)>) -> Value {
     )
 }
 
+/// `m` with `"id": id` last, when there is one.
+fn with_id(m: Value, id: Option<u64>) -> Value {
+    match (m, id) {
+        (Value::Map(mut pairs), Some(id)) => {
+            pairs.push((Value::from("id"), Value::from(id)));
+            Value::Map(pairs)
+        }
+        (m, _) => m,
+    }
+}
+
 fn encode(v: &Value) -> Vec<u8> {
     let mut out = Vec::new();
     // Only maps of text, integers, booleans, byte strings and arrays:
@@ -113,6 +128,7 @@ impl Query {
             ("last", Value::from(self.last)),
             ("since", Value::Array(since)),
         ]);
+        let v = with_id(v, self.id);
         let mut out = vec![QUERY_TAG];
         out.extend(encode(&v));
         out
@@ -144,6 +160,7 @@ impl Query {
             expr: text(field(&v, "expr")?, "expr")?,
             last: uint(field(&v, "last")?, "last")?,
             since,
+            id: v.get("id").map(|i| uint(i, "id")).transpose()?,
         })
     }
 }
@@ -191,6 +208,8 @@ pub struct Reply {
     pub keys: Vec<KeyHistory>,
     /// Whether this is the last frame of the reply.
     pub done: bool,
+    /// The query's `id`, if it had one.
+    pub id: Option<u64>,
 }
 
 impl Reply {
@@ -225,11 +244,14 @@ impl Reply {
                 map(fields)
             })
             .collect();
-        encode(&map(vec![
-            ("socket", Value::from(self.socket.as_str())),
-            ("keys", Value::Array(keys)),
-            ("done", Value::Bool(self.done)),
-        ]))
+        encode(&with_id(
+            map(vec![
+                ("socket", Value::from(self.socket.as_str())),
+                ("keys", Value::Array(keys)),
+                ("done", Value::Bool(self.done)),
+            ]),
+            self.id,
+        ))
     }
 
     /// Reads a history frame's body. Payloads are views of `body`.
@@ -265,6 +287,7 @@ impl Reply {
             socket: text(field(&v, "socket")?, "socket")?,
             keys,
             done: matches!(field(&v, "done")?, Value::Bool(true)),
+            id: v.get("id").map(|i| uint(i, "id")).transpose()?,
         })
     }
 }
@@ -282,8 +305,15 @@ mod tests {
             expr: "sr/**".into(),
             last: 5,
             since: vec![("sr/a".into(), 41)],
+            id: None,
         };
         assert_eq!(Query::decode(&q.encode()).unwrap(), q);
+        let with_id = Query {
+            id: Some(7),
+            ..q.clone()
+        };
+        assert_eq!(Query::decode(&with_id.encode()).unwrap(), with_id);
+        assert_ne!(with_id.encode(), q.encode());
         assert!(Query::decode(b"\x02\xff").is_err());
         assert!(Query::decode(b"\x01abc").is_err());
         let mut bad_token = q.clone();
@@ -309,8 +339,17 @@ mod tests {
                 replayed: false,
             }],
             done: true,
+            id: None,
         };
         assert_eq!(Reply::decode(&Bytes::from(r.encode())).unwrap(), r);
+        let with_id = Reply {
+            id: Some(u64::MAX),
+            ..r.clone()
+        };
+        assert_eq!(
+            Reply::decode(&Bytes::from(with_id.encode())).unwrap(),
+            with_id
+        );
         assert!(Reply::decode(&Bytes::from_static(b"\xa0")).is_err());
         // `replayed` is written only when true, and read back.
         let plain = r.encode();

@@ -133,6 +133,7 @@ fn mutations_of_history_queries_and_filter_declarations_never_panic() {
             expr: "sr/**".into(),
             last: 5,
             since: vec![("sr/a".into(), 41), ("sr/b/c".into(), u64::MAX)],
+            id: Some(3),
         }
         .encode(),
         Query {
@@ -142,6 +143,7 @@ fn mutations_of_history_queries_and_filter_declarations_never_panic() {
             expr: "a/*/c".into(),
             last: u64::MAX,
             since: vec![],
+            id: None,
         }
         .encode(),
     ];

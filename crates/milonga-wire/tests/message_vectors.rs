@@ -45,10 +45,14 @@ struct Case {
 }
 
 fn query_json(q: &Query) -> Json {
-    json!({
+    let mut j = json!({
         "node": q.node, "socket": q.socket, "token": q.token, "expr": q.expr,
         "last": q.last, "since": q.since,
-    })
+    });
+    if let Some(id) = q.id {
+        j["id"] = json!(id);
+    }
+    j
 }
 
 fn query_from_json(j: &Json) -> Query {
@@ -59,6 +63,7 @@ fn query_from_json(j: &Json) -> Query {
         expr: j["expr"].as_str().unwrap().into(),
         last: j["last"].as_u64().unwrap(),
         since: serde_json::from_value(j["since"].clone()).unwrap(),
+        id: j["id"].as_u64(),
     }
 }
 
@@ -162,6 +167,7 @@ fn cases() -> Vec<Case> {
         expr: "sr/ps/**".into(),
         last: 1,
         since: vec![],
+        id: None,
     };
     let repair = Query {
         since: vec![

@@ -429,6 +429,7 @@ fn cases() -> Vec<Case> {
                 replayed: false,
             }],
             done: true,
+            id: None,
         };
         let body = reply.encode();
         let value = milonga_wire::cbor::decode_cbor(&Bytes::from(body.clone())).unwrap();

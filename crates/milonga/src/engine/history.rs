@@ -274,6 +274,7 @@ pub(super) fn answer(d: &mut Outlet, me: &Me, msg: &[u8]) -> Option<Answer> {
     let socket = d.name.clone();
     let mut frames: Vec<Reply> = vec![Reply {
         socket: socket.clone(),
+        id: q.id,
         ..Reply::default()
     }];
     let mut size = 0;
@@ -320,6 +321,7 @@ pub(super) fn answer(d: &mut Outlet, me: &Me, msg: &[u8]) -> Option<Answer> {
                 frames.last_mut().expect("one at least").keys.push(full);
                 frames.push(Reply {
                     socket: socket.clone(),
+                    id: q.id,
                     ..Reply::default()
                 });
                 size = 0;

@@ -301,6 +301,7 @@ mod tests {
             expr: "sr/**".into(),
             last: 5,
             since: vec![],
+            id: None,
         };
         assert!(matches!(o.upstream(&me, &q.encode()), Upstream::Done));
         assert_eq!(
@@ -354,6 +355,7 @@ mod tests {
             expr: "**".into(),
             last: 1,
             since: vec![],
+            id: None,
         }
         .encode()
     }

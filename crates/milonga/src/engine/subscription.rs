@@ -116,6 +116,8 @@ pub(crate) struct SubState<L> {
     joins: HashMap<NodeId, Join>,
     /// Joins started by the first routes that are not finished.
     initial_joins: usize,
+    /// The last history query's `id`.
+    query_id: u64,
     /// Whether `SubscriptionLive` was queued (or is not wanted).
     live_sent: bool,
     /// Whether routes were applied once.
@@ -142,21 +144,35 @@ struct Join {
     /// Started by the subscription's first routes (`SubscriptionLive`
     /// waits for it).
     initial: bool,
-    /// Each query sent, by data socket, to be sent again while its socket
-    /// has sent no reply ([`RESEND_AFTER`]).
-    queries: Vec<(String, Vec<u8>)>,
+    /// Per data socket, the `id`s of the queries in flight: a reply
+    /// naming another answers a copy of an earlier query, late.
+    ids: BTreeMap<String, Vec<u64>>,
+    /// The queries sent again while their socket has sent no reply
+    /// ([`RESEND_AFTER`]).
+    again: Vec<Resend>,
     /// The sockets that sent a reply, done or not.
     heard: BTreeSet<String>,
+}
+
+/// A query to send again while unanswered.
+struct Resend {
+    socket: String,
+    msg: Vec<u8>,
+    /// When it was first sent.
+    at: Instant,
     /// How many of [`RESEND_AFTER`] have passed.
-    resent: usize,
+    copies: usize,
 }
 
 /// How long a history query may go unanswered.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
-/// When a query no reply began to answer is sent again, after the first:
-/// the connection it went on may have been made after it (a broker that
-/// connects to a publisher once a client subscribes, a publisher whose
-/// connection was still being made). A second answer is ignored.
+/// When a query sent to a newly connected publisher is sent again, after
+/// the first, while no reply began to answer it: the connection it went
+/// on may have been made after it (a broker that connects to a publisher
+/// once a client subscribes, a publisher whose connection was still being
+/// made). Copies carry the query's `id`; a second answer is ignored.
+/// Repairs, asked on a connection that just delivered, are not sent
+/// again.
 const RESEND_AFTER: [Duration; 2] = [Duration::from_millis(300), Duration::from_millis(900)];
 /// Most live samples a node's join holds before it gives up waiting.
 const MAX_JOIN_BUFFER: usize = 100_000;
@@ -340,6 +356,7 @@ impl<L> SubState<L> {
             matched: BTreeMap::new(),
             joins: HashMap::new(),
             initial_joins: 0,
+            query_id: 0,
             live_sent: last == 0,
             routed: false,
         }
@@ -557,8 +574,9 @@ impl Subscription {
                         expr: self.expr.as_str().to_owned(),
                         last,
                         since: self.held(io, *node),
+                        id: None,
                     };
-                    self.ask(io, *node, q, initial);
+                    self.ask(io, *node, q, initial, true);
                 }
             }
         }
@@ -781,7 +799,17 @@ impl Subscription {
 
     /// Sends a history query to `endpoint` of `node` and holds that node's
     /// samples until it is answered.
-    fn ask<L: Link>(&self, io: &mut SubState<L>, node: NodeId, q: Query, initial: bool) -> bool {
+    /// `again`: sent again while unanswered ([`RESEND_AFTER`]).
+    fn ask<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        node: NodeId,
+        mut q: Query,
+        initial: bool,
+        again: bool,
+    ) -> bool {
+        io.query_id += 1;
+        q.id = Some(io.query_id);
         let msg = q.encode();
         if let Err(err) = io.link.send(msg.clone()) {
             tracing::warn!(publisher = %node, %err, "cannot send a history query");
@@ -794,15 +822,27 @@ impl Subscription {
             buffer: Vec::new(),
             started: now,
             initial,
-            queries: Vec::new(),
+            ids: BTreeMap::new(),
+            again: Vec::new(),
             heard: BTreeSet::new(),
-            resent: 0,
         });
         if j.pending.insert(q.socket.clone()) && initial && j.pending.len() == 1 {
             io.initial_joins += 1;
         }
-        j.queries.push((q.socket, msg));
-        io.arm(now + RESEND_AFTER[0].min(JOIN_TIMEOUT));
+        j.ids.entry(q.socket.clone()).or_default().push(io.query_id);
+        j.heard.remove(&q.socket);
+        j.again.retain(|r| r.socket != q.socket);
+        if again {
+            j.again.push(Resend {
+                socket: q.socket,
+                msg,
+                at: now,
+                copies: 0,
+            });
+            io.arm(now + RESEND_AFTER[0].min(JOIN_TIMEOUT));
+        } else {
+            io.arm(now + JOIN_TIMEOUT);
+        }
         true
     }
 
@@ -831,6 +871,15 @@ impl Subscription {
             return; // late: the query timed out
         };
         if !j.pending.contains(&reply.socket) {
+            return;
+        }
+        // The answer to an earlier query's copy (an older subscriber's
+        // publisher names none).
+        if reply.id.is_some_and(|id| {
+            j.ids
+                .get(&reply.socket)
+                .is_some_and(|want| !want.contains(&id))
+        }) {
             return;
         }
         j.heard.insert(reply.socket.clone());
@@ -939,8 +988,9 @@ impl Subscription {
                         expr: key.clone(),
                         last: 0,
                         since: vec![(key, last)],
+                        id: None,
                     };
-                    self.ask(io, s.publisher, q, false);
+                    self.ask(io, s.publisher, q, false, false);
                 }
                 // The sample waits for the repair; if the query could not
                 // be sent, it goes through and the gap is reported.
@@ -1140,20 +1190,20 @@ impl Subscription {
                 continue;
             }
             earliest(j.started + JOIN_TIMEOUT);
-            if let Some(after) = RESEND_AFTER.get(j.resent) {
-                if now >= j.started + *after {
-                    j.resent += 1;
-                    again.extend(
-                        j.queries
-                            .iter()
-                            .filter(|(socket, _)| {
-                                j.pending.contains(socket) && !j.heard.contains(socket)
-                            })
-                            .map(|(_, msg)| msg.clone()),
-                    );
+            let (pending, heard) = (&j.pending, &j.heard);
+            for r in j
+                .again
+                .iter_mut()
+                .filter(|r| pending.contains(&r.socket) && !heard.contains(&r.socket))
+            {
+                if let Some(after) = RESEND_AFTER.get(r.copies) {
+                    if now >= r.at + *after {
+                        r.copies += 1;
+                        again.push(r.msg.clone());
+                    }
                 }
-                if let Some(after) = RESEND_AFTER.get(j.resent) {
-                    earliest(j.started + *after);
+                if let Some(after) = RESEND_AFTER.get(r.copies) {
+                    earliest(r.at + *after);
                 }
             }
         }
@@ -2199,6 +2249,7 @@ mod tests {
                 replayed: false,
             }],
             done: true,
+            id: None,
         };
         let key = Key::internal("@r/tok").unwrap();
         f.receive(frame::encode(
@@ -2398,12 +2449,16 @@ mod tests {
     }
 
     #[test]
-    fn a_history_query_nothing_answered_is_sent_again_and_a_second_answer_is_ignored() {
-        let mut f = fixture("sr/**", wants(2, false, None));
+    fn a_history_query_nothing_answered_is_sent_again_and_a_copy_s_answer_is_ignored() {
+        let mut f = fixture("sr/**", wants(2, true, None));
         f.route(&announcement("sr/a", Reliability::Reliable, 10));
         let t0 = f.io.link.now;
         assert_eq!(f.io.link.sent.len(), 1);
         let first = f.io.link.sent[0].clone();
+        let id = Query::decode(&first)
+            .unwrap()
+            .id
+            .expect("a query names itself");
         f.core.check_timers(
             &mut f.io,
             t0 + RESEND_AFTER[0] - Duration::from_millis(1),
@@ -2412,10 +2467,9 @@ mod tests {
         assert_eq!(f.io.link.sent.len(), 1, "not yet");
         f.core.check_timers(&mut f.io, t0 + RESEND_AFTER[0], true);
         assert_eq!(f.io.link.sent.len(), 2, "sent again");
-        assert_eq!(f.io.link.sent[1], first, "the same query");
+        assert_eq!(f.io.link.sent[1], first, "the same query, the same id");
         f.core.check_timers(&mut f.io, t0 + RESEND_AFTER[0], true);
         assert_eq!(f.io.link.sent.len(), 2, "once per step");
-        // A reply begins (not done): no third copy.
         let entry = |seq: u64| Entry {
             seq,
             timestamp_ns: 1,
@@ -2423,7 +2477,7 @@ mod tests {
             schema_id: 0,
             payload: Bytes::from(cbor(&Value::Float(seq as f64))),
         };
-        let reply = |entries: Vec<u64>, done: bool| Reply {
+        let reply = |entries: Vec<u64>, done: bool, id: u64| Reply {
             socket: "reliable".into(),
             keys: vec![KeyHistory {
                 key: "sr/a".into(),
@@ -2433,6 +2487,7 @@ mod tests {
                 replayed: false,
             }],
             done,
+            id: Some(id),
         };
         let key = Key::internal("@r/tok").unwrap();
         let send = |f: &mut Fixture, r: Reply| {
@@ -2442,16 +2497,25 @@ mod tests {
                 &r.encode(),
             ))
         };
-        send(&mut f, reply(vec![7], false));
+        // An answer naming another query (a copy of an earlier one) is not
+        // this join's: it neither fills nor ends it.
+        send(&mut f, reply(vec![7, 8], true, id + 100));
+        assert!(seqs(&f.events()).is_empty(), "still waiting");
+        // A reply begins (not done): no third copy.
+        send(&mut f, reply(vec![7], false, id));
         f.core.check_timers(&mut f.io, t0 + RESEND_AFTER[1], true);
         assert_eq!(f.io.link.sent.len(), 2, "a reply began: not sent again");
-        // The first answer ends; the copy's answer comes after it, whole.
-        send(&mut f, reply(vec![8], true));
-        send(&mut f, reply(vec![7, 8], true));
-        let ev = f.events();
-        assert_eq!(seqs(&ev), [7, 8], "each kept sample once");
+        send(&mut f, reply(vec![8], true, id));
+        assert_eq!(seqs(&f.events()), [7, 8], "each kept sample once");
         assert_eq!(f.counters.history_queries_resent.load(Relaxed), 1);
         assert_eq!(f.counters.history_queries_unanswered.load(Relaxed), 0);
+        // A repair (a gap on a live connection) is not sent again.
+        f.receive(sample("sr/a", 11));
+        let asked = f.io.link.sent.len();
+        assert_eq!(asked, 3, "the repair of 9 and 10");
+        let t1 = f.io.link.now;
+        f.core.check_timers(&mut f.io, t1 + RESEND_AFTER[1], true);
+        assert_eq!(f.io.link.sent.len(), asked, "a repair goes once");
     }
 
     #[test]
@@ -2512,6 +2576,7 @@ mod tests {
                     replayed: false,
                 }],
                 done: true,
+                id: None,
             };
             let key = Key::internal("@r/tok").unwrap();
             frame::encode(&key, &header(Kind::History, 1, "lab"), &r.encode())
