@@ -34,7 +34,7 @@ use milonga_wire::broker::{
 use serde::Serialize;
 
 use crate::backend::p2p::federation::Federation;
-use crate::backend::p2p::registry::Table;
+use crate::backend::p2p::registry::{Refused, Table};
 use crate::backend::p2p::serve_link::ENVELOPE;
 use crate::backend::p2p::uplink::{self, Plane};
 use crate::backend::p2p::zmq_io::{self, ContextRef, Frame};
@@ -245,11 +245,17 @@ impl Asked {
     }
 
     /// Whether a subscription asked for samples of `key` (its frames
-    /// begin `key ‖ 0x00`).
+    /// begin `key ‖ 0x00`). A subscription prefix is empty, ends at a
+    /// chunk's `/`, or is a whole key and its NUL (§3): those are the
+    /// prefixes looked up.
     fn covers(&self, key: &str) -> bool {
         let mut k = key.as_bytes().to_vec();
         k.push(0);
-        self.prefixes.iter().any(|p| k.starts_with(p))
+        self.prefixes.contains(&k[..0])
+            || self.prefixes.contains(&k[..])
+            || k.iter()
+                .enumerate()
+                .any(|(i, b)| *b == b'/' && self.prefixes.contains(&k[..=i]))
     }
 }
 
@@ -1188,8 +1194,7 @@ struct Domain {
     to_domain: [String; 3],
     /// Each plane's wanted peer-to-peer endpoints, links and shown nodes.
     wanted: [Arc<Mutex<Wanted>>; 3],
-    /// What the clients and links ask on each data plane (best effort,
-    /// reliable).
+    /// What the clients ask on each data plane (best effort, reliable).
     asked: [Arc<Mutex<Arc<Asked>>>; 2],
     /// Each plane's link XPUBs, by peer broker.
     bound: [Arc<Mutex<BTreeMap<String, String>>>; 3],
@@ -1209,6 +1214,9 @@ struct Domain {
     view: Vec<u8>,
     dirty: bool,
 }
+
+/// Most data endpoints of one registered node the broker connects to.
+const MAX_REGISTERED_ENDPOINTS: usize = 8;
 
 /// A node registered with the broker, as its clients are told it.
 struct RegistryNode {
@@ -1364,12 +1372,13 @@ impl Domain {
             others.insert(a.node_id.clone(), told);
         }
         // The nodes registered with this broker (registry mode), not of
-        // its host's directory: told to the clients, and their publishers
-        // connected to only for what a client or a link asks (a registry
-        // may hold thousands of nodes; most of them nobody here wants).
-        // They are not brought into the federation.
-        // With no client, nobody is told them: nothing to do (a pure
-        // registry of thousands costs nothing here).
+        // its host's directory nor known otherwise (a registration cannot
+        // stand in for a node of the federation): told to the clients, and
+        // their publishers connected to only for what a client asks (a
+        // registry may hold thousands of nodes; most of them nobody here
+        // wants). They are not brought into the federation. With no
+        // client, nobody is told them: nothing to do (a pure registry of
+        // thousands costs nothing here).
         let mut registered = HashSet::new();
         if !self.clients.is_empty() {
             self.read_registry();
@@ -1379,7 +1388,11 @@ impl Domain {
             .iter()
             .filter(|_| !self.clients.is_empty())
         {
-            if local.contains(&r.id) || self.clients.contains_key(&r.id) {
+            if local.contains(&r.id)
+                || self.clients.contains_key(&r.id)
+                || listed.contains_key(&r.id)
+                || broker_nodes.contains_key(&r.id)
+            {
                 continue;
             }
             for (i, ep) in &r.wanted {
@@ -1505,15 +1518,35 @@ impl Domain {
         }
         self.registry_read = Some((version, asked.clone()));
         let me = self.host.node_id();
+        // The broker's own sockets, which no registration may name.
+        let h = &self.hello;
+        let own: HashSet<&str> = self
+            .to_domain
+            .iter()
+            .map(String::as_str)
+            .chain([
+                h.data_best_effort_in.as_str(),
+                h.data_reliable_in.as_str(),
+                h.liveliness_in.as_str(),
+                h.data_best_effort_out.as_str(),
+                h.data_reliable_out.as_str(),
+                h.liveliness_out.as_str(),
+                h.calls.as_str(),
+                h.services_in.as_str(),
+            ])
+            .collect();
+        // Registered nodes are on other hosts (or found here through the
+        // local directory too): tcp only, and a registration cannot make
+        // the broker connect to a local socket, nor to itself.
+        let reachable = |e: &str| e.starts_with("tcp://") && !own.contains(uplink::untagged(e));
         let mut nodes = Vec::new();
         for a in self.registry.registered() {
-            if a.node_id == me || a.domain != self.hello.domain {
+            let Some(node) = milonga_wire::frame::NodeId::from_hex(&a.node_id) else {
+                continue;
+            };
+            if a.node_id == me || a.domain != h.domain {
                 continue;
             }
-            // Registered nodes are on other hosts (or found here through
-            // the local directory too): tcp only, and a registration cannot
-            // make the broker connect to a local socket.
-            let reachable = |e: &str| e.starts_with("tcp://");
             let mut wanted = Vec::new();
             for p in &a.publications {
                 let i = match p.reliability {
@@ -1521,8 +1554,17 @@ impl Domain {
                     crate::model::qos::Reliability::Reliable => 1,
                 };
                 if let Some(ep) = a.publication_endpoint(p).filter(|e| reachable(e)) {
-                    if asked[i].covers(&p.key) {
-                        wanted.push((i, uplink::untagged(ep).to_owned()));
+                    let ep = uplink::untagged(ep);
+                    // A node has a few data sockets: one that names more
+                    // is not followed past them.
+                    let new = !wanted
+                        .iter()
+                        .any(|(j, e): &(usize, String)| *j == i && e == ep);
+                    if asked[i].covers(&p.key) && (!new || wanted.len() < MAX_REGISTERED_ENDPOINTS)
+                    {
+                        if new {
+                            wanted.push((i, ep.to_owned()));
+                        }
                     }
                 }
             }
@@ -1543,9 +1585,7 @@ impl Domain {
                 id: a.node_id.clone(),
                 told,
                 wanted,
-                registered: milonga_wire::frame::NodeId::from_hex(&a.node_id)
-                    .filter(|_| any)
-                    .map(|n| n.0),
+                registered: any.then_some(node.0),
                 services,
             });
         }
@@ -1603,13 +1643,20 @@ impl Domain {
                 self.to_domain[1].as_str(),
                 self.to_domain[2].as_str(),
             ];
-            let shown = Domain::at(&a, td);
-            self.host.show(&shown);
-            // The registered nodes see it too (at the same sockets).
-            if self.registry.hold(&shown, now).is_err() {
+            self.host.show(&Domain::at(&a, td));
+            self.dirty = true;
+        }
+        // The registered nodes see it too (at the same sockets): put again
+        // until the table takes it.
+        if changed || !self.registry.holds(&a.node_id) {
+            let td = [
+                self.to_domain[0].as_str(),
+                self.to_domain[1].as_str(),
+                self.to_domain[2].as_str(),
+            ];
+            if self.registry.hold(&Domain::at(&a, td), now).is_err() {
                 limited!(warn, node = %a.node_id, "a broker client is not shown to the registered nodes: the registry holds its most");
             }
-            self.dirty = true;
         }
         let c = self
             .clients
@@ -1727,7 +1774,11 @@ impl Control {
                     .tick(now, direct, |peer| link_out_all(domains, peer));
                 let n: usize = self.domains.iter().map(|d| d.clients.len()).sum();
                 self.counters.clients.store(n as u64, Ordering::Relaxed);
-                let n: usize = self.domains.iter().map(|d| d.registry.len()).sum();
+                let n: usize = self
+                    .domains
+                    .iter()
+                    .map(|d| d.registry.registered_len())
+                    .sum();
                 self.counters.registered.store(n as u64, Ordering::Relaxed);
                 self.counters
                     .links
@@ -1874,16 +1925,25 @@ impl Control {
                     return;
                 };
                 let registered = d.registry.register(who, &header, announcement, total, now);
-                if registered == Ok(false) {
-                    reply(&self.router, &[wire::MAGIC, wire::ANNOUNCE]);
-                } else if registered.is_err() {
-                    self.counters
-                        .registry_refused
-                        .fetch_add(1, Ordering::Relaxed);
-                    limited!(warn, node = %header.node_id, "refused a registration: the registry holds its most nodes");
-                    let text = format!("this registry holds {total} nodes, its most");
-                    reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
-                }
+                let text = match registered {
+                    Ok(true) => return,
+                    Ok(false) => {
+                        reply(&self.router, &[wire::MAGIC, wire::ANNOUNCE]);
+                        return;
+                    }
+                    Err(Refused::Full) => {
+                        limited!(warn, node = %header.node_id, "refused a registration: the registry holds its most nodes");
+                        format!("this registry holds {total} nodes, its most")
+                    }
+                    Err(Refused::Taken) => {
+                        limited!(warn, node = %header.node_id, "refused a registration: the node id is a client's of this broker");
+                        format!("node id {} is a client's of this broker", header.node_id)
+                    }
+                };
+                self.counters
+                    .registry_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
             }
             BrokerRequest::Unregister { domain, node_id } => {
                 for d in self.domains.iter_mut().filter(|d| d.hello.domain == domain) {

@@ -83,6 +83,8 @@ pub(crate) struct Table {
     /// Removals at or below this version are no longer listed.
     floor: u64,
     bytes: usize,
+    /// How many entries are held for the broker's clients.
+    held: usize,
     registrants: HashMap<Vec<u8>, Registrant>,
     /// Where the next round of pages starts (fairness under the budget).
     rotate: usize,
@@ -93,6 +95,8 @@ pub(crate) struct Table {
 pub(crate) enum Refused {
     /// The table holds as many nodes or bytes as it may.
     Full,
+    /// The node id is one of the broker's clients' ([`Table::hold`]).
+    Taken,
 }
 
 impl Table {
@@ -108,6 +112,7 @@ impl Table {
             removed: HashMap::new(),
             floor: 0,
             bytes: 0,
+            held: 0,
             registrants: HashMap::new(),
             rotate: 0,
         }
@@ -147,6 +152,9 @@ impl Table {
         if !self.registrants.contains_key(who) && self.registrants.len() >= MAX_NODES {
             return Err(Refused::Full);
         }
+        if self.entries.get(id).is_some_and(|e| e.held) {
+            return Err(Refused::Taken);
+        }
         if let Some(json) = announcement {
             match self
                 .entries
@@ -165,7 +173,6 @@ impl Table {
                     e.parsed = Announcement::from_json(&json).ok();
                     e.json = json;
                     e.version = version;
-                    e.held = false;
                 }
                 None => {
                     if total >= MAX_NODES || self.bytes + json.len() > MAX_TABLE_BYTES {
@@ -230,6 +237,7 @@ impl Table {
     fn remove(&mut self, id: &str, now: Instant) {
         if let Some(e) = self.entries.remove(id) {
             self.bytes -= e.json.len();
+            self.held -= usize::from(e.held);
             let version = self.bump(id, Some(e.version));
             self.removed.insert(id.to_owned(), (version, now));
             if self.removed.len() > MAX_REMOVED {
@@ -249,8 +257,12 @@ impl Table {
         }
     }
 
-    /// An `unregister`: the node leaves now.
+    /// An `unregister`: the node leaves now (not one of the broker's
+    /// clients, which their broker withdraws).
     pub(crate) fn unregister(&mut self, node_id: &str, now: Instant) {
+        if self.entries.get(node_id).is_some_and(|e| e.held) {
+            return;
+        }
         self.remove(node_id, now);
         self.registrants.retain(|_, r| r.node_id != node_id);
     }
@@ -261,7 +273,10 @@ impl Table {
     pub(crate) fn hold(&mut self, a: &Announcement, now: Instant) -> Result<(), Refused> {
         let id = &a.node_id;
         let json = a.to_json();
-        let old = self.entries.get(id).map(|e| (e.json == json, e.json.len()));
+        let old = self
+            .entries
+            .get(id)
+            .map(|e| (e.json == json && e.held, e.json.len()));
         match old {
             Some((true, _)) => {}
             Some((false, len)) if self.bytes - len + json.len() > MAX_TABLE_BYTES => {
@@ -276,6 +291,7 @@ impl Table {
                 let previous = match self.entries.remove(id) {
                     Some(e) => {
                         self.bytes -= e.json.len();
+                        self.held -= usize::from(e.held);
                         Some(e.version)
                     }
                     None => self.removed.remove(id).map(|(v, _)| v),
@@ -293,9 +309,20 @@ impl Table {
                         held: true,
                     },
                 );
+                self.held += 1;
             }
         }
         Ok(())
+    }
+
+    /// Whether it holds `node_id` for one of the broker's clients.
+    pub(crate) fn holds(&self, node_id: &str) -> bool {
+        self.entries.get(node_id).is_some_and(|e| e.held)
+    }
+
+    /// How many nodes registered (not counting the clients held).
+    pub(crate) fn registered_len(&self) -> usize {
+        self.entries.len() - self.held
     }
 
     /// Withdraws what [`Table::hold`] put for `node_id` (a client gone).
@@ -907,6 +934,16 @@ mod tests {
         // Releasing a registered node does nothing.
         t.release(&id3, later);
         assert_eq!(t.len(), 1);
+        // Nobody registers in a client's place, nor unregisters it.
+        t.hold(&client, later).unwrap();
+        let h = header(&t, &client.node_id, 0);
+        assert_eq!(
+            t.register(b"x", &h, Some(ann(2).1), t.len(), later),
+            Err(Refused::Taken)
+        );
+        t.unregister(&client.node_id, later);
+        assert!(t.holds(&client.node_id));
+        assert_eq!((t.len(), t.registered_len()), (2, 1));
     }
 
     #[test]
