@@ -1560,11 +1560,8 @@ impl Domain {
                     let new = !wanted
                         .iter()
                         .any(|(j, e): &(usize, String)| *j == i && e == ep);
-                    if asked[i].covers(&p.key) && (!new || wanted.len() < MAX_REGISTERED_ENDPOINTS)
-                    {
-                        if new {
-                            wanted.push((i, ep.to_owned()));
-                        }
+                    if new && wanted.len() < MAX_REGISTERED_ENDPOINTS && asked[i].covers(&p.key) {
+                        wanted.push((i, ep.to_owned()));
                     }
                 }
             }
