@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | 0 | 1 | protocol version (1) |
 //! | 1 | 1 | kind: 1 sample, 2 batch, 3 heartbeat, 4 history, 5 request, 6 reply |
-//! | 2 | 1 | flags: bit 0 = the payload continues in a second frame; bit 1 = republished from a recording |
+//! | 2 | 1 | flags: bit 0 = the payload continues in a second frame; bit 1 = republished from a recording; bit 2 = the body is compressed |
 //! | 3 | 1 | encoding: 0 raw bytes, 1 CBOR, 2 JSON |
 //! | 4 | 4 | domain tag (FNV-1a 32 of the domain name) |
 //! | 8 | 4 | schema id (0 = none) |
@@ -25,7 +25,9 @@
 //! is set (the second ZeroMQ frame then holds the rest). For a batch, the body
 //! is one or more entries `u32 length | u64 timestamp_ns | payload`; entry
 //! `i` has sequence number `seq + i`, and every entry shares the header's
-//! encoding and schema id.
+//! encoding and schema id. With flag bit 2, the body (a sample's payload or
+//! a batch's entries) is compressed: `compressor u8 | size u32 | data`
+//! ([`Compressed`]).
 
 use crate::key::{Key, KeyError, MAX_KEY_BYTES};
 
@@ -66,8 +68,73 @@ pub const FLAG_PAYLOAD_FRAME: u8 = 0x01;
 /// Flag bit 1: a sample republished from a recording (`milonga replay`):
 /// its timestamp is the original source timestamp.
 pub const FLAG_REPLAYED: u8 = 0x02;
+/// Flag bit 2: the body is compressed ([`Compressed`]); only on samples
+/// and batches, never with [`FLAG_PAYLOAD_FRAME`].
+pub const FLAG_COMPRESSED: u8 = 0x04;
 /// Every flag bit this version knows.
-pub const KNOWN_FLAGS: u8 = FLAG_PAYLOAD_FRAME | FLAG_REPLAYED;
+pub const KNOWN_FLAGS: u8 = FLAG_PAYLOAD_FRAME | FLAG_REPLAYED | FLAG_COMPRESSED;
+
+/// What compressed a body (flag bit 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Compressor {
+    /// An LZ4 block (no frame, no size prefix).
+    Lz4 = 1,
+    /// A Zstandard frame.
+    Zstd = 2,
+}
+
+impl Compressor {
+    /// From its byte.
+    pub fn from_u8(b: u8) -> Option<Compressor> {
+        match b {
+            1 => Some(Compressor::Lz4),
+            2 => Some(Compressor::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes before a compressed body's data: the compressor and the size.
+pub const COMPRESSED_HEAD_LEN: usize = 5;
+
+/// A compressed body, read: `compressor u8 | size u32 | data`, where
+/// `size` is the length of the body once inflated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compressed<'a> {
+    /// What compressed it.
+    pub compressor: Compressor,
+    /// Its length once inflated.
+    pub size: usize,
+    /// The compressed bytes.
+    pub data: &'a [u8],
+}
+
+impl<'a> Compressed<'a> {
+    /// Reads a compressed body.
+    pub fn read(body: &'a [u8]) -> Result<Compressed<'a>, FrameError> {
+        let [c, s0, s1, s2, s3, data @ ..] = body else {
+            return Err(FrameError::BadCompressed("shorter than its 5-byte head"));
+        };
+        let compressor =
+            Compressor::from_u8(*c).ok_or(FrameError::BadCompressed("unknown compressor"))?;
+        let size = u32::from_le_bytes([*s0, *s1, *s2, *s3]) as usize;
+        if size == 0 {
+            return Err(FrameError::BadCompressed("an empty body is not compressed"));
+        }
+        Ok(Compressed {
+            compressor,
+            size,
+            data,
+        })
+    }
+
+    /// The head of a compressed body: `compressor | size`.
+    pub fn head(compressor: Compressor, size: u32) -> [u8; COMPRESSED_HEAD_LEN] {
+        let s = size.to_le_bytes();
+        [compressor as u8, s[0], s[1], s[2], s[3]]
+    }
+}
 
 /// What a data frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -273,6 +340,13 @@ impl Header {
         if kind == Kind::Batch && flags & FLAG_PAYLOAD_FRAME != 0 {
             return Err(FrameError::BadBatch("a batch cannot have a payload frame"));
         }
+        if flags & FLAG_COMPRESSED != 0
+            && (!matches!(kind, Kind::Sample | Kind::Batch) || flags & FLAG_PAYLOAD_FRAME != 0)
+        {
+            return Err(FrameError::BadCompressed(
+                "only a one-frame sample or batch is compressed",
+            ));
+        }
         if matches!(kind, Kind::Heartbeat | Kind::History | Kind::Denied)
             && flags & FLAG_PAYLOAD_FRAME != 0
         {
@@ -334,6 +408,10 @@ pub enum FrameError {
     /// A heartbeat is malformed.
     #[error("malformed heartbeat: {0}")]
     BadHeartbeat(&'static str),
+    /// A compressed body is malformed, or does not inflate as its head
+    /// says.
+    #[error("malformed compressed body: {0}")]
+    BadCompressed(&'static str),
     /// The payload-frame flag and the presence of a second frame disagree.
     #[error("payload frame flag is {flag} but the message has {frames} frame(s)")]
     FrameCount {
@@ -417,7 +495,10 @@ pub fn decode(frame: &'_ [u8]) -> Result<FrameView<'_>, FrameError> {
     let header = Header::read(&frame[nul + 1..])?;
     let body_offset = nul + 1 + HEADER_LEN;
     let body = &frame[body_offset..];
-    if header.kind == Kind::Batch {
+    if header.flags & FLAG_COMPRESSED != 0 {
+        // Its entries are checked once inflated.
+        Compressed::read(body)?;
+    } else if header.kind == Kind::Batch {
         BatchEntries::new(body)?.try_for_each(|e| e.map(|_| ()))?;
     }
     Ok(FrameView {
@@ -603,6 +684,51 @@ mod tests {
             decode(&v),
             Err(FrameError::BadKey(KeyError::BadUtf8 { .. }))
         ));
+    }
+
+    #[test]
+    fn a_compressed_body_is_checked_for_its_head_only_and_only_where_allowed() {
+        let key = Key::new("a").unwrap();
+        let mut body = Compressed::head(Compressor::Zstd, 1000).to_vec();
+        body.extend_from_slice(b"not checked here");
+        let h = Header {
+            flags: FLAG_COMPRESSED,
+            ..header()
+        };
+        let v = encode(&key, &h, &body);
+        let view = decode(&v).unwrap();
+        let c = Compressed::read(view.body).unwrap();
+        assert_eq!((c.compressor, c.size), (Compressor::Zstd, 1000));
+        assert_eq!(c.data, b"not checked here");
+        // A batch's entries are not checked while compressed.
+        let batch = Header {
+            kind: Kind::Batch,
+            ..h
+        };
+        assert!(decode(&encode(&key, &batch, &body)).is_ok());
+        // Refused: an unknown compressor, a short head, a size of 0, a
+        // heartbeat, and a second frame.
+        let mut bad = body.clone();
+        bad[0] = 9;
+        let refused = |h: &Header, b: &[u8]| {
+            matches!(
+                decode(&encode(&key, h, b)),
+                Err(FrameError::BadCompressed(_))
+            )
+        };
+        assert!(refused(&h, &bad));
+        assert!(refused(&h, &body[..4]));
+        assert!(refused(&h, &Compressed::head(Compressor::Lz4, 0)));
+        let hb = Header {
+            kind: Kind::Heartbeat,
+            ..h
+        };
+        assert!(refused(&hb, &body));
+        let two = Header {
+            flags: FLAG_COMPRESSED | FLAG_PAYLOAD_FRAME,
+            ..h
+        };
+        assert!(refused(&two, &body));
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub struct Publisher {
     node: Arc<NodeInner>,
     /// With a `file:///` locator: samples go into the recording instead.
     pub(crate) file: Option<Arc<crate::api::file_node::FileNode>>,
+    /// The QoS's compression, else the node's.
+    compression: crate::Compression,
 }
 
 impl Publisher {
@@ -60,7 +62,9 @@ impl Publisher {
         };
         let mut template = vec![0u8; frame::head_len(&key)];
         frame::write_head(&key, &header, &mut template);
+        let compression = qos.compression.unwrap_or_else(|| node.cfg().compression());
         Publisher {
+            compression,
             node,
             key,
             qos,
@@ -195,6 +199,7 @@ impl Publisher {
             template: &self.template,
             seq: &self.seq,
             reliable: self.qos.reliability == Reliability::Reliable,
+            compression: &self.compression,
         };
         self.data.put(&put, enc, schema_id, wait)
     }

@@ -105,6 +105,7 @@ impl SubShared {
             reliable: qos.reliable,
             token,
             filter,
+            max_bytes: node.cfg().max_message_bytes,
         };
         Ok(SubShared {
             core: Subscription::new(expr, wants, node.core().domain_tag, node.counters().clone()),

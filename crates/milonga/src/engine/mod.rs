@@ -5,6 +5,7 @@
 
 pub(crate) mod batch;
 pub(crate) mod call;
+pub(crate) mod compress;
 pub(crate) mod filters;
 pub(crate) mod history;
 pub(crate) mod outlet;

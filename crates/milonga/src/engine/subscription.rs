@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use milonga_wire::cbor::decode_payload;
 use milonga_wire::frame::{
-    self, BatchEntries, FrameError, Kind, FLAG_PAYLOAD_FRAME, FLAG_REPLAYED,
+    self, BatchEntries, FrameError, Kind, FLAG_COMPRESSED, FLAG_PAYLOAD_FRAME, FLAG_REPLAYED,
 };
 use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::{Bytes, KeyExpr, NodeId};
@@ -307,6 +307,8 @@ pub(crate) struct Subscription {
     filter: Option<(milonga_wire::filter::Filter, String)>,
     /// The domain's tag: frames of another domain are refused.
     domain_tag: u32,
+    /// `max_message_bytes`: no compressed body inflates beyond it.
+    max_bytes: usize,
     counters: Arc<Counters>,
 }
 
@@ -318,6 +320,8 @@ pub(crate) struct Wants {
     pub(crate) reliable: bool,
     pub(crate) token: String,
     pub(crate) filter: Option<(milonga_wire::filter::Filter, String)>,
+    /// `max_message_bytes`.
+    pub(crate) max_bytes: usize,
 }
 
 impl<L> SubState<L> {
@@ -381,6 +385,7 @@ impl Subscription {
             reliable: wants.reliable,
             token: wants.token,
             filter: wants.filter,
+            max_bytes: wants.max_bytes,
             domain_tag,
             counters,
         }
@@ -1457,7 +1462,17 @@ impl Subscription {
             return;
         }
         let key = user_key.to_owned();
-        let body_offset = view.body_offset;
+        // A compressed body is inflated before anything reads it: the
+        // frame is then as it would have been sent plain.
+        let (frame, body_offset) = if h.flags & FLAG_COMPRESSED != 0 {
+            match self.inflated(&frame, view.body_offset, view.body) {
+                Some(f) => f,
+                None => return,
+            }
+        } else {
+            (frame.clone(), view.body_offset)
+        };
+        let body = &frame[body_offset..];
         match h.kind {
             Kind::Sample => {
                 let first = frame.slice(body_offset..);
@@ -1484,7 +1499,7 @@ impl Subscription {
             Kind::Heartbeat | Kind::History | Kind::Request | Kind::Reply | Kind::Denied => {}
             Kind::Batch => {
                 // `decode` has validated every entry.
-                let entries = BatchEntries::new(view.body).into_iter().flatten().flatten();
+                let entries = BatchEntries::new(body).into_iter().flatten().flatten();
                 for (i, e) in entries.enumerate() {
                     let Some(seq) = h.seq.checked_add(i as u64) else {
                         let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -1514,6 +1529,44 @@ impl Subscription {
                 }
             }
         }
+    }
+
+    /// The frame `frame` would have been uncompressed (its compressed
+    /// body at `body_offset`), and its body's offset; `None` (counted in
+    /// `frames_malformed`, logged) if it does not inflate within
+    /// `max_message_bytes` or is not a valid frame once inflated.
+    fn inflated(&self, frame: &Bytes, body_offset: usize, body: &[u8]) -> Option<(Bytes, usize)> {
+        let c = &self.counters;
+        let refuse = |err: &dyn std::fmt::Display| {
+            let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+            log_drop(n, "a compressed frame", err);
+        };
+        let read = match frame::Compressed::read(body) {
+            Ok(r) => r,
+            Err(e) => {
+                refuse(&e);
+                return None;
+            }
+        };
+        let plain = match crate::engine::compress::inflate(&read, self.max_bytes) {
+            Ok(p) => p,
+            Err(e) => {
+                refuse(&e);
+                return None;
+            }
+        };
+        let mut out = Vec::with_capacity(body_offset + plain.len());
+        out.extend_from_slice(&frame[..body_offset]);
+        let flags = body_offset - frame::HEADER_LEN + frame::offset::FLAGS;
+        out[flags] &= !FLAG_COMPRESSED;
+        out.extend_from_slice(&plain);
+        // A batch's entries are checked now.
+        if let Err(e) = frame::decode(&out) {
+            refuse(&e);
+            return None;
+        }
+        stats::inc(&c.frames_inflated);
+        Some((Bytes::from(out), body_offset))
     }
 
     /// A sample whose payload does not decode: it goes through the
@@ -1880,6 +1933,7 @@ mod tests {
             reliable,
             token: "tok".into(),
             filter: None,
+            max_bytes: 1 << 20,
         }
     }
 
@@ -2516,6 +2570,49 @@ mod tests {
         let t1 = f.io.link.now;
         f.core.check_timers(&mut f.io, t1 + RESEND_AFTER[1], true);
         assert_eq!(f.io.link.sent.len(), asked, "a repair goes once");
+    }
+
+    #[test]
+    fn compressed_samples_and_batches_arrive_inflated_and_bad_ones_are_counted() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::Reliable, 0));
+        let text = Value::from("beam current 12.5 mA; ".repeat(100));
+        let zstd = crate::Compression::zstd();
+        let compressed = |kind: Kind, seq: u64, plain: &[u8]| {
+            let mut h = header(kind, seq, "lab");
+            h.flags = FLAG_COMPRESSED;
+            let body = zstd.deflate(&[plain]).expect("it shrinks");
+            frame::encode(&Key::new("sr/a").unwrap(), &h, &body)
+        };
+        f.receive(compressed(Kind::Sample, 1, &cbor(&text)));
+        let mut batch = Vec::new();
+        for _ in 0..3 {
+            frame::push_batch_entry(&mut batch, 7, &cbor(&text));
+        }
+        f.receive(compressed(Kind::Batch, 2, &batch));
+        let ev = f.events();
+        assert_eq!(seqs(&ev), [1, 2, 3, 4]);
+        assert!(ev
+            .iter()
+            .filter_map(|e| e.as_sample())
+            .all(|s| s.value == text));
+        assert_eq!(f.counters.frames_inflated.load(Relaxed), 2);
+        // One that would inflate past max_message_bytes, one whose data
+        // are not zstd, a batch whose entries are bad once inflated: each
+        // dropped and counted; the next sample shows the gap.
+        let mut bomb = compressed(Kind::Sample, 5, &cbor(&text));
+        let size_at = bomb.len() - (bomb.len() - frame::head_len(&Key::new("sr/a").unwrap())) + 1;
+        bomb[size_at..size_at + 4].copy_from_slice(&(2u32 << 20).to_le_bytes());
+        f.receive(bomb);
+        let mut corrupt = compressed(Kind::Sample, 6, &cbor(&text));
+        let n = corrupt.len();
+        corrupt[n - 8..].copy_from_slice(&[0xff; 8]);
+        f.receive(corrupt);
+        f.receive(compressed(Kind::Batch, 7, &vec![0xee; 600]));
+        assert_eq!(f.counters.frames_malformed.load(Relaxed), 3);
+        assert_eq!(f.counters.frames_inflated.load(Relaxed), 2);
+        f.receive(sample("sr/a", 8));
+        assert_eq!(losses(&f.events()), [(5, 3)]);
     }
 
     #[test]

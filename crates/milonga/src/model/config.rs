@@ -256,6 +256,9 @@ pub(crate) const KEYS: &[KeySpec] = &[
     key("trust_dir", Some("MILONGA_TRUST"), Kind::OptText),
     key("acl_file", Some("MILONGA_ACL"), Kind::OptText),
     key("file_speed", Some("MILONGA_FILE_SPEED"), Kind::Text),
+    key("compression", Some("MILONGA_COMPRESSION"), Kind::Text),
+    key("compression_threshold_bytes", None, Kind::Int),
+    key("compression_level", None, Kind::Int),
 ];
 
 /// The name of every field of `c`: written out without `..`, so that a new
@@ -300,6 +303,9 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         trust_dir: _,
         acl_file: _,
         file_speed: _,
+        compression: _,
+        compression_threshold_bytes: _,
+        compression_level: _,
     } = c;
     vec![
         "locator",
@@ -338,6 +344,9 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "trust_dir",
         "acl_file",
         "file_speed",
+        "compression",
+        "compression_threshold_bytes",
+        "compression_level",
     ]
 }
 
@@ -466,9 +475,33 @@ pub struct Config {
     /// subscriptions read the recording back, `max` (the default: as fast
     /// as they take it) or a factor of the recorded pace (`1`, `2`, `0.5`).
     pub file_speed: String,
+    /// How publishers compress their samples unless their QoS says
+    /// (docs/compression.md): `none` (the default), `lz4` or `zstd`.
+    pub compression: String,
+    /// Payloads smaller than this are not compressed. Default 512.
+    pub compression_threshold_bytes: usize,
+    /// zstd's level (0: its default, 3), or LZ4's acceleration (0 or 1:
+    /// its default). Default 0.
+    pub compression_level: i32,
 }
 
 impl Config {
+    /// The compression publishers use unless their QoS says
+    /// (`compression`, `compression_threshold_bytes`, `compression_level`).
+    pub fn compression(&self) -> crate::Compression {
+        let c = match self.compression.as_str() {
+            "lz4" => crate::Compression::lz4(),
+            "zstd" => crate::Compression::zstd(),
+            _ => crate::Compression::none(),
+        };
+        let c = c.threshold(self.compression_threshold_bytes);
+        if self.compression_level == 0 {
+            c
+        } else {
+            c.level(self.compression_level)
+        }
+    }
+
     /// Defaults for `locator` and `name`.
     pub fn new(locator: &str, name: &str) -> Self {
         Config {
@@ -508,6 +541,9 @@ impl Config {
             trust_dir: None,
             acl_file: None,
             file_speed: "max".into(),
+            compression: "none".into(),
+            compression_threshold_bytes: crate::engine::compress::DEFAULT_THRESHOLD_BYTES,
+            compression_level: 0,
         }
     }
 
@@ -596,6 +632,12 @@ impl Config {
                     parse_speed(&t).map_err(err)?;
                     self.file_speed = t;
                 }
+                "compression" => {
+                    if !matches!(t.as_str(), "none" | "lz4" | "zstd") {
+                        return Err(err(format!("{t:?}: expected none, lz4 or zstd")));
+                    }
+                    self.compression = t;
+                }
                 _ => unreachable!("a text key without a field: {key}"),
             },
             (Kind::OptText, v @ (V::Text(_) | V::Unset)) => {
@@ -648,6 +690,10 @@ impl Config {
                     "tcp_buffer_bytes" => self.tcp_buffer_bytes = fit(i, key)?,
                     "close_linger_ms" => self.close_linger_ms = fit(i, key)?,
                     "zero_copy_threshold_bytes" => self.zero_copy_threshold_bytes = fit(i, key)?,
+                    "compression_threshold_bytes" => {
+                        self.compression_threshold_bytes = fit(i, key)?
+                    }
+                    "compression_level" => self.compression_level = fit(i, key)?,
                     _ => unreachable!("an integer key without a field: {key}"),
                 }
             }
@@ -917,6 +963,7 @@ mod tests {
             ("MILONGA_TRUST", "/k/trust"),
             ("MILONGA_ACL", "/k/acl.rules"),
             ("MILONGA_FILE_SPEED", "2"),
+            ("MILONGA_COMPRESSION", "zstd"),
         ]
         .into_iter()
         .collect();
@@ -967,6 +1014,8 @@ mod tests {
         assert_eq!(c.trust_dir, Some(PathBuf::from("/k/trust")));
         assert_eq!(c.acl_file, Some(PathBuf::from("/k/acl.rules")));
         assert_eq!(c.file_speed, "2");
+        assert_eq!(c.compression, "zstd");
+        assert_eq!(c.compression().compressor, Some(crate::Compressor::Zstd));
         let none = Config::from_lookup("milonga:///given", "n", |_| None).unwrap();
         assert_eq!(none.locator, "milonga:///given");
     }
@@ -1030,6 +1079,7 @@ mod tests {
                 (Kind::Text, "security") => ConfigValue::Text("on".into()),
                 (Kind::Text, "file_speed") => ConfigValue::Text("0.5".into()),
                 (Kind::Text, "discovery") => ConfigValue::Text("etcd".into()),
+                (Kind::Text, "compression") => ConfigValue::Text("lz4".into()),
                 (Kind::Text | Kind::OptText, _) => ConfigValue::Text("tcp://h:1".into()),
                 (Kind::Bool, _) => ConfigValue::Bool(false),
                 (Kind::Int, _) => ConfigValue::Int(7),

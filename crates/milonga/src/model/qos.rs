@@ -20,6 +20,9 @@ pub struct PublisherQos {
     /// replayed flag (`Sample::replayed`), and `Publisher::put_at` gives
     /// their original timestamps.
     pub replayed: bool,
+    /// How its samples are compressed on the wire (docs/compression.md);
+    /// `None`: as the node's `compression` settings say.
+    pub compression: Option<crate::Compression>,
 }
 
 impl PublisherQos {
@@ -35,6 +38,7 @@ impl PublisherQos {
             put_timeout: None,
             history: 0,
             replayed: false,
+            compression: None,
         }
     }
 
@@ -48,6 +52,13 @@ impl PublisherQos {
     /// [`PublisherQos::replayed`](PublisherQos#structfield.replayed)).
     pub fn replay(mut self) -> Self {
         self.replayed = true;
+        self
+    }
+
+    /// Compresses its samples so (docs/compression.md), whatever the
+    /// node's `compression` settings say.
+    pub fn compression(mut self, c: crate::Compression) -> Self {
+        self.compression = Some(c);
         self
     }
 

@@ -162,6 +162,10 @@ counters! {
     history_queries_unanswered,
     /// History queries sent again because no reply had begun (§4.2).
     history_queries_resent,
+    /// Samples this node's publishers sent compressed (§4.6).
+    frames_deflated,
+    /// Compressed frames this node's subscriptions inflated (§4.6).
+    frames_inflated,
     /// Samples delivered from a publisher's history (late joining or repair).
     samples_replayed,
     /// Filter evaluations by this node's publishers (one per distinct

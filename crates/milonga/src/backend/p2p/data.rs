@@ -135,15 +135,33 @@ impl DataSocket {
             });
         }
         let started = Instant::now();
+        // Compressed on the wire when the publisher says and it shrinks
+        // (docs/compression.md); history and filters keep the plain
+        // payload, and a compressed sample never joins a batch.
+        let parts = [&enc.head[..], enc.tail.as_deref().unwrap_or_default()];
+        let n = if enc.tail.is_some() { 2 } else { 1 };
+        let deflated = put.compression.deflate(&parts[..n]).map(|body| Encoded {
+            encoding: enc.encoding,
+            head: Bytes::from(body),
+            tail: None,
+        });
+        let (sent, flags) = match &deflated {
+            Some(d) => {
+                stats::inc(&put.p2p.core().counters.frames_deflated);
+                (d, frame::FLAG_COMPRESSED)
+            }
+            None => (&enc, 0),
+        };
         let reliable = put.reliable;
         let batch_limit = MAX_BATCH_BYTES.min(put.p2p.core().cfg.max_message_bytes);
         let batchable = reliable
+            && flags == 0
             && enc.tail.is_none()
             && enc.head.len() <= MAX_ENTRY_BYTES
             && put.template.len() + BATCH_ENTRY_HEADER_LEN + enc.head.len() <= batch_limit;
         // Built before taking the lock, except on a reliable socket, where
         // the sample may join a batch instead.
-        let mut msg = (!reliable).then(|| put.build(&enc, schema_id));
+        let mut msg = (!reliable).then(|| put.build(sent, schema_id, flags));
         let mut d = lock(&self.sock);
         // `close` may have run while we waited for the lock; after it, no
         // batch would ever be sent.
@@ -175,18 +193,20 @@ impl DataSocket {
                 })?;
             }
         }
-        let mut msg = msg.take().unwrap_or_else(|| put.build(&enc, schema_id));
+        let mut msg = msg
+            .take()
+            .unwrap_or_else(|| put.build(sent, schema_id, flags));
         put.stamp(&mut msg, seq, timestamp_ns);
         let head_len = put.template.len();
 
-        let more = if enc.tail.is_some() { zmq::SNDMORE } else { 0 };
+        let more = if sent.tail.is_some() { zmq::SNDMORE } else { 0 };
         match d.sock.send(msg, zmq::DONTWAIT | more) {
             Ok(()) => {}
             // Only a reliable (XPUB_NODROP) socket refuses a message.
             Err(zmq::Error::EAGAIN | zmq::Error::EINTR)
                 if batchable && d.out.pending().is_none() =>
             {
-                let mut m = put.build(&enc, schema_id);
+                let mut m = put.build(&enc, schema_id, 0);
                 put.stamp(&mut m, seq, timestamp_ns);
                 *d.out.pending() = Some(Pending::start(
                     &m[..head_len],
@@ -201,15 +221,15 @@ impl DataSocket {
             Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {
                 // The `zmq` crate consumed the refused message: each retry
                 // builds it again.
-                put.wait(&mut d, wait, started, |d, flags| {
-                    let mut m = put.build(&enc, schema_id);
+                put.wait(&mut d, wait, started, |d, send_flags| {
+                    let mut m = put.build(sent, schema_id, flags);
                     put.stamp(&mut m, seq, timestamp_ns);
-                    d.sock.send(m, flags | more)
+                    d.sock.send(m, send_flags | more)
                 })?;
             }
             Err(e) => return Err(PutError::Socket(e.transport())),
         }
-        if let Some(tail) = enc.tail.clone() {
+        if let Some(tail) = sent.tail.clone() {
             // The first frame is out: the payload frame must follow, or the
             // next message would be glued to this one. libzmq accepts it
             // (the high-water mark counts whole messages); only a signal
@@ -260,6 +280,8 @@ pub(crate) struct Put<'a> {
     /// The source timestamp the application gave (`put_at`), else the
     /// time of the put.
     pub(crate) timestamp_ns: Option<u64>,
+    /// How its samples are compressed on the wire.
+    pub(crate) compression: &'a crate::Compression,
 }
 
 impl Put<'_> {
@@ -361,7 +383,7 @@ impl Put<'_> {
     /// The first frame: `key | 0 | header | head of the payload`. Built
     /// again for a retry after EAGAIN, because the `zmq` crate consumes the
     /// message even when the send fails.
-    fn build(&self, enc: &Encoded, schema_id: u32) -> zmq::Message {
+    fn build(&self, enc: &Encoded, schema_id: u32, flags: u8) -> zmq::Message {
         let h = self.key.as_str().len() + 1;
         let mut msg = zmq::Message::with_size(self.template.len() + enc.head.len());
         let (head, body) = msg.split_at_mut(self.template.len());
@@ -370,6 +392,7 @@ impl Put<'_> {
         use frame::offset::{ENCODING, FLAGS, SCHEMA_ID};
         // The template's flags (replayed) and the payload's.
         head[h + FLAGS] = self.template[h + FLAGS]
+            | flags
             | if enc.tail.is_some() {
                 FLAG_PAYLOAD_FRAME
             } else {

@@ -1,0 +1,261 @@
+//! Compressed bodies (docs/protocol.md §4.6, docs/compression.md): a
+//! publisher deflates a sample's payload when it is large enough and
+//! shrinks; a subscriber inflates it before anything else reads it, within
+//! the node's `max_message_bytes`.
+
+use std::cell::RefCell;
+
+pub use milonga_wire::frame::Compressor;
+use milonga_wire::frame::{Compressed, COMPRESSED_HEAD_LEN};
+
+/// How a publisher compresses its samples (`PublisherQos::compression`,
+/// or the node's `compression` settings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compression {
+    /// What compresses (`None`: samples go as they are).
+    pub compressor: Option<Compressor>,
+    /// Payloads smaller than this go as they are.
+    pub threshold_bytes: usize,
+    /// zstd's level (1 to 22; negative levels are faster still); LZ4's
+    /// acceleration when positive (1 is the default, higher is faster and
+    /// compresses less).
+    pub level: i32,
+}
+
+/// The threshold a compressor starts at unless told.
+pub const DEFAULT_THRESHOLD_BYTES: usize = 512;
+/// zstd's level unless told.
+pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+
+impl Default for Compression {
+    fn default() -> Self {
+        Compression::none()
+    }
+}
+
+impl Compression {
+    /// No compression.
+    pub fn none() -> Self {
+        Compression {
+            compressor: None,
+            threshold_bytes: DEFAULT_THRESHOLD_BYTES,
+            level: DEFAULT_ZSTD_LEVEL,
+        }
+    }
+
+    /// LZ4 (fast, less compression), from 512 bytes.
+    pub fn lz4() -> Self {
+        Compression {
+            compressor: Some(Compressor::Lz4),
+            level: 1,
+            ..Compression::none()
+        }
+    }
+
+    /// Zstandard at level 3, from 512 bytes.
+    pub fn zstd() -> Self {
+        Compression {
+            compressor: Some(Compressor::Zstd),
+            ..Compression::none()
+        }
+    }
+
+    /// Compresses only payloads of at least `bytes`.
+    pub fn threshold(mut self, bytes: usize) -> Self {
+        self.threshold_bytes = bytes;
+        self
+    }
+
+    /// Sets the level (zstd) or acceleration (LZ4).
+    pub fn level(mut self, level: i32) -> Self {
+        self.level = level;
+        self
+    }
+
+    /// The name used in configuration: `none`, `lz4` or `zstd`.
+    pub fn name(&self) -> &'static str {
+        match self.compressor {
+            None => "none",
+            Some(Compressor::Lz4) => "lz4",
+            Some(Compressor::Zstd) => "zstd",
+        }
+    }
+
+    /// The compressed body for `payload` (`compressor | size | data`), if
+    /// this compresses it and it comes out smaller.
+    pub(crate) fn deflate(&self, payload: &[&[u8]]) -> Option<Vec<u8>> {
+        let c = self.compressor?;
+        let size: usize = payload.iter().map(|p| p.len()).sum();
+        if size < self.threshold_bytes.max(1) {
+            return None;
+        }
+        let size32 = u32::try_from(size).ok()?;
+        // One contiguous input (a payload may be in two parts).
+        let joined;
+        let input: &[u8] = match payload {
+            [one] => one,
+            parts => {
+                joined = parts.concat();
+                &joined
+            }
+        };
+        let data = match c {
+            Compressor::Lz4 => lz4::block::compress(
+                input,
+                Some(lz4::block::CompressionMode::FAST(self.level.max(1))),
+                false,
+            )
+            .ok()?,
+            Compressor::Zstd => ZSTD.with(|z| {
+                let mut z = z.borrow_mut();
+                let fresh = !matches!(&*z, Some((l, _)) if *l == self.level);
+                if fresh {
+                    *z = Some((self.level, zstd::bulk::Compressor::new(self.level).ok()?));
+                }
+                z.as_mut()?.1.compress(input).ok()
+            })?,
+        };
+        if data.len() + COMPRESSED_HEAD_LEN >= size {
+            return None;
+        }
+        let mut body = Vec::with_capacity(COMPRESSED_HEAD_LEN + data.len());
+        body.extend_from_slice(&Compressed::head(c, size32));
+        body.extend_from_slice(&data);
+        Some(body)
+    }
+}
+
+thread_local! {
+    /// A zstd context per thread (making one costs more than compressing
+    /// a small payload), at the level it was made for.
+    static ZSTD: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+    static UNZSTD: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { RefCell::new(None) };
+}
+
+/// Why a compressed body was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum InflateError {
+    /// Its head says it inflates beyond what a message may hold.
+    #[error("it would inflate to {size} bytes, over max_message_bytes ({limit})")]
+    TooLarge {
+        /// What its head says.
+        size: usize,
+        /// `max_message_bytes`.
+        limit: usize,
+    },
+    /// The data do not inflate, or not to the size its head says.
+    #[error("its {0} data do not inflate to the size its head says")]
+    Corrupt(&'static str),
+}
+
+/// Inflates a compressed body read by [`Compressed::read`], refusing one
+/// that would pass `limit` bytes before inflating anything.
+pub(crate) fn inflate(c: &Compressed<'_>, limit: usize) -> Result<Vec<u8>, InflateError> {
+    if c.size > limit {
+        return Err(InflateError::TooLarge {
+            size: c.size,
+            limit,
+        });
+    }
+    let out = match c.compressor {
+        Compressor::Lz4 => {
+            let size = i32::try_from(c.size).map_err(|_| InflateError::Corrupt("LZ4"))?;
+            lz4::block::decompress(c.data, Some(size)).map_err(|_| InflateError::Corrupt("LZ4"))?
+        }
+        Compressor::Zstd => UNZSTD
+            .with(|z| {
+                let mut z = z.borrow_mut();
+                if z.is_none() {
+                    *z = zstd::bulk::Decompressor::new().ok();
+                }
+                z.as_mut()?.decompress(c.data, c.size).ok()
+            })
+            .ok_or(InflateError::Corrupt("zstd"))?,
+    };
+    if out.len() != c.size {
+        return Err(InflateError::Corrupt(match c.compressor {
+            Compressor::Lz4 => "LZ4",
+            Compressor::Zstd => "zstd",
+        }));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(n: usize) -> Vec<u8> {
+        (0..n).map(|i| b"beam current 12.5 mA; "[i % 22]).collect()
+    }
+
+    #[test]
+    fn a_payload_deflates_and_inflates_back_with_each_compressor() {
+        for c in [
+            Compression::lz4(),
+            Compression::zstd(),
+            Compression::zstd().level(19),
+        ] {
+            let p = text(10_000);
+            let body = c.deflate(&[&p[..4000], &p[4000..]]).expect("shrinks");
+            assert!(body.len() < p.len() / 5, "{}: {}", c.name(), body.len());
+            let read = Compressed::read(&body).unwrap();
+            assert_eq!(read.size, p.len());
+            assert_eq!(inflate(&read, 1 << 20).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn small_or_incompressible_payloads_and_no_compressor_go_as_they_are() {
+        assert!(Compression::zstd().deflate(&[&text(100)]).is_none());
+        assert!(Compression::zstd()
+            .threshold(10)
+            .deflate(&[&text(100)])
+            .is_some());
+        let mut x: u32 = 1;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 24) as u8
+            })
+            .collect();
+        assert!(Compression::lz4().deflate(&[&noise]).is_none());
+        assert!(Compression::none().deflate(&[&text(10_000)]).is_none());
+    }
+
+    #[test]
+    fn a_bomb_a_lie_about_the_size_and_corrupt_data_are_refused() {
+        let p = text(100_000);
+        for c in [Compression::lz4(), Compression::zstd()] {
+            let body = c.deflate(&[&p]).unwrap();
+            let read = Compressed::read(&body).unwrap();
+            // Over the limit: refused before inflating.
+            assert_eq!(
+                inflate(&read, 50_000),
+                Err(InflateError::TooLarge {
+                    size: 100_000,
+                    limit: 50_000
+                })
+            );
+            // A head that says less than the data hold.
+            let mut small = body.clone();
+            small[1..5].copy_from_slice(&1000u32.to_le_bytes());
+            assert!(inflate(&Compressed::read(&small).unwrap(), 1 << 20).is_err());
+            // A head that says more.
+            let mut big = body.clone();
+            big[1..5].copy_from_slice(&200_000u32.to_le_bytes());
+            assert!(inflate(&Compressed::read(&big).unwrap(), 1 << 20).is_err());
+            // Flipped bytes in the data: an error or other bytes, never
+            // more than the size.
+            for i in (COMPRESSED_HEAD_LEN..body.len()).step_by(7) {
+                let mut bad = body.clone();
+                bad[i] ^= 0x5a;
+                if let Ok(out) = inflate(&Compressed::read(&bad).unwrap(), 1 << 20) {
+                    assert_eq!(out.len(), 100_000);
+                }
+            }
+        }
+    }
+}
