@@ -139,11 +139,17 @@ class PublisherQos:
     reliable: never drop; ``put`` waits (at most ``put_timeout`` seconds, or
         forever if None) until the slowest subscriber has room.
     history: samples kept per key for late joiners and repair.
+    compression: ``"none"``, ``"lz4"`` or ``"zstd"`` on the wire (None: the
+        node's ``compression`` setting); ``compression_threshold`` bytes and
+        ``compression_level`` as the keys of docs/config.md.
     """
 
     reliable: bool = False
     history: int = 0
     put_timeout: float | None = None
+    compression: str | None = None
+    compression_threshold: int | None = None
+    compression_level: int | None = None
 
 
 @dataclass(frozen=True)
@@ -282,7 +288,15 @@ class Node(_native.Node):
     def publisher(self, key: str, qos: PublisherQos | None = None) -> Publisher:
         """Declares a publisher of ``key``."""
         q = qos or PublisherQos()
-        return self._publisher(key, q.reliable, q.history, q.put_timeout)
+        return self._publisher(
+            key,
+            q.reliable,
+            q.history,
+            q.put_timeout,
+            q.compression,
+            q.compression_threshold,
+            q.compression_level,
+        )
 
     def subscribe(
         self,

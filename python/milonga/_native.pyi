@@ -62,6 +62,9 @@ class Node:
         reliable: bool = False,
         history: int = 0,
         put_timeout: float | None = None,
+        compression: str | None = None,
+        compression_threshold: int | None = None,
+        compression_level: int | None = None,
     ) -> Publisher: ...
     def _subscribe(
         self,

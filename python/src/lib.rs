@@ -82,6 +82,8 @@ fn apply_config(cfg: &mut Config, config: &Bound<'_, PyDict>) -> PyResult<()> {
 pub(crate) struct Node {
     node: milonga::Node,
     threshold: usize,
+    /// The node's `compression` settings, which a publisher's QoS changes.
+    compression: milonga::Compression,
 }
 
 #[pymethods]
@@ -99,10 +101,15 @@ impl Node {
             apply_config(&mut cfg, c)?;
         }
         let threshold = cfg.zero_copy_threshold_bytes;
+        let compression = cfg.compression();
         let node = py
             .detach(|| milonga::Node::open_with(cfg))
             .map_err(|e| errors::open(py, e))?;
-        Ok(Node { node, threshold })
+        Ok(Node {
+            node,
+            threshold,
+            compression,
+        })
     }
 
     /// The node's name.
@@ -123,7 +130,9 @@ impl Node {
         self.node.domain()
     }
 
-    #[pyo3(signature = (key, reliable=false, history=0, put_timeout=None))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (key, reliable=false, history=0, put_timeout=None, compression=None,
+                        compression_threshold=None, compression_level=None))]
     fn _publisher(
         &self,
         py: Python<'_>,
@@ -131,6 +140,9 @@ impl Node {
         reliable: bool,
         history: usize,
         put_timeout: Option<f64>,
+        compression: Option<&str>,
+        compression_threshold: Option<usize>,
+        compression_level: Option<i32>,
     ) -> PyResult<Publisher> {
         let mut qos = if reliable {
             PublisherQos::reliable()
@@ -138,6 +150,27 @@ impl Node {
             PublisherQos::best_effort()
         };
         qos = qos.history(history);
+        // The node's settings, changed where the QoS says.
+        if compression.is_some() || compression_threshold.is_some() || compression_level.is_some() {
+            let mut c = match compression {
+                None => self.compression,
+                Some("none") => milonga::Compression::none(),
+                Some("lz4") => milonga::Compression::lz4(),
+                Some("zstd") => milonga::Compression::zstd(),
+                Some(other) => {
+                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                        "compression {other:?}: expected 'none', 'lz4' or 'zstd'"
+                    )))
+                }
+            };
+            if let Some(t) = compression_threshold {
+                c = c.threshold(t);
+            }
+            if let Some(l) = compression_level {
+                c = c.level(l);
+            }
+            qos = qos.compression(c);
+        }
         let timeout = seconds("put_timeout", put_timeout)?;
         let p = self
             .node

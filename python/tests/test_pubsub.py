@@ -39,6 +39,26 @@ VALUES: list[object] = [
 ]
 
 
+def test_compressed_samples_arrive_as_they_were_put(domain: Domain) -> None:
+    a = domain.open("pub")
+    lz = domain.open("lz", compression="lz4")
+    b = domain.open("sub")
+    text = "beam current 12.5 mA, vacuum 1e-9 mbar; " * 100
+    pub = a.publisher("lab/z", milonga.PublisherQos(compression="zstd", compression_level=5))
+    plain = a.publisher("lab/plain", milonga.PublisherQos(compression="none"))
+    from_node = lz.publisher("lab/lz")
+    sub = b.subscribe("lab/**")
+    for p in (pub, plain, from_node):
+        wait_for("the subscription", lambda p=p: p.subscriber_count() == 1)
+        p.put(text)
+        assert next_sample(sub).value == text
+    assert a.stats()["frames_deflated"] == 1
+    assert lz.stats()["frames_deflated"] == 1
+    assert b.stats()["frames_inflated"] == 2
+    with pytest.raises(ValueError, match="expected 'none', 'lz4' or 'zstd'"):
+        a.publisher("lab/bad", milonga.PublisherQos(compression="gzip"))
+
+
 def test_every_kind_of_value_arrives_as_it_was_sent(domain: Domain) -> None:
     a = domain.open("pub")
     b = domain.open("sub")

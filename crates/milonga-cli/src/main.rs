@@ -204,6 +204,10 @@ struct PubArgs {
     /// Keep the last N samples for late joiners and repair.
     #[arg(long, default_value_t = 0)]
     history: usize,
+    /// Compress payloads of 512 bytes or more on the wire (default: the
+    /// `compression` setting, MILONGA_COMPRESSION; docs/compression.md).
+    #[arg(long, value_parser = ["none", "lz4", "zstd"])]
+    compression: Option<String>,
     /// Before the first put, wait until this many subscriptions match.
     #[arg(long, default_value_t = 0)]
     wait_subscribers: u32,
@@ -400,6 +404,12 @@ fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
         PublisherQos::best_effort()
     }
     .history(a.history);
+    let qos = match a.compression.as_deref() {
+        Some("lz4") => qos.compression(milonga::Compression::lz4()),
+        Some("zstd") => qos.compression(milonga::Compression::zstd()),
+        Some(_) => qos.compression(milonga::Compression::none()),
+        None => qos,
+    };
     let p = node.publisher_with(&a.key, qos)?;
     if a.wait_subscribers > 0 {
         let end = Instant::now() + Duration::from_secs_f64(a.wait_timeout);

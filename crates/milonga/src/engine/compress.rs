@@ -248,7 +248,7 @@ mod tests {
             big[1..5].copy_from_slice(&200_000u32.to_le_bytes());
             assert!(inflate(&Compressed::read(&big).unwrap(), 1 << 20).is_err());
             // Flipped bytes in the data: an error or other bytes, never
-            // more than the size.
+            // more than the size (a wider mutation run: below).
             for i in (COMPRESSED_HEAD_LEN..body.len()).step_by(7) {
                 let mut bad = body.clone();
                 bad[i] ^= 0x5a;
@@ -257,5 +257,60 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Mutations of compressed bodies (bytes changed, inserted, cut,
+    /// heads rewritten) never panic and never inflate past the limit.
+    #[test]
+    fn mutated_compressed_bodies_never_panic_nor_grow_past_the_limit() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n.max(1) as u64) as usize
+        };
+        let limit = 1 << 16;
+        let seeds: Vec<Vec<u8>> = [Compression::lz4(), Compression::zstd()]
+            .iter()
+            .flat_map(|c| {
+                [text(600), text(20_000)]
+                    .into_iter()
+                    .map(|p| c.deflate(&[&p]).unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut refused = 0;
+        for i in 0..40_000 {
+            let mut b = seeds[i % seeds.len()].clone();
+            for _ in 0..1 + next(4) {
+                match next(4) {
+                    0 if !b.is_empty() => {
+                        let at = next(b.len());
+                        b[at] = next(256) as u8;
+                    }
+                    0 => {}
+                    1 => {
+                        let at = next(b.len() + 1);
+                        b.insert(at, next(256) as u8);
+                    }
+                    2 => b.truncate(next(b.len() + 1)),
+                    _ => {
+                        if b.len() >= COMPRESSED_HEAD_LEN {
+                            let size = next(limit * 2) as u32;
+                            b[1..5].copy_from_slice(&size.to_le_bytes());
+                        }
+                    }
+                }
+            }
+            match Compressed::read(&b) {
+                Err(_) => refused += 1,
+                Ok(c) => match inflate(&c, limit) {
+                    Ok(out) => assert!(out.len() == c.size && out.len() <= limit),
+                    Err(_) => refused += 1,
+                },
+            }
+        }
+        assert!(refused > 10_000, "most mutations are refused: {refused}");
     }
 }
