@@ -62,6 +62,9 @@ enum BenchKind {
     /// What recording to MCAP costs: rate against a subscriber alone and
     /// against the disk, and the replay rate.
     Record(crate::bench_record::RecordArgs),
+    /// Seed 003: serialization formats (CDR, JSON, CBOR) and compression
+    /// (LZ4, zstd, zlib) on a track record: efficiency, codec time, RTT.
+    Encoding(crate::bench_encoding::EncodingArgs),
 }
 
 #[derive(Args, Debug)]
@@ -321,6 +324,7 @@ pub fn run(net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
         BenchKind::Registry(r) => crate::bench_registry::run(r),
         BenchKind::Deadlines(d) => crate::bench_deadlines::run(d, t),
         BenchKind::Record(r) => crate::bench_record::run(r, t),
+        BenchKind::Encoding(e) => crate::bench_encoding::run(e),
     }
 }
 

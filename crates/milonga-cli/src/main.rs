@@ -15,6 +15,7 @@ mod bench;
 mod bench_broker;
 mod bench_deadlines;
 mod bench_discovery;
+mod bench_encoding;
 mod bench_liveliness;
 mod bench_record;
 mod bench_registry;

@@ -539,6 +539,41 @@ fn bench_prints_the_documented_csv() {
         ["sub", "none", "lz4", "zstd", "disk", "replay", "writer"]
     );
     assert!(modes.iter().all(|m| m.1 > 0.0), "{text}");
+    // bench encoding: the columns, a row per format and
+    // compression, each track back as it went (the bench checks), the
+    // reference cell's omega 1.
+    let rows = run(&[
+        "bench",
+        "encoding",
+        "--round-trips",
+        "20",
+        "--calls",
+        "5",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(
+        rows[0].join(","),
+        "format,compression,payload_bytes,wire_bytes,eta,chi,encode_ns,decode_ns,path,rate_per_s,rtt_p50_us,rtt_p99_us,omega,lost"
+    );
+    let cells: Vec<String> = rows[1..]
+        .iter()
+        .map(|r| format!("{}/{}", r[0], r[1]))
+        .collect();
+    assert_eq!(cells.len(), 12, "{cells:?}");
+    assert_eq!(cells[0], "cdr/none");
+    assert_eq!(rows[1][12], "1.000");
+    for r in &rows[1..] {
+        let eta: f64 = r[4].parse().unwrap();
+        let p50: f64 = r[10].parse().unwrap();
+        assert!(eta > 0.0 && p50 > 0.0 && r[8] == "loopback", "{r:?}");
+    }
+    let out = env
+        .cmd(&["bench", "encoding", "--paths", "A"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
     let rows = run(&["bench", "discovery", "--nodes", "5", "--format", "csv"]);
     assert_eq!(rows[0].join(","), "case,nodes,p50_ms,max_ms,note");
     let cases: Vec<&str> = rows[1..].iter().map(|r| r[0].as_str()).collect();
