@@ -296,6 +296,17 @@ pub(crate) enum Role {
     LivePub {
         at: Place,
     },
+    /// `bench encoding` on a wide-area path: the ping side, which runs
+    /// every cell at `rate` messages a second, `n` messages each.
+    EncPing {
+        at: Place,
+        n: usize,
+        rate: f64,
+    },
+    /// `bench encoding` on a wide-area path: the pong side.
+    EncPong {
+        at: Place,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
@@ -360,6 +371,9 @@ fn idle(a: IdleArgs) -> Result<ExitCode> {
 /// Runs a worker role in this process (`milonga bench-worker`).
 pub fn worker(a: WorkerArgs) -> Result<ExitCode> {
     let role: Role = serde_json::from_str(&a.spec).context("bad worker spec")?;
+    if matches!(role, Role::EncPing { .. } | Role::EncPong { .. }) {
+        return crate::bench_encoding::worker(role);
+    }
     let ctx = zmq::Context::new();
     let out = run_role(&ctx, role)?;
     println!("{}", serde_json::to_string(&out)?);
@@ -404,6 +418,9 @@ fn run_role(ctx: &zmq::Context, role: Role) -> Result<Outcome> {
         Role::MlgPing { at, size, n } => mlg_ping(&at, size, n),
         Role::MlgPong { at } => mlg_pong(&at),
         Role::LivePub { at } => crate::bench_liveliness::live_pub(&at),
+        Role::EncPing { .. } | Role::EncPong { .. } => {
+            bail!("a bench encoding role runs in a worker process of its own")
+        }
     }
 }
 
@@ -877,7 +894,7 @@ fn raw_sub(ctx: &zmq::Context, at: &Place, deadline_s: f64) -> Result<Outcome> {
 
 // ---- milonga ----
 
-fn mlg_config(at: &Place, name: &str) -> Result<Config> {
+pub(crate) fn mlg_config(at: &Place, name: &str) -> Result<Config> {
     let mut c = Config::new(&at.address, name);
     // Benchmarks compare with plain libzmq: security off unless asked
     // (`--with-security`), whatever the address.

@@ -20,8 +20,19 @@
 //!   come back within a second. `omega` = CDR's p50 without compression /
 //!   this cell's p50.
 //!
-//! The seed's wide-area paths A-E (delay and loss between two hosts) are
-//! not built yet: `--paths` takes `loopback` only.
+//! - Paths `A`..`E` (root: two network namespaces of the test bed): seed
+//!   003's wide-area paths, at each of its publishing rates (200, 100, 50
+//!   messages a second), with the one-way delay and the packet loss it
+//!   measured on each (`PATHS`). A ping process on one host puts a track
+//!   every 1/rate s (best effort, several in flight when the delay is
+//!   longer than the period), a pong process on the other decodes and
+//!   answers each; the RTT of each message is its answer's arrival, once
+//!   decoded, less its put. `lost`: messages with no answer within a
+//!   second of the last put. The delay is the bed's relay on the ping
+//!   host's link (median less the IQR, plus a uniform share of twice the
+//!   IQR: the same median and IQR), the loss nftables' on that link, both
+//!   ways; over TCP a lost packet is retransmitted, so loss shows as
+//!   latency, not as lost messages.
 
 use std::time::{Duration, Instant};
 
@@ -35,9 +46,17 @@ use crate::bench::Format;
 /// Options of `milonga bench encoding`.
 #[derive(Args, Debug)]
 pub struct EncodingArgs {
-    /// Paths to measure the round trip on (only `loopback` so far).
+    /// Paths to measure the round trip on: `loopback`, and seed 003's
+    /// wide-area paths `A`..`E` (root: network namespaces).
     #[arg(long, value_delimiter = ',', default_value = "loopback")]
     paths: Vec<String>,
+    /// Publishing rates on the wide-area paths, messages a second (the
+    /// seed's: 200, 100, 50).
+    #[arg(long, value_delimiter = ',', default_value = "200,100,50")]
+    rates: Vec<u32>,
+    /// Messages per cell on a wide-area path.
+    #[arg(long, default_value_t = 200)]
+    wan_messages: usize,
     /// Round trips measured per cell (after 200 warm-up ones).
     #[arg(long, default_value_t = 2000)]
     round_trips: usize,
@@ -303,13 +322,66 @@ struct Rtt {
     lost: u64,
 }
 
+/// Seed 003's wide-area paths ("Performance Evaluation III", measured on
+/// PlanetLab): path, publishing rate (messages/s), one-way delay median
+/// and IQR (ms), packet loss rate median (%).
+const PATHS: &[(&str, u32, f64, f64, f64)] = &[
+    ("A", 200, 8.9, 0.87, 3.35),
+    ("A", 100, 8.85, 0.78, 1.07),
+    ("A", 50, 8.96, 0.53, 0.4),
+    ("B", 200, 17.95, 0.56, 5.28),
+    ("B", 100, 17.91, 0.53, 1.93),
+    ("B", 50, 18.0, 0.42, 0.74),
+    ("C", 200, 27.16, 18.0, 5.34),
+    ("C", 100, 22.3, 13.69, 1.41),
+    ("C", 50, 23.48, 10.6, 0.35),
+    ("D", 200, 27.75, 1.65, 5.78),
+    ("D", 100, 28.23, 1.50, 0.77),
+    ("D", 50, 28.25, 1.55, 0.2),
+    ("E", 200, 43.81, 0.78, 5.05),
+    ("E", 100, 43.71, 0.82, 1.78),
+    ("E", 50, 43.71, 0.63, 0.65),
+];
+
+/// Every cell: format and compression.
+fn all_cells() -> Vec<(Fmt, Comp)> {
+    [Fmt::Cdr, Fmt::Json, Fmt::Cbor]
+        .into_iter()
+        .flat_map(|f| {
+            [Comp::None, Comp::Lz4, Comp::Zstd, Comp::Zlib]
+                .into_iter()
+                .map(move |c| (f, c))
+        })
+        .collect()
+}
+
+fn tag(f: Fmt, c: Comp) -> String {
+    format!("{}-{}", fmt_name(f), comp_name(c))
+}
+
+fn parse_tag(t: &str) -> Option<(Fmt, Comp)> {
+    all_cells().into_iter().find(|(f, c)| tag(*f, *c) == t)
+}
+
+/// One cell's round trips on a wide-area path, as the ping worker says.
+#[derive(Serialize, Deserialize, Debug)]
+struct WanRtt {
+    tag: String,
+    p50_us: f64,
+    p99_us: f64,
+    lost: u64,
+}
+
 /// Runs `milonga bench encoding`.
 pub fn run(a: EncodingArgs) -> Result<std::process::ExitCode> {
     for p in &a.paths {
-        if p != "loopback" {
-            bail!(
-                "path {p}: the wide-area paths A-E of seed 003 (delay and loss between two hosts) are not built yet; use --paths loopback"
-            );
+        if p != "loopback" && !PATHS.iter().any(|(id, ..)| id == p) {
+            bail!("path {p}: expected loopback, A, B, C, D or E");
+        }
+    }
+    for r in &a.rates {
+        if !PATHS.iter().any(|(_, rate, ..)| rate == r) {
+            bail!("rate {r}: seed 003 measured its paths at 200, 100 and 50 messages a second");
         }
     }
     let track = Track::sample(1);
@@ -360,8 +432,229 @@ pub fn run(a: EncodingArgs) -> Result<std::process::ExitCode> {
         let _ = std::fs::remove_dir_all(&dir);
         result?;
     }
-    print(&a, &cells);
+    let wan: Vec<&str> = a
+        .paths
+        .iter()
+        .map(String::as_str)
+        .filter(|p| *p != "loopback")
+        .collect();
+    let mut wan_rows = Vec::new();
+    if !wan.is_empty() {
+        wan_rows = wide_area(&a, &wan)?;
+    }
+    print(&a, &cells, &wan_rows);
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The wide-area paths: (path, rate, the cells' round trips).
+fn wide_area(a: &EncodingArgs, paths: &[&str]) -> Result<Vec<(String, u32, Vec<WanRtt>)>> {
+    use std::io::BufRead;
+    let mut bed = milonga_testkit::netbed::Bed::new(2)
+        .map_err(|why| anyhow::anyhow!("paths A-E need network namespaces (root): {why}"))?;
+    let dir = std::env::temp_dir().join(format!("mlg-bench-encoding-wan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
+    let mut out = Vec::new();
+    let result = (|| -> Result<()> {
+        for &(id, rate, median, iqr, plr) in PATHS {
+            if !paths.contains(&id) || !a.rates.contains(&rate) {
+                continue;
+            }
+            let base = (median - iqr).max(0.0);
+            bed.set_delay(
+                0,
+                Duration::from_secs_f64(base / 1000.0),
+                Duration::from_secs_f64(2.0 * iqr / 1000.0),
+            )
+            .map_err(|why| anyhow::anyhow!("cannot delay the link: {why}"))?;
+            bed.set_loss_ppm(0, (plr * 10_000.0).round() as u32);
+            eprintln!("# path {id} at {rate}/s: one-way delay {median} ms (IQR {iqr}), loss {plr}% each way on the ping host's link");
+            let at = crate::bench::Place {
+                address: format!(
+                    "milonga:///bench-encoding-{}-{id}{rate}",
+                    std::process::id()
+                ),
+                runtime_dir: dir.display().to_string(),
+                transport: "tcp".into(),
+                hwm: 1000,
+                history: 0,
+                keys: None,
+            };
+            let spawn = |h: usize, role: crate::bench::Role| -> Result<std::process::Child> {
+                let exe = std::env::current_exe()?;
+                let mut c = bed.command(h, &exe.display().to_string());
+                c.env("MILONGA_BENCH_TCP_HOST", bed.host(h).addr.to_string())
+                    .arg("bench-worker")
+                    .arg(serde_json::to_string(&role)?)
+                    .stdout(std::process::Stdio::piped())
+                    .stdin(std::process::Stdio::null());
+                c.spawn().context("cannot start a bench worker")
+            };
+            let mut pong = spawn(1, crate::bench::Role::EncPong { at: at.clone() })?;
+            let ping = spawn(
+                0,
+                crate::bench::Role::EncPing {
+                    at,
+                    n: a.wan_messages,
+                    rate: f64::from(rate),
+                },
+            );
+            let line = ping.and_then(|mut p| {
+                let mut line = String::new();
+                std::io::BufReader::new(p.stdout.take().expect("piped")).read_line(&mut line)?;
+                let status = p.wait()?;
+                if !status.success() {
+                    bail!("the ping worker of path {id} at {rate}/s failed ({status})");
+                }
+                Ok(line)
+            });
+            let _ = pong.kill();
+            let _ = pong.wait();
+            let rtts: Vec<WanRtt> = serde_json::from_str(&line?)?;
+            out.push((id.to_owned(), rate, rtts));
+        }
+        Ok(())
+    })();
+    bed.set_loss_ppm(0, 0);
+    drop(bed);
+    let _ = std::fs::remove_dir_all(&dir);
+    result.map(|()| out)
+}
+
+/// A `bench encoding` worker on a host of the bed (`bench-worker`).
+pub fn worker(role: crate::bench::Role) -> Result<std::process::ExitCode> {
+    match role {
+        crate::bench::Role::EncPong { at } => pong_worker(&at),
+        crate::bench::Role::EncPing { at, n, rate } => {
+            let rtts = ping_worker(&at, n, rate)?;
+            println!("{}", serde_json::to_string(&rtts)?);
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        _ => bail!("not a bench encoding role"),
+    }
+}
+
+/// Answers every ping of every cell, until killed (or a minute without
+/// one).
+fn pong_worker(at: &crate::bench::Place) -> Result<std::process::ExitCode> {
+    let node = Node::open_with(crate::bench::mlg_config(at, "pong")?)?;
+    let mut to_ping = std::collections::HashMap::new();
+    for (f, c) in all_cells() {
+        let t = tag(f, c);
+        let p = node.publisher_with(&format!("enc/{t}/pong"), PublisherQos::best_effort())?;
+        to_ping.insert(t, p);
+    }
+    let sub = node.subscribe("enc/*/ping")?;
+    loop {
+        match sub.recv_timeout(Duration::from_secs(60)) {
+            Ok(Event::Sample(s)) => {
+                let Some(t) = s.key.split('/').nth(1) else {
+                    continue;
+                };
+                let (Some((f, c)), Some(p)) = (parse_tag(t), to_ping.get(t)) else {
+                    continue;
+                };
+                let Value::Bytes(b) = s.value else { continue };
+                let mut track = decode(f, c, &b)?;
+                track.status = TrackStatus::Coasted;
+                // Best effort: a full queue drops the answer (counted lost
+                // at the ping side).
+                let _ = p.put(Value::Bytes(Bytes::from(encode(f, c, &track)?)));
+            }
+            Ok(_) => {}
+            Err(_) => return Ok(std::process::ExitCode::SUCCESS),
+        }
+    }
+}
+
+/// Every cell in turn: `n` tracks at `rate` a second, each answer's round
+/// trip.
+fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanRtt>> {
+    let node = Node::open_with(crate::bench::mlg_config(at, "ping")?)?;
+    let mut out = Vec::new();
+    for (f, c) in all_cells() {
+        let t = tag(f, c);
+        let to_pong = node.publisher_with(&format!("enc/{t}/ping"), PublisherQos::best_effort())?;
+        let back = node.subscribe(&format!("enc/{t}/pong"))?;
+        // Both ways matched: the pong's subscription reached this
+        // publisher, and an answer comes back.
+        let until = Instant::now() + Duration::from_secs(30);
+        // Warm-up tracks: ids far above those measured (0..n).
+        let mut id = 1_000_000;
+        'warm: loop {
+            if Instant::now() > until {
+                bail!("{t}: no answer from the pong host in 30 s");
+            }
+            if to_pong.subscriber_count() > 0 {
+                id += 1;
+                to_pong.put(Value::Bytes(Bytes::from(encode(f, c, &Track::sample(id))?)))?;
+            }
+            let wait = Instant::now() + Duration::from_millis(200);
+            while let Ok(e) = back.recv_timeout(wait.saturating_duration_since(Instant::now())) {
+                if let Event::Sample(_) = e {
+                    break 'warm;
+                }
+            }
+        }
+        // Late answers of the warm-up are told apart by their ids.
+        let mut sent_at: Vec<Option<Instant>> = vec![None; n];
+        let mut rtts = Vec::with_capacity(n);
+        let period = Duration::from_secs_f64(1.0 / rate);
+        let start = Instant::now();
+        let mut next = 0usize;
+        let take = |e: Event, rtts: &mut Vec<f64>, sent_at: &[Option<Instant>]| -> Result<()> {
+            if let Event::Sample(s) = e {
+                if let Value::Bytes(b) = s.value {
+                    let track = decode(f, c, &b)?;
+                    let i = track.track_id.wrapping_sub(40_000) as usize;
+                    if let Some(Some(t0)) = sent_at.get(i) {
+                        rtts.push(t0.elapsed().as_nanos() as f64 / 1000.0);
+                    }
+                }
+            }
+            Ok(())
+        };
+        while next < n {
+            let due = start + period * next as u32;
+            let now = Instant::now();
+            if now >= due {
+                sent_at[next] = Some(now);
+                to_pong.put(Value::Bytes(Bytes::from(encode(
+                    f,
+                    c,
+                    &Track::sample(next as u32),
+                )?)))?;
+                next += 1;
+                continue;
+            }
+            if let Ok(e) = back.recv_timeout(due - now) {
+                take(e, &mut rtts, &sent_at)?;
+            }
+        }
+        let end = Instant::now() + Duration::from_secs(1);
+        while rtts.len() < n {
+            match back.recv_timeout(end.saturating_duration_since(Instant::now())) {
+                Ok(e) => take(e, &mut rtts, &sent_at)?,
+                Err(_) => break,
+            }
+        }
+        let lost = (n - rtts.len().min(n)) as u64;
+        rtts.sort_by(f64::total_cmp);
+        let (p50, p99) = if rtts.is_empty() {
+            (f64::NAN, f64::NAN)
+        } else {
+            (
+                rtts[rtts.len() / 2],
+                rtts[(rtts.len() * 99 / 100).min(rtts.len() - 1)],
+            )
+        };
+        out.push(WanRtt {
+            tag: t,
+            p50_us: p50,
+            p99_us: p99,
+            lost,
+        });
+    }
+    Ok(out)
 }
 
 fn nodes(dir: &std::path::Path) -> Result<(Node, Node)> {
@@ -457,26 +750,61 @@ fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Resu
     })
 }
 
-fn print(a: &EncodingArgs, cells: &[Cell]) {
-    let cdr_p50 = cells
+fn print(a: &EncodingArgs, cells: &[Cell], wan: &[(String, u32, Vec<WanRtt>)]) {
+    // Per cell, its rows: (path, rate, p50, p99, omega, lost), the
+    // loopback's first. Omega is against CDR uncompressed on the same
+    // path and rate.
+    let loop_cdr = cells
         .iter()
         .find(|c| c.fmt == Fmt::Cdr && c.comp == Comp::None)
         .and_then(|c| c.rtt.as_ref().map(|r| r.p50_us));
-    let rtt_cols = |c: &Cell| match &c.rtt {
-        Some(r) => (
-            "loopback".to_owned(),
-            format!("{:.0}", r.rate),
-            format!("{:.1}", r.p50_us),
-            format!("{:.1}", r.p99_us),
-            cdr_p50.map_or(String::new(), |p| format!("{:.3}", p / r.p50_us)),
-            r.lost.to_string(),
-        ),
-        None => Default::default(),
+    let omega = |reference: Option<f64>, p50: f64| {
+        reference.map_or(String::new(), |r| format!("{:.3}", r / p50))
     };
+    let mut rows: Vec<(&Cell, [String; 6])> = Vec::new();
+    for c in cells {
+        if let Some(r) = &c.rtt {
+            rows.push((
+                c,
+                [
+                    "loopback".to_owned(),
+                    format!("{:.0}", r.rate),
+                    format!("{:.1}", r.p50_us),
+                    format!("{:.1}", r.p99_us),
+                    omega(loop_cdr, r.p50_us),
+                    r.lost.to_string(),
+                ],
+            ));
+        }
+    }
+    for (path, rate, rtts) in wan {
+        let reference = rtts
+            .iter()
+            .find(|r| r.tag == tag(Fmt::Cdr, Comp::None))
+            .map(|r| r.p50_us);
+        for r in rtts {
+            let Some(c) = cells.iter().find(|c| tag(c.fmt, c.comp) == r.tag) else {
+                continue;
+            };
+            rows.push((
+                c,
+                [
+                    path.clone(),
+                    rate.to_string(),
+                    format!("{:.1}", r.p50_us),
+                    format!("{:.1}", r.p99_us),
+                    omega(reference, r.p50_us),
+                    r.lost.to_string(),
+                ],
+            ));
+        }
+    }
+    if rows.is_empty() {
+        rows.extend(cells.iter().map(|c| (c, Default::default())));
+    }
     if a.format == Format::Csv {
         println!("format,compression,payload_bytes,wire_bytes,eta,chi,encode_ns,decode_ns,path,rate_per_s,rtt_p50_us,rtt_p99_us,omega,lost");
-        for c in cells {
-            let (path, rate, p50, p99, omega, lost) = rtt_cols(c);
+        for (c, [path, rate, p50, p99, omega, lost]) in &rows {
             println!(
                 "{},{},{},{},{:.3},{:.3},{:.0},{:.0},{path},{rate},{p50},{p99},{omega},{lost}",
                 fmt_name(c.fmt),
@@ -492,13 +820,14 @@ fn print(a: &EncodingArgs, cells: &[Cell]) {
         return;
     }
     println!(
-        "# milonga bench encoding: a track record (docs/benchmarks.md \"Encodings\"), {} bytes of information; eta = information / wire bytes, chi = uncompressed / wire bytes; encode = serialize + compress, decode = inflate + deserialize, ns per message (median of 21 batches of {}); lz4 and zstd as Milonga's publishers send them (5-byte head), zlib level 6 for comparison; RTT: ping-pong of encoded tracks between two nodes over tcp on loopback, best effort, {} round trips after 200 warm-up, decode and re-encode at each end; omega = RTT p50 of cdr/none over this cell's; the schema'd format and the wide-area paths A-E are not built yet",
+        "# milonga bench encoding: a track record (docs/benchmarks.md \"Encodings\"), {} bytes of information; eta = information / wire bytes, chi = uncompressed / wire bytes; encode = serialize + compress, decode = inflate + deserialize, ns per message (median of 21 batches of {}); lz4 and zstd as Milonga's publishers send them (5-byte head), zlib level 6 for comparison; RTT: encoded tracks between two nodes over tcp, best effort, decoded and re-encoded at each end: on loopback one in flight ({} after 200 warm-up; rate = round trips/s), on paths A-E at the path's rate ({} a cell) with seed 003's delay and loss on the ping host's link; omega = RTT p50 of cdr/none on the same path and rate over this cell's; the schema'd format is not built yet",
         cells.first().map_or(0, |c| c.payload),
         a.calls,
-        a.round_trips
+        a.round_trips,
+        a.wan_messages
     );
     println!(
-        "{:>6} {:>5} {:>7} {:>5} {:>6} {:>9} {:>9} {:>8} {:>9} {:>9} {:>6} {:>5}",
+        "{:>6} {:>5} {:>7} {:>5} {:>6} {:>9} {:>9} {:>8} {:>6} {:>9} {:>9} {:>6} {:>5}",
         "format",
         "comp",
         "wire_B",
@@ -506,16 +835,16 @@ fn print(a: &EncodingArgs, cells: &[Cell]) {
         "chi",
         "enc_ns",
         "dec_ns",
-        "rt/s",
+        "path",
+        "rate",
         "p50_us",
         "p99_us",
         "omega",
         "lost"
     );
-    for c in cells {
-        let (_, rate, p50, p99, omega, lost) = rtt_cols(c);
+    for (c, [path, rate, p50, p99, omega, lost]) in &rows {
         println!(
-            "{:>6} {:>5} {:>7} {:>5.2} {:>6.2} {:>9.0} {:>9.0} {:>8} {:>9} {:>9} {:>6} {:>5}",
+            "{:>6} {:>5} {:>7} {:>5.2} {:>6.2} {:>9.0} {:>9.0} {:>8} {:>6} {:>9} {:>9} {:>6} {:>5}",
             fmt_name(c.fmt),
             comp_name(c.comp),
             c.wire,
@@ -523,6 +852,7 @@ fn print(a: &EncodingArgs, cells: &[Cell]) {
             c.plain as f64 / c.wire as f64,
             c.encode_ns,
             c.decode_ns,
+            path,
             rate,
             p50,
             p99,

@@ -54,8 +54,8 @@ pub use api::security;
 pub use api::service::{Request, ServeOptions, Service, ServiceError, ServiceInfo};
 pub use api::subscriber::{Iter, Subscriber};
 pub use discovery::{Announcement, PublicationInfo};
-pub use engine::compress::{Compression, Compressor};
 pub use engine::queue::QueuePolicy;
+pub use model::compression::{Compression, Compressor};
 pub use model::config::{Config, ConfigValue, Security, Transport, MAX_DOMAIN_BYTES};
 pub use model::error::{
     CallError, OpenError, PublisherError, PutError, RecvError, SecurityError, ServeError,

@@ -5,82 +5,10 @@
 
 use std::cell::RefCell;
 
-pub use milonga_wire::frame::Compressor;
+use crate::model::compression::{Compression, Compressor};
 use milonga_wire::frame::{Compressed, COMPRESSED_HEAD_LEN};
 
-/// How a publisher compresses its samples (`PublisherQos::compression`,
-/// or the node's `compression` settings).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Compression {
-    /// What compresses (`None`: samples go as they are).
-    pub compressor: Option<Compressor>,
-    /// Payloads smaller than this go as they are.
-    pub threshold_bytes: usize,
-    /// zstd's level (1 to 22; negative levels are faster still); LZ4's
-    /// acceleration when positive (1 is the default, higher is faster and
-    /// compresses less).
-    pub level: i32,
-}
-
-/// The threshold a compressor starts at unless told.
-pub const DEFAULT_THRESHOLD_BYTES: usize = 512;
-/// zstd's level unless told.
-pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
-
-impl Default for Compression {
-    fn default() -> Self {
-        Compression::none()
-    }
-}
-
 impl Compression {
-    /// No compression.
-    pub fn none() -> Self {
-        Compression {
-            compressor: None,
-            threshold_bytes: DEFAULT_THRESHOLD_BYTES,
-            level: DEFAULT_ZSTD_LEVEL,
-        }
-    }
-
-    /// LZ4 (fast, less compression), from 512 bytes.
-    pub fn lz4() -> Self {
-        Compression {
-            compressor: Some(Compressor::Lz4),
-            level: 1,
-            ..Compression::none()
-        }
-    }
-
-    /// Zstandard at level 3, from 512 bytes.
-    pub fn zstd() -> Self {
-        Compression {
-            compressor: Some(Compressor::Zstd),
-            ..Compression::none()
-        }
-    }
-
-    /// Compresses only payloads of at least `bytes`.
-    pub fn threshold(mut self, bytes: usize) -> Self {
-        self.threshold_bytes = bytes;
-        self
-    }
-
-    /// Sets the level (zstd) or acceleration (LZ4).
-    pub fn level(mut self, level: i32) -> Self {
-        self.level = level;
-        self
-    }
-
-    /// The name used in configuration: `none`, `lz4` or `zstd`.
-    pub fn name(&self) -> &'static str {
-        match self.compressor {
-            None => "none",
-            Some(Compressor::Lz4) => "lz4",
-            Some(Compressor::Zstd) => "zstd",
-        }
-    }
-
     /// The compressed body for `payload` (`compressor | size | data`), if
     /// this compresses it and it comes out smaller.
     pub(crate) fn deflate(&self, payload: &[&[u8]]) -> Option<Vec<u8>> {

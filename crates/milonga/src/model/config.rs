@@ -542,7 +542,7 @@ impl Config {
             acl_file: None,
             file_speed: "max".into(),
             compression: "none".into(),
-            compression_threshold_bytes: crate::engine::compress::DEFAULT_THRESHOLD_BYTES,
+            compression_threshold_bytes: crate::model::compression::DEFAULT_THRESHOLD_BYTES,
             compression_level: 0,
         }
     }

@@ -2,6 +2,7 @@
 //! own: configuration, quality of service, samples and events, errors.
 
 pub(crate) mod acl;
+pub(crate) mod compression;
 pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod node;
