@@ -13,7 +13,9 @@
 //! - `encode_ns`, `decode_ns`: serialize then compress, and inflate then
 //!   deserialize, per message (medians of 21 batches of 2,000).
 //! - RTT (path `loopback`): a ping node and a pong node over tcp on
-//!   loopback; ping encodes a track and puts its bytes, pong decodes them,
+//!   loopback (LZ4 and zstd done by Milonga's publishers and subscribers,
+//!   zlib by the application); ping encodes a track and puts its bytes,
+//!   pong decodes them,
 //!   encodes its answer and puts it back, ping decodes the answer: one
 //!   round trip, one message in flight, best effort (the seed's test),
 //!   after 200 warm-up round trips. `lost` counts round trips that did not
@@ -274,6 +276,28 @@ fn decompress(c: Comp, b: &[u8]) -> Result<Vec<u8>> {
             Ok(out)
         })?,
     })
+}
+
+/// In the round trips, LZ4 and zstd are Milonga's own: the publisher
+/// compresses (`PublisherQos::compression`, from any size) and the
+/// subscriber inflates; the application puts the format's plain bytes.
+/// zlib, which Milonga does not send, is the application's.
+fn app_comp(c: Comp) -> Comp {
+    match c {
+        Comp::Lz4 | Comp::Zstd => Comp::None,
+        other => other,
+    }
+}
+
+/// The publishers' QoS of a cell: best effort, compressed by Milonga for
+/// LZ4 and zstd.
+fn qos(c: Comp) -> PublisherQos {
+    let q = PublisherQos::best_effort();
+    match c {
+        Comp::Lz4 => q.compression(milonga::Compression::lz4().threshold(1)),
+        Comp::Zstd => q.compression(milonga::Compression::zstd().threshold(1)),
+        _ => q,
+    }
 }
 
 fn encode(f: Fmt, c: Comp, t: &Track) -> Result<Vec<u8>> {
@@ -540,7 +564,7 @@ fn pong_worker(at: &crate::bench::Place) -> Result<std::process::ExitCode> {
     let mut to_ping = std::collections::HashMap::new();
     for (f, c) in all_cells() {
         let t = tag(f, c);
-        let p = node.publisher_with(&format!("enc/{t}/pong"), PublisherQos::best_effort())?;
+        let p = node.publisher_with(&format!("enc/{t}/pong"), qos(c))?;
         to_ping.insert(t, p);
     }
     let sub = node.subscribe("enc/*/ping")?;
@@ -554,11 +578,11 @@ fn pong_worker(at: &crate::bench::Place) -> Result<std::process::ExitCode> {
                     continue;
                 };
                 let Value::Bytes(b) = s.value else { continue };
-                let mut track = decode(f, c, &b)?;
+                let mut track = decode(f, app_comp(c), &b)?;
                 track.status = TrackStatus::Coasted;
                 // Best effort: a full queue drops the answer (counted lost
                 // at the ping side).
-                let _ = p.put(Value::Bytes(Bytes::from(encode(f, c, &track)?)));
+                let _ = p.put(Value::Bytes(Bytes::from(encode(f, app_comp(c), &track)?)));
             }
             Ok(_) => {}
             Err(_) => return Ok(std::process::ExitCode::SUCCESS),
@@ -573,7 +597,7 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
     let mut out = Vec::new();
     for (f, c) in all_cells() {
         let t = tag(f, c);
-        let to_pong = node.publisher_with(&format!("enc/{t}/ping"), PublisherQos::best_effort())?;
+        let to_pong = node.publisher_with(&format!("enc/{t}/ping"), qos(c))?;
         let back = node.subscribe(&format!("enc/{t}/pong"))?;
         // Both ways matched: the pong's subscription reached this
         // publisher, and an answer comes back.
@@ -586,7 +610,11 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
             }
             if to_pong.subscriber_count() > 0 {
                 id += 1;
-                to_pong.put(Value::Bytes(Bytes::from(encode(f, c, &Track::sample(id))?)))?;
+                to_pong.put(Value::Bytes(Bytes::from(encode(
+                    f,
+                    app_comp(c),
+                    &Track::sample(id),
+                )?)))?;
             }
             let wait = Instant::now() + Duration::from_millis(200);
             while let Ok(e) = back.recv_timeout(wait.saturating_duration_since(Instant::now())) {
@@ -604,7 +632,7 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
         let take = |e: Event, rtts: &mut Vec<f64>, sent_at: &[Option<Instant>]| -> Result<()> {
             if let Event::Sample(s) = e {
                 if let Value::Bytes(b) = s.value {
-                    let track = decode(f, c, &b)?;
+                    let track = decode(f, app_comp(c), &b)?;
                     let i = track.track_id.wrapping_sub(40_000) as usize;
                     if let Some(Some(t0)) = sent_at.get(i) {
                         rtts.push(t0.elapsed().as_nanos() as f64 / 1000.0);
@@ -672,8 +700,8 @@ fn nodes(dir: &std::path::Path) -> Result<(Node, Node)> {
 /// Ping-pong of one cell: round trips per second, RTT p50/p99, lost.
 fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Result<Rtt> {
     let tag = format!("{}-{}", fmt_name(fmt), comp_name(comp));
-    let to_pong = ping.publisher_with(&format!("enc/{tag}/ping"), PublisherQos::best_effort())?;
-    let to_ping = pong.publisher_with(&format!("enc/{tag}/pong"), PublisherQos::best_effort())?;
+    let to_pong = ping.publisher_with(&format!("enc/{tag}/ping"), qos(comp))?;
+    let to_ping = pong.publisher_with(&format!("enc/{tag}/pong"), qos(comp))?;
     let at_pong = pong.subscribe(&format!("enc/{tag}/ping"))?;
     let at_ping = ping.subscribe(&format!("enc/{tag}/pong"))?;
     let until = Instant::now() + Duration::from_secs(10);
@@ -690,9 +718,9 @@ fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Resu
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 if let Ok(Event::Sample(s)) = at_pong.recv_timeout(Duration::from_millis(50)) {
                     let Value::Bytes(b) = s.value else { continue };
-                    let mut t = decode(fmt, comp, &b)?;
+                    let mut t = decode(fmt, app_comp(comp), &b)?;
                     t.status = TrackStatus::Coasted;
-                    to_ping.put(Value::Bytes(Bytes::from(encode(fmt, comp, &t)?)))?;
+                    to_ping.put(Value::Bytes(Bytes::from(encode(fmt, app_comp(comp), &t)?)))?;
                 }
             }
             Ok(())
@@ -708,14 +736,18 @@ fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Resu
         }
         let t0 = Instant::now();
         let track = Track::sample(i as u32);
-        to_pong.put(Value::Bytes(Bytes::from(encode(fmt, comp, &track)?)))?;
+        to_pong.put(Value::Bytes(Bytes::from(encode(
+            fmt,
+            app_comp(comp),
+            &track,
+        )?)))?;
         let deadline = t0 + Duration::from_secs(1);
         let back = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match at_ping.recv_timeout(left) {
                 Ok(Event::Sample(s)) => {
                     if let Value::Bytes(b) = s.value {
-                        let t = decode(fmt, comp, &b)?;
+                        let t = decode(fmt, app_comp(comp), &b)?;
                         if t.track_id == track.track_id {
                             break true;
                         }

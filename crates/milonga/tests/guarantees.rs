@@ -1005,6 +1005,10 @@ fn compressed_samples_arrive_as_they_were_put_live_and_from_history() {
     let domain = "compress";
     let sub_node = open(domain, "sub", dir.path());
     let sub = sub_node.subscribe("cz/**").unwrap();
+    // A node that takes only a compressed key: its bytes received show
+    // what compression saved.
+    let zsub_node = open(domain, "zsub", dir.path());
+    let zsub = zsub_node.subscribe("cz/zstd").unwrap();
     // One publisher with zstd from its QoS, one with LZ4 from the node's
     // settings, one plain: the same values reach the subscriber.
     let mut lz4_cfg = config(domain, "lz4", dir.path());
@@ -1033,8 +1037,9 @@ fn compressed_samples_arrive_as_they_were_put_live_and_from_history() {
     let text = Value::from("beam current 12.5 mA, vacuum 1e-9 mbar; ".repeat(200));
     let ramp: Vec<f64> = (0..20_000).map(|i| f64::from(i % 100)).collect();
     let array = Value::Typed(milonga::wire::value::TypedArray::from_vec(ramp));
-    let received_before = sub_node.stats().bytes_received;
+    let received_before = zsub_node.stats().bytes_received;
     let mut got = std::collections::BTreeMap::new();
+    let mut zgot = 0u64;
     wait_for("every value from every publisher", T, || {
         for (_, p) in &pubs {
             p.put(text.clone()).unwrap();
@@ -1048,21 +1053,39 @@ fn compressed_samples_arrive_as_they_were_put_live_and_from_history() {
             );
             *got.entry(s.key.clone()).or_insert(0) += 1;
         }
-        got.len() == 3 && got.values().all(|n| *n >= 2)
+        while let Ok(Event::Sample(s)) = zsub.try_recv() {
+            assert!(s.value == text || s.value == array);
+            zgot += 1;
+        }
+        got.len() == 3 && got.values().all(|n| *n >= 2) && zgot >= 2
     });
     assert!(zstd_node.stats().frames_deflated >= 2);
     assert!(lz4_node.stats().frames_deflated >= 2);
     assert_eq!(plain_node.stats().frames_deflated, 0);
     assert!(sub_node.stats().frames_inflated >= 4);
     assert_eq!(sub_node.stats().frames_malformed, 0);
-    // Fewer bytes than the plain values would have taken: the text is
-    // 8 kB and the array 160 kB a put, each put by three publishers.
-    let received = sub_node.stats().bytes_received - received_before;
-    let plain_bytes: u64 = got.values().sum::<u64>() / 2 * (8_000 + 160_000);
+    // Far fewer bytes than the plain values would have taken, heartbeats
+    // included: counted as if every sample were the 8 kB text (the array
+    // is 160 kB).
+    while let Ok(Event::Sample(_)) = zsub.recv_timeout(Duration::from_millis(200)) {
+        zgot += 1;
+    }
+    let received = zsub_node.stats().bytes_received - received_before;
     assert!(
-        received < plain_bytes / 2,
-        "{received} bytes for {plain_bytes}"
+        received < zgot * 8_000 / 4,
+        "{received} bytes for {zgot} samples"
     );
+    // A compression setting that is none of lz4, zstd or none is refused
+    // at open, set as a key or directly.
+    let mut bad = config(domain, "bad", dir.path());
+    assert!(bad
+        .set("compression", milonga::ConfigValue::Text("gzip".into()))
+        .is_err());
+    bad.compression = "ZSTD".into();
+    match Node::open_with(bad) {
+        Err(OpenError::Config { key, .. }) => assert_eq!(key, "compression"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
     // A late joiner gets the kept samples (kept plain, sent in a history
     // reply).
     let late = sub_node

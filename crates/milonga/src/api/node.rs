@@ -46,6 +46,13 @@ impl Node {
     /// one, or not exist yet in a directory that does.
     pub fn open_with(mut cfg: Config) -> Result<Node, OpenError> {
         let loc = crate::model::config::parse_locator(&cfg.locator)?;
+        // A field set directly is checked as `set` checks the key.
+        if !matches!(cfg.compression.as_str(), "none" | "lz4" | "zstd") {
+            return Err(OpenError::Config {
+                key: "compression".into(),
+                why: format!("{:?}: expected none, lz4 or zstd", cfg.compression),
+            });
+        }
         let Some(path) = loc.file else {
             return Ok(Node {
                 inner: NodeInner::open(cfg)?,

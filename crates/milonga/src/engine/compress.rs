@@ -1,4 +1,4 @@
-//! Compressed bodies (docs/protocol.md §4.6, docs/compression.md): a
+//! Compressed bodies (docs/protocol.md §4, docs/compression.md): a
 //! publisher deflates a sample's payload when it is large enough and
 //! shrinks; a subscriber inflates it before anything else reads it, within
 //! the node's `max_message_bytes`.
@@ -36,11 +36,19 @@ impl Compression {
             .ok()?,
             Compressor::Zstd => ZSTD.with(|z| {
                 let mut z = z.borrow_mut();
-                let fresh = !matches!(&*z, Some((l, _)) if *l == self.level);
-                if fresh {
-                    *z = Some((self.level, zstd::bulk::Compressor::new(self.level).ok()?));
-                }
-                z.as_mut()?.1.compress(input).ok()
+                let i = match z.iter().position(|(l, _)| *l == self.level) {
+                    Some(i) => i,
+                    None => {
+                        // A few levels in use on a thread: the least
+                        // recently made goes.
+                        if z.len() >= MAX_ZSTD_LEVELS {
+                            z.remove(0);
+                        }
+                        z.push((self.level, zstd::bulk::Compressor::new(self.level).ok()?));
+                        z.len() - 1
+                    }
+                };
+                z[i].1.compress(input).ok()
             })?,
         };
         if data.len() + COMPRESSED_HEAD_LEN >= size {
@@ -53,11 +61,14 @@ impl Compression {
     }
 }
 
+/// Most zstd compression contexts (one per level) a thread keeps.
+const MAX_ZSTD_LEVELS: usize = 4;
+
 thread_local! {
-    /// A zstd context per thread (making one costs more than compressing
-    /// a small payload), at the level it was made for.
-    static ZSTD: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
-        const { RefCell::new(None) };
+    /// zstd contexts of this thread, by level (making one costs more than
+    /// compressing a small payload).
+    static ZSTD: RefCell<Vec<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(Vec::new()) };
     static UNZSTD: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
         const { RefCell::new(None) };
 }
@@ -80,35 +91,57 @@ pub(crate) enum InflateError {
 
 /// Inflates a compressed body read by [`Compressed::read`], refusing one
 /// that would pass `limit` bytes before inflating anything.
+#[cfg(test)]
 pub(crate) fn inflate(c: &Compressed<'_>, limit: usize) -> Result<Vec<u8>, InflateError> {
+    let mut out = Vec::new();
+    inflate_onto(c, limit, &mut out)?;
+    Ok(out)
+}
+
+/// Inflates a compressed body onto the end of `out` (which grows by
+/// exactly its size), refusing one that would pass `limit` bytes, or that
+/// LZ4 could not have made from its data, before allocating anything.
+pub(crate) fn inflate_onto(
+    c: &Compressed<'_>,
+    limit: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), InflateError> {
     if c.size > limit {
         return Err(InflateError::TooLarge {
             size: c.size,
             limit,
         });
     }
-    let out = match c.compressor {
-        Compressor::Lz4 => {
-            let size = i32::try_from(c.size).map_err(|_| InflateError::Corrupt("LZ4"))?;
-            lz4::block::decompress(c.data, Some(size)).map_err(|_| InflateError::Corrupt("LZ4"))?
-        }
-        Compressor::Zstd => UNZSTD
-            .with(|z| {
-                let mut z = z.borrow_mut();
-                if z.is_none() {
-                    *z = zstd::bulk::Decompressor::new().ok();
-                }
-                z.as_mut()?.decompress(c.data, c.size).ok()
-            })
-            .ok_or(InflateError::Corrupt("zstd"))?,
+    let name = match c.compressor {
+        Compressor::Lz4 => "LZ4",
+        Compressor::Zstd => "zstd",
     };
-    if out.len() != c.size {
-        return Err(InflateError::Corrupt(match c.compressor {
-            Compressor::Lz4 => "LZ4",
-            Compressor::Zstd => "zstd",
-        }));
+    // LZ4 expands at most 255 times (and a few bytes): a head that says
+    // more lies, and would make every such frame allocate its size.
+    if c.compressor == Compressor::Lz4 && c.size > c.data.len().saturating_mul(255) + 16 {
+        return Err(InflateError::Corrupt(name));
     }
-    Ok(out)
+    let at = out.len();
+    out.resize(at + c.size, 0);
+    let dst = &mut out[at..];
+    let got = match c.compressor {
+        Compressor::Lz4 => {
+            let size = i32::try_from(c.size).map_err(|_| InflateError::Corrupt(name))?;
+            lz4::block::decompress_to_buffer(c.data, Some(size), dst).ok()
+        }
+        Compressor::Zstd => UNZSTD.with(|z| {
+            let mut z = z.borrow_mut();
+            if z.is_none() {
+                *z = zstd::bulk::Decompressor::new().ok();
+            }
+            z.as_mut()?.decompress_to_buffer(c.data, dst).ok()
+        }),
+    };
+    if got != Some(c.size) {
+        out.truncate(at);
+        return Err(InflateError::Corrupt(name));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

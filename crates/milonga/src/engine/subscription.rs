@@ -1548,18 +1548,15 @@ impl Subscription {
                 return None;
             }
         };
-        let plain = match crate::engine::compress::inflate(&read, self.max_bytes) {
-            Ok(p) => p,
-            Err(e) => {
-                refuse(&e);
-                return None;
-            }
-        };
-        let mut out = Vec::with_capacity(body_offset + plain.len());
+        // The frame's head, then the body inflated straight after it.
+        let mut out = Vec::new();
         out.extend_from_slice(&frame[..body_offset]);
         let flags = body_offset - frame::HEADER_LEN + frame::offset::FLAGS;
         out[flags] &= !FLAG_COMPRESSED;
-        out.extend_from_slice(&plain);
+        if let Err(e) = crate::engine::compress::inflate_onto(&read, self.max_bytes, &mut out) {
+            refuse(&e);
+            return None;
+        }
         // A batch's entries are checked now.
         if let Err(e) = frame::decode(&out) {
             refuse(&e);

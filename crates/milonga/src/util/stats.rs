@@ -162,9 +162,9 @@ counters! {
     history_queries_unanswered,
     /// History queries sent again because no reply had begun (§4.2).
     history_queries_resent,
-    /// Samples this node's publishers sent compressed (§4.6).
+    /// Samples this node's publishers sent compressed (§4).
     frames_deflated,
-    /// Compressed frames this node's subscriptions inflated (§4.6).
+    /// Compressed frames this node's subscriptions inflated (§4).
     frames_inflated,
     /// Samples delivered from a publisher's history (late joining or repair).
     samples_replayed,

@@ -146,10 +146,7 @@ impl DataSocket {
             tail: None,
         });
         let (sent, flags) = match &deflated {
-            Some(d) => {
-                stats::inc(&put.p2p.core().counters.frames_deflated);
-                (d, frame::FLAG_COMPRESSED)
-            }
+            Some(d) => (d, frame::FLAG_COMPRESSED),
             None => (&enc, 0),
         };
         let reliable = put.reliable;
@@ -247,6 +244,9 @@ impl DataSocket {
         }
         // After the whole message: filtered copies are messages of their own.
         put.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
+        if flags != 0 {
+            stats::inc(&put.p2p.core().counters.frames_deflated);
+        }
         // Stored before the lock goes: another thread's put takes the
         // next number, never this one again.
         let r = put.accepted(seq);
