@@ -578,7 +578,19 @@ fn pong_worker(at: &crate::bench::Place) -> Result<std::process::ExitCode> {
                     continue;
                 };
                 let Value::Bytes(b) = s.value else { continue };
-                let mut track = decode(f, app_comp(c), &b)?;
+                let mut track = match decode(f, app_comp(c), &b) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        eprintln!(
+                            "pong: {} seq {}: {e}: {} bytes {:02x?}",
+                            s.key,
+                            s.seq,
+                            b.len(),
+                            &b[..b.len().min(64)]
+                        );
+                        continue;
+                    }
+                };
                 track.status = TrackStatus::Coasted;
                 // Best effort: a full queue drops the answer (counted lost
                 // at the ping side).
@@ -648,7 +660,7 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
                 sent_at[next] = Some(now);
                 to_pong.put(Value::Bytes(Bytes::from(encode(
                     f,
-                    c,
+                    app_comp(c),
                     &Track::sample(next as u32),
                 )?)))?;
                 next += 1;
