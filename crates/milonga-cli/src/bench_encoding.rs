@@ -641,12 +641,13 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
         let period = Duration::from_secs_f64(1.0 / rate);
         let start = Instant::now();
         let mut next = 0usize;
-        let take = |e: Event, rtts: &mut Vec<f64>, sent_at: &[Option<Instant>]| -> Result<()> {
+        // Each track's first answer counts (a copy would count twice).
+        let take = |e: Event, rtts: &mut Vec<f64>, sent_at: &mut [Option<Instant>]| -> Result<()> {
             if let Event::Sample(s) = e {
                 if let Value::Bytes(b) = s.value {
                     let track = decode(f, app_comp(c), &b)?;
                     let i = track.track_id.wrapping_sub(40_000) as usize;
-                    if let Some(Some(t0)) = sent_at.get(i) {
+                    if let Some(t0) = sent_at.get_mut(i).and_then(Option::take) {
                         rtts.push(t0.elapsed().as_nanos() as f64 / 1000.0);
                     }
                 }
@@ -667,13 +668,13 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
                 continue;
             }
             if let Ok(e) = back.recv_timeout(due - now) {
-                take(e, &mut rtts, &sent_at)?;
+                take(e, &mut rtts, &mut sent_at)?;
             }
         }
         let end = Instant::now() + Duration::from_secs(1);
         while rtts.len() < n {
             match back.recv_timeout(end.saturating_duration_since(Instant::now())) {
-                Ok(e) => take(e, &mut rtts, &sent_at)?,
+                Ok(e) => take(e, &mut rtts, &mut sent_at)?,
                 Err(_) => break,
             }
         }
@@ -682,10 +683,7 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
         let (p50, p99) = if rtts.is_empty() {
             (f64::NAN, f64::NAN)
         } else {
-            (
-                rtts[rtts.len() / 2],
-                rtts[(rtts.len() * 99 / 100).min(rtts.len() - 1)],
-            )
+            (rtts[rtts.len() / 2], rtts[p99_rank(rtts.len())])
         };
         out.push(WanRtt {
             tag: t,
@@ -695,6 +693,12 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
         });
     }
     Ok(out)
+}
+
+/// The index of the 99th percentile, by nearest rank, in `n` sorted
+/// samples (`n` > 0).
+fn p99_rank(n: usize) -> usize {
+    (n * 99).div_ceil(100).max(1) - 1
 }
 
 fn nodes(dir: &std::path::Path) -> Result<(Node, Node)> {
@@ -746,6 +750,10 @@ fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Resu
         if i == 200 {
             measured_from = Instant::now();
         }
+        if echo.is_finished() {
+            // It stopped on an error: said when it is joined.
+            break;
+        }
         let t0 = Instant::now();
         let track = Track::sample(i as u32);
         to_pong.put(Value::Bytes(Bytes::from(encode(
@@ -785,7 +793,7 @@ fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Resu
         bail!("{tag}: no round trip came back");
     }
     rtts.sort_by(f64::total_cmp);
-    let p99 = rtts[(rtts.len() * 99 / 100).min(rtts.len() - 1)];
+    let p99 = rtts[p99_rank(rtts.len())];
     Ok(Rtt {
         rate: n as f64 / took,
         p50_us: rtts[rtts.len() / 2],
@@ -802,8 +810,17 @@ fn print(a: &EncodingArgs, cells: &[Cell], wan: &[(String, u32, Vec<WanRtt>)]) {
         .iter()
         .find(|c| c.fmt == Fmt::Cdr && c.comp == Comp::None)
         .and_then(|c| c.rtt.as_ref().map(|r| r.p50_us));
-    let omega = |reference: Option<f64>, p50: f64| {
-        reference.map_or(String::new(), |r| format!("{:.3}", r / p50))
+    // A cell with no round trip back (NaN) prints empty fields.
+    let omega = |reference: Option<f64>, p50: f64| match reference {
+        Some(r) if r.is_finite() && p50.is_finite() => format!("{:.3}", r / p50),
+        _ => String::new(),
+    };
+    let us = |v: f64| {
+        if v.is_finite() {
+            format!("{v:.1}")
+        } else {
+            String::new()
+        }
     };
     let mut rows: Vec<(&Cell, [String; 6])> = Vec::new();
     for c in cells {
@@ -813,8 +830,8 @@ fn print(a: &EncodingArgs, cells: &[Cell], wan: &[(String, u32, Vec<WanRtt>)]) {
                 [
                     "loopback".to_owned(),
                     format!("{:.0}", r.rate),
-                    format!("{:.1}", r.p50_us),
-                    format!("{:.1}", r.p99_us),
+                    us(r.p50_us),
+                    us(r.p99_us),
                     omega(loop_cdr, r.p50_us),
                     r.lost.to_string(),
                 ],
@@ -835,8 +852,8 @@ fn print(a: &EncodingArgs, cells: &[Cell], wan: &[(String, u32, Vec<WanRtt>)]) {
                 [
                     path.clone(),
                     rate.to_string(),
-                    format!("{:.1}", r.p50_us),
-                    format!("{:.1}", r.p99_us),
+                    us(r.p50_us),
+                    us(r.p99_us),
                     omega(reference, r.p50_us),
                     r.lost.to_string(),
                 ],
