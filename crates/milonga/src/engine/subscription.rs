@@ -1992,6 +1992,18 @@ mod tests {
         }
     }
 
+    /// A kept sample `seq` (its value `seq` as a float), as a history
+    /// reply carries it.
+    fn entry(seq: u64) -> Entry {
+        Entry {
+            seq,
+            timestamp_ns: 1,
+            encoding: Encoding::Cbor,
+            schema_id: 0,
+            payload: Bytes::from(cbor(&Value::Float(seq as f64))),
+        }
+    }
+
     fn cbor(v: &Value) -> Vec<u8> {
         let mut out = Vec::new();
         milonga_wire::cbor::encode_cbor(v, &mut out).unwrap();
@@ -2283,13 +2295,6 @@ mod tests {
         // A live sample arrives before the answer: it waits.
         f.receive(sample("sr/a", 9));
         assert!(seqs(&f.events()).is_empty());
-        let entry = |seq: u64| Entry {
-            seq,
-            timestamp_ns: 1,
-            encoding: Encoding::Cbor,
-            schema_id: 0,
-            payload: Bytes::from(cbor(&Value::Float(seq as f64))),
-        };
         let reply = Reply {
             socket: "reliable".into(),
             keys: vec![KeyHistory {
@@ -2521,13 +2526,6 @@ mod tests {
         assert_eq!(f.io.link.sent[1], first, "the same query, the same id");
         f.core.check_timers(&mut f.io, t0 + RESEND_AFTER[0], true);
         assert_eq!(f.io.link.sent.len(), 2, "once per step");
-        let entry = |seq: u64| Entry {
-            seq,
-            timestamp_ns: 1,
-            encoding: Encoding::Cbor,
-            schema_id: 0,
-            payload: Bytes::from(cbor(&Value::Float(seq as f64))),
-        };
         let reply = |entries: Vec<u64>, done: bool, id: u64| Reply {
             socket: "reliable".into(),
             keys: vec![KeyHistory {

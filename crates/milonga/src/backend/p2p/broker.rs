@@ -1383,11 +1383,12 @@ impl Domain {
         if !self.clients.is_empty() {
             self.read_registry();
         }
-        for r in self
-            .registry_nodes
-            .iter()
-            .filter(|_| !self.clients.is_empty())
-        {
+        let registry_nodes: &[RegistryNode] = if self.clients.is_empty() {
+            &[]
+        } else {
+            &self.registry_nodes
+        };
+        for r in registry_nodes {
             if local.contains(&r.id)
                 || self.clients.contains_key(&r.id)
                 || listed.contains_key(&r.id)

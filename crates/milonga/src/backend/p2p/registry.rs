@@ -162,37 +162,13 @@ impl Table {
                 .map(|e| (e.json == json, e.version, e.json.len()))
             {
                 Some((true, _, _)) => {}
-                Some((false, old, len)) => {
-                    if self.bytes - len + json.len() > MAX_TABLE_BYTES {
-                        return Err(Refused::Full);
-                    }
-                    let version = self.bump(id, Some(old));
-                    let e = self.entries.get_mut(id).expect("present");
-                    self.bytes = self.bytes - len + json.len();
-                    e.hash = crate::util::fnv1a64(&json);
-                    e.parsed = Announcement::from_json(&json).ok();
-                    e.json = json;
-                    e.version = version;
+                Some((false, _, len)) if self.bytes - len + json.len() > MAX_TABLE_BYTES => {
+                    return Err(Refused::Full)
                 }
-                None => {
-                    if total >= MAX_NODES || self.bytes + json.len() > MAX_TABLE_BYTES {
-                        return Err(Refused::Full);
-                    }
-                    let old = self.removed.remove(id).map(|(v, _)| v);
-                    let version = self.bump(id, old);
-                    self.bytes += json.len();
-                    self.entries.insert(
-                        id.clone(),
-                        Entry {
-                            hash: crate::util::fnv1a64(&json),
-                            parsed: Announcement::from_json(&json).ok(),
-                            json,
-                            version,
-                            expires: now,
-                            held: false,
-                        },
-                    );
+                None if total >= MAX_NODES || self.bytes + json.len() > MAX_TABLE_BYTES => {
+                    return Err(Refused::Full)
                 }
+                _ => self.put(id, json, false, now),
             }
         }
         // Known, and holding the announcement the node holds (a change
@@ -287,32 +263,41 @@ impl Table {
             {
                 return Err(Refused::Full)
             }
-            _ => {
-                let previous = match self.entries.remove(id) {
-                    Some(e) => {
-                        self.bytes -= e.json.len();
-                        self.held -= usize::from(e.held);
-                        Some(e.version)
-                    }
-                    None => self.removed.remove(id).map(|(v, _)| v),
-                };
-                let version = self.bump(id, previous);
-                self.bytes += json.len();
-                self.entries.insert(
-                    id.clone(),
-                    Entry {
-                        hash: crate::util::fnv1a64(&json),
-                        json,
-                        version,
-                        expires: now,
-                        parsed: None,
-                        held: true,
-                    },
-                );
-                self.held += 1;
-            }
+            _ => self.put(id, json, true, now),
         }
         Ok(())
+    }
+
+    /// Puts `json` as `id`'s announcement (replacing any), as a change of
+    /// its own; a registered one is read, a held one need not be.
+    fn put(&mut self, id: &str, json: Vec<u8>, held: bool, now: Instant) {
+        let previous = match self.entries.remove(id) {
+            Some(e) => {
+                self.bytes -= e.json.len();
+                self.held -= usize::from(e.held);
+                Some(e.version)
+            }
+            None => self.removed.remove(id).map(|(v, _)| v),
+        };
+        let version = self.bump(id, previous);
+        self.bytes += json.len();
+        self.held += usize::from(held);
+        let parsed = if held {
+            None
+        } else {
+            Announcement::from_json(&json).ok()
+        };
+        self.entries.insert(
+            id.to_owned(),
+            Entry {
+                hash: crate::util::fnv1a64(&json),
+                json,
+                version,
+                expires: now,
+                parsed,
+                held,
+            },
+        );
     }
 
     /// Whether it holds `node_id` for one of the broker's clients.
