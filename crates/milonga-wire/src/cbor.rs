@@ -194,7 +194,9 @@ pub fn decode_payload(
     match (encoding, second) {
         (Encoding::Raw, None) => Ok(Value::Bytes(first)),
         (Encoding::Raw, Some(tail)) if first.is_empty() => Ok(Value::Bytes(tail)),
-        (Encoding::Cbor, None) => decode_cbor(&first),
+        // A compact payload is CBOR too; its schema gives it names
+        // (`crate::schema::Plan`).
+        (Encoding::Cbor | Encoding::Compact, None) => decode_cbor(&first),
         (Encoding::Cbor, Some(tail)) => match split_view(&first, &tail) {
             Some(v) => v,
             None => decode_cbor(&concat(&first, &tail)),

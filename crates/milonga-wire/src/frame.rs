@@ -14,7 +14,7 @@
 //! | 0 | 1 | protocol version (1) |
 //! | 1 | 1 | kind: 1 sample, 2 batch, 3 heartbeat, 4 history, 5 request, 6 reply |
 //! | 2 | 1 | flags: bit 0 = the payload continues in a second frame; bit 1 = republished from a recording; bit 2 = the body is compressed |
-//! | 3 | 1 | encoding: 0 raw bytes, 1 CBOR, 2 JSON |
+//! | 3 | 1 | encoding: 0 raw bytes, 1 CBOR, 2 JSON, 3 compact (schema'd CBOR) |
 //! | 4 | 4 | domain tag (FNV-1a 32 of the domain name) |
 //! | 8 | 4 | schema id (0 = none) |
 //! | 12 | 16 | publisher node id |
@@ -192,6 +192,9 @@ pub enum Encoding {
     Cbor = 1,
     /// UTF-8 JSON text, for debugging tools.
     Json = 2,
+    /// CBOR written by position under the schema the header's schema id
+    /// names (docs/protocol.md §5.1, [`crate::schema`]).
+    Compact = 3,
 }
 
 impl Encoding {
@@ -201,6 +204,7 @@ impl Encoding {
             0 => Some(Encoding::Raw),
             1 => Some(Encoding::Cbor),
             2 => Some(Encoding::Json),
+            3 => Some(Encoding::Compact),
             _ => None,
         }
     }

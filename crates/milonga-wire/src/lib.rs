@@ -4,7 +4,7 @@
 //! that does I/O: keys and key expressions ([`key`]), the data frame layout
 //! ([`frame`]), values ([`value`]) and their CBOR encoding ([`cbor`]), history
 //! queries and replies ([`history`]), heartbeats ([`heartbeat`]), filter
-//! declarations ([`filter`]), service calls ([`service`]), control
+//! declarations ([`filter`]), schemas and the compact encoding ([`schema`]), service calls ([`service`]), control
 //! messages ([`control`]) and announcements ([`announce`]). The normative
 //! text is `docs/protocol.md`; the golden vectors in
 //! `tests/vectors/` are checked against this crate.
@@ -20,6 +20,7 @@ pub mod frame;
 pub mod heartbeat;
 pub mod history;
 pub mod key;
+pub mod schema;
 pub mod scout;
 pub mod service;
 pub mod value;

@@ -102,6 +102,7 @@ fn encoding_name(e: Encoding) -> &'static str {
         Encoding::Raw => "raw",
         Encoding::Cbor => "cbor",
         Encoding::Json => "json",
+        Encoding::Compact => "compact",
     }
 }
 

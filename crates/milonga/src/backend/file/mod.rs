@@ -420,7 +420,9 @@ pub fn copy_recording(
 fn encoding_name(e: Encoding) -> &'static str {
     match e {
         Encoding::Raw => "raw",
-        Encoding::Cbor => "cbor",
+        // A compact sample arrives as its schema's map, and is recorded
+        // as that map in plain CBOR (docs/schemas.md).
+        Encoding::Cbor | Encoding::Compact => "cbor",
         Encoding::Json => "json",
     }
 }
