@@ -165,6 +165,7 @@ fn a_fifteen_second_query_flood_keeps_memory_bounded() {
         last: u64::MAX,
         since: vec![],
         id: None,
+        schemas: Vec::new(),
     }
     .encode();
     // The outside test's rate: 36 MB of queries a second

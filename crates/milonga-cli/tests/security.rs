@@ -953,6 +953,7 @@ fn a_trusted_peer_cannot_send_samples_under_another_nodes_id() {
             history: 0,
             endpoint: None,
             socket: None,
+            schema: None,
         }],
         services: vec![],
         key: Some(zmq::z85_encode(&attacker_key).unwrap()),

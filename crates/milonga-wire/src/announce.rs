@@ -65,6 +65,11 @@ pub struct PublicationInfo {
     /// `reliable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket: Option<String>,
+    /// The id of the schema its samples are written with (encoding 3,
+    /// docs/protocol.md §5.1): a subscriber asks for it on joining.
+    /// Absent: plain samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<u32>,
 }
 
 impl PublicationInfo {

@@ -21,6 +21,8 @@ pub const QUERY_TAG: u8 = 0x02;
 pub const REPLY_KEY_PREFIX: &str = "@r/";
 /// Longest token, in bytes.
 pub const MAX_TOKEN_BYTES: usize = 64;
+/// Most schema ids one query asks for (`schemas`).
+pub const MAX_SCHEMAS_ASKED: usize = 64;
 
 /// Why a query or a history frame was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,6 +59,10 @@ pub struct Query {
     /// to a copy sent again is told from the answer to a later query.
     /// Absent in queries of older subscribers.
     pub id: Option<u64>,
+    /// Schema ids (docs/protocol.md §5.1) the subscriber needs: the reply's
+    /// first frame carries those the node knows. Written only when not
+    /// empty; at most [`MAX_SCHEMAS_ASKED`].
+    pub schemas: Vec<u32>,
 }
 
 fn text(v: &Value, what: &str) -> Result<String, HistoryError> {
@@ -128,7 +134,13 @@ impl Query {
             ("last", Value::from(self.last)),
             ("since", Value::Array(since)),
         ]);
-        let v = with_id(v, self.id);
+        let mut v = with_id(v, self.id);
+        if !self.schemas.is_empty() {
+            if let Value::Map(pairs) = &mut v {
+                let ids = self.schemas.iter().map(|i| Value::from(u64::from(*i)));
+                pairs.push((Value::from("schemas"), Value::Array(ids.collect())));
+            }
+        }
         let mut out = vec![QUERY_TAG];
         out.extend(encode(&v));
         out
@@ -161,6 +173,18 @@ impl Query {
             last: uint(field(&v, "last")?, "last")?,
             since,
             id: v.get("id").map(|i| uint(i, "id")).transpose()?,
+            schemas: match v.get("schemas") {
+                None => Vec::new(),
+                Some(a) => {
+                    let a = array(a, "schemas")?;
+                    if a.len() > MAX_SCHEMAS_ASKED {
+                        return Err(bad("more than 64 schemas asked"));
+                    }
+                    a.iter()
+                        .map(|i| u32::try_from(uint(i, "schema id")?).map_err(|_| bad("schema id")))
+                        .collect::<Result<_, _>>()?
+                }
+            },
         })
     }
 }
@@ -210,6 +234,9 @@ pub struct Reply {
     pub done: bool,
     /// The query's `id`, if it had one.
     pub id: Option<u64>,
+    /// The schemas asked for that the node knows: (id, the schema's CBOR
+    /// bytes, docs/protocol.md §5.1). Written only when not empty.
+    pub schemas: Vec<(u32, Bytes)>,
 }
 
 impl Reply {
@@ -244,14 +271,18 @@ impl Reply {
                 map(fields)
             })
             .collect();
-        encode(&with_id(
-            map(vec![
-                ("socket", Value::from(self.socket.as_str())),
-                ("keys", Value::Array(keys)),
-                ("done", Value::Bool(self.done)),
-            ]),
-            self.id,
-        ))
+        let mut fields = vec![
+            ("socket", Value::from(self.socket.as_str())),
+            ("keys", Value::Array(keys)),
+            ("done", Value::Bool(self.done)),
+        ];
+        if !self.schemas.is_empty() {
+            let schemas = self.schemas.iter().map(|(id, b)| {
+                Value::Array(vec![Value::from(u64::from(*id)), Value::Bytes(b.clone())])
+            });
+            fields.push(("schemas", Value::Array(schemas.collect())));
+        }
+        encode(&with_id(map(fields), self.id))
     }
 
     /// Reads a history frame's body. Payloads are views of `body`.
@@ -288,6 +319,23 @@ impl Reply {
             keys,
             done: matches!(field(&v, "done")?, Value::Bool(true)),
             id: v.get("id").map(|i| uint(i, "id")).transpose()?,
+            schemas: match v.get("schemas") {
+                None => Vec::new(),
+                Some(a) => array(a, "schemas")?
+                    .iter()
+                    .map(|e| match e {
+                        Value::Array(p) if p.len() == 2 => match &p[1] {
+                            Value::Bytes(b) => Ok((
+                                u32::try_from(uint(&p[0], "schema id")?)
+                                    .map_err(|_| bad("schema id"))?,
+                                b.clone(),
+                            )),
+                            _ => Err(bad("a schema is not a byte string")),
+                        },
+                        _ => Err(bad("schemas entry is not [id, bytes]")),
+                    })
+                    .collect::<Result<_, _>>()?,
+            },
         })
     }
 }
@@ -306,10 +354,12 @@ mod tests {
             last: 5,
             since: vec![("sr/a".into(), 41)],
             id: None,
+            schemas: Vec::new(),
         };
         assert_eq!(Query::decode(&q.encode()).unwrap(), q);
         let with_id = Query {
             id: Some(7),
+            schemas: vec![3, u32::MAX],
             ..q.clone()
         };
         assert_eq!(Query::decode(&with_id.encode()).unwrap(), with_id);
@@ -340,6 +390,7 @@ mod tests {
             }],
             done: true,
             id: None,
+            schemas: Vec::new(),
         };
         assert_eq!(Reply::decode(&Bytes::from(r.encode())).unwrap(), r);
         let with_id = Reply {

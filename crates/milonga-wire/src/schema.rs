@@ -498,6 +498,147 @@ impl Schema {
     }
 }
 
+impl Schema {
+    /// The schema of a serde type, traced from its `Deserialize` impl
+    /// (`#[derive(Deserialize)]`): a struct's fields in declaration order
+    /// (`#[serde(rename)]` names them), `Option<T>` optional, `Vec<T>` a
+    /// list (of numbers: a typed array), an enum of unit variants an enum,
+    /// a newtype its inner type, 8- to 32-bit integers `i32`/`u32`,
+    /// `String` and `char` text, maps `any`. A type that is not a struct,
+    /// tuples, enums with data and 128-bit integers are refused: build
+    /// the [`Schema`] by hand for those.
+    pub fn of<T: serde::de::DeserializeOwned>() -> Result<Schema, SchemaError> {
+        // A struct cannot be an enum; a top-level enum is refused below.
+        use serde_reflection::{ContainerFormat, Error, Samples, Tracer, TracerConfig};
+        // A pass of the tracer visits one more variant of each enum it was
+        // told is incomplete (`check_incomplete_enum`), and the names of
+        // the enums only come from the error of a finished trace: so the
+        // trace starts over, knowing more names, until every variant of
+        // every enum is seen.
+        let samples = Samples::new();
+        let cannot = |e: Error| invalid(format!("cannot trace the type: {e}"));
+        let mut enums: Vec<String> = Vec::new();
+        let (format, registry) = loop {
+            let mut tracer = Tracer::new(TracerConfig::default());
+            let mut format = tracer.trace_type_once::<T>(&samples).map_err(cannot)?.0;
+            for _ in 0..MAX_SCHEMA_FIELDS {
+                let mut again = false;
+                for name in &enums {
+                    again |= tracer.check_incomplete_enum(name).is_some();
+                }
+                if !again {
+                    break;
+                }
+                format = tracer.trace_type_once::<T>(&samples).map_err(cannot)?.0;
+            }
+            match tracer.registry() {
+                Ok(r) => break (format, r),
+                Err(Error::MissingVariants(names)) if names.iter().any(|n| !enums.contains(n)) => {
+                    enums.extend(names);
+                }
+                Err(e) => return Err(cannot(e)),
+            }
+        };
+        let serde_reflection::Format::TypeName(name) = &format else {
+            return Err(invalid("a schema's type is a struct"));
+        };
+        match registry.get(name) {
+            Some(ContainerFormat::Struct(_)) => {}
+            _ => return Err(invalid(format!("{name} is not a struct with named fields"))),
+        }
+        let Type::Struct(fields) = traced(&format, &registry, 0)? else {
+            return Err(invalid(format!("{name} is not a struct with named fields")));
+        };
+        let schema = Schema {
+            name: name.clone(),
+            fields,
+        };
+        schema.encode()?;
+        Ok(schema)
+    }
+}
+
+fn traced(
+    f: &serde_reflection::Format,
+    registry: &serde_reflection::Registry,
+    depth: usize,
+) -> Result<Type, SchemaError> {
+    use serde_reflection::{ContainerFormat, Format as F, VariantFormat};
+    if depth > MAX_SCHEMA_DEPTH {
+        return Err(invalid(format!(
+            "types nested deeper than {MAX_SCHEMA_DEPTH} (a recursive type?)"
+        )));
+    }
+    let numeric = |f: &F| {
+        Some(match f {
+            F::U8 => ElementType::U8,
+            F::U16 => ElementType::U16,
+            F::U32 => ElementType::U32,
+            F::U64 => ElementType::U64,
+            F::I8 => ElementType::I8,
+            F::I16 => ElementType::I16,
+            F::I32 => ElementType::I32,
+            F::I64 => ElementType::I64,
+            F::F32 => ElementType::F32,
+            F::F64 => ElementType::F64,
+            _ => return None,
+        })
+    };
+    Ok(match f {
+        F::Bool => Type::Bool,
+        F::I8 | F::I16 | F::I32 => Type::I32,
+        F::I64 => Type::I64,
+        F::U8 | F::U16 | F::U32 => Type::U32,
+        F::U64 => Type::U64,
+        F::F32 => Type::F32,
+        F::F64 => Type::F64,
+        F::Char | F::Str => Type::Text,
+        F::Bytes => Type::Bytes,
+        F::Option(inner) => match traced(inner, registry, depth + 1)? {
+            Type::Optional(_) => return Err(invalid("Option<Option<T>> has no schema type")),
+            t => Type::Optional(Box::new(t)),
+        },
+        F::Seq(inner) | F::TupleArray { content: inner, .. } => match numeric(inner) {
+            Some(e) => Type::Array(e),
+            None => Type::List(Box::new(traced(inner, registry, depth + 1)?)),
+        },
+        F::Map { .. } => Type::Any,
+        F::TypeName(name) => match registry.get(name) {
+            Some(ContainerFormat::Struct(fields)) => Type::Struct(
+                fields
+                    .iter()
+                    .map(|n| {
+                        Ok(Field::new(
+                            n.name.clone(),
+                            traced(&n.value, registry, depth + 1)?,
+                        ))
+                    })
+                    .collect::<Result<_, SchemaError>>()?,
+            ),
+            Some(ContainerFormat::NewTypeStruct(inner)) => traced(inner, registry, depth + 1)?,
+            Some(ContainerFormat::Enum(variants)) => {
+                let mut names = Vec::with_capacity(variants.len());
+                for v in variants.values() {
+                    if !matches!(v.value, VariantFormat::Unit) {
+                        return Err(invalid(format!(
+                            "enum {name}: variant {} carries data; only unit variants have a schema type",
+                            v.name
+                        )));
+                    }
+                    names.push(v.name.clone());
+                }
+                Type::Enum(names)
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "{name}: unit and tuple structs have no schema type"
+                )))
+            }
+        },
+        other => return Err(invalid(format!("{other:?} has no schema type"))),
+    })
+}
+
 const INFALLIBLE: &str = "writing to a Vec cannot fail";
 
 fn int_of(v: &Value, path: &str, lo: i128, hi: i128, ty: &str) -> Result<i128, SchemaError> {
@@ -705,19 +846,7 @@ fn write(
 
 /// Element `i` of a typed array as a value (an integer or a float).
 fn element_value(a: &TypedArray, i: usize) -> Value {
-    let n = a.element().size();
-    let b = &a.bytes()[i * n..(i + 1) * n];
-    match a.element() {
-        ElementType::F32 | ElementType::F64 => Value::Float(a.get_f64(i).unwrap_or(f64::NAN)),
-        ElementType::U8 => Value::Int(i128::from(b[0])),
-        ElementType::I8 => Value::Int(i128::from(b[0] as i8)),
-        ElementType::U16 => Value::Int(i128::from(u16::from_le_bytes([b[0], b[1]]))),
-        ElementType::I16 => Value::Int(i128::from(i16::from_le_bytes([b[0], b[1]]))),
-        ElementType::U32 => Value::Int(i128::from(u32::from_le_bytes(b.try_into().expect("4")))),
-        ElementType::I32 => Value::Int(i128::from(i32::from_le_bytes(b.try_into().expect("4")))),
-        ElementType::U64 => Value::Int(i128::from(u64::from_le_bytes(b.try_into().expect("8")))),
-        ElementType::I64 => Value::Int(i128::from(i64::from_le_bytes(b.try_into().expect("8")))),
-    }
+    a.value_at(i).unwrap_or(Value::Null)
 }
 
 /// Packs numbers into a typed array of `el`, refusing any that does not

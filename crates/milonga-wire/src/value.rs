@@ -220,6 +220,25 @@ impl TypedArray {
         Some(out)
     }
 
+    /// Element `i` as a [`Value`]: an integer, or a float for `f32` and
+    /// `f64` elements.
+    pub fn value_at(&self, i: usize) -> Option<Value> {
+        let n = self.element.size();
+        let b = self.bytes.get(i * n..(i + 1) * n)?;
+        let int = |v: i128| Some(Value::Int(v));
+        match self.element {
+            ElementType::F32 | ElementType::F64 => self.get_f64(i).map(Value::Float),
+            ElementType::U8 => int(i128::from(b[0])),
+            ElementType::I8 => int(i128::from(b[0] as i8)),
+            ElementType::U16 => int(i128::from(u16::from_le_bytes([b[0], b[1]]))),
+            ElementType::I16 => int(i128::from(i16::from_le_bytes([b[0], b[1]]))),
+            ElementType::U32 => int(i128::from(u32::from_le_bytes(b.try_into().ok()?))),
+            ElementType::I32 => int(i128::from(i32::from_le_bytes(b.try_into().ok()?))),
+            ElementType::U64 => int(i128::from(u64::from_le_bytes(b.try_into().ok()?))),
+            ElementType::I64 => int(i128::from(i64::from_le_bytes(b.try_into().ok()?))),
+        }
+    }
+
     /// Element `i` as an `f64` (lossy for 64-bit integers beyond 2^53).
     pub fn get_f64(&self, i: usize) -> Option<f64> {
         let n = self.element.size();

@@ -134,6 +134,7 @@ fn mutations_of_history_queries_and_filter_declarations_never_panic() {
             last: 5,
             since: vec![("sr/a".into(), 41), ("sr/b/c".into(), u64::MAX)],
             id: Some(3),
+            schemas: vec![7, u32::MAX],
         }
         .encode(),
         Query {
@@ -144,6 +145,7 @@ fn mutations_of_history_queries_and_filter_declarations_never_panic() {
             last: u64::MAX,
             since: vec![],
             id: None,
+            schemas: Vec::new(),
         }
         .encode(),
     ];

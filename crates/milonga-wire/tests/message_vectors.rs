@@ -64,6 +64,7 @@ fn query_from_json(j: &Json) -> Query {
         last: j["last"].as_u64().unwrap(),
         since: serde_json::from_value(j["since"].clone()).unwrap(),
         id: j["id"].as_u64(),
+        schemas: Vec::new(),
     }
 }
 
@@ -109,6 +110,7 @@ fn announcement() -> Announcement {
             history: 10,
             endpoint: None,
             socket: None,
+            schema: None,
         }],
         services: vec![ServiceInfo {
             key: "sr/ps/1/set_current".into(),
@@ -168,6 +170,7 @@ fn cases() -> Vec<Case> {
         last: 1,
         since: vec![],
         id: None,
+        schemas: Vec::new(),
     };
     let repair = Query {
         since: vec![

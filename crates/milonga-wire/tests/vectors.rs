@@ -431,6 +431,7 @@ fn cases() -> Vec<Case> {
             }],
             done: true,
             id: None,
+            schemas: Vec::new(),
         };
         let body = reply.encode();
         let value = milonga_wire::cbor::decode_cbor(&Bytes::from(body.clone())).unwrap();

@@ -70,6 +70,7 @@ pub use util::stats::NodeStats;
 
 pub use milonga_wire as wire;
 pub use milonga_wire::filter::{Filter, FilterError};
+pub use milonga_wire::schema::{Field, Incompatible, Schema, SchemaError, Type as FieldType};
 pub use milonga_wire::{
     Bytes, ElementType, Encoding, Key, KeyError, KeyExpr, NodeId, TypedArray, Value,
 };

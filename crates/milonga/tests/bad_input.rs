@@ -258,6 +258,7 @@ fn bad_queries_and_a_subscription_flood_leave_the_publisher_serving() {
         last: 0,
         since: vec![("bq/x".into(), since)],
         id: None,
+        schemas: Vec::new(),
     };
     // An absurd range: after the end of time. Answered, with nothing.
     raw.send(query(u64::MAX).encode(), 0).unwrap();
@@ -423,6 +424,7 @@ fn finding_03_a_flood_of_history_queries_freezes_nothing_and_amplifies_nothing()
             last: u64::MAX,
             since: vec![],
             id: None,
+            schemas: Vec::new(),
         }
         .encode()
     };

@@ -128,10 +128,27 @@ impl Node {
         }
         let key = Key::new(key)?;
         let data = self.inner.data_socket(qos.reliability, key.as_str())?;
-        let Some(last_seq) =
-            self.inner
-                .declare_publication(key.as_str(), qos.reliability, qos.history, &data)
-        else {
+        // The schema is checked and kept by the data socket (for the
+        // queries that ask for it) before the publication is announced.
+        let schema = match &qos.schema {
+            Some(s) => {
+                let bytes = s.encode()?;
+                let id = crate::Schema::id_of(&bytes);
+                lock(&data.sock)
+                    .out
+                    .add_schema(id, &bytes)
+                    .map_err(|why| PublisherError::Schema(crate::SchemaError::Invalid(why)))?;
+                Some(id)
+            }
+            None => None,
+        };
+        let Some(last_seq) = self.inner.declare_publication(
+            key.as_str(),
+            qos.reliability,
+            qos.history,
+            schema,
+            &data,
+        ) else {
             return Err(PublisherError::AlreadyDeclared(key.as_str().to_owned()));
         };
         // After the check (a refused second declaration must not touch the
@@ -142,7 +159,7 @@ impl Node {
                 .out
                 .keep_history(key.as_str(), qos.history, qos.replayed);
         }
-        let mut p = Publisher::new(self.inner.clone(), key, qos, data, last_seq);
+        let mut p = Publisher::new(self.inner.clone(), key, qos, data, last_seq, schema);
         p.file = self.file.clone();
         self.inner.publisher_started(p.key(), p.seq_counter());
         Ok(p)

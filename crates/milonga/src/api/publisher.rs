@@ -34,6 +34,9 @@ pub struct Publisher {
     pub(crate) file: Option<Arc<crate::api::file_node::FileNode>>,
     /// The QoS's compression, else the node's.
     compression: crate::Compression,
+    /// The QoS's schema's id, when it has one: samples are written with
+    /// it (encoding 3).
+    schema_id: Option<u32>,
 }
 
 impl Publisher {
@@ -45,6 +48,7 @@ impl Publisher {
         qos: PublisherQos,
         data: Arc<DataSocket>,
         last_seq: u64,
+        schema_id: Option<u32>,
     ) -> Self {
         let header = Header {
             kind: Kind::Sample,
@@ -72,6 +76,7 @@ impl Publisher {
             template,
             seq: Arc::new(last_seq.into()),
             file: None,
+            schema_id,
         }
     }
 
@@ -93,8 +98,33 @@ impl Publisher {
     /// Puts a value. Best effort never waits; reliable waits for room up to
     /// the QoS `put_timeout`.
     pub fn put(&self, value: impl Into<Value>) -> Result<(), PutError> {
-        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
-        self.send(enc, 0, self.default_wait())
+        let (enc, schema_id) = self.encode(&value.into())?;
+        self.send(enc, schema_id, self.default_wait())
+    }
+
+    /// The value ready for the wire, and its schema id: with a schema,
+    /// written by position (encoding 3); else CBOR, raw bytes, or a typed
+    /// array's own frame. A `file:///` publisher records the plain value.
+    fn encode(&self, value: &Value) -> Result<(Encoded, u32), PutError> {
+        if let (Some(id), Some(schema), None) = (self.schema_id, &self.qos.schema, &self.file) {
+            let mut out = Vec::new();
+            schema.write_compact(value, &mut out)?;
+            let enc = Encoded {
+                encoding: Encoding::Compact,
+                head: Bytes::from(out),
+                tail: None,
+            };
+            return Ok((enc, id));
+        }
+        if let Some(schema) = &self.qos.schema {
+            // Checked all the same: a recording holds what a live
+            // publisher would have sent.
+            schema.write_compact(value, &mut Vec::new())?;
+        }
+        Ok((
+            encode_payload(value, self.node.cfg().zero_copy_threshold_bytes)?,
+            0,
+        ))
     }
 
     /// Puts a value with its source timestamp given (ns since the Unix
@@ -102,15 +132,15 @@ impl Publisher {
     /// it was first published. Otherwise as [`Publisher::put`], which
     /// stamps the time of the put.
     pub fn put_at(&self, value: impl Into<Value>, timestamp_ns: u64) -> Result<(), PutError> {
-        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
-        self.send_at(enc, 0, self.default_wait(), Some(timestamp_ns))
+        let (enc, schema_id) = self.encode(&value.into())?;
+        self.send_at(enc, schema_id, self.default_wait(), Some(timestamp_ns))
     }
 
     /// [`Publisher::try_put`] with a source timestamp given, as
     /// [`Publisher::put_at`].
     pub fn try_put_at(&self, value: impl Into<Value>, timestamp_ns: u64) -> Result<(), PutError> {
-        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
-        self.send_at(enc, 0, Wait::No, Some(timestamp_ns))
+        let (enc, schema_id) = self.encode(&value.into())?;
+        self.send_at(enc, schema_id, Wait::No, Some(timestamp_ns))
     }
 
     /// [`Publisher::put_timeout`] with a source timestamp given, as
@@ -121,30 +151,36 @@ impl Publisher {
         timestamp_ns: u64,
         timeout: Duration,
     ) -> Result<(), PutError> {
-        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
-        self.send_at(enc, 0, Wait::For(timeout), Some(timestamp_ns))
+        let (enc, schema_id) = self.encode(&value.into())?;
+        self.send_at(enc, schema_id, Wait::For(timeout), Some(timestamp_ns))
     }
 
     /// Puts a value, failing with [`PutError::WouldBlock`] at once instead of
     /// waiting when a reliable publisher's subscriber is full.
     pub fn try_put(&self, value: impl Into<Value>) -> Result<(), PutError> {
-        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
-        self.send(enc, 0, Wait::No)
+        let (enc, schema_id) = self.encode(&value.into())?;
+        self.send(enc, schema_id, Wait::No)
     }
 
     /// Puts a value, waiting at most `timeout` for room (reliable only).
     pub fn put_timeout(&self, value: impl Into<Value>, timeout: Duration) -> Result<(), PutError> {
-        let enc = encode_payload(&value.into(), self.node.cfg().zero_copy_threshold_bytes)?;
-        self.send(enc, 0, Wait::For(timeout))
+        let (enc, schema_id) = self.encode(&value.into())?;
+        self.send(enc, schema_id, Wait::For(timeout))
     }
 
     /// Puts a user type serialized with serde as CBOR, with `schema_id` in
-    /// the header (0 = none).
+    /// the header (0 = none). A publisher with a schema writes it with
+    /// its schema instead (`schema_id` is then the schema's).
     pub fn put_serde<T: serde::Serialize + ?Sized>(
         &self,
         value: &T,
         schema_id: u32,
     ) -> Result<(), PutError> {
+        if self.qos.schema.is_some() {
+            let v = milonga_wire::cbor::decode_cbor(&Bytes::from(to_cbor(value)?))
+                .map_err(|e| milonga_wire::cbor::EncodeError::Serde(e.to_string()))?;
+            return self.put(v);
+        }
         let enc = Encoded {
             encoding: Encoding::Cbor,
             head: Bytes::from(to_cbor(value)?),

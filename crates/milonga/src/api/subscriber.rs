@@ -106,6 +106,7 @@ impl SubShared {
             token,
             filter,
             max_bytes: node.cfg().max_message_bytes,
+            schema: qos.schema.clone(),
         };
         Ok(SubShared {
             core: Subscription::new(expr, wants, node.core().domain_tag, node.counters().clone()),

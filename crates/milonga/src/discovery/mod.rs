@@ -755,6 +755,7 @@ mod tests {
             history: 0,
             endpoint: None,
             socket: None,
+            schema: None,
         }];
         let file = dir.dir.join(format!("{}.json", a.node_id));
         fs::write(&file, serde_json::to_vec(&a).unwrap()).unwrap();

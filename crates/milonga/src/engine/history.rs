@@ -272,9 +272,16 @@ pub(super) fn answer(d: &mut Outlet, me: &Me, msg: &[u8]) -> Option<Answer> {
     };
     let since: HashMap<&str, u64> = q.since.iter().map(|(k, s)| (k.as_str(), *s)).collect();
     let socket = d.name.clone();
+    // The schemas asked for that this socket knows go in the first frame.
+    let schemas = q
+        .schemas
+        .iter()
+        .filter_map(|id| d.schemas.get(id).map(|b| (*id, b.clone())))
+        .collect();
     let mut frames: Vec<Reply> = vec![Reply {
         socket: socket.clone(),
         id: q.id,
+        schemas,
         ..Reply::default()
     }];
     let mut size = 0;

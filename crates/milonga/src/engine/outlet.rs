@@ -35,7 +35,15 @@ pub(crate) struct Outlet {
     pub(super) replies: u64,
     /// How many history queries this socket may still answer this second.
     pub(super) query_budget: QueryBudget,
+    /// The schemas of its publications (docs/schemas.md), by id: the
+    /// encoded schema, sent to a query that asks for it. Kept for the
+    /// socket's life (a history entry may name a dropped publisher's),
+    /// at most [`MAX_SOCKET_SCHEMAS`].
+    pub(super) schemas: HashMap<u32, milonga_wire::Bytes>,
 }
+
+/// Most distinct schemas one data socket keeps.
+pub(crate) const MAX_SOCKET_SCHEMAS: usize = 1024;
 
 /// What one message from a subscriber asks of the socket.
 pub(crate) enum Upstream {
@@ -68,6 +76,7 @@ impl Outlet {
             filters: HashMap::new(),
             replies: 0,
             query_budget: QueryBudget::default(),
+            schemas: HashMap::new(),
         }
     }
 
@@ -160,6 +169,27 @@ impl Outlet {
             .filter(|k| expr.matches(k))
             .cloned()
             .collect()
+    }
+
+    /// Keeps a publication's schema, encoded, under its id, for the queries
+    /// that ask for it. Refused when another schema has that id (two
+    /// schemas whose FNV-1a 32 collide: rename one) or the socket keeps
+    /// [`MAX_SOCKET_SCHEMAS`] already.
+    pub(crate) fn add_schema(&mut self, id: u32, encoded: &[u8]) -> Result<(), String> {
+        match self.schemas.get(&id) {
+            Some(b) if b.as_ref() == encoded => Ok(()),
+            Some(_) => Err(format!(
+                "schema id {id:#010x} is taken by another schema of this node's data socket"
+            )),
+            None if self.schemas.len() >= MAX_SOCKET_SCHEMAS => Err(format!(
+                "a data socket keeps at most {MAX_SOCKET_SCHEMAS} schemas"
+            )),
+            None => {
+                self.schemas
+                    .insert(id, milonga_wire::Bytes::copy_from_slice(encoded));
+                Ok(())
+            }
+        }
     }
 
     /// Stops keeping samples of `key` (its publisher was dropped).
@@ -302,6 +332,7 @@ mod tests {
             last: 5,
             since: vec![],
             id: None,
+            schemas: Vec::new(),
         };
         assert!(matches!(o.upstream(&me, &q.encode()), Upstream::Done));
         assert_eq!(
@@ -356,6 +387,7 @@ mod tests {
             last: 1,
             since: vec![],
             id: None,
+            schemas: Vec::new(),
         }
         .encode()
     }

@@ -19,6 +19,8 @@ pub(crate) struct MatchedPublication {
     pub reliability: Reliability,
     /// Samples kept per key.
     pub history: usize,
+    /// The schema its samples are written with, if any.
+    pub schema: Option<u32>,
 }
 
 /// Where a subscription connects, and what it should know of its
@@ -79,6 +81,7 @@ pub(crate) fn routes_for(expr: &KeyExpr, peers: &[&Announcement]) -> Routes {
                         socket: p.socket_name().to_owned(),
                         reliability: p.reliability,
                         history: p.history,
+                        schema: p.schema,
                     },
                 );
                 matched = true;
@@ -125,6 +128,7 @@ pub(crate) fn test_announcement(
                 history: *h,
                 endpoint: None,
                 socket: None,
+                schema: None,
             })
             .collect(),
         services: vec![],

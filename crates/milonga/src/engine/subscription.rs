@@ -16,7 +16,8 @@ use milonga_wire::frame::{
     self, BatchEntries, FrameError, Kind, FLAG_COMPRESSED, FLAG_PAYLOAD_FRAME, FLAG_REPLAYED,
 };
 use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
-use milonga_wire::{Bytes, KeyExpr, NodeId};
+use milonga_wire::schema::{Incompatible, Plan, Schema};
+use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId};
 
 use crate::engine::routes::{MatchedPublication, Routes};
 use crate::engine::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
@@ -122,7 +123,18 @@ pub(crate) struct SubState<L> {
     live_sent: bool,
     /// Whether routes were applied once.
     routed: bool,
+    /// The schemas learned (docs/schemas.md), by (publisher, schema id):
+    /// how this subscription reads its samples, or why it cannot. At most
+    /// [`MAX_SCHEMAS`].
+    schemas: HashMap<(NodeId, u32), Result<Arc<Plan>, Incompatible>>,
+    /// Schemas asked for, and when: asked again only after
+    /// [`JOIN_TIMEOUT`]. At most [`MAX_SCHEMAS`].
+    schemas_asked: HashMap<(NodeId, u32), Instant>,
 }
+
+/// Most schemas a subscription keeps (and asks for at once): beyond, what
+/// it learned is forgotten and asked again when a sample needs it.
+const MAX_SCHEMAS: usize = 4096;
 
 impl<L> SubState<L> {
     /// Makes sure the timers are looked at by `at` at the latest.
@@ -309,6 +321,8 @@ pub(crate) struct Subscription {
     domain_tag: u32,
     /// `max_message_bytes`: no compressed body inflates beyond it.
     max_bytes: usize,
+    /// The reader's schema (`SubscriberQos::schema`).
+    reader: Option<Schema>,
     counters: Arc<Counters>,
 }
 
@@ -322,6 +336,8 @@ pub(crate) struct Wants {
     pub(crate) filter: Option<(milonga_wire::filter::Filter, String)>,
     /// `max_message_bytes`.
     pub(crate) max_bytes: usize,
+    /// The reader's schema.
+    pub(crate) schema: Option<Schema>,
 }
 
 impl<L> SubState<L> {
@@ -363,6 +379,8 @@ impl<L> SubState<L> {
             query_id: 0,
             live_sent: last == 0,
             routed: false,
+            schemas: HashMap::new(),
+            schemas_asked: HashMap::new(),
         }
     }
 }
@@ -386,6 +404,7 @@ impl Subscription {
             token: wants.token,
             filter: wants.filter,
             max_bytes: wants.max_bytes,
+            reader: wants.schema,
             domain_tag,
             counters,
         }
@@ -560,6 +579,7 @@ impl Subscription {
         // a subscriber that comes back.
         let initial = !io.routed;
         io.routed = true;
+        let mut asked = BTreeSet::new();
         if self.last > 0 || self.reliable {
             // A publisher that appears after the subscription began (a
             // restarted one, say) put nothing this subscription has seen:
@@ -569,9 +589,9 @@ impl Subscription {
             } else {
                 self.last as u64
             };
-            let mut asked = BTreeSet::new();
             for ((node, _), p) in &r.publications {
-                if p.history > 0 && fresh.contains(&p.endpoint) && asked.insert(&p.endpoint) {
+                if p.history > 0 && fresh.contains(&p.endpoint) && asked.insert(p.endpoint.clone())
+                {
                     let q = Query {
                         node: node.to_hex(),
                         socket: p.socket.clone(),
@@ -580,8 +600,21 @@ impl Subscription {
                         last,
                         since: self.held(io, *node),
                         id: None,
+                        schemas: self.unknown_schemas(io, r, *node, &p.socket),
                     };
                     self.ask(io, *node, q, initial, true);
+                }
+            }
+        }
+        // Schemas of matching publications not learned yet, asked of each
+        // data socket that no history query just asked: its samples wait
+        // for the answer.
+        for ((node, key), p) in &r.publications {
+            if p.schema.is_some() && !asked.contains(&p.endpoint) {
+                let ids = self.unknown_schemas(io, r, *node, &p.socket);
+                if !ids.is_empty() {
+                    asked.insert(p.endpoint.clone());
+                    self.ask_schemas(io, *node, &p.socket, key, ids);
                 }
             }
         }
@@ -836,7 +869,6 @@ impl Subscription {
         }
         j.ids.entry(q.socket.clone()).or_default().push(io.query_id);
         j.heard.remove(&q.socket);
-        j.again.retain(|r| r.socket != q.socket);
         if again {
             j.again.push(Resend {
                 socket: q.socket,
@@ -849,6 +881,196 @@ impl Subscription {
             io.arm(now + JOIN_TIMEOUT);
         }
         true
+    }
+
+    /// The schema ids `node` announces on data socket `socket` for
+    /// matching publications that this subscription neither knows nor
+    /// asked for lately; noted as asked.
+    fn unknown_schemas<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        r: &Routes,
+        node: NodeId,
+        socket: &str,
+    ) -> Vec<u32> {
+        let now = io.link.now();
+        let mut ids: Vec<u32> = r
+            .publications
+            .iter()
+            .filter(|((n, _), p)| *n == node && p.socket == socket)
+            .filter_map(|(_, p)| p.schema)
+            .filter(|id| {
+                !io.schemas.contains_key(&(node, *id))
+                    && io
+                        .schemas_asked
+                        .get(&(node, *id))
+                        .is_none_or(|t| now >= *t + JOIN_TIMEOUT)
+            })
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.truncate(milonga_wire::history::MAX_SCHEMAS_ASKED);
+        if io.schemas_asked.len() + ids.len() > MAX_SCHEMAS {
+            io.schemas_asked.clear();
+        }
+        for id in &ids {
+            io.schemas_asked.insert((node, *id), now);
+        }
+        ids
+    }
+
+    /// Asks `node`'s data socket `socket` for schemas `ids` (a query for
+    /// `key` with nothing else asked); the node's samples wait for the
+    /// answer, as for a history join.
+    fn ask_schemas<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        node: NodeId,
+        socket: &str,
+        key: &str,
+        ids: Vec<u32>,
+    ) {
+        let q = Query {
+            node: node.to_hex(),
+            socket: socket.to_owned(),
+            token: self.token.clone(),
+            expr: key.to_owned(),
+            last: 0,
+            since: Vec::new(),
+            id: None,
+            schemas: ids,
+        };
+        self.ask(io, node, q, false, true);
+    }
+
+    /// A schema `node` sent: how this subscription reads its samples
+    /// (the reader's schema resolved against it, or the writer's own
+    /// fields), or why it cannot, reported once per matching key as
+    /// `IncompatibleQos`. A schema that does not parse, or whose id is
+    /// not its content's, is counted in `schemas_malformed`.
+    fn learn_schema<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        c: &Counters,
+        node: NodeId,
+        id: u32,
+        bytes: &[u8],
+    ) {
+        if io.schemas.contains_key(&(node, id)) {
+            return;
+        }
+        let writer = match Schema::decode(bytes) {
+            Ok(w) if Schema::id_of(bytes) == id => w,
+            Ok(_) => {
+                let n = c.schemas_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(
+                    n,
+                    "a schema",
+                    &format_args!("id {id:#010x} is not its content's"),
+                );
+                return;
+            }
+            Err(err) => {
+                let n = c.schemas_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(n, "a schema", &err);
+                return;
+            }
+        };
+        let plan = match &self.reader {
+            Some(reader) => Plan::resolve(reader, &writer),
+            None => Ok(Plan::identity(&writer)),
+        };
+        if let Err(why) = &plan {
+            let keys: Vec<String> = io
+                .matched
+                .iter()
+                .filter(|((n, _), p)| *n == node && p.schema == Some(id))
+                .map(|((_, k), _)| k.clone())
+                .collect();
+            for key in keys {
+                io.pending
+                    .push_back(Event::IncompatibleQos(IncompatibleQos {
+                        publisher: node,
+                        key,
+                        policy: QosPolicy::Schema,
+                        detail: format!("schema {:?}: {why}", writer.name),
+                    }));
+            }
+            tracing::warn!(expr = %self.expr, publisher = %node, %why, "a publisher's schema does not agree with the subscription's; its samples are refused");
+        }
+        if io.schemas.len() >= MAX_SCHEMAS {
+            io.schemas.clear();
+        }
+        stats::inc(&c.schemas_learned);
+        io.schemas.insert((node, id), plan.map(Arc::new));
+    }
+
+    /// A compact sample's value in the shape the subscription reads, or
+    /// `None` (counted, logged) when its schema is unknown, does not agree
+    /// with the reader's, or the payload does not fit it.
+    fn read_compact<L: Link>(
+        &self,
+        io: &SubState<L>,
+        c: &Counters,
+        s: &Sample,
+    ) -> Option<milonga_wire::Value> {
+        match io.schemas.get(&(s.publisher, s.schema_id)) {
+            Some(Ok(plan)) => match plan.apply(s.value.clone()) {
+                Ok(v) => Some(v),
+                Err(err) => {
+                    let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                    log_drop(n, "a compact sample that does not fit its schema", &err);
+                    None
+                }
+            },
+            Some(Err(_)) => {
+                // Reported once when the schema came.
+                stats::inc(&c.samples_schema_refused);
+                None
+            }
+            None => {
+                let n = c.samples_unknown_schema.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(
+                    n,
+                    "a compact sample",
+                    &format_args!(
+                        "schema {:#010x} of publisher {} is not known (asked, not answered)",
+                        s.schema_id, s.publisher
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// A compact sample arrived whose schema this subscription has not
+    /// learned: unless a query to its node is in flight already (its
+    /// samples wait for it) or the schema was asked for lately, the
+    /// publication's data socket is asked for it.
+    fn want_schema<L: Link>(&self, io: &mut SubState<L>, node: NodeId, key: &str, id: u32) {
+        if io.schemas.contains_key(&(node, id)) || io.joins.contains_key(&node) {
+            return;
+        }
+        let now = io.link.now();
+        if io
+            .schemas_asked
+            .get(&(node, id))
+            .is_some_and(|t| now < *t + JOIN_TIMEOUT)
+        {
+            return;
+        }
+        let Some(socket) = io
+            .matched
+            .get(&(node, key.to_owned()))
+            .map(|p| p.socket.clone())
+        else {
+            return;
+        };
+        if io.schemas_asked.len() >= MAX_SCHEMAS {
+            io.schemas_asked.clear();
+        }
+        io.schemas_asked.insert((node, id), now);
+        self.ask_schemas(io, node, &socket, key, vec![id]);
     }
 
     /// A history frame: kept samples for this subscription.
@@ -872,6 +1094,11 @@ impl Subscription {
                 return;
             }
         };
+        // Schemas are content-addressed: one that comes late is still
+        // right.
+        for (id, bytes) in &reply.schemas {
+            self.learn_schema(io, c, node, *id, bytes);
+        }
         let Some(j) = io.joins.get_mut(&node) else {
             return; // late: the query timed out
         };
@@ -890,9 +1117,21 @@ impl Subscription {
         j.heard.insert(reply.socket.clone());
         j.replies.extend(reply.keys);
         if reply.done {
-            j.pending.remove(&reply.socket);
-            if j.pending.is_empty() {
-                self.finish_join(io, c, node, true);
+            // A socket asked twice (a schema query after a join query) is
+            // done when both are answered; a reply naming no query (an
+            // older publisher) answers them all.
+            let all = match (reply.id, j.ids.get_mut(&reply.socket)) {
+                (Some(id), Some(ids)) => {
+                    ids.retain(|x| *x != id);
+                    ids.is_empty()
+                }
+                _ => true,
+            };
+            if all {
+                j.pending.remove(&reply.socket);
+                if j.pending.is_empty() {
+                    self.finish_join(io, c, node, true);
+                }
             }
         }
     }
@@ -961,7 +1200,7 @@ impl Subscription {
     /// Passes a decoded sample through the sequence check and queues it;
     /// holds it if its node has a history query in flight, or asks for a
     /// repair if it reveals a gap history can fill (`repair`).
-    fn deliver<L: Link>(&self, io: &mut SubState<L>, c: &Counters, s: Sample, repair: bool) {
+    fn deliver<L: Link>(&self, io: &mut SubState<L>, c: &Counters, mut s: Sample, repair: bool) {
         if let Some(j) = io.joins.get_mut(&s.publisher) {
             if j.buffer.len() < MAX_JOIN_BUFFER {
                 j.buffer.push(s);
@@ -973,6 +1212,12 @@ impl Subscription {
         match self.check_seq(io, c, s.publisher, &s.key, s.seq, repair) {
             Verdict::Drop => {}
             Verdict::Deliver => {
+                if s.encoding == Encoding::Compact {
+                    match self.read_compact(io, c, &s) {
+                        Some(v) => s.value = v,
+                        None => return,
+                    }
+                }
                 stats::inc(&c.samples_received);
                 if let Some(d) = self.deadline {
                     Self::note_deadline(io, d, &s.key);
@@ -994,6 +1239,7 @@ impl Subscription {
                         last: 0,
                         since: vec![(key, last)],
                         id: None,
+                        schemas: Vec::new(),
                     };
                     self.ask(io, s.publisher, q, false, false);
                 }
@@ -1473,6 +1719,9 @@ impl Subscription {
             (frame.clone(), view.body_offset)
         };
         let body = &frame[body_offset..];
+        if h.encoding == Encoding::Compact {
+            self.want_schema(io, h.node_id, &key, h.schema_id);
+        }
         match h.kind {
             Kind::Sample => {
                 let first = frame.slice(body_offset..);
@@ -1930,6 +2179,7 @@ mod tests {
             reliable,
             token: "tok".into(),
             filter: None,
+            schema: None,
             max_bytes: 1 << 20,
         }
     }
@@ -2306,6 +2556,7 @@ mod tests {
             }],
             done: true,
             id: None,
+            schemas: Vec::new(),
         };
         let key = Key::internal("@r/tok").unwrap();
         f.receive(frame::encode(
@@ -2537,6 +2788,7 @@ mod tests {
             }],
             done,
             id: Some(id),
+            schemas: Vec::new(),
         };
         let key = Key::internal("@r/tok").unwrap();
         let send = |f: &mut Fixture, r: Reply| {
@@ -2669,6 +2921,7 @@ mod tests {
                 }],
                 done: true,
                 id: None,
+                schemas: Vec::new(),
             };
             let key = Key::internal("@r/tok").unwrap();
             frame::encode(&key, &header(Kind::History, 1, "lab"), &r.encode())

@@ -167,6 +167,10 @@ pub enum PublisherError {
     /// The node is closed.
     #[error("the node is closed")]
     Closed,
+    /// The QoS's schema is not valid, or its id is taken on this node's
+    /// data socket by another schema (docs/schemas.md).
+    #[error(transparent)]
+    Schema(#[from] milonga_wire::schema::SchemaError),
 }
 
 /// Why a subscription could not be declared.
@@ -225,6 +229,10 @@ pub enum PutError {
     /// and why.
     #[error("recording failed: {0}")]
     Recording(String),
+    /// The value does not fit the publisher's schema: the field and why
+    /// (docs/schemas.md).
+    #[error("the value does not fit the publisher's schema: {0}")]
+    Schema(#[from] milonga_wire::schema::SchemaError),
 }
 
 /// Why `recv` returned no event.

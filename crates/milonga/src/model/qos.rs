@@ -5,7 +5,7 @@ use std::time::Duration;
 pub use milonga_wire::announce::Reliability;
 
 /// QoS of a publisher.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct PublisherQos {
     /// Best effort (default) or reliable.
@@ -23,6 +23,10 @@ pub struct PublisherQos {
     /// How its samples are compressed on the wire (docs/compression.md);
     /// `None`: as the node's `compression` settings say.
     pub compression: Option<crate::Compression>,
+    /// The schema its samples are written with (docs/schemas.md): each
+    /// value must be a map of its fields, and travels by position
+    /// (encoding 3) without field names. `None`: plain CBOR.
+    pub schema: Option<milonga_wire::schema::Schema>,
 }
 
 impl PublisherQos {
@@ -39,6 +43,7 @@ impl PublisherQos {
             history: 0,
             replayed: false,
             compression: None,
+            schema: None,
         }
     }
 
@@ -59,6 +64,13 @@ impl PublisherQos {
     /// node's `compression` settings say.
     pub fn compression(mut self, c: crate::Compression) -> Self {
         self.compression = Some(c);
+        self
+    }
+
+    /// Writes its samples with `schema` (docs/schemas.md): compact, by
+    /// position, the schema sent once to each subscriber that asks.
+    pub fn schema(mut self, schema: milonga_wire::schema::Schema) -> Self {
+        self.schema = Some(schema);
         self
     }
 
@@ -100,9 +112,24 @@ pub struct SubscriberQos {
     /// A filter the publishers apply before sending (docs/filters.md):
     /// samples that do not pass never reach this subscription.
     pub filter: Option<crate::Filter>,
+    /// The reader's schema (docs/schemas.md): samples of schema'd
+    /// publishers arrive in its shape (fields the writer lacks take their
+    /// defaults, fields it lacks are left out, renamed and widened fields
+    /// are read), and a publication whose schema does not agree with it is
+    /// reported as [`crate::Event::IncompatibleQos`] naming the field, its
+    /// samples refused. `None`: each writer's own fields. Plain (CBOR)
+    /// samples are delivered as they are either way.
+    pub schema: Option<milonga_wire::schema::Schema>,
 }
 
 impl SubscriberQos {
+    /// Reads schema'd samples with `schema` (see
+    /// [`SubscriberQos::schema`](SubscriberQos#structfield.schema)).
+    pub fn schema(mut self, schema: milonga_wire::schema::Schema) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+
     /// Asks for the last `n` kept samples of every matching key on joining.
     pub fn last(mut self, n: usize) -> Self {
         self.last = n;

@@ -31,9 +31,40 @@ pub struct Sample {
 impl Sample {
     /// Deserializes the value into a user type (serde), for samples put with
     /// [`crate::Publisher::put_serde`] or any CBOR value of that shape.
+    /// Typed arrays read as sequences of numbers (a `Vec<f64>` field of a
+    /// schema'd publisher's type arrives as one).
     pub fn deserialize<T: serde::de::DeserializeOwned>(&self) -> Result<T, DecodeError> {
+        fn has_typed(v: &Value) -> bool {
+            match v {
+                Value::Typed(_) => true,
+                Value::Array(items) => items.iter().any(has_typed),
+                Value::Map(pairs) => pairs.iter().any(|(_, v)| has_typed(v)),
+                Value::Tagged(_, v) => has_typed(v),
+                _ => false,
+            }
+        }
+        fn plain(v: &Value) -> Value {
+            match v {
+                Value::Typed(a) => {
+                    Value::Array((0..a.len()).filter_map(|i| a.value_at(i)).collect())
+                }
+                Value::Array(items) => Value::Array(items.iter().map(plain).collect()),
+                Value::Map(pairs) => {
+                    Value::Map(pairs.iter().map(|(k, v)| (k.clone(), plain(v))).collect())
+                }
+                Value::Tagged(t, v) => Value::Tagged(*t, Box::new(plain(v))),
+                v => v.clone(),
+            }
+        }
+        let converted;
+        let value = if has_typed(&self.value) {
+            converted = plain(&self.value);
+            &converted
+        } else {
+            &self.value
+        };
         let mut buf = Vec::new();
-        milonga_wire::cbor::encode_cbor(&self.value, &mut buf)
+        milonga_wire::cbor::encode_cbor(value, &mut buf)
             .map_err(|e| DecodeError::Serde(e.to_string()))?;
         from_cbor(&buf)
     }
@@ -148,6 +179,9 @@ pub enum QosPolicy {
     Reliability,
     /// More samples on joining than the publisher keeps.
     History,
+    /// The publisher's schema does not agree with the subscription's
+    /// (docs/schemas.md): its samples are refused.
+    Schema,
 }
 
 impl QosPolicy {
@@ -156,6 +190,7 @@ impl QosPolicy {
         match self {
             QosPolicy::Reliability => "reliability",
             QosPolicy::History => "history",
+            QosPolicy::Schema => "schema",
         }
     }
 }

@@ -310,6 +310,7 @@ impl NodeInner {
         key: &str,
         reliability: Reliability,
         history: usize,
+        schema: Option<u32>,
         data: &DataSocket,
     ) -> Option<u64> {
         let mut st = lock(&self.state);
@@ -323,6 +324,7 @@ impl NodeInner {
             history,
             endpoint: own.then(|| data.endpoint.clone()),
             socket: own.then(|| data.name.clone()),
+            schema,
         };
         st.publications.insert(key.to_owned(), info);
         Some(st.last_seq.get(key).copied().unwrap_or(0))

@@ -168,6 +168,18 @@ counters! {
     frames_inflated,
     /// Samples delivered from a publisher's history (late joining or repair).
     samples_replayed,
+    /// Schemas this node's subscriptions learned from publishers
+    /// (docs/schemas.md).
+    schemas_learned,
+    /// Schemas received that do not parse, or whose id is not their
+    /// content's.
+    schemas_malformed,
+    /// Compact samples dropped because their schema was not known (asked
+    /// for, not answered in time, or unknown to their publisher).
+    samples_unknown_schema,
+    /// Compact samples dropped because their publisher's schema does not
+    /// agree with the subscription's (reported once as `IncompatibleQos`).
+    samples_schema_refused,
     /// Filter evaluations by this node's publishers (one per distinct
     /// filter and sample of a key it matches).
     filter_evaluations,

@@ -76,6 +76,7 @@ pub fn forge_publisher(
             history,
             endpoint: None,
             socket: None,
+            schema: None,
         }],
         services: vec![],
         key: None,
