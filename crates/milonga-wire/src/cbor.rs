@@ -406,6 +406,8 @@ fn read_value(
     })
 }
 
+pub use crate::value_de::from_value;
+
 /// Serializes a user type (serde) to CBOR.
 pub fn to_cbor<T: serde::Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, EncodeError> {
     minicbor_serde::to_vec(value).map_err(|e| EncodeError::Serde(e.to_string()))

@@ -14,6 +14,7 @@
 pub mod announce;
 pub mod broker;
 pub mod cbor;
+mod compact_ser;
 pub mod control;
 pub mod filter;
 pub mod frame;
@@ -24,6 +25,7 @@ pub mod schema;
 pub mod scout;
 pub mod service;
 pub mod value;
+mod value_de;
 
 pub use bytes::Bytes;
 pub use frame::{Encoding, FrameError, Header, Kind, NodeId};

@@ -34,9 +34,9 @@ pub struct Publisher {
     pub(crate) file: Option<Arc<crate::api::file_node::FileNode>>,
     /// The QoS's compression, else the node's.
     compression: crate::Compression,
-    /// The QoS's schema's id, when it has one: samples are written with
-    /// it (encoding 3).
-    schema_id: Option<u32>,
+    /// The QoS's schema's id and writer, when it has one: samples are
+    /// written with it (encoding 3).
+    schema: Option<(u32, milonga_wire::schema::CompactWriter)>,
 }
 
 impl Publisher {
@@ -67,7 +67,9 @@ impl Publisher {
         let mut template = vec![0u8; frame::head_len(&key)];
         frame::write_head(&key, &header, &mut template);
         let compression = qos.compression.unwrap_or_else(|| node.cfg().compression());
+        let schema = schema_id.zip(qos.schema.as_ref().map(|s| s.writer()));
         Publisher {
+            schema,
             compression,
             node,
             key,
@@ -76,7 +78,6 @@ impl Publisher {
             template,
             seq: Arc::new(last_seq.into()),
             file: None,
-            schema_id,
         }
     }
 
@@ -106,20 +107,13 @@ impl Publisher {
     /// written by position (encoding 3); else CBOR, raw bytes, or a typed
     /// array's own frame. A `file:///` publisher records the plain value.
     fn encode(&self, value: &Value) -> Result<(Encoded, u32), PutError> {
-        if let (Some(id), Some(schema), None) = (self.schema_id, &self.qos.schema, &self.file) {
+        if let Some((id, writer)) = &self.schema {
             let mut out = Vec::new();
-            schema.write_compact(value, &mut out)?;
-            let enc = Encoded {
-                encoding: Encoding::Compact,
-                head: Bytes::from(out),
-                tail: None,
-            };
-            return Ok((enc, id));
-        }
-        if let Some(schema) = &self.qos.schema {
-            // Checked all the same: a recording holds what a live
-            // publisher would have sent.
-            schema.write_compact(value, &mut Vec::new())?;
+            writer.write(value, &mut out)?;
+            if self.file.is_none() {
+                return Ok((Self::compact(out), *id));
+            }
+            // A recording holds the plain value, checked all the same.
         }
         Ok((
             encode_payload(value, self.node.cfg().zero_copy_threshold_bytes)?,
@@ -176,10 +170,12 @@ impl Publisher {
         value: &T,
         schema_id: u32,
     ) -> Result<(), PutError> {
-        if self.qos.schema.is_some() {
-            let v = milonga_wire::cbor::decode_cbor(&Bytes::from(to_cbor(value)?))
-                .map_err(|e| milonga_wire::cbor::EncodeError::Serde(e.to_string()))?;
-            return self.put(v);
+        if let Some((id, writer)) = &self.schema {
+            let mut out = Vec::new();
+            writer.write_serde(value, &mut out)?;
+            if self.file.is_none() {
+                return self.send(Self::compact(out), *id, self.default_wait());
+            }
         }
         let enc = Encoded {
             encoding: Encoding::Cbor,
@@ -187,6 +183,14 @@ impl Publisher {
             tail: None,
         };
         self.send(enc, schema_id, self.default_wait())
+    }
+
+    fn compact(payload: Vec<u8>) -> Encoded {
+        Encoded {
+            encoding: Encoding::Compact,
+            head: Bytes::from(payload),
+            tail: None,
+        }
     }
 
     fn default_wait(&self) -> Wait {

@@ -1,6 +1,6 @@
 //! What a subscription delivers: samples and status events.
 
-use milonga_wire::cbor::{from_cbor, DecodeError};
+use milonga_wire::cbor::DecodeError;
 use milonga_wire::{Bytes, Encoding, NodeId, Value};
 
 /// One event: a key, a value and its header.
@@ -34,39 +34,7 @@ impl Sample {
     /// Typed arrays read as sequences of numbers (a `Vec<f64>` field of a
     /// schema'd publisher's type arrives as one).
     pub fn deserialize<T: serde::de::DeserializeOwned>(&self) -> Result<T, DecodeError> {
-        fn has_typed(v: &Value) -> bool {
-            match v {
-                Value::Typed(_) => true,
-                Value::Array(items) => items.iter().any(has_typed),
-                Value::Map(pairs) => pairs.iter().any(|(_, v)| has_typed(v)),
-                Value::Tagged(_, v) => has_typed(v),
-                _ => false,
-            }
-        }
-        fn plain(v: &Value) -> Value {
-            match v {
-                Value::Typed(a) => {
-                    Value::Array((0..a.len()).filter_map(|i| a.value_at(i)).collect())
-                }
-                Value::Array(items) => Value::Array(items.iter().map(plain).collect()),
-                Value::Map(pairs) => {
-                    Value::Map(pairs.iter().map(|(k, v)| (k.clone(), plain(v))).collect())
-                }
-                Value::Tagged(t, v) => Value::Tagged(*t, Box::new(plain(v))),
-                v => v.clone(),
-            }
-        }
-        let converted;
-        let value = if has_typed(&self.value) {
-            converted = plain(&self.value);
-            &converted
-        } else {
-            &self.value
-        };
-        let mut buf = Vec::new();
-        milonga_wire::cbor::encode_cbor(value, &mut buf)
-            .map_err(|e| DecodeError::Serde(e.to_string()))?;
-        from_cbor(&buf)
+        milonga_wire::cbor::from_value(&self.value)
     }
 
     /// The payload bytes when the value is a byte string.
