@@ -175,6 +175,29 @@ enum Fmt {
     Cdr,
     Json,
     Cbor,
+    /// Milonga's schema'd compact encoding (docs/schemas.md): the track's
+    /// schema traced from its serde type, values written by position.
+    Schema,
+}
+
+/// The track's schema, its writer, and the plan that reads it back as a
+/// subscriber does (by the writer's own fields).
+struct TrackSchema {
+    schema: milonga::Schema,
+    writer: milonga::wire::schema::CompactWriter,
+    plan: milonga::wire::schema::Plan,
+}
+
+fn track_schema() -> &'static TrackSchema {
+    static S: std::sync::OnceLock<TrackSchema> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let schema = milonga::Schema::of::<Track>().expect("the track has a schema");
+        TrackSchema {
+            writer: schema.writer(),
+            plan: milonga::wire::schema::Plan::identity(&schema),
+            schema,
+        }
+    })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -190,6 +213,7 @@ fn fmt_name(f: Fmt) -> &'static str {
         Fmt::Cdr => "cdr",
         Fmt::Json => "json",
         Fmt::Cbor => "cbor",
+        Fmt::Schema => "schema",
     }
 }
 
@@ -207,6 +231,11 @@ fn serialize(f: Fmt, t: &Track) -> Result<Vec<u8>> {
         Fmt::Cdr => cdr_encoding::to_vec::<Track, byteorder::LittleEndian>(t)?,
         Fmt::Json => serde_json::to_vec(t)?,
         Fmt::Cbor => milonga::wire::cbor::to_cbor(t)?,
+        Fmt::Schema => {
+            let mut out = Vec::with_capacity(256);
+            track_schema().writer.write_serde(t, &mut out)?;
+            out
+        }
     })
 }
 
@@ -215,6 +244,12 @@ fn deserialize(f: Fmt, b: &[u8]) -> Result<Track> {
         Fmt::Cdr => cdr_encoding::from_bytes::<Track, byteorder::LittleEndian>(b)?.0,
         Fmt::Json => serde_json::from_slice(b)?,
         Fmt::Cbor => milonga::wire::cbor::from_cbor(b)?,
+        // What a subscriber does: the positional CBOR decoded, named by
+        // the writer's schema, then read into the type.
+        Fmt::Schema => {
+            let v = track_schema().plan.read(&Bytes::copy_from_slice(b))?;
+            milonga::wire::cbor::from_value(&v)?
+        }
     })
 }
 
@@ -290,13 +325,42 @@ fn app_comp(c: Comp) -> Comp {
 }
 
 /// The publishers' QoS of a cell: best effort, compressed by Milonga for
-/// LZ4 and zstd.
-fn qos(c: Comp) -> PublisherQos {
-    let q = PublisherQos::best_effort();
+/// LZ4 and zstd; the schema'd format's publishers declare the track's
+/// schema (unless the application compresses: zlib).
+fn qos(f: Fmt, c: Comp) -> PublisherQos {
+    let mut q = PublisherQos::best_effort();
+    if milonga_writes(f, c) {
+        q = q.schema(track_schema().schema.clone());
+    }
     match c {
         Comp::Lz4 => q.compression(milonga::Compression::lz4().threshold(1)),
         Comp::Zstd => q.compression(milonga::Compression::zstd().threshold(1)),
         _ => q,
+    }
+}
+
+/// Whether Milonga's publisher writes the track (the schema'd format,
+/// `put_serde`) rather than the application putting its bytes.
+fn milonga_writes(f: Fmt, c: Comp) -> bool {
+    f == Fmt::Schema && app_comp(c) == Comp::None
+}
+
+/// Puts a track as the cell sends it.
+fn put_track(p: &milonga::Publisher, f: Fmt, c: Comp, t: &Track) -> Result<()> {
+    if milonga_writes(f, c) {
+        p.put_serde(t, 0)?;
+    } else {
+        p.put(Value::Bytes(Bytes::from(encode(f, app_comp(c), t)?)))?;
+    }
+    Ok(())
+}
+
+/// The track a sample of the cell carries.
+fn take_track(f: Fmt, c: Comp, s: &milonga::Sample) -> Result<Track> {
+    match &s.value {
+        Value::Bytes(b) => decode(f, app_comp(c), b),
+        _ if milonga_writes(f, c) => Ok(s.deserialize::<Track>()?),
+        _ => bail!("{}: not bytes", s.key),
     }
 }
 
@@ -369,7 +433,7 @@ const PATHS: &[(&str, u32, f64, f64, f64)] = &[
 
 /// Every cell: format and compression.
 fn all_cells() -> Vec<(Fmt, Comp)> {
-    [Fmt::Cdr, Fmt::Json, Fmt::Cbor]
+    [Fmt::Cdr, Fmt::Json, Fmt::Cbor, Fmt::Schema]
         .into_iter()
         .flat_map(|f| {
             [Comp::None, Comp::Lz4, Comp::Zstd, Comp::Zlib]
@@ -411,7 +475,7 @@ pub fn run(a: EncodingArgs) -> Result<std::process::ExitCode> {
     let track = Track::sample(1);
     let payload = track.information_bytes();
     let mut cells = Vec::new();
-    for fmt in [Fmt::Cdr, Fmt::Json, Fmt::Cbor] {
+    for fmt in [Fmt::Cdr, Fmt::Json, Fmt::Cbor, Fmt::Schema] {
         let plain = serialize(fmt, &track)?.len();
         for comp in [Comp::None, Comp::Lz4, Comp::Zstd, Comp::Zlib] {
             let wire = encode(fmt, comp, &track)?;
@@ -564,7 +628,7 @@ fn pong_worker(at: &crate::bench::Place) -> Result<std::process::ExitCode> {
     let mut to_ping = std::collections::HashMap::new();
     for (f, c) in all_cells() {
         let t = tag(f, c);
-        let p = node.publisher_with(&format!("enc/{t}/pong"), qos(c))?;
+        let p = node.publisher_with(&format!("enc/{t}/pong"), qos(f, c))?;
         to_ping.insert(t, p);
     }
     let sub = node.subscribe("enc/*/ping")?;
@@ -577,24 +641,17 @@ fn pong_worker(at: &crate::bench::Place) -> Result<std::process::ExitCode> {
                 let (Some((f, c)), Some(p)) = (parse_tag(t), to_ping.get(t)) else {
                     continue;
                 };
-                let Value::Bytes(b) = s.value else { continue };
-                let mut track = match decode(f, app_comp(c), &b) {
+                let mut track = match take_track(f, c, &s) {
                     Ok(t) => t,
                     Err(e) => {
-                        eprintln!(
-                            "pong: {} seq {}: {e}: {} bytes {:02x?}",
-                            s.key,
-                            s.seq,
-                            b.len(),
-                            &b[..b.len().min(64)]
-                        );
+                        eprintln!("pong: {} seq {}: {e}", s.key, s.seq);
                         continue;
                     }
                 };
                 track.status = TrackStatus::Coasted;
                 // Best effort: a full queue drops the answer (counted lost
                 // at the ping side).
-                let _ = p.put(Value::Bytes(Bytes::from(encode(f, app_comp(c), &track)?)));
+                let _ = put_track(p, f, c, &track);
             }
             Ok(_) => {}
             Err(_) => return Ok(std::process::ExitCode::SUCCESS),
@@ -609,7 +666,7 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
     let mut out = Vec::new();
     for (f, c) in all_cells() {
         let t = tag(f, c);
-        let to_pong = node.publisher_with(&format!("enc/{t}/ping"), qos(c))?;
+        let to_pong = node.publisher_with(&format!("enc/{t}/ping"), qos(f, c))?;
         let back = node.subscribe(&format!("enc/{t}/pong"))?;
         // Both ways matched: the pong's subscription reached this
         // publisher, and an answer comes back.
@@ -622,11 +679,7 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
             }
             if to_pong.subscriber_count() > 0 {
                 id += 1;
-                to_pong.put(Value::Bytes(Bytes::from(encode(
-                    f,
-                    app_comp(c),
-                    &Track::sample(id),
-                )?)))?;
+                put_track(&to_pong, f, c, &Track::sample(id))?;
             }
             let wait = Instant::now() + Duration::from_millis(200);
             while let Ok(e) = back.recv_timeout(wait.saturating_duration_since(Instant::now())) {
@@ -644,12 +697,10 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
         // Each track's first answer counts (a copy would count twice).
         let take = |e: Event, rtts: &mut Vec<f64>, sent_at: &mut [Option<Instant>]| -> Result<()> {
             if let Event::Sample(s) = e {
-                if let Value::Bytes(b) = s.value {
-                    let track = decode(f, app_comp(c), &b)?;
-                    let i = track.track_id.wrapping_sub(40_000) as usize;
-                    if let Some(t0) = sent_at.get_mut(i).and_then(Option::take) {
-                        rtts.push(t0.elapsed().as_nanos() as f64 / 1000.0);
-                    }
+                let track = take_track(f, c, &s)?;
+                let i = track.track_id.wrapping_sub(40_000) as usize;
+                if let Some(t0) = sent_at.get_mut(i).and_then(Option::take) {
+                    rtts.push(t0.elapsed().as_nanos() as f64 / 1000.0);
                 }
             }
             Ok(())
@@ -659,11 +710,7 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
             let now = Instant::now();
             if now >= due {
                 sent_at[next] = Some(now);
-                to_pong.put(Value::Bytes(Bytes::from(encode(
-                    f,
-                    app_comp(c),
-                    &Track::sample(next as u32),
-                )?)))?;
+                put_track(&to_pong, f, c, &Track::sample(next as u32))?;
                 next += 1;
                 continue;
             }
@@ -716,8 +763,8 @@ fn nodes(dir: &std::path::Path) -> Result<(Node, Node)> {
 /// Ping-pong of one cell: round trips per second, RTT p50/p99, lost.
 fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Result<Rtt> {
     let tag = format!("{}-{}", fmt_name(fmt), comp_name(comp));
-    let to_pong = ping.publisher_with(&format!("enc/{tag}/ping"), qos(comp))?;
-    let to_ping = pong.publisher_with(&format!("enc/{tag}/pong"), qos(comp))?;
+    let to_pong = ping.publisher_with(&format!("enc/{tag}/ping"), qos(fmt, comp))?;
+    let to_ping = pong.publisher_with(&format!("enc/{tag}/pong"), qos(fmt, comp))?;
     let at_pong = pong.subscribe(&format!("enc/{tag}/ping"))?;
     let at_ping = ping.subscribe(&format!("enc/{tag}/pong"))?;
     let until = Instant::now() + Duration::from_secs(10);
@@ -733,10 +780,9 @@ fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Resu
         std::thread::spawn(move || -> Result<()> {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 if let Ok(Event::Sample(s)) = at_pong.recv_timeout(Duration::from_millis(50)) {
-                    let Value::Bytes(b) = s.value else { continue };
-                    let mut t = decode(fmt, app_comp(comp), &b)?;
+                    let mut t = take_track(fmt, comp, &s)?;
                     t.status = TrackStatus::Coasted;
-                    to_ping.put(Value::Bytes(Bytes::from(encode(fmt, app_comp(comp), &t)?)))?;
+                    put_track(&to_ping, fmt, comp, &t)?;
                 }
             }
             Ok(())
@@ -756,21 +802,15 @@ fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Resu
         }
         let t0 = Instant::now();
         let track = Track::sample(i as u32);
-        to_pong.put(Value::Bytes(Bytes::from(encode(
-            fmt,
-            app_comp(comp),
-            &track,
-        )?)))?;
+        put_track(&to_pong, fmt, comp, &track)?;
         let deadline = t0 + Duration::from_secs(1);
         let back = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match at_ping.recv_timeout(left) {
                 Ok(Event::Sample(s)) => {
-                    if let Value::Bytes(b) = s.value {
-                        let t = decode(fmt, app_comp(comp), &b)?;
-                        if t.track_id == track.track_id {
-                            break true;
-                        }
+                    let t = take_track(fmt, comp, &s)?;
+                    if t.track_id == track.track_id {
+                        break true;
                     }
                 }
                 Ok(_) => {}
@@ -881,7 +921,7 @@ fn print(a: &EncodingArgs, cells: &[Cell], wan: &[(String, u32, Vec<WanRtt>)]) {
         return;
     }
     println!(
-        "# milonga bench encoding: a track record (docs/benchmarks.md \"Encodings\"), {} bytes of information; eta = information / wire bytes, chi = uncompressed / wire bytes; encode = serialize + compress, decode = inflate + deserialize, ns per message (median of 21 batches of {}); lz4 and zstd as Milonga's publishers send them (5-byte head), zlib level 6 for comparison; RTT: encoded tracks between two nodes over tcp, best effort, decoded and re-encoded at each end: on loopback one in flight ({} after 200 warm-up; rate = round trips/s), on paths A-E at the path's rate ({} a cell) with seed 003's delay and loss on the ping host's link; omega = RTT p50 of cdr/none on the same path and rate over this cell's; the schema'd format is not built yet",
+        "# milonga bench encoding: a track record (docs/benchmarks.md \"Encodings\"), {} bytes of information; eta = information / wire bytes, chi = uncompressed / wire bytes; encode = serialize + compress, decode = inflate + deserialize, ns per message (median of 21 batches of {}); lz4 and zstd as Milonga's publishers send them (5-byte head), zlib level 6 for comparison; RTT: encoded tracks between two nodes over tcp, best effort, decoded and re-encoded at each end: on loopback one in flight ({} after 200 warm-up; rate = round trips/s), on paths A-E at the path's rate ({} a cell) with seed 003's delay and loss on the ping host's link; omega = RTT p50 of cdr/none on the same path and rate over this cell's; schema = Milonga's compact encoding (the track's schema traced from its serde type, written by position; decode = named by the writer's schema, then read into the type), its lz4/zstd cells compressed by Milonga's publisher after encoding",
         cells.first().map_or(0, |c| c.payload),
         a.calls,
         a.round_trips,

@@ -282,7 +282,7 @@ pub fn decode_cbor(buf: &Bytes) -> Result<Value, DecodeError> {
     Ok(v)
 }
 
-fn read_bytes(d: &mut Decoder<'_>, buf: &Bytes) -> Result<Bytes, DecodeError> {
+pub(crate) fn read_bytes(d: &mut Decoder<'_>, buf: &Bytes) -> Result<Bytes, DecodeError> {
     match d.datatype()? {
         Type::Bytes => {
             let s = d.bytes()?;
@@ -300,6 +300,16 @@ fn read_bytes(d: &mut Decoder<'_>, buf: &Bytes) -> Result<Bytes, DecodeError> {
             "expected a byte string, found {t}"
         ))),
     }
+}
+
+/// Reads one data item at `d`'s position, as [`decode_cbor`] would, from
+/// `budget` items (a schema's `any` field, a typed array).
+pub(crate) fn read_item(
+    d: &mut Decoder<'_>,
+    buf: &Bytes,
+    budget: &mut usize,
+) -> Result<Value, DecodeError> {
+    read_value(d, buf, 0, budget)
 }
 
 fn read_value(

@@ -4,14 +4,48 @@
 //! order, which is the schema's when the schema was traced from the type
 //! (`Schema::of`); a field the type skips takes its default or null.
 
-use minicbor::data::Tag;
-use minicbor::Encoder;
 use serde::ser::{self, Impossible, Serialize};
 
-use crate::schema::{Field, SchemaError, Type};
+use crate::schema::{Field, Path, SchemaError, Type};
 use crate::value::{ElementType, Value};
 
-const INFALLIBLE: &str = "writing to a Vec cannot fail";
+/// A CBOR head: major type `major`, argument `n`, shortest form.
+fn head(out: &mut Vec<u8>, major: u8, n: u64) {
+    let m = major << 5;
+    if n < 24 {
+        out.push(m | n as u8);
+    } else if n <= 0xff {
+        out.extend_from_slice(&[m | 24, n as u8]);
+    } else if n <= 0xffff {
+        out.push(m | 25);
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+    } else if n <= 0xffff_ffff {
+        out.push(m | 26);
+        out.extend_from_slice(&(n as u32).to_be_bytes());
+    } else {
+        out.push(m | 27);
+        out.extend_from_slice(&n.to_be_bytes());
+    }
+}
+
+/// An integer in CBOR's range (checked by the caller).
+fn int(out: &mut Vec<u8>, i: i128) {
+    if i >= 0 {
+        head(out, 0, i as u64);
+    } else {
+        head(out, 1, (-1 - i) as u64);
+    }
+}
+
+fn float32(out: &mut Vec<u8>, f: f32) {
+    out.push(0xfa);
+    out.extend_from_slice(&f.to_be_bytes());
+}
+
+fn float64(out: &mut Vec<u8>, f: f64) {
+    out.push(0xfb);
+    out.extend_from_slice(&f.to_be_bytes());
+}
 
 /// Why a value does not fit: carried as serde's error, turned into
 /// [`SchemaError::Value`].
@@ -35,9 +69,9 @@ impl ser::Error for Error {
     }
 }
 
-fn bad(path: &str, why: impl Into<String>) -> Error {
+fn bad(path: &Path<'_>, why: impl Into<String>) -> Error {
     Error(SchemaError::Value {
-        path: path.to_owned(),
+        path: path.to_string(),
         why: why.into(),
     })
 }
@@ -51,13 +85,17 @@ pub(crate) fn write<T: Serialize + ?Sized>(
     v.serialize(Compact {
         ty: root,
         out,
-        path: "",
+        path: &Path::Root,
     })
     .map_err(|e| e.0)
 }
 
 /// Writes a value whose type is `any`: plain CBOR.
-fn write_any<T: Serialize + ?Sized>(v: &T, out: &mut Vec<u8>, path: &str) -> Result<(), Error> {
+fn write_any<T: Serialize + ?Sized>(
+    v: &T,
+    out: &mut Vec<u8>,
+    path: &Path<'_>,
+) -> Result<(), Error> {
     let b = crate::cbor::to_cbor(v).map_err(|e| bad(path, e.to_string()))?;
     out.extend_from_slice(&b);
     Ok(())
@@ -68,7 +106,7 @@ fn write_typed<T: Serialize + ?Sized>(
     ty: &Type,
     v: &T,
     out: &mut Vec<u8>,
-    path: &str,
+    path: &Path<'_>,
 ) -> Result<(), Error> {
     match ty {
         Type::Any => write_any(v, out, path),
@@ -79,14 +117,10 @@ fn write_typed<T: Serialize + ?Sized>(
 struct Compact<'a> {
     ty: &'a Type,
     out: &'a mut Vec<u8>,
-    path: &'a str,
+    path: &'a Path<'a>,
 }
 
 impl<'a> Compact<'a> {
-    fn enc(&mut self) -> Encoder<&mut Vec<u8>> {
-        Encoder::new(&mut *self.out)
-    }
-
     /// The type a value is written as: an optional's inner type (a value
     /// is present).
     fn inner(&self) -> &'a Type {
@@ -96,18 +130,18 @@ impl<'a> Compact<'a> {
         }
     }
 
-    fn int(mut self, i: i128) -> Result<(), Error> {
+    fn int(self, i: i128) -> Result<(), Error> {
         let (lo, hi) = match self.inner() {
             Type::I32 => (i128::from(i32::MIN), i128::from(i32::MAX)),
             Type::I64 => (i128::from(i64::MIN), i128::from(i64::MAX)),
             Type::U32 => (0, i128::from(u32::MAX)),
             Type::U64 => (0, i128::from(u64::MAX)),
             Type::F32 => {
-                self.enc().f32(i as f32).expect(INFALLIBLE);
+                float32(self.out, i as f32);
                 return Ok(());
             }
             Type::F64 => {
-                self.enc().f64(i as f64).expect(INFALLIBLE);
+                float64(self.out, i as f64);
                 return Ok(());
             }
             Type::Any => (-(1i128 << 64), (1i128 << 64) - 1),
@@ -119,15 +153,14 @@ impl<'a> Compact<'a> {
                 format!("{i} does not fit {}", self.inner().describe()),
             ));
         }
-        let int = minicbor::data::Int::try_from(i).expect("in range");
-        self.enc().int(int).expect(INFALLIBLE);
+        int(self.out, i);
         Ok(())
     }
 
-    fn float(mut self, f: f64) -> Result<(), Error> {
+    fn float(self, f: f64) -> Result<(), Error> {
         match self.inner() {
-            Type::F32 => self.enc().f32(f as f32).expect(INFALLIBLE),
-            Type::F64 | Type::Any => self.enc().f64(f).expect(INFALLIBLE),
+            Type::F32 => float32(self.out, f as f32),
+            Type::F64 | Type::Any => float64(self.out, f),
             t => return Err(self.mismatch(t, "a float")),
         };
         Ok(())
@@ -152,10 +185,10 @@ impl<'a> ser::Serializer for Compact<'a> {
     type SerializeStruct = Struct<'a>;
     type SerializeStructVariant = Impossible<(), Error>;
 
-    fn serialize_bool(mut self, v: bool) -> Result<(), Error> {
+    fn serialize_bool(self, v: bool) -> Result<(), Error> {
         match self.inner() {
             Type::Bool | Type::Any => {
-                self.enc().bool(v).expect(INFALLIBLE);
+                self.out.push(if v { 0xf5 } else { 0xf4 });
                 Ok(())
             }
             t => Err(self.mismatch(t, "bool")),
@@ -201,15 +234,16 @@ impl<'a> ser::Serializer for Compact<'a> {
     fn serialize_char(self, v: char) -> Result<(), Error> {
         self.serialize_str(v.encode_utf8(&mut [0; 4]))
     }
-    fn serialize_str(mut self, v: &str) -> Result<(), Error> {
+    fn serialize_str(self, v: &str) -> Result<(), Error> {
         match self.inner() {
             Type::Text | Type::Any => {
-                self.enc().str(v).expect(INFALLIBLE);
+                head(self.out, 3, v.len() as u64);
+                self.out.extend_from_slice(v.as_bytes());
                 Ok(())
             }
             Type::Enum(names) => match names.iter().position(|n| n == v) {
                 Some(i) => {
-                    self.enc().u32(i as u32).expect(INFALLIBLE);
+                    head(self.out, 0, i as u64);
                     Ok(())
                 }
                 None => Err(bad(self.path, format!("{v:?} is not a variant"))),
@@ -217,19 +251,20 @@ impl<'a> ser::Serializer for Compact<'a> {
             t => Err(self.mismatch(t, "text")),
         }
     }
-    fn serialize_bytes(mut self, v: &[u8]) -> Result<(), Error> {
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), Error> {
         match self.inner() {
             Type::Bytes | Type::Any => {
-                self.enc().bytes(v).expect(INFALLIBLE);
+                head(self.out, 2, v.len() as u64);
+                self.out.extend_from_slice(v);
                 Ok(())
             }
             t => Err(self.mismatch(t, "bytes")),
         }
     }
-    fn serialize_none(mut self) -> Result<(), Error> {
+    fn serialize_none(self) -> Result<(), Error> {
         match self.ty {
             Type::Optional(_) | Type::Any => {
-                self.enc().null().expect(INFALLIBLE);
+                self.out.push(0xf6);
                 Ok(())
             }
             t => Err(self.mismatch(t, "none")),
@@ -239,10 +274,10 @@ impl<'a> ser::Serializer for Compact<'a> {
         let ty = self.inner();
         write_typed(ty, v, self.out, self.path)
     }
-    fn serialize_unit(mut self) -> Result<(), Error> {
+    fn serialize_unit(self) -> Result<(), Error> {
         match self.ty {
             Type::Optional(_) | Type::Any => {
-                self.enc().null().expect(INFALLIBLE);
+                self.out.push(0xf6);
                 Ok(())
             }
             t => Err(self.mismatch(t, "unit")),
@@ -278,31 +313,31 @@ impl<'a> ser::Serializer for Compact<'a> {
             format!("variant {variant} carries data; the schema has unit variants only"),
         ))
     }
-    fn serialize_seq(mut self, len: Option<usize>) -> Result<Seq<'a>, Error> {
+    fn serialize_seq(self, len: Option<usize>) -> Result<Seq<'a>, Error> {
         let Some(len) = len else {
             return Err(bad(self.path, "a sequence of unknown length"));
         };
         let path = self.path;
         match self.inner() {
             Type::List(item) => {
-                self.enc().array(len as u64).expect(INFALLIBLE);
+                head(self.out, 4, len as u64);
                 Ok(Seq {
                     item: Item::List(item),
                     out: self.out,
                     path,
                     left: len,
+                    next: 0,
                 })
             }
             Type::Array(el) => {
-                self.enc()
-                    .tag(Tag::new(el.cbor_tag()))
-                    .and_then(|e| e.bytes_len((len * el.size()) as u64))
-                    .expect(INFALLIBLE);
+                head(self.out, 6, el.cbor_tag());
+                head(self.out, 2, (len * el.size()) as u64);
                 Ok(Seq {
                     item: Item::Element(*el),
                     out: self.out,
                     path,
                     left: len,
+                    next: 0,
                 })
             }
             t => Err(self.mismatch(t, "a sequence")),
@@ -333,17 +368,17 @@ impl<'a> ser::Serializer for Compact<'a> {
             "a map is written only as a field of type any",
         ))
     }
-    fn serialize_struct(mut self, _name: &'static str, _len: usize) -> Result<Struct<'a>, Error> {
+    fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Struct<'a>, Error> {
         let Type::Struct(fields) = self.inner() else {
             let t = self.inner();
             return Err(self.mismatch(t, "a struct"));
         };
-        self.enc().array(fields.len() as u64).expect(INFALLIBLE);
+        head(self.out, 4, fields.len() as u64);
         Ok(Struct {
             fields,
             next: 0,
             out: self.out,
-            path: self.path.to_owned(),
+            path: self.path,
         })
     }
     fn serialize_struct_variant(
@@ -365,8 +400,9 @@ enum Item<'a> {
 pub(crate) struct Seq<'a> {
     item: Item<'a>,
     out: &'a mut Vec<u8>,
-    path: &'a str,
+    path: &'a Path<'a>,
     left: usize,
+    next: usize,
 }
 
 impl ser::SerializeSeq for Seq<'_> {
@@ -378,11 +414,13 @@ impl ser::SerializeSeq for Seq<'_> {
             .left
             .checked_sub(1)
             .ok_or_else(|| bad(self.path, "more elements than announced"))?;
+        let at = Path::Index(self.path, self.next);
+        self.next += 1;
         match &self.item {
-            Item::List(t) => write_typed(t, v, self.out, self.path),
+            Item::List(t) => write_typed(t, v, self.out, &at),
             Item::Element(el) => {
-                let x = v.serialize(Number)?;
-                push_element(*el, &x, self.out, self.path)
+                let x = v.serialize(Number).map_err(|e| bad(&at, e.to_string()))?;
+                push_element(*el, &x, self.out, &at)
             }
         }
     }
@@ -396,7 +434,12 @@ impl ser::SerializeSeq for Seq<'_> {
 }
 
 /// Appends number `x` as a little-endian element of `el`.
-fn push_element(el: ElementType, x: &Value, out: &mut Vec<u8>, path: &str) -> Result<(), Error> {
+fn push_element(
+    el: ElementType,
+    x: &Value,
+    out: &mut Vec<u8>,
+    path: &Path<'_>,
+) -> Result<(), Error> {
     let range = |lo: i128, hi: i128| match x {
         Value::Int(i) if (lo..=hi).contains(i) => Ok(*i),
         other => Err(bad(path, format!("{other:?} does not fit {}", el.name()))),
@@ -433,7 +476,7 @@ pub(crate) struct Struct<'a> {
     fields: &'a [Field],
     next: usize,
     out: &'a mut Vec<u8>,
-    path: String,
+    path: &'a Path<'a>,
 }
 
 impl Struct<'_> {
@@ -441,11 +484,11 @@ impl Struct<'_> {
     fn fill(&mut self, upto: usize) -> Result<(), Error> {
         while self.next < upto {
             let f = &self.fields[self.next];
-            let p = crate::schema::join_path(&self.path, &f.name);
+            let p = Path::Field(self.path, &f.name);
             match &f.default {
                 Some(d) => crate::schema::write_value(&f.ty, d, &p, self.out).map_err(Error)?,
                 None if matches!(f.ty, Type::Optional(_) | Type::Any) => {
-                    Encoder::new(&mut *self.out).null().expect(INFALLIBLE);
+                    self.out.push(0xf6);
                 }
                 None => return Err(bad(&p, "missing, and it has no default")),
             }
@@ -470,13 +513,17 @@ impl ser::SerializeStruct for Struct<'_> {
             .map(|i| i + self.next)
             .ok_or_else(|| {
                 bad(
-                    &crate::schema::join_path(&self.path, key),
+                    &Path::Field(self.path, key),
                     "not a field of the schema, or out of the schema's order",
                 )
             })?;
         self.fill(at)?;
-        let p = crate::schema::join_path(&self.path, key);
-        write_typed(&self.fields[at].ty, v, self.out, &p)?;
+        write_typed(
+            &self.fields[at].ty,
+            v,
+            self.out,
+            &Path::Field(self.path, key),
+        )?;
         self.next = at + 1;
         Ok(())
     }
@@ -506,7 +553,7 @@ macro_rules! number {
 macro_rules! not_a_number {
     ($($m:ident($($a:ty),*) -> $r:ty),* $(,)?) => {$(
         fn $m(self, $(_: $a),*) -> Result<$r, Error> {
-            Err(bad("", "an element of a numeric array is a number"))
+            Err(bad(&Path::Root, "an element of a numeric array is a number"))
         }
     )*};
 }
@@ -572,6 +619,9 @@ impl ser::Serializer for Number {
         _variant: &'static str,
         _v: &T,
     ) -> Result<Value, Error> {
-        Err(bad("", "an element of a numeric array is a number"))
+        Err(bad(
+            &Path::Root,
+            "an element of a numeric array is a number",
+        ))
     }
 }

@@ -20,6 +20,9 @@ use bytes::Bytes;
 use minicbor::data::Tag;
 use minicbor::Encoder;
 
+use minicbor::data::Type as DType;
+use minicbor::Decoder;
+
 use crate::cbor::{decode_cbor, DecodeError};
 use crate::value::{ElementType, TypedArray, Value};
 
@@ -154,9 +157,29 @@ fn invalid(why: impl Into<String>) -> SchemaError {
     SchemaError::Invalid(why.into())
 }
 
-fn bad_value(path: &str, why: impl Into<String>) -> SchemaError {
+/// Where a value lies in its schema (`pos.x`, `plots[2].range`): built
+/// as the writer or reader descends, rendered only for an error.
+#[derive(Clone, Copy)]
+pub(crate) enum Path<'a> {
+    Root,
+    Field(&'a Path<'a>, &'a str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Root => Ok(()),
+            Path::Field(Path::Root, name) => f.write_str(name),
+            Path::Field(parent, name) => write!(f, "{parent}.{name}"),
+            Path::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
+fn bad_value(path: &Path<'_>, why: impl Into<String>) -> SchemaError {
     SchemaError::Value {
-        path: path.to_owned(),
+        path: path.to_string(),
         why: why.into(),
     }
 }
@@ -395,8 +418,13 @@ fn fields_from_value(
         };
         if let Some(d) = &f.default {
             let mut out = Vec::new();
-            write(&f.ty, d, &f.name, &mut Encoder::new(&mut out))
-                .map_err(|e| invalid(format!("the default of {:?} does not fit: {e}", f.name)))?;
+            write(
+                &f.ty,
+                d,
+                &Path::Field(&Path::Root, &f.name),
+                &mut Encoder::new(&mut out),
+            )
+            .map_err(|e| invalid(format!("the default of {:?} does not fit: {e}", f.name)))?;
         }
         fields.push(f);
     }
@@ -487,7 +515,7 @@ impl Schema {
     /// encoding. A field the map lacks takes its default, or null if it is
     /// optional; a key the schema does not have is an error.
     pub fn write_compact(&self, value: &Value, out: &mut Vec<u8>) -> Result<(), SchemaError> {
-        write_struct(&self.fields, value, "", &mut Encoder::new(out))
+        write_struct(&self.fields, value, &Path::Root, &mut Encoder::new(out))
     }
 
     /// A writer of this schema's values: made once per publisher.
@@ -666,20 +694,15 @@ impl CompactWriter {
         let Type::Struct(fields) = &self.0 else {
             unreachable!("a writer's type is its schema's struct")
         };
-        write_struct(fields, value, "", &mut Encoder::new(out))
+        write_struct(fields, value, &Path::Root, &mut Encoder::new(out))
     }
-}
-
-/// `path.name`, or `name` at the top.
-pub(crate) fn join_path(path: &str, name: &str) -> String {
-    join(path, name)
 }
 
 /// Writes `v` as a value of `ty` (a default filled in by the serde writer).
 pub(crate) fn write_value(
     ty: &Type,
     v: &Value,
-    path: &str,
+    path: &Path<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), SchemaError> {
     write(ty, v, path, &mut Encoder::new(out))
@@ -687,7 +710,7 @@ pub(crate) fn write_value(
 
 const INFALLIBLE: &str = "writing to a Vec cannot fail";
 
-fn int_of(v: &Value, path: &str, lo: i128, hi: i128, ty: &str) -> Result<i128, SchemaError> {
+fn int_of(v: &Value, path: &Path<'_>, lo: i128, hi: i128, ty: &str) -> Result<i128, SchemaError> {
     match v {
         Value::Int(i) if (lo..=hi).contains(i) => Ok(*i),
         Value::Int(i) => Err(bad_value(path, format!("{i} does not fit {ty}"))),
@@ -698,7 +721,7 @@ fn int_of(v: &Value, path: &str, lo: i128, hi: i128, ty: &str) -> Result<i128, S
     }
 }
 
-fn float_of(v: &Value, path: &str, ty: &str) -> Result<f64, SchemaError> {
+fn float_of(v: &Value, path: &Path<'_>, ty: &str) -> Result<f64, SchemaError> {
     match v {
         Value::Float(f) => Ok(*f),
         Value::Int(i) => Ok(*i as f64),
@@ -727,7 +750,7 @@ fn kind(v: &Value) -> &'static str {
 fn write_struct(
     fields: &[Field],
     value: &Value,
-    path: &str,
+    path: &Path<'_>,
     e: &mut Encoder<&mut Vec<u8>>,
 ) -> Result<(), SchemaError> {
     let Value::Map(pairs) = value else {
@@ -740,7 +763,10 @@ fn write_struct(
         match k {
             Value::Text(t) if fields.iter().any(|f| &f.name == t) => {}
             Value::Text(t) => {
-                return Err(bad_value(&join(path, t), "not a field of the schema"));
+                return Err(bad_value(
+                    &Path::Field(path, t),
+                    "not a field of the schema",
+                ));
             }
             other => {
                 return Err(bad_value(
@@ -752,7 +778,7 @@ fn write_struct(
     }
     e.array(fields.len() as u64).expect(INFALLIBLE);
     for f in fields {
-        let p = join(path, &f.name);
+        let p = Path::Field(path, &f.name);
         match value.get(&f.name).or(f.default.as_ref()) {
             Some(v) => write(&f.ty, v, &p, e)?,
             None if matches!(f.ty, Type::Optional(_) | Type::Any) => {
@@ -767,7 +793,7 @@ fn write_struct(
 fn write(
     ty: &Type,
     v: &Value,
-    path: &str,
+    path: &Path<'_>,
     e: &mut Encoder<&mut Vec<u8>>,
 ) -> Result<(), SchemaError> {
     match ty {
@@ -841,13 +867,13 @@ fn write(
             Value::Array(items) => {
                 e.array(items.len() as u64).expect(INFALLIBLE);
                 for (i, item) in items.iter().enumerate() {
-                    write(t, item, &format!("{path}[{i}]"), e)?;
+                    write(t, item, &Path::Index(path, i), e)?;
                 }
             }
             Value::Typed(a) => {
                 e.array(a.len() as u64).expect(INFALLIBLE);
                 for i in 0..a.len() {
-                    write(t, &element_value(a, i), &format!("{path}[{i}]"), e)?;
+                    write(t, &element_value(a, i), &Path::Index(path, i), e)?;
                 }
             }
             other => {
@@ -900,11 +926,11 @@ fn element_value(a: &TypedArray, i: usize) -> Value {
 fn pack(
     el: ElementType,
     items: impl Iterator<Item = Value>,
-    path: &str,
+    path: &Path<'_>,
 ) -> Result<TypedArray, SchemaError> {
     let mut out = Vec::new();
     for (i, v) in items.enumerate() {
-        let p = || format!("{path}[{i}]");
+        let p = || Path::Index(path, i);
         let int = |lo: i128, hi: i128| int_of(&v, &p(), lo, hi, el.name());
         match el {
             ElementType::U8 => out.push(int(0, 255)? as u8),
@@ -1062,7 +1088,33 @@ enum Conv {
     Struct {
         writer_len: usize,
         fields: Vec<(String, Source)>,
+        /// For each writer field, the reader field it fills, if any.
+        by_writer: Vec<Option<usize>>,
+        /// Reader field `k` is writer field `k`, for every field: values
+        /// go straight into the map as they are read.
+        in_order: bool,
     },
+}
+
+/// A struct's conversion, with the indexes reading needs.
+fn struct_conv(writer_len: usize, fields: Vec<(String, Source)>) -> Conv {
+    let mut by_writer = vec![None; writer_len];
+    for (k, (_, src)) in fields.iter().enumerate() {
+        if let Source::Writer(i, _) = src {
+            by_writer[*i] = Some(k);
+        }
+    }
+    let in_order = fields.len() == writer_len
+        && fields
+            .iter()
+            .enumerate()
+            .all(|(k, (_, src))| matches!(src, Source::Writer(i, _) if *i == k));
+    Conv::Struct {
+        writer_len,
+        fields,
+        by_writer,
+        in_order,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -1204,10 +1256,7 @@ fn resolve_struct(reader: &[Field], writer: &[Field], path: &str) -> Result<Conv
         };
         fields.push((rf.name.clone(), src));
     }
-    Ok(Conv::Struct {
-        writer_len: writer.len(),
-        fields,
-    })
+    Ok(struct_conv(writer.len(), fields))
 }
 
 /// The conversion that reads a writer's type as it is.
@@ -1217,14 +1266,14 @@ fn identity(t: &Type) -> Conv {
         Type::Enum(names) => Conv::Enum(names.clone()),
         Type::Array(e) => Conv::Array { from: *e, to: *e },
         Type::List(inner) => Conv::List(Box::new(identity(inner))),
-        Type::Struct(fields) => Conv::Struct {
-            writer_len: fields.len(),
-            fields: fields
+        Type::Struct(fields) => struct_conv(
+            fields.len(),
+            fields
                 .iter()
                 .enumerate()
                 .map(|(i, f)| (f.name.clone(), Source::Writer(i, identity(&f.ty))))
                 .collect(),
-        },
+        ),
         Type::F32 | Type::F64 => Conv::ToFloat(t.clone()),
         other => Conv::Keep(other.clone()),
     }
@@ -1251,115 +1300,217 @@ impl Plan {
         Plan(identity(&Type::Struct(writer.fields.clone())))
     }
 
-    /// Reads a compact payload: decodes its CBOR (typed arrays stay views
-    /// of `payload`), then converts it.
+    /// Reads a compact payload into the reader's value map, in one pass
+    /// over its CBOR: writer fields the reader has no use for are skipped
+    /// unread, typed arrays and byte strings stay views of `payload`.
+    /// Structs and lists have definite lengths (a compact writer's); a
+    /// payload that does not fit the writer's schema is an error.
     pub fn read(&self, payload: &Bytes) -> Result<Value, SchemaError> {
-        let v = decode_cbor(payload)?;
-        self.apply(v)
-    }
-
-    /// Converts a compact value already decoded as CBOR.
-    pub fn apply(&self, v: Value) -> Result<Value, SchemaError> {
-        apply(&self.0, v, "")
+        let mut d = Decoder::new(payload);
+        let mut budget = crate::cbor::MAX_ITEMS;
+        let v = read(&self.0, &mut d, payload, &Path::Root, &mut budget)?;
+        let rest = payload.len() - d.position();
+        if rest != 0 {
+            return Err(SchemaError::Decode(DecodeError::TrailingBytes(rest)));
+        }
+        Ok(v)
     }
 }
 
-fn apply(c: &Conv, v: Value, path: &str) -> Result<Value, SchemaError> {
-    let wrong = |v: &Value, want: &str| {
-        Err(bad_value(
+fn read(
+    c: &Conv,
+    d: &mut Decoder<'_>,
+    buf: &Bytes,
+    path: &Path<'_>,
+    budget: &mut usize,
+) -> Result<Value, SchemaError> {
+    *budget = budget
+        .checked_sub(1)
+        .ok_or(SchemaError::Decode(DecodeError::TooManyItems))?;
+    let found = |d: &Decoder<'_>| match d.datatype() {
+        Ok(t) => format!("{t}"),
+        Err(_) => "nothing".to_owned(),
+    };
+    let wrong = |d: &Decoder<'_>, want: &str| {
+        bad_value(
             path,
             format!(
                 "the writer's schema says {want}, the payload holds {}",
-                kind(v)
+                found(d)
             ),
-        ))
+        )
+    };
+    let int = |d: &mut Decoder<'_>, t: &Type| -> Result<i128, SchemaError> {
+        if !matches!(
+            d.datatype(),
+            Ok(DType::U8
+                | DType::U16
+                | DType::U32
+                | DType::U64
+                | DType::I8
+                | DType::I16
+                | DType::I32
+                | DType::I64
+                | DType::Int)
+        ) {
+            return Err(wrong(d, &t.describe()));
+        }
+        let i = i128::from(d.int().map_err(DecodeError::from)?);
+        let fits = match t {
+            Type::I32 => i32::try_from(i).is_ok(),
+            Type::I64 => i64::try_from(i).is_ok(),
+            Type::U32 => u32::try_from(i).is_ok(),
+            _ => u64::try_from(i).is_ok(),
+        };
+        if fits {
+            Ok(i)
+        } else {
+            Err(bad_value(
+                path,
+                format!("{i} does not fit {}", t.describe()),
+            ))
+        }
+    };
+    let float = |d: &mut Decoder<'_>, t: &Type| -> Result<f64, SchemaError> {
+        Ok(match d.datatype() {
+            Ok(DType::F16) => f64::from(d.f16().map_err(DecodeError::from)?),
+            Ok(DType::F32) => f64::from(d.f32().map_err(DecodeError::from)?),
+            Ok(DType::F64) => d.f64().map_err(DecodeError::from)?,
+            _ => return Err(wrong(d, &t.describe())),
+        })
+    };
+    let definite = |d: &mut Decoder<'_>, what: &str| -> Result<usize, SchemaError> {
+        if !matches!(d.datatype(), Ok(DType::Array)) {
+            return Err(wrong(d, what));
+        }
+        let n = d.array().map_err(DecodeError::from)?.unwrap_or(0);
+        usize::try_from(n)
+            .ok()
+            .filter(|n| *n <= *budget)
+            .ok_or(SchemaError::Decode(DecodeError::TooManyItems))
     };
     Ok(match c {
-        Conv::Keep(t) => {
-            let ok = match (t, &v) {
-                (Type::Bool, Value::Bool(_))
-                | (Type::Text, Value::Text(_))
-                | (Type::Bytes, Value::Bytes(_))
-                | (Type::Any, _) => true,
-                (Type::I32, Value::Int(i)) => i32::try_from(*i).is_ok(),
-                (Type::I64, Value::Int(i)) => i64::try_from(*i).is_ok(),
-                (Type::U32, Value::Int(i)) => u32::try_from(*i).is_ok(),
-                (Type::U64, Value::Int(i)) => u64::try_from(*i).is_ok(),
-                _ => false,
-            };
-            if !ok {
-                return wrong(&v, &t.describe());
+        Conv::Keep(t) => match t {
+            Type::Bool => {
+                if !matches!(d.datatype(), Ok(DType::Bool)) {
+                    return Err(wrong(d, "bool"));
+                }
+                Value::Bool(d.bool().map_err(DecodeError::from)?)
             }
-            v
+            Type::I32 | Type::I64 | Type::U32 | Type::U64 => Value::Int(int(d, t)?),
+            Type::Text => {
+                if !matches!(d.datatype(), Ok(DType::String)) {
+                    return Err(wrong(d, "text"));
+                }
+                Value::Text(d.str().map_err(DecodeError::from)?.to_owned())
+            }
+            Type::Bytes => {
+                if !matches!(d.datatype(), Ok(DType::Bytes)) {
+                    return Err(wrong(d, "bytes"));
+                }
+                Value::Bytes(crate::cbor::read_bytes(d, buf)?)
+            }
+            _ => crate::cbor::read_item(d, buf, budget)?,
+        },
+        Conv::ToFloat(t) => match t {
+            Type::F32 | Type::F64 => Value::Float(float(d, t)?),
+            t => Value::Float(int(d, t)? as f64),
+        },
+        Conv::Enum(names) => {
+            let i = int(d, &Type::U32)? as usize;
+            match names.get(i) {
+                Some(n) => Value::Text(n.clone()),
+                None => return Err(bad_value(path, format!("enum index {i} out of range"))),
+            }
         }
-        Conv::ToFloat(t) => match (t, &v) {
-            (Type::F32 | Type::F64, Value::Float(_)) => v,
-            (Type::I32 | Type::I64 | Type::U32 | Type::U64, Value::Int(i)) => {
-                Value::Float(*i as f64)
+        Conv::Array { from, to } => {
+            if !matches!(d.datatype(), Ok(DType::Tag)) {
+                return Err(wrong(d, &format!("array<{}>", from.name())));
             }
-            _ => return wrong(&v, &t.describe()),
-        },
-        Conv::Enum(names) => match &v {
-            Value::Int(i) if *i >= 0 && (*i as usize) < names.len() => {
-                Value::Text(names[*i as usize].clone())
-            }
-            _ => return wrong(&v, "an enum index"),
-        },
-        Conv::Array { from, to } => match v {
-            Value::Typed(a) if a.element() == *from => {
-                if from == to {
-                    Value::Typed(a)
-                } else {
-                    Value::Typed(pack(*to, (0..a.len()).map(|i| element_value(&a, i)), path)?)
+            match crate::cbor::read_item(d, buf, budget)? {
+                Value::Typed(a) if a.element() == *from => {
+                    if from == to {
+                        Value::Typed(a)
+                    } else {
+                        Value::Typed(pack(*to, (0..a.len()).map(|i| element_value(&a, i)), path)?)
+                    }
+                }
+                _ => {
+                    return Err(bad_value(
+                        path,
+                        format!("the writer's schema says array<{}>", from.name()),
+                    ))
                 }
             }
-            v => return wrong(&v, &format!("array<{}>", from.name())),
-        },
+        }
         Conv::ToArray { from, to } => {
-            let x = apply(&identity(from), v, path)?;
+            let x = read(&identity(from), d, buf, path, budget)?;
             Value::Typed(pack(*to, std::iter::once(x), path)?)
         }
-        Conv::List(inner) => match v {
-            Value::Array(items) => Value::Array(
-                items
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, x)| apply(inner, x, &format!("{path}[{i}]")))
-                    .collect::<Result<_, _>>()?,
-            ),
-            v => return wrong(&v, "a list"),
-        },
-        Conv::ToList(inner) => Value::Array(vec![apply(inner, v, path)?]),
-        Conv::Optional(inner, default) => match v {
-            Value::Null => default.clone().unwrap_or(Value::Null),
-            v => apply(inner, v, path)?,
-        },
-        Conv::Struct { writer_len, fields } => {
-            let Value::Array(items) = v else {
-                return wrong(&v, "a struct (an array)");
-            };
-            if items.len() != *writer_len {
+        Conv::List(inner) => {
+            let n = definite(d, "a list")?;
+            let mut items = Vec::with_capacity(n.min(1024));
+            for i in 0..n {
+                items.push(read(inner, d, buf, &Path::Index(path, i), budget)?);
+            }
+            Value::Array(items)
+        }
+        Conv::ToList(inner) => Value::Array(vec![read(inner, d, buf, path, budget)?]),
+        Conv::Optional(inner, default) => {
+            if matches!(d.datatype(), Ok(DType::Null | DType::Undefined)) {
+                d.skip().map_err(DecodeError::from)?;
+                default.clone().unwrap_or(Value::Null)
+            } else {
+                read(inner, d, buf, path, budget)?
+            }
+        }
+        Conv::Struct {
+            writer_len,
+            fields,
+            by_writer,
+            in_order,
+        } => {
+            let n = definite(d, "a struct (an array)")?;
+            if n != *writer_len {
                 return Err(bad_value(
                     path,
-                    format!(
-                        "the writer's schema has {writer_len} fields, the payload {}",
-                        items.len()
-                    ),
+                    format!("the writer's schema has {writer_len} fields, the payload {n}"),
                 ));
             }
-            let mut items: Vec<Option<Value>> = items.into_iter().map(Some).collect();
-            let mut out = Vec::with_capacity(fields.len());
-            for (name, src) in fields {
-                let value = match src {
-                    Source::Default(d) => d.clone(),
-                    Source::Writer(i, conv) => {
-                        let x = items[*i].take().unwrap_or(Value::Null);
-                        apply(conv, x, &join(path, name))?
+            if *in_order {
+                let mut out = Vec::with_capacity(n);
+                for (name, src) in fields {
+                    let Source::Writer(_, conv) = src else {
+                        unreachable!("in order: every field is the writer's")
+                    };
+                    let v = read(conv, d, buf, &Path::Field(path, name), budget)?;
+                    out.push((Value::Text(name.clone()), v));
+                }
+                Value::Map(out)
+            } else {
+                let mut got: Vec<Option<Value>> = vec![None; fields.len()];
+                for k in by_writer {
+                    match k {
+                        Some(k) => {
+                            let (name, Source::Writer(_, conv)) = &fields[*k] else {
+                                unreachable!("by_writer names writer fields")
+                            };
+                            got[*k] = Some(read(conv, d, buf, &Path::Field(path, name), budget)?);
+                        }
+                        None => d.skip().map_err(DecodeError::from)?,
                     }
-                };
-                out.push((Value::Text(name.clone()), value));
+                }
+                let mut out = Vec::with_capacity(fields.len());
+                for ((name, src), v) in fields.iter().zip(got) {
+                    let v = match (v, src) {
+                        (Some(v), _) => v,
+                        (None, Source::Default(d)) => d.clone(),
+                        (None, Source::Writer(..)) => Value::Null,
+                    };
+                    out.push((Value::Text(name.clone()), v));
+                }
+                Value::Map(out)
             }
-            Value::Map(out)
         }
     })
 }

@@ -17,7 +17,7 @@ use milonga_wire::frame::{
 };
 use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::schema::{Incompatible, Plan, Schema};
-use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId};
+use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
 
 use crate::engine::routes::{MatchedPublication, Routes};
 use crate::engine::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
@@ -130,6 +130,26 @@ pub(crate) struct SubState<L> {
     /// Schemas asked for, and when: asked again only after
     /// [`JOIN_TIMEOUT`]. At most [`MAX_SCHEMAS`].
     schemas_asked: HashMap<(NodeId, u32), Instant>,
+}
+
+/// A payload as a sample carries it until delivery: decoded, except a
+/// compact one (encoding 3), kept as its bytes (frames joined) until its
+/// schema reads it, once its sequence number is taken.
+fn payload_value(
+    encoding: Encoding,
+    first: Bytes,
+    second: Option<Bytes>,
+) -> Result<Value, milonga_wire::cbor::DecodeError> {
+    match (encoding, second) {
+        (Encoding::Compact, None) => Ok(Value::Bytes(first)),
+        (Encoding::Compact, Some(tail)) => {
+            let mut v = Vec::with_capacity(first.len() + tail.len());
+            v.extend_from_slice(&first);
+            v.extend_from_slice(&tail);
+            Ok(Value::Bytes(Bytes::from(v)))
+        }
+        (encoding, second) => decode_payload(encoding, first, second),
+    }
 }
 
 /// Most schemas a subscription keeps (and asks for at once): beyond, what
@@ -1015,14 +1035,24 @@ impl Subscription {
         s: &Sample,
     ) -> Option<milonga_wire::Value> {
         match io.schemas.get(&(s.publisher, s.schema_id)) {
-            Some(Ok(plan)) => match plan.apply(s.value.clone()) {
-                Ok(v) => Some(v),
-                Err(err) => {
-                    let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
-                    log_drop(n, "a compact sample that does not fit its schema", &err);
-                    None
+            Some(Ok(plan)) => {
+                // `payload_value` kept the bytes; nothing else makes a
+                // compact sample.
+                let read = match &s.value {
+                    Value::Bytes(payload) => plan.read(payload),
+                    _ => Err(milonga_wire::schema::SchemaError::Invalid(
+                        "not a payload".into(),
+                    )),
+                };
+                match read {
+                    Ok(v) => Some(v),
+                    Err(err) => {
+                        let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                        log_drop(n, "a compact sample that does not fit its schema", &err);
+                        None
+                    }
                 }
-            },
+            }
             Some(Err(_)) => {
                 // Reported once when the schema came.
                 stats::inc(&c.samples_schema_refused);
@@ -1154,7 +1184,7 @@ impl Subscription {
         }
         for kh in j.replies {
             for e in kh.entries {
-                match decode_payload(e.encoding, e.payload, None) {
+                match payload_value(e.encoding, e.payload, None) {
                     Ok(value) => {
                         let s = Sample {
                             key: kh.key.clone(),
@@ -1725,7 +1755,7 @@ impl Subscription {
         match h.kind {
             Kind::Sample => {
                 let first = frame.slice(body_offset..);
-                match decode_payload(h.encoding, first, second) {
+                match payload_value(h.encoding, first, second) {
                     Ok(value) => {
                         let s = Sample {
                             key,
@@ -1757,7 +1787,7 @@ impl Subscription {
                     };
                     let start = body_offset + e.offset;
                     let payload = frame.slice(start..start + e.payload.len());
-                    match decode_payload(h.encoding, payload, None) {
+                    match payload_value(h.encoding, payload, None) {
                         Ok(value) => {
                             let s = Sample {
                                 key: key.clone(),
