@@ -32,6 +32,8 @@ fuzz_target!(|data: &[u8]| {
         Kind::History => {
             let _ = milonga_wire::history::Reply::decode(&Bytes::copy_from_slice(view.body));
         }
+        // A refusal's body is JSON, read by serde_json.
+        Kind::Denied => {}
         Kind::Sample | Kind::Heartbeat | Kind::Request => {
             let _ = decode_payload(view.header.encoding, Bytes::copy_from_slice(view.body), f2);
         }

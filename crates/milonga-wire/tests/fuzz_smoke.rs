@@ -235,3 +235,80 @@ fn mutations_of_a_scouting_hello_never_panic() {
     // Some mutations (a flipped flag, a changed id) still decode.
     assert!(decoded > 0);
 }
+
+/// Schemas a publisher answers (`schema::Schema::decode`, then the plans a
+/// subscriber makes of one), and compact payloads read with a schema
+/// (`schema::Plan::read`): 100,000 mutations of a valid schema and of a
+/// valid payload, each read by the writer's plan and by a reader's that
+/// converts; nothing may panic.
+#[test]
+fn mutations_of_schemas_and_compact_payloads_never_panic() {
+    use milonga_wire::schema::{Field, Plan, Schema, Type};
+    use milonga_wire::{ElementType, TypedArray, Value};
+
+    let point = Type::Struct(vec![Field::new("x", Type::F64), Field::new("y", Type::F32)]);
+    let writer = Schema::new(
+        "t",
+        vec![
+            Field::new("id", Type::I32),
+            Field::new("pos", point.clone()),
+            Field::new("kind", Type::Enum(vec!["a".into(), "b".into()])),
+            Field::new("note", Type::Optional(Box::new(Type::Text))),
+            Field::new("wave", Type::Array(ElementType::I16)),
+            Field::new("items", Type::List(Box::new(point))),
+            Field::new("any", Type::Any),
+            Field::new("b", Type::Bytes),
+        ],
+    );
+    let reader = Schema::new(
+        "t",
+        vec![
+            Field::new("ident", Type::F64).alias("id"),
+            Field::new("wave", Type::Array(ElementType::F64)),
+            Field::new("more", Type::Text).default_value("x"),
+            Field::new("note", Type::Text).default_value("-"),
+        ],
+    );
+    let t = |s: &str| Value::Text(s.into());
+    let pt = Value::Map(vec![
+        (t("x"), Value::Float(1.0)),
+        (t("y"), Value::Float(2.0)),
+    ]);
+    let value = Value::Map(vec![
+        (t("id"), Value::Int(-7)),
+        (t("pos"), pt.clone()),
+        (t("kind"), t("b")),
+        (t("note"), Value::Null),
+        (
+            t("wave"),
+            Value::Typed(TypedArray::from_vec(vec![1i16, -2, 3])),
+        ),
+        (t("items"), Value::Array(vec![pt.clone(), pt])),
+        (t("any"), Value::Array(vec![Value::Int(1), t("z")])),
+        (t("b"), Value::Bytes(Bytes::from_static(b"\x00\x01"))),
+    ]);
+    let mut payload = Vec::new();
+    writer.write_compact(&value, &mut payload).unwrap();
+    let schema = writer.encode().unwrap();
+    let plans = [
+        Plan::identity(&writer),
+        Plan::resolve(&reader, &writer).unwrap(),
+    ];
+    assert_eq!(plans[0].read(&Bytes::from(payload.clone())).unwrap(), value);
+    let mut rnd = xorshift(0x5eed_5c4e_3a11_0001);
+    for i in 0..100_000 {
+        if i % 2 == 0 {
+            let s = mutate(&schema, &mut rnd);
+            if let Ok(w) = Schema::decode(&s) {
+                let _ = Plan::resolve(&reader, &w);
+                let _ = Plan::identity(&w).read(&Bytes::from(payload.clone()));
+                let _ = w.encode();
+            }
+        } else {
+            let p = Bytes::from(mutate(&payload, &mut rnd));
+            for plan in &plans {
+                let _ = plan.read(&p);
+            }
+        }
+    }
+}
