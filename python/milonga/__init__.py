@@ -46,6 +46,7 @@ from ._native import (
     Tagged,
     UnknownEvent,
 )
+from .schema import as_dataclass, schema_of
 from .errors import (
     AlreadyDeclared,
     BadReply,
@@ -80,6 +81,8 @@ __all__ = [
     "Request",
     "PublisherQos",
     "SubscriberQos",
+    "schema_of",
+    "as_dataclass",
     "Sample",
     "Lost",
     "PublisherAlive",
@@ -142,6 +145,9 @@ class PublisherQos:
     compression: ``"none"``, ``"lz4"`` or ``"zstd"`` on the wire (None: the
         node's ``compression`` setting); ``compression_threshold`` bytes and
         ``compression_level`` as the keys of docs/config.md.
+    schema: a dataclass (or TypedDict, or :func:`schema_of`'s dict): values
+        are sent by position without field names (docs/schemas.md); ``put``
+        takes an instance or a dict of its fields.
     """
 
     reliable: bool = False
@@ -150,6 +156,7 @@ class PublisherQos:
     compression: str | None = None
     compression_threshold: int | None = None
     compression_level: int | None = None
+    schema: type | dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,10 @@ class SubscriberQos:
         every sample (at most ``keep_all``) or the newest ``keep_last`` per key.
     filter / abs_change / rel_change / min_period_ms: a filter the
         publishers apply before sending (docs/filters.md).
+    schema: the reader's schema (a dataclass, TypedDict or
+        :func:`schema_of`'s dict): schema'd samples arrive in its shape, and
+        a publisher whose schema does not agree is reported as
+        ``IncompatibleQos`` (policy ``"schema"``), its samples refused.
     """
 
     reliable: bool = False
@@ -176,6 +187,7 @@ class SubscriberQos:
     abs_change: float | None = None
     rel_change: float | None = None
     min_period_ms: int | None = None
+    schema: type | dict[str, Any] | None = None
 
 
 class Subscription:
@@ -296,6 +308,7 @@ class Node(_native.Node):
             q.compression,
             q.compression_threshold,
             q.compression_level,
+            _schema(q.schema),
         )
 
     def subscribe(
@@ -319,6 +332,7 @@ class Node(_native.Node):
             q.abs_change,
             q.rel_change,
             q.min_period_ms,
+            _schema(q.schema),
         )
         sub = Subscription(native)
         if callback is not None:
@@ -372,6 +386,13 @@ class Node(_native.Node):
 
     def __repr__(self) -> str:
         return f"<milonga.Node {self.name!r} in {self.domain!r}>"
+
+
+def _schema(s: type | dict[str, Any] | None) -> dict[str, Any] | None:
+    """A QoS's schema as the native layer takes it."""
+    if s is None or isinstance(s, dict):
+        return s
+    return schema_of(s)
 
 
 def _default_name() -> str:

@@ -65,6 +65,7 @@ class Node:
         compression: str | None = None,
         compression_threshold: int | None = None,
         compression_level: int | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> Publisher: ...
     def _subscribe(
         self,
@@ -79,6 +80,7 @@ class Node:
         abs_change: float | None = None,
         rel_change: float | None = None,
         min_period_ms: int | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> Subscription: ...
     def _serve(
         self,

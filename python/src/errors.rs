@@ -53,6 +53,7 @@ pub(crate) fn publisher(py: Python<'_>, e: PublisherError) -> PyErr {
         PublisherError::AlreadyDeclared(_) => raise(py, "AlreadyDeclared", e.to_string()),
         PublisherError::Open(o) => open(py, o),
         PublisherError::Closed => raise(py, "Closed", e.to_string()),
+        PublisherError::Schema(_) => raise(py, "ConfigError", e.to_string()),
         other => raise(py, "Error", other.to_string()),
     }
 }
@@ -71,7 +72,7 @@ pub(crate) fn subscribe(py: Python<'_>, e: SubscribeError) -> PyErr {
 
 pub(crate) fn put(py: Python<'_>, e: PutError) -> PyErr {
     let class = match &e {
-        PutError::Encode(_) => "EncodeError",
+        PutError::Encode(_) | PutError::Schema(_) => "EncodeError",
         PutError::TooLarge { .. } => "TooLarge",
         PutError::WouldBlock => "WouldBlock",
         PutError::Timeout(_) => "TimeoutError",

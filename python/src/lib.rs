@@ -34,6 +34,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A schema from its map form (`milonga.schema_of` builds one from a
+/// dataclass), as the Rust `Schema::from_value` reads it.
+fn schema_of(obj: &Bound<'_, PyAny>, threshold: usize) -> PyResult<milonga::Schema> {
+    let v = from_py(obj, threshold)?;
+    milonga::Schema::from_value(&v)
+        .map_err(|e| errors::raise(obj.py(), "ConfigError", e.to_string()))
+}
+
 /// A timeout in seconds as a `Duration`; `None` stays `None`.
 fn seconds(what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
     match s {
@@ -132,7 +140,7 @@ impl Node {
 
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (key, reliable=false, history=0, put_timeout=None, compression=None,
-                        compression_threshold=None, compression_level=None))]
+                        compression_threshold=None, compression_level=None, schema=None))]
     fn _publisher(
         &self,
         py: Python<'_>,
@@ -143,6 +151,7 @@ impl Node {
         compression: Option<&str>,
         compression_threshold: Option<usize>,
         compression_level: Option<i32>,
+        schema: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Publisher> {
         let mut qos = if reliable {
             PublisherQos::reliable()
@@ -171,6 +180,9 @@ impl Node {
             }
             qos = qos.compression(c);
         }
+        if let Some(s) = schema {
+            qos = qos.schema(schema_of(s, self.threshold)?);
+        }
         let timeout = seconds("put_timeout", put_timeout)?;
         let p = self
             .node
@@ -187,7 +199,7 @@ impl Node {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (expr, reliable=false, last=0, deadline=None, queue_depth=None,
                         keep_all=None, keep_last=None, filter_expr=None, abs_change=None,
-                        rel_change=None, min_period_ms=None))]
+                        rel_change=None, min_period_ms=None, schema=None))]
     fn _subscribe(
         &self,
         py: Python<'_>,
@@ -202,8 +214,12 @@ impl Node {
         abs_change: Option<f64>,
         rel_change: Option<f64>,
         min_period_ms: Option<u64>,
+        schema: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Subscription> {
         let mut qos = SubscriberQos::default().last(last);
+        if let Some(s) = schema {
+            qos = qos.schema(schema_of(s, self.threshold)?);
+        }
         if reliable {
             qos = qos.reliable();
         }

@@ -1233,14 +1233,20 @@ fn resolve_struct(reader: &[Field], writer: &[Field], path: &str) -> Result<Conv
                 let conv = match (&rf.ty, wt) {
                     (r, Type::Optional(w)) if !matches!(r, Type::Optional(_) | Type::Any) => {
                         match &rf.default {
-                            Some(d) => {
-                                Conv::Optional(Box::new(resolve_type(r, w, &p)?), Some(d.clone()))
-                            }
-                            None => resolve_type(r, wt, &p)?, // reports the missing default
+                            Some(d) => resolve_type(r, w, &p)
+                                .map(|c| Conv::Optional(Box::new(c), Some(d.clone()))),
+                            None => resolve_type(r, wt, &p), // reports the missing default
                         }
                     }
-                    (r, w) => resolve_type(r, w, &p)?,
+                    (r, w) => resolve_type(r, w, &p),
                 };
+                // A field read under another name says the writer's too.
+                let conv = conv.map_err(|mut e| {
+                    if writer[i].name != rf.name {
+                        e.why = format!("{} (the writer's field {:?})", e.why, writer[i].name);
+                    }
+                    e
+                })?;
                 Source::Writer(i, conv)
             }
             None => match (&rf.default, &rf.ty) {
