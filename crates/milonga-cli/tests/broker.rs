@@ -986,3 +986,66 @@ fn a_client_calls_a_service_behind_another_broker_of_its_host() {
         .expect("relayed from broker to broker");
     assert_eq!(v.as_f64(), Some(2.5));
 }
+
+#[test]
+fn schema_d_samples_cross_the_broker_both_ways_with_their_schema_asked_through_it() {
+    // A peer-to-peer publisher read by a broker client, and a client's
+    // publisher read by a peer-to-peer subscriber: the schema query and
+    // its answer cross the broker like history queries (docs/schemas.md).
+    use milonga::{Field, FieldType, PublisherQos, Schema, SubscriberQos, Value};
+    let env = Env::new("brk-schema");
+    let b = env.broker(&[]);
+    let client = Node::open_with(env.config_at(&b.locator, "gui")).unwrap();
+    let p2p = env.node("device");
+    let schema = Schema::new(
+        "reading",
+        vec![
+            Field::new("amps", FieldType::F64),
+            Field::new("state", FieldType::Enum(vec!["off".into(), "on".into()])),
+        ],
+    );
+    let value = |a: f64| {
+        Value::Map(vec![
+            (Value::Text("amps".into()), Value::Float(a)),
+            (Value::Text("state".into()), Value::Text("on".into())),
+        ])
+    };
+    for (from, to, key) in [(&p2p, &client, "sr/sch/dev"), (&client, &p2p, "sr/sch/gui")] {
+        let p = from
+            .publisher_with(
+                key,
+                PublisherQos::reliable().history(1).schema(schema.clone()),
+            )
+            .unwrap();
+        p.put(value(1.5)).unwrap();
+        let sub = to
+            .subscribe_with(key, SubscriberQos::default().last(1))
+            .unwrap();
+        let mut got = Vec::new();
+        let mut take = |got: &mut Vec<Value>| {
+            while let Ok(e) = sub.try_recv() {
+                if let milonga::Event::Sample(s) = e {
+                    assert_eq!(s.encoding, milonga::Encoding::Compact);
+                    got.push(s.value);
+                }
+            }
+        };
+        wait_for(&format!("the kept sample of {key}"), T, || {
+            take(&mut got);
+            !got.is_empty()
+        });
+        assert_eq!(
+            got[0],
+            value(1.5),
+            "the kept value first, named by its schema"
+        );
+        wait_for(&format!("a live sample of {key}"), T, || {
+            p.put(value(2.0)).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            take(&mut got);
+            got.len() > 1
+        });
+        assert_eq!(got[1], value(2.0));
+        assert_eq!(to.stats().samples_unknown_schema, 0);
+    }
+}

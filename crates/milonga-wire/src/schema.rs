@@ -1929,4 +1929,29 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("id"), "{err}");
     }
+
+    #[test]
+    fn the_protocol_s_example_is_written_byte_for_byte() {
+        // docs/protocol.md §5.1.
+        let s = Schema::new(
+            "p",
+            vec![
+                Field::new("id", Type::I32),
+                Field::new("kind", Type::Enum(vec!["a".into(), "b".into()])),
+                Field::new("x", Type::F32),
+            ],
+        );
+        let v = map(&[
+            ("id", Value::Int(7)),
+            ("kind", Value::Text("b".into())),
+            ("x", Value::Float(0.5)),
+        ]);
+        let mut out = Vec::new();
+        s.write_compact(&v, &mut out).unwrap();
+        assert_eq!(out, [0x83, 0x07, 0x01, 0xfa, 0x3f, 0x00, 0x00, 0x00]);
+        let mut plain = Vec::new();
+        crate::cbor::encode_cbor(&v, &mut plain).unwrap();
+        assert_eq!(plain.len(), 23);
+        assert_eq!(s.read_compact(&Bytes::from(out)).unwrap(), v);
+    }
 }
