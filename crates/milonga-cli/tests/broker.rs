@@ -1022,7 +1022,7 @@ fn schema_d_samples_cross_the_broker_both_ways_with_their_schema_asked_through_i
             .subscribe_with(key, SubscriberQos::default().last(1))
             .unwrap();
         let mut got = Vec::new();
-        let mut take = |got: &mut Vec<Value>| {
+        let take = |got: &mut Vec<Value>| {
             while let Ok(e) = sub.try_recv() {
                 if let milonga::Event::Sample(s) = e {
                     assert_eq!(s.encoding, milonga::Encoding::Compact);
