@@ -310,15 +310,6 @@ fn from_py_at(obj: &Bound<'_, PyAny>, threshold: usize, depth: usize) -> PyResul
     if let Ok(b) = obj.cast::<PyBool>() {
         return Ok(Value::Bool(b.is_true()));
     }
-    // An enum member that is also an int or a str (IntEnum, StrEnum) is
-    // sent by its name, as every enum member is.
-    if !obj.is_exact_instance_of::<PyInt>()
-        && !obj.is_exact_instance_of::<PyString>()
-        && (obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyString>())
-        && obj.is_instance(&py.import("enum")?.getattr("Enum")?)?
-    {
-        return Ok(Value::Text(obj.getattr("name")?.extract()?));
-    }
     if let Ok(i) = obj.cast::<PyInt>() {
         return i
             .extract::<i128>()
@@ -414,15 +405,23 @@ fn from_py_at(obj: &Bound<'_, PyAny>, threshold: usize, depth: usize) -> PyResul
         }
     }
     // A dataclass instance is the map of its fields (nested ones too); an
-    // enum member its name: what a schema'd publisher's values are
-    // (docs/schemas.md).
+    // enum member its name (an IntEnum or StrEnum member outside a
+    // dataclass goes as its int or str): what a schema'd publisher's
+    // values are (docs/schemas.md).
     if obj.hasattr("__dataclass_fields__")? && !obj.is_instance_of::<pyo3::types::PyType>() {
         let fields = py.import("dataclasses")?.call_method1("fields", (obj,))?;
         let mut pairs = Vec::new();
         for f in fields.try_iter()? {
             let name: String = f?.getattr("name")?.extract()?;
             let value = obj.getattr(name.as_str())?;
-            pairs.push((Value::Text(name), from_py_at(&value, threshold, depth + 1)?));
+            // A field's enum member goes by its name, an IntEnum's or a
+            // StrEnum's too (as a schema's enum is read).
+            let v = if value.is_instance(&py.import("enum")?.getattr("Enum")?)? {
+                Value::Text(value.getattr("name")?.extract()?)
+            } else {
+                from_py_at(&value, threshold, depth + 1)?
+            };
+            pairs.push((Value::Text(name), v));
         }
         return Ok(Value::Map(pairs));
     }

@@ -560,7 +560,8 @@ fn bench_prints_the_documented_csv() {
         .iter()
         .map(|r| format!("{}/{}", r[0], r[1]))
         .collect();
-    assert_eq!(cells.len(), 12, "{cells:?}");
+    assert_eq!(cells.len(), 16, "{cells:?}");
+    assert_eq!(cells[12], "schema/none");
     assert_eq!(cells[0], "cdr/none");
     assert_eq!(rows[1][12], "1.000");
     for r in &rows[1..] {

@@ -178,7 +178,7 @@ impl<'a> ser::Serializer for Compact<'a> {
     type Ok = ();
     type Error = Error;
     type SerializeSeq = Seq<'a>;
-    type SerializeTuple = Impossible<(), Error>;
+    type SerializeTuple = Seq<'a>;
     type SerializeTupleStruct = Impossible<(), Error>;
     type SerializeTupleVariant = Impossible<(), Error>;
     type SerializeMap = Impossible<(), Error>;
@@ -343,8 +343,11 @@ impl<'a> ser::Serializer for Compact<'a> {
             t => Err(self.mismatch(t, "a sequence")),
         }
     }
-    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Error> {
-        Err(bad(self.path, "tuples have no schema type; use a struct"))
+    fn serialize_tuple(self, len: usize) -> Result<Self::SerializeTuple, Error> {
+        // A fixed-size array (`[f32; 9]`) is a sequence of known length;
+        // a tuple of several types fits no list or array and is refused
+        // by its elements.
+        self.serialize_seq(Some(len))
     }
     fn serialize_tuple_struct(
         self,
@@ -430,6 +433,19 @@ impl ser::SerializeSeq for Seq<'_> {
             return Err(bad(self.path, "fewer elements than announced"));
         }
         Ok(())
+    }
+}
+
+impl ser::SerializeTuple for Seq<'_> {
+    type Ok = ();
+    type Error = Error;
+
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
+        ser::SerializeSeq::serialize_element(self, v)
+    }
+
+    fn end(self) -> Result<(), Error> {
+        ser::SerializeSeq::end(self)
     }
 }
 

@@ -35,6 +35,9 @@ pub const MAX_SCHEMA_FIELDS: usize = 1024;
 pub const MAX_NAME_BYTES: usize = 128;
 /// Largest encoded schema, in bytes.
 pub const MAX_SCHEMA_BYTES: usize = 64 << 10;
+/// Largest typed array a reader makes by widening one (a `u8` array read
+/// as `f64` takes eight times its bytes).
+pub const MAX_WIDENED_BYTES: usize = 64 << 20;
 
 /// A field's type.
 #[derive(Debug, Clone, PartialEq)]
@@ -1220,6 +1223,7 @@ fn resolve_type(reader: &Type, writer: &Type, path: &str) -> Result<Conv, Incomp
 
 fn resolve_struct(reader: &[Field], writer: &[Field], path: &str) -> Result<Conv, Incompatible> {
     let mut fields = Vec::with_capacity(reader.len());
+    let mut claimed = vec![false; writer.len()];
     for rf in reader {
         let p = join(path, &rf.name);
         let found = writer
@@ -1227,6 +1231,19 @@ fn resolve_struct(reader: &[Field], writer: &[Field], path: &str) -> Result<Conv
             .position(|wf| wf.name == rf.name)
             .or_else(|| writer.iter().position(|wf| rf.aliases.contains(&wf.name)))
             .or_else(|| writer.iter().position(|wf| wf.aliases.contains(&rf.name)));
+        // Two reader fields never read one writer field (names and
+        // aliases can make them meet): which one it is would be a guess.
+        if let Some(i) = found {
+            if std::mem::replace(&mut claimed[i], true) {
+                return Err(incompatible(
+                    &p,
+                    format!(
+                        "the writer's field {:?} is claimed by another of the reader's fields too",
+                        writer[i].name
+                    ),
+                ));
+            }
+        }
         let src = match found {
             Some(i) => {
                 let wt = &writer[i].ty;
@@ -1234,7 +1251,7 @@ fn resolve_struct(reader: &[Field], writer: &[Field], path: &str) -> Result<Conv
                     (r, Type::Optional(w)) if !matches!(r, Type::Optional(_) | Type::Any) => {
                         match &rf.default {
                             Some(d) => resolve_type(r, w, &p)
-                                .map(|c| Conv::Optional(Box::new(c), Some(d.clone()))),
+                                .map(|c| Conv::Optional(Box::new(c), Some(shaped(r, d)))),
                             None => resolve_type(r, wt, &p), // reports the missing default
                         }
                     }
@@ -1250,7 +1267,7 @@ fn resolve_struct(reader: &[Field], writer: &[Field], path: &str) -> Result<Conv
                 Source::Writer(i, conv)
             }
             None => match (&rf.default, &rf.ty) {
-                (Some(d), _) => Source::Default(d.clone()),
+                (Some(d), t) => Source::Default(shaped(t, d)),
                 (None, Type::Optional(_) | Type::Any) => Source::Default(Value::Null),
                 (None, _) => {
                     return Err(incompatible(
@@ -1263,6 +1280,21 @@ fn resolve_struct(reader: &[Field], writer: &[Field], path: &str) -> Result<Conv
         fields.push((rf.name.clone(), src));
     }
     Ok(struct_conv(writer.len(), fields))
+}
+
+/// A default as a reader delivers a value of its type (an integer default
+/// of a float field as a float, an enum's index as its name, a list of
+/// numbers as a typed array): written, then read back. A default that does
+/// not fit (a schema made by hand, not checked) stays as given.
+fn shaped(ty: &Type, d: &Value) -> Value {
+    let mut out = Vec::new();
+    if write(ty, d, &Path::Root, &mut Encoder::new(&mut out)).is_err() {
+        return d.clone();
+    }
+    let bytes = Bytes::from(out);
+    let mut dec = Decoder::new(&bytes);
+    let mut budget = crate::cbor::MAX_ITEMS;
+    read(&identity(ty), &mut dec, &bytes, &Path::Root, &mut budget).unwrap_or_else(|_| d.clone())
 }
 
 /// The conversion that reads a writer's type as it is.
@@ -1389,7 +1421,10 @@ fn read(
         if !matches!(d.datatype(), Ok(DType::Array)) {
             return Err(wrong(d, what));
         }
-        let n = d.array().map_err(DecodeError::from)?.unwrap_or(0);
+        // A compact writer's lengths are definite (§5.1).
+        let Some(n) = d.array().map_err(DecodeError::from)? else {
+            return Err(bad_value(path, "an indefinite-length array"));
+        };
         usize::try_from(n)
             .ok()
             .filter(|n| *n <= *budget)
@@ -1437,6 +1472,15 @@ fn read(
                 Value::Typed(a) if a.element() == *from => {
                     if from == to {
                         Value::Typed(a)
+                    } else if a.len().saturating_mul(to.size()) > MAX_WIDENED_BYTES {
+                        return Err(bad_value(
+                            path,
+                            format!(
+                                "{} elements widened to {} pass {MAX_WIDENED_BYTES} bytes",
+                                a.len(),
+                                to.name()
+                            ),
+                        ));
                     } else {
                         Value::Typed(pack(*to, (0..a.len()).map(|i| element_value(&a, i)), path)?)
                     }
@@ -1953,5 +1997,62 @@ mod tests {
         crate::cbor::encode_cbor(&v, &mut plain).unwrap();
         assert_eq!(plain.len(), 23);
         assert_eq!(s.read_compact(&Bytes::from(out)).unwrap(), v);
+    }
+
+    #[test]
+    fn a_writer_field_two_reader_fields_claim_is_incompatible() {
+        let w = Schema::new("t", vec![Field::new("b", Type::I32).alias("a")]);
+        let r = Schema::new(
+            "t",
+            vec![Field::new("a", Type::I32), Field::new("b", Type::I32)],
+        );
+        assert_eq!(Plan::resolve(&r, &w).unwrap_err().field, "b");
+    }
+
+    #[test]
+    fn indefinite_lengths_are_refused_and_defaults_take_their_field_s_shape() {
+        let w = Schema::new("t", vec![Field::new("l", Type::List(Box::new(Type::I32)))]);
+        // [[_ 5]] with an indefinite inner list.
+        let p = Bytes::from_static(&[0x81, 0x9f, 0x05, 0xff]);
+        assert!(Plan::identity(&w).read(&p).is_err());
+        let r = Schema::new(
+            "t",
+            vec![
+                Field::new("x", Type::F64).default_value(0),
+                Field::new("e", Type::Enum(vec!["a".into(), "b".into()])).default_value(1),
+                Field::new("w", Type::Array(ElementType::F32))
+                    .default_value(Value::Array(vec![Value::Int(1)])),
+            ],
+        );
+        let w = Schema::new("t", vec![]);
+        let got = Plan::resolve(&r, &w)
+            .unwrap()
+            .read(&Bytes::from_static(&[0x80]))
+            .unwrap();
+        assert_eq!(got.get("x"), Some(&Value::Float(0.0)));
+        assert_eq!(got.get("e"), Some(&Value::Text("b".into())));
+        assert_eq!(
+            got.get("w"),
+            Some(&Value::Typed(TypedArray::from_vec(vec![1.0f32])))
+        );
+    }
+
+    #[test]
+    fn a_fixed_size_array_is_written_as_a_typed_array() {
+        #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+        struct Cov {
+            m: [f32; 3],
+        }
+        let s = Schema::of::<Cov>().unwrap();
+        assert_eq!(s.fields[0].ty, Type::Array(ElementType::F32));
+        let mut out = Vec::new();
+        s.writer()
+            .write_serde(&Cov { m: [1.0, 2.0, 3.0] }, &mut out)
+            .unwrap();
+        let v = s.read_compact(&Bytes::from(out)).unwrap();
+        assert_eq!(
+            v.get("m"),
+            Some(&Value::Typed(TypedArray::from_vec(vec![1.0f32, 2.0, 3.0])))
+        );
     }
 }

@@ -149,7 +149,9 @@ fn header_from_json(j: &Json) -> Header {
         encoding: match j["encoding"].as_str().unwrap() {
             "raw" => Encoding::Raw,
             "cbor" => Encoding::Cbor,
-            _ => Encoding::Json,
+            "compact" => Encoding::Compact,
+            "json" => Encoding::Json,
+            other => panic!("unknown encoding {other}"),
         },
         domain_tag: tag,
         schema_id: j["schema_id"].as_u64().unwrap() as u32,
@@ -228,8 +230,9 @@ fn sample(
 /// `cases()` must make exactly these: a vector that goes missing (its files
 /// deleted, or its case) fails the check instead of shrinking it, here and
 /// in every language that checks the same files.
-const VECTORS: [&str; 27] = [
+const VECTORS: [&str; 28] = [
     "sample_cbor_float",
+    "sample_compact",
     "sample_cbor_float16",
     "sample_cbor_float32",
     "sample_f32_array",
@@ -258,8 +261,30 @@ const VECTORS: [&str; 27] = [
     "batch_truncated_entry",
 ];
 
+/// The schema of the compact vector: `{id: i32, kind: enum(a|b), name:
+/// text}` (docs/protocol.md §5.1).
+fn compact_schema() -> milonga_wire::schema::Schema {
+    use milonga_wire::schema::{Field, Schema, Type};
+    Schema::new(
+        "p",
+        vec![
+            Field::new("id", Type::I32),
+            Field::new("kind", Type::Enum(vec!["a".into(), "b".into()])),
+            Field::new("name", Type::Text),
+        ],
+    )
+}
+
 fn cases() -> Vec<Case> {
+    let compact_id = milonga_wire::schema::Schema::id_of(&compact_schema().encode().unwrap());
     let mut v = vec![
+        sample(
+            "sample_compact",
+            "encoding 3: {id: 7, kind: \"b\", name: \"q1\"} by position under the schema in `schema_hex` (its id in the header); `named` is what a reader delivers",
+            "sr/ps/1/state",
+            header(Kind::Sample, Encoding::Compact, 0, compact_id, 5),
+            Value::Array(vec![Value::Int(7), Value::Int(1), Value::Text("q1".into())]),
+        ),
         sample(
             "sample_cbor_float",
             "one sample: CBOR float64 12.5 on sr/ps/1/current, domain lab",
@@ -687,6 +712,17 @@ fn bless() {
                     d["canonical"] = json!(false);
                     d["canonical_frame1_hex"] = json!(hex(canon));
                 }
+                // A compact sample: its schema, and the value a reader
+                // makes of it.
+                if header["encoding"] == "compact" {
+                    let s = compact_schema();
+                    let view = frame::decode(&c.frame1).unwrap();
+                    let named = milonga_wire::schema::Plan::identity(&s)
+                        .read(&Bytes::copy_from_slice(view.body))
+                        .unwrap();
+                    d["schema_hex"] = json!(hex(&s.encode().unwrap()));
+                    d["named"] = value_json(&named);
+                }
                 d
             }
             Err(e) => json!({
@@ -774,6 +810,20 @@ fn golden_vectors_decode_and_reencode_byte_for_byte() {
                 .unwrap();
             assert_eq!(value_json(&v), s["value"], "{name}");
             assert_eq!(ts, s["timestamp_ns"].as_u64().unwrap(), "{name}");
+            if view.header.encoding == Encoding::Compact {
+                // The schema's id is its bytes', and it names the value.
+                let schema = unhex(desc["schema_hex"].as_str().unwrap());
+                assert_eq!(
+                    milonga_wire::schema::Schema::id_of(&schema),
+                    view.header.schema_id,
+                    "{name}"
+                );
+                let s = milonga_wire::schema::Schema::decode(&schema).unwrap();
+                let named = milonga_wire::schema::Plan::identity(&s)
+                    .read(&Bytes::copy_from_slice(view.body))
+                    .unwrap();
+                assert_eq!(value_json(&named), desc["named"], "{name}");
+            }
         }
         // Re-encode from the description alone.
         let h = header_from_json(&desc["header"]);

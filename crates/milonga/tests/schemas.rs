@@ -335,3 +335,38 @@ fn a_compact_sample_whose_schema_never_comes_is_counted_not_delivered() {
     );
     assert_eq!(b.stats().samples_unknown_schema, 2);
 }
+
+#[test]
+fn a_filter_at_the_publisher_reads_a_schema_d_sample_s_fields() {
+    let dir = TempDir::new("schemas");
+    let domain = "schema-filter";
+    let a = open(domain, "writer", dir.path());
+    let b = open(domain, "reader", dir.path());
+    let p = a
+        .publisher_with("radar/f", PublisherQos::default().schema(track_v1()))
+        .unwrap();
+    let filter = milonga::Filter {
+        expr: Some("id >= 3 && pos.y > 2.5".into()),
+        ..Default::default()
+    };
+    let sub = b
+        .subscribe_with("radar/f", SubscriberQos::default().filter(filter))
+        .unwrap();
+    wait_for("the subscriber", T, || p.subscriber_count() > 0);
+    let mut got = Vec::new();
+    let mut i = 0;
+    wait_for("filtered samples", T, || {
+        i += 1;
+        p.put(track(i)).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        while let Ok(e) = sub.try_recv() {
+            if let Event::Sample(s) = e {
+                got.push(s);
+            }
+        }
+        got.len() >= 2
+    });
+    assert_eq!(got[0].value, track(3), "1 and 2 did not pass");
+    assert_eq!(got[1].value, track(4));
+    assert_eq!(a.stats().filter_errors, 0);
+}

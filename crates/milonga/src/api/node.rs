@@ -136,7 +136,7 @@ impl Node {
                 let id = crate::Schema::id_of(&bytes);
                 lock(&data.sock)
                     .out
-                    .add_schema(id, &bytes)
+                    .add_schema(id, &bytes, s)
                     .map_err(|why| PublisherError::Schema(crate::SchemaError::Invalid(why)))?;
                 Some(id)
             }
@@ -211,6 +211,10 @@ impl Node {
                         .into(),
                 ));
             }
+        }
+        if let Some(s) = &qos.schema {
+            s.encode()
+                .map_err(|e| SubscribeError::Qos(format!("the reader's schema: {e}")))?;
         }
         if qos
             .deadline

@@ -161,6 +161,11 @@ pub(super) fn apply(
     };
     let value = match enc.encoding {
         Encoding::Raw => Value::Bytes(payload.clone()),
+        // A schema'd sample is filtered on its named fields.
+        Encoding::Compact => match d.schemas.get(&schema_id).map(|(_, p)| p.read(&payload)) {
+            Some(Ok(v)) => v,
+            _ => return Vec::new(),
+        },
         e => match decode_payload(e, payload.clone(), None) {
             Ok(v) => v,
             Err(_) => return Vec::new(),

@@ -276,15 +276,16 @@ pub(super) fn answer(d: &mut Outlet, me: &Me, msg: &[u8]) -> Option<Answer> {
     let schemas = q
         .schemas
         .iter()
-        .filter_map(|id| d.schemas.get(id).map(|b| (*id, b.clone())))
-        .collect();
+        .filter_map(|id| d.schemas.get(id).map(|(b, _)| (*id, b.clone())))
+        .collect::<Vec<_>>();
+    let schema_bytes: usize = schemas.iter().map(|(_, b)| b.len() + 8).sum();
     let mut frames: Vec<Reply> = vec![Reply {
         socket: socket.clone(),
         id: q.id,
         schemas,
         ..Reply::default()
     }];
-    let mut size = 0;
+    let mut size = schema_bytes;
     let mut keys: Vec<&String> = d.histories.keys().filter(|k| expr.matches(k)).collect();
     keys.sort();
     let waiting = d.pending.as_ref().map(|p| {

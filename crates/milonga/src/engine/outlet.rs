@@ -36,10 +36,11 @@ pub(crate) struct Outlet {
     /// How many history queries this socket may still answer this second.
     pub(super) query_budget: QueryBudget,
     /// The schemas of its publications (docs/schemas.md), by id: the
-    /// encoded schema, sent to a query that asks for it. Kept for the
-    /// socket's life (a history entry may name a dropped publisher's),
-    /// at most [`MAX_SOCKET_SCHEMAS`].
-    pub(super) schemas: HashMap<u32, milonga_wire::Bytes>,
+    /// encoded schema, sent to a query that asks for it, and the plan that
+    /// reads its samples (for filters). Kept for the socket's life (a
+    /// history entry may name a dropped publisher's), at most
+    /// [`MAX_SOCKET_SCHEMAS`].
+    pub(super) schemas: HashMap<u32, (milonga_wire::Bytes, milonga_wire::schema::Plan)>,
 }
 
 /// Most distinct schemas one data socket keeps.
@@ -175,9 +176,14 @@ impl Outlet {
     /// that ask for it. Refused when another schema has that id (two
     /// schemas whose FNV-1a 32 collide: rename one) or the socket keeps
     /// [`MAX_SOCKET_SCHEMAS`] already.
-    pub(crate) fn add_schema(&mut self, id: u32, encoded: &[u8]) -> Result<(), String> {
+    pub(crate) fn add_schema(
+        &mut self,
+        id: u32,
+        encoded: &[u8],
+        schema: &milonga_wire::schema::Schema,
+    ) -> Result<(), String> {
         match self.schemas.get(&id) {
-            Some(b) if b.as_ref() == encoded => Ok(()),
+            Some((b, _)) if b.as_ref() == encoded => Ok(()),
             Some(_) => Err(format!(
                 "schema id {id:#010x} is taken by another schema of this node's data socket"
             )),
@@ -185,8 +191,13 @@ impl Outlet {
                 "a data socket keeps at most {MAX_SOCKET_SCHEMAS} schemas"
             )),
             None => {
-                self.schemas
-                    .insert(id, milonga_wire::Bytes::copy_from_slice(encoded));
+                self.schemas.insert(
+                    id,
+                    (
+                        milonga_wire::Bytes::copy_from_slice(encoded),
+                        milonga_wire::schema::Plan::identity(schema),
+                    ),
+                );
                 Ok(())
             }
         }

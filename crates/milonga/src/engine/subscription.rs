@@ -127,9 +127,47 @@ pub(crate) struct SubState<L> {
     /// how this subscription reads its samples, or why it cannot. At most
     /// [`MAX_SCHEMAS`].
     schemas: HashMap<(NodeId, u32), Result<Arc<Plan>, Incompatible>>,
-    /// Schemas asked for, and when: asked again only after
-    /// [`JOIN_TIMEOUT`]. At most [`MAX_SCHEMAS`].
-    schemas_asked: HashMap<(NodeId, u32), Instant>,
+    /// Schemas asked for, when and how often: asked again only after
+    /// [`JOIN_TIMEOUT`], doubled at each time unanswered (at most 64 s).
+    /// At most [`MAX_SCHEMAS`].
+    schemas_asked: HashMap<(NodeId, u32), Asked>,
+}
+
+/// A schema asked for.
+#[derive(Clone, Copy)]
+struct Asked {
+    at: Instant,
+    times: u32,
+}
+
+impl<L> SubState<L> {
+    /// Whether schema `id` of `node` may be asked for at `now` (not
+    /// learned, not asked lately); if so, it is noted as asked.
+    fn may_ask_schema(&mut self, node: NodeId, id: u32, now: Instant) -> bool {
+        if self.schemas.contains_key(&(node, id)) {
+            return false;
+        }
+        let before = self.schemas_asked.get(&(node, id)).copied();
+        if let Some(a) = before {
+            if now < a.at + JOIN_TIMEOUT * (1 << a.times.min(5)) {
+                return false;
+            }
+        } else if self.schemas_asked.len() >= MAX_SCHEMAS {
+            // The one asked longest ago makes room.
+            if let Some(oldest) = self
+                .schemas_asked
+                .iter()
+                .min_by_key(|(_, a)| a.at)
+                .map(|(k, _)| *k)
+            {
+                self.schemas_asked.remove(&oldest);
+            }
+        }
+        let times = before.map_or(0, |a| a.times + 1);
+        self.schemas_asked
+            .insert((node, id), Asked { at: now, times });
+        true
+    }
 }
 
 /// A payload as a sample carries it until delivery: decoded, except a
@@ -188,6 +226,8 @@ struct Join {
 
 /// A query to send again while unanswered.
 struct Resend {
+    /// Its `id`: no copy goes once the reply naming it is done.
+    id: u64,
     socket: String,
     msg: Vec<u8>,
     /// When it was first sent.
@@ -630,10 +670,9 @@ impl Subscription {
         // data socket that no history query just asked: its samples wait
         // for the answer.
         for ((node, key), p) in &r.publications {
-            if p.schema.is_some() && !asked.contains(&p.endpoint) {
+            if p.schema.is_some() && asked.insert(p.endpoint.clone()) {
                 let ids = self.unknown_schemas(io, r, *node, &p.socket);
                 if !ids.is_empty() {
-                    asked.insert(p.endpoint.clone());
                     self.ask_schemas(io, *node, &p.socket, key, ids);
                 }
             }
@@ -891,6 +930,7 @@ impl Subscription {
         j.heard.remove(&q.socket);
         if again {
             j.again.push(Resend {
+                id: io.query_id,
                 socket: q.socket,
                 msg,
                 at: now,
@@ -916,26 +956,16 @@ impl Subscription {
         let now = io.link.now();
         let mut ids: Vec<u32> = r
             .publications
-            .iter()
-            .filter(|((n, _), p)| *n == node && p.socket == socket)
+            .range((node, String::new())..)
+            .take_while(|((n, _), _)| *n == node)
+            .filter(|(_, p)| p.socket == socket)
             .filter_map(|(_, p)| p.schema)
-            .filter(|id| {
-                !io.schemas.contains_key(&(node, *id))
-                    && io
-                        .schemas_asked
-                        .get(&(node, *id))
-                        .is_none_or(|t| now >= *t + JOIN_TIMEOUT)
-            })
             .collect();
         ids.sort_unstable();
         ids.dedup();
+        ids.retain(|id| io.may_ask_schema(node, *id, now));
+        // The rest are asked by the next query.
         ids.truncate(milonga_wire::history::MAX_SCHEMAS_ASKED);
-        if io.schemas_asked.len() + ids.len() > MAX_SCHEMAS {
-            io.schemas_asked.clear();
-        }
-        for id in &ids {
-            io.schemas_asked.insert((node, *id), now);
-        }
         ids
     }
 
@@ -1019,9 +1049,13 @@ impl Subscription {
             tracing::warn!(expr = %self.expr, publisher = %node, %why, "a publisher's schema does not agree with the subscription's; its samples are refused");
         }
         if io.schemas.len() >= MAX_SCHEMAS {
-            io.schemas.clear();
+            // One makes room (asked again if a sample needs it).
+            if let Some(k) = io.schemas.keys().next().copied() {
+                io.schemas.remove(&k);
+            }
         }
         stats::inc(&c.schemas_learned);
+        io.schemas_asked.remove(&(node, id));
         io.schemas.insert((node, id), plan.map(Arc::new));
     }
 
@@ -1074,33 +1108,31 @@ impl Subscription {
     }
 
     /// A compact sample arrived whose schema this subscription has not
-    /// learned: unless a query to its node is in flight already (its
-    /// samples wait for it) or the schema was asked for lately, the
-    /// publication's data socket is asked for it.
+    /// learned: unless it was asked for lately, the data socket of its
+    /// publication (or, before discovery shows that one, of another of its
+    /// node's) is asked for it; the node's samples wait for the answer.
     fn want_schema<L: Link>(&self, io: &mut SubState<L>, node: NodeId, key: &str, id: u32) {
-        if io.schemas.contains_key(&(node, id)) || io.joins.contains_key(&node) {
+        if io.schemas.contains_key(&(node, id)) {
             return;
         }
-        let now = io.link.now();
-        if io
-            .schemas_asked
-            .get(&(node, id))
-            .is_some_and(|t| now < *t + JOIN_TIMEOUT)
-        {
-            return;
-        }
-        let Some(socket) = io
+        let socket = io
             .matched
             .get(&(node, key.to_owned()))
-            .map(|p| p.socket.clone())
-        else {
+            .or_else(|| {
+                io.matched
+                    .range((node, String::new())..)
+                    .next()
+                    .filter(|((n, _), _)| *n == node)
+                    .map(|(_, p)| p)
+            })
+            .map(|p| p.socket.clone());
+        let Some(socket) = socket else {
             return;
         };
-        if io.schemas_asked.len() >= MAX_SCHEMAS {
-            io.schemas_asked.clear();
+        let now = io.link.now();
+        if io.may_ask_schema(node, id, now) {
+            self.ask_schemas(io, node, &socket, key, vec![id]);
         }
-        io.schemas_asked.insert((node, id), now);
-        self.ask_schemas(io, node, &socket, key, vec![id]);
     }
 
     /// A history frame: kept samples for this subscription.
@@ -1124,10 +1156,16 @@ impl Subscription {
                 return;
             }
         };
-        // Schemas are content-addressed: one that comes late is still
-        // right.
-        for (id, bytes) in &reply.schemas {
-            self.learn_schema(io, c, node, *id, bytes);
+        // Only schemas asked for are learned (a reply cannot fill the
+        // cache with others); one that comes late is still right.
+        for (id, bytes) in reply
+            .schemas
+            .iter()
+            .take(milonga_wire::history::MAX_SCHEMAS_ASKED)
+        {
+            if io.schemas_asked.contains_key(&(node, *id)) {
+                self.learn_schema(io, c, node, *id, bytes);
+            }
         }
         let Some(j) = io.joins.get_mut(&node) else {
             return; // late: the query timed out
@@ -1150,6 +1188,9 @@ impl Subscription {
             // A socket asked twice (a schema query after a join query) is
             // done when both are answered; a reply naming no query (an
             // older publisher) answers them all.
+            if let Some(id) = reply.id {
+                j.again.retain(|r| r.id != id);
+            }
             let all = match (reply.id, j.ids.get_mut(&reply.socket)) {
                 (Some(id), Some(ids)) => {
                     ids.retain(|x| *x != id);
