@@ -2,7 +2,8 @@
 //! formats and compression, on a track record of the kind air-traffic
 //! control centres exchange (docs/benchmarks.md "Encodings").
 //!
-//! For each format (CDR as DDS writes it, JSON, CBOR as Milonga sends it)
+//! For each format (CDR as DDS writes it, JSON, CBOR as Milonga sends it,
+//! and Milonga's schema'd compact encoding, docs/schemas.md)
 //! and each compression (none, LZ4, zstd as Milonga's publishers compress;
 //! zlib for comparison with the seed), in this process:
 //!
