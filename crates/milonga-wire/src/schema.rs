@@ -856,7 +856,6 @@ fn write(
                     .iter()
                     .position(|n| n == t)
                     .ok_or_else(|| bad_value(path, format!("{t:?} is not a variant")))?,
-                Value::Int(i) if *i >= 0 && (*i as usize) < names.len() => *i as usize,
                 other => {
                     return Err(bad_value(
                         path,
@@ -2019,7 +2018,7 @@ mod tests {
             "t",
             vec![
                 Field::new("x", Type::F64).default_value(0),
-                Field::new("e", Type::Enum(vec!["a".into(), "b".into()])).default_value(1),
+                Field::new("e", Type::Enum(vec!["a".into(), "b".into()])).default_value("b"),
                 Field::new("w", Type::Array(ElementType::F32))
                     .default_value(Value::Array(vec![Value::Int(1)])),
             ],

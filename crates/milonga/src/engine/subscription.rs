@@ -131,6 +131,11 @@ pub(crate) struct SubState<L> {
     /// [`JOIN_TIMEOUT`], doubled at each time unanswered (at most 64 s).
     /// At most [`MAX_SCHEMAS`].
     schemas_asked: HashMap<(NodeId, u32), Asked>,
+    /// Schemas compact samples needed while a query to their node was in
+    /// flight: asked in one query when it ends (one query at a time per
+    /// node, whatever a publisher sends). At most
+    /// [`MAX_SCHEMAS_ASKED`](milonga_wire::history::MAX_SCHEMAS_ASKED) a node.
+    schemas_wanted: HashMap<NodeId, BTreeSet<u32>>,
 }
 
 /// A schema asked for.
@@ -153,14 +158,18 @@ impl<L> SubState<L> {
                 return false;
             }
         } else if self.schemas_asked.len() >= MAX_SCHEMAS {
-            // The one asked longest ago makes room.
-            if let Some(oldest) = self
-                .schemas_asked
-                .iter()
-                .min_by_key(|(_, a)| a.at)
-                .map(|(k, _)| *k)
-            {
-                self.schemas_asked.remove(&oldest);
+            // The one this node asked longest ago makes room (another
+            // node's only if this one has none): a node cannot push out
+            // the asks of others.
+            let oldest = |same: bool| {
+                self.schemas_asked
+                    .iter()
+                    .filter(|((n, _), _)| !same || *n == node)
+                    .min_by_key(|(_, a)| a.at)
+                    .map(|(k, _)| *k)
+            };
+            if let Some(k) = oldest(true).or_else(|| oldest(false)) {
+                self.schemas_asked.remove(&k);
             }
         }
         let times = before.map_or(0, |a| a.times + 1);
@@ -441,6 +450,7 @@ impl<L> SubState<L> {
             routed: false,
             schemas: HashMap::new(),
             schemas_asked: HashMap::new(),
+            schemas_wanted: HashMap::new(),
         }
     }
 }
@@ -963,10 +973,18 @@ impl Subscription {
             .collect();
         ids.sort_unstable();
         ids.dedup();
-        ids.retain(|id| io.may_ask_schema(node, *id, now));
-        // The rest are asked by the next query.
-        ids.truncate(milonga_wire::history::MAX_SCHEMAS_ASKED);
-        ids
+        // At most a query's worth, each noted as asked only if it goes
+        // (the rest are asked by a later query).
+        let mut asked = Vec::new();
+        for id in ids {
+            if asked.len() == milonga_wire::history::MAX_SCHEMAS_ASKED {
+                break;
+            }
+            if io.may_ask_schema(node, id, now) {
+                asked.push(id);
+            }
+        }
+        asked
     }
 
     /// Asks `node`'s data socket `socket` for schemas `ids` (a query for
@@ -1049,8 +1067,15 @@ impl Subscription {
             tracing::warn!(expr = %self.expr, publisher = %node, %why, "a publisher's schema does not agree with the subscription's; its samples are refused");
         }
         if io.schemas.len() >= MAX_SCHEMAS {
-            // One makes room (asked again if a sample needs it).
-            if let Some(k) = io.schemas.keys().next().copied() {
+            // One of this node's makes room (another's only if it has
+            // none; asked again if a sample needs it).
+            let k = io
+                .schemas
+                .keys()
+                .find(|(n, _)| *n == node)
+                .or_else(|| io.schemas.keys().next())
+                .copied();
+            if let Some(k) = k {
                 io.schemas.remove(&k);
             }
         }
@@ -1115,23 +1140,46 @@ impl Subscription {
         if io.schemas.contains_key(&(node, id)) {
             return;
         }
-        let socket = io
-            .matched
-            .get(&(node, key.to_owned()))
-            .or_else(|| {
-                io.matched
-                    .range((node, String::new())..)
-                    .next()
-                    .filter(|((n, _), _)| *n == node)
-                    .map(|(_, p)| p)
-            })
-            .map(|p| p.socket.clone());
-        let Some(socket) = socket else {
+        if io.joins.contains_key(&node) {
+            // One query at a time per node: this one goes when the
+            // query in flight ends (its samples wait meanwhile).
+            let w = io.schemas_wanted.entry(node).or_default();
+            if w.len() < milonga_wire::history::MAX_SCHEMAS_ASKED {
+                w.insert(id);
+            }
+            return;
+        }
+        self.ask_wanted(io, node, key, vec![id]);
+    }
+
+    /// Asks `node` for schemas `ids` that may be asked now, on the data
+    /// socket of the publication announcing one of them, else of `key`'s,
+    /// else of another of the node's publications.
+    fn ask_wanted<L: Link>(&self, io: &mut SubState<L>, node: NodeId, key: &str, ids: Vec<u32>) {
+        let of_node = |io: &SubState<L>| {
+            io.matched
+                .range((node, String::new())..)
+                .take_while(|((n, _), _)| *n == node)
+                .map(|((_, k), p)| (k.clone(), p.clone()))
+                .collect::<Vec<_>>()
+        };
+        let pubs = of_node(io);
+        let Some((key, p)) = pubs
+            .iter()
+            .find(|(_, p)| p.schema.is_some_and(|s| ids.contains(&s)))
+            .or_else(|| pubs.iter().find(|(k, _)| k == key))
+            .or_else(|| pubs.first())
+            .cloned()
+        else {
             return;
         };
         let now = io.link.now();
-        if io.may_ask_schema(node, id, now) {
-            self.ask_schemas(io, node, &socket, key, vec![id]);
+        let ids: Vec<u32> = ids
+            .into_iter()
+            .filter(|id| io.may_ask_schema(node, *id, now))
+            .collect();
+        if !ids.is_empty() {
+            self.ask_schemas(io, node, &p.socket, &key, ids);
         }
     }
 
@@ -1219,6 +1267,18 @@ impl Subscription {
         let Some(j) = io.joins.remove(&node) else {
             return;
         };
+        // Schemas compact samples needed meanwhile are asked now: what
+        // this join held then waits for that answer (in the new join's
+        // buffer, in order), instead of being dropped as unknown.
+        if let Some(wanted) = io.schemas_wanted.remove(&node) {
+            let ids: Vec<u32> = wanted
+                .into_iter()
+                .filter(|id| !io.schemas.contains_key(&(node, *id)))
+                .collect();
+            if !ids.is_empty() {
+                self.ask_wanted(io, node, "", ids);
+            }
+        }
         if !answered {
             stats::inc(&c.history_queries_unanswered);
             tracing::warn!(expr = %self.expr, publisher = %node, "a history query got no answer in time; going on live");
