@@ -52,6 +52,9 @@ fn query_json(q: &Query) -> Json {
     if let Some(id) = q.id {
         j["id"] = json!(id);
     }
+    if !q.schemas.is_empty() {
+        j["schemas"] = json!(q.schemas);
+    }
     j
 }
 
@@ -64,7 +67,10 @@ fn query_from_json(j: &Json) -> Query {
         last: j["last"].as_u64().unwrap(),
         since: serde_json::from_value(j["since"].clone()).unwrap(),
         id: j["id"].as_u64(),
-        schemas: Vec::new(),
+        schemas: j["schemas"]
+            .as_array()
+            .map(|a| a.iter().map(|i| i.as_u64().unwrap() as u32).collect())
+            .unwrap_or_default(),
     }
 }
 
@@ -124,8 +130,9 @@ fn announcement() -> Announcement {
 }
 
 /// Every vector, by name: the directory must hold exactly these.
-const VECTORS: [&str; 18] = [
+const VECTORS: [&str; 19] = [
     "history_query_join",
+    "history_query_schemas",
     "history_query_repair",
     "history_query_without_since",
     "history_query_bad_token",
@@ -178,6 +185,14 @@ fn cases() -> Vec<Case> {
             ("sr/ps/2/current".into(), 7),
         ],
         last: 0,
+        ..join.clone()
+    };
+    let schema_query = Query {
+        socket: "best_effort".into(),
+        expr: "sr/ps/1/state".into(),
+        last: 0,
+        id: Some(7),
+        schemas: vec![4_096_453_397],
         ..join.clone()
     };
     let mut no_since = join.encode();
@@ -248,6 +263,13 @@ fn cases() -> Vec<Case> {
             "tag 2 then a CBOR map: a subscription joining asks the reliable socket of node 000102...0f for the last sample of each key under sr/ps/**",
             vec![join.encode()],
             query_json(&join),
+        ),
+        valid(
+            "history_query_schemas",
+            "history_query",
+            "a query for schemas only (docs/protocol.md §4.2, §5.1): last 0, since empty, id 7, schemas [4096453397], the id of the schema of tests/vectors/sample_compact",
+            vec![schema_query.encode()],
+            query_json(&schema_query),
         ),
         valid(
             "history_query_repair",

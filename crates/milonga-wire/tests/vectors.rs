@@ -230,8 +230,9 @@ fn sample(
 /// `cases()` must make exactly these: a vector that goes missing (its files
 /// deleted, or its case) fails the check instead of shrinking it, here and
 /// in every language that checks the same files.
-const VECTORS: [&str; 28] = [
+const VECTORS: [&str; 29] = [
     "sample_cbor_float",
+    "history_reply_schemas",
     "sample_compact",
     "sample_cbor_float16",
     "sample_cbor_float32",
@@ -463,6 +464,34 @@ fn cases() -> Vec<Case> {
         v.push(Case {
             name: "history_reply",
             description: "kind 4: the last two samples (seq 8, 9) of sr/ps/1/current kept by the publisher's reliable data socket, for subscription token 000102030405060708090a0b0c0d0e0f-1",
+            frame1: frame::encode(&k, &h, &body),
+            frame2: None,
+            canonical: None,
+            expect: Ok((k.as_str().into(), header_json(&h, "lab"), vec![value], vec![TS])),
+        });
+    }
+    // A reply to a query that asked for a schema: no key kept, the
+    // schema of `sample_compact` (its id, its bytes) in the first frame.
+    {
+        use milonga_wire::history::Reply;
+        let k = Key::internal("@r/000102030405060708090a0b0c0d0e0f-1").unwrap();
+        let h = header(Kind::History, Encoding::Cbor, 0, 0, 2);
+        let schema = compact_schema().encode().unwrap();
+        let reply = Reply {
+            socket: "best_effort".into(),
+            keys: vec![],
+            done: true,
+            id: Some(7),
+            schemas: vec![(
+                milonga_wire::schema::Schema::id_of(&schema),
+                Bytes::from(schema),
+            )],
+        };
+        let body = reply.encode();
+        let value = milonga_wire::cbor::decode_cbor(&Bytes::from(body.clone())).unwrap();
+        v.push(Case {
+            name: "history_reply_schemas",
+            description: "kind 4: the answer to query 7, which asked the best-effort socket for a schema (docs/protocol.md §4.2, §5.1): no key, the schema of sample_compact as [id, its CBOR bytes]",
             frame1: frame::encode(&k, &h, &body),
             frame2: None,
             canonical: None,
