@@ -1282,8 +1282,8 @@ fn resolve_struct(reader: &[Field], writer: &[Field], path: &str) -> Result<Conv
 }
 
 /// A default as a reader delivers a value of its type (an integer default
-/// of a float field as a float, an enum's index as its name, a list of
-/// numbers as a typed array): written, then read back. A default that does
+/// of a float field as a float, a list of numbers as a typed array):
+/// written, then read back. A default that does
 /// not fit (a schema made by hand, not checked) stays as given.
 fn shaped(ty: &Type, d: &Value) -> Value {
     let mut out = Vec::new();

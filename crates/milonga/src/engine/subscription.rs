@@ -135,7 +135,7 @@ pub(crate) struct SubState<L> {
     /// flight: asked in one query when it ends (one query at a time per
     /// node, whatever a publisher sends). At most
     /// [`MAX_SCHEMAS_ASKED`](milonga_wire::history::MAX_SCHEMAS_ASKED) a node.
-    schemas_wanted: HashMap<NodeId, BTreeSet<u32>>,
+    schemas_wanted: HashMap<NodeId, BTreeMap<u32, String>>,
 }
 
 /// A schema asked for.
@@ -231,6 +231,9 @@ struct Join {
     again: Vec<Resend>,
     /// The sockets that sent a reply, done or not.
     heard: BTreeSet<String>,
+    /// Started by the end of another join, for the schemas its samples
+    /// needed meanwhile: it starts no further one (no chain of joins).
+    chained: bool,
 }
 
 /// A query to send again while unanswered.
@@ -644,6 +647,11 @@ impl Subscription {
         }
         self.check_qos(io, r);
         io.matched = r.publications.clone();
+        // What was learned and asked of nodes gone from the domain goes
+        // too (a restarted publisher is a new node): the caches hold the
+        // living.
+        io.schemas.retain(|(n, _), _| r.live.contains(n));
+        io.schemas_asked.retain(|(n, _), _| r.live.contains(n));
         // Ask the publishers just connected for what they keep: the last
         // samples for a late joiner, what came after the last one held for
         // a subscriber that comes back.
@@ -932,6 +940,7 @@ impl Subscription {
             ids: BTreeMap::new(),
             again: Vec::new(),
             heard: BTreeSet::new(),
+            chained: false,
         });
         if j.pending.insert(q.socket.clone()) && initial && j.pending.len() == 1 {
             io.initial_joins += 1;
@@ -1145,7 +1154,7 @@ impl Subscription {
             // query in flight ends (its samples wait meanwhile).
             let w = io.schemas_wanted.entry(node).or_default();
             if w.len() < milonga_wire::history::MAX_SCHEMAS_ASKED {
-                w.insert(id);
+                w.entry(id).or_insert_with(|| key.to_owned());
             }
             return;
         }
@@ -1269,14 +1278,30 @@ impl Subscription {
         };
         // Schemas compact samples needed meanwhile are asked now: what
         // this join held then waits for that answer (in the new join's
-        // buffer, in order), instead of being dropped as unknown.
-        if let Some(wanted) = io.schemas_wanted.remove(&node) {
-            let ids: Vec<u32> = wanted
-                .into_iter()
-                .filter(|id| !io.schemas.contains_key(&(node, *id)))
-                .collect();
+        // buffer, in order), instead of being dropped as unknown. Not
+        // from a join that is itself such a follow-up, nor from one that
+        // gives up with a full buffer: at most one join follows another.
+        let wanted = io.schemas_wanted.remove(&node).unwrap_or_default();
+        let mut carried = false;
+        if !j.chained && j.buffer.len() < MAX_JOIN_BUFFER {
+            let mut ids = Vec::new();
+            let mut key = String::new();
+            for (id, k) in wanted {
+                if !io.schemas.contains_key(&(node, id)) {
+                    if ids.is_empty() {
+                        key = k;
+                    }
+                    ids.push(id);
+                }
+            }
             if !ids.is_empty() {
-                self.ask_wanted(io, node, "", ids);
+                self.ask_wanted(io, node, &key, ids);
+                if let Some(next) = io.joins.get_mut(&node) {
+                    next.chained = true;
+                    // `SubscriptionLive` waits for the samples it holds.
+                    next.initial |= j.initial;
+                    carried = j.initial;
+                }
             }
         }
         if !answered {
@@ -1318,7 +1343,7 @@ impl Subscription {
             // is gone, and asking again would loop.
             self.deliver(io, c, s, false);
         }
-        if j.initial {
+        if j.initial && !carried {
             io.initial_joins = io.initial_joins.saturating_sub(1);
             if io.initial_joins == 0 && !io.live_sent {
                 io.live_sent = true;
@@ -1339,6 +1364,14 @@ impl Subscription {
             }
             let node = s.publisher;
             self.finish_join(io, c, node, false);
+            // A follow-up join (schemas) holds what the full one held:
+            // this sample goes after them.
+            if let Some(j) = io.joins.get_mut(&node) {
+                if j.buffer.len() < MAX_JOIN_BUFFER {
+                    j.buffer.push(s);
+                    return;
+                }
+            }
         }
         match self.check_seq(io, c, s.publisher, &s.key, s.seq, repair) {
             Verdict::Drop => {}
