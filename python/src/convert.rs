@@ -410,13 +410,14 @@ fn from_py_at(obj: &Bound<'_, PyAny>, threshold: usize, depth: usize) -> PyResul
     // values are (docs/schemas.md).
     if obj.hasattr("__dataclass_fields__")? && !obj.is_instance_of::<pyo3::types::PyType>() {
         let fields = py.import("dataclasses")?.call_method1("fields", (obj,))?;
+        let enum_class = py.import("enum")?.getattr("Enum")?;
         let mut pairs = Vec::new();
         for f in fields.try_iter()? {
             let name: String = f?.getattr("name")?.extract()?;
             let value = obj.getattr(name.as_str())?;
             // A field's enum member goes by its name, an IntEnum's or a
             // StrEnum's too (as a schema's enum is read).
-            let v = if value.is_instance(&py.import("enum")?.getattr("Enum")?)? {
+            let v = if value.is_instance(&enum_class)? {
                 Value::Text(value.getattr("name")?.extract()?)
             } else {
                 from_py_at(&value, threshold, depth + 1)?

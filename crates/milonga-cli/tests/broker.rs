@@ -1041,6 +1041,8 @@ fn schema_d_samples_cross_the_broker_both_ways_with_their_schema_asked_through_i
         );
         wait_for(&format!("a live sample of {key}"), T, || {
             p.put(value(2.0)).unwrap();
+            // Paces the puts (one per poll of the deadline-bound wait):
+            // the first may leave before the broker forwards the key.
             std::thread::sleep(Duration::from_millis(20));
             take(&mut got);
             got.len() > 1

@@ -528,9 +528,7 @@ impl Schema {
 
     /// Reads a compact payload written with this schema into its value map.
     pub fn read_compact(&self, payload: &Bytes) -> Result<Value, SchemaError> {
-        Plan::resolve(self, self)
-            .map_err(|e| invalid(e.to_string()))?
-            .read(payload)
+        Plan::identity(self).read(payload)
     }
 }
 

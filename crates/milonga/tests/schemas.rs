@@ -367,6 +367,8 @@ fn a_filter_at_the_publisher_reads_a_schema_d_sample_s_fields() {
     wait_for("filtered samples", T, || {
         i += 1;
         p.put(track(i)).unwrap();
+        // Paces the puts (one per poll of the deadline-bound wait): the
+        // filter declaration may reach the publisher after the first.
         std::thread::sleep(Duration::from_millis(10));
         while let Ok(e) = sub.try_recv() {
             if let Event::Sample(s) = e {

@@ -199,6 +199,16 @@ fn payload_value(
     }
 }
 
+/// The publications of `node` in a map keyed by (node, key), in key order.
+fn of_node(
+    map: &BTreeMap<(NodeId, String), MatchedPublication>,
+    node: NodeId,
+) -> impl Iterator<Item = (&String, &MatchedPublication)> {
+    map.range((node, String::new())..)
+        .take_while(move |((n, _), _)| *n == node)
+        .map(|((_, k), p)| (k, p))
+}
+
 /// Most schemas a subscription keeps (and asks for at once): beyond, what
 /// it learned is forgotten and asked again when a sample needs it.
 const MAX_SCHEMAS: usize = 4096;
@@ -973,10 +983,7 @@ impl Subscription {
         socket: &str,
     ) -> Vec<u32> {
         let now = io.link.now();
-        let mut ids: Vec<u32> = r
-            .publications
-            .range((node, String::new())..)
-            .take_while(|((n, _), _)| *n == node)
+        let mut ids: Vec<u32> = of_node(&r.publications, node)
             .filter(|(_, p)| p.socket == socket)
             .filter_map(|(_, p)| p.schema)
             .collect();
@@ -1165,14 +1172,9 @@ impl Subscription {
     /// socket of the publication announcing one of them, else of `key`'s,
     /// else of another of the node's publications.
     fn ask_wanted<L: Link>(&self, io: &mut SubState<L>, node: NodeId, key: &str, ids: Vec<u32>) {
-        let of_node = |io: &SubState<L>| {
-            io.matched
-                .range((node, String::new())..)
-                .take_while(|((n, _), _)| *n == node)
-                .map(|((_, k), p)| (k.clone(), p.clone()))
-                .collect::<Vec<_>>()
-        };
-        let pubs = of_node(io);
+        let pubs: Vec<(String, MatchedPublication)> = of_node(&io.matched, node)
+            .map(|(k, p)| (k.clone(), p.clone()))
+            .collect();
         let Some((key, p)) = pubs
             .iter()
             .find(|(_, p)| p.schema.is_some_and(|s| ids.contains(&s)))
