@@ -1,6 +1,7 @@
 //! Fuzzes what a subscriber does with what a publisher sends it under a
 //! schema: `schema::Schema::decode` of a schema (then the plans made of
-//! it), and `schema::Plan::read` of a compact payload, by a fixed writer's
+//! it), and `schema::Plan::read` (and `Plan::deserialize`, the typed reader)
+//! of a compact payload, by a fixed writer's
 //! plan and by a reader's that converts. Nothing may panic, loop or
 //! allocate without bound.
 #![no_main]
@@ -38,7 +39,9 @@ fuzz_target!(|data: &[u8]| {
     }
     let payload = Bytes::copy_from_slice(data);
     let _ = Plan::identity(&writer).read(&payload);
+    let _ = Plan::identity(&writer).deserialize::<serde_json::Value>(&payload);
     if let Ok(p) = Plan::resolve(&reader, &writer) {
         let _ = p.read(&payload);
+        let _ = p.deserialize::<serde_json::Value>(&payload);
     }
 });

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use milonga::{Bytes, Config, Event, Node, PublisherQos, Transport, Value};
+use milonga::{Bytes, Config, Event, Node, PublisherQos, SubscriberQos, Transport, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::bench::Format;
@@ -245,12 +245,12 @@ fn deserialize(f: Fmt, b: &[u8]) -> Result<Track> {
         Fmt::Cdr => cdr_encoding::from_bytes::<Track, byteorder::LittleEndian>(b)?.0,
         Fmt::Json => serde_json::from_slice(b)?,
         Fmt::Cbor => milonga::wire::cbor::from_cbor(b)?,
-        // What a subscriber does: the positional CBOR decoded, named by
-        // the writer's schema, then read into the type.
-        Fmt::Schema => {
-            let v = track_schema().plan.read(&Bytes::copy_from_slice(b))?;
-            milonga::wire::cbor::from_value(&v)?
-        }
+        // What a typed subscriber does (`SubscriberQos::typed`,
+        // `Sample::deserialize`): the type read from the positional CBOR
+        // by the writer's schema, no value map made.
+        Fmt::Schema => track_schema()
+            .plan
+            .deserialize(&Bytes::copy_from_slice(b))?,
     })
 }
 
@@ -358,9 +358,12 @@ fn put_track(p: &milonga::Publisher, f: Fmt, c: Comp, t: &Track) -> Result<()> {
 
 /// The track a sample of the cell carries.
 fn take_track(f: Fmt, c: Comp, s: &milonga::Sample) -> Result<Track> {
+    if milonga_writes(f, c) {
+        // A typed subscription: the type read straight from the payload.
+        return Ok(s.deserialize::<Track>()?);
+    }
     match &s.value {
         Value::Bytes(b) => decode(f, app_comp(c), b),
-        _ if milonga_writes(f, c) => Ok(s.deserialize::<Track>()?),
         _ => bail!("{}: not bytes", s.key),
     }
 }
@@ -632,7 +635,7 @@ fn pong_worker(at: &crate::bench::Place) -> Result<std::process::ExitCode> {
         let p = node.publisher_with(&format!("enc/{t}/pong"), qos(f, c))?;
         to_ping.insert(t, p);
     }
-    let sub = node.subscribe("enc/*/ping")?;
+    let sub = node.subscribe_with("enc/*/ping", SubscriberQos::default().typed())?;
     loop {
         match sub.recv_timeout(Duration::from_secs(60)) {
             Ok(Event::Sample(s)) => {
@@ -668,7 +671,8 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
     for (f, c) in all_cells() {
         let t = tag(f, c);
         let to_pong = node.publisher_with(&format!("enc/{t}/ping"), qos(f, c))?;
-        let back = node.subscribe(&format!("enc/{t}/pong"))?;
+        let back =
+            node.subscribe_with(&format!("enc/{t}/pong"), SubscriberQos::default().typed())?;
         // Both ways matched: the pong's subscription reached this
         // publisher, and an answer comes back.
         let until = Instant::now() + Duration::from_secs(30);
@@ -766,8 +770,11 @@ fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Resu
     let tag = format!("{}-{}", fmt_name(fmt), comp_name(comp));
     let to_pong = ping.publisher_with(&format!("enc/{tag}/ping"), qos(fmt, comp))?;
     let to_ping = pong.publisher_with(&format!("enc/{tag}/pong"), qos(fmt, comp))?;
-    let at_pong = pong.subscribe(&format!("enc/{tag}/ping"))?;
-    let at_ping = ping.subscribe(&format!("enc/{tag}/pong"))?;
+    // Typed: the schema'd cells read the track straight from the payload
+    // (no effect on the others, whose samples are plain bytes).
+    let typed = SubscriberQos::default().typed();
+    let at_pong = pong.subscribe_with(&format!("enc/{tag}/ping"), typed.clone())?;
+    let at_ping = ping.subscribe_with(&format!("enc/{tag}/pong"), typed)?;
     let until = Instant::now() + Duration::from_secs(10);
     while to_pong.subscriber_count() == 0 || to_ping.subscriber_count() == 0 {
         if Instant::now() > until {
@@ -922,7 +929,7 @@ fn print(a: &EncodingArgs, cells: &[Cell], wan: &[(String, u32, Vec<WanRtt>)]) {
         return;
     }
     println!(
-        "# milonga bench encoding: a track record (docs/benchmarks.md \"Encodings\"), {} bytes of information; eta = information / wire bytes, chi = uncompressed / wire bytes; encode = serialize + compress, decode = inflate + deserialize, ns per message (median of 21 batches of {}); lz4 and zstd as Milonga's publishers send them (5-byte head), zlib level 6 for comparison; RTT: encoded tracks between two nodes over tcp, best effort, decoded and re-encoded at each end: on loopback one in flight ({} after 200 warm-up; rate = round trips/s), on paths A-E at the path's rate ({} a cell) with seed 003's delay and loss on the ping host's link; omega = RTT p50 of cdr/none on the same path and rate over this cell's; schema = Milonga's compact encoding (the track's schema traced from its serde type, written by position; decode = named by the writer's schema, then read into the type), its lz4/zstd cells compressed by Milonga's publisher after encoding",
+        "# milonga bench encoding: a track record (docs/benchmarks.md \"Encodings\"), {} bytes of information; eta = information / wire bytes, chi = uncompressed / wire bytes; encode = serialize + compress, decode = inflate + deserialize, ns per message (median of 21 batches of {}); lz4 and zstd as Milonga's publishers send them (5-byte head), zlib level 6 for comparison; RTT: encoded tracks between two nodes over tcp, best effort, decoded and re-encoded at each end: on loopback one in flight ({} after 200 warm-up; rate = round trips/s), on paths A-E at the path's rate ({} a cell) with seed 003's delay and loss on the ping host's link; omega = RTT p50 of cdr/none on the same path and rate over this cell's; schema = Milonga's compact encoding (the track's schema traced from its serde type, written by position; decode = the type read from the payload by the writer's schema, as a typed subscription reads it), its lz4/zstd cells compressed by Milonga's publisher after encoding",
         cells.first().map_or(0, |c| c.payload),
         a.calls,
         a.round_trips,

@@ -281,6 +281,7 @@ fn writer_rate(dir: &Path, size: usize, n: u64) -> Result<f64> {
         encoding: milonga::Encoding::Raw,
         schema_id: 0,
         replayed: false,
+        compact: None,
     };
     let started = Instant::now();
     for i in 1..=n {

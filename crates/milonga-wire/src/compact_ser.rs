@@ -10,6 +10,7 @@ use crate::schema::{Field, Path, SchemaError, Type};
 use crate::value::{ElementType, Value};
 
 /// A CBOR head: major type `major`, argument `n`, shortest form.
+#[inline]
 fn head(out: &mut Vec<u8>, major: u8, n: u64) {
     let m = major << 5;
     if n < 24 {
@@ -48,9 +49,10 @@ fn float64(out: &mut Vec<u8>, f: f64) {
 }
 
 /// Why a value does not fit: carried as serde's error, turned into
-/// [`SchemaError::Value`].
+/// [`SchemaError::Value`]. Boxed: every call of the serializer returns a
+/// `Result<(), Error>`, which stays one word wide.
 #[derive(Debug)]
-pub(crate) struct Error(pub(crate) SchemaError);
+pub(crate) struct Error(pub(crate) Box<SchemaError>);
 
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -62,18 +64,19 @@ impl std::error::Error for Error {}
 
 impl ser::Error for Error {
     fn custom<T: std::fmt::Display>(msg: T) -> Self {
-        Error(SchemaError::Value {
+        Error(Box::new(SchemaError::Value {
             path: String::new(),
             why: msg.to_string(),
-        })
+        }))
     }
 }
 
+#[cold]
 fn bad(path: &Path<'_>, why: impl Into<String>) -> Error {
-    Error(SchemaError::Value {
+    Error(Box::new(SchemaError::Value {
         path: path.to_string(),
         why: why.into(),
-    })
+    }))
 }
 
 /// Writes `v` as a value of `root` (a schema's struct) into `out`.
@@ -87,7 +90,7 @@ pub(crate) fn write<T: Serialize + ?Sized>(
         out,
         path: &Path::Root,
     })
-    .map_err(|e| e.0)
+    .map_err(|e| *e.0)
 }
 
 /// Writes a value whose type is `any`: plain CBOR.
@@ -166,6 +169,7 @@ impl<'a> Compact<'a> {
         Ok(())
     }
 
+    #[cold]
     fn mismatch(&self, t: &Type, found: &str) -> Error {
         bad(
             self.path,
@@ -502,7 +506,8 @@ impl Struct<'_> {
             let f = &self.fields[self.next];
             let p = Path::Field(self.path, &f.name);
             match &f.default {
-                Some(d) => crate::schema::write_value(&f.ty, d, &p, self.out).map_err(Error)?,
+                Some(d) => crate::schema::write_value(&f.ty, d, &p, self.out)
+                    .map_err(|e| Error(Box::new(e)))?,
                 None if matches!(f.ty, Type::Optional(_) | Type::Any) => {
                     self.out.push(0xf6);
                 }
@@ -523,17 +528,25 @@ impl ser::SerializeStruct for Struct<'_> {
         key: &'static str,
         v: &T,
     ) -> Result<(), Error> {
-        let at = self.fields[self.next..]
-            .iter()
-            .position(|f| f.name == key)
-            .map(|i| i + self.next)
-            .ok_or_else(|| {
-                bad(
-                    &Path::Field(self.path, key),
-                    "not a field of the schema, or out of the schema's order",
-                )
-            })?;
-        self.fill(at)?;
+        // Fields come in the schema's order: the next one, unless the
+        // type skipped some (they take their defaults).
+        let at = match self.fields.get(self.next) {
+            Some(f) if same(&f.name, key) => self.next,
+            _ => {
+                let at = self.fields[self.next..]
+                    .iter()
+                    .position(|f| f.name == key)
+                    .map(|i| i + self.next)
+                    .ok_or_else(|| {
+                        bad(
+                            &Path::Field(self.path, key),
+                            "not a field of the schema, or out of the schema's order",
+                        )
+                    })?;
+                self.fill(at)?;
+                at
+            }
+        };
         write_typed(
             &self.fields[at].ty,
             v,
@@ -552,6 +565,13 @@ impl ser::SerializeStruct for Struct<'_> {
         let n = self.fields.len();
         self.fill(n)
     }
+}
+
+/// Whether two field names are equal: a byte loop, which for names this
+/// short costs less than the call to `memcmp` that `==` makes.
+#[inline]
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y)
 }
 
 /// Takes a number out of a `Serialize` (an element of a typed array).

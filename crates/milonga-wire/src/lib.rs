@@ -14,6 +14,7 @@
 pub mod announce;
 pub mod broker;
 pub mod cbor;
+mod compact_de;
 mod compact_ser;
 pub mod control;
 pub mod filter;

@@ -1061,7 +1061,7 @@ fn widens(from: Num, to: Num) -> bool {
 pub struct Plan(Conv);
 
 #[derive(Debug, Clone, PartialEq)]
-enum Conv {
+pub(crate) enum Conv {
     /// A scalar of the same kind (bool, text, bytes, any, an integer into
     /// a wider integer): checked against the writer's type, kept.
     Keep(Type),
@@ -1093,7 +1093,57 @@ enum Conv {
         /// Reader field `k` is writer field `k`, for every field: values
         /// go straight into the map as they are read.
         in_order: bool,
+        /// A serde type whose fields are this struct's, in order (see
+        /// [`Seen`]).
+        seen: Seen,
     },
+}
+
+/// The address of the last serde field list (`&'static [&'static str]`,
+/// one per type) found equal to an in-order struct's field names: a type
+/// seen once is read by position (serde's `visit_seq`), without comparing
+/// names again. Not part of the plan's value: clones start over, any two
+/// compare equal.
+#[derive(Default)]
+pub(crate) struct Seen(std::sync::atomic::AtomicUsize);
+
+impl Seen {
+    /// Whether `names` (a type's field list) are `fields`' names, in order.
+    pub(crate) fn matches(
+        &self,
+        names: &'static [&'static str],
+        fields: &[(String, Source)],
+    ) -> bool {
+        use std::sync::atomic::Ordering;
+        let at = names.as_ptr() as usize;
+        if self.0.load(Ordering::Relaxed) == at {
+            return true;
+        }
+        let same = names.len() == fields.len()
+            && names.iter().zip(fields).all(|(n, (f, _))| *n == f.as_str());
+        if same {
+            self.0.store(at, Ordering::Relaxed);
+        }
+        same
+    }
+}
+
+impl Clone for Seen {
+    fn clone(&self) -> Self {
+        Seen::default()
+    }
+}
+
+impl PartialEq for Seen {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Seen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Seen")
+    }
 }
 
 /// A struct's conversion, with the indexes reading needs.
@@ -1114,11 +1164,12 @@ fn struct_conv(writer_len: usize, fields: Vec<(String, Source)>) -> Conv {
         fields,
         by_writer,
         in_order,
+        seen: Seen::default(),
     }
 }
 
 #[derive(Debug, Clone, PartialEq)]
-enum Source {
+pub(crate) enum Source {
     Writer(usize, Conv),
     Default(Value),
 }
@@ -1350,9 +1401,21 @@ impl Plan {
         }
         Ok(v)
     }
+
+    /// Reads a compact payload straight into the reader's serde type:
+    /// what [`Plan::read`] followed by deserializing the map gives, without
+    /// the map (the subscriber's fast path, `Sample::deserialize`). The
+    /// type sees a struct as a map of the reader's field names; strings
+    /// and byte strings may borrow from `payload`.
+    pub fn deserialize<'de, T: serde::Deserialize<'de>>(
+        &self,
+        payload: &'de Bytes,
+    ) -> Result<T, SchemaError> {
+        crate::compact_de::deserialize(&self.0, payload)
+    }
 }
 
-fn read(
+pub(crate) fn read(
     c: &Conv,
     d: &mut Decoder<'_>,
     buf: &Bytes,
@@ -1516,6 +1579,7 @@ fn read(
             fields,
             by_writer,
             in_order,
+            ..
         } => {
             let n = definite(d, "a struct (an array)")?;
             if n != *writer_len {

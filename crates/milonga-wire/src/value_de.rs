@@ -16,9 +16,15 @@ pub fn from_value<T: de::DeserializeOwned>(v: &Value) -> Result<T, DecodeError> 
     T::deserialize(ValueDe(v)).map_err(|e| DecodeError::Serde(e.0))
 }
 
+/// The serde deserializer over `v` (the compact reader's defaults and
+/// values of type `any`).
+pub(crate) fn value_deserializer(v: &Value) -> impl for<'de> Deserializer<'de, Error = Error> + '_ {
+    ValueDe(v)
+}
+
 /// Why a value does not read as the type asked for.
 #[derive(Debug)]
-struct Error(String);
+pub(crate) struct Error(String);
 
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -236,9 +236,19 @@ fn mutations_of_a_scouting_hello_never_panic() {
     assert!(decoded > 0);
 }
 
+/// The reader's schema of the test below, as a serde type.
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+struct ReaderType {
+    ident: f64,
+    wave: Vec<f64>,
+    more: String,
+    note: String,
+}
+
 /// Schemas a publisher answers (`schema::Schema::decode`, then the plans a
 /// subscriber makes of one), and compact payloads read with a schema
-/// (`schema::Plan::read`): 100,000 mutations of a valid schema and of a
+/// (`schema::Plan::read`, and `Plan::deserialize` into a type): 100,000 mutations of a valid schema and of a
 /// valid payload, each read by the writer's plan and by a reader's that
 /// converts; nothing may panic.
 #[test]
@@ -308,7 +318,11 @@ fn mutations_of_schemas_and_compact_payloads_never_panic() {
             let p = Bytes::from(mutate(&payload, &mut rnd));
             for plan in &plans {
                 let _ = plan.read(&p);
+                // The typed reader (`Plan::deserialize`), into a type that
+                // takes anything and into the reader's own.
+                let _ = plan.deserialize::<serde_json::Value>(&p);
             }
+            let _ = plans[1].deserialize::<ReaderType>(&p);
         }
     }
 }

@@ -62,6 +62,7 @@ pub use model::error::{
     SubscribeError, TransportError,
 };
 pub use model::qos::{PublisherQos, Reliability, SubscriberQos};
+pub use model::sample::CompactReader;
 pub use model::sample::{
     BrokerChanged, DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples,
     PermissionDenied, PublisherAlive, PublisherLost, QosPolicy, Sample,

@@ -157,6 +157,15 @@ struct Pos {
     y: f64,
 }
 
+/// What a newer release reads of a `Beam`.
+#[derive(Debug, PartialEq, serde::Deserialize)]
+struct BeamV2 {
+    pos: Pos,
+    id: i64,
+    gain: f64,
+    name: String,
+}
+
 #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Beam {
     id: u32,
@@ -191,7 +200,21 @@ fn a_serde_type_s_schema_is_traced_and_its_values_round_trip() {
     let sub = b
         .subscribe_with("beam/1", SubscriberQos::default())
         .unwrap();
-    wait_for("the subscriber", T, || p.subscriber_count() > 0);
+    // A typed subscription of a newer release's type: fields reordered,
+    // `id` widened, `tags` dropped, `gain` added with a default.
+    let newer = Schema::new(
+        "Beam",
+        vec![
+            Field::new("pos", point()),
+            Field::new("id", FieldType::I64),
+            Field::new("gain", FieldType::F64).default_value(1.0),
+            Field::new("name", FieldType::Text),
+        ],
+    );
+    let typed = b
+        .subscribe_with("beam/1", SubscriberQos::default().schema(newer).typed())
+        .unwrap();
+    wait_for("the subscribers", T, || p.subscriber_count() > 1);
     let beam = Beam {
         id: 3,
         name: "quad".into(),
@@ -205,6 +228,27 @@ fn a_serde_type_s_schema_is_traced_and_its_values_round_trip() {
     let (got, _) = samples(&sub, 1);
     assert_eq!(got[0].encoding, Enc::Compact);
     assert_eq!(got[0].deserialize::<Beam>().unwrap(), beam);
+    assert!(got[0].compact.is_none(), "a map, read as usual");
+    // The typed subscription keeps the payload and reads the type from it.
+    let (got, _) = samples(&typed, 1);
+    assert_eq!(got[0].encoding, Enc::Compact);
+    assert!(got[0].compact.is_some());
+    assert!(
+        matches!(got[0].value, Value::Bytes(_)),
+        "{:?}",
+        got[0].value
+    );
+    assert_eq!(
+        got[0].deserialize::<BeamV2>().unwrap(),
+        BeamV2 {
+            pos: Pos { x: 1.0, y: -2.0 },
+            id: 3,
+            gain: 1.0,
+            name: "quad".into(),
+        }
+    );
+    // A type that does not fit is an error, not a wrong value.
+    assert!(got[0].deserialize::<Pos>().is_err());
     // Types with no schema are refused clearly.
     assert!(Schema::of::<u32>().is_err());
     assert!(Schema::of::<(u32, f64)>().is_err());

@@ -126,6 +126,7 @@ impl FileNode {
             encoding: enc.encoding,
             schema_id,
             replayed,
+            compact: None,
         };
         writer
             .sample(&sample, now)

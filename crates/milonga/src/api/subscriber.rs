@@ -107,6 +107,7 @@ impl SubShared {
             filter,
             max_bytes: node.cfg().max_message_bytes,
             schema: qos.schema.clone(),
+            typed: qos.typed,
         };
         Ok(SubShared {
             core: Subscription::new(expr, wants, node.core().domain_tag, node.counters().clone()),

@@ -212,6 +212,7 @@ mod tests {
             encoding: Encoding::Cbor,
             schema_id: 0,
             replayed: false,
+            compact: None,
         })
     }
 

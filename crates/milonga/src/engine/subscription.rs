@@ -405,6 +405,9 @@ pub(crate) struct Subscription {
     max_bytes: usize,
     /// The reader's schema (`SubscriberQos::schema`).
     reader: Option<Schema>,
+    /// Compact samples keep their payload for `Sample::deserialize`
+    /// (`SubscriberQos::typed`).
+    typed: bool,
     counters: Arc<Counters>,
 }
 
@@ -420,6 +423,8 @@ pub(crate) struct Wants {
     pub(crate) max_bytes: usize,
     /// The reader's schema.
     pub(crate) schema: Option<Schema>,
+    /// `SubscriberQos::typed`.
+    pub(crate) typed: bool,
 }
 
 impl<L> SubState<L> {
@@ -488,6 +493,7 @@ impl Subscription {
             filter: wants.filter,
             max_bytes: wants.max_bytes,
             reader: wants.schema,
+            typed: wants.typed,
             domain_tag,
             counters,
         }
@@ -1100,17 +1106,18 @@ impl Subscription {
         io.schemas.insert((node, id), plan.map(Arc::new));
     }
 
-    /// A compact sample's value in the shape the subscription reads, or
-    /// `None` (counted, logged) when its schema is unknown, does not agree
-    /// with the reader's, or the payload does not fit it.
-    fn read_compact<L: Link>(
-        &self,
-        io: &SubState<L>,
-        c: &Counters,
-        s: &Sample,
-    ) -> Option<milonga_wire::Value> {
+    /// Reads a compact sample's value into the shape the subscription
+    /// reads (a `typed` subscription keeps the payload and attaches the
+    /// plan that `Sample::deserialize` reads it with); `false` (counted,
+    /// logged) when its schema is unknown, does not agree with the
+    /// reader's, or the payload does not fit it.
+    fn read_compact<L: Link>(&self, io: &SubState<L>, c: &Counters, s: &mut Sample) -> bool {
         match io.schemas.get(&(s.publisher, s.schema_id)) {
             Some(Ok(plan)) => {
+                if self.typed {
+                    s.compact = Some(crate::model::sample::CompactReader(plan.clone()));
+                    return true;
+                }
                 // `payload_value` kept the bytes; nothing else makes a
                 // compact sample.
                 let read = match &s.value {
@@ -1120,18 +1127,21 @@ impl Subscription {
                     )),
                 };
                 match read {
-                    Ok(v) => Some(v),
+                    Ok(v) => {
+                        s.value = v;
+                        true
+                    }
                     Err(err) => {
                         let n = c.payloads_malformed.fetch_add(1, Ordering::Relaxed) + 1;
                         log_drop(n, "a compact sample that does not fit its schema", &err);
-                        None
+                        false
                     }
                 }
             }
             Some(Err(_)) => {
                 // Reported once when the schema came.
                 stats::inc(&c.samples_schema_refused);
-                None
+                false
             }
             None => {
                 let n = c.samples_unknown_schema.fetch_add(1, Ordering::Relaxed) + 1;
@@ -1143,7 +1153,7 @@ impl Subscription {
                         s.schema_id, s.publisher
                     ),
                 );
-                None
+                false
             }
         }
     }
@@ -1323,6 +1333,7 @@ impl Subscription {
                             encoding: e.encoding,
                             schema_id: e.schema_id,
                             replayed: kh.replayed,
+                            compact: None,
                         };
                         if io.seqs.is_new(node, &s.key, s.seq) {
                             stats::inc(&c.samples_replayed);
@@ -1378,11 +1389,8 @@ impl Subscription {
         match self.check_seq(io, c, s.publisher, &s.key, s.seq, repair) {
             Verdict::Drop => {}
             Verdict::Deliver => {
-                if s.encoding == Encoding::Compact {
-                    match self.read_compact(io, c, &s) {
-                        Some(v) => s.value = v,
-                        None => return,
-                    }
+                if s.encoding == Encoding::Compact && !self.read_compact(io, c, &mut s) {
+                    return;
                 }
                 stats::inc(&c.samples_received);
                 if let Some(d) = self.deadline {
@@ -1902,6 +1910,7 @@ impl Subscription {
                             encoding: h.encoding,
                             schema_id: h.schema_id,
                             replayed: h.flags & FLAG_REPLAYED != 0,
+                            compact: None,
                         };
                         self.deliver(io, c, s, true);
                     }
@@ -1934,6 +1943,7 @@ impl Subscription {
                                 encoding: h.encoding,
                                 schema_id: h.schema_id,
                                 replayed: h.flags & FLAG_REPLAYED != 0,
+                                compact: None,
                             };
                             self.deliver(io, c, s, true);
                         }
@@ -2346,6 +2356,7 @@ mod tests {
             token: "tok".into(),
             filter: None,
             schema: None,
+            typed: false,
             max_bytes: 1 << 20,
         }
     }

@@ -120,9 +120,26 @@ pub struct SubscriberQos {
     /// samples refused. `None`: each writer's own fields. Plain (CBOR)
     /// samples are delivered as they are either way.
     pub schema: Option<milonga_wire::schema::Schema>,
+    /// The application reads samples as its own serde type
+    /// ([`crate::Sample::deserialize`]): samples of schema'd publishers
+    /// keep their compact payload (`value` is its bytes,
+    /// [`Value::Bytes`](crate::Value::Bytes)) and `deserialize` reads the
+    /// type straight from it by the subscription's plan, without making
+    /// the value map first (docs/schemas.md, "Reading into a type"). A
+    /// payload that does not fit its schema is then `deserialize`'s error
+    /// rather than a sample dropped and counted. Plain samples are
+    /// delivered as they are either way.
+    pub typed: bool,
 }
 
 impl SubscriberQos {
+    /// Reads schema'd samples straight into the application's type (see
+    /// [`SubscriberQos::typed`](SubscriberQos#structfield.typed)).
+    pub fn typed(mut self) -> Self {
+        self.typed = true;
+        self
+    }
+
     /// Reads schema'd samples with `schema` (see
     /// [`SubscriberQos::schema`](SubscriberQos#structfield.schema)).
     pub fn schema(mut self, schema: milonga_wire::schema::Schema) -> Self {

@@ -26,15 +26,48 @@ pub struct Sample {
     /// is when it was first published. Samples a publisher's history
     /// hands to a late joiner or a repair do not carry it yet.
     pub replayed: bool,
+    /// Set on a compact sample that a
+    /// [`typed`](crate::SubscriberQos#structfield.typed) subscription
+    /// delivers undecoded (`value` holds the payload's bytes): how
+    /// [`Sample::deserialize`] reads it. `None` otherwise.
+    pub compact: Option<CompactReader>,
+}
+
+/// How a [`typed`](crate::SubscriberQos#structfield.typed) subscription's
+/// compact sample is read: its writer's schema resolved against the
+/// reader's, shared by every sample of that writer.
+#[derive(Clone)]
+pub struct CompactReader(pub(crate) std::sync::Arc<milonga_wire::schema::Plan>);
+
+impl std::fmt::Debug for CompactReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CompactReader")
+    }
+}
+
+impl PartialEq for CompactReader {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
 }
 
 impl Sample {
     /// Deserializes the value into a user type (serde), for samples put with
     /// [`crate::Publisher::put_serde`] or any CBOR value of that shape.
     /// Typed arrays read as sequences of numbers (a `Vec<f64>` field of a
-    /// schema'd publisher's type arrives as one).
+    /// schema'd publisher's type arrives as one). A compact sample of a
+    /// [`typed`](crate::SubscriberQos#structfield.typed) subscription is
+    /// read straight from its payload, without a value map.
     pub fn deserialize<T: serde::de::DeserializeOwned>(&self) -> Result<T, DecodeError> {
-        milonga_wire::cbor::from_value(&self.value)
+        match (&self.compact, &self.value) {
+            (Some(reader), Value::Bytes(payload)) => {
+                reader.0.deserialize(payload).map_err(|e| match e {
+                    milonga_wire::schema::SchemaError::Decode(d) => d,
+                    other => DecodeError::Serde(other.to_string()),
+                })
+            }
+            _ => milonga_wire::cbor::from_value(&self.value),
+        }
     }
 
     /// The payload bytes when the value is a byte string.

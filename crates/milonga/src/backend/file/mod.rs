@@ -773,6 +773,7 @@ impl RecordReader {
                                     encoding: *encoding,
                                     schema_id: 0,
                                     replayed: *replayed,
+                                    compact: None,
                                 },
                                 header.log_time,
                             )
@@ -834,6 +835,7 @@ mod tests {
             encoding: Encoding::Cbor,
             schema_id: 0,
             replayed: false,
+            compact: None,
         }
     }
 
