@@ -204,18 +204,23 @@ impl<'de> De<'_, '_, 'de> {
     /// scalar made a list or an array of one).
     ///
     /// [`Plan::read`]: crate::schema::Plan::read
-    fn via_value<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
-        let x = crate::schema::read(
+    fn via_value<V: Visitor<'de>>(mut self, v: V) -> Result<V::Value, Error> {
+        let x = self.read_value()?;
+        crate::value_de::value_deserializer(&x)
+            .deserialize_any(v)
+            .map_err(|e| bad(self.path, e.to_string()))
+    }
+
+    /// The value as [`Plan::read`](crate::schema::Plan::read) reads it.
+    fn read_value(&mut self) -> Result<Value, Error> {
+        crate::schema::read(
             self.c,
             &mut self.cx.d,
             self.cx.buf,
             self.path,
             &mut self.cx.budget,
         )
-        .map_err(|e| Error(Box::new(e)))?;
-        crate::value_de::value_deserializer(&x)
-            .deserialize_any(v)
-            .map_err(|e| bad(self.path, e.to_string()))
+        .map_err(|e| Error(Box::new(e)))
     }
 
     fn spend(&mut self) -> Result<(), Error> {
@@ -273,11 +278,38 @@ impl<'de> De<'_, '_, 'de> {
                     return Err(self.wrong(&format!("array<{}>", from.name())));
                 }
                 match crate::cbor::read_item(&mut self.cx.d, self.cx.buf, &mut self.cx.budget)? {
-                    Value::Typed(a) if a.element() == *from => v.visit_seq(Elements {
-                        a: &a,
-                        to: *to,
-                        i: 0,
-                    }),
+                    Value::Typed(a) if a.element() == *from => {
+                        if from != to
+                            && a.len().saturating_mul(to.size()) > crate::schema::MAX_WIDENED_BYTES
+                        {
+                            return Err(bad(
+                                self.path,
+                                format!(
+                                    "{} elements widened to {} pass {} bytes",
+                                    a.len(),
+                                    to.name(),
+                                    crate::schema::MAX_WIDENED_BYTES
+                                ),
+                            ));
+                        }
+                        let mut items = Elements {
+                            a: &a,
+                            to: *to,
+                            i: 0,
+                        };
+                        let r = v.visit_seq(&mut items)?;
+                        if items.i != a.len() {
+                            return Err(bad(
+                                self.path,
+                                format!(
+                                    "the type reads {} of the array's {} elements",
+                                    items.i,
+                                    a.len()
+                                ),
+                            ));
+                        }
+                        Ok(r)
+                    }
                     _ => Err(bad(
                         self.path,
                         format!("the writer's schema says array<{}>", from.name()),
@@ -286,13 +318,23 @@ impl<'de> De<'_, '_, 'de> {
             }
             Conv::List(inner) => {
                 let n = self.definite("a list")?;
-                v.visit_seq(List {
+                let mut items = List {
                     inner,
                     cx: self.cx,
                     path: self.path,
                     next: 0,
                     left: n,
-                })
+                };
+                let r = v.visit_seq(&mut items)?;
+                // A type that stops early (a fixed-size array) must not
+                // leave items behind: the next field would read them.
+                if items.left != 0 {
+                    return Err(bad(
+                        self.path,
+                        format!("the type reads {} of the list's {n} items", n - items.left),
+                    ));
+                }
+                Ok(r)
             }
             Conv::ToArray { .. } | Conv::ToList(_) => self.via_value(v),
             Conv::Optional(inner, default) => {
@@ -324,7 +366,7 @@ impl<'de> De<'_, '_, 'de> {
                         format!("the writer's schema has {writer_len} fields, the payload {n}"),
                     ));
                 }
-                v.visit_map(Fields {
+                let mut map = Fields {
                     fields,
                     by_writer,
                     cx: self.cx,
@@ -332,7 +374,15 @@ impl<'de> De<'_, '_, 'de> {
                     writer: 0,
                     reader: 0,
                     pending: None,
-                })
+                };
+                let r = v.visit_map(&mut map)?;
+                if map.writer < map.by_writer.len() || map.pending.is_some() {
+                    return Err(bad(
+                        self.path,
+                        "the type stopped before the struct's last field",
+                    ));
+                }
+                Ok(r)
             }
         }
     }
@@ -395,6 +445,13 @@ impl<'de> Deserializer<'de> for De<'_, '_, 'de> {
                     })
                 }
             }
+            // What the map path gives: a null of type `any` is `None`.
+            Conv::Keep(Type::Any) | Conv::ToList(_) | Conv::ToArray { .. } => {
+                let x = self.read_value()?;
+                crate::value_de::value_deserializer(&x)
+                    .deserialize_option(v)
+                    .map_err(|e| bad(path, e.to_string()))
+            }
             _ => v.visit_some(self),
         };
         r.map_err(|e| e.at(path))
@@ -402,19 +459,42 @@ impl<'de> Deserializer<'de> for De<'_, '_, 'de> {
 
     fn deserialize_enum<V: Visitor<'de>>(
         mut self,
-        _name: &'static str,
-        _variants: &'static [&'static str],
+        name: &'static str,
+        variants: &'static [&'static str],
         v: V,
     ) -> Result<V::Value, Error> {
         let path = self.path;
+        self.spend()?;
         match self.c {
             Conv::Enum(names) => {
-                self.spend()?;
                 let name = self.variant(names)?;
                 v.visit_enum(name.into_deserializer())
                     .map_err(|e: Error| e.at(path))
             }
-            _ => self.deserialize_any(v),
+            // A writer's optional enum read into a plain one (its default
+            // for null), or an enum in a value of type `any`: as the map
+            // path reads it.
+            Conv::Optional(inner, default) => {
+                if self.is_null() {
+                    self.cx.d.skip()?;
+                    crate::value_de::value_deserializer(default.as_ref().unwrap_or(&Value::Null))
+                        .deserialize_enum(name, variants, v)
+                        .map_err(|e| bad(path, e.to_string()))
+                } else {
+                    De {
+                        c: inner,
+                        cx: self.cx,
+                        path,
+                    }
+                    .deserialize_enum(name, variants, v)
+                }
+            }
+            _ => {
+                let x = self.read_value()?;
+                crate::value_de::value_deserializer(&x)
+                    .deserialize_enum(name, variants, v)
+                    .map_err(|e| bad(path, e.to_string()))
+            }
         }
     }
 
@@ -426,8 +506,10 @@ impl<'de> Deserializer<'de> for De<'_, '_, 'de> {
         v.visit_newtype_struct(self)
     }
 
-    fn deserialize_ignored_any<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
-        // One conversion reads one CBOR item, whatever it is.
+    fn deserialize_ignored_any<V: Visitor<'de>>(mut self, v: V) -> Result<V::Value, Error> {
+        // One conversion reads one CBOR item, whatever it is (a field the
+        // type ignores is skipped, not checked against its schema).
+        self.spend()?;
         self.cx.d.skip()?;
         v.visit_unit()
     }
@@ -462,12 +544,22 @@ impl<'de> Deserializer<'de> for De<'_, '_, 'de> {
                 format!("the writer's schema has {writer_len} fields, the payload {n}"),
             ));
         }
-        v.visit_seq(InOrder {
+        let mut items = InOrder {
             fields: fields.iter(),
             cx: self.cx,
             path,
-        })
-        .map_err(|e| e.at(path))
+        };
+        let r = v.visit_seq(&mut items).map_err(|e| e.at(path))?;
+        if items.fields.len() != 0 {
+            return Err(bad(
+                path,
+                format!(
+                    "the type reads {} of the struct's {n} fields",
+                    n - items.fields.len()
+                ),
+            ));
+        }
+        Ok(r)
     }
 
     serde::forward_to_deserialize_any! {
@@ -591,7 +683,7 @@ impl<'de> SeqAccess<'de> for Elements<'_> {
 /// What the map gives next: a writer's field to read, or a default.
 enum Pending<'c> {
     Writer(&'c Conv, &'c str),
-    Default(&'c Value),
+    Default(&'c Value, &'c str),
 }
 
 /// A struct's fields, as a map of the reader's names: the writer's fields
@@ -634,7 +726,7 @@ impl<'de> MapAccess<'de> for Fields<'_, '_, 'de> {
             let (name, src) = &self.fields[self.reader];
             self.reader += 1;
             if let Source::Default(d) = src {
-                self.pending = Some(Pending::Default(d));
+                self.pending = Some(Pending::Default(d, name));
                 return seed
                     .deserialize(name.as_str().into_deserializer())
                     .map(Some);
@@ -653,9 +745,9 @@ impl<'de> MapAccess<'de> for Fields<'_, '_, 'de> {
                     path: &at,
                 })
             }
-            Some(Pending::Default(d)) => seed
+            Some(Pending::Default(d, name)) => seed
                 .deserialize(crate::value_de::value_deserializer(d))
-                .map_err(|e| bad(self.path, e.to_string())),
+                .map_err(|e| bad(&Path::Field(self.path, name), e.to_string())),
             None => Err(de::Error::custom("a field's value asked before its name")),
         }
     }
@@ -876,6 +968,136 @@ mod tests {
             // As the map path reads it.
             let via: V2 = crate::cbor::from_value(&plan.read(&b).unwrap()).unwrap();
             assert_eq!(via, v);
+        }
+    }
+
+    /// A type that reads fewer items than a list holds (a fixed-size
+    /// array) is an error, never the next field reading what is left.
+    #[test]
+    fn a_type_that_stops_early_is_an_error_not_a_shifted_value() {
+        let writer = Schema::new(
+            "w",
+            vec![
+                Field::new(
+                    "a",
+                    Type::List(Box::new(Type::Struct(vec![
+                        Field::new("x", Type::F64),
+                        Field::new("y", Type::F64),
+                    ]))),
+                ),
+                Field::new("b", Type::Text),
+                Field::new("w", Type::Array(ElementType::F32)),
+            ],
+        );
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Short {
+            a: [Pos; 2],
+            b: String,
+            w: Vec<f32>,
+        }
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct ShortArray {
+            a: Vec<Pos>,
+            b: String,
+            w: [f32; 2],
+        }
+        let pos = |x: f64| {
+            Value::Map(vec![
+                (Value::Text("x".into()), Value::Float(x)),
+                (Value::Text("y".into()), Value::Float(0.0)),
+            ])
+        };
+        let mut out = Vec::new();
+        writer
+            .write_compact(
+                &Value::Map(vec![
+                    (
+                        Value::Text("a".into()),
+                        Value::Array(vec![pos(1.0), pos(2.0), pos(3.0)]),
+                    ),
+                    (Value::Text("b".into()), Value::Text("b".into())),
+                    (
+                        Value::Text("w".into()),
+                        Value::Array(vec![Value::Float(1.0); 3]),
+                    ),
+                ]),
+                &mut out,
+            )
+            .unwrap();
+        let b = Bytes::from(out);
+        let plan = Plan::identity(&writer);
+        for _ in 0..2 {
+            let err = plan.deserialize::<Short>(&b).unwrap_err().to_string();
+            assert!(err.contains("2 of the list's 3"), "{err}");
+            let err = plan.deserialize::<ShortArray>(&b).unwrap_err().to_string();
+            assert!(err.contains("2 of the array's 3"), "{err}");
+            // The map path refuses them too.
+            let map = plan.read(&b).unwrap();
+            assert!(crate::cbor::from_value::<Short>(&map).is_err());
+            assert!(crate::cbor::from_value::<ShortArray>(&map).is_err());
+        }
+    }
+
+    /// A writer's optional enum read into a plain enum with a default, and
+    /// a null of type `any` read into an `Option`: as the map path reads
+    /// them.
+    #[test]
+    fn optional_enums_and_null_anys_read_as_through_the_map() {
+        let modes = || Type::Enum(vec!["Air".into(), "Ground".into()]);
+        let writer = Schema::new(
+            "w",
+            vec![
+                Field::new("mode", Type::Optional(Box::new(modes()))),
+                Field::new("extra", Type::Any),
+            ],
+        );
+        let reader = Schema::new(
+            "r",
+            vec![
+                Field::new("mode", modes()).default_value("Air"),
+                Field::new("extra", Type::Any),
+            ],
+        );
+        #[derive(Deserialize, Debug, PartialEq)]
+        struct R {
+            mode: Mode,
+            extra: Option<i64>,
+        }
+        let plan = Plan::resolve(&reader, &writer).unwrap();
+        for (mode, extra, want) in [
+            (
+                Value::Text("Ground".into()),
+                Value::Int(4),
+                R {
+                    mode: Mode::Ground,
+                    extra: Some(4),
+                },
+            ),
+            (
+                Value::Null,
+                Value::Null,
+                R {
+                    mode: Mode::Air,
+                    extra: None,
+                },
+            ),
+        ] {
+            let mut out = Vec::new();
+            writer
+                .write_compact(
+                    &Value::Map(vec![
+                        (Value::Text("mode".into()), mode),
+                        (Value::Text("extra".into()), extra),
+                    ]),
+                    &mut out,
+                )
+                .unwrap();
+            let b = Bytes::from(out);
+            let via: R = crate::cbor::from_value(&plan.read(&b).unwrap()).unwrap();
+            assert_eq!(via, want);
+            assert_eq!(plan.deserialize::<R>(&b).unwrap(), want);
         }
     }
 

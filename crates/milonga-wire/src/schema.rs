@@ -1115,12 +1115,16 @@ impl Seen {
         fields: &[(String, Source)],
     ) -> bool {
         use std::sync::atomic::Ordering;
+        // The length first: a list that starts where a longer one does
+        // (a custom impl's subslice) is not the list seen.
+        if names.len() != fields.len() {
+            return false;
+        }
         let at = names.as_ptr() as usize;
         if self.0.load(Ordering::Relaxed) == at {
             return true;
         }
-        let same = names.len() == fields.len()
-            && names.iter().zip(fields).all(|(n, (f, _))| *n == f.as_str());
+        let same = names.iter().zip(fields).all(|(n, (f, _))| *n == f.as_str());
         if same {
             self.0.store(at, Ordering::Relaxed);
         }

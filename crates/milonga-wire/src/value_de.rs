@@ -62,12 +62,28 @@ impl<'de> Deserializer<'de> for ValueDe<'_> {
             Value::Float(f) => v.visit_f64(*f),
             Value::Text(s) => v.visit_str(s),
             Value::Bytes(b) => v.visit_bytes(b),
-            Value::Array(items) => v.visit_seq(Seq(items.iter())),
+            Value::Array(items) => {
+                let mut seq = Seq(items.iter());
+                let r = v.visit_seq(&mut seq)?;
+                // As serde's own value deserializers: a type that reads
+                // fewer items than there are (a fixed-size array) is told.
+                if seq.0.len() != 0 {
+                    return Err(de::Error::invalid_length(items.len(), &"fewer items"));
+                }
+                Ok(r)
+            }
             Value::Map(pairs) => v.visit_map(Map {
                 pairs: pairs.iter(),
                 value: None,
             }),
-            Value::Typed(a) => v.visit_seq(Typed { a, i: 0 }),
+            Value::Typed(a) => {
+                let mut seq = Typed { a, i: 0 };
+                let r = v.visit_seq(&mut seq)?;
+                if seq.i != a.len() {
+                    return Err(de::Error::invalid_length(a.len(), &"fewer elements"));
+                }
+                Ok(r)
+            }
             Value::Tagged(_, inner) => ValueDe(inner).deserialize_any(v),
         }
     }

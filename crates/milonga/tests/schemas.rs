@@ -249,6 +249,22 @@ fn a_serde_type_s_schema_is_traced_and_its_values_round_trip() {
     );
     // A type that does not fit is an error, not a wrong value.
     assert!(got[0].deserialize::<Pos>().is_err());
+    // Recorded, a typed sample keeps the value map it stands for.
+    use milonga::recording::{Entry, RecordOptions, RecordReader, RecordWriter};
+    let file = dir.path().join("typed.mcap");
+    let mut w = RecordWriter::create(&file, &RecordOptions::default()).unwrap();
+    w.sample(&got[0], got[0].timestamp_ns).unwrap();
+    w.finish().unwrap();
+    let back: Vec<_> = RecordReader::open(&file)
+        .unwrap()
+        .filter_map(|e| match e.unwrap() {
+            Entry::Sample(s, _) => Some(s),
+            Entry::Event(..) => None,
+        })
+        .collect();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].value.get("name"), Some(&Value::Text("quad".into())));
+    assert_eq!(back[0].value.get("gain"), Some(&Value::Float(1.0)));
     // Types with no schema are refused clearly.
     assert!(Schema::of::<u32>().is_err());
     assert!(Schema::of::<(u32, f64)>().is_err());

@@ -70,7 +70,11 @@ impl Sample {
         }
     }
 
-    /// The payload bytes when the value is a byte string.
+    /// The payload bytes when the value is a byte string (also the compact
+    /// payload of a [`typed`](crate::SubscriberQos#structfield.typed)
+    /// subscription's schema'd sample: see [`Sample::compact`]).
+    ///
+    /// [`Sample::compact`]: Sample#structfield.compact
     pub fn bytes(&self) -> Option<&Bytes> {
         match &self.value {
             Value::Bytes(b) => Some(b),

@@ -293,7 +293,20 @@ impl RecordWriter {
             }
         };
         self.buf.clear();
-        encode_cbor(&s.value, &mut self.buf).map_err(|e| RecordError::Value {
+        // A typed subscription's compact sample holds its payload: the
+        // recording keeps the value map it stands for.
+        let read;
+        let value = match (&s.compact, &s.value) {
+            (Some(reader), milonga_wire::Value::Bytes(payload)) => {
+                read = reader.0.read(payload).map_err(|e| RecordError::Value {
+                    key: s.key.clone(),
+                    why: e.to_string(),
+                })?;
+                &read
+            }
+            _ => &s.value,
+        };
+        encode_cbor(value, &mut self.buf).map_err(|e| RecordError::Value {
             key: s.key.clone(),
             why: e.to_string(),
         })?;
