@@ -144,7 +144,11 @@ class PublisherQos:
     history: samples kept per key for late joiners and repair.
     compression: ``"none"``, ``"lz4"`` or ``"zstd"`` on the wire (None: the
         node's ``compression`` setting); ``compression_threshold`` bytes and
-        ``compression_level`` as the keys of docs/config.md.
+        ``compression_level`` as the keys of docs/config.md;
+        ``compression_dictionary``: zstd with a dictionary per key, trained
+        from its first 128 samples (docs/compression.md, "Dictionaries").
+        With it, lower ``compression_threshold``: small samples are what it
+        is for.
     schema: a dataclass (or TypedDict, or :func:`schema_of`'s dict): values
         are sent by position without field names (docs/schemas.md); ``put``
         takes an instance or a dict of its fields.
@@ -157,6 +161,7 @@ class PublisherQos:
     compression_threshold: int | None = None
     compression_level: int | None = None
     schema: type | dict[str, Any] | None = None
+    compression_dictionary: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -309,6 +314,7 @@ class Node(_native.Node):
             q.compression_threshold,
             q.compression_level,
             _schema(q.schema),
+            q.compression_dictionary,
         )
 
     def subscribe(

@@ -66,6 +66,7 @@ class Node:
         compression_threshold: int | None = None,
         compression_level: int | None = None,
         schema: dict[str, Any] | None = None,
+        compression_dictionary: bool | None = None,
     ) -> Publisher: ...
     def _subscribe(
         self,

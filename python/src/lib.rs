@@ -140,7 +140,8 @@ impl Node {
 
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (key, reliable=false, history=0, put_timeout=None, compression=None,
-                        compression_threshold=None, compression_level=None, schema=None))]
+                        compression_threshold=None, compression_level=None, schema=None,
+                        compression_dictionary=None))]
     fn _publisher(
         &self,
         py: Python<'_>,
@@ -152,6 +153,7 @@ impl Node {
         compression_threshold: Option<usize>,
         compression_level: Option<i32>,
         schema: Option<&Bound<'_, PyAny>>,
+        compression_dictionary: Option<bool>,
     ) -> PyResult<Publisher> {
         let mut qos = if reliable {
             PublisherQos::reliable()
@@ -160,7 +162,11 @@ impl Node {
         };
         qos = qos.history(history);
         // The node's settings, changed where the QoS says.
-        if compression.is_some() || compression_threshold.is_some() || compression_level.is_some() {
+        if compression.is_some()
+            || compression_threshold.is_some()
+            || compression_level.is_some()
+            || compression_dictionary.is_some()
+        {
             let mut c = match compression {
                 None => self.compression,
                 Some("none") => milonga::Compression::none(),
@@ -177,6 +183,9 @@ impl Node {
             }
             if let Some(l) = compression_level {
                 c = c.level(l);
+            }
+            if let Some(d) = compression_dictionary {
+                c.dictionary = d;
             }
             qos = qos.compression(c);
         }

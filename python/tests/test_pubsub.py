@@ -59,6 +59,30 @@ def test_compressed_samples_arrive_as_they_were_put(domain: Domain) -> None:
         a.publisher("lab/bad", milonga.PublisherQos(compression="gzip"))
 
 
+def test_a_zstd_dictionary_is_learned_and_small_samples_arrive_as_put(domain: Domain) -> None:
+    a = domain.open("pub")
+    b = domain.open("sub")
+    qos = milonga.PublisherQos(
+        reliable=True, compression="zstd", compression_threshold=16, compression_dictionary=True
+    )
+    pub = a.publisher("lab/status", qos)
+    sub = b.subscribe("lab/status")
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+    records = [
+        {"device": "sr/ps/q17", "state": "ON", "current_a": 120.0 + i % 7, "count": i}
+        for i in range(200)
+    ]
+    for r in records:
+        pub.put(r)
+    for r in records:
+        assert next_sample(sub).value == r
+    stats = b.stats()
+    assert stats["dictionaries_learned"] == 1
+    assert stats["frames_unknown_dictionary"] == 0
+    # The samples after the first 128 (the training) went with it.
+    assert stats["frames_inflated"] >= 200 - 128
+
+
 def test_every_kind_of_value_arrives_as_it_was_sent(domain: Domain) -> None:
     a = domain.open("pub")
     b = domain.open("sub")

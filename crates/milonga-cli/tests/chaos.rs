@@ -166,6 +166,7 @@ fn a_fifteen_second_query_flood_keeps_memory_bounded() {
         since: vec![],
         id: None,
         schemas: Vec::new(),
+        dictionaries: Vec::new(),
     }
     .encode();
     // The outside test's rate: 36 MB of queries a second

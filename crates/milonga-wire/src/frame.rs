@@ -98,14 +98,28 @@ impl Compressor {
 /// Bytes before a compressed body's data: the compressor and the size.
 pub const COMPRESSED_HEAD_LEN: usize = 5;
 
+/// Bytes before the data of a body compressed with a dictionary: the
+/// compressor byte [`DICTIONARY_COMPRESSOR`], the size, the dictionary's id.
+pub const DICTIONARY_HEAD_LEN: usize = 9;
+
+/// The compressor byte of a Zstandard frame made with a dictionary
+/// (docs/protocol.md §4): its head carries the dictionary's id after the
+/// size.
+pub const DICTIONARY_COMPRESSOR: u8 = 3;
+
 /// A compressed body, read: `compressor u8 | size u32 | data`, where
-/// `size` is the length of the body once inflated.
+/// `size` is the length of the body once inflated; compressor
+/// [`DICTIONARY_COMPRESSOR`] is a Zstandard frame made with a dictionary,
+/// `3 | size u32 | dictionary id u32 | data`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Compressed<'a> {
     /// What compressed it.
     pub compressor: Compressor,
     /// Its length once inflated.
     pub size: usize,
+    /// The dictionary it was compressed with (zstd only): its id, the
+    /// content id ([`crate::content_id`]) of the dictionary's bytes.
+    pub dictionary: Option<u32>,
     /// The compressed bytes.
     pub data: &'a [u8],
 }
@@ -116,17 +130,49 @@ impl<'a> Compressed<'a> {
         let [c, s0, s1, s2, s3, data @ ..] = body else {
             return Err(FrameError::BadCompressed("shorter than its 5-byte head"));
         };
-        let compressor =
-            Compressor::from_u8(*c).ok_or(FrameError::BadCompressed("unknown compressor"))?;
         let size = u32::from_le_bytes([*s0, *s1, *s2, *s3]) as usize;
         if size == 0 {
             return Err(FrameError::BadCompressed("an empty body is not compressed"));
         }
+        if *c == DICTIONARY_COMPRESSOR {
+            let [d0, d1, d2, d3, data @ ..] = data else {
+                return Err(FrameError::BadCompressed(
+                    "shorter than its 9-byte head (compressor 3)",
+                ));
+            };
+            return Ok(Compressed {
+                compressor: Compressor::Zstd,
+                size,
+                dictionary: Some(u32::from_le_bytes([*d0, *d1, *d2, *d3])),
+                data,
+            });
+        }
+        let compressor =
+            Compressor::from_u8(*c).ok_or(FrameError::BadCompressed("unknown compressor"))?;
         Ok(Compressed {
             compressor,
             size,
+            dictionary: None,
             data,
         })
+    }
+
+    /// The head of a body compressed with dictionary `id`:
+    /// `3 | size | id`.
+    pub fn dictionary_head(size: u32, id: u32) -> [u8; DICTIONARY_HEAD_LEN] {
+        let s = size.to_le_bytes();
+        let d = id.to_le_bytes();
+        [
+            DICTIONARY_COMPRESSOR,
+            s[0],
+            s[1],
+            s[2],
+            s[3],
+            d[0],
+            d[1],
+            d[2],
+            d[3],
+        ]
     }
 
     /// The head of a compressed body: `compressor | size`.
@@ -703,6 +749,16 @@ mod tests {
         let view = decode(&v).unwrap();
         let c = Compressed::read(view.body).unwrap();
         assert_eq!((c.compressor, c.size), (Compressor::Zstd, 1000));
+        assert_eq!(c.dictionary, None);
+        // Compressor 3: zstd with a dictionary, its id after the size.
+        let mut d = Compressed::dictionary_head(1000, 0xdead_beef).to_vec();
+        d.extend_from_slice(b"zz");
+        let dc = Compressed::read(&d).unwrap();
+        assert_eq!(
+            (dc.compressor, dc.size, dc.dictionary, dc.data),
+            (Compressor::Zstd, 1000, Some(0xdead_beef), &b"zz"[..])
+        );
+        assert!(Compressed::read(&d[..8]).is_err(), "a 9-byte head");
         assert_eq!(c.data, b"not checked here");
         // A batch's entries are not checked while compressed.
         let batch = Header {

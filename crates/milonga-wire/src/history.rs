@@ -23,6 +23,8 @@ pub const REPLY_KEY_PREFIX: &str = "@r/";
 pub const MAX_TOKEN_BYTES: usize = 64;
 /// Most schema ids one query asks for (`schemas`).
 pub const MAX_SCHEMAS_ASKED: usize = 64;
+/// Most compression dictionary ids one query asks for (`dictionaries`).
+pub const MAX_DICTIONARIES_ASKED: usize = 8;
 
 /// Why a query or a history frame was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,6 +65,65 @@ pub struct Query {
     /// first frame carries those the node knows. Written only when not
     /// empty; at most [`MAX_SCHEMAS_ASKED`].
     pub schemas: Vec<u32>,
+    /// Compression dictionary ids (docs/protocol.md §4) the subscriber
+    /// needs to inflate the node's frames: the reply's first frame carries
+    /// those the node knows. Written only when not empty; at most
+    /// [`MAX_DICTIONARIES_ASKED`].
+    pub dictionaries: Vec<u32>,
+}
+
+/// Ids asked for (`schemas`, `dictionaries`): at most `max`, each a u32.
+fn ids(v: &Value, name: &str, max: usize) -> Result<Vec<u32>, HistoryError> {
+    match v.get(name) {
+        None => Ok(Vec::new()),
+        Some(a) => {
+            let a = array(a, name)?;
+            if a.len() > max {
+                return Err(bad(format!("more than {max} {name} asked")));
+            }
+            a.iter()
+                .map(|i| u32::try_from(uint(i, name)?).map_err(|_| bad(format!("{name} id"))))
+                .collect()
+        }
+    }
+}
+
+/// Ids written as an array field `name`, unless there are none.
+fn push_ids(v: &mut Value, name: &str, ids: &[u32]) {
+    if let (false, Value::Map(pairs)) = (ids.is_empty(), v) {
+        let ids = ids.iter().map(|i| Value::from(u64::from(*i)));
+        pairs.push((Value::from(name), Value::Array(ids.collect())));
+    }
+}
+
+/// (id, bytes) pairs of field `name` (`schemas`, `dictionaries`).
+fn blobs(v: &Value, name: &str) -> Result<Vec<(u32, Bytes)>, HistoryError> {
+    match v.get(name) {
+        None => Ok(Vec::new()),
+        Some(a) => array(a, name)?
+            .iter()
+            .map(|e| match e {
+                Value::Array(p) if p.len() == 2 => match &p[1] {
+                    Value::Bytes(b) => Ok((
+                        u32::try_from(uint(&p[0], name)?).map_err(|_| bad(format!("{name} id")))?,
+                        b.clone(),
+                    )),
+                    _ => Err(bad(format!("a {name} entry's bytes are not a byte string"))),
+                },
+                _ => Err(bad(format!("{name} entry is not [id, bytes]"))),
+            })
+            .collect(),
+    }
+}
+
+/// (id, bytes) pairs as an array field `name`, unless there are none.
+fn push_blobs(fields: &mut Vec<(&str, Value)>, name: &'static str, blobs: &[(u32, Bytes)]) {
+    if !blobs.is_empty() {
+        let b = blobs.iter().map(|(id, b)| {
+            Value::Array(vec![Value::from(u64::from(*id)), Value::Bytes(b.clone())])
+        });
+        fields.push((name, Value::Array(b.collect())));
+    }
 }
 
 fn text(v: &Value, what: &str) -> Result<String, HistoryError> {
@@ -135,12 +196,8 @@ impl Query {
             ("since", Value::Array(since)),
         ]);
         let mut v = with_id(v, self.id);
-        if !self.schemas.is_empty() {
-            if let Value::Map(pairs) = &mut v {
-                let ids = self.schemas.iter().map(|i| Value::from(u64::from(*i)));
-                pairs.push((Value::from("schemas"), Value::Array(ids.collect())));
-            }
-        }
+        push_ids(&mut v, "schemas", &self.schemas);
+        push_ids(&mut v, "dictionaries", &self.dictionaries);
         let mut out = vec![QUERY_TAG];
         out.extend(encode(&v));
         out
@@ -173,18 +230,8 @@ impl Query {
             last: uint(field(&v, "last")?, "last")?,
             since,
             id: v.get("id").map(|i| uint(i, "id")).transpose()?,
-            schemas: match v.get("schemas") {
-                None => Vec::new(),
-                Some(a) => {
-                    let a = array(a, "schemas")?;
-                    if a.len() > MAX_SCHEMAS_ASKED {
-                        return Err(bad("more than 64 schemas asked"));
-                    }
-                    a.iter()
-                        .map(|i| u32::try_from(uint(i, "schema id")?).map_err(|_| bad("schema id")))
-                        .collect::<Result<_, _>>()?
-                }
-            },
+            schemas: ids(&v, "schemas", MAX_SCHEMAS_ASKED)?,
+            dictionaries: ids(&v, "dictionaries", MAX_DICTIONARIES_ASKED)?,
         })
     }
 }
@@ -237,6 +284,10 @@ pub struct Reply {
     /// The schemas asked for that the node knows: (id, the schema's CBOR
     /// bytes, docs/protocol.md §5.1). Written only when not empty.
     pub schemas: Vec<(u32, Bytes)>,
+    /// The compression dictionaries asked for that the node knows: (id,
+    /// the dictionary's bytes, docs/protocol.md §4). Written only when not
+    /// empty.
+    pub dictionaries: Vec<(u32, Bytes)>,
 }
 
 impl Reply {
@@ -276,12 +327,8 @@ impl Reply {
             ("keys", Value::Array(keys)),
             ("done", Value::Bool(self.done)),
         ];
-        if !self.schemas.is_empty() {
-            let schemas = self.schemas.iter().map(|(id, b)| {
-                Value::Array(vec![Value::from(u64::from(*id)), Value::Bytes(b.clone())])
-            });
-            fields.push(("schemas", Value::Array(schemas.collect())));
-        }
+        push_blobs(&mut fields, "schemas", &self.schemas);
+        push_blobs(&mut fields, "dictionaries", &self.dictionaries);
         encode(&with_id(map(fields), self.id))
     }
 
@@ -319,23 +366,8 @@ impl Reply {
             keys,
             done: matches!(field(&v, "done")?, Value::Bool(true)),
             id: v.get("id").map(|i| uint(i, "id")).transpose()?,
-            schemas: match v.get("schemas") {
-                None => Vec::new(),
-                Some(a) => array(a, "schemas")?
-                    .iter()
-                    .map(|e| match e {
-                        Value::Array(p) if p.len() == 2 => match &p[1] {
-                            Value::Bytes(b) => Ok((
-                                u32::try_from(uint(&p[0], "schema id")?)
-                                    .map_err(|_| bad("schema id"))?,
-                                b.clone(),
-                            )),
-                            _ => Err(bad("a schema is not a byte string")),
-                        },
-                        _ => Err(bad("schemas entry is not [id, bytes]")),
-                    })
-                    .collect::<Result<_, _>>()?,
-            },
+            schemas: blobs(&v, "schemas")?,
+            dictionaries: blobs(&v, "dictionaries")?,
         })
     }
 }
@@ -355,14 +387,21 @@ mod tests {
             since: vec![("sr/a".into(), 41)],
             id: None,
             schemas: Vec::new(),
+            dictionaries: Vec::new(),
         };
         assert_eq!(Query::decode(&q.encode()).unwrap(), q);
         let with_id = Query {
             id: Some(7),
             schemas: vec![3, u32::MAX],
+            dictionaries: vec![9],
             ..q.clone()
         };
         assert_eq!(Query::decode(&with_id.encode()).unwrap(), with_id);
+        let too_many = Query {
+            dictionaries: (0..9).collect(),
+            ..q.clone()
+        };
+        assert!(Query::decode(&too_many.encode()).is_err(), "at most 8");
         assert_ne!(with_id.encode(), q.encode());
         assert!(Query::decode(b"\x02\xff").is_err());
         assert!(Query::decode(b"\x01abc").is_err());
@@ -391,8 +430,16 @@ mod tests {
             done: true,
             id: None,
             schemas: Vec::new(),
+            dictionaries: Vec::new(),
         };
         assert_eq!(Reply::decode(&Bytes::from(r.encode())).unwrap(), r);
+        // Schemas and dictionaries asked for, as (id, bytes) pairs.
+        let blobs = Reply {
+            schemas: vec![(5, Bytes::from_static(b"schema"))],
+            dictionaries: vec![(6, Bytes::from_static(b"dict"))],
+            ..r.clone()
+        };
+        assert_eq!(Reply::decode(&Bytes::from(blobs.encode())).unwrap(), blobs);
         let with_id = Reply {
             id: Some(u64::MAX),
             ..r.clone()

@@ -29,6 +29,19 @@ pub mod value;
 mod value_de;
 
 pub use bytes::Bytes;
+
+/// The id of a schema or a compression dictionary: FNV-1a 32 of its bytes,
+/// never 0 (docs/protocol.md §5.1). It names content, so a receiver checks
+/// what it is given against it; it does not resist a forger (a node that
+/// may publish may lie anyway).
+pub fn content_id(bytes: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in bytes {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h.max(1)
+}
 pub use frame::{Encoding, FrameError, Header, Kind, NodeId};
 pub use key::{Key, KeyError, KeyExpr};
 pub use value::{Element, ElementType, TypedArray, Value};

@@ -506,12 +506,7 @@ impl Schema {
     /// it becomes 1). A subscriber keys the schemas it learns by
     /// (publisher node, id).
     pub fn id_of(encoded: &[u8]) -> u32 {
-        let mut h: u32 = 0x811c_9dc5;
-        for b in encoded {
-            h ^= u32::from(*b);
-            h = h.wrapping_mul(0x0100_0193);
-        }
-        h.max(1)
+        crate::content_id(encoded)
     }
 
     /// Writes `value` (a map of this schema's fields) in the compact

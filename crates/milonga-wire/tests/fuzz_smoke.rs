@@ -135,6 +135,7 @@ fn mutations_of_history_queries_and_filter_declarations_never_panic() {
             since: vec![("sr/a".into(), 41), ("sr/b/c".into(), u64::MAX)],
             id: Some(3),
             schemas: vec![7, u32::MAX],
+            dictionaries: Vec::new(),
         }
         .encode(),
         Query {
@@ -146,6 +147,7 @@ fn mutations_of_history_queries_and_filter_declarations_never_panic() {
             since: vec![],
             id: None,
             schemas: Vec::new(),
+            dictionaries: Vec::new(),
         }
         .encode(),
     ];

@@ -55,6 +55,9 @@ fn query_json(q: &Query) -> Json {
     if !q.schemas.is_empty() {
         j["schemas"] = json!(q.schemas);
     }
+    if !q.dictionaries.is_empty() {
+        j["dictionaries"] = json!(q.dictionaries);
+    }
     j
 }
 
@@ -68,6 +71,10 @@ fn query_from_json(j: &Json) -> Query {
         since: serde_json::from_value(j["since"].clone()).unwrap(),
         id: j["id"].as_u64(),
         schemas: j["schemas"]
+            .as_array()
+            .map(|a| a.iter().map(|i| i.as_u64().unwrap() as u32).collect())
+            .unwrap_or_default(),
+        dictionaries: j["dictionaries"]
             .as_array()
             .map(|a| a.iter().map(|i| i.as_u64().unwrap() as u32).collect())
             .unwrap_or_default(),
@@ -130,9 +137,10 @@ fn announcement() -> Announcement {
 }
 
 /// Every vector, by name: the directory must hold exactly these.
-const VECTORS: [&str; 19] = [
+const VECTORS: [&str; 20] = [
     "history_query_join",
     "history_query_schemas",
+    "history_query_dictionaries",
     "history_query_repair",
     "history_query_without_since",
     "history_query_bad_token",
@@ -178,6 +186,7 @@ fn cases() -> Vec<Case> {
         since: vec![],
         id: None,
         schemas: Vec::new(),
+        dictionaries: Vec::new(),
     };
     let repair = Query {
         since: vec![
@@ -193,6 +202,14 @@ fn cases() -> Vec<Case> {
         last: 0,
         id: Some(7),
         schemas: vec![4_096_453_397],
+        ..join.clone()
+    };
+    let dictionary_query = Query {
+        socket: "reliable".into(),
+        expr: "sr/ps/1/waveform".into(),
+        last: 0,
+        id: Some(8),
+        dictionaries: vec![0x1234_5678],
         ..join.clone()
     };
     let mut no_since = join.encode();
@@ -270,6 +287,13 @@ fn cases() -> Vec<Case> {
             "a query for schemas only (docs/protocol.md §4.2, §5.1): last 0, since empty, id 7, schemas [4096453397], the id of the schema of tests/vectors/sample_compact",
             vec![schema_query.encode()],
             query_json(&schema_query),
+        ),
+        valid(
+            "history_query_dictionaries",
+            "history_query",
+            "a query for a compression dictionary only (docs/protocol.md §4, §4.2): last 0, since empty, id 8, dictionaries [305419896] (0x12345678), the id a compressed frame's head (compressor 3) named",
+            vec![dictionary_query.encode()],
+            query_json(&dictionary_query),
         ),
         valid(
             "history_query_repair",

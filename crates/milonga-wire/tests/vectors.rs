@@ -458,6 +458,7 @@ fn cases() -> Vec<Case> {
             done: true,
             id: None,
             schemas: Vec::new(),
+            dictionaries: Vec::new(),
         };
         let body = reply.encode();
         let value = milonga_wire::cbor::decode_cbor(&Bytes::from(body.clone())).unwrap();
@@ -486,6 +487,7 @@ fn cases() -> Vec<Case> {
                 milonga_wire::schema::Schema::id_of(&schema),
                 Bytes::from(schema),
             )],
+            dictionaries: Vec::new(),
         };
         let body = reply.encode();
         let value = milonga_wire::cbor::decode_cbor(&Bytes::from(body.clone())).unwrap();

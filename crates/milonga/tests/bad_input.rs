@@ -259,6 +259,7 @@ fn bad_queries_and_a_subscription_flood_leave_the_publisher_serving() {
         since: vec![("bq/x".into(), since)],
         id: None,
         schemas: Vec::new(),
+        dictionaries: Vec::new(),
     };
     // An absurd range: after the end of time. Answered, with nothing.
     raw.send(query(u64::MAX).encode(), 0).unwrap();
@@ -425,6 +426,7 @@ fn finding_03_a_flood_of_history_queries_freezes_nothing_and_amplifies_nothing()
             since: vec![],
             id: None,
             schemas: Vec::new(),
+            dictionaries: Vec::new(),
         }
         .encode()
     };

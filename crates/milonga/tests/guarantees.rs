@@ -999,6 +999,81 @@ fn a_reliable_subscriber_that_stops_reading_for_a_while_gets_every_sample_after(
     assert_eq!(subscribing.stats().connections_closed, 0);
 }
 
+/// A status record of the kind a device server sends many of: small,
+/// alike from one to the next.
+fn status_record(i: i64) -> Value {
+    let t = |k: &str| Value::Text(k.into());
+    Value::Map(vec![
+        (t("device"), t("sr/ps/quadrupole-17")),
+        (t("state"), t(if i % 50 == 0 { "FAULT" } else { "ON" })),
+        (
+            t("current_a"),
+            Value::Float(120.25 + (i % 7) as f64 * 0.125),
+        ),
+        (t("voltage_v"), Value::Float(48.5 - (i % 5) as f64 * 0.25)),
+        (t("temperature_c"), Value::Float(31.0 + (i % 3) as f64)),
+        (t("interlock"), Value::Bool(false)),
+        (t("count"), Value::Int(i.into())),
+    ])
+}
+
+/// The samples of `sub` until `n` came, in order from `first`, each the
+/// status record of its number.
+fn expect_records(sub: &milonga::Subscriber, first: i64, n: usize) {
+    for k in 0..n {
+        let s = next_sample(sub);
+        let i = first + k as i64;
+        assert_eq!(s.value, status_record(i), "record {i}");
+    }
+}
+
+/// zstd with a dictionary (docs/compression.md, "Dictionaries"): the
+/// publisher trains one from its first 128 samples, then compresses small
+/// samples with it; a subscriber learns it when a frame names it (asked
+/// once, the node's messages waiting meanwhile), live and as a late
+/// joiner, and every sample arrives as it was put, in order.
+#[test]
+fn a_zstd_dictionary_is_trained_sent_to_who_asks_and_samples_arrive_as_put() {
+    let dir = TempDir::new("dictionary");
+    let domain = "dictionary";
+    let publishing = open(domain, "pub", dir.path());
+    let early_node = open(domain, "early", dir.path());
+    let late_node = open(domain, "late", dir.path());
+    let q = milonga::PublisherQos::reliable()
+        .compression(milonga::Compression::zstd().dictionary().threshold(32));
+    let p = publishing.publisher_with("ps/status", q).unwrap();
+    let early = early_node.subscribe("ps/**").unwrap();
+    wait_for("the early subscriber", T, || p.subscriber_count() > 0);
+    let trained_after = milonga::DICTIONARY_TRAINING_SAMPLES;
+    for i in 1..=300 {
+        p.put(status_record(i)).unwrap();
+    }
+    expect_records(&early, 1, 300);
+    let st = early_node.stats();
+    assert_eq!(st.dictionaries_learned, 1, "learned once");
+    assert_eq!(st.frames_unknown_dictionary, 0);
+    assert_eq!(st.frames_malformed, 0);
+    assert!(
+        st.frames_inflated >= (300 - trained_after) as u64,
+        "the samples after training arrive compressed: {}",
+        st.frames_inflated
+    );
+    // A subscriber that joins once the dictionary is in use asks for it
+    // when the first frame names it.
+    let late = late_node.subscribe("ps/**").unwrap();
+    wait_for("the late subscriber", T, || p.subscriber_count() > 1);
+    for i in 301..=350 {
+        p.put(status_record(i)).unwrap();
+    }
+    expect_records(&late, 301, 50);
+    expect_records(&early, 301, 50);
+    let st = late_node.stats();
+    assert_eq!(st.dictionaries_learned, 1);
+    assert_eq!(st.frames_unknown_dictionary, 0);
+    assert!(st.frames_inflated >= 50);
+    assert!(publishing.stats().frames_deflated >= (350 - trained_after) as u64);
+}
+
 #[test]
 fn compressed_samples_arrive_as_they_were_put_live_and_from_history() {
     let dir = TempDir::new("compress");

@@ -34,6 +34,9 @@ pub struct Publisher {
     pub(crate) file: Option<Arc<crate::api::file_node::FileNode>>,
     /// The QoS's compression, else the node's.
     compression: crate::Compression,
+    /// Its zstd dictionary, trained from its first samples, when its
+    /// compression asks for one.
+    dictionary: Option<crate::engine::compress::Dictionary>,
     /// The QoS's schema's id and writer, when it has one: samples are
     /// written with it (encoding 3).
     schema: Option<(u32, milonga_wire::schema::CompactWriter)>,
@@ -68,8 +71,12 @@ impl Publisher {
         frame::write_head(&key, &header, &mut template);
         let compression = qos.compression.unwrap_or_else(|| node.cfg().compression());
         let schema = schema_id.zip(qos.schema.as_ref().map(|s| s.writer()));
+        let dictionary = (compression.dictionary
+            && compression.compressor == Some(crate::model::compression::Compressor::Zstd))
+        .then(crate::engine::compress::Dictionary::default);
         Publisher {
             schema,
+            dictionary,
             compression,
             node,
             key,
@@ -240,6 +247,7 @@ impl Publisher {
             seq: &self.seq,
             reliable: self.qos.reliability == Reliability::Reliable,
             compression: &self.compression,
+            dictionary: self.dictionary.as_ref(),
         };
         self.data.put(&put, enc, schema_id, wait)
     }

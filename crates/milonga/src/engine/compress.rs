@@ -4,9 +4,14 @@
 //! the node's `max_message_bytes`.
 
 use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
 
-use crate::model::compression::{Compression, Compressor};
-use milonga_wire::frame::{Compressed, COMPRESSED_HEAD_LEN};
+use crate::model::compression::{
+    Compression, Compressor, DICTIONARY_TRAINING_SAMPLES, MAX_DICTIONARY_BYTES,
+};
+use milonga_wire::frame::{Compressed, COMPRESSED_HEAD_LEN, DICTIONARY_HEAD_LEN};
+use milonga_wire::Bytes;
+use zstd::zstd_safe;
 
 impl Compression {
     /// The compressed body for `payload` (`compressor | size | data`), if
@@ -61,6 +66,146 @@ impl Compression {
     }
 }
 
+/// A publisher's zstd dictionary (`Compression::dictionary`, docs/
+/// compression.md "Dictionaries"): its first samples are kept to train it
+/// (and sent with plain zstd), then every sample is compressed with it.
+pub(crate) struct Dictionary(Mutex<Training>);
+
+enum Training {
+    /// The samples kept so far.
+    Learning(Vec<Vec<u8>>),
+    Ready(Arc<Trained>),
+    /// zstd could not prepare it: plain zstd from then on.
+    Off,
+}
+
+/// A trained dictionary: its id (the content id of its bytes), its bytes
+/// (sent to subscribers that ask), and the prepared form zstd compresses
+/// with.
+pub(crate) struct Trained {
+    pub(crate) id: u32,
+    pub(crate) bytes: Bytes,
+    cdict: zstd_safe::CDict<'static>,
+}
+
+impl Default for Dictionary {
+    fn default() -> Self {
+        Dictionary(Mutex::new(Training::Learning(Vec::new())))
+    }
+}
+
+impl Dictionary {
+    /// The compressed body for `payload`, as [`Compression::deflate`]
+    /// makes it, with the dictionary once it is trained; and the
+    /// dictionary when this call trained it (the caller gives it to its
+    /// socket, for the queries that ask, before sending the body).
+    pub(crate) fn deflate(
+        &self,
+        c: &Compression,
+        payload: &[&[u8]],
+    ) -> (Option<Vec<u8>>, Option<Arc<Trained>>) {
+        let size: usize = payload.iter().map(|p| p.len()).sum();
+        if size < c.threshold_bytes.max(1) || c.compressor != Some(Compressor::Zstd) {
+            return (c.deflate(payload), None);
+        }
+        let Ok(size32) = u32::try_from(size) else {
+            return (None, None);
+        };
+        let mut st = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut fresh = None;
+        let trained = match &mut *st {
+            Training::Ready(t) => t.clone(),
+            Training::Off => {
+                drop(st);
+                return (c.deflate(payload), None);
+            }
+            Training::Learning(samples) => {
+                samples.push(payload.concat());
+                if samples.len() < DICTIONARY_TRAINING_SAMPLES {
+                    drop(st);
+                    return (c.deflate(payload), None);
+                }
+                let Some(t) = train(samples, c.level) else {
+                    tracing::warn!(
+                        "zstd could not prepare a trained dictionary; compressing without"
+                    );
+                    *st = Training::Off;
+                    drop(st);
+                    return (c.deflate(payload), None);
+                };
+                let t = Arc::new(t);
+                *st = Training::Ready(t.clone());
+                fresh = Some(t.clone());
+                t
+            }
+        };
+        drop(st);
+        let joined;
+        let input: &[u8] = match payload {
+            [one] => one,
+            parts => {
+                joined = parts.concat();
+                &joined
+            }
+        };
+        let mut data = Vec::with_capacity(zstd_safe::compress_bound(input.len()));
+        let done = CZSTD.with(|z| {
+            let mut z = z.borrow_mut();
+            let cx = z.get_or_insert_with(zstd_safe::CCtx::create);
+            cx.compress_using_cdict(&mut data, input, &trained.cdict)
+                .is_ok()
+        });
+        if !done || data.len() + DICTIONARY_HEAD_LEN >= size {
+            return (None, fresh);
+        }
+        let mut body = Vec::with_capacity(DICTIONARY_HEAD_LEN + data.len());
+        body.extend_from_slice(&Compressed::dictionary_head(size32, trained.id));
+        body.extend_from_slice(&data);
+        (Some(body), fresh)
+    }
+}
+
+/// Trains a dictionary from `samples` (zstd's trainer); when they are too
+/// few or too alike for it, the dictionary is their latest bytes, as zstd
+/// takes any bytes as a "raw content" dictionary.
+fn train(samples: &[Vec<u8>], level: i32) -> Option<Trained> {
+    let total: usize = samples.iter().map(Vec::len).sum();
+    let capacity = (total / 4).clamp(256, MAX_DICTIONARY_BYTES);
+    let bytes = match zstd::dict::from_samples(samples, capacity) {
+        Ok(d) if !d.is_empty() => d,
+        _ => {
+            let mut raw = Vec::new();
+            for s in samples.iter().rev() {
+                if raw.len() + s.len() > MAX_DICTIONARY_BYTES {
+                    break;
+                }
+                raw.splice(0..0, s.iter().copied());
+            }
+            raw
+        }
+    };
+    Some(Trained {
+        id: milonga_wire::content_id(&bytes),
+        cdict: zstd_safe::CDict::try_create(&bytes, level)?,
+        bytes: Bytes::from(bytes),
+    })
+}
+
+/// A subscriber's copy of a publisher's dictionary, prepared for
+/// inflating.
+pub(crate) struct Learned(zstd_safe::DDict<'static>);
+
+impl Learned {
+    /// The dictionary `bytes`, unless they are more than a publisher sends
+    /// or zstd cannot load them.
+    pub(crate) fn new(bytes: &[u8]) -> Option<Learned> {
+        if bytes.is_empty() || bytes.len() > MAX_DICTIONARY_BYTES {
+            return None;
+        }
+        zstd_safe::DDict::try_create(bytes).map(Learned)
+    }
+}
+
 /// Most zstd compression contexts (one per level) a thread keeps.
 const MAX_ZSTD_LEVELS: usize = 4;
 
@@ -71,6 +216,10 @@ thread_local! {
         const { RefCell::new(Vec::new()) };
     static UNZSTD: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
         const { RefCell::new(None) };
+    /// Contexts for dictionaries: each call names its prepared dictionary
+    /// (none is kept attached to the context between calls).
+    static CZSTD: RefCell<Option<zstd_safe::CCtx<'static>>> = const { RefCell::new(None) };
+    static UNZSTD_DICT: RefCell<Option<zstd_safe::DCtx<'static>>> = const { RefCell::new(None) };
 }
 
 /// Why a compressed body was refused.
@@ -94,15 +243,18 @@ pub(crate) enum InflateError {
 #[cfg(test)]
 pub(crate) fn inflate(c: &Compressed<'_>, limit: usize) -> Result<Vec<u8>, InflateError> {
     let mut out = Vec::new();
-    inflate_onto(c, limit, &mut out)?;
+    inflate_with(c, None, limit, &mut out)?;
     Ok(out)
 }
 
 /// Inflates a compressed body onto the end of `out` (which grows by
 /// exactly its size), refusing one that would pass `limit` bytes, or that
 /// LZ4 could not have made from its data, before allocating anything.
-pub(crate) fn inflate_onto(
+/// `dict` is the dictionary the body names (a body that names one
+/// inflates only with it).
+pub(crate) fn inflate_with(
     c: &Compressed<'_>,
+    dict: Option<&Learned>,
     limit: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), InflateError> {
@@ -129,13 +281,21 @@ pub(crate) fn inflate_onto(
             let size = i32::try_from(c.size).map_err(|_| InflateError::Corrupt(name))?;
             lz4::block::decompress_to_buffer(c.data, Some(size), dst).ok()
         }
-        Compressor::Zstd => UNZSTD.with(|z| {
-            let mut z = z.borrow_mut();
-            if z.is_none() {
-                *z = zstd::bulk::Decompressor::new().ok();
-            }
-            z.as_mut()?.decompress_to_buffer(c.data, dst).ok()
-        }),
+        Compressor::Zstd => match (c.dictionary, dict) {
+            (None, _) => UNZSTD.with(|z| {
+                let mut z = z.borrow_mut();
+                if z.is_none() {
+                    *z = zstd::bulk::Decompressor::new().ok();
+                }
+                z.as_mut()?.decompress_to_buffer(c.data, dst).ok()
+            }),
+            (Some(_), Some(d)) => UNZSTD_DICT.with(|z| {
+                let mut z = z.borrow_mut();
+                let cx = z.get_or_insert_with(zstd_safe::DCtx::create);
+                cx.decompress_using_ddict(dst, c.data, &d.0).ok()
+            }),
+            (Some(_), None) => None,
+        },
     };
     if got != Some(c.size) {
         out.truncate(at);

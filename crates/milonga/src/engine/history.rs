@@ -278,11 +278,22 @@ pub(super) fn answer(d: &mut Outlet, me: &Me, msg: &[u8]) -> Option<Answer> {
         .iter()
         .filter_map(|id| d.schemas.get(id).map(|(b, _)| (*id, b.clone())))
         .collect::<Vec<_>>();
-    let schema_bytes: usize = schemas.iter().map(|(_, b)| b.len() + 8).sum();
+    // And the dictionaries (docs/compression.md, "Dictionaries").
+    let dictionaries = q
+        .dictionaries
+        .iter()
+        .filter_map(|id| d.dictionaries.get(id).map(|b| (*id, b.clone())))
+        .collect::<Vec<_>>();
+    let schema_bytes: usize = schemas
+        .iter()
+        .chain(&dictionaries)
+        .map(|(_, b)| b.len() + 8)
+        .sum();
     let mut frames: Vec<Reply> = vec![Reply {
         socket: socket.clone(),
         id: q.id,
         schemas,
+        dictionaries,
         ..Reply::default()
     }];
     let mut size = schema_bytes;

@@ -41,10 +41,22 @@ pub(crate) struct Outlet {
     /// history entry may name a dropped publisher's), at most
     /// [`MAX_SOCKET_SCHEMAS`].
     pub(super) schemas: HashMap<u32, (milonga_wire::Bytes, milonga_wire::schema::Plan)>,
+    /// The zstd dictionaries its publishers trained (docs/compression.md,
+    /// "Dictionaries"), by id, sent to a query that asks for one. At most
+    /// [`MAX_SOCKET_DICTIONARIES`]: beyond, the oldest is forgotten (a
+    /// subscriber that still needs it finds the frames it cannot inflate
+    /// counted).
+    pub(super) dictionaries: HashMap<u32, milonga_wire::Bytes>,
+    /// Dictionary ids in the order they came, to forget the oldest.
+    dictionary_order: std::collections::VecDeque<u32>,
 }
 
 /// Most distinct schemas one data socket keeps.
 pub(crate) const MAX_SOCKET_SCHEMAS: usize = 1024;
+
+/// Most dictionaries one data socket keeps (one per key that trained one;
+/// at most 16 KiB each).
+pub(crate) const MAX_SOCKET_DICTIONARIES: usize = 1024;
 
 /// What one message from a subscriber asks of the socket.
 pub(crate) enum Upstream {
@@ -78,6 +90,8 @@ impl Outlet {
             replies: 0,
             query_budget: QueryBudget::default(),
             schemas: HashMap::new(),
+            dictionaries: HashMap::new(),
+            dictionary_order: std::collections::VecDeque::new(),
         }
     }
 
@@ -170,6 +184,21 @@ impl Outlet {
             .filter(|k| expr.matches(k))
             .cloned()
             .collect()
+    }
+
+    /// Keeps a publisher's trained dictionary under its id, for the
+    /// queries that ask for it (the oldest forgotten beyond
+    /// [`MAX_SOCKET_DICTIONARIES`]).
+    pub(crate) fn add_dictionary(&mut self, id: u32, bytes: milonga_wire::Bytes) {
+        if self.dictionaries.insert(id, bytes).is_some() {
+            return;
+        }
+        self.dictionary_order.push_back(id);
+        while self.dictionary_order.len() > MAX_SOCKET_DICTIONARIES {
+            if let Some(old) = self.dictionary_order.pop_front() {
+                self.dictionaries.remove(&old);
+            }
+        }
     }
 
     /// Keeps a publication's schema, encoded, under its id, for the queries
@@ -344,6 +373,7 @@ mod tests {
             since: vec![],
             id: None,
             schemas: Vec::new(),
+            dictionaries: Vec::new(),
         };
         assert!(matches!(o.upstream(&me, &q.encode()), Upstream::Done));
         assert_eq!(
@@ -399,6 +429,7 @@ mod tests {
             since: vec![],
             id: None,
             schemas: Vec::new(),
+            dictionaries: Vec::new(),
         }
         .encode()
     }

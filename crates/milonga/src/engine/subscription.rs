@@ -19,6 +19,7 @@ use milonga_wire::history::{KeyHistory, Query, Reply, REPLY_KEY_PREFIX};
 use milonga_wire::schema::{Incompatible, Plan, Schema};
 use milonga_wire::{Bytes, Encoding, KeyExpr, NodeId, Value};
 
+use crate::engine::compress::Learned;
 use crate::engine::routes::{MatchedPublication, Routes};
 use crate::engine::seq::{SeqBook, Step, MAX_KEYS_PER_PUBLISHER, MAX_SEQ_JUMP};
 use crate::model::error::TransportError;
@@ -136,6 +137,15 @@ pub(crate) struct SubState<L> {
     /// node, whatever a publisher sends). At most
     /// [`MAX_SCHEMAS_ASKED`](milonga_wire::history::MAX_SCHEMAS_ASKED) a node.
     schemas_wanted: HashMap<NodeId, BTreeMap<u32, String>>,
+    /// The zstd dictionaries learned (docs/compression.md,
+    /// "Dictionaries"), by (publisher, id). At most [`MAX_DICTIONARIES`].
+    dictionaries: HashMap<(NodeId, u32), Arc<Learned>>,
+    /// Dictionaries asked for, when and how often (as `schemas_asked`).
+    /// At most [`MAX_DICTIONARIES`] * 4.
+    dictionaries_asked: HashMap<(NodeId, u32), Asked>,
+    /// Dictionaries frames named while a query to their node was in
+    /// flight: asked when it ends, with the schemas wanted.
+    dictionaries_wanted: HashMap<NodeId, BTreeMap<u32, String>>,
 }
 
 /// A schema asked for.
@@ -146,6 +156,34 @@ struct Asked {
 }
 
 impl<L> SubState<L> {
+    /// Whether dictionary `id` of `node` may be asked for at `now` (not
+    /// learned, not asked lately: after [`JOIN_TIMEOUT`], doubled at each
+    /// time unanswered, at most 64 s); if so, it is noted as asked.
+    fn may_ask_dictionary(&mut self, node: NodeId, id: u32, now: Instant) -> bool {
+        if self.dictionaries.contains_key(&(node, id)) {
+            return false;
+        }
+        let before = self.dictionaries_asked.get(&(node, id)).copied();
+        if let Some(a) = before {
+            if now < a.at + JOIN_TIMEOUT * (1 << a.times.min(5)) {
+                return false;
+            }
+        } else if self.dictionaries_asked.len() >= MAX_DICTIONARIES * 4 {
+            let oldest = self
+                .dictionaries_asked
+                .iter()
+                .min_by_key(|(_, a)| a.at)
+                .map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                self.dictionaries_asked.remove(&k);
+            }
+        }
+        let times = before.map_or(0, |a| a.times + 1);
+        self.dictionaries_asked
+            .insert((node, id), Asked { at: now, times });
+        true
+    }
+
     /// Whether schema `id` of `node` may be asked for at `now` (not
     /// learned, not asked lately); if so, it is noted as asked.
     fn may_ask_schema(&mut self, node: NodeId, id: u32, now: Instant) -> bool {
@@ -244,7 +282,22 @@ struct Join {
     /// Started by the end of another join, for the schemas its samples
     /// needed meanwhile: it starts no further one (no chain of joins).
     chained: bool,
+    /// Raw data messages of the node, from the first that named a
+    /// dictionary this subscription does not know: they wait, in order,
+    /// behind `buffer`, and go through [`Subscription::handle`] again
+    /// when the join ends. At most [`MAX_HELD_FRAMES`] and
+    /// [`MAX_HELD_BYTES`].
+    held: Vec<(Bytes, Option<Bytes>)>,
+    held_bytes: usize,
 }
+
+/// Most raw messages a join holds for a dictionary.
+const MAX_HELD_FRAMES: usize = 10_000;
+/// Most bytes of raw messages a join holds for a dictionary.
+const MAX_HELD_BYTES: usize = 64 << 20;
+/// Most dictionaries a subscription keeps: beyond, one of the same node's
+/// (else any) is forgotten, asked again when a frame needs it.
+const MAX_DICTIONARIES: usize = 64;
 
 /// A query to send again while unanswered.
 struct Resend {
@@ -469,6 +522,9 @@ impl<L> SubState<L> {
             schemas: HashMap::new(),
             schemas_asked: HashMap::new(),
             schemas_wanted: HashMap::new(),
+            dictionaries: HashMap::new(),
+            dictionaries_asked: HashMap::new(),
+            dictionaries_wanted: HashMap::new(),
         }
     }
 }
@@ -695,6 +751,7 @@ impl Subscription {
                         since: self.held(io, *node),
                         id: None,
                         schemas: self.unknown_schemas(io, r, *node, &p.socket),
+                        dictionaries: Vec::new(),
                     };
                     self.ask(io, *node, q, initial, true);
                 }
@@ -707,7 +764,7 @@ impl Subscription {
             if p.schema.is_some() && asked.insert(p.endpoint.clone()) {
                 let ids = self.unknown_schemas(io, r, *node, &p.socket);
                 if !ids.is_empty() {
-                    self.ask_schemas(io, *node, &p.socket, key, ids);
+                    self.ask_schemas(io, *node, &p.socket, key, ids, Vec::new());
                 }
             }
         }
@@ -957,6 +1014,8 @@ impl Subscription {
             again: Vec::new(),
             heard: BTreeSet::new(),
             chained: false,
+            held: Vec::new(),
+            held_bytes: 0,
         });
         if j.pending.insert(q.socket.clone()) && initial && j.pending.len() == 1 {
             io.initial_joins += 1;
@@ -1019,6 +1078,7 @@ impl Subscription {
         socket: &str,
         key: &str,
         ids: Vec<u32>,
+        dictionaries: Vec<u32>,
     ) {
         let q = Query {
             node: node.to_hex(),
@@ -1029,6 +1089,7 @@ impl Subscription {
             since: Vec::new(),
             id: None,
             schemas: ids,
+            dictionaries,
         };
         self.ask(io, node, q, false, true);
     }
@@ -1175,23 +1236,128 @@ impl Subscription {
             }
             return;
         }
-        self.ask_wanted(io, node, key, vec![id]);
+        self.ask_wanted(io, node, key, vec![id], Vec::new());
+    }
+
+    /// A data message of `node` (for `key`) compressed with dictionary
+    /// `id`, which this subscription does not know (or, `None`, one that
+    /// comes after such a message): it waits in the
+    /// node's join (started for it if none is in flight, the dictionary
+    /// asked of the key's data socket) with every later message of the
+    /// node, and goes through [`Subscription::handle`] again when the
+    /// join ends. Dropped and counted (`frames_unknown_dictionary`) when
+    /// the join holds too much, or the dictionary was asked lately and
+    /// did not come: the samples it held are then reported lost by the
+    /// next that shows the gap.
+    #[allow(clippy::too_many_arguments)]
+    fn wait_for_dictionary<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        c: &Counters,
+        node: NodeId,
+        key: &str,
+        id: Option<u32>,
+        frame: Bytes,
+        second: Option<Bytes>,
+    ) {
+        if let Some(id) = id.filter(|id| !io.dictionaries.contains_key(&(node, *id))) {
+            if !io.joins.contains_key(&node) {
+                self.ask_wanted(io, node, key, Vec::new(), vec![id]);
+            } else if !io.dictionaries_asked.contains_key(&(node, id)) {
+                // Asked when the query in flight ends.
+                let w = io.dictionaries_wanted.entry(node).or_default();
+                if w.len() < milonga_wire::history::MAX_DICTIONARIES_ASKED {
+                    w.entry(id).or_insert_with(|| key.to_owned());
+                }
+            }
+        }
+        let size = frame.len() + second.as_ref().map_or(0, Bytes::len);
+        match io.joins.get_mut(&node) {
+            Some(j) if j.held.len() < MAX_HELD_FRAMES && j.held_bytes + size <= MAX_HELD_BYTES => {
+                j.held.push((frame, second));
+                j.held_bytes += size;
+            }
+            _ => {
+                let n = c.frames_unknown_dictionary.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(
+                    n,
+                    "a compressed frame",
+                    &format_args!(
+                        "a dictionary of publisher {node} is not known (asked, not answered), or too much waits for it ({id:?})"
+                    ),
+                );
+            }
+        }
+    }
+
+    /// A dictionary `node` sent, if this subscription asked for it and its
+    /// id is its content's; else counted (`frames_malformed`) and logged.
+    fn learn_dictionary<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        c: &Counters,
+        node: NodeId,
+        id: u32,
+        bytes: &[u8],
+    ) {
+        if io.dictionaries.contains_key(&(node, id)) {
+            return;
+        }
+        let learned = match Learned::new(bytes) {
+            Some(l) if milonga_wire::content_id(bytes) == id => l,
+            _ => {
+                let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                log_drop(
+                    n,
+                    "a compression dictionary",
+                    &format_args!(
+                        "id {id:#010x}: not its content's, empty, too large or not loadable"
+                    ),
+                );
+                return;
+            }
+        };
+        if io.dictionaries.len() >= MAX_DICTIONARIES {
+            let k = io
+                .dictionaries
+                .keys()
+                .find(|(n, _)| *n == node)
+                .or_else(|| io.dictionaries.keys().next())
+                .copied();
+            if let Some(k) = k {
+                io.dictionaries.remove(&k);
+            }
+        }
+        io.dictionaries.insert((node, id), Arc::new(learned));
+        stats::inc(&c.dictionaries_learned);
     }
 
     /// Asks `node` for schemas `ids` that may be asked now, on the data
     /// socket of the publication announcing one of them, else of `key`'s,
     /// else of another of the node's publications.
-    fn ask_wanted<L: Link>(&self, io: &mut SubState<L>, node: NodeId, key: &str, ids: Vec<u32>) {
+    fn ask_wanted<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        node: NodeId,
+        key: &str,
+        ids: Vec<u32>,
+        dictionaries: Vec<u32>,
+    ) {
         let pubs: Vec<(String, MatchedPublication)> = of_node(&io.matched, node)
             .map(|(k, p)| (k.clone(), p.clone()))
             .collect();
-        let Some((key, p)) = pubs
-            .iter()
-            .find(|(_, p)| p.schema.is_some_and(|s| ids.contains(&s)))
-            .or_else(|| pubs.iter().find(|(k, _)| k == key))
-            .or_else(|| pubs.first())
-            .cloned()
-        else {
+        // A dictionary is its key's publisher's: asked of that socket.
+        let by_key = || pubs.iter().find(|(k, _)| k == key);
+        let by_schema = || {
+            pubs.iter()
+                .find(|(_, p)| p.schema.is_some_and(|s| ids.contains(&s)))
+        };
+        let found = if dictionaries.is_empty() {
+            by_schema().or_else(by_key)
+        } else {
+            by_key().or_else(by_schema)
+        };
+        let Some((key, p)) = found.or_else(|| pubs.first()).cloned() else {
             return;
         };
         let now = io.link.now();
@@ -1199,8 +1365,12 @@ impl Subscription {
             .into_iter()
             .filter(|id| io.may_ask_schema(node, *id, now))
             .collect();
-        if !ids.is_empty() {
-            self.ask_schemas(io, node, &p.socket, &key, ids);
+        let dictionaries: Vec<u32> = dictionaries
+            .into_iter()
+            .filter(|id| io.may_ask_dictionary(node, *id, now))
+            .collect();
+        if !ids.is_empty() || !dictionaries.is_empty() {
+            self.ask_schemas(io, node, &p.socket, &key, ids, dictionaries);
         }
     }
 
@@ -1234,6 +1404,15 @@ impl Subscription {
         {
             if io.schemas_asked.contains_key(&(node, *id)) {
                 self.learn_schema(io, c, node, *id, bytes);
+            }
+        }
+        for (id, bytes) in reply
+            .dictionaries
+            .iter()
+            .take(milonga_wire::history::MAX_DICTIONARIES_ASKED)
+        {
+            if io.dictionaries_asked.contains_key(&(node, *id)) {
+                self.learn_dictionary(io, c, node, *id, bytes);
             }
         }
         let Some(j) = io.joins.get_mut(&node) else {
@@ -1294,20 +1473,30 @@ impl Subscription {
         // from a join that is itself such a follow-up, nor from one that
         // gives up with a full buffer: at most one join follows another.
         let wanted = io.schemas_wanted.remove(&node).unwrap_or_default();
+        let wanted_dicts = io.dictionaries_wanted.remove(&node).unwrap_or_default();
         let mut carried = false;
         if !j.chained && j.buffer.len() < MAX_JOIN_BUFFER {
             let mut ids = Vec::new();
+            let mut dicts = Vec::new();
             let mut key = String::new();
+            for (id, k) in wanted_dicts {
+                if !io.dictionaries.contains_key(&(node, id)) {
+                    if dicts.is_empty() {
+                        key = k;
+                    }
+                    dicts.push(id);
+                }
+            }
             for (id, k) in wanted {
                 if !io.schemas.contains_key(&(node, id)) {
-                    if ids.is_empty() {
+                    if ids.is_empty() && dicts.is_empty() {
                         key = k;
                     }
                     ids.push(id);
                 }
             }
-            if !ids.is_empty() {
-                self.ask_wanted(io, node, &key, ids);
+            if !ids.is_empty() || !dicts.is_empty() {
+                self.ask_wanted(io, node, &key, ids, dicts);
                 if let Some(next) = io.joins.get_mut(&node) {
                     next.chained = true;
                     // `SubscriptionLive` waits for the samples it holds.
@@ -1355,6 +1544,12 @@ impl Subscription {
             // No new repair from these: a gap the reply could not fill
             // is gone, and asking again would loop.
             self.deliver(io, c, s, false);
+        }
+        // Then the messages that waited for a dictionary, in order: read
+        // now if it came (or held again, by a follow-up join asking for
+        // it), else counted.
+        for (frame, second) in j.held {
+            self.take(io, frame, second, None);
         }
         if j.initial && !carried {
             io.initial_joins = io.initial_joins.saturating_sub(1);
@@ -1414,6 +1609,7 @@ impl Subscription {
                         since: vec![(key, last)],
                         id: None,
                         schemas: Vec::new(),
+                        dictionaries: Vec::new(),
                     };
                     self.ask(io, s.publisher, q, false, false);
                 }
@@ -1787,11 +1983,23 @@ impl Subscription {
         second: Option<Bytes>,
         sender: Option<&str>,
     ) {
-        let c = &self.counters;
         stats::add(
-            &c.bytes_received,
+            &self.counters.bytes_received,
             (frame.len() + second.as_ref().map_or(0, |m| m.len())) as u64,
         );
+        self.take(io, frame, second, sender);
+    }
+
+    /// [`Subscription::handle_from`] past counting the bytes: also what a
+    /// message that waited for a dictionary goes through again.
+    fn take<L: Link>(
+        &self,
+        io: &mut SubState<L>,
+        frame: Bytes,
+        second: Option<Bytes>,
+        sender: Option<&str>,
+    ) {
+        let c = &self.counters;
         let view = match frame::decode(&frame) {
             Ok(v) => v,
             Err(err) => {
@@ -1882,10 +2090,43 @@ impl Subscription {
             return;
         }
         let key = user_key.to_owned();
+        // Messages of a node one of whose frames waits for a dictionary
+        // wait behind it, in order (docs/compression.md, "Dictionaries").
+        if io.joins.get(&h.node_id).is_some_and(|j| !j.held.is_empty()) {
+            let id = match frame::Compressed::read(view.body) {
+                Ok(frame::Compressed {
+                    dictionary: Some(id),
+                    ..
+                }) if h.flags & FLAG_COMPRESSED != 0 => Some(id),
+                _ => None,
+            };
+            self.wait_for_dictionary(io, c, h.node_id, &key, id, frame.clone(), second);
+            return;
+        }
+        if h.flags & FLAG_COMPRESSED != 0 {
+            if let Ok(frame::Compressed {
+                dictionary: Some(id),
+                ..
+            }) = frame::Compressed::read(view.body)
+            {
+                if !io.dictionaries.contains_key(&(h.node_id, id)) {
+                    self.wait_for_dictionary(
+                        io,
+                        c,
+                        h.node_id,
+                        &key,
+                        Some(id),
+                        frame.clone(),
+                        second,
+                    );
+                    return;
+                }
+            }
+        }
         // A compressed body is inflated before anything reads it: the
         // frame is then as it would have been sent plain.
         let (frame, body_offset) = if h.flags & FLAG_COMPRESSED != 0 {
-            match self.inflated(&frame, view.body_offset, view.body) {
+            match self.inflated(io, h.node_id, &frame, view.body_offset, view.body) {
                 Some(f) => f,
                 None => return,
             }
@@ -1960,7 +2201,14 @@ impl Subscription {
     /// body at `body_offset`), and its body's offset; `None` (counted in
     /// `frames_malformed`, logged) if it does not inflate within
     /// `max_message_bytes` or is not a valid frame once inflated.
-    fn inflated(&self, frame: &Bytes, body_offset: usize, body: &[u8]) -> Option<(Bytes, usize)> {
+    fn inflated<L: Link>(
+        &self,
+        io: &SubState<L>,
+        node: NodeId,
+        frame: &Bytes,
+        body_offset: usize,
+        body: &[u8],
+    ) -> Option<(Bytes, usize)> {
         let c = &self.counters;
         let refuse = |err: &dyn std::fmt::Display| {
             let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -1978,7 +2226,12 @@ impl Subscription {
         out.extend_from_slice(&frame[..body_offset]);
         let flags = body_offset - frame::HEADER_LEN + frame::offset::FLAGS;
         out[flags] &= !FLAG_COMPRESSED;
-        if let Err(e) = crate::engine::compress::inflate_onto(&read, self.max_bytes, &mut out) {
+        let dict = read
+            .dictionary
+            .and_then(|id| io.dictionaries.get(&(node, id)))
+            .map(|d| &**d);
+        if let Err(e) = crate::engine::compress::inflate_with(&read, dict, self.max_bytes, &mut out)
+        {
             refuse(&e);
             return None;
         }
@@ -2734,6 +2987,7 @@ mod tests {
             done: true,
             id: None,
             schemas: Vec::new(),
+            dictionaries: Vec::new(),
         };
         let key = Key::internal("@r/tok").unwrap();
         f.receive(frame::encode(
@@ -2966,6 +3220,7 @@ mod tests {
             done,
             id: Some(id),
             schemas: Vec::new(),
+            dictionaries: Vec::new(),
         };
         let key = Key::internal("@r/tok").unwrap();
         let send = |f: &mut Fixture, r: Reply| {
@@ -3039,6 +3294,108 @@ mod tests {
         assert_eq!(losses(&f.events()), [(5, 3)]);
     }
 
+    /// A frame naming a dictionary the subscription does not know: the
+    /// dictionary is asked of the key's socket, that frame and the node's
+    /// later ones wait in order; a dictionary whose id is not its content's
+    /// is refused; the right one lets them through. One that never comes:
+    /// asked again after the timeout, then the frames are counted and the
+    /// gap is reported.
+    #[test]
+    fn frames_wait_for_their_dictionary_in_order_and_are_counted_if_it_never_comes() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        let zstd = crate::Compression::zstd().dictionary().threshold(8);
+        let dict = crate::engine::compress::Dictionary::default();
+        let value = |i: u64| {
+            Value::Map(vec![
+                (Value::from("device"), Value::from("sr/ps/q17")),
+                (Value::from("current"), Value::Float(120.0 + i as f64)),
+            ])
+        };
+        // Train it, and keep the first body made with it.
+        let mut trained = None;
+        let mut body = None;
+        for i in 0..crate::DICTIONARY_TRAINING_SAMPLES as u64 {
+            let (b, t) = dict.deflate(&zstd, &[&cbor(&value(i))]);
+            if t.is_some() {
+                trained = t;
+                body = b;
+            }
+        }
+        let (trained, body) = (trained.expect("trained"), body.expect("it shrinks"));
+        let with_dict = |seq: u64, body: &[u8]| {
+            let mut h = header(Kind::Sample, seq, "lab");
+            h.flags = FLAG_COMPRESSED;
+            frame::encode(&Key::new("sr/a").unwrap(), &h, body)
+        };
+        let answer = |query: u64, id: u32, bytes: Bytes| {
+            let r = Reply {
+                socket: "best_effort".into(),
+                keys: Vec::new(),
+                done: true,
+                id: Some(query),
+                schemas: Vec::new(),
+                dictionaries: vec![(id, bytes)],
+            };
+            let key = Key::internal("@r/tok").unwrap();
+            frame::encode(&key, &header(Kind::History, 1, "lab"), &r.encode())
+        };
+        let sent = f.io.link.sent.len();
+        f.receive(with_dict(1, &body));
+        f.receive(sample("sr/a", 2));
+        assert!(f.events().is_empty(), "both wait for the dictionary");
+        assert_eq!(f.io.link.sent.len(), sent + 1, "asked once");
+        let q = Query::decode(&f.io.link.sent[sent]).unwrap();
+        assert_eq!(
+            (
+                q.dictionaries.as_slice(),
+                q.socket.as_str(),
+                q.expr.as_str()
+            ),
+            (&[trained.id][..], "best_effort", "sr/a")
+        );
+        f.receive(answer(q.id.unwrap(), trained.id, trained.bytes.clone()));
+        let ev = f.events();
+        assert_eq!(seqs(&ev), [1, 2], "in order");
+        let first = ev.iter().find_map(|e| e.as_sample()).unwrap();
+        assert_eq!(first.value, value(127));
+        assert_eq!(f.counters.dictionaries_learned.load(Relaxed), 1);
+        assert_eq!(f.counters.frames_inflated.load(Relaxed), 1);
+        // Known now: the next frame goes straight through.
+        f.receive(with_dict(3, &body));
+        assert_eq!(seqs(&f.events()), [3]);
+        // An answer whose bytes are not its id's content: refused; the
+        // frame that waited is counted, the gap reported by the next.
+        let mut other = body.to_vec();
+        other[5..9].copy_from_slice(&0x0bad_0bad_u32.to_le_bytes());
+        f.receive(with_dict(4, &other));
+        let q = Query::decode(f.io.link.sent.last().unwrap()).unwrap();
+        assert_eq!(q.dictionaries, [0x0bad_0bad]);
+        f.receive(answer(q.id.unwrap(), 0x0bad_0bad, trained.bytes.clone()));
+        assert_eq!(f.counters.frames_malformed.load(Relaxed), 1);
+        assert_eq!(f.counters.frames_unknown_dictionary.load(Relaxed), 1);
+        f.receive(sample("sr/a", 5));
+        let ev = f.events();
+        assert_eq!((seqs(&ev), losses(&ev)), (vec![5], vec![(4, 1)]));
+        // Asked lately: not asked again at once (the frame is counted);
+        // after the back-off it is, and the frame waits; unanswered, it is
+        // counted when the query times out.
+        let sent = f.io.link.sent.len();
+        f.receive(with_dict(6, &other));
+        assert_eq!(f.io.link.sent.len(), sent, "not asked again yet");
+        assert_eq!(f.counters.frames_unknown_dictionary.load(Relaxed), 2);
+        let t = f.io.link.now + JOIN_TIMEOUT;
+        f.io.link.now = t;
+        f.receive(with_dict(7, &other));
+        assert_eq!(f.io.link.sent.len(), sent + 1, "asked again");
+        assert!(f.events().is_empty(), "7 waits");
+        f.core.check_timers(&mut f.io, t + JOIN_TIMEOUT, true);
+        assert_eq!(f.counters.frames_unknown_dictionary.load(Relaxed), 3);
+        f.receive(sample("sr/a", 8));
+        let ev = f.events();
+        assert_eq!((seqs(&ev), losses(&ev)), (vec![8], vec![(6, 2)]));
+    }
+
     #[test]
     fn an_unanswered_history_query_gives_up_and_goes_live() {
         let mut f = fixture("sr/**", wants(2, false, None));
@@ -3099,6 +3456,7 @@ mod tests {
                 done: true,
                 id: None,
                 schemas: Vec::new(),
+                dictionaries: Vec::new(),
             };
             let key = Key::internal("@r/tok").unwrap();
             frame::encode(&key, &header(Kind::History, 1, "lab"), &r.encode())

@@ -15,7 +15,20 @@ pub struct Compression {
     /// acceleration when positive (1 is the default, higher is faster and
     /// compresses less).
     pub level: i32,
+    /// zstd only: a dictionary per key, trained from the key's first
+    /// [`DICTIONARY_TRAINING_SAMPLES`] samples at least `threshold_bytes`
+    /// long (sent with plain zstd meanwhile), then sent once to each
+    /// subscriber that asks for it, as a schema is, and used for every
+    /// later sample (docs/compression.md, "Dictionaries"). Small
+    /// messages, which compress badly alone, compress against what the
+    /// key's samples have in common: lower the threshold with it.
+    pub dictionary: bool,
 }
+
+/// Samples a publisher trains its dictionary from.
+pub const DICTIONARY_TRAINING_SAMPLES: usize = 128;
+/// Largest dictionary a publisher trains (bytes).
+pub const MAX_DICTIONARY_BYTES: usize = 16 << 10;
 
 /// The threshold a compressor starts at unless told.
 pub const DEFAULT_THRESHOLD_BYTES: usize = 512;
@@ -35,6 +48,7 @@ impl Compression {
             compressor: None,
             threshold_bytes: DEFAULT_THRESHOLD_BYTES,
             level: DEFAULT_ZSTD_LEVEL,
+            dictionary: false,
         }
     }
 
@@ -58,6 +72,14 @@ impl Compression {
     /// Compresses only payloads of at least `bytes`.
     pub fn threshold(mut self, bytes: usize) -> Self {
         self.threshold_bytes = bytes;
+        self
+    }
+
+    /// zstd with a dictionary per key (see
+    /// [`Compression::dictionary`](Compression#structfield.dictionary));
+    /// no effect on LZ4.
+    pub fn dictionary(mut self) -> Self {
+        self.dictionary = true;
         self
     }
 

@@ -259,6 +259,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
     key("compression", Some("MILONGA_COMPRESSION"), Kind::Text),
     key("compression_threshold_bytes", None, Kind::Int),
     key("compression_level", None, Kind::Int),
+    key("compression_dictionary", None, Kind::Bool),
 ];
 
 /// The name of every field of `c`: written out without `..`, so that a new
@@ -306,6 +307,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         compression: _,
         compression_threshold_bytes: _,
         compression_level: _,
+        compression_dictionary: _,
     } = c;
     vec![
         "locator",
@@ -347,6 +349,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "compression",
         "compression_threshold_bytes",
         "compression_level",
+        "compression_dictionary",
     ]
 }
 
@@ -483,18 +486,23 @@ pub struct Config {
     /// zstd's level (0: its default, 3), or LZ4's acceleration (0 or 1:
     /// its default). Default 0.
     pub compression_level: i32,
+    /// zstd: a dictionary per key, trained from its first samples
+    /// (`Compression::dictionary`). Default false.
+    pub compression_dictionary: bool,
 }
 
 impl Config {
     /// The compression publishers use unless their QoS says
-    /// (`compression`, `compression_threshold_bytes`, `compression_level`).
+    /// (`compression`, `compression_threshold_bytes`, `compression_level`,
+    /// `compression_dictionary`).
     pub fn compression(&self) -> crate::Compression {
         let c = match self.compression.as_str() {
             "lz4" => crate::Compression::lz4(),
             "zstd" => crate::Compression::zstd(),
             _ => crate::Compression::none(),
         };
-        let c = c.threshold(self.compression_threshold_bytes);
+        let mut c = c.threshold(self.compression_threshold_bytes);
+        c.dictionary = self.compression_dictionary;
         if self.compression_level == 0 {
             c
         } else {
@@ -544,6 +552,7 @@ impl Config {
             compression: "none".into(),
             compression_threshold_bytes: crate::model::compression::DEFAULT_THRESHOLD_BYTES,
             compression_level: 0,
+            compression_dictionary: false,
         }
     }
 
@@ -660,6 +669,7 @@ impl Config {
                 "local_discovery" => self.local_discovery = b,
                 "scouting" => self.scouting = b,
                 "gossip" => self.gossip = b,
+                "compression_dictionary" => self.compression_dictionary = b,
                 _ => unreachable!("a bool key without a field: {key}"),
             },
             (Kind::List, V::List(l)) => match key {

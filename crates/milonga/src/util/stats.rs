@@ -177,6 +177,12 @@ counters! {
     /// Compact samples dropped because their schema was not known (asked
     /// for, not answered in time, or unknown to their publisher).
     samples_unknown_schema,
+    /// zstd dictionaries this node's subscriptions learned from publishers
+    /// (docs/compression.md, "Dictionaries").
+    dictionaries_learned,
+    /// Compressed frames dropped because the dictionary they name was not
+    /// known (asked for, not answered in time) or too much waited for it.
+    frames_unknown_dictionary,
     /// Compact samples dropped because their publisher's schema does not
     /// agree with the subscription's (reported once as `IncompatibleQos`).
     samples_schema_refused,

@@ -140,7 +140,11 @@ impl DataSocket {
         // payload, and a compressed sample never joins a batch.
         let parts = [&enc.head[..], enc.tail.as_deref().unwrap_or_default()];
         let n = if enc.tail.is_some() { 2 } else { 1 };
-        let deflated = put.compression.deflate(&parts[..n]).map(|body| Encoded {
+        let (deflated, trained) = match put.dictionary {
+            Some(dict) => dict.deflate(put.compression, &parts[..n]),
+            None => (put.compression.deflate(&parts[..n]), None),
+        };
+        let deflated = deflated.map(|body| Encoded {
             encoding: enc.encoding,
             head: Bytes::from(body),
             tail: None,
@@ -160,6 +164,11 @@ impl DataSocket {
         // the sample may join a batch instead.
         let mut msg = (!reliable).then(|| put.build(sent, schema_id, flags));
         let mut d = lock(&self.sock);
+        // A dictionary this put trained is answered to queries before the
+        // first frame it compressed leaves.
+        if let Some(t) = trained {
+            d.out.add_dictionary(t.id, t.bytes.clone());
+        }
         // `close` may have run while we waited for the lock; after it, no
         // batch would ever be sent.
         if put.p2p.core().is_closed() {
@@ -282,6 +291,8 @@ pub(crate) struct Put<'a> {
     pub(crate) timestamp_ns: Option<u64>,
     /// How its samples are compressed on the wire.
     pub(crate) compression: &'a crate::Compression,
+    /// Its zstd dictionary, if its compression trains one.
+    pub(crate) dictionary: Option<&'a crate::engine::compress::Dictionary>,
 }
 
 impl Put<'_> {
