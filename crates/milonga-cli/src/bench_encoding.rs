@@ -67,6 +67,11 @@ pub struct EncodingArgs {
     /// batches, the median taken).
     #[arg(long, default_value_t = 2000)]
     calls: usize,
+    /// Also measure zstd with a dictionary (`zstd-dict`, docs/compression.md
+    /// "Dictionaries"): trained as a publisher trains one, from 128 other
+    /// tracks; on loopback only.
+    #[arg(long)]
+    dictionary: bool,
     /// Output: a table, or CSV with the columns of docs/benchmarks.md.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
@@ -207,6 +212,8 @@ enum Comp {
     Lz4,
     Zstd,
     Zlib,
+    /// zstd with the format's dictionary (`--dictionary`).
+    ZstdDict,
 }
 
 fn fmt_name(f: Fmt) -> &'static str {
@@ -224,6 +231,7 @@ fn comp_name(c: Comp) -> &'static str {
         Comp::Lz4 => "lz4",
         Comp::Zstd => "zstd",
         Comp::Zlib => "zlib",
+        Comp::ZstdDict => "zstd-dict",
     }
 }
 
@@ -270,10 +278,25 @@ thread_local! {
         ));
 }
 
-/// Milonga's compressed body for LZ4 and zstd (its 5-byte head, then the
-/// data, as publishers send it: docs/protocol.md §4); a zlib stream at
-/// level 6 for zlib, which Milonga does not send (the seed's comparison).
-fn compress(c: Comp, b: Vec<u8>) -> Result<Vec<u8>> {
+/// The format's dictionary, trained as a publisher trains its own
+/// (`milonga::train_dictionary`) from 128 tracks other than the one
+/// measured: its id and bytes.
+fn dictionary(f: Fmt) -> &'static (u32, Vec<u8>) {
+    static D: [std::sync::OnceLock<(u32, Vec<u8>)>; 4] = [const { std::sync::OnceLock::new() }; 4];
+    D[f as usize].get_or_init(|| {
+        let samples: Vec<Vec<u8>> = (1001..1001 + milonga::DICTIONARY_TRAINING_SAMPLES as u32)
+            .map(|n| serialize(f, &Track::sample(n)).expect("a track serializes"))
+            .collect();
+        let d = milonga::train_dictionary(&samples);
+        (milonga::wire::content_id(&d), d)
+    })
+}
+
+/// Milonga's compressed body for LZ4, zstd and zstd with a dictionary
+/// (its 5- or 9-byte head, then the data, as publishers send it:
+/// docs/protocol.md §4); a zlib stream at level 6 for zlib, which Milonga
+/// does not send (the seed's comparison).
+fn compress(f: Fmt, c: Comp, b: Vec<u8>) -> Result<Vec<u8>> {
     let head = |id: u8, data: Vec<u8>| {
         let mut out = vec![id];
         out.extend_from_slice(&(b.len() as u32).to_le_bytes());
@@ -287,6 +310,14 @@ fn compress(c: Comp, b: Vec<u8>) -> Result<Vec<u8>> {
             lz4::block::compress(&b, Some(lz4::block::CompressionMode::FAST(1)), false)?,
         ),
         Comp::Zstd => head(2, ZSTD.with(|z| z.borrow_mut().0.compress(&b))?),
+        Comp::ZstdDict => {
+            let (id, _) = dictionary(f);
+            let data = with_dictionary(f, |c, _| Ok(c.compress(&b)?))?;
+            let mut out = milonga::wire::frame::Compressed::dictionary_head(b.len() as u32, *id)
+                .to_vec();
+            out.extend_from_slice(&data);
+            out
+        }
         Comp::Zlib => ZLIB.with(|z| -> Result<Vec<u8>> {
             let z = &mut z.borrow_mut().0;
             z.reset();
@@ -297,10 +328,11 @@ fn compress(c: Comp, b: Vec<u8>) -> Result<Vec<u8>> {
     })
 }
 
-fn decompress(c: Comp, b: &[u8]) -> Result<Vec<u8>> {
+fn decompress(f: Fmt, c: Comp, b: &[u8]) -> Result<Vec<u8>> {
     let size = |b: &[u8]| u32::from_le_bytes(b[1..5].try_into().expect("4 bytes")) as usize;
     Ok(match c {
         Comp::None => b.to_vec(),
+        Comp::ZstdDict => with_dictionary(f, |_, d| Ok(d.decompress(&b[9..], size(b))?))?,
         Comp::Lz4 => lz4::block::decompress(&b[5..], Some(size(b) as i32))?,
         Comp::Zstd => ZSTD.with(|z| z.borrow_mut().1.decompress(&b[5..], size(b)))?,
         Comp::Zlib => ZLIB.with(|z| -> Result<Vec<u8>> {
@@ -314,13 +346,42 @@ fn decompress(c: Comp, b: &[u8]) -> Result<Vec<u8>> {
     })
 }
 
+thread_local! {
+    /// Contexts with each format's dictionary loaded, kept.
+    static ZDICT: std::cell::RefCell<Vec<Option<(zstd::bulk::Compressor<'static>, zstd::bulk::Decompressor<'static>)>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `w` with the contexts of format `f`'s dictionary.
+fn with_dictionary<T>(
+    f: Fmt,
+    w: impl FnOnce(&mut zstd::bulk::Compressor<'static>, &mut zstd::bulk::Decompressor<'static>) -> Result<T>,
+) -> Result<T> {
+    ZDICT.with(|z| {
+        let mut z = z.borrow_mut();
+        if z.len() <= f as usize {
+            z.resize_with(f as usize + 1, || None);
+        }
+        let slot = &mut z[f as usize];
+        if slot.is_none() {
+            let (_, d) = dictionary(f);
+            *slot = Some((
+                zstd::bulk::Compressor::with_dictionary(3, d)?,
+                zstd::bulk::Decompressor::with_dictionary(d)?,
+            ));
+        }
+        let (c, d) = slot.as_mut().expect("made above");
+        w(c, d)
+    })
+}
+
 /// In the round trips, LZ4 and zstd are Milonga's own: the publisher
 /// compresses (`PublisherQos::compression`, from any size) and the
 /// subscriber inflates; the application puts the format's plain bytes.
 /// zlib, which Milonga does not send, is the application's.
 fn app_comp(c: Comp) -> Comp {
     match c {
-        Comp::Lz4 | Comp::Zstd => Comp::None,
+        Comp::Lz4 | Comp::Zstd | Comp::ZstdDict => Comp::None,
         other => other,
     }
 }
@@ -336,6 +397,7 @@ fn qos(f: Fmt, c: Comp) -> PublisherQos {
     match c {
         Comp::Lz4 => q.compression(milonga::Compression::lz4().threshold(1)),
         Comp::Zstd => q.compression(milonga::Compression::zstd().threshold(1)),
+        Comp::ZstdDict => q.compression(milonga::Compression::zstd().dictionary().threshold(1)),
         _ => q,
     }
 }
@@ -369,11 +431,11 @@ fn take_track(f: Fmt, c: Comp, s: &milonga::Sample) -> Result<Track> {
 }
 
 fn encode(f: Fmt, c: Comp, t: &Track) -> Result<Vec<u8>> {
-    compress(c, serialize(f, t)?)
+    compress(f, c, serialize(f, t)?)
 }
 
 fn decode(f: Fmt, c: Comp, b: &[u8]) -> Result<Track> {
-    deserialize(f, &decompress(c, b)?)
+    deserialize(f, &decompress(f, c, b)?)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -481,7 +543,11 @@ pub fn run(a: EncodingArgs) -> Result<std::process::ExitCode> {
     let mut cells = Vec::new();
     for fmt in [Fmt::Cdr, Fmt::Json, Fmt::Cbor, Fmt::Schema] {
         let plain = serialize(fmt, &track)?.len();
-        for comp in [Comp::None, Comp::Lz4, Comp::Zstd, Comp::Zlib] {
+        let mut comps = vec![Comp::None, Comp::Lz4, Comp::Zstd, Comp::Zlib];
+        if a.dictionary {
+            comps.push(Comp::ZstdDict);
+        }
+        for comp in comps {
             let wire = encode(fmt, comp, &track)?;
             // Every cell must give the message back as it was.
             if decode(fmt, comp, &wire)? != track {

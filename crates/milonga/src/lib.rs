@@ -55,7 +55,9 @@ pub use api::service::{Request, ServeOptions, Service, ServiceError, ServiceInfo
 pub use api::subscriber::{Iter, Subscriber};
 pub use discovery::{Announcement, PublicationInfo};
 pub use engine::queue::QueuePolicy;
-pub use model::compression::{Compression, Compressor, DICTIONARY_TRAINING_SAMPLES};
+pub use model::compression::{
+    train_dictionary, Compression, Compressor, DICTIONARY_TRAINING_SAMPLES, MAX_DICTIONARY_BYTES,
+};
 pub use model::config::{Config, ConfigValue, Security, Transport, MAX_DOMAIN_BYTES};
 pub use model::error::{
     CallError, OpenError, PublisherError, PutError, RecvError, SecurityError, ServeError,

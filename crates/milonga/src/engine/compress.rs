@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use crate::model::compression::{
     Compression, Compressor, DICTIONARY_TRAINING_SAMPLES, MAX_DICTIONARY_BYTES,
 };
+#[cfg(doc)]
+use crate::model::compression::train_dictionary;
 use milonga_wire::frame::{Compressed, COMPRESSED_HEAD_LEN, DICTIONARY_HEAD_LEN};
 use milonga_wire::Bytes;
 use zstd::zstd_safe;
@@ -165,25 +167,10 @@ impl Dictionary {
     }
 }
 
-/// Trains a dictionary from `samples` (zstd's trainer); when they are too
-/// few or too alike for it, the dictionary is their latest bytes, as zstd
-/// takes any bytes as a "raw content" dictionary.
+/// The dictionary trained from `samples` ([`train_dictionary`]),
+/// prepared at `level`.
 fn train(samples: &[Vec<u8>], level: i32) -> Option<Trained> {
-    let total: usize = samples.iter().map(Vec::len).sum();
-    let capacity = (total / 4).clamp(256, MAX_DICTIONARY_BYTES);
-    let bytes = match zstd::dict::from_samples(samples, capacity) {
-        Ok(d) if !d.is_empty() => d,
-        _ => {
-            let mut raw = Vec::new();
-            for s in samples.iter().rev() {
-                if raw.len() + s.len() > MAX_DICTIONARY_BYTES {
-                    break;
-                }
-                raw.splice(0..0, s.iter().copied());
-            }
-            raw
-        }
-    };
+    let bytes = crate::model::compression::train_dictionary(samples);
     Some(Trained {
         id: milonga_wire::content_id(&bytes),
         cdict: zstd_safe::CDict::try_create(&bytes, level)?,

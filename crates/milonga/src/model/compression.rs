@@ -30,6 +30,29 @@ pub const DICTIONARY_TRAINING_SAMPLES: usize = 128;
 /// Largest dictionary a publisher trains (bytes).
 pub const MAX_DICTIONARY_BYTES: usize = 16 << 10;
 
+/// The dictionary a publisher trains from its first samples: zstd's
+/// trainer (`ZDICT_trainFromBuffer`) over them, at most a quarter of their
+/// bytes and [`MAX_DICTIONARY_BYTES`]; when they are too few or too alike
+/// for it, their latest bytes, which zstd takes as a "raw content"
+/// dictionary. Public so that benchmarks train as publishers do.
+pub fn train_dictionary(samples: &[Vec<u8>]) -> Vec<u8> {
+    let total: usize = samples.iter().map(Vec::len).sum();
+    let capacity = (total / 4).clamp(256, MAX_DICTIONARY_BYTES);
+    match zstd::dict::from_samples(samples, capacity) {
+        Ok(d) if !d.is_empty() => d,
+        _ => {
+            let mut raw = Vec::new();
+            for s in samples.iter().rev() {
+                if raw.len() + s.len() > MAX_DICTIONARY_BYTES {
+                    break;
+                }
+                raw.splice(0..0, s.iter().copied());
+            }
+            raw
+        }
+    }
+}
+
 /// The threshold a compressor starts at unless told.
 pub const DEFAULT_THRESHOLD_BYTES: usize = 512;
 /// zstd's level unless told.
