@@ -313,8 +313,8 @@ fn compress(f: Fmt, c: Comp, b: Vec<u8>) -> Result<Vec<u8>> {
         Comp::ZstdDict => {
             let (id, _) = dictionary(f);
             let data = with_dictionary(f, |c, _| Ok(c.compress(&b)?))?;
-            let mut out = milonga::wire::frame::Compressed::dictionary_head(b.len() as u32, *id)
-                .to_vec();
+            let mut out =
+                milonga::wire::frame::Compressed::dictionary_head(b.len() as u32, *id).to_vec();
             out.extend_from_slice(&data);
             out
         }
@@ -355,7 +355,10 @@ thread_local! {
 /// Runs `w` with the contexts of format `f`'s dictionary.
 fn with_dictionary<T>(
     f: Fmt,
-    w: impl FnOnce(&mut zstd::bulk::Compressor<'static>, &mut zstd::bulk::Decompressor<'static>) -> Result<T>,
+    w: impl FnOnce(
+        &mut zstd::bulk::Compressor<'static>,
+        &mut zstd::bulk::Decompressor<'static>,
+    ) -> Result<T>,
 ) -> Result<T> {
     ZDICT.with(|z| {
         let mut z = z.borrow_mut();

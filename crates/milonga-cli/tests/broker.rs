@@ -1051,3 +1051,71 @@ fn schema_d_samples_cross_the_broker_both_ways_with_their_schema_asked_through_i
         assert_eq!(to.stats().samples_unknown_schema, 0);
     }
 }
+
+#[test]
+fn a_zstd_dictionary_is_asked_through_the_broker_and_samples_arrive_as_put() {
+    // A peer-to-peer publisher that trains a dictionary, read by a broker
+    // client: the client's query for the dictionary crosses the broker
+    // like a history query (docs/compression.md, "Dictionaries").
+    use milonga::{Compression, PublisherQos, SubscriberQos, Value};
+    let env = Env::new("brk-dict");
+    let b = env.broker(&[]);
+    let client = Node::open_with(env.config_at(&b.locator, "gui")).unwrap();
+    let p2p = env.node("device");
+    let value = |i: i64| {
+        Value::Map(vec![
+            (
+                Value::Text("device".into()),
+                Value::Text("sr/ps/q17".into()),
+            ),
+            (
+                Value::Text("current_a".into()),
+                Value::Float(120.0 + (i % 7) as f64),
+            ),
+            (Value::Text("count".into()), Value::Int(i.into())),
+        ])
+    };
+    let p = p2p
+        .publisher_with(
+            "sr/dict/status",
+            PublisherQos::reliable().compression(Compression::zstd().dictionary().threshold(16)),
+        )
+        .unwrap();
+    let sub = client
+        .subscribe_with("sr/dict/status", SubscriberQos::default().reliable())
+        .unwrap();
+    // The first put may leave before the broker forwards the key: put
+    // until one arrives, then count from the one that did.
+    let mut first = None;
+    let mut i = 0;
+    wait_for("a first sample through the broker", T, || {
+        i += 1;
+        p.put(value(i)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        if let Ok(milonga::Event::Sample(s)) = sub.try_recv() {
+            first = Some(s.value);
+        }
+        first.is_some()
+    });
+    let start = match first.as_ref().and_then(|v| v.get("count")) {
+        Some(Value::Int(n)) => i64::try_from(*n).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    for k in i + 1..=i + 200 {
+        p.put(value(k)).unwrap();
+    }
+    let mut next = start + 1;
+    wait_for("every later sample, in order", T, || {
+        while let Ok(e) = sub.try_recv() {
+            if let milonga::Event::Sample(s) = e {
+                assert_eq!(s.value, value(next), "sample {next}");
+                next += 1;
+            }
+        }
+        next > i + 200
+    });
+    let st = client.stats();
+    assert_eq!(st.dictionaries_learned, 1);
+    assert_eq!(st.frames_unknown_dictionary, 0);
+    assert!(st.frames_inflated > 0);
+}

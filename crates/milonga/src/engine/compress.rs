@@ -6,11 +6,11 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
+#[cfg(doc)]
+use crate::model::compression::train_dictionary;
 use crate::model::compression::{
     Compression, Compressor, DICTIONARY_TRAINING_SAMPLES, MAX_DICTIONARY_BYTES,
 };
-#[cfg(doc)]
-use crate::model::compression::train_dictionary;
 use milonga_wire::frame::{Compressed, COMPRESSED_HEAD_LEN, DICTIONARY_HEAD_LEN};
 use milonga_wire::Bytes;
 use zstd::zstd_safe;
@@ -367,6 +367,61 @@ mod tests {
         }
     }
 
+    /// A dictionary trained from 128 samples alike, and the subscriber's
+    /// copy of it.
+    fn trained_dictionary() -> (Dictionary, Learned) {
+        let d = Dictionary::default();
+        let zd = Compression::zstd().dictionary().threshold(8);
+        let mut trained = None;
+        for i in 0..DICTIONARY_TRAINING_SAMPLES {
+            let p = format!("beam {i}: current 12.{i} mA, vacuum 1e-9 mbar, state ON");
+            if let (_, Some(t)) = d.deflate(&zd, &[p.as_bytes()]) {
+                trained = Some(t);
+            }
+        }
+        let t = trained.expect("trained at the 128th sample");
+        assert_eq!(milonga_wire::content_id(&t.bytes), t.id);
+        let learned = Learned::new(&t.bytes).expect("it loads");
+        (d, learned)
+    }
+
+    fn inflate_with_dictionary(
+        c: &Compressed<'_>,
+        d: &Learned,
+        limit: usize,
+    ) -> Result<Vec<u8>, InflateError> {
+        let mut out = Vec::new();
+        inflate_with(c, c.dictionary.map(|_| d), limit, &mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn a_trained_dictionary_shrinks_small_payloads_and_inflates_only_with_it() {
+        let (dict, learned) = trained_dictionary();
+        let zd = Compression::zstd().dictionary().threshold(8);
+        let p = b"beam 7: current 12.7 mA, vacuum 1e-9 mbar, state ON";
+        let body = dict.deflate(&zd, &[p]).0.expect("it shrinks");
+        // Plain zstd cannot shrink a payload this small; with the
+        // dictionary it takes (with its 9-byte head) under two thirds.
+        assert!(Compression::zstd().threshold(8).deflate(&[p]).is_none());
+        assert!(
+            body.len() < p.len() * 2 / 3,
+            "{} of {}",
+            body.len(),
+            p.len()
+        );
+        let c = Compressed::read(&body).unwrap();
+        assert!(c.dictionary.is_some());
+        assert_eq!(inflate_with_dictionary(&c, &learned, 1 << 20).unwrap(), p);
+        // Without the dictionary it does not inflate; a dictionary that
+        // is too large or empty is not loaded.
+        assert!(inflate(&c, 1 << 20).is_err());
+        assert!(Learned::new(&[]).is_none());
+        assert!(Learned::new(&vec![7; MAX_DICTIONARY_BYTES + 1]).is_none());
+        // Below the threshold, or another compressor: no dictionary.
+        assert!(dict.deflate(&zd.threshold(1000), &[p]).0.is_none());
+    }
+
     /// Mutations of compressed bodies (bytes changed, inserted, cut,
     /// heads rewritten) never panic and never inflate past the limit.
     #[test]
@@ -379,7 +434,7 @@ mod tests {
             (x % n.max(1) as u64) as usize
         };
         let limit = 1 << 16;
-        let seeds: Vec<Vec<u8>> = [Compression::lz4(), Compression::zstd()]
+        let mut seeds: Vec<Vec<u8>> = [Compression::lz4(), Compression::zstd()]
             .iter()
             .flat_map(|c| {
                 [text(600), text(20_000)]
@@ -388,6 +443,12 @@ mod tests {
                     .collect::<Vec<_>>()
             })
             .collect();
+        // And bodies made with a dictionary, inflated with it.
+        let (dict, learned) = trained_dictionary();
+        let zd = Compression::zstd().dictionary().threshold(8);
+        for p in [text(100), text(3000)] {
+            seeds.push(dict.deflate(&zd, &[&p]).0.expect("it shrinks"));
+        }
         let mut refused = 0;
         for i in 0..40_000 {
             let mut b = seeds[i % seeds.len()].clone();
@@ -413,7 +474,7 @@ mod tests {
             }
             match Compressed::read(&b) {
                 Err(_) => refused += 1,
-                Ok(c) => match inflate(&c, limit) {
+                Ok(c) => match inflate_with_dictionary(&c, &learned, limit) {
                     Ok(out) => assert!(out.len() == c.size && out.len() <= limit),
                     Err(_) => refused += 1,
                 },
