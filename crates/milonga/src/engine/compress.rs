@@ -99,8 +99,10 @@ impl Default for Dictionary {
 impl Dictionary {
     /// The compressed body for `payload`, as [`Compression::deflate`]
     /// makes it, with the dictionary once it is trained; and the
-    /// dictionary when this call trained it (the caller gives it to its
-    /// socket, for the queries that ask, before sending the body).
+    /// dictionary whenever the body was made with it (the caller makes
+    /// sure its socket keeps it, for the queries that ask, before sending
+    /// the body: a concurrent put may send first the body of the put that
+    /// trained it, and a socket may have forgotten it).
     pub(crate) fn deflate(
         &self,
         c: &Compression,
@@ -114,7 +116,6 @@ impl Dictionary {
             return (None, None);
         };
         let mut st = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let mut fresh = None;
         let trained = match &mut *st {
             Training::Ready(t) => t.clone(),
             Training::Off => {
@@ -122,7 +123,14 @@ impl Dictionary {
                 return (c.deflate(payload), None);
             }
             Training::Learning(samples) => {
-                samples.push(payload.concat());
+                // A dictionary holds at most 16 KiB: so much of each
+                // sample trains it (and bounds what is kept meanwhile).
+                let mut kept = Vec::with_capacity(size.min(MAX_DICTIONARY_BYTES));
+                for p in payload {
+                    let room = MAX_DICTIONARY_BYTES - kept.len();
+                    kept.extend_from_slice(&p[..p.len().min(room)]);
+                }
+                samples.push(kept);
                 if samples.len() < DICTIONARY_TRAINING_SAMPLES {
                     drop(st);
                     return (c.deflate(payload), None);
@@ -137,7 +145,6 @@ impl Dictionary {
                 };
                 let t = Arc::new(t);
                 *st = Training::Ready(t.clone());
-                fresh = Some(t.clone());
                 t
             }
         };
@@ -158,12 +165,12 @@ impl Dictionary {
                 .is_ok()
         });
         if !done || data.len() + DICTIONARY_HEAD_LEN >= size {
-            return (None, fresh);
+            return (None, None);
         }
         let mut body = Vec::with_capacity(DICTIONARY_HEAD_LEN + data.len());
         body.extend_from_slice(&Compressed::dictionary_head(size32, trained.id));
         body.extend_from_slice(&data);
-        (Some(body), fresh)
+        (Some(body), Some(trained))
     }
 }
 
@@ -171,6 +178,9 @@ impl Dictionary {
 /// prepared at `level`.
 fn train(samples: &[Vec<u8>], level: i32) -> Option<Trained> {
     let bytes = crate::model::compression::train_dictionary(samples);
+    if bytes.is_empty() {
+        return None;
+    }
     Some(Trained {
         id: milonga_wire::content_id(&bytes),
         cdict: zstd_safe::CDict::try_create(&bytes, level)?,

@@ -188,11 +188,13 @@ impl Outlet {
 
     /// Keeps a publisher's trained dictionary under its id, for the
     /// queries that ask for it (the oldest forgotten beyond
-    /// [`MAX_SOCKET_DICTIONARIES`]).
-    pub(crate) fn add_dictionary(&mut self, id: u32, bytes: milonga_wire::Bytes) {
-        if self.dictionaries.insert(id, bytes).is_some() {
+    /// [`MAX_SOCKET_DICTIONARIES`]; a publisher that still uses one adds
+    /// it again with its next sample).
+    pub(crate) fn add_dictionary(&mut self, id: u32, bytes: &milonga_wire::Bytes) {
+        if self.dictionaries.contains_key(&id) {
             return;
         }
+        self.dictionaries.insert(id, bytes.clone());
         self.dictionary_order.push_back(id);
         while self.dictionary_order.len() > MAX_SOCKET_DICTIONARIES {
             if let Some(old) = self.dictionary_order.pop_front() {

@@ -139,7 +139,7 @@ pub(crate) struct SubState<L> {
     schemas_wanted: HashMap<NodeId, BTreeMap<u32, String>>,
     /// The zstd dictionaries learned (docs/compression.md,
     /// "Dictionaries"), by (publisher, id). At most [`MAX_DICTIONARIES`].
-    dictionaries: HashMap<(NodeId, u32), Arc<Learned>>,
+    dictionaries: HashMap<(NodeId, u32), (Arc<Learned>, Instant)>,
     /// Dictionaries asked for, when and how often (as `schemas_asked`).
     /// At most [`MAX_DICTIONARIES`] * 4.
     dictionaries_asked: HashMap<(NodeId, u32), Asked>,
@@ -169,12 +169,16 @@ impl<L> SubState<L> {
                 return false;
             }
         } else if self.dictionaries_asked.len() >= MAX_DICTIONARIES * 4 {
-            let oldest = self
-                .dictionaries_asked
-                .iter()
-                .min_by_key(|(_, a)| a.at)
-                .map(|(k, _)| *k);
-            if let Some(k) = oldest {
+            // The one this node asked longest ago makes room (another
+            // node's only if this one has none).
+            let oldest = |same: bool| {
+                self.dictionaries_asked
+                    .iter()
+                    .filter(|((n, _), _)| !same || *n == node)
+                    .min_by_key(|(_, a)| a.at)
+                    .map(|(k, _)| *k)
+            };
+            if let Some(k) = oldest(true).or_else(|| oldest(false)) {
                 self.dictionaries_asked.remove(&k);
             }
         }
@@ -295,9 +299,10 @@ struct Join {
 const MAX_HELD_FRAMES: usize = 10_000;
 /// Most bytes of raw messages a join holds for a dictionary.
 const MAX_HELD_BYTES: usize = 64 << 20;
-/// Most dictionaries a subscription keeps: beyond, one of the same node's
-/// (else any) is forgotten, asked again when a frame needs it.
-const MAX_DICTIONARIES: usize = 64;
+/// Most dictionaries a subscription keeps: beyond, the one of the same
+/// node (else of any) learned longest ago is forgotten, and asked again
+/// when a frame needs it.
+const MAX_DICTIONARIES: usize = 256;
 
 /// A query to send again while unanswered.
 struct Resend {
@@ -1318,17 +1323,22 @@ impl Subscription {
             }
         };
         if io.dictionaries.len() >= MAX_DICTIONARIES {
-            let k = io
-                .dictionaries
-                .keys()
-                .find(|(n, _)| *n == node)
-                .or_else(|| io.dictionaries.keys().next())
-                .copied();
-            if let Some(k) = k {
+            let oldest = |same: bool| {
+                io.dictionaries
+                    .iter()
+                    .filter(|((n, _), _)| !same || *n == node)
+                    .min_by_key(|(_, (_, at))| *at)
+                    .map(|(k, _)| *k)
+            };
+            if let Some(k) = oldest(true).or_else(|| oldest(false)) {
                 io.dictionaries.remove(&k);
             }
         }
-        io.dictionaries.insert((node, id), Arc::new(learned));
+        let now = io.link.now();
+        io.dictionaries.insert((node, id), (Arc::new(learned), now));
+        // Learned: a frame that needs it again once it is forgotten asks
+        // at once.
+        io.dictionaries_asked.remove(&(node, id));
         stats::inc(&c.dictionaries_learned);
     }
 
@@ -1481,22 +1491,26 @@ impl Subscription {
             let mut key = String::new();
             for (id, k) in wanted_dicts {
                 if !io.dictionaries.contains_key(&(node, id)) {
-                    if dicts.is_empty() {
-                        key = k;
-                    }
-                    dicts.push(id);
+                    dicts.push((id, k));
                 }
             }
             for (id, k) in wanted {
                 if !io.schemas.contains_key(&(node, id)) {
-                    if ids.is_empty() && dicts.is_empty() {
+                    if ids.is_empty() {
                         key = k;
                     }
                     ids.push(id);
                 }
             }
             if !ids.is_empty() || !dicts.is_empty() {
-                self.ask_wanted(io, node, &key, ids, dicts);
+                // Schemas of the socket announcing them, each dictionary
+                // of its own key's socket (one join takes several).
+                if !ids.is_empty() {
+                    self.ask_wanted(io, node, &key, ids, Vec::new());
+                }
+                for (id, k) in &dicts {
+                    self.ask_wanted(io, node, k, Vec::new(), vec![*id]);
+                }
                 if let Some(next) = io.joins.get_mut(&node) {
                     next.chained = true;
                     // `SubscriptionLive` waits for the samples it holds.
@@ -2229,7 +2243,7 @@ impl Subscription {
         let dict = read
             .dictionary
             .and_then(|id| io.dictionaries.get(&(node, id)))
-            .map(|d| &**d);
+            .map(|(d, _)| &**d);
         if let Err(e) = crate::engine::compress::inflate_with(&read, dict, self.max_bytes, &mut out)
         {
             refuse(&e);

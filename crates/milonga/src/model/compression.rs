@@ -34,16 +34,22 @@ pub const MAX_DICTIONARY_BYTES: usize = 16 << 10;
 /// trainer (`ZDICT_trainFromBuffer`) over them, at most a quarter of their
 /// bytes and [`MAX_DICTIONARY_BYTES`]; when they are too few or too alike
 /// for it, their latest bytes, which zstd takes as a "raw content"
-/// dictionary. Public so that benchmarks train as publishers do.
+/// dictionary (empty only if the samples are). Public so that benchmarks
+/// train as publishers do.
 pub fn train_dictionary(samples: &[Vec<u8>]) -> Vec<u8> {
     let total: usize = samples.iter().map(Vec::len).sum();
     let capacity = (total / 4).clamp(256, MAX_DICTIONARY_BYTES);
     match zstd::dict::from_samples(samples, capacity) {
         Ok(d) if !d.is_empty() => d,
         _ => {
+            // The latest samples whole, as many as fit; at least the end
+            // of the latest one.
             let mut raw = Vec::new();
             for s in samples.iter().rev() {
                 if raw.len() + s.len() > MAX_DICTIONARY_BYTES {
+                    if raw.is_empty() {
+                        raw.extend_from_slice(&s[s.len() - MAX_DICTIONARY_BYTES..]);
+                    }
                     break;
                 }
                 raw.splice(0..0, s.iter().copied());
@@ -119,5 +125,40 @@ impl Compression {
             Some(Compressor::Lz4) => "lz4",
             Some(Compressor::Zstd) => "zstd",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever the samples, the dictionary is at most 16 KiB and never
+    /// empty: samples larger than that (the trainer fails on 128 copies of
+    /// one) give the end of the latest.
+    #[test]
+    fn a_dictionary_is_bounded_and_not_empty() {
+        let mut x: u32 = 7;
+        let big: Vec<u8> = (0..20_000)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 24) as u8
+            })
+            .collect();
+        let same = vec![big.clone(); DICTIONARY_TRAINING_SAMPLES];
+        let d = train_dictionary(&same);
+        assert!(
+            !d.is_empty() && d.len() <= MAX_DICTIONARY_BYTES,
+            "{}",
+            d.len()
+        );
+        let small: Vec<Vec<u8>> = (0..DICTIONARY_TRAINING_SAMPLES)
+            .map(|i| format!("beam {i}: current 12.{i} mA, state ON").into_bytes())
+            .collect();
+        let d = train_dictionary(&small);
+        assert!(
+            !d.is_empty() && d.len() <= MAX_DICTIONARY_BYTES,
+            "{}",
+            d.len()
+        );
     }
 }

@@ -140,7 +140,7 @@ impl DataSocket {
         // payload, and a compressed sample never joins a batch.
         let parts = [&enc.head[..], enc.tail.as_deref().unwrap_or_default()];
         let n = if enc.tail.is_some() { 2 } else { 1 };
-        let (deflated, trained) = match put.dictionary {
+        let (deflated, dictionary) = match put.dictionary {
             Some(dict) => dict.deflate(put.compression, &parts[..n]),
             None => (put.compression.deflate(&parts[..n]), None),
         };
@@ -164,10 +164,10 @@ impl DataSocket {
         // the sample may join a batch instead.
         let mut msg = (!reliable).then(|| put.build(sent, schema_id, flags));
         let mut d = lock(&self.sock);
-        // A dictionary this put trained is answered to queries before the
-        // first frame it compressed leaves.
-        if let Some(t) = trained {
-            d.out.add_dictionary(t.id, t.bytes.clone());
+        // The dictionary a body was made with is answered to queries
+        // before that body leaves (added again if the socket forgot it).
+        if let Some(t) = dictionary {
+            d.out.add_dictionary(t.id, &t.bytes);
         }
         // `close` may have run while we waited for the lock; after it, no
         // batch would ever be sent.
