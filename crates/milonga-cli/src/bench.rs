@@ -167,6 +167,11 @@ struct LatencyArgs {
     /// peer-to-peer and Milonga through `milonga broker` (tcp only).
     #[arg(long = "via-broker")]
     via_broker: bool,
+    /// Also measure Milonga's low-latency mode: subscriptions poll this
+    /// many microseconds before blocking (`recv_spin_us`), as a row
+    /// `mlg-spin` in the same run.
+    #[arg(long = "spin-us", default_value_t = 0)]
+    spin_us: u32,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -195,6 +200,9 @@ pub(crate) struct Place {
     /// (`bench.key`) and trust directory (`trust/`).
     #[serde(default)]
     pub keys: Option<String>,
+    /// Milonga subscriptions: `recv_spin_us` (0: block at once).
+    #[serde(default)]
+    pub spin_us: u32,
 }
 
 /// The systems measured in a run: the raw baseline if asked, Milonga, and
@@ -670,6 +678,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     keys: (system == "mlg+curve")
                         .then(|| bench_keys(&tmp))
                         .transpose()?,
+                    spin_us: 0,
                 };
                 let deadline_s = a.duration + 20.0 + size as f64 / 1e6;
                 let raw = system.starts_with("raw");
@@ -908,6 +917,7 @@ pub(crate) fn mlg_config(at: &Place, name: &str) -> Result<Config> {
     c.send_hwm = at.hwm;
     c.recv_hwm = at.hwm;
     c.close_linger_ms = 5000;
+    c.recv_spin_us = at.spin_us;
     if let Some(k) = &at.keys {
         let k = std::path::Path::new(k);
         c.security = milonga::Security::On;
@@ -1224,6 +1234,9 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
             a.round_trips
         };
         let mut these = systems(a.baseline, a.with_security, a.via_broker);
+        if a.spin_us > 0 {
+            these.push("mlg-spin");
+        }
         if a.via_broker {
             // Two federated brokers: ping behind one, pong behind the
             // other (two hops each way).
@@ -1272,6 +1285,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                 keys: (system == "mlg+curve")
                     .then(|| bench_keys(&tmp))
                     .transpose()?,
+                spin_us: if system == "mlg-spin" { a.spin_us } else { 0 },
             };
             let roles = if system == "raw-proxy" {
                 let (ab, ba) = (&relays[0], &relays[1]);

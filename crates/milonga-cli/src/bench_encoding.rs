@@ -639,6 +639,7 @@ fn wide_area(a: &EncodingArgs, paths: &[&str]) -> Result<Vec<(String, u32, Vec<W
                 hwm: 1000,
                 history: 0,
                 keys: None,
+                spin_us: 0,
             };
             let spawn = |h: usize, role: crate::bench::Role| -> Result<std::process::Child> {
                 let exe = std::env::current_exe()?;

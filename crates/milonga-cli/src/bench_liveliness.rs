@@ -221,6 +221,7 @@ pub fn run(a: LivelinessArgs, t: Transport) -> Result<std::process::ExitCode> {
         hwm: 1000,
         history: 0,
         keys: None,
+        spin_us: 0,
     };
     let mut cfg = Config::new(&at.address, "live-sub");
     // Benchmarks compare with plain libzmq: security off unless asked

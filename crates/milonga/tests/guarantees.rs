@@ -999,6 +999,40 @@ fn a_reliable_subscriber_that_stops_reading_for_a_while_gets_every_sample_after(
     assert_eq!(subscribing.stats().connections_closed, 0);
 }
 
+/// The low-latency mode (`recv_spin_us`): a subscription that polls
+/// before blocking receives every sample in order, and a `recv_timeout`
+/// still ends (the polling is bounded by the wait).
+#[test]
+fn a_spinning_subscription_receives_everything_and_its_waits_end() {
+    let dir = TempDir::new("spin");
+    let domain = "spin";
+    let publishing = open(domain, "pub", dir.path());
+    let mut cfg = config(domain, "spinner", dir.path());
+    cfg.recv_spin_us = 200;
+    let spinning = Node::open_with(cfg).unwrap();
+    let p = publishing
+        .publisher_with("spin/x", milonga::PublisherQos::reliable())
+        .unwrap();
+    let sub = spinning.subscribe("spin/x").unwrap();
+    wait_for("the subscriber", T, || p.subscriber_count() > 0);
+    for i in 1..=500 {
+        p.put(Value::Int(i.into())).unwrap();
+        if i % 50 == 0 {
+            // Now and then the subscriber catches up and waits.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    for i in 1..=500 {
+        assert_eq!(next_sample(&sub).value, Value::Int(i.into()));
+    }
+    let t = Instant::now();
+    assert!(matches!(
+        sub.recv_timeout(Duration::from_millis(20)),
+        Err(milonga::RecvError::Timeout)
+    ));
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
 /// A status record of the kind a device server sends many of: small,
 /// alike from one to the next.
 fn status_record(i: i64) -> Value {

@@ -223,6 +223,24 @@ impl SubShared {
                 }
             };
             let wait_ms = timer_ms.map_or(wait_ms, |t| t.min(wait_ms)).max(1) as i32;
+            // The low-latency mode: poll a while before blocking (a
+            // message that comes meanwhile skips the wake-up).
+            let spin = u64::from(self.node.cfg().recv_spin_us).min(wait_ms as u64 * 1000);
+            if spin > 0 {
+                let until = Instant::now() + Duration::from_micros(spin);
+                let mut got = None;
+                while got.is_none() && Instant::now() < until {
+                    match io.link.try_recv() {
+                        Ok(Some(msg)) => got = Some(msg),
+                        Ok(None) | Err(None) => std::hint::spin_loop(),
+                        Err(Some(e)) => return Err(RecvError::Socket(e)),
+                    }
+                }
+                if let Some(msg) = got {
+                    self.received(&mut io, msg);
+                    continue;
+                }
+            }
             match io.link.recv_wait(wait_ms) {
                 Ok(Some(msg)) => self.received(&mut io, msg),
                 // A timeout, or a signal handled elsewhere: look again.

@@ -248,6 +248,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
         Kind::Int,
     ),
     key("recv_hwm", Some("MILONGA_RECV_HWM"), Kind::Int),
+    key("recv_spin_us", Some("MILONGA_RECV_SPIN_US"), Kind::Int),
     key("tcp_buffer_bytes", None, Kind::Int),
     key("close_linger_ms", None, Kind::Int),
     key("zero_copy_threshold_bytes", None, Kind::Int),
@@ -296,6 +297,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         send_hwm: _,
         reliable_send_hwm: _,
         recv_hwm: _,
+        recv_spin_us: _,
         tcp_buffer_bytes: _,
         close_linger_ms: _,
         zero_copy_threshold_bytes: _,
@@ -338,6 +340,7 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "send_hwm",
         "reliable_send_hwm",
         "recv_hwm",
+        "recv_spin_us",
         "tcp_buffer_bytes",
         "close_linger_ms",
         "zero_copy_threshold_bytes",
@@ -448,6 +451,10 @@ pub struct Config {
     /// Messages queued per publisher connection on the receiving side.
     /// Default 1000.
     pub recv_hwm: i32,
+    /// Microseconds a subscription's `recv` keeps polling its socket
+    /// before it blocks (docs/config.md: a low-latency mode that spends a
+    /// core). Default 0: it blocks at once.
+    pub recv_spin_us: u32,
     /// Kernel socket buffer sizes in bytes (0 = the OS default). Default 0.
     pub tcp_buffer_bytes: i32,
     /// How long closing the last node of a process waits for queued
@@ -541,6 +548,7 @@ impl Config {
             send_hwm: 1000,
             reliable_send_hwm: 16,
             recv_hwm: 1000,
+            recv_spin_us: 0,
             tcp_buffer_bytes: 0,
             close_linger_ms: 1000,
             zero_copy_threshold_bytes: 64 << 10,
@@ -697,6 +705,7 @@ impl Config {
                     "send_hwm" => self.send_hwm = fit(i, key)?,
                     "reliable_send_hwm" => self.reliable_send_hwm = fit(i, key)?,
                     "recv_hwm" => self.recv_hwm = fit(i, key)?,
+                    "recv_spin_us" => self.recv_spin_us = fit(i, key)?,
                     "tcp_buffer_bytes" => self.tcp_buffer_bytes = fit(i, key)?,
                     "close_linger_ms" => self.close_linger_ms = fit(i, key)?,
                     "zero_copy_threshold_bytes" => self.zero_copy_threshold_bytes = fit(i, key)?,
@@ -968,6 +977,7 @@ mod tests {
             ("MILONGA_SEND_HWM", "10"),
             ("MILONGA_RELIABLE_SEND_HWM", "2"),
             ("MILONGA_RECV_HWM", "30"),
+            ("MILONGA_RECV_SPIN_US", "25"),
             ("MILONGA_SECURITY", "on"),
             ("MILONGA_KEY", "/k/node.key"),
             ("MILONGA_TRUST", "/k/trust"),
@@ -1019,6 +1029,7 @@ mod tests {
         );
         assert_eq!(c.max_message_bytes, 65536);
         assert_eq!((c.send_hwm, c.reliable_send_hwm, c.recv_hwm), (10, 2, 30));
+        assert_eq!(c.recv_spin_us, 25);
         assert_eq!(c.security, Security::On);
         assert_eq!(c.key_file, Some(PathBuf::from("/k/node.key")));
         assert_eq!(c.trust_dir, Some(PathBuf::from("/k/trust")));
