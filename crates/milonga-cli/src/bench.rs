@@ -65,6 +65,10 @@ enum BenchKind {
     /// Seed 003: serialization formats (CDR, JSON, CBOR) and compression
     /// (LZ4, zstd, zlib) on a track record: efficiency, codec time, RTT.
     Encoding(crate::bench_encoding::EncodingArgs),
+    /// Seed 004's scalability tests: 1 publisher to 100 subscribers, 100
+    /// to 1, 100 to 100; put and end-to-end latency, rate per subscriber,
+    /// CPU per delivered sample, raw libzmq in the same run.
+    Scale(crate::bench_scale::ScaleArgs),
 }
 
 #[derive(Args, Debug)]
@@ -315,16 +319,49 @@ pub(crate) enum Role {
     EncPong {
         at: Place,
     },
+    /// `bench scale`: `count` publishers of one worker process.
+    ScalePub {
+        at: Place,
+        raw: bool,
+        endpoints: Vec<String>,
+        first: usize,
+        count: usize,
+        subs: usize,
+        size: usize,
+        puts: usize,
+        rate: f64,
+    },
+    /// `bench scale`: `count` subscribers of one worker process.
+    ScaleSub {
+        at: Place,
+        raw: bool,
+        endpoints: Vec<String>,
+        count: usize,
+        expect: u64,
+        deadline_s: f64,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
 pub(crate) struct Outcome {
-    sent: u64,
-    received: u64,
-    seconds: f64,
+    pub(crate) sent: u64,
+    pub(crate) received: u64,
+    pub(crate) seconds: f64,
     lost_reported: u64,
     p50_us: f64,
     p99_us: f64,
+    /// `bench scale`: the latencies measured (put or end to end).
+    #[serde(default)]
+    pub(crate) hist: crate::bench_scale::Hist,
+    /// `bench scale`: the worker process's CPU time.
+    #[serde(default)]
+    pub(crate) cpu_ns: u64,
+}
+
+/// Starts `roles` as worker processes and waits for their outcomes, in
+/// the order of `roles`.
+pub(crate) fn start_workers(roles: Vec<Role>) -> Result<Vec<Outcome>> {
+    Workers::start(roles, None, None)?.finish()
 }
 
 /// Runs `milonga bench`.
@@ -344,6 +381,7 @@ pub fn run(net: &NetArgs, a: BenchArgs) -> Result<ExitCode> {
         BenchKind::Deadlines(d) => crate::bench_deadlines::run(d, t),
         BenchKind::Record(r) => crate::bench_record::run(r, t),
         BenchKind::Encoding(e) => crate::bench_encoding::run(e),
+        BenchKind::Scale(s) => crate::bench_scale::run(s),
     }
 }
 
@@ -429,6 +467,27 @@ fn run_role(ctx: &zmq::Context, role: Role) -> Result<Outcome> {
         Role::EncPing { .. } | Role::EncPong { .. } => {
             bail!("a bench encoding role runs in a worker process of its own")
         }
+        Role::ScalePub {
+            at,
+            raw,
+            endpoints,
+            first,
+            count,
+            subs,
+            size,
+            puts,
+            rate,
+        } => crate::bench_scale::scale_pub(
+            &at, raw, &endpoints, first, count, subs, size, puts, rate,
+        ),
+        Role::ScaleSub {
+            at,
+            raw,
+            endpoints,
+            count,
+            expect,
+            deadline_s,
+        } => crate::bench_scale::scale_sub(&at, raw, &endpoints, count, expect, deadline_s),
     }
 }
 

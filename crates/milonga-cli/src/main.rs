@@ -20,6 +20,7 @@ mod bench_liveliness;
 mod bench_record;
 mod bench_registry;
 mod bench_rpc;
+mod bench_scale;
 mod broker;
 mod demo;
 #[allow(unsafe_code)]

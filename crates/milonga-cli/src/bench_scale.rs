@@ -1,0 +1,565 @@
+//! `milonga bench scale`: seed 004's scalability tests (one publisher to
+//! many subscribers, many publishers to one, many to many), for Milonga
+//! and for raw libzmq in the same run.
+//!
+//! Every publisher and every subscriber is a node of its own (a raw PUB or
+//! SUB socket for libzmq); they run as threads of at most `--processes`
+//! worker processes per side (the output says how many), because 200
+//! processes do not fit a small machine. Each publisher puts `--puts`
+//! samples at `--rate` a second (a tenth, at least 10, at 1 MiB), best
+//! effort; each subscriber takes every publisher's key. Measured: the time
+//! `put` takes (seed 004's "write" latency), the end-to-end latency from
+//! the source timestamp to the subscriber's `recv`, the samples each
+//! subscriber got a second while the publishers sent, and the CPU time of
+//! every worker process per delivered sample.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use milonga::{Bytes, Event, Node, PublisherQos, Value};
+use serde::{Deserialize, Serialize};
+
+use crate::bench::{Format, Outcome, Place, Role};
+
+#[derive(Args, Debug)]
+pub struct ScaleArgs {
+    /// Cells: publishers x subscribers.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1x1,1x10,1x50,1x100,100x1,10x10,100x100"
+    )]
+    cases: Vec<String>,
+    /// Payload sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "92,4096,1048576")]
+    sizes: Vec<usize>,
+    /// Puts per publisher (a tenth, at least 10, at 1 MiB and above).
+    #[arg(long, default_value_t = 100)]
+    puts: usize,
+    /// Puts a second per publisher (a tenth at 1 MiB and above).
+    #[arg(long, default_value_t = 100.0)]
+    rate: f64,
+    /// Most worker processes per side; more nodes are threads of these.
+    #[arg(long, default_value_t = 10)]
+    processes: usize,
+    /// Most bytes a cell may deliver in all (publishers x puts x
+    /// subscribers x size); a cell above is skipped, and said so (100 x
+    /// 100 at 1 MiB would move 100 GB).
+    #[arg(long, default_value_t = 1 << 30)]
+    max_bytes: u64,
+    /// Leave out the raw libzmq rows.
+    #[arg(long)]
+    no_raw: bool,
+    /// Output: a table, or CSV.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+/// Latencies in buckets 2% wide (microseconds): what workers send back,
+/// merged for percentiles.
+#[derive(Serialize, Deserialize, Debug, Default, Clone)]
+pub(crate) struct Hist(BTreeMap<i32, u64>);
+
+impl Hist {
+    fn bucket(us: f64) -> i32 {
+        (us.max(0.1).ln() / 1.02f64.ln()).floor() as i32
+    }
+
+    pub(crate) fn add(&mut self, us: f64) {
+        *self.0.entry(Self::bucket(us)).or_insert(0) += 1;
+    }
+
+    fn merge(&mut self, o: &Hist) {
+        for (b, n) in &o.0 {
+            *self.0.entry(*b).or_insert(0) += n;
+        }
+    }
+
+    fn count(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    /// The value at quantile `q` (the bucket's upper edge), 0 if empty.
+    fn quantile(&self, q: f64) -> f64 {
+        let n = self.count();
+        if n == 0 {
+            return 0.0;
+        }
+        let rank = ((n as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (b, c) in &self.0 {
+            seen += c;
+            if seen >= rank {
+                return 1.02f64.powi(b + 1);
+            }
+        }
+        0.0
+    }
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Splits `n` nodes over at most `procs` processes: the count each gets.
+fn split(n: usize, procs: usize) -> Vec<usize> {
+    let p = n.min(procs.max(1));
+    (0..p).map(|i| n / p + usize::from(i < n % p)).collect()
+}
+
+fn parse_case(c: &str) -> Result<(usize, usize)> {
+    let (p, s) = c
+        .split_once('x')
+        .with_context(|| format!("case {c}: expected PUBSxSUBS, as 1x100"))?;
+    let (p, s) = (p.trim().parse::<usize>()?, s.trim().parse::<usize>()?);
+    if p == 0 || s == 0 || p > 1000 || s > 1000 {
+        bail!("case {c}: 1 to 1000 publishers and subscribers");
+    }
+    Ok((p, s))
+}
+
+struct Row {
+    system: &'static str,
+    pubs: usize,
+    subs: usize,
+    size: usize,
+    pub_procs: usize,
+    sub_procs: usize,
+    put: Hist,
+    e2e: Hist,
+    expected: u64,
+    received: u64,
+    per_sub_rate: f64,
+    cpu_us_per_sample: f64,
+}
+
+/// Runs `milonga bench scale`.
+pub fn run(a: ScaleArgs) -> Result<std::process::ExitCode> {
+    let cases: Vec<(usize, usize)> = a.cases.iter().map(|c| parse_case(c)).collect::<Result<_>>()?;
+    let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    eprintln!(
+        "# milonga bench scale: seed 004's cases, each publisher and subscriber a node (raw: a socket) of its own, as threads of at most {} worker processes per side; best effort over tcp on one host; each publisher puts {} samples at {}/s (a tenth, at least 10, at 1 MiB); put = the time `put` (raw: `send`) takes; e2e = source timestamp to `recv`; per-sub rate = samples a subscriber got a second while the publishers sent; cpu = CPU time of all worker processes per delivered sample, from when every node of a process is set up (subscribers) or starts putting (publishers) to its end",
+        a.processes, a.puts, a.rate
+    );
+    let mut rows = Vec::new();
+    let mut cell = 0;
+    let result = (|| -> Result<()> {
+        for &size in &a.sizes {
+            for &(pubs, subs) in &cases {
+                let big = size >= 1 << 20;
+                let puts = if big { (a.puts / 10).max(10) } else { a.puts };
+                let total = (pubs * subs * puts) as u64 * size as u64;
+                if total > a.max_bytes {
+                    eprintln!(
+                        "# skipped {pubs}x{subs} at {size} B: it would deliver {:.1} GB, over --max-bytes",
+                        total as f64 / 1e9
+                    );
+                    continue;
+                }
+                let systems: &[&'static str] = if a.no_raw {
+                    &["milonga"]
+                } else {
+                    &["raw-zmq", "milonga"]
+                };
+                for &system in systems {
+                    cell += 1;
+                    let row = run_cell(&a, system, pubs, subs, size, cell, &tmp)?;
+                    if a.format == Format::Table {
+                        print_row(&row, rows.is_empty());
+                    }
+                    rows.push(row);
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result?;
+    if a.format == Format::Csv {
+        println!("system,publishers,subscribers,payload_bytes,pub_processes,sub_processes,put_p50_us,put_p99_us,e2e_p50_us,e2e_p99_us,delivered,expected,per_sub_rate_per_s,cpu_us_per_sample");
+        for r in &rows {
+            println!(
+                "{},{},{},{},{},{},{:.1},{:.1},{:.1},{:.1},{},{},{:.0},{:.2}",
+                r.system,
+                r.pubs,
+                r.subs,
+                r.size,
+                r.pub_procs,
+                r.sub_procs,
+                r.put.quantile(0.5),
+                r.put.quantile(0.99),
+                r.e2e.quantile(0.5),
+                r.e2e.quantile(0.99),
+                r.received,
+                r.expected,
+                r.per_sub_rate,
+                r.cpu_us_per_sample
+            );
+        }
+    }
+    // The cost per subscriber as subscribers are added (one publisher).
+    for system in ["raw-zmq", "milonga"] {
+        for &size in &a.sizes {
+            let cost = |n: usize| {
+                rows.iter()
+                    .find(|r| r.system == system && r.size == size && r.pubs == 1 && r.subs == n)
+                    .map(|r| r.cpu_us_per_sample)
+            };
+            if let (Some(c10), Some(c100)) = (cost(10), cost(100)) {
+                eprintln!(
+                    "# {system} {size} B: CPU per delivered sample {c10:.2} us at 10 subscribers, {c100:.2} us at 100: {:.2}x",
+                    c100 / c10
+                );
+            }
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+fn print_row(r: &Row, header: bool) {
+    if header {
+        println!(
+            "{:<8} {:>4} {:>4} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>8}",
+            "system", "pubs", "subs", "bytes", "procs", "put p50", "put p99", "e2e p50", "e2e p99",
+            "delivered", "per sub/s", "cpu us"
+        );
+    }
+    println!(
+        "{:<8} {:>4} {:>4} {:>8} {:>3}+{:<3} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>12} {:>9.0} {:>8.2}",
+        r.system,
+        r.pubs,
+        r.subs,
+        r.size,
+        r.pub_procs,
+        r.sub_procs,
+        r.put.quantile(0.5),
+        r.put.quantile(0.99),
+        r.e2e.quantile(0.5),
+        r.e2e.quantile(0.99),
+        format!("{}/{}", r.received, r.expected),
+        r.per_sub_rate,
+        r.cpu_us_per_sample
+    );
+}
+
+fn run_cell(
+    a: &ScaleArgs,
+    system: &'static str,
+    pubs: usize,
+    subs: usize,
+    size: usize,
+    cell: usize,
+    tmp: &std::path::Path,
+) -> Result<Row> {
+    let big = size >= 1 << 20;
+    let puts = if big { (a.puts / 10).max(10) } else { a.puts };
+    let rate = if big { a.rate / 10.0 } else { a.rate };
+    let raw = system == "raw-zmq";
+    let at = Place {
+        address: format!("milonga:///bench-scale-{}-{cell}", std::process::id()),
+        runtime_dir: tmp.display().to_string(),
+        transport: "tcp".into(),
+        // Queues of at most 4 MiB a connection (16 at the least): a
+        // hundred subscribers of a hundred publishers hold 10,000.
+        hwm: ((4usize << 20) / size.max(1)).clamp(16, 1000) as i32,
+        history: 0,
+        keys: None,
+        spin_us: 0,
+    };
+    // Raw: each publisher binds an endpoint of its own, every subscriber
+    // connects to all.
+    let endpoints: Vec<String> = if raw {
+        (0..pubs)
+            .map(|i| crate::bench::free_endpoint(milonga::Transport::Tcp, &format!("s{cell}-{i}")))
+            .collect::<Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    let expect = (pubs * puts) as u64;
+    // Long enough for discovery, the sending, and a slow end.
+    let deadline_s = 30.0 + puts as f64 / rate * 3.0;
+    let mut roles = Vec::new();
+    for n in split(subs, a.processes) {
+        roles.push(Role::ScaleSub {
+            at: at.clone(),
+            raw,
+            endpoints: endpoints.clone(),
+            count: n,
+            expect,
+            deadline_s,
+        });
+    }
+    let sub_procs = roles.len();
+    let mut first = 0;
+    for n in split(pubs, a.processes) {
+        roles.push(Role::ScalePub {
+            at: at.clone(),
+            raw,
+            endpoints: endpoints.get(first..first + n).map(<[String]>::to_vec).unwrap_or_default(),
+            first,
+            count: n,
+            subs,
+            size,
+            puts,
+            rate,
+        });
+        first += n;
+    }
+    let pub_procs = roles.len() - sub_procs;
+    let outcomes = crate::bench::start_workers(roles)?;
+    let (mut put, mut e2e) = (Hist::default(), Hist::default());
+    let (mut received, mut cpu_ns, mut send_s) = (0u64, 0u64, 0f64);
+    for (i, o) in outcomes.iter().enumerate() {
+        cpu_ns += o.cpu_ns;
+        if i < sub_procs {
+            e2e.merge(&o.hist);
+            received += o.received;
+        } else {
+            put.merge(&o.hist);
+            send_s = send_s.max(o.seconds);
+        }
+    }
+    Ok(Row {
+        system,
+        pubs,
+        subs,
+        size,
+        pub_procs,
+        sub_procs,
+        put,
+        e2e,
+        expected: expect * subs as u64,
+        received,
+        per_sub_rate: if send_s > 0.0 {
+            received as f64 / subs as f64 / send_s
+        } else {
+            0.0
+        },
+        cpu_us_per_sample: if received > 0 {
+            cpu_ns as f64 / 1000.0 / received as f64
+        } else {
+            0.0
+        },
+    })
+}
+
+/// The key publisher `i` of a cell puts on.
+fn key_of(i: usize) -> String {
+    format!("scale/p{i}")
+}
+
+/// A worker's publishers: `count` nodes (raw: PUB sockets), each waiting
+/// for `subs` subscribers, then putting `puts` samples at `rate`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scale_pub(
+    at: &Place,
+    raw: bool,
+    endpoints: &[String],
+    first: usize,
+    count: usize,
+    subs: usize,
+    size: usize,
+    puts: usize,
+    rate: f64,
+) -> Result<Outcome> {
+    let ctx = zmq::Context::new();
+    let start_at = std::sync::Arc::new(std::sync::Barrier::new(count));
+    let cpu0 = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let threads: Vec<_> = (0..count)
+        .map(|k| {
+            let at = at.clone();
+            let ctx = ctx.clone();
+            let endpoint = endpoints.get(k).cloned();
+            let start_at = start_at.clone();
+            let cpu0 = cpu0.clone();
+            // The process's CPU time when every publisher starts putting.
+            let started = move || {
+                if start_at.wait().is_leader() {
+                    cpu0.store(process_cpu_ns(), std::sync::atomic::Ordering::Relaxed);
+                }
+            };
+            std::thread::spawn(move || -> Result<(Hist, f64)> {
+                let mut hist = Hist::default();
+                let period = Duration::from_secs_f64(1.0 / rate);
+                let mut payload = vec![0x5au8; size.max(8)];
+                if raw {
+                    let s = ctx.socket(zmq::XPUB)?;
+                    s.set_sndhwm(at.hwm)?;
+                    s.set_xpub_verbose(true)?;
+                    s.bind(endpoint.as_deref().context("an endpoint per raw publisher")?)?;
+                    // Every subscriber's subscription, then go.
+                    let mut seen = 0;
+                    let until = Instant::now() + Duration::from_secs(60);
+                    while seen < subs {
+                        if Instant::now() > until {
+                            bail!("raw publisher: {seen} of {subs} subscribers in 60 s");
+                        }
+                        if s.poll(zmq::POLLIN, 100)? > 0 {
+                            let m = s.recv_bytes(0)?;
+                            if m.first() == Some(&1) {
+                                seen += 1;
+                            }
+                        }
+                    }
+                    started();
+                    let t0 = Instant::now();
+                    for n in 0..puts {
+                        pace(t0, period, n);
+                        payload[..8].copy_from_slice(&now_ns().to_le_bytes());
+                        let t = Instant::now();
+                        s.send(&payload[..], 0)?;
+                        hist.add(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    let secs = t0.elapsed().as_secs_f64();
+                    // The last ones leave before the socket closes.
+                    s.set_linger(5000)?;
+                    Ok((hist, secs))
+                } else {
+                    let node = Node::open_with(crate::bench::mlg_config(&at, &format!("scale-pub-{}", first + k))?)?;
+                    let p = node.publisher_with(&key_of(first + k), PublisherQos::best_effort())?;
+                    let until = Instant::now() + Duration::from_secs(60);
+                    while (p.subscriber_count() as usize) < subs {
+                        if Instant::now() > until {
+                            bail!(
+                                "publisher {}: {} of {subs} subscribers in 60 s",
+                                first + k,
+                                p.subscriber_count()
+                            );
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    started();
+                    let value = Value::Bytes(Bytes::from(payload));
+                    let t0 = Instant::now();
+                    for n in 0..puts {
+                        pace(t0, period, n);
+                        let t = Instant::now();
+                        p.put(value.clone())?;
+                        hist.add(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    let secs = t0.elapsed().as_secs_f64();
+                    drop(p);
+                    node.close();
+                    Ok((hist, secs))
+                }
+            })
+        })
+        .collect();
+    let mut out = Outcome::default();
+    for t in threads {
+        let (h, secs) = t.join().map_err(|_| anyhow::anyhow!("a publisher thread panicked"))??;
+        out.hist.merge(&h);
+        out.seconds = out.seconds.max(secs);
+        out.sent += puts as u64;
+    }
+    out.cpu_ns = process_cpu_ns().saturating_sub(cpu0.load(std::sync::atomic::Ordering::Relaxed));
+    Ok(out)
+}
+
+/// This process's CPU time, every thread's, those that ended too (a
+/// node's threads end when it closes).
+fn process_cpu_ns() -> u64 {
+    crate::ffi::cpu_time_ns()
+}
+
+/// Sleeps until put `n` of a publisher that began at `t0` is due.
+fn pace(t0: Instant, period: Duration, n: usize) {
+    let due = t0 + period * n as u32;
+    let now = Instant::now();
+    if due > now {
+        std::thread::sleep(due - now);
+    }
+}
+
+/// Whether a subscriber that got its last sample at `last` has waited
+/// long enough for more: what did not come in 3 s was dropped (best
+/// effort), and is counted as not delivered.
+fn idle(last: Option<Instant>) -> bool {
+    last.is_some_and(|l| l.elapsed() > Duration::from_secs(3))
+}
+
+/// A worker's subscribers: `count` nodes (raw: SUB sockets connected to
+/// every publisher), each taking every sample until `expect` came or the
+/// deadline passed.
+pub(crate) fn scale_sub(
+    at: &Place,
+    raw: bool,
+    endpoints: &[String],
+    count: usize,
+    expect: u64,
+    deadline_s: f64,
+) -> Result<Outcome> {
+    let ctx = zmq::Context::new();
+    let ready = std::sync::Arc::new(std::sync::Barrier::new(count));
+    let cpu0 = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let threads: Vec<_> = (0..count)
+        .map(|k| {
+            let at = at.clone();
+            let ctx = ctx.clone();
+            let endpoints = endpoints.to_vec();
+            let ready = ready.clone();
+            let cpu0 = cpu0.clone();
+            // The process's CPU time once every subscriber is set up.
+            let set_up = move || {
+                if ready.wait().is_leader() {
+                    cpu0.store(process_cpu_ns(), std::sync::atomic::Ordering::Relaxed);
+                }
+            };
+            std::thread::spawn(move || -> Result<(Hist, u64)> {
+                let mut hist = Hist::default();
+                let mut got = 0u64;
+                let until = Instant::now() + Duration::from_secs_f64(deadline_s);
+                if raw {
+                    let s = ctx.socket(zmq::SUB)?;
+                    s.set_rcvhwm(at.hwm)?;
+                    s.set_subscribe(b"")?;
+                    for e in &endpoints {
+                        s.connect(e)?;
+                    }
+                    set_up();
+                    let mut last = None::<Instant>;
+                    while got < expect && Instant::now() < until && !idle(last) {
+                        if s.poll(zmq::POLLIN, 100)? == 0 {
+                            continue;
+                        }
+                        last = Some(Instant::now());
+                        let m = s.recv_bytes(0)?;
+                        if m.len() >= 8 {
+                            let sent = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
+                            hist.add(now_ns().saturating_sub(sent) as f64 / 1000.0);
+                        }
+                        got += 1;
+                    }
+                } else {
+                    let node = Node::open_with(crate::bench::mlg_config(&at, &format!("scale-sub-{k}"))?)?;
+                    let sub = node.subscribe("scale/**")?;
+                    set_up();
+                    let mut last = None::<Instant>;
+                    while got < expect && Instant::now() < until && !idle(last) {
+                        if let Ok(Event::Sample(s)) = sub.recv_timeout(Duration::from_millis(100)) {
+                            hist.add(now_ns().saturating_sub(s.timestamp_ns) as f64 / 1000.0);
+                            got += 1;
+                            last = Some(Instant::now());
+                        }
+                    }
+                    drop(sub);
+                    node.close();
+                }
+                Ok((hist, got))
+            })
+        })
+        .collect();
+    let mut out = Outcome::default();
+    for t in threads {
+        let (h, got) = t.join().map_err(|_| anyhow::anyhow!("a subscriber thread panicked"))??;
+        out.hist.merge(&h);
+        out.received += got;
+    }
+    out.cpu_ns = process_cpu_ns().saturating_sub(cpu0.load(std::sync::atomic::Ordering::Relaxed));
+    Ok(out)
+}
