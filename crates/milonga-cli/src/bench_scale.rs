@@ -139,7 +139,11 @@ struct Row {
 
 /// Runs `milonga bench scale`.
 pub fn run(a: ScaleArgs) -> Result<std::process::ExitCode> {
-    let cases: Vec<(usize, usize)> = a.cases.iter().map(|c| parse_case(c)).collect::<Result<_>>()?;
+    let cases: Vec<(usize, usize)> = a
+        .cases
+        .iter()
+        .map(|c| parse_case(c))
+        .collect::<Result<_>>()?;
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     eprintln!(
@@ -225,8 +229,18 @@ fn print_row(r: &Row, header: bool) {
     if header {
         println!(
             "{:<8} {:>4} {:>4} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>8}",
-            "system", "pubs", "subs", "bytes", "procs", "put p50", "put p99", "e2e p50", "e2e p99",
-            "delivered", "per sub/s", "cpu us"
+            "system",
+            "pubs",
+            "subs",
+            "bytes",
+            "procs",
+            "put p50",
+            "put p99",
+            "e2e p50",
+            "e2e p99",
+            "delivered",
+            "per sub/s",
+            "cpu us"
         );
     }
     println!(
@@ -300,7 +314,10 @@ fn run_cell(
         roles.push(Role::ScalePub {
             at: at.clone(),
             raw,
-            endpoints: endpoints.get(first..first + n).map(<[String]>::to_vec).unwrap_or_default(),
+            endpoints: endpoints
+                .get(first..first + n)
+                .map(<[String]>::to_vec)
+                .unwrap_or_default(),
             first,
             count: n,
             subs,
@@ -391,7 +408,11 @@ pub(crate) fn scale_pub(
                     let s = ctx.socket(zmq::XPUB)?;
                     s.set_sndhwm(at.hwm)?;
                     s.set_xpub_verbose(true)?;
-                    s.bind(endpoint.as_deref().context("an endpoint per raw publisher")?)?;
+                    s.bind(
+                        endpoint
+                            .as_deref()
+                            .context("an endpoint per raw publisher")?,
+                    )?;
                     // Every subscriber's subscription, then go.
                     let mut seen = 0;
                     let until = Instant::now() + Duration::from_secs(60);
@@ -420,7 +441,10 @@ pub(crate) fn scale_pub(
                     s.set_linger(5000)?;
                     Ok((hist, secs))
                 } else {
-                    let node = Node::open_with(crate::bench::mlg_config(&at, &format!("scale-pub-{}", first + k))?)?;
+                    let node = Node::open_with(crate::bench::mlg_config(
+                        &at,
+                        &format!("scale-pub-{}", first + k),
+                    )?)?;
                     let p = node.publisher_with(&key_of(first + k), PublisherQos::best_effort())?;
                     let until = Instant::now() + Duration::from_secs(60);
                     while (p.subscriber_count() as usize) < subs {
@@ -452,7 +476,9 @@ pub(crate) fn scale_pub(
         .collect();
     let mut out = Outcome::default();
     for t in threads {
-        let (h, secs) = t.join().map_err(|_| anyhow::anyhow!("a publisher thread panicked"))??;
+        let (h, secs) = t
+            .join()
+            .map_err(|_| anyhow::anyhow!("a publisher thread panicked"))??;
         out.hist.merge(&h);
         out.seconds = out.seconds.max(secs);
         out.sent += puts as u64;
@@ -536,7 +562,8 @@ pub(crate) fn scale_sub(
                         got += 1;
                     }
                 } else {
-                    let node = Node::open_with(crate::bench::mlg_config(&at, &format!("scale-sub-{k}"))?)?;
+                    let node =
+                        Node::open_with(crate::bench::mlg_config(&at, &format!("scale-sub-{k}"))?)?;
                     let sub = node.subscribe("scale/**")?;
                     set_up();
                     let mut last = None::<Instant>;
@@ -556,7 +583,9 @@ pub(crate) fn scale_sub(
         .collect();
     let mut out = Outcome::default();
     for t in threads {
-        let (h, got) = t.join().map_err(|_| anyhow::anyhow!("a subscriber thread panicked"))??;
+        let (h, got) = t
+            .join()
+            .map_err(|_| anyhow::anyhow!("a subscriber thread panicked"))??;
         out.hist.merge(&h);
         out.received += got;
     }

@@ -101,9 +101,9 @@ pub(crate) fn send_shared(s: &mut zmq::Socket, data: &Bytes) -> Result<()> {
 /// This process's CPU time (user and system, nanoseconds), its ended
 /// threads' included (`getrusage(RUSAGE_SELF)`); 0 if it fails.
 pub fn cpu_time_ns() -> u64 {
-    // SAFETY: getrusage only writes the struct it is given, and a zeroed
-    // `rusage` is a valid one.
+    // SAFETY: a zeroed `rusage` (integers and timevals) is a valid one.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable `rusage` for the call's length.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
         return 0;
     }
