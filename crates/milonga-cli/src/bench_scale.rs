@@ -147,7 +147,7 @@ pub fn run(a: ScaleArgs) -> Result<std::process::ExitCode> {
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     eprintln!(
-        "# milonga bench scale: seed 004's cases, each publisher and subscriber a node (raw: a socket) of its own, as threads of at most {} worker processes per side; best effort over tcp on one host; each publisher puts {} samples at {}/s (a tenth, at least 10, at 1 MiB); put = the time `put` (raw: `send`) takes; e2e = source timestamp to `recv`; per-sub rate = samples a subscriber got a second while the publishers sent; cpu = CPU time of all worker processes per delivered sample, from when every node of a process is set up (subscribers) or starts putting (publishers) to its end",
+        "# milonga bench scale: seed 004's cases, each publisher and subscriber a node (raw: a socket) of its own, as threads of at most {} worker processes per side; best effort over tcp on one host; each publisher puts {} samples at {}/s (a tenth, at least 10, at 1 MiB); put = the time `put` (raw: `send`) takes; e2e = source timestamp to `recv`; per-sub rate = samples a subscriber got a second while the publishers sent; cpu = CPU time of all worker processes per delivered sample, from when every node of a process is set up (subscribers) or starts putting (publishers) until the last is done (its closing left out); a subscriber that got nothing for 3 s is done",
         a.processes, a.puts, a.rate
     );
     let mut rows = Vec::new();
@@ -286,11 +286,14 @@ fn run_cell(
         spin_us: 0,
     };
     // Raw: each publisher binds an endpoint of its own, every subscriber
-    // connects to all.
+    // connects to all. Ports below the kernel's ephemeral range (32768):
+    // one taken at random could meanwhile become the local port of a
+    // connection the run makes.
+    let base = 10_000 + (std::process::id() as usize % 20) * 1000;
     let endpoints: Vec<String> = if raw {
         (0..pubs)
-            .map(|i| crate::bench::free_endpoint(milonga::Transport::Tcp, &format!("s{cell}-{i}")))
-            .collect::<Result<_>>()?
+            .map(|i| format!("tcp://127.0.0.1:{}", base + i))
+            .collect()
     } else {
         Vec::new()
     };
@@ -385,92 +388,91 @@ pub(crate) fn scale_pub(
     rate: f64,
 ) -> Result<Outcome> {
     let ctx = zmq::Context::new();
-    let start_at = std::sync::Arc::new(std::sync::Barrier::new(count));
-    let cpu0 = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let gate = std::sync::Arc::new(Gate::new(count));
     let threads: Vec<_> = (0..count)
         .map(|k| {
             let at = at.clone();
             let ctx = ctx.clone();
             let endpoint = endpoints.get(k).cloned();
-            let start_at = start_at.clone();
-            let cpu0 = cpu0.clone();
-            // The process's CPU time when every publisher starts putting.
-            let started = move || {
-                if start_at.wait().is_leader() {
-                    cpu0.store(process_cpu_ns(), std::sync::atomic::Ordering::Relaxed);
-                }
-            };
+            let gate = gate.clone();
             std::thread::spawn(move || -> Result<(Hist, f64)> {
-                let mut hist = Hist::default();
-                let period = Duration::from_secs_f64(1.0 / rate);
-                let mut payload = vec![0x5au8; size.max(8)];
-                if raw {
-                    let s = ctx.socket(zmq::XPUB)?;
-                    s.set_sndhwm(at.hwm)?;
-                    s.set_xpub_verbose(true)?;
-                    s.bind(
-                        endpoint
-                            .as_deref()
-                            .context("an endpoint per raw publisher")?,
-                    )?;
-                    // Every subscriber's subscription, then go.
-                    let mut seen = 0;
-                    let until = Instant::now() + Duration::from_secs(60);
-                    while seen < subs {
-                        if Instant::now() > until {
-                            bail!("raw publisher: {seen} of {subs} subscribers in 60 s");
-                        }
-                        if s.poll(zmq::POLLIN, 100)? > 0 {
-                            let m = s.recv_bytes(0)?;
-                            if m.first() == Some(&1) {
-                                seen += 1;
+                gate.clone().guard(|| {
+                    // Every publisher starts putting at once.
+                    let started = || gate.pass();
+                    let mut hist = Hist::default();
+                    let period = Duration::from_secs_f64(1.0 / rate);
+                    let mut payload = vec![0x5au8; size.max(8)];
+                    if raw {
+                        let s = ctx.socket(zmq::XPUB)?;
+                        s.set_sndhwm(at.hwm)?;
+                        s.set_xpub_verbose(true)?;
+                        s.bind(
+                            endpoint
+                                .as_deref()
+                                .context("an endpoint per raw publisher")?,
+                        )?;
+                        // Every subscriber's subscription, then go.
+                        let mut seen = 0;
+                        let until = Instant::now() + Duration::from_secs(60);
+                        while seen < subs {
+                            if Instant::now() > until {
+                                bail!("raw publisher: {seen} of {subs} subscribers in 60 s");
+                            }
+                            if s.poll(zmq::POLLIN, 100)? > 0 {
+                                let m = s.recv_bytes(0)?;
+                                if m.first() == Some(&1) {
+                                    seen += 1;
+                                }
                             }
                         }
-                    }
-                    started();
-                    let t0 = Instant::now();
-                    for n in 0..puts {
-                        pace(t0, period, n);
-                        payload[..8].copy_from_slice(&now_ns().to_le_bytes());
-                        let t = Instant::now();
-                        s.send(&payload[..], 0)?;
-                        hist.add(t.elapsed().as_secs_f64() * 1e6);
-                    }
-                    let secs = t0.elapsed().as_secs_f64();
-                    // The last ones leave before the socket closes.
-                    s.set_linger(5000)?;
-                    Ok((hist, secs))
-                } else {
-                    let node = Node::open_with(crate::bench::mlg_config(
-                        &at,
-                        &format!("scale-pub-{}", first + k),
-                    )?)?;
-                    let p = node.publisher_with(&key_of(first + k), PublisherQos::best_effort())?;
-                    let until = Instant::now() + Duration::from_secs(60);
-                    while (p.subscriber_count() as usize) < subs {
-                        if Instant::now() > until {
-                            bail!(
-                                "publisher {}: {} of {subs} subscribers in 60 s",
-                                first + k,
-                                p.subscriber_count()
-                            );
+                        started()?;
+                        let t0 = Instant::now();
+                        for n in 0..puts {
+                            pace(t0, period, n);
+                            payload[..8].copy_from_slice(&now_ns().to_le_bytes());
+                            let t = Instant::now();
+                            s.send(&payload[..], 0)?;
+                            hist.add(t.elapsed().as_secs_f64() * 1e6);
                         }
-                        std::thread::sleep(Duration::from_millis(20));
+                        let secs = t0.elapsed().as_secs_f64();
+                        gate.done();
+                        // The last ones leave before the socket closes.
+                        s.set_linger(5000)?;
+                        Ok((hist, secs))
+                    } else {
+                        let node = Node::open_with(crate::bench::mlg_config(
+                            &at,
+                            &format!("scale-pub-{}", first + k),
+                        )?)?;
+                        let p =
+                            node.publisher_with(&key_of(first + k), PublisherQos::best_effort())?;
+                        let until = Instant::now() + Duration::from_secs(60);
+                        while (p.subscriber_count() as usize) < subs {
+                            if Instant::now() > until {
+                                bail!(
+                                    "publisher {}: {} of {subs} subscribers in 60 s",
+                                    first + k,
+                                    p.subscriber_count()
+                                );
+                            }
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        started()?;
+                        let value = Value::Bytes(Bytes::from(payload));
+                        let t0 = Instant::now();
+                        for n in 0..puts {
+                            pace(t0, period, n);
+                            let t = Instant::now();
+                            p.put(value.clone())?;
+                            hist.add(t.elapsed().as_secs_f64() * 1e6);
+                        }
+                        let secs = t0.elapsed().as_secs_f64();
+                        gate.done();
+                        drop(p);
+                        node.close();
+                        Ok((hist, secs))
                     }
-                    started();
-                    let value = Value::Bytes(Bytes::from(payload));
-                    let t0 = Instant::now();
-                    for n in 0..puts {
-                        pace(t0, period, n);
-                        let t = Instant::now();
-                        p.put(value.clone())?;
-                        hist.add(t.elapsed().as_secs_f64() * 1e6);
-                    }
-                    let secs = t0.elapsed().as_secs_f64();
-                    drop(p);
-                    node.close();
-                    Ok((hist, secs))
-                }
+                })
             })
         })
         .collect();
@@ -483,8 +485,81 @@ pub(crate) fn scale_pub(
         out.seconds = out.seconds.max(secs);
         out.sent += puts as u64;
     }
-    out.cpu_ns = process_cpu_ns().saturating_sub(cpu0.load(std::sync::atomic::Ordering::Relaxed));
+    out.cpu_ns = gate.cpu_used();
     Ok(out)
+}
+
+/// Where the threads of a worker wait for each other (every publisher set
+/// up, every subscriber subscribed), noting the process's CPU time then.
+/// A thread that fails before it comes opens the gate for the others
+/// (they fail too, instead of waiting forever), as does a minute.
+struct Gate {
+    count: usize,
+    arrived: std::sync::atomic::AtomicUsize,
+    failed: std::sync::atomic::AtomicBool,
+    cpu0: std::sync::atomic::AtomicU64,
+    /// Threads done with the work measured, and the CPU time when the
+    /// last was.
+    finished: std::sync::atomic::AtomicUsize,
+    cpu1: std::sync::atomic::AtomicU64,
+}
+
+impl Gate {
+    fn new(count: usize) -> Gate {
+        Gate {
+            count,
+            arrived: 0.into(),
+            failed: false.into(),
+            cpu0: 0.into(),
+            finished: 0.into(),
+            cpu1: 0.into(),
+        }
+    }
+
+    /// A thread is done with the work measured (its node is closed
+    /// after: closing is not part of it).
+    fn done(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.finished.fetch_add(1, SeqCst) + 1 == self.count {
+            self.cpu1.store(process_cpu_ns(), SeqCst);
+        }
+    }
+
+    /// Waits until every thread came.
+    fn pass(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.arrived.fetch_add(1, SeqCst) + 1 == self.count {
+            self.cpu0.store(process_cpu_ns(), SeqCst);
+        }
+        let until = Instant::now() + Duration::from_secs(60);
+        while self.arrived.load(SeqCst) < self.count {
+            if self.failed.load(SeqCst) {
+                bail!("another thread of this worker failed");
+            }
+            if Instant::now() > until {
+                bail!("the other threads of this worker did not come in 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Runs a thread's work; if it fails, the others stop waiting.
+    fn guard<T>(self: std::sync::Arc<Self>, work: impl FnOnce() -> Result<T>) -> Result<T> {
+        let r = work();
+        if r.is_err() {
+            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        r
+    }
+
+    /// CPU time between every thread passing and the last being done.
+    fn cpu_used(&self) -> u64 {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.cpu1
+            .load(SeqCst)
+            .saturating_sub(self.cpu0.load(SeqCst))
+    }
 }
 
 /// This process's CPU time, every thread's, those that ended too (a
@@ -521,63 +596,66 @@ pub(crate) fn scale_sub(
     deadline_s: f64,
 ) -> Result<Outcome> {
     let ctx = zmq::Context::new();
-    let ready = std::sync::Arc::new(std::sync::Barrier::new(count));
-    let cpu0 = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let gate = std::sync::Arc::new(Gate::new(count));
     let threads: Vec<_> = (0..count)
         .map(|k| {
             let at = at.clone();
             let ctx = ctx.clone();
             let endpoints = endpoints.to_vec();
-            let ready = ready.clone();
-            let cpu0 = cpu0.clone();
-            // The process's CPU time once every subscriber is set up.
-            let set_up = move || {
-                if ready.wait().is_leader() {
-                    cpu0.store(process_cpu_ns(), std::sync::atomic::Ordering::Relaxed);
-                }
-            };
+            let gate = gate.clone();
             std::thread::spawn(move || -> Result<(Hist, u64)> {
-                let mut hist = Hist::default();
-                let mut got = 0u64;
-                let until = Instant::now() + Duration::from_secs_f64(deadline_s);
-                if raw {
-                    let s = ctx.socket(zmq::SUB)?;
-                    s.set_rcvhwm(at.hwm)?;
-                    s.set_subscribe(b"")?;
-                    for e in &endpoints {
-                        s.connect(e)?;
-                    }
-                    set_up();
-                    let mut last = None::<Instant>;
-                    while got < expect && Instant::now() < until && !idle(last) {
-                        if s.poll(zmq::POLLIN, 100)? == 0 {
-                            continue;
+                gate.clone().guard(|| {
+                    // The process's CPU time is noted once every subscriber
+                    // is set up.
+                    let set_up = || gate.pass();
+                    let mut hist = Hist::default();
+                    let mut got = 0u64;
+                    let until = Instant::now() + Duration::from_secs_f64(deadline_s);
+                    if raw {
+                        let s = ctx.socket(zmq::SUB)?;
+                        s.set_rcvhwm(at.hwm)?;
+                        s.set_subscribe(b"")?;
+                        for e in &endpoints {
+                            s.connect(e)?;
                         }
-                        last = Some(Instant::now());
-                        let m = s.recv_bytes(0)?;
-                        if m.len() >= 8 {
-                            let sent = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
-                            hist.add(now_ns().saturating_sub(sent) as f64 / 1000.0);
-                        }
-                        got += 1;
-                    }
-                } else {
-                    let node =
-                        Node::open_with(crate::bench::mlg_config(&at, &format!("scale-sub-{k}"))?)?;
-                    let sub = node.subscribe("scale/**")?;
-                    set_up();
-                    let mut last = None::<Instant>;
-                    while got < expect && Instant::now() < until && !idle(last) {
-                        if let Ok(Event::Sample(s)) = sub.recv_timeout(Duration::from_millis(100)) {
-                            hist.add(now_ns().saturating_sub(s.timestamp_ns) as f64 / 1000.0);
-                            got += 1;
+                        set_up()?;
+                        let mut last = None::<Instant>;
+                        while got < expect && Instant::now() < until && !idle(last) {
+                            if s.poll(zmq::POLLIN, 100)? == 0 {
+                                continue;
+                            }
                             last = Some(Instant::now());
+                            let m = s.recv_bytes(0)?;
+                            if m.len() >= 8 {
+                                let sent = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
+                                hist.add(now_ns().saturating_sub(sent) as f64 / 1000.0);
+                            }
+                            got += 1;
                         }
+                        gate.done();
+                    } else {
+                        let node = Node::open_with(crate::bench::mlg_config(
+                            &at,
+                            &format!("scale-sub-{k}"),
+                        )?)?;
+                        let sub = node.subscribe("scale/**")?;
+                        set_up()?;
+                        let mut last = None::<Instant>;
+                        while got < expect && Instant::now() < until && !idle(last) {
+                            if let Ok(Event::Sample(s)) =
+                                sub.recv_timeout(Duration::from_millis(100))
+                            {
+                                hist.add(now_ns().saturating_sub(s.timestamp_ns) as f64 / 1000.0);
+                                got += 1;
+                                last = Some(Instant::now());
+                            }
+                        }
+                        gate.done();
+                        drop(sub);
+                        node.close();
                     }
-                    drop(sub);
-                    node.close();
-                }
-                Ok((hist, got))
+                    Ok((hist, got))
+                })
             })
         })
         .collect();
@@ -589,6 +667,6 @@ pub(crate) fn scale_sub(
         out.hist.merge(&h);
         out.received += got;
     }
-    out.cpu_ns = process_cpu_ns().saturating_sub(cpu0.load(std::sync::atomic::Ordering::Relaxed));
+    out.cpu_ns = gate.cpu_used();
     Ok(out)
 }
