@@ -597,19 +597,30 @@ impl Workers {
         for t in self.threads {
             out.push(t.join().map_err(|_| anyhow!("a bench worker panicked"))??);
         }
+        // Every worker is waited for, a failed one's too (none is left
+        // running into the next cell); the first failure is the error.
+        let mut failed = None;
         for mut p in self.procs {
             let mut line = String::new();
-            BufReader::new(p.stdout.take().expect("piped")).read_line(&mut line)?;
+            let read = BufReader::new(p.stdout.take().expect("piped")).read_line(&mut line);
             let status = p.wait()?;
-            if !status.success() {
-                bail!("a bench worker failed ({status})");
+            if failed.is_some() {
+                continue;
             }
-            out.push(
-                serde_json::from_str(&line)
-                    .with_context(|| format!("bad worker output {line:?}"))?,
-            );
+            if !status.success() {
+                failed = Some(anyhow!("a bench worker failed ({status})"));
+                continue;
+            }
+            read?;
+            match serde_json::from_str(&line) {
+                Ok(o) => out.push(o),
+                Err(e) => failed = Some(anyhow!("bad worker output {line:?}: {e}")),
+            }
         }
-        Ok(out)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 }
 

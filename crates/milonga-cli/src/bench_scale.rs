@@ -172,11 +172,16 @@ pub fn run(a: ScaleArgs) -> Result<std::process::ExitCode> {
                 };
                 for &system in systems {
                     cell += 1;
-                    let row = run_cell(&a, system, pubs, subs, size, cell, &tmp)?;
-                    if a.format == Format::Table {
-                        print_row(&row, rows.is_empty());
+                    match run_cell(&a, system, pubs, subs, size, cell, &tmp) {
+                        Ok(row) => {
+                            if a.format == Format::Table {
+                                print_row(&row, rows.is_empty());
+                            }
+                            rows.push(row);
+                        }
+                        // Said, and the run goes on with the next cell.
+                        Err(e) => eprintln!("# {system} {pubs}x{subs} at {size} B failed: {e:#}"),
                     }
-                    rows.push(row);
                 }
             }
         }
