@@ -152,43 +152,39 @@ pub fn run(a: ScaleArgs) -> Result<std::process::ExitCode> {
     );
     let mut rows = Vec::new();
     let mut cell = 0;
-    let result = (|| -> Result<()> {
-        for &size in &a.sizes {
-            for &(pubs, subs) in &cases {
-                let big = size >= 1 << 20;
-                let puts = if big { (a.puts / 10).max(10) } else { a.puts };
-                let total = (pubs * subs * puts) as u64 * size as u64;
-                if total > a.max_bytes {
-                    eprintln!(
-                        "# skipped {pubs}x{subs} at {size} B: it would deliver {:.1} GB, over --max-bytes",
-                        total as f64 / 1e9
-                    );
-                    continue;
-                }
-                let systems: &[&'static str] = if a.no_raw {
-                    &["milonga"]
-                } else {
-                    &["raw-zmq", "milonga"]
-                };
-                for &system in systems {
-                    cell += 1;
-                    match run_cell(&a, system, pubs, subs, size, cell, &tmp) {
-                        Ok(row) => {
-                            if a.format == Format::Table {
-                                print_row(&row, rows.is_empty());
-                            }
-                            rows.push(row);
+    for &size in &a.sizes {
+        for &(pubs, subs) in &cases {
+            let big = size >= 1 << 20;
+            let puts = if big { (a.puts / 10).max(10) } else { a.puts };
+            let total = (pubs * subs * puts) as u64 * size as u64;
+            if total > a.max_bytes {
+                eprintln!(
+                    "# skipped {pubs}x{subs} at {size} B: it would deliver {:.1} GB, over --max-bytes",
+                    total as f64 / 1e9
+                );
+                continue;
+            }
+            let systems: &[&'static str] = if a.no_raw {
+                &["milonga"]
+            } else {
+                &["raw-zmq", "milonga"]
+            };
+            for &system in systems {
+                cell += 1;
+                match run_cell(&a, system, pubs, subs, size, cell, &tmp) {
+                    Ok(row) => {
+                        if a.format == Format::Table {
+                            print_row(&row, rows.is_empty());
                         }
-                        // Said, and the run goes on with the next cell.
-                        Err(e) => eprintln!("# {system} {pubs}x{subs} at {size} B failed: {e:#}"),
+                        rows.push(row);
                     }
+                    // Said, and the run goes on with the next cell.
+                    Err(e) => eprintln!("# {system} {pubs}x{subs} at {size} B failed: {e:#}"),
                 }
             }
         }
-        Ok(())
-    })();
+    }
     let _ = std::fs::remove_dir_all(&tmp);
-    result?;
     if a.format == Format::Csv {
         println!("system,publishers,subscribers,payload_bytes,pub_processes,sub_processes,put_p50_us,put_p99_us,e2e_p50_us,e2e_p99_us,delivered,expected,per_sub_rate_per_s,cpu_us_per_sample");
         for r in &rows {
