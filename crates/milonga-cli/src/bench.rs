@@ -356,6 +356,9 @@ pub(crate) struct Outcome {
     /// `bench scale`: the worker process's CPU time.
     #[serde(default)]
     pub(crate) cpu_ns: u64,
+    /// `bench scale`: its subscribers' rates (samples a second), summed.
+    #[serde(default)]
+    pub(crate) rate_sum: f64,
 }
 
 /// Starts `roles` as worker processes and waits for their outcomes, in

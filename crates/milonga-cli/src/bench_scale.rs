@@ -147,7 +147,7 @@ pub fn run(a: ScaleArgs) -> Result<std::process::ExitCode> {
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     eprintln!(
-        "# milonga bench scale: seed 004's cases, each publisher and subscriber a node (raw: a socket) of its own, as threads of at most {} worker processes per side; best effort over tcp on one host; each publisher puts {} samples at {}/s (a tenth, at least 10, at 1 MiB); put = the time `put` (raw: `send`) takes; e2e = source timestamp to `recv`; per-sub rate = samples a subscriber got a second while the publishers sent; cpu = CPU time of all worker processes per delivered sample, from when every node of a process is set up (subscribers) or starts putting (publishers) until the last is done (its closing left out); a subscriber that got nothing for 3 s is done",
+        "# milonga bench scale: seed 004's cases, each publisher and subscriber a node (raw: a socket) of its own, as threads of at most {} worker processes per side; best effort over tcp on one host; each publisher puts {} samples at {}/s (a tenth, at least 10, at 1 MiB); put = the time `put` (raw: `send`) takes; e2e = source timestamp to `recv`; per-sub rate = samples a subscriber got a second, from its first to its last (the publishers together put pubs x rate a second); cpu = CPU time of all worker processes per delivered sample: subscribers from when every one of the process has subscribed (their connections to the publishers included) until the last is done (a subscriber that got nothing for 3 s is), publishers from the first put to the last (what their I/O threads send after is left out), closing left out",
         a.processes, a.puts, a.rate
     );
     let mut rows = Vec::new();
@@ -299,8 +299,9 @@ fn run_cell(
         Vec::new()
     };
     let expect = (pubs * puts) as u64;
-    // Long enough for discovery, the sending, and a slow end.
-    let deadline_s = 30.0 + puts as f64 / rate * 3.0;
+    // Longer than publishers wait for their subscribers (60 s), then the
+    // sending, and a slow end.
+    let deadline_s = 90.0 + puts as f64 / rate * 3.0;
     let mut roles = Vec::new();
     for n in split(subs, a.processes) {
         roles.push(Role::ScaleSub {
@@ -334,15 +335,15 @@ fn run_cell(
     let pub_procs = roles.len() - sub_procs;
     let outcomes = crate::bench::start_workers(roles)?;
     let (mut put, mut e2e) = (Hist::default(), Hist::default());
-    let (mut received, mut cpu_ns, mut send_s) = (0u64, 0u64, 0f64);
+    let (mut received, mut cpu_ns, mut rates) = (0u64, 0u64, 0f64);
     for (i, o) in outcomes.iter().enumerate() {
         cpu_ns += o.cpu_ns;
         if i < sub_procs {
             e2e.merge(&o.hist);
             received += o.received;
+            rates += o.rate_sum;
         } else {
             put.merge(&o.hist);
-            send_s = send_s.max(o.seconds);
         }
     }
     Ok(Row {
@@ -356,11 +357,7 @@ fn run_cell(
         e2e,
         expected: expect * subs as u64,
         received,
-        per_sub_rate: if send_s > 0.0 {
-            received as f64 / subs as f64 / send_s
-        } else {
-            0.0
-        },
+        per_sub_rate: rates / subs as f64,
         cpu_us_per_sample: if received > 0 {
             cpu_ns as f64 / 1000.0 / received as f64
         } else {
@@ -404,7 +401,7 @@ pub(crate) fn scale_pub(
                     let period = Duration::from_secs_f64(1.0 / rate);
                     let mut payload = vec![0x5au8; size.max(8)];
                     if raw {
-                        let s = ctx.socket(zmq::XPUB)?;
+                        let mut s = ctx.socket(zmq::XPUB)?;
                         s.set_sndhwm(at.hwm)?;
                         s.set_xpub_verbose(true)?;
                         s.bind(
@@ -427,12 +424,23 @@ pub(crate) fn scale_pub(
                             }
                         }
                         started()?;
+                        // Large payloads leave without a copy (as Milonga's
+                        // do): the timestamp in a frame of its own, then
+                        // one shared buffer; small ones in one frame.
+                        let zero_copy = size >= 64 << 10;
+                        let shared = Bytes::from(payload.clone());
                         let t0 = Instant::now();
                         for n in 0..puts {
                             pace(t0, period, n);
-                            payload[..8].copy_from_slice(&now_ns().to_le_bytes());
+                            let stamp = now_ns().to_le_bytes();
                             let t = Instant::now();
-                            s.send(&payload[..], 0)?;
+                            if zero_copy {
+                                s.send(&stamp[..], zmq::SNDMORE)?;
+                                crate::ffi::send_shared(&mut s, &shared)?;
+                            } else {
+                                payload[..8].copy_from_slice(&stamp);
+                                s.send(&payload[..], 0)?;
+                            }
                             hist.add(t.elapsed().as_secs_f64() * 1e6);
                         }
                         let secs = t0.elapsed().as_secs_f64();
@@ -604,13 +612,15 @@ pub(crate) fn scale_sub(
             let ctx = ctx.clone();
             let endpoints = endpoints.to_vec();
             let gate = gate.clone();
-            std::thread::spawn(move || -> Result<(Hist, u64)> {
+            std::thread::spawn(move || -> Result<(Hist, u64, f64)> {
                 gate.clone().guard(|| {
                     // The process's CPU time is noted once every subscriber
                     // is set up.
                     let set_up = || gate.pass();
                     let mut hist = Hist::default();
                     let mut got = 0u64;
+                    let mut first = None::<Instant>;
+                    let mut last = None::<Instant>;
                     let until = Instant::now() + Duration::from_secs_f64(deadline_s);
                     if raw {
                         let s = ctx.socket(zmq::SUB)?;
@@ -620,13 +630,18 @@ pub(crate) fn scale_sub(
                             s.connect(e)?;
                         }
                         set_up()?;
-                        let mut last = None::<Instant>;
                         while got < expect && Instant::now() < until && !idle(last) {
                             if s.poll(zmq::POLLIN, 100)? == 0 {
                                 continue;
                             }
                             last = Some(Instant::now());
+                            first.get_or_insert(Instant::now());
+                            // One frame, its first 8 bytes the timestamp,
+                            // or the timestamp then the payload.
                             let m = s.recv_bytes(0)?;
+                            while s.get_rcvmore()? {
+                                s.recv_bytes(0)?;
+                            }
                             if m.len() >= 8 {
                                 let sent = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
                                 hist.add(now_ns().saturating_sub(sent) as f64 / 1000.0);
@@ -641,32 +656,44 @@ pub(crate) fn scale_sub(
                         )?)?;
                         let sub = node.subscribe("scale/**")?;
                         set_up()?;
-                        let mut last = None::<Instant>;
                         while got < expect && Instant::now() < until && !idle(last) {
-                            if let Ok(Event::Sample(s)) =
-                                sub.recv_timeout(Duration::from_millis(100))
-                            {
-                                hist.add(now_ns().saturating_sub(s.timestamp_ns) as f64 / 1000.0);
-                                got += 1;
-                                last = Some(Instant::now());
+                            match sub.recv_timeout(Duration::from_millis(100)) {
+                                Ok(Event::Sample(s)) => {
+                                    hist.add(
+                                        now_ns().saturating_sub(s.timestamp_ns) as f64 / 1000.0,
+                                    );
+                                    got += 1;
+                                    last = Some(Instant::now());
+                                    first.get_or_insert(Instant::now());
+                                }
+                                Ok(_) | Err(milonga::RecvError::Timeout) => {}
+                                Err(e) => bail!("subscriber {k}: {e}"),
                             }
                         }
                         gate.done();
                         drop(sub);
                         node.close();
                     }
-                    Ok((hist, got))
+                    // Samples a second from its first to its last.
+                    let rate = match (first, last) {
+                        (Some(f), Some(l)) if got > 1 && l > f => {
+                            (got - 1) as f64 / (l - f).as_secs_f64()
+                        }
+                        _ => 0.0,
+                    };
+                    Ok((hist, got, rate))
                 })
             })
         })
         .collect();
     let mut out = Outcome::default();
     for t in threads {
-        let (h, got) = t
+        let (h, got, rate) = t
             .join()
             .map_err(|_| anyhow::anyhow!("a subscriber thread panicked"))??;
         out.hist.merge(&h);
         out.received += got;
+        out.rate_sum += rate;
     }
     out.cpu_ns = gate.cpu_used();
     Ok(out)

@@ -222,12 +222,14 @@ impl SubShared {
                     }
                 }
             };
-            let wait_ms = timer_ms.map_or(wait_ms, |t| t.min(wait_ms)).max(1) as i32;
+            let mut wait_ms = timer_ms.map_or(wait_ms, |t| t.min(wait_ms)).max(1) as i32;
             // The low-latency mode: poll a while before blocking (a
-            // message that comes meanwhile skips the wake-up).
+            // message that comes meanwhile skips the wake-up). The spin
+            // counts against the wait: together they never outlast it.
             let spin = u64::from(self.node.cfg().recv_spin_us).min(wait_ms as u64 * 1000);
             if spin > 0 {
-                let until = Instant::now() + Duration::from_micros(spin);
+                let began = Instant::now();
+                let until = began + Duration::from_micros(spin);
                 let mut got = None;
                 while got.is_none() && Instant::now() < until {
                     match io.link.try_recv() {
@@ -240,6 +242,12 @@ impl SubShared {
                     self.received(&mut io, msg);
                     continue;
                 }
+                let left_us = i64::from(wait_ms) * 1000 - began.elapsed().as_micros() as i64;
+                if left_us <= 0 {
+                    // The deadline and the timers are looked at again.
+                    continue;
+                }
+                wait_ms = ((left_us + 999) / 1000) as i32;
             }
             match io.link.recv_wait(wait_ms) {
                 Ok(Some(msg)) => self.received(&mut io, msg),
