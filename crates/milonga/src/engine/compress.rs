@@ -25,18 +25,10 @@ impl Compression {
             return None;
         }
         let size32 = u32::try_from(size).ok()?;
-        // One contiguous input (a payload may be in two parts).
-        let joined;
-        let input: &[u8] = match payload {
-            [one] => one,
-            parts => {
-                joined = parts.concat();
-                &joined
-            }
-        };
+        let input = contiguous(payload);
         let data = match c {
             Compressor::Lz4 => lz4::block::compress(
-                input,
+                &input,
                 Some(lz4::block::CompressionMode::FAST(self.level.max(1))),
                 false,
             )
@@ -55,7 +47,7 @@ impl Compression {
                         z.len() - 1
                     }
                 };
-                z[i].1.compress(input).ok()
+                z[i].1.compress(&input).ok()
             })?,
         };
         if data.len() + COMPRESSED_HEAD_LEN >= size {
@@ -149,19 +141,12 @@ impl Dictionary {
             }
         };
         drop(st);
-        let joined;
-        let input: &[u8] = match payload {
-            [one] => one,
-            parts => {
-                joined = parts.concat();
-                &joined
-            }
-        };
+        let input = contiguous(payload);
         let mut data = Vec::with_capacity(zstd_safe::compress_bound(input.len()));
         let done = CZSTD.with(|z| {
             let mut z = z.borrow_mut();
             let cx = z.get_or_insert_with(zstd_safe::CCtx::create);
-            cx.compress_using_cdict(&mut data, input, &trained.cdict)
+            cx.compress_using_cdict(&mut data, &input, &trained.cdict)
                 .is_ok()
         });
         if !done || data.len() + DICTIONARY_HEAD_LEN >= size {
@@ -200,6 +185,14 @@ impl Learned {
             return None;
         }
         zstd_safe::DDict::try_create(bytes).map(Learned)
+    }
+}
+
+/// A payload as one slice: itself, or its two parts joined.
+fn contiguous<'a>(payload: &[&'a [u8]]) -> std::borrow::Cow<'a, [u8]> {
+    match payload {
+        [one] => std::borrow::Cow::Borrowed(*one),
+        parts => std::borrow::Cow::Owned(parts.concat()),
     }
 }
 

@@ -155,69 +155,63 @@ struct Asked {
     times: u32,
 }
 
-impl<L> SubState<L> {
-    /// Whether dictionary `id` of `node` may be asked for at `now` (not
-    /// learned, not asked lately: after [`JOIN_TIMEOUT`], doubled at each
-    /// time unanswered, at most 64 s); if so, it is noted as asked.
-    fn may_ask_dictionary(&mut self, node: NodeId, id: u32, now: Instant) -> bool {
-        if self.dictionaries.contains_key(&(node, id)) {
+/// Whether `id` of `node` (a schema or a dictionary, not `known`) may be
+/// asked for at `now`: never asked, or asked [`JOIN_TIMEOUT`] ago, doubled
+/// at each time unanswered (at most 64 s). If so, it is noted in `asked`,
+/// which keeps at most `cap`: the one this node asked longest ago makes
+/// room (another node's only if this one has none), so that a node cannot
+/// push out the asks of others.
+fn may_ask(
+    asked: &mut HashMap<(NodeId, u32), Asked>,
+    known: bool,
+    (node, id): (NodeId, u32),
+    now: Instant,
+    cap: usize,
+) -> bool {
+    if known {
+        return false;
+    }
+    let before = asked.get(&(node, id)).copied();
+    if let Some(a) = before {
+        if now < a.at + JOIN_TIMEOUT * (1 << a.times.min(5)) {
             return false;
         }
-        let before = self.dictionaries_asked.get(&(node, id)).copied();
-        if let Some(a) = before {
-            if now < a.at + JOIN_TIMEOUT * (1 << a.times.min(5)) {
-                return false;
-            }
-        } else if self.dictionaries_asked.len() >= MAX_DICTIONARIES * 4 {
-            // The one this node asked longest ago makes room (another
-            // node's only if this one has none).
-            let oldest = |same: bool| {
-                self.dictionaries_asked
-                    .iter()
-                    .filter(|((n, _), _)| !same || *n == node)
-                    .min_by_key(|(_, a)| a.at)
-                    .map(|(k, _)| *k)
-            };
-            if let Some(k) = oldest(true).or_else(|| oldest(false)) {
-                self.dictionaries_asked.remove(&k);
-            }
+    } else if asked.len() >= cap {
+        let oldest = |same: bool| {
+            asked
+                .iter()
+                .filter(|((n, _), _)| !same || *n == node)
+                .min_by_key(|(_, a)| a.at)
+                .map(|(k, _)| *k)
+        };
+        if let Some(k) = oldest(true).or_else(|| oldest(false)) {
+            asked.remove(&k);
         }
-        let times = before.map_or(0, |a| a.times + 1);
-        self.dictionaries_asked
-            .insert((node, id), Asked { at: now, times });
-        true
+    }
+    let times = before.map_or(0, |a| a.times + 1);
+    asked.insert((node, id), Asked { at: now, times });
+    true
+}
+
+impl<L> SubState<L> {
+    /// Whether dictionary `id` of `node` may be asked for at `now` (see
+    /// [`may_ask`]); if so, it is noted as asked.
+    fn may_ask_dictionary(&mut self, node: NodeId, id: u32, now: Instant) -> bool {
+        let known = self.dictionaries.contains_key(&(node, id));
+        may_ask(
+            &mut self.dictionaries_asked,
+            known,
+            (node, id),
+            now,
+            MAX_DICTIONARIES * 4,
+        )
     }
 
-    /// Whether schema `id` of `node` may be asked for at `now` (not
-    /// learned, not asked lately); if so, it is noted as asked.
+    /// Whether schema `id` of `node` may be asked for at `now` (see
+    /// [`may_ask`]); if so, it is noted as asked.
     fn may_ask_schema(&mut self, node: NodeId, id: u32, now: Instant) -> bool {
-        if self.schemas.contains_key(&(node, id)) {
-            return false;
-        }
-        let before = self.schemas_asked.get(&(node, id)).copied();
-        if let Some(a) = before {
-            if now < a.at + JOIN_TIMEOUT * (1 << a.times.min(5)) {
-                return false;
-            }
-        } else if self.schemas_asked.len() >= MAX_SCHEMAS {
-            // The one this node asked longest ago makes room (another
-            // node's only if this one has none): a node cannot push out
-            // the asks of others.
-            let oldest = |same: bool| {
-                self.schemas_asked
-                    .iter()
-                    .filter(|((n, _), _)| !same || *n == node)
-                    .min_by_key(|(_, a)| a.at)
-                    .map(|(k, _)| *k)
-            };
-            if let Some(k) = oldest(true).or_else(|| oldest(false)) {
-                self.schemas_asked.remove(&k);
-            }
-        }
-        let times = before.map_or(0, |a| a.times + 1);
-        self.schemas_asked
-            .insert((node, id), Asked { at: now, times });
-        true
+        let known = self.schemas.contains_key(&(node, id));
+        may_ask(&mut self.schemas_asked, known, (node, id), now, MAX_SCHEMAS)
     }
 }
 
