@@ -1091,6 +1091,7 @@ fn a_zstd_dictionary_is_asked_through_the_broker_and_samples_arrive_as_put() {
     wait_for("a first sample through the broker", T, || {
         i += 1;
         p.put(value(i)).unwrap();
+        // Paces the puts, one per poll of the deadline-bound wait.
         std::thread::sleep(Duration::from_millis(20));
         if let Ok(milonga::Event::Sample(s)) = sub.try_recv() {
             first = Some(s.value);
