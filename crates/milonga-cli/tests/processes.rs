@@ -135,6 +135,55 @@ fn kill_9_of_a_publisher_leaves_nothing_that_blocks_or_misleads() {
     });
 }
 
+/// The shared-memory segments (docs/shared-memory.md) of process `pid`.
+fn segments_of(pid: u32) -> Vec<std::path::PathBuf> {
+    let prefix = format!("milonga-{pid}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A publisher of large samples writes them into a shared-memory segment
+/// for the subscriber on its host; killed with -9, it cannot remove the
+/// segment, and the subscriber's node sweeps it once the process is gone.
+/// A subscriber killed with -9 holds nothing the publisher waits for: it
+/// goes on with a new subscriber, through shared memory.
+#[test]
+fn a_publisher_killed_with_9_leaves_no_shared_memory_segment_behind() {
+    let env = Env::new("shmkill");
+    let mut first = env.spawn(&["sub", "shm/cam", "--json"]);
+    let mut publ = env.spawn(&[
+        "pub",
+        "shm/cam",
+        "--bytes",
+        "200000",
+        "--rate",
+        "100",
+        "--reliable",
+    ]);
+    samples(&first, 5);
+    let pid = publ.pid();
+    wait_for("the publisher's segment", T, || {
+        !segments_of(pid).is_empty()
+    });
+    // A subscriber killed while it holds leases: the publisher clears
+    // them (its pid is gone) and serves the next one.
+    first.kill9();
+    let second = env.spawn(&["sub", "shm/cam", "--json"]);
+    let got = samples(&second, 20);
+    let seqs: Vec<u64> = got.iter().map(|s| s["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    publ.kill9();
+    wait_for("the killed publisher's segment to be swept", T, || {
+        segments_of(pid).is_empty()
+    });
+}
+
 #[test]
 fn wildcards_deliver_what_matches_and_nothing_else() {
     let env = Env::new("wild");

@@ -71,7 +71,14 @@ pub const FLAG_REPLAYED: u8 = 0x02;
 /// Flag bit 2: the body is compressed ([`Compressed`]); only on samples
 /// and batches, never with [`FLAG_PAYLOAD_FRAME`].
 pub const FLAG_COMPRESSED: u8 = 0x04;
-/// Every flag bit this version knows.
+/// Flag bit 3: the payload is in the publisher's shared-memory segment
+/// ([`crate::shm::SharedRef`], docs/protocol.md §4.6); only on one-frame
+/// samples, and only to subscriptions on the publisher's host that asked
+/// for it. A receiver resolves it before it reads the frame; a frame that
+/// still carries it is not one this version decodes ([`KNOWN_FLAGS`]).
+pub const FLAG_SHARED_MEMORY: u8 = 0x08;
+/// Every flag bit this version decodes (a shared-memory reference is
+/// resolved into a payload frame first).
 pub const KNOWN_FLAGS: u8 = FLAG_PAYLOAD_FRAME | FLAG_REPLAYED | FLAG_COMPRESSED;
 
 /// What compressed a body (flag bit 2).

@@ -25,6 +25,7 @@ pub mod key;
 pub mod schema;
 pub mod scout;
 pub mod service;
+pub mod shm;
 pub mod value;
 mod value_de;
 

@@ -164,6 +164,31 @@ impl Outlet {
             .sum()
     }
 
+    /// How many subscriptions want a sample whose frame starts with
+    /// `frame_prefix` (key + NUL), if every one of them also holds its
+    /// shared-memory marker (`marker` ‖ prefix, docs/protocol.md §4.6):
+    /// then all are on this host and the payload may go through shared
+    /// memory. `None` if one is not, or none wants it. A subscription
+    /// that holds two prefixes the key matches counts twice (its slot
+    /// then waits for the hold time).
+    pub(crate) fn shared_memory_readers(&self, frame_prefix: &[u8], marker: &[u8]) -> Option<u32> {
+        let mut readers = 0u32;
+        let mut marked = Vec::with_capacity(marker.len() + 64);
+        for (p, &n) in &self.subscriptions {
+            if p.first() == Some(&milonga_wire::shm::MARKER_BYTE) || !frame_prefix.starts_with(p) {
+                continue;
+            }
+            marked.clear();
+            marked.extend_from_slice(marker);
+            marked.extend_from_slice(p);
+            if self.subscriptions.get(&marked) != Some(&n) {
+                return None;
+            }
+            readers = readers.saturating_add(n);
+        }
+        (readers > 0).then_some(readers)
+    }
+
     /// The batch waiting for room, if any.
     pub(crate) fn pending(&mut self) -> &mut Option<Pending> {
         &mut self.pending

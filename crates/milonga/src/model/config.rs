@@ -252,6 +252,10 @@ pub(crate) const KEYS: &[KeySpec] = &[
     key("tcp_buffer_bytes", None, Kind::Int),
     key("close_linger_ms", None, Kind::Int),
     key("zero_copy_threshold_bytes", None, Kind::Int),
+    key("shared_memory", Some("MILONGA_SHARED_MEMORY"), Kind::Bool),
+    key("shm_threshold_bytes", None, Kind::Int),
+    key("shm_segment_bytes", None, Kind::Int),
+    key("shm_hold_ms", None, Kind::Int),
     key("security", Some("MILONGA_SECURITY"), Kind::Text),
     key("key_file", Some("MILONGA_KEY"), Kind::OptText),
     key("trust_dir", Some("MILONGA_TRUST"), Kind::OptText),
@@ -301,6 +305,10 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         tcp_buffer_bytes: _,
         close_linger_ms: _,
         zero_copy_threshold_bytes: _,
+        shared_memory: _,
+        shm_threshold_bytes: _,
+        shm_segment_bytes: _,
+        shm_hold_ms: _,
         security: _,
         key_file: _,
         trust_dir: _,
@@ -344,6 +352,10 @@ fn field_names(c: &Config) -> Vec<&'static str> {
         "tcp_buffer_bytes",
         "close_linger_ms",
         "zero_copy_threshold_bytes",
+        "shared_memory",
+        "shm_threshold_bytes",
+        "shm_segment_bytes",
+        "shm_hold_ms",
         "security",
         "key_file",
         "trust_dir",
@@ -463,6 +475,24 @@ pub struct Config {
     /// Payloads (whole byte strings or typed arrays) of at least this many
     /// bytes travel in their own frame without a copy. Default 64 KiB.
     pub zero_copy_threshold_bytes: usize,
+    /// Same-host shared memory for large payloads (docs/shared-memory.md):
+    /// a publisher writes a payload frame of at least
+    /// [`Config::shm_threshold_bytes`] into a segment in `/dev/shm` when
+    /// every subscription that wants it is on this host, and they read it
+    /// in place. Default on.
+    pub shared_memory: bool,
+    /// Smallest payload frame sent through shared memory (payload frames
+    /// exist from [`Config::zero_copy_threshold_bytes`] on). Default 64 KiB.
+    pub shm_threshold_bytes: usize,
+    /// Size of a publisher's segment, one per data socket that uses it: the
+    /// most memory its payloads in flight take. Default 64 MiB.
+    pub shm_segment_bytes: usize,
+    /// How long a slot waits for a subscription that was sent its
+    /// reference and did not read it (ended, or that far behind) before
+    /// it is rewritten; a subscription that comes later finds it gone and
+    /// counts the sample lost. Slots that a live process holds are never
+    /// rewritten. Default 2000 ms.
+    pub shm_hold_ms: u32,
     /// CURVE on every connection: `auto` (the default: on when the node
     /// can be reached from other hosts or a key is given), `on` or `off`
     /// (docs/security.md).
@@ -552,6 +582,10 @@ impl Config {
             tcp_buffer_bytes: 0,
             close_linger_ms: 1000,
             zero_copy_threshold_bytes: 64 << 10,
+            shared_memory: true,
+            shm_threshold_bytes: 64 << 10,
+            shm_segment_bytes: 64 << 20,
+            shm_hold_ms: 2000,
             security: Security::Auto,
             key_file: None,
             trust_dir: None,
@@ -678,6 +712,7 @@ impl Config {
                 "scouting" => self.scouting = b,
                 "gossip" => self.gossip = b,
                 "compression_dictionary" => self.compression_dictionary = b,
+                "shared_memory" => self.shared_memory = b,
                 _ => unreachable!("a bool key without a field: {key}"),
             },
             (Kind::List, V::List(l)) => match key {
@@ -709,6 +744,9 @@ impl Config {
                     "tcp_buffer_bytes" => self.tcp_buffer_bytes = fit(i, key)?,
                     "close_linger_ms" => self.close_linger_ms = fit(i, key)?,
                     "zero_copy_threshold_bytes" => self.zero_copy_threshold_bytes = fit(i, key)?,
+                    "shm_threshold_bytes" => self.shm_threshold_bytes = fit(i, key)?,
+                    "shm_segment_bytes" => self.shm_segment_bytes = fit(i, key)?,
+                    "shm_hold_ms" => self.shm_hold_ms = fit(i, key)?,
                     "compression_threshold_bytes" => {
                         self.compression_threshold_bytes = fit(i, key)?
                     }
@@ -978,6 +1016,7 @@ mod tests {
             ("MILONGA_RELIABLE_SEND_HWM", "2"),
             ("MILONGA_RECV_HWM", "30"),
             ("MILONGA_RECV_SPIN_US", "25"),
+            ("MILONGA_SHARED_MEMORY", "off"),
             ("MILONGA_SECURITY", "on"),
             ("MILONGA_KEY", "/k/node.key"),
             ("MILONGA_TRUST", "/k/trust"),
@@ -1010,6 +1049,7 @@ mod tests {
         assert_eq!(c.etcd_endpoints, ["http://e1:2379", "http://e2:2379"]);
         assert_eq!(c.interfaces, ["eth0", "10.0.0.0/8"]);
         assert!(!c.scouting, "on by default, off by the variable");
+        assert!(!c.shared_memory, "on by default, off by the variable");
         assert_eq!(
             (
                 c.scout_group.as_str(),

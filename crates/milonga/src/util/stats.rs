@@ -166,6 +166,19 @@ counters! {
     frames_deflated,
     /// Compressed frames this node's subscriptions inflated (§4).
     frames_inflated,
+    /// Samples this node's publishers wrote into shared memory for
+    /// subscriptions on their host (docs/shared-memory.md).
+    shm_sent,
+    /// Samples that could have gone through shared memory and went
+    /// through the socket: no slot could be had (every one still held or
+    /// awaited), or the segment could not be made (logged).
+    shm_fallbacks,
+    /// Shared-memory payloads this node's subscriptions read in place.
+    shm_received,
+    /// Shared-memory references this node's subscriptions could not read
+    /// (the slot rewritten before they came, a segment that cannot be
+    /// mapped; logged): the sample is missing and reported lost.
+    shm_unreadable,
     /// Samples delivered from a publisher's history (late joining or repair).
     samples_replayed,
     /// Schemas this node's subscriptions learned from publishers

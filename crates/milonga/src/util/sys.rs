@@ -230,6 +230,127 @@ impl Inotify {
     }
 }
 
+/// A file mapped shared into this process (a shared-memory segment in
+/// `/dev/shm`, docs/shared-memory.md): other processes map the same file
+/// and see every write. Reads and writes go through raw pointers and
+/// atomics, never through a `&mut` to the mapping, so that this process
+/// holds no exclusive reference to memory others write.
+#[derive(Debug)]
+pub(crate) struct SharedMap {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory shared with other processes anyway;
+// every access goes through atomics or raw copies (see the methods).
+unsafe impl Send for SharedMap {}
+// SAFETY: as above: no method hands out a `&mut`, and the atomics are the
+// synchronisation.
+unsafe impl Sync for SharedMap {}
+
+impl SharedMap {
+    /// Maps `len` bytes of `file` (opened for reading and writing), shared.
+    pub(crate) fn map(file: &std::fs::File, len: usize) -> std::io::Result<SharedMap> {
+        if len == 0 {
+            return Err(std::io::Error::other("an empty segment"));
+        }
+        // SAFETY: a new mapping at an address the kernel picks, of a file
+        // descriptor that is open for the call; nothing else aliases it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("mmap gave a null address"))?;
+        Ok(SharedMap { ptr, len })
+    }
+
+    /// Its size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether `len` bytes at `offset` lie inside the mapping.
+    fn holds(&self, offset: usize, len: usize) -> bool {
+        offset.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+
+    /// The 64-bit atomic at `offset` (8-aligned, inside the mapping).
+    pub(crate) fn atomic_u64(&self, offset: usize) -> Option<&std::sync::atomic::AtomicU64> {
+        if offset % 8 != 0 || !self.holds(offset, 8) {
+            return None;
+        }
+        // SAFETY: in bounds and aligned (the mapping is page-aligned);
+        // `AtomicU64` has the layout of a `u64` and is only ever accessed
+        // atomically by every process that maps the segment.
+        Some(unsafe {
+            &*self
+                .ptr
+                .as_ptr()
+                .add(offset)
+                .cast::<std::sync::atomic::AtomicU64>()
+        })
+    }
+
+    /// The 32-bit atomic at `offset` (4-aligned, inside the mapping).
+    pub(crate) fn atomic_u32(&self, offset: usize) -> Option<&std::sync::atomic::AtomicU32> {
+        if offset % 4 != 0 || !self.holds(offset, 4) {
+            return None;
+        }
+        // SAFETY: as for `atomic_u64`.
+        Some(unsafe {
+            &*self
+                .ptr
+                .as_ptr()
+                .add(offset)
+                .cast::<std::sync::atomic::AtomicU32>()
+        })
+    }
+
+    /// Copies `data` to `offset` (the writer, into a slot no reader holds).
+    pub(crate) fn write(&self, offset: usize, data: &[u8]) -> bool {
+        if !self.holds(offset, data.len()) {
+            return false;
+        }
+        // SAFETY: in bounds; `data` is this process's memory, so the two
+        // ranges cannot overlap; no reference into the target range is
+        // held by this process while it is written (readers of a slot hold
+        // it leased, and the writer only writes slots no one leases).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        };
+        true
+    }
+
+    /// The bytes at `offset` (a reader, of a slot it leases).
+    pub(crate) fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        if !self.holds(offset, len) {
+            return None;
+        }
+        // SAFETY: in bounds. The writer does not write a slot a reader
+        // leases (docs/shared-memory.md, "Leases"); the bytes are plain
+        // `u8`, valid whatever they hold.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) })
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once; every
+        // reference into it borrows `self`, so none outlives this.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
 /// Test helpers that need the C library too.
 #[cfg(test)]
 pub(crate) mod testing {

@@ -152,6 +152,10 @@ fn liveliness_socket(p2p: &P2p) -> Result<zmq::Socket, OpenError> {
 /// intervals may miss the goodbye (docs/guarantees.md).
 const LIVELINESS_HWM: i32 = 1000;
 
+/// How long this process keeps a segment of another mapped when no
+/// sample of it is held and none came (docs/shared-memory.md).
+const SHM_MAPPING_IDLE: Duration = Duration::from_secs(5);
+
 /// Most keys whose last sequence number a goodbye carries.
 pub(crate) const MAX_GOODBYE_KEYS: usize = 8192;
 
@@ -448,6 +452,10 @@ impl<H: Host> Control<H> {
 
     fn run(mut self) {
         let interval = self.p2p().core().cfg.discovery_interval();
+        // Shared-memory segments of processes that ended are removed by
+        // whichever node on the host sweeps first (docs/shared-memory.md).
+        let sweeps = self.p2p().core().cfg.shared_memory;
+        let mut next_sweep = Instant::now();
         while !self.p2p().core().is_closed() {
             // A waiting batch is retried every millisecond: it exists only
             // while a subscriber is full, and must leave as soon as it can.
@@ -477,6 +485,10 @@ impl<H: Host> Control<H> {
             self.flooded = self.drain_data_sockets();
             self.heartbeat(ready.live);
             self.host.reannounce(true);
+            if sweeps && Instant::now() >= next_sweep {
+                crate::backend::p2p::shm::sweep(SHM_MAPPING_IDLE);
+                next_sweep = Instant::now() + Duration::from_secs(1);
+            }
         }
         // Tell subscribers this node is leaving, so that they report it
         // `closed` rather than wait for the connection or the lease. The

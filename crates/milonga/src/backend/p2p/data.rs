@@ -12,6 +12,7 @@ use milonga_wire::frame::{self, BATCH_ENTRY_HEADER_LEN, FLAG_PAYLOAD_FRAME};
 use milonga_wire::{Bytes, Key};
 
 use crate::backend::p2p::curve::Guard;
+use crate::backend::p2p::shm;
 use crate::backend::p2p::zmq_io;
 use crate::backend::p2p::P2p;
 use crate::engine::batch::{Pending, MAX_BATCH_BYTES, MAX_ENTRY_BYTES};
@@ -22,6 +23,7 @@ use crate::model::node::NodeCore;
 use crate::model::qos::Reliability;
 use crate::util::lock;
 use crate::util::stats::{self, Counters};
+use milonga_wire::shm::SharedRef;
 
 /// A data socket (XPUB) shared by the publishers of one reliability.
 pub(crate) struct DataSocket {
@@ -199,6 +201,16 @@ impl DataSocket {
                 })?;
             }
         }
+        // Same-host shared memory: the payload frame written once into the
+        // socket's segment, a reference sent instead (docs/shared-memory.md).
+        let shared = d.share(put, sent, flags);
+        let (sent, flags) = match &shared {
+            Some((reference, _)) => {
+                msg = None;
+                (reference, frame::FLAG_SHARED_MEMORY)
+            }
+            None => (sent, flags),
+        };
         let mut msg = msg
             .take()
             .unwrap_or_else(|| put.build(sent, schema_id, flags));
@@ -227,13 +239,20 @@ impl DataSocket {
             Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {
                 // The `zmq` crate consumed the refused message: each retry
                 // builds it again.
-                put.wait(&mut d, wait, started, |d, send_flags| {
+                let waited = put.wait(&mut d, wait, started, |d, send_flags| {
                     let mut m = put.build(sent, schema_id, flags);
                     put.stamp(&mut m, seq, timestamp_ns);
                     d.sock.send(m, send_flags | more)
-                })?;
+                });
+                if let Err(e) = waited {
+                    d.unshare(shared.as_ref());
+                    return Err(e);
+                }
             }
-            Err(e) => return Err(PutError::Socket(e.transport())),
+            Err(e) => {
+                d.unshare(shared.as_ref());
+                return Err(PutError::Socket(e.transport()));
+            }
         }
         if let Some(tail) = sent.tail.clone() {
             // The first frame is out: the payload frame must follow, or the
@@ -253,8 +272,10 @@ impl DataSocket {
         }
         // After the whole message: filtered copies are messages of their own.
         put.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
-        if flags != 0 {
+        if flags == frame::FLAG_COMPRESSED {
             stats::inc(&put.p2p.core().counters.frames_deflated);
+        } else if flags == frame::FLAG_SHARED_MEMORY {
+            stats::inc(&put.p2p.core().counters.shm_sent);
         }
         // Stored before the lock goes: another thread's put takes the
         // next number, never this one again.
@@ -439,6 +460,9 @@ pub(crate) struct DataSock {
     gate: Option<Arc<Guard>>,
     /// The socket is inproc (no handshake, no key: the node's own process).
     inproc: bool,
+    /// Its shared-memory segment, made on first use; `Err` once making
+    /// one failed (logged; its samples then go through the socket).
+    ring: Option<Result<shm::Ring, ()>>,
 }
 
 /// What the gate makes of one message from a subscriber.
@@ -463,6 +487,60 @@ impl DataSock {
             out: Outlet::new(reliability),
             gate: None,
             inproc: false,
+            ring: None,
+        }
+    }
+
+    /// The reference frame's payload that replaces `enc` (a payload frame
+    /// sent with `flags`), and the reference, when the payload goes through
+    /// shared memory: large enough, not compressed, every subscription
+    /// that wants it on this host (docs/shared-memory.md). Counted in
+    /// `shm_fallbacks` when it could have and no slot was free.
+    fn share(&mut self, put: &Put<'_>, enc: &Encoded, flags: u8) -> Option<(Encoded, SharedRef)> {
+        let node = put.p2p.core();
+        let cfg = &node.cfg;
+        let tail = enc.tail.as_ref()?;
+        if flags != 0 || self.inproc || !cfg.shared_memory || tail.len() < cfg.shm_threshold_bytes {
+            return None;
+        }
+        let readers = self
+            .out
+            .shared_memory_readers(put.template, shm::marker()?)?;
+        let ring = self.ring.get_or_insert_with(|| {
+            let hold = Duration::from_millis(u64::from(cfg.shm_hold_ms));
+            shm::Ring::create(
+                &node.id,
+                cfg.shm_segment_bytes,
+                cfg.shm_threshold_bytes,
+                hold,
+            )
+            .map_err(|e| {
+                tracing::warn!(
+                    error = %e,
+                    "no shared-memory segment: large samples go through the socket"
+                );
+            })
+        });
+        let written = match ring {
+            Ok(ring) => ring.write(tail, readers),
+            Err(()) => None,
+        };
+        let Some(r) = written else {
+            stats::inc(&node.counters.shm_fallbacks);
+            return None;
+        };
+        let reference = Encoded {
+            encoding: enc.encoding,
+            head: shm::reference_body(&r, &enc.head),
+            tail: None,
+        };
+        Some((reference, r))
+    }
+
+    /// Gives back the slot of a reference that was not sent.
+    fn unshare(&mut self, shared: Option<&(Encoded, SharedRef)>) {
+        if let (Some((_, r)), Some(Ok(ring))) = (shared, self.ring.as_mut()) {
+            ring.unsent(r);
         }
     }
 

@@ -15,6 +15,7 @@ pub(crate) mod federation;
 pub(crate) mod registry;
 pub(crate) mod scout_peers;
 pub(crate) mod serve_link;
+pub(crate) mod shm;
 pub(crate) mod static_peers;
 pub(crate) mod sub_link;
 pub(crate) mod uplink;

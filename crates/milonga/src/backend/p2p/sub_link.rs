@@ -18,11 +18,13 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use crate::backend::p2p::curve;
+use crate::backend::p2p::shm;
 use crate::backend::p2p::zmq_io::{self, message_bytes, ContextRef};
 use crate::backend::p2p::P2p;
 use crate::engine::subscription::Link;
 use crate::model::error::{IntoTransport, OpenError, TransportError};
 use crate::model::node::NodeCore;
+use crate::util::stats;
 
 /// Prefix of the wake-up messages a subscription's own inproc PUB sends to
 /// its SUB socket, so that a thread blocked in `recv` on that one socket
@@ -74,6 +76,10 @@ struct Spec {
     prefixes: Vec<Vec<u8>>,
     hwm: i32,
     wake_ep: String,
+    /// This host's shared-memory marker, while the subscription asks for
+    /// payloads through shared memory (docs/shared-memory.md): each key
+    /// prefix is followed by `marker ‖ prefix`.
+    marker: Option<&'static [u8]>,
 }
 
 /// Wakes the thread blocked in [`SubLink::recv_wait`].
@@ -135,6 +141,14 @@ impl Spec {
             msg.extend_from_slice(p);
             sock.send(msg, 0).map_err(cfg_err)?;
         }
+        // After the prefixes they mark (a publisher counts a marker only
+        // with its prefix, and libzmq sends them on in byte order, where
+        // 0xFF comes last).
+        for m in self.markers() {
+            let mut msg = m;
+            msg.insert(0, 1);
+            sock.send(msg, 0).map_err(cfg_err)?;
+        }
         let mon_ep = match g {
             0 => format!("inproc://milonga-submon-{}-{}", self.core.id, self.id),
             g => format!("inproc://milonga-submon-{}-{}-{g}", self.core.id, self.id),
@@ -156,6 +170,22 @@ impl Spec {
                 source: source.transport(),
             })?;
         Ok((sock, Monitor(monitor)))
+    }
+}
+
+impl Spec {
+    /// The marker subscriptions (`marker ‖ P`) of its key prefixes; none
+    /// for a filtered prefix (filtered copies never go through shared
+    /// memory) or with shared memory off.
+    fn markers(&self) -> Vec<Vec<u8>> {
+        let Some(m) = self.marker else {
+            return Vec::new();
+        };
+        self.prefixes
+            .iter()
+            .filter(|p| p.first() != Some(&b'@'))
+            .map(|p| [m, p].concat())
+            .collect()
     }
 }
 
@@ -188,6 +218,11 @@ impl SubLink {
             prefixes,
             hwm,
             wake_ep,
+            marker: {
+                let cfg = &p2p.core().cfg;
+                let inproc = cfg.transport == crate::model::config::Transport::Inproc;
+                (cfg.shared_memory && !inproc).then(shm::marker).flatten()
+            },
         };
         let (sock, monitor) = spec.socket(&ctx, 0)?;
         Ok((
@@ -304,7 +339,44 @@ impl SubLink {
         } else {
             None
         };
-        Incoming::Message(message_bytes(first), second, group.key.clone())
+        let key = group.key.clone();
+        if second.is_none() && self.spec.marker.is_some() {
+            match shm::resolve(&first) {
+                None => {}
+                Some(Ok((frame, payload))) => {
+                    stats::inc(&self.spec.core.counters.shm_received);
+                    return Incoming::Message(frame, Some(payload), key);
+                }
+                Some(Err(e)) => {
+                    stats::inc(&self.spec.core.counters.shm_unreadable);
+                    limited!(
+                        warn,
+                        subscription = %self.spec.what,
+                        error = %e,
+                        "a shared-memory sample could not be read: it is reported lost"
+                    );
+                    if matches!(e, shm::Unreadable::Segment(_)) {
+                        self.stop_shared_memory();
+                    }
+                    return Incoming::Nothing;
+                }
+            }
+        }
+        Incoming::Message(message_bytes(first), second, key)
+    }
+
+    /// Stops asking for payloads through shared memory (a segment could
+    /// not be mapped): the markers are withdrawn, and publishers send this
+    /// subscription's samples through the socket from then on.
+    fn stop_shared_memory(&mut self) {
+        for m in self.spec.markers() {
+            let mut msg = m;
+            msg.insert(0, 0);
+            for g in &self.groups {
+                let _ = g.sock.send(msg.as_slice(), zmq::DONTWAIT);
+            }
+        }
+        self.spec.marker = None;
     }
 
     /// The group whose connections name `key` as their server's: one

@@ -1,0 +1,651 @@
+//! The same-host shared-memory path (docs/shared-memory.md): a publisher
+//! writes a large payload frame once into a segment of its own in
+//! `/dev/shm` and sends subscriptions on its host a reference to it
+//! (docs/protocol.md §4.6); they map the segment and read the payload in
+//! place.
+//!
+//! A segment is a file `/dev/shm/milonga-<pid>-<node id>-<n>`: a header
+//! page, a table of slots, and a data ring. A slot holds one payload: its
+//! stamp (even when written, odd while rewritten), the readers still
+//! expected, where its bytes lie, and the pids of the processes that hold
+//! it (leases). The writer reuses the oldest slot when no live process
+//! holds it and every expected reader came (or `shm_hold_ms` passed), and
+//! otherwise sends the sample through the socket. A reader takes a lease,
+//! then checks the stamp; the lease goes when the last view of the bytes
+//! is dropped. Files of processes that ended are removed by the next node
+//! on the host that sweeps (every second, [`sweep`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use milonga_wire::shm::{SharedRef, MARKER_BYTE, REF_LEN};
+use milonga_wire::NodeId;
+
+use crate::util::sys::{pid_exists, SharedMap};
+
+/// Where segments live.
+const DIR: &str = "/dev/shm";
+/// Their file names start with this.
+const FILE_PREFIX: &str = "milonga-";
+/// The segment header's magic: "MLGSHM", format 1.
+const MAGIC: u64 = u64::from_le_bytes(*b"MLGSHM\x00\x01");
+/// The header page.
+const HEADER_BYTES: usize = 4096;
+/// One slot of the table.
+const SLOT_BYTES: usize = 256;
+/// Slot fields: stamp (u64), readers expected (u32), data offset (u64),
+/// length (u64), then the lease pids (u32 each).
+const SLOT_STAMP: usize = 0;
+const SLOT_EXPECTED: usize = 8;
+const SLOT_OFFSET: usize = 16;
+const SLOT_LEN: usize = 24;
+const SLOT_PIDS: usize = 32;
+/// Leases one slot holds at once: a sample goes through the socket when
+/// more subscriptions on the host want it.
+pub(crate) const MAX_READERS: u32 = ((SLOT_BYTES - SLOT_PIDS) / 4) as u32;
+/// Payloads are placed on this alignment in the ring.
+const ALIGN: usize = 64;
+/// Most slots a segment has.
+const MAX_SLOTS: usize = 4096;
+
+/// The identity of this host's shared memory, as subscriptions' markers
+/// spell it: FNV-1a 64 of the boot id, the `/dev/shm` file system, the pid
+/// namespace and the user, so that a publisher serves only subscribers
+/// that can open its files (same user), see the same ones (same mount)
+/// and whose pids mean the same (same namespace). `None` where `/dev/shm`
+/// or the boot id cannot be read: no shared memory then.
+fn host() -> Option<&'static str> {
+    static HOST: OnceLock<Option<String>> = OnceLock::new();
+    HOST.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        let boot = std::fs::read("/proc/sys/kernel/random/boot_id").ok()?;
+        let shm = std::fs::metadata(DIR).ok()?;
+        let pidns = std::fs::metadata("/proc/self/ns/pid").ok()?;
+        let mut id = boot;
+        for n in [
+            shm.dev(),
+            shm.ino(),
+            pidns.ino(),
+            u64::from(crate::util::sys::uid()),
+        ] {
+            id.extend_from_slice(&n.to_le_bytes());
+        }
+        Some(format!("{:016x}", crate::util::fnv1a64(&id)))
+    })
+    .as_deref()
+}
+
+/// The marker a subscription on this host sends after each of its
+/// prefixes `P` (as `marker ‖ P`): `0xFF s/<host>/`. `None`: no shared
+/// memory on this host.
+pub(crate) fn marker() -> Option<&'static [u8]> {
+    static MARKER: OnceLock<Option<Vec<u8>>> = OnceLock::new();
+    MARKER
+        .get_or_init(|| {
+            let mut m = vec![MARKER_BYTE];
+            m.extend_from_slice(format!("s/{}/", host()?).as_bytes());
+            Some(m)
+        })
+        .as_deref()
+}
+
+/// The path of segment `n` of process `pid`'s node `node`.
+fn path(pid: u32, node: &NodeId, n: u32) -> PathBuf {
+    PathBuf::from(format!("{DIR}/{FILE_PREFIX}{pid}-{}-{n}", node.to_hex()))
+}
+
+// ---------------------------------------------------------------------
+// The writer.
+
+/// A publisher's segment: one per data socket, made on the first sample
+/// that goes through shared memory, removed when the socket closes.
+pub(crate) struct Ring {
+    map: SharedMap,
+    path: PathBuf,
+    number: u32,
+    pid: u32,
+    data_start: usize,
+    data_end: usize,
+    /// Where the next payload goes.
+    head: usize,
+    /// Slots in use, oldest first (their payloads in ring order).
+    live: VecDeque<Live>,
+    /// Slots not in use.
+    free: Vec<u32>,
+    /// The last stamp given (even).
+    stamp: u64,
+    /// How long a slot waits for readers that were expected and did not
+    /// come (dead, or that far behind).
+    hold: Duration,
+}
+
+struct Live {
+    slot: u32,
+    offset: usize,
+    at: Instant,
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring").field("path", &self.path).finish()
+    }
+}
+
+impl Ring {
+    /// Makes segment file of `bytes` bytes for node `node` (at least a
+    /// header, a table and 1 MiB of ring), with slots for payloads of
+    /// `threshold` bytes or more.
+    pub(crate) fn create(
+        node: &NodeId,
+        bytes: usize,
+        threshold: usize,
+        hold: Duration,
+    ) -> std::io::Result<Ring> {
+        use std::os::unix::fs::OpenOptionsExt;
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let number = NEXT.fetch_add(1, SeqCst);
+        let pid = std::process::id();
+        let slots = (bytes / threshold.max(ALIGN)).clamp(16, MAX_SLOTS);
+        let data_start = HEADER_BYTES + slots * SLOT_BYTES;
+        if bytes < data_start + (1 << 20) {
+            return Err(std::io::Error::other(format!(
+                "shm_segment_bytes {bytes} leaves less than 1 MiB for payloads"
+            )));
+        }
+        let path = path(pid, node, number);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        let made = (|| {
+            file.set_len(bytes as u64)?;
+            SharedMap::map(&file, bytes)
+        })();
+        let map = match made {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
+        let header = |o| map.atomic_u64(o).expect("the header page is mapped");
+        header(8).store(bytes as u64, SeqCst);
+        header(16).store(slots as u64 | (u64::from(pid) << 32), SeqCst);
+        header(0).store(MAGIC, SeqCst);
+        Ok(Ring {
+            map,
+            path,
+            number,
+            pid,
+            data_start,
+            data_end: bytes,
+            head: data_start,
+            live: VecDeque::new(),
+            free: (0..slots as u32).rev().collect(),
+            stamp: 0,
+            hold,
+        })
+    }
+
+    fn slot_u64(&self, slot: u32, field: usize) -> &AtomicU64 {
+        self.map
+            .atomic_u64(HEADER_BYTES + slot as usize * SLOT_BYTES + field)
+            .expect("slots are inside the table")
+    }
+
+    fn slot_u32(&self, slot: u32, field: usize) -> &AtomicU32 {
+        self.map
+            .atomic_u32(HEADER_BYTES + slot as usize * SLOT_BYTES + field)
+            .expect("slots are inside the table")
+    }
+
+    /// Writes `payload` for `readers` expected readers: its reference, or
+    /// `None` when no slot can be had now (the sample then goes through
+    /// the socket).
+    pub(crate) fn write(&mut self, payload: &[u8], readers: u32) -> Option<SharedRef> {
+        let size = payload.len().div_ceil(ALIGN) * ALIGN;
+        if size == 0 || size > self.data_end - self.data_start || readers > MAX_READERS {
+            return None;
+        }
+        if self.free.is_empty() && !self.reclaim_oldest() {
+            return None;
+        }
+        let offset = self.place(size)?;
+        let slot = self.free.pop()?;
+        // The slot is free: no reader holds it, and its stamp is odd (a
+        // reclaimed slot) or 0 (never used); readers of older references
+        // find the stamp changed.
+        self.slot_u64(slot, SLOT_STAMP).fetch_or(1, SeqCst);
+        self.slot_u64(slot, SLOT_OFFSET)
+            .store(offset as u64, SeqCst);
+        self.slot_u64(slot, SLOT_LEN)
+            .store(payload.len() as u64, SeqCst);
+        self.slot_u32(slot, SLOT_EXPECTED).store(readers, SeqCst);
+        self.map.write(offset, payload);
+        self.stamp += 2;
+        self.slot_u64(slot, SLOT_STAMP).store(self.stamp, SeqCst);
+        self.head = offset + size;
+        self.live.push_back(Live {
+            slot,
+            offset,
+            at: Instant::now(),
+        });
+        Some(SharedRef {
+            segment: self.number,
+            pid: self.pid,
+            slot,
+            stamp: self.stamp,
+            len: payload.len() as u64,
+        })
+    }
+
+    /// Gives back a slot just written whose reference could not be sent.
+    pub(crate) fn unsent(&mut self, r: &SharedRef) {
+        if self.live.back().is_some_and(|l| l.slot == r.slot) {
+            self.slot_u32(r.slot, SLOT_EXPECTED).store(0, SeqCst);
+        }
+    }
+
+    /// Where `size` bytes go, reclaiming the oldest slots as needed (the
+    /// live payloads fill the ring from the oldest's offset to `head`,
+    /// possibly wrapping).
+    fn place(&mut self, size: usize) -> Option<usize> {
+        loop {
+            let Some(front) = self.live.front() else {
+                self.head = self.data_start;
+                return Some(self.data_start);
+            };
+            let tail = front.offset;
+            if self.head > tail {
+                if self.head + size <= self.data_end {
+                    return Some(self.head);
+                }
+                if self.data_start + size <= tail {
+                    return Some(self.data_start);
+                }
+            } else if self.head < tail && self.head + size <= tail {
+                return Some(self.head);
+            }
+            if !self.reclaim_oldest() {
+                return None;
+            }
+        }
+    }
+
+    /// Frees the oldest slot if no live process holds it and its expected
+    /// readers came (or waited long enough): whether it did.
+    fn reclaim_oldest(&mut self) -> bool {
+        let Some(l) = self.live.front() else {
+            return false;
+        };
+        let (slot, at) = (l.slot, l.at);
+        if self.slot_u32(slot, SLOT_EXPECTED).load(SeqCst) > 0 && at.elapsed() < self.hold {
+            return false;
+        }
+        // Marked odd first, then the leases read: a reader that leased it
+        // before is seen here; one that leases it after sees the stamp
+        // changed (both sides sequentially consistent).
+        let stamp = self.slot_u64(slot, SLOT_STAMP);
+        let was = stamp.fetch_or(1, SeqCst);
+        for i in 0..MAX_READERS as usize {
+            let lease = self.slot_u32(slot, SLOT_PIDS + 4 * i);
+            let pid = lease.load(SeqCst);
+            if pid == 0 {
+                continue;
+            }
+            if pid_exists(pid) {
+                self.slot_u64(slot, SLOT_STAMP).store(was, SeqCst);
+                return false;
+            }
+            // A reader that ended without giving its lease back.
+            let _ = lease.compare_exchange(pid, 0, SeqCst, SeqCst);
+        }
+        self.live.pop_front();
+        self.free.push(slot);
+        true
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Readers that mapped it keep their mapping; the name goes.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+// ---------------------------------------------------------------------
+// The readers.
+
+/// A segment another process wrote, mapped here (one mapping per segment
+/// for the whole process, shared by its subscriptions).
+struct Mapped {
+    map: SharedMap,
+    slots: u32,
+    path: PathBuf,
+    used: Mutex<Instant>,
+}
+
+/// A segment: its writer's pid, node and number.
+type SegmentId = (u32, NodeId, u32);
+
+/// Segment -> its mapping, for every subscription of the process.
+type Mappings = Mutex<HashMap<SegmentId, Arc<Mapped>>>;
+
+fn mapped() -> &'static Mappings {
+    static MAPPED: OnceLock<Mappings> = OnceLock::new();
+    MAPPED.get_or_init(Default::default)
+}
+
+/// Most segments a process keeps mapped: beyond, a new one is not mapped
+/// (its samples are counted unreadable) until the sweep forgets unused ones.
+const MAX_MAPPED: usize = 256;
+
+/// Why a reference could not be read.
+#[derive(Debug)]
+pub(crate) enum Unreadable {
+    /// The segment cannot be opened or mapped, or is not one.
+    Segment(String),
+    /// The slot was rewritten before this reader came (it was more than
+    /// `shm_hold_ms` behind), or the reference does not match it.
+    Overwritten,
+    /// Every lease of the slot is taken.
+    NoLease,
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unreadable::Segment(why) => write!(f, "{why}"),
+            Unreadable::Overwritten => write!(f, "the slot was rewritten before it was read"),
+            Unreadable::NoLease => write!(f, "every lease of the slot is taken"),
+        }
+    }
+}
+
+fn open(pid: u32, node: &NodeId, n: u32) -> Result<Arc<Mapped>, Unreadable> {
+    let mut all = crate::util::lock(mapped());
+    if let Some(m) = all.get(&(pid, *node, n)) {
+        *crate::util::lock(&m.used) = Instant::now();
+        return Ok(m.clone());
+    }
+    if all.len() >= MAX_MAPPED {
+        return Err(Unreadable::Segment(format!(
+            "{MAX_MAPPED} segments are mapped already"
+        )));
+    }
+    let path = path(pid, node, n);
+    let bad = |why: String| Unreadable::Segment(format!("{}: {why}", path.display()));
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| bad(e.to_string()))?;
+    let len = file.metadata().map_err(|e| bad(e.to_string()))?.len();
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|l| *l > HEADER_BYTES)
+        .ok_or_else(|| bad(format!("{len} bytes is not a segment")))?;
+    let map = SharedMap::map(&file, len).map_err(|e| bad(e.to_string()))?;
+    let word = |o| map.atomic_u64(o).map_or(0, |a| a.load(SeqCst));
+    let (magic, size, slots_pid) = (word(0), word(8), word(16));
+    let slots = (slots_pid & 0xffff_ffff) as usize;
+    if magic != MAGIC
+        || size != len as u64
+        || slots_pid >> 32 != u64::from(pid)
+        || slots == 0
+        || slots > MAX_SLOTS
+        || HEADER_BYTES + slots * SLOT_BYTES > len
+    {
+        return Err(bad("not a Milonga segment".into()));
+    }
+    let m = Arc::new(Mapped {
+        map,
+        slots: slots as u32,
+        path,
+        used: Mutex::new(Instant::now()),
+    });
+    all.insert((pid, *node, n), m.clone());
+    Ok(m)
+}
+
+/// A lease of one slot: the bytes it holds, until dropped.
+struct Lease {
+    seg: Arc<Mapped>,
+    entry: usize,
+    offset: usize,
+    len: usize,
+    pid: u32,
+}
+
+impl AsRef<[u8]> for Lease {
+    fn as_ref(&self) -> &[u8] {
+        // Checked inside the mapping when the lease was taken.
+        self.seg
+            .map
+            .bytes(self.offset, self.len)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(a) = self.seg.map.atomic_u32(self.entry) {
+            let _ = a.compare_exchange(self.pid, 0, SeqCst, SeqCst);
+        }
+    }
+}
+
+/// The payload frame `r` names, written by node `node`: a view of the
+/// segment (no copy) that holds the slot's lease while it lives.
+pub(crate) fn read(node: &NodeId, r: &SharedRef) -> Result<Bytes, Unreadable> {
+    let seg = open(r.pid, node, r.segment)?;
+    if r.slot >= seg.slots {
+        return Err(Unreadable::Overwritten);
+    }
+    let base = HEADER_BYTES + r.slot as usize * SLOT_BYTES;
+    let field = |o| seg.map.atomic_u64(base + o).ok_or(Unreadable::Overwritten);
+    let me = std::process::id();
+    // The lease first, then the stamp (see `Ring::reclaim_oldest`).
+    let mut entry = None;
+    for i in 0..MAX_READERS as usize {
+        let at = base + SLOT_PIDS + 4 * i;
+        let Some(a) = seg.map.atomic_u32(at) else {
+            break;
+        };
+        if a.compare_exchange(0, me, SeqCst, SeqCst).is_ok() {
+            entry = Some(at);
+            break;
+        }
+    }
+    let entry = entry.ok_or(Unreadable::NoLease)?;
+    let release = || {
+        if let Some(a) = seg.map.atomic_u32(entry) {
+            let _ = a.compare_exchange(me, 0, SeqCst, SeqCst);
+        }
+    };
+    let stamp = field(SLOT_STAMP)?.load(SeqCst);
+    let offset = field(SLOT_OFFSET)?.load(SeqCst);
+    let len = field(SLOT_LEN)?.load(SeqCst);
+    let data_start = (HEADER_BYTES + seg.slots as usize * SLOT_BYTES) as u64;
+    let fits = offset >= data_start
+        && offset
+            .checked_add(len)
+            .is_some_and(|end| end <= seg.map.len() as u64);
+    if stamp != r.stamp || len != r.len || !fits {
+        release();
+        return Err(Unreadable::Overwritten);
+    }
+    if let Some(a) = seg.map.atomic_u32(base + SLOT_EXPECTED) {
+        let _ = a.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+    }
+    Ok(Bytes::from_owner(Lease {
+        seg: seg.clone(),
+        entry,
+        offset: offset as usize,
+        len: len as usize,
+        pid: me,
+    }))
+}
+
+/// The frame a receiver reads in place of a shared-memory reference
+/// `first` (the key, header and body as sent): the same key and header
+/// with flag bit 3 cleared and bit 0 set, the bytes that followed the
+/// reference as its body; and the payload frame from the segment. `None`
+/// when `first` carries no reference; `Some(Err)` when it does and the
+/// payload cannot be read.
+pub(crate) fn resolve(first: &[u8]) -> Option<Result<(Bytes, Bytes), Unreadable>> {
+    use milonga_wire::frame::{offset, FLAG_PAYLOAD_FRAME, FLAG_SHARED_MEMORY, HEADER_LEN};
+    let k = first.iter().take(513).position(|b| *b == 0)?;
+    let h = k + 1;
+    let flags = *first.get(h + offset::FLAGS)?;
+    if flags & FLAG_SHARED_MEMORY == 0 {
+        return None;
+    }
+    let body = first.get(h + HEADER_LEN..)?;
+    let Some((r, rest)) = SharedRef::decode(body) else {
+        return Some(Err(Unreadable::Segment(
+            "a malformed shared-memory reference".into(),
+        )));
+    };
+    let node = NodeId(
+        first[h + offset::NODE_ID..h + offset::NODE_ID + 16]
+            .try_into()
+            .expect("16 bytes"),
+    );
+    Some(read(&node, &r).map(|payload| {
+        let mut frame = Vec::with_capacity(h + HEADER_LEN + rest.len());
+        frame.extend_from_slice(&first[..h + HEADER_LEN]);
+        frame[h + offset::FLAGS] = (flags & !FLAG_SHARED_MEMORY) | FLAG_PAYLOAD_FRAME;
+        frame.extend_from_slice(rest);
+        (Bytes::from(frame), payload)
+    }))
+}
+
+/// The body of a reference frame: the reference, then `head` (the bytes
+/// that would have led the payload frame's body).
+pub(crate) fn reference_body(r: &SharedRef, head: &[u8]) -> Bytes {
+    let mut b = Vec::with_capacity(REF_LEN + head.len());
+    b.extend_from_slice(&r.encode());
+    b.extend_from_slice(head);
+    Bytes::from(b)
+}
+
+/// Removes the segment files of this user whose process ended (a
+/// publisher killed before it could), and forgets this process's mappings
+/// that no lease holds and that were not used for `idle` or whose file is
+/// gone. Run by every node thread with shared memory on, once a second.
+pub(crate) fn sweep(idle: Duration) {
+    use std::os::unix::fs::MetadataExt;
+    let me = crate::util::sys::uid();
+    if let Ok(dir) = std::fs::read_dir(DIR) {
+        for e in dir.flatten() {
+            let name = e.file_name();
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(FILE_PREFIX)) else {
+                continue;
+            };
+            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            let mine = e.metadata().is_ok_and(|m| m.uid() == me);
+            if mine && !pid_exists(pid) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    crate::util::lock(mapped()).retain(|_, m| {
+        Arc::strong_count(m) > 1 || (m.path.exists() && crate::util::lock(&m.used).elapsed() < idle)
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> NodeId {
+        let mut id = [0u8; 16];
+        getrandom::fill(&mut id).unwrap();
+        NodeId(id)
+    }
+
+    #[test]
+    fn a_written_payload_reads_back_in_place_and_its_slot_waits_for_its_reader() {
+        let n = node();
+        let mut ring = Ring::create(&n, 4 << 20, 64 << 10, Duration::from_secs(60)).unwrap();
+        let payload: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let r = ring.write(&payload, 1).unwrap();
+        let view = read(&n, &r).unwrap();
+        assert_eq!(&view[..], &payload[..]);
+        // The ring fills: the held slot is never rewritten, later writes
+        // fail once only it is left.
+        let mut written = 0;
+        while ring.write(&payload, 0).is_some() {
+            written += 1;
+            assert!(written < 1000, "the ring never fills");
+        }
+        assert_eq!(&view[..], &payload[..], "a held slot is not rewritten");
+        drop(view);
+        assert!(
+            ring.write(&payload, 0).is_some(),
+            "a released slot is reused"
+        );
+        // A reference to a rewritten slot is refused, not misread.
+        assert!(matches!(read(&n, &r), Err(Unreadable::Overwritten)));
+        let file = ring.path.clone();
+        assert!(file.exists());
+        drop(ring);
+        assert!(!file.exists(), "the segment goes with its writer");
+    }
+
+    #[test]
+    fn an_expected_reader_that_never_comes_holds_the_slot_only_for_the_hold_time() {
+        let n = node();
+        let hold = Duration::from_millis(200);
+        let mut ring = Ring::create(&n, 2 << 20, 64 << 10, hold).unwrap();
+        // More than half the ring: a second one needs the first's room.
+        let payload = vec![7u8; 1_100_000];
+        let first = ring.write(&payload, 1).unwrap();
+        assert!(
+            ring.write(&payload, 0).is_none(),
+            "the expected reader holds it"
+        );
+        std::thread::sleep(hold + Duration::from_millis(50));
+        assert!(ring.write(&payload, 0).is_some());
+        assert!(matches!(read(&n, &first), Err(Unreadable::Overwritten)));
+    }
+
+    #[test]
+    fn hostile_references_are_refused() {
+        let n = node();
+        let mut ring = Ring::create(&n, 2 << 20, 64 << 10, Duration::from_secs(1)).unwrap();
+        let r = ring.write(&[1u8; 70_000], 0).unwrap();
+        for bad in [
+            SharedRef { slot: 1 << 30, ..r },
+            SharedRef { len: 1 << 40, ..r },
+            SharedRef {
+                stamp: r.stamp + 2,
+                ..r
+            },
+        ] {
+            assert!(matches!(read(&n, &bad), Err(Unreadable::Overwritten)));
+        }
+        assert!(matches!(read(&node(), &r), Err(Unreadable::Segment(_))));
+        assert!(matches!(
+            read(
+                &n,
+                &SharedRef {
+                    segment: r.segment + 1000,
+                    ..r
+                }
+            ),
+            Err(Unreadable::Segment(_))
+        ));
+        assert!(read(&n, &r).is_ok());
+    }
+}

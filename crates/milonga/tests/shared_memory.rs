@@ -1,0 +1,172 @@
+//! Same-host shared memory (docs/shared-memory.md): large payloads go
+//! through a publisher's segment when every subscription that wants them
+//! asked, read back exactly, in order; a payload a subscriber holds is
+//! never rewritten; a subscription that did not ask gets the bytes through
+//! the socket. Nodes of this process over tcp on the loopback (the
+//! publisher and subscriber are on one host, as for two processes). The
+//! kill -9 cleanup is tested with real processes in
+//! `milonga-cli/tests/processes.rs`.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use milonga::wire::value::TypedArray;
+use milonga::{Config, Node, PublisherQos, Sample, Value};
+use milonga_testkit::{wait_for, TempDir};
+
+const T: Duration = Duration::from_secs(10);
+
+fn config(domain: &str, name: &str, dir: &Path) -> Config {
+    let mut cfg = Config::new(&format!("milonga:///{domain}"), name);
+    cfg.runtime_dir = Some(dir.to_path_buf());
+    cfg
+}
+
+fn next(sub: &milonga::Subscriber) -> Sample {
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "no sample in {T:?}");
+        match sub.recv_timeout(T).expect("a sample in time") {
+            milonga::Event::Sample(s) => return s,
+            e @ milonga::Event::Lost { .. } => panic!("a loss: {e:?}"),
+            _ => {}
+        }
+    }
+}
+
+/// A waveform of `n` doubles that differs from one `i` to the next.
+fn waveform(i: usize, n: usize) -> Value {
+    Value::Typed(TypedArray::from_vec(
+        (0..n).map(|j| (i * n + j) as f64).collect::<Vec<f64>>(),
+    ))
+}
+
+/// The publisher waits until the subscription's marker has reached it
+/// (the first samples would otherwise go through the socket).
+fn wait_until_marked(p: &milonga::Publisher, sub_node: &Node) {
+    wait_for("the subscription", T, || p.subscriber_count() > 0);
+    // One sample through whichever path: the marker follows the prefix
+    // in the same batch of subscriptions.
+    std::thread::sleep(Duration::from_millis(100));
+    let _ = sub_node;
+}
+
+#[test]
+fn large_samples_go_through_shared_memory_and_read_back_exactly_in_order() {
+    let dir = TempDir::new("shm-exact");
+    let publishing = Node::open_with(config("shm1", "pub", dir.path())).unwrap();
+    let subscribing = Node::open_with(config("shm1", "sub", dir.path())).unwrap();
+    let p = publishing
+        .publisher_with("shm/wave", PublisherQos::reliable())
+        .unwrap();
+    let raw = publishing.publisher("shm/raw").unwrap();
+    let sub = subscribing.subscribe("shm/wave").unwrap();
+    let sub_raw = subscribing.subscribe("shm/raw").unwrap();
+    wait_until_marked(&p, &subscribing);
+    wait_for("the raw subscription", T, || raw.subscriber_count() > 0);
+    for i in 0..60 {
+        p.put(waveform(i, 25_000)).unwrap(); // 200 kB
+    }
+    for i in 0..60 {
+        let s = next(&sub);
+        assert_eq!(s.seq, i as u64 + 1);
+        assert_eq!(
+            s.value,
+            waveform(i, 25_000),
+            "sample {i} reads back exactly"
+        );
+    }
+    let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    raw.put(Value::Bytes(bytes.clone().into())).unwrap();
+    assert_eq!(next(&sub_raw).value, Value::Bytes(bytes.into()));
+    // A small sample of the same key still goes through the socket.
+    p.put(Value::Int(7)).unwrap();
+    assert_eq!(next(&sub).value, Value::Int(7));
+    let (sent, got) = (publishing.stats(), subscribing.stats());
+    assert_eq!(
+        sent.shm_sent, 61,
+        "every large sample went through shared memory"
+    );
+    assert_eq!(got.shm_received, 61);
+    assert_eq!(got.shm_unreadable, 0);
+    assert_eq!(got.samples_lost, 0);
+}
+
+#[test]
+fn a_held_payload_is_never_rewritten_and_the_publisher_goes_on_through_the_socket() {
+    let dir = TempDir::new("shm-held");
+    let mut cfg = config("shm2", "pub", dir.path());
+    // A small ring: a few payloads of 300 kB fit.
+    cfg.shm_segment_bytes = 2 << 20;
+    let publishing = Node::open_with(cfg).unwrap();
+    let subscribing = Node::open_with(config("shm2", "sub", dir.path())).unwrap();
+    let p = publishing
+        .publisher_with("shm/frame", PublisherQos::reliable())
+        .unwrap();
+    let sub = subscribing.subscribe("shm/frame").unwrap();
+    wait_until_marked(&p, &subscribing);
+    // The subscriber keeps every sample it received: their slots stay
+    // leased, so the ring fills and later samples take the socket.
+    let mut held = Vec::new();
+    for i in 0..30 {
+        p.put(waveform(i, 37_500)).unwrap(); // 300 kB
+        held.push(next(&sub));
+    }
+    for (i, s) in held.iter().enumerate() {
+        assert_eq!(s.seq, i as u64 + 1);
+        assert_eq!(s.value, waveform(i, 37_500), "held sample {i} unchanged");
+    }
+    let st = publishing.stats();
+    assert!(st.shm_sent >= 3, "{st:?}");
+    assert!(st.shm_fallbacks > 0, "a full ring sends through the socket");
+    assert_eq!(st.shm_sent + st.shm_fallbacks, 30);
+    // Let go of them: the slots are free again.
+    let before = st.shm_sent;
+    drop(held);
+    for i in 30..40 {
+        p.put(waveform(i, 37_500)).unwrap();
+        assert_eq!(next(&sub).value, waveform(i, 37_500));
+    }
+    assert_eq!(publishing.stats().shm_sent, before + 10);
+    assert_eq!(subscribing.stats().samples_lost, 0);
+}
+
+#[test]
+fn a_subscription_that_did_not_ask_gets_every_sample_through_the_socket() {
+    let dir = TempDir::new("shm-mixed");
+    let publishing = Node::open_with(config("shm3", "pub", dir.path())).unwrap();
+    let asking = Node::open_with(config("shm3", "asking", dir.path())).unwrap();
+    let mut cfg = config("shm3", "plain", dir.path());
+    cfg.shared_memory = false;
+    let plain = Node::open_with(cfg).unwrap();
+    let p = publishing.publisher("shm/mixed").unwrap();
+    let a = asking.subscribe("shm/mixed").unwrap();
+    let b = plain.subscribe("shm/**").unwrap();
+    wait_for("both subscriptions", T, || p.subscriber_count() >= 2);
+    std::thread::sleep(Duration::from_millis(100));
+    for i in 0..20 {
+        p.put(waveform(i, 20_000)).unwrap();
+    }
+    for i in 0..20 {
+        assert_eq!(next(&a).value, waveform(i, 20_000));
+        assert_eq!(next(&b).value, waveform(i, 20_000));
+    }
+    assert_eq!(
+        publishing.stats().shm_sent,
+        0,
+        "one subscription did not ask: all go through the socket"
+    );
+    assert_eq!(asking.stats().shm_received, 0);
+    // The plain one leaves: the asking one alone gets shared memory.
+    drop(b);
+    plain.close();
+    wait_for("the plain subscription to leave", T, || {
+        p.subscriber_count() == 1
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    for i in 20..30 {
+        p.put(waveform(i, 20_000)).unwrap();
+        assert_eq!(next(&a).value, waveform(i, 20_000));
+    }
+    assert_eq!(publishing.stats().shm_sent, 10);
+}
