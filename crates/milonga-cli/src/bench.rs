@@ -207,6 +207,10 @@ pub(crate) struct Place {
     /// Milonga subscriptions: `recv_spin_us` (0: block at once).
     #[serde(default)]
     pub spin_us: u32,
+    /// Milonga nodes with `shared_memory` off (the `mlg-sock` row): large
+    /// payloads through the socket even on one host.
+    #[serde(default)]
+    pub no_shm: bool,
 }
 
 /// The systems measured in a run: the raw baseline if asked, Milonga, and
@@ -701,6 +705,11 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     }
     let mut cell = 0;
     let mut these = systems(a.baseline, a.with_security, a.via_broker);
+    if !a.via_broker && t != Transport::Inproc && bed.is_none() {
+        // Large payloads on one host go through shared memory: the same
+        // cells with it off, through the socket (sizes from 64 KiB on).
+        these.push("mlg-sock");
+    }
     if a.via_broker {
         // Two federated brokers: the publisher behind one, the
         // subscribers behind the other.
@@ -709,6 +718,11 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     for &size in &a.sizes {
         for &subs in &a.subs {
             for &system in &these {
+                if system == "mlg-sock"
+                    && size < milonga::Config::new("milonga:///x", "x").shm_threshold_bytes
+                {
+                    continue;
+                }
                 cell += 1;
                 let hwm = hwm_for(size);
                 let domain = format!("bench-{}-{cell}", std::process::id());
@@ -752,6 +766,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                         .then(|| bench_keys(&tmp))
                         .transpose()?,
                     spin_us: 0,
+                    no_shm: system == "mlg-sock",
                 };
                 let deadline_s = a.duration + 20.0 + size as f64 / 1e6;
                 let raw = system.starts_with("raw");
@@ -991,6 +1006,7 @@ pub(crate) fn mlg_config(at: &Place, name: &str) -> Result<Config> {
     c.recv_hwm = at.hwm;
     c.close_linger_ms = 5000;
     c.recv_spin_us = at.spin_us;
+    c.shared_memory = !at.no_shm;
     if let Some(k) = &at.keys {
         let k = std::path::Path::new(k);
         c.security = milonga::Security::On;
@@ -1359,6 +1375,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                     .then(|| bench_keys(&tmp))
                     .transpose()?,
                 spin_us: if system == "mlg-spin" { a.spin_us } else { 0 },
+                no_shm: false,
             };
             let roles = if system == "raw-proxy" {
                 let (ab, ba) = (&relays[0], &relays[1]);

@@ -640,6 +640,7 @@ fn wide_area(a: &EncodingArgs, paths: &[&str]) -> Result<Vec<(String, u32, Vec<W
                 history: 0,
                 keys: None,
                 spin_us: 0,
+                no_shm: false,
             };
             let spawn = |h: usize, role: crate::bench::Role| -> Result<std::process::Child> {
                 let exe = std::env::current_exe()?;

@@ -222,6 +222,7 @@ pub fn run(a: LivelinessArgs, t: Transport) -> Result<std::process::ExitCode> {
         history: 0,
         keys: None,
         spin_us: 0,
+        no_shm: false,
     };
     let mut cfg = Config::new(&at.address, "live-sub");
     // Benchmarks compare with plain libzmq: security off unless asked

@@ -285,6 +285,7 @@ fn run_cell(
         history: 0,
         keys: None,
         spin_us: 0,
+        no_shm: false,
     };
     // Raw: each publisher binds an endpoint of its own, every subscriber
     // connects to all. Ports below the kernel's ephemeral range (32768):
