@@ -211,6 +211,12 @@ pub(crate) struct Place {
     /// payloads through the socket even on one host.
     #[serde(default)]
     pub no_shm: bool,
+    /// Milonga publishers: put each sample as a loan of the segment
+    /// (`Publisher::loan`, the `mlg-loan` row), left as the slot held it:
+    /// the payload produced in place, as a driver writing a frame into the
+    /// loan would.
+    #[serde(default)]
+    pub loan: bool,
 }
 
 /// The systems measured in a run: the raw baseline if asked, Milonga, and
@@ -707,7 +713,9 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     let mut these = systems(a.baseline, a.with_security, a.via_broker);
     if !a.via_broker && t != Transport::Inproc && bed.is_none() {
         // Large payloads on one host go through shared memory: the same
-        // cells with it off, through the socket (sizes from 64 KiB on).
+        // cells published from loans, and with shared memory off, through
+        // the socket (sizes from 64 KiB on).
+        these.push("mlg-loan");
         these.push("mlg-sock");
     }
     if a.via_broker {
@@ -718,7 +726,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     for &size in &a.sizes {
         for &subs in &a.subs {
             for &system in &these {
-                if system == "mlg-sock"
+                if matches!(system, "mlg-sock" | "mlg-loan")
                     && size < milonga::Config::new("milonga:///x", "x").shm_threshold_bytes
                 {
                     continue;
@@ -767,6 +775,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                         .transpose()?,
                     spin_us: 0,
                     no_shm: system == "mlg-sock",
+                    loan: system == "mlg-loan",
                 };
                 let deadline_s = a.duration + 20.0 + size as f64 / 1e6;
                 let raw = system.starts_with("raw");
@@ -1060,7 +1069,11 @@ fn mlg_pub(
     let mut sent = 0u64;
     while Instant::now() < end {
         for _ in 0..64 {
-            p.put(payload.clone())?;
+            if at.loan {
+                p.put_loan(p.loan(size))?;
+            } else {
+                p.put(payload.clone())?;
+            }
             sent += 1;
         }
     }
@@ -1376,6 +1389,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                     .transpose()?,
                 spin_us: if system == "mlg-spin" { a.spin_us } else { 0 },
                 no_shm: false,
+                loan: false,
             };
             let roles = if system == "raw-proxy" {
                 let (ab, ba) = (&relays[0], &relays[1]);

@@ -641,6 +641,7 @@ fn wide_area(a: &EncodingArgs, paths: &[&str]) -> Result<Vec<(String, u32, Vec<W
                 keys: None,
                 spin_us: 0,
                 no_shm: false,
+                loan: false,
             };
             let spawn = |h: usize, role: crate::bench::Role| -> Result<std::process::Child> {
                 let exe = std::env::current_exe()?;

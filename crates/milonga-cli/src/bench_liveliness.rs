@@ -223,6 +223,7 @@ pub fn run(a: LivelinessArgs, t: Transport) -> Result<std::process::ExitCode> {
         keys: None,
         spin_us: 0,
         no_shm: false,
+        loan: false,
     };
     let mut cfg = Config::new(&at.address, "live-sub");
     // Benchmarks compare with plain libzmq: security off unless asked

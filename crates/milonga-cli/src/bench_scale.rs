@@ -286,6 +286,7 @@ fn run_cell(
         keys: None,
         spin_us: 0,
         no_shm: false,
+        loan: false,
     };
     // Raw: each publisher binds an endpoint of its own, every subscriber
     // connects to all. Ports below the kernel's ephemeral range (32768):

@@ -170,3 +170,64 @@ fn a_subscription_that_did_not_ask_gets_every_sample_through_the_socket() {
     }
     assert_eq!(publishing.stats().shm_sent, 10);
 }
+
+#[test]
+fn a_loan_is_filled_in_place_published_without_a_copy_and_given_back_when_dropped() {
+    let dir = TempDir::new("shm-loan");
+    let mut cfg = config("shm4", "pub", dir.path());
+    cfg.shm_segment_bytes = 4 << 20;
+    let publishing = Node::open_with(cfg).unwrap();
+    let subscribing = Node::open_with(config("shm4", "sub", dir.path())).unwrap();
+    let p = publishing
+        .publisher_with("shm/loan", PublisherQos::reliable())
+        .unwrap();
+    let sub = subscribing.subscribe("shm/loan").unwrap();
+    wait_until_marked(&p, &subscribing);
+    // Loans dropped unpublished go back: far more than the ring holds.
+    for _ in 0..100 {
+        let l = p.loan(1 << 20);
+        assert!(l.is_shared(), "{l:?}");
+    }
+    for i in 0..20u8 {
+        let mut l = p.loan(300_000);
+        assert!(l.is_shared());
+        l.fill(i);
+        p.put_loan(l).unwrap();
+        assert_eq!(next(&sub).value, Value::Bytes(vec![i; 300_000].into()));
+    }
+    // As a typed array.
+    let mut l = p.loan(8 * 40_000);
+    for (j, c) in l.chunks_exact_mut(8).enumerate() {
+        c.copy_from_slice(&(j as f64).to_le_bytes());
+    }
+    p.put_loan_typed(l, milonga::wire::ElementType::F64)
+        .unwrap();
+    assert_eq!(
+        next(&sub).value,
+        Value::Typed(TypedArray::from_vec(
+            (0..40_000).map(|j| j as f64).collect::<Vec<f64>>()
+        ))
+    );
+    // Small: memory of its own, sent as any sample.
+    let mut small = p.loan(100);
+    assert!(!small.is_shared());
+    small.fill(9);
+    p.put_loan(small).unwrap();
+    assert_eq!(next(&sub).value, Value::Bytes(vec![9u8; 100].into()));
+    assert!(publishing.stats().shm_sent >= 21);
+    // A subscription elsewhere (here: one that does not ask): the loan
+    // goes through the socket, its content intact.
+    let mut cfg = config("shm4", "plain", dir.path());
+    cfg.shared_memory = false;
+    let plain = Node::open_with(cfg).unwrap();
+    let other = plain.subscribe("shm/loan").unwrap();
+    wait_for("the second subscription", T, || p.subscriber_count() == 2);
+    let before = publishing.stats().shm_sent;
+    let mut l = p.loan(200_000);
+    l.fill(77);
+    p.put_loan(l).unwrap();
+    assert_eq!(next(&sub).value, Value::Bytes(vec![77u8; 200_000].into()));
+    assert_eq!(next(&other).value, Value::Bytes(vec![77u8; 200_000].into()));
+    assert_eq!(publishing.stats().shm_sent, before);
+    assert_eq!(subscribing.stats().samples_lost, 0);
+}

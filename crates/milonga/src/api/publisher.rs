@@ -217,6 +217,67 @@ impl Publisher {
             .subscribers_of(&self.template[..self.key.as_str().len() + 1])
     }
 
+    /// A buffer of `len` bytes to fill and publish with
+    /// [`Publisher::put_loan`]: a slot of the publisher's shared-memory
+    /// segment when its samples can go through shared memory
+    /// (docs/shared-memory.md: `len` at least `shm_threshold_bytes`, a
+    /// slot free), else memory of its own. Filled in place, a shared loan
+    /// is published without a copy to the subscriptions on this host; it
+    /// is sent through the socket, like any sample, where one of them is
+    /// elsewhere. Its content is unspecified (a shared slot holds what it
+    /// held): write all of it. Return it promptly: while a shared loan is
+    /// out, slots after it in the ring are not reused.
+    pub fn loan(&self, len: usize) -> Loan {
+        if self.file.is_none() && self.schema.is_none() {
+            if let Some(r) = lock(&self.data.sock).reserve(self.node.core(), len) {
+                return Loan(LoanBuf::Shared(r));
+            }
+        }
+        Loan(LoanBuf::Own(vec![0; len]))
+    }
+
+    /// Puts a filled [`Loan`] as a byte string, as [`Publisher::put`]
+    /// would put `Value::Bytes` of its content.
+    pub fn put_loan(&self, loan: Loan) -> Result<(), PutError> {
+        self.send_loan(loan, None)
+    }
+
+    /// Puts a filled [`Loan`] as a typed array of `element` (its length a
+    /// multiple of the element's size, little-endian elements), as
+    /// [`Publisher::put`] would put `Value::Typed`.
+    pub fn put_loan_typed(
+        &self,
+        loan: Loan,
+        element: milonga_wire::ElementType,
+    ) -> Result<(), PutError> {
+        self.send_loan(loan, Some(element))
+    }
+
+    fn send_loan(
+        &self,
+        loan: Loan,
+        element: Option<milonga_wire::ElementType>,
+    ) -> Result<(), PutError> {
+        let (bytes, claim) = match loan.0 {
+            LoanBuf::Shared(r) => {
+                let claim = r.claim;
+                (Bytes::from_owner(r), Some(claim))
+            }
+            LoanBuf::Own(v) => (Bytes::from(v), None),
+        };
+        let value = match element {
+            None => Value::Bytes(bytes),
+            Some(e) => Value::Typed(
+                milonga_wire::TypedArray::from_bytes(e, bytes)
+                    .map_err(|e| milonga_wire::cbor::EncodeError::Serde(e.to_string()))?,
+            ),
+        };
+        let (enc, schema_id) = self.encode(&value)?;
+        // Only a payload frame can be the loan's slot.
+        let claim = claim.filter(|_| enc.tail.is_some());
+        self.send_full(enc, schema_id, self.default_wait(), None, claim)
+    }
+
     fn send(&self, enc: Encoded, schema_id: u32, wait: Wait) -> Result<(), PutError> {
         self.send_at(enc, schema_id, wait, None)
     }
@@ -227,6 +288,17 @@ impl Publisher {
         schema_id: u32,
         wait: Wait,
         timestamp_ns: Option<u64>,
+    ) -> Result<(), PutError> {
+        self.send_full(enc, schema_id, wait, timestamp_ns, None)
+    }
+
+    fn send_full(
+        &self,
+        enc: Encoded,
+        schema_id: u32,
+        wait: Wait,
+        timestamp_ns: Option<u64>,
+        claim: Option<crate::backend::p2p::shm::Claim>,
     ) -> Result<(), PutError> {
         if let Some(f) = &self.file {
             let replayed = self.qos.replayed;
@@ -248,8 +320,56 @@ impl Publisher {
             reliable: self.qos.reliability == Reliability::Reliable,
             compression: &self.compression,
             dictionary: self.dictionary.as_ref(),
+            claim,
         };
         self.data.put(&put, enc, schema_id, wait)
+    }
+}
+
+/// A buffer lent by [`Publisher::loan`], filled through `DerefMut<[u8]>`
+/// and published with [`Publisher::put_loan`]. Dropped unpublished, it
+/// goes back to the publisher.
+pub struct Loan(LoanBuf);
+
+enum LoanBuf {
+    /// A slot of the publisher's shared-memory segment.
+    Shared(crate::backend::p2p::shm::Reserved),
+    /// Memory of its own (shared memory could not carry it).
+    Own(Vec<u8>),
+}
+
+impl Loan {
+    /// Whether it is a slot of shared memory (else memory of its own).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.0, LoanBuf::Shared(_))
+    }
+}
+
+impl std::ops::Deref for Loan {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            LoanBuf::Shared(r) => r.window.as_slice(),
+            LoanBuf::Own(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Loan {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.0 {
+            LoanBuf::Shared(r) => r.window.as_mut_slice(),
+            LoanBuf::Own(v) => v,
+        }
+    }
+}
+
+impl std::fmt::Debug for Loan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loan")
+            .field("len", &self.len())
+            .field("shared", &self.is_shared())
+            .finish()
     }
 }
 

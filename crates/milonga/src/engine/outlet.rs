@@ -267,6 +267,11 @@ impl Outlet {
     /// Records sample `seq` of `key`, accepted by the socket or a batch:
     /// kept in its history if it has one, and the frames of the filters it
     /// passes returned, to be sent after it.
+    /// Whether samples of `key` are kept for history here.
+    pub(crate) fn keeps_history(&self, key: &str) -> bool {
+        !self.histories.is_empty() && self.histories.contains_key(key)
+    }
+
     pub(crate) fn accepted(
         &mut self,
         me: &Me,

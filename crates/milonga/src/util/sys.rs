@@ -316,21 +316,6 @@ impl SharedMap {
         })
     }
 
-    /// Copies `data` to `offset` (the writer, into a slot no reader holds).
-    pub(crate) fn write(&self, offset: usize, data: &[u8]) -> bool {
-        if !self.holds(offset, data.len()) {
-            return false;
-        }
-        // SAFETY: in bounds; `data` is this process's memory, so the two
-        // ranges cannot overlap; no reference into the target range is
-        // held by this process while it is written (readers of a slot hold
-        // it leased, and the writer only writes slots no one leases).
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
-        };
-        true
-    }
-
     /// The bytes at `offset` (a reader, of a slot it leases).
     pub(crate) fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
         if !self.holds(offset, len) {
@@ -348,6 +333,45 @@ impl Drop for SharedMap {
         // SAFETY: the mapping made in `map`, unmapped once; every
         // reference into it borrows `self`, so none outlives this.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A writable window of a [`SharedMap`]: a slot reserved for one owner
+/// to fill (a publisher's loan, docs/shared-memory.md). Made only for a
+/// range no other window covers and no reader leases (a reserved slot);
+/// not `Clone`, so the `&mut` it gives is the only one.
+#[derive(Debug)]
+pub(crate) struct SharedWindow {
+    map: std::sync::Arc<SharedMap>,
+    offset: usize,
+    len: usize,
+}
+
+impl SharedWindow {
+    /// The window of `len` bytes at `offset`, if inside the mapping. The
+    /// caller promises that it is the range's only window (see above).
+    pub(crate) fn new(map: std::sync::Arc<SharedMap>, offset: usize, len: usize) -> Option<Self> {
+        map.holds(offset, len)
+            .then_some(SharedWindow { map, offset, len })
+    }
+
+    /// The mapping it is a window of.
+    pub(crate) fn map(&self) -> &SharedMap {
+        &self.map
+    }
+
+    /// Its bytes, to fill.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: in bounds (checked in `new`); the window is the range's
+        // only one and `&mut self` makes this borrow exclusive within this
+        // process; readers elsewhere do not read it before the owner
+        // publishes it (its stamp is odd until then).
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr.as_ptr().add(self.offset), self.len) }
+    }
+
+    /// Its bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        self.map.bytes(self.offset, self.len).unwrap_or_default()
     }
 }
 

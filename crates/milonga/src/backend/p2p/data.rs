@@ -314,6 +314,9 @@ pub(crate) struct Put<'a> {
     pub(crate) compression: &'a crate::Compression,
     /// Its zstd dictionary, if its compression trains one.
     pub(crate) dictionary: Option<&'a crate::engine::compress::Dictionary>,
+    /// A loan's slot, when the payload frame is a filled loan of the
+    /// socket's segment (published in place instead of copied).
+    pub(crate) claim: Option<shm::Claim>,
 }
 
 impl Put<'_> {
@@ -321,6 +324,20 @@ impl Put<'_> {
     /// sends it to the filters it passes, if subscribers declared any.
     fn keep(&self, d: &mut DataSock, seq: u64, timestamp_ns: u64, enc: &Encoded, schema_id: u32) {
         let me = Me::from(self.p2p.core());
+        // A loan's slot would stay held for as long as the history keeps
+        // it, and stop the ring: the history keeps a copy.
+        let copied;
+        let enc = match (&self.claim, &enc.tail) {
+            (Some(_), Some(tail)) if d.out.keeps_history(self.key.as_str()) => {
+                copied = Encoded {
+                    encoding: enc.encoding,
+                    head: enc.head.clone(),
+                    tail: Some(Bytes::copy_from_slice(tail)),
+                };
+                &copied
+            }
+            _ => enc,
+        };
         let filtered = d.out.accepted(
             &me,
             self.key.as_str(),
@@ -506,24 +523,11 @@ impl DataSock {
         let readers = self
             .out
             .shared_memory_readers(put.template, shm::marker()?)?;
-        let ring = self.ring.get_or_insert_with(|| {
-            let hold = Duration::from_millis(u64::from(cfg.shm_hold_ms));
-            shm::Ring::create(
-                &node.id,
-                cfg.shm_segment_bytes,
-                cfg.shm_threshold_bytes,
-                hold,
-            )
-            .map_err(|e| {
-                tracing::warn!(
-                    error = %e,
-                    "no shared-memory segment: large samples go through the socket"
-                );
-            })
-        });
-        let written = match ring {
-            Ok(ring) => ring.write(tail, readers),
-            Err(()) => None,
+        let written = match (self.ring(node), put.claim) {
+            // A loan: the payload is in the ring already.
+            (Some(ring), Some(claim)) => ring.commit(claim, readers),
+            (Some(ring), None) => ring.write(tail, readers),
+            (None, _) => None,
         };
         let Some(r) = written else {
             stats::inc(&node.counters.shm_fallbacks);
@@ -535,6 +539,44 @@ impl DataSock {
             tail: None,
         };
         Some((reference, r))
+    }
+
+    /// The socket's segment, made on first use (`None` once that failed).
+    fn ring(&mut self, node: &NodeCore) -> Option<&mut shm::Ring> {
+        let cfg = &node.cfg;
+        self.ring
+            .get_or_insert_with(|| {
+                let hold = Duration::from_millis(u64::from(cfg.shm_hold_ms));
+                shm::Ring::create(
+                    &node.id,
+                    cfg.shm_segment_bytes,
+                    cfg.shm_threshold_bytes,
+                    hold,
+                )
+                .map_err(|e| {
+                    tracing::warn!(
+                        error = %e,
+                        "no shared-memory segment: large samples go through the socket"
+                    );
+                })
+            })
+            .as_mut()
+            .ok()
+    }
+
+    /// A slot of `len` bytes of the socket's segment for a publisher to
+    /// fill (a loan, [`crate::Publisher::loan`]), when shared memory can
+    /// carry a payload that large from this socket and a slot is free.
+    pub(crate) fn reserve(&mut self, node: &NodeCore, len: usize) -> Option<shm::Reserved> {
+        let cfg = &node.cfg;
+        if self.inproc
+            || !cfg.shared_memory
+            || len < cfg.shm_threshold_bytes.max(cfg.zero_copy_threshold_bytes)
+        {
+            return None;
+        }
+        shm::marker()?;
+        self.ring(node)?.reserve(len)
     }
 
     /// Gives back the slot of a reference that was not sent.

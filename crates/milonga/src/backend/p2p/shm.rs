@@ -26,7 +26,7 @@ use bytes::Bytes;
 use milonga_wire::shm::{SharedRef, MARKER_BYTE, REF_LEN};
 use milonga_wire::NodeId;
 
-use crate::util::sys::{pid_exists, SharedMap};
+use crate::util::sys::{pid_exists, SharedMap, SharedWindow};
 
 /// Where segments live.
 const DIR: &str = "/dev/shm";
@@ -105,7 +105,7 @@ fn path(pid: u32, node: &NodeId, n: u32) -> PathBuf {
 /// A publisher's segment: one per data socket, made on the first sample
 /// that goes through shared memory, removed when the socket closes.
 pub(crate) struct Ring {
-    map: SharedMap,
+    map: Arc<SharedMap>,
     path: PathBuf,
     number: u32,
     pid: u32,
@@ -166,7 +166,7 @@ impl Ring {
             .open(&path)?;
         let made = (|| {
             file.set_len(bytes as u64)?;
-            SharedMap::map(&file, bytes)
+            SharedMap::map(&file, bytes).map(Arc::new)
         })();
         let map = match made {
             Ok(m) => m,
@@ -206,12 +206,12 @@ impl Ring {
             .expect("slots are inside the table")
     }
 
-    /// Writes `payload` for `readers` expected readers: its reference, or
-    /// `None` when no slot can be had now (the sample then goes through
-    /// the socket).
-    pub(crate) fn write(&mut self, payload: &[u8], readers: u32) -> Option<SharedRef> {
-        let size = payload.len().div_ceil(ALIGN) * ALIGN;
-        if size == 0 || size > self.data_end - self.data_start || readers > MAX_READERS {
+    /// Reserves a slot of `len` bytes for this process to fill, leased
+    /// to it (so that it is not reclaimed) until the [`Reserved`] is
+    /// dropped; `None` when no slot can be had now.
+    pub(crate) fn reserve(&mut self, len: usize) -> Option<Reserved> {
+        let size = len.div_ceil(ALIGN) * ALIGN;
+        if size == 0 || size > self.data_end - self.data_start {
             return None;
         }
         if self.free.is_empty() && !self.reclaim_oldest() {
@@ -225,30 +225,65 @@ impl Ring {
         self.slot_u64(slot, SLOT_STAMP).fetch_or(1, SeqCst);
         self.slot_u64(slot, SLOT_OFFSET)
             .store(offset as u64, SeqCst);
-        self.slot_u64(slot, SLOT_LEN)
-            .store(payload.len() as u64, SeqCst);
-        self.slot_u32(slot, SLOT_EXPECTED).store(readers, SeqCst);
-        self.map.write(offset, payload);
-        self.stamp += 2;
-        self.slot_u64(slot, SLOT_STAMP).store(self.stamp, SeqCst);
+        self.slot_u64(slot, SLOT_LEN).store(len as u64, SeqCst);
+        self.slot_u32(slot, SLOT_EXPECTED).store(0, SeqCst);
+        let entry = HEADER_BYTES + slot as usize * SLOT_BYTES + SLOT_PIDS;
+        // A free slot's leases are all clear: the first is this process's.
+        self.slot_u32(slot, SLOT_PIDS).store(self.pid, SeqCst);
         self.head = offset + size;
         self.live.push_back(Live {
             slot,
             offset,
             at: Instant::now(),
         });
+        Some(Reserved {
+            window: SharedWindow::new(self.map.clone(), offset, len)?,
+            claim: Claim {
+                segment: self.number,
+                slot,
+                len,
+            },
+            entry,
+            pid: self.pid,
+        })
+    }
+
+    /// Publishes a reserved slot, filled, for `readers` expected readers:
+    /// its reference (`None`: not a slot of this ring, or too many
+    /// readers; it is then reclaimed once its reservation is dropped).
+    pub(crate) fn commit(&mut self, c: Claim, readers: u32) -> Option<SharedRef> {
+        if c.segment != self.number || readers > MAX_READERS {
+            return None;
+        }
+        self.slot_u32(c.slot, SLOT_EXPECTED).store(readers, SeqCst);
+        self.stamp += 2;
+        self.slot_u64(c.slot, SLOT_STAMP).store(self.stamp, SeqCst);
+        self.live.iter_mut().rev().find(|l| l.slot == c.slot)?.at = Instant::now();
         Some(SharedRef {
             segment: self.number,
             pid: self.pid,
-            slot,
+            slot: c.slot,
             stamp: self.stamp,
-            len: payload.len() as u64,
+            len: c.len as u64,
         })
+    }
+
+    /// Writes `payload` for `readers` expected readers: its reference, or
+    /// `None` when no slot can be had now (the sample then goes through
+    /// the socket).
+    pub(crate) fn write(&mut self, payload: &[u8], readers: u32) -> Option<SharedRef> {
+        if readers > MAX_READERS {
+            return None;
+        }
+        let mut r = self.reserve(payload.len())?;
+        r.window.as_mut_slice().copy_from_slice(payload);
+        self.commit(r.claim, readers)
+        // `r` dropped: this process's lease goes.
     }
 
     /// Gives back a slot just written whose reference could not be sent.
     pub(crate) fn unsent(&mut self, r: &SharedRef) {
-        if self.live.back().is_some_and(|l| l.slot == r.slot) {
+        if r.segment == self.number && self.live.iter().any(|l| l.slot == r.slot) {
             self.slot_u32(r.slot, SLOT_EXPECTED).store(0, SeqCst);
         }
     }
@@ -317,6 +352,40 @@ impl Drop for Ring {
     fn drop(&mut self) {
         // Readers that mapped it keep their mapping; the name goes.
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Which reserved slot of which ring a filled payload is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim {
+    segment: u32,
+    slot: u32,
+    len: usize,
+}
+
+/// A slot reserved for this process to fill (a loan): its window, and the
+/// lease that keeps the writer from reclaiming it, given back on drop.
+/// As `AsRef<[u8]>` it is the payload frame of the sample that publishes
+/// it (a `Bytes` made from it holds the lease until the send is done).
+#[derive(Debug)]
+pub(crate) struct Reserved {
+    pub(crate) window: SharedWindow,
+    pub(crate) claim: Claim,
+    entry: usize,
+    pid: u32,
+}
+
+impl AsRef<[u8]> for Reserved {
+    fn as_ref(&self) -> &[u8] {
+        self.window.as_slice()
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if let Some(a) = self.window.map().atomic_u32(self.entry) {
+            let _ = a.compare_exchange(self.pid, 0, SeqCst, SeqCst);
+        }
     }
 }
 
