@@ -130,6 +130,7 @@ def _milonga_node(role: dict[str, Any], name: str) -> Any:
         send_hwm=role["hwm"],
         recv_hwm=role["hwm"],
         close_linger_ms=5000,
+        shared_memory=role.get("shared_memory", True),
     )
 
 
@@ -209,6 +210,8 @@ WORKERS = {
     "pyzmq-sub": pyzmq_sub,
     "milonga-py-pub": milonga_pub,
     "milonga-py-sub": milonga_sub,
+    "mlg-py-sock-pub": milonga_pub,
+    "mlg-py-sock-sub": milonga_sub,
 }
 
 
@@ -278,13 +281,18 @@ def pubsub(argv: list[str]) -> None:
     if a.format == "csv":
         print(COLUMNS, flush=True)
     else:
-        print(f"{'system':<10} {'transp':>6} {'bytes':>9} {'subs':>5} {'events/s/sub':>14} {'MB/s/sub':>10} {'lost':>8}", flush=True)
+        print(f"{'system':<11} {'transp':>6} {'bytes':>9} {'subs':>5} {'events/s/sub':>14} {'MB/s/sub':>10} {'lost':>8}", flush=True)
     tmp = tempfile.mkdtemp(prefix="mlg-pybench-")
     systems = ["milonga-py"] if a.baseline == "none" else ["pyzmq", "milonga-py"]
+    # Large payloads on one host go through shared memory
+    # (docs/shared-memory.md): the same cells with it off, from 64 KiB on.
+    systems.append("mlg-py-sock")
     cell = 0
     for size in sizes:
         for subs in subs_list:
             for system in systems:
+                if system == "mlg-py-sock" and size < 65536:
+                    continue
                 cell += 1
                 role = {
                     "size": size,
@@ -299,6 +307,7 @@ def pubsub(argv: list[str]) -> None:
                     "address": free_endpoint(a.transport, tmp, str(cell))
                     if system == "pyzmq"
                     else f"milonga:///pybench-{os.getpid()}-{cell}",
+                    "shared_memory": system != "mlg-py-sock",
                 }
                 pub, subs_out = run_cell(system, role, subs)
                 sent = pub["sent"]
@@ -309,7 +318,7 @@ def pubsub(argv: list[str]) -> None:
                 if a.format == "csv":
                     print(f"{system},{a.transport},{size},{subs},{rate:.0f},{mb:.2f},{lost}", flush=True)
                 else:
-                    print(f"{system:<10} {a.transport:>6} {size:>9} {subs:>5} {rate:>14.0f} {mb:>10.2f} {lost:>8}", flush=True)
+                    print(f"{system:<11} {a.transport:>6} {size:>9} {subs:>5} {rate:>14.0f} {mb:>10.2f} {lost:>8}", flush=True)
 
 
 # ---- signals: Ctrl-C during a blocking call ----

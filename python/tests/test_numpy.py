@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -138,3 +140,39 @@ def test_receiving_1_mib_arrays_costs_one_copy_each(domain: Domain) -> None:
     # Each kept array holds its message (1 MiB) and nothing more; a copy
     # would double it. Slack for the allocator and the publisher's side.
     assert grown < n * (1 << 20) * 1.5, f"{grown / n / (1 << 20):.2f} MiB per array"
+
+
+def shm_mappings() -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of Milonga segments."""
+    spans = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "/dev/shm/milonga-" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                spans.append((lo, hi))
+    return spans
+
+
+def test_a_large_array_arrives_as_a_view_of_the_publishers_shared_memory(
+    domain: Domain,
+) -> None:
+    """docs/shared-memory.md: on one host, a large array is written once
+    into the publisher's segment; the subscriber's numpy array is a
+    read-only view of that segment, not a copy."""
+    a, b = domain.open("pub"), domain.open("sub")
+    pub = a.publisher("np/shm")
+    sub = b.subscribe("np/shm")
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+    time.sleep(0.1)  # its shared-memory marker follows the subscription
+    sent = np.arange(200_000, dtype="f8")  # 1.6 MB
+    pub.put(sent)
+    got = next_sample(sub).value
+    assert isinstance(got, np.ndarray)
+    assert np.array_equal(got, sent)
+    assert not got.flags.writeable
+    address = got.__array_interface__["data"][0]
+    assert any(lo <= address < hi for lo, hi in shm_mappings()), (
+        "the array's memory lies in a mapping of the publisher's segment"
+    )
+    assert a.stats()["shm_sent"] == 1
+    assert b.stats()["shm_received"] == 1
