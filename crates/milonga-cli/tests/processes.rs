@@ -137,11 +137,15 @@ fn kill_9_of_a_publisher_leaves_nothing_that_blocks_or_misleads() {
 
 /// The shared-memory segments (docs/shared-memory.md) of process `pid`.
 fn segments_of(pid: u32) -> Vec<std::path::PathBuf> {
-    let prefix = format!("milonga-{pid}-");
+    // `milonga-<host>-<pid>-<node id>-<n>`
+    let pid = pid.to_string();
     std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .filter(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with("milonga-") && name.split('-').nth(2) == Some(pid.as_str())
+                })
                 .map(|e| e.path())
                 .collect()
         })

@@ -7,9 +7,25 @@
 /// Bytes a reference takes at the start of the body.
 pub const REF_LEN: usize = 32;
 
-/// The first byte of a shared-memory marker subscription (never the first
-/// byte of a key: 0xFF is not UTF-8).
+/// The first byte of a shared-memory marker subscription and of a
+/// reference frame (never the first byte of a key: 0xFF is not UTF-8).
 pub const MARKER_BYTE: u8 = 0xFF;
+
+/// Length of a marker's head, `0xFF "s/" <16 hex digits> "/"`, which a
+/// marker subscription puts before a key prefix and a reference frame
+/// before its key.
+pub const MARKER_HEAD_LEN: usize = 20;
+
+/// Whether `b` starts with a well-formed marker head (any host).
+pub fn is_marker_head(b: &[u8]) -> bool {
+    b.len() >= MARKER_HEAD_LEN
+        && b[0] == MARKER_BYTE
+        && &b[1..3] == b"s/"
+        && b[3..19]
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+        && b[19] == b'/'
+}
 
 /// Where a sample's payload frame lies in a publisher's segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

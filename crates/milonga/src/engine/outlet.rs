@@ -49,6 +49,9 @@ pub(crate) struct Outlet {
     pub(super) dictionaries: HashMap<u32, milonga_wire::Bytes>,
     /// Dictionary ids in the order they came, to forget the oldest.
     dictionary_order: std::collections::VecDeque<u32>,
+    /// Shared-memory markers (docs/shared-memory.md) unsubscribed so far:
+    /// a subscription that left may leave slots awaiting it.
+    pub(crate) marker_departures: u64,
 }
 
 /// Most distinct schemas one data socket keeps.
@@ -92,6 +95,7 @@ impl Outlet {
             schemas: HashMap::new(),
             dictionaries: HashMap::new(),
             dictionary_order: std::collections::VecDeque::new(),
+            marker_departures: 0,
         }
     }
 
@@ -123,6 +127,9 @@ impl Outlet {
                     return Upstream::Done;
                 };
                 *n -= 1;
+                if msg.get(1) == Some(&milonga_wire::shm::MARKER_BYTE) {
+                    self.marker_departures += 1;
+                }
                 if *n > 0 {
                     return Upstream::Done;
                 }

@@ -336,6 +336,19 @@ impl Drop for SharedMap {
     }
 }
 
+/// Allocates the first `len` bytes of `file` (`posix_fallocate`), so that
+/// a full file system is an error here rather than a SIGBUS when a page of
+/// its mapping is first written.
+pub(crate) fn allocate(file: &std::fs::File, len: usize) -> std::io::Result<()> {
+    let len = libc::off_t::try_from(len).map_err(|_| std::io::Error::other("too large"))?;
+    // SAFETY: posix_fallocate only reads its integer arguments; the
+    // descriptor is open for the call.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
 /// A writable window of a [`SharedMap`]: a slot reserved for one owner
 /// to fill (a publisher's loan, docs/shared-memory.md). Made only for a
 /// range no other window covers and no reader leases (a reserved slot);

@@ -1055,6 +1055,15 @@ impl PlaneIo {
             let Ok(frames) = recv_frames(sock) else {
                 return;
             };
+            // Shared-memory markers (docs/shared-memory.md) stay here: a
+            // broker holds a prefix once for all the clients behind it,
+            // so a publisher seeing its marker could not tell that a
+            // remote client wants the prefix too. Publishers send the
+            // broker the bytes, whoever its clients are.
+            if matches!(&frames[..], [only] if matches!(only.bytes(), [0 | 1, milonga_wire::shm::MARKER_BYTE, ..]))
+            {
+                continue;
+            }
             // Subscriptions cross a link leaving the tree (they are
             // counted, and withdrawn when it closes); queries and
             // declarations, which nothing tells apart from their copies,

@@ -202,15 +202,30 @@ impl DataSocket {
             }
         }
         // Same-host shared memory: the payload frame written once into the
-        // socket's segment, a reference sent instead (docs/shared-memory.md).
-        let shared = d.share(put, sent, flags);
-        let (sent, flags) = match &shared {
-            Some((reference, _)) => {
-                msg = None;
-                (reference, frame::FLAG_SHARED_MEMORY)
+        // socket's segment, a reference sent instead, to the subscriptions
+        // that asked (docs/shared-memory.md, docs/protocol.md §4.6).
+        if let Some((body, r)) = d.share(put, sent, flags) {
+            let build = || put.build_reference(&body, sent.encoding, schema_id, seq, timestamp_ns);
+            let done = match d.sock.send(build(), zmq::DONTWAIT) {
+                Ok(()) => Ok(()),
+                Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {
+                    put.wait(&mut d, wait, started, |d, send_flags| {
+                        d.sock.send(build(), send_flags)
+                    })
+                }
+                Err(e) => Err(PutError::Socket(e.transport())),
+            };
+            if let Err(e) = done {
+                d.unshare(&r);
+                return Err(e);
             }
-            None => (sent, flags),
-        };
+            d.shared_sent(&r);
+            put.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
+            stats::inc(&put.p2p.core().counters.shm_sent);
+            let accepted = put.accepted(seq);
+            drop(d);
+            return accepted;
+        }
         let mut msg = msg
             .take()
             .unwrap_or_else(|| put.build(sent, schema_id, flags));
@@ -239,20 +254,13 @@ impl DataSocket {
             Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {
                 // The `zmq` crate consumed the refused message: each retry
                 // builds it again.
-                let waited = put.wait(&mut d, wait, started, |d, send_flags| {
+                put.wait(&mut d, wait, started, |d, send_flags| {
                     let mut m = put.build(sent, schema_id, flags);
                     put.stamp(&mut m, seq, timestamp_ns);
                     d.sock.send(m, send_flags | more)
-                });
-                if let Err(e) = waited {
-                    d.unshare(shared.as_ref());
-                    return Err(e);
-                }
+                })?;
             }
-            Err(e) => {
-                d.unshare(shared.as_ref());
-                return Err(PutError::Socket(e.transport()));
-            }
+            Err(e) => return Err(PutError::Socket(e.transport())),
         }
         if let Some(tail) = sent.tail.clone() {
             // The first frame is out: the payload frame must follow, or the
@@ -272,10 +280,8 @@ impl DataSocket {
         }
         // After the whole message: filtered copies are messages of their own.
         put.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
-        if flags == frame::FLAG_COMPRESSED {
+        if flags != 0 {
             stats::inc(&put.p2p.core().counters.frames_deflated);
-        } else if flags == frame::FLAG_SHARED_MEMORY {
-            stats::inc(&put.p2p.core().counters.shm_sent);
         }
         // Stored before the lock goes: another thread's put takes the
         // next number, never this one again.
@@ -452,6 +458,33 @@ impl Put<'_> {
         msg
     }
 
+    /// A reference frame (docs/protocol.md §4.6): the host's marker head,
+    /// then the first frame as [`Put::build`] makes it with flag bit 3 and
+    /// `body` (the reference and the payload's head), stamped.
+    fn build_reference(
+        &self,
+        body: &[u8],
+        encoding: milonga_wire::frame::Encoding,
+        schema_id: u32,
+        seq: u64,
+        timestamp_ns: u64,
+    ) -> zmq::Message {
+        let marker = shm::marker().unwrap_or_default();
+        let (m, t) = (marker.len(), self.template.len());
+        let mut msg = zmq::Message::with_size(m + t + body.len());
+        msg[..m].copy_from_slice(marker);
+        msg[m..m + t].copy_from_slice(self.template);
+        msg[m + t..].copy_from_slice(body);
+        let h = m + self.key.as_str().len() + 1;
+        use frame::offset::{ENCODING, FLAGS, SCHEMA_ID, SEQ, TIMESTAMP_NS};
+        msg[h + FLAGS] = self.template[h - m + FLAGS] | frame::FLAG_SHARED_MEMORY;
+        msg[h + ENCODING] = encoding as u8;
+        msg[h + SCHEMA_ID..h + SCHEMA_ID + 4].copy_from_slice(&schema_id.to_le_bytes());
+        msg[h + SEQ..h + SEQ + 8].copy_from_slice(&seq.to_le_bytes());
+        msg[h + TIMESTAMP_NS..h + TIMESTAMP_NS + 8].copy_from_slice(&timestamp_ns.to_le_bytes());
+        msg
+    }
+
     /// The flags every frame of this publisher carries (replayed).
     fn flags(&self) -> u8 {
         let h = self.key.as_str().len() + 1;
@@ -480,6 +513,8 @@ pub(crate) struct DataSock {
     /// Its shared-memory segment, made on first use; `Err` once making
     /// one failed (logged; its samples then go through the socket).
     ring: Option<Result<shm::Ring, ()>>,
+    /// The socket is reliable (`XPUB_NODROP`).
+    reliable: bool,
 }
 
 /// What the gate makes of one message from a subscriber.
@@ -505,6 +540,7 @@ impl DataSock {
             gate: None,
             inproc: false,
             ring: None,
+            reliable: reliability == Reliability::Reliable,
         }
     }
 
@@ -513,37 +549,38 @@ impl DataSock {
     /// shared memory: large enough, not compressed, every subscription
     /// that wants it on this host (docs/shared-memory.md). Counted in
     /// `shm_fallbacks` when it could have and no slot was free.
-    fn share(&mut self, put: &Put<'_>, enc: &Encoded, flags: u8) -> Option<(Encoded, SharedRef)> {
+    fn share(&mut self, put: &Put<'_>, enc: &Encoded, flags: u8) -> Option<(Vec<u8>, SharedRef)> {
         let node = put.p2p.core();
         let cfg = &node.cfg;
         let tail = enc.tail.as_ref()?;
         if flags != 0 || self.inproc || !cfg.shared_memory || tail.len() < cfg.shm_threshold_bytes {
             return None;
         }
-        let readers = self
-            .out
-            .shared_memory_readers(put.template, shm::marker()?)?;
+        let marker = shm::marker()?;
+        // The subscriptions that came since the node thread last looked:
+        // the decision below is as fresh as it can be (a subscription
+        // libzmq takes during the send does not get the reference, which
+        // goes to marker holders only; it starts with a later sample).
+        self.drain_subscriptions(node);
+        let readers = self.out.shared_memory_readers(put.template, marker)?;
+        let departures = self.out.marker_departures;
         let written = match (self.ring(node), put.claim) {
             // A loan: the payload is in the ring already.
             (Some(ring), Some(claim)) => ring.commit(claim, readers),
-            (Some(ring), None) => ring.write(tail, readers),
+            (Some(ring), None) => ring.write(tail, readers, departures),
             (None, _) => None,
         };
         let Some(r) = written else {
             stats::inc(&node.counters.shm_fallbacks);
             return None;
         };
-        let reference = Encoded {
-            encoding: enc.encoding,
-            head: shm::reference_body(&r, &enc.head),
-            tail: None,
-        };
-        Some((reference, r))
+        Some((shm::reference_body(&r, &enc.head), r))
     }
 
     /// The socket's segment, made on first use (`None` once that failed).
     fn ring(&mut self, node: &NodeCore) -> Option<&mut shm::Ring> {
         let cfg = &node.cfg;
+        let reliable = self.reliable;
         self.ring
             .get_or_insert_with(|| {
                 let hold = Duration::from_millis(u64::from(cfg.shm_hold_ms));
@@ -552,6 +589,7 @@ impl DataSock {
                     cfg.shm_segment_bytes,
                     cfg.shm_threshold_bytes,
                     hold,
+                    reliable,
                 )
                 .map_err(|e| {
                     tracing::warn!(
@@ -576,12 +614,20 @@ impl DataSock {
             return None;
         }
         shm::marker()?;
-        self.ring(node)?.reserve(len)
+        let departures = self.out.marker_departures;
+        self.ring(node)?.reserve(len, departures)
+    }
+
+    /// The reference of `r` left: its readers are waited for from now.
+    fn shared_sent(&mut self, r: &SharedRef) {
+        if let Some(Ok(ring)) = self.ring.as_mut() {
+            ring.sent(r);
+        }
     }
 
     /// Gives back the slot of a reference that was not sent.
-    fn unshare(&mut self, shared: Option<&(Encoded, SharedRef)>) {
-        if let (Some((_, r)), Some(Ok(ring))) = (shared, self.ring.as_mut()) {
+    fn unshare(&mut self, r: &SharedRef) {
+        if let Some(Ok(ring)) = self.ring.as_mut() {
             ring.unsent(r);
         }
     }

@@ -4,16 +4,17 @@
 //! (docs/protocol.md §4.6); they map the segment and read the payload in
 //! place.
 //!
-//! A segment is a file `/dev/shm/milonga-<pid>-<node id>-<n>`: a header
-//! page, a table of slots, and a data ring. A slot holds one payload: its
-//! stamp (even when written, odd while rewritten), the readers still
-//! expected, where its bytes lie, and the pids of the processes that hold
-//! it (leases). The writer reuses the oldest slot when no live process
-//! holds it and every expected reader came (or `shm_hold_ms` passed), and
-//! otherwise sends the sample through the socket. A reader takes a lease,
-//! then checks the stamp; the lease goes when the last view of the bytes
-//! is dropped. Files of processes that ended are removed by the next node
-//! on the host that sweeps (every second, [`sweep`]).
+//! A segment is a file `/dev/shm/milonga-<host>-<pid>-<node id>-<n>`: a
+//! header page, a table of slots, and a data ring. A slot holds one
+//! payload: its stamp (even when written, odd while rewritten), the
+//! readers still expected, where its bytes lie, and the pids of the
+//! processes that hold it (leases). The writer reuses the oldest slot when
+//! no live process holds it and every expected reader came (or, see
+//! [`Ring::reclaim_oldest`], gave up), and otherwise sends the sample
+//! through the socket. A reader takes a lease, then checks the stamp; the
+//! lease goes when the last view of the bytes is dropped. Files of
+//! processes that ended are removed by the next node on the host that
+//! sweeps (every second, [`sweep`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use milonga_wire::shm::{SharedRef, MARKER_BYTE, REF_LEN};
+use milonga_wire::shm::{SharedRef, MARKER_BYTE, MARKER_HEAD_LEN, REF_LEN};
 use milonga_wire::NodeId;
 
 use crate::util::sys::{pid_exists, SharedMap, SharedWindow};
@@ -52,6 +53,9 @@ pub(crate) const MAX_READERS: u32 = ((SLOT_BYTES - SLOT_PIDS) / 4) as u32;
 const ALIGN: usize = 64;
 /// Most slots a segment has.
 const MAX_SLOTS: usize = 4096;
+/// A lease entry's bit that marks the writer's own lease on a slot it
+/// reserved (a loan being filled), never a reader's (pids are below 2^22).
+const WRITER: u32 = 1 << 31;
 
 /// The identity of this host's shared memory, as subscriptions' markers
 /// spell it: FNV-1a 64 of the boot id, the `/dev/shm` file system, the pid
@@ -80,9 +84,10 @@ fn host() -> Option<&'static str> {
     .as_deref()
 }
 
-/// The marker a subscription on this host sends after each of its
-/// prefixes `P` (as `marker ‖ P`): `0xFF s/<host>/`. `None`: no shared
-/// memory on this host.
+/// The marker head a subscription on this host sends before each of its
+/// prefixes `P` (as `marker ‖ P`), and a publisher before the key of a
+/// reference frame: `0xFF s/<host>/` ([`MARKER_HEAD_LEN`] bytes). `None`:
+/// no shared memory on this host.
 pub(crate) fn marker() -> Option<&'static [u8]> {
     static MARKER: OnceLock<Option<Vec<u8>>> = OnceLock::new();
     MARKER
@@ -94,9 +99,15 @@ pub(crate) fn marker() -> Option<&'static [u8]> {
         .as_deref()
 }
 
-/// The path of segment `n` of process `pid`'s node `node`.
-fn path(pid: u32, node: &NodeId, n: u32) -> PathBuf {
-    PathBuf::from(format!("{DIR}/{FILE_PREFIX}{pid}-{}-{n}", node.to_hex()))
+/// The path of segment `n` of process `pid`'s node `node` on this host
+/// (`None`: no shared memory here). The host is in the name so that a
+/// sweep removes only files whose pids it can check (same pid namespace).
+fn path(pid: u32, node: &NodeId, n: u32) -> Option<PathBuf> {
+    Some(PathBuf::from(format!(
+        "{DIR}/{FILE_PREFIX}{}-{pid}-{}-{n}",
+        host()?,
+        node.to_hex()
+    )))
 }
 
 // ---------------------------------------------------------------------
@@ -120,14 +131,24 @@ pub(crate) struct Ring {
     /// The last stamp given (even).
     stamp: u64,
     /// How long a slot waits for readers that were expected and did not
-    /// come (dead, or that far behind).
+    /// come, before it may be reclaimed (see [`Ring::reclaim_oldest`]).
     hold: Duration,
+    /// A reliable socket's ring: a slot's expected readers are waited for
+    /// as long as none of the socket's marked subscriptions left.
+    reliable: bool,
+    /// Reservations made, numbering them.
+    reservations: u64,
 }
 
 struct Live {
     slot: u32,
     offset: usize,
+    /// When its reference was sent (its reservation until then).
     at: Instant,
+    /// Its reservation's number.
+    number: u64,
+    /// The socket's marker departures when it was written.
+    departures: u64,
 }
 
 impl std::fmt::Debug for Ring {
@@ -145,6 +166,7 @@ impl Ring {
         bytes: usize,
         threshold: usize,
         hold: Duration,
+        reliable: bool,
     ) -> std::io::Result<Ring> {
         use std::os::unix::fs::OpenOptionsExt;
         static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -157,7 +179,8 @@ impl Ring {
                 "shm_segment_bytes {bytes} leaves less than 1 MiB for payloads"
             )));
         }
-        let path = path(pid, node, number);
+        let path = path(pid, node, number)
+            .ok_or_else(|| std::io::Error::other("no shared memory on this host"))?;
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -166,6 +189,9 @@ impl Ring {
             .open(&path)?;
         let made = (|| {
             file.set_len(bytes as u64)?;
+            // Every page now: a full /dev/shm is this error, not a SIGBUS
+            // at the first write of a page.
+            crate::util::sys::allocate(&file, bytes)?;
             SharedMap::map(&file, bytes).map(Arc::new)
         })();
         let map = match made {
@@ -191,6 +217,8 @@ impl Ring {
             free: (0..slots as u32).rev().collect(),
             stamp: 0,
             hold,
+            reliable,
+            reservations: 0,
         })
     }
 
@@ -209,15 +237,15 @@ impl Ring {
     /// Reserves a slot of `len` bytes for this process to fill, leased
     /// to it (so that it is not reclaimed) until the [`Reserved`] is
     /// dropped; `None` when no slot can be had now.
-    pub(crate) fn reserve(&mut self, len: usize) -> Option<Reserved> {
+    pub(crate) fn reserve(&mut self, len: usize, departures: u64) -> Option<Reserved> {
         let size = len.div_ceil(ALIGN) * ALIGN;
         if size == 0 || size > self.data_end - self.data_start {
             return None;
         }
-        if self.free.is_empty() && !self.reclaim_oldest() {
+        if self.free.is_empty() && !self.reclaim_oldest(departures) {
             return None;
         }
-        let offset = self.place(size)?;
+        let offset = self.place(size, departures)?;
         let slot = self.free.pop()?;
         // The slot is free: no reader holds it, and its stamp is odd (a
         // reclaimed slot) or 0 (never used); readers of older references
@@ -227,24 +255,40 @@ impl Ring {
             .store(offset as u64, SeqCst);
         self.slot_u64(slot, SLOT_LEN).store(len as u64, SeqCst);
         self.slot_u32(slot, SLOT_EXPECTED).store(0, SeqCst);
-        let entry = HEADER_BYTES + slot as usize * SLOT_BYTES + SLOT_PIDS;
-        // A free slot's leases are all clear: the first is this process's.
-        self.slot_u32(slot, SLOT_PIDS).store(self.pid, SeqCst);
+        // The writer's own lease, in an entry no reader holds (a reader
+        // of an older reference may hold one a moment, until it sees the
+        // stamp changed).
+        let mine = self.pid | WRITER;
+        let Some(entry) = (0..MAX_READERS as usize)
+            .map(|i| SLOT_PIDS + 4 * i)
+            .find(|&e| {
+                self.slot_u32(slot, e)
+                    .compare_exchange(0, mine, SeqCst, SeqCst)
+                    .is_ok()
+            })
+        else {
+            self.free.push(slot);
+            return None;
+        };
         self.head = offset + size;
+        self.reservations += 1;
         self.live.push_back(Live {
             slot,
             offset,
             at: Instant::now(),
+            number: self.reservations,
+            departures,
         });
         Some(Reserved {
             window: SharedWindow::new(self.map.clone(), offset, len)?,
             claim: Claim {
                 segment: self.number,
                 slot,
+                number: self.reservations,
                 len,
             },
-            entry,
-            pid: self.pid,
+            entry: HEADER_BYTES + slot as usize * SLOT_BYTES + entry,
+            value: mine,
         })
     }
 
@@ -255,10 +299,15 @@ impl Ring {
         if c.segment != self.number || readers > MAX_READERS {
             return None;
         }
+        // Still its reservation (a stale claim must not publish the payload
+        // of another).
+        self.live
+            .iter()
+            .rev()
+            .find(|l| l.slot == c.slot && l.number == c.number)?;
         self.slot_u32(c.slot, SLOT_EXPECTED).store(readers, SeqCst);
         self.stamp += 2;
         self.slot_u64(c.slot, SLOT_STAMP).store(self.stamp, SeqCst);
-        self.live.iter_mut().rev().find(|l| l.slot == c.slot)?.at = Instant::now();
         Some(SharedRef {
             segment: self.number,
             pid: self.pid,
@@ -271,11 +320,16 @@ impl Ring {
     /// Writes `payload` for `readers` expected readers: its reference, or
     /// `None` when no slot can be had now (the sample then goes through
     /// the socket).
-    pub(crate) fn write(&mut self, payload: &[u8], readers: u32) -> Option<SharedRef> {
+    pub(crate) fn write(
+        &mut self,
+        payload: &[u8],
+        readers: u32,
+        departures: u64,
+    ) -> Option<SharedRef> {
         if readers > MAX_READERS {
             return None;
         }
-        let mut r = self.reserve(payload.len())?;
+        let mut r = self.reserve(payload.len(), departures)?;
         r.window.as_mut_slice().copy_from_slice(payload);
         self.commit(r.claim, readers)
         // `r` dropped: this process's lease goes.
@@ -288,10 +342,21 @@ impl Ring {
         }
     }
 
+    /// The reference of a slot left: the wait for its readers starts now
+    /// (a reliable put may have waited for room before).
+    pub(crate) fn sent(&mut self, r: &SharedRef) {
+        if r.segment != self.number {
+            return;
+        }
+        if let Some(l) = self.live.iter_mut().rev().find(|l| l.slot == r.slot) {
+            l.at = Instant::now();
+        }
+    }
+
     /// Where `size` bytes go, reclaiming the oldest slots as needed (the
     /// live payloads fill the ring from the oldest's offset to `head`,
     /// possibly wrapping).
-    fn place(&mut self, size: usize) -> Option<usize> {
+    fn place(&mut self, size: usize, departures: u64) -> Option<usize> {
         loop {
             let Some(front) = self.live.front() else {
                 self.head = self.data_start;
@@ -308,21 +373,31 @@ impl Ring {
             } else if self.head < tail && self.head + size <= tail {
                 return Some(self.head);
             }
-            if !self.reclaim_oldest() {
+            if !self.reclaim_oldest(departures) {
                 return None;
             }
         }
     }
 
     /// Frees the oldest slot if no live process holds it and its expected
-    /// readers came (or waited long enough): whether it did.
-    fn reclaim_oldest(&mut self) -> bool {
+    /// readers came: whether it did. Readers that have not come are given
+    /// up on after the hold time, on a best-effort socket (the reference
+    /// may have been dropped at a full queue), and on a reliable one only
+    /// if a marked subscription left the socket since (`departures`, the
+    /// socket's count of marker unsubscriptions, grew: the reader that did
+    /// not come may be the one that left, killed or closed); a reliable
+    /// reader that is only slow is waited for.
+    fn reclaim_oldest(&mut self, departures: u64) -> bool {
         let Some(l) = self.live.front() else {
             return false;
         };
-        let (slot, at) = (l.slot, l.at);
-        if self.slot_u32(slot, SLOT_EXPECTED).load(SeqCst) > 0 && at.elapsed() < self.hold {
-            return false;
+        let (slot, at, written_at) = (l.slot, l.at, l.departures);
+        if self.slot_u32(slot, SLOT_EXPECTED).load(SeqCst) > 0 {
+            let may_give_up =
+                at.elapsed() >= self.hold && (!self.reliable || departures > written_at);
+            if !may_give_up {
+                return false;
+            }
         }
         // Marked odd first, then the leases read: a reader that leased it
         // before is seen here; one that leases it after sees the stamp
@@ -331,16 +406,17 @@ impl Ring {
         let was = stamp.fetch_or(1, SeqCst);
         for i in 0..MAX_READERS as usize {
             let lease = self.slot_u32(slot, SLOT_PIDS + 4 * i);
-            let pid = lease.load(SeqCst);
-            if pid == 0 {
+            let held = lease.load(SeqCst);
+            if held == 0 {
                 continue;
             }
+            let pid = held & !WRITER;
             if pid_exists(pid) {
                 self.slot_u64(slot, SLOT_STAMP).store(was, SeqCst);
                 return false;
             }
             // A reader that ended without giving its lease back.
-            let _ = lease.compare_exchange(pid, 0, SeqCst, SeqCst);
+            let _ = lease.compare_exchange(held, 0, SeqCst, SeqCst);
         }
         self.live.pop_front();
         self.free.push(slot);
@@ -360,6 +436,8 @@ impl Drop for Ring {
 pub(crate) struct Claim {
     segment: u32,
     slot: u32,
+    /// Its reservation's number.
+    number: u64,
     len: usize,
 }
 
@@ -371,8 +449,9 @@ pub(crate) struct Claim {
 pub(crate) struct Reserved {
     pub(crate) window: SharedWindow,
     pub(crate) claim: Claim,
+    /// Offset of the writer's lease entry, and what it holds.
     entry: usize,
-    pid: u32,
+    value: u32,
 }
 
 impl AsRef<[u8]> for Reserved {
@@ -384,7 +463,7 @@ impl AsRef<[u8]> for Reserved {
 impl Drop for Reserved {
     fn drop(&mut self) {
         if let Some(a) = self.window.map().atomic_u32(self.entry) {
-            let _ = a.compare_exchange(self.pid, 0, SeqCst, SeqCst);
+            let _ = a.compare_exchange(self.value, 0, SeqCst, SeqCst);
         }
     }
 }
@@ -416,13 +495,23 @@ fn mapped() -> &'static Mappings {
 /// (its samples are counted unreadable) until the sweep forgets unused ones.
 const MAX_MAPPED: usize = 256;
 
+/// How long a reader waits for a slot's stamp to be even again (the writer
+/// marks it odd a moment while it checks whether it may reuse the slot).
+const ODD_STAMP_WAIT: Duration = Duration::from_millis(2);
+
 /// Why a reference could not be read.
 #[derive(Debug)]
 pub(crate) enum Unreadable {
-    /// The segment cannot be opened or mapped, or is not one.
+    /// The segment cannot be mapped, or is not one this process may trust
+    /// (another owner, a link, readable by others, a bad header): the
+    /// subscription stops asking for shared memory.
     Segment(String),
-    /// The slot was rewritten before this reader came (it was more than
-    /// `shm_hold_ms` behind), or the reference does not match it.
+    /// The segment is gone (its writer closed it or ended), too many are
+    /// mapped, or the frame is not a well-formed reference: this sample
+    /// only.
+    Gone(String),
+    /// The slot was rewritten before this reader came, or the reference
+    /// does not match it.
     Overwritten,
     /// Every lease of the slot is taken.
     NoLease,
@@ -431,7 +520,7 @@ pub(crate) enum Unreadable {
 impl std::fmt::Display for Unreadable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Unreadable::Segment(why) => write!(f, "{why}"),
+            Unreadable::Segment(why) | Unreadable::Gone(why) => write!(f, "{why}"),
             Unreadable::Overwritten => write!(f, "the slot was rewritten before it was read"),
             Unreadable::NoLease => write!(f, "every lease of the slot is taken"),
         }
@@ -439,28 +528,42 @@ impl std::fmt::Display for Unreadable {
 }
 
 fn open(pid: u32, node: &NodeId, n: u32) -> Result<Arc<Mapped>, Unreadable> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let mut all = crate::util::lock(mapped());
     if let Some(m) = all.get(&(pid, *node, n)) {
         *crate::util::lock(&m.used) = Instant::now();
         return Ok(m.clone());
     }
     if all.len() >= MAX_MAPPED {
-        return Err(Unreadable::Segment(format!(
+        return Err(Unreadable::Gone(format!(
             "{MAX_MAPPED} segments are mapped already"
         )));
     }
-    let path = path(pid, node, n);
+    let path =
+        path(pid, node, n).ok_or_else(|| Unreadable::Gone("no shared memory here".into()))?;
     let bad = |why: String| Unreadable::Segment(format!("{}: {why}", path.display()));
-    let file = File::options()
+    // Never through a link, and only a file of this user that no one else
+    // may write: what the mapping holds is trusted as a writer's slots.
+    let file = match File::options()
         .read(true)
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&path)
-        .map_err(|e| bad(e.to_string()))?;
-    let len = file.metadata().map_err(|e| bad(e.to_string()))?.len();
-    let len = usize::try_from(len)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Unreadable::Gone(format!("{}: gone", path.display())))
+        }
+        Err(e) => return Err(bad(e.to_string())),
+    };
+    let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
+    if !meta.is_file() || meta.uid() != crate::util::sys::uid() || meta.mode() & 0o077 != 0 {
+        return Err(bad("not a file of this user alone".into()));
+    }
+    let len = usize::try_from(meta.len())
         .ok()
         .filter(|l| *l > HEADER_BYTES)
-        .ok_or_else(|| bad(format!("{len} bytes is not a segment")))?;
+        .ok_or_else(|| bad(format!("{} bytes is not a segment", meta.len())))?;
     let map = SharedMap::map(&file, len).map_err(|e| bad(e.to_string()))?;
     let word = |o| map.atomic_u64(o).map_or(0, |a| a.load(SeqCst));
     let (magic, size, slots_pid) = (word(0), word(8), word(16));
@@ -539,7 +642,17 @@ pub(crate) fn read(node: &NodeId, r: &SharedRef) -> Result<Bytes, Unreadable> {
             let _ = a.compare_exchange(me, 0, SeqCst, SeqCst);
         }
     };
-    let stamp = field(SLOT_STAMP)?.load(SeqCst);
+    let mut stamp = field(SLOT_STAMP)?.load(SeqCst);
+    if stamp == r.stamp | 1 {
+        // Odd: the writer is looking at the slot to reuse it, and puts
+        // the stamp back when it finds this lease; or it is rewriting it
+        // (the stamp then becomes another even number).
+        let until = Instant::now() + ODD_STAMP_WAIT;
+        while stamp % 2 == 1 && Instant::now() < until {
+            std::thread::yield_now();
+            stamp = field(SLOT_STAMP)?.load(SeqCst);
+        }
+    }
     let offset = field(SLOT_OFFSET)?.load(SeqCst);
     let len = field(SLOT_LEN)?.load(SeqCst);
     let data_start = (HEADER_BYTES + seg.slots as usize * SLOT_BYTES) as u64;
@@ -563,60 +676,77 @@ pub(crate) fn read(node: &NodeId, r: &SharedRef) -> Result<Bytes, Unreadable> {
     }))
 }
 
-/// The frame a receiver reads in place of a shared-memory reference
-/// `first` (the key, header and body as sent): the same key and header
-/// with flag bit 3 cleared and bit 0 set, the bytes that followed the
-/// reference as its body; and the payload frame from the segment. `None`
-/// when `first` carries no reference; `Some(Err)` when it does and the
-/// payload cannot be read.
-pub(crate) fn resolve(first: &[u8]) -> Option<Result<(Bytes, Bytes), Unreadable>> {
+/// The frame a receiver reads in place of a reference frame `first`
+/// (docs/protocol.md §4.6: a marker head, then key, header and body as
+/// for a sample): the key and header with flag bit 3 cleared and bit 0
+/// set, the bytes that followed the reference as its body; and the payload
+/// frame from the segment (at most `limit` bytes). `None` when `first` is
+/// not a reference frame (it does not start with the marker byte).
+pub(crate) fn resolve(first: &[u8], limit: usize) -> Option<Result<(Bytes, Bytes), Unreadable>> {
     use milonga_wire::frame::{offset, FLAG_PAYLOAD_FRAME, FLAG_SHARED_MEMORY, HEADER_LEN};
-    let k = first.iter().take(513).position(|b| *b == 0)?;
-    let h = k + 1;
-    let flags = *first.get(h + offset::FLAGS)?;
-    if flags & FLAG_SHARED_MEMORY == 0 {
+    if first.first() != Some(&MARKER_BYTE) {
         return None;
     }
-    let body = first.get(h + HEADER_LEN..)?;
-    let Some((r, rest)) = SharedRef::decode(body) else {
-        return Some(Err(Unreadable::Segment(
-            "a malformed shared-memory reference".into(),
-        )));
+    let malformed = || Unreadable::Gone("a malformed shared-memory reference".into());
+    if !milonga_wire::shm::is_marker_head(first) {
+        return Some(Err(malformed()));
+    }
+    let frame = &first[MARKER_HEAD_LEN..];
+    let Some(k) = frame.iter().take(513).position(|b| *b == 0) else {
+        return Some(Err(malformed()));
     };
+    let h = k + 1;
+    let Some(&flags) = frame.get(h + offset::FLAGS) else {
+        return Some(Err(malformed()));
+    };
+    let reference = frame
+        .get(h + HEADER_LEN..)
+        .filter(|_| flags & (FLAG_SHARED_MEMORY | FLAG_PAYLOAD_FRAME) == FLAG_SHARED_MEMORY)
+        .and_then(SharedRef::decode);
+    let Some((r, rest)) = reference else {
+        return Some(Err(malformed()));
+    };
+    if r.len > limit as u64 {
+        return Some(Err(Unreadable::Gone(format!(
+            "a shared-memory payload of {} bytes is over max_message_bytes",
+            r.len
+        ))));
+    }
     let node = NodeId(
-        first[h + offset::NODE_ID..h + offset::NODE_ID + 16]
+        frame[h + offset::NODE_ID..h + offset::NODE_ID + 16]
             .try_into()
             .expect("16 bytes"),
     );
     Some(read(&node, &r).map(|payload| {
-        let mut frame = Vec::with_capacity(h + HEADER_LEN + rest.len());
-        frame.extend_from_slice(&first[..h + HEADER_LEN]);
-        frame[h + offset::FLAGS] = (flags & !FLAG_SHARED_MEMORY) | FLAG_PAYLOAD_FRAME;
-        frame.extend_from_slice(rest);
-        (Bytes::from(frame), payload)
+        let mut out = Vec::with_capacity(h + HEADER_LEN + rest.len());
+        out.extend_from_slice(&frame[..h + HEADER_LEN]);
+        out[h + offset::FLAGS] = (flags & !FLAG_SHARED_MEMORY) | FLAG_PAYLOAD_FRAME;
+        out.extend_from_slice(rest);
+        (Bytes::from(out), payload)
     }))
 }
 
 /// The body of a reference frame: the reference, then `head` (the bytes
 /// that would have led the payload frame's body).
-pub(crate) fn reference_body(r: &SharedRef, head: &[u8]) -> Bytes {
+pub(crate) fn reference_body(r: &SharedRef, head: &[u8]) -> Vec<u8> {
     let mut b = Vec::with_capacity(REF_LEN + head.len());
     b.extend_from_slice(&r.encode());
     b.extend_from_slice(head);
-    Bytes::from(b)
+    b
 }
 
-/// Removes the segment files of this user whose process ended (a
+/// Removes this host's segment files of this user whose process ended (a
 /// publisher killed before it could), and forgets this process's mappings
 /// that no lease holds and that were not used for `idle` or whose file is
 /// gone. Run by every node thread with shared memory on, once a second.
 pub(crate) fn sweep(idle: Duration) {
     use std::os::unix::fs::MetadataExt;
     let me = crate::util::sys::uid();
-    if let Ok(dir) = std::fs::read_dir(DIR) {
+    if let (Some(host), Ok(dir)) = (host(), std::fs::read_dir(DIR)) {
+        let ours = format!("{FILE_PREFIX}{host}-");
         for e in dir.flatten() {
             let name = e.file_name();
-            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(FILE_PREFIX)) else {
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&ours)) else {
                 continue;
             };
             let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
@@ -646,22 +776,22 @@ mod tests {
     #[test]
     fn a_written_payload_reads_back_in_place_and_its_slot_waits_for_its_reader() {
         let n = node();
-        let mut ring = Ring::create(&n, 4 << 20, 64 << 10, Duration::from_secs(60)).unwrap();
+        let mut ring = Ring::create(&n, 4 << 20, 64 << 10, Duration::from_secs(60), false).unwrap();
         let payload: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
-        let r = ring.write(&payload, 1).unwrap();
+        let r = ring.write(&payload, 1, 0).unwrap();
         let view = read(&n, &r).unwrap();
         assert_eq!(&view[..], &payload[..]);
         // The ring fills: the held slot is never rewritten, later writes
         // fail once only it is left.
         let mut written = 0;
-        while ring.write(&payload, 0).is_some() {
+        while ring.write(&payload, 0, 0).is_some() {
             written += 1;
             assert!(written < 1000, "the ring never fills");
         }
         assert_eq!(&view[..], &payload[..], "a held slot is not rewritten");
         drop(view);
         assert!(
-            ring.write(&payload, 0).is_some(),
+            ring.write(&payload, 0, 0).is_some(),
             "a released slot is reused"
         );
         // A reference to a rewritten slot is refused, not misread.
@@ -676,24 +806,66 @@ mod tests {
     fn an_expected_reader_that_never_comes_holds_the_slot_only_for_the_hold_time() {
         let n = node();
         let hold = Duration::from_millis(200);
-        let mut ring = Ring::create(&n, 2 << 20, 64 << 10, hold).unwrap();
+        let mut ring = Ring::create(&n, 2 << 20, 64 << 10, hold, false).unwrap();
         // More than half the ring: a second one needs the first's room.
         let payload = vec![7u8; 1_100_000];
-        let first = ring.write(&payload, 1).unwrap();
+        let first = ring.write(&payload, 1, 0).unwrap();
         assert!(
-            ring.write(&payload, 0).is_none(),
+            ring.write(&payload, 0, 0).is_none(),
             "the expected reader holds it"
         );
         std::thread::sleep(hold + Duration::from_millis(50));
-        assert!(ring.write(&payload, 0).is_some());
+        assert!(ring.write(&payload, 0, 0).is_some());
         assert!(matches!(read(&n, &first), Err(Unreadable::Overwritten)));
+    }
+
+    #[test]
+    fn a_reliable_ring_waits_for_a_slow_reader_until_a_subscription_leaves() {
+        let n = node();
+        let hold = Duration::from_millis(100);
+        let mut ring = Ring::create(&n, 2 << 20, 64 << 10, hold, true).unwrap();
+        let payload = vec![5u8; 1_100_000];
+        let first = ring.write(&payload, 1, 0).unwrap();
+        std::thread::sleep(hold + Duration::from_millis(50));
+        assert!(
+            ring.write(&payload, 0, 0).is_none(),
+            "a reliable reader that is only slow is waited for"
+        );
+        assert!(
+            ring.write(&payload, 0, 1).is_some(),
+            "a marked subscription left: the reader may be that one"
+        );
+        assert!(matches!(read(&n, &first), Err(Unreadable::Overwritten)));
+    }
+
+    #[test]
+    fn a_reservation_is_not_reclaimed_while_it_is_filled_even_by_a_stale_reader_of_this_process() {
+        let n = node();
+        let mut ring = Ring::create(&n, 2 << 20, 64 << 10, Duration::ZERO, false).unwrap();
+        let old = ring.write(&vec![1u8; 1_100_000], 0, 0).unwrap();
+        let mut loan = ring.reserve(1_100_000, 0).expect("the old slot is free");
+        // A reader of the old reference in this process: it takes a lease,
+        // finds the stamp changed and gives its lease back; the writer's
+        // own lease on the reservation stays.
+        assert!(matches!(read(&n, &old), Err(Unreadable::Overwritten)));
+        assert!(
+            ring.write(&vec![2u8; 1_100_000], 0, 0).is_none(),
+            "the loan holds the ring"
+        );
+        loan.window.as_mut_slice().fill(3);
+        let r = ring.commit(loan.claim, 1).unwrap();
+        let view = read(&n, &r).unwrap();
+        assert!(view.iter().all(|b| *b == 3));
+        drop(loan);
+        drop(view);
+        assert!(ring.write(&vec![4u8; 1_100_000], 0, 0).is_some());
     }
 
     #[test]
     fn hostile_references_are_refused() {
         let n = node();
-        let mut ring = Ring::create(&n, 2 << 20, 64 << 10, Duration::from_secs(1)).unwrap();
-        let r = ring.write(&[1u8; 70_000], 0).unwrap();
+        let mut ring = Ring::create(&n, 2 << 20, 64 << 10, Duration::from_secs(1), false).unwrap();
+        let r = ring.write(&[1u8; 70_000], 0, 0).unwrap();
         for bad in [
             SharedRef { slot: 1 << 30, ..r },
             SharedRef { len: 1 << 40, ..r },
@@ -704,7 +876,7 @@ mod tests {
         ] {
             assert!(matches!(read(&n, &bad), Err(Unreadable::Overwritten)));
         }
-        assert!(matches!(read(&node(), &r), Err(Unreadable::Segment(_))));
+        assert!(matches!(read(&node(), &r), Err(Unreadable::Gone(_))));
         assert!(matches!(
             read(
                 &n,
@@ -713,8 +885,23 @@ mod tests {
                     ..r
                 }
             ),
-            Err(Unreadable::Segment(_))
+            Err(Unreadable::Gone(_))
         ));
         assert!(read(&n, &r).is_ok());
+        // A file at a segment's name that others may write, or a link: not
+        // mapped.
+        use std::os::unix::fs::PermissionsExt;
+        let other = node();
+        let open_to_all = path(std::process::id(), &other, 7).unwrap();
+        std::fs::write(&open_to_all, vec![0u8; 1 << 16]).unwrap();
+        std::fs::set_permissions(&open_to_all, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let link = path(std::process::id(), &other, 8).unwrap();
+        std::os::unix::fs::symlink(&ring.path, &link).unwrap();
+        for segment in [7, 8] {
+            let got = read(&other, &SharedRef { segment, ..r });
+            assert!(matches!(got, Err(Unreadable::Segment(_))), "{got:?}");
+        }
+        let _ = std::fs::remove_file(open_to_all);
+        let _ = std::fs::remove_file(link);
     }
 }

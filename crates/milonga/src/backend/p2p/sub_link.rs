@@ -341,7 +341,7 @@ impl SubLink {
         };
         let key = group.key.clone();
         if second.is_none() && self.spec.marker.is_some() {
-            match shm::resolve(&first) {
+            match shm::resolve(&first, self.spec.core.cfg.max_message_bytes) {
                 None => {}
                 Some(Ok((frame, payload))) => {
                     stats::inc(&self.spec.core.counters.shm_received);
