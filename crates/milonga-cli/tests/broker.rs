@@ -1120,3 +1120,69 @@ fn a_zstd_dictionary_is_asked_through_the_broker_and_samples_arrive_as_put() {
     assert_eq!(st.frames_unknown_dictionary, 0);
     assert!(st.frames_inflated > 0);
 }
+
+#[test]
+fn large_samples_reach_a_broker_client_through_the_socket_beside_a_shared_memory_subscriber() {
+    // A peer-to-peer publisher of large samples, a peer-to-peer subscriber
+    // on its host that asks for shared memory, and a broker client (also
+    // on this host, but behind the broker): the broker keeps markers to
+    // itself (docs/shared-memory.md), so the publisher sees a subscription
+    // without one and sends the bytes to all; everyone gets every sample.
+    use milonga::{PublisherQos, SubscriberQos, Value};
+    let env = Env::new("brk-shm");
+    let b = env.broker(&[]);
+    let client = Node::open_with(env.config_at(&b.locator, "gui")).unwrap();
+    let device = env.node("camera");
+    let local = env.node("viewer");
+    let p = device
+        .publisher_with("lab/cam/frame", PublisherQos::reliable())
+        .unwrap();
+    let near = local
+        .subscribe_with("lab/cam/frame", SubscriberQos::default().reliable())
+        .unwrap();
+    let far = client
+        .subscribe_with("lab/cam/frame", SubscriberQos::default().reliable())
+        .unwrap();
+    let frame = |i: u8| Value::Bytes(vec![i; 300_000].into());
+    // Put until the client's first sample arrives through the broker.
+    let mut i = 0u8;
+    let mut first = None;
+    wait_for("a first sample through the broker", T, || {
+        i = i.wrapping_add(1);
+        p.put(frame(i)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        if let Ok(milonga::Event::Sample(s)) = far.try_recv() {
+            first = Some(s.seq);
+        }
+        first.is_some()
+    });
+    let sent_before = device.stats().shm_sent;
+    for _ in 0..20 {
+        i = i.wrapping_add(1);
+        p.put(frame(i)).unwrap();
+    }
+    // Every sample up to the last put, in order, with its bytes.
+    let until_last = |sub: &milonga::Subscriber| {
+        let mut got = Vec::new();
+        wait_for("the samples up to the last", T, || {
+            while let Ok(ev) = sub.try_recv() {
+                if let milonga::Event::Sample(s) = ev {
+                    got.push(s);
+                }
+            }
+            got.last().is_some_and(|s| s.value == frame(i))
+        });
+        got
+    };
+    for got in [until_last(&far), until_last(&near)] {
+        let seqs: Vec<u64> = got.iter().map(|s| s.seq).collect();
+        assert!(consecutive(&seqs), "{seqs:?}");
+        assert!(seqs.len() >= 20);
+    }
+    assert_eq!(
+        device.stats().shm_sent,
+        sent_before,
+        "a subscription behind the broker holds the prefix without a marker"
+    );
+    assert_eq!(client.stats().frames_malformed, 0);
+}

@@ -153,35 +153,45 @@ fn segments_of(pid: u32) -> Vec<std::path::PathBuf> {
 }
 
 /// A publisher of large samples writes them into a shared-memory segment
-/// for the subscriber on its host; killed with -9, it cannot remove the
-/// segment, and the subscriber's node sweeps it once the process is gone.
-/// A subscriber killed with -9 holds nothing the publisher waits for: it
-/// goes on with a new subscriber, through shared memory.
+/// for the subscribers on its host. A subscriber killed with -9 while it
+/// holds a sample (its lease) and has references queued unread does not
+/// stop the publisher: the next subscriber gets shared memory again.
+/// Killed with -9, the publisher cannot remove its segment, and the
+/// subscriber's node sweeps it once the process is gone.
 #[test]
 fn a_publisher_killed_with_9_leaves_no_shared_memory_segment_behind() {
     let env = Env::new("shmkill");
-    let mut first = env.spawn(&["sub", "shm/cam", "--json"]);
+    // It holds each sample for 30 s (it sleeps with it).
+    let mut first = env.spawn(&["sub", "shm/cam", "--json", "--sleep-ms", "30000"]);
     let mut publ = env.spawn(&[
         "pub",
         "shm/cam",
         "--bytes",
         "200000",
         "--rate",
-        "100",
+        "1000",
         "--reliable",
     ]);
-    samples(&first, 5);
+    samples(&first, 1);
     let pid = publ.pid();
     wait_for("the publisher's segment", T, || {
         !segments_of(pid).is_empty()
     });
-    // A subscriber killed while it holds leases: the publisher clears
-    // them (its pid is gone) and serves the next one.
+    // Long enough for the ring (64 MiB: 320 samples) to fill with slots
+    // the first subscriber holds or was sent and never reads.
+    std::thread::sleep(Duration::from_secs(1));
     first.kill9();
-    let second = env.spawn(&["sub", "shm/cam", "--json"]);
-    let got = samples(&second, 20);
-    let seqs: Vec<u64> = got.iter().map(|s| s["seq"].as_u64().unwrap()).collect();
+    let node = env.node("second");
+    let second = node.subscribe("shm/cam").unwrap();
+    let mut seqs = Vec::new();
+    wait_for("samples through shared memory again", T, || {
+        if let Ok(milonga::Event::Sample(s)) = second.recv_timeout(Duration::from_millis(100)) {
+            seqs.push(s.seq);
+        }
+        node.stats().shm_received >= 20
+    });
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    assert_eq!(node.stats().shm_unreadable, 0);
     publ.kill9();
     wait_for("the killed publisher's segment to be swept", T, || {
         segments_of(pid).is_empty()

@@ -4,8 +4,8 @@
 //! never rewritten; a subscription that did not ask gets the bytes through
 //! the socket. Nodes of this process over tcp on the loopback (the
 //! publisher and subscriber are on one host, as for two processes). The
-//! kill -9 cleanup is tested with real processes in
-//! `milonga-cli/tests/processes.rs`.
+//! kill -9 cases are tested with real processes in
+//! `milonga-cli/tests/processes.rs`, the broker in `milonga-cli/tests/broker.rs`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -41,14 +41,21 @@ fn waveform(i: usize, n: usize) -> Value {
     ))
 }
 
-/// The publisher waits until the subscription's marker has reached it
-/// (the first samples would otherwise go through the socket).
-fn wait_until_marked(p: &milonga::Publisher, sub_node: &Node) {
+/// Puts large probe samples until one goes through shared memory (the
+/// subscription's marker has reached the publisher; before, samples go
+/// through the socket), each received by `sub`: the number of probes, so
+/// that the test's own samples are numbered from that number + 1.
+fn marked(p: &milonga::Publisher, publishing: &Node, sub: &milonga::Subscriber) -> u64 {
     wait_for("the subscription", T, || p.subscriber_count() > 0);
-    // One sample through whichever path: the marker follows the prefix
-    // in the same batch of subscriptions.
-    std::thread::sleep(Duration::from_millis(100));
-    let _ = sub_node;
+    let before = publishing.stats().shm_sent;
+    let mut probes = 0;
+    while publishing.stats().shm_sent == before {
+        assert!(probes < 100, "no probe went through shared memory");
+        p.put(waveform(0, 10_000)).unwrap(); // 80 kB
+        probes += 1;
+        assert_eq!(next(sub).seq, probes);
+    }
+    probes
 }
 
 #[test]
@@ -62,14 +69,15 @@ fn large_samples_go_through_shared_memory_and_read_back_exactly_in_order() {
     let raw = publishing.publisher("shm/raw").unwrap();
     let sub = subscribing.subscribe("shm/wave").unwrap();
     let sub_raw = subscribing.subscribe("shm/raw").unwrap();
-    wait_until_marked(&p, &subscribing);
-    wait_for("the raw subscription", T, || raw.subscriber_count() > 0);
+    let base = marked(&p, &publishing, &sub);
+    marked(&raw, &publishing, &sub_raw);
+    let (sent0, got0) = (publishing.stats(), subscribing.stats());
     for i in 0..60 {
         p.put(waveform(i, 25_000)).unwrap(); // 200 kB
     }
     for i in 0..60 {
         let s = next(&sub);
-        assert_eq!(s.seq, i as u64 + 1);
+        assert_eq!(s.seq, base + i as u64 + 1);
         assert_eq!(
             s.value,
             waveform(i, 25_000),
@@ -84,10 +92,11 @@ fn large_samples_go_through_shared_memory_and_read_back_exactly_in_order() {
     assert_eq!(next(&sub).value, Value::Int(7));
     let (sent, got) = (publishing.stats(), subscribing.stats());
     assert_eq!(
-        sent.shm_sent, 61,
+        sent.shm_sent - sent0.shm_sent,
+        61,
         "every large sample went through shared memory"
     );
-    assert_eq!(got.shm_received, 61);
+    assert_eq!(got.shm_received - got0.shm_received, 61);
     assert_eq!(got.shm_unreadable, 0);
     assert_eq!(got.samples_lost, 0);
 }
@@ -104,7 +113,8 @@ fn a_held_payload_is_never_rewritten_and_the_publisher_goes_on_through_the_socke
         .publisher_with("shm/frame", PublisherQos::reliable())
         .unwrap();
     let sub = subscribing.subscribe("shm/frame").unwrap();
-    wait_until_marked(&p, &subscribing);
+    let base = marked(&p, &publishing, &sub);
+    let st0 = publishing.stats();
     // The subscriber keeps every sample it received: their slots stay
     // leased, so the ring fills and later samples take the socket.
     let mut held = Vec::new();
@@ -113,22 +123,60 @@ fn a_held_payload_is_never_rewritten_and_the_publisher_goes_on_through_the_socke
         held.push(next(&sub));
     }
     for (i, s) in held.iter().enumerate() {
-        assert_eq!(s.seq, i as u64 + 1);
+        assert_eq!(s.seq, base + i as u64 + 1);
         assert_eq!(s.value, waveform(i, 37_500), "held sample {i} unchanged");
     }
     let st = publishing.stats();
-    assert!(st.shm_sent >= 3, "{st:?}");
-    assert!(st.shm_fallbacks > 0, "a full ring sends through the socket");
-    assert_eq!(st.shm_sent + st.shm_fallbacks, 30);
+    let shared = st.shm_sent - st0.shm_sent;
+    let fell_back = st.shm_fallbacks - st0.shm_fallbacks;
+    assert!(shared >= 3, "{st:?}");
+    assert!(fell_back > 0, "a full ring sends through the socket");
+    assert_eq!(shared + fell_back, 30);
     // Let go of them: the slots are free again.
-    let before = st.shm_sent;
     drop(held);
+    let before = publishing.stats().shm_sent;
     for i in 30..40 {
         p.put(waveform(i, 37_500)).unwrap();
         assert_eq!(next(&sub).value, waveform(i, 37_500));
     }
-    assert_eq!(publishing.stats().shm_sent, before + 10);
+    assert_eq!(publishing.stats().shm_sent - before, 10);
     assert_eq!(subscribing.stats().samples_lost, 0);
+}
+
+/// A reliable subscriber that does not read for longer than the hold time
+/// still gets every sample (its slots are waited for; later samples go
+/// through the socket); once a marked subscription leaves, slots awaited
+/// longer than the hold time may be given up, and are reused.
+#[test]
+fn a_reliable_subscriber_that_stops_reading_loses_nothing() {
+    let dir = TempDir::new("shm-slow");
+    let mut cfg = config("shm5", "pub", dir.path());
+    cfg.shm_segment_bytes = 2 << 20;
+    cfg.shm_hold_ms = 200;
+    let publishing = Node::open_with(cfg).unwrap();
+    let subscribing = Node::open_with(config("shm5", "sub", dir.path())).unwrap();
+    let p = publishing
+        .publisher_with("shm/slow", PublisherQos::reliable())
+        .unwrap();
+    let sub = subscribing.subscribe("shm/slow").unwrap();
+    let base = marked(&p, &publishing, &sub);
+    let st0 = publishing.stats();
+    // Ten samples of 300 kB while the subscriber reads nothing for a
+    // second (five hold times): more than the ring holds (about 2 MB).
+    for i in 0..10 {
+        p.put(waveform(i, 37_500)).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    for i in 0..10 {
+        let s = next(&sub);
+        assert_eq!(s.seq, base + i as u64 + 1);
+        assert_eq!(s.value, waveform(i, 37_500));
+    }
+    let st = publishing.stats();
+    assert!(st.shm_sent - st0.shm_sent >= 1);
+    assert!(st.shm_fallbacks > st0.shm_fallbacks, "{st:?}");
+    let got = subscribing.stats();
+    assert_eq!((got.shm_unreadable, got.samples_lost), (0, 0));
 }
 
 #[test]
@@ -141,9 +189,9 @@ fn a_subscription_that_did_not_ask_gets_every_sample_through_the_socket() {
     let plain = Node::open_with(cfg).unwrap();
     let p = publishing.publisher("shm/mixed").unwrap();
     let a = asking.subscribe("shm/mixed").unwrap();
-    let b = plain.subscribe("shm/**").unwrap();
+    // Everything (the empty prefix): no reference may reach it.
+    let b = plain.subscribe("**").unwrap();
     wait_for("both subscriptions", T, || p.subscriber_count() >= 2);
-    std::thread::sleep(Duration::from_millis(100));
     for i in 0..20 {
         p.put(waveform(i, 20_000)).unwrap();
     }
@@ -157,18 +205,19 @@ fn a_subscription_that_did_not_ask_gets_every_sample_through_the_socket() {
         "one subscription did not ask: all go through the socket"
     );
     assert_eq!(asking.stats().shm_received, 0);
+    assert_eq!(plain.stats().frames_malformed, 0);
     // The plain one leaves: the asking one alone gets shared memory.
     drop(b);
     plain.close();
     wait_for("the plain subscription to leave", T, || {
         p.subscriber_count() == 1
     });
-    std::thread::sleep(Duration::from_millis(100));
+    let before = publishing.stats().shm_sent;
     for i in 20..30 {
         p.put(waveform(i, 20_000)).unwrap();
         assert_eq!(next(&a).value, waveform(i, 20_000));
     }
-    assert_eq!(publishing.stats().shm_sent, 10);
+    assert_eq!(publishing.stats().shm_sent - before, 10);
 }
 
 #[test]
@@ -182,7 +231,8 @@ fn a_loan_is_filled_in_place_published_without_a_copy_and_given_back_when_droppe
         .publisher_with("shm/loan", PublisherQos::reliable())
         .unwrap();
     let sub = subscribing.subscribe("shm/loan").unwrap();
-    wait_until_marked(&p, &subscribing);
+    marked(&p, &publishing, &sub);
+    let st0 = publishing.stats();
     // Loans dropped unpublished go back: far more than the ring holds.
     for _ in 0..100 {
         let l = p.loan(1 << 20);
@@ -214,7 +264,7 @@ fn a_loan_is_filled_in_place_published_without_a_copy_and_given_back_when_droppe
     small.fill(9);
     p.put_loan(small).unwrap();
     assert_eq!(next(&sub).value, Value::Bytes(vec![9u8; 100].into()));
-    assert!(publishing.stats().shm_sent >= 21);
+    assert_eq!(publishing.stats().shm_sent - st0.shm_sent, 21);
     // A subscription elsewhere (here: one that does not ask): the loan
     // goes through the socket, its content intact.
     let mut cfg = config("shm4", "plain", dir.path());

@@ -52,6 +52,9 @@ pub(crate) struct Outlet {
     /// Shared-memory markers (docs/shared-memory.md) unsubscribed so far:
     /// a subscription that left may leave slots awaiting it.
     pub(crate) marker_departures: u64,
+    /// Shared-memory markers subscribed so far: a subscription that came
+    /// while a reference was being sent may have got it uncounted.
+    pub(crate) marker_arrivals: u64,
 }
 
 /// Most distinct schemas one data socket keeps.
@@ -96,6 +99,7 @@ impl Outlet {
             dictionaries: HashMap::new(),
             dictionary_order: std::collections::VecDeque::new(),
             marker_departures: 0,
+            marker_arrivals: 0,
         }
     }
 
@@ -117,6 +121,9 @@ impl Outlet {
                 Upstream::Done
             }
             Some(1) => {
+                if msg.get(1) == Some(&milonga_wire::shm::MARKER_BYTE) {
+                    self.marker_arrivals += 1;
+                }
                 *self.subscriptions.entry(msg[1..].to_vec()).or_insert(0) += 1;
                 stats::inc(&counters.subscription_messages);
                 Upstream::Done
@@ -271,14 +278,14 @@ impl Outlet {
         self.histories.remove(key);
     }
 
-    /// Records sample `seq` of `key`, accepted by the socket or a batch:
-    /// kept in its history if it has one, and the frames of the filters it
-    /// passes returned, to be sent after it.
     /// Whether samples of `key` are kept for history here.
     pub(crate) fn keeps_history(&self, key: &str) -> bool {
         !self.histories.is_empty() && self.histories.contains_key(key)
     }
 
+    /// Records sample `seq` of `key`, accepted by the socket or a batch:
+    /// kept in its history if it has one, and the frames of the filters it
+    /// passes returned, to be sent after it.
     pub(crate) fn accepted(
         &mut self,
         me: &Me,

@@ -171,7 +171,9 @@ counters! {
     shm_sent,
     /// Samples that could have gone through shared memory and went
     /// through the socket: no slot could be had (every one still held or
-    /// awaited), or the segment could not be made (logged).
+    /// awaited), the segment could not be made (logged), more than 55
+    /// subscriptions wanted the sample, or a loan of another socket's
+    /// segment was put.
     shm_fallbacks,
     /// Shared-memory payloads this node's subscriptions read in place.
     shm_received,

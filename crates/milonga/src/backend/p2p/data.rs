@@ -204,7 +204,7 @@ impl DataSocket {
         // Same-host shared memory: the payload frame written once into the
         // socket's segment, a reference sent instead, to the subscriptions
         // that asked (docs/shared-memory.md, docs/protocol.md §4.6).
-        if let Some((body, r)) = d.share(put, sent, flags) {
+        if let Some((body, r, arrivals)) = d.share(put, sent, flags) {
             let build = || put.build_reference(&body, sent.encoding, schema_id, seq, timestamp_ns);
             let done = match d.sock.send(build(), zmq::DONTWAIT) {
                 Ok(()) => Ok(()),
@@ -219,7 +219,7 @@ impl DataSocket {
                 d.unshare(&r);
                 return Err(e);
             }
-            d.shared_sent(&r);
+            d.shared_sent(put.p2p.core(), &r, arrivals);
             put.keep(&mut d, seq, timestamp_ns, &enc, schema_id);
             stats::inc(&put.p2p.core().counters.shm_sent);
             let accepted = put.accepted(seq);
@@ -549,7 +549,13 @@ impl DataSock {
     /// shared memory: large enough, not compressed, every subscription
     /// that wants it on this host (docs/shared-memory.md). Counted in
     /// `shm_fallbacks` when it could have and no slot was free.
-    fn share(&mut self, put: &Put<'_>, enc: &Encoded, flags: u8) -> Option<(Vec<u8>, SharedRef)> {
+    /// Also the socket's marker arrivals when the readers were counted.
+    fn share(
+        &mut self,
+        put: &Put<'_>,
+        enc: &Encoded,
+        flags: u8,
+    ) -> Option<(Vec<u8>, SharedRef, u64)> {
         let node = put.p2p.core();
         let cfg = &node.cfg;
         let tail = enc.tail.as_ref()?;
@@ -563,10 +569,10 @@ impl DataSock {
         // goes to marker holders only; it starts with a later sample).
         self.drain_subscriptions(node);
         let readers = self.out.shared_memory_readers(put.template, marker)?;
-        let departures = self.out.marker_departures;
+        let (departures, arrivals) = (self.out.marker_departures, self.out.marker_arrivals);
         let written = match (self.ring(node), put.claim) {
             // A loan: the payload is in the ring already.
-            (Some(ring), Some(claim)) => ring.commit(claim, readers),
+            (Some(ring), Some(claim)) => ring.commit(claim, readers, departures),
             (Some(ring), None) => ring.write(tail, readers, departures),
             (None, _) => None,
         };
@@ -574,7 +580,7 @@ impl DataSock {
             stats::inc(&node.counters.shm_fallbacks);
             return None;
         };
-        Some((shm::reference_body(&r, &enc.head), r))
+        Some((shm::reference_body(&r, &enc.head), r, arrivals))
     }
 
     /// The socket's segment, made on first use (`None` once that failed).
@@ -619,9 +625,14 @@ impl DataSock {
     }
 
     /// The reference of `r` left: its readers are waited for from now.
-    fn shared_sent(&mut self, r: &SharedRef) {
+    /// A marked subscription that came since the readers were counted
+    /// (`arrivals` then; its subscription, read now, was taken by libzmq
+    /// before or during the send) may have got it uncounted.
+    fn shared_sent(&mut self, node: &NodeCore, r: &SharedRef, arrivals: u64) {
+        self.drain_subscriptions(node);
+        let uncertain = self.out.marker_arrivals > arrivals;
         if let Some(Ok(ring)) = self.ring.as_mut() {
-            ring.sent(r);
+            ring.sent(r, uncertain);
         }
     }
 

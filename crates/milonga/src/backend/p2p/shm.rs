@@ -149,6 +149,10 @@ struct Live {
     number: u64,
     /// The socket's marker departures when it was written.
     departures: u64,
+    /// A marked subscription came while its reference was being sent: it
+    /// may have got it without being counted, and taken the turn of one
+    /// that was (so "every expected reader came" is not known).
+    uncertain: bool,
 }
 
 impl std::fmt::Debug for Ring {
@@ -238,8 +242,11 @@ impl Ring {
     /// to it (so that it is not reclaimed) until the [`Reserved`] is
     /// dropped; `None` when no slot can be had now.
     pub(crate) fn reserve(&mut self, len: usize, departures: u64) -> Option<Reserved> {
+        if len == 0 || len > self.data_end - self.data_start {
+            return None;
+        }
         let size = len.div_ceil(ALIGN) * ALIGN;
-        if size == 0 || size > self.data_end - self.data_start {
+        if size > self.data_end - self.data_start {
             return None;
         }
         if self.free.is_empty() && !self.reclaim_oldest(departures) {
@@ -278,6 +285,7 @@ impl Ring {
             at: Instant::now(),
             number: self.reservations,
             departures,
+            uncertain: false,
         });
         Some(Reserved {
             window: SharedWindow::new(self.map.clone(), offset, len)?,
@@ -295,16 +303,21 @@ impl Ring {
     /// Publishes a reserved slot, filled, for `readers` expected readers:
     /// its reference (`None`: not a slot of this ring, or too many
     /// readers; it is then reclaimed once its reservation is dropped).
-    pub(crate) fn commit(&mut self, c: Claim, readers: u32) -> Option<SharedRef> {
-        if c.segment != self.number || readers > MAX_READERS {
+    pub(crate) fn commit(&mut self, c: Claim, readers: u32, departures: u64) -> Option<SharedRef> {
+        // One lease entry stays for the writer's own (a loan's, while it is
+        // sent).
+        if c.segment != self.number || readers >= MAX_READERS {
             return None;
         }
         // Still its reservation (a stale claim must not publish the payload
         // of another).
-        self.live
-            .iter()
+        let live = self
+            .live
+            .iter_mut()
             .rev()
             .find(|l| l.slot == c.slot && l.number == c.number)?;
+        live.departures = departures;
+        live.at = Instant::now();
         self.slot_u32(c.slot, SLOT_EXPECTED).store(readers, SeqCst);
         self.stamp += 2;
         self.slot_u64(c.slot, SLOT_STAMP).store(self.stamp, SeqCst);
@@ -326,12 +339,12 @@ impl Ring {
         readers: u32,
         departures: u64,
     ) -> Option<SharedRef> {
-        if readers > MAX_READERS {
+        if readers >= MAX_READERS {
             return None;
         }
         let mut r = self.reserve(payload.len(), departures)?;
         r.window.as_mut_slice().copy_from_slice(payload);
-        self.commit(r.claim, readers)
+        self.commit(r.claim, readers, departures)
         // `r` dropped: this process's lease goes.
     }
 
@@ -343,13 +356,15 @@ impl Ring {
     }
 
     /// The reference of a slot left: the wait for its readers starts now
-    /// (a reliable put may have waited for room before).
-    pub(crate) fn sent(&mut self, r: &SharedRef) {
+    /// (a reliable put may have waited for room before); `uncertain`: a
+    /// marked subscription came meanwhile.
+    pub(crate) fn sent(&mut self, r: &SharedRef, uncertain: bool) {
         if r.segment != self.number {
             return;
         }
         if let Some(l) = self.live.iter_mut().rev().find(|l| l.slot == r.slot) {
             l.at = Instant::now();
+            l.uncertain = uncertain;
         }
     }
 
@@ -386,18 +401,23 @@ impl Ring {
     /// if a marked subscription left the socket since (`departures`, the
     /// socket's count of marker unsubscriptions, grew: the reader that did
     /// not come may be the one that left, killed or closed); a reliable
-    /// reader that is only slow is waited for.
+    /// reader that is only slow is waited for. A slot whose count is not
+    /// known to be right (`uncertain`: a marked subscription came while
+    /// its reference was sent, and may have read it uncounted in the place
+    /// of one that was counted) waits the hold time even when its count
+    /// reached 0.
     fn reclaim_oldest(&mut self, departures: u64) -> bool {
         let Some(l) = self.live.front() else {
             return false;
         };
-        let (slot, at, written_at) = (l.slot, l.at, l.departures);
+        let (slot, written_at, uncertain) = (l.slot, l.departures, l.uncertain);
+        let waited = l.at.elapsed() >= self.hold;
         if self.slot_u32(slot, SLOT_EXPECTED).load(SeqCst) > 0 {
-            let may_give_up =
-                at.elapsed() >= self.hold && (!self.reliable || departures > written_at);
-            if !may_give_up {
+            if !(waited && (!self.reliable || departures > written_at)) {
                 return false;
             }
+        } else if uncertain && !waited {
+            return false;
         }
         // Marked odd first, then the leases read: a reader that leased it
         // before is seen here; one that leases it after sees the stamp
@@ -502,27 +522,25 @@ const ODD_STAMP_WAIT: Duration = Duration::from_millis(2);
 /// Why a reference could not be read.
 #[derive(Debug)]
 pub(crate) enum Unreadable {
-    /// The segment cannot be mapped, or is not one this process may trust
-    /// (another owner, a link, readable by others, a bad header): the
-    /// subscription stops asking for shared memory.
-    Segment(String),
-    /// The segment is gone (its writer closed it or ended), too many are
-    /// mapped, or the frame is not a well-formed reference: this sample
-    /// only.
-    Gone(String),
+    /// What would fail again for the next references: a segment that
+    /// cannot be mapped or is not one this process may trust (another
+    /// owner, a link, open to others, a bad header), too many segments
+    /// mapped, a payload over `max_message_bytes`, every lease of a slot
+    /// taken. The subscription stops asking for shared memory.
+    Withdraw(String),
+    /// This sample only: the segment is gone (its writer closed it or
+    /// ended), or the frame is not a well-formed reference.
+    Lost(String),
     /// The slot was rewritten before this reader came, or the reference
     /// does not match it.
     Overwritten,
-    /// Every lease of the slot is taken.
-    NoLease,
 }
 
 impl std::fmt::Display for Unreadable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Unreadable::Segment(why) | Unreadable::Gone(why) => write!(f, "{why}"),
+            Unreadable::Withdraw(why) | Unreadable::Lost(why) => write!(f, "{why}"),
             Unreadable::Overwritten => write!(f, "the slot was rewritten before it was read"),
-            Unreadable::NoLease => write!(f, "every lease of the slot is taken"),
         }
     }
 }
@@ -535,13 +553,13 @@ fn open(pid: u32, node: &NodeId, n: u32) -> Result<Arc<Mapped>, Unreadable> {
         return Ok(m.clone());
     }
     if all.len() >= MAX_MAPPED {
-        return Err(Unreadable::Gone(format!(
+        return Err(Unreadable::Withdraw(format!(
             "{MAX_MAPPED} segments are mapped already"
         )));
     }
     let path =
-        path(pid, node, n).ok_or_else(|| Unreadable::Gone("no shared memory here".into()))?;
-    let bad = |why: String| Unreadable::Segment(format!("{}: {why}", path.display()));
+        path(pid, node, n).ok_or_else(|| Unreadable::Lost("no shared memory here".into()))?;
+    let bad = |why: String| Unreadable::Withdraw(format!("{}: {why}", path.display()));
     // Never through a link, and only a file of this user that no one else
     // may write: what the mapping holds is trusted as a writer's slots.
     let file = match File::options()
@@ -552,7 +570,7 @@ fn open(pid: u32, node: &NodeId, n: u32) -> Result<Arc<Mapped>, Unreadable> {
     {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Unreadable::Gone(format!("{}: gone", path.display())))
+            return Err(Unreadable::Lost(format!("{}: gone", path.display())))
         }
         Err(e) => return Err(bad(e.to_string())),
     };
@@ -614,15 +632,29 @@ impl Drop for Lease {
     }
 }
 
-/// The payload frame `r` names, written by node `node`: a view of the
-/// segment (no copy) that holds the slot's lease while it lives.
-pub(crate) fn read(node: &NodeId, r: &SharedRef) -> Result<Bytes, Unreadable> {
+/// The payload frame `r` names, written by node `node`, of at most
+/// `limit` bytes: a view of the segment (no copy) that holds the slot's
+/// lease while it lives.
+pub(crate) fn read(node: &NodeId, r: &SharedRef, limit: usize) -> Result<Bytes, Unreadable> {
     let seg = open(r.pid, node, r.segment)?;
     if r.slot >= seg.slots {
         return Err(Unreadable::Overwritten);
     }
     let base = HEADER_BYTES + r.slot as usize * SLOT_BYTES;
     let field = |o| seg.map.atomic_u64(base + o).ok_or(Unreadable::Overwritten);
+    // A reader that gives up still came: the writer does not wait for it.
+    let came = || {
+        if let Some(a) = seg.map.atomic_u32(base + SLOT_EXPECTED) {
+            let _ = a.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+        }
+    };
+    if r.len > limit as u64 {
+        came();
+        return Err(Unreadable::Withdraw(format!(
+            "a shared-memory payload of {} bytes is over max_message_bytes",
+            r.len
+        )));
+    }
     let me = std::process::id();
     // The lease first, then the stamp (see `Ring::reclaim_oldest`).
     let mut entry = None;
@@ -636,7 +668,12 @@ pub(crate) fn read(node: &NodeId, r: &SharedRef) -> Result<Bytes, Unreadable> {
             break;
         }
     }
-    let entry = entry.ok_or(Unreadable::NoLease)?;
+    let Some(entry) = entry else {
+        came();
+        return Err(Unreadable::Withdraw(
+            "every lease of a shared-memory slot is taken".into(),
+        ));
+    };
     let release = || {
         if let Some(a) = seg.map.atomic_u32(entry) {
             let _ = a.compare_exchange(me, 0, SeqCst, SeqCst);
@@ -664,9 +701,7 @@ pub(crate) fn read(node: &NodeId, r: &SharedRef) -> Result<Bytes, Unreadable> {
         release();
         return Err(Unreadable::Overwritten);
     }
-    if let Some(a) = seg.map.atomic_u32(base + SLOT_EXPECTED) {
-        let _ = a.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
-    }
+    came();
     Ok(Bytes::from_owner(Lease {
         seg: seg.clone(),
         entry,
@@ -687,7 +722,7 @@ pub(crate) fn resolve(first: &[u8], limit: usize) -> Option<Result<(Bytes, Bytes
     if first.first() != Some(&MARKER_BYTE) {
         return None;
     }
-    let malformed = || Unreadable::Gone("a malformed shared-memory reference".into());
+    let malformed = || Unreadable::Lost("a malformed shared-memory reference".into());
     if !milonga_wire::shm::is_marker_head(first) {
         return Some(Err(malformed()));
     }
@@ -706,18 +741,12 @@ pub(crate) fn resolve(first: &[u8], limit: usize) -> Option<Result<(Bytes, Bytes
     let Some((r, rest)) = reference else {
         return Some(Err(malformed()));
     };
-    if r.len > limit as u64 {
-        return Some(Err(Unreadable::Gone(format!(
-            "a shared-memory payload of {} bytes is over max_message_bytes",
-            r.len
-        ))));
-    }
     let node = NodeId(
         frame[h + offset::NODE_ID..h + offset::NODE_ID + 16]
             .try_into()
             .expect("16 bytes"),
     );
-    Some(read(&node, &r).map(|payload| {
+    Some(read(&node, &r, limit).map(|payload| {
         let mut out = Vec::with_capacity(h + HEADER_LEN + rest.len());
         out.extend_from_slice(&frame[..h + HEADER_LEN]);
         out[h + offset::FLAGS] = (flags & !FLAG_SHARED_MEMORY) | FLAG_PAYLOAD_FRAME;
@@ -779,7 +808,7 @@ mod tests {
         let mut ring = Ring::create(&n, 4 << 20, 64 << 10, Duration::from_secs(60), false).unwrap();
         let payload: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
         let r = ring.write(&payload, 1, 0).unwrap();
-        let view = read(&n, &r).unwrap();
+        let view = read(&n, &r, usize::MAX).unwrap();
         assert_eq!(&view[..], &payload[..]);
         // The ring fills: the held slot is never rewritten, later writes
         // fail once only it is left.
@@ -795,7 +824,10 @@ mod tests {
             "a released slot is reused"
         );
         // A reference to a rewritten slot is refused, not misread.
-        assert!(matches!(read(&n, &r), Err(Unreadable::Overwritten)));
+        assert!(matches!(
+            read(&n, &r, usize::MAX),
+            Err(Unreadable::Overwritten)
+        ));
         let file = ring.path.clone();
         assert!(file.exists());
         drop(ring);
@@ -816,7 +848,10 @@ mod tests {
         );
         std::thread::sleep(hold + Duration::from_millis(50));
         assert!(ring.write(&payload, 0, 0).is_some());
-        assert!(matches!(read(&n, &first), Err(Unreadable::Overwritten)));
+        assert!(matches!(
+            read(&n, &first, usize::MAX),
+            Err(Unreadable::Overwritten)
+        ));
     }
 
     #[test]
@@ -835,7 +870,10 @@ mod tests {
             ring.write(&payload, 0, 1).is_some(),
             "a marked subscription left: the reader may be that one"
         );
-        assert!(matches!(read(&n, &first), Err(Unreadable::Overwritten)));
+        assert!(matches!(
+            read(&n, &first, usize::MAX),
+            Err(Unreadable::Overwritten)
+        ));
     }
 
     #[test]
@@ -847,14 +885,17 @@ mod tests {
         // A reader of the old reference in this process: it takes a lease,
         // finds the stamp changed and gives its lease back; the writer's
         // own lease on the reservation stays.
-        assert!(matches!(read(&n, &old), Err(Unreadable::Overwritten)));
+        assert!(matches!(
+            read(&n, &old, usize::MAX),
+            Err(Unreadable::Overwritten)
+        ));
         assert!(
             ring.write(&vec![2u8; 1_100_000], 0, 0).is_none(),
             "the loan holds the ring"
         );
         loan.window.as_mut_slice().fill(3);
-        let r = ring.commit(loan.claim, 1).unwrap();
-        let view = read(&n, &r).unwrap();
+        let r = ring.commit(loan.claim, 1, 0).unwrap();
+        let view = read(&n, &r, usize::MAX).unwrap();
         assert!(view.iter().all(|b| *b == 3));
         drop(loan);
         drop(view);
@@ -874,20 +915,31 @@ mod tests {
                 ..r
             },
         ] {
-            assert!(matches!(read(&n, &bad), Err(Unreadable::Overwritten)));
+            assert!(matches!(
+                read(&n, &bad, usize::MAX),
+                Err(Unreadable::Overwritten)
+            ));
         }
-        assert!(matches!(read(&node(), &r), Err(Unreadable::Gone(_))));
+        assert!(matches!(
+            read(&node(), &r, usize::MAX),
+            Err(Unreadable::Lost(_))
+        ));
         assert!(matches!(
             read(
                 &n,
                 &SharedRef {
                     segment: r.segment + 1000,
                     ..r
-                }
+                },
+                usize::MAX
             ),
-            Err(Unreadable::Gone(_))
+            Err(Unreadable::Lost(_))
         ));
-        assert!(read(&n, &r).is_ok());
+        assert!(
+            matches!(read(&n, &r, 1000), Err(Unreadable::Withdraw(_))),
+            "over the limit"
+        );
+        assert!(read(&n, &r, usize::MAX).is_ok());
         // A file at a segment's name that others may write, or a link: not
         // mapped.
         use std::os::unix::fs::PermissionsExt;
@@ -898,8 +950,8 @@ mod tests {
         let link = path(std::process::id(), &other, 8).unwrap();
         std::os::unix::fs::symlink(&ring.path, &link).unwrap();
         for segment in [7, 8] {
-            let got = read(&other, &SharedRef { segment, ..r });
-            assert!(matches!(got, Err(Unreadable::Segment(_))), "{got:?}");
+            let got = read(&other, &SharedRef { segment, ..r }, usize::MAX);
+            assert!(matches!(got, Err(Unreadable::Withdraw(_))), "{got:?}");
         }
         let _ = std::fs::remove_file(open_to_all);
         let _ = std::fs::remove_file(link);

@@ -355,7 +355,7 @@ impl SubLink {
                         error = %e,
                         "a shared-memory sample could not be read: it is reported lost"
                     );
-                    if matches!(e, shm::Unreadable::Segment(_)) {
+                    if matches!(e, shm::Unreadable::Withdraw(_)) {
                         self.stop_shared_memory();
                     }
                     return Incoming::Nothing;
