@@ -298,7 +298,13 @@ fn callers_that_die_with_calls_pending_leave_the_server_as_it_was() {
         eprintln!("{what}: {fds} fds, {rss} KiB");
         (fds, rss)
     };
-    let n = cycle(10);
+    // The warm-up: 10 callers, then 40, so that the allocator's own
+    // growth (its arenas and free lists, which move a few hundred KiB
+    // either way from one cycle to the next: 21,876 KiB after 50
+    // callers, 21,752 after 90, 22,052 after 130 in one run) is behind
+    // the measure.
+    cycle(10);
+    let n = cycle(40);
     let (fds0, rss0) = settled("after warm-up", n, None);
     let n = cycle(40);
     let (fds1, rss1) = settled("after 40 more dead callers", n, Some(fds0));
@@ -309,7 +315,7 @@ fn callers_that_die_with_calls_pending_leave_the_server_as_it_was() {
     );
     assert_eq!(
         control.stats().replies_undeliverable,
-        50,
+        90,
         "every reply to a dead caller is counted"
     );
     // And the server still answers.
