@@ -636,6 +636,11 @@ impl DataSock {
         }
     }
 
+    /// Whether a reference this socket sent still awaits a reader.
+    pub(crate) fn shared_memory_awaited(&self) -> bool {
+        matches!(&self.ring, Some(Ok(ring)) if ring.awaited())
+    }
+
     /// Gives back the slot of a reference that was not sent.
     fn unshare(&mut self, r: &SharedRef) {
         if let Some(Ok(ring)) = self.ring.as_mut() {

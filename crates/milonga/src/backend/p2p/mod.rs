@@ -543,11 +543,24 @@ impl P2p {
     }
 
     /// Gives a reliable batch still waiting up to `close_linger_ms` to
-    /// leave (the node is closing).
+    /// leave, and the subscribers sent a shared-memory reference as long
+    /// to open the segment (docs/shared-memory.md): it is removed when the
+    /// socket closes, and a subscriber opens it by name when the reference
+    /// arrives (the node is closing).
     pub(crate) fn flush_at_close(&self) {
-        for d in self.data_sockets() {
+        let linger = self.core.cfg.close_linger_ms;
+        let sockets = self.data_sockets();
+        for d in &sockets {
             if d.reliability == Reliability::Reliable {
-                lock(&d.sock).flush_at_close(self.core.cfg.close_linger_ms, &self.core.counters);
+                lock(&d.sock).flush_at_close(linger, &self.core.counters);
+            }
+        }
+        // A negative linger (no limit for queued samples) waits at most 10 s here.
+        let wait = u64::try_from(linger).unwrap_or(10_000);
+        let end = std::time::Instant::now() + std::time::Duration::from_millis(wait);
+        for d in &sockets {
+            while lock(&d.sock).shared_memory_awaited() && std::time::Instant::now() < end {
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
     }

@@ -355,6 +355,13 @@ impl Ring {
         }
     }
 
+    /// Whether a slot still awaits a reader it was sent to.
+    pub(crate) fn awaited(&self) -> bool {
+        self.live
+            .iter()
+            .any(|l| self.slot_u32(l.slot, SLOT_EXPECTED).load(SeqCst) > 0)
+    }
+
     /// The reference of a slot left: the wait for its readers starts now
     /// (a reliable put may have waited for room before); `uncertain`: a
     /// marked subscription came meanwhile.
