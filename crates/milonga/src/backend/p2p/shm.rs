@@ -59,10 +59,13 @@ const WRITER: u32 = 1 << 31;
 
 /// The identity of this host's shared memory, as subscriptions' markers
 /// spell it: FNV-1a 64 of the boot id, the `/dev/shm` file system, the pid
-/// namespace and the user, so that a publisher serves only subscribers
-/// that can open its files (same user), see the same ones (same mount)
-/// and whose pids mean the same (same namespace). `None` where `/dev/shm`
-/// or the boot id cannot be read: no shared memory then.
+/// and network namespaces and the user, so that a publisher serves only
+/// subscribers that can open its files (same user), see the same ones
+/// (same mount), whose pids mean the same (same pid namespace), and that
+/// are on its host as the network sees it (a network namespace is a host
+/// of its own: a container, or a host of milonga-testkit's test bed).
+/// `None` where `/dev/shm` or the boot id cannot be read: no shared memory
+/// then.
 fn host() -> Option<&'static str> {
     static HOST: OnceLock<Option<String>> = OnceLock::new();
     HOST.get_or_init(|| {
@@ -70,11 +73,13 @@ fn host() -> Option<&'static str> {
         let boot = std::fs::read("/proc/sys/kernel/random/boot_id").ok()?;
         let shm = std::fs::metadata(DIR).ok()?;
         let pidns = std::fs::metadata("/proc/self/ns/pid").ok()?;
+        let netns = std::fs::metadata("/proc/self/ns/net").ok()?;
         let mut id = boot;
         for n in [
             shm.dev(),
             shm.ino(),
             pidns.ino(),
+            netns.ino(),
             u64::from(crate::util::sys::uid()),
         ] {
             id.extend_from_slice(&n.to_le_bytes());
