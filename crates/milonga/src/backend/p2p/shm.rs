@@ -258,6 +258,8 @@ impl Ring {
             return None;
         }
         let offset = self.place(size, departures)?;
+        // Made before anything is marked, so that nothing is left half done.
+        let window = SharedWindow::new(self.map.clone(), offset, len)?;
         let slot = self.free.pop()?;
         // The slot is free: no reader holds it, and its stamp is odd (a
         // reclaimed slot) or 0 (never used); readers of older references
@@ -293,7 +295,7 @@ impl Ring {
             uncertain: false,
         });
         Some(Reserved {
-            window: SharedWindow::new(self.map.clone(), offset, len)?,
+            window,
             claim: Claim {
                 segment: self.number,
                 slot,
