@@ -163,10 +163,18 @@ def test_a_large_array_arrives_as_a_view_of_the_publishers_shared_memory(
     pub = a.publisher("np/shm")
     sub = b.subscribe("np/shm")
     wait_for("the subscription", lambda: pub.subscriber_count() == 1)
-    time.sleep(0.1)  # its shared-memory marker follows the subscription
     sent = np.arange(200_000, dtype="f8")  # 1.6 MB
-    pub.put(sent)
-    got = next_sample(sub).value
+    got = None
+
+    def through_shared_memory() -> bool:
+        # Its shared-memory marker follows the subscription: until the
+        # publisher has it, arrays go through the socket.
+        nonlocal got
+        pub.put(sent)
+        got = next_sample(sub).value
+        return bool(a.stats()["shm_sent"] == 1)
+
+    wait_for("an array through shared memory", through_shared_memory)
     assert isinstance(got, np.ndarray)
     assert np.array_equal(got, sent)
     assert not got.flags.writeable
@@ -174,5 +182,4 @@ def test_a_large_array_arrives_as_a_view_of_the_publishers_shared_memory(
     assert any(lo <= address < hi for lo, hi in shm_mappings()), (
         "the array's memory lies in a mapping of the publisher's segment"
     )
-    assert a.stats()["shm_sent"] == 1
     assert b.stats()["shm_received"] == 1

@@ -723,12 +723,12 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
         // subscribers behind the other.
         these.push("mlg-fed2");
     }
+    // The rows about shared memory only from the size it starts at.
+    let shm_from = milonga::Config::new("milonga:///x", "x").shm_threshold_bytes;
     for &size in &a.sizes {
         for &subs in &a.subs {
             for &system in &these {
-                if matches!(system, "mlg-sock" | "mlg-loan")
-                    && size < milonga::Config::new("milonga:///x", "x").shm_threshold_bytes
-                {
+                if matches!(system, "mlg-sock" | "mlg-loan") && size < shm_from {
                     continue;
                 }
                 cell += 1;

@@ -1150,6 +1150,7 @@ fn large_samples_reach_a_broker_client_through_the_socket_beside_a_shared_memory
     wait_for("a first sample through the broker", T, || {
         i = i.wrapping_add(1);
         p.put(frame(i)).unwrap();
+        // Paces the puts, one per poll of the deadline-bound wait.
         std::thread::sleep(Duration::from_millis(20));
         if let Ok(milonga::Event::Sample(s)) = far.try_recv() {
             first = Some(s.seq);

@@ -860,6 +860,7 @@ mod tests {
             ring.write(&payload, 0, 0).is_none(),
             "the expected reader holds it"
         );
+        // What is tested is the passing of the hold time itself.
         std::thread::sleep(hold + Duration::from_millis(50));
         assert!(ring.write(&payload, 0, 0).is_some());
         assert!(matches!(
@@ -875,6 +876,7 @@ mod tests {
         let mut ring = Ring::create(&n, 2 << 20, 64 << 10, hold, true).unwrap();
         let payload = vec![5u8; 1_100_000];
         let first = ring.write(&payload, 1, 0).unwrap();
+        // What is tested is the passing of the hold time itself.
         std::thread::sleep(hold + Duration::from_millis(50));
         assert!(
             ring.write(&payload, 0, 0).is_none(),
