@@ -1204,3 +1204,89 @@ fn compressed_samples_arrive_as_they_were_put_live_and_from_history() {
     let b = next_sample(&late);
     assert_eq!((a.value, b.value), (text, array));
 }
+
+/// A reliable subscriber that is behind (its socket has stopped reading:
+/// back-pressure) when its publisher goes away outlives it: it keeps its
+/// process, accounts for every sample the publisher put (delivered, in
+/// order, or inside a loss report), and hears the next publisher of the
+/// key. Broken, libzmq 4.3.5 aborted the whole process (SIGABRT, an
+/// assertion in its heartbeat) within a heartbeat interval of the hang-up,
+/// and this test binary died with it (crates/zeromq-src-patched/PATCHES.md).
+#[test]
+fn a_reliable_subscriber_behind_survives_its_publisher_leaving() {
+    let dir = TempDir::new("behind");
+    let domain = "behind";
+    let short_lease = |name| {
+        let mut c = config(domain, name, dir.path());
+        c.heartbeat_interval_ms = 100;
+        c.heartbeat_timeout_ms = 500;
+        Node::open_with(c).unwrap()
+    };
+    let subscribing = short_lease("sub");
+    let sub = subscribing
+        .subscribe_with("behind/k", SubscriberQos::default().reliable())
+        .unwrap();
+    let publishing = short_lease("pub");
+    let p = publishing
+        .publisher_with("behind/k", milonga::PublisherQos::reliable())
+        .unwrap();
+    let publisher = publishing.id().to_string();
+    wait_for("a subscriber", T, || p.subscriber_count() > 0);
+    // Puts until the subscriber, which reads nothing, holds the publisher
+    // back (a put that waits) or for one second, paced so that its queues
+    // fill whatever the machine's speed.
+    let mut sent = 0u64;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        match p.put_timeout(sent as f64, Duration::from_millis(200)) {
+            Ok(()) => sent += 1,
+            Err(PutError::Timeout(_)) => break,
+            Err(e) => panic!("put {sent}: {e}"),
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    assert!(sent > 100, "only {sent} puts");
+    drop(p);
+    drop(publishing);
+    // The subscriber stays behind for several heartbeat intervals after the
+    // hang-up: the time in which the heartbeat used to abort the process.
+    std::thread::sleep(Duration::from_secs(1));
+    let mut ledger = milonga_testkit::SeqLedger::default();
+    let (mut lost_publisher, mut accounted) = (false, 0);
+    let end = Instant::now() + T;
+    while (!lost_publisher || accounted < sent) && Instant::now() < end {
+        match sub.recv_timeout(Duration::from_millis(100)) {
+            Ok(Event::Sample(s)) => {
+                ledger.sample(&publisher, "behind/k", s.seq);
+                accounted += 1;
+            }
+            Ok(Event::Lost(l)) => {
+                ledger.lost(&publisher, "behind/k", l.first_seq, l.count);
+                accounted += l.count;
+            }
+            Ok(Event::PublisherLost(_)) => lost_publisher = true,
+            _ => {}
+        }
+    }
+    assert!(lost_publisher, "the publisher was never reported lost");
+    let streams = ledger.check().unwrap();
+    assert_eq!(streams.len(), 1, "{streams:?}");
+    let a = streams[0];
+    assert_eq!((a.first, a.last), (1, sent), "{a:?}");
+    assert!(a.delivered > 0, "{a:?}");
+    // The subscription still works.
+    let again = short_lease("pub2");
+    let p2 = again
+        .publisher_with("behind/k", milonga::PublisherQos::reliable())
+        .unwrap();
+    wait_for("the subscriber again", T, || p2.subscriber_count() > 0);
+    p2.put(42.0).unwrap();
+    let end = Instant::now() + T;
+    loop {
+        assert!(Instant::now() < end, "nothing from the next publisher");
+        if let Ok(Event::Sample(s)) = sub.recv_timeout(Duration::from_millis(100)) {
+            assert_eq!(s.value, Value::Float(42.0));
+            break;
+        }
+    }
+}
