@@ -28,18 +28,39 @@ void zmq::poller_base_t::add_timer (int timeout_, i_poll_events *sink_, int id_)
 {
     uint64_t expiration = _clock.now_ms () + timeout_;
     timer_info_t info = {sink_, id_};
-    _timers.insert (timers_t::value_type (expiration, info));
+    const timers_t::iterator it =
+      _timers.insert (timers_t::value_type (expiration, info));
+    _timer_index.insert (
+      timer_index_t::value_type (timer_key_t (sink_, id_), it));
+}
+
+void zmq::poller_base_t::unindex_timer (timers_t::iterator it_)
+{
+    const std::pair<timer_index_t::iterator, timer_index_t::iterator> range =
+      _timer_index.equal_range (timer_key_t (it_->second.sink, it_->second.id));
+    for (timer_index_t::iterator i = range.first; i != range.second; ++i)
+        if (i->second == it_) {
+            _timer_index.erase (i);
+            return;
+        }
 }
 
 void zmq::poller_base_t::cancel_timer (i_poll_events *sink_, int id_)
 {
-    //  Complexity of this operation is O(n). We assume it is rarely used.
-    for (timers_t::iterator it = _timers.begin (), end = _timers.end ();
-         it != end; ++it)
-        if (it->second.sink == sink_ && it->second.id == id_) {
-            _timers.erase (it);
-            return;
-        }
+    //  Milonga's patch (PATCHES.md): found through the index, O(log n).
+    //  Of several timers of one sink and id (libzmq arms at most one), the
+    //  one due first goes, as the walk in expiration order used to find.
+    const std::pair<timer_index_t::iterator, timer_index_t::iterator> range =
+      _timer_index.equal_range (timer_key_t (sink_, id_));
+    timer_index_t::iterator first = range.second;
+    for (timer_index_t::iterator i = range.first; i != range.second; ++i)
+        if (first == range.second || i->second->first < first->second->first)
+            first = i;
+    if (first != range.second) {
+        _timers.erase (first->second);
+        _timer_index.erase (first);
+        return;
+    }
 
     //  We should generally never get here. Calling 'cancel_timer ()' on
     //  an already expired or canceled timer (or even worse - on a timer which
@@ -79,6 +100,7 @@ uint64_t zmq::poller_base_t::execute_timers ()
         //  Save and remove the timer because timer_event() call might delete
         //  exactly this timer and then the iterator will be invalid.
         timer_temp = it->second;
+        unindex_timer (it);
         _timers.erase (it);
 
         //  Trigger the timer.

@@ -124,6 +124,17 @@ class poller_base_t
     typedef std::multimap<uint64_t, timer_info_t> timers_t;
     timers_t _timers;
 
+    //  Milonga's patch (PATCHES.md): the timers by sink and id, so that
+    //  cancelling one costs O(log n), not a walk through every timer of
+    //  the thread (one heartbeat timer per connection, cancelled at each
+    //  message a connection with a heartbeat timeout receives).
+    typedef std::pair<zmq::i_poll_events *, int> timer_key_t;
+    typedef std::multimap<timer_key_t, timers_t::iterator> timer_index_t;
+    timer_index_t _timer_index;
+
+    //  Removes the index entry of the timer at `it_`.
+    void unindex_timer (timers_t::iterator it_);
+
     //  Load of the poller. Currently the number of file descriptors
     //  registered.
     atomic_counter_t _load;
