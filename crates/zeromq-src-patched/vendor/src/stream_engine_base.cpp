@@ -8,6 +8,7 @@
 
 #ifndef ZMQ_HAVE_WINDOWS
 #include <unistd.h>
+#include <sys/ioctl.h>
 #endif
 
 #include <new>
@@ -751,13 +752,38 @@ void zmq::stream_engine_base_t::timer_event (int id_)
         add_timer (_options.heartbeat_interval, heartbeat_ivl_timer_id);
     } else if (id_ == heartbeat_ttl_timer_id) {
         _has_ttl_timer = false;
+        //  Milonga's patch (PATCHES.md §3): the peer did send; this side
+        //  has not read it yet. Look again later instead of timing out.
+        if (peer_data_waiting ()) {
+            add_timer (heartbeat_recheck_ms (), heartbeat_ttl_timer_id);
+            _has_ttl_timer = true;
+            return;
+        }
         error (timeout_error);
     } else if (id_ == heartbeat_timeout_timer_id) {
         _has_timeout_timer = false;
+        //  Milonga's patch (PATCHES.md §3), as above.
+        if (peer_data_waiting ()) {
+            add_timer (heartbeat_recheck_ms (), heartbeat_timeout_timer_id);
+            _has_timeout_timer = true;
+            return;
+        }
         error (timeout_error);
     } else
         // There are no other valid timer ids!
         assert (false);
+}
+
+bool zmq::stream_engine_base_t::peer_data_waiting () const
+{
+    if (_input_stopped || _insize > 0)
+        return true;
+#ifndef ZMQ_HAVE_WINDOWS
+    int waiting = 0;
+    if (_s != retired_fd && ioctl (_s, FIONREAD, &waiting) == 0 && waiting > 0)
+        return true;
+#endif
+    return false;
 }
 
 int zmq::stream_engine_base_t::read (void *data_, size_t size_)

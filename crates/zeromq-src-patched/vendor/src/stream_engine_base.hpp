@@ -68,6 +68,18 @@ class stream_engine_base_t : public io_object_t, public i_engine
 
     void set_handshake_timer ();
 
+    //  Milonga's patch (PATCHES.md §3): whether the peer has sent what
+    //  this engine has not processed yet (bytes in the socket, or input
+    //  stopped by a full pipe).
+    bool peer_data_waiting () const;
+
+    //  When to look again at a timed-out peer that has data waiting.
+    int heartbeat_recheck_ms () const
+    {
+        return _options.heartbeat_interval > 0 ? _options.heartbeat_interval
+                                               : 100;
+    }
+
     virtual bool handshake () { return true; };
     virtual void plug_internal (){};
 
