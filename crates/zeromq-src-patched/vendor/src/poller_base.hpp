@@ -3,6 +3,7 @@
 #ifndef __ZMQ_POLLER_BASE_HPP_INCLUDED__
 #define __ZMQ_POLLER_BASE_HPP_INCLUDED__
 
+#include <functional>
 #include <map>
 
 #include "clock.hpp"
@@ -129,7 +130,17 @@ class poller_base_t
     //  the thread (one heartbeat timer per connection, cancelled at each
     //  message a connection with a heartbeat timeout receives).
     typedef std::pair<zmq::i_poll_events *, int> timer_key_t;
-    typedef std::multimap<timer_key_t, timers_t::iterator> timer_index_t;
+    struct timer_key_less
+    {
+        bool operator() (const timer_key_t &a_, const timer_key_t &b_) const
+        {
+            if (a_.first != b_.first)
+                return std::less<zmq::i_poll_events *> () (a_.first, b_.first);
+            return a_.second < b_.second;
+        }
+    };
+    typedef std::multimap<timer_key_t, timers_t::iterator, timer_key_less>
+      timer_index_t;
     timer_index_t _timer_index;
 
     //  Removes the index entry of the timer at `it_`.

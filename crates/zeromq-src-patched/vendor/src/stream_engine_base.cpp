@@ -90,6 +90,8 @@ zmq::stream_engine_base_t::stream_engine_base_t (
     _process_msg (NULL),
     _metadata (NULL),
     _input_stopped (false),
+    _input_restarts (0),
+    _input_restarts_seen (0),
     _output_stopped (false),
     _endpoint_uri_pair (endpoint_uri_pair_),
     _has_handshake_timer (false),
@@ -404,6 +406,9 @@ bool zmq::stream_engine_base_t::restart_input ()
     zmq_assert (_input_stopped);
     zmq_assert (_session != NULL);
     zmq_assert (_decoder != NULL);
+
+    //  Milonga's patch (PATCHES.md §3).
+    ++_input_restarts;
 
     int rc = (this->*_process_msg) (_decoder->msg ());
     if (rc == -1) {
@@ -774,9 +779,21 @@ void zmq::stream_engine_base_t::timer_event (int id_)
         assert (false);
 }
 
-bool zmq::stream_engine_base_t::peer_data_waiting () const
+bool zmq::stream_engine_base_t::peer_data_waiting ()
 {
-    if (_input_stopped || _insize > 0)
+    //  A connection that failed while its input was stopped times out as
+    //  before (restart_input would report it, but its reader may never
+    //  read again).
+    if (_io_error)
+        return false;
+    if (_input_stopped) {
+        //  A reader that took nothing for a whole timeout may be gone for
+        //  good (a pipe nobody drains); one that took some is only slow.
+        const bool moved = _input_restarts != _input_restarts_seen;
+        _input_restarts_seen = _input_restarts;
+        return moved;
+    }
+    if (_insize > 0)
         return true;
 #ifndef ZMQ_HAVE_WINDOWS
     int waiting = 0;

@@ -69,9 +69,10 @@ class stream_engine_base_t : public io_object_t, public i_engine
     void set_handshake_timer ();
 
     //  Milonga's patch (PATCHES.md §3): whether the peer has sent what
-    //  this engine has not processed yet (bytes in the socket, or input
-    //  stopped by a full pipe).
-    bool peer_data_waiting () const;
+    //  this engine has not processed yet: bytes read and not decoded, or
+    //  waiting in the socket; with input stopped by a full pipe, only if
+    //  the reader took some since the last look.
+    bool peer_data_waiting ();
 
     //  When to look again at a timed-out peer that has data waiting.
     int heartbeat_recheck_ms () const
@@ -133,6 +134,11 @@ class stream_engine_base_t : public io_object_t, public i_engine
 
     //  True iff the engine couldn't consume the last decoded message.
     bool _input_stopped;
+
+    //  Milonga's patch (PATCHES.md §3): how often input restarted after
+    //  a stop, and that count when a heartbeat timer last looked.
+    unsigned long _input_restarts;
+    unsigned long _input_restarts_seen;
 
     //  True iff the engine doesn't have any message to encode.
     bool _output_stopped;
