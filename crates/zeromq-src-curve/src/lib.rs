@@ -1,6 +1,6 @@
 //! The `zeromq-src` 0.2 API that `zmq-sys` 0.12 calls, building libzmq with
 //! CURVE whatever the caller asks: libzmq from `zeromq-src` 0.3 (4.3.5,
-//! with the fix listed in `crates/zeromq-src-patched/PATCHES.md`),
+//! with the fixes listed in `crates/zeromq-src-patched/PATCHES.md`),
 //! linked against the libsodium that `libsodium-sys-stable` built from its
 //! bundled, signature-checked sources. `with_libsodium(None)` (what zmq-sys
 //! passes) would build libzmq without CURVE; Milonga's security needs it.
