@@ -952,6 +952,14 @@ fn a_subscription_declared_after_open_connects_before_subscribe_returns() {
     assert_eq!(s.value, Value::from(7u64));
 }
 
+/// A node of `domain` with a lease of 500 ms (heartbeats every 100 ms).
+fn short_lease_node(domain: &str, name: &str, dir: &Path) -> Node {
+    let mut c = config(domain, name, dir);
+    c.heartbeat_interval_ms = 100;
+    c.heartbeat_timeout_ms = 500;
+    Node::open_with(c).unwrap()
+}
+
 /// A reliable subscriber whose application does not read for four leases:
 /// the reliable publisher waits (or its samples wait in queues), and once
 /// the application reads again every sample comes, in order. Broken, the
@@ -961,13 +969,7 @@ fn a_subscription_declared_after_open_connects_before_subscribe_returns() {
 #[test]
 fn a_reliable_subscriber_that_stops_reading_for_a_while_gets_every_sample_after() {
     let dir = TempDir::new("stall");
-    let domain = "stall";
-    let short_lease = |name| {
-        let mut c = config(domain, name, dir.path());
-        c.heartbeat_interval_ms = 100;
-        c.heartbeat_timeout_ms = 500;
-        Node::open_with(c).unwrap()
-    };
+    let short_lease = |name| short_lease_node("stall", name, dir.path());
     let subscribing = short_lease("sub");
     let sub = subscribing
         .subscribe_with("stall/k", SubscriberQos::default().reliable())
@@ -1215,13 +1217,7 @@ fn compressed_samples_arrive_as_they_were_put_live_and_from_history() {
 #[test]
 fn a_reliable_subscriber_behind_survives_its_publisher_leaving() {
     let dir = TempDir::new("behind");
-    let domain = "behind";
-    let short_lease = |name| {
-        let mut c = config(domain, name, dir.path());
-        c.heartbeat_interval_ms = 100;
-        c.heartbeat_timeout_ms = 500;
-        Node::open_with(c).unwrap()
-    };
+    let short_lease = |name| short_lease_node("behind", name, dir.path());
     let subscribing = short_lease("sub");
     let sub = subscribing
         .subscribe_with("behind/k", SubscriberQos::default().reliable())
