@@ -66,15 +66,18 @@ impl Source for LocalSource {
         }
         if !full_due && !dir.changed() {
             drop(dir);
-            let gone = alive_due && {
+            let ended = if alive_due {
                 self.last_alive_check = Some(now);
                 let pids: Vec<u32> = self.found.values().map(|a| a.pid).collect();
-                self.pidfds.any_ended(&pids)
+                self.pidfds.ended(&pids)
+            } else {
+                Vec::new()
             };
-            if !gone {
+            if ended.is_empty() {
                 return false;
             }
             dir = lock(&self.dir);
+            dir.recheck_processes(ended);
         }
         self.last_scan = Some(now);
         self.last_alive_check = Some(now);

@@ -265,9 +265,9 @@ impl Watch {
         self.0.fd()
     }
 
-    /// Reads the pending events: whether there were any, and adds the
-    /// names of the files they concern to `names` (`None` in it: the
-    /// kernel's queue overflowed, and any file may have changed).
+    /// Reads the pending events: whether any concerned an announcement
+    /// (a `.json` file), and adds the names of those to `names` (`None` in
+    /// it: the kernel's queue overflowed, and any file may have changed).
     fn drain(&self, names: &mut std::collections::HashSet<Option<std::ffi::OsString>>) -> bool {
         use std::os::unix::ffi::OsStrExt;
         const HEAD: usize = std::mem::size_of::<libc::inotify_event>();
@@ -278,7 +278,6 @@ impl Watch {
             if n == 0 {
                 return any;
             }
-            any = true;
             // The kernel returns whole events: a header, then `len` bytes
             // of NUL-padded name.
             let mut at = 0;
@@ -291,8 +290,12 @@ impl Watch {
                 let name = &name[..name.iter().position(|b| *b == 0).unwrap_or(name.len())];
                 if mask & libc::IN_Q_OVERFLOW != 0 {
                     names.insert(None);
-                } else if !name.is_empty() {
+                    any = true;
+                } else if name.ends_with(b".json") {
+                    // Not a node's temporary file, written before it is
+                    // renamed into place (which names the .json).
                     names.insert(Some(std::ffi::OsStr::from_bytes(name).to_owned()));
+                    any = true;
                 }
                 at += HEAD + len;
             }
@@ -315,10 +318,23 @@ pub(crate) struct LocalDir {
     cache: std::collections::HashMap<std::ffi::OsString, Cached>,
     /// Files read and parsed so far (the cache spares the others).
     pub files_read: u64,
+    /// Announcements whose process was checked so far.
+    pub processes_checked: u64,
     /// Files inotify said changed since the last scan (`None`: any may
     /// have): read again whatever their metadata says, since an inode can
     /// be reused and timestamps are coarse.
     dirty: std::collections::HashSet<Option<std::ffi::OsString>>,
+    /// The next scan checks the process of every announcement (its start
+    /// time in /proc), not only of those read anew: set at first and by
+    /// [`LocalDir::mark_all_dirty`]. An announcement found unchanged was
+    /// alive at the last scan; its process ending is caught between scans
+    /// (pidfds, see `discovery::local`), which names it in
+    /// `recheck_pids`. Checking every process on every change would cost
+    /// each node O(nodes) reads of /proc per change, a host of nodes
+    /// starting or closing together O(nodes^3).
+    recheck: bool,
+    /// Processes the next scan checks, whatever else it does.
+    recheck_pids: std::collections::HashSet<u32>,
 }
 
 impl LocalDir {
@@ -354,7 +370,10 @@ impl LocalDir {
             last_mtime: None,
             cache: std::collections::HashMap::new(),
             files_read: 0,
+            processes_checked: 0,
             dirty: std::collections::HashSet::new(),
+            recheck: true,
+            recheck_pids: std::collections::HashSet::new(),
         })
     }
 
@@ -384,6 +403,7 @@ impl LocalDir {
     /// node opening in it (its watch, its ipc sockets).
     pub(crate) fn remove(&mut self, id: &str) {
         let _ = fs::remove_file(self.file_of(id));
+        self.recheck = true;
         let mut bad = 0;
         let _ = self.scan(&mut bad);
     }
@@ -421,6 +441,13 @@ impl LocalDir {
     /// change are not parsed or logged again.
     pub(crate) fn mark_all_dirty(&mut self) {
         self.dirty.insert(None);
+        self.recheck = true;
+    }
+
+    /// Makes the next scan check the announcements of processes `pids`
+    /// (seen ended).
+    pub(crate) fn recheck_processes(&mut self, pids: impl IntoIterator<Item = u32>) {
+        self.recheck_pids.extend(pids);
     }
 
     /// Reads every live announcement; removes stale ones (and their ipc
@@ -435,7 +462,14 @@ impl LocalDir {
             self.cache.clear();
             return out;
         };
+        // What inotify has to say that was not asked for yet: a file it
+        // does not name below is trusted to be as last read.
+        if let Some(w) = &self.watch {
+            w.drain(&mut self.dirty);
+        }
         let mut seen = std::collections::HashSet::new();
+        let recheck = std::mem::take(&mut self.recheck);
+        let recheck_pids = std::mem::take(&mut self.recheck_pids);
         for e in entries.flatten() {
             let path = e.path();
             if path.extension().and_then(|x| x.to_str()) != Some("json") {
@@ -443,20 +477,34 @@ impl LocalDir {
             }
             let name = e.file_name();
             seen.insert(name.clone());
-            // lstat: a link is not followed, a FIFO not opened.
-            let Ok(m) = fs::symlink_metadata(&path) else {
-                continue;
-            };
-            let version = FileVersion::of(&m);
             let dirty = self.dirty.contains(&None) || self.dirty.contains(&Some(name.clone()));
-            let cached = self
+            // A file inotify did not name is as it was read: not even
+            // looked at (an lstat per file per change is O(nodes^2) for a
+            // host of nodes starting together). Without inotify, its
+            // metadata tells.
+            let unnamed = self.watch.is_some() && !dirty;
+            // `None`: the file is as last read (its cache entry holds it).
+            let fresh = if unnamed && self.cache.contains_key(&name) {
+                None
+            } else {
+                // lstat: a link is not followed, a FIFO not opened.
+                let Ok(m) = fs::symlink_metadata(&path) else {
+                    continue;
+                };
+                let version = FileVersion::of(&m);
+                let same = !dirty && self.cache.get(&name).is_some_and(|c| c.version == version);
+                (!same).then_some((m, version))
+            };
+            // The process that wrote the file as last read: alive at that
+            // scan (a dead one's file is removed, with its cache entry).
+            let was = self
                 .cache
                 .get(&name)
-                .filter(|c| c.version == version && !dirty)
-                .map(|c| c.announcement.clone());
-            let a = match cached {
-                Some(a) => a,
-                None => {
+                .and_then(|c| c.announcement.as_ref())
+                .map(|a| (a.pid, a.start_time));
+            let a = match fresh {
+                None => self.cache.get(&name).and_then(|c| c.announcement.clone()),
+                Some((m, version)) => {
                     let read = check_file(&m).and_then(|()| {
                         self.files_read += 1;
                         read_announcement(&path)
@@ -513,7 +561,14 @@ impl LocalDir {
                 }
             };
             let Some(a) = a else { continue };
-            if is_alive(&a) {
+            // Unchanged, or rewritten by the same process (a node updating
+            // its announcement): known alive unless asked to check.
+            let known = was == Some((a.pid, a.start_time));
+            let alive = (known && !recheck && !recheck_pids.contains(&a.pid)) || {
+                self.processes_checked += 1;
+                is_alive(&a)
+            };
+            if alive {
                 // By node id when the file is named after it, as its node
                 // writes it; a file of another name under its own name, so
                 // that it cannot hide the node's own (with security on the
@@ -717,6 +772,59 @@ mod tests {
         let again = dir.scan(&mut bad);
         assert_eq!((bad, again.len()), (0, 1), "counted once per version");
         assert_eq!(dir.files_read, 2, "nothing unchanged is read again");
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    /// A change in the directory checks the processes of the files that
+    /// changed to name another process, not of every announcement; a known
+    /// peer's process ending checks its own announcements, a full scan all
+    /// of them.
+    #[test]
+    fn a_change_checks_only_the_processes_of_the_files_that_changed() {
+        let root = temp_dir("recheck");
+        let mut dir = LocalDir::open(&root, "d", false).unwrap();
+        let me = std::process::id();
+        let start = process_start_time(me).unwrap();
+        let mut bad = 0;
+        for (i, id) in ["a1", "b2", "c3"].iter().enumerate() {
+            let a = announcement(&id.repeat(16), me, start, "tcp://127.0.0.1:9");
+            dir.write(&a).unwrap();
+            let _ = dir.changed();
+            assert_eq!(dir.scan(&mut bad).len(), i + 1);
+            assert_eq!(dir.processes_checked, i as u64 + 1, "only the new file's");
+        }
+        // Rewritten by its node: not checked again.
+        let mut a = announcement(&"a1".repeat(16), me, start, "tcp://127.0.0.1:9");
+        a.name = "renamed".into();
+        dir.write(&a).unwrap();
+        let _ = dir.changed();
+        assert_eq!(dir.scan(&mut bad)[&a.node_id].name, "renamed");
+        assert_eq!(dir.processes_checked, 3, "the same process wrote it");
+        // A peer's process ends: every announcement is checked, and the
+        // one whose process is gone is removed.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let dead = announcement(&"d4".repeat(16), gone, 1, "tcp://127.0.0.1:9");
+        fs::write(
+            dir.dir.join(format!("{}.json", dead.node_id)),
+            serde_json::to_vec(&dead).unwrap(),
+        )
+        .unwrap();
+        let _ = dir.changed();
+        assert_eq!(dir.scan(&mut bad).len(), 3, "checked as it was read");
+        assert_eq!(dir.processes_checked, 4);
+        // Pids seen ended: the announcements of those pids are checked
+        // (here the three of this process: checked, found alive).
+        dir.recheck_processes([gone, me]);
+        assert_eq!(dir.scan(&mut bad).len(), 3);
+        assert_eq!(dir.processes_checked, 7, "the announcements of those pids");
+        dir.recheck_processes([gone]);
+        let _ = dir.scan(&mut bad);
+        assert_eq!(dir.processes_checked, 7, "no announcement of that pid is left");
+        dir.mark_all_dirty();
+        let _ = dir.scan(&mut bad);
+        assert_eq!(dir.processes_checked, 10, "a full scan checks them all");
         let _ = fs::remove_dir_all(&root);
     }
 

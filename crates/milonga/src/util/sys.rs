@@ -35,12 +35,13 @@ pub(crate) const MAX_PIDFDS: usize = 64;
 pub(crate) struct Pidfds(std::collections::HashMap<u32, OwnedFd>);
 
 impl Pidfds {
-    /// Whether one of `pids` has ended: by its pidfd (opened on first
+    /// Those of `pids` that have ended: by their pidfds (opened on first
     /// sight, at most [`MAX_PIDFDS`]), or by `kill(pid, 0)` where none can
     /// be had. Descriptors of processes no longer in `pids` are closed.
-    pub(crate) fn any_ended(&mut self, pids: &[u32]) -> bool {
+    pub(crate) fn ended(&mut self, pids: &[u32]) -> Vec<u32> {
         let wanted: std::collections::HashSet<u32> = pids.iter().copied().collect();
         self.0.retain(|p, _| wanted.contains(p));
+        let mut ended = Vec::new();
         for &pid in &wanted {
             if self.0.contains_key(&pid) {
                 continue;
@@ -51,30 +52,40 @@ impl Pidfds {
                         self.0.insert(pid, fd);
                         continue;
                     }
-                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return true,
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                        ended.push(pid);
+                        continue;
+                    }
                     Err(_) => {}
                 }
             }
             if !pid_exists(pid) {
-                return true;
+                ended.push(pid);
             }
         }
-        let mut items: Vec<libc::pollfd> = self
+        let (pids, mut items): (Vec<u32>, Vec<libc::pollfd>) = self
             .0
-            .values()
-            .map(|fd| libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
+            .iter()
+            .map(|(&pid, fd)| {
+                let item = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                (pid, item)
             })
-            .collect();
+            .unzip();
         if items.is_empty() {
-            return false;
+            return ended;
         }
         // SAFETY: poll reads and writes `items.len()` pollfds of a live
         // vector; a timeout of 0 never blocks.
         let n = unsafe { libc::poll(items.as_mut_ptr(), items.len() as libc::nfds_t, 0) };
-        n > 0 && items.iter().any(|i| i.revents != 0)
+        if n > 0 {
+            let readable = items.iter().map(|i| i.revents != 0);
+            ended.extend(pids.iter().zip(readable).filter(|(_, r)| *r).map(|(p, _)| *p));
+        }
+        ended
     }
 }
 
@@ -336,14 +347,16 @@ impl Drop for SharedMap {
     }
 }
 
-/// Allocates the first `len` bytes of `file` (`posix_fallocate`), so that
-/// a full file system is an error here rather than a SIGBUS when a page of
-/// its mapping is first written.
-pub(crate) fn allocate(file: &std::fs::File, len: usize) -> std::io::Result<()> {
-    let len = libc::off_t::try_from(len).map_err(|_| std::io::Error::other("too large"))?;
+/// Allocates the `len` bytes of `file` from `offset` on
+/// (`posix_fallocate`), so that a full file system is an error here rather
+/// than a SIGBUS when a page of its mapping is first written.
+pub(crate) fn allocate(file: &std::fs::File, offset: usize, len: usize) -> std::io::Result<()> {
+    let too_large = |_| std::io::Error::other("too large");
+    let offset = libc::off_t::try_from(offset).map_err(too_large)?;
+    let len = libc::off_t::try_from(len).map_err(too_large)?;
     // SAFETY: posix_fallocate only reads its integer arguments; the
     // descriptor is open for the call.
-    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), offset, len) } {
         0 => Ok(()),
         e => Err(std::io::Error::from_raw_os_error(e)),
     }
@@ -424,10 +437,10 @@ mod tests {
             .unwrap();
         let pid = child.id();
         let mut fds = Pidfds::default();
-        assert!(!fds.any_ended(&[pid, std::process::id()]));
+        assert!(fds.ended(&[pid, std::process::id()]).is_empty());
         testing::kill(pid, libc::SIGKILL);
         let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !fds.any_ended(&[pid]) {
+        while fds.ended(&[pid, std::process::id()]) != [pid] {
             assert!(
                 std::time::Instant::now() < end,
                 "the killed child is never seen ended"
@@ -439,9 +452,9 @@ mod tests {
             "not reaped yet: kill(pid, 0) still finds it"
         );
         child.wait().unwrap();
-        assert!(fds.any_ended(&[pid]));
+        assert_eq!(fds.ended(&[pid]), [pid]);
         assert!(
-            !fds.any_ended(&[std::process::id()]),
+            fds.ended(&[std::process::id()]).is_empty(),
             "its descriptor closed, ours open"
         );
         assert_eq!(fds.0.len(), 1);

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use milonga_wire::shm::{SharedRef, MARKER_BYTE, MARKER_HEAD_LEN, REF_LEN};
 use milonga_wire::NodeId;
 
-use crate::util::sys::{pid_exists, SharedMap, SharedWindow};
+use crate::util::sys::{allocate, pid_exists, SharedMap, SharedWindow};
 
 /// Where segments live.
 const DIR: &str = "/dev/shm";
@@ -53,6 +53,10 @@ pub(crate) const MAX_READERS: u32 = ((SLOT_BYTES - SLOT_PIDS) / 4) as u32;
 const ALIGN: usize = 64;
 /// Most slots a segment has.
 const MAX_SLOTS: usize = 4096;
+/// The bytes of a segment's file allocated at a time, as its ring first
+/// reaches them: a segment takes the memory its payloads in flight have
+/// needed, not its whole size at once.
+const ALLOCATE_STEP: usize = 4 << 20;
 /// A lease entry's bit that marks the writer's own lease on a slot it
 /// reserved (a loan being filled), never a reader's (pids are below 2^22).
 const WRITER: u32 = 1 << 31;
@@ -122,6 +126,13 @@ fn path(pid: u32, node: &NodeId, n: u32) -> Option<PathBuf> {
 /// that goes through shared memory, removed when the socket closes.
 pub(crate) struct Ring {
     map: Arc<SharedMap>,
+    /// The segment's file, kept to allocate its pages as the ring reaches
+    /// them.
+    file: File,
+    /// The bytes of the file allocated so far, from its start.
+    allocated: usize,
+    /// A full `/dev/shm` was logged (once per segment).
+    full_logged: bool,
     path: PathBuf,
     number: u32,
     pid: u32,
@@ -196,11 +207,13 @@ impl Ring {
             .create_new(true)
             .mode(0o600)
             .open(&path)?;
+        // The header and slot table now, the ring as it is reached
+        // (`Ring::reserve`): a full /dev/shm is an error then, not a SIGBUS
+        // at the first write of a page.
+        let allocated = (data_start + ALLOCATE_STEP).min(bytes);
         let made = (|| {
             file.set_len(bytes as u64)?;
-            // Every page now: a full /dev/shm is this error, not a SIGBUS
-            // at the first write of a page.
-            crate::util::sys::allocate(&file, bytes)?;
+            allocate(&file, 0, allocated)?;
             SharedMap::map(&file, bytes).map(Arc::new)
         })();
         let map = match made {
@@ -216,6 +229,9 @@ impl Ring {
         header(0).store(MAGIC, SeqCst);
         Ok(Ring {
             map,
+            file,
+            allocated,
+            full_logged: false,
             path,
             number,
             pid,
@@ -258,6 +274,7 @@ impl Ring {
             return None;
         }
         let offset = self.place(size, departures)?;
+        self.allocate_to(offset + size)?;
         // Made before anything is marked, so that nothing is left half done.
         let window = SharedWindow::new(self.map.clone(), offset, len)?;
         let slot = self.free.pop()?;
@@ -382,10 +399,40 @@ impl Ring {
         }
     }
 
+    /// Allocates the file's pages up to `end` (a step at a time), unless
+    /// done: `None` when `/dev/shm` is full (logged once; the sample then
+    /// goes through the socket).
+    fn allocate_to(&mut self, end: usize) -> Option<()> {
+        if end <= self.allocated {
+            return Some(());
+        }
+        let to = end.max(self.allocated + ALLOCATE_STEP).min(self.data_end);
+        match allocate(&self.file, self.allocated, to - self.allocated) {
+            Ok(()) => {
+                self.allocated = to;
+                Some(())
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.full_logged, true) {
+                    tracing::warn!(
+                        error = %e,
+                        segment = %self.path.display(),
+                        "shared memory is full: large samples go through the socket while it is"
+                    );
+                }
+                None
+            }
+        }
+    }
+
     /// Where `size` bytes go, reclaiming the oldest slots as needed (the
     /// live payloads fill the ring from the oldest's offset to `head`,
-    /// possibly wrapping).
+    /// possibly wrapping). Slots whose readers all came are reclaimed
+    /// first, whether room is needed or not: a ring whose readers keep up
+    /// starts again at its beginning, and so stays within the pages it
+    /// already has.
     fn place(&mut self, size: usize, departures: u64) -> Option<usize> {
+        while self.done_oldest() && self.reclaim_oldest(departures) {}
         loop {
             let Some(front) = self.live.front() else {
                 self.head = self.data_start;
@@ -406,6 +453,15 @@ impl Ring {
                 return None;
             }
         }
+    }
+
+    /// Whether the oldest slot's readers all came (none expected, and
+    /// the count known to be right or its hold time passed).
+    fn done_oldest(&self) -> bool {
+        self.live.front().is_some_and(|l| {
+            self.slot_u32(l.slot, SLOT_EXPECTED).load(SeqCst) == 0
+                && (!l.uncertain || l.at.elapsed() >= self.hold)
+        })
     }
 
     /// Frees the oldest slot if no live process holds it and its expected
@@ -846,6 +902,33 @@ mod tests {
         assert!(file.exists());
         drop(ring);
         assert!(!file.exists(), "the segment goes with its writer");
+    }
+
+    #[test]
+    fn a_segment_takes_the_memory_its_payloads_in_flight_need_not_its_whole_size() {
+        use std::os::unix::fs::MetadataExt;
+        let n = node();
+        let bytes = 64 << 20;
+        let mut ring = Ring::create(&n, bytes, 64 << 10, Duration::from_secs(60), false).unwrap();
+        let held = |ring: &Ring| std::fs::metadata(&ring.path).unwrap().blocks() as usize * 512;
+        assert!(held(&ring) <= 2 * ALLOCATE_STEP, "{} bytes at first", held(&ring));
+        // Readers that keep up (none expected): the ring starts again at
+        // its beginning, in the pages it has.
+        let payload = vec![9u8; 1 << 20];
+        for _ in 0..200 {
+            ring.write(&payload, 0, 0).unwrap();
+        }
+        assert!(held(&ring) <= 2 * ALLOCATE_STEP, "{} bytes kept up", held(&ring));
+        // Readers that do not come: the ring goes on, allocating as it goes.
+        let mut refs = Vec::new();
+        for _ in 0..20 {
+            refs.push(ring.write(&payload, 1, 0).unwrap());
+        }
+        assert!(held(&ring) >= 20 << 20, "{} bytes for 20 MiB held", held(&ring));
+        assert!(held(&ring) <= bytes);
+        for r in &refs {
+            assert!(read(&n, r, usize::MAX).unwrap().iter().all(|b| *b == 9));
+        }
     }
 
     #[test]
