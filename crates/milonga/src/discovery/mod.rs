@@ -821,7 +821,10 @@ mod tests {
         assert_eq!(dir.processes_checked, 7, "the announcements of those pids");
         dir.recheck_processes([gone]);
         let _ = dir.scan(&mut bad);
-        assert_eq!(dir.processes_checked, 7, "no announcement of that pid is left");
+        assert_eq!(
+            dir.processes_checked, 7,
+            "no announcement of that pid is left"
+        );
         dir.mark_all_dirty();
         let _ = dir.scan(&mut bad);
         assert_eq!(dir.processes_checked, 10, "a full scan checks them all");

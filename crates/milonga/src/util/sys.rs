@@ -83,7 +83,12 @@ impl Pidfds {
         let n = unsafe { libc::poll(items.as_mut_ptr(), items.len() as libc::nfds_t, 0) };
         if n > 0 {
             let readable = items.iter().map(|i| i.revents != 0);
-            ended.extend(pids.iter().zip(readable).filter(|(_, r)| *r).map(|(p, _)| *p));
+            ended.extend(
+                pids.iter()
+                    .zip(readable)
+                    .filter(|(_, r)| *r)
+                    .map(|(p, _)| *p),
+            );
         }
         ended
     }

@@ -911,20 +911,32 @@ mod tests {
         let bytes = 64 << 20;
         let mut ring = Ring::create(&n, bytes, 64 << 10, Duration::from_secs(60), false).unwrap();
         let held = |ring: &Ring| std::fs::metadata(&ring.path).unwrap().blocks() as usize * 512;
-        assert!(held(&ring) <= 2 * ALLOCATE_STEP, "{} bytes at first", held(&ring));
+        assert!(
+            held(&ring) <= 2 * ALLOCATE_STEP,
+            "{} bytes at first",
+            held(&ring)
+        );
         // Readers that keep up (none expected): the ring starts again at
         // its beginning, in the pages it has.
         let payload = vec![9u8; 1 << 20];
         for _ in 0..200 {
             ring.write(&payload, 0, 0).unwrap();
         }
-        assert!(held(&ring) <= 2 * ALLOCATE_STEP, "{} bytes kept up", held(&ring));
+        assert!(
+            held(&ring) <= 2 * ALLOCATE_STEP,
+            "{} bytes kept up",
+            held(&ring)
+        );
         // Readers that do not come: the ring goes on, allocating as it goes.
         let mut refs = Vec::new();
         for _ in 0..20 {
             refs.push(ring.write(&payload, 1, 0).unwrap());
         }
-        assert!(held(&ring) >= 20 << 20, "{} bytes for 20 MiB held", held(&ring));
+        assert!(
+            held(&ring) >= 20 << 20,
+            "{} bytes for 20 MiB held",
+            held(&ring)
+        );
         assert!(held(&ring) <= bytes);
         for r in &refs {
             assert!(read(&n, r, usize::MAX).unwrap().iter().all(|b| *b == 9));
