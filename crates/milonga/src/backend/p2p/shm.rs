@@ -33,12 +33,15 @@ use crate::util::sys::{allocate, pid_exists, SharedMap, SharedWindow};
 const DIR: &str = "/dev/shm";
 /// Their file names start with this.
 const FILE_PREFIX: &str = "milonga-";
-/// The segment header's magic: "MLGSHM", format 1.
-const MAGIC: u64 = u64::from_le_bytes(*b"MLGSHM\x00\x01");
+/// The segment header's magic: "MLGSHM", format 2 (format 1 had slots of
+/// 256 bytes; a reader of one format refuses a segment of the other, and
+/// its subscription is sent the bytes through the socket).
+const MAGIC: u64 = u64::from_le_bytes(*b"MLGSHM\x00\x02");
 /// The header page.
 const HEADER_BYTES: usize = 4096;
-/// One slot of the table.
-const SLOT_BYTES: usize = 256;
+/// One slot of the table: room for 248 leases, so that seed 004's
+/// hundred subscribers of one publisher on one host all read in place.
+const SLOT_BYTES: usize = 1024;
 /// Slot fields: stamp (u64), readers expected (u32), data offset (u64),
 /// length (u64), then the lease pids (u32 each).
 const SLOT_STAMP: usize = 0;
@@ -941,6 +944,22 @@ mod tests {
         for r in &refs {
             assert!(read(&n, r, usize::MAX).unwrap().iter().all(|b| *b == 9));
         }
+    }
+
+    /// Seed 004's one publisher to a hundred subscribers on one host: all
+    /// of them hold the same payload in place at once.
+    #[test]
+    fn a_hundred_readers_hold_one_slot_at_once() {
+        let n = node();
+        let mut ring = Ring::create(&n, 4 << 20, 64 << 10, Duration::from_secs(60), false).unwrap();
+        let payload = vec![3u8; 100_000];
+        let r = ring
+            .write(&payload, 100, 0)
+            .expect("a slot for 100 readers");
+        let views: Vec<Bytes> = (0..100)
+            .map(|_| read(&n, &r, usize::MAX).unwrap())
+            .collect();
+        assert!(views.iter().all(|v| v[..] == payload[..]));
     }
 
     #[test]
