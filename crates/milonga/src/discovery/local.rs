@@ -26,6 +26,9 @@ pub(crate) struct LocalSource {
     /// The peers found, this node and other domains' aside.
     found: BTreeMap<String, Announcement>,
     last_scan: Option<Instant>,
+    /// The last full scan (every file read, every process checked):
+    /// every [`FULL_EVERY`], however often the directory changes.
+    last_full: Option<Instant>,
     last_alive_check: Option<Instant>,
     /// The peers' processes, to see one end (a zombie included).
     pidfds: crate::util::sys::Pidfds,
@@ -38,6 +41,7 @@ impl LocalSource {
             dir,
             found: BTreeMap::new(),
             last_scan: None,
+            last_full: None,
             last_alive_check: None,
             pidfds: crate::util::sys::Pidfds::default(),
         }
@@ -58,29 +62,29 @@ impl Source for LocalSource {
     /// O(nodes^2).
     fn turn(&mut self, now: Instant) -> bool {
         let first = self.last_scan.is_none();
-        let full_due = self.last_scan.is_none_or(|t| now - t >= FULL_EVERY);
+        let full_due = self.last_full.is_none_or(|t| now - t >= FULL_EVERY);
         let alive_due = self.last_alive_check.is_none_or(|t| now - t >= ALIVE_EVERY);
+        // The known peers' processes, every ALIVE_EVERY whatever else the
+        // directory does (a scan of changed files does not look at the
+        // processes of the others).
+        let ended = if alive_due && !full_due {
+            self.last_alive_check = Some(now);
+            let pids: Vec<u32> = self.found.values().map(|a| a.pid).collect();
+            self.pidfds.ended(&pids)
+        } else {
+            Vec::new()
+        };
         let mut dir = lock(&self.dir);
         if full_due {
+            // Checks every process: the next poll is an interval away.
             dir.mark_all_dirty();
+            self.last_alive_check = Some(now);
+            self.last_full = Some(now);
+        } else if ended.is_empty() && !dir.changed() {
+            return false;
         }
-        if !full_due && !dir.changed() {
-            drop(dir);
-            let ended = if alive_due {
-                self.last_alive_check = Some(now);
-                let pids: Vec<u32> = self.found.values().map(|a| a.pid).collect();
-                self.pidfds.ended(&pids)
-            } else {
-                Vec::new()
-            };
-            if ended.is_empty() {
-                return false;
-            }
-            dir = lock(&self.dir);
-            dir.recheck_processes(ended);
-        }
+        dir.recheck_processes(ended);
         self.last_scan = Some(now);
-        self.last_alive_check = Some(now);
         let mut bad = 0;
         let found = dir.scan(&mut bad);
         drop(dir);
@@ -116,5 +120,74 @@ impl Source for LocalSource {
             self.last_alive_check
                 .map_or_else(Instant::now, |t| t + ALIVE_EVERY),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::process_start_time;
+    use crate::discovery::tests::{announcement, temp_dir};
+
+    /// A peer killed with -9 while other nodes keep rewriting their
+    /// announcements is seen gone within a poll interval or two, not at
+    /// the next full scan: a scan of the files that changed does not look
+    /// at the others' processes, the poll of their pidfds does.
+    #[test]
+    fn a_killed_peer_is_seen_gone_while_the_directory_keeps_changing() {
+        let root = temp_dir("churn");
+        let dir = Arc::new(Mutex::new(LocalDir::open(&root, "d", false).unwrap()));
+        let cfg = crate::Config::new("milonga:///d", "me");
+        let me = Arc::new(NodeCore::new(
+            milonga_wire::NodeId([1; 16]),
+            "me".into(),
+            "d".into(),
+            cfg,
+        ));
+        let mut source = LocalSource::new(me, dir.clone());
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let peer = announcement(
+            &"ab".repeat(16),
+            pid,
+            process_start_time(pid).unwrap(),
+            "tcp://127.0.0.1:9",
+        );
+        lock(&dir).write(&peer).unwrap();
+        let t0 = Instant::now();
+        assert!(source.turn(t0));
+        let mut peers = Vec::new();
+        source.peers_into(&mut peers);
+        assert_eq!(peers.len(), 1);
+        crate::util::sys::testing::kill(pid, libc::SIGKILL);
+        // Not reaped: a zombie, which only the pidfd (or /proc) tells.
+        // Turns 50 ms apart (on the clock passed in), each after another
+        // node rewrote its announcement.
+        let me_pid = std::process::id();
+        let mut gone_at = None;
+        for i in 1..=100u32 {
+            let mut other = announcement(&"cd".repeat(16), me_pid, 0, "tcp://127.0.0.1:9");
+            other.name = format!("rewrite-{i}");
+            lock(&dir).write(&other).unwrap();
+            // The kernel's own time to make the pidfd readable.
+            std::thread::sleep(Duration::from_millis(5));
+            let _ = source.turn(t0 + Duration::from_millis(50) * i);
+            peers.clear();
+            source.peers_into(&mut peers);
+            if !peers.iter().any(|a| a.pid == pid) {
+                gone_at = Some(Duration::from_millis(50) * i);
+                break;
+            }
+        }
+        let _ = child.wait();
+        let gone_at = gone_at.expect("the killed peer was never seen gone");
+        assert!(
+            gone_at <= ALIVE_EVERY * 2,
+            "seen gone {gone_at:?} after the kill, not within two polls"
+        );
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -288,7 +288,9 @@ impl Watch {
                 let (mask, len) = (field(4), field(12) as usize);
                 let name = &buf[(at + HEAD).min(n)..(at + HEAD + len).min(n)];
                 let name = &name[..name.iter().position(|b| *b == 0).unwrap_or(name.len())];
-                if mask & libc::IN_Q_OVERFLOW != 0 {
+                if mask & libc::IN_Q_OVERFLOW != 0 || name.is_empty() {
+                    // The queue overflowed, or the watch itself went (the
+                    // directory was removed): anything may have changed.
                     names.insert(None);
                     any = true;
                 } else if name.ends_with(b".json") {
@@ -715,7 +717,12 @@ mod tests {
         assert_eq!(other.data_reliable.as_deref(), Some("ipc:///tmp/x.sock"));
     }
 
-    fn announcement(id: &str, pid: u32, start_time: u64, endpoint: &str) -> Announcement {
+    pub(crate) fn announcement(
+        id: &str,
+        pid: u32,
+        start_time: u64,
+        endpoint: &str,
+    ) -> Announcement {
         Announcement {
             protocol: 1,
             domain: "d".into(),
@@ -735,7 +742,7 @@ mod tests {
         }
     }
 
-    fn temp_dir(tag: &str) -> PathBuf {
+    pub(crate) fn temp_dir(tag: &str) -> PathBuf {
         let p = std::env::temp_dir().join(format!("mlg-disc-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&p);
         p
@@ -800,8 +807,8 @@ mod tests {
         let _ = dir.changed();
         assert_eq!(dir.scan(&mut bad)[&a.node_id].name, "renamed");
         assert_eq!(dir.processes_checked, 3, "the same process wrote it");
-        // A peer's process ends: every announcement is checked, and the
-        // one whose process is gone is removed.
+        // A new announcement of a process that is gone: checked as it is
+        // read, and removed.
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let gone = child.id();
         child.wait().unwrap();

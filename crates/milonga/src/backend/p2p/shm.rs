@@ -34,8 +34,9 @@ const DIR: &str = "/dev/shm";
 /// Their file names start with this.
 const FILE_PREFIX: &str = "milonga-";
 /// The segment header's magic: "MLGSHM", format 2 (format 1 had slots of
-/// 256 bytes; a reader of one format refuses a segment of the other, and
-/// its subscription is sent the bytes through the socket).
+/// 256 bytes). A reader of one format refuses a segment of the other: the
+/// sample is reported lost and the subscription withdraws its markers,
+/// so that its publishers send it the bytes through the socket.
 const MAGIC: u64 = u64::from_le_bytes(*b"MLGSHM\x00\x02");
 /// The header page.
 const HEADER_BYTES: usize = 4096;
@@ -60,6 +61,9 @@ const MAX_SLOTS: usize = 4096;
 /// reaches them: a segment takes the memory its payloads in flight have
 /// needed, not its whole size at once.
 const ALLOCATE_STEP: usize = 4 << 20;
+/// How long a segment that found `/dev/shm` full waits before it tries to
+/// allocate again (its large samples go through the socket meanwhile).
+const FULL_RETRY: Duration = Duration::from_secs(1);
 /// A lease entry's bit that marks the writer's own lease on a slot it
 /// reserved (a loan being filled), never a reader's (pids are below 2^22).
 const WRITER: u32 = 1 << 31;
@@ -136,6 +140,9 @@ pub(crate) struct Ring {
     allocated: usize,
     /// A full `/dev/shm` was logged (once per segment).
     full_logged: bool,
+    /// After `/dev/shm` was found full, no allocation is tried before
+    /// this (each try allocates pages and gives them back).
+    full_until: Option<Instant>,
     path: PathBuf,
     number: u32,
     pid: u32,
@@ -235,6 +242,7 @@ impl Ring {
             file,
             allocated,
             full_logged: false,
+            full_until: None,
             path,
             number,
             pid,
@@ -409,16 +417,34 @@ impl Ring {
         if end <= self.allocated {
             return Some(());
         }
-        let to = end.max(self.allocated + ALLOCATE_STEP).min(self.data_end);
-        match allocate(&self.file, self.allocated, to - self.allocated) {
-            Ok(()) => {
+        if self.full_until.is_some_and(|t| Instant::now() < t) {
+            return None;
+        }
+        let step = end.max(self.allocated + ALLOCATE_STEP).min(self.data_end);
+        // A step, or, when there is no room for one, what this payload needs.
+        let mut error = None;
+        let got = std::iter::once(step)
+            .chain((end < step).then_some(end))
+            .find(
+                |&to| match allocate(&self.file, self.allocated, to - self.allocated) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        error = Some(e);
+                        false
+                    }
+                },
+            );
+        match got {
+            Some(to) => {
                 self.allocated = to;
+                self.full_until = None;
                 Some(())
             }
-            Err(e) => {
+            None => {
+                self.full_until = Some(Instant::now() + FULL_RETRY);
                 if !std::mem::replace(&mut self.full_logged, true) {
                     tracing::warn!(
-                        error = %e,
+                        error = %error.map_or_else(String::new, |e| e.to_string()),
                         segment = %self.path.display(),
                         "shared memory is full: large samples go through the socket while it is"
                     );
