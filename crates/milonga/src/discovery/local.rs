@@ -145,11 +145,21 @@ mod tests {
             cfg,
         ));
         let mut source = LocalSource::new(me, dir.clone());
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let pid = child.id();
+        /// The peer's process, killed and reaped however the test ends.
+        struct Peer(std::process::Child);
+        impl Drop for Peer {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let child = Peer(
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap(),
+        );
+        let pid = child.0.id();
         let peer = announcement(
             &"ab".repeat(16),
             pid,
@@ -182,7 +192,7 @@ mod tests {
                 break;
             }
         }
-        let _ = child.wait();
+        drop(child);
         let gone_at = gone_at.expect("the killed peer was never seen gone");
         assert!(
             gone_at <= ALIVE_EVERY * 2,

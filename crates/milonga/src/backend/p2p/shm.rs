@@ -217,9 +217,9 @@ impl Ring {
             .create_new(true)
             .mode(0o600)
             .open(&path)?;
-        // The header and slot table now, the ring as it is reached
-        // (`Ring::reserve`): a full /dev/shm is an error then, not a SIGBUS
-        // at the first write of a page.
+        // The header, the slot table and a first step of ring now, the rest
+        // as the ring reaches it (`Ring::reserve`): a full /dev/shm is an
+        // error then, not a SIGBUS at the first write of a page.
         let allocated = (data_start + ALLOCATE_STEP).min(bytes);
         let made = (|| {
             file.set_len(bytes as u64)?;
