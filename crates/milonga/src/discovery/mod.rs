@@ -267,7 +267,8 @@ impl Watch {
 
     /// Reads the pending events: whether any concerned an announcement
     /// (a `.json` file), and adds the names of those to `names` (`None` in
-    /// it: the kernel's queue overflowed, and any file may have changed).
+    /// it: the kernel's queue overflowed or the watch went, and any file
+    /// may have changed).
     fn drain(&self, names: &mut std::collections::HashSet<Option<std::ffi::OsString>>) -> bool {
         use std::os::unix::ffi::OsStrExt;
         const HEAD: usize = std::mem::size_of::<libc::inotify_event>();
@@ -484,9 +485,8 @@ impl LocalDir {
             // looked at (an lstat per file per change is O(nodes^2) for a
             // host of nodes starting together). Without inotify, its
             // metadata tells.
-            let unnamed = self.watch.is_some() && !dirty;
             // `None`: the file is as last read (its cache entry holds it).
-            let fresh = if unnamed && self.cache.contains_key(&name) {
+            let fresh = if self.watch.is_some() && !dirty && self.cache.contains_key(&name) {
                 None
             } else {
                 // lstat: a link is not followed, a FIFO not opened.

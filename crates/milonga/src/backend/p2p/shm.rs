@@ -281,7 +281,7 @@ impl Ring {
         if size > self.data_end - self.data_start {
             return None;
         }
-        if self.free.is_empty() && !self.reclaim_oldest(departures) {
+        if self.free.is_empty() && !self.reclaim_oldest(departures, true) {
             return None;
         }
         let offset = self.place(size, departures)?;
@@ -461,7 +461,7 @@ impl Ring {
     /// starts again at its beginning, and so stays within the pages it
     /// already has.
     fn place(&mut self, size: usize, departures: u64) -> Option<usize> {
-        while self.done_oldest() && self.reclaim_oldest(departures) {}
+        while self.reclaim_oldest(departures, false) {}
         loop {
             let Some(front) = self.live.front() else {
                 self.head = self.data_start;
@@ -478,19 +478,10 @@ impl Ring {
             } else if self.head < tail && self.head + size <= tail {
                 return Some(self.head);
             }
-            if !self.reclaim_oldest(departures) {
+            if !self.reclaim_oldest(departures, true) {
                 return None;
             }
         }
-    }
-
-    /// Whether the oldest slot's readers all came (none expected, and
-    /// the count known to be right or its hold time passed).
-    fn done_oldest(&self) -> bool {
-        self.live.front().is_some_and(|l| {
-            self.slot_u32(l.slot, SLOT_EXPECTED).load(SeqCst) == 0
-                && (!l.uncertain || l.at.elapsed() >= self.hold)
-        })
     }
 
     /// Frees the oldest slot if no live process holds it and its expected
@@ -504,15 +495,16 @@ impl Ring {
     /// known to be right (`uncertain`: a marked subscription came while
     /// its reference was sent, and may have read it uncounted in the place
     /// of one that was counted) waits the hold time even when its count
-    /// reached 0.
-    fn reclaim_oldest(&mut self, departures: u64) -> bool {
+    /// reached 0. `give_up`: whether readers that have not come may be
+    /// given up on at all (not when reclaiming ahead of need).
+    fn reclaim_oldest(&mut self, departures: u64, give_up: bool) -> bool {
         let Some(l) = self.live.front() else {
             return false;
         };
         let (slot, written_at, uncertain) = (l.slot, l.departures, l.uncertain);
         let waited = l.at.elapsed() >= self.hold;
         if self.slot_u32(slot, SLOT_EXPECTED).load(SeqCst) > 0 {
-            if !(waited && (!self.reliable || departures > written_at)) {
+            if !(give_up && waited && (!self.reliable || departures > written_at)) {
                 return false;
             }
         } else if uncertain && !waited {
