@@ -347,6 +347,7 @@ pub(crate) enum Role {
         raw: bool,
         endpoints: Vec<String>,
         count: usize,
+        pubs: usize,
         expect: u64,
         deadline_s: f64,
     },
@@ -498,9 +499,10 @@ fn run_role(ctx: &zmq::Context, role: Role) -> Result<Outcome> {
             raw,
             endpoints,
             count,
+            pubs,
             expect,
             deadline_s,
-        } => crate::bench_scale::scale_sub(&at, raw, &endpoints, count, expect, deadline_s),
+        } => crate::bench_scale::scale_sub(&at, raw, &endpoints, count, pubs, expect, deadline_s),
     }
 }
 

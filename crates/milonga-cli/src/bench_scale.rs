@@ -147,7 +147,7 @@ pub fn run(a: ScaleArgs) -> Result<std::process::ExitCode> {
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     eprintln!(
-        "# milonga bench scale: seed 004's cases, each publisher and subscriber a node (raw: a socket) of its own, as threads of at most {} worker processes per side; best effort over tcp on one host; each publisher puts {} samples at {}/s (a tenth, at least 10, at 1 MiB); put = the time `put` (raw: `send`) takes; e2e = source timestamp to `recv`; per-sub rate = samples a subscriber got a second, from its first to its last (the publishers together put pubs x rate a second); cpu = CPU time of all worker processes per delivered sample: subscribers from when every one of the process has subscribed (their connections to the publishers included) until the last is done (a subscriber that got nothing for 3 s is), publishers from the first put to the last (what their I/O threads send after is left out), closing left out",
+        "# milonga bench scale: seed 004's cases, each publisher and subscriber a node (raw: a socket) of its own, as threads of at most {} worker processes per side; best effort over tcp on one host; each publisher puts {} samples at {}/s (a tenth, at least 10, at 1 MiB); put = the time `put` (raw: `send`) takes; e2e = source timestamp to `recv`; per-sub rate = samples a subscriber got a second, from its first to its last (the publishers together put pubs x rate a second); cpu = CPU time of all worker processes per delivered sample: subscribers from when every one of the process has subscribed (their connections to the publishers included) until the last is done (a subscriber that heard from every publisher and then got nothing for 3 s is), publishers from the first put to the last (what their I/O threads send after is left out), closing left out",
         a.processes, a.puts, a.rate
     );
     let mut rows = Vec::new();
@@ -311,6 +311,7 @@ fn run_cell(
             raw,
             endpoints: endpoints.clone(),
             count: n,
+            pubs,
             expect,
             deadline_s,
         });
@@ -401,7 +402,11 @@ pub(crate) fn scale_pub(
                     let started = || gate.pass();
                     let mut hist = Hist::default();
                     let period = Duration::from_secs_f64(1.0 / rate);
-                    let mut payload = vec![0x5au8; size.max(8)];
+                    // The timestamp, then the publisher's index (raw
+                    // samples carry no key to tell them apart).
+                    let index = ((first + k) as u64).to_le_bytes();
+                    let mut payload = vec![0x5au8; size.max(16)];
+                    payload[8..16].copy_from_slice(&index);
                     if raw {
                         let mut s = ctx.socket(zmq::XPUB)?;
                         s.set_sndhwm(at.hwm)?;
@@ -434,13 +439,15 @@ pub(crate) fn scale_pub(
                         let t0 = Instant::now();
                         for n in 0..puts {
                             pace(t0, period, n);
-                            let stamp = now_ns().to_le_bytes();
+                            let mut stamp = [0u8; 16];
+                            stamp[..8].copy_from_slice(&now_ns().to_le_bytes());
+                            stamp[8..].copy_from_slice(&index);
                             let t = Instant::now();
                             if zero_copy {
                                 s.send(&stamp[..], zmq::SNDMORE)?;
                                 crate::ffi::send_shared(&mut s, &shared)?;
                             } else {
-                                payload[..8].copy_from_slice(&stamp);
+                                payload[..8].copy_from_slice(&stamp[..8]);
                                 s.send(&payload[..], 0)?;
                             }
                             hist.add(t.elapsed().as_secs_f64() * 1e6);
@@ -460,10 +467,18 @@ pub(crate) fn scale_pub(
                         let until = Instant::now() + Duration::from_secs(60);
                         while (p.subscriber_count() as usize) < subs {
                             if Instant::now() > until {
+                                // What the node saw, to tell a publisher
+                                // nobody found from one nobody could reach.
+                                let st = node.stats();
                                 bail!(
-                                    "publisher {}: {} of {subs} subscribers in 60 s",
+                                    "publisher {}: {} of {subs} subscribers in 60 s (its node knows {} peers; subscription messages {}, handshakes failed {}, accepts failed {}, peer disconnects {})",
                                     first + k,
-                                    p.subscriber_count()
+                                    p.subscriber_count(),
+                                    node.peer_count(),
+                                    st.subscription_messages,
+                                    st.handshakes_failed,
+                                    st.accepts_failed,
+                                    st.peer_disconnects,
                                 );
                             }
                             std::thread::sleep(Duration::from_millis(20));
@@ -488,17 +503,36 @@ pub(crate) fn scale_pub(
         })
         .collect();
     let mut out = Outcome::default();
+    let mut failed = Vec::new();
     for t in threads {
-        let (h, secs) = t
+        match t
             .join()
-            .map_err(|_| anyhow::anyhow!("a publisher thread panicked"))??;
-        out.hist.merge(&h);
-        out.seconds = out.seconds.max(secs);
-        out.sent += puts as u64;
+            .map_err(|_| anyhow::anyhow!("a publisher thread panicked"))
+            .and_then(|r| r)
+        {
+            Ok((h, secs)) => {
+                out.hist.merge(&h);
+                out.seconds = out.seconds.max(secs);
+                out.sent += puts as u64;
+            }
+            Err(e) => failed.push(e),
+        }
+    }
+    // Every publisher's own failure is said, not only the first: which
+    // of them missed their subscribers, and how many each saw.
+    let mut failed = failed.into_iter();
+    if let Some(first) = failed.next() {
+        for e in failed.filter(|e| !e.to_string().starts_with(GATE_FAILED)) {
+            eprintln!("# also: {e:#}");
+        }
+        return Err(first);
     }
     out.cpu_ns = gate.cpu_used();
     Ok(out)
 }
+
+/// What a thread waiting at the gate says when another failed.
+const GATE_FAILED: &str = "another thread of this worker failed";
 
 /// Where the threads of a worker wait for each other (every publisher set
 /// up, every subscriber subscribed), noting the process's CPU time then.
@@ -545,7 +579,7 @@ impl Gate {
         let until = Instant::now() + Duration::from_secs(60);
         while self.arrived.load(SeqCst) < self.count {
             if self.failed.load(SeqCst) {
-                bail!("another thread of this worker failed");
+                bail!("{GATE_FAILED}");
             }
             if Instant::now() > until {
                 bail!("the other threads of this worker did not come in 60 s");
@@ -595,6 +629,41 @@ fn idle(last: Option<Instant>) -> bool {
     last.is_some_and(|l| l.elapsed() > Duration::from_secs(3))
 }
 
+/// The publishers a subscriber heard from. A subscriber idle for 3 s is
+/// done only once it heard from every publisher (raw), or from every
+/// publisher discovery still shows (Milonga: one that closed will send
+/// nothing more): a publisher starts when all its subscribers are there,
+/// so one may start long after another is done, and a subscriber gone
+/// meanwhile would keep it waiting.
+struct Heard(Vec<bool>, usize);
+
+impl Heard {
+    fn new(pubs: usize) -> Heard {
+        Heard(vec![false; pubs], 0)
+    }
+
+    fn note(&mut self, i: usize) {
+        if let Some(h) = self.0.get_mut(i).filter(|h| !**h) {
+            *h = true;
+            self.1 += 1;
+        }
+    }
+
+    fn all(&self) -> bool {
+        self.1 == self.0.len()
+    }
+
+    /// Whether a publisher not heard from is among `peers`.
+    fn waits_for(&self, peers: &[milonga::Announcement]) -> bool {
+        peers.iter().flat_map(|a| &a.publications).any(|p| {
+            p.key
+                .strip_prefix("scale/p")
+                .and_then(|i| i.parse::<usize>().ok())
+                .is_some_and(|i| self.0.get(i) == Some(&false))
+        })
+    }
+}
+
 /// A worker's subscribers: `count` nodes (raw: SUB sockets connected to
 /// every publisher), each taking every sample until `expect` came or the
 /// deadline passed.
@@ -603,6 +672,7 @@ pub(crate) fn scale_sub(
     raw: bool,
     endpoints: &[String],
     count: usize,
+    pubs: usize,
     expect: u64,
     deadline_s: f64,
 ) -> Result<Outcome> {
@@ -623,6 +693,7 @@ pub(crate) fn scale_sub(
                     let mut got = 0u64;
                     let mut first = None::<Instant>;
                     let mut last = None::<Instant>;
+                    let mut heard = Heard::new(pubs);
                     let until = Instant::now() + Duration::from_secs_f64(deadline_s);
                     if raw {
                         let s = ctx.socket(zmq::SUB)?;
@@ -632,21 +703,25 @@ pub(crate) fn scale_sub(
                             s.connect(e)?;
                         }
                         set_up()?;
-                        while got < expect && Instant::now() < until && !idle(last) {
+                        while got < expect && Instant::now() < until && !(idle(last) && heard.all())
+                        {
                             if s.poll(zmq::POLLIN, 100)? == 0 {
                                 continue;
                             }
                             last = Some(Instant::now());
                             first.get_or_insert(Instant::now());
-                            // One frame, its first 8 bytes the timestamp,
-                            // or the timestamp then the payload.
+                            // One frame, its first 16 bytes the timestamp
+                            // and the publisher's index, or those then the
+                            // payload.
                             let m = s.recv_bytes(0)?;
                             while s.get_rcvmore()? {
                                 s.recv_bytes(0)?;
                             }
-                            if m.len() >= 8 {
+                            if m.len() >= 16 {
                                 let sent = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
                                 hist.add(now_ns().saturating_sub(sent) as f64 / 1000.0);
+                                let i = u64::from_le_bytes(m[8..16].try_into().expect("8 bytes"));
+                                heard.note(i as usize);
                             }
                             got += 1;
                         }
@@ -658,13 +733,21 @@ pub(crate) fn scale_sub(
                         )?)?;
                         let sub = node.subscribe("scale/**")?;
                         set_up()?;
-                        while got < expect && Instant::now() < until && !idle(last) {
+                        while got < expect
+                            && Instant::now() < until
+                            && !(idle(last) && (heard.all() || !heard.waits_for(&node.peers())))
+                        {
                             match sub.recv_timeout(Duration::from_millis(100)) {
                                 Ok(Event::Sample(s)) => {
                                     hist.add(
                                         now_ns().saturating_sub(s.timestamp_ns) as f64 / 1000.0,
                                     );
                                     got += 1;
+                                    if let Some(i) =
+                                        s.key.strip_prefix("scale/p").and_then(|i| i.parse().ok())
+                                    {
+                                        heard.note(i);
+                                    }
                                     last = Some(Instant::now());
                                     first.get_or_insert(Instant::now());
                                 }

@@ -34,8 +34,12 @@ use crate::util::stats::{self, log_drop, Counters};
 /// What a subscription needs of its connections: a backend provides it
 /// (the peer-to-peer one with an XSUB socket), a test with a recording.
 pub(crate) trait Link {
-    /// Connects to a publisher's endpoint.
-    fn connect(&mut self, endpoint: &str) -> Result<(), TransportError>;
+    /// Connects to a publisher's endpoint; `pinged`: the connection sends
+    /// ZMTP heartbeats, which a reliable data socket needs to keep a
+    /// subscriber that is not reading (it drops one that sends nothing);
+    /// the other sockets never drop a silent subscriber, and PINGs on
+    /// every connection would cost more than a host of many nodes has.
+    fn connect(&mut self, endpoint: &str, pinged: bool) -> Result<(), TransportError>;
     /// Disconnects from an endpoint (nothing if not connected).
     fn disconnect(&mut self, endpoint: &str);
     /// Sends a message upstream to every connected publisher (a history
@@ -692,6 +696,13 @@ impl Subscription {
             self.drop_connection(io, &ep);
         }
         let mut fresh = Vec::new();
+        // The reliable data endpoints: their connections send PINGs.
+        let reliable: BTreeSet<&str> = r
+            .publications
+            .values()
+            .filter(|p| p.reliability == Reliability::Reliable)
+            .map(|p| p.endpoint.as_str())
+            .collect();
         // Forget back-offs long settled (bounded by the endpoints seen).
         io.backoff.retain(|ep, b| {
             r.endpoints.contains(ep) && now.duration_since(b.last_close) < BACKOFF_RESET
@@ -702,7 +713,7 @@ impl Subscription {
                 io.arm(at);
                 continue;
             }
-            match io.link.connect(ep) {
+            match io.link.connect(ep, reliable.contains(ep.as_str())) {
                 Ok(()) => {
                     if io.backoff.contains_key(ep) {
                         stats::inc(&self.counters.reconnects);
@@ -2571,6 +2582,8 @@ mod tests {
     /// A link that records what the subscription asks of it.
     struct Recorder {
         connected: Vec<String>,
+        /// The endpoints connected with ZMTP heartbeats.
+        pinged: Vec<String>,
         disconnected: Vec<String>,
         sent: Vec<Vec<u8>>,
         /// The time the engine reads: tests move it.
@@ -2581,6 +2594,7 @@ mod tests {
         fn default() -> Recorder {
             Recorder {
                 connected: Vec::new(),
+                pinged: Vec::new(),
                 disconnected: Vec::new(),
                 sent: Vec::new(),
                 now: Instant::now(),
@@ -2589,8 +2603,11 @@ mod tests {
     }
 
     impl Link for Recorder {
-        fn connect(&mut self, endpoint: &str) -> Result<(), TransportError> {
+        fn connect(&mut self, endpoint: &str, pinged: bool) -> Result<(), TransportError> {
             self.connected.push(endpoint.to_owned());
+            if pinged {
+                self.pinged.push(endpoint.to_owned());
+            }
             Ok(())
         }
         fn disconnect(&mut self, endpoint: &str) {
@@ -3085,6 +3102,26 @@ mod tests {
         assert_eq!(f.io.next_timer, Some(now + DISCONNECT_GRACE));
         f.core.check_timers(&mut f.io, now + DISCONNECT_GRACE, true);
         assert_eq!(lost_reasons(&f.events()), [LostReason::Disconnected]);
+    }
+
+    #[test]
+    fn only_connections_to_reliable_data_sockets_send_pings() {
+        // One publisher with a best-effort and a reliable key: three
+        // connections (best effort, reliable, liveliness), one pinged.
+        let mut f = fixture("sr/**", wants(0, true, None));
+        let a = crate::engine::routes::test_announcement(
+            5,
+            1,
+            &[
+                ("sr/a", Reliability::BestEffort, 0),
+                ("sr/b", Reliability::Reliable, 0),
+            ],
+        );
+        f.route(&a);
+        let mut connected = f.io.link.connected.clone();
+        connected.sort();
+        assert_eq!(connected, [BE, "tcp://127.0.0.1:5502", LIVE]);
+        assert_eq!(f.io.link.pinged, ["tcp://127.0.0.1:5502"]);
     }
 
     #[test]

@@ -125,6 +125,8 @@ fn liveliness_socket(p2p: &P2p) -> Result<zmq::Socket, OpenError> {
         source: source.transport(),
     };
     zmq_io::apply_common(&sock, cfg).map_err(err)?;
+    // Its own heartbeats are the lease: no ZMTP heartbeats besides.
+    zmq_io::apply_leased(&mut sock, cfg).map_err(err)?;
     // Not the data high-water mark: with a small one, the heartbeats that
     // wait for a subscriber that is not reading would crowd out the
     // goodbye, and with it the report of its trailing losses.

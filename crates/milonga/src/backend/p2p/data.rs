@@ -86,6 +86,11 @@ impl DataSocket {
             zmq_io::set_xpub_nodrop(&mut sock, true).map_err(opt_err)?;
             sock.set_sndhwm(node.cfg.reliable_send_hwm)
                 .map_err(opt_err)?;
+        } else {
+            // No subscriber holds a best-effort publisher back: a frozen
+            // one loses samples at its high-water mark like a slow one,
+            // and its connection needs no ZMTP heartbeats.
+            zmq_io::apply_leased(&mut sock, &node.cfg).map_err(opt_err)?;
         }
         let plane = match reliability {
             Reliability::BestEffort => crate::backend::p2p::uplink::Plane::BestEffort,

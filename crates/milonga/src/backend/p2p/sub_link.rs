@@ -421,17 +421,21 @@ impl SubLink {
             tags.insert(endpoint.to_owned());
             return Ok(());
         }
-        self.connect_untagged(real)?;
+        // A broker's sockets time out a connection silent after a PING,
+        // whatever it carries.
+        self.connect_untagged(real, true)?;
         self.tagged
             .insert(real.to_owned(), BTreeSet::from([endpoint.to_owned()]));
         Ok(())
     }
 
-    fn connect_untagged(&mut self, endpoint: &str) -> Result<(), TransportError> {
+    fn connect_untagged(&mut self, endpoint: &str, pinged: bool) -> Result<(), TransportError> {
         let key = curve::server_key(self.guard.as_deref(), endpoint).map(|k| k.to_z85().into());
         let g = self.group_for(key)?;
         let group = &mut self.groups[g];
         curve::secure_client(self.guard.as_deref(), &group.sock, endpoint)?;
+        zmq_io::set_pings(&group.sock, &self.spec.core.cfg, pinged)
+            .map_err(IntoTransport::transport)?;
         group
             .sock
             .connect(endpoint)
@@ -443,10 +447,10 @@ impl SubLink {
 }
 
 impl Link for SubLink {
-    fn connect(&mut self, endpoint: &str) -> Result<(), TransportError> {
+    fn connect(&mut self, endpoint: &str, pinged: bool) -> Result<(), TransportError> {
         match crate::backend::p2p::uplink::untagged(endpoint) {
             real if real.len() != endpoint.len() => self.connect_tagged(endpoint, real),
-            _ => self.connect_untagged(endpoint),
+            _ => self.connect_untagged(endpoint, pinged),
         }
     }
 

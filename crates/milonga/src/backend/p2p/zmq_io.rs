@@ -122,36 +122,34 @@ pub(crate) fn apply_common(sock: &zmq::Socket, cfg: &Config) -> zmq::Result<()> 
 /// ends at the next message it *reads*; a socket that stops reading
 /// because its application is slow would time out its own healthy
 /// connection after `heartbeat_timeout_ms`, and what the publisher sent
-/// meanwhile would go to no one. So it sends PINGs (which keep the
-/// publisher's side of the connection alive: a frozen process sends none
-/// and is dropped there) but never times out on its own; a peer whose
-/// host dies is still noticed within about `heartbeat_timeout_ms` by the
-/// kernel (`TCP_USER_TIMEOUT`: the PINGs go unacknowledged), and a peer
-/// process that dies closes the connection at once.
+/// meanwhile would go to no one. So it never times out on its own; it
+/// sends PINGs where the publisher's side times out (a reliable data
+/// socket, a broker's: the PINGs keep that side of the connection alive,
+/// and a frozen process sends none and is dropped there), chosen per
+/// connection with [`set_pings`]. A peer whose host dies is noticed by
+/// the kernel ([`kernel_liveness`]), and a peer process that dies closes
+/// the connection at once.
 pub(crate) fn apply_receiving(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Result<()> {
     sock.set_heartbeat_timeout(0)?;
-    set_int(
-        sock,
-        zmq_sys::ZMQ_TCP_MAXRT,
-        cfg.heartbeat_timeout_ms.max(1),
-    )
+    kernel_liveness(sock, cfg)
 }
 
-/// Options of a socket whose peers' liveness the application tells with a
-/// lease of its own: a broker's listen ROUTER and the DEALERs that speak
-/// to it (clients' attaches, registry renewals, federated peers' link
-/// messages). No ZMTP heartbeats: libzmq keeps each connection's heartbeat
-/// timers in one ordered map per I/O thread and cancels them with a linear
-/// search, which a thousand registry nodes made 27% of an idle broker's
-/// time; the renewals already say who is there. A dead host is still
-/// noticed by the kernel, at no cost to libzmq: by `TCP_USER_TIMEOUT` at
-/// the lease where data goes unacknowledged (the renewals), and by TCP
-/// keep-alive probes on a connection idle for a lease (a broker's side,
-/// which sends nothing unasked), three a second apart.
-pub(crate) fn apply_leased(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Result<()> {
-    sock.set_heartbeat_ivl(0)?;
-    sock.set_heartbeat_timeout(0)?;
-    sock.set_heartbeat_ttl(0)?;
+/// Whether the connections `sock` makes from now on send ZMTP PINGs
+/// (libzmq copies a socket's options into each connection it makes).
+/// PINGs cost both ends' I/O threads a wake-up per connection per
+/// interval (a hundred subscribers of a hundred publishers on one host:
+/// 20,000 connections, more than two cores could answer), so only the
+/// connections whose other side times out get them.
+pub(crate) fn set_pings(sock: &zmq::Socket, cfg: &Config, on: bool) -> zmq::Result<()> {
+    sock.set_heartbeat_ivl(if on { cfg.heartbeat_interval_ms } else { 0 })
+}
+
+/// A dead peer host noticed by the kernel, at no cost to libzmq: by
+/// `TCP_USER_TIMEOUT` at the lease where data goes unacknowledged, and by
+/// TCP keep-alive probes on a connection idle for a lease, a second
+/// apart (the user timeout then ends it at the first probe unanswered a
+/// lease after the last sign of life).
+fn kernel_liveness(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Result<()> {
     let lease_s = (cfg.heartbeat_timeout_ms.max(1) + 999) / 1000;
     sock.set_tcp_keepalive(1)?;
     sock.set_tcp_keepalive_idle(lease_s)?;
@@ -162,6 +160,25 @@ pub(crate) fn apply_leased(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Result<
         zmq_sys::ZMQ_TCP_MAXRT,
         cfg.heartbeat_timeout_ms.max(1),
     )
+}
+
+/// Options of a socket that needs no ZMTP heartbeats: its peers'
+/// liveness is told another way. A broker's listen ROUTER and the DEALERs
+/// that speak to it (clients' attaches, registry renewals, federated
+/// peers' link messages: the renewals say who is there); a node's
+/// liveliness XPUB (its heartbeats are the lease) and best-effort data
+/// XPUB (a subscriber that does not read loses samples at its high-water
+/// mark, whether it is frozen or slow, and no publisher waits for it).
+/// libzmq keeps each connection's heartbeat timers in one ordered map per
+/// I/O thread and cancels them with a linear search, which a thousand
+/// registry nodes made 27% of an idle broker's time, and every PING wakes
+/// both ends. A dead host is still noticed by the kernel
+/// ([`kernel_liveness`]).
+pub(crate) fn apply_leased(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Result<()> {
+    sock.set_heartbeat_ivl(0)?;
+    sock.set_heartbeat_timeout(0)?;
+    sock.set_heartbeat_ttl(0)?;
+    kernel_liveness(sock, cfg)
 }
 
 /// libzmq's `ZMQ_OUT_BATCH_SIZE` (draft API, `zmq.h` of 4.3.5; the vendored
