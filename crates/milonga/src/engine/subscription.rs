@@ -35,10 +35,11 @@ use crate::util::stats::{self, log_drop, Counters};
 /// (the peer-to-peer one with an XSUB socket), a test with a recording.
 pub(crate) trait Link {
     /// Connects to a publisher's endpoint; `pinged`: the connection sends
-    /// ZMTP heartbeats, which a reliable data socket needs to keep a
-    /// subscriber that is not reading (it drops one that sends nothing);
-    /// the other sockets never drop a silent subscriber, and PINGs on
-    /// every connection would cost more than a host of many nodes has.
+    /// ZMTP heartbeats, which a data socket needs to keep a subscriber
+    /// that is not reading (it drops one that sends nothing: frozen, or
+    /// its host dead); a liveliness socket never drops a silent
+    /// subscriber, and PINGs on every connection would cost more than a
+    /// host of many nodes has.
     fn connect(&mut self, endpoint: &str, pinged: bool) -> Result<(), TransportError>;
     /// Disconnects from an endpoint (nothing if not connected).
     fn disconnect(&mut self, endpoint: &str);
@@ -696,13 +697,6 @@ impl Subscription {
             self.drop_connection(io, &ep);
         }
         let mut fresh = Vec::new();
-        // The reliable data endpoints: their connections send PINGs.
-        let reliable: BTreeSet<&str> = r
-            .publications
-            .values()
-            .filter(|p| p.reliability == Reliability::Reliable)
-            .map(|p| p.endpoint.as_str())
-            .collect();
         // Forget back-offs long settled (bounded by the endpoints seen).
         io.backoff.retain(|ep, b| {
             r.endpoints.contains(ep) && now.duration_since(b.last_close) < BACKOFF_RESET
@@ -713,7 +707,8 @@ impl Subscription {
                 io.arm(at);
                 continue;
             }
-            match io.link.connect(ep, reliable.contains(ep.as_str())) {
+            // Data connections send PINGs, liveliness ones do not.
+            match io.link.connect(ep, !r.liveliness.contains_key(ep)) {
                 Ok(()) => {
                     if io.backoff.contains_key(ep) {
                         stats::inc(&self.counters.reconnects);
@@ -3105,9 +3100,9 @@ mod tests {
     }
 
     #[test]
-    fn only_connections_to_reliable_data_sockets_send_pings() {
+    fn only_data_connections_send_pings() {
         // One publisher with a best-effort and a reliable key: three
-        // connections (best effort, reliable, liveliness), one pinged.
+        // connections (best effort, reliable, liveliness), two pinged.
         let mut f = fixture("sr/**", wants(0, true, None));
         let a = crate::engine::routes::test_announcement(
             5,
@@ -3121,7 +3116,9 @@ mod tests {
         let mut connected = f.io.link.connected.clone();
         connected.sort();
         assert_eq!(connected, [BE, "tcp://127.0.0.1:5502", LIVE]);
-        assert_eq!(f.io.link.pinged, ["tcp://127.0.0.1:5502"]);
+        let mut pinged = f.io.link.pinged.clone();
+        pinged.sort();
+        assert_eq!(pinged, [BE, "tcp://127.0.0.1:5502"]);
     }
 
     #[test]

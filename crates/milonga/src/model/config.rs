@@ -438,12 +438,14 @@ pub struct Config {
     /// How often static peers are asked who they are. Default 500 ms.
     pub static_query_interval_ms: u64,
     /// How often the node sends a Milonga heartbeat to the subscribers of
-    /// its publications, and the ZMTP heartbeat (PING) interval on every
-    /// connection. Default 1000 ms.
+    /// its publications, and the ZMTP heartbeat (PING) interval on the
+    /// connections that send PINGs (docs/protocol.md §1: not liveliness
+    /// connections, nor a best-effort data socket's side). Default 1000 ms.
     pub heartbeat_interval_ms: i32,
     /// The lease: a subscriber reports a publisher node lost
     /// (`lease_expired`) when no heartbeat came for this long, and a ZMTP
-    /// connection silent this long after a PING is closed. Default 3000 ms.
+    /// connection silent this long after a PING is closed where that side
+    /// times out (docs/protocol.md §1). Default 3000 ms.
     pub heartbeat_timeout_ms: i32,
     /// How long a new connection may take to complete the ZMTP handshake
     /// before it is closed (and counted in `handshakes_failed`): idle

@@ -87,10 +87,11 @@ impl DataSocket {
             sock.set_sndhwm(node.cfg.reliable_send_hwm)
                 .map_err(opt_err)?;
         } else {
-            // No subscriber holds a best-effort publisher back: a frozen
-            // one loses samples at its high-water mark like a slow one,
-            // and its connection needs no ZMTP heartbeats.
-            zmq_io::apply_leased(&mut sock, &node.cfg).map_err(opt_err)?;
+            // No subscriber holds a best-effort publisher back: its side
+            // sends no PINGs of its own, and closes a connection whose
+            // subscriber stops sending PINGs (frozen, or its host dead)
+            // at their TTL (docs/protocol.md §1).
+            zmq_io::answer_pings(&mut sock).map_err(opt_err)?;
         }
         let plane = match reliability {
             Reliability::BestEffort => crate::backend::p2p::uplink::Plane::BestEffort,

@@ -138,10 +138,25 @@ pub(crate) fn apply_receiving(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Resu
 /// (libzmq copies a socket's options into each connection it makes).
 /// PINGs cost both ends' I/O threads a wake-up per connection per
 /// interval (a hundred subscribers of a hundred publishers on one host:
-/// 20,000 connections, more than two cores could answer), so only the
-/// connections whose other side times out get them.
+/// 20,000 connections, more than two cores could answer when both sides
+/// of each sent them), so only the data connections get them: their
+/// publisher closes a connection whose subscriber stops sending them.
 pub(crate) fn set_pings(sock: &zmq::Socket, cfg: &Config, on: bool) -> zmq::Result<()> {
     sock.set_heartbeat_ivl(if on { cfg.heartbeat_interval_ms } else { 0 })
+}
+
+/// Options of a socket that sends no ZMTP PINGs of its own but answers
+/// its peers' and closes a connection whose peer stops sending them, a
+/// TTL (the peer's `heartbeat_timeout_ms`) after the last: a best-effort
+/// data socket, whose subscribers PING it. Its side costs a `PONG` per
+/// connection per interval, not a `PING` and a `PONG`. Not
+/// `TCP_USER_TIMEOUT`: the kernel would then abort a connection whose
+/// subscriber reads slowly (a zero window for longer than the timeout),
+/// where a best-effort subscriber that is behind must only lose samples
+/// at its high-water mark.
+pub(crate) fn answer_pings(sock: &mut zmq::Socket) -> zmq::Result<()> {
+    sock.set_heartbeat_ivl(0)?;
+    sock.set_heartbeat_timeout(0)
 }
 
 /// A dead peer host noticed by the kernel, at no cost to libzmq: by
@@ -166,9 +181,10 @@ fn kernel_liveness(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Result<()> {
 /// liveness is told another way. A broker's listen ROUTER and the DEALERs
 /// that speak to it (clients' attaches, registry renewals, federated
 /// peers' link messages: the renewals say who is there); a node's
-/// liveliness XPUB (its heartbeats are the lease) and best-effort data
-/// XPUB (a subscriber that does not read loses samples at its high-water
-/// mark, whether it is frozen or slow, and no publisher waits for it).
+/// liveliness XPUB (its heartbeats are the lease; a subscriber that reads
+/// nothing fills its connection only after thousands of them, and a
+/// window closed for longer than the lease then ends the connection,
+/// which it makes again when it reads).
 /// libzmq keeps each connection's heartbeat timers in one ordered map per
 /// I/O thread and cancels them with a linear search, which a thousand
 /// registry nodes made 27% of an idle broker's time, and every PING wakes
