@@ -639,6 +639,39 @@ impl Workers {
     }
 }
 
+/// What one copy of `size` bytes costs on this machine, in ns (median of
+/// rounds of about 50 ms each): copies of one buffer into successive
+/// places of a ring of `ring_bytes` whose pages are already there, as
+/// `put` copies a payload into its shared-memory segment (whose ring
+/// starts again at its beginning when its readers keep up: a small ring
+/// stays in the caches, a large one does not). A `put` of that size
+/// cannot go faster than one such copy; a loan, written in place, skips
+/// it.
+fn one_copy_ns(size: usize, ring_bytes: usize) -> f64 {
+    let src = vec![0x5au8; size];
+    let mut ring = vec![0u8; ring_bytes.max(size)];
+    // Touch every page first (a segment's pages are there after its
+    // first round).
+    ring.iter_mut().step_by(4096).for_each(|b| *b = 1);
+    let slots = (ring.len() / size).max(1);
+    let mut rounds = Vec::new();
+    let mut at = 0;
+    for _ in 0..9 {
+        let t = Instant::now();
+        let mut n = 0u64;
+        while t.elapsed() < Duration::from_millis(50) {
+            let off = (at % slots) * size;
+            ring[off..off + size].copy_from_slice(&src);
+            std::hint::black_box(&ring[off]);
+            at += 1;
+            n += 1;
+        }
+        rounds.push(t.elapsed().as_nanos() as f64 / n as f64);
+    }
+    rounds.sort_by(f64::total_cmp);
+    rounds[rounds.len() / 2]
+}
+
 fn hwm_for(size: usize) -> i32 {
     ((64usize << 20) / size.max(1)).clamp(16, 10_000) as i32
 }
@@ -727,6 +760,19 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     }
     // The rows about shared memory only from the size it starts at.
     let shm_from = milonga::Config::new("milonga:///x", "x").shm_threshold_bytes;
+    if these.contains(&"mlg-loan") {
+        for &size in a.sizes.iter().filter(|s| **s >= shm_from) {
+            let far = one_copy_ns(size, 64 << 20);
+            let near = one_copy_ns(size, 2 * size);
+            eprintln!(
+                "# one copy of {size} B here (median of 9 rounds of 50 ms): {:.1} us into a 64 MiB ring, {:.1} us into the same two places: `put` through shared memory copies the payload once, so at most {:.0} to {:.0} puts/s; a loan skips that copy",
+                far / 1000.0,
+                near / 1000.0,
+                1e9 / far,
+                1e9 / near
+            );
+        }
+    }
     for &size in &a.sizes {
         for &subs in &a.subs {
             for &system in &these {

@@ -1001,7 +1001,66 @@ fn a_reliable_subscriber_that_stops_reading_for_a_while_gets_every_sample_after(
     assert_eq!(subscribing.stats().connections_closed, 0);
 }
 
-/// The low-latency mode (`recv_spin_us`): a subscription that polls
+/// A best-effort subscriber over TCP whose application does not read for
+/// four leases while its publisher floods it: its connection stays (its
+/// I/O thread's PINGs keep the publisher's side open; the publisher sends
+/// none of its own and sets no `TCP_USER_TIMEOUT`, which would end a
+/// connection whose window stays closed that long), what did not fit in
+/// the queues is reported lost, exactly, and delivery goes on. Broken,
+/// the publisher's kernel ended the connection within half a second of
+/// the window closing, and the subscriber reconnected.
+#[test]
+fn a_best_effort_subscriber_that_stops_reading_keeps_its_connection_and_counts_its_losses() {
+    let dir = TempDir::new("stallbe");
+    let short_lease = |name| short_lease_node("stallbe", name, dir.path());
+    let subscribing = short_lease("sub");
+    let sub = subscribing.subscribe("stallbe/k").unwrap();
+    let publishing = short_lease("pub");
+    let p = publishing.publisher("stallbe/k").unwrap();
+    wait_for("a subscriber", T, || p.subscriber_count() > 0);
+    // 16 KiB samples (below the shared-memory threshold: through the
+    // socket), one every 100 us for four leases, none read: far more
+    // than the queues and the kernel's buffers hold, so the window closes.
+    let value = Value::Bytes(vec![7u8; 16 << 10].into());
+    let mut sent = 0u64;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        p.put(value.clone()).unwrap();
+        sent += 1;
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    // Then one put every 10 ms while reading, until the subscriber has
+    // caught up with the last one put.
+    let (mut received, mut lost, mut last) = (0u64, 0u64, 0u64);
+    let end = Instant::now() + T;
+    let mut next_put = Instant::now();
+    while last < sent && Instant::now() < end {
+        if Instant::now() >= next_put {
+            p.put(value.clone()).unwrap();
+            sent += 1;
+            next_put += Duration::from_millis(10);
+        }
+        match sub.recv_timeout(Duration::from_millis(5)) {
+            Ok(Event::Sample(s)) => {
+                received += 1;
+                last = s.seq;
+            }
+            Ok(Event::Lost(l)) => lost += l.count,
+            _ => {}
+        }
+    }
+    assert_eq!(last, sent, "the last sample put arrives");
+    assert_eq!(
+        received + lost,
+        sent,
+        "every sample received or reported lost"
+    );
+    assert!(lost > 0, "the stall overflowed the queues");
+    assert_eq!(subscribing.stats().connections_closed, 0);
+    assert_eq!(publishing.stats().peer_disconnects, 0);
+}
+
+/// The low-latency mode (`recv_spin_us`): a subscription that polls/// The low-latency mode (`recv_spin_us`): a subscription that polls
 /// before blocking receives every sample in order, and a `recv_timeout`
 /// still ends (the polling is bounded by the wait).
 #[test]
