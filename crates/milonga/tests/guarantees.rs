@@ -1002,9 +1002,9 @@ fn a_reliable_subscriber_that_stops_reading_for_a_while_gets_every_sample_after(
 }
 
 /// A best-effort subscriber over TCP whose application does not read for
-/// four leases while its publisher floods it: its connection stays (its
-/// I/O thread's PINGs keep the publisher's side open; the publisher sends
-/// none of its own and sets no `TCP_USER_TIMEOUT`, which would end a
+/// four leases while its publisher floods it: its connection stays (the
+/// publisher closes one only when the subscriber's I/O thread stops
+/// sending PINGs, and sets no `TCP_USER_TIMEOUT`, which would end a
 /// connection whose window stays closed that long), what did not fit in
 /// the queues is reported lost, exactly, and delivery goes on. Broken,
 /// the publisher's kernel ended the connection within half a second of
@@ -1060,7 +1060,7 @@ fn a_best_effort_subscriber_that_stops_reading_keeps_its_connection_and_counts_i
     assert_eq!(publishing.stats().peer_disconnects, 0);
 }
 
-/// The low-latency mode (`recv_spin_us`): a subscription that polls/// The low-latency mode (`recv_spin_us`): a subscription that polls
+/// The low-latency mode (`recv_spin_us`): a subscription that polls
 /// before blocking receives every sample in order, and a `recv_timeout`
 /// still ends (the polling is bounded by the wait).
 #[test]

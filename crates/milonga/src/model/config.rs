@@ -439,8 +439,9 @@ pub struct Config {
     pub static_query_interval_ms: u64,
     /// How often the node sends a Milonga heartbeat to the subscribers of
     /// its publications, and the ZMTP heartbeat (PING) interval on the
-    /// connections that send PINGs (docs/protocol.md §1: not liveliness
-    /// connections, nor a best-effort data socket's side). Default 1000 ms.
+    /// connections that send PINGs (docs/protocol.md §1: not
+    /// subscriptions' liveliness connections, a best-effort data socket's
+    /// side, nor a broker's lease sockets). Default 1000 ms.
     pub heartbeat_interval_ms: i32,
     /// The lease: a subscriber reports a publisher node lost
     /// (`lease_expired`) when no heartbeat came for this long, and a ZMTP

@@ -99,7 +99,10 @@ impl Drop for ContextRef {
 pub(crate) fn apply_common(sock: &zmq::Socket, cfg: &Config) -> zmq::Result<()> {
     sock.set_heartbeat_ivl(cfg.heartbeat_interval_ms)?;
     sock.set_heartbeat_timeout(cfg.heartbeat_timeout_ms)?;
-    sock.set_heartbeat_ttl(cfg.heartbeat_timeout_ms)?;
+    // The TTL a PING carries travels in tenths of a second (16 bits, and
+    // libzmq multiplies it back in 16 bits): rounded up, so that it never
+    // comes out shorter than the lease or 0 (never), and at most 65.5 s.
+    sock.set_heartbeat_ttl(((cfg.heartbeat_timeout_ms.max(1) + 99) / 100 * 100).min(65_500))?;
     sock.set_handshake_ivl(cfg.handshake_timeout_ms.max(1))?;
     sock.set_maxmsgsize(i64::try_from(cfg.max_message_bytes).unwrap_or(i64::MAX))?;
     sock.set_sndhwm(cfg.send_hwm)?;
