@@ -635,22 +635,21 @@ fn idle(last: Option<Instant>) -> bool {
 /// nothing more): a publisher starts when all its subscribers are there,
 /// so one may start long after another is done, and a subscriber gone
 /// meanwhile would keep it waiting.
-struct Heard(Vec<bool>, usize);
+struct Heard(Vec<bool>);
 
 impl Heard {
     fn new(pubs: usize) -> Heard {
-        Heard(vec![false; pubs], 0)
+        Heard(vec![false; pubs])
     }
 
     fn note(&mut self, i: usize) {
-        if let Some(h) = self.0.get_mut(i).filter(|h| !**h) {
+        if let Some(h) = self.0.get_mut(i) {
             *h = true;
-            self.1 += 1;
         }
     }
 
     fn all(&self) -> bool {
-        self.1 == self.0.len()
+        self.0.iter().all(|h| *h)
     }
 
     /// Whether a publisher not heard from is among `peers`.

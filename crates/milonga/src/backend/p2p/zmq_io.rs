@@ -126,10 +126,10 @@ pub(crate) fn apply_common(sock: &zmq::Socket, cfg: &Config) -> zmq::Result<()> 
 /// because its application is slow would time out its own healthy
 /// connection after `heartbeat_timeout_ms`, and what the publisher sent
 /// meanwhile would go to no one. So it never times out on its own; it
-/// sends PINGs where the publisher's side times out (a reliable data
-/// socket, a broker's: the PINGs keep that side of the connection alive,
-/// and a frozen process sends none and is dropped there), chosen per
-/// connection with [`set_pings`]. A peer whose host dies is noticed by
+/// sends PINGs on its data connections (chosen per connection with
+/// [`set_pings`]): they keep the publisher's side of a connection that
+/// is not read from open, and a frozen process sends none and is dropped
+/// there. A peer whose host dies is noticed by
 /// the kernel ([`kernel_liveness`]), and a peer process that dies closes
 /// the connection at once.
 pub(crate) fn apply_receiving(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Result<()> {
