@@ -116,16 +116,68 @@ pub fn encode_payload(value: &Value, split_at: usize) -> Result<Encoded, EncodeE
                 tail: Some(a.bytes().clone()),
             })
         }
-        v => {
-            let mut out = Vec::new();
-            encode_cbor(v, &mut out)?;
-            Ok(Encoded {
-                encoding: Encoding::Cbor,
-                head: Bytes::from(out),
-                tail: None,
-            })
-        }
+        Value::Tagged(TAG_NDARRAY, inner) => match ndarray_parts(inner) {
+            Some((dims, a)) if a.bytes().len() >= split_at => {
+                const INFALLIBLE: &str = "writing to a Vec cannot fail";
+                let mut e = Encoder::new(Vec::with_capacity(32));
+                e.tag(Tag::new(TAG_NDARRAY))
+                    .and_then(|e| e.array(2))
+                    .and_then(|e| e.array(dims.len() as u64))
+                    .expect(INFALLIBLE);
+                for d in &dims {
+                    e.u64(*d).expect(INFALLIBLE);
+                }
+                e.tag(Tag::new(a.element().cbor_tag()))
+                    .and_then(|e| e.bytes_len(a.bytes().len() as u64))
+                    .expect(INFALLIBLE);
+                Ok(Encoded {
+                    encoding: Encoding::Cbor,
+                    head: Bytes::from(e.into_writer()),
+                    tail: Some(a.bytes().clone()),
+                })
+            }
+            _ => encode_whole(value),
+        },
+        v => encode_whole(v),
     }
+}
+
+/// RFC 8746: a multi-dimensional array, row-major: `40([dims, elements])`.
+pub const TAG_NDARRAY: u64 = 40;
+
+/// The dimensions (unsigned integers, at most [`MAX_DIMS`]) and the typed
+/// array of a [`TAG_NDARRAY`] value's content, if it is one.
+fn ndarray_parts(inner: &Value) -> Option<(Vec<u64>, &TypedArray)> {
+    let Value::Array(parts) = inner else {
+        return None;
+    };
+    let [Value::Array(dims), Value::Typed(a)] = parts.as_slice() else {
+        return None;
+    };
+    if dims.len() > MAX_DIMS {
+        return None;
+    }
+    let dims = dims
+        .iter()
+        .map(|d| match d {
+            Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        })
+        .collect::<Option<Vec<u64>>>()?;
+    Some((dims, a))
+}
+
+/// Dimensions of a multi-dimensional array that the split form carries.
+const MAX_DIMS: usize = 32;
+
+fn encode_whole(v: &Value) -> Result<Encoded, EncodeError> {
+    let mut out = Vec::new();
+    encode_cbor(v, &mut out)?;
+    Ok(Encoded {
+        encoding: Encoding::Cbor,
+        head: Bytes::from(out),
+        tail: None,
+    })
 }
 
 /// Appends the CBOR encoding of `value` to `out`.
@@ -219,12 +271,30 @@ fn concat(a: &[u8], b: &[u8]) -> Bytes {
     Bytes::from(v)
 }
 
-/// Recognises `head` = [typed-array tag] + byte-string length == tail.len(),
-/// the split Milonga writes, and views the tail without a copy. `None`
+/// Recognises `head` = [`40([dims, `] [typed-array tag] + byte-string
+/// length == tail.len(), the splits Milonga writes, and views the tail
+/// without a copy. `None`
 /// for anything else, which the caller decodes the general way.
 fn split_view(head: &[u8], tail: &Bytes) -> Option<Result<Value, DecodeError>> {
     let mut d = Decoder::new(head);
     let mut element = None;
+    // A multi-dimensional array: `40([dims, ` before the typed array.
+    let mut dims = None;
+    if head.starts_with(&[0xd8, TAG_NDARRAY as u8, 0x82]) {
+        d.set_position(3);
+        let n = d.array().ok()??;
+        if n > MAX_DIMS as u64 {
+            return None;
+        }
+        let mut v = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            v.push(Value::Int(i128::from(d.u64().ok()?)));
+        }
+        dims = Some(v);
+        if d.position() >= head.len() || d.datatype().ok()? != Type::Tag {
+            return None;
+        }
+    }
     if d.datatype().ok()? == Type::Tag {
         let tag = d.tag().ok()?.as_u64();
         match ElementType::from_cbor_tag(tag) {
@@ -258,7 +328,7 @@ fn split_view(head: &[u8], tail: &Bytes) -> Option<Result<Value, DecodeError>> {
     if len != tail.len() as u64 {
         return None;
     }
-    Some(match element {
+    let value = match element {
         None => Ok(Value::Bytes(tail.clone())),
         Some(el) => TypedArray::from_bytes(el, tail.clone())
             .map(Value::Typed)
@@ -266,6 +336,15 @@ fn split_view(head: &[u8], tail: &Bytes) -> Option<Result<Value, DecodeError>> {
                 tag: el.cbor_tag(),
                 why: e.to_string(),
             }),
+    };
+    Some(match dims {
+        None => value,
+        Some(dims) => value.map(|v| {
+            Value::Tagged(
+                TAG_NDARRAY,
+                Box::new(Value::Array(vec![Value::Array(dims), v])),
+            )
+        }),
     })
 }
 
@@ -524,6 +603,61 @@ mod tests {
             "the receiver views the frame"
         );
         assert_eq!(b.len(), 131_072);
+    }
+
+    #[test]
+    fn large_multi_dimensional_arrays_split_without_copy() {
+        let a = TypedArray::from_vec(vec![7u16; 480 * 640]);
+        let dims = Value::Array(vec![Value::Int(480), Value::Int(640)]);
+        let v = Value::Tagged(
+            TAG_NDARRAY,
+            Box::new(Value::Array(vec![dims.clone(), Value::Typed(a.clone())])),
+        );
+        let enc = encode_payload(&v, 65_536).unwrap();
+        let tail = enc.tail.clone().expect("split");
+        assert_eq!(
+            tail.as_ptr(),
+            a.bytes().as_ptr(),
+            "the tail is the array's buffer"
+        );
+        // The two frames are the whole encoding, cut before the elements:
+        // a reader that joins them (protocol.md §4) decodes the same value.
+        let mut whole = Vec::new();
+        encode_cbor(&v, &mut whole).unwrap();
+        assert_eq!([&enc.head[..], &tail[..]].concat(), whole);
+        assert_eq!(decode_cbor(&Bytes::from(whole)).unwrap(), v);
+        let back = decode_payload(enc.encoding, enc.head.clone(), Some(tail.clone())).unwrap();
+        assert_eq!(back, v);
+        let Value::Tagged(_, inner) = &back else {
+            panic!()
+        };
+        let Value::Array(parts) = &**inner else {
+            panic!()
+        };
+        let Value::Typed(b) = &parts[1] else { panic!() };
+        assert_eq!(
+            b.bytes().as_ptr(),
+            tail.as_ptr(),
+            "the receiver views the frame"
+        );
+        // Small, or not dimensions and an array: one frame.
+        let small = Value::Tagged(
+            TAG_NDARRAY,
+            Box::new(Value::Array(vec![dims, Value::from(vec![1u16; 8])])),
+        );
+        assert!(encode_payload(&small, 65_536).unwrap().tail.is_none());
+        let odd = Value::Tagged(
+            TAG_NDARRAY,
+            Box::new(Value::Array(vec![Value::Int(-1), Value::Typed(a)])),
+        );
+        assert!(encode_payload(&odd, 65_536).unwrap().tail.is_none());
+        // A head whose dimensions are not unsigned integers is decoded
+        // the general way, not viewed.
+        let prefix = [0xd8, 40, 0x82, 0x82, 0x19, 0x01, 0xe0, 0x19, 0x02, 0x80];
+        assert_eq!(enc.head[..10], prefix, "40([[480, 640], ");
+        let mut head = vec![0xd8, 40, 0x82, 0x81, 0x20];
+        head.extend_from_slice(&enc.head[10..]);
+        assert!(split_view(&head, &tail).is_none());
     }
 
     #[test]

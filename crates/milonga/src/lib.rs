@@ -48,7 +48,7 @@ pub use api::broker;
 pub use api::call::{PendingCall, ServerReply};
 pub use api::node::Node;
 pub use api::p2p;
-pub use api::publisher::{Loan, Publisher};
+pub use api::publisher::{Loan, LoanLayout, LoanNotPut, Publisher};
 pub use api::recording;
 pub use api::security;
 pub use api::service::{Request, ServeOptions, Service, ServiceError, ServiceInfo};

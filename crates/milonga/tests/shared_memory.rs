@@ -258,13 +258,37 @@ fn a_loan_is_filled_in_place_published_without_a_copy_and_given_back_when_droppe
             (0..40_000).map(|j| j as f64).collect::<Vec<f64>>()
         ))
     );
+    // As a row-major array of 200 x 300 (a numpy array's layout); a
+    // shape that does not hold its elements is refused, the loan handed back.
+    let mut l = p.loan(8 * 60_000);
+    for (j, c) in l.chunks_exact_mut(8).enumerate() {
+        c.copy_from_slice(&(j as f64).to_le_bytes());
+    }
+    let wrong = milonga::LoanLayout::Array(milonga::wire::ElementType::F64, vec![200, 200]);
+    let l = match p.put_loan_timeout(l, &wrong, T) {
+        Err(milonga::LoanNotPut {
+            error: milonga::PutError::Encode(_),
+            loan: Some(l),
+        }) => l,
+        other => panic!("{other:?}"),
+    };
+    let right = milonga::LoanLayout::Array(milonga::wire::ElementType::F64, vec![200, 300]);
+    p.put_loan_timeout(l, &right, T).unwrap();
+    let elements = Value::Typed(TypedArray::from_vec(
+        (0..60_000).map(|j| j as f64).collect::<Vec<f64>>(),
+    ));
+    let dims = Value::Array(vec![Value::Int(200), Value::Int(300)]);
+    assert_eq!(
+        next(&sub).value,
+        Value::Tagged(40, Box::new(Value::Array(vec![dims, elements])))
+    );
     // Small: memory of its own, sent as any sample.
     let mut small = p.loan(100);
     assert!(!small.is_shared());
     small.fill(9);
     p.put_loan(small).unwrap();
     assert_eq!(next(&sub).value, Value::Bytes(vec![9u8; 100].into()));
-    assert_eq!(publishing.stats().shm_sent - st0.shm_sent, 21);
+    assert_eq!(publishing.stats().shm_sent - st0.shm_sent, 22);
     // A subscription elsewhere (here: one that does not ask): the loan
     // goes through the socket, its content intact.
     let mut cfg = config("shm4", "plain", dir.path());
@@ -279,5 +303,91 @@ fn a_loan_is_filled_in_place_published_without_a_copy_and_given_back_when_droppe
     assert_eq!(next(&sub).value, Value::Bytes(vec![77u8; 200_000].into()));
     assert_eq!(next(&other).value, Value::Bytes(vec![77u8; 200_000].into()));
     assert_eq!(publishing.stats().shm_sent, before);
+    assert_eq!(subscribing.stats().samples_lost, 0);
+}
+
+/// A loan that a full reliable subscriber has no room for comes back
+/// from `put_loan_timeout` unchanged, and goes out once there is room:
+/// every sample arrives, in order, with the bytes written into its loan.
+/// With a subscription that asked for shared memory, the loan that comes
+/// back is a slot or, once the ring is full of unread samples, memory of
+/// its own; with one that did not, it is a slot (the loans go through the
+/// socket, and the ring is larger than what the socket queues).
+#[test]
+fn a_loan_without_room_comes_back_unchanged_and_goes_out_later() {
+    loan_comes_back(true);
+    loan_comes_back(false);
+}
+
+fn loan_comes_back(asking: bool) {
+    let dir = TempDir::new("shm-loan-back");
+    let mut cfg = config("shm6", "pub", dir.path());
+    cfg.reliable_send_hwm = 2;
+    cfg.shm_segment_bytes = if asking { 4 << 20 } else { 64 << 20 };
+    let publishing = Node::open_with(cfg).unwrap();
+    let mut cfg = config("shm6", "sub", dir.path());
+    cfg.recv_hwm = 2;
+    cfg.shared_memory = asking;
+    let subscribing = Node::open_with(cfg).unwrap();
+    let p = publishing
+        .publisher_with("shm/back", PublisherQos::reliable())
+        .unwrap();
+    let sub = subscribing.subscribe("shm/back").unwrap();
+    let base = match asking {
+        true => marked(&p, &publishing, &sub),
+        false => {
+            wait_for("the subscription", T, || p.subscriber_count() > 0);
+            0
+        }
+    };
+    let byte = |i: u64| (i % 251) as u8;
+    // The subscriber reads nothing: loans go out until one comes back.
+    let mut sent = 0u64;
+    let (back, shared) = loop {
+        assert!(sent < 100_000, "the subscriber never filled up");
+        let mut l = p.loan(100_000);
+        l.fill(byte(sent));
+        let shared = l.is_shared();
+        match p.put_loan_timeout(l, &milonga::LoanLayout::Bytes, Duration::ZERO) {
+            Ok(()) => sent += 1,
+            Err(milonga::LoanNotPut {
+                error: milonga::PutError::WouldBlock,
+                loan: Some(l),
+            }) => break (l, shared),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(back.is_shared(), shared);
+    assert!(asking || shared, "a slot of the ring (through the socket)");
+    assert!(
+        back.iter().all(|&b| b == byte(sent)),
+        "the loan came back changed"
+    );
+    // Waiting a while, without room: it comes back again.
+    let back =
+        match p.put_loan_timeout(back, &milonga::LoanLayout::Bytes, Duration::from_millis(20)) {
+            Err(milonga::LoanNotPut {
+                error: milonga::PutError::Timeout(_),
+                loan: Some(l),
+            }) => l,
+            // libzmq's I/O thread may have moved queued messages on.
+            Ok(()) => {
+                sent += 1;
+                let mut l = p.loan(100_000);
+                l.fill(byte(sent));
+                l
+            }
+            Err(e) => panic!("{e}"),
+        };
+    for i in 0..sent {
+        let s = next(&sub);
+        assert_eq!(s.seq, base + i + 1);
+        assert_eq!(s.value, Value::Bytes(vec![byte(i); 100_000].into()));
+    }
+    p.put_loan_timeout(back, &milonga::LoanLayout::Bytes, T)
+        .unwrap();
+    let s = next(&sub);
+    assert_eq!(s.seq, base + sent + 1);
+    assert_eq!(s.value, Value::Bytes(vec![byte(sent); 100_000].into()));
     assert_eq!(subscribing.stats().samples_lost, 0);
 }

@@ -239,7 +239,8 @@ impl Publisher {
     /// Puts a filled [`Loan`] as a byte string, as [`Publisher::put`]
     /// would put `Value::Bytes` of its content.
     pub fn put_loan(&self, loan: Loan) -> Result<(), PutError> {
-        self.send_loan(loan, None)
+        self.send_loan(loan, &LoanLayout::Bytes, self.default_wait())
+            .map_err(|e| e.error)
     }
 
     /// Puts a filled [`Loan`] as a typed array of `element` (its length a
@@ -250,32 +251,70 @@ impl Publisher {
         loan: Loan,
         element: milonga_wire::ElementType,
     ) -> Result<(), PutError> {
-        self.send_loan(loan, Some(element))
+        self.send_loan(loan, &LoanLayout::Typed(element), self.default_wait())
+            .map_err(|e| e.error)
     }
 
-    fn send_loan(
+    /// Puts a filled [`Loan`] laid out as `layout` says, waiting at most
+    /// `timeout` for room (a reliable publisher; zero: not at all). A loan
+    /// it could not put comes back in the error, unchanged, to be put
+    /// again: how a caller that must do something between waits (a
+    /// Python binding checking for Ctrl-C) waits for room without copying
+    /// the loan.
+    pub fn put_loan_timeout(
         &self,
         loan: Loan,
-        element: Option<milonga_wire::ElementType>,
-    ) -> Result<(), PutError> {
-        let (bytes, claim) = match loan.0 {
-            LoanBuf::Shared(r) => {
-                let claim = r.claim;
-                (Bytes::from_owner(r), Some(claim))
-            }
-            LoanBuf::Own(v) => (Bytes::from(v), None),
+        layout: &LoanLayout,
+        timeout: Duration,
+    ) -> Result<(), LoanNotPut> {
+        let wait = match timeout.is_zero() {
+            true => Wait::No,
+            false => Wait::For(timeout),
         };
-        let value = match element {
-            None => Value::Bytes(bytes),
-            Some(e) => Value::Typed(
+        self.send_loan(loan, layout, wait)
+    }
+
+    fn send_loan(&self, loan: Loan, layout: &LoanLayout, wait: Wait) -> Result<(), LoanNotPut> {
+        let claim = match &loan.0 {
+            LoanBuf::Shared(r) => Some(r.claim),
+            LoanBuf::Own(_) => None,
+        };
+        // The message holds the loan through a second reference: once a
+        // put that failed has dropped it, the loan can be handed back.
+        let held = Arc::new(loan.0);
+        let bytes = Bytes::from_owner(LoanBytes(held.clone()));
+        let put = || {
+            let typed = |e: milonga_wire::ElementType, bytes| {
                 milonga_wire::TypedArray::from_bytes(e, bytes)
-                    .map_err(|e| milonga_wire::cbor::EncodeError::Serde(e.to_string()))?,
-            ),
+                    .map_err(|e| milonga_wire::cbor::EncodeError::Serde(e.to_string()))
+            };
+            let value = match layout {
+                LoanLayout::Bytes => Value::Bytes(bytes),
+                LoanLayout::Typed(e) => Value::Typed(typed(*e, bytes)?),
+                LoanLayout::Array(e, shape) => {
+                    let t = typed(*e, bytes)?;
+                    if shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d)) != Some(t.len()) {
+                        let why =
+                            format!("a shape of {shape:?} does not hold {} elements", t.len());
+                        return Err(milonga_wire::cbor::EncodeError::Serde(why).into());
+                    }
+                    let dims = shape.iter().map(|d| Value::Int(*d as i128)).collect();
+                    Value::Tagged(
+                        milonga_wire::cbor::TAG_NDARRAY,
+                        Box::new(Value::Array(vec![Value::Array(dims), Value::Typed(t)])),
+                    )
+                }
+            };
+            let (enc, schema_id) = self.encode(&value)?;
+            drop(value);
+            // Only a payload frame can be the loan's slot.
+            let claim = claim.filter(|_| enc.tail.is_some());
+            self.send_full(enc, schema_id, wait, None, claim)
         };
-        let (enc, schema_id) = self.encode(&value)?;
-        // Only a payload frame can be the loan's slot.
-        let claim = claim.filter(|_| enc.tail.is_some());
-        self.send_full(enc, schema_id, self.default_wait(), None, claim)
+        put().map_err(|error| LoanNotPut {
+            error,
+            loan: Arc::try_unwrap(held).ok().map(Loan),
+        })
     }
 
     fn send(&self, enc: Encoded, schema_id: u32, wait: Wait) -> Result<(), PutError> {
@@ -343,6 +382,45 @@ impl Loan {
     pub fn is_shared(&self) -> bool {
         matches!(self.0, LoanBuf::Shared(_))
     }
+}
+
+/// How [`Publisher::put_loan_timeout`] publishes a loan's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LoanLayout {
+    /// A byte string (`Value::Bytes`), as [`Publisher::put_loan`].
+    Bytes,
+    /// A typed array of this element (`Value::Typed`; the loan's length a
+    /// multiple of its size, little-endian), as [`Publisher::put_loan_typed`].
+    Typed(milonga_wire::ElementType),
+    /// A row-major array of this element and shape (RFC 8746's tag 40,
+    /// `40([shape, typed array])`, as a numpy array of more than one
+    /// dimension is sent); the shape must hold every element.
+    Array(milonga_wire::ElementType, Vec<usize>),
+}
+
+/// A loan's bytes as a message's payload frame, the loan held for as long
+/// as the message (see `Publisher::send_loan`).
+struct LoanBytes(Arc<LoanBuf>);
+
+impl AsRef<[u8]> for LoanBytes {
+    fn as_ref(&self) -> &[u8] {
+        match &*self.0 {
+            LoanBuf::Shared(r) => r.window.as_slice(),
+            LoanBuf::Own(v) => v,
+        }
+    }
+}
+
+/// Why [`Publisher::put_loan_timeout`] did not put a loan, and the loan,
+/// to put again (`None` if the transport still held it).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct LoanNotPut {
+    /// Why.
+    pub error: PutError,
+    /// The loan, unchanged.
+    pub loan: Option<Loan>,
 }
 
 impl std::ops::Deref for Loan {
