@@ -261,6 +261,9 @@ impl Publisher {
     /// again: how a caller that must do something between waits (a
     /// Python binding checking for Ctrl-C) waits for room without copying
     /// the loan.
+    // The error carries the loan back: boxing it would allocate on each
+    // refusal of a put that is retried.
+    #[allow(clippy::result_large_err)]
     pub fn put_loan_timeout(
         &self,
         loan: Loan,
@@ -274,6 +277,7 @@ impl Publisher {
         self.send_loan(loan, layout, wait)
     }
 
+    #[allow(clippy::result_large_err)]
     fn send_loan(&self, loan: Loan, layout: &LoanLayout, wait: Wait) -> Result<(), LoanNotPut> {
         let claim = match &loan.0 {
             LoanBuf::Shared(r) => Some(r.claim),
