@@ -1,7 +1,7 @@
 # Stubs of the native module (checked against the binary by mypy.stubtest
 # in `make test`).
 import os
-from typing import Any, Callable, final
+from typing import Any, Callable, Sequence, final
 
 from typing_extensions import disjoint_base
 
@@ -9,6 +9,7 @@ __all__ = [
     "Buffer",
     "DeadlineMissed",
     "IncompatibleQos",
+    "Loan",
     "Lost",
     "Node",
     "PendingCall",
@@ -105,8 +106,23 @@ class Publisher:
         self, value: Any, timeout: float | None = None, timestamp_ns: int | None = None
     ) -> None: ...
     def try_put(self, value: Any) -> None: ...
+    def loan(self, nbytes: int) -> Loan: ...
+    def put_loan(
+        self,
+        loan: Loan,
+        dtype: Any = None,
+        shape: Sequence[int] | None = None,
+        timeout: float | None = None,
+    ) -> None: ...
     def subscriber_count(self) -> int: ...
     def close(self) -> None: ...
+
+@final
+class Loan:
+    """A publisher's buffer to fill in place (writable buffer protocol)."""
+    def __len__(self) -> int: ...
+    @property
+    def shared(self) -> bool: ...
 
 _Event = (
     Sample

@@ -150,10 +150,19 @@ def milonga_pub(role: dict[str, Any]) -> dict[str, Any]:
     sent = 0
     start = time.perf_counter()
     end = start + role["duration_s"]
-    while time.perf_counter() < end:
-        for _ in range(64):
-            put(payload)
-        sent += 64
+    if role.get("loans"):
+        # A loan taken and put as it is, as a driver writing straight into
+        # it would (its own writing left out, as in `milonga bench`).
+        size, loan, put_loan = role["size"], p.loan, p.put_loan
+        while time.perf_counter() < end:
+            for _ in range(64):
+                put_loan(loan(size))
+            sent += 64
+    else:
+        while time.perf_counter() < end:
+            for _ in range(64):
+                put(payload)
+            sent += 64
     seconds = time.perf_counter() - start
     end_markers(lambda: _try(lambda: p.try_put(b"")))
     node.close()
@@ -212,6 +221,8 @@ WORKERS = {
     "milonga-py-sub": milonga_sub,
     "mlg-py-sock-pub": milonga_pub,
     "mlg-py-sock-sub": milonga_sub,
+    "mlg-py-loan-pub": milonga_pub,
+    "mlg-py-loan-sub": milonga_sub,
 }
 
 
@@ -269,7 +280,9 @@ def pubsub(argv: list[str]) -> None:
         f"# python -m milonga.bench pubsub: transport {a.transport}, mode {a.mode}, "
         f"{a.duration} s per cell, hwm = 64 MiB / size (16..10000) for both systems; "
         f"every publisher and subscriber a Python {sys.version.split()[0]} process; "
-        f"milonga-py {milonga.__version__} puts bytes and reads sample.value, "
+        f"milonga-py {milonga.__version__} puts bytes and reads sample.value "
+        f"(from 64 KiB on through shared memory; mlg-py-sock: with it off; "
+        f"mlg-py-loan: puts loans as taken, unfilled), "
         f"pyzmq sends and receives bytes (copy=False from 64 KiB)",
         file=sys.stderr,
     )
@@ -285,13 +298,14 @@ def pubsub(argv: list[str]) -> None:
     tmp = tempfile.mkdtemp(prefix="mlg-pybench-")
     systems = ["milonga-py"] if a.baseline == "none" else ["pyzmq", "milonga-py"]
     # Large payloads on one host go through shared memory
-    # (docs/shared-memory.md): the same cells with it off, from 64 KiB on.
-    systems.append("mlg-py-sock")
+    # (docs/shared-memory.md): from 64 KiB on, the same cells with it off,
+    # and with loans (no copy at all).
+    systems += ["mlg-py-sock", "mlg-py-loan"]
     cell = 0
     for size in sizes:
         for subs in subs_list:
             for system in systems:
-                if system == "mlg-py-sock" and size < 65536:
+                if system.startswith("mlg-py-") and size < 65536:
                     continue
                 cell += 1
                 role = {
@@ -308,6 +322,7 @@ def pubsub(argv: list[str]) -> None:
                     if system == "pyzmq"
                     else f"milonga:///pybench-{os.getpid()}-{cell}",
                     "shared_memory": system != "mlg-py-sock",
+                    "loans": system == "mlg-py-loan",
                 }
                 pub, subs_out = run_cell(system, role, subs)
                 sent = pub["sent"]

@@ -13,6 +13,7 @@
 
 use std::ffi::c_int;
 
+use milonga::wire::cbor::TAG_NDARRAY;
 use milonga::{wire::ElementType, wire::TypedArray, Bytes, Value};
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
@@ -24,8 +25,6 @@ use pyo3::{ffi, IntoPyObjectExt};
 
 /// CBOR nesting Milonga accepts (as the decoder does).
 const MAX_DEPTH: usize = 64;
-/// RFC 8746: multi-dimensional array, row-major.
-const TAG_NDARRAY: u64 = 40;
 
 /// Read-only bytes shared with a received message (or any `Bytes`),
 /// exposed through the buffer protocol: numpy arrays and memoryviews of it
@@ -441,27 +440,7 @@ fn numpy_to_value(
     obj: &Bound<'_, PyAny>,
     threshold: usize,
 ) -> PyResult<Value> {
-    let dtype = obj.getattr("dtype")?;
-    let kind: String = dtype.getattr("kind")?.extract()?;
-    let itemsize: usize = dtype.getattr("itemsize")?.extract()?;
-    let element = match (kind.as_str(), itemsize) {
-        ("u", 1) => ElementType::U8,
-        ("u", 2) => ElementType::U16,
-        ("u", 4) => ElementType::U32,
-        ("u", 8) => ElementType::U64,
-        ("i", 1) => ElementType::I8,
-        ("i", 2) => ElementType::I16,
-        ("i", 4) => ElementType::I32,
-        ("i", 8) => ElementType::I64,
-        ("f", 4) => ElementType::F32,
-        ("f", 8) => ElementType::F64,
-        _ => {
-            return Err(encode_err(format!(
-                "cannot send a numpy array of {}: typed arrays hold u1..u8, i1..i8, f4 and f8",
-                dtype.str()?
-            )))
-        }
-    };
+    let element = element_of(&obj.getattr("dtype")?)?;
     let le = np
         .dtypes
         .iter()
@@ -498,4 +477,29 @@ fn numpy_to_value(
             Box::new(Value::Array(vec![Value::Array(dims), Value::Typed(typed)])),
         ))
     }
+}
+
+/// The element type of a numpy dtype (its kind and size; the byte order
+/// is the caller's business).
+pub(crate) fn element_of(dtype: &Bound<'_, PyAny>) -> PyResult<ElementType> {
+    let kind: String = dtype.getattr("kind")?.extract()?;
+    let itemsize: usize = dtype.getattr("itemsize")?.extract()?;
+    Ok(match (kind.as_str(), itemsize) {
+        ("u", 1) => ElementType::U8,
+        ("u", 2) => ElementType::U16,
+        ("u", 4) => ElementType::U32,
+        ("u", 8) => ElementType::U64,
+        ("i", 1) => ElementType::I8,
+        ("i", 2) => ElementType::I16,
+        ("i", 4) => ElementType::I32,
+        ("i", 8) => ElementType::I64,
+        ("f", 4) => ElementType::F32,
+        ("f", 8) => ElementType::F64,
+        _ => {
+            return Err(encode_err(format!(
+                "cannot send a numpy array of {}: typed arrays hold u1..u8, i1..i8, f4 and f8",
+                dtype.str()?
+            )))
+        }
+    })
 }

@@ -4,8 +4,8 @@
 //! these. Every wait releases the interpreter (the GIL) and looks at
 //! Python's signals every 50 ms, so Ctrl-C interrupts it; nothing here
 //! panics across the boundary (errors become `milonga.errors` exceptions).
-// `unsafe` lives in convert.rs alone (the buffer protocol of a zero-copy
-// view).
+// `unsafe` lives in convert.rs and loan.rs alone (the buffer protocol of
+// a zero-copy view and of a loan).
 #![deny(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -23,6 +23,8 @@ use pyo3::types::PyDict;
 #[allow(unsafe_code)]
 mod convert;
 mod errors;
+#[allow(unsafe_code)]
+mod loan;
 mod recording;
 
 use convert::{from_py, to_py};
@@ -534,6 +536,80 @@ impl Publisher {
         p.try_put(v).map_err(|e| errors::put(py, e))
     }
 
+    /// A buffer of `nbytes` to fill in place and publish with
+    /// `put_loan`: a slot of the publisher's shared memory when its
+    /// samples can go through it (docs/shared-memory.md), else memory of
+    /// its own. Its content is unspecified: write all of it.
+    fn loan(&self, py: Python<'_>, nbytes: usize) -> PyResult<loan::Loan> {
+        let p = self.get(py)?;
+        Ok(loan::Loan::new(py.detach(|| p.loan(nbytes))))
+    }
+
+    /// Publishes a filled loan: as bytes, or with `dtype` as a numpy
+    /// array of that element type (little-endian), of `shape` if given.
+    /// Waits for room as `put` does; if it raises, the loan stays the
+    /// caller's, to put again. Refused while a view of the loan lives.
+    #[pyo3(signature = (loan, dtype=None, shape=None, timeout=None))]
+    fn put_loan(
+        &self,
+        py: Python<'_>,
+        loan: &Bound<'_, loan::Loan>,
+        dtype: Option<&Bound<'_, PyAny>>,
+        shape: Option<Vec<usize>>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let p = self.get(py)?;
+        let layout = loan_layout(py, dtype, shape)?;
+        let limit = seconds("timeout", timeout)?.or(self.put_timeout);
+        let owner = loan.get();
+        let mut l = owner.take()?;
+        // Room now (or best effort): no need to release the interpreter.
+        let deadline = limit.map(|t| Instant::now() + t);
+        let mut slice = Duration::ZERO;
+        loop {
+            let put = |l| p.put_loan_timeout(l, &layout, slice);
+            let done = match slice.is_zero() {
+                true => put(l),
+                false => py.detach(|| put(l)),
+            };
+            let e = match done {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            let waiting = self.reliable
+                && matches!(
+                    e.error,
+                    milonga::PutError::WouldBlock | milonga::PutError::Timeout(_)
+                );
+            let Some(back) = e.loan else {
+                return Err(errors::put(py, e.error));
+            };
+            if !waiting {
+                owner.restore(back);
+                return Err(errors::put(py, e.error));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                owner.restore(back);
+                return Err(errors::raise(
+                    py,
+                    "TimeoutError",
+                    format!(
+                        "a subscriber had no room for {:?}",
+                        limit.unwrap_or_default()
+                    ),
+                ));
+            }
+            if let Err(interrupted) = py.check_signals() {
+                owner.restore(back);
+                return Err(interrupted);
+            }
+            l = back;
+            slice = deadline.map_or(SLICE, |d| {
+                d.saturating_duration_since(Instant::now()).min(SLICE)
+            });
+        }
+    }
+
     /// Subscribers connected to this publisher's key.
     fn subscriber_count(&self, py: Python<'_>) -> PyResult<u32> {
         Ok(self.get(py)?.subscriber_count())
@@ -544,6 +620,39 @@ impl Publisher {
         let p = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
         py.detach(|| drop(p));
     }
+}
+
+/// How `put_loan` lays out a loan: bytes, or a typed array of `dtype`
+/// (little-endian), of `shape` if given.
+fn loan_layout(
+    py: Python<'_>,
+    dtype: Option<&Bound<'_, PyAny>>,
+    shape: Option<Vec<usize>>,
+) -> PyResult<milonga::LoanLayout> {
+    let Some(dtype) = dtype else {
+        return match shape {
+            None => Ok(milonga::LoanLayout::Bytes),
+            Some(_) => Err(PyValueError::new_err("a shape needs a dtype")),
+        };
+    };
+    let dtype = py.import("numpy")?.getattr("dtype")?.call1((dtype,))?;
+    let big = match dtype.getattr("byteorder")?.extract::<String>()?.as_str() {
+        ">" => true,
+        "=" => cfg!(target_endian = "big"),
+        _ => false,
+    };
+    if big {
+        return Err(errors::raise(
+            py,
+            "EncodeError",
+            format!("a loan holds little-endian elements, not {}", dtype.str()?),
+        ));
+    }
+    let element = convert::element_of(&dtype)?;
+    Ok(match shape {
+        Some(shape) => milonga::LoanLayout::Array(element, shape),
+        None => milonga::LoanLayout::Typed(element),
+    })
 }
 
 /// A subscription: its events, with `recv`, iteration or `async for`.
@@ -1180,6 +1289,7 @@ fn version() -> &'static str {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Node>()?;
     m.add_class::<Publisher>()?;
+    m.add_class::<loan::Loan>()?;
     m.add_class::<Subscription>()?;
     m.add_class::<Sample>()?;
     m.add_class::<Lost>()?;

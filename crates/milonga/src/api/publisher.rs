@@ -302,11 +302,15 @@ impl Publisher {
                             format!("a shape of {shape:?} does not hold {} elements", t.len());
                         return Err(milonga_wire::cbor::EncodeError::Serde(why).into());
                     }
-                    let dims = shape.iter().map(|d| Value::Int(*d as i128)).collect();
-                    Value::Tagged(
-                        milonga_wire::cbor::TAG_NDARRAY,
-                        Box::new(Value::Array(vec![Value::Array(dims), Value::Typed(t)])),
-                    )
+                    if shape.len() == 1 {
+                        Value::Typed(t)
+                    } else {
+                        let dims = shape.iter().map(|d| Value::Int(*d as i128)).collect();
+                        Value::Tagged(
+                            milonga_wire::cbor::TAG_NDARRAY,
+                            Box::new(Value::Array(vec![Value::Array(dims), Value::Typed(t)])),
+                        )
+                    }
                 }
             };
             let (enc, schema_id) = self.encode(&value)?;
@@ -399,7 +403,8 @@ pub enum LoanLayout {
     Typed(milonga_wire::ElementType),
     /// A row-major array of this element and shape (RFC 8746's tag 40,
     /// `40([shape, typed array])`, as a numpy array of more than one
-    /// dimension is sent); the shape must hold every element.
+    /// dimension is sent; of one dimension, a typed array); the shape must
+    /// hold every element.
     Array(milonga_wire::ElementType, Vec<usize>),
 }
 
