@@ -183,3 +183,12 @@ def test_a_large_array_arrives_as_a_view_of_the_publishers_shared_memory(
         "the array's memory lies in a mapping of the publisher's segment"
     )
     assert b.stats()["shm_received"] == 1
+    # An image (two dimensions) likewise: its elements travel as a 1-D
+    # array's do, its shape with them.
+    image = np.arange(300 * 400, dtype="<u2").reshape(300, 400)
+    pub.put(image)
+    got = next_sample(sub).value
+    assert got.shape == (300, 400) and np.array_equal(got, image)
+    address = got.__array_interface__["data"][0]
+    assert any(lo <= address < hi for lo, hi in shm_mappings())
+    assert b.stats()["shm_received"] == 2

@@ -655,6 +655,8 @@ mod tests {
         // the general way, not viewed.
         let prefix = [0xd8, 40, 0x82, 0x82, 0x19, 0x01, 0xe0, 0x19, 0x02, 0x80];
         assert_eq!(enc.head[..10], prefix, "40([[480, 640], ");
+        // docs/protocol.md §4's example.
+        assert_eq!(enc.head[10..], [0xd8, 0x45, 0x5a, 0x00, 0x09, 0x60, 0x00]);
         let mut head = vec![0xd8, 40, 0x82, 0x81, 0x20];
         head.extend_from_slice(&enc.head[10..]);
         assert!(split_view(&head, &tail).is_none());
