@@ -92,6 +92,8 @@ fn apply_config(cfg: &mut Config, config: &Bound<'_, PyDict>) -> PyResult<()> {
 pub(crate) struct Node {
     node: milonga::Node,
     threshold: usize,
+    /// `max_message_bytes`: no loan can be larger.
+    max_message: usize,
     /// The node's `compression` settings, which a publisher's QoS changes.
     compression: milonga::Compression,
 }
@@ -111,6 +113,7 @@ impl Node {
             apply_config(&mut cfg, c)?;
         }
         let threshold = cfg.zero_copy_threshold_bytes;
+        let max_message = cfg.max_message_bytes;
         let compression = cfg.compression();
         let node = py
             .detach(|| milonga::Node::open_with(cfg))
@@ -118,6 +121,7 @@ impl Node {
         Ok(Node {
             node,
             threshold,
+            max_message,
             compression,
         })
     }
@@ -204,6 +208,7 @@ impl Node {
             reliable,
             put_timeout: timeout,
             threshold: self.threshold,
+            max_message: self.max_message,
         })
     }
 
@@ -444,6 +449,7 @@ pub(crate) struct Publisher {
     reliable: bool,
     put_timeout: Option<Duration>,
     threshold: usize,
+    max_message: usize,
 }
 
 impl Publisher {
@@ -542,6 +548,16 @@ impl Publisher {
     /// its own. Its content is unspecified: write all of it.
     fn loan(&self, py: Python<'_>, nbytes: usize) -> PyResult<loan::Loan> {
         let p = self.get(py)?;
+        if nbytes > self.max_message {
+            return Err(errors::raise(
+                py,
+                "TooLarge",
+                format!(
+                    "a loan of {nbytes} bytes exceeds the limit of {} bytes (max_message_bytes)",
+                    self.max_message
+                ),
+            ));
+        }
         Ok(loan::Loan::new(py.detach(|| p.loan(nbytes))))
     }
 
@@ -573,7 +589,10 @@ impl Publisher {
                 false => py.detach(|| put(l)),
             };
             let e = match done {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    owner.spent();
+                    return Ok(());
+                }
                 Err(e) => e,
             };
             let waiting = self.reliable
@@ -582,6 +601,8 @@ impl Publisher {
                     milonga::PutError::WouldBlock | milonga::PutError::Timeout(_)
                 );
             let Some(back) = e.loan else {
+                // The transport kept it (no path does today): spent.
+                owner.spent();
                 return Err(errors::put(py, e.error));
             };
             if !waiting {

@@ -19,8 +19,16 @@ pub(crate) struct Loan {
 }
 
 struct State {
-    /// `None` once put.
+    /// The loan while it is the caller's; `None` while a put has it, and
+    /// once put.
     loan: Option<milonga::Loan>,
+    /// A put has it now (it comes back if the put fails).
+    putting: bool,
+    /// Its size and whether it is a slot of shared memory, kept apart so
+    /// that reading them never makes a reference to memory a view may be
+    /// writing.
+    len: usize,
+    shared: bool,
     /// Views (buffers) of it that Python holds.
     views: usize,
 }
@@ -29,14 +37,18 @@ impl Loan {
     pub(crate) fn new(loan: milonga::Loan) -> Loan {
         Loan {
             state: Mutex::new(State {
+                len: loan.len(),
+                shared: loan.is_shared(),
                 loan: Some(loan),
+                putting: false,
                 views: 0,
             }),
         }
     }
 
     /// The loan, to put: refused while Python holds a view of it (the
-    /// memory would stay writable after it is published) or once put.
+    /// memory would stay writable after it is published), while another
+    /// put has it, or once put.
     pub(crate) fn take(&self) -> PyResult<milonga::Loan> {
         let mut st = lock(&self.state);
         if st.views > 0 {
@@ -46,14 +58,30 @@ impl Loan {
                 st.views
             )));
         }
-        st.loan
+        if st.putting {
+            return Err(PyBufferError::new_err("another thread is putting the loan"));
+        }
+        let loan = st
+            .loan
             .take()
-            .ok_or_else(|| PyBufferError::new_err("the loan was put already"))
+            .ok_or_else(|| PyBufferError::new_err("the loan was put already"))?;
+        st.putting = true;
+        Ok(loan)
     }
 
     /// Gives a loan that was not put back to its owner.
     pub(crate) fn restore(&self, loan: milonga::Loan) {
-        lock(&self.state).loan = Some(loan);
+        let mut st = lock(&self.state);
+        st.loan = Some(loan);
+        st.putting = false;
+    }
+
+    /// The put took the loan for good.
+    pub(crate) fn spent(&self) {
+        let mut st = lock(&self.state);
+        st.putting = false;
+        st.len = 0;
+        st.shared = false;
     }
 }
 
@@ -69,10 +97,12 @@ impl Loan {
         flags: c_int,
     ) -> PyResult<()> {
         let mut st = lock(&slf.get().state);
+        let putting = st.putting;
         let Some(loan) = st.loan.as_mut() else {
-            return Err(PyBufferError::new_err(
-                "the loan was put: its memory is the publisher's again",
-            ));
+            return Err(PyBufferError::new_err(match putting {
+                true => "another thread is putting the loan",
+                false => "the loan was put: its memory is the publisher's again",
+            }));
         };
         let (ptr, len) = (loan.as_mut_ptr(), loan.len());
         let len = isize::try_from(len).map_err(|_| PyBufferError::new_err("buffer too large"))?;
@@ -100,7 +130,7 @@ impl Loan {
 
     /// Its size in bytes (0 once put).
     fn __len__(&self) -> usize {
-        lock(&self.state).loan.as_ref().map_or(0, |l| l.len())
+        lock(&self.state).len
     }
 
     /// Whether it is a slot of the publisher's shared memory (published
@@ -108,17 +138,17 @@ impl Loan {
     /// own (sent as a `put` would send it).
     #[getter]
     fn shared(&self) -> bool {
-        lock(&self.state)
-            .loan
-            .as_ref()
-            .is_some_and(|l| l.is_shared())
+        lock(&self.state).shared
     }
 
     fn __repr__(&self) -> String {
         let st = lock(&self.state);
-        match &st.loan {
-            Some(l) => format!("Loan({} bytes, shared={})", l.len(), l.is_shared()),
-            None => "Loan(put)".to_owned(),
+        match (st.len, st.loan.is_some() || st.putting) {
+            (_, false) => "Loan(put)".to_owned(),
+            (len, true) => {
+                let shared = if st.shared { "True" } else { "False" };
+                format!("Loan({len} bytes, shared={shared})")
+            }
         }
     }
 }

@@ -4,6 +4,9 @@ back when it could not be put."""
 
 from __future__ import annotations
 
+import signal
+import time
+
 import numpy as np
 import pytest
 
@@ -81,6 +84,8 @@ def test_a_loan_is_refused_while_viewed_and_once_put(domain: Domain) -> None:
     with pytest.raises(BufferError, match="publisher's again"):
         memoryview(loan)
     assert repr(loan) == "Loan(put)"
+    with pytest.raises(milonga.TooLarge, match="max_message_bytes"):
+        pub.loan(1 << 40)
 
 
 def test_a_loan_without_room_stays_the_callers_and_goes_out_later(domain: Domain) -> None:
@@ -102,6 +107,26 @@ def test_a_loan_without_room_stays_the_callers_and_goes_out_later(domain: Domain
         sent += 1
     assert len(loan) == 100_000
     assert bytes(memoryview(loan)) == bytes([sent % 251]) * 100_000, "unchanged"
+
+    # Interrupted while it waits (a signal handler that raises, as Ctrl-C's
+    # does): the exception comes through, and the loan stays the caller's.
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        started = time.monotonic()
+        with pytest.raises(Interrupted):
+            pub.put_loan(loan)  # no timeout: waits until interrupted
+        assert time.monotonic() - started < 5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(loan) == 100_000 and repr(loan) == "Loan(100000 bytes, shared=True)"
     for i in range(sent):
         s = next_sample(sub)
         assert s.seq == i + 1

@@ -640,7 +640,7 @@ mod tests {
             tail.as_ptr(),
             "the receiver views the frame"
         );
-        // Small, or not dimensions and an array: one frame.
+        // Small, or not the shape `[dims, typed array]`: one frame.
         let small = Value::Tagged(
             TAG_NDARRAY,
             Box::new(Value::Array(vec![dims, Value::from(vec![1u16; 8])])),

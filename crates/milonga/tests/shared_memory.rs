@@ -391,3 +391,65 @@ fn loan_comes_back(asking: bool) {
     assert_eq!(s.value, Value::Bytes(vec![byte(sent); 100_000].into()));
     assert_eq!(subscribing.stats().samples_lost, 0);
 }
+
+/// A loan whose slot was published in the ring but whose reference could
+/// not leave (the subscriber's pipe full of another key's samples) comes
+/// back still a slot, unchanged, and goes through shared memory once the
+/// subscriber reads again.
+#[test]
+fn a_shared_loan_whose_reference_could_not_leave_comes_back_a_slot() {
+    let dir = TempDir::new("shm-loan-ref");
+    let mut cfg = config("shm7", "pub", dir.path());
+    cfg.reliable_send_hwm = 2;
+    let publishing = Node::open_with(cfg).unwrap();
+    let mut cfg = config("shm7", "sub", dir.path());
+    cfg.recv_hwm = 2;
+    let subscribing = Node::open_with(cfg).unwrap();
+    let big = publishing
+        .publisher_with("ref/big", PublisherQos::reliable())
+        .unwrap();
+    let small = publishing
+        .publisher_with("ref/small", PublisherQos::reliable())
+        .unwrap();
+    // One subscription, one connection, both keys.
+    let sub = subscribing.subscribe("ref/**").unwrap();
+    wait_for("both keys", T, || {
+        small.subscriber_count() == 1 && big.subscriber_count() == 1
+    });
+    let base = marked(&big, &publishing, &sub);
+    // Small samples of the other key until the connection is full (the
+    // last of them wait in a batch of their own key).
+    let mut smalls = 0u64;
+    while small.try_put(smalls).is_ok() {
+        smalls += 1;
+        assert!(smalls < 10_000_000, "the subscriber never filled up");
+    }
+    let mut l = big.loan(100_000);
+    assert!(l.is_shared(), "the ring is empty: a slot");
+    l.fill(42);
+    let sent_before = publishing.stats().shm_sent;
+    let back = match big.put_loan_timeout(l, &milonga::LoanLayout::Bytes, Duration::ZERO) {
+        Err(milonga::LoanNotPut {
+            error: milonga::PutError::WouldBlock,
+            loan: Some(l),
+        }) => l,
+        other => panic!("{other:?}"),
+    };
+    assert!(back.is_shared(), "still its slot");
+    assert!(back.iter().all(|&b| b == 42), "unchanged");
+    assert_eq!(publishing.stats().shm_sent, sent_before);
+    // The subscriber reads: the small samples, in order.
+    let mut got = 0;
+    while got < smalls {
+        let s = next(&sub);
+        assert_eq!((s.key.as_str(), s.seq), ("ref/small", got + 1));
+        got += 1;
+    }
+    big.put_loan_timeout(back, &milonga::LoanLayout::Bytes, T)
+        .unwrap();
+    let s = next(&sub);
+    assert_eq!((s.key.as_str(), s.seq), ("ref/big", base + 1));
+    assert_eq!(s.value, Value::Bytes(vec![42u8; 100_000].into()));
+    assert_eq!(publishing.stats().shm_sent, sent_before + 1);
+    assert_eq!(subscribing.stats().samples_lost, 0);
+}

@@ -967,6 +967,12 @@ impl<H: Host> Control<H> {
     /// for the socket if a user thread holds it (that thread sends it).
     fn flush_batches(&self) {
         let p2p = self.p2p();
+        // The flag is taken before the sockets are looked at: a batch a
+        // user thread leaves after its socket was looked at sets it again.
+        // (Cleared after the look, as it was, that batch's notice could be
+        // lost, and the batch waited for its publisher's next put: a
+        // reliable sample accepted and never sent.)
+        p2p.clear_batch_pending();
         let mut left = false;
         for d in p2p.data_sockets() {
             if d.reliability != Reliability::Reliable {
@@ -980,8 +986,8 @@ impl<H: Host> Control<H> {
                 None => left = true,
             }
         }
-        if !left {
-            p2p.batch_sent();
+        if left {
+            p2p.batch_still_pending();
         }
     }
 

@@ -281,9 +281,16 @@ impl P2p {
         self.batch_pending.load(Ordering::Acquire)
     }
 
-    /// The waiting batch left (or there is no reliable socket).
-    fn batch_sent(&self) {
+    /// The node thread takes the notice of waiting batches, before it
+    /// tries to send them.
+    fn clear_batch_pending(&self) {
         self.batch_pending.store(false, Ordering::Release);
+    }
+
+    /// A batch the node thread could not send waits on: it tries again
+    /// next turn (no wake-up: it is the node thread).
+    fn batch_still_pending(&self) {
+        self.batch_pending.store(true, Ordering::Release);
     }
 
     /// Whether this node has a data socket, whose subscriptions, history
