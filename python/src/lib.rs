@@ -606,11 +606,11 @@ impl Publisher {
                 return Err(errors::put(py, e.error));
             };
             if !waiting {
-                owner.restore(back);
+                owner.restore(*back);
                 return Err(errors::put(py, e.error));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                owner.restore(back);
+                owner.restore(*back);
                 return Err(errors::raise(
                     py,
                     "TimeoutError",
@@ -621,10 +621,10 @@ impl Publisher {
                 ));
             }
             if let Err(interrupted) = py.check_signals() {
-                owner.restore(back);
+                owner.restore(*back);
                 return Err(interrupted);
             }
-            l = back;
+            l = *back;
             slice = deadline.map_or(SLICE, |d| {
                 d.saturating_duration_since(Instant::now()).min(SLICE)
             });

@@ -129,6 +129,12 @@ struct PubsubArgs {
     /// would; a round trip waits twice).
     #[arg(long, default_value_t = 0.0)]
     delay_ms: f64,
+    /// Also measure Milonga with samples of at least this many bytes
+    /// through same-host shared memory (`zero_copy_threshold_bytes` and
+    /// `shm_threshold_bytes` set to it; by default 64 KiB), as a row
+    /// `mlg-shm` in the same run: whether small samples gain by it.
+    #[arg(long = "shm-small")]
+    shm_small: Option<usize>,
     /// Also measure Milonga with security on (CURVE on every connection,
     /// docs/security.md), as a row `mlg+curve` in the same run.
     #[arg(long = "with-security")]
@@ -163,6 +169,12 @@ struct LatencyArgs {
     /// would; a round trip waits twice).
     #[arg(long, default_value_t = 0.0)]
     delay_ms: f64,
+    /// Also measure Milonga with samples of at least this many bytes
+    /// through same-host shared memory (`zero_copy_threshold_bytes` and
+    /// `shm_threshold_bytes` set to it; by default 64 KiB), as a row
+    /// `mlg-shm` in the same run: whether small samples gain by it.
+    #[arg(long = "shm-small")]
+    shm_small: Option<usize>,
     /// Also measure Milonga with security on (CURVE on every connection,
     /// docs/security.md), as a row `mlg+curve` in the same run.
     #[arg(long = "with-security")]
@@ -217,6 +229,10 @@ pub(crate) struct Place {
     /// loan would.
     #[serde(default)]
     pub loan: bool,
+    /// Milonga nodes whose samples of at least this many bytes go through
+    /// shared memory (the `mlg-shm` row, `--shm-small`).
+    #[serde(default)]
+    pub shm_small: Option<usize>,
 }
 
 /// The systems measured in a run: the raw baseline if asked, Milonga, and
@@ -752,6 +768,9 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
         // the socket (sizes from 64 KiB on).
         these.push("mlg-loan");
         these.push("mlg-sock");
+        if a.shm_small.is_some() {
+            these.push("mlg-shm");
+        }
     }
     if a.via_broker {
         // Two federated brokers: the publisher behind one, the
@@ -777,6 +796,13 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
         for &subs in &a.subs {
             for &system in &these {
                 if matches!(system, "mlg-sock" | "mlg-loan") && size < shm_from {
+                    continue;
+                }
+                // Only sizes that the opt-in sends through shared memory
+                // and the default does not.
+                if system == "mlg-shm"
+                    && (size >= shm_from || a.shm_small.is_some_and(|b| size < b))
+                {
                     continue;
                 }
                 cell += 1;
@@ -824,6 +850,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     spin_us: 0,
                     no_shm: system == "mlg-sock",
                     loan: system == "mlg-loan",
+                    shm_small: a.shm_small.filter(|_| system == "mlg-shm"),
                 };
                 let deadline_s = a.duration + 20.0 + size as f64 / 1e6;
                 let raw = system.starts_with("raw");
@@ -1064,6 +1091,10 @@ pub(crate) fn mlg_config(at: &Place, name: &str) -> Result<Config> {
     c.close_linger_ms = 5000;
     c.recv_spin_us = at.spin_us;
     c.shared_memory = !at.no_shm;
+    if let Some(bytes) = at.shm_small {
+        c.zero_copy_threshold_bytes = bytes;
+        c.shm_threshold_bytes = bytes;
+    }
     if let Some(k) = &at.keys {
         let k = std::path::Path::new(k);
         c.security = milonga::Security::On;
@@ -1376,6 +1407,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
             "system", "transp", "bytes", "p50 us", "p99 us", "trips"
         );
     }
+    let shm_from = milonga::Config::new("milonga:///x", "x").shm_threshold_bytes;
     let mut cell = 0;
     for &size in &a.sizes {
         let n = if size >= 1 << 20 {
@@ -1386,6 +1418,9 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
         let mut these = systems(a.baseline, a.with_security, a.via_broker);
         if a.spin_us > 0 {
             these.push("mlg-spin");
+        }
+        if a.shm_small.is_some_and(|b| size >= b && size < shm_from) && t != Transport::Inproc {
+            these.push("mlg-shm");
         }
         if a.via_broker {
             // Two federated brokers: ping behind one, pong behind the
@@ -1438,6 +1473,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                 spin_us: if system == "mlg-spin" { a.spin_us } else { 0 },
                 no_shm: false,
                 loan: false,
+                shm_small: a.shm_small.filter(|_| system == "mlg-shm"),
             };
             let roles = if system == "raw-proxy" {
                 let (ab, ba) = (&relays[0], &relays[1]);

@@ -642,6 +642,7 @@ fn wide_area(a: &EncodingArgs, paths: &[&str]) -> Result<Vec<(String, u32, Vec<W
                 spin_us: 0,
                 no_shm: false,
                 loan: false,
+                shm_small: None,
             };
             let spawn = |h: usize, role: crate::bench::Role| -> Result<std::process::Child> {
                 let exe = std::env::current_exe()?;

@@ -224,6 +224,7 @@ pub fn run(a: LivelinessArgs, t: Transport) -> Result<std::process::ExitCode> {
         spin_us: 0,
         no_shm: false,
         loan: false,
+        shm_small: None,
     };
     let mut cfg = Config::new(&at.address, "live-sub");
     // Benchmarks compare with plain libzmq: security off unless asked

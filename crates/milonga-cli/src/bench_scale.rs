@@ -287,6 +287,7 @@ fn run_cell(
         spin_us: 0,
         no_shm: false,
         loan: false,
+        shm_small: None,
     };
     // Raw: each publisher binds an endpoint of its own, every subscriber
     // connects to all. Ports below the kernel's ephemeral range (32768):

@@ -269,7 +269,7 @@ fn a_loan_is_filled_in_place_published_without_a_copy_and_given_back_when_droppe
         Err(milonga::LoanNotPut {
             error: milonga::PutError::Encode(_),
             loan: Some(l),
-        }) => l,
+        }) => *l,
         other => panic!("{other:?}"),
     };
     let right = milonga::LoanLayout::Array(milonga::wire::ElementType::F64, vec![200, 300]);
@@ -353,7 +353,7 @@ fn loan_comes_back(asking: bool) {
             Err(milonga::LoanNotPut {
                 error: milonga::PutError::WouldBlock,
                 loan: Some(l),
-            }) => break (l, shared),
+            }) => break (*l, shared),
             Err(e) => panic!("{e}"),
         }
     };
@@ -369,7 +369,7 @@ fn loan_comes_back(asking: bool) {
             Err(milonga::LoanNotPut {
                 error: milonga::PutError::Timeout(_),
                 loan: Some(l),
-            }) => l,
+            }) => *l,
             // libzmq's I/O thread may have moved queued messages on.
             Ok(()) => {
                 sent += 1;
@@ -432,7 +432,7 @@ fn a_shared_loan_whose_reference_could_not_leave_comes_back_a_slot() {
         Err(milonga::LoanNotPut {
             error: milonga::PutError::WouldBlock,
             loan: Some(l),
-        }) => l,
+        }) => *l,
         other => panic!("{other:?}"),
     };
     assert!(back.is_shared(), "still its slot");

@@ -261,9 +261,6 @@ impl Publisher {
     /// again: how a caller that must do something between waits (a
     /// Python binding checking for Ctrl-C) waits for room without copying
     /// the loan.
-    // The error carries the loan back: boxing it would allocate on each
-    // refusal of a put that is retried.
-    #[allow(clippy::result_large_err)]
     pub fn put_loan_timeout(
         &self,
         loan: Loan,
@@ -277,7 +274,6 @@ impl Publisher {
         self.send_loan(loan, layout, wait)
     }
 
-    #[allow(clippy::result_large_err)]
     fn send_loan(&self, loan: Loan, layout: &LoanLayout, wait: Wait) -> Result<(), LoanNotPut> {
         let claim = match &loan.0 {
             LoanBuf::Shared(r) => Some(r.claim),
@@ -321,7 +317,7 @@ impl Publisher {
         };
         put().map_err(|error| LoanNotPut {
             error,
-            loan: Arc::try_unwrap(held).ok().map(Loan),
+            loan: Arc::try_unwrap(held).ok().map(|l| Box::new(Loan(l))),
         })
     }
 
@@ -428,8 +424,8 @@ impl AsRef<[u8]> for LoanBytes {
 pub struct LoanNotPut {
     /// Why.
     pub error: PutError,
-    /// The loan, unchanged.
-    pub loan: Option<Loan>,
+    /// The loan, unchanged (boxed: a loan is larger than the error).
+    pub loan: Option<Box<Loan>>,
 }
 
 impl std::ops::Deref for Loan {
