@@ -453,3 +453,36 @@ fn a_shared_loan_whose_reference_could_not_leave_comes_back_a_slot() {
     assert_eq!(publishing.stats().shm_sent, sent_before + 1);
     assert_eq!(subscribing.stats().samples_lost, 0);
 }
+
+/// Small samples go through shared memory when a publisher opts in
+/// (`zero_copy_threshold_bytes` and `shm_threshold_bytes` lowered, as
+/// `bench pubsub --shm-small` does), and read back exactly, in order.
+#[test]
+fn small_samples_go_through_shared_memory_when_the_thresholds_are_lowered() {
+    let dir = TempDir::new("shm-small");
+    let mut cfg = config("shm8", "pub", dir.path());
+    cfg.zero_copy_threshold_bytes = 1024;
+    cfg.shm_threshold_bytes = 1024;
+    let publishing = Node::open_with(cfg).unwrap();
+    let subscribing = Node::open_with(config("shm8", "sub", dir.path())).unwrap();
+    let p = publishing
+        .publisher_with("shm/small", PublisherQos::reliable())
+        .unwrap();
+    let sub = subscribing.subscribe("shm/small").unwrap();
+    let base = marked(&p, &publishing, &sub);
+    let before = publishing.stats().shm_sent;
+    let payload = |i: u64| Value::Bytes(vec![(i % 251) as u8; 2048].into());
+    for i in 0..100 {
+        p.put(payload(i)).unwrap();
+    }
+    for i in 0..100 {
+        let s = next(&sub);
+        assert_eq!(s.seq, base + i + 1);
+        assert_eq!(s.value, payload(i));
+    }
+    assert_eq!(publishing.stats().shm_sent - before, 100);
+    // Below the lowered threshold: through the socket.
+    p.put(Value::Bytes(vec![1u8; 512].into())).unwrap();
+    assert_eq!(next(&sub).value, Value::Bytes(vec![1u8; 512].into()));
+    assert_eq!(publishing.stats().shm_sent - before, 100);
+}
