@@ -620,7 +620,11 @@ fn a_publisher_heard_but_unreachable_is_counted_and_logged_not_silently_missing(
     };
     lan.bed.block_new_tcp(0);
     let _publ = scouting_publisher(&lan, "eth0");
-    let _sub = Proc::spawn(lan.scouting(1, &["sub", "lan/**", "--json"]));
+    let dir = milonga_testkit::TempDir::new("unreach-log");
+    let log = dir.path().join("sub.stderr");
+    let mut cmd = lan.scouting(1, &["sub", "lan/**", "--json"]);
+    cmd.stderr(std::fs::File::create(&log).unwrap());
+    let _sub = Proc::spawn(cmd);
     // The publisher's hello carries its announcement, so the subscriber
     // knows it; its data connection cannot be made. The subscriber's own
     // counters, read by `ls` on its host (local discovery finds it there).
@@ -628,6 +632,16 @@ fn a_publisher_heard_but_unreachable_is_counted_and_logged_not_silently_missing(
     assert!(
         milonga_testkit::poll_until(Duration::from_secs(10), || unreachable() > 0),
         "the subscriber counted the connections it could not make to the publisher it heard"
+    );
+    // And said so, with the endpoint, once it kept refusing.
+    let said = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("cannot connect to a publisher")
+    };
+    assert!(
+        milonga_testkit::poll_until(Duration::from_secs(10), said),
+        "the subscriber logged the publisher it cannot reach"
     );
 }
 

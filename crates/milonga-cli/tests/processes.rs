@@ -87,6 +87,41 @@ fn discovery_publisher_first() {
     assert!(sub.wait_exit(T).unwrap().success());
 }
 
+/// Publishers that close are not reported unreachable: their endpoints
+/// refuse the subscriber's reconnections until discovery forgets them,
+/// which is counted (`connects_failed`), not logged as a fault
+/// (docs/discovery.md; `hosts.rs` checks that an unreachable one is).
+#[test]
+fn publishers_that_close_are_not_logged_as_unreachable() {
+    let env = Env::new("closing");
+    let dir = TempDir::new("closing-log");
+    let log = dir.path().join("sub.stderr");
+    let mut cmd = env.cmd(&["sub", "lab/**", "--json"]);
+    cmd.stderr(std::fs::File::create(&log).unwrap());
+    let sub = Proc::spawn(cmd);
+    for i in 0..5 {
+        let key = format!("lab/closing/{i}");
+        let mut publ = env.spawn(&[
+            "pub",
+            &key,
+            "1",
+            "--rate",
+            "100",
+            "--count",
+            "20",
+            "--wait-subscribers",
+            "1",
+        ]);
+        assert!(publ.wait_exit(T).unwrap().success());
+    }
+    // What the reconnections to the closed publishers would have said is
+    // said by now (a second after the first refusal).
+    std::thread::sleep(Duration::from_secs(3));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("cannot connect to a publisher"), "{text}");
+    drop(sub);
+}
+
 #[test]
 fn kill_9_of_a_publisher_leaves_nothing_that_blocks_or_misleads() {
     let env = Env::new("kill9");

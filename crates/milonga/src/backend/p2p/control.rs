@@ -86,6 +86,13 @@ pub struct NodeInfo {
 /// Most control endpoints a reply lists.
 pub const MAX_TOLD: usize = 1024;
 
+/// How long a publisher endpoint refuses connections before it is said
+/// unreachable (if discovery still shows it): a publisher that closed is
+/// forgotten by discovery within this.
+const RETRY_SAID_AFTER: Duration = Duration::from_secs(1);
+/// Most endpoints waiting for `RETRY_SAID_AFTER` at once.
+const MAX_RETRIED: usize = 1024;
+
 const HANDSHAKE_FAILED: i32 = (zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) as i32;
@@ -367,6 +374,8 @@ pub(crate) fn start<H: Host>(
         watch_fd,
         flooded: false,
         known: Vec::new(),
+        retried: std::collections::HashMap::new(),
+        unreachable_said: 0,
     };
     ctl.discover(Instant::now(), true);
     host.reannounce(false);
@@ -445,6 +454,14 @@ struct Control<H: Host> {
     flooded: bool,
     /// The `tcp://` control endpoints of the peers, told in replies.
     known: Vec<String>,
+    /// Publisher endpoints a subscription could not connect to (libzmq
+    /// retries them), and since when: said unreachable only if they still
+    /// refuse [`RETRY_SAID_AFTER`] later and a peer discovery shows has
+    /// them (a publisher that just closed is not unreachable).
+    retried: std::collections::HashMap<String, Instant>,
+    /// How many times an endpoint was said unreachable (the log is
+    /// rate-limited).
+    unreachable_said: u64,
 }
 
 impl<H: Host> Control<H> {
@@ -483,6 +500,7 @@ impl<H: Host> Control<H> {
                 self.serve_control();
             }
             self.read_monitors(ready.monitors);
+            self.say_unreachable();
             self.discover(Instant::now(), false);
             self.flooded = self.drain_data_sockets();
             self.heartbeat(ready.live);
@@ -907,6 +925,65 @@ impl<H: Host> Control<H> {
         }
     }
 
+    /// Says (rate-limited) which publisher endpoints still refuse
+    /// connections [`RETRY_SAID_AFTER`] after the first refusal, among
+    /// those that discovery still shows: a publisher that closed is gone
+    /// from discovery by then, and its refusals are only counted.
+    fn say_unreachable(&mut self) {
+        let now = Instant::now();
+        if !self.retried.values().any(|t| now - *t >= RETRY_SAID_AFTER) {
+            return;
+        }
+        let mut peers = Vec::new();
+        if let Some(scout) = &self.scout {
+            scout.peers_into(&mut peers);
+        }
+        if let Some(local) = &self.local {
+            local.peers_into(&mut peers);
+        }
+        if let Some(registry) = &self.registry {
+            registry.peers_into(&mut peers);
+        }
+        if let Some(etcd) = &self.etcd {
+            etcd.peers_into(&mut peers);
+        }
+        if let Some(broker) = &self.broker {
+            broker.peers_into(&mut peers);
+        }
+        self.statics.peers_into(&mut peers);
+        let shown = |ep: &str| {
+            peers.iter().any(|a| {
+                [&a.data_best_effort, &a.data_reliable, &a.liveliness]
+                    .into_iter()
+                    .flatten()
+                    .any(|e| e == ep)
+                    || a.publications
+                        .iter()
+                        .any(|p| p.endpoint.as_deref() == Some(ep))
+            })
+        };
+        let failed = self
+            .host
+            .p2p()
+            .core()
+            .counters
+            .connects_failed
+            .load(Ordering::Relaxed);
+        let said = &mut self.unreachable_said;
+        self.retried.retain(|endpoint, since| {
+            if now - *since < RETRY_SAID_AFTER {
+                return true;
+            }
+            if shown(endpoint) {
+                *said += 1;
+                if *said <= 10 || *said % 1000 == 0 {
+                    tracing::warn!(%endpoint, failed_so_far = failed, "cannot connect to a publisher (no answer within handshake_timeout_ms, refused, or no route): unreachable from here? retrying");
+                }
+            }
+            false
+        });
+    }
+
     /// Reads the monitors' events: all of them when `readable` (the poll
     /// saw one), and those of sockets created since the last turn.
     fn read_monitors(&mut self, readable: bool) {
@@ -921,6 +998,7 @@ impl<H: Host> Control<H> {
             return;
         }
         let counters = self.host.p2p().core().counters.clone();
+        let retried = &mut self.retried;
         self.sub_monitors.retain(|(sub, m)| {
             let Some(sub) = sub.upgrade() else {
                 return false;
@@ -936,11 +1014,13 @@ impl<H: Host> Control<H> {
                     continue;
                 }
                 if event == CONNECT_RETRIED {
-                    // Not made: a publisher discovery shows that this
-                    // host cannot reach. Said, and retried by libzmq.
-                    let n = counters.connects_failed.fetch_add(1, Ordering::Relaxed) + 1;
-                    if n <= 10 || n % 1000 == 0 {
-                        tracing::warn!(%endpoint, failed_so_far = n, "cannot connect to a publisher (no answer within handshake_timeout_ms, refused, or no route): unreachable from here? retrying");
+                    // Not made: a publisher that just closed, or one
+                    // discovery shows that this host cannot reach.
+                    // Counted now, said later (`say_unreachable`), and
+                    // retried by libzmq.
+                    counters.connects_failed.fetch_add(1, Ordering::Relaxed);
+                    if retried.len() < MAX_RETRIED {
+                        retried.entry(endpoint).or_insert_with(Instant::now);
                     }
                     continue;
                 }
