@@ -557,6 +557,11 @@ impl PlaneIo {
         let from_clients = new_xsub(ctx, cfg, v6, &ep)?;
         // It connects to publishers, which may be at IPv6 addresses.
         let from_domain = new_xsub(ctx, cfg, true, &ep)?;
+        // As a subscription's: no PINGs to the nodes' liveliness sockets,
+        // whose heartbeats are the lease (docs/protocol.md §1).
+        if plane == Plane::Liveliness {
+            zmq_io::set_pings(&from_domain, cfg, false).map_err(sock_err(&ep))?;
+        }
         let to_clients = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms, true)?;
         let to_domain = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms, true)?;
         let fc = zmq_io::bind(&from_clients, &ep)?;
