@@ -564,7 +564,8 @@ impl Publisher {
     /// Publishes a filled loan: as bytes, or with `dtype` as a numpy
     /// array of that element type (little-endian), of `shape` if given.
     /// Waits for room as `put` does; if it raises, the loan stays the
-    /// caller's, to put again. Refused while a view of the loan lives.
+    /// caller's, to put again (unless the transport kept it: then it
+    /// reads as put). Refused while a view of the loan lives.
     #[pyo3(signature = (loan, dtype=None, shape=None, timeout=None))]
     fn put_loan(
         &self,

@@ -122,6 +122,53 @@ fn publishers_that_close_are_not_logged_as_unreachable() {
     drop(sub);
 }
 
+/// A publisher that discovery shows but whose endpoints refuse every
+/// connection is logged, with its endpoint, once it keeps refusing. Here:
+/// a copy of a live node's announcement under another id, its endpoints
+/// moved to a port nothing listens on.
+#[test]
+fn a_publisher_that_keeps_refusing_is_logged_as_unreachable() {
+    let env = Env::new("refusing");
+    let node = env.node("real");
+    let _p = node.publisher("lab/refusing/x").unwrap();
+    let dir = env.dir.path().join(&env.domain);
+    let own = dir.join(format!("{}.json", node.id().to_hex()));
+    wait_for("the node's announcement", T, || own.exists());
+    let mut a: Json = serde_json::from_str(&std::fs::read_to_string(&own).unwrap()).unwrap();
+    let port = free_port();
+    let closed = format!("tcp://127.0.0.1:{port}");
+    let ghost = "00112233445566778899aabbccddeeff";
+    a["node_id"] = ghost.into();
+    a["name"] = "ghost".into();
+    for k in ["control", "data_best_effort", "data_reliable", "liveliness"] {
+        if a[k].is_string() {
+            a[k] = closed.clone().into();
+        }
+    }
+    for p in a["publications"].as_array_mut().unwrap() {
+        if p["endpoint"].is_string() {
+            p["endpoint"] = closed.clone().into();
+        }
+    }
+    let tmp = dir.join(format!(".{ghost}.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec(&a).unwrap()).unwrap();
+    std::fs::rename(&tmp, dir.join(format!("{ghost}.json"))).unwrap();
+    let log_dir = TempDir::new("refusing-log");
+    let log = log_dir.path().join("sub.stderr");
+    let mut cmd = env.cmd(&["sub", "lab/**", "--json"]);
+    cmd.stderr(std::fs::File::create(&log).unwrap());
+    let _sub = Proc::spawn(cmd);
+    let said = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("cannot connect to a publisher") && text.contains(&format!(":{port}"))
+    };
+    assert!(
+        milonga_testkit::poll_until(T, said),
+        "the refusing publisher was logged: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
 #[test]
 fn kill_9_of_a_publisher_leaves_nothing_that_blocks_or_misleads() {
     let env = Env::new("kill9");

@@ -92,6 +92,45 @@ pub const MAX_TOLD: usize = 1024;
 const RETRY_SAID_AFTER: Duration = Duration::from_secs(1);
 /// Most endpoints waiting for `RETRY_SAID_AFTER` at once.
 const MAX_RETRIED: usize = 1024;
+/// Longest wait between two reconnections (`reconnect_ivl_max`, zmq_io).
+const RECONNECT_IVL_MAX: Duration = Duration::from_secs(2);
+
+/// The refusals of one endpoint: libzmq reports one at every
+/// disconnection (a reconnection is planned at once) and one each time a
+/// reconnection fails, `reconnect_ivl` (100 ms) apart.
+#[derive(Debug, Clone, Copy)]
+struct Refusals {
+    first: Instant,
+    latest: Instant,
+}
+
+/// What to make of an endpoint's refusals now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// Not for long enough yet.
+    Waiting,
+    /// Refused for [`RETRY_SAID_AFTER`]: say it, if discovery shows it.
+    Still,
+    /// No refusal for longer than one reconnection can take: it connected
+    /// again (or was let go).
+    Over,
+}
+
+impl Refusals {
+    /// `connect_timeout`: how long one connection attempt may take
+    /// (`handshake_timeout_ms`); refusals come at most that plus
+    /// [`RECONNECT_IVL_MAX`] apart.
+    fn verdict(&self, now: Instant, connect_timeout: Duration) -> Refused {
+        let over_after = connect_timeout + RECONNECT_IVL_MAX + Duration::from_secs(1);
+        if self.latest - self.first >= RETRY_SAID_AFTER {
+            Refused::Still
+        } else if now - self.latest >= over_after {
+            Refused::Over
+        } else {
+            Refused::Waiting
+        }
+    }
+}
 
 const HANDSHAKE_FAILED: i32 = (zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -455,10 +494,10 @@ struct Control<H: Host> {
     /// The `tcp://` control endpoints of the peers, told in replies.
     known: Vec<String>,
     /// Publisher endpoints a subscription could not connect to (libzmq
-    /// retries them), and since when: said unreachable only if they still
-    /// refuse [`RETRY_SAID_AFTER`] later and a peer discovery shows has
+    /// retries them), and when: said unreachable only if they keep
+    /// refusing for [`RETRY_SAID_AFTER`] and a peer discovery shows has
     /// them (a publisher that just closed is not unreachable).
-    retried: std::collections::HashMap<String, Instant>,
+    retried: std::collections::HashMap<String, Refusals>,
     /// How many times an endpoint was said unreachable (the log is
     /// rate-limited).
     unreachable_said: u64,
@@ -925,13 +964,19 @@ impl<H: Host> Control<H> {
         }
     }
 
-    /// Says (rate-limited) which publisher endpoints still refuse
-    /// connections [`RETRY_SAID_AFTER`] after the first refusal, among
-    /// those that discovery still shows: a publisher that closed is gone
-    /// from discovery by then, and its refusals are only counted.
+    /// Says (rate-limited) which publisher endpoints kept refusing
+    /// connections for [`RETRY_SAID_AFTER`], among those that discovery
+    /// still shows: a publisher that closed is gone from discovery by
+    /// then, and its refusals are only counted.
     fn say_unreachable(&mut self) {
         let now = Instant::now();
-        if !self.retried.values().any(|t| now - *t >= RETRY_SAID_AFTER) {
+        let connect_timeout =
+            Duration::from_millis(self.host.p2p().core().cfg.handshake_timeout_ms.max(1) as u64);
+        if self
+            .retried
+            .values()
+            .all(|r| r.verdict(now, connect_timeout) == Refused::Waiting)
+        {
             return;
         }
         let mut peers = Vec::new();
@@ -956,10 +1001,11 @@ impl<H: Host> Control<H> {
                 [&a.data_best_effort, &a.data_reliable, &a.liveliness]
                     .into_iter()
                     .flatten()
-                    .any(|e| e == ep)
+                    .any(|e| same_endpoint(e, ep))
                     || a.publications
                         .iter()
-                        .any(|p| p.endpoint.as_deref() == Some(ep))
+                        .filter_map(|p| p.endpoint.as_deref())
+                        .any(|e| same_endpoint(e, ep))
             })
         };
         let failed = self
@@ -970,9 +1016,11 @@ impl<H: Host> Control<H> {
             .connects_failed
             .load(Ordering::Relaxed);
         let said = &mut self.unreachable_said;
-        self.retried.retain(|endpoint, since| {
-            if now - *since < RETRY_SAID_AFTER {
-                return true;
+        self.retried.retain(|endpoint, r| {
+            match r.verdict(now, connect_timeout) {
+                Refused::Waiting => return true,
+                Refused::Over => return false,
+                Refused::Still => {}
             }
             if shown(endpoint) {
                 *said += 1;
@@ -1019,8 +1067,15 @@ impl<H: Host> Control<H> {
                     // Counted now, said later (`say_unreachable`), and
                     // retried by libzmq.
                     counters.connects_failed.fetch_add(1, Ordering::Relaxed);
-                    if retried.len() < MAX_RETRIED {
-                        retried.entry(endpoint).or_insert_with(Instant::now);
+                    let now = Instant::now();
+                    if retried.len() < MAX_RETRIED || retried.contains_key(&endpoint) {
+                        retried
+                            .entry(endpoint)
+                            .and_modify(|r| r.latest = now)
+                            .or_insert(Refusals {
+                                first: now,
+                                latest: now,
+                            });
                     }
                     continue;
                 }
@@ -1137,6 +1192,25 @@ fn asker_at(control: &str, from: Option<&str>) -> Option<String> {
 /// The IP address of a `tcp://` endpoint (`None` for a name).
 fn endpoint_ip(endpoint: &str) -> Option<std::net::IpAddr> {
     ip_of(tcp_host_port(endpoint)?.0)
+}
+
+/// Whether two endpoints name the same place: tags (`#node`) aside, and
+/// an IPv4-mapped IPv6 address as its IPv4 one (libzmq's events name an
+/// IPv4 peer of a socket with IPv6 on so: `tcp://[::ffff:10.0.0.1]:7100`).
+fn same_endpoint(a: &str, b: &str) -> bool {
+    let (a, b) = (
+        crate::backend::p2p::uplink::untagged(a),
+        crate::backend::p2p::uplink::untagged(b),
+    );
+    if a == b {
+        return true;
+    }
+    match (tcp_host_port(a), tcp_host_port(b)) {
+        (Some((ha, pa)), Some((hb, pb))) => {
+            pa == pb && ip_of(ha).is_some_and(|ip| Some(ip) == ip_of(hb))
+        }
+        _ => false,
+    }
 }
 
 fn is_loopback_host(host: &str) -> bool {
@@ -1296,5 +1370,52 @@ mod tests {
         assert_eq!(at("tcp://10.0.0.1:x", Some("10.0.0.1")), None);
         assert!(is_loopback_host("::ffff:127.0.0.1") && is_loopback_host("::1"));
         assert!(!is_loopback_host("10.0.0.1"));
+    }
+
+    /// One refusal (a disconnection whose reconnection worked) is never
+    /// said; refusals that go on for a second are.
+    #[test]
+    fn only_refusals_that_go_on_are_said() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let timeout = ms(3000);
+        let one = Refusals {
+            first: t0,
+            latest: t0,
+        };
+        assert_eq!(one.verdict(t0 + ms(1500), timeout), Refused::Waiting);
+        // Attempts that time out (no answer at all) come a connect
+        // timeout and up to RECONNECT_IVL_MAX apart: still waiting.
+        assert_eq!(one.verdict(t0 + ms(5000), timeout), Refused::Waiting);
+        assert_eq!(one.verdict(t0 + ms(6000), timeout), Refused::Over);
+        let going_on = Refusals {
+            first: t0,
+            latest: t0 + ms(900),
+        };
+        assert_eq!(going_on.verdict(t0 + ms(1000), timeout), Refused::Waiting);
+        let still = Refusals {
+            first: t0,
+            latest: t0 + RETRY_SAID_AFTER,
+        };
+        assert_eq!(
+            still.verdict(t0 + RETRY_SAID_AFTER, timeout),
+            Refused::Still
+        );
+    }
+
+    #[test]
+    fn an_endpoint_in_a_monitor_event_is_the_announced_one() {
+        assert!(same_endpoint(
+            "tcp://[::ffff:127.0.0.1]:5",
+            "tcp://127.0.0.1:5"
+        ));
+        assert!(same_endpoint(
+            "tcp://10.0.0.1:5#00ff",
+            "tcp://[::ffff:10.0.0.1]:5"
+        ));
+        assert!(same_endpoint("ipc:///run/a", "ipc:///run/a"));
+        assert!(!same_endpoint("tcp://127.0.0.1:5", "tcp://127.0.0.1:6"));
+        assert!(!same_endpoint("tcp://127.0.0.1:5", "tcp://127.0.0.2:5"));
+        assert!(!same_endpoint("tcp://host:5", "tcp://[::ffff:127.0.0.1]:5"));
     }
 }
