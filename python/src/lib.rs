@@ -602,7 +602,8 @@ impl Publisher {
                     milonga::PutError::WouldBlock | milonga::PutError::Timeout(_)
                 );
             let Some(back) = e.loan else {
-                // The transport kept it (no path does today): spent.
+                // The transport kept it (a socket error after the first
+                // frame had left): spent.
                 owner.spent();
                 return Err(errors::put(py, e.error));
             };
