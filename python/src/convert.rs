@@ -49,25 +49,58 @@ impl Buffer {
         if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
             return Err(PyBufferError::new_err("a received message is read-only"));
         }
-        let (ptr, len) = {
-            let b = &slf.get().bytes;
-            (b.as_ptr(), b.len())
-        };
-        let len = isize::try_from(len).map_err(|_| PyBufferError::new_err("buffer too large"))?;
+        let b = &slf.get().bytes;
         // SAFETY: `view` is the caller's Py_buffer; the memory stays valid
-        // and unchanged while `slf` lives, and FillInfo takes a reference
-        // to `slf` (released by PyBuffer_Release).
-        let rc =
-            unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut _, len, 1, flags) };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
+        // and unchanged while `slf` lives (`fill_view` makes the view hold
+        // a reference to it).
+        unsafe {
+            fill_view(
+                view,
+                slf.as_any(),
+                b.as_ptr().cast_mut(),
+                b.len(),
+                true,
+                flags,
+            )
         }
-        Ok(())
     }
 
     fn __len__(&self) -> usize {
         self.bytes.len()
     }
+}
+
+/// Fills `view` (a `getbuffer` call's) with `len` bytes at `ptr`, the view
+/// holding a reference to `owner` until `PyBuffer_Release`.
+///
+/// # Safety
+/// `view` must be the `Py_buffer` Python passed to `getbuffer`, and the
+/// memory must stay valid (and, if `readonly`, unchanged) while `owner`
+/// lives.
+pub(crate) unsafe fn fill_view(
+    view: *mut ffi::Py_buffer,
+    owner: &Bound<'_, PyAny>,
+    ptr: *mut u8,
+    len: usize,
+    readonly: bool,
+    flags: c_int,
+) -> PyResult<()> {
+    let len = isize::try_from(len).map_err(|_| PyBufferError::new_err("buffer too large"))?;
+    // SAFETY: as the caller promises.
+    let rc = unsafe {
+        ffi::PyBuffer_FillInfo(
+            view,
+            owner.as_ptr(),
+            ptr.cast(),
+            len,
+            c_int::from(readonly),
+            flags,
+        )
+    };
+    if rc != 0 {
+        return Err(PyErr::fetch(owner.py()));
+    }
+    Ok(())
 }
 
 /// A CBOR tag Milonga does not interpret, and its content.

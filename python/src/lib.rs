@@ -519,16 +519,7 @@ impl Publisher {
                 {
                     py.check_signals()?;
                 }
-                Err(milonga::PutError::Timeout(_)) => {
-                    return Err(errors::raise(
-                        py,
-                        "TimeoutError",
-                        format!(
-                            "a subscriber had no room for {:?}",
-                            limit.unwrap_or_default()
-                        ),
-                    ))
-                }
+                Err(milonga::PutError::Timeout(_)) => return Err(no_room(py, limit)),
                 Err(e) => return Err(errors::put(py, e)),
             }
         }
@@ -613,14 +604,7 @@ impl Publisher {
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 owner.restore(*back);
-                return Err(errors::raise(
-                    py,
-                    "TimeoutError",
-                    format!(
-                        "a subscriber had no room for {:?}",
-                        limit.unwrap_or_default()
-                    ),
-                ));
+                return Err(no_room(py, limit));
             }
             if let Err(interrupted) = py.check_signals() {
                 owner.restore(*back);
@@ -643,6 +627,18 @@ impl Publisher {
         let p = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
         py.detach(|| drop(p));
     }
+}
+
+/// A reliable put that found no room within its `limit`.
+fn no_room(py: Python<'_>, limit: Option<Duration>) -> PyErr {
+    errors::raise(
+        py,
+        "TimeoutError",
+        format!(
+            "a subscriber had no room for {:?}",
+            limit.unwrap_or_default()
+        ),
+    )
 }
 
 /// How `put_loan` lays out a loan: bytes, or a typed array of `dtype`

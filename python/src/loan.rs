@@ -105,16 +105,12 @@ impl Loan {
             }));
         };
         let (ptr, len) = (loan.as_mut_ptr(), loan.len());
-        let len = isize::try_from(len).map_err(|_| PyBufferError::new_err("buffer too large"))?;
         // SAFETY: `view` is the caller's Py_buffer. The memory stays valid,
         // and no one else writes it, while the view lives: the loan cannot
-        // be taken (put) while `views` > 0, and FillInfo takes a reference
+        // be taken (put) while `views` > 0, and the view holds a reference
         // to `slf` (released by PyBuffer_Release, which calls
         // `__releasebuffer__`).
-        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr.cast(), len, 0, flags) };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
+        unsafe { crate::convert::fill_view(view, slf.as_any(), ptr, len, false, flags) }?;
         st.views += 1;
         Ok(())
     }

@@ -575,19 +575,29 @@ impl<H: Host> Control<H> {
     fn until_next_timer(&self) -> Duration {
         let now = Instant::now();
         let mut next = self.next_heartbeat.min(now + Duration::from_millis(250));
-        let sources = [
-            self.statics.next_due(),
-            self.local.as_ref().and_then(Source::next_due),
-            self.scout.as_ref().and_then(Source::next_due),
-            self.broker.as_ref().and_then(Source::next_due),
-            self.registry.as_ref().and_then(Source::next_due),
-            self.etcd.as_ref().and_then(Source::next_due),
-        ];
-        for due in sources.into_iter().flatten() {
+        for due in self
+            .sources()
+            .into_iter()
+            .flatten()
+            .filter_map(Source::next_due)
+        {
             next = next.min(due);
         }
         next.saturating_duration_since(now)
             .max(Duration::from_millis(1))
+    }
+
+    /// The discovery sources this node has, in the order their views are
+    /// merged (a later source's entry of a node replaces an earlier one's).
+    fn sources(&self) -> [Option<&dyn Source>; 6] {
+        [
+            self.scout.as_ref().map(|s| s as &dyn Source),
+            self.local.as_ref().map(|s| s as &dyn Source),
+            self.registry.as_ref().map(|s| s as &dyn Source),
+            self.etcd.as_ref().map(|s| s as &dyn Source),
+            Some(&self.statics as &dyn Source),
+            self.broker.as_ref().map(|s| s as &dyn Source),
+        ]
     }
 
     /// Gives every discovery source its turn and, if one changed (or
@@ -678,32 +688,9 @@ impl<H: Host> Control<H> {
             }
             peers.extend(mine);
         };
-        if let Some(scout) = &self.scout {
+        for source in self.sources().into_iter().flatten() {
             let mut v = Vec::new();
-            scout.peers_into(&mut v);
-            merge(v);
-        }
-        if let Some(local) = &self.local {
-            let mut v = Vec::new();
-            local.peers_into(&mut v);
-            merge(v);
-        }
-        if let Some(registry) = &self.registry {
-            let mut v = Vec::new();
-            registry.peers_into(&mut v);
-            merge(v);
-        }
-        if let Some(etcd) = &self.etcd {
-            let mut v = Vec::new();
-            etcd.peers_into(&mut v);
-            merge(v);
-        }
-        let mut v = Vec::new();
-        self.statics.peers_into(&mut v);
-        merge(v);
-        if let Some(broker) = &self.broker {
-            let mut v = Vec::new();
-            broker.peers_into(&mut v);
+            source.peers_into(&mut v);
             merge(v);
         }
         // Told to gossip askers: endpoints checked, not claimed: where a
@@ -980,22 +967,9 @@ impl<H: Host> Control<H> {
             return;
         }
         let mut peers = Vec::new();
-        if let Some(scout) = &self.scout {
-            scout.peers_into(&mut peers);
+        for source in self.sources().into_iter().flatten() {
+            source.peers_into(&mut peers);
         }
-        if let Some(local) = &self.local {
-            local.peers_into(&mut peers);
-        }
-        if let Some(registry) = &self.registry {
-            registry.peers_into(&mut peers);
-        }
-        if let Some(etcd) = &self.etcd {
-            etcd.peers_into(&mut peers);
-        }
-        if let Some(broker) = &self.broker {
-            broker.peers_into(&mut peers);
-        }
-        self.statics.peers_into(&mut peers);
         let shown = |ep: &str| {
             peers.iter().any(|a| {
                 [&a.data_best_effort, &a.data_reliable, &a.liveliness]
