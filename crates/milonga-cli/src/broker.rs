@@ -24,8 +24,9 @@ pub struct BrokerArgs {
     /// long is lost to its clients (ms).
     #[arg(long, default_value_t = 3000)]
     pub lease_ms: u64,
-    /// How long a reliable frame waits for a full client before it is
-    /// dropped for that client (ms).
+    /// How long a reliable message waits for a full client before it is
+    /// dropped for that client (ms); other publishers' messages do not
+    /// wait (docs/broker.md).
     #[arg(long, default_value_t = 1000)]
     pub stall_ms: u64,
     /// Link to the broker listening at tcp://HOST:PORT (repeat for

@@ -40,8 +40,9 @@ pub struct BrokerOptions {
     /// clients take a broker silent for this long as lost (ms, default
     /// 3000).
     pub lease_ms: u64,
-    /// How long a reliable frame waits for a client whose queue is full
-    /// before it is dropped for that client (ms, default 1000).
+    /// How long a reliable message waits for a client whose queue is full
+    /// before it is dropped for that client (ms, default 1000); messages
+    /// of publishers it does not read do not wait (docs/broker.md).
     pub stall_ms: u64,
     /// Most clients served at once (default 10,000).
     pub max_clients: usize,

@@ -21,7 +21,7 @@
 //! `to_domain` tagged `#<node id>`; the domain's reach the clients in the
 //! view, at `to_clients` likewise.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -111,10 +111,11 @@ pub struct BrokerStats {
     pub bytes_forwarded: u64,
     /// Subscriptions, history queries and filter declarations forwarded.
     pub upstream_messages: u64,
-    /// Reliable frames that found a client's queue full and waited.
+    /// Reliable messages that found a client's queue full and were held.
     pub reliable_stalls: u64,
-    /// Reliable frames dropped for a client whose queue stayed full for
-    /// `stall_ms` (it sees a gap: repaired from history or reported lost).
+    /// Reliable messages dropped for a client whose queue was full: held
+    /// for `stall_ms`, beyond what the broker holds, or while a client is
+    /// stuck (it sees a gap: repaired from history or reported lost).
     pub reliable_dropped: u64,
     /// Requests dropped as malformed.
     pub requests_malformed: u64,
@@ -278,7 +279,7 @@ fn host_of(listen: &str) -> Option<&str> {
 
 /// Where a plane's messages come from and go: the clients' sockets, the
 /// domain's, or a link's to a federated broker (by its id).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Port {
     Clients,
     Domain,
@@ -463,17 +464,134 @@ struct PlaneIo {
     /// When to tell the domain's publishers the filter declarations again
     /// (new connections were being made).
     domain_redeclare: Vec<Instant>,
-    /// The reliable plane's stall limit, and until when a connection that
-    /// stayed full for one is not waited for.
+    /// The reliable plane's stall limit: how long a message waits for a
+    /// full connection.
     stall: Duration,
-    lossy_until: Option<Instant>,
+    /// Reliable messages each port holds for full connections.
+    held: HashMap<Port, Held>,
     counters: Arc<BrokerCounters>,
     stop: Arc<AtomicBool>,
 }
 
-/// How long a reliable frame waits for a full connection while one
-/// connection is known stuck (it stayed full for a whole stall limit).
-const STUCK_WAIT: Duration = Duration::from_millis(5);
+/// Most bytes of reliable messages one port holds for full connections
+/// ([`Held`]); past that, its oldest is dropped for them.
+const HELD_MAX_BYTES: usize = 64 << 20;
+
+/// Most reliable messages one port holds.
+const HELD_MAX_MESSAGES: usize = 65_536;
+
+/// How often held messages are offered again (ms).
+const HELD_RETRY_MS: i64 = 1;
+
+/// A reliable message that a port's XPUB could not take yet.
+struct HeldMsg {
+    since: Instant,
+    /// Its publisher (`None`: a message without a data header).
+    origin: Option<[u8; 16]>,
+    bytes: usize,
+    frames: Vec<Frame>,
+}
+
+/// The reliable messages one port holds, oldest first. libzmq's XPUB
+/// with `XPUB_NODROP` takes a message for every connection that wants it
+/// or, when one of those is full, for none; a message refused so waits
+/// here rather than in the plane's thread, and messages that no full
+/// connection wants go on at once. A publisher's later messages wait
+/// behind its held ones, so that every connection gets them in order: a
+/// stalled client delays only the publishers it reads, for the clients
+/// that read them too, and at most the stall limit.
+#[derive(Default)]
+struct Held {
+    msgs: VecDeque<HeldMsg>,
+    bytes: usize,
+    /// Messages held per publisher.
+    by_origin: HashMap<Option<[u8; 16]>, usize>,
+    /// Until when a message that finds a connection full is dropped for it
+    /// at once: set when a message waited the whole stall limit (or the
+    /// port held too much), and moved on while messages keep finding a
+    /// connection full, so that a stuck client costs the others nothing.
+    lossy_until: Option<Instant>,
+}
+
+impl Held {
+    fn push(&mut self, m: HeldMsg) {
+        self.bytes += m.bytes;
+        *self.by_origin.entry(m.origin).or_default() += 1;
+        self.msgs.push_back(m);
+    }
+
+    fn pop_front(&mut self) -> Option<HeldMsg> {
+        let m = self.msgs.pop_front()?;
+        self.bytes -= m.bytes;
+        match self.by_origin.get_mut(&m.origin) {
+            Some(n) if *n > 1 => *n -= 1,
+            _ => {
+                self.by_origin.remove(&m.origin);
+            }
+        }
+        Some(m)
+    }
+
+    fn over(&self) -> bool {
+        self.bytes > HELD_MAX_BYTES || self.msgs.len() > HELD_MAX_MESSAGES
+    }
+
+    fn lossy(&self, now: Instant) -> bool {
+        self.lossy_until.is_some_and(|t| now < t)
+    }
+
+    /// Whether nothing is held or remembered: the port's entry can go.
+    fn idle(&self, now: Instant) -> bool {
+        self.msgs.is_empty() && !self.lossy(now)
+    }
+}
+
+/// What became of a message offered to a reliable XPUB.
+enum Offer {
+    /// Taken (or lost to a socket error, as any send can be).
+    Done,
+    /// A connection that wants it is full: taken by none.
+    Full(Vec<Frame>),
+}
+
+/// Offers a whole message to a reliable XPUB without waiting. libzmq
+/// judges the connections' room at the first frame (a connection's queue
+/// counts whole messages), so the rest follow; should one not, it waits
+/// as long as the socket's send timeout (the stall limit).
+fn offer(sock: &mut zmq::Socket, frames: Vec<Frame>) -> Offer {
+    let n = frames.len();
+    let mut it = frames.into_iter();
+    let Some(first) = it.next() else {
+        return Offer::Done;
+    };
+    let more = if n > 1 { zmq::SNDMORE } else { 0 };
+    match first.send(sock, more | zmq::DONTWAIT) {
+        Ok(()) => {}
+        Err((f, zmq::Error::EAGAIN)) => {
+            let mut v = Vec::with_capacity(n);
+            v.push(f);
+            v.extend(it);
+            return Offer::Full(v);
+        }
+        Err(_) => return Offer::Done,
+    }
+    for (i, f) in it.enumerate() {
+        let flags = if i + 2 < n { zmq::SNDMORE } else { 0 };
+        if f.send(sock, flags).is_err() {
+            break;
+        }
+    }
+    Offer::Done
+}
+
+/// Sends a whole reliable message to the connections that have room; a
+/// full one drops it and its subscriber sees the gap (repaired from
+/// history or reported lost).
+fn send_dropping(sock: &mut zmq::Socket, frames: Vec<Frame>) {
+    let _ = zmq_io::set_xpub_nodrop(sock, false);
+    send_frames(sock, frames);
+    let _ = zmq_io::set_xpub_nodrop(sock, true);
+}
 
 /// Most messages read from one socket before the others get a turn.
 const BURST: usize = 256;
@@ -593,7 +711,7 @@ impl PlaneIo {
                 connected: BTreeSet::new(),
                 domain_redeclare: Vec::new(),
                 stall: Duration::from_millis(spec.stall_ms),
-                lossy_until: None,
+                held: HashMap::new(),
                 counters: counters.clone(),
                 stop: stop.clone(),
             },
@@ -618,11 +736,18 @@ impl PlaneIo {
                 items.push(l.inp.as_poll_item(zmq::POLLIN));
                 items.push(l.out.as_poll_item(zmq::POLLIN));
             }
-            if !matches!(zmq::poll(&mut items, 50), Ok(n) if n > 0) {
-                continue;
-            }
+            let wait = if self.held.values().any(|h| !h.msgs.is_empty()) {
+                HELD_RETRY_MS
+            } else {
+                50
+            };
+            let polled = zmq::poll(&mut items, wait);
             let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
             drop(items);
+            self.offer_held();
+            if !matches!(polled, Ok(n) if n > 0) {
+                continue;
+            }
             if ready[0] {
                 self.down(&Port::Clients);
             }
@@ -796,6 +921,7 @@ impl PlaneIo {
     fn drop_link(&mut self, id: &str) {
         tracing::debug!(broker = %self.me, plane = ?self.plane, peer = %id, "a link closes");
         lock(&self.bound).remove(id);
+        self.held.remove(&Port::Link(id.to_owned()));
         let Some(l) = self.links.remove(id) else {
             return;
         };
@@ -977,75 +1103,131 @@ impl PlaneIo {
         }
     }
 
-    /// Sends `frames` on the XPUB of `to`. A reliable plane waits up to
-    /// `stall` for a full connection, then sends without waiting: the
-    /// full connection drops the frame, and its subscriber sees the gap.
+    /// Sends `frames` on the XPUB of `to`. Best effort never waits: a
+    /// full connection drops them. Reliable: see [`Held`].
     fn send(&mut self, to: &Port, frames: Vec<Frame>) {
         let bytes: usize = frames.iter().map(Frame::len).sum();
-        let reliable = self.plane == Plane::Reliable;
-        let stuck = self.lossy_until.is_some_and(|t| Instant::now() < t);
+        if self.plane != Plane::Reliable {
+            let counters = self.counters.clone();
+            if let Some(sock) = self.out_socket(to) {
+                send_frames(sock, frames);
+                counters.frames_forwarded.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .bytes_forwarded
+                    .fetch_add(bytes as u64, Ordering::Relaxed);
+            }
+            return;
+        }
+        let now = Instant::now();
+        let msg = HeldMsg {
+            since: now,
+            origin: frames.first().and_then(|f| origin(f.bytes())),
+            bytes,
+            frames,
+        };
+        let mut held = match self.held.is_empty() {
+            true => Held::default(),
+            false => self.held.remove(to).unwrap_or_default(),
+        };
+        let msg = if held.by_origin.contains_key(&msg.origin) {
+            // Behind its publisher's held messages, in order.
+            Some(msg)
+        } else {
+            self.deliver(to, &mut held, msg, now)
+        };
+        if let Some(msg) = msg {
+            self.counters
+                .reliable_stalls
+                .fetch_add(1, Ordering::Relaxed);
+            held.push(msg);
+        }
+        self.settle(to, held, now);
+    }
+
+    /// Offers `msg` to `to`'s XPUB: sent; dropped for the full connections
+    /// if it waited the stall limit or the port is lossy; or handed back,
+    /// to be held.
+    fn deliver(
+        &mut self,
+        to: &Port,
+        held: &mut Held,
+        msg: HeldMsg,
+        now: Instant,
+    ) -> Option<HeldMsg> {
         let stall = self.stall;
         let counters = self.counters.clone();
-        let Some(sock) = self.out_socket(to) else {
-            return;
-        };
-        let n = frames.len();
-        let mut lossy_from = None;
-        for (i, f) in frames.into_iter().enumerate() {
-            let flags = if i + 1 < n { zmq::SNDMORE } else { 0 } | zmq::DONTWAIT;
-            let f = match f.send(sock, flags) {
-                Ok(()) => continue,
-                // Best effort never waits: a full connection drops it.
-                Err(_) if !reliable => return,
-                Err((f, zmq::Error::EAGAIN)) => f,
-                Err(_) => return,
-            };
-            // A connection that stayed full for a whole stall limit is not
-            // waited for again until another has passed: meanwhile a frame
-            // that finds a connection full waits only STUCK_WAIT (a client
-            // that reads catches up in that time), so that one stuck
-            // client does not hold every other one at a frame per stall.
-            let f = if stuck {
-                let end = Instant::now() + STUCK_WAIT;
-                let mut f = f;
-                loop {
-                    std::thread::sleep(Duration::from_micros(100));
-                    f = match f.send(sock, flags) {
-                        Ok(()) => break None,
-                        Err((f, zmq::Error::EAGAIN)) if Instant::now() < end => f,
-                        Err((f, zmq::Error::EAGAIN)) => break Some(f),
-                        Err(_) => return,
-                    };
-                }
-            } else {
-                counters.reliable_stalls.fetch_add(1, Ordering::Relaxed);
-                // Blocks until the full connection has room, at most the
-                // stall limit (the socket's ZMQ_SNDTIMEO).
-                match f.send(sock, flags & !zmq::DONTWAIT) {
-                    Ok(()) => None,
-                    Err((f, zmq::Error::EAGAIN)) => {
-                        lossy_from = Some(Instant::now());
-                        Some(f)
-                    }
-                    Err(_) => return,
-                }
-            };
-            if let Some(f) = f {
-                // Sent to those with room; the full ones drop it.
-                let _ = zmq_io::set_xpub_nodrop(sock, false);
-                let _ = f.send(sock, flags);
-                let _ = zmq_io::set_xpub_nodrop(sock, true);
+        let sock = self.out_socket(to)?;
+        let HeldMsg {
+            since,
+            origin,
+            bytes,
+            frames,
+        } = msg;
+        match offer(sock, frames) {
+            Offer::Done => {}
+            Offer::Full(frames) if held.lossy(now) || now >= since + stall => {
+                send_dropping(sock, frames);
+                held.lossy_until = Some(now + stall);
                 counters.reliable_dropped.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!("a reliable frame found a subscriber full past the stall limit and was dropped for it");
+                tracing::debug!("a reliable message found a client full past the stall limit and was dropped for it");
             }
-        }
-        if let Some(t) = lossy_from {
-            self.lossy_until = Some(t + stall);
+            Offer::Full(frames) => {
+                return Some(HeldMsg {
+                    since,
+                    origin,
+                    bytes,
+                    frames,
+                })
+            }
         }
         counters.frames_forwarded.fetch_add(1, Ordering::Relaxed);
         counters
             .bytes_forwarded
             .fetch_add(bytes as u64, Ordering::Relaxed);
+        None
+    }
+
+    /// Drops the oldest held messages for the full connections while the
+    /// port holds too much, and keeps `held` for `to` if it is not idle.
+    fn settle(&mut self, to: &Port, mut held: Held, now: Instant) {
+        while held.over() {
+            let Some(m) = held.pop_front() else { break };
+            held.lossy_until = Some(now + self.stall);
+            self.counters
+                .reliable_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            if let Some(sock) = self.out_socket(to) {
+                send_dropping(sock, m.frames);
+            }
+        }
+        if !held.idle(now) {
+            self.held.insert(to.clone(), held);
+        }
+    }
+
+    /// Offers every port's held messages again, oldest first; one still
+    /// refused keeps its publisher's later ones behind it.
+    fn offer_held(&mut self) {
+        let ports: Vec<Port> = self.held.keys().cloned().collect();
+        for to in ports {
+            let Some(mut held) = self.held.remove(&to) else {
+                continue;
+            };
+            let now = Instant::now();
+            let mut blocked = HashSet::new();
+            for _ in 0..held.msgs.len() {
+                let Some(m) = held.pop_front() else { break };
+                if blocked.contains(&m.origin) {
+                    held.push(m);
+                    continue;
+                }
+                if let Some(m) = self.deliver(&to, &mut held, m, now) {
+                    blocked.insert(m.origin);
+                    held.push(m);
+                }
+            }
+            self.settle(&to, held, now);
+        }
     }
 
     /// Subscriptions, queries and declarations from the subscribers on
