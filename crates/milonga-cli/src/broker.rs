@@ -29,6 +29,11 @@ pub struct BrokerArgs {
     /// wait (docs/broker.md).
     #[arg(long, default_value_t = 1000)]
     pub stall_ms: u64,
+    /// MiB of reliable messages held, per domain, for clients whose queue
+    /// is full before the broker stops reading the publishers until they
+    /// have room (docs/broker.md).
+    #[arg(long, default_value_t = 16)]
+    pub hold_mib: u64,
     /// Link to the broker listening at tcp://HOST:PORT (repeat for
     /// several): brokers linked in any graph form a federation whose
     /// clients see each other (docs/broker.md). One end naming the other
@@ -57,6 +62,7 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
         attach_interval_ms: a.attach_interval_ms,
         lease_ms: a.lease_ms,
         stall_ms: a.stall_ms,
+        hold_mib: a.hold_mib,
         insecure: a.insecure,
         peers: a.peers.clone(),
         ..Default::default()

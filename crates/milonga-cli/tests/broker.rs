@@ -937,9 +937,22 @@ fn a_stalled_reliable_client_delays_no_publisher_it_does_not_read() {
     let env = Env::new("brk-held");
     // A stall limit, a lease and ZMTP heartbeat timeouts longer than the
     // test: the stopped client is neither dropped for, nor forgotten, nor
-    // disconnected (whatever a slow machine makes of the timing).
-    let long = [("MILONGA_HEARTBEAT_TIMEOUT_MS", "60000")];
-    let broker = env.broker_with(&["--stall-ms", "60000", "--lease-ms", "60000"], &long);
+    // disconnected (whatever a slow machine makes of the timing). The
+    // broker holds up to 256 MiB before it stops reading publishers, and
+    // queues 10 messages per client connection, so that what it holds
+    // does not depend on how much the kernel buffers.
+    let long = [("MILONGA_HEARTBEAT_TIMEOUT_MS", "120000")];
+    let broker = env.broker_with(
+        &[
+            "--stall-ms",
+            "120000",
+            "--lease-ms",
+            "120000",
+            "--hold-mib",
+            "256",
+        ],
+        &[long[0], ("MILONGA_SEND_HWM", "10")],
+    );
     let l = broker.locator.as_str();
     let node_a = Node::open_with(env.config_at(l, "pub-a")).unwrap();
     let node_b = Node::open_with(env.config_at(l, "pub-b")).unwrap();
@@ -957,13 +970,13 @@ fn a_stalled_reliable_client_delays_no_publisher_it_does_not_read() {
         "--reliable",
         "--json",
         "--timeout",
-        "60",
+        "120",
     ]);
     cmd.envs(long);
     let reads_a = Proc::spawn(cmd);
     let reads_b = env.spawn_at(
         l,
-        &["sub", "sr/b/**", "--reliable", "--json", "--timeout", "60"],
+        &["sub", "sr/b/**", "--reliable", "--json", "--timeout", "120"],
     );
     let (mut puts_a, mut puts_b) = (0u64, 0u64);
     until_each_takes_a_sample(&[&reads_a, &reads_b], || {
@@ -972,17 +985,19 @@ fn a_stalled_reliable_client_delays_no_publisher_it_does_not_read() {
         puts_a += 1;
         puts_b += 1;
     });
-    // sr/a/1's reader stops; 40 MB for it, more than its connection and
-    // its socket buffers hold, so that the broker holds the rest.
+    // sr/a/1's reader stops; 64 MiB for it (samples too large to be
+    // batched), more than its connection and the kernel's buffers hold, so
+    // that the broker holds the rest.
     reads_a.signal(libc::SIGSTOP);
-    let text = "a".repeat(4096);
-    for _ in 0..10_000 {
+    let text = "a".repeat(32 << 10);
+    for _ in 0..2_000 {
         pa.put(text.as_str()).unwrap();
         puts_a += 1;
     }
     // sr/b/1 goes on: each sample reaches its reader though the broker
     // holds messages for the stopped one (before, the broker waited for
-    // it up to the stall limit, a minute here, with every reliable frame).
+    // it up to the stall limit, two minutes here, with every reliable
+    // frame).
     let t0 = Instant::now();
     // Reads sr/b/1's reader up to sample `seq` (the warm-up's may come
     // first).

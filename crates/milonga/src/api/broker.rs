@@ -44,6 +44,10 @@ pub struct BrokerOptions {
     /// before it is dropped for that client (ms, default 1000); messages
     /// of publishers it does not read do not wait (docs/broker.md).
     pub stall_ms: u64,
+    /// MiB of reliable messages the broker holds, per domain, for clients
+    /// whose queue is full before it stops reading the publishers until
+    /// they have room (default 16; docs/broker.md).
+    pub hold_mib: u64,
     /// Most clients served at once (default 10,000).
     pub max_clients: usize,
     /// The brokers it links to, by their listen endpoints
@@ -65,6 +69,7 @@ impl Default for BrokerOptions {
             attach_interval_ms: 250,
             lease_ms: 3000,
             stall_ms: 1000,
+            hold_mib: 16,
             max_clients: 10_000,
             peers: Vec::new(),
             insecure: false,
@@ -171,6 +176,7 @@ impl Broker {
             attach_interval_ms: opts.attach_interval_ms.max(10),
             lease_ms: opts.lease_ms.max(100),
             stall_ms: opts.stall_ms,
+            hold_mib: opts.hold_mib,
             max_clients: opts.max_clients,
             peers: opts.peers,
             cfg: Config::from_env("milonga:///broker", "broker")?,

@@ -66,9 +66,12 @@ pub(crate) struct BrokerSpec {
     pub attach_interval_ms: u64,
     /// A client that has not attached for this long is forgotten (ms).
     pub lease_ms: u64,
-    /// How long a reliable frame waits for a full client before it is
+    /// How long a reliable message waits for a full client before it is
     /// dropped for that client (ms).
     pub stall_ms: u64,
+    /// MiB of reliable messages a plane holds for full clients before it
+    /// stops reading its publishers.
+    pub hold_mib: u64,
     /// Most clients served at once.
     pub max_clients: usize,
     /// The listen endpoints of the brokers it links to (federation).
@@ -111,11 +114,13 @@ pub struct BrokerStats {
     pub bytes_forwarded: u64,
     /// Subscriptions, history queries and filter declarations forwarded.
     pub upstream_messages: u64,
-    /// Reliable messages that found a client's queue full and were held.
+    /// Reliable messages held: refused for a full client, or behind a
+    /// held message of their node.
     pub reliable_stalls: u64,
-    /// Reliable messages dropped for a client whose queue was full: held
-    /// for `stall_ms`, beyond what the broker holds, or while a client is
-    /// stuck (it sees a gap: repaired from history or reported lost).
+    /// Reliable messages the broker dropped for a full client: first in
+    /// line for `stall_ms` (less while a client is stuck), past what a
+    /// port holds, or held for a link that closed (the client sees the
+    /// gap: repaired from history or reported lost).
     pub reliable_dropped: u64,
     /// Requests dropped as malformed.
     pub requests_malformed: u64,
@@ -469,71 +474,137 @@ struct PlaneIo {
     stall: Duration,
     /// Reliable messages each port holds for full connections.
     held: HashMap<Port, Held>,
+    hold: HoldLimits,
     counters: Arc<BrokerCounters>,
     stop: Arc<AtomicBool>,
 }
 
-/// Most bytes of reliable messages one port holds for full connections
-/// ([`Held`]); past that, its oldest is dropped for them.
-const HELD_MAX_BYTES: usize = 64 << 20;
-
-/// Most reliable messages one port holds.
-const HELD_MAX_MESSAGES: usize = 65_536;
-
 /// How often held messages are offered again (ms).
 const HELD_RETRY_MS: i64 = 1;
 
+/// How long a message waits for a full connection while its port is
+/// lossy ([`Held::lossy_until`]): a client that reads catches up in that
+/// time; a stuck one costs the others no more.
+const LOSSY_GRACE: Duration = Duration::from_millis(10);
+
+/// What a plane holds for full connections ([`Held`]) before it stops
+/// reading its publishers, and what one port holds at most.
+#[derive(Debug, Clone, Copy)]
+struct HoldLimits {
+    /// Bytes (of all its ports) past which the plane stops reading its
+    /// publishers until they fall below: a client or link that is only
+    /// slow then slows the publishers, as a slow peer-to-peer subscriber
+    /// does, rather than losing messages.
+    pause_bytes: usize,
+    /// Messages likewise (a thousand per MiB).
+    pause_messages: usize,
+    /// Four times those per port, whatever comes (what a burst read
+    /// before the pause brought): past that the port's oldest message is
+    /// dropped for the full connections.
+    max_bytes: usize,
+    max_messages: usize,
+}
+
+impl HoldLimits {
+    fn of_mib(mib: u64) -> HoldLimits {
+        let mib = usize::try_from(mib.max(1)).unwrap_or(usize::MAX >> 24);
+        HoldLimits {
+            pause_bytes: mib.saturating_mul(1 << 20),
+            pause_messages: mib.saturating_mul(1024),
+            max_bytes: mib.saturating_mul(4 << 20),
+            max_messages: mib.saturating_mul(4096),
+        }
+    }
+}
+
 /// A reliable message that a port's XPUB could not take yet.
 struct HeldMsg {
-    since: Instant,
-    /// Its publisher (`None`: a message without a data header).
-    origin: Option<[u8; 16]>,
+    arrived: Instant,
     bytes: usize,
     frames: Vec<Frame>,
 }
 
-/// The reliable messages one port holds, oldest first. libzmq's XPUB
-/// with `XPUB_NODROP` takes a message for every connection that wants it
-/// or, when one of those is full, for none; a message refused so waits
-/// here rather than in the plane's thread, and messages that no full
-/// connection wants go on at once. A publisher's later messages wait
-/// behind its held ones, so that every connection gets them in order: a
-/// stalled client delays only the publishers it reads, for the clients
-/// that read them too, and at most the stall limit.
+/// One node's held messages, in order, and since when the first of them
+/// has waited for room. The stall limit counts from then, so that a
+/// backlog that drains, however long, loses nothing, while a connection
+/// that takes nothing for the stall limit has that message dropped.
+struct Chain {
+    msgs: VecDeque<HeldMsg>,
+    head_since: Instant,
+}
+
+/// The reliable messages one port holds. libzmq's XPUB with
+/// `XPUB_NODROP` takes a message for every connection that wants it or,
+/// when one of those is full, for none; a message refused so waits here
+/// rather than in the plane's thread, and messages that no full
+/// connection wants go on at once. A node's later messages wait behind
+/// its held ones, so that every connection gets them in order (a
+/// node's history replies with its samples too): a stalled client delays
+/// only the nodes whose publications it reads, for the clients that read
+/// them too, and at most the stall limit, until the plane holds
+/// [`HoldLimits::pause_bytes`] and stops reading every publisher.
 #[derive(Default)]
 struct Held {
-    msgs: VecDeque<HeldMsg>,
+    /// By the publisher node in the messages' header (`None`: messages
+    /// without one).
+    chains: HashMap<Option<[u8; 16]>, Chain>,
     bytes: usize,
-    /// Messages held per publisher.
-    by_origin: HashMap<Option<[u8; 16]>, usize>,
-    /// Until when a message that finds a connection full is dropped for it
-    /// at once: set when a message waited the whole stall limit (or the
-    /// port held too much), and moved on while messages keep finding a
-    /// connection full, so that a stuck client costs the others nothing.
+    count: usize,
+    /// Until when a message that finds a connection full waits only
+    /// [`LOSSY_GRACE`]: set when a message waited the whole stall limit (or
+    /// the port held too much), and moved on while messages keep finding
+    /// a connection full.
     lossy_until: Option<Instant>,
 }
 
 impl Held {
-    fn push(&mut self, m: HeldMsg) {
+    fn push(&mut self, origin: Option<[u8; 16]>, m: HeldMsg, now: Instant) {
         self.bytes += m.bytes;
-        *self.by_origin.entry(m.origin).or_default() += 1;
-        self.msgs.push_back(m);
+        self.count += 1;
+        self.chains
+            .entry(origin)
+            .or_insert_with(|| Chain {
+                msgs: VecDeque::new(),
+                head_since: now,
+            })
+            .msgs
+            .push_back(m);
     }
 
-    fn pop_front(&mut self) -> Option<HeldMsg> {
-        let m = self.msgs.pop_front()?;
-        self.bytes -= m.bytes;
-        match self.by_origin.get_mut(&m.origin) {
-            Some(n) if *n > 1 => *n -= 1,
-            _ => {
-                self.by_origin.remove(&m.origin);
-            }
+    /// Takes the first held message of `origin`: its next one, if any, is
+    /// first now and waits from `now`.
+    fn take(&mut self, origin: Option<[u8; 16]>, now: Instant) -> Option<HeldMsg> {
+        let chain = self.chains.get_mut(&origin)?;
+        let m = chain.msgs.pop_front()?;
+        chain.head_since = now;
+        if chain.msgs.is_empty() {
+            self.chains.remove(&origin);
         }
+        self.bytes -= m.bytes;
+        self.count -= 1;
         Some(m)
     }
 
-    fn over(&self) -> bool {
-        self.bytes > HELD_MAX_BYTES || self.msgs.len() > HELD_MAX_MESSAGES
+    /// Puts `m`, refused again, back in front of its node's messages,
+    /// waiting since `since`.
+    fn restore(&mut self, origin: Option<[u8; 16]>, m: HeldMsg, since: Instant) {
+        self.bytes += m.bytes;
+        self.count += 1;
+        let chain = self.chains.entry(origin).or_insert_with(|| Chain {
+            msgs: VecDeque::new(),
+            head_since: since,
+        });
+        chain.head_since = since;
+        chain.msgs.push_front(m);
+    }
+
+    /// The node whose first held message came first.
+    fn oldest(&self) -> Option<Option<[u8; 16]>> {
+        self.chains
+            .iter()
+            .filter_map(|(o, c)| c.msgs.front().map(|m| (m.arrived, *o)))
+            .min_by_key(|(t, _)| *t)
+            .map(|(_, o)| o)
     }
 
     fn lossy(&self, now: Instant) -> bool {
@@ -542,7 +613,7 @@ impl Held {
 
     /// Whether nothing is held or remembered: the port's entry can go.
     fn idle(&self, now: Instant) -> bool {
-        self.msgs.is_empty() && !self.lossy(now)
+        self.count == 0 && !self.lossy(now)
     }
 }
 
@@ -712,6 +783,7 @@ impl PlaneIo {
                 domain_redeclare: Vec::new(),
                 stall: Duration::from_millis(spec.stall_ms),
                 held: HashMap::new(),
+                hold: HoldLimits::of_mib(spec.hold_mib),
                 counters: counters.clone(),
                 stop: stop.clone(),
             },
@@ -725,18 +797,29 @@ impl PlaneIo {
             self.retire();
             self.redeclare();
             self.tell_asked();
-            let ids: Vec<String> = self.links.keys().cloned().collect();
-            let mut items = vec![
-                self.from_clients.as_poll_item(zmq::POLLIN),
-                self.from_domain.as_poll_item(zmq::POLLIN),
-                self.to_clients.as_poll_item(zmq::POLLIN),
-                self.to_domain.as_poll_item(zmq::POLLIN),
-            ];
-            for l in self.links.values() {
-                items.push(l.inp.as_poll_item(zmq::POLLIN));
-                items.push(l.out.as_poll_item(zmq::POLLIN));
+            // Publishers are not read while the ports hold too much.
+            let paused = self.backlogged();
+            let mut what: Vec<(Port, bool)> = Vec::new();
+            let mut items = Vec::new();
+            if !paused {
+                items.push(self.from_clients.as_poll_item(zmq::POLLIN));
+                what.push((Port::Clients, true));
+                items.push(self.from_domain.as_poll_item(zmq::POLLIN));
+                what.push((Port::Domain, true));
             }
-            let wait = if self.held.values().any(|h| !h.msgs.is_empty()) {
+            items.push(self.to_clients.as_poll_item(zmq::POLLIN));
+            what.push((Port::Clients, false));
+            items.push(self.to_domain.as_poll_item(zmq::POLLIN));
+            what.push((Port::Domain, false));
+            for (id, l) in &self.links {
+                if !paused {
+                    items.push(l.inp.as_poll_item(zmq::POLLIN));
+                    what.push((Port::Link(id.clone()), true));
+                }
+                items.push(l.out.as_poll_item(zmq::POLLIN));
+                what.push((Port::Link(id.clone()), false));
+            }
+            let wait = if self.held.values().any(|h| h.count > 0) {
                 HELD_RETRY_MS
             } else {
                 50
@@ -748,25 +831,11 @@ impl PlaneIo {
             if !matches!(polled, Ok(n) if n > 0) {
                 continue;
             }
-            if ready[0] {
-                self.down(&Port::Clients);
-            }
-            if ready[1] {
-                self.down(&Port::Domain);
-            }
-            if ready[2] {
-                self.up(&Port::Clients);
-            }
-            if ready[3] {
-                self.up(&Port::Domain);
-            }
-            for (i, id) in ids.into_iter().enumerate() {
-                let port = Port::Link(id);
-                if ready[4 + 2 * i] {
-                    self.down(&port);
-                }
-                if ready[5 + 2 * i] {
-                    self.up(&port);
+            for ((port, down), ready) in what.into_iter().zip(ready) {
+                match (ready, down) {
+                    (false, _) => {}
+                    (true, true) => self.down(&port),
+                    (true, false) => self.up(&port),
                 }
             }
         }
@@ -921,7 +990,12 @@ impl PlaneIo {
     fn drop_link(&mut self, id: &str) {
         tracing::debug!(broker = %self.me, plane = ?self.plane, peer = %id, "a link closes");
         lock(&self.bound).remove(id);
-        self.held.remove(&Port::Link(id.to_owned()));
+        if let Some(h) = self.held.remove(&Port::Link(id.to_owned())) {
+            // What it held for the link goes with it, counted.
+            self.counters
+                .reliable_dropped
+                .fetch_add(h.count as u64, Ordering::Relaxed);
+        }
         let Some(l) = self.links.remove(id) else {
             return;
         };
@@ -1023,7 +1097,7 @@ impl PlaneIo {
     /// shared between the sockets, not copied.
     fn down(&mut self, src: &Port) {
         for _ in 0..BURST {
-            if self.stop.load(Ordering::Relaxed) {
+            if self.stop.load(Ordering::Relaxed) || self.backlogged() {
                 return;
             }
             let Some(sock) = self.in_socket(src) else {
@@ -1119,9 +1193,9 @@ impl PlaneIo {
             return;
         }
         let now = Instant::now();
+        let from = frames.first().and_then(|f| origin(f.bytes()));
         let msg = HeldMsg {
-            since: now,
-            origin: frames.first().and_then(|f| origin(f.bytes())),
+            arrived: now,
             bytes,
             frames,
         };
@@ -1129,52 +1203,54 @@ impl PlaneIo {
             true => Held::default(),
             false => self.held.remove(to).unwrap_or_default(),
         };
-        let msg = if held.by_origin.contains_key(&msg.origin) {
-            // Behind its publisher's held messages, in order.
+        let msg = if held.chains.contains_key(&from) {
+            // Behind its node's held messages, in order.
             Some(msg)
         } else {
-            self.deliver(to, &mut held, msg, now)
+            self.deliver(to, &mut held.lossy_until, msg, now, now)
         };
         if let Some(msg) = msg {
             self.counters
                 .reliable_stalls
                 .fetch_add(1, Ordering::Relaxed);
-            held.push(msg);
+            held.push(from, msg, now);
         }
         self.settle(to, held, now);
     }
 
     /// Offers `msg` to `to`'s XPUB: sent; dropped for the full connections
-    /// if it waited the stall limit or the port is lossy; or handed back,
-    /// to be held.
+    /// if it has waited (since `waiting_since`) the stall limit, or
+    /// [`LOSSY_GRACE`] while the port is lossy (`lossy_until`); or handed
+    /// back, to be held.
     fn deliver(
         &mut self,
         to: &Port,
-        held: &mut Held,
+        lossy_until: &mut Option<Instant>,
         msg: HeldMsg,
+        waiting_since: Instant,
         now: Instant,
     ) -> Option<HeldMsg> {
         let stall = self.stall;
         let counters = self.counters.clone();
         let sock = self.out_socket(to)?;
         let HeldMsg {
-            since,
-            origin,
+            arrived,
             bytes,
             frames,
         } = msg;
+        let lossy = lossy_until.is_some_and(|t| now < t);
+        let limit = if lossy { LOSSY_GRACE.min(stall) } else { stall };
         match offer(sock, frames) {
             Offer::Done => {}
-            Offer::Full(frames) if held.lossy(now) || now >= since + stall => {
+            Offer::Full(frames) if now >= waiting_since + limit => {
                 send_dropping(sock, frames);
-                held.lossy_until = Some(now + stall);
+                *lossy_until = Some(now + stall);
                 counters.reliable_dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!("a reliable message found a client full past the stall limit and was dropped for it");
             }
             Offer::Full(frames) => {
                 return Some(HeldMsg {
-                    since,
-                    origin,
+                    arrived,
                     bytes,
                     frames,
                 })
@@ -1188,10 +1264,14 @@ impl PlaneIo {
     }
 
     /// Drops the oldest held messages for the full connections while the
-    /// port holds too much, and keeps `held` for `to` if it is not idle.
+    /// port holds more than its limit, and keeps `held` for `to` if it is
+    /// not idle.
     fn settle(&mut self, to: &Port, mut held: Held, now: Instant) {
-        while held.over() {
-            let Some(m) = held.pop_front() else { break };
+        let limits = self.hold;
+        while held.bytes > limits.max_bytes || held.count > limits.max_messages {
+            let Some(m) = held.oldest().and_then(|o| held.take(o, now)) else {
+                break;
+            };
             held.lossy_until = Some(now + self.stall);
             self.counters
                 .reliable_dropped
@@ -1205,8 +1285,8 @@ impl PlaneIo {
         }
     }
 
-    /// Offers every port's held messages again, oldest first; one still
-    /// refused keeps its publisher's later ones behind it.
+    /// Offers each node's held messages again, first to last, until one
+    /// is refused.
     fn offer_held(&mut self) {
         let ports: Vec<Port> = self.held.keys().cloned().collect();
         for to in ports {
@@ -1214,20 +1294,33 @@ impl PlaneIo {
                 continue;
             };
             let now = Instant::now();
-            let mut blocked = HashSet::new();
-            for _ in 0..held.msgs.len() {
-                let Some(m) = held.pop_front() else { break };
-                if blocked.contains(&m.origin) {
-                    held.push(m);
-                    continue;
-                }
-                if let Some(m) = self.deliver(&to, &mut held, m, now) {
-                    blocked.insert(m.origin);
-                    held.push(m);
+            let origins: Vec<Option<[u8; 16]>> = held.chains.keys().copied().collect();
+            for o in origins {
+                while let Some(since) = held.chains.get(&o).map(|c| c.head_since) {
+                    let Some(m) = held.take(o, now) else {
+                        break;
+                    };
+                    if let Some(m) = self.deliver(&to, &mut held.lossy_until, m, since, now) {
+                        held.restore(o, m, since);
+                        break;
+                    }
                 }
             }
             self.settle(&to, held, now);
         }
+    }
+
+    /// Whether the ports hold so much that the plane stops reading its
+    /// publishers ([`HoldLimits::pause_bytes`]).
+    fn backlogged(&self) -> bool {
+        if self.held.is_empty() {
+            return false;
+        }
+        let (bytes, n) = self
+            .held
+            .values()
+            .fold((0, 0), |(b, n), h| (b + h.bytes, n + h.count));
+        bytes > self.hold.pause_bytes || n > self.hold.pause_messages
     }
 
     /// Subscriptions, queries and declarations from the subscribers on
