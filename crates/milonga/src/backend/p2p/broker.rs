@@ -479,6 +479,9 @@ struct PlaneIo {
     stop: Arc<AtomicBool>,
 }
 
+/// The longest stall limit: a day (a longer one is taken as a day).
+const MAX_STALL_MS: u64 = 86_400_000;
+
 /// How often held messages are offered again (ms).
 const HELD_RETRY_MS: i64 = 1;
 
@@ -496,7 +499,7 @@ struct HoldLimits {
     /// slow then slows the publishers, as a slow peer-to-peer subscriber
     /// does, rather than losing messages.
     pause_bytes: usize,
-    /// Messages likewise (a thousand per MiB).
+    /// Messages likewise (1,024 per MiB).
     pause_messages: usize,
     /// Four times those per port, whatever comes (what a burst read
     /// before the pause brought): past that the port's oldest message is
@@ -781,7 +784,7 @@ impl PlaneIo {
                 applied: 0,
                 connected: BTreeSet::new(),
                 domain_redeclare: Vec::new(),
-                stall: Duration::from_millis(spec.stall_ms),
+                stall: Duration::from_millis(spec.stall_ms.min(MAX_STALL_MS)),
                 held: HashMap::new(),
                 hold: HoldLimits::of_mib(spec.hold_mib),
                 counters: counters.clone(),
@@ -1268,7 +1271,9 @@ impl PlaneIo {
     /// not idle.
     fn settle(&mut self, to: &Port, mut held: Held, now: Instant) {
         let limits = self.hold;
-        while held.bytes > limits.max_bytes || held.count > limits.max_messages {
+        // One message alone stays, however large: it waits its turn.
+        while held.count > 1 && (held.bytes > limits.max_bytes || held.count > limits.max_messages)
+        {
             let Some(m) = held.oldest().and_then(|o| held.take(o, now)) else {
                 break;
             };
@@ -1285,8 +1290,12 @@ impl PlaneIo {
         }
     }
 
-    /// Offers each node's held messages again, first to last, until one
-    /// is refused.
+    /// Offers the held messages again: a round offers each node's first
+    /// one, the node that has waited longest first, and rounds go on while
+    /// one delivers something, so that a client that reads gives every
+    /// node its turn (a node served first until refused would take all the
+    /// room a slow reader frees, and another's first message would wait
+    /// out the stall limit while that client reads).
     fn offer_held(&mut self) {
         let ports: Vec<Port> = self.held.keys().cloned().collect();
         for to in ports {
@@ -1294,17 +1303,29 @@ impl PlaneIo {
                 continue;
             };
             let now = Instant::now();
-            let origins: Vec<Option<[u8; 16]>> = held.chains.keys().copied().collect();
-            for o in origins {
-                while let Some(since) = held.chains.get(&o).map(|c| c.head_since) {
-                    let Some(m) = held.take(o, now) else {
-                        break;
+            let mut order: Vec<(Instant, Option<[u8; 16]>)> = held
+                .chains
+                .iter()
+                .map(|(o, c)| (c.head_since, *o))
+                .collect();
+            order.sort_unstable_by_key(|(since, _)| *since);
+            let mut open: Vec<Option<[u8; 16]>> = order.into_iter().map(|(_, o)| o).collect();
+            while !open.is_empty() {
+                let mut next = Vec::with_capacity(open.len());
+                for o in open {
+                    let Some(since) = held.chains.get(&o).map(|c| c.head_since) else {
+                        continue;
                     };
-                    if let Some(m) = self.deliver(&to, &mut held.lossy_until, m, since, now) {
-                        held.restore(o, m, since);
-                        break;
+                    let Some(m) = held.take(o, now) else {
+                        continue;
+                    };
+                    match self.deliver(&to, &mut held.lossy_until, m, since, now) {
+                        Some(m) => held.restore(o, m, since),
+                        None if held.chains.contains_key(&o) => next.push(o),
+                        None => {}
                     }
                 }
+                open = next;
             }
             self.settle(&to, held, now);
         }
@@ -2664,6 +2685,56 @@ mod tests {
     use super::*;
     use milonga_wire::frame::{self, Encoding, Header, Kind, NodeId};
     use milonga_wire::key::Key;
+
+    /// A held message of `bytes` bytes (no frames: the bookkeeping alone).
+    fn msg(arrived: Instant, bytes: usize) -> HeldMsg {
+        HeldMsg {
+            arrived,
+            bytes,
+            frames: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn held_messages_leave_each_node_in_order_and_the_counts_balance() {
+        let t0 = Instant::now();
+        let (a, b) = (Some([1u8; 16]), Some([2u8; 16]));
+        let mut h = Held::default();
+        h.push(a, msg(t0, 10), t0);
+        h.push(b, msg(t0 + Duration::from_millis(1), 20), t0);
+        h.push(a, msg(t0 + Duration::from_millis(2), 30), t0);
+        assert_eq!((h.bytes, h.count), (60, 3));
+        // The node whose first message came first.
+        assert_eq!(h.oldest(), Some(a));
+        // Taken first to last; the next one waits from when it was taken.
+        let t1 = t0 + Duration::from_millis(5);
+        let first = h.take(a, t1).unwrap();
+        assert_eq!(first.bytes, 10);
+        assert_eq!(h.chains[&a].head_since, t1);
+        assert_eq!(h.oldest(), Some(b));
+        // Refused again: back in front, waiting since it did.
+        h.restore(a, first, t0);
+        assert_eq!(h.chains[&a].head_since, t0);
+        assert_eq!((h.bytes, h.count), (60, 3));
+        let order: Vec<usize> = std::iter::from_fn(|| h.take(a, t1))
+            .map(|m| m.bytes)
+            .collect();
+        assert_eq!(order, [10, 30]);
+        assert!(!h.chains.contains_key(&a), "an empty chain goes");
+        assert_eq!(h.take(b, t1).map(|m| m.bytes), Some(20));
+        assert_eq!((h.bytes, h.count), (0, 0));
+        assert!(h.idle(t1));
+        h.lossy_until = Some(t1 + Duration::from_secs(1));
+        assert!(!h.idle(t1), "a lossy port is remembered");
+    }
+
+    #[test]
+    fn hold_limits_grow_with_the_mib_asked_and_never_are_zero() {
+        let l = HoldLimits::of_mib(16);
+        assert_eq!((l.pause_bytes, l.pause_messages), (16 << 20, 16_384));
+        assert_eq!((l.max_bytes, l.max_messages), (64 << 20, 65_536));
+        assert_eq!(HoldLimits::of_mib(0).pause_bytes, 1 << 20);
+    }
 
     #[test]
     fn what_is_asked_covers_keys_as_the_subscription_prefixes_do() {
