@@ -1021,6 +1021,10 @@ fn a_stalled_reliable_client_delays_no_publisher_it_does_not_read() {
         stats["stats"]["reliable_stalls"].as_u64() > Some(0),
         "the stopped reader's connection was full: {stats}"
     );
+    assert!(
+        stats["stats"]["reliable_held_bytes"].as_u64() > Some(0),
+        "the broker says what it holds: {stats}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     // The stopped reader reads again: everything, in order, nothing lost.
     signal_from_elsewhere(reads_a.pid(), libc::SIGCONT);
@@ -1040,6 +1044,7 @@ fn a_stalled_reliable_client_delays_no_publisher_it_does_not_read() {
     assert!(consecutive(&seqs_by_key(&lines)["sr/a/1"]), "in order");
     let stats = broker.stats_from_now();
     assert_eq!(stats["stats"]["reliable_dropped"], 0, "{stats}");
+    assert_eq!(stats["stats"]["reliable_held"], 0, "all delivered: {stats}");
 }
 
 #[test]

@@ -88,6 +88,8 @@ pub(crate) struct BrokerCounters {
     pub upstream_messages: AtomicU64,
     pub reliable_stalls: AtomicU64,
     pub reliable_dropped: AtomicU64,
+    pub reliable_held: AtomicU64,
+    pub reliable_held_bytes: AtomicU64,
     pub requests_malformed: AtomicU64,
     pub clients_expired: AtomicU64,
     pub clients_refused: AtomicU64,
@@ -122,6 +124,11 @@ pub struct BrokerStats {
     /// port holds, or held for a link that closed (the client sees the
     /// gap: repaired from history or reported lost).
     pub reliable_dropped: u64,
+    /// Reliable messages held now, in all domains, for clients (or links,
+    /// or peer-to-peer subscribers) whose queue is full.
+    pub reliable_held: u64,
+    /// Their bytes.
+    pub reliable_held_bytes: u64,
     /// Requests dropped as malformed.
     pub requests_malformed: u64,
     /// Clients forgotten after their lease.
@@ -162,6 +169,8 @@ impl BrokerCounters {
             upstream_messages: g(&self.upstream_messages),
             reliable_stalls: g(&self.reliable_stalls),
             reliable_dropped: g(&self.reliable_dropped),
+            reliable_held: g(&self.reliable_held),
+            reliable_held_bytes: g(&self.reliable_held_bytes),
             requests_malformed: g(&self.requests_malformed),
             clients_expired: g(&self.clients_expired),
             clients_refused: g(&self.clients_refused),
@@ -475,6 +484,8 @@ struct PlaneIo {
     /// Reliable messages each port holds for full connections.
     held: HashMap<Port, Held>,
     hold: HoldLimits,
+    /// What it held when it last told the counters (messages, bytes).
+    held_told: (u64, u64),
     counters: Arc<BrokerCounters>,
     stop: Arc<AtomicBool>,
 }
@@ -787,6 +798,7 @@ impl PlaneIo {
                 stall: Duration::from_millis(spec.stall_ms.min(MAX_STALL_MS)),
                 held: HashMap::new(),
                 hold: HoldLimits::of_mib(spec.hold_mib),
+                held_told: (0, 0),
                 counters: counters.clone(),
                 stop: stop.clone(),
             },
@@ -831,6 +843,7 @@ impl PlaneIo {
             let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
             drop(items);
             self.offer_held();
+            self.tell_held();
             if !matches!(polled, Ok(n) if n > 0) {
                 continue;
             }
@@ -1328,6 +1341,23 @@ impl PlaneIo {
                 open = next;
             }
             self.settle(&to, held, now);
+        }
+    }
+
+    /// Tells the counters what the ports hold now (gauges shared by every
+    /// plane: each adds what changed since it last told).
+    fn tell_held(&mut self) {
+        let now = self.held.values().fold((0u64, 0u64), |(n, b), h| {
+            (n + h.count as u64, b + h.bytes as u64)
+        });
+        if now != self.held_told {
+            // Wrapping: a decrease adds its two's complement.
+            let c = &self.counters;
+            c.reliable_held
+                .fetch_add(now.0.wrapping_sub(self.held_told.0), Ordering::Relaxed);
+            c.reliable_held_bytes
+                .fetch_add(now.1.wrapping_sub(self.held_told.1), Ordering::Relaxed);
+            self.held_told = now;
         }
     }
 
