@@ -565,9 +565,9 @@ struct Held {
     bytes: usize,
     count: usize,
     /// Until when a message that finds a connection full waits only
-    /// [`LOSSY_GRACE`]: set when a message waited the whole stall limit (or
-    /// the port held too much), and moved on while messages keep finding
-    /// a connection full.
+    /// [`LOSSY_GRACE`]: a stall limit after the last message dropped for a
+    /// full connection (it waited the whole stall limit, or the port held
+    /// too much).
     lossy_until: Option<Instant>,
 }
 
