@@ -72,13 +72,21 @@ pub struct EncodingArgs {
     /// tracks; on loopback only.
     #[arg(long)]
     dictionary: bool,
+    /// Formats whose encode, decode and loopback cells are measured (all
+    /// by default; the wide-area paths always run every cell).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    formats: Vec<Fmt>,
+    /// Compressions whose encode, decode and loopback cells are measured
+    /// (all by default; `zstd-dict` needs `--dictionary`).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    compressions: Vec<Comp>,
     /// Output: a table, or CSV with the columns of docs/benchmarks.md.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
 }
 
 /// Position, metres in a local Cartesian frame.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, milonga::Compact, Clone, Debug, PartialEq)]
 struct Position {
     x_m: f64,
     y_m: f64,
@@ -86,7 +94,7 @@ struct Position {
 }
 
 /// Velocity, metres per second.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, milonga::Compact, Clone, Debug, PartialEq)]
 struct Velocity {
     vx_mps: f64,
     vy_mps: f64,
@@ -94,7 +102,7 @@ struct Velocity {
 }
 
 /// A track's state.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, milonga::Compact, Clone, Copy, Debug, PartialEq)]
 enum TrackStatus {
     Tentative,
     Confirmed,
@@ -103,7 +111,7 @@ enum TrackStatus {
 }
 
 /// One sensor plot that updated the track.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, milonga::Compact, Clone, Debug, PartialEq)]
 struct Plot {
     sensor_id: u16,
     range_m: f32,
@@ -113,7 +121,7 @@ struct Plot {
 
 /// The message: a track record of an air-traffic-control centre's
 /// tracker, as the centres of seed 003 exchange.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, milonga::Compact, Clone, Debug, PartialEq)]
 struct Track {
     track_id: u32,
     system_id: u16,
@@ -176,20 +184,22 @@ impl Track {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
 enum Fmt {
     Cdr,
     Json,
     Cbor,
-    /// Milonga's schema'd compact encoding (docs/schemas.md): the track's
-    /// schema traced from its serde type, values written by position.
+    /// Milonga's schema'd compact encoding (docs/schemas.md): values
+    /// written by position, by the track's derived code
+    /// (`#[derive(milonga::Compact)]`).
     Schema,
 }
 
-/// The track's schema, its writer, and the plan that reads it back as a
-/// subscriber does (by the writer's own fields).
+/// The track's schema as its serde impl traces it, its writer, and the
+/// plan that reads it back as a subscriber does (by the writer's own
+/// fields): the serde path to the compact encoding, measured beside the
+/// derived one.
 struct TrackSchema {
-    schema: milonga::Schema,
     writer: milonga::wire::schema::CompactWriter,
     plan: milonga::wire::schema::Plan,
 }
@@ -201,12 +211,17 @@ fn track_schema() -> &'static TrackSchema {
         TrackSchema {
             writer: schema.writer(),
             plan: milonga::wire::schema::Plan::identity(&schema),
-            schema,
         }
     })
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The track's derived schema (what its publishers declare).
+fn derived_schema() -> &'static milonga::wire::compact::RecordSchema {
+    use milonga::CompactRecord;
+    Track::record_schema().expect("the track has a schema")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
 enum Comp {
     None,
     Lz4,
@@ -242,7 +257,7 @@ fn serialize(f: Fmt, t: &Track) -> Result<Vec<u8>> {
         Fmt::Cbor => milonga::wire::cbor::to_cbor(t)?,
         Fmt::Schema => {
             let mut out = Vec::with_capacity(256);
-            track_schema().writer.write_serde(t, &mut out)?;
+            milonga::Compact::write_compact(t, &mut out);
             out
         }
     })
@@ -254,11 +269,9 @@ fn deserialize(f: Fmt, b: &[u8]) -> Result<Track> {
         Fmt::Json => serde_json::from_slice(b)?,
         Fmt::Cbor => milonga::wire::cbor::from_cbor(b)?,
         // What a typed subscriber does (`SubscriberQos::typed`,
-        // `Sample::deserialize`): the type read from the positional CBOR
-        // by the writer's schema, no value map made.
-        Fmt::Schema => track_schema()
-            .plan
-            .deserialize(&Bytes::copy_from_slice(b))?,
+        // `Sample::read`) with a sample of the type's own schema: the
+        // type's derived code reads it by position.
+        Fmt::Schema => milonga::wire::compact::from_slice::<Track>(b)?,
     })
 }
 
@@ -395,7 +408,7 @@ fn app_comp(c: Comp) -> Comp {
 fn qos(f: Fmt, c: Comp) -> PublisherQos {
     let mut q = PublisherQos::best_effort();
     if milonga_writes(f, c) {
-        q = q.schema(track_schema().schema.clone());
+        q = q.schema(derived_schema().schema.clone());
     }
     match c {
         Comp::Lz4 => q.compression(milonga::Compression::lz4().threshold(1)),
@@ -406,7 +419,7 @@ fn qos(f: Fmt, c: Comp) -> PublisherQos {
 }
 
 /// Whether Milonga's publisher writes the track (the schema'd format,
-/// `put_serde`) rather than the application putting its bytes.
+/// `put_compact`) rather than the application putting its bytes.
 fn milonga_writes(f: Fmt, c: Comp) -> bool {
     f == Fmt::Schema && app_comp(c) == Comp::None
 }
@@ -414,7 +427,7 @@ fn milonga_writes(f: Fmt, c: Comp) -> bool {
 /// Puts a track as the cell sends it.
 fn put_track(p: &milonga::Publisher, f: Fmt, c: Comp, t: &Track) -> Result<()> {
     if milonga_writes(f, c) {
-        p.put_serde(t, 0)?;
+        p.put_compact(t)?;
     } else {
         p.put(Value::Bytes(Bytes::from(encode(f, app_comp(c), t)?)))?;
     }
@@ -425,7 +438,7 @@ fn put_track(p: &milonga::Publisher, f: Fmt, c: Comp, t: &Track) -> Result<()> {
 fn take_track(f: Fmt, c: Comp, s: &milonga::Sample) -> Result<Track> {
     if milonga_writes(f, c) {
         // A typed subscription: the type read straight from the payload.
-        return Ok(s.deserialize::<Track>()?);
+        return Ok(s.read::<Track>()?);
     }
     match &s.value {
         Value::Bytes(b) => decode(f, app_comp(c), b),
@@ -551,6 +564,11 @@ pub fn run(a: EncodingArgs) -> Result<std::process::ExitCode> {
             comps.push(Comp::ZstdDict);
         }
         for comp in comps {
+            if !a.formats.is_empty() && !a.formats.contains(&fmt)
+                || !a.compressions.is_empty() && !a.compressions.contains(&comp)
+            {
+                continue;
+            }
             let wire = encode(fmt, comp, &track)?;
             // Every cell must give the message back as it was.
             if decode(fmt, comp, &wire)? != track {
@@ -580,6 +598,9 @@ pub fn run(a: EncodingArgs) -> Result<std::process::ExitCode> {
             });
         }
     }
+    if a.formats.is_empty() || a.formats.contains(&Fmt::Schema) {
+        serde_path(&track, a.calls)?;
+    }
     if a.paths.iter().any(|p| p == "loopback") {
         let dir = std::env::temp_dir().join(format!("mlg-bench-encoding-{}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
@@ -605,6 +626,32 @@ pub fn run(a: EncodingArgs) -> Result<std::process::ExitCode> {
     }
     print(&a, &cells, &wan_rows);
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The serde path to the same compact bytes (`Schema::of`, `put_serde`,
+/// `Sample::deserialize` of a typed subscription), timed as the cells are
+/// and said on stderr beside the derived code's `schema` cells.
+fn serde_path(track: &Track, calls: usize) -> Result<()> {
+    use std::hint::black_box;
+    let s = track_schema();
+    let mut out = Vec::with_capacity(256);
+    s.writer.write_serde(track, &mut out)?;
+    if out != serialize(Fmt::Schema, track)? {
+        bail!("the serde path writes other bytes than the derived code");
+    }
+    let payload = Bytes::from(out);
+    let encode_ns = per_call(calls, || {
+        let mut o = Vec::with_capacity(256);
+        s.writer.write_serde(black_box(track), &mut o)?;
+        black_box(o);
+        Ok(())
+    })?;
+    let decode_ns = per_call(calls, || {
+        black_box(s.plan.deserialize::<Track>(black_box(&payload))?);
+        Ok(())
+    })?;
+    eprintln!("# schema through serde (Schema::of, put_serde, Sample::deserialize; the same bytes as the derived code's schema cells): encode {encode_ns:.0} ns, decode {decode_ns:.0} ns");
+    Ok(())
 }
 
 /// The wide-area paths: (path, rate, the cells' round trips).
@@ -1002,7 +1049,7 @@ fn print(a: &EncodingArgs, cells: &[Cell], wan: &[(String, u32, Vec<WanRtt>)]) {
         return;
     }
     println!(
-        "# milonga bench encoding: a track record (docs/benchmarks.md \"Encodings\"), {} bytes of information; eta = information / wire bytes, chi = uncompressed / wire bytes; encode = serialize + compress, decode = inflate + deserialize, ns per message (median of 21 batches of {}); lz4 and zstd as Milonga's publishers send them (5-byte head), zlib level 6 for comparison; RTT: encoded tracks between two nodes over tcp, best effort, decoded and re-encoded at each end: on loopback one in flight ({} after 200 warm-up; rate = round trips/s), on paths A-E at the path's rate ({} a cell) with seed 003's delay and loss on the ping host's link; omega = RTT p50 of cdr/none on the same path and rate over this cell's; schema = Milonga's compact encoding (the track's schema traced from its serde type, written by position; decode = the type read from the payload by the writer's schema, as a typed subscription reads it), its lz4/zstd cells compressed by Milonga's publisher after encoding",
+        "# milonga bench encoding: a track record (docs/benchmarks.md \"Encodings\"), {} bytes of information; eta = information / wire bytes, chi = uncompressed / wire bytes; encode = serialize + compress, decode = inflate + deserialize, ns per message (median of 21 batches of {}); lz4 and zstd as Milonga's publishers send them (5-byte head), zlib level 6 for comparison; RTT: encoded tracks between two nodes over tcp, best effort, decoded and re-encoded at each end: on loopback one in flight ({} after 200 warm-up; rate = round trips/s), on paths A-E at the path's rate ({} a cell) with seed 003's delay and loss on the ping host's link; omega = RTT p50 of cdr/none on the same path and rate over this cell's; schema = Milonga's compact encoding (written and read by position by the track's #[derive(milonga::Compact)] code: put_compact, and Sample::read of a typed subscription), its lz4/zstd cells compressed by Milonga's publisher after encoding",
         cells.first().map_or(0, |c| c.payload),
         a.calls,
         a.round_trips,

@@ -14,6 +14,7 @@
 pub mod announce;
 pub mod broker;
 pub mod cbor;
+pub mod compact;
 mod compact_de;
 mod compact_ser;
 pub mod control;

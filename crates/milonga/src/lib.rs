@@ -71,7 +71,9 @@ pub use model::sample::{
 };
 pub use util::stats::NodeStats;
 
+pub use milonga_derive::Compact;
 pub use milonga_wire as wire;
+pub use milonga_wire::compact::{Compact, CompactRecord};
 pub use milonga_wire::filter::{Filter, FilterError};
 pub use milonga_wire::schema::{Field, Incompatible, Schema, SchemaError, Type as FieldType};
 pub use milonga_wire::{

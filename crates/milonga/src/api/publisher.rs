@@ -192,6 +192,29 @@ impl Publisher {
         self.send(enc, schema_id, self.default_wait())
     }
 
+    /// Puts a value of a type that derives [`Compact`](crate::Compact)
+    /// (docs/schemas.md, "Derived types"). On a publisher declared with
+    /// the type's own schema (`PublisherQos::schema(T::record_schema()?
+    /// .schema.clone())`) the value is written by the type's derived code,
+    /// with no schema walked: the fastest way to publish a record. Any
+    /// other publisher puts the value's map of fields as [`Publisher::put`]
+    /// does (a schema'd one checks it against its own schema).
+    pub fn put_compact<T: crate::CompactRecord>(&self, value: &T) -> Result<(), PutError> {
+        let mine = T::record_schema()?;
+        if let Some((id, _)) = &self.schema {
+            if *id == mine.id && self.file.is_none() {
+                let mut out = Vec::with_capacity(128);
+                value.write_compact(&mut out);
+                return self.send(Self::compact(out), *id, self.default_wait());
+            }
+        }
+        let v = mine
+            .schema
+            .read_compact(&Bytes::from(milonga_wire::compact::to_vec(value)))?;
+        let (enc, schema_id) = self.encode(&v)?;
+        self.send(enc, schema_id, self.default_wait())
+    }
+
     fn compact(payload: Vec<u8>) -> Encoded {
         Encoded {
             encoding: Encoding::Compact,

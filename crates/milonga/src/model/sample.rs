@@ -70,6 +70,39 @@ impl Sample {
         }
     }
 
+    /// Reads the value into a type that derives [`Compact`](crate::Compact)
+    /// (docs/schemas.md, "Derived types"). A compact sample written with
+    /// the type's own schema, delivered by a
+    /// [`typed`](crate::SubscriberQos#structfield.typed) subscription, is
+    /// read by the type's derived code, by position, with no schema walked.
+    /// Any other sample is read as its value map (a typed one's through its
+    /// plan: the subscription's schema, or else the writer's), which must
+    /// fit the type's schema: to read another release of the type, declare
+    /// the subscription with the type's schema
+    /// ([`SubscriberQos::schema`](crate::SubscriberQos::schema)), whose
+    /// plan converts each writer's fields (docs/schemas.md, "Evolution").
+    pub fn read<T: crate::CompactRecord>(&self) -> Result<T, DecodeError> {
+        let err = |e: milonga_wire::schema::SchemaError| match e {
+            milonga_wire::schema::SchemaError::Decode(d) => d,
+            other => DecodeError::Serde(other.to_string()),
+        };
+        let mine = T::record_schema().map_err(err)?;
+        let converted;
+        let value = match (&self.compact, &self.value) {
+            (Some(_), Value::Bytes(payload)) if self.schema_id == mine.id => {
+                return milonga_wire::compact::from_slice(payload).map_err(err);
+            }
+            (Some(reader), Value::Bytes(payload)) => {
+                converted = reader.0.read(payload).map_err(err)?;
+                &converted
+            }
+            (_, v) => v,
+        };
+        let mut out = Vec::with_capacity(128);
+        mine.schema.write_compact(value, &mut out).map_err(err)?;
+        milonga_wire::compact::from_slice(&out).map_err(err)
+    }
+
     /// The payload bytes when the value is a byte string (also the compact
     /// payload of a [`typed`](crate::SubscriberQos#structfield.typed)
     /// subscription's schema'd sample: see [`Sample::compact`]).
