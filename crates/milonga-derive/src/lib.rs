@@ -1,7 +1,9 @@
 //! `#[derive(Compact)]`: a type's schema, compact writer and compact
 //! reader, made from its declaration (docs/schemas.md, "Derived types").
 //! Use it through the `milonga` crate (`#[derive(milonga::Compact)]`); the
-//! code it writes names `::milonga`.
+//! code it writes names `::milonga::wire`, or the path a
+//! `#[compact(crate = "milonga_wire")]` on the type gives (for code that
+//! depends on the wire crate alone).
 //!
 //! - A struct with named fields becomes a schema `struct`: its fields in
 //!   declaration order, each field's type its Rust type's
@@ -34,6 +36,28 @@ pub fn derive_compact(input: TokenStream) -> TokenStream {
     }
 }
 
+/// The path the generated code names the wire crate by: `::milonga::wire`,
+/// or what `#[compact(crate = "path")]` on the type says (`milonga_wire`
+/// for code that depends on the wire crate alone).
+fn wire_crate(input: &DeriveInput) -> syn::Result<Tokens> {
+    let mut path = None;
+    for attr in input.attrs.iter().filter(|a| a.path().is_ident("compact")) {
+        attr.parse_nested_meta(|m| {
+            if m.path.is_ident("crate") {
+                let s: LitStr = m.value()?.parse()?;
+                path = Some(s.parse::<syn::Path>()?);
+                Ok(())
+            } else {
+                Err(m.error("#[compact(...)] on a type takes crate"))
+            }
+        })?;
+    }
+    Ok(match path {
+        Some(p) => quote!(#p),
+        None => quote!(::milonga::wire),
+    })
+}
+
 fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     if !input.generics.params.is_empty() {
         return Err(syn::Error::new_spanned(
@@ -43,13 +67,15 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     }
     match &input.data {
         Data::Struct(s) => match &s.fields {
-            Fields::Named(named) => record(input, named.named.iter().collect()),
+            Fields::Named(named) => {
+                record(input, named.named.iter().collect(), &wire_crate(input)?)
+            }
             _ => Err(syn::Error::new_spanned(
                 &input.ident,
                 "#[derive(Compact)]: a struct needs named fields (a schema's fields have names)",
             )),
         },
-        Data::Enum(e) => choice(input, e),
+        Data::Enum(e) => choice(input, e, &wire_crate(input)?),
         Data::Union(_) => Err(syn::Error::new_spanned(
             &input.ident,
             "#[derive(Compact)]: unions have no schema type",
@@ -88,7 +114,7 @@ fn attrs(list: &[syn::Attribute], field: bool) -> syn::Result<Attrs> {
     Ok(a)
 }
 
-fn record(input: &DeriveInput, fields: Vec<&syn::Field>) -> syn::Result<Tokens> {
+fn record(input: &DeriveInput, fields: Vec<&syn::Field>, w: &Tokens) -> syn::Result<Tokens> {
     let ident = &input.ident;
     let name = LitStr::new(&ident.to_string(), Span::call_site());
     let n = fields.len();
@@ -106,56 +132,56 @@ fn record(input: &DeriveInput, fields: Vec<&syn::Field>) -> syn::Result<Tokens> 
         let aliases = a.aliases.iter();
         let default = a.default.iter();
         schema_fields.push(quote! {
-            ::milonga::wire::schema::Field::new(
+            #w::schema::Field::new(
                 #fname,
-                <#ty as ::milonga::wire::compact::Compact>::compact_type(),
+                <#ty as #w::compact::Compact>::compact_type(),
             )
             #(.alias(#aliases))*
-            #(.default_value(::milonga::Value::from(#default)))*
+            #(.default_value(#w::Value::from(#default)))*
         });
         writes.push(quote! {
-            ::milonga::wire::compact::Compact::write_compact(&self.#id, out);
+            #w::compact::Compact::write_compact(&self.#id, out);
         });
         reads.push(quote! {
-            #id: <#ty as ::milonga::wire::compact::Compact>::read_compact(r)
+            #id: <#ty as #w::compact::Compact>::read_compact(r)
                 .map_err(|e| e.in_field(#fname))?,
         });
     }
     let n_u64 = n as u64;
     Ok(quote! {
-        impl ::milonga::wire::compact::Compact for #ident {
-            fn compact_type() -> ::milonga::wire::schema::Type {
-                ::milonga::wire::compact::nested(|| {
-                    ::milonga::wire::schema::Type::Struct(::std::vec![#(#schema_fields),*])
+        impl #w::compact::Compact for #ident {
+            fn compact_type() -> #w::schema::Type {
+                #w::compact::nested(|| {
+                    #w::schema::Type::Struct(::std::vec![#(#schema_fields),*])
                 })
             }
             #[inline]
             fn write_compact(&self, out: &mut ::std::vec::Vec<u8>) {
-                ::milonga::wire::compact::head(out, 4, #n_u64);
+                #w::compact::head(out, 4, #n_u64);
                 #(#writes)*
             }
             #[inline]
             fn read_compact(
-                r: &mut ::milonga::wire::compact::Reader<'_>,
-            ) -> ::std::result::Result<Self, ::milonga::wire::compact::CompactError> {
+                r: &mut #w::compact::Reader<'_>,
+            ) -> ::std::result::Result<Self, #w::compact::CompactError> {
                 r.struct_of(#n)?;
                 ::std::result::Result::Ok(#ident { #(#reads)* })
             }
         }
-        impl ::milonga::wire::compact::CompactRecord for #ident {
+        impl #w::compact::CompactRecord for #ident {
             fn record_schema() -> ::std::result::Result<
-                &'static ::milonga::wire::compact::RecordSchema,
-                ::milonga::wire::schema::SchemaError,
+                &'static #w::compact::RecordSchema,
+                #w::schema::SchemaError,
             > {
                 static SCHEMA: ::std::sync::OnceLock<::std::result::Result<
-                    ::milonga::wire::compact::RecordSchema,
-                    ::milonga::wire::schema::SchemaError,
+                    #w::compact::RecordSchema,
+                    #w::schema::SchemaError,
                 >> = ::std::sync::OnceLock::new();
                 SCHEMA
                     .get_or_init(|| {
-                        ::milonga::wire::compact::RecordSchema::new(
+                        #w::compact::RecordSchema::new(
                             #name,
-                            <Self as ::milonga::wire::compact::Compact>::compact_type(),
+                            <Self as #w::compact::Compact>::compact_type(),
                         )
                     })
                     .as_ref()
@@ -165,7 +191,7 @@ fn record(input: &DeriveInput, fields: Vec<&syn::Field>) -> syn::Result<Tokens> 
     })
 }
 
-fn choice(input: &DeriveInput, e: &syn::DataEnum) -> syn::Result<Tokens> {
+fn choice(input: &DeriveInput, e: &syn::DataEnum, w: &Tokens) -> syn::Result<Tokens> {
     let ident = &input.ident;
     if e.variants.is_empty() {
         return Err(syn::Error::new_spanned(
@@ -195,21 +221,21 @@ fn choice(input: &DeriveInput, e: &syn::DataEnum) -> syn::Result<Tokens> {
     }
     let n = e.variants.len();
     Ok(quote! {
-        impl ::milonga::wire::compact::Compact for #ident {
-            fn compact_type() -> ::milonga::wire::schema::Type {
-                ::milonga::wire::schema::Type::Enum(::std::vec![
+        impl #w::compact::Compact for #ident {
+            fn compact_type() -> #w::schema::Type {
+                #w::schema::Type::Enum(::std::vec![
                     #(::std::string::String::from(#names)),*
                 ])
             }
             #[inline]
             fn write_compact(&self, out: &mut ::std::vec::Vec<u8>) {
                 let i: u64 = match self { #(#writes)* };
-                ::milonga::wire::compact::head(out, 0, i);
+                #w::compact::head(out, 0, i);
             }
             #[inline]
             fn read_compact(
-                r: &mut ::milonga::wire::compact::Reader<'_>,
-            ) -> ::std::result::Result<Self, ::milonga::wire::compact::CompactError> {
+                r: &mut #w::compact::Reader<'_>,
+            ) -> ::std::result::Result<Self, #w::compact::CompactError> {
                 ::std::result::Result::Ok(match r.variant(#n)? {
                     #(#reads)*
                     _ => ::std::unreachable!("variant() checked the index"),

@@ -328,3 +328,90 @@ fn mutations_of_schemas_and_compact_payloads_never_panic() {
         }
     }
 }
+
+#[derive(Debug, PartialEq, milonga_derive::Compact)]
+#[compact(crate = "milonga_wire")]
+enum DerivedKind {
+    A,
+    B,
+}
+
+#[derive(Debug, PartialEq, milonga_derive::Compact)]
+#[compact(crate = "milonga_wire")]
+struct DerivedPoint {
+    x: f64,
+    y: f64,
+}
+
+/// A type with derived compact code (`#[derive(Compact)]`): its reader is
+/// checked against the schema's own on every mutation.
+#[derive(Debug, PartialEq, milonga_derive::Compact)]
+#[compact(crate = "milonga_wire")]
+struct Derived {
+    id: i32,
+    pos: DerivedPoint,
+    kind: DerivedKind,
+    note: Option<String>,
+    wave: Vec<i16>,
+    items: Vec<DerivedPoint>,
+    b: Bytes,
+    count: u64,
+    flag: bool,
+}
+
+#[test]
+fn mutations_of_a_derived_type_s_payload_never_panic_and_read_as_the_schema_reads_them() {
+    use milonga_wire::compact::{from_slice, to_vec, CompactRecord};
+    use milonga_wire::schema::Plan;
+
+    let schema = &Derived::record_schema().unwrap().schema;
+    let plan = Plan::identity(schema);
+    let pt = |x: f64| DerivedPoint { x, y: -x };
+    let value = Derived {
+        id: -70_000,
+        pos: pt(1.5),
+        kind: DerivedKind::B,
+        note: Some("note".into()),
+        wave: vec![1, -2, 300],
+        items: vec![pt(2.0), pt(3.0)],
+        b: Bytes::from_static(b"\x00\x01"),
+        count: 1 << 40,
+        flag: true,
+    };
+    let payload = to_vec(&value);
+    assert_eq!(from_slice::<Derived>(&payload).unwrap(), value);
+    let mut rnd = xorshift(0x5eed_5c4e_3a11_0002);
+    let (mut both, mut neither) = (0, 0);
+    for _ in 0..100_000 {
+        let p = mutate(&payload, &mut rnd);
+        let by_schema = plan.read(&Bytes::from(p.clone()));
+        match from_slice::<Derived>(&p) {
+            // What the derived reader reads, the schema's reader reads
+            // as the same value.
+            Ok(v) => {
+                let again = plan.read(&Bytes::from(to_vec(&v))).unwrap();
+                // Compared as CBOR: a NaN is not equal to itself.
+                let cbor = |v: &milonga_wire::Value| {
+                    let mut out = Vec::new();
+                    milonga_wire::cbor::encode_cbor(v, &mut out).unwrap();
+                    out
+                };
+                let by_schema = by_schema.as_ref().map(cbor).ok();
+                assert_eq!(by_schema, Some(cbor(&again)), "{p:02x?}");
+                both += 1;
+            }
+            // And what it refuses, the schema's reader refuses.
+            Err(e) => {
+                assert!(
+                    by_schema.is_err(),
+                    "{p:02x?}: derived: {e}, schema: {by_schema:?}"
+                );
+                neither += 1;
+            }
+        }
+    }
+    assert!(
+        both > 100 && neither > 100,
+        "{both} read, {neither} refused"
+    );
+}
