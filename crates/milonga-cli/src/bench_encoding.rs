@@ -727,6 +727,9 @@ pub fn run(a: EncodingArgs) -> Result<std::process::ExitCode> {
 fn serde_path(track: &Track, calls: usize) -> Result<()> {
     use std::hint::black_box;
     let s = track_schema();
+    if milonga::Schema::of::<Track>()? != derived_schema().schema {
+        bail!("the serde path traces another schema than the derived code declares");
+    }
     let mut out = Vec::with_capacity(256);
     s.writer.write_serde(track, &mut out)?;
     if out != serialize(Fmt::Schema, track)? {

@@ -83,6 +83,12 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     }
 }
 
+/// An identifier as serde names it: without a raw identifier's `r#`.
+fn unraw(id: &syn::Ident) -> String {
+    let s = id.to_string();
+    s.strip_prefix("r#").map(str::to_owned).unwrap_or(s)
+}
+
 /// What `#[compact(...)]` says of a field or a variant.
 #[derive(Default)]
 struct Attrs {
@@ -96,10 +102,16 @@ fn attrs(list: &[syn::Attribute], field: bool) -> syn::Result<Attrs> {
     for attr in list.iter().filter(|a| a.path().is_ident("compact")) {
         attr.parse_nested_meta(|m| {
             if m.path.is_ident("rename") {
+                if a.rename.is_some() {
+                    return Err(m.error("#[compact(rename)] given twice"));
+                }
                 a.rename = Some(m.value()?.parse()?);
             } else if field && m.path.is_ident("alias") {
                 a.aliases.push(m.value()?.parse()?);
             } else if field && m.path.is_ident("default") {
+                if a.default.is_some() {
+                    return Err(m.error("#[compact(default)] given twice"));
+                }
                 a.default = Some(m.value()?.parse()?);
             } else {
                 return Err(m.error(if field {
@@ -116,7 +128,7 @@ fn attrs(list: &[syn::Attribute], field: bool) -> syn::Result<Attrs> {
 
 fn record(input: &DeriveInput, fields: Vec<&syn::Field>, w: &Tokens) -> syn::Result<Tokens> {
     let ident = &input.ident;
-    let name = LitStr::new(&ident.to_string(), Span::call_site());
+    let name = LitStr::new(&unraw(ident), Span::call_site());
     let n = fields.len();
     let mut schema_fields = Vec::new();
     let mut writes = Vec::new();
@@ -128,7 +140,7 @@ fn record(input: &DeriveInput, fields: Vec<&syn::Field>, w: &Tokens) -> syn::Res
         let fname = a
             .rename
             .clone()
-            .unwrap_or_else(|| LitStr::new(id.to_string().trim_start_matches("r#"), id.span()));
+            .unwrap_or_else(|| LitStr::new(&unraw(id), id.span()));
         let aliases = a.aliases.iter();
         let default = a.default.iter();
         schema_fields.push(quote! {
@@ -165,7 +177,9 @@ fn record(input: &DeriveInput, fields: Vec<&syn::Field>, w: &Tokens) -> syn::Res
                 r: &mut #w::compact::Reader<'_>,
             ) -> ::std::result::Result<Self, #w::compact::CompactError> {
                 r.struct_of(#n)?;
-                ::std::result::Result::Ok(#ident { #(#reads)* })
+                let v = #ident { #(#reads)* };
+                r.end_struct();
+                ::std::result::Result::Ok(v)
             }
         }
         impl #w::compact::CompactRecord for #ident {
@@ -179,10 +193,7 @@ fn record(input: &DeriveInput, fields: Vec<&syn::Field>, w: &Tokens) -> syn::Res
                 >> = ::std::sync::OnceLock::new();
                 SCHEMA
                     .get_or_init(|| {
-                        #w::compact::RecordSchema::new(
-                            #name,
-                            <Self as #w::compact::Compact>::compact_type(),
-                        )
+                        #w::compact::RecordSchema::of::<Self>(#name)
                     })
                     .as_ref()
                     .map_err(::std::clone::Clone::clone)
@@ -213,7 +224,7 @@ fn choice(input: &DeriveInput, e: &syn::DataEnum, w: &Tokens) -> syn::Result<Tok
         let vid = &v.ident;
         names.push(
             a.rename
-                .unwrap_or_else(|| LitStr::new(&vid.to_string(), vid.span())),
+                .unwrap_or_else(|| LitStr::new(&unraw(vid), vid.span())),
         );
         let i64_ = i as u64;
         writes.push(quote! { #ident::#vid => #i64_, });

@@ -103,6 +103,31 @@ fn fields_differ(n: usize, len: u64) -> CompactError {
 
 #[cold]
 #[inline(never)]
+fn over_budget(n: usize, item_bytes: usize, items: bool) -> CompactError {
+    if items {
+        return malformed(DecodeError::TooManyItems);
+    }
+    malformed(DecodeError::Cbor(format!(
+        "a list of {n} items of {item_bytes} bytes: the payload's lists would take more than {MAX_LIST_BYTES} bytes"
+    )))
+}
+
+#[cold]
+#[inline(never)]
+fn too_long(n: u64, left: usize) -> CompactError {
+    malformed(DecodeError::Cbor(format!(
+        "an array of {n} items in {left} bytes"
+    )))
+}
+
+#[cold]
+#[inline(never)]
+fn too_deep() -> CompactError {
+    malformed(DecodeError::TooDeep)
+}
+
+#[cold]
+#[inline(never)]
 fn no_variant(i: u64, n: usize) -> CompactError {
     bad(format!("variant {i} of an enum of {n}"))
 }
@@ -147,7 +172,7 @@ pub trait Compact: Sized {
     /// Reads a `Vec<Self>`.
     #[doc(hidden)]
     fn read_list(r: &mut Reader<'_>) -> Result<Vec<Self>, CompactError> {
-        let n = r.list_len()?;
+        let n = r.list_len(std::mem::size_of::<Self>())?;
         let mut v = Vec::with_capacity(n.min(1024));
         for i in 0..n {
             v.push(Self::read_compact(r).map_err(|e| e.in_item(i))?);
@@ -173,8 +198,24 @@ pub struct RecordSchema {
 }
 
 impl RecordSchema {
-    /// The schema named `name` of a struct type `ty` (what a derived
-    /// [`CompactRecord`] keeps), checked as a publisher checks one.
+    /// The schema named `name` of `T`, a struct type (what a derived
+    /// [`CompactRecord`] keeps), checked as a publisher checks one. A type
+    /// that contains itself is refused.
+    pub fn of<T: Compact>(name: &str) -> Result<RecordSchema, SchemaError> {
+        CUT.with(|c| c.set(false));
+        let ty = T::compact_type();
+        if CUT.with(|c| c.replace(false)) {
+            return Err(SchemaError::Invalid(format!(
+                "{name}: its type contains itself (structs nested deeper than {} or more than {} of them)",
+                crate::schema::MAX_SCHEMA_DEPTH,
+                crate::schema::MAX_SCHEMA_FIELDS
+            )));
+        }
+        Self::new(name, ty)
+    }
+
+    /// The schema named `name` of a struct type `ty`, checked as a
+    /// publisher checks one.
     pub fn new(name: &str, ty: Type) -> Result<RecordSchema, SchemaError> {
         let Type::Struct(fields) = ty else {
             return Err(SchemaError::Invalid(format!(
@@ -248,12 +289,29 @@ fn int(out: &mut Vec<u8>, i: i64) {
 pub struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// List items that may still be read ([`cbor::MAX_ITEMS`](crate::cbor::MAX_ITEMS) a payload).
+    items: usize,
+    /// Bytes that lists may still take in memory ([`MAX_LIST_BYTES`] a payload).
+    memory: usize,
+    /// Structs entered and not left: at most [`MAX_SCHEMA_DEPTH`](crate::schema::MAX_SCHEMA_DEPTH).
+    depth: usize,
 }
+
+/// The memory the lists of one payload may take once read, whatever their
+/// items' type: a list of one-byte items of a large type is refused past
+/// it, not allocated.
+pub const MAX_LIST_BYTES: usize = 64 << 20;
 
 impl<'a> Reader<'a> {
     /// Reads `buf` from its start.
     pub fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, pos: 0 }
+        Reader {
+            buf,
+            pos: 0,
+            items: crate::cbor::MAX_ITEMS,
+            memory: MAX_LIST_BYTES,
+            depth: 0,
+        }
     }
 
     /// How many bytes were read.
@@ -279,17 +337,28 @@ impl<'a> Reader<'a> {
             return Err(self.ends_early());
         };
         let ai = ib & 31;
+        // Each width read as itself: a wide load of bytes just copied
+        // into place would wait on the copy.
+        let at = self.pos + 1;
+        let arg = |len: usize| self.buf.get(at..at + len);
         let (n, len) = match ai {
             0..=23 => (u64::from(ai), 1),
-            24..=27 => {
-                let len = 1usize << (ai - 24);
-                let Some(b) = self.buf.get(self.pos + 1..self.pos + 1 + len) else {
-                    return Err(self.ends_early());
-                };
-                let mut a = [0u8; 8];
-                a[8 - len..].copy_from_slice(b);
-                (u64::from_be_bytes(a), 1 + len)
-            }
+            24 => match arg(1) {
+                Some(b) => (u64::from(b[0]), 2),
+                None => return Err(self.ends_early()),
+            },
+            25 => match arg(2) {
+                Some(b) => (u64::from(u16::from_be_bytes([b[0], b[1]])), 3),
+                None => return Err(self.ends_early()),
+            },
+            26 => match arg(4).and_then(|b| <[u8; 4]>::try_from(b).ok()) {
+                Some(b) => (u64::from(u32::from_be_bytes(b)), 5),
+                None => return Err(self.ends_early()),
+            },
+            27 => match arg(8).and_then(|b| <[u8; 8]>::try_from(b).ok()) {
+                Some(b) => (u64::from_be_bytes(b), 9),
+                None => return Err(self.ends_early()),
+            },
             _ => return Err(self.unexpected("a definite head")),
         };
         self.pos += len;
@@ -314,9 +383,21 @@ impl<'a> Reader<'a> {
         bad(format!("the schema says {want}, the payload holds {found}"))
     }
 
-    /// A struct of `n` fields: an array of exactly `n` items.
+    /// The end of a struct begun by [`Reader::struct_of`].
+    #[inline]
+    pub fn end_struct(&mut self) {
+        self.depth -= 1;
+    }
+
+    /// A struct of `n` fields: an array of exactly `n` items. Structs
+    /// nest at most as deep as a schema's types (a type that contains
+    /// itself is read no deeper).
     #[inline]
     pub fn struct_of(&mut self, n: usize) -> Result<(), CompactError> {
+        if self.depth >= crate::schema::MAX_SCHEMA_DEPTH {
+            return Err(too_deep());
+        }
+        self.depth += 1;
         match self.buf.get(self.pos) {
             Some(&b) if b >> 5 == 4 => {}
             _ => return Err(self.unexpected("a struct (an array)")),
@@ -333,21 +414,26 @@ impl<'a> Reader<'a> {
     }
 
     /// A list's length: a definite array, at most as long as the bytes
-    /// left (each item takes one at least).
+    /// left (each item takes one at least), its items (of `item_bytes`
+    /// each in memory) within the payload's budgets.
     #[inline]
-    pub fn list_len(&mut self) -> Result<usize, CompactError> {
+    pub fn list_len(&mut self, item_bytes: usize) -> Result<usize, CompactError> {
         match self.buf.get(self.pos) {
             Some(&b) if b >> 5 == 4 => {}
             _ => return Err(self.unexpected("a list (an array)")),
         }
         let (_, n) = self.head()?;
         if n > (self.buf.len() - self.pos) as u64 {
-            return Err(malformed(DecodeError::Cbor(format!(
-                "an array of {n} items in {} bytes",
-                self.buf.len() - self.pos
-            ))));
+            return Err(too_long(n, self.buf.len() - self.pos));
         }
-        Ok(n as usize)
+        let n = n as usize;
+        let bytes = n.saturating_mul(item_bytes.max(1));
+        if n > self.items || bytes > self.memory {
+            return Err(over_budget(n, item_bytes, n > self.items));
+        }
+        self.items -= n;
+        self.memory -= bytes;
+        Ok(n)
     }
 
     /// An unsigned integer at most `max`.
@@ -506,54 +592,59 @@ impl<'a> Reader<'a> {
         Ok(i as usize)
     }
 
-    /// A typed array of `T`: the little-endian tag and a byte string, or
-    /// any other tag of `T` that §5 reads.
+    /// A typed array of `T`: a tag of `T`'s element type (RFC 8746,
+    /// either byte order; `u8` also as clamped) over a byte string,
+    /// definite or in chunks (§5), read where it lies.
     pub fn elements<T: Element>(&mut self) -> Result<Vec<T>, CompactError> {
         let el = T::TYPE;
-        let start = self.pos;
         match self.buf.get(self.pos) {
             Some(&b) if b >> 5 == 6 => {}
             _ => return Err(self.unexpected(&format!("array<{}>", el.name()))),
         }
         let (_, tag) = self.head()?;
-        if tag != el.cbor_tag() {
-            self.pos = start;
-            return self.elements_other();
+        let big_endian = match ElementType::from_cbor_tag(tag) {
+            Some((e, big)) if e == el => big,
+            _ => {
+                return Err(bad(format!(
+                    "the schema says array<{}>, the payload holds tag {tag}",
+                    el.name()
+                )))
+            }
+        };
+        let mut out: Vec<T> = Vec::new();
+        let whole = |len: usize| {
+            if len % el.size() == 0 {
+                Ok(())
+            } else {
+                Err(malformed(DecodeError::BadTypedArray {
+                    tag,
+                    why: format!("{len} bytes are not whole {} elements", el.name()),
+                }))
+            }
+        };
+        if matches!(self.buf.get(self.pos), Some(&b) if b >> 5 == 2 && b & 31 != 31) {
+            let b = self.bytes()?;
+            whole(b.len())?;
+            out.resize(b.len() / el.size(), T::zeroed());
+            bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(b);
+        } else {
+            // A byte string in chunks: minicbor reads them in place.
+            let mut d = minicbor::Decoder::new(&self.buf[self.pos..]);
+            let mut bytes = Vec::new();
+            for chunk in d.bytes_iter().map_err(|e| malformed(e.into()))? {
+                bytes.extend_from_slice(chunk.map_err(|e| malformed(e.into()))?);
+            }
+            whole(bytes.len())?;
+            self.pos += d.position();
+            out.resize(bytes.len() / el.size(), T::zeroed());
+            bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
         }
-        let b = self.bytes()?;
-        if b.len() % el.size() != 0 {
-            return Err(malformed(DecodeError::BadTypedArray {
-                tag,
-                why: format!("{} bytes are not whole {} elements", b.len(), el.name()),
-            }));
-        }
-        let mut out: Vec<T> = vec![T::zeroed(); b.len() / el.size()];
-        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(b);
-        if cfg!(target_endian = "big") {
+        if big_endian != cfg!(target_endian = "big") {
             for x in &mut out {
                 bytemuck::bytes_of_mut(x).reverse();
             }
         }
         Ok(out)
-    }
-
-    /// A typed array under another tag than the little-endian one.
-    #[cold]
-    fn elements_other<T: Element>(&mut self) -> Result<Vec<T>, CompactError> {
-        let rest = Bytes::copy_from_slice(&self.buf[self.pos..]);
-        let mut d = minicbor::Decoder::new(&rest);
-        let mut budget = crate::cbor::MAX_ITEMS;
-        let v = crate::cbor::read_item(&mut d, &rest, &mut budget).map_err(malformed)?;
-        match v {
-            crate::Value::Typed(a) if a.element() == T::TYPE => {
-                self.pos += d.position();
-                Ok(a.to_vec::<T>().expect("the element type was checked"))
-            }
-            _ => Err(bad(format!(
-                "the schema says array<{}>, the payload holds another item",
-                T::TYPE.name()
-            ))),
-        }
     }
 }
 
@@ -737,6 +828,20 @@ impl<T: Compact> Compact for Vec<T> {
     }
 }
 
+impl<T: Compact> Compact for Box<T> {
+    fn compact_type() -> Type {
+        T::compact_type()
+    }
+    #[inline]
+    fn write_compact(&self, out: &mut Vec<u8>) {
+        (**self).write_compact(out);
+    }
+    #[inline]
+    fn read_compact(r: &mut Reader<'_>) -> Result<Self, CompactError> {
+        T::read_compact(r).map(Box::new)
+    }
+}
+
 impl<T: Compact, const N: usize> Compact for [T; N] {
     fn compact_type() -> Type {
         T::list_type()
@@ -756,20 +861,25 @@ impl<T: Compact, const N: usize> Compact for [T; N] {
 std::thread_local! {
     /// How deep [`nested`] calls are on this thread.
     static DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Structs [`nested`] made since the outermost call began.
+    static MADE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Whether [`nested`] left a type unmade (it contains itself).
+    static CUT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Makes a derived struct's type (`make`) without overflowing the stack
-/// on a type that contains itself: past the schema's nesting limit the
-/// type is left an empty struct, nested deeper than the limit, which the
-/// schema's check then refuses (`record_schema` fails, naming the limit).
+/// Makes a derived struct's type (`make`) without overflowing the stack or
+/// memory on a type that contains itself: past the schema's nesting
+/// limit, or past as many structs as a schema may have fields, the type
+/// is left an empty struct and [`RecordSchema::of`] refuses the whole.
 #[doc(hidden)]
 pub fn nested(make: impl FnOnce() -> Type) -> Type {
-    let depth = DEPTH.with(|d| {
-        let n = d.get();
-        d.set(n + 1);
-        n
-    });
-    let t = if depth > crate::schema::MAX_SCHEMA_DEPTH {
+    let depth = DEPTH.with(|d| d.replace(d.get() + 1));
+    if depth == 0 {
+        MADE.with(|m| m.set(0));
+    }
+    let made = MADE.with(|m| m.replace(m.get() + 1));
+    let t = if depth > crate::schema::MAX_SCHEMA_DEPTH || made > crate::schema::MAX_SCHEMA_FIELDS {
+        CUT.with(|c| c.set(true));
         Type::Struct(Vec::new())
     } else {
         make()

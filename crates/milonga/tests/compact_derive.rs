@@ -164,6 +164,29 @@ fn bad_payloads_are_errors_naming_the_field_never_panics() {
     }
     assert_eq!(from_slice::<Vec<f64>>(&be).unwrap(), vec![1.0, 2.0]);
     assert_eq!(from_slice::<Option<String>>(&[0xf7]).unwrap(), None);
+    // A typed array's bytes in chunks (an indefinite byte string, §5).
+    let mut chunked = vec![0xd8, 86, 0x5f, 0x48];
+    chunked.extend_from_slice(&1.5f64.to_le_bytes());
+    chunked.extend_from_slice(&[0x48]);
+    chunked.extend_from_slice(&(-2.0f64).to_le_bytes());
+    chunked.push(0xff);
+    assert_eq!(from_slice::<Vec<f64>>(&chunked).unwrap(), vec![1.5, -2.0]);
+    // An array of another element type: refused, not converted.
+    assert!(from_slice::<Vec<f64>>(&[0xd8, 85, 0x44, 0, 0, 0x80, 0x3f]).is_err());
+    // Many one-byte items of a large type: refused by the payload's
+    // memory budget, not allocated (200,000 x 520 bytes).
+    let mut nulls = vec![0x9a, 0, 3, 0x0d, 0x40];
+    nulls.resize(nulls.len() + 200_000, 0xf6);
+    let e = from_slice::<Vec<Option<[f64; 64]>>>(&nulls).unwrap_err();
+    assert!(e.to_string().contains("more than"), "{e}");
+    // A type that contains itself, read from a deep payload: an error at
+    // the schema's depth limit, not a stack overflow.
+    let mut deep = Vec::new();
+    for _ in 0..100_000 {
+        deep.extend_from_slice(&[0x82, 0x60, 0x81]);
+    }
+    let e = from_slice::<Tree>(&deep).unwrap_err();
+    assert!(e.to_string().contains("deeper"), "{e}");
     // A list claiming more items than bytes left: refused before any
     // allocation of that size.
     assert!(
@@ -186,6 +209,28 @@ struct Tree {
     children: Vec<Tree>,
 }
 
+/// A type that contains itself three times over: its type tree would
+/// grow as 3^depth.
+#[derive(Debug, milonga::Compact)]
+struct Bushy {
+    a: Vec<Bushy>,
+    b: Vec<Bushy>,
+    c: Option<Box<Bushy>>,
+}
+
+#[allow(non_camel_case_types)]
+#[derive(Debug, PartialEq, serde::Deserialize, milonga::Compact)]
+enum r#Raw {
+    r#type,
+    r#match,
+}
+
+#[derive(Debug, PartialEq, serde::Deserialize, milonga::Compact)]
+struct r#Keywords {
+    r#type: r#Raw,
+    r#loop: u8,
+}
+
 #[derive(Debug, PartialEq, milonga::Compact)]
 struct Renamed {
     #[compact(rename = "id", alias = "ident")]
@@ -202,7 +247,14 @@ fn attributes_name_the_schema_s_fields_and_a_type_that_contains_itself_is_refuse
     assert_eq!(s.fields[0].aliases, ["ident"]);
     assert_eq!(s.fields[1].default, Some(Value::Float(1.0)));
     let e = Tree::record_schema().unwrap_err();
-    assert!(e.to_string().contains("deeper"), "{e}");
+    assert!(e.to_string().contains("contains itself"), "{e}");
+    let e = Bushy::record_schema().unwrap_err();
+    assert!(e.to_string().contains("contains itself"), "{e}");
+    // Raw identifiers are named as serde names them.
+    assert_eq!(
+        Keywords::record_schema().unwrap().schema,
+        Schema::of::<Keywords>().unwrap()
+    );
 }
 
 fn open(domain: &str, name: &str, dir: &Path) -> Node {
