@@ -340,10 +340,15 @@ pub(crate) enum Role {
         at: Place,
         n: usize,
         rate: f64,
+        /// Reliable publishers and subscriptions (`--reliable`).
+        #[serde(default)]
+        reliable: bool,
     },
     /// `bench encoding` on a wide-area path: the pong side.
     EncPong {
         at: Place,
+        #[serde(default)]
+        reliable: bool,
     },
     /// `bench scale`: `count` publishers of one worker process.
     ScalePub {

@@ -27,7 +27,8 @@
 //!   003's wide-area paths, at each of its publishing rates (200, 100, 50
 //!   messages a second), with the one-way delay and the packet loss it
 //!   measured on each (`PATHS`). A ping process on one host puts a track
-//!   every 1/rate s (best effort, several in flight when the delay is
+//!   every 1/rate s (best effort, or reliable with `--reliable`; several
+//!   in flight when the delay is
 //!   longer than the period), a pong process on the other decodes and
 //!   answers each; the RTT of each message is its answer's arrival, once
 //!   decoded, less its put. `lost`: messages with no answer within a
@@ -80,6 +81,13 @@ pub struct EncodingArgs {
     /// (all by default; `zstd-dict` needs `--dictionary`).
     #[arg(long, value_delimiter = ',', value_enum)]
     compressions: Vec<Comp>,
+    /// On the wide-area paths, reliable publishers (a history of 1,000
+    /// samples, what a gap is repaired from) and reliable subscriptions
+    /// instead of best effort: `lost` then counts answers that never came,
+    /// and the answers the ping host repaired from history are said on
+    /// stderr, per cell.
+    #[arg(long)]
+    reliable: bool,
     /// Output: a table, or CSV with the columns of docs/benchmarks.md.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
@@ -494,11 +502,16 @@ fn app_comp(c: Comp) -> Comp {
     }
 }
 
-/// The publishers' QoS of a cell: best effort, compressed by Milonga for
+/// The publishers' QoS of a cell: best effort (reliable, with a history
+/// to repair from, for `--reliable` on the wide-area paths), compressed by Milonga for
 /// LZ4 and zstd; the schema'd format's publishers declare the track's
 /// schema (unless the application compresses: zlib).
-fn qos(f: Fmt, c: Comp) -> PublisherQos {
-    let mut q = PublisherQos::best_effort();
+fn qos(f: Fmt, c: Comp, reliable: bool) -> PublisherQos {
+    let mut q = if reliable {
+        PublisherQos::reliable().history(1000)
+    } else {
+        PublisherQos::best_effort()
+    };
     if milonga_writes(f, c) {
         q = q.schema(derived_schema().schema.clone());
     }
@@ -632,6 +645,21 @@ struct WanRtt {
     p50_us: f64,
     p99_us: f64,
     lost: u64,
+    /// Answers the ping host's reliable subscription took from the pong's
+    /// history (a gap repaired), in the measured part of the cell.
+    #[serde(default)]
+    repaired: u64,
+}
+
+/// A cell's subscriptions: typed (the schema'd cells read the track
+/// straight from the payload), reliable with `--reliable`.
+fn sub_qos(reliable: bool) -> SubscriberQos {
+    let q = SubscriberQos::default().typed();
+    if reliable {
+        q.reliable()
+    } else {
+        q
+    }
 }
 
 /// Runs `milonga bench encoding`.
@@ -797,13 +825,20 @@ fn wide_area(a: &EncodingArgs, paths: &[&str]) -> Result<Vec<(String, u32, Vec<W
                     .stdin(std::process::Stdio::null());
                 c.spawn().context("cannot start a bench worker")
             };
-            let mut pong = spawn(1, crate::bench::Role::EncPong { at: at.clone() })?;
+            let mut pong = spawn(
+                1,
+                crate::bench::Role::EncPong {
+                    at: at.clone(),
+                    reliable: a.reliable,
+                },
+            )?;
             let ping = spawn(
                 0,
                 crate::bench::Role::EncPing {
                     at,
                     n: a.wan_messages,
                     rate: f64::from(rate),
+                    reliable: a.reliable,
                 },
             );
             let line = ping.and_then(|mut p| {
@@ -818,6 +853,16 @@ fn wide_area(a: &EncodingArgs, paths: &[&str]) -> Result<Vec<(String, u32, Vec<W
             let _ = pong.kill();
             let _ = pong.wait();
             let rtts: Vec<WanRtt> = serde_json::from_str(&line?)?;
+            if a.reliable {
+                let said: Vec<String> = rtts
+                    .iter()
+                    .map(|r| format!("{} {}", r.tag, r.repaired))
+                    .collect();
+                eprintln!(
+                    "# path {id} at {rate}/s, reliable: answers repaired at the ping host: {}",
+                    said.join(", ")
+                );
+            }
             out.push((id.to_owned(), rate, rtts));
         }
         Ok(())
@@ -831,9 +876,14 @@ fn wide_area(a: &EncodingArgs, paths: &[&str]) -> Result<Vec<(String, u32, Vec<W
 /// A `bench encoding` worker on a host of the bed (`bench-worker`).
 pub fn worker(role: crate::bench::Role) -> Result<std::process::ExitCode> {
     match role {
-        crate::bench::Role::EncPong { at } => pong_worker(&at),
-        crate::bench::Role::EncPing { at, n, rate } => {
-            let rtts = ping_worker(&at, n, rate)?;
+        crate::bench::Role::EncPong { at, reliable } => pong_worker(&at, reliable),
+        crate::bench::Role::EncPing {
+            at,
+            n,
+            rate,
+            reliable,
+        } => {
+            let rtts = ping_worker(&at, n, rate, reliable)?;
             println!("{}", serde_json::to_string(&rtts)?);
             Ok(std::process::ExitCode::SUCCESS)
         }
@@ -843,15 +893,15 @@ pub fn worker(role: crate::bench::Role) -> Result<std::process::ExitCode> {
 
 /// Answers every ping of every cell, until killed (or a minute without
 /// one).
-fn pong_worker(at: &crate::bench::Place) -> Result<std::process::ExitCode> {
+fn pong_worker(at: &crate::bench::Place, reliable: bool) -> Result<std::process::ExitCode> {
     let node = Node::open_with(crate::bench::mlg_config(at, "pong")?)?;
     let mut to_ping = std::collections::HashMap::new();
     for (f, c) in all_cells() {
         let t = tag(f, c);
-        let p = node.publisher_with(&format!("enc/{t}/pong"), qos(f, c))?;
+        let p = node.publisher_with(&format!("enc/{t}/pong"), qos(f, c, reliable))?;
         to_ping.insert(t, p);
     }
-    let sub = node.subscribe_with("enc/*/ping", SubscriberQos::default().typed())?;
+    let sub = node.subscribe_with("enc/*/ping", sub_qos(reliable))?;
     loop {
         match sub.recv_timeout(Duration::from_secs(60)) {
             Ok(Event::Sample(s)) => {
@@ -870,7 +920,7 @@ fn pong_worker(at: &crate::bench::Place) -> Result<std::process::ExitCode> {
                 };
                 track.status = TrackStatus::Coasted;
                 // Best effort: a full queue drops the answer (counted lost
-                // at the ping side).
+                // at the ping side); reliable: the put waits for room.
                 let _ = put_track(p, f, c, &track);
             }
             Ok(_) => {}
@@ -881,14 +931,18 @@ fn pong_worker(at: &crate::bench::Place) -> Result<std::process::ExitCode> {
 
 /// Every cell in turn: `n` tracks at `rate` a second, each answer's round
 /// trip.
-fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanRtt>> {
+fn ping_worker(
+    at: &crate::bench::Place,
+    n: usize,
+    rate: f64,
+    reliable: bool,
+) -> Result<Vec<WanRtt>> {
     let node = Node::open_with(crate::bench::mlg_config(at, "ping")?)?;
     let mut out = Vec::new();
     for (f, c) in all_cells() {
         let t = tag(f, c);
-        let to_pong = node.publisher_with(&format!("enc/{t}/ping"), qos(f, c))?;
-        let back =
-            node.subscribe_with(&format!("enc/{t}/pong"), SubscriberQos::default().typed())?;
+        let to_pong = node.publisher_with(&format!("enc/{t}/ping"), qos(f, c, reliable))?;
+        let back = node.subscribe_with(&format!("enc/{t}/pong"), sub_qos(reliable))?;
         // Both ways matched: the pong's subscription reached this
         // publisher, and an answer comes back.
         let until = Instant::now() + Duration::from_secs(30);
@@ -910,6 +964,7 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
             }
         }
         // Late answers of the warm-up are told apart by their ids.
+        let replayed_before = node.stats().samples_replayed;
         let mut sent_at: Vec<Option<Instant>> = vec![None; n];
         let mut rtts = Vec::with_capacity(n);
         let period = Duration::from_secs_f64(1.0 / rate);
@@ -958,6 +1013,7 @@ fn ping_worker(at: &crate::bench::Place, n: usize, rate: f64) -> Result<Vec<WanR
             p50_us: p50,
             p99_us: p99,
             lost,
+            repaired: node.stats().samples_replayed - replayed_before,
         });
     }
     Ok(out)
@@ -984,8 +1040,8 @@ fn nodes(dir: &std::path::Path) -> Result<(Node, Node)> {
 /// Ping-pong of one cell: round trips per second, RTT p50/p99, lost.
 fn round_trips(ping: &Node, pong: &Node, fmt: Fmt, comp: Comp, n: usize) -> Result<Rtt> {
     let tag = format!("{}-{}", fmt_name(fmt), comp_name(comp));
-    let to_pong = ping.publisher_with(&format!("enc/{tag}/ping"), qos(fmt, comp))?;
-    let to_ping = pong.publisher_with(&format!("enc/{tag}/pong"), qos(fmt, comp))?;
+    let to_pong = ping.publisher_with(&format!("enc/{tag}/ping"), qos(fmt, comp, false))?;
+    let to_ping = pong.publisher_with(&format!("enc/{tag}/pong"), qos(fmt, comp, false))?;
     // Typed: the schema'd cells read the track straight from the payload
     // (no effect on the others, whose samples are plain bytes).
     let typed = SubscriberQos::default().typed();
@@ -1145,11 +1201,16 @@ fn print(a: &EncodingArgs, cells: &[Cell], wan: &[(String, u32, Vec<WanRtt>)]) {
         return;
     }
     println!(
-        "# milonga bench encoding: a track record (docs/benchmarks.md \"Encodings\"), {} bytes of information; eta = information / wire bytes, chi = uncompressed / wire bytes; encode = serialize + compress, decode = inflate + deserialize, ns per message (median of 21 batches of {}); lz4 and zstd as Milonga's publishers send them (5-byte head), zlib level 6 for comparison; RTT: encoded tracks between two nodes over tcp, best effort, decoded and re-encoded at each end: on loopback one in flight ({} after 200 warm-up; rate = round trips/s), on paths A-E at the path's rate ({} a cell) with seed 003's delay and loss on the ping host's link; omega = RTT p50 of cdr/none on the same path and rate over this cell's; schema = Milonga's compact encoding (written and read by position by the track's #[derive(milonga::Compact)] code: put_compact, and Sample::read of a typed subscription), its lz4/zstd cells compressed by Milonga's publisher after encoding",
+        "# milonga bench encoding: a track record (docs/benchmarks.md \"Encodings\"), {} bytes of information; eta = information / wire bytes, chi = uncompressed / wire bytes; encode = serialize + compress, decode = inflate + deserialize, ns per message (median of 21 batches of {}); lz4 and zstd as Milonga's publishers send them (5-byte head), zlib level 6 for comparison; RTT: encoded tracks between two nodes over tcp, best effort, decoded and re-encoded at each end: on loopback one in flight ({} after 200 warm-up; rate = round trips/s), on paths A-E at the path's rate ({} a cell, {}) with seed 003's delay and loss on the ping host's link; omega = RTT p50 of cdr/none on the same path and rate over this cell's; schema = Milonga's compact encoding (written and read by position by the track's #[derive(milonga::Compact)] code: put_compact, and Sample::read of a typed subscription), its lz4/zstd cells compressed by Milonga's publisher after encoding",
         cells.first().map_or(0, |c| c.payload),
         a.calls,
         a.round_trips,
-        a.wan_messages
+        a.wan_messages,
+        if a.reliable {
+            "reliable, the pong's history of 1,000 the repair source"
+        } else {
+            "best effort"
+        }
     );
     println!(
         "{:>6} {:>5} {:>7} {:>5} {:>6} {:>9} {:>9} {:>8} {:>6} {:>9} {:>9} {:>6} {:>5}",
