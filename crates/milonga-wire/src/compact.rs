@@ -391,7 +391,8 @@ impl<'a> Reader<'a> {
 
     /// A struct of `n` fields: an array of exactly `n` items. Structs
     /// nest at most as deep as a schema's types (a type that contains
-    /// itself is read no deeper).
+    /// itself is read no deeper); once its fields are read, the struct
+    /// ends with [`Reader::end_struct`] (derived code does both).
     #[inline]
     pub fn struct_of(&mut self, n: usize) -> Result<(), CompactError> {
         if self.depth >= crate::schema::MAX_SCHEMA_DEPTH {
