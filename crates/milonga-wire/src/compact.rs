@@ -612,22 +612,9 @@ impl<'a> Reader<'a> {
                 )))
             }
         };
-        let mut out: Vec<T> = Vec::new();
-        let whole = |len: usize| {
-            if len % el.size() == 0 {
-                Ok(())
-            } else {
-                Err(malformed(DecodeError::BadTypedArray {
-                    tag,
-                    why: format!("{len} bytes are not whole {} elements", el.name()),
-                }))
-            }
-        };
-        if matches!(self.buf.get(self.pos), Some(&b) if b >> 5 == 2 && b & 31 != 31) {
-            let b = self.bytes()?;
-            whole(b.len())?;
-            out.resize(b.len() / el.size(), T::zeroed());
-            bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(b);
+        let bytes: std::borrow::Cow<'a, [u8]> = if matches!(self.buf.get(self.pos), Some(&b) if b >> 5 == 2 && b & 31 != 31)
+        {
+            self.bytes()?.into()
         } else {
             // A byte string in chunks: minicbor reads them in place.
             let mut d = minicbor::Decoder::new(&self.buf[self.pos..]);
@@ -635,11 +622,17 @@ impl<'a> Reader<'a> {
             for chunk in d.bytes_iter().map_err(|e| malformed(e.into()))? {
                 bytes.extend_from_slice(chunk.map_err(|e| malformed(e.into()))?);
             }
-            whole(bytes.len())?;
             self.pos += d.position();
-            out.resize(bytes.len() / el.size(), T::zeroed());
-            bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
+            bytes.into()
+        };
+        if bytes.len() % el.size() != 0 {
+            return Err(malformed(DecodeError::BadTypedArray {
+                tag,
+                why: format!("{} bytes are not whole {} elements", bytes.len(), el.name()),
+            }));
         }
+        let mut out: Vec<T> = vec![T::zeroed(); bytes.len() / el.size()];
+        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
         if big_endian != cfg!(target_endian = "big") {
             for x in &mut out {
                 bytemuck::bytes_of_mut(x).reverse();

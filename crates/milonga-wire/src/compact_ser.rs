@@ -6,28 +6,9 @@
 
 use serde::ser::{self, Impossible, Serialize};
 
+use crate::compact::{head, Compact as _};
 use crate::schema::{Field, Path, SchemaError, Type};
 use crate::value::{ElementType, Value};
-
-/// A CBOR head: major type `major`, argument `n`, shortest form.
-#[inline]
-fn head(out: &mut Vec<u8>, major: u8, n: u64) {
-    let m = major << 5;
-    if n < 24 {
-        out.push(m | n as u8);
-    } else if n <= 0xff {
-        out.extend_from_slice(&[m | 24, n as u8]);
-    } else if n <= 0xffff {
-        out.push(m | 25);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
-    } else if n <= 0xffff_ffff {
-        out.push(m | 26);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
-    } else {
-        out.push(m | 27);
-        out.extend_from_slice(&n.to_be_bytes());
-    }
-}
 
 /// An integer in CBOR's range (checked by the caller).
 fn int(out: &mut Vec<u8>, i: i128) {
@@ -36,16 +17,6 @@ fn int(out: &mut Vec<u8>, i: i128) {
     } else {
         head(out, 1, (-1 - i) as u64);
     }
-}
-
-fn float32(out: &mut Vec<u8>, f: f32) {
-    out.push(0xfa);
-    out.extend_from_slice(&f.to_be_bytes());
-}
-
-fn float64(out: &mut Vec<u8>, f: f64) {
-    out.push(0xfb);
-    out.extend_from_slice(&f.to_be_bytes());
 }
 
 /// Why a value does not fit: carried as serde's error, turned into
@@ -140,11 +111,11 @@ impl<'a> Compact<'a> {
             Type::U32 => (0, i128::from(u32::MAX)),
             Type::U64 => (0, i128::from(u64::MAX)),
             Type::F32 => {
-                float32(self.out, i as f32);
+                (i as f32).write_compact(self.out);
                 return Ok(());
             }
             Type::F64 => {
-                float64(self.out, i as f64);
+                (i as f64).write_compact(self.out);
                 return Ok(());
             }
             Type::Any => (-(1i128 << 64), (1i128 << 64) - 1),
@@ -162,8 +133,8 @@ impl<'a> Compact<'a> {
 
     fn float(self, f: f64) -> Result<(), Error> {
         match self.inner() {
-            Type::F32 => float32(self.out, f as f32),
-            Type::F64 | Type::Any => float64(self.out, f),
+            Type::F32 => (f as f32).write_compact(self.out),
+            Type::F64 | Type::Any => f.write_compact(self.out),
             t => return Err(self.mismatch(t, "a float")),
         };
         Ok(())
