@@ -36,9 +36,17 @@ pub struct RecordArgs {
     #[arg(long, value_delimiter = ',', default_value = "92,4096,1048576")]
     sizes: Vec<usize>,
     /// Bytes sent per run and size (at least 100 samples, at most
-    /// 200,000).
+    /// `--max-samples`).
     #[arg(long, default_value_t = 256 << 20)]
     bytes: u64,
+    /// The most samples sent per run and size: enough that a cell of small
+    /// samples lasts a good part of a second.
+    #[arg(long, default_value_t = 2_000_000)]
+    max_samples: u64,
+    /// Recording modes measured (`none`, `lz4`, `zstd`); the subscriber
+    /// alone is always measured, the replay with `none`.
+    #[arg(long, value_delimiter = ',', default_value = "none,lz4,zstd")]
+    modes: Vec<String>,
     /// Runs of each measurement; the median is printed.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -54,8 +62,8 @@ enum Mode {
     Record(Compression),
 }
 
-fn samples_for(size: usize, bytes: u64) -> u64 {
-    (bytes / size.max(1) as u64).clamp(100, 200_000)
+fn samples_for(size: usize, bytes: u64, max: u64) -> u64 {
+    (bytes / size.max(1) as u64).clamp(100, max.max(100))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -98,23 +106,36 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
         dir.display()
     );
     println!(
-        "{:>9} {:>8} {:>14} {:>10} {:>9} {:>8}",
-        "size", "mode", "samples/s", "MB/s", "of sub", "of disk"
+        "# cpu_ns = this process's CPU time (every thread: publisher, both nodes' I/O, the \
+         receiving loop and its writer) over the samples, median of the runs"
     );
-    let modes: [(&str, Mode); 4] = [
-        ("sub", Mode::Subscriber),
-        ("none", Mode::Record(Compression::None)),
-        ("lz4", Mode::Record(Compression::Lz4)),
-        ("zstd", Mode::Record(Compression::Zstd)),
-    ];
+    println!(
+        "{:>9} {:>8} {:>14} {:>10} {:>9} {:>8} {:>8}",
+        "size", "mode", "samples/s", "MB/s", "of sub", "of disk", "cpu_ns"
+    );
+    let mut modes = vec![("sub", Mode::Subscriber)];
+    for m in &a.modes {
+        let c: Compression = m
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--modes: {e}"))?;
+        let name = match c {
+            Compression::None => "none",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        };
+        if !modes.iter().any(|(n, _)| *n == name) {
+            modes.push((name, Mode::Record(c)));
+        }
+    }
     for &size in &a.sizes {
-        let n = samples_for(size, a.bytes);
+        let n = samples_for(size, a.bytes, a.max_samples);
         let mb = |rate: f64| rate * size as f64 / 1e6;
         // Each run measures the disk and every mode one after the other,
         // so that all see the same machine (this disk's speed varies from
         // one second to the next); the medians are of the runs.
         let mut disk = Vec::new();
         let mut rates = vec![Vec::new(); modes.len()];
+        let mut cpus = vec![Vec::new(); modes.len()];
         let mut replay = Vec::new();
         let mut writer = Vec::new();
         for run in 0..a.runs {
@@ -123,15 +144,9 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
             for (i, (name, mode)) in modes.iter().enumerate() {
                 let key = format!("bench/rec/{size}/{name}/{run}");
                 let file = dir.join(format!("{size}-{name}-{run}.mcap"));
-                rates[i].push(one_run(
-                    &publisher,
-                    &subscriber,
-                    &key,
-                    size,
-                    n,
-                    *mode,
-                    &file,
-                )?);
+                let (rate, cpu) = one_run(&publisher, &subscriber, &key, size, n, *mode, &file)?;
+                rates[i].push(rate);
+                cpus[i].push(cpu);
                 if *name == "none" {
                     replay.push(replay_rate(&publisher, &subscriber, &file, size, n, run)?);
                 }
@@ -140,13 +155,14 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
         }
         let disk = median(disk);
         let sub_rate = median(rates[0].clone());
-        for ((name, _), r) in modes.iter().zip(rates) {
+        for (((name, _), r), c) in modes.iter().zip(rates).zip(cpus) {
             let rate = median(r);
             println!(
-                "{size:>9} {name:>8} {rate:>14.0} {:>10.1} {:>9.2} {:>8.2}",
+                "{size:>9} {name:>8} {rate:>14.0} {:>10.1} {:>9.2} {:>8.2} {:>8.0}",
                 mb(rate),
                 rate / sub_rate,
-                mb(rate) / disk
+                mb(rate) / disk,
+                median(c)
             );
         }
         println!(
@@ -156,14 +172,16 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
             "",
             1.0
         );
-        let replay = median(replay);
-        println!(
-            "{size:>9} {:>8} {replay:>14.0} {:>10.1} {:>9.2} {:>8}",
-            "replay",
-            mb(replay),
-            replay / sub_rate,
-            ""
-        );
+        if !replay.is_empty() {
+            let replay = median(replay);
+            println!(
+                "{size:>9} {:>8} {replay:>14.0} {:>10.1} {:>9.2} {:>8}",
+                "replay",
+                mb(replay),
+                replay / sub_rate,
+                ""
+            );
+        }
         let writer = median(writer);
         println!(
             "{size:>9} {:>8} {writer:>14.0} {:>10.1} {:>9} {:>8.2}  ({:.0} ns a sample)",
@@ -192,7 +210,8 @@ fn wait_matched(p: &milonga::Publisher) -> Result<()> {
     Ok(())
 }
 
-/// One measurement: samples per second.
+/// One measurement: samples per second, and the process's CPU time per
+/// sample (ns).
 fn one_run(
     publisher: &Node,
     subscriber: &Node,
@@ -201,7 +220,7 @@ fn one_run(
     n: u64,
     mode: Mode,
     file: &Path,
-) -> Result<f64> {
+) -> Result<(f64, f64)> {
     let sub = subscriber.subscribe_with(key, SubscriberQos::default().reliable())?;
     let p = publisher.publisher_with(key, PublisherQos::reliable())?;
     wait_matched(&p)?;
@@ -225,6 +244,7 @@ fn one_run(
         })
         .collect();
     let value = Value::Bytes(Bytes::from(noise));
+    let cpu0 = crate::ffi::cpu_time_ns();
     let started = Instant::now();
     // The publisher comes back, to be dropped once everything arrived.
     let sender = std::thread::spawn(move || -> Result<milonga::Publisher> {
@@ -253,11 +273,12 @@ fn one_run(
         w.finish()?;
     }
     let took = started.elapsed();
+    let cpu = crate::ffi::cpu_time_ns().saturating_sub(cpu0);
     let p = sender
         .join()
         .map_err(|_| anyhow::anyhow!("the sending thread panicked"))??;
     drop((p, sub));
-    Ok(n as f64 / took.as_secs_f64())
+    Ok((n as f64 / took.as_secs_f64(), cpu as f64 / n as f64))
 }
 
 /// `RecordWriter::sample` alone (uncompressed, payloads of the same size:

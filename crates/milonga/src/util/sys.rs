@@ -355,6 +355,27 @@ impl Drop for SharedMap {
 /// Allocates the `len` bytes of `file` from `offset` on
 /// (`posix_fallocate`), so that a full file system is an error here rather
 /// than a SIGBUS when a page of its mapping is first written.
+/// Asks the kernel to start writing a range of `file` to its disk now
+/// rather than when its dirty pages age or pile up (a recording: the sync
+/// at its end then waits for the last chunk only, and a long one never
+/// holds gigabytes of unwritten pages). It does not wait, unless the
+/// device's queue is full (a disk slower than the stream slows the
+/// writer); a failure only means the pages are written later.
+pub(crate) fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (
+        libc::off64_t::try_from(offset),
+        libc::off64_t::try_from(len),
+    ) else {
+        return;
+    };
+    // SAFETY: `file` is open for the call; the flag only starts writeback
+    // of the range and touches no memory of ours.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
 pub(crate) fn allocate(file: &std::fs::File, offset: usize, len: usize) -> std::io::Result<()> {
     let too_large = |_| std::io::Error::other("too large");
     let offset = libc::off_t::try_from(offset).map_err(too_large)?;

@@ -5,15 +5,19 @@
 //! the reader reads such a file to its last complete record and says that
 //! it was cut short. A `file:///` backend will be built on these two.
 
+mod writer;
+
+pub use writer::RecordWriter;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mcap::records::{MessageHeader, Record};
+use mcap::records::Record;
 use mcap::sans_io::{LinearReadEvent, LinearReader, LinearReaderOptions};
-use milonga_wire::cbor::{decode_cbor, encode_cbor};
+use milonga_wire::cbor::decode_cbor;
 use milonga_wire::{Bytes, Encoding, NodeId};
 
 use crate::model::sample::{
@@ -119,287 +123,10 @@ pub enum RecordError {
     },
 }
 
-/// Writes a recording.
-pub struct RecordWriter {
-    path: PathBuf,
-    w: mcap::Writer<BufWriter<Counted>>,
-    /// Publisher -> key -> channel: looked up with the sample's own key,
-    /// no copy of it per sample.
-    channels: HashMap<NodeId, HashMap<String, u16>>,
-    events: u16,
-    chunk_started: Instant,
-    flush_every: Duration,
-    buf: Vec<u8>,
-    messages: u64,
-    written: std::sync::Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl std::fmt::Debug for RecordWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecordWriter")
-            .field("path", &self.path)
-            .field("messages", &self.messages)
-            .finish()
-    }
-}
-
-/// A file that counts what was written to it (for `--max-bytes`), and
-/// that refuses every write after one failed: the MCAP writer finishes a
-/// file when dropped, and a summary written after a failure (a full disk
-/// that freed up) would present a file with a hole as complete.
-struct Counted {
-    file: File,
-    written: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    failed: bool,
-}
-
-impl Counted {
-    fn check(&self) -> std::io::Result<()> {
-        if self.failed {
-            return Err(std::io::Error::other(
-                "an earlier write to this recording failed",
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Write for Counted {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.check()?;
-        let n = self.file.write(buf).inspect_err(|_| self.failed = true)?;
-        self.written
-            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.check()?;
-        self.file.flush().inspect_err(|_| self.failed = true)
-    }
-}
-
-impl std::io::Seek for Counted {
-    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
-        self.check()?;
-        self.file.seek(pos).inspect_err(|_| self.failed = true)
-    }
-}
-
 fn format_err(path: &Path, e: impl std::fmt::Display) -> RecordError {
     RecordError::Format {
         path: path.to_path_buf(),
         why: e.to_string(),
-    }
-}
-
-/// An I/O error inside an MCAP error is reported as what it is (a full
-/// disk says so).
-fn write_err(path: &Path, e: mcap::McapError) -> RecordError {
-    match e {
-        mcap::McapError::Io(source) => RecordError::Io {
-            path: path.to_path_buf(),
-            source,
-        },
-        other => format_err(path, other),
-    }
-}
-
-impl RecordWriter {
-    /// Creates `path` (it must not exist: a recording is never
-    /// overwritten).
-    pub fn create(path: &Path, opts: &RecordOptions) -> Result<RecordWriter, RecordError> {
-        let io = |source| RecordError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = File::options()
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(io)?;
-        let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let counted = Counted {
-            file,
-            written: written.clone(),
-            failed: false,
-        };
-        let compression = match opts.compression {
-            Compression::Zstd => Some(mcap::Compression::Zstd),
-            Compression::Lz4 => Some(mcap::Compression::Lz4),
-            Compression::None => None,
-        };
-        let mut w = mcap::WriteOptions::new()
-            .profile("")
-            .library(format!("milonga {}", env!("CARGO_PKG_VERSION")))
-            .compression(compression)
-            .chunk_size(Some(opts.chunk_bytes))
-            // Each chunk is built in memory and written whole: by default
-            // the writer streams a chunk into the file and seeks back to
-            // fill in its header when it ends, so a recorder killed
-            // meanwhile left a header of placeholders that readers take
-            // for garbage (the `mcap` Python package stopped there with
-            // an error) rather than a file that ends early.
-            .disable_seeking(true)
-            .create(BufWriter::with_capacity(1 << 16, counted))
-            .map_err(|e| write_err(path, e))?;
-        w.write_metadata(&mcap::records::Metadata {
-            name: METADATA_NAME.into(),
-            metadata: opts.metadata.clone(),
-        })
-        .map_err(|e| write_err(path, e))?;
-        let events = w
-            .add_channel(0, EVENTS_TOPIC, "json", &BTreeMap::new())
-            .map_err(|e| write_err(path, e))?;
-        Ok(RecordWriter {
-            path: path.to_path_buf(),
-            w,
-            channels: HashMap::new(),
-            events,
-            chunk_started: Instant::now(),
-            flush_every: opts.flush_every,
-            buf: Vec::new(),
-            messages: 0,
-            written,
-        })
-    }
-
-    /// Records a sample received at `received_ns` (UNIX time, ns).
-    pub fn sample(&mut self, s: &Sample, received_ns: u64) -> Result<(), RecordError> {
-        let known = self
-            .channels
-            .get(&s.publisher)
-            .and_then(|keys| keys.get(s.key.as_str()));
-        let channel = match known {
-            Some(c) => *c,
-            None => {
-                let mut meta = BTreeMap::new();
-                meta.insert(META_PUBLISHER.to_owned(), s.publisher.to_hex());
-                meta.insert(
-                    META_ENCODING.to_owned(),
-                    encoding_name(s.encoding).to_owned(),
-                );
-                if s.replayed {
-                    meta.insert(META_REPLAYED.to_owned(), "true".to_owned());
-                }
-                let c = self
-                    .w
-                    .add_channel(0, &s.key, "cbor", &meta)
-                    .map_err(|e| write_err(&self.path, e))?;
-                self.channels
-                    .entry(s.publisher)
-                    .or_default()
-                    .insert(s.key.clone(), c);
-                c
-            }
-        };
-        self.buf.clear();
-        // A typed subscription's compact sample holds its payload: the
-        // recording keeps the value map it stands for.
-        let read;
-        let value = match (&s.compact, &s.value) {
-            (Some(reader), milonga_wire::Value::Bytes(payload)) => {
-                read = reader.0.read(payload).map_err(|e| RecordError::Value {
-                    key: s.key.clone(),
-                    why: e.to_string(),
-                })?;
-                &read
-            }
-            _ => &s.value,
-        };
-        encode_cbor(value, &mut self.buf).map_err(|e| RecordError::Value {
-            key: s.key.clone(),
-            why: e.to_string(),
-        })?;
-        let header = MessageHeader {
-            channel_id: channel,
-            // MCAP's sequence is 32 bits: the reader extends it again.
-            sequence: s.seq as u32,
-            log_time: received_ns,
-            publish_time: s.timestamp_ns,
-        };
-        self.w
-            .write_to_known_channel(&header, &self.buf)
-            .map_err(|e| write_err(&self.path, e))?;
-        self.wrote()
-    }
-
-    /// Records an event received at `received_ns`: a sample as
-    /// [`RecordWriter::sample`] does, a status event in its JSON form
-    /// ([`status_json`]).
-    pub fn event(&mut self, event: &Event, received_ns: u64) -> Result<(), RecordError> {
-        match status_json(event) {
-            None => match event {
-                Event::Sample(s) => self.sample(s, received_ns),
-                _ => Ok(()),
-            },
-            Some(j) => self.status(j.to_string().as_bytes(), received_ns),
-        }
-    }
-
-    fn status(&mut self, json: &[u8], received_ns: u64) -> Result<(), RecordError> {
-        let header = MessageHeader {
-            channel_id: self.events,
-            sequence: self.messages as u32,
-            log_time: received_ns,
-            publish_time: received_ns,
-        };
-        self.w
-            .write_to_known_channel(&header, json)
-            .map_err(|e| write_err(&self.path, e))?;
-        self.wrote()
-    }
-
-    fn wrote(&mut self) -> Result<(), RecordError> {
-        self.messages += 1;
-        if self.messages % 64 == 0 {
-            self.tick()?;
-        }
-        Ok(())
-    }
-
-    /// Ends the current chunk (and writes it out) if it began
-    /// `flush_every` ago; call it when idle too.
-    pub fn tick(&mut self) -> Result<(), RecordError> {
-        if self.chunk_started.elapsed() >= self.flush_every {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
-    /// Ends the current chunk and writes it out.
-    pub fn flush(&mut self) -> Result<(), RecordError> {
-        self.chunk_started = Instant::now();
-        self.w.flush().map_err(|e| write_err(&self.path, e))
-    }
-
-    /// Messages written so far (samples and events).
-    pub fn messages(&self) -> u64 {
-        self.messages
-    }
-
-    /// Bytes written to the file so far (what is still in the open chunk
-    /// is not).
-    pub fn bytes(&self) -> u64 {
-        self.written.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Writes the summary (statistics, indexes) and closes the file.
-    pub fn finish(mut self) -> Result<u64, RecordError> {
-        self.w.finish().map_err(|e| write_err(&self.path, e))?;
-        let mut inner = self.w.into_inner();
-        inner.flush().map_err(|source| RecordError::Io {
-            path: self.path.clone(),
-            source,
-        })?;
-        inner
-            .get_ref()
-            .file
-            .sync_all()
-            .map_err(|source| RecordError::Io {
-                path: self.path.clone(),
-                source,
-            })?;
-        Ok(self.written.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -928,6 +655,108 @@ mod tests {
             let mut r = RecordReader::open(&path).unwrap();
             assert!(matches!(r.next_entry().unwrap(), Some(Entry::Sample(..))));
             assert_eq!(r.last_len(), 8);
+        }
+    }
+
+    /// The writer lays out messages and their indexes itself: the `mcap`
+    /// crate's own readers, linear (chunk CRCs checked) and indexed
+    /// (summary, chunk indexes, message indexes, a seek to each message),
+    /// must find every message where the writer says it put it.
+    #[test]
+    fn the_mcap_crate_reads_every_recording_linearly_and_by_its_indexes() {
+        let dir = milonga_testkit::TempDir::new("rec-idx");
+        for c in [Compression::Zstd, Compression::Lz4, Compression::None] {
+            let path = dir.path().join(format!("{c:?}.mcap"));
+            let opts = RecordOptions {
+                compression: c,
+                chunk_bytes: 4096,
+                ..RecordOptions::default()
+            };
+            let mut w = RecordWriter::create(&path, &opts).unwrap();
+            let mut other = sample("a/b", 0, milonga_wire::Value::Null);
+            other.publisher = NodeId([9; 16]);
+            for i in 1..=1000u64 {
+                let v = milonga_wire::Value::Bytes(Bytes::from(vec![i as u8; (i % 200) as usize]));
+                let mut s = if i % 3 == 0 {
+                    other.clone()
+                } else {
+                    sample(["a/b", "a/c"][(i % 2) as usize], 0, v.clone())
+                };
+                (s.seq, s.value) = (i, v);
+                w.sample(&s, 5_000 + i).unwrap();
+                if i % 100 == 0 {
+                    let ev = Event::Lost(LostSamples {
+                        publisher: NodeId([7; 16]),
+                        key: "a/b".into(),
+                        count: 1,
+                        first_seq: i,
+                    });
+                    w.event(&ev, 5_000 + i).unwrap();
+                }
+            }
+            let size = w.finish().unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(size, bytes.len() as u64);
+
+            let options = mcap::read::Options::ValidateChunkCrcs.into();
+            let linear: Vec<_> = mcap::MessageStream::new_with_options(&bytes, options)
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert_eq!(linear.len(), 1010, "{c:?}");
+            let seqs: Vec<u32> = linear
+                .iter()
+                .filter(|m| m.channel.topic != EVENTS_TOPIC)
+                .map(|m| m.sequence)
+                .collect();
+            assert_eq!(seqs, (1..=1000).collect::<Vec<u32>>());
+            assert_eq!(linear[1].log_time, 5_002);
+            assert_eq!(linear[1].publish_time, 1_000);
+            assert_eq!(&linear[1].data[1..], &[2u8; 2][..]);
+
+            let summary = mcap::Summary::read(&bytes).unwrap().expect("a summary");
+            let stats = summary.stats.as_ref().expect("statistics");
+            assert_eq!(stats.message_count, 1010);
+            assert_eq!(stats.channel_count, 4);
+            assert_eq!(summary.channels.len(), 4);
+            assert_eq!(stats.channel_message_counts.values().sum::<u64>(), 1010);
+            assert_eq!(
+                (stats.message_start_time, stats.message_end_time),
+                (5_001, 6_000)
+            );
+            assert_eq!(stats.metadata_count, 1);
+            assert!(summary.chunk_indexes.len() > 10, "{c:?}");
+            assert_eq!(stats.chunk_count as usize, summary.chunk_indexes.len());
+            let mut found = 0;
+            for ci in &summary.chunk_indexes {
+                let in_chunk: Vec<_> = summary.stream_chunk(&bytes, ci).unwrap().collect();
+                let indexes = summary.read_message_indexes(&bytes, ci).unwrap();
+                let n: usize = indexes.values().map(Vec::len).sum();
+                assert_eq!(n, in_chunk.len());
+                for (channel, entries) in &indexes {
+                    for e in entries {
+                        let m = summary.seek_message(&bytes, ci, e).unwrap();
+                        assert_eq!(m.channel.id, channel.id);
+                        assert_eq!(m.log_time, e.log_time);
+                        assert!(ci.message_start_time <= e.log_time);
+                        assert!(e.log_time <= ci.message_end_time);
+                        found += 1;
+                    }
+                }
+            }
+            assert_eq!(found, 1010, "{c:?}");
+            // The data section's CRC (in Data End, just before the
+            // summary) and the summary's (in the footer).
+            let footer = mcap::read::footer(&bytes).unwrap();
+            let data_end = footer.summary_start as usize - 13;
+            assert_eq!(bytes[data_end], mcap::records::op::DATA_END);
+            let crc = u32::from_le_bytes(bytes[data_end + 9..data_end + 13].try_into().unwrap());
+            assert_eq!(crc, crc32fast::hash(&bytes[..data_end]), "{c:?}");
+            let footer_crc_at = bytes.len() - 8 - 4;
+            assert_eq!(
+                footer.summary_crc,
+                crc32fast::hash(&bytes[footer.summary_start as usize..footer_crc_at])
+            );
         }
     }
 
