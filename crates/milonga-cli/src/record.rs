@@ -141,6 +141,87 @@ fn now_ns() -> u64 {
 }
 
 /// The name of file `n` of a split recording: `STEM-000n.mcap`.
+/// Where the recorder's events come from.
+enum Source {
+    /// One expression: its subscription's own queue, read in the
+    /// recorder's loop (no hop through another thread per sample).
+    One(milonga::Subscriber),
+    /// Several: their dispatchers hand events over a bounded queue. A
+    /// disk slower than the stream holds the dispatchers, so a reliable
+    /// subscription holds its publishers back and a best-effort one
+    /// reports what it loses (recorded as `lost` events), as a single
+    /// subscription's own queue does.
+    Many(
+        Vec<milonga::Subscriber>,
+        crossbeam_channel::Receiver<(Event, u64)>,
+    ),
+}
+
+/// What [`Source::next`] found.
+enum Next {
+    /// An event, and when it was received (UNIX time, ns).
+    Event(Event, u64),
+    /// Nothing within the timeout (or nothing queued).
+    Nothing,
+    /// The subscriptions are gone.
+    Closed,
+}
+
+impl Source {
+    fn subscribe(node: &milonga::Node, exprs: &[KeyExpr], qos: SubscriberQos) -> Result<Source> {
+        if let [one] = exprs {
+            return Ok(Source::One(node.subscribe_with(one.as_str(), qos)?));
+        }
+        let (tx, rx) = crossbeam_channel::bounded::<(Event, u64)>(4096);
+        let mut subs = Vec::new();
+        for e in exprs {
+            let tx = tx.clone();
+            subs.push(node.subscribe_callback(e.as_str(), qos.clone(), move |ev| {
+                let _ = tx.send((ev, now_ns()));
+            })?);
+        }
+        Ok(Source::Many(subs, rx))
+    }
+
+    /// The next event, waiting up to `timeout` (`None`: only what is
+    /// queued).
+    fn next(&mut self, timeout: Option<Duration>) -> Next {
+        match self {
+            Source::One(sub) => {
+                let got = match timeout {
+                    Some(t) => sub.recv_timeout(t),
+                    None => sub.try_recv(),
+                };
+                match got {
+                    Ok(ev) => Next::Event(ev, now_ns()),
+                    Err(milonga::RecvError::Timeout | milonga::RecvError::Empty) => Next::Nothing,
+                    Err(_) => Next::Closed,
+                }
+            }
+            Source::Many(_, rx) => {
+                let got = match timeout {
+                    Some(t) => rx.recv_timeout(t).map_err(|e| e.is_disconnected()),
+                    None => rx.try_recv().map_err(|e| e.is_disconnected()),
+                };
+                match got {
+                    Ok((ev, at)) => Next::Event(ev, at),
+                    Err(false) => Next::Nothing,
+                    Err(true) => Next::Closed,
+                }
+            }
+        }
+    }
+
+    /// Ends the callbacks' subscriptions (what they queued can still be
+    /// read); a single subscription stays open until the source is
+    /// dropped.
+    fn stop(&mut self) {
+        if let Source::Many(subs, _) = self {
+            subs.clear();
+        }
+    }
+}
+
 fn split_name(output: &Path, n: u32) -> PathBuf {
     let stem = output
         .file_stem()
@@ -180,23 +261,11 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     let mut path = path_of(0);
     let mut w = RecordWriter::create(&path, &opts)?;
     let mut file_started = Instant::now();
-    // The subscriptions' dispatchers hand events over a bounded queue: a
-    // disk slower than the stream holds the dispatchers, so a reliable
-    // subscription holds its publishers back and a best-effort one
-    // reports what it loses (recorded as `lost` events).
-    let (tx, rx) = crossbeam_channel::bounded::<(Event, u64)>(4096);
-    let mut subs = Vec::new();
-    for e in &exprs {
-        let mut qos = SubscriberQos::default().last(a.last);
-        if a.reliable {
-            qos = qos.reliable();
-        }
-        let tx = tx.clone();
-        subs.push(node.subscribe_callback(e.as_str(), qos, move |ev| {
-            let _ = tx.send((ev, now_ns()));
-        })?);
+    let mut qos = SubscriberQos::default().last(a.last);
+    if a.reliable {
+        qos = qos.reliable();
     }
-    drop(tx);
+    let mut source = Source::subscribe(&node, &exprs, qos)?;
     catch_interrupts();
     let start = Instant::now();
     let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
@@ -204,16 +273,16 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     let mut total_bytes = 0u64;
     let result: Result<()> = (|| {
         while !interrupted() && end.is_none_or(|t| Instant::now() < t) {
-            match rx.recv_timeout(Duration::from_millis(100)) {
-                Ok((ev, at)) => {
+            match source.next(Some(Duration::from_millis(100))) {
+                Next::Event(ev, at) => {
                     w.event(&ev, at)?;
                     match ev {
                         Event::Sample(_) => samples += 1,
                         _ => events += 1,
                     }
                 }
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+                Next::Nothing => {}
+                Next::Closed => break,
             }
             w.tick()?;
             let full = a.max_bytes.is_some_and(|m| w.bytes() >= m);
@@ -230,10 +299,16 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
         }
         Ok(())
     })();
-    // Events still queued are written before the file is finished.
-    drop(subs);
+    // Events still queued are written before the file is finished (for a
+    // second at most: a single subscription's queue fills on while it is
+    // read).
+    source.stop();
     if result.is_ok() {
-        while let Ok((ev, at)) = rx.try_recv() {
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            let Next::Event(ev, at) = source.next(None) else {
+                break;
+            };
             w.event(&ev, at)?;
             match ev {
                 Event::Sample(_) => samples += 1,
