@@ -34,6 +34,10 @@ use crate::model::sample::{Event, Sample};
 /// MCAP's magic, at both ends of a file.
 const MAGIC: &[u8] = b"\x89MCAP0\r\n";
 
+/// How far ahead of what it wrote the writer has the file's blocks
+/// allocated.
+const PREALLOCATE: u64 = 16 << 20;
+
 /// A Message record before its data: opcode, record length, channel id,
 /// sequence, log time, publish time.
 const MESSAGE_HEAD: usize = 1 + 8 + 2 + 4 + 8 + 8;
@@ -44,6 +48,9 @@ pub struct RecordWriter {
     file: File,
     /// Bytes written to the file: the offset of the next.
     pos: u64,
+    /// The file's blocks are allocated up to here (past `pos`: given back
+    /// when the file is finished).
+    allocated: u64,
     /// A write failed: nothing more is written (a summary after a failure,
     /// a full disk that freed up, would present a file with a hole as
     /// complete).
@@ -131,6 +138,7 @@ impl RecordWriter {
             path: path.to_path_buf(),
             file,
             pos: 0,
+            allocated: 0,
             failed: false,
             finished: false,
             compression: opts.compression,
@@ -201,9 +209,21 @@ impl RecordWriter {
         Ok(())
     }
 
+    /// Has the file's blocks allocated for `n` more bytes and
+    /// `PREALLOCATE` beyond.
+    fn reserve(&mut self, n: u64) {
+        let end = self.pos + n;
+        if end > self.allocated {
+            let to = end + PREALLOCATE;
+            crate::util::sys::preallocate(&self.file, self.allocated, to - self.allocated);
+            self.allocated = to;
+        }
+    }
+
     /// Writes `bytes` at the end of the file.
     fn write(&mut self, bytes: &[u8]) -> Result<(), RecordError> {
         self.check()?;
+        self.reserve(bytes.len() as u64);
         if let Err(e) = self.file.write_all(bytes) {
             self.failed = true;
             return Err(self.io_err(e));
@@ -398,12 +418,22 @@ impl RecordWriter {
         self.check()?;
         let chunk = std::mem::take(&mut self.chunk);
         let result = self.write_out(&chunk);
+        // A chunk that could not be compressed or written is a hole:
+        // nothing more is written, no summary presents the file as
+        // complete.
+        if result.is_err() {
+            self.failed = true;
+        }
         self.chunk = chunk;
         self.chunk.clear();
-        // A huge sample grew the buffer: memory goes back to a chunk's worth.
+        // A huge sample grew the buffers: memory goes back to a chunk's
+        // worth.
         let keep = self.chunk_bytes.saturating_mul(2).min(64 << 20);
         if self.chunk.capacity() > keep {
             self.chunk.shrink_to(keep);
+        }
+        if self.packed.capacity() > keep {
+            self.packed = Vec::new();
         }
         result
     }
@@ -509,6 +539,7 @@ impl RecordWriter {
         indexes: &[u8],
     ) -> Result<(), RecordError> {
         let start = self.pos;
+        self.reserve((header.len() + data.len() + indexes.len()) as u64);
         self.write(header)?;
         self.check()?;
         if let Err(e) = self.file.write_all(data) {
@@ -625,16 +656,20 @@ impl RecordWriter {
         summary.extend_from_slice(MAGIC);
         self.write(&summary)?;
         self.finished = true;
+        // Truncating to its own size gives back the blocks allocated past
+        // the end.
+        self.file.set_len(self.pos).map_err(|e| self.io_err(e))?;
         self.file.sync_all().map_err(|e| self.io_err(e))
     }
 }
 
 /// A writer dropped without `finish` finishes its file (as the `mcap`
-/// crate's does) unless a write failed: then the file stays without a
-/// summary, so that no reader takes it for complete.
+/// crate's does) unless a write failed, or a panic unwinds (it may have
+/// left a message half written in the chunk): then the file stays without
+/// a summary, so that no reader takes it for complete.
 impl Drop for RecordWriter {
     fn drop(&mut self) {
-        if !self.failed && !self.finished {
+        if !self.failed && !self.finished && !std::thread::panicking() {
             let _ = self.finish_file();
         }
     }
