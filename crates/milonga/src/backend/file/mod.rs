@@ -554,6 +554,7 @@ fn extend_seq(last: u64, low: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use milonga_wire::cbor::encode_cbor;
 
     #[test]
     fn sequence_numbers_are_extended_past_32_bits() {
@@ -676,7 +677,8 @@ mod tests {
             let mut other = sample("a/b", 0, milonga_wire::Value::Null);
             other.publisher = NodeId([9; 16]);
             for i in 1..=1000u64 {
-                let v = milonga_wire::Value::Bytes(Bytes::from(vec![i as u8; (i % 200) as usize]));
+                // Byte strings of every head length (0-23, 24-255, 256-).
+                let v = milonga_wire::Value::Bytes(Bytes::from(vec![i as u8; (i % 300) as usize]));
                 let mut s = if i % 3 == 0 {
                     other.clone()
                 } else {
@@ -710,6 +712,15 @@ mod tests {
                 .map(|m| m.sequence)
                 .collect();
             assert_eq!(seqs, (1..=1000).collect::<Vec<u32>>());
+            // The writer's own byte-string path writes what the CBOR
+            // encoder writes.
+            for m in linear.iter().filter(|m| m.channel.topic != EVENTS_TOPIC) {
+                let i = m.sequence as u64;
+                let v = milonga_wire::Value::Bytes(Bytes::from(vec![i as u8; (i % 300) as usize]));
+                let mut want = Vec::new();
+                encode_cbor(&v, &mut want).unwrap();
+                assert_eq!(&m.data[..], &want[..], "sample {i}");
+            }
             assert_eq!(linear[1].log_time, 5_002);
             assert_eq!(linear[1].publish_time, 1_000);
             assert_eq!(&linear[1].data[1..], &[2u8; 2][..]);

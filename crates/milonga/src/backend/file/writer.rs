@@ -197,16 +197,23 @@ impl RecordWriter {
         }
     }
 
+    #[inline]
     fn check(&self) -> Result<(), RecordError> {
-        if self.failed {
-            return Err(self.io_err(std::io::Error::other(
-                "an earlier write to this recording failed",
-            )));
-        }
-        if self.finished {
-            return Err(self.io_err(std::io::Error::other("the recording is finished")));
+        if self.failed || self.finished {
+            return Err(self.closed());
         }
         Ok(())
+    }
+
+    /// Why nothing more can be written (out of line: `check` runs for
+    /// every message).
+    #[cold]
+    fn closed(&self) -> RecordError {
+        self.io_err(std::io::Error::other(if self.failed {
+            "an earlier write to this recording failed"
+        } else {
+            "the recording is finished"
+        }))
     }
 
     /// Has the file's blocks allocated for `n` more bytes and
@@ -366,7 +373,16 @@ impl RecordWriter {
         };
         // MCAP's sequence is 32 bits: the reader extends it again.
         self.message(channel, s.seq as u32, received_ns, s.timestamp_ns, |buf| {
-            encode_cbor(value, buf)
+            match value {
+                // Raw samples, the common case of a flood: a byte string's
+                // head and its bytes, without an encoder.
+                Value::Bytes(b) => {
+                    milonga_wire::compact::head(buf, 2, b.len() as u64);
+                    buf.extend_from_slice(b);
+                    Ok(())
+                }
+                v => encode_cbor(v, buf),
+            }
         })?
         .map_err(|e| RecordError::Value {
             key: s.key.clone(),
