@@ -140,7 +140,6 @@ fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// The name of file `n` of a split recording: `STEM-000n.mcap`.
 /// Where the recorder's events come from.
 enum Source {
     /// One expression: its subscription's own queue, read in the
@@ -183,27 +182,16 @@ impl Source {
         Ok(Source::Many(subs, rx))
     }
 
-    /// The next event, waiting up to `timeout` (`None`: only what is
-    /// queued).
-    fn next(&mut self, timeout: Option<Duration>) -> Next {
+    /// The next event, waiting up to `timeout`.
+    fn next(&mut self, timeout: Duration) -> Next {
         match self {
-            Source::One(sub) => {
-                let got = match timeout {
-                    Some(t) => sub.recv_timeout(t),
-                    None => sub.try_recv(),
-                };
-                match got {
-                    Ok(ev) => Next::Event(ev, now_ns()),
-                    Err(milonga::RecvError::Timeout | milonga::RecvError::Empty) => Next::Nothing,
-                    Err(_) => Next::Closed,
-                }
-            }
+            Source::One(sub) => match sub.recv_timeout(timeout) {
+                Ok(ev) => Next::Event(ev, now_ns()),
+                Err(milonga::RecvError::Timeout | milonga::RecvError::Empty) => Next::Nothing,
+                Err(_) => Next::Closed,
+            },
             Source::Many(_, rx) => {
-                let got = match timeout {
-                    Some(t) => rx.recv_timeout(t).map_err(|e| e.is_disconnected()),
-                    None => rx.try_recv().map_err(|e| e.is_disconnected()),
-                };
-                match got {
+                match rx.recv_timeout(timeout).map_err(|e| e.is_disconnected()) {
                     Ok((ev, at)) => Next::Event(ev, at),
                     Err(false) => Next::Nothing,
                     Err(true) => Next::Closed,
@@ -212,16 +200,39 @@ impl Source {
         }
     }
 
-    /// Ends the callbacks' subscriptions (what they queued can still be
-    /// read); a single subscription stays open until the source is
-    /// dropped.
-    fn stop(&mut self) {
-        if let Source::Many(subs, _) = self {
-            subs.clear();
+    /// Closes the subscriptions. With several, what their dispatchers
+    /// hand over until they are closed goes to `write` (read while they
+    /// close: a dispatcher blocked on the full queue would otherwise never
+    /// let its subscription close), until `write` fails. A single
+    /// subscription's queue holds what arrived after the last event the
+    /// loop took: not written, as a sample published after the stop.
+    fn close(self, mut write: impl FnMut(Event, u64) -> Result<()>) -> Result<()> {
+        let (subs, rx) = match self {
+            Source::One(sub) => {
+                drop(sub);
+                return Ok(());
+            }
+            Source::Many(subs, rx) => (subs, rx),
+        };
+        let closing = std::thread::spawn(move || drop(subs));
+        let mut result = Ok(());
+        while result.is_ok() {
+            match rx.recv_timeout(Duration::from_millis(10)) {
+                Ok((ev, at)) => result = write(ev, at),
+                // Every callback (and its sender) is gone.
+                Err(e) if e.is_disconnected() => break,
+                Err(_) if closing.is_finished() && rx.is_empty() => break,
+                Err(_) => {}
+            }
         }
+        // After a failed write, a dispatcher still sending is let go.
+        drop(rx);
+        let _ = closing.join();
+        result
     }
 }
 
+/// The name of file `n` of a split recording: `STEM-000n.mcap`.
 fn split_name(output: &Path, n: u32) -> PathBuf {
     let stem = output
         .file_stem()
@@ -273,7 +284,7 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     let mut total_bytes = 0u64;
     let result: Result<()> = (|| {
         while !interrupted() && end.is_none_or(|t| Instant::now() < t) {
-            match source.next(Some(Duration::from_millis(100))) {
+            match source.next(Duration::from_millis(100)) {
                 Next::Event(ev, at) => {
                     w.event(&ev, at)?;
                     match ev {
@@ -299,22 +310,19 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
         }
         Ok(())
     })();
-    // Events still queued are written before the file is finished (for a
-    // second at most: a single subscription's queue fills on while it is
-    // read).
-    source.stop();
+    // Events handed over before the subscriptions closed are written
+    // before the file is finished (Source::close).
     if result.is_ok() {
-        let until = Instant::now() + Duration::from_secs(1);
-        while Instant::now() < until {
-            let Next::Event(ev, at) = source.next(None) else {
-                break;
-            };
+        source.close(|ev, at| {
             w.event(&ev, at)?;
             match ev {
                 Event::Sample(_) => samples += 1,
                 _ => events += 1,
             }
-        }
+            Ok(())
+        })?;
+    } else {
+        source.close(|_, _| Ok(()))?;
     }
     node.close();
     if let Err(e) = result {
