@@ -168,10 +168,21 @@ enum Next {
 
 impl Source {
     fn subscribe(node: &milonga::Node, exprs: &[KeyExpr], qos: SubscriberQos) -> Result<Source> {
+        Source::subscribe_with_queue(node, exprs, qos, 4096)
+    }
+
+    /// As [`Source::subscribe`], several expressions merged over a queue
+    /// of `queue` events.
+    fn subscribe_with_queue(
+        node: &milonga::Node,
+        exprs: &[KeyExpr],
+        qos: SubscriberQos,
+        queue: usize,
+    ) -> Result<Source> {
         if let [one] = exprs {
             return Ok(Source::One(node.subscribe_with(one.as_str(), qos)?));
         }
-        let (tx, rx) = crossbeam_channel::bounded::<(Event, u64)>(4096);
+        let (tx, rx) = crossbeam_channel::bounded::<(Event, u64)>(queue);
         let mut subs = Vec::new();
         for e in exprs {
             let tx = tx.clone();
@@ -687,4 +698,67 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
     node.close();
     eprintln!("milonga replay: {sent} samples published");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use milonga::{Config, Node, Value};
+
+    /// Several expressions' subscriptions close while the queue between
+    /// them and the writer is full: a dispatcher blocked on it kept its
+    /// subscription from closing, and the recorder hung at its stop
+    /// (until killed with -9, leaving a file without its summary).
+    #[test]
+    fn several_subscriptions_close_while_their_queue_is_full() {
+        let dir = milonga_testkit::TempDir::new("rec-close");
+        let locator = format!("milonga:///rec-close-{}", std::process::id());
+        let open = |name: &str| {
+            let mut cfg = Config::new(&locator, name);
+            cfg.security = milonga::Security::Off;
+            cfg.runtime_dir = Some(dir.path().to_path_buf());
+            Node::open_with(cfg).unwrap()
+        };
+        let (p, r) = (open("p"), open("r"));
+        let exprs = [KeyExpr::new("rc/a").unwrap(), KeyExpr::new("rc/b").unwrap()];
+        let source = Source::subscribe_with_queue(&r, &exprs, SubscriberQos::default(), 4).unwrap();
+        let Source::Many(_, rx) = &source else {
+            panic!("two expressions are merged");
+        };
+        let rx = rx.clone();
+        let pa = p.publisher("rc/a").unwrap();
+        let until = Instant::now() + Duration::from_secs(20);
+        while pa.subscriber_count() == 0 {
+            assert!(Instant::now() < until, "the subscription never matched");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Best effort: the puts never wait; the queue fills and the
+        // dispatcher blocks on it.
+        while rx.len() < 4 {
+            assert!(Instant::now() < until, "the queue never filled");
+            pa.put(Value::from(1i64)).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for _ in 0..10 {
+            pa.put(Value::from(2i64)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        drop(rx);
+        let (done, closed) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let mut n = 0;
+            let r = source.close(|_, _| {
+                n += 1;
+                Ok(())
+            });
+            let _ = done.send((r.is_ok(), n));
+        });
+        let (ok, n) = closed
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the subscriptions closed within 20 s");
+        assert!(ok);
+        // What was queued was written, and what the blocked dispatcher
+        // held.
+        assert!(n >= 4, "{n} events written");
+    }
 }
