@@ -118,13 +118,9 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
         let c: Compression = m
             .parse()
             .map_err(|e: String| anyhow::anyhow!("--modes: {e}"))?;
-        let name = match c {
-            Compression::None => "none",
-            Compression::Lz4 => "lz4",
-            Compression::Zstd => "zstd",
-        };
-        if !modes.iter().any(|(n, _)| *n == name) {
-            modes.push((name, Mode::Record(c)));
+        // Only the three names parse: each is its mode's name.
+        if !modes.iter().any(|(n, _)| *n == m) {
+            modes.push((m.as_str(), Mode::Record(c)));
         }
     }
     for &size in &a.sizes {

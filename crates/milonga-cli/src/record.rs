@@ -160,7 +160,7 @@ enum Source {
 enum Next {
     /// An event, and when it was received (UNIX time, ns).
     Event(Event, u64),
-    /// Nothing within the timeout (or nothing queued).
+    /// Nothing within the timeout.
     Nothing,
     /// The subscriptions are gone.
     Closed,

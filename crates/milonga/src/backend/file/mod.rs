@@ -580,6 +580,16 @@ mod tests {
         }
     }
 
+    /// One sample of `a/b` reported lost from `first_seq`.
+    fn lost(first_seq: u64) -> Event {
+        Event::Lost(LostSamples {
+            publisher: NodeId([7; 16]),
+            key: "a/b".into(),
+            count: 1,
+            first_seq,
+        })
+    }
+
     fn write(path: &Path, compression: Compression, n: u64) {
         let opts = RecordOptions {
             compression,
@@ -595,13 +605,7 @@ mod tests {
             )
             .unwrap();
             if i % 10 == 0 {
-                let lost = Event::Lost(LostSamples {
-                    publisher: NodeId([7; 16]),
-                    key: "a/b".into(),
-                    count: 1,
-                    first_seq: i,
-                });
-                w.event(&lost, 6_000 + i).unwrap();
+                w.event(&lost(i), 6_000 + i).unwrap();
             }
         }
         w.finish().unwrap();
@@ -687,13 +691,7 @@ mod tests {
                 (s.seq, s.value) = (i, v);
                 w.sample(&s, 5_000 + i).unwrap();
                 if i % 100 == 0 {
-                    let ev = Event::Lost(LostSamples {
-                        publisher: NodeId([7; 16]),
-                        key: "a/b".into(),
-                        count: 1,
-                        first_seq: i,
-                    });
-                    w.event(&ev, 5_000 + i).unwrap();
+                    w.event(&lost(i), 5_000 + i).unwrap();
                 }
             }
             let size = w.finish().unwrap();

@@ -227,8 +227,8 @@ impl RecordWriter {
         }
     }
 
-    /// Writes `bytes` at the end of the file.
-    fn write(&mut self, bytes: &[u8]) -> Result<(), RecordError> {
+    /// Writes `bytes` at the end of the file, its CRC left to the caller.
+    fn write_bytes(&mut self, bytes: &[u8]) -> Result<(), RecordError> {
         self.check()?;
         self.reserve(bytes.len() as u64);
         if let Err(e) = self.file.write_all(bytes) {
@@ -236,6 +236,12 @@ impl RecordWriter {
             return Err(self.io_err(e));
         }
         self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Writes `bytes` at the end of the file.
+    fn write(&mut self, bytes: &[u8]) -> Result<(), RecordError> {
+        self.write_bytes(bytes)?;
         self.data_crc.update(bytes);
         Ok(())
     }
@@ -555,14 +561,8 @@ impl RecordWriter {
         indexes: &[u8],
     ) -> Result<(), RecordError> {
         let start = self.pos;
-        self.reserve((header.len() + data.len() + indexes.len()) as u64);
         self.write(header)?;
-        self.check()?;
-        if let Err(e) = self.file.write_all(data) {
-            self.failed = true;
-            return Err(self.io_err(e));
-        }
-        self.pos += data.len() as u64;
+        self.write_bytes(data)?;
         if self.compression == Compression::None {
             self.data_crc.combine(records_crc);
         } else {
