@@ -250,15 +250,22 @@ fn one_run(
         Ok(p)
     });
     let mut got = 0u64;
+    // Receive times as `milonga record` takes them (the subscriber alone
+    // takes its samples the same way, without them).
+    let mut clock = crate::record::ReceiveClock::default();
     while got < n {
-        match sub.recv_timeout(Duration::from_secs(30))? {
+        let (event, at) = match writer {
+            Some(_) => clock.recv(&sub, Duration::from_secs(30))?,
+            None => (sub.recv_timeout(Duration::from_secs(30))?, 0),
+        };
+        match event {
             Event::Sample(s) => {
                 got += 1;
                 if s.seq != got {
                     bail!("{key}: sample {} where {got} was due: not loss-free", s.seq);
                 }
                 if let Some(w) = writer.as_mut() {
-                    w.sample(&s, s.timestamp_ns)?;
+                    w.sample(&s, at)?;
                 }
             }
             Event::Lost(l) => bail!("{key}: {} samples lost", l.count),

@@ -140,11 +140,62 @@ fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// The recorder's receive times (a message's `log_time`). A sample the
+/// loop had to wait for is stamped with the clock read then; one that was
+/// already queued, while the loop drains a backlog, with the last reading,
+/// read again every [`ReceiveClock::REUSE`] samples. A clock read costs
+/// about 20 ns, half of what writing a 92-byte sample costs otherwise
+/// (docs/benchmarks.md "Recording"); a backlog's samples are stamped at
+/// most 64 samples' handling early (a few tens of microseconds).
+#[derive(Debug, Default)]
+pub(crate) struct ReceiveClock {
+    last: u64,
+    reused: u32,
+}
+
+impl ReceiveClock {
+    /// Most samples one reading stamps.
+    const REUSE: u32 = 64;
+
+    /// The time of a sample the loop waited for: the clock, read now.
+    pub(crate) fn waited(&mut self) -> u64 {
+        self.last = now_ns();
+        self.reused = 0;
+        self.last
+    }
+
+    /// The time of a sample that was already queued.
+    pub(crate) fn queued(&mut self) -> u64 {
+        self.reused += 1;
+        if self.reused >= Self::REUSE || self.last == 0 {
+            return self.waited();
+        }
+        self.last
+    }
+
+    /// The next event of `sub`, waiting up to `timeout`, and its receive
+    /// time.
+    pub(crate) fn recv(
+        &mut self,
+        sub: &milonga::Subscriber,
+        timeout: Duration,
+    ) -> Result<(Event, u64), milonga::RecvError> {
+        match sub.try_recv() {
+            Ok(ev) => Ok((ev, self.queued())),
+            Err(milonga::RecvError::Empty) => {
+                let ev = sub.recv_timeout(timeout)?;
+                Ok((ev, self.waited()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// Where the recorder's events come from.
 enum Source {
     /// One expression: its subscription's own queue, read in the
     /// recorder's loop (no hop through another thread per sample).
-    One(milonga::Subscriber),
+    One(milonga::Subscriber, ReceiveClock),
     /// Several: their dispatchers hand events over a bounded queue. A
     /// disk slower than the stream holds the dispatchers, so a reliable
     /// subscription holds its publishers back and a best-effort one
@@ -180,7 +231,10 @@ impl Source {
         queue: usize,
     ) -> Result<Source> {
         if let [one] = exprs {
-            return Ok(Source::One(node.subscribe_with(one.as_str(), qos)?));
+            return Ok(Source::One(
+                node.subscribe_with(one.as_str(), qos)?,
+                ReceiveClock::default(),
+            ));
         }
         let (tx, rx) = crossbeam_channel::bounded::<(Event, u64)>(queue);
         let mut subs = Vec::new();
@@ -196,8 +250,8 @@ impl Source {
     /// The next event, waiting up to `timeout`.
     fn next(&mut self, timeout: Duration) -> Next {
         match self {
-            Source::One(sub) => match sub.recv_timeout(timeout) {
-                Ok(ev) => Next::Event(ev, now_ns()),
+            Source::One(sub, clock) => match clock.recv(sub, timeout) {
+                Ok((ev, at)) => Next::Event(ev, at),
                 Err(milonga::RecvError::Timeout | milonga::RecvError::Empty) => Next::Nothing,
                 Err(_) => Next::Closed,
             },
@@ -219,7 +273,7 @@ impl Source {
     /// loop took: not written, as a sample published after the stop.
     fn close(self, mut write: impl FnMut(Event, u64) -> Result<()>) -> Result<()> {
         let (subs, rx) = match self {
-            Source::One(sub) => {
+            Source::One(sub, _) => {
                 drop(sub);
                 return Ok(());
             }
@@ -704,6 +758,35 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
 mod tests {
     use super::*;
     use milonga::{Config, Node, Value};
+
+    /// A backlog's samples share a clock reading, 64 at most; a sample
+    /// waited for gets a reading of its own.
+    #[test]
+    fn queued_samples_share_a_reading_at_most_64_times() {
+        let mut clock = ReceiveClock::default();
+        let first = clock.queued();
+        assert!(first > 0, "the first sample reads the clock");
+        std::thread::sleep(Duration::from_millis(2));
+        for i in 1..ReceiveClock::REUSE {
+            assert_eq!(
+                clock.queued(),
+                first,
+                "queued sample {i} reuses the reading"
+            );
+        }
+        let next = clock.queued();
+        assert!(
+            next >= first + 2_000_000,
+            "the 64th reads again: {next} after {first}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        let waited = clock.waited();
+        assert!(
+            waited >= next + 2_000_000,
+            "a waited-for sample reads the clock"
+        );
+        assert_eq!(clock.queued(), waited);
+    }
 
     /// Several expressions' subscriptions close while the queue between
     /// them and the writer is full: a dispatcher blocked on it kept its
