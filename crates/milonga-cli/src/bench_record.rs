@@ -250,22 +250,24 @@ fn one_run(
         Ok(p)
     });
     let mut got = 0u64;
-    // Receive times as `milonga record` takes them (the subscriber alone
-    // takes its samples the same way, without them).
-    let mut clock = crate::record::ReceiveClock::default();
+    let mut looks = crate::record::Looks::default();
     while got < n {
-        let (event, at) = match writer {
-            Some(_) => clock.recv(&sub, Duration::from_secs(30))?,
-            None => (sub.recv_timeout(Duration::from_secs(30))?, 0),
-        };
-        match event {
+        match sub.recv_timeout(Duration::from_secs(30))? {
             Event::Sample(s) => {
                 got += 1;
                 if s.seq != got {
                     bail!("{key}: sample {} where {got} was due: not loss-free", s.seq);
                 }
+                // What `milonga record`'s loop does with a sample: its
+                // receive time read, its record written, the timers looked
+                // at when due.
                 if let Some(w) = writer.as_mut() {
+                    let at = crate::record::now_ns();
+                    let written = w.bytes();
                     w.sample(&s, at)?;
+                    if looks.after_event(at, w.bytes() != written) {
+                        w.tick()?;
+                    }
                 }
             }
             Event::Lost(l) => bail!("{key}: {} samples lost", l.count),

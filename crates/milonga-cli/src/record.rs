@@ -134,60 +134,39 @@ fn parse_bound(s: &str) -> Result<Bound, String> {
     Ok(Bound::At(ns as u64))
 }
 
-fn now_ns() -> u64 {
+/// The time now, UNIX ns: a sample's receive time.
+pub(crate) fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// The recorder's receive times (a message's `log_time`). A sample the
-/// loop had to wait for is stamped with the clock read then; one that was
-/// already queued, while the loop drains a backlog, with the last reading,
-/// read again every [`ReceiveClock::REUSE`] samples. A clock read costs
-/// about 20 ns, half of what writing a 92-byte sample costs otherwise
-/// (docs/benchmarks.md "Recording"); a backlog's samples are stamped at
-/// most 64 samples' handling early (a few tens of microseconds).
+/// When the recorder's loop looks at its timers (`--duration`,
+/// `--split-every`, the writer's chunk timer) and the file's size: when it
+/// waited for nothing, after a chunk was written, and otherwise once the
+/// receive times of its events moved 10 ms past the last look. Each look
+/// reads the clock, about 19 ns here, as much as the rest of a 92-byte
+/// sample's record (docs/benchmarks.md "Recording"); the events' receive
+/// times are read anyway.
 #[derive(Debug, Default)]
-pub(crate) struct ReceiveClock {
-    last: u64,
-    reused: u32,
+pub(crate) struct Looks {
+    /// The receive time of the event at the last look.
+    at: u64,
 }
 
-impl ReceiveClock {
-    /// Most samples one reading stamps.
-    const REUSE: u32 = 64;
+impl Looks {
+    /// How far the events' receive times move between two looks.
+    const EVERY_NS: u64 = 10_000_000;
 
-    /// The time of a sample the loop waited for: the clock, read now.
-    pub(crate) fn waited(&mut self) -> u64 {
-        self.last = now_ns();
-        self.reused = 0;
-        self.last
-    }
-
-    /// The time of a sample that was already queued.
-    pub(crate) fn queued(&mut self) -> u64 {
-        self.reused += 1;
-        if self.reused >= Self::REUSE || self.last == 0 {
-            return self.waited();
+    /// Whether to look after an event received at `at`; `wrote`: whether
+    /// it ended a chunk.
+    pub(crate) fn after_event(&mut self, at: u64, wrote: bool) -> bool {
+        // A clock stepped back makes a look, early but harmless.
+        if wrote || at.abs_diff(self.at) >= Self::EVERY_NS {
+            self.at = at;
+            return true;
         }
-        self.last
-    }
-
-    /// The next event of `sub`, waiting up to `timeout`, and its receive
-    /// time.
-    pub(crate) fn recv(
-        &mut self,
-        sub: &milonga::Subscriber,
-        timeout: Duration,
-    ) -> Result<(Event, u64), milonga::RecvError> {
-        match sub.try_recv() {
-            Ok(ev) => Ok((ev, self.queued())),
-            Err(milonga::RecvError::Empty) => {
-                let ev = sub.recv_timeout(timeout)?;
-                Ok((ev, self.waited()))
-            }
-            Err(e) => Err(e),
-        }
+        false
     }
 }
 
@@ -195,7 +174,7 @@ impl ReceiveClock {
 enum Source {
     /// One expression: its subscription's own queue, read in the
     /// recorder's loop (no hop through another thread per sample).
-    One(milonga::Subscriber, ReceiveClock),
+    One(milonga::Subscriber),
     /// Several: their dispatchers hand events over a bounded queue. A
     /// disk slower than the stream holds the dispatchers, so a reliable
     /// subscription holds its publishers back and a best-effort one
@@ -231,10 +210,7 @@ impl Source {
         queue: usize,
     ) -> Result<Source> {
         if let [one] = exprs {
-            return Ok(Source::One(
-                node.subscribe_with(one.as_str(), qos)?,
-                ReceiveClock::default(),
-            ));
+            return Ok(Source::One(node.subscribe_with(one.as_str(), qos)?));
         }
         let (tx, rx) = crossbeam_channel::bounded::<(Event, u64)>(queue);
         let mut subs = Vec::new();
@@ -250,8 +226,8 @@ impl Source {
     /// The next event, waiting up to `timeout`.
     fn next(&mut self, timeout: Duration) -> Next {
         match self {
-            Source::One(sub, clock) => match clock.recv(sub, timeout) {
-                Ok((ev, at)) => Next::Event(ev, at),
+            Source::One(sub) => match sub.recv_timeout(timeout) {
+                Ok(ev) => Next::Event(ev, now_ns()),
                 Err(milonga::RecvError::Timeout | milonga::RecvError::Empty) => Next::Nothing,
                 Err(_) => Next::Closed,
             },
@@ -273,7 +249,7 @@ impl Source {
     /// loop took: not written, as a sample published after the stop.
     fn close(self, mut write: impl FnMut(Event, u64) -> Result<()>) -> Result<()> {
         let (subs, rx) = match self {
-            Source::One(sub, _) => {
+            Source::One(sub) => {
                 drop(sub);
                 return Ok(());
             }
@@ -348,17 +324,26 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     let (mut samples, mut events) = (0u64, 0u64);
     let mut total_bytes = 0u64;
     let result: Result<()> = (|| {
-        while !interrupted() && end.is_none_or(|t| Instant::now() < t) {
-            match source.next(Duration::from_millis(100)) {
+        let mut looks = Looks::default();
+        while !interrupted() {
+            let written = w.bytes();
+            let look = match source.next(Duration::from_millis(100)) {
                 Next::Event(ev, at) => {
                     w.event(&ev, at)?;
                     match ev {
                         Event::Sample(_) => samples += 1,
                         _ => events += 1,
                     }
+                    looks.after_event(at, w.bytes() != written)
                 }
-                Next::Nothing => {}
+                Next::Nothing => true,
                 Next::Closed => break,
+            };
+            if !look {
+                continue;
+            }
+            if end.is_some_and(|t| Instant::now() >= t) {
+                break;
             }
             w.tick()?;
             let full = a.max_bytes.is_some_and(|m| w.bytes() >= m);
@@ -759,33 +744,20 @@ mod tests {
     use super::*;
     use milonga::{Config, Node, Value};
 
-    /// A backlog's samples share a clock reading, 64 at most; a sample
-    /// waited for gets a reading of its own.
+    /// The loop looks at its timers after a chunk was written, and once
+    /// its events' receive times moved 10 ms (either way) since the last
+    /// look; not for every event.
     #[test]
-    fn queued_samples_share_a_reading_at_most_64_times() {
-        let mut clock = ReceiveClock::default();
-        let first = clock.queued();
-        assert!(first > 0, "the first sample reads the clock");
-        std::thread::sleep(Duration::from_millis(2));
-        for i in 1..ReceiveClock::REUSE {
-            assert_eq!(
-                clock.queued(),
-                first,
-                "queued sample {i} reuses the reading"
-            );
-        }
-        let next = clock.queued();
-        assert!(
-            next >= first + 2_000_000,
-            "the 64th reads again: {next} after {first}"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-        let waited = clock.waited();
-        assert!(
-            waited >= next + 2_000_000,
-            "a waited-for sample reads the clock"
-        );
-        assert_eq!(clock.queued(), waited);
+    fn the_loop_looks_at_its_timers_every_10_ms_of_events() {
+        let mut looks = Looks::default();
+        let t = 1_700_000_000_000_000_000u64;
+        assert!(looks.after_event(t, false), "the first event looks");
+        assert!(!looks.after_event(t + 1_000_000, false));
+        assert!(!looks.after_event(t + 9_999_999, false));
+        assert!(looks.after_event(t + 1_000_000, true), "a chunk written");
+        assert!(!looks.after_event(t + 10_999_999, false));
+        assert!(looks.after_event(t + 11_000_000, false), "10 ms later");
+        assert!(looks.after_event(t, false), "the clock stepped back");
     }
 
     /// Several expressions' subscriptions close while the queue between
