@@ -252,7 +252,13 @@ fn one_run(
     let mut got = 0u64;
     let mut looks = crate::record::Looks::default();
     while got < n {
-        match sub.recv_timeout(Duration::from_secs(30))? {
+        // Recording takes events as `milonga record` does, with their
+        // receive times; the subscriber alone as a plain subscriber would.
+        let (event, at) = match writer {
+            Some(_) => sub.recv_timeout_stamped(Duration::from_secs(30))?,
+            None => (sub.recv_timeout(Duration::from_secs(30))?, 0),
+        };
+        match event {
             Event::Sample(s) => {
                 got += 1;
                 if s.seq != got {
@@ -262,7 +268,6 @@ fn one_run(
                 // receive time read, its record written, the timers looked
                 // at when due.
                 if let Some(w) = writer.as_mut() {
-                    let at = crate::record::now_ns();
                     let written = w.bytes();
                     w.sample(&s, at)?;
                     if looks.after_event(at, w.bytes() != written) {

@@ -134,8 +134,8 @@ fn parse_bound(s: &str) -> Result<Bound, String> {
     Ok(Bound::At(ns as u64))
 }
 
-/// The time now, UNIX ns: a sample's receive time.
-pub(crate) fn now_ns() -> u64 {
+/// The time now, UNIX ns.
+fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -145,9 +145,9 @@ pub(crate) fn now_ns() -> u64 {
 /// `--split-every`, the writer's chunk timer) and the file's size: when it
 /// waited for nothing, after a chunk was written, and otherwise once the
 /// receive times of its events moved 10 ms past the last look. Each look
-/// reads the clock, about 19 ns here, as much as the rest of a 92-byte
-/// sample's record (docs/benchmarks.md "Recording"); the events' receive
-/// times are read anyway.
+/// reads the clock, about 19 ns here, half as much as the rest of a
+/// 92-byte sample's record (docs/benchmarks.md "Recording"); the events
+/// come with their receive times.
 #[derive(Debug, Default)]
 pub(crate) struct Looks {
     /// The receive time of the event at the last look.
@@ -226,8 +226,10 @@ impl Source {
     /// The next event, waiting up to `timeout`.
     fn next(&mut self, timeout: Duration) -> Next {
         match self {
-            Source::One(sub) => match sub.recv_timeout(timeout) {
-                Ok(ev) => Next::Event(ev, now_ns()),
+            // The receive time of the message that carried it: one clock
+            // reading for a batch's samples.
+            Source::One(sub) => match sub.recv_timeout_stamped(timeout) {
+                Ok((ev, at)) => Next::Event(ev, at),
                 Err(milonga::RecvError::Timeout | milonga::RecvError::Empty) => Next::Nothing,
                 Err(_) => Next::Closed,
             },

@@ -389,6 +389,64 @@ fn a_silent_key_misses_its_deadline_each_period_until_it_speaks(t: Transport) {
     ));
 }
 
+/// `recv_timeout_stamped` gives each sample the time its message was
+/// read (between its put and its receipt; a batch's samples share one), and
+/// a status event the subscription makes later (a missed deadline) a time
+/// of its own, not that of the last message read.
+fn receive_times_are_those_of_the_message_or_of_the_event(t: Transport) {
+    let dir = milonga_testkit::TempDir::new("stamps");
+    let a = open("stamps", "pub", t, dir.path());
+    let b = open("stamps", "sub", t, dir.path());
+    let p = a.publisher_with("st/k", PublisherQos::reliable()).unwrap();
+    let period = Duration::from_millis(300);
+    let s = b
+        .subscribe_with(
+            "st/**",
+            milonga::SubscriberQos::default()
+                .reliable()
+                .deadline(period),
+        )
+        .unwrap();
+    wait_for("subscription", Duration::from_secs(5), || {
+        p.subscriber_count() == 1
+    });
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    };
+    let before = now();
+    for i in 0..1000u64 {
+        p.put(i).unwrap();
+    }
+    let mut stamps = Vec::new();
+    while stamps.len() < 1000 {
+        let (ev, at) = s.recv_timeout_stamped(Duration::from_secs(5)).unwrap();
+        if let Event::Sample(x) = ev {
+            assert_eq!(x.seq, stamps.len() as u64 + 1);
+            assert!(at >= before && at <= now(), "{at} outside the exchange");
+            stamps.push(at);
+        }
+    }
+    assert!(
+        stamps.windows(2).all(|w| w[0] <= w[1]),
+        "receive times never go back"
+    );
+    let last = *stamps.last().unwrap();
+    // Silent from here on: the deadline event is stamped when it is made.
+    let missed = loop {
+        let (ev, at) = s.recv_timeout_stamped(Duration::from_secs(5)).unwrap();
+        if matches!(ev, Event::DeadlineMissed(_)) {
+            break at;
+        }
+    };
+    assert!(
+        missed >= last + period.as_nanos() as u64,
+        "the deadline event's time {missed} is that of the last message, {last}"
+    );
+}
+
 /// Handles that outlive their node drop without hanging: their sockets
 /// close before the ZeroMQ context is terminated, and no socket monitor is
 /// left without a reader.
@@ -889,6 +947,7 @@ conformance!(
     a_publisher_key_is_declared_once_per_node,
     a_publisher_is_reported_alive_before_its_first_sample_and_closed_when_it_closes,
     a_silent_key_misses_its_deadline_each_period_until_it_speaks,
+    receive_times_are_those_of_the_message_or_of_the_event,
     handles_outliving_their_node_drop_cleanly,
     asking_more_than_a_publisher_offers_is_reported,
     keep_last_gives_a_slow_reader_the_newest_value_of_each_key,

@@ -55,6 +55,12 @@ pub(crate) struct SubShared {
     /// The application queue, with a queue policy.
     app: Option<AppQueue>,
     squashed: AtomicU64,
+    /// Whether receive times are wanted ([`Subscriber::recv_timeout_stamped`]
+    /// was called): then the receiving thread reads the clock once for
+    /// each message it reads and each time it makes events itself, into
+    /// `stamp` (UNIX ns), which every event it then hands out shares.
+    stamps: AtomicBool,
+    stamp: AtomicU64,
     /// Declared last: dropped after the sockets above, so that if this
     /// holds the last reference to the node, they are closed before the
     /// context is terminated (which waits for every socket).
@@ -126,6 +132,8 @@ impl SubShared {
             denied: Mutex::new(std::collections::HashSet::new()),
             app: qos.queue.map(AppQueue::new),
             squashed: AtomicU64::new(0),
+            stamps: AtomicBool::new(false),
+            stamp: AtomicU64::new(0),
         })
     }
 
@@ -146,6 +154,7 @@ impl SubShared {
         let mut io = lock(&self.io);
         loop {
             if self.has_injected.load(Ordering::Acquire) {
+                self.stamp_now();
                 self.has_injected.store(false, Ordering::Release);
                 let injected: Vec<Event> = lock(&self.injected).drain(..).collect();
                 for ev in injected {
@@ -181,6 +190,7 @@ impl SubShared {
                         continue;
                     }
                     Ok(None) if closed => {
+                        self.stamp_now();
                         self.read_closed_connections(&mut io);
                         continue;
                     }
@@ -198,6 +208,7 @@ impl SubShared {
                     let now = Instant::now();
                     if t <= now {
                         let drained = !io.link.readable();
+                        self.stamp_now();
                         self.core.check_timers(&mut io, now, drained);
                         continue;
                     }
@@ -326,7 +337,16 @@ impl SubShared {
 
     /// Handles a received message; under a flood the socket is never
     /// empty, so the timers are looked at every 256 messages all the same.
+    /// Reads the clock into `stamp`, if receive times are wanted: the
+    /// receive time of the events made next.
+    fn stamp_now(&self) {
+        if self.stamps.load(Ordering::Relaxed) {
+            self.stamp.store(crate::util::now_ns(), Ordering::Relaxed);
+        }
+    }
+
     fn received(&self, io: &mut SubState<SubLink>, msg: Incoming) {
+        self.stamp_now();
         match msg {
             Incoming::Message(first, second, sender) => {
                 self.core.handle_from(io, first, second, sender.as_deref())
@@ -566,6 +586,30 @@ impl Subscriber {
             Err(RecvError::Empty) => Err(RecvError::Timeout),
             other => other,
         }
+    }
+
+    /// As [`Subscriber::recv_timeout`], with the event's receive time (ns
+    /// since the Unix epoch): when this subscription read the message that
+    /// carried it from its socket, one clock reading for every sample of a
+    /// batch; for a status event, when the subscription made it. What
+    /// `milonga record` stamps its messages with (a clock read costs as
+    /// much as receiving a small sample; docs/recording.md). With a queue
+    /// policy ([`SubscriberQos::queue`](crate::SubscriberQos)), whose
+    /// thread reads ahead, the clock is read when the event is taken.
+    pub fn recv_timeout_stamped(&self, timeout: Duration) -> Result<(Event, u64), RecvError> {
+        let s = &self.shared;
+        if s.app.is_some() {
+            return self
+                .recv_timeout(timeout)
+                .map(|ev| (ev, crate::util::now_ns()));
+        }
+        if !s.stamps.load(Ordering::Relaxed) {
+            s.stamps.store(true, Ordering::Relaxed);
+            // Events already read before it was asked: stamped now.
+            s.stamp.store(crate::util::now_ns(), Ordering::Relaxed);
+        }
+        let ev = self.recv_timeout(timeout)?;
+        Ok((ev, s.stamp.load(Ordering::Relaxed)))
     }
 
     /// The next event if one is queued, else [`RecvError::Empty`].
