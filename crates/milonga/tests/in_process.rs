@@ -447,6 +447,57 @@ fn receive_times_are_those_of_the_message_or_of_the_event(t: Transport) {
     );
 }
 
+/// A publication that appears after a quiet spell and offers less than
+/// asked (`IncompatibleQos`, made when the routes are applied, not read
+/// from a message) is reported with the time it appeared, not that of the
+/// last message read (heartbeats slowed down so that none is read
+/// between).
+fn an_incompatible_publication_has_a_receive_time_of_its_own(t: Transport) {
+    let dir = milonga_testkit::TempDir::new("stamps-alive");
+    let open = |name: &str| {
+        let mut cfg = Config::new("milonga:///stamps-alive", name);
+        cfg.transport = t;
+        cfg.runtime_dir = Some(dir.path().to_path_buf());
+        cfg.heartbeat_interval_ms = 20_000;
+        cfg.heartbeat_timeout_ms = 60_000;
+        Node::open_with(cfg).expect("open node")
+    };
+    let (a, b) = (open("first"), open("sub"));
+    let s = b
+        .subscribe_with("sa/**", milonga::SubscriberQos::default().reliable())
+        .unwrap();
+    let p = a
+        .publisher_with("sa/one", PublisherQos::reliable())
+        .unwrap();
+    wait_for("subscription", Duration::from_secs(5), || {
+        p.subscriber_count() == 1
+    });
+    p.put(1u64).unwrap();
+    let read = loop {
+        let (ev, at) = s.recv_timeout_stamped(Duration::from_secs(5)).unwrap();
+        if matches!(ev, Event::Sample(_)) {
+            break at;
+        }
+    };
+    while s.recv_timeout_stamped(Duration::from_millis(100)).is_ok() {}
+    std::thread::sleep(Duration::from_millis(300));
+    let appeared = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let _q = a.publisher("sa/two").unwrap();
+    let at = loop {
+        let (ev, at) = s.recv_timeout_stamped(Duration::from_secs(5)).unwrap();
+        if matches!(&ev, Event::IncompatibleQos(x) if x.key == "sa/two") {
+            break at;
+        }
+    };
+    assert!(
+        at >= appeared,
+        "its time {at} is before it appeared ({appeared}; the last sample was read at {read})"
+    );
+}
+
 /// Handles that outlive their node drop without hanging: their sockets
 /// close before the ZeroMQ context is terminated, and no socket monitor is
 /// left without a reader.
@@ -948,6 +999,7 @@ conformance!(
     a_publisher_is_reported_alive_before_its_first_sample_and_closed_when_it_closes,
     a_silent_key_misses_its_deadline_each_period_until_it_speaks,
     receive_times_are_those_of_the_message_or_of_the_event,
+    an_incompatible_publication_has_a_receive_time_of_its_own,
     handles_outliving_their_node_drop_cleanly,
     asking_more_than_a_publisher_offers_is_reported,
     keep_last_gives_a_slow_reader_the_newest_value_of_each_key,

@@ -56,11 +56,11 @@ pub(crate) struct SubShared {
     app: Option<AppQueue>,
     squashed: AtomicU64,
     /// Whether receive times are wanted ([`Subscriber::recv_timeout_stamped`]
-    /// was called): then the receiving thread reads the clock once for
-    /// each message it reads and each time it makes events itself, into
-    /// `stamp` (UNIX ns), which every event it then hands out shares.
+    /// was called): then the receiving thread reads the clock into
+    /// `SubState::stamp` once for each message it reads and each time it
+    /// makes events itself, always with nothing pending, so that every
+    /// event it hands out was made at the time it carries.
     stamps: AtomicBool,
-    stamp: AtomicU64,
     /// Declared last: dropped after the sockets above, so that if this
     /// holds the last reference to the node, they are closed before the
     /// context is terminated (which waits for every socket).
@@ -133,7 +133,6 @@ impl SubShared {
             app: qos.queue.map(AppQueue::new),
             squashed: AtomicU64::new(0),
             stamps: AtomicBool::new(false),
-            stamp: AtomicU64::new(0),
         })
     }
 
@@ -148,13 +147,21 @@ impl SubShared {
     }
 
     fn next_event(&self, timeout: Option<Duration>) -> Result<Event, RecvError> {
+        self.next_event_stamped(timeout).map(|(ev, _)| ev)
+    }
+
+    /// The next event and its receive time (`SubState::stamp`, read under
+    /// the same lock: another thread's receive cannot change it between).
+    fn next_event_stamped(&self, timeout: Option<Duration>) -> Result<(Event, u64), RecvError> {
         // The deadline is computed only when there is nothing to return at
         // once: reading the clock costs as much as a small sample.
         let mut deadline: Option<Option<Instant>> = None;
         let mut io = lock(&self.io);
         loop {
-            if self.has_injected.load(Ordering::Acquire) {
-                self.stamp_now();
+            // Injected events wait until what is pending was taken: they
+            // get a receive time of their own.
+            if io.pending.is_empty() && self.has_injected.load(Ordering::Acquire) {
+                self.stamp_now(&mut io);
                 self.has_injected.store(false, Ordering::Release);
                 let injected: Vec<Event> = lock(&self.injected).drain(..).collect();
                 for ev in injected {
@@ -167,7 +174,7 @@ impl SubShared {
                 }
             }
             if let Some(ev) = io.pending.pop_front() {
-                return Ok(ev);
+                return Ok((ev, io.stamp));
             }
             if self.node.is_closed() || self.stop.load(Ordering::Acquire) {
                 return Err(RecvError::Closed);
@@ -175,7 +182,12 @@ impl SubShared {
             if self.ended.load(Ordering::Acquire) && !self.has_injected.load(Ordering::Acquire) {
                 return Err(RecvError::EndOfRecording);
             }
+            // Nothing is pending here: what applying the routes makes
+            // (publishers alive or lost, QoS refused) has a time of its own.
             self.core.apply(&mut io);
+            if !io.pending.is_empty() {
+                self.stamp_now(&mut io);
+            }
             self.watch_new_sockets(&mut io);
             // Closed connections and departed publishers are dealt with
             // once what already arrived has been read: a closing node's
@@ -190,7 +202,7 @@ impl SubShared {
                         continue;
                     }
                     Ok(None) if closed => {
-                        self.stamp_now();
+                        self.stamp_now(&mut io);
                         self.read_closed_connections(&mut io);
                         continue;
                     }
@@ -208,7 +220,7 @@ impl SubShared {
                     let now = Instant::now();
                     if t <= now {
                         let drained = !io.link.readable();
-                        self.stamp_now();
+                        self.stamp_now(&mut io);
                         self.core.check_timers(&mut io, now, drained);
                         continue;
                     }
@@ -335,18 +347,18 @@ impl SubShared {
         }
     }
 
-    /// Handles a received message; under a flood the socket is never
-    /// empty, so the timers are looked at every 256 messages all the same.
-    /// Reads the clock into `stamp`, if receive times are wanted: the
-    /// receive time of the events made next.
-    fn stamp_now(&self) {
+    /// Reads the clock into `io.stamp`, if receive times are wanted: the
+    /// receive time of the events made next (called with nothing pending).
+    fn stamp_now(&self, io: &mut SubState<SubLink>) {
         if self.stamps.load(Ordering::Relaxed) {
-            self.stamp.store(crate::util::now_ns(), Ordering::Relaxed);
+            io.stamp = crate::util::now_ns();
         }
     }
 
+    /// Handles a received message; under a flood the socket is never
+    /// empty, so the timers are looked at every 256 messages all the same.
     fn received(&self, io: &mut SubState<SubLink>, msg: Incoming) {
-        self.stamp_now();
+        self.stamp_now(io);
         match msg {
             Incoming::Message(first, second, sender) => {
                 self.core.handle_from(io, first, second, sender.as_deref())
@@ -439,8 +451,18 @@ impl RouteTarget for SubShared {
             return;
         }
         match try_lock(&self.io) {
+            // Events it makes must not share the receive time of events
+            // still pending: the receiving thread applies it once they
+            // are taken.
+            Some(io) if !io.pending.is_empty() && self.stamps.load(Ordering::Relaxed) => {
+                drop(io);
+                self.wake();
+            }
             Some(mut io) => {
                 self.core.apply(&mut io);
+                if !io.pending.is_empty() {
+                    self.stamp_now(&mut io);
+                }
                 self.watch_new_sockets(&mut io);
             }
             None => self.wake(),
@@ -591,25 +613,32 @@ impl Subscriber {
     /// As [`Subscriber::recv_timeout`], with the event's receive time (ns
     /// since the Unix epoch): when this subscription read the message that
     /// carried it from its socket, one clock reading for every sample of a
-    /// batch; for a status event, when the subscription made it. What
-    /// `milonga record` stamps its messages with (a clock read costs as
-    /// much as receiving a small sample; docs/recording.md). With a queue
-    /// policy ([`SubscriberQos::queue`](crate::SubscriberQos)), whose
-    /// thread reads ahead, the clock is read when the event is taken.
+    /// batch; for a status event, when the subscription made it. Two
+    /// exceptions: samples held back while a late joiner's history or a
+    /// repair is awaited carry the time they were released (at most the
+    /// query's 2 s timeout later), and events read before the first call
+    /// the time of that call. What `milonga record` stamps its messages
+    /// with (one clock read a message instead of one a sample: a read
+    /// costs about half of what recording a 92-byte sample does otherwise,
+    /// docs/benchmarks.md "Recording"). With a queue policy
+    /// ([`SubscriberQos::queue`](crate::SubscriberQos)), whose thread reads
+    /// ahead, the clock is read when the event is taken.
     pub fn recv_timeout_stamped(&self, timeout: Duration) -> Result<(Event, u64), RecvError> {
+        self.check_mode()?;
         let s = &self.shared;
         if s.app.is_some() {
             return self
                 .recv_timeout(timeout)
                 .map(|ev| (ev, crate::util::now_ns()));
         }
-        if !s.stamps.load(Ordering::Relaxed) {
-            s.stamps.store(true, Ordering::Relaxed);
-            // Events already read before it was asked: stamped now.
-            s.stamp.store(crate::util::now_ns(), Ordering::Relaxed);
+        s.stamps.store(true, Ordering::Relaxed);
+        match s.next_event_stamped(Some(timeout)) {
+            // Read before receive times were asked for.
+            Ok((ev, 0)) => Ok((ev, crate::util::now_ns())),
+            Ok(x) => Ok(x),
+            Err(RecvError::Empty) => Err(RecvError::Timeout),
+            Err(e) => Err(e),
         }
-        let ev = self.recv_timeout(timeout)?;
-        Ok((ev, s.stamp.load(Ordering::Relaxed)))
     }
 
     /// The next event if one is queued, else [`RecvError::Empty`].

@@ -68,6 +68,10 @@ pub(crate) struct SubState<L> {
     /// Whether a key matches a wildcard expression (bounded memo).
     matches: HashMap<String, bool>,
     pub(crate) pending: VecDeque<Event>,
+    /// The receive time of the events in `pending` (UNIX ns; 0: not
+    /// read), when the receiving side asks for receive times: the clock is
+    /// read only while `pending` is empty, so that they all share it.
+    pub(crate) stamp: u64,
     /// Liveliness endpoint -> node, as last applied.
     liveliness: BTreeMap<String, NodeId>,
     /// Data endpoint -> its node, for the data endpoints connected. One
@@ -503,6 +507,7 @@ impl<L> SubState<L> {
             seqs: SeqBook::default(),
             matches: HashMap::new(),
             pending: VecDeque::new(),
+            stamp: 0,
             liveliness: BTreeMap::new(),
             data_nodes: BTreeMap::new(),
             lingering: HashMap::new(),
