@@ -631,7 +631,9 @@ impl Subscriber {
                 .recv_timeout(timeout)
                 .map(|ev| (ev, crate::util::now_ns()));
         }
-        s.stamps.store(true, Ordering::Relaxed);
+        if !s.stamps.load(Ordering::Relaxed) {
+            s.stamps.store(true, Ordering::Relaxed);
+        }
         match s.next_event_stamped(Some(timeout)) {
             // Read before receive times were asked for.
             Ok((ev, 0)) => Ok((ev, crate::util::now_ns())),
