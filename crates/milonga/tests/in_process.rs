@@ -480,21 +480,42 @@ fn an_incompatible_publication_has_a_receive_time_of_its_own(t: Transport) {
         }
     };
     while s.recv_timeout_stamped(Duration::from_millis(100)).is_ok() {}
-    std::thread::sleep(Duration::from_millis(300));
-    let appeared = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let _q = a.publisher("sa/two").unwrap();
-    let at = loop {
-        let (ev, at) = s.recv_timeout_stamped(Duration::from_secs(5)).unwrap();
-        if matches!(&ev, Event::IncompatibleQos(x) if x.key == "sa/two") {
-            break at;
+    // The publication appears while this thread waits in the receive:
+    // the event is handed out at once, not after the next message or
+    // the end of a wait (a second here, heartbeats being slow).
+    let appeared = std::sync::atomic::AtomicU64::new(0);
+    let (at, got) = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            appeared.store(now, std::sync::atomic::Ordering::SeqCst);
+            let q = a.publisher("sa/two").unwrap();
+            std::thread::sleep(Duration::from_secs(2));
+            drop(q);
+        });
+        loop {
+            let (ev, at) = s.recv_timeout_stamped(Duration::from_secs(5)).unwrap();
+            if matches!(&ev, Event::IncompatibleQos(x) if x.key == "sa/two") {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64;
+                break (at, now);
+            }
         }
-    };
+    });
+    let appeared = appeared.load(std::sync::atomic::Ordering::SeqCst);
     assert!(
         at >= appeared,
         "its time {at} is before it appeared ({appeared}; the last sample was read at {read})"
+    );
+    assert!(
+        got - appeared < 500_000_000,
+        "handed out {} ms after it appeared",
+        (got - appeared) / 1_000_000
     );
 }
 

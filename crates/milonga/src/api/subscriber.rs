@@ -182,13 +182,16 @@ impl SubShared {
             if self.ended.load(Ordering::Acquire) && !self.has_injected.load(Ordering::Acquire) {
                 return Err(RecvError::EndOfRecording);
             }
-            // Nothing is pending here: what applying the routes makes
-            // (publishers alive or lost, QoS refused) has a time of its own.
             self.core.apply(&mut io);
+            self.watch_new_sockets(&mut io);
+            // Nothing was pending: what applying the routes made
+            // (publishers alive or lost, QoS refused) is handed out now,
+            // with a receive time of its own, not after the next message
+            // or wait.
             if !io.pending.is_empty() {
                 self.stamp_now(&mut io);
+                continue;
             }
-            self.watch_new_sockets(&mut io);
             // Closed connections and departed publishers are dealt with
             // once what already arrived has been read: a closing node's
             // goodbye comes before its connection closes and its
