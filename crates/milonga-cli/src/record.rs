@@ -799,6 +799,10 @@ mod tests {
         for _ in 0..10 {
             pa.put(Value::from(2i64)).unwrap();
         }
+        // The dispatcher blocked in its send on the full queue shows
+        // nothing outside: 100 ms lets it get there. Too short a pause
+        // would only make the test weaker (the close then finds no
+        // blocked send), never fail it.
         std::thread::sleep(Duration::from_millis(100));
         drop(rx);
         let (done, closed) = crossbeam_channel::bounded(1);

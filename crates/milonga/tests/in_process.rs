@@ -389,6 +389,14 @@ fn a_silent_key_misses_its_deadline_each_period_until_it_speaks(t: Transport) {
     ));
 }
 
+/// Nanoseconds since the Unix epoch, as receive times are given.
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
 /// `recv_timeout_stamped` gives each sample the time its message was
 /// read (between its put and its receipt; a batch's samples share one), and
 /// a status event the subscription makes later (a missed deadline) a time
@@ -410,13 +418,7 @@ fn receive_times_are_those_of_the_message_or_of_the_event(t: Transport) {
     wait_for("subscription", Duration::from_secs(5), || {
         p.subscriber_count() == 1
     });
-    let now = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-    };
-    let before = now();
+    let before = unix_now_ns();
     for i in 0..1000u64 {
         p.put(i).unwrap();
     }
@@ -425,7 +427,10 @@ fn receive_times_are_those_of_the_message_or_of_the_event(t: Transport) {
         let (ev, at) = s.recv_timeout_stamped(Duration::from_secs(5)).unwrap();
         if let Event::Sample(x) = ev {
             assert_eq!(x.seq, stamps.len() as u64 + 1);
-            assert!(at >= before && at <= now(), "{at} outside the exchange");
+            assert!(
+                at >= before && at <= unix_now_ns(),
+                "{at} outside the exchange"
+            );
             stamps.push(at);
         }
     }
@@ -484,28 +489,29 @@ fn an_incompatible_publication_has_a_receive_time_of_its_own(t: Transport) {
     // the event is handed out at once, not after the next message or
     // the end of a wait (a second here, heartbeats being slow).
     let appeared = std::sync::atomic::AtomicU64::new(0);
+    let (seen, got_it) = std::sync::mpsc::channel::<()>();
     let (at, got) = std::thread::scope(|scope| {
-        scope.spawn(|| {
+        let (a, appeared) = (&a, &appeared);
+        scope.spawn(move || {
+            // Nothing outside shows that the receiver is inside its
+            // blocking wait: 300 ms gets it there (its receive waits 5 s).
+            // Too short a pause would only make the test weaker, never
+            // fail it.
             std::thread::sleep(Duration::from_millis(300));
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64;
-            appeared.store(now, std::sync::atomic::Ordering::SeqCst);
+            appeared.store(unix_now_ns(), std::sync::atomic::Ordering::SeqCst);
             let q = a.publisher("sa/two").unwrap();
-            std::thread::sleep(Duration::from_secs(2));
+            // Kept until the receiver has the event (or gave up).
+            let _ = got_it.recv_timeout(Duration::from_secs(10));
             drop(q);
         });
-        loop {
+        let found = loop {
             let (ev, at) = s.recv_timeout_stamped(Duration::from_secs(5)).unwrap();
             if matches!(&ev, Event::IncompatibleQos(x) if x.key == "sa/two") {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64;
-                break (at, now);
+                break (at, unix_now_ns());
             }
-        }
+        };
+        let _ = seen.send(());
+        found
     });
     let appeared = appeared.load(std::sync::atomic::Ordering::SeqCst);
     assert!(
