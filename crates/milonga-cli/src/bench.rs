@@ -919,6 +919,13 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     lost,
                 };
                 print_row(&row, t, a.format)?;
+                // Threads of one process for inproc: no CPU of its own.
+                if t != Transport::Inproc && sent > 0 {
+                    eprintln!(
+                        "# {system} {size} B x{subs}: publisher CPU {:.0} ns per sample sent (every thread of its process, over its sending loop)",
+                        outs[0].cpu_ns as f64 / sent as f64
+                    );
+                }
                 if let Some(r) = relay {
                     let cpu_ns = r.finish()? + far.map(|b2| b2.finish()).transpose()?.unwrap_or(0);
                     let delivered: u64 = subs_out.iter().map(|o| o.received).sum();
@@ -1008,6 +1015,7 @@ fn raw_pub(
     // Large payloads leave without a copy, as a careful libzmq user would
     // send them (and as Milonga does): libzmq holds a reference on one buffer.
     let zero_copy = size >= 64 << 10;
+    let cpu0 = own_cpu_ns();
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(duration_s);
     let mut sent = 0u64;
@@ -1021,10 +1029,13 @@ fn raw_pub(
             sent += 1;
         }
     }
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu_ns = own_cpu_ns().saturating_sub(cpu0);
     end_markers(|| s.send(&[][..], zmq::DONTWAIT).is_ok());
     Ok(Outcome {
         sent,
-        seconds: start.elapsed().as_secs_f64(),
+        seconds,
+        cpu_ns,
         ..Default::default()
     })
 }
@@ -1148,6 +1159,7 @@ fn mlg_pub(
         std::thread::sleep(Duration::from_secs(2));
     }
     let payload = Value::Bytes(Bytes::from(vec![0xa5u8; size]));
+    let cpu0 = own_cpu_ns();
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(duration_s);
     let mut sent = 0u64;
@@ -1162,20 +1174,28 @@ fn mlg_pub(
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    let cpu_ns = own_cpu_ns().saturating_sub(cpu0);
     end_markers(|| p.try_put(Value::Bytes(Bytes::new())).is_ok());
     let st = node.stats();
     if std::env::var_os("MILONGA_BENCH_DEBUG").is_some() {
         eprintln!(
-            "# publisher: {} batches carried {} of {} samples",
-            st.batches_sent, st.samples_batched, st.samples_sent
+            "# publisher: {} batches carried {} of {} samples; {} puts waited for room, {} us in all",
+            st.batches_sent, st.samples_batched, st.samples_sent, st.puts_blocked, st.puts_blocked_us
         );
     }
     node.close();
     Ok(Outcome {
         sent,
         seconds,
+        cpu_ns,
         ..Default::default()
     })
+}
+
+/// CPU time of this process's threads so far (ns): a publisher's, over
+/// its sending loop.
+fn own_cpu_ns() -> u64 {
+    crate::bench_rpc::cpu_ns(std::process::id()).unwrap_or(0)
 }
 
 fn mlg_sub(at: &Place, deadline_s: f64) -> Result<Outcome> {
