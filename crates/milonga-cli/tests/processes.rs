@@ -1,6 +1,7 @@
 //! End-to-end tests with real processes: the `milonga` command against
 //! itself and against nodes of this test process.
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use milonga::{Node, PublisherQos};
@@ -279,6 +280,116 @@ fn a_publisher_killed_with_9_leaves_no_shared_memory_segment_behind() {
     wait_for("the killed publisher's segment to be swept", T, || {
         segments_of(pid).is_empty()
     });
+}
+
+/// Shared memory is used only between processes of one user (and one
+/// `/dev/shm`, pid and network namespace: docs/shared-memory.md). A
+/// subscriber process of another user on the same host, which could not
+/// open the publisher's segments (mode 0600), never asks for shared memory
+/// and gets every large sample through the socket, as does the publisher's
+/// own-user subscriber beside it (a sample goes one way to all); once the
+/// other user's process is gone, the same samples go through shared memory.
+///
+/// Starting a process as another user needs root: run as anyone else, the
+/// test says so on stderr and checks nothing (CI runs as root).
+#[test]
+fn a_subscriber_of_another_user_gets_large_samples_through_the_socket() {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("skipped: starting a process as another user needs root");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let env = Env::new("shmuser");
+    let other = TempDir::new("shmuser-other");
+    // The other user's runtime directory, configuration and binary (the
+    // build's directory may be closed to it).
+    let (runtime, config) = (other.path().join("run"), other.path().join("config"));
+    for d in [&runtime, &config] {
+        std::fs::create_dir(d).unwrap();
+        std::os::unix::fs::chown(d, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let bin = other.path().join("milonga");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_milonga"), &bin).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_milonga"), &bin).unwrap();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(other.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Another user's nodes are not in this user's discovery directory: it
+    // reaches the publisher by its control endpoint, over tcp.
+    let control = format!("tcp://127.0.0.1:{}", free_port());
+    let mut cfg = env.config("pub");
+    cfg.transport = milonga::Transport::Tcp;
+    cfg.control_endpoint = Some(control.clone());
+    let publishing = Node::open_with(cfg).unwrap();
+    let p = publishing
+        .publisher_with("shm/user", PublisherQos::reliable())
+        .unwrap();
+    let mut cfg = env.config("same-user");
+    cfg.transport = milonga::Transport::Tcp;
+    let own = Node::open_with(cfg).unwrap();
+    let mine = own.subscribe("shm/user").unwrap();
+    let mut cmd = Command::new(&bin);
+    cmd.args(["sub", "shm/user", "--json"])
+        .env("MILONGA_LOCATOR", env.locator())
+        .env("MILONGA_RUNTIME_DIR", &runtime)
+        .env("MILONGA_PEERS", &control)
+        .env("MILONGA_TRANSPORT", "tcp")
+        .env("XDG_CONFIG_HOME", &config)
+        .env("HOME", other.path())
+        .env_remove("MILONGA_MAX_MESSAGE_BYTES")
+        .current_dir(other.path())
+        .uid(NOBODY)
+        // (std drops root's supplementary groups with the uid.)
+        .gid(NOBODY);
+    let mut theirs = Proc::spawn(cmd);
+    wait_for("both subscriptions", T, || p.subscriber_count() >= 2);
+    let payload = |i: usize| milonga::Value::Bytes(vec![i as u8; 200_000].into());
+    for i in 0..20 {
+        p.put(payload(i)).unwrap();
+    }
+    let seqs: Vec<u64> = samples(&theirs, 20)
+        .iter()
+        .map(|s| s["seq"].as_u64().expect("a seq"))
+        .collect();
+    assert_eq!(seqs, (1..=20).collect::<Vec<u64>>());
+    for i in 0..20 {
+        let s = next_sample(&mine);
+        assert_eq!((s.seq, &s.value), (i as u64 + 1, &payload(i)));
+    }
+    assert_eq!(
+        publishing.stats().shm_sent,
+        0,
+        "the other user's subscription did not ask: every sample through the socket"
+    );
+    assert_eq!(own.stats().shm_unreadable, 0);
+    theirs.kill9();
+    wait_for("the other user's subscription to leave", T, || {
+        p.subscriber_count() == 1
+    });
+    for i in 20..30 {
+        p.put(payload(i)).unwrap();
+        assert_eq!(next_sample(&mine).value, payload(i));
+    }
+    assert_eq!(
+        publishing.stats().shm_sent,
+        10,
+        "its own user's subscription alone: shared memory"
+    );
+}
+
+/// The next sample of `sub`, skipping status events.
+fn next_sample(sub: &milonga::Subscriber) -> milonga::Sample {
+    let end = Instant::now() + T;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        match sub.recv_timeout(left) {
+            Ok(milonga::Event::Sample(s)) => return s,
+            Ok(_) => {}
+            Err(e) => panic!("no sample within {T:?}: {e}"),
+        }
+    }
 }
 
 #[test]
