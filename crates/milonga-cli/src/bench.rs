@@ -385,7 +385,8 @@ pub(crate) struct Outcome {
     /// `bench scale`: the latencies measured (put or end to end).
     #[serde(default)]
     pub(crate) hist: crate::bench_scale::Hist,
-    /// `bench scale`: the worker process's CPU time.
+    /// `bench scale`: the worker process's CPU time; `bench pubsub`: the
+    /// publisher process's, over its sending loop.
     #[serde(default)]
     pub(crate) cpu_ns: u64,
     /// `bench scale`: its subscribers' rates (samples a second), summed.
@@ -920,7 +921,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                 };
                 print_row(&row, t, a.format)?;
                 // Threads of one process for inproc: no CPU of its own.
-                if t != Transport::Inproc && sent > 0 {
+                if t != Transport::Inproc && sent > 0 && outs[0].cpu_ns > 0 {
                     eprintln!(
                         "# {system} {size} B x{subs}: publisher CPU {:.0} ns per sample sent (every thread of its process, over its sending loop)",
                         outs[0].cpu_ns as f64 / sent as f64

@@ -61,8 +61,7 @@ impl Pending {
     /// header`, complete (encoding, schema, sequence number, timestamp).
     pub(crate) fn start(head: &[u8], timestamp_ns: u64, payload: &[u8], limit: usize) -> Pending {
         let key_len = head.len() - HEADER - 1;
-        let mut frame =
-            BytesMut::with_capacity(MAX_BATCH_BYTES.min(head.len() + 64 * (payload.len() + 12)));
+        let mut frame = BytesMut::with_capacity(limit.min(head.len() + 64 * (payload.len() + 12)));
         frame.extend_from_slice(head);
         frame[key_len + 1 + KIND] = Kind::Batch as u8;
         let mut p = Pending {
@@ -107,9 +106,11 @@ impl Pending {
         if self.frame.len() + need > self.frame.capacity() {
             // A batch that outgrows its first buffer is a flood's: it
             // grows to the largest frame at once (one copy, not one per
-            // doubling); the new buffer is untouched past the entries.
-            let want = self.limit.max(self.frame.len() + need) - self.frame.len();
-            self.frame.reserve(want);
+            // doubling, and no more than that: `reserve` would double);
+            // the new buffer is untouched past the entries.
+            let mut grown = BytesMut::with_capacity(self.limit.max(self.frame.len() + need));
+            grown.extend_from_slice(&self.frame);
+            self.frame = grown;
             self.touched = self.frame.len();
         }
         if self.frame.len() + need > self.touched {
@@ -121,6 +122,8 @@ impl Pending {
             }
             self.touched = self.frame.len() + to;
         }
+        debug_assert!(self.frame.len() + need <= self.touched);
+        debug_assert!(self.touched <= self.frame.capacity());
         self.frame.extend_from_slice(&len.to_le_bytes());
         self.frame.extend_from_slice(&timestamp_ns.to_le_bytes());
         self.frame.extend_from_slice(payload);
@@ -171,6 +174,7 @@ impl Pending {
                 // The same buffer, or (never seen) a copy untouched past
                 // the entries.
                 p.touched = p.touched.min(p.frame.capacity());
+                debug_assert!(p.frame.len() <= p.touched);
                 Err(e)
             }
         }
@@ -245,24 +249,47 @@ mod tests {
 
     /// A flood's batch outgrows its first buffer and the zeroed stretch
     /// ahead of its entries many times, and is refused by a full socket
-    /// once on the way: every entry reads back as written.
+    /// on the way (its buffer given back, or copied when the refused frame
+    /// is still referenced): every entry reads back as written, within the
+    /// largest frame.
     #[test]
     fn a_full_batch_keeps_every_entry() {
+        for limit in [MAX_BATCH_BYTES, 4096] {
+            for copied in [false, true] {
+                full_batch(limit, copied);
+            }
+        }
+    }
+
+    fn full_batch(limit: usize, copied: bool) {
         let entry = |i: u64| vec![(i % 251) as u8; (i as usize * 37) % 300];
         let h = head("k", 1, 1, Encoding::Raw);
-        let mut p = Pending::start(&h, 0, &entry(0), MAX_BATCH_BYTES);
+        let mut p = Pending::start(&h, 0, &entry(0), limit);
         let mut n = 1u64;
+        let mut kept = None;
         while p.accepts(b"k", 0, 0, entry(n).len()) {
             p.push(n, &entry(n));
+            assert!(
+                p.frame.capacity() <= limit,
+                "{} > {limit}",
+                p.frame.capacity()
+            );
             n += 1;
-            if n == 500 {
+            if n == 10 || n == 500 {
                 let mut slot = Some(p);
-                let refused: Result<(), ()> = Pending::send(&mut slot, |_| Err(()));
+                let refused: Result<(), ()> = Pending::send(&mut slot, |f| {
+                    // A reference kept: the batch gets a copy back.
+                    if copied {
+                        kept = Some(f);
+                    }
+                    Err(())
+                });
                 assert!(refused.is_err());
                 p = slot.expect("a refused batch stays");
             }
         }
-        assert!(n > 500, "{n} entries");
+        assert!(n > 10, "{n} entries");
+        drop(kept);
         let mut slot = Some(p);
         let mut sent = None;
         Pending::send(&mut slot, |f| {
@@ -272,7 +299,7 @@ mod tests {
         .unwrap();
         assert!(slot.is_none());
         let f = sent.unwrap();
-        assert!(f.len() <= MAX_BATCH_BYTES);
+        assert!(f.len() <= limit);
         let v = decode(&f).unwrap();
         let e: Vec<_> = BatchEntries::new(v.body)
             .unwrap()
