@@ -171,8 +171,8 @@ impl Pending {
                 p.frame = frame
                     .try_into_mut()
                     .unwrap_or_else(|f| BytesMut::from(&f[..]));
-                // The same buffer, or (never seen) a copy untouched past
-                // the entries.
+                // The same buffer, or, while another reference to the
+                // frame remains, a copy untouched past the entries.
                 p.touched = p.touched.min(p.frame.capacity());
                 debug_assert!(p.frame.len() <= p.touched);
                 Err(e)
