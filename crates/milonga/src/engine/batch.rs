@@ -114,10 +114,11 @@ impl Pending {
             self.touched = self.frame.len();
         }
         if self.frame.len() + need > self.touched {
-            let from = (self.touched - self.frame.len()).min(self.frame.capacity());
+            // `touched` is within the capacity: `from <= to <= spare.len()`.
+            let from = self.touched - self.frame.len();
             let spare = self.frame.spare_capacity_mut();
             let to = spare.len().min(from + need.max(TOUCH_AHEAD));
-            for b in &mut spare[from.min(to)..to] {
+            for b in &mut spare[from..to] {
                 b.write(0);
             }
             self.touched = self.frame.len() + to;
