@@ -107,11 +107,13 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
     );
     println!(
         "# cpu_ns = this process's CPU time (every thread: publisher, both nodes' I/O, the \
-         receiving loop and its writer) over the samples, median of the runs"
+         receiving loop with its recording) over the samples; loop_ns = the receiving loop's \
+         thread alone (what sets the rate where a core is spare for the others); medians of \
+         the runs"
     );
     println!(
-        "{:>9} {:>8} {:>14} {:>10} {:>9} {:>8} {:>8}",
-        "size", "mode", "samples/s", "MB/s", "of sub", "of disk", "cpu_ns"
+        "{:>9} {:>8} {:>14} {:>10} {:>9} {:>8} {:>8} {:>8}",
+        "size", "mode", "samples/s", "MB/s", "of sub", "of disk", "cpu_ns", "loop_ns"
     );
     let mut modes = vec![("sub", Mode::Subscriber)];
     for m in &a.modes {
@@ -132,6 +134,7 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
         let mut disk = Vec::new();
         let mut rates = vec![Vec::new(); modes.len()];
         let mut cpus = vec![Vec::new(); modes.len()];
+        let mut loops = vec![Vec::new(); modes.len()];
         let mut replay = Vec::new();
         let mut writer = Vec::new();
         for run in 0..a.runs {
@@ -140,9 +143,11 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
             for (i, (name, mode)) in modes.iter().enumerate() {
                 let key = format!("bench/rec/{size}/{name}/{run}");
                 let file = dir.join(format!("{size}-{name}-{run}.mcap"));
-                let (rate, cpu) = one_run(&publisher, &subscriber, &key, size, n, *mode, &file)?;
+                let (rate, cpu, lp) =
+                    one_run(&publisher, &subscriber, &key, size, n, *mode, &file)?;
                 rates[i].push(rate);
                 cpus[i].push(cpu);
+                loops[i].push(lp);
                 if *name == "none" {
                     replay.push(replay_rate(&publisher, &subscriber, &file, size, n, run)?);
                 }
@@ -151,14 +156,15 @@ fn measure_all(a: &RecordArgs, t: Transport, dir: &Path) -> Result<std::process:
         }
         let disk = median(disk);
         let sub_rate = median(rates[0].clone());
-        for (((name, _), r), c) in modes.iter().zip(rates).zip(cpus) {
+        for ((((name, _), r), c), l) in modes.iter().zip(rates).zip(cpus).zip(loops) {
             let rate = median(r);
             println!(
-                "{size:>9} {name:>8} {rate:>14.0} {:>10.1} {:>9.2} {:>8.2} {:>8.0}",
+                "{size:>9} {name:>8} {rate:>14.0} {:>10.1} {:>9.2} {:>8.2} {:>8.0} {:>8.0}",
                 mb(rate),
                 rate / sub_rate,
                 mb(rate) / disk,
-                median(c)
+                median(c),
+                median(l)
             );
         }
         println!(
@@ -206,8 +212,8 @@ fn wait_matched(p: &milonga::Publisher) -> Result<()> {
     Ok(())
 }
 
-/// One measurement: samples per second, and the process's CPU time per
-/// sample (ns).
+/// One measurement: samples per second, and the CPU time per sample (ns)
+/// of the process and of the receiving loop's thread.
 fn one_run(
     publisher: &Node,
     subscriber: &Node,
@@ -216,7 +222,7 @@ fn one_run(
     n: u64,
     mode: Mode,
     file: &Path,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, f64)> {
     let sub = subscriber.subscribe_with(key, SubscriberQos::default().reliable())?;
     let p = publisher.publisher_with(key, PublisherQos::reliable())?;
     wait_matched(&p)?;
@@ -241,6 +247,7 @@ fn one_run(
         .collect();
     let value = Value::Bytes(Bytes::from(noise));
     let cpu0 = crate::ffi::cpu_time_ns();
+    let loop0 = crate::ffi::thread_cpu_time_ns();
     let started = Instant::now();
     // The publisher comes back, to be dropped once everything arrived.
     let sender = std::thread::spawn(move || -> Result<milonga::Publisher> {
@@ -283,12 +290,17 @@ fn one_run(
         w.finish()?;
     }
     let took = started.elapsed();
+    let lp = crate::ffi::thread_cpu_time_ns().saturating_sub(loop0);
     let cpu = crate::ffi::cpu_time_ns().saturating_sub(cpu0);
     let p = sender
         .join()
         .map_err(|_| anyhow::anyhow!("the sending thread panicked"))??;
     drop((p, sub));
-    Ok((n as f64 / took.as_secs_f64(), cpu as f64 / n as f64))
+    Ok((
+        n as f64 / took.as_secs_f64(),
+        cpu as f64 / n as f64,
+        lp as f64 / n as f64,
+    ))
 }
 
 /// `RecordWriter::sample` alone (uncompressed, payloads of the same size:

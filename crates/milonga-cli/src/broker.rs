@@ -14,9 +14,15 @@ pub struct BrokerArgs {
     /// on the first line of output).
     #[arg(long, default_value_t = format!("tcp://127.0.0.1:{DEFAULT_PORT}"))]
     pub listen: String,
-    /// A domain to serve (repeat for several).
-    #[arg(long = "domain", required = true)]
+    /// A domain to serve (repeat for several). Without any: every domain
+    /// that a client, a registered node or a linked broker names, each
+    /// opened when first named (at most --max-domains).
+    #[arg(long = "domain")]
     pub domains: Vec<String>,
+    /// Most domains served without --domain: a request naming one more is
+    /// refused, and counted (domains_refused).
+    #[arg(long, default_value_t = 64)]
+    pub max_domains: usize,
     /// How often clients attach, in ms.
     #[arg(long, default_value_t = 250)]
     pub attach_interval_ms: u64,
@@ -65,6 +71,7 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
         hold_mib: a.hold_mib,
         insecure: a.insecure,
         peers: a.peers.clone(),
+        max_domains: a.max_domains,
         ..Default::default()
     })
     .with_context(|| format!("cannot start a broker at {}", a.listen))?;
@@ -75,6 +82,7 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
             "listen": broker.listen_endpoint(),
             "broker_id": broker.id(),
             "locators": locators,
+            "every_domain": broker.serves_every_domain(),
             "endpoints": broker.endpoints(),
         });
         println!("{line}");
@@ -89,6 +97,13 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
         }
         for l in &locators {
             println!("  clients open {l}");
+        }
+        if broker.serves_every_domain() {
+            println!(
+                "  clients open {} for any DOMAIN (at most {})",
+                broker.locator("DOMAIN"),
+                a.max_domains
+            );
         }
     }
     let start = Instant::now();

@@ -41,6 +41,11 @@ pub struct RecordArgs {
     /// Start with the last N samples publishers keep of each key.
     #[arg(long, default_value_t = 0)]
     last: usize,
+    /// Record a `deadline_missed` event for a key silent longer than this
+    /// many milliseconds (and again each period until it speaks), so that
+    /// the recording shows when a key fell silent.
+    #[arg(long)]
+    deadline_ms: Option<f64>,
     /// Write a clean copy of DAMAGED (a recording cut short by a crash or
     /// a full disk) to --output: every complete record, and a summary.
     #[arg(long, value_name = "DAMAGED")]
@@ -292,6 +297,16 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
         .iter()
         .map(|e| KeyExpr::new(e.as_str()).with_context(|| format!("key expression {e:?}")))
         .collect::<Result<Vec<_>>>()?;
+    let mut qos = SubscriberQos::default().last(a.last);
+    if a.reliable {
+        qos = qos.reliable();
+    }
+    if let Some(ms) = a.deadline_ms {
+        if !(ms > 0.0 && ms.is_finite()) {
+            bail!("--deadline-ms must be a positive number of milliseconds, not {ms}");
+        }
+        qos = qos.deadline(Duration::from_secs_f64(ms / 1000.0));
+    }
     let node = net.open("record")?;
     let mut meta = BTreeMap::new();
     meta.insert("domain".to_owned(), node.domain().to_owned());
@@ -315,10 +330,6 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     let mut path = path_of(0);
     let mut w = RecordWriter::create(&path, &opts)?;
     let mut file_started = Instant::now();
-    let mut qos = SubscriberQos::default().last(a.last);
-    if a.reliable {
-        qos = qos.reliable();
-    }
     let mut source = Source::subscribe(&node, &exprs, qos)?;
     catch_interrupts();
     let start = Instant::now();

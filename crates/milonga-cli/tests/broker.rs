@@ -212,6 +212,87 @@ fn brokered_and_peer_to_peer_nodes_see_each_others_samples_and_kept_values() {
     }
 }
 
+/// Without `--domain` the broker serves every domain named to it, up to
+/// `--max-domains`: each opens at its first client's request, with the
+/// broker's node there (a peer-to-peer subscriber of the host gets a
+/// client's samples), and one domain more is refused with an error that
+/// says why, and counted. SIGTERM then stops it cleanly: its last line,
+/// exit status 0.
+#[test]
+fn a_broker_without_domains_serves_each_domain_named_up_to_its_most() {
+    let env = Env::new("brk-any");
+    let mut proc = Proc::spawn(env.cmd(&[
+        "broker",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--json",
+        "--max-domains",
+        "2",
+    ]));
+    let v: Json = serde_json::from_str(&proc.line(T).expect("the listening line")).unwrap();
+    assert_eq!(v["event"], "listening", "{v}");
+    assert_eq!(v["every_domain"], true, "{v}");
+    assert_eq!(v["locators"].as_array().map(Vec::len), Some(0), "{v}");
+    let hp = v["listen"]
+        .as_str()
+        .and_then(|l| l.strip_prefix("tcp://"))
+        .expect("tcp://HOST:PORT")
+        .to_owned();
+    let at = |d: &str| format!("milonga://{hp}/{d}");
+    let second = format!("{}-b", env.domain);
+    let third = format!("{}-c", env.domain);
+
+    // The test's own domain: a client publisher, and a peer-to-peer
+    // subscriber of the host that reads it through the broker's node.
+    let client = Node::open_with(env.config_at(&at(&env.domain), "client-pub"))
+        .expect("a first domain opens at the broker");
+    let p = client.publisher("any/x").unwrap();
+    let ps = env.spawn(&["sub", "any/**", "--json"]);
+    until_each_takes_a_sample(&[&ps], || p.put(1.0).unwrap());
+
+    // A second domain: two clients, through the broker only.
+    let c2 = Node::open_with(env.config_at(&at(&second), "client-2"))
+        .expect("a second domain opens at the broker");
+    let p2 = c2.publisher("any/y").unwrap();
+    let s2 = env.spawn_at(&at(&second), &["sub", "any/**", "--json"]);
+    until_each_takes_a_sample(&[&s2], || p2.put(2.0).unwrap());
+    // Domains stay apart: the first domain's subscriber never got the
+    // second's key.
+    while let Some(l) = ps.line(Duration::from_millis(100)) {
+        assert!(!l.contains("any/y"), "a sample of another domain: {l}");
+    }
+
+    // A third is past --max-domains: refused, the client told why.
+    let out = env
+        .cmd(&["--locator", &at(&third), "pub", "k", "1", "--count", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("its most"), "{err}");
+    let mut seen = Json::Null;
+    let counted = milonga_testkit::poll_until(T, || {
+        let Some(line) = proc.line(Duration::from_millis(200)) else {
+            return false;
+        };
+        seen = serde_json::from_str(&line).unwrap();
+        seen["event"] == "stats" && seen["stats"]["domains_refused"].as_u64() >= Some(1)
+    });
+    assert!(counted, "the refusal counted: {seen}");
+    assert_eq!(seen["stats"]["domains"], 2, "{seen}");
+
+    // SIGTERM: a clean stop.
+    drop((p, p2, client, c2));
+    proc.signal(libc::SIGTERM);
+    let stopped = milonga_testkit::poll_until(T, || {
+        proc.line(Duration::from_millis(200))
+            .is_some_and(|l| l.contains("\"stopped\""))
+    });
+    assert!(stopped, "the broker says it stopped");
+    let status = proc.wait_exit(T).expect("the broker exits after SIGTERM");
+    assert!(status.success(), "{status:?}");
+}
+
 #[test]
 fn a_client_asking_for_a_domain_the_broker_does_not_serve_or_no_broker_gets_a_clear_error() {
     let env = Env::new("brk-err");

@@ -253,6 +253,58 @@ fn max_bytes_splits_a_recording_into_complete_files() {
     assert!(last.is_some());
 }
 
+/// `record --deadline-ms`: a key that falls silent is recorded as a
+/// `deadline_missed` event, after its last sample, so that the recording
+/// shows when it went quiet.
+#[test]
+fn a_key_that_falls_silent_is_recorded_as_a_missed_deadline() {
+    let env = Env::new("rec-deadline");
+    let file = env.dir.path().join("run.mcap");
+    let mut rec = env.cmd(&[
+        "record",
+        "rd/**",
+        "--deadline-ms",
+        "200",
+        "--duration",
+        "3",
+        "-o",
+    ]);
+    rec.arg(&file);
+    let rec = Proc::spawn(rec);
+    // Its subscription is up once it sees the publisher: 20 samples at
+    // 100/s, then silence for the rest of the recording.
+    let out = env
+        .cmd(&[
+            "pub",
+            "rd/x",
+            "1.5",
+            "--rate",
+            "100",
+            "--count",
+            "20",
+            "--wait-subscribers",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "pub: {out:?}");
+    let mut rec = rec;
+    let status = rec
+        .wait_exit(T)
+        .expect("the recorder stops after --duration");
+    assert!(status.success(), "{status:?}");
+    let lines = cat_lines(&env, &file);
+    let last_sample = lines
+        .iter()
+        .rposition(|j| j["key"] == "rd/x" && j.get("event").is_none())
+        .unwrap_or_else(|| panic!("the samples recorded: {lines:?}"));
+    let missed = lines
+        .iter()
+        .position(|j| j["event"] == "deadline_missed" && j["key"] == "rd/x")
+        .unwrap_or_else(|| panic!("a deadline_missed event for rd/x: {lines:?}"));
+    assert!(missed > last_sample, "after the last sample: {lines:?}");
+}
+
 #[test]
 fn cat_and_info_refuse_a_file_that_is_not_a_recording() {
     let env = Env::new("rec-bad");

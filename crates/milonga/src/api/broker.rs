@@ -32,8 +32,14 @@ pub struct BrokerOptions {
     /// are bound at free ports of the same host, told to clients when
     /// they ask.
     pub listen: String,
-    /// The domains it serves (at least one).
+    /// The domains it serves; none: every domain a client, a registered
+    /// node or a federated broker names, each opened when first named
+    /// (at most `max_domains`).
     pub domains: Vec<String>,
+    /// Most domains served when `domains` is empty (default 64): each
+    /// costs a node and four threads, and a client could otherwise make
+    /// the broker open domains without end.
+    pub max_domains: usize,
     /// How often clients attach (ms, default 250).
     pub attach_interval_ms: u64,
     /// A client that has not attached for this long is forgotten, and
@@ -71,6 +77,7 @@ impl Default for BrokerOptions {
             stall_ms: 1000,
             hold_mib: 16,
             max_clients: 10_000,
+            max_domains: 64,
             peers: Vec::new(),
             insecure: false,
         }
@@ -80,6 +87,7 @@ impl Default for BrokerOptions {
 /// A running broker; dropping it stops it.
 pub struct Broker {
     running: Running,
+    every_domain: bool,
     /// Its node in each domain: closed after its threads stopped.
     _nodes: Vec<std::sync::Arc<Node>>,
 }
@@ -97,9 +105,23 @@ impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker")
             .field("listen", &self.running.listen)
-            .field("domains", &self.running.hellos.len())
+            .field("domains", &self.endpoints().len())
             .finish()
     }
+}
+
+/// Opens the broker's peer-to-peer node in `domain`, configured from the
+/// environment (docs/config.md).
+fn open_domain_node(domain: &str) -> Result<std::sync::Arc<Node>, OpenError> {
+    let locator = format!("milonga:///{domain}");
+    let mut cfg = Config::from_env(&locator, "broker")?;
+    // Its node is in the domain it serves, peer-to-peer, whatever
+    // MILONGA_LOCATOR says (the environment's other settings hold).
+    crate::model::config::parse_locator(&locator)?;
+    cfg.locator = locator;
+    // Its clients are announced in the local directory.
+    cfg.local_discovery = true;
+    Ok(std::sync::Arc::new(Node::open_with(cfg)?))
 }
 
 /// The broker's node in one domain.
@@ -125,14 +147,10 @@ impl DomainHost for NodeHost {
 
 impl Broker {
     /// Opens the broker's node in each domain (with the configuration
-    /// from the environment, docs/config.md) and starts serving.
+    /// from the environment, docs/config.md) and starts serving; with no
+    /// domain given, it serves every domain named to it, opening its node
+    /// there when first named.
     pub fn start(opts: BrokerOptions) -> Result<Broker, OpenError> {
-        if opts.domains.is_empty() {
-            return Err(OpenError::Config {
-                key: "domains".into(),
-                why: "a broker serves at least one domain".into(),
-            });
-        }
         let loopback = opts
             .listen
             .strip_prefix("tcp://")
@@ -155,22 +173,18 @@ impl Broker {
         let mut nodes = Vec::new();
         let mut hosts: Vec<Box<dyn DomainHost>> = Vec::new();
         for d in &opts.domains {
-            let mut cfg = Config::from_env(&format!("milonga:///{d}"), "broker")?;
-            if !crate::model::config::parse_locator(&cfg.locator)?
-                .brokers
-                .is_empty()
-            {
-                return Err(OpenError::Config {
-                    key: "MILONGA_LOCATOR".into(),
-                    why: "a broker's own node is peer-to-peer (milonga:///DOMAIN)".into(),
-                });
-            }
-            // Its clients are announced in the local directory.
-            cfg.local_discovery = true;
-            let node = std::sync::Arc::new(Node::open_with(cfg)?);
+            let node = open_domain_node(d)?;
             hosts.push(Box::new(NodeHost(node.clone())));
             nodes.push(node);
         }
+        // Every domain: a domain's node opens when a request first names
+        // it, and closes with the broker's control thread.
+        let open_domain: Option<broker::OpenDomain> = match opts.domains.is_empty() {
+            true => Some(Box::new(|d: &str| {
+                Ok(Box::new(NodeHost(open_domain_node(d)?)) as Box<dyn DomainHost>)
+            })),
+            false => None,
+        };
         let spec = BrokerSpec {
             listen: opts.listen,
             attach_interval_ms: opts.attach_interval_ms.max(10),
@@ -178,12 +192,14 @@ impl Broker {
             stall_ms: opts.stall_ms,
             hold_mib: opts.hold_mib,
             max_clients: opts.max_clients,
+            max_domains: opts.max_domains.max(1),
             peers: opts.peers,
             cfg: Config::from_env("milonga:///broker", "broker")?,
         };
-        let running = broker::start(spec, hosts)?;
+        let running = broker::start(spec, hosts, open_domain)?;
         Ok(Broker {
             running,
+            every_domain: opts.domains.is_empty(),
             _nodes: nodes,
         })
     }
@@ -204,9 +220,19 @@ impl Broker {
         format!("milonga://{hp}/{domain}")
     }
 
-    /// The endpoints it serves each domain on.
-    pub fn endpoints(&self) -> &[milonga_wire::broker::BrokerHello] {
-        &self.running.hellos
+    /// The endpoints it serves each domain on (the domains opened so far,
+    /// when it serves every domain).
+    pub fn endpoints(&self) -> Vec<milonga_wire::broker::BrokerHello> {
+        self.running
+            .hellos
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether it serves every domain named to it (no domain was given).
+    pub fn serves_every_domain(&self) -> bool {
+        self.every_domain
     }
 
     /// Its id in a federation: 32 hex digits, new at each start.

@@ -57,6 +57,10 @@ pub(crate) trait DomainHost: Send + 'static {
     fn hide(&self, node_id: &str);
 }
 
+/// Opens the broker's node in a domain it serves from the first
+/// request that names it (a broker serving every domain).
+pub(crate) type OpenDomain = Box<dyn FnMut(&str) -> Result<Box<dyn DomainHost>, OpenError> + Send>;
+
 /// How a broker runs.
 #[derive(Debug, Clone)]
 pub(crate) struct BrokerSpec {
@@ -74,6 +78,9 @@ pub(crate) struct BrokerSpec {
     pub hold_mib: u64,
     /// Most clients served at once.
     pub max_clients: usize,
+    /// Most domains served when it serves every domain asked for (an
+    /// [`OpenDomain`] given to [`start`]).
+    pub max_domains: usize,
     /// The listen endpoints of the brokers it links to (federation).
     pub peers: Vec<String>,
     /// Socket options (high-water marks, heartbeats, message size).
@@ -101,6 +108,8 @@ pub(crate) struct BrokerCounters {
     pub registered: AtomicU64,
     pub registry_refused: AtomicU64,
     pub registry_expired: AtomicU64,
+    pub domains: AtomicU64,
+    pub domains_refused: AtomicU64,
     pub tree: Mutex<Vec<String>>,
 }
 
@@ -154,6 +163,12 @@ pub struct BrokerStats {
     pub registry_refused: u64,
     /// Registered nodes removed after their lease (not unregistered).
     pub registry_expired: u64,
+    /// Domains served now.
+    pub domains: u64,
+    /// Domains a request named that a broker serving every domain did
+    /// not open: it serves `max_domains` already, or the domain's node
+    /// could not open (the client is told why).
+    pub domains_refused: u64,
     /// The peers (broker ids) of its links in the federation's spanning
     /// tree, which data crosses.
     pub tree: Vec<String>,
@@ -181,6 +196,8 @@ impl BrokerCounters {
             registered: g(&self.registered),
             registry_refused: g(&self.registry_refused),
             registry_expired: g(&self.registry_expired),
+            domains: g(&self.domains),
+            domains_refused: g(&self.domains_refused),
             tree: lock(&self.tree).clone(),
         }
     }
@@ -190,11 +207,15 @@ impl BrokerCounters {
 pub(crate) struct Running {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    /// The threads of the domains opened since it started (a broker
+    /// serving every domain): joined after the control thread, which
+    /// starts them.
+    later: Arc<Mutex<Vec<JoinHandle<()>>>>,
     /// Where its ROUTER is bound.
     pub(crate) listen: String,
     pub(crate) counters: Arc<BrokerCounters>,
     /// Each domain's endpoints.
-    pub(crate) hellos: Vec<BrokerHello>,
+    pub(crate) hellos: Arc<Mutex<Vec<BrokerHello>>>,
     /// Its id in a federation (new at each start).
     pub(crate) broker_id: String,
 }
@@ -204,6 +225,11 @@ impl Running {
     pub(crate) fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        // The control thread has ended: no domain opens any more.
+        let later = std::mem::take(&mut *lock(&self.later));
+        for t in later {
             let _ = t.join();
         }
     }
@@ -2053,6 +2079,14 @@ struct Control {
     spec: BrokerSpec,
     counters: Arc<BrokerCounters>,
     stop: Arc<AtomicBool>,
+    /// Set when it serves every domain asked for: opens the next.
+    open_domain: Option<OpenDomain>,
+    /// What opening a domain needs: the context, the listen host, the
+    /// threads and endpoints shared with [`Running`].
+    ctx: ContextRef,
+    host: String,
+    later: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    hellos: Arc<Mutex<Vec<BrokerHello>>>,
 }
 
 impl Control {
@@ -2083,6 +2117,7 @@ impl Control {
             }
             if now >= next_refresh {
                 next_refresh = now + Duration::from_millis(100);
+                self.open_federation_domains();
                 // The tree of the records held now, for every domain.
                 let tree = self.fed.tree_links();
                 for d in &mut self.domains {
@@ -2138,6 +2173,92 @@ impl Control {
         }
     }
 
+    /// The index of `domain` in [`Control::domains`], opened now if this
+    /// broker serves every domain asked for; else the error to tell the
+    /// client.
+    fn domain_index(&mut self, domain: &str) -> Result<usize, String> {
+        if let Some(i) = self.domains.iter().position(|d| d.hello.domain == domain) {
+            return Ok(i);
+        }
+        let Some(open) = self.open_domain.as_mut() else {
+            let served: Vec<&str> = self
+                .domains
+                .iter()
+                .map(|d| d.hello.domain.as_str())
+                .collect();
+            return Err(format!(
+                "this broker does not serve domain {domain} (it serves {})",
+                served.join(", ")
+            ));
+        };
+        if self.domains.len() >= self.spec.max_domains {
+            self.counters
+                .domains_refused
+                .fetch_add(1, Ordering::Relaxed);
+            limited!(warn, %domain, max = self.spec.max_domains, "refused to open a domain: this broker serves its most");
+            return Err(format!(
+                "this broker serves {} domains, its most (--max-domains); not {domain}",
+                self.domains.len()
+            ));
+        }
+        let host_of_domain = open(domain).map_err(|e| {
+            self.counters
+                .domains_refused
+                .fetch_add(1, Ordering::Relaxed);
+            limited!(warn, %domain, error = %e, "could not open a domain a request named");
+            format!("this broker cannot serve domain {domain}: {e}")
+        })?;
+        let (d, work) = open_domain_io(
+            &self.ctx,
+            &self.spec,
+            &self.host,
+            &self.fed.me,
+            &self.counters,
+            &self.stop,
+            host_of_domain,
+        )
+        .map_err(|e| format!("this broker cannot serve domain {domain}: {e}"))?;
+        let mut started = Vec::new();
+        for (name, f) in work {
+            match spawn_named(name, f) {
+                Ok(t) => started.push(t),
+                Err(e) => {
+                    // The threads started see the stop flag only at the
+                    // broker's stop: they are joined then.
+                    lock(&self.later).extend(started);
+                    return Err(format!("this broker cannot serve domain {domain}: {e}"));
+                }
+            }
+        }
+        lock(&self.later).extend(started);
+        lock(&self.hellos).push(d.hello.clone());
+        tracing::info!(%domain, "serving a domain a request named");
+        self.domains.push(d);
+        self.counters
+            .domains
+            .store(self.domains.len() as u64, Ordering::Relaxed);
+        Ok(self.domains.len() - 1)
+    }
+
+    /// A broker serving every domain opens the domains its federation's
+    /// other brokers serve, so that it carries them between its links.
+    fn open_federation_domains(&mut self) {
+        if self.open_domain.is_none() {
+            return;
+        }
+        let named: BTreeSet<String> = self
+            .fed
+            .others()
+            .flat_map(|l| l.domains.keys().cloned())
+            .collect();
+        for d in named {
+            if self.domains.len() >= self.spec.max_domains {
+                break;
+            }
+            let _ = self.domain_index(&d);
+        }
+    }
+
     /// Sends the registry pages due, at most [`REGISTRY_BUDGET`] bytes a
     /// turn over all domains (a thousand nodes joining at once must not
     /// queue a gigabyte of pages).
@@ -2180,26 +2301,13 @@ impl Control {
             }
         };
         match req {
-            BrokerRequest::Hello { domain } => {
-                match self.domains.iter().find(|d| d.hello.domain == domain) {
-                    Some(d) => {
-                        let body = serde_json::to_vec(&d.hello).unwrap_or_default();
-                        reply(&self.router, &[wire::MAGIC, wire::HELLO, &body]);
-                    }
-                    None => {
-                        let served: Vec<&str> = self
-                            .domains
-                            .iter()
-                            .map(|d| d.hello.domain.as_str())
-                            .collect();
-                        let text = format!(
-                            "this broker does not serve domain {domain} (it serves {})",
-                            served.join(", ")
-                        );
-                        reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
-                    }
+            BrokerRequest::Hello { domain } => match self.domain_index(&domain) {
+                Ok(i) => {
+                    let body = serde_json::to_vec(&self.domains[i].hello).unwrap_or_default();
+                    reply(&self.router, &[wire::MAGIC, wire::HELLO, &body]);
                 }
-            }
+                Err(text) => reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]),
+            },
             BrokerRequest::Clients { domain } => {
                 let infos: Vec<ClientInfo> = self
                     .domains
@@ -2216,14 +2324,12 @@ impl Control {
                 report,
             } => {
                 let total: usize = self.domains.iter().map(|d| d.clients.len()).sum();
-                let Some(d) = self
-                    .domains
-                    .iter_mut()
-                    .find(|d| d.hello.domain == announcement.domain)
-                else {
-                    let text = format!("this broker does not serve domain {}", announcement.domain);
-                    reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
-                    return;
+                let d = match self.domain_index(&announcement.domain) {
+                    Ok(i) => &mut self.domains[i],
+                    Err(text) => {
+                        reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                        return;
+                    }
                 };
                 if total >= self.spec.max_clients && !d.clients.contains_key(&announcement.node_id)
                 {
@@ -2253,14 +2359,12 @@ impl Control {
                 announcement,
             } => {
                 let total: usize = self.domains.iter().map(|d| d.registry.len()).sum();
-                let Some(d) = self
-                    .domains
-                    .iter_mut()
-                    .find(|d| d.hello.domain == header.domain)
-                else {
-                    let text = format!("this broker does not serve domain {}", header.domain);
-                    reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
-                    return;
+                let d = match self.domain_index(&header.domain) {
+                    Ok(i) => &mut self.domains[i],
+                    Err(text) => {
+                        reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                        return;
+                    }
                 };
                 let registered = d.registry.register(who, &header, announcement, total, now);
                 let text = match registered {
@@ -2313,10 +2417,103 @@ fn link_out_all(domains: &[Domain], peer: &str) -> BTreeMap<String, [String; 3]>
         .collect()
 }
 
-/// Starts a broker serving `domains` (at least one).
+/// A domain's sockets, opened, and its threads' work, to be started
+/// under these names.
+type DomainThreads = Vec<(String, Box<dyn FnOnce() + Send>)>;
+
+/// Opens the sockets of one domain (three planes and the calls relay):
+/// its [`Domain`] for the control thread, and the work of its threads.
+fn open_domain_io(
+    ctx: &ContextRef,
+    spec: &BrokerSpec,
+    host: &str,
+    broker_id: &str,
+    counters: &Arc<BrokerCounters>,
+    stop: &Arc<AtomicBool>,
+    host_of_domain: Box<dyn DomainHost>,
+) -> Result<(Domain, DomainThreads), OpenError> {
+    let domain = host_of_domain.domain().to_owned();
+    let mut threads: DomainThreads = Vec::new();
+    let mut eps: Vec<[String; 3]> = Vec::new();
+    let mut wanted = Vec::new();
+    let mut asked = Vec::new();
+    let mut bound = Vec::new();
+    for plane in [Plane::BestEffort, Plane::Reliable, Plane::Liveliness] {
+        let (mut io, e) = PlaneIo::open(ctx, spec, host, plane, counters, stop)?;
+        io.me = broker_id[..8].to_owned();
+        wanted.push(io.wanted.clone());
+        asked.push(io.asked.clone());
+        bound.push(io.bound.clone());
+        eps.push(e);
+        let name = format!("milonga-broker-{:?} {domain}", io.plane).to_lowercase();
+        threads.push((name, Box::new(move || io.run())));
+    }
+    let (mut calls, [calls_ep, services_ep]) = CallPlane::open(ctx, spec, host, counters, stop)?;
+    calls.me = broker_id.to_owned();
+    let services = calls.table.clone();
+    threads.push((
+        format!("milonga-broker-calls {domain}"),
+        Box::new(move || calls.run()),
+    ));
+    let hello = BrokerHello {
+        domain,
+        node_id: host_of_domain.node_id(),
+        data_best_effort_in: eps[0][0].clone(),
+        data_reliable_in: eps[1][0].clone(),
+        liveliness_in: eps[2][0].clone(),
+        data_best_effort_out: eps[0][1].clone(),
+        data_reliable_out: eps[1][1].clone(),
+        liveliness_out: eps[2][1].clone(),
+        calls: calls_ep,
+        services_in: services_ep,
+        attach_interval_ms: spec.attach_interval_ms,
+        lease_ms: spec.lease_ms,
+    };
+    let [w0, w1, w2]: [Arc<Mutex<Wanted>>; 3] = wanted
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("three planes"));
+    let [b0, b1, b2]: [Arc<Mutex<BTreeMap<String, String>>>; 3] = bound
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("three planes"));
+    let [a0, a1, _]: [Arc<Mutex<Arc<Asked>>>; 3] = asked
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("three planes"));
+    let d = Domain {
+        host: host_of_domain,
+        hello,
+        to_domain: [eps[0][2].clone(), eps[1][2].clone(), eps[2][2].clone()],
+        wanted: [w0, w1, w2],
+        asked: [a0, a1],
+        bound: [b0, b1, b2],
+        shown: BTreeMap::new(),
+        direct: Vec::new(),
+        lingering: Default::default(),
+        services,
+        clients: HashMap::new(),
+        others: BTreeMap::new(),
+        view_version: 0,
+        view: Vec::new(),
+        dirty: true,
+        registry: Table::new(Duration::from_millis(spec.lease_ms)),
+        registry_nodes: Vec::new(),
+        registry_read: None,
+    };
+    Ok((d, threads))
+}
+
+fn spawn_named(name: String, f: Box<dyn FnOnce() + Send>) -> Result<JoinHandle<()>, OpenError> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(f)
+        .map_err(OpenError::Thread)
+}
+
+/// Starts a broker serving `domains`, and with `open_domain` every other
+/// domain a request names (at most `spec.max_domains` in all).
 pub(crate) fn start(
     spec: BrokerSpec,
     domains: Vec<Box<dyn DomainHost>>,
+    open_domain: Option<OpenDomain>,
 ) -> Result<Running, OpenError> {
     let ctx = ContextRef::acquire();
     let stop = Arc::new(AtomicBool::new(false));
@@ -2338,96 +2535,38 @@ pub(crate) fn start(
     router.set_ipv6(host.starts_with('[')).map_err(&err)?;
     let listen = zmq_io::bind(&router, &spec.listen)?;
     let broker_id = crate::backend::p2p::federation::new_id()?;
-    let mut threads = Vec::new();
+    let mut work: DomainThreads = Vec::new();
     let mut ds = Vec::new();
     let mut hellos = Vec::new();
-    let mut planes = Vec::new();
-    let mut call_planes = Vec::new();
     for host_of_domain in domains {
-        let mut eps: Vec<[String; 3]> = Vec::new();
-        let mut wanted = Vec::new();
-        let mut asked = Vec::new();
-        let mut bound = Vec::new();
-        for plane in [Plane::BestEffort, Plane::Reliable, Plane::Liveliness] {
-            let (mut io, e) = PlaneIo::open(&ctx, &spec, &host, plane, &counters, &stop)?;
-            io.me = broker_id[..8].to_owned();
-            wanted.push(io.wanted.clone());
-            asked.push(io.asked.clone());
-            bound.push(io.bound.clone());
-            eps.push(e);
-            planes.push((host_of_domain.domain().to_owned(), io));
-        }
-        let (mut calls, [calls_ep, services_ep]) =
-            CallPlane::open(&ctx, &spec, &host, &counters, &stop)?;
-        calls.me.clone_from(&broker_id);
-        let services = calls.table.clone();
-        call_planes.push((host_of_domain.domain().to_owned(), calls));
-        let hello = BrokerHello {
-            domain: host_of_domain.domain().to_owned(),
-            node_id: host_of_domain.node_id(),
-            data_best_effort_in: eps[0][0].clone(),
-            data_reliable_in: eps[1][0].clone(),
-            liveliness_in: eps[2][0].clone(),
-            data_best_effort_out: eps[0][1].clone(),
-            data_reliable_out: eps[1][1].clone(),
-            liveliness_out: eps[2][1].clone(),
-            calls: calls_ep,
-            services_in: services_ep,
-            attach_interval_ms: spec.attach_interval_ms,
-            lease_ms: spec.lease_ms,
-        };
-        hellos.push(hello.clone());
-        let [w0, w1, w2]: [Arc<Mutex<Wanted>>; 3] = wanted
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("three planes"));
-        let [b0, b1, b2]: [Arc<Mutex<BTreeMap<String, String>>>; 3] = bound
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("three planes"));
-        let [a0, a1, _]: [Arc<Mutex<Arc<Asked>>>; 3] = asked
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("three planes"));
-        ds.push(Domain {
-            host: host_of_domain,
-            hello,
-            to_domain: [eps[0][2].clone(), eps[1][2].clone(), eps[2][2].clone()],
-            wanted: [w0, w1, w2],
-            asked: [a0, a1],
-            bound: [b0, b1, b2],
-            shown: BTreeMap::new(),
-            direct: Vec::new(),
-            lingering: Default::default(),
-            services,
-            clients: HashMap::new(),
-            others: BTreeMap::new(),
-            view_version: 0,
-            view: Vec::new(),
-            dirty: true,
-            registry: Table::new(Duration::from_millis(spec.lease_ms)),
-            registry_nodes: Vec::new(),
-            registry_read: None,
-        });
+        let (d, t) = open_domain_io(
+            &ctx,
+            &spec,
+            &host,
+            &broker_id,
+            &counters,
+            &stop,
+            host_of_domain,
+        )?;
+        hellos.push(d.hello.clone());
+        ds.push(d);
+        work.extend(t);
     }
-    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-        std::thread::Builder::new()
-            .name(name)
-            .spawn(f)
-            .map_err(OpenError::Thread)
-    };
+    counters.domains.store(ds.len() as u64, Ordering::Relaxed);
+    let hellos = Arc::new(Mutex::new(hellos));
+    let later = Arc::new(Mutex::new(Vec::new()));
     let mut running = Running {
         stop: stop.clone(),
         threads: Vec::new(),
+        later: later.clone(),
         listen,
         counters: counters.clone(),
-        hellos,
+        hellos: hellos.clone(),
         broker_id: String::new(),
     };
-    for (domain, io) in planes {
-        let name = format!("milonga-broker-{:?} {domain}", io.plane).to_lowercase();
-        threads.push(spawn(name, Box::new(move || io.run()))?);
-    }
-    for (domain, calls) in call_planes {
-        let name = format!("milonga-broker-calls {domain}");
-        threads.push(spawn(name, Box::new(move || calls.run()))?);
+    let mut threads = Vec::new();
+    for (name, f) in work {
+        threads.push(spawn_named(name, f)?);
     }
     let fed = Federation::new(
         broker_id,
@@ -2445,14 +2584,17 @@ pub(crate) fn start(
         spec,
         counters,
         stop,
+        open_domain,
+        ctx,
+        host,
+        later,
+        hellos,
     };
-    threads.push(spawn(
+    threads.push(spawn_named(
         "milonga-broker".into(),
         Box::new(move || control.run()),
     )?);
     running.threads = threads;
-    // The planes' sockets hold the context; this reference can go.
-    drop(ctx);
     Ok(running)
 }
 
