@@ -688,7 +688,7 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    let mut sent = 0u64;
+    let (mut sent, mut skipped) = (0u64, 0u64);
     // A progress line when stderr is a terminal.
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut shown = Instant::now();
@@ -714,13 +714,23 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             if offset > to_ns {
                 break;
             }
-            let Entry::Sample(s, _) = entry else {
-                continue;
-            };
-            let Some(p) = pubs.get(&s.key) else { continue };
             if offset < from_ns {
                 continue;
             }
+            let s = match entry {
+                Entry::Sample(s, _) => s,
+                // A recorded loss reaches the replay's subscribers as a
+                // gap in the replaying publisher's numbers, where it was.
+                Entry::Event(Event::Lost(l), _) => {
+                    if let Some(p) = pubs.get(&l.key) {
+                        p.skip(l.count)?;
+                        skipped += l.count;
+                    }
+                    continue;
+                }
+                Entry::Event(..) => continue,
+            };
+            let Some(p) = pubs.get(&s.key) else { continue };
             if progress && shown.elapsed() >= Duration::from_millis(200) {
                 shown = Instant::now();
                 eprint!(
@@ -748,7 +758,9 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         eprintln!();
     }
     node.close();
-    eprintln!("milonga replay: {sent} samples published");
+    eprintln!(
+        "milonga replay: {sent} samples published, {skipped} recorded as lost passed on as gaps"
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -305,6 +305,90 @@ fn a_key_that_falls_silent_is_recorded_as_a_missed_deadline() {
     assert!(missed > last_sample, "after the last sample: {lines:?}");
 }
 
+/// A loss the recording holds reaches the subscribers of its replay, where
+/// it was: the replaying publisher's numbers skip as many, and a reliable
+/// subscriber, asking for them in vain, reports them lost before the
+/// samples that came after them.
+#[test]
+fn a_replay_passes_a_recorded_loss_on_to_its_subscribers() {
+    use milonga::recording::{RecordOptions, RecordWriter};
+    use milonga::{Encoding, Event, LostSamples, NodeId, Sample, Value};
+    let env = Env::new("rec-gap");
+    let file = env.dir.path().join("gap.mcap");
+    let publisher = NodeId([7; 16]);
+    let sample = |seq: u64| Sample {
+        key: "rg/x".into(),
+        value: Value::Float(seq as f64),
+        publisher,
+        seq,
+        timestamp_ns: 1_700_000_000_000_000_000 + seq * 1_000_000,
+        encoding: Encoding::Cbor,
+        schema_id: 0,
+        replayed: false,
+        compact: None,
+    };
+    let mut w = RecordWriter::create(&file, &RecordOptions::default()).unwrap();
+    let t = |seq: u64| 1_700_000_000_000_000_000 + seq * 1_000_000 + 500;
+    for seq in 1..=5 {
+        w.sample(&sample(seq), t(seq)).unwrap();
+    }
+    // Samples 6, 7 and 8 were lost to the recorder, and said so.
+    let lost = Event::Lost(LostSamples {
+        publisher,
+        key: "rg/x".into(),
+        count: 3,
+        first_seq: 6,
+    });
+    w.event(&lost, t(9)).unwrap();
+    for seq in 9..=12 {
+        w.sample(&sample(seq), t(seq)).unwrap();
+    }
+    w.finish().unwrap();
+
+    let sub = Proc::spawn(env.cmd(&[
+        "sub",
+        "rg/**",
+        "--json",
+        "--reliable",
+        "--count",
+        "9",
+        "--timeout",
+        "20",
+    ]));
+    let mut replay = env.cmd(&["replay", "--speed", "max", "--wait-subscribers", "1"]);
+    replay.arg(&file);
+    let out = replay.output().unwrap();
+    assert!(out.status.success(), "replay: {out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("3 recorded as lost"), "{said}");
+    // What the subscriber saw, in order: values, and the loss.
+    let mut seen = Vec::new();
+    let mut summary = Json::Null;
+    while let Some(line) = sub.line(T) {
+        let j: Json = serde_json::from_str(&line).unwrap();
+        match j["event"].as_str() {
+            Some("summary") => {
+                summary = j;
+                break;
+            }
+            Some("lost") => seen.push(format!("lost {}", j["count"])),
+            Some(_) => {}
+            None => seen.push(j["value"].to_string()),
+        }
+    }
+    let want: Vec<String> = ["1.0", "2.0", "3.0", "4.0", "5.0", "lost 3"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(
+            ["9.0", "10.0", "11.0", "12.0"]
+                .iter()
+                .map(|s| s.to_string()),
+        )
+        .collect();
+    assert_eq!(seen, want, "{summary}");
+    assert_eq!(summary["lost"], 3, "{summary}");
+}
+
 #[test]
 fn cat_and_info_refuse_a_file_that_is_not_a_recording() {
     let env = Env::new("rec-bad");

@@ -1001,6 +1001,46 @@ fn a_publisher_shared_by_threads_numbers_every_sample_once(t: Transport) {
 /// The conformance suite: every behaviour test above, on every transport
 /// (`tcp::NAME`, `ipc::NAME`, `inproc::NAME`). A transport or a backend
 /// that comes later is one more line here.
+/// `Publisher::skip(n)`: a best-effort subscriber reports `n` samples
+/// lost where the numbers skip, with the first missing number, and the
+/// samples around the gap arrive with theirs. (`milonga replay` uses it
+/// for a recording's losses; a reliable subscriber is tested there.)
+fn a_skip_is_reported_lost_where_it_was(t: Transport) {
+    let dir = milonga_testkit::TempDir::new("skip");
+    let a = open("skip", "pub", t, dir.path());
+    let b = open("skip", "sub", t, dir.path());
+    let p = a.publisher("sk/x").unwrap();
+    let s = b.subscribe("sk/**").unwrap();
+    wait_for("subscription", Duration::from_secs(5), || {
+        p.subscriber_count() == 1
+    });
+    p.put(1.0).unwrap();
+    p.put(2.0).unwrap();
+    p.skip(3).unwrap();
+    p.put(6.0).unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        match s.recv_timeout(Duration::from_secs(5)).expect("an event") {
+            Event::Sample(x) => seen.push((x.seq, Some(x.value))),
+            Event::Lost(l) => {
+                assert_eq!((l.key.as_str(), l.first_seq), ("sk/x", 3), "{l:?}");
+                seen.push((l.count, None));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (1, Some(Value::Float(1.0))),
+            (2, Some(Value::Float(2.0))),
+            (3, None),
+            (6, Some(Value::Float(6.0))),
+        ]
+    );
+    assert_eq!(s.lost(), 3);
+}
+
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         mod tcp {
@@ -1035,6 +1075,7 @@ conformance!(
     an_endless_timeout_waits_for_the_next_event,
     a_large_sample_passing_a_filter_reaches_everyone_intact,
     a_refused_second_declaration_leaves_the_history_alone,
+    a_skip_is_reported_lost_where_it_was,
 );
 
 /// A late joiner's kept samples say whether their publisher republishes a

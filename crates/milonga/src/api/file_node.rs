@@ -95,6 +95,14 @@ impl FileNode {
 
     /// Writes one sample of `key` put by this node: its sequence number
     /// is the next of `seq`, its timestamp `timestamp_ns` or now.
+    /// Leaves out the next `n` sequence numbers of a publisher
+    /// ([`crate::Publisher::skip`]): the recording shows the gap.
+    pub(crate) fn skip(&self, seq: &AtomicU64, n: u64) {
+        let _sink = lock(&self.sink);
+        let s = seq.load(Ordering::Relaxed);
+        seq.store(s.saturating_add(n), Ordering::Relaxed);
+    }
+
     pub(crate) fn put(
         &self,
         key: &str,

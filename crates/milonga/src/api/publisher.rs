@@ -156,6 +156,37 @@ impl Publisher {
         self.send_at(enc, schema_id, Wait::For(timeout), Some(timestamp_ns))
     }
 
+    /// Leaves out the next `n` sequence numbers: each subscriber counts
+    /// `n` samples of this publisher lost there (a [`crate::Event::Lost`];
+    /// a reliable subscriber first asks for them, in vain, as for samples
+    /// its history no longer holds). This is how `milonga replay` carries a
+    /// recording's losses to its subscribers; an ordinary publisher has no
+    /// use for it. A reliable publisher's batch of waiting samples leaves
+    /// first, waiting for room as [`Publisher::put`] does. Subscriptions
+    /// with a filter at the source do not see the gap (their samples are
+    /// numbered per filter).
+    pub fn skip(&self, n: u64) -> Result<(), PutError> {
+        if n == 0 {
+            return Ok(());
+        }
+        if let Some(f) = &self.file {
+            f.skip(&self.seq, n);
+            return Ok(());
+        }
+        let put = Put {
+            timestamp_ns: None,
+            p2p: self.node.backend(),
+            key: &self.key,
+            template: &self.template,
+            seq: &self.seq,
+            reliable: self.qos.reliability == Reliability::Reliable,
+            compression: &self.compression,
+            dictionary: self.dictionary.as_ref(),
+            claim: None,
+        };
+        self.data.skip(&put, n, self.default_wait())
+    }
+
     /// Puts a value, failing with [`PutError::WouldBlock`] at once instead of
     /// waiting when a reliable publisher's subscriber is full.
     pub fn try_put(&self, value: impl Into<Value>) -> Result<(), PutError> {

@@ -122,6 +122,30 @@ impl DataSocket {
         ))
     }
 
+    /// Leaves out the next `n` sequence numbers of `put`'s key, so that
+    /// its subscribers count `n` samples lost there (a recording's gap,
+    /// replayed). A batch of that key still waiting leaves first, waiting
+    /// for room as a put does: its entries' numbers run on without a hole.
+    pub(crate) fn skip(&self, put: &Put<'_>, n: u64, wait: Wait) -> Result<(), PutError> {
+        let started = matches!(wait, Wait::For(_)).then(Instant::now);
+        let mut d = lock(&self.sock);
+        if put.p2p.core().is_closed() {
+            return Err(PutError::Closed);
+        }
+        let key = put.key.as_str().as_bytes();
+        if d.out.pending().as_ref().is_some_and(|p| p.is_key(key))
+            && d.send_pending(zmq::DONTWAIT, &put.p2p.core().counters)
+                .is_err()
+        {
+            put.wait(&mut d, wait, started, |d, flags| {
+                d.send_pending(flags, &put.p2p.core().counters)
+            })?;
+        }
+        let seq = put.seq.load(Ordering::Relaxed);
+        put.seq.store(seq.saturating_add(n), Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Puts one encoded sample (see [`Put`]): it leaves at once, joins or
     /// starts a batch (reliable), or waits for room as `wait` says.
     pub(crate) fn put(
