@@ -389,6 +389,119 @@ fn a_replay_passes_a_recorded_loss_on_to_its_subscribers() {
     assert_eq!(summary["lost"], 3, "{summary}");
 }
 
+/// `record --last N` starts with the samples publishers keep (here the
+/// last 3 of 10, then nothing more is put), and `--split-every` starts a
+/// new complete file every interval, numbers running on.
+#[test]
+fn record_last_starts_with_kept_samples_and_split_every_makes_complete_files() {
+    let env = Env::new("rec-last");
+    let node = env.node("keeper");
+    let p = node
+        .publisher_with("rl/x", milonga::PublisherQos::best_effort().history(10))
+        .unwrap();
+    for i in 1..=10 {
+        p.put(f64::from(i)).unwrap();
+    }
+    let file = env.dir.path().join("run.mcap");
+    let mut rec = env.cmd(&[
+        "record",
+        "rl/**",
+        "--last",
+        "3",
+        "--split-every",
+        "0.5",
+        "--duration",
+        "1.6",
+        "-o",
+    ]);
+    rec.arg(&file);
+    let out = rec.output().unwrap();
+    assert!(out.status.success(), "record: {out:?}");
+    let parts: Vec<_> = (0..)
+        .map(|n| env.dir.path().join(format!("run-{n:04}.mcap")))
+        .take_while(|f| f.exists())
+        .collect();
+    assert!(parts.len() >= 3, "a file every 0.5 s over 1.6 s: {parts:?}");
+    assert!(!file.exists(), "split files only");
+    let mut samples = Vec::new();
+    for f in &parts {
+        assert_eq!(info(&env, f)["complete"], true, "{f:?}");
+        samples.extend(cat(&env, f));
+    }
+    let got: Vec<(String, u64, Json)> = samples;
+    let want: Vec<(String, u64, Json)> = (8..=10)
+        .map(|i| ("rl/x".to_owned(), i, serde_json::json!(i as f64)))
+        .collect();
+    assert_eq!(got, want);
+}
+
+/// `replay --keys` and `cat --keys` take only the keys an expression
+/// matches.
+#[test]
+fn replay_and_cat_take_only_the_keys_asked_for() {
+    use milonga::recording::{RecordOptions, RecordWriter};
+    use milonga::{Encoding, NodeId, Sample, Value};
+    let env = Env::new("rec-keys");
+    let file = env.dir.path().join("keys.mcap");
+    let mut w = RecordWriter::create(&file, &RecordOptions::default()).unwrap();
+    for seq in 1..=4u64 {
+        for key in ["rk/a", "rk/b"] {
+            let s = Sample {
+                key: key.into(),
+                value: Value::Float(seq as f64),
+                publisher: NodeId([3; 16]),
+                seq,
+                timestamp_ns: 1_000 + seq,
+                encoding: Encoding::Cbor,
+                schema_id: 0,
+                replayed: false,
+                compact: None,
+            };
+            w.sample(&s, 2_000 + seq).unwrap();
+        }
+    }
+    w.finish().unwrap();
+    let out = env
+        .cmd(&["cat", "--json", "--keys", "rk/a"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let keys: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Json>(l).unwrap())
+        .filter(|j| j.get("event").is_none())
+        .map(|j| j["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(keys, vec!["rk/a"; 4]);
+    // A subscriber of both keys gets rk/a's four samples, then nothing.
+    let sub = Proc::spawn(env.cmd(&["sub", "rk/**", "--json", "--reliable"]));
+    let mut replay = env.cmd(&[
+        "replay",
+        "--speed",
+        "max",
+        "--keys",
+        "rk/a",
+        "--wait-subscribers",
+        "1",
+    ]);
+    replay.arg(&file);
+    let out = replay.output().unwrap();
+    assert!(out.status.success(), "replay: {out:?}");
+    let mut got = Vec::new();
+    while let Some(line) = sub.line(Duration::from_secs(2)) {
+        let j: Json = serde_json::from_str(&line).unwrap();
+        if j.get("event").is_none() {
+            got.push((j["key"].as_str().unwrap().to_owned(), j["value"].clone()));
+        }
+    }
+    let want: Vec<(String, Json)> = (1..=4)
+        .map(|i| ("rk/a".to_owned(), serde_json::json!(i as f64)))
+        .collect();
+    assert_eq!(got, want);
+}
+
 #[test]
 fn cat_and_info_refuse_a_file_that_is_not_a_recording() {
     let env = Env::new("rec-bad");
