@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use milonga::broker::{Broker, BrokerOptions, DEFAULT_PORT};
+use milonga::broker::{Broker, BrokerOptions, DEFAULT_PORT, MAX_DOMAINS};
 
 #[derive(Args, Debug)]
 pub struct BrokerArgs {
@@ -19,9 +19,9 @@ pub struct BrokerArgs {
     /// opened when first named (at most --max-domains).
     #[arg(long = "domain")]
     pub domains: Vec<String>,
-    /// Most domains served without --domain: a request naming one more is
-    /// refused, and counted (domains_refused).
-    #[arg(long, default_value_t = 64)]
+    /// Most domains served without --domain (at most 24): a request
+    /// naming one more is refused, and counted (domains_refused).
+    #[arg(long, default_value_t = 16)]
     pub max_domains: usize,
     /// How often clients attach, in ms.
     #[arg(long, default_value_t = 250)]
@@ -102,7 +102,7 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
             println!(
                 "  clients open {} for any DOMAIN (at most {})",
                 broker.locator("DOMAIN"),
-                a.max_domains
+                a.max_domains.clamp(1, MAX_DOMAINS)
             );
         }
     }

@@ -689,6 +689,9 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         }
     }
     let (mut sent, mut skipped) = (0u64, 0u64);
+    // The keys with a sample published: a recorded loss of one of them is
+    // passed on.
+    let mut started = std::collections::HashSet::new();
     // A progress line when stderr is a terminal.
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut shown = Instant::now();
@@ -721,10 +724,21 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 Entry::Sample(s, _) => s,
                 // A recorded loss reaches the replay's subscribers as a
                 // gap in the replaying publisher's numbers, where it was.
+                // (Before a key's first sample a gap would be nobody's: a
+                // subscriber starts counting at the first it gets.)
                 Entry::Event(Event::Lost(l), _) => {
-                    if let Some(p) = pubs.get(&l.key) {
-                        p.skip(l.count)?;
-                        skipped += l.count;
+                    let Some(p) = pubs.get(&l.key).filter(|_| started.contains(&l.key)) else {
+                        continue;
+                    };
+                    match p.skip(l.count) {
+                        Ok(()) => skipped = skipped.saturating_add(l.count),
+                        Err(e @ milonga::PutError::SkipTooLarge { .. }) => {
+                            eprintln!(
+                                "milonga replay: a recorded loss of {} on {} not passed on: {e}",
+                                l.count, l.key
+                            );
+                        }
+                        Err(e) => return Err(e.into()),
                     }
                     continue;
                 }
@@ -748,6 +762,9 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 }
             }
             p.put_at(s.value, s.timestamp_ns)?;
+            if !started.contains(&s.key) {
+                started.insert(s.key);
+            }
             sent += 1;
         }
         if !a.repeat {

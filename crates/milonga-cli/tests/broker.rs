@@ -215,9 +215,10 @@ fn brokered_and_peer_to_peer_nodes_see_each_others_samples_and_kept_values() {
 /// Without `--domain` the broker serves every domain named to it, up to
 /// `--max-domains`: each opens at its first client's request, with the
 /// broker's node there (a peer-to-peer subscriber of the host gets a
-/// client's samples), and one domain more is refused with an error that
-/// says why, and counted. SIGTERM then stops it cleanly: its last line,
-/// exit status 0.
+/// client's samples), a name no node can have is refused with the
+/// reason and counted once however often asked, and one domain more than
+/// the most is refused with an error that says why, and counted. SIGTERM
+/// then stops it cleanly: its last line, exit status 0.
 #[test]
 fn a_broker_without_domains_serves_each_domain_named_up_to_its_most() {
     let env = Env::new("brk-any");
@@ -249,6 +250,33 @@ fn a_broker_without_domains_serves_each_domain_named_up_to_its_most() {
     let p = client.publisher("any/x").unwrap();
     let ps = env.spawn(&["sub", "any/**", "--json"]);
     until_each_takes_a_sample(&[&ps], || p.put(1.0).unwrap());
+
+    // A name no node can have, asked twice at the broker's socket: refused
+    // both times with the reason, counted and logged once (remembered, not
+    // tried again for 10 s).
+    let ctx = zmq::Context::new();
+    let d = ctx.socket(zmq::DEALER).unwrap();
+    d.set_rcvtimeo(10_000).unwrap();
+    d.connect(&format!("tcp://{hp}")).unwrap();
+    for _ in 0..2 {
+        d.send_multipart([&b"MILONGA-BRK/1"[..], b"hello", b"../etc"], 0)
+            .unwrap();
+        let reply = d.recv_multipart(0).expect("an answer");
+        assert_eq!(reply.get(1).map(Vec::as_slice), Some(&b"error"[..]));
+        let why = String::from_utf8_lossy(&reply[2]);
+        assert!(why.contains("cannot serve domain ../etc"), "{why}");
+    }
+    // The first stats line that counts it may have been printed between
+    // the two; the next one comes a second after both.
+    let refused = |proc: &Proc| loop {
+        let line = proc.line(T).expect("a stats line");
+        let v: Json = serde_json::from_str(&line).unwrap();
+        if v["event"] == "stats" {
+            break v["stats"]["domains_refused"].as_u64().unwrap();
+        }
+    };
+    while refused(&proc) == 0 {}
+    assert_eq!(refused(&proc), 1, "the bad name counted once");
 
     // A second domain: two clients, through the broker only.
     let c2 = Node::open_with(env.config_at(&at(&second), "client-2"))

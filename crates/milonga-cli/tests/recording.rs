@@ -298,9 +298,11 @@ fn a_key_that_falls_silent_is_recorded_as_a_missed_deadline() {
         .iter()
         .rposition(|j| j["key"] == "rd/x" && j.get("event").is_none())
         .unwrap_or_else(|| panic!("the samples recorded: {lines:?}"));
+    // (A stall of the publisher on a busy machine may miss a deadline
+    // earlier too: the last one must come after the last sample.)
     let missed = lines
         .iter()
-        .position(|j| j["event"] == "deadline_missed" && j["key"] == "rd/x")
+        .rposition(|j| j["event"] == "deadline_missed" && j["key"] == "rd/x")
         .unwrap_or_else(|| panic!("a deadline_missed event for rd/x: {lines:?}"));
     assert!(missed > last_sample, "after the last sample: {lines:?}");
 }
@@ -409,9 +411,9 @@ fn record_last_starts_with_kept_samples_and_split_every_makes_complete_files() {
         "--last",
         "3",
         "--split-every",
-        "0.5",
+        "1",
         "--duration",
-        "1.6",
+        "3",
         "-o",
     ]);
     rec.arg(&file);
@@ -421,7 +423,7 @@ fn record_last_starts_with_kept_samples_and_split_every_makes_complete_files() {
         .map(|n| env.dir.path().join(format!("run-{n:04}.mcap")))
         .take_while(|f| f.exists())
         .collect();
-    assert!(parts.len() >= 3, "a file every 0.5 s over 1.6 s: {parts:?}");
+    assert!(parts.len() >= 2, "a file every second over 3 s: {parts:?}");
     assert!(!file.exists(), "split files only");
     let mut samples = Vec::new();
     for f in &parts {

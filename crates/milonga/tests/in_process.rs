@@ -998,13 +998,11 @@ fn a_publisher_shared_by_threads_numbers_every_sample_once(t: Transport) {
     assert_eq!(b.stats().samples_duplicate, 0);
 }
 
-/// The conformance suite: every behaviour test above, on every transport
-/// (`tcp::NAME`, `ipc::NAME`, `inproc::NAME`). A transport or a backend
-/// that comes later is one more line here.
 /// `Publisher::skip(n)`: a best-effort subscriber reports `n` samples
 /// lost where the numbers skip, with the first missing number, and the
 /// samples around the gap arrive with theirs. (`milonga replay` uses it
-/// for a recording's losses; a reliable subscriber is tested there.)
+/// for a recording's losses; a reliable subscriber is tested there.) A
+/// skip past what subscribers take as a loss is refused.
 fn a_skip_is_reported_lost_where_it_was(t: Transport) {
     let dir = milonga_testkit::TempDir::new("skip");
     let a = open("skip", "pub", t, dir.path());
@@ -1039,8 +1037,15 @@ fn a_skip_is_reported_lost_where_it_was(t: Transport) {
         ]
     );
     assert_eq!(s.lost(), 3);
+    assert!(matches!(
+        p.skip(1 << 32),
+        Err(milonga::PutError::SkipTooLarge { .. })
+    ));
 }
 
+/// The conformance suite: every behaviour test above, on every transport
+/// (`tcp::NAME`, `ipc::NAME`, `inproc::NAME`). A transport or a backend
+/// that comes later is one more line here.
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         mod tcp {

@@ -24,6 +24,12 @@ pub use milonga_wire::broker::ClientInfo;
 /// The port a broker listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7447;
 
+/// The most domains a broker serving every domain opens
+/// ([`BrokerOptions::max_domains`] is taken down to it): each takes about
+/// thirty of the 1,023 sockets libzmq allows a process, and as many file
+/// descriptors.
+pub const MAX_DOMAINS: usize = 24;
+
 /// How a broker runs.
 #[derive(Debug, Clone)]
 pub struct BrokerOptions {
@@ -36,9 +42,10 @@ pub struct BrokerOptions {
     /// node or a federated broker names, each opened when first named
     /// (at most `max_domains`).
     pub domains: Vec<String>,
-    /// Most domains served when `domains` is empty (default 64): each
-    /// costs a node and four threads, and a client could otherwise make
-    /// the broker open domains without end.
+    /// Most domains served when `domains` is empty (default 16, at most
+    /// [`MAX_DOMAINS`]): each costs a node, four threads and about thirty
+    /// sockets, and a client could otherwise make the broker open domains
+    /// without end. A domain stays open until the broker stops.
     pub max_domains: usize,
     /// How often clients attach (ms, default 250).
     pub attach_interval_ms: u64,
@@ -77,7 +84,7 @@ impl Default for BrokerOptions {
             stall_ms: 1000,
             hold_mib: 16,
             max_clients: 10_000,
-            max_domains: 64,
+            max_domains: 16,
             peers: Vec::new(),
             insecure: false,
         }
@@ -88,7 +95,10 @@ impl Default for BrokerOptions {
 pub struct Broker {
     running: Running,
     every_domain: bool,
-    /// Its node in each domain: closed after its threads stopped.
+    /// Its node in each domain given: closed after its threads stopped
+    /// (a domain opened when named has its node closed by the control
+    /// thread as it ends, before the domain's planes are joined: they hold
+    /// sockets of their own).
     _nodes: Vec<std::sync::Arc<Node>>,
 }
 
@@ -192,7 +202,7 @@ impl Broker {
             stall_ms: opts.stall_ms,
             hold_mib: opts.hold_mib,
             max_clients: opts.max_clients,
-            max_domains: opts.max_domains.max(1),
+            max_domains: opts.max_domains.clamp(1, MAX_DOMAINS),
             peers: opts.peers,
             cfg: Config::from_env("milonga:///broker", "broker")?,
         };

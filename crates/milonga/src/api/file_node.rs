@@ -93,8 +93,6 @@ impl FileNode {
         })
     }
 
-    /// Writes one sample of `key` put by this node: its sequence number
-    /// is the next of `seq`, its timestamp `timestamp_ns` or now.
     /// Leaves out the next `n` sequence numbers of a publisher
     /// ([`crate::Publisher::skip`]): the recording shows the gap.
     pub(crate) fn skip(&self, seq: &AtomicU64, n: u64) {
@@ -103,6 +101,8 @@ impl FileNode {
         seq.store(s.saturating_add(n), Ordering::Relaxed);
     }
 
+    /// Writes one sample of `key` put by this node: its sequence number
+    /// is the next of `seq`, its timestamp `timestamp_ns` or now.
     pub(crate) fn put(
         &self,
         key: &str,

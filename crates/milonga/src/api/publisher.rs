@@ -157,17 +157,33 @@ impl Publisher {
     }
 
     /// Leaves out the next `n` sequence numbers: each subscriber counts
-    /// `n` samples of this publisher lost there (a [`crate::Event::Lost`];
-    /// a reliable subscriber first asks for them, in vain, as for samples
-    /// its history no longer holds). This is how `milonga replay` carries a
-    /// recording's losses to its subscribers; an ordinary publisher has no
-    /// use for it. A reliable publisher's batch of waiting samples leaves
-    /// first, waiting for room as [`Publisher::put`] does. Subscriptions
-    /// with a filter at the source do not see the gap (their samples are
-    /// numbered per filter).
+    /// `n` samples of this publisher lost there, at its next sample or
+    /// heartbeat (a [`crate::Event::Lost`]; a reliable subscriber of a
+    /// publisher with history first asks for them, in vain, as for
+    /// samples the history no longer holds, and such queries are limited
+    /// to ten a second per subscription). This is how `milonga replay`
+    /// carries a recording's losses to its subscribers; an ordinary
+    /// publisher has no use for it. A reliable publisher's batch of
+    /// waiting samples leaves first, waiting for room as
+    /// [`Publisher::put`] does. Subscriptions with a filter at the source
+    /// do not see the gap (their samples are numbered per filter). At most
+    /// 2^32 - 1 at once ([`PutError::SkipTooLarge`]): a larger jump is
+    /// taken by subscribers as corrupt, not as a loss.
     pub fn skip(&self, n: u64) -> Result<(), PutError> {
         if n == 0 {
             return Ok(());
+        }
+        let limit = crate::engine::seq::MAX_SEQ_JUMP - 1;
+        let room = u64::MAX / 2
+            - self
+                .seq
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .min(u64::MAX / 2);
+        if n > limit || n > room {
+            return Err(PutError::SkipTooLarge {
+                count: n,
+                limit: limit.min(room),
+            });
         }
         if let Some(f) = &self.file {
             f.skip(&self.seq, n);

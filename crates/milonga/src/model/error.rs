@@ -233,6 +233,16 @@ pub enum PutError {
     /// (docs/schemas.md).
     #[error("the value does not fit the publisher's schema: {0}")]
     Schema(#[from] milonga_wire::schema::SchemaError),
+    /// `Publisher::skip` asked to leave out more sequence numbers than a
+    /// subscriber takes as a loss (a larger jump is taken as corrupt or
+    /// forged), or more than are left before the largest number.
+    #[error("cannot leave out {count} sequence numbers: at most {limit} at once")]
+    SkipTooLarge {
+        /// How many were asked.
+        count: u64,
+        /// The most at once.
+        limit: u64,
+    },
 }
 
 /// Why `recv` returned no event.

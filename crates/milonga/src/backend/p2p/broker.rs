@@ -2071,6 +2071,14 @@ impl Domain {
 /// Most bytes of registry pages sent in one turn of the control thread.
 const REGISTRY_BUDGET: usize = 8 << 20;
 
+/// How long a domain that could not open is refused before it is tried
+/// again.
+const FAILED_RETRY: Duration = Duration::from_secs(10);
+
+/// Domains that could not open remembered at most (past that, a failure
+/// is still told, but tried again at the next request).
+const MAX_FAILED_DOMAINS: usize = 1024;
+
 /// The control thread: answers clients, follows the domains.
 struct Control {
     router: zmq::Socket,
@@ -2087,6 +2095,9 @@ struct Control {
     host: String,
     later: Arc<Mutex<Vec<JoinHandle<()>>>>,
     hellos: Arc<Mutex<Vec<BrokerHello>>>,
+    /// Domains that could not open, with when to try again and why:
+    /// requests naming them meanwhile get the same answer at no cost.
+    failed: HashMap<String, (Instant, String)>,
 }
 
 impl Control {
@@ -2201,14 +2212,33 @@ impl Control {
                 self.domains.len()
             ));
         }
-        let host_of_domain = open(domain).map_err(|e| {
-            self.counters
-                .domains_refused
-                .fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        if let Some((until, why)) = self.failed.get(domain) {
+            if now < *until {
+                return Err(why.clone());
+            }
+        }
+        // A failure is told, counted and logged once, then remembered for
+        // FAILED_RETRY: a client retrying, or a federation record naming
+        // the domain every 100 ms, costs nothing more meanwhile.
+        let failed = |me: &mut Self, e: String| {
+            me.counters.domains_refused.fetch_add(1, Ordering::Relaxed);
             limited!(warn, %domain, error = %e, "could not open a domain a request named");
-            format!("this broker cannot serve domain {domain}: {e}")
-        })?;
-        let (d, work) = open_domain_io(
+            let why = format!("this broker cannot serve domain {domain}: {e}");
+            if me.failed.len() >= MAX_FAILED_DOMAINS {
+                me.failed.retain(|_, (until, _)| *until > now);
+            }
+            if me.failed.len() < MAX_FAILED_DOMAINS {
+                me.failed
+                    .insert(domain.to_owned(), (now + FAILED_RETRY, why.clone()));
+            }
+            why
+        };
+        let host_of_domain = match open(domain) {
+            Ok(h) => h,
+            Err(e) => return Err(failed(self, e.to_string())),
+        };
+        let (d, work) = match open_domain_io(
             &self.ctx,
             &self.spec,
             &self.host,
@@ -2216,20 +2246,24 @@ impl Control {
             &self.counters,
             &self.stop,
             host_of_domain,
-        )
-        .map_err(|e| format!("this broker cannot serve domain {domain}: {e}"))?;
+        ) {
+            Ok(x) => x,
+            Err(e) => return Err(failed(self, e.to_string())),
+        };
         let mut started = Vec::new();
         for (name, f) in work {
             match spawn_named(name, f) {
                 Ok(t) => started.push(t),
                 Err(e) => {
                     // The threads started see the stop flag only at the
-                    // broker's stop: they are joined then.
+                    // broker's stop: they are joined then (the domain is
+                    // not tried again for FAILED_RETRY).
                     lock(&self.later).extend(started);
-                    return Err(format!("this broker cannot serve domain {domain}: {e}"));
+                    return Err(failed(self, e.to_string()));
                 }
             }
         }
+        self.failed.remove(domain);
         lock(&self.later).extend(started);
         lock(&self.hellos).push(d.hello.clone());
         tracing::info!(%domain, "serving a domain a request named");
@@ -2589,6 +2623,7 @@ pub(crate) fn start(
         host,
         later,
         hellos,
+        failed: HashMap::new(),
     };
     threads.push(spawn_named(
         "milonga-broker".into(),
