@@ -53,6 +53,22 @@ fn cat_lines(env: &Env, file: &Path) -> Vec<Json> {
         .collect()
 }
 
+/// A sample of `key` as a recording's test holds it: value `seq`, source
+/// timestamp `base + seq` ms.
+fn float_sample(key: &str, seq: u64, base_ns: u64) -> milonga::Sample {
+    milonga::Sample {
+        key: key.into(),
+        value: milonga::Value::Float(seq as f64),
+        publisher: milonga::NodeId([7; 16]),
+        seq,
+        timestamp_ns: base_ns + seq * 1_000_000,
+        encoding: milonga::Encoding::Cbor,
+        schema_id: 0,
+        replayed: false,
+        compact: None,
+    }
+}
+
 #[test]
 fn a_recording_holds_every_sample_once_and_replays_into_a_subscriber() {
     let env = Env::new("rec-replay");
@@ -314,21 +330,11 @@ fn a_key_that_falls_silent_is_recorded_as_a_missed_deadline() {
 #[test]
 fn a_replay_passes_a_recorded_loss_on_to_its_subscribers() {
     use milonga::recording::{RecordOptions, RecordWriter};
-    use milonga::{Encoding, Event, LostSamples, NodeId, Sample, Value};
+    use milonga::{Event, LostSamples, NodeId};
     let env = Env::new("rec-gap");
     let file = env.dir.path().join("gap.mcap");
     let publisher = NodeId([7; 16]);
-    let sample = |seq: u64| Sample {
-        key: "rg/x".into(),
-        value: Value::Float(seq as f64),
-        publisher,
-        seq,
-        timestamp_ns: 1_700_000_000_000_000_000 + seq * 1_000_000,
-        encoding: Encoding::Cbor,
-        schema_id: 0,
-        replayed: false,
-        compact: None,
-    };
+    let sample = |seq: u64| float_sample("rg/x", seq, 1_700_000_000_000_000_000);
     let mut w = RecordWriter::create(&file, &RecordOptions::default()).unwrap();
     let t = |seq: u64| 1_700_000_000_000_000_000 + seq * 1_000_000 + 500;
     for seq in 1..=5 {
@@ -442,24 +448,13 @@ fn record_last_starts_with_kept_samples_and_split_every_makes_complete_files() {
 #[test]
 fn replay_and_cat_take_only_the_keys_asked_for() {
     use milonga::recording::{RecordOptions, RecordWriter};
-    use milonga::{Encoding, NodeId, Sample, Value};
     let env = Env::new("rec-keys");
     let file = env.dir.path().join("keys.mcap");
     let mut w = RecordWriter::create(&file, &RecordOptions::default()).unwrap();
     for seq in 1..=4u64 {
         for key in ["rk/a", "rk/b"] {
-            let s = Sample {
-                key: key.into(),
-                value: Value::Float(seq as f64),
-                publisher: NodeId([3; 16]),
-                seq,
-                timestamp_ns: 1_000 + seq,
-                encoding: Encoding::Cbor,
-                schema_id: 0,
-                replayed: false,
-                compact: None,
-            };
-            w.sample(&s, 2_000 + seq).unwrap();
+            w.sample(&float_sample(key, seq, 0), 2_000_000_000 + seq)
+                .unwrap();
         }
     }
     w.finish().unwrap();

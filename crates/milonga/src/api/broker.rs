@@ -26,7 +26,7 @@ pub const DEFAULT_PORT: u16 = 7447;
 
 /// The most domains a broker serving every domain opens
 /// ([`BrokerOptions::max_domains`] is taken down to it): each takes about
-/// thirty of the 1,023 sockets libzmq allows a process, and as many file
+/// thirty of the 1,023 sockets the transport allows a process, and as many file
 /// descriptors.
 pub const MAX_DOMAINS: usize = 24;
 

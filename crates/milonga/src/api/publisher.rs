@@ -189,18 +189,8 @@ impl Publisher {
             f.skip(&self.seq, n);
             return Ok(());
         }
-        let put = Put {
-            timestamp_ns: None,
-            p2p: self.node.backend(),
-            key: &self.key,
-            template: &self.template,
-            seq: &self.seq,
-            reliable: self.qos.reliability == Reliability::Reliable,
-            compression: &self.compression,
-            dictionary: self.dictionary.as_ref(),
-            claim: None,
-        };
-        self.data.skip(&put, n, self.default_wait())
+        self.data
+            .skip(&self.put_args(None, None), n, self.default_wait())
     }
 
     /// Puts a value, failing with [`PutError::WouldBlock`] at once instead of
@@ -424,7 +414,17 @@ impl Publisher {
                 replayed,
             );
         }
-        let put = Put {
+        self.data
+            .put(&self.put_args(timestamp_ns, claim), enc, schema_id, wait)
+    }
+
+    /// What the data socket needs of this publisher for a put (or a skip).
+    fn put_args(
+        &self,
+        timestamp_ns: Option<u64>,
+        claim: Option<crate::backend::p2p::shm::Claim>,
+    ) -> Put<'_> {
+        Put {
             timestamp_ns,
             p2p: self.node.backend(),
             key: &self.key,
@@ -434,8 +434,7 @@ impl Publisher {
             compression: &self.compression,
             dictionary: self.dictionary.as_ref(),
             claim,
-        };
-        self.data.put(&put, enc, schema_id, wait)
+        }
     }
 }
 
