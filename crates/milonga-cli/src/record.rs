@@ -762,9 +762,7 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 }
             }
             p.put_at(s.value, s.timestamp_ns)?;
-            if !started.contains(&s.key) {
-                started.insert(s.key);
-            }
+            started.insert(s.key);
             sent += 1;
         }
         if !a.repeat {

@@ -286,7 +286,7 @@ fn a_key_that_falls_silent_is_recorded_as_a_missed_deadline() {
         "-o",
     ]);
     rec.arg(&file);
-    let rec = Proc::spawn(rec);
+    let mut rec = Proc::spawn(rec);
     // Its subscription is up once it sees the publisher: 20 samples at
     // 100/s, then silence for the rest of the recording.
     let out = env
@@ -304,7 +304,6 @@ fn a_key_that_falls_silent_is_recorded_as_a_missed_deadline() {
         .output()
         .unwrap();
     assert!(out.status.success(), "pub: {out:?}");
-    let mut rec = rec;
     let status = rec
         .wait_exit(T)
         .expect("the recorder stops after --duration");
