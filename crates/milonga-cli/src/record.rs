@@ -25,7 +25,9 @@ pub struct RecordArgs {
     /// Stop after this many seconds.
     #[arg(long)]
     duration: Option<f64>,
-    /// Start a new file when this one holds this many bytes.
+    /// Start a new file when this one holds this many bytes (chunks then
+    /// hold at most an eighth of it, so that a file passes it by at most
+    /// one chunk and its summary).
     #[arg(long)]
     max_bytes: Option<u64>,
     /// Start a new file every this many seconds.
@@ -137,6 +139,15 @@ fn parse_bound(s: &str) -> Result<Bound, String> {
         .map_err(|_| format!("{s}: before 1970"))?
         .as_nanos();
     Ok(Bound::At(ns as u64))
+}
+
+/// The chunk size for files of at most `max_bytes`: an eighth of it,
+/// between 4 KiB and the default 1 MiB. A file ends at the first chunk
+/// that takes it to `max_bytes`, so it passes that by at most one chunk
+/// (and the chunk's message index and the summary).
+pub(crate) fn chunk_bytes_for(max_bytes: Option<u64>) -> u64 {
+    let default = RecordOptions::default().chunk_bytes;
+    max_bytes.map_or(default, |m| (m / 8).clamp(4096, default))
 }
 
 /// The time now, UNIX ns.
@@ -313,9 +324,13 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     meta.insert("expressions".to_owned(), a.exprs.join(" "));
     meta.insert("recorder".to_owned(), node.name().to_owned());
     meta.insert("started_ns".to_owned(), now_ns().to_string());
+    if a.max_bytes == Some(0) {
+        bail!("--max-bytes must be more than 0");
+    }
     let opts = RecordOptions {
         compression: a.compression,
         metadata: meta,
+        chunk_bytes: chunk_bytes_for(a.max_bytes),
         ..RecordOptions::default()
     };
     let split = a.max_bytes.is_some() || a.split_every.is_some();
@@ -798,6 +813,15 @@ mod tests {
         assert!(!looks.after_event(t + 10_999_999, false));
         assert!(looks.after_event(t + 11_000_000, false), "10 ms later");
         assert!(looks.after_event(t, false), "the clock stepped back");
+    }
+
+    /// Chunks are an eighth of `--max-bytes`, within 4 KiB and 1 MiB.
+    #[test]
+    fn chunks_are_an_eighth_of_the_most_a_file_holds_within_bounds() {
+        assert_eq!(chunk_bytes_for(None), 1 << 20);
+        assert_eq!(chunk_bytes_for(Some(40_000)), 5_000);
+        assert_eq!(chunk_bytes_for(Some(1)), 4096);
+        assert_eq!(chunk_bytes_for(Some(1 << 40)), 1 << 20);
     }
 
     /// Several expressions' subscriptions close while the queue between

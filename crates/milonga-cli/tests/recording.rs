@@ -231,13 +231,17 @@ fn max_bytes_splits_a_recording_into_complete_files() {
     // Wait until the publisher is there, so that every file gets samples.
     let sub = Proc::spawn(env.cmd(&["sub", "rs/x", "--count", "1", "--timeout", "20"]));
     assert!(sub.line(T).is_some());
+    // Uncompressed, so that sizes follow the stream: about 100 KB/s.
+    const MAX: u64 = 40_000;
     let mut rec = env.cmd(&[
         "record",
         "rs/x",
         "--duration",
         "3",
+        "--compression",
+        "none",
         "--max-bytes",
-        "8000",
+        &MAX.to_string(),
         "-o",
     ]);
     rec.arg(&file);
@@ -254,6 +258,16 @@ fn max_bytes_splits_a_recording_into_complete_files() {
         !file.exists(),
         "split files are numbered, the plain name is not used"
     );
+    // Each file but the last ends at the first chunk that takes it to
+    // MAX: it passes MAX by at most a chunk (MAX / 8), that chunk's
+    // message index and the summary (a few KiB here).
+    for (i, f) in files.iter().enumerate() {
+        let size = std::fs::metadata(f).unwrap().len();
+        assert!(size <= MAX + MAX / 8 + 4096, "{f:?}: {size} bytes");
+        if i + 1 < files.len() {
+            assert!(size >= MAX, "{f:?} ended early: {size} bytes");
+        }
+    }
     // Sequence numbers run on from one file to the next.
     let mut last = None;
     for f in &files {
@@ -394,6 +408,118 @@ fn a_replay_passes_a_recorded_loss_on_to_its_subscribers() {
         .collect();
     assert_eq!(seen, want, "{summary}");
     assert_eq!(summary["lost"], 3, "{summary}");
+}
+
+/// A recording of `rt/x`, values 1 to 6 received 200 ms apart (1 s from
+/// the first to the last).
+fn paced_recording(file: &Path) {
+    use milonga::recording::{RecordOptions, RecordWriter};
+    let base = 1_700_000_000_000_000_000u64;
+    let mut w = RecordWriter::create(file, &RecordOptions::default()).unwrap();
+    for seq in 1..=6u64 {
+        w.sample(&float_sample("rt/x", seq, base), base + seq * 200_000_000)
+            .unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// `replay --speed 2` and `--speed 0.5` keep the recorded spacing, halved
+/// and doubled: a subscriber sees the six samples spread over at least
+/// 0.5 s and 2 s (lower bounds, which a busy machine cannot break; that
+/// the first is the shorter by far tells the speeds apart).
+#[test]
+fn replay_keeps_the_recorded_timing_at_the_speed_asked() {
+    let env = Env::new("rec-speed");
+    let file = env.dir.path().join("paced.mcap");
+    paced_recording(&file);
+    let node = env.node("watcher");
+    let sub = node.subscribe("rt/x").unwrap();
+    let spread = |speed: &str| {
+        let mut replay = env.cmd(&["replay", "--speed", speed, "--wait-subscribers", "1"]);
+        replay.arg(&file);
+        let mut replay = Proc::spawn(replay);
+        let mut at = Vec::new();
+        while at.len() < 6 {
+            match sub.recv_timeout(T) {
+                Ok(milonga::Event::Sample(s)) => {
+                    assert_eq!(s.value, milonga::Value::Float(at.len() as f64 + 1.0));
+                    assert!(s.replayed);
+                    at.push(std::time::Instant::now());
+                }
+                Ok(_) => {}
+                Err(e) => panic!("speed {speed}: {} samples, then {e}", at.len()),
+            }
+        }
+        let status = replay.wait_exit(T).map(|s| s.code());
+        assert_eq!(status, Some(Some(0)), "speed {speed}");
+        at[5] - at[0]
+    };
+    let fast = spread("2");
+    let slow = spread("0.5");
+    assert!(fast >= Duration::from_millis(450), "speed 2: {fast:?}");
+    assert!(slow >= Duration::from_millis(1950), "speed 0.5: {slow:?}");
+    assert!(fast * 2 < slow, "speed 2 {fast:?}, speed 0.5 {slow:?}");
+}
+
+/// `replay --loop` starts over at the end, its numbers running on, until
+/// stopped; on a terminal it shows a progress line, and nowhere else.
+#[test]
+fn replay_loops_until_stopped_and_shows_progress_only_on_a_terminal() {
+    let env = Env::new("rec-loop");
+    let file = env.dir.path().join("paced.mcap");
+    paced_recording(&file);
+    let node = env.node("watcher");
+    let sub = node
+        .subscribe_with("rt/x", milonga::SubscriberQos::default().reliable())
+        .unwrap();
+    let mut replay = env.cmd(&[
+        "replay",
+        "--speed",
+        "max",
+        "--loop",
+        "--wait-subscribers",
+        "1",
+    ]);
+    replay.arg(&file);
+    let mut replay = Proc::spawn(replay);
+    let mut seen = Vec::new();
+    while seen.len() < 18 {
+        if let Ok(milonga::Event::Sample(s)) = sub.recv_timeout(T) {
+            seen.push((s.seq, s.value));
+        }
+    }
+    replay.signal(libc::SIGINT);
+    assert_eq!(replay.wait_exit(T).map(|s| s.code()), Some(Some(0)));
+    let want: Vec<_> = (1..=18u64)
+        .map(|n| (n, milonga::Value::Float(((n - 1) % 6 + 1) as f64)))
+        .collect();
+    assert_eq!(seen, want);
+
+    // No terminal: the final line alone.
+    let mut plain = env.cmd(&["replay", "--speed", "4"]);
+    let out = plain.arg(&file).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("of 6 samples"), "{err}");
+    assert!(err.contains("6 samples published"), "{err}");
+    // On a terminal (script(1) gives it one), the progress line, redrawn.
+    let mut tty = std::process::Command::new("script");
+    let line = format!(
+        "{} replay --speed 4 '{}'",
+        env!("CARGO_BIN_EXE_milonga"),
+        file.display()
+    );
+    tty.args(["-qec", &line, "/dev/null"])
+        .env("MILONGA_RUNTIME_DIR", env.dir.path())
+        .env("MILONGA_LOCATOR", env.locator())
+        .env_remove("MILONGA_PEERS");
+    let out = tty.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("\rmilonga replay: ") && shown.contains(" of 6 samples, "),
+        "{shown:?}"
+    );
 }
 
 /// `record --last N` starts with the samples publishers keep (here the
@@ -562,6 +688,91 @@ fn a_recorder_that_cannot_write_stops_and_says_why() {
     let i = info(&env, &file);
     assert_eq!(i["complete"], false, "{i}");
     assert!(i["samples"].as_u64().unwrap() > 0, "{i}");
+}
+
+/// A disk that fills (a 256 KiB tmpfs mounted in a mount namespace of the
+/// test's own, so that it goes with the test): the recorder stops at
+/// ENOSPC with a clear error and exit 1; the file it leaves reads as
+/// incomplete, its finished chunks' samples in order, and `--recover`
+/// makes a complete copy of them. Needs root, as the multi-host tests do
+/// (skipped, saying so, with MILONGA_SKIP_MULTIHOST=1).
+#[test]
+fn a_recorder_on_a_full_disk_stops_and_leaves_a_file_that_reads() {
+    let env = Env::new("rec-enospc");
+    let disk = env.dir.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let big = format!("\"{}\"", "x".repeat(500));
+    let _p = env.spawn(&["pub", "rn/x", &big, "--rate", "1000"]);
+    let rec = env.cmd(&[
+        "record",
+        "rn/x",
+        "--compression",
+        "none",
+        "--duration",
+        "20",
+    ]);
+    // In the namespace: mount, record onto it (about half a second of
+    // this stream fills it), then read what it left, with its exit
+    // status and error beside, outside the small disk.
+    let script = r#"set -e
+mount -t tmpfs -o size=256k milonga-test "$DISK"
+set +e
+"$0" "$@" -o "$DISK/run.mcap" 2>"$OUT/err"
+echo $? >"$OUT/rc"
+"$0" info --json "$DISK/run.mcap" >"$OUT/info.json" 2>>"$OUT/err"
+"$0" cat --json "$DISK/run.mcap" >"$OUT/cat.json" 2>>"$OUT/err"
+"$0" record --recover "$DISK/run.mcap" -o "$OUT/clean.mcap" 2>>"$OUT/err"
+exit 0
+"#;
+    let mut c = std::process::Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .arg(rec.get_program())
+        .args(rec.get_args())
+        .env("DISK", &disk)
+        .env("OUT", env.dir.path());
+    for (k, v) in rec.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let started = std::time::Instant::now();
+    let out = c.output().unwrap();
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr);
+        if std::env::var(milonga_testkit::netbed::SKIP_VAR).is_ok_and(|v| v == "1") {
+            eprintln!("full-disk test SKIPPED: cannot mount a small disk ({why})");
+            return;
+        }
+        panic!("cannot mount a small disk in a mount namespace (this test needs root; MILONGA_SKIP_MULTIHOST=1 skips it): {why}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "it stopped at once, not at --duration"
+    );
+    let read = |name: &str| std::fs::read_to_string(env.dir.path().join(name)).unwrap();
+    let err = read("err");
+    assert_eq!(read("rc").trim(), "1", "{err}");
+    assert!(
+        err.contains("recording stopped") && err.contains("No space left on device"),
+        "{err}"
+    );
+    let i: Json = serde_json::from_str(&read("info.json")).expect(&err);
+    assert_eq!(i["complete"], false, "{i}");
+    let samples = i["samples"].as_u64().unwrap();
+    assert!(samples > 0, "{i}");
+    // The finished chunks' samples, in order, none twice.
+    let seqs: Vec<u64> = read("cat.json")
+        .lines()
+        .map(|l| serde_json::from_str::<Json>(l).unwrap())
+        .filter(|j| j.get("event").is_none())
+        .map(|j| j["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs.len() as u64, samples);
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    let clean = info(&env, &env.dir.path().join("clean.mcap"));
+    assert_eq!(clean["complete"], true, "{clean}");
+    assert_eq!(clean["samples"].as_u64(), Some(samples), "{clean}");
 }
 
 /// A recording of 1,000 keys: a channel each, every sample once.
