@@ -623,6 +623,11 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
             keys.len()
         );
         println!("duration:  {span:.3} s");
+        if samples + events > 0 {
+            let utc =
+                |ns: u64| humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_nanos(ns));
+            println!("received:  {} to {} (UTC)", utc(first), utc(last));
+        }
         println!(
             "size:      {payload} bytes of values; messages {ratio:.2}x the file's size before compression"
         );

@@ -432,6 +432,15 @@ fn replay_keeps_the_recorded_timing_at_the_speed_asked() {
     let env = Env::new("rec-speed");
     let file = env.dir.path().join("paced.mcap");
     paced_recording(&file);
+    // `info` in text: the time range, as UTC times.
+    let out = env.cmd(&["info"]).arg(&file).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("received:  2023-11-14T22:13:20.200Z to 2023-11-14T22:13:21.200Z (UTC)")
+            && text.contains("duration:  1.000 s")
+            && text.contains("rt/x: 6 samples, 1 publisher(s), 5.0/s, 0 missing"),
+        "{text}"
+    );
     let node = env.node("watcher");
     let sub = node.subscribe("rt/x").unwrap();
     let spread = |speed: &str| {
