@@ -1,11 +1,13 @@
 """A node opened on ``milonga://HOST:PORT/DOMAIN`` works through a broker
 process (``milonga broker``) as it does peer-to-peer: samples both ways with
-peer-to-peer nodes, kept values, calls (docs/broker.md)."""
+peer-to-peer nodes, kept values, filters, deadlines, every outcome of a
+call, failover (docs/broker.md)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 
 import milonga
 from conftest import REPO, Domain, next_sample, ready_line, wait_for
+from test_services import SERVER, served
 
 # Built by `cargo test` (and `make test`) before the Python tests run.
 MILONGA = Path(os.environ.get("MILONGA_BIN", REPO / "target" / "debug" / "milonga"))
@@ -172,3 +175,86 @@ def test_a_client_fails_over_to_the_next_broker_and_its_subscription_says_so(
     # received are the ones reported lost.
     assert seqs == sorted(set(seqs)), seqs
     assert seqs[-1] - seqs[0] + 1 == len(seqs) + lost, (seqs, lost)
+
+
+def test_a_filter_and_a_deadline_hold_for_a_client_of_the_broker(
+    domain: Domain, broker: str
+) -> None:
+    """A brokered subscription's filter runs at the peer-to-peer publisher
+    (only passing samples arrive; the publisher's node evaluated it), and
+    its deadline reports the key's silence."""
+    client = milonga.open(broker, name="client", runtime_dir=str(domain.dir))
+    domain.nodes.append(client)
+    peer = domain.open("peer")
+    pub = peer.publisher("fd/x")
+    sub = client.subscribe(
+        "fd/x", qos=milonga.SubscriberQos(filter="value >= 100", deadline=0.5)
+    )
+    got: list[float] = []
+    end = time.monotonic() + 20
+    # Until the filter reached the publisher and a sample came through.
+    while not got:
+        assert time.monotonic() < end, "no sample through the broker"
+        pub.put(50.0)
+        pub.put(150.0)
+        try:
+            while True:
+                e = sub.recv(timeout=0.05)
+                if isinstance(e, milonga.Sample):
+                    got.append(e.value)
+        except milonga.TimeoutError:
+            pass
+    assert all(v >= 100 for v in got), got
+    assert peer.stats()["filter_evaluations"] > 0, "filtered at the publisher"
+    # Silent from now on: the deadline is missed, after at least 0.5 s.
+    silent = time.monotonic()
+    while True:
+        e = sub.recv(timeout=10)
+        if isinstance(e, milonga.DeadlineMissed):
+            assert e.key == "fd/x" and e.silent_for >= 0.5, e
+            assert time.monotonic() - silent >= 0.45
+            break
+        if isinstance(e, milonga.Sample):
+            assert e.value >= 100, e
+
+
+def test_every_outcome_of_a_call_through_a_broker(domain: Domain, broker: str) -> None:
+    """A client of the broker calls a peer-to-peer server in another
+    process: a reply, the handler's errors, no server, a timeout, a request
+    too large, and the server killed while its handler has the call
+    (``ServerLost``, well before the deadline)."""
+    server = domain.spawn(SERVER)
+    assert ready_line(server) == "ready"
+    client = milonga.open(
+        broker, name="client", runtime_dir=str(domain.dir), max_message_bytes=1 << 20
+    )
+    domain.nodes.append(client)
+    for key in ["lab/echo", "lab/fail", "lab/slow"]:
+        served(client, key)
+    assert client.call("lab/echo", {"amps": 12.5}, timeout=5) == {"amps": 12.5}
+    with pytest.raises(milonga.RemoteError) as e:
+        client.call("lab/fail", 3, timeout=5)
+    assert e.value.kind == "ValueError" and e.value.remote_message == "bad value 3"
+    with pytest.raises(milonga.RemoteError) as e:
+        client.call("lab/fail", "choose", timeout=5)
+    assert e.value.kind == "out_of_range"
+    with pytest.raises(milonga.NoServer):
+        client.call("lab/nobody", 1, timeout=30)
+    started = time.monotonic()
+    with pytest.raises(milonga.TimeoutError):
+        client.call("lab/slow", 30.0, timeout=0.5)
+    assert time.monotonic() - started >= 0.5
+    assert ready_line(server) == "slow 30.0 started"
+    with pytest.raises(milonga.Rejected) as r:
+        client.call("lab/echo", b"x" * (2 << 20), timeout=5)
+    assert r.value.kind == "too_large"
+    pending = client.call_start("lab/slow", 60.0, timeout=20)
+    assert ready_line(server) == "slow 60.0 started"
+    killed = time.monotonic()
+    server.send_signal(signal.SIGKILL)
+    with pytest.raises(milonga.ServerLost):
+        pending.wait()
+    assert time.monotonic() - killed < 10, "noticed, not waited out"
+    stats = client.stats()
+    assert stats["calls_server_lost"] == 1
+    assert stats["calls_timed_out"] == 1, "only the call to the 30 s handler"
