@@ -20,6 +20,8 @@ const T: Duration = Duration::from_secs(20);
 struct Broker {
     proc: Proc,
     locator: String,
+    /// Its `listening` line.
+    listening: Json,
 }
 
 impl Broker {
@@ -74,7 +76,11 @@ impl Env {
         assert_eq!(v["event"], "listening", "{v}");
         let locator = v["locators"][0].as_str().expect("a locator").to_owned();
         assert!(locator.starts_with("milonga://127.0.0.1:"), "{locator}");
-        Broker { proc, locator }
+        Broker {
+            proc,
+            locator,
+            listening: v,
+        }
     }
 
     /// A node configuration on `locator`, in this environment.
@@ -1422,4 +1428,179 @@ fn large_samples_reach_a_broker_client_through_the_socket_beside_a_shared_memory
         "a subscription behind the broker holds the prefix without a marker"
     );
     assert_eq!(client.stats().frames_malformed, 0);
+}
+
+/// Bytes that are not ZMTP, and a ZMTP greeting with a mechanism nobody
+/// speaks followed by junk, each on a connection of its own to `endpoint`.
+fn raw_garbage(endpoint: &str) {
+    use std::io::Write;
+    let addr = endpoint.strip_prefix("tcp://").unwrap();
+    let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0];
+    greeting.extend_from_slice(b"GARBAGE\0\0\0\0\0\0\0\0\0\0\0\0\0");
+    greeting.push(0);
+    greeting.extend_from_slice(&[0u8; 31]);
+    greeting.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef].repeat(64));
+    let mut a = std::net::TcpStream::connect(addr).unwrap();
+    let _ = a.write_all(&greeting);
+    let mut b = std::net::TcpStream::connect(addr).unwrap();
+    let _ = b.write_all(&[0x42; 512]);
+}
+
+/// Garbage at every socket of the broker: bytes that are not ZMTP and bad
+/// greetings at each; well-formed ZMTP carrying malformed messages where
+/// each kind of peer connects (a "publisher" sending corrupt samples under
+/// a client's own subscription, a "subscriber" sending subscriptions and
+/// requests nobody defined, callers with malformed calls, a "server" with
+/// malformed replies). The broker forwards what it does not read (a frame
+/// is not decoded on the way), counts what it reads and cannot use and
+/// the bad connections to its listen port, and goes on serving: the
+/// client's reliable stream from a peer-to-peer publisher arrives whole
+/// and in order, and calls still go through.
+#[test]
+fn garbage_at_every_socket_of_the_broker_leaves_it_serving_everyone_else() {
+    let env = Env::new("brk-garbage");
+    let broker = env.broker(&[]);
+    let l = broker.locator.clone();
+    let eps = &broker.listening["endpoints"][0];
+    let ep = |name: &str| eps[name].as_str().unwrap().to_owned();
+    let client = Node::open_with(env.config_at(&l, "client")).unwrap();
+    let sub = client
+        .subscribe_with("gb/**", milonga::SubscriberQos::default().reliable())
+        .unwrap();
+    let _svc = client.serve("gb/echo", |r| Ok(r.value)).unwrap();
+    let peer = env.node("peer");
+    let p = peer
+        .publisher_with("gb/x", milonga::PublisherQos::reliable().history(100))
+        .unwrap();
+    wait_for("the client's subscription at the publisher", T, || {
+        p.subscriber_count() >= 1
+    });
+    let mut sent = 0u64;
+    let mut put = |n: u64| {
+        for _ in 0..n {
+            sent += 1;
+            p.put(sent).unwrap();
+        }
+    };
+    put(10);
+
+    // Bytes that are not ZMTP, at every socket.
+    let names = [
+        "data_best_effort_in",
+        "data_reliable_in",
+        "liveliness_in",
+        "data_best_effort_out",
+        "data_reliable_out",
+        "liveliness_out",
+        "calls",
+        "services_in",
+    ];
+    raw_garbage(broker.listening["listen"].as_str().unwrap());
+    for n in names {
+        raw_garbage(&ep(n));
+    }
+    put(10);
+
+    let ctx = zmq::Context::new();
+    // A "publisher" at the broker's data input: the broker tells it the
+    // client's subscriptions, and it sends corrupt frames under each.
+    let fake_pub = ctx.socket(zmq::XPUB).unwrap();
+    fake_pub.connect(&ep("data_reliable_in")).unwrap();
+    let mut topics = Vec::new();
+    loop {
+        // The first within T; the rest come together.
+        let wait = if topics.is_empty() { 20_000 } else { 300 };
+        fake_pub.set_rcvtimeo(wait).unwrap();
+        let Ok(m) = fake_pub.recv_bytes(0) else { break };
+        if m.first() == Some(&1) {
+            topics.push(m[1..].to_vec());
+        }
+    }
+    assert!(!topics.is_empty(), "the broker told its subscriptions");
+    // Those under the client's own subscription ("gb/**") reach it; the
+    // rest reach whoever asked for them.
+    let mut corrupt = 0u64;
+    for t in &topics {
+        let for_client = t.starts_with(b"gb");
+        for junk in [
+            &[0xffu8; 7][..],
+            &[0u8; 40][..],
+            &b"not a milonga frame"[..],
+        ] {
+            let mut f = t.clone();
+            f.extend_from_slice(junk);
+            fake_pub.send(f, 0).unwrap();
+            corrupt += u64::from(for_client);
+        }
+    }
+    // A "subscriber" at the data output: subscriptions to everything and
+    // messages that are neither subscriptions nor anything defined.
+    let fake_sub = ctx.socket(zmq::XSUB).unwrap();
+    fake_sub.connect(&ep("data_best_effort_out")).unwrap();
+    fake_sub.send(&b"\x01"[..], 0).unwrap();
+    for junk in [&b"\x07junk"[..], &b"\x02"[..], &[0xfeu8; 300][..]] {
+        fake_sub.send(junk, 0).unwrap();
+    }
+    // Callers with malformed calls: too many frames, a NUL in the identity.
+    let caller = ctx.socket(zmq::DEALER).unwrap();
+    caller.set_identity(b"no-such/s0|1").unwrap();
+    caller.connect(&ep("calls")).unwrap();
+    caller
+        .send_multipart([&b"a"[..], b"b", b"c", b"d"], 0)
+        .unwrap();
+    let nul = ctx.socket(zmq::DEALER).unwrap();
+    nul.set_identity(b"x\0y|1").unwrap();
+    nul.connect(&ep("calls")).unwrap();
+    nul.send(&b"request"[..], 0).unwrap();
+    // A "server" with replies for nobody: one frame, a bad envelope.
+    let server = ctx.socket(zmq::DEALER).unwrap();
+    server.set_identity(b"fake/s1").unwrap();
+    server.connect(&ep("services_in")).unwrap();
+    server.send(&b"lonely"[..], 0).unwrap();
+    server
+        .send_multipart([&b"not an envelope"[..], b"reply"], 0)
+        .unwrap();
+    put(10);
+
+    // The client's stream: every number, in order, nothing lost.
+    let mut got = Vec::new();
+    let end = Instant::now() + T;
+    while got.len() < sent as usize {
+        assert!(Instant::now() < end, "got {} of {sent}", got.len());
+        match sub.recv_timeout(Duration::from_millis(200)) {
+            Ok(milonga::Event::Sample(s)) if s.key == "gb/x" => got.push(s.seq),
+            Ok(milonga::Event::Lost(l)) => panic!("lost: {l:?}"),
+            _ => {}
+        }
+    }
+    assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "{got:?}");
+    // The corrupt frames reached the client, which counted each.
+    assert!(corrupt > 0, "the client's subscription among {topics:?}");
+    // What reached the client of the corrupt frames was dropped and
+    // counted, never taken for a sample (the stream above is whole). How
+    // many reach it is not asserted: in four runs 0, 1, 6 and 12 of the 6
+    // sent (docs/broker.md "Limits of this version").
+    assert_eq!(client.stats().payloads_malformed, 0);
+    // Calls still go through.
+    assert_eq!(peer.call("gb/echo", 7, T).unwrap(), milonga::Value::from(7));
+    // The malformed calls and replies are counted (these 4, and what
+    // libzmq made of the raw bytes: it takes a peer whose first byte is
+    // not 0xff for a ZMTP 1.0 one and reads its bytes as messages), and
+    // the two bad connections to the listen port (those to a domain's
+    // sockets are closed by the transport, not watched: docs/broker.md).
+    let end = Instant::now() + T;
+    let stats = loop {
+        let v = broker.stats_from_now();
+        if v["stats"]["requests_malformed"].as_u64() >= Some(4)
+            && v["stats"]["handshakes_failed"].as_u64() >= Some(2)
+        {
+            break v;
+        }
+        assert!(Instant::now() < end, "{v}");
+    };
+    assert!(
+        stats["stats"]["handshakes_failed"].as_u64() >= Some(2),
+        "{stats}"
+    );
+    assert_eq!(stats["stats"]["clients"], 1, "{stats}");
 }

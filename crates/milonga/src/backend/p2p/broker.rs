@@ -110,6 +110,8 @@ pub(crate) struct BrokerCounters {
     pub registry_expired: AtomicU64,
     pub domains: AtomicU64,
     pub domains_refused: AtomicU64,
+    pub handshakes_failed: AtomicU64,
+    pub accepts_failed: AtomicU64,
     pub tree: Mutex<Vec<String>>,
 }
 
@@ -169,6 +171,13 @@ pub struct BrokerStats {
     /// not open: it serves `max_domains` already, or the domain's node
     /// could not open (the client is told why).
     pub domains_refused: u64,
+    /// Connections to its listen port dropped in the handshake: the peer
+    /// does not speak ZMTP, speaks it wrongly, or says nothing within
+    /// `handshake_timeout_ms` (logged, the first ten and every 1,000th).
+    pub handshakes_failed: u64,
+    /// Connections to its listen port it could not accept (file
+    /// descriptors exhausted; logged likewise).
+    pub accepts_failed: u64,
     /// The peers (broker ids) of its links in the federation's spanning
     /// tree, which data crosses.
     pub tree: Vec<String>,
@@ -198,6 +207,8 @@ impl BrokerCounters {
             registry_expired: g(&self.registry_expired),
             domains: g(&self.domains),
             domains_refused: g(&self.domains_refused),
+            handshakes_failed: g(&self.handshakes_failed),
+            accepts_failed: g(&self.accepts_failed),
             tree: lock(&self.tree).clone(),
         }
     }
@@ -2082,6 +2093,8 @@ const MAX_FAILED_DOMAINS: usize = 1024;
 /// The control thread: answers clients, follows the domains.
 struct Control {
     router: zmq::Socket,
+    /// The monitor of `router`: failed handshakes and accepts.
+    monitor: zmq::Socket,
     domains: Vec<Domain>,
     fed: Federation,
     spec: BrokerSpec,
@@ -2105,12 +2118,18 @@ impl Control {
         let lease = Duration::from_millis(self.spec.lease_ms);
         let mut next_refresh = Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
-            let mut items = vec![self.router.as_poll_item(zmq::POLLIN)];
+            let mut items = vec![
+                self.router.as_poll_item(zmq::POLLIN),
+                self.monitor.as_poll_item(zmq::POLLIN),
+            ];
             items.extend(self.fed.poll_items());
             let _ = zmq::poll(&mut items, 20);
             let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
             drop(items);
             let now = Instant::now();
+            if ready[1] {
+                self.count_monitor_events();
+            }
             for _ in 0..BURST {
                 let Ok(frames) = self.router.recv_multipart(zmq::DONTWAIT) else {
                     break;
@@ -2118,7 +2137,7 @@ impl Control {
                 self.serve(frames, now);
             }
             self.registry_pages();
-            for (i, r) in ready.iter().skip(1).enumerate() {
+            for (i, r) in ready.iter().skip(2).enumerate() {
                 if *r {
                     let bad = self.fed.read_dealer(i, now);
                     self.counters
@@ -2180,6 +2199,39 @@ impl Control {
             }
             for id in std::mem::take(&mut d.shown).into_keys() {
                 d.host.hide(&id);
+            }
+        }
+        // Before the sockets close: libzmq would wait on a monitor whose
+        // reader has gone.
+        zmq_io::stop_monitor(&mut self.router);
+    }
+
+    /// Counts and logs what the listen socket's monitor reported.
+    fn count_monitor_events(&mut self) {
+        use crate::backend::p2p::control::{ACCEPT_FAILED, HANDSHAKE_FAILED};
+        while let Ok(frames) = self.monitor.recv_multipart(zmq::DONTWAIT) {
+            let (event, value) = zmq_io::monitor_event(&frames);
+            let peer = frames
+                .get(1)
+                .map(|f| String::from_utf8_lossy(f).into_owned())
+                .unwrap_or_default();
+            let (counter, what) = if event & HANDSHAKE_FAILED != 0 {
+                (
+                    &self.counters.handshakes_failed,
+                    "dropped a connection to the listen port whose peer does not speak ZMTP correctly, or not within handshake_timeout_ms".to_owned(),
+                )
+            } else if event & ACCEPT_FAILED != 0 {
+                let err = std::io::Error::from_raw_os_error(value as i32);
+                (
+                    &self.counters.accepts_failed,
+                    format!("cannot accept a connection on the listen port: {err}"),
+                )
+            } else {
+                continue;
+            };
+            let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+            if n <= 10 || n % 1000 == 0 {
+                tracing::warn!(endpoint = %peer, so_far = n, "{what}");
             }
         }
     }
@@ -2535,6 +2587,28 @@ fn open_domain_io(
     Ok((d, threads))
 }
 
+/// A monitor of the broker's listen socket: failed handshakes and
+/// accepts. (Its other sockets, a domain's, are not watched: a monitor
+/// takes two of libzmq's 1,023 sockets a process, and a domain already
+/// takes about thirty; libzmq closes a bad connection to them all the same.)
+fn listen_monitor(ctx: &ContextRef, router: &zmq::Socket) -> Result<zmq::Socket, OpenError> {
+    use crate::backend::p2p::control::{ACCEPT_FAILED, HANDSHAKE_FAILED};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let ep = format!(
+        "inproc://milonga-broker-mon-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let err = sock_err(&ep);
+    router
+        .monitor(&ep, HANDSHAKE_FAILED | ACCEPT_FAILED)
+        .map_err(&err)?;
+    let pair = ctx.socket(zmq::PAIR)?;
+    pair.set_linger(0).map_err(&err)?;
+    pair.connect(&ep).map_err(&err)?;
+    Ok(pair)
+}
+
 fn spawn_named(name: String, f: Box<dyn FnOnce() + Send>) -> Result<JoinHandle<()>, OpenError> {
     std::thread::Builder::new()
         .name(name)
@@ -2568,6 +2642,7 @@ pub(crate) fn start(
         .map_err(&err)?;
     router.set_ipv6(host.starts_with('[')).map_err(&err)?;
     let listen = zmq_io::bind(&router, &spec.listen)?;
+    let monitor = listen_monitor(&ctx, &router)?;
     let broker_id = crate::backend::p2p::federation::new_id()?;
     let mut work: DomainThreads = Vec::new();
     let mut ds = Vec::new();
@@ -2613,6 +2688,7 @@ pub(crate) fn start(
     running.broker_id = fed.me.clone();
     let control = Control {
         router,
+        monitor,
         domains: ds,
         fed,
         spec,
