@@ -479,6 +479,18 @@ impl Build {
             build.define("HAVE_STRNLEN", "1");
             build.define("ZMQ_HAVE_UIO", "1");
             build.define("ZMQ_HAVE_STRUCT_SOCKADDR_UN", "1");
+            // Milonga (PATCHES.md §5): what libzmq's own builds find on
+            // Linux. Without the first four, the ZMQ_TCP_KEEPALIVE* options
+            // are accepted and ignored; without eventfd, every wake-up of
+            // another thread is a write to a socketpair.
+            build.define("ZMQ_HAVE_SO_KEEPALIVE", "1");
+            build.define("ZMQ_HAVE_TCP_KEEPCNT", "1");
+            build.define("ZMQ_HAVE_TCP_KEEPIDLE", "1");
+            build.define("ZMQ_HAVE_TCP_KEEPINTVL", "1");
+            build.define("ZMQ_HAVE_EVENTFD", "1");
+            build.define("ZMQ_HAVE_EVENTFD_CLOEXEC", "1");
+            build.define("ZMQ_HAVE_SOCK_CLOEXEC", "1");
+            build.define("HAVE_ACCEPT4", "1");
 
             if target.contains("android") {
                 has_strlcpy = true;

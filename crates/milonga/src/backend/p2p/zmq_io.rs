@@ -688,6 +688,66 @@ mod tests {
     use super::*;
     use crate::model::error::OpenError;
 
+    /// The kernel's timers of the TCP connections whose remote port is
+    /// `port`, from /proc/net/tcp and tcp6 (`tr`: 0 none, 1 retransmit,
+    /// 2 keep-alive, 4 zero-window probe).
+    fn tcp_timers_to(port: u16) -> Vec<u8> {
+        let want = format!(":{port:04X}");
+        let mut timers = Vec::new();
+        for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let Ok(text) = std::fs::read_to_string(file) else {
+                continue;
+            };
+            for line in text.lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                // sl local rem st tx:rx tr:when ...; 01 = established.
+                if f.len() > 5 && f[2].ends_with(&want) && f[3] == "01" {
+                    let tr = f[5].split(':').next().unwrap_or("0");
+                    timers.push(u8::from_str_radix(tr, 16).unwrap_or(0));
+                }
+            }
+        }
+        timers
+    }
+
+    /// A leased socket (no ZMTP heartbeats) has the kernel watch its
+    /// connections: keep-alive probes armed on an idle connection, so that
+    /// a dead host is noticed. libzmq applies the keep-alive options only
+    /// when built with the platform's `ZMQ_HAVE_SO_KEEPALIVE` and
+    /// `ZMQ_HAVE_TCP_KEEP*`; without them it took them silently and armed
+    /// nothing (crates/zeromq-src-patched/PATCHES.md §5).
+    #[test]
+    fn a_leased_socket_has_the_kernel_probe_its_idle_connections() {
+        let ctx = ContextRef::acquire();
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.set_linger(0).unwrap();
+        router.bind("tcp://127.0.0.1:*").unwrap();
+        let ep = router.get_last_endpoint().unwrap().unwrap();
+        let port: u16 = ep.rsplit(':').next().unwrap().parse().unwrap();
+        let mut dealer = ctx.socket(zmq::DEALER).unwrap();
+        dealer.set_linger(0).unwrap();
+        let cfg = crate::Config::new("milonga:///keepalive", "t");
+        apply_leased(&mut dealer, &cfg).unwrap();
+        dealer.connect(&ep).unwrap();
+        dealer.send("hello", 0).unwrap();
+        router.set_rcvtimeo(10_000).unwrap();
+        assert_eq!(router.recv_multipart(0).unwrap().len(), 2);
+        // Idle now: the keep-alive timer runs (the send's retransmit timer
+        // is gone once the ack came).
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let timers = tcp_timers_to(port);
+            if timers.contains(&2) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "no keep-alive timer on the connection to port {port}: {timers:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     #[test]
     fn a_transport_error_keeps_the_reason_and_the_os_number() {
         let e = zmq::Error::EADDRINUSE.transport();
