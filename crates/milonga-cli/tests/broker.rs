@@ -1618,3 +1618,98 @@ fn garbage_at_every_socket_of_the_broker_leaves_it_serving_everyone_else() {
     );
     assert_eq!(stats["stats"]["clients"], 1, "{stats}");
 }
+
+/// At its hold limit (`--hold-mib 1`) a broker stops reading the reliable
+/// publishers of a domain whose client stopped reading: the publisher's
+/// puts block (back-pressure, as from a slow peer-to-peer subscriber), the
+/// broker holds about the limit and no more, and drops nothing; when the
+/// client reads again, every sample arrives, in order.
+#[test]
+fn a_broker_at_its_hold_limit_holds_reliable_publishers_back_and_loses_nothing() {
+    let env = Env::new("brk-hold");
+    // The stopped reader is kept (its lease, the broker's stall limit
+    // and lease: two minutes), and the broker queues 10 messages per
+    // connection, so that what it holds does not depend on how much the
+    // kernel buffers.
+    let long = [("MILONGA_HEARTBEAT_TIMEOUT_MS", "120000")];
+    let broker = env.broker_with(
+        &[
+            "--stall-ms",
+            "120000",
+            "--lease-ms",
+            "120000",
+            "--hold-mib",
+            "1",
+        ],
+        &[long[0], ("MILONGA_SEND_HWM", "10")],
+    );
+    let l = broker.locator.as_str();
+    let node = Node::open_with(env.config_at(l, "pub")).unwrap();
+    let p = node
+        .publisher_with("hm/x", milonga::PublisherQos::reliable())
+        .unwrap();
+    let mut cmd = env.cmd(&[
+        "--locator",
+        l,
+        "sub",
+        "hm/**",
+        "--reliable",
+        "--json",
+        "--timeout",
+        "120",
+    ]);
+    cmd.envs(long);
+    let reader = Proc::spawn(cmd);
+    let mut puts = 0u64;
+    until_each_takes_a_sample(&[&reader], || {
+        p.put("warm").unwrap();
+        puts += 1;
+    });
+    reader.signal(libc::SIGSTOP);
+    // 32 KiB samples (too large to batch) until one waits 2 s: the
+    // broker, holding its limit, no longer reads this publisher.
+    let text = "a".repeat(32 << 10);
+    let t0 = Instant::now();
+    loop {
+        match p.put_timeout(text.as_str(), Duration::from_secs(2)) {
+            Ok(()) => puts += 1,
+            Err(milonga::PutError::Timeout(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "puts never blocked: {puts} put"
+        );
+    }
+    assert!(node.stats().puts_blocked > 0, "{:?}", node.stats());
+    let stats = broker.stats_from_now();
+    let held = stats["stats"]["reliable_held_bytes"].as_u64().unwrap();
+    // It stops reading once it holds more than 1 MiB, so it never holds
+    // more than one sample past that (and its frames' few bytes of
+    // header). (Less, at times: the stopped reader's kernel buffer still
+    // grows and takes some, and the broker reads again below the limit.)
+    assert!(
+        held > 0 && held < (1 << 20) + (33 << 10),
+        "held {held} bytes: {stats}"
+    );
+    assert_eq!(stats["stats"]["reliable_dropped"], 0, "{stats}");
+    // The reader reads again: everything, in order, nothing lost.
+    signal_from_elsewhere(reader.pid(), libc::SIGCONT);
+    let mut lines = Vec::new();
+    loop {
+        let line = reader
+            .line(T)
+            .unwrap_or_else(|| panic!("hm/x up to {puts}: {} lines", lines.len()));
+        let v: Json = serde_json::from_str(&line).unwrap();
+        let done = v["seq"].as_u64() == Some(puts);
+        lines.push(v);
+        if done {
+            break;
+        }
+    }
+    assert_eq!(accounted(&lines, "hm/x", puts), 0, "nothing lost");
+    assert!(consecutive(&seqs_by_key(&lines)["hm/x"]), "in order");
+    let stats = broker.stats_from_now();
+    assert_eq!(stats["stats"]["reliable_dropped"], 0, "{stats}");
+    assert_eq!(stats["stats"]["reliable_held"], 0, "all delivered: {stats}");
+}
