@@ -23,6 +23,11 @@ pub struct BrokerArgs {
     /// naming one more is refused, and counted (domains_refused).
     #[arg(long, default_value_t = 16)]
     pub max_domains: usize,
+    /// Without --domain: a domain closes after this long (ms) without a
+    /// client, a registered node or a linked broker naming it, and opens
+    /// again when named again.
+    #[arg(long, default_value_t = 60_000)]
+    pub domain_idle_ms: u64,
     /// How often clients attach, in ms.
     #[arg(long, default_value_t = 250)]
     pub attach_interval_ms: u64,
@@ -72,6 +77,7 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
         insecure: a.insecure,
         peers: a.peers.clone(),
         max_domains: a.max_domains,
+        domain_idle_ms: a.domain_idle_ms,
         ..Default::default()
     })
     .with_context(|| format!("cannot start a broker at {}", a.listen))?;

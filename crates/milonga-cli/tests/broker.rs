@@ -1713,3 +1713,72 @@ fn a_broker_at_its_hold_limit_holds_reliable_publishers_back_and_loses_nothing()
     assert_eq!(stats["stats"]["reliable_dropped"], 0, "{stats}");
     assert_eq!(stats["stats"]["reliable_held"], 0, "all delivered: {stats}");
 }
+
+/// A broker serving every domain closes one that has had no client for
+/// `--domain-idle-ms` (its slot free again, counted in `domains_closed`),
+/// and opens it again, working, when a client names it again.
+#[test]
+fn a_broker_serving_every_domain_closes_one_left_idle_and_opens_it_again() {
+    let env = Env::new("brk-idle");
+    let proc = Proc::spawn(env.cmd(&[
+        "broker",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--json",
+        "--domain-idle-ms",
+        "500",
+        "--lease-ms",
+        "1000",
+    ]));
+    let v: Json = serde_json::from_str(&proc.line(T).expect("the listening line")).unwrap();
+    assert_eq!(v["every_domain"], true, "{v}");
+    let hp = v["listen"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("tcp://")
+        .unwrap()
+        .to_owned();
+    let at = format!("milonga://{hp}/{}", env.domain);
+    let stats = |until: &dyn Fn(&Json) -> bool| {
+        let end = Instant::now() + T;
+        loop {
+            let line = proc.line(T).expect("a stats line");
+            let v: Json = serde_json::from_str(&line).unwrap();
+            if v["event"] == "stats" && until(&v["stats"]) {
+                return v;
+            }
+            assert!(Instant::now() < end, "{v}");
+        }
+    };
+    // Two clients exchange a sample: the domain is open. The nodes are
+    // returned, kept open as long as the caller holds them.
+    let exchange = |round: u64| {
+        let a = Node::open_with(env.config_at(&at, "a")).expect("the domain opens");
+        let b = Node::open_with(env.config_at(&at, "b")).expect("the domain opens");
+        let p = a.publisher("idle/x").unwrap();
+        let s = b.subscribe("idle/x").unwrap();
+        wait_for("a sample through the broker", T, || {
+            p.put(round).unwrap();
+            matches!(
+                s.recv_timeout(Duration::from_millis(50)),
+                Ok(milonga::Event::Sample(_))
+            )
+        });
+        (a, b)
+    };
+    let first = exchange(1);
+    // The clients close: once they are gone and the domain idle for
+    // 500 ms, it closes.
+    drop(first);
+    let closed = stats(&|s| s["domains"] == 0);
+    assert_eq!(closed["stats"]["domains_closed"], 1, "{closed}");
+    assert_eq!(closed["stats"]["clients"], 0, "{closed}");
+    // Named again: open again, and working, as long as clients use it.
+    let _second = exchange(2);
+    let open = stats(&|s| s["domains"] == 1 && s["clients"] == 2);
+    assert_eq!(open["stats"]["domains_closed"], 1, "{open}");
+    assert_eq!(open["stats"]["domains_refused"], 0, "{open}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let still = stats(&|_| true);
+    assert_eq!(still["stats"]["domains"], 1, "in use, not closed: {still}");
+}

@@ -45,8 +45,13 @@ pub struct BrokerOptions {
     /// Most domains served when `domains` is empty (default 16, at most
     /// [`MAX_DOMAINS`]): each costs a node, four threads and about thirty
     /// sockets, and a client could otherwise make the broker open domains
-    /// without end. A domain stays open until the broker stops.
+    /// without end.
     pub max_domains: usize,
+    /// A domain opened when named (`domains` empty) closes after this
+    /// long without a client, a registered node or a federated broker
+    /// naming it (ms, default 60,000), and opens again when named again;
+    /// domains given in `domains` stay open.
+    pub domain_idle_ms: u64,
     /// How often clients attach (ms, default 250).
     pub attach_interval_ms: u64,
     /// A client that has not attached for this long is forgotten, and
@@ -85,6 +90,7 @@ impl Default for BrokerOptions {
             hold_mib: 16,
             max_clients: 10_000,
             max_domains: 16,
+            domain_idle_ms: 60_000,
             peers: Vec::new(),
             insecure: false,
         }
@@ -96,9 +102,8 @@ pub struct Broker {
     running: Running,
     every_domain: bool,
     /// Its node in each domain given: closed after its threads stopped
-    /// (a domain opened when named has its node closed by the control
-    /// thread as it ends, before the domain's planes are joined: they hold
-    /// sockets of their own).
+    /// (a domain opened when named has its threads joined, then its node
+    /// closed, by the control thread, when it closes the domain or ends).
     _nodes: Vec<std::sync::Arc<Node>>,
 }
 
@@ -203,6 +208,7 @@ impl Broker {
             hold_mib: opts.hold_mib,
             max_clients: opts.max_clients,
             max_domains: opts.max_domains.clamp(1, MAX_DOMAINS),
+            domain_idle: std::time::Duration::from_millis(opts.domain_idle_ms),
             peers: opts.peers,
             cfg: Config::from_env("milonga:///broker", "broker")?,
         };

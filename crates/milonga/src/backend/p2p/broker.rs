@@ -81,6 +81,9 @@ pub(crate) struct BrokerSpec {
     /// Most domains served when it serves every domain asked for (an
     /// [`OpenDomain`] given to [`start`]).
     pub max_domains: usize,
+    /// A domain opened on request closes after this long without a
+    /// client, a registered node or a federated broker naming it.
+    pub domain_idle: Duration,
     /// The listen endpoints of the brokers it links to (federation).
     pub peers: Vec<String>,
     /// Socket options (high-water marks, heartbeats, message size).
@@ -110,6 +113,7 @@ pub(crate) struct BrokerCounters {
     pub registry_expired: AtomicU64,
     pub domains: AtomicU64,
     pub domains_refused: AtomicU64,
+    pub domains_closed: AtomicU64,
     pub handshakes_failed: AtomicU64,
     pub accepts_failed: AtomicU64,
     pub tree: Mutex<Vec<String>>,
@@ -171,6 +175,10 @@ pub struct BrokerStats {
     /// not open: it serves `max_domains` already, or the domain's node
     /// could not open (the client is told why).
     pub domains_refused: u64,
+    /// Domains opened on request and closed again, idle (no client, no
+    /// registered node, no federated broker naming them) for the time
+    /// `domain_idle_ms` says.
+    pub domains_closed: u64,
     /// Connections to its listen port dropped in the handshake: the peer
     /// does not speak ZMTP, speaks it wrongly, or says nothing within
     /// `handshake_timeout_ms` (logged, the first ten and every 1,000th).
@@ -207,6 +215,7 @@ impl BrokerCounters {
             registry_expired: g(&self.registry_expired),
             domains: g(&self.domains),
             domains_refused: g(&self.domains_refused),
+            domains_closed: g(&self.domains_closed),
             handshakes_failed: g(&self.handshakes_failed),
             accepts_failed: g(&self.accepts_failed),
             tree: lock(&self.tree).clone(),
@@ -218,10 +227,6 @@ impl BrokerCounters {
 pub(crate) struct Running {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
-    /// The threads of the domains opened since it started (a broker
-    /// serving every domain): joined after the control thread, which
-    /// starts them.
-    later: Arc<Mutex<Vec<JoinHandle<()>>>>,
     /// Where its ROUTER is bound.
     pub(crate) listen: String,
     pub(crate) counters: Arc<BrokerCounters>,
@@ -235,12 +240,9 @@ impl Running {
     /// Stops the threads and waits for them.
     pub(crate) fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // The control thread joins the threads of the domains it opened
+        // as it ends (dropping them).
         for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        // The control thread has ended: no domain opens any more.
-        let later = std::mem::take(&mut *lock(&self.later));
-        for t in later {
             let _ = t.join();
         }
     }
@@ -481,6 +483,20 @@ impl Seen {
     }
 }
 
+/// What ends a domain's threads: the broker's stop, or the domain's own
+/// (a domain opened on request and closed, idle).
+#[derive(Clone)]
+struct Stop {
+    broker: Arc<AtomicBool>,
+    domain: Arc<AtomicBool>,
+}
+
+impl Stop {
+    fn now(&self) -> bool {
+        self.broker.load(Ordering::Relaxed) || self.domain.load(Ordering::Relaxed)
+    }
+}
+
 /// One plane's sockets and its thread's state.
 struct PlaneIo {
     /// Its broker's id, short (for the logs).
@@ -524,7 +540,7 @@ struct PlaneIo {
     /// What it held when it last told the counters (messages, bytes).
     held_told: (u64, u64),
     counters: Arc<BrokerCounters>,
-    stop: Arc<AtomicBool>,
+    stop: Stop,
 }
 
 /// The longest stall limit: a day (a longer one is taken as a day).
@@ -787,7 +803,7 @@ impl PlaneIo {
         host: &str,
         plane: Plane,
         counters: &Arc<BrokerCounters>,
-        stop: &Arc<AtomicBool>,
+        stop: &Stop,
     ) -> Result<(PlaneIo, [String; 3]), OpenError> {
         let cfg = &spec.cfg;
         let ep = format!("tcp://{host}:*");
@@ -844,7 +860,7 @@ impl PlaneIo {
     }
 
     fn run(mut self) {
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.now() {
             self.reconcile();
             self.retire();
             self.redeclare();
@@ -1150,7 +1166,7 @@ impl PlaneIo {
     /// shared between the sockets, not copied.
     fn down(&mut self, src: &Port) {
         for _ in 0..BURST {
-            if self.stop.load(Ordering::Relaxed) || self.backlogged() {
+            if self.stop.now() || self.backlogged() {
                 return;
             }
             let Some(sock) = self.in_socket(src) else {
@@ -1590,6 +1606,28 @@ struct Domain {
     view_version: u64,
     view: Vec<u8>,
     dirty: bool,
+    /// Set to end its threads (see [`Stop`]).
+    closed: Arc<AtomicBool>,
+    /// Its threads, when opened on request (the control thread's to
+    /// join); those of the domains given at the start are the broker's.
+    threads: Vec<JoinHandle<()>>,
+    /// Opened on request (a broker serving every domain): closed when
+    /// idle.
+    on_request: bool,
+    /// Since when it has had no client, no registered node and no
+    /// federated broker naming it.
+    idle_since: Option<Instant>,
+}
+
+impl Drop for Domain {
+    /// Ends its threads and waits for them (a poll turn, at most 50 ms),
+    /// before its node closes (the `host` field, dropped after this).
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Most data endpoints of one registered node the broker connects to.
@@ -2103,10 +2141,9 @@ struct Control {
     /// Set when it serves every domain asked for: opens the next.
     open_domain: Option<OpenDomain>,
     /// What opening a domain needs: the context, the listen host, the
-    /// threads and endpoints shared with [`Running`].
+    /// endpoints shared with [`Running`].
     ctx: ContextRef,
     host: String,
-    later: Arc<Mutex<Vec<JoinHandle<()>>>>,
     hellos: Arc<Mutex<Vec<BrokerHello>>>,
     /// Domains that could not open, with when to try again and why:
     /// requests naming them meanwhile get the same answer at no cost.
@@ -2148,6 +2185,7 @@ impl Control {
             if now >= next_refresh {
                 next_refresh = now + Duration::from_millis(100);
                 self.open_federation_domains();
+                self.close_idle_domains(now);
                 // The tree of the records held now, for every domain.
                 let tree = self.fed.tree_links();
                 for d in &mut self.domains {
@@ -2290,7 +2328,7 @@ impl Control {
             Ok(h) => h,
             Err(e) => return Err(failed(self, e.to_string())),
         };
-        let (d, work) = match open_domain_io(
+        let (mut d, work) = match open_domain_io(
             &self.ctx,
             &self.spec,
             &self.host,
@@ -2302,21 +2340,19 @@ impl Control {
             Ok(x) => x,
             Err(e) => return Err(failed(self, e.to_string())),
         };
-        let mut started = Vec::new();
+        d.on_request = true;
         for (name, f) in work {
             match spawn_named(name, f) {
-                Ok(t) => started.push(t),
+                Ok(t) => d.threads.push(t),
                 Err(e) => {
-                    // The threads started see the stop flag only at the
-                    // broker's stop: they are joined then (the domain is
-                    // not tried again for FAILED_RETRY).
-                    lock(&self.later).extend(started);
+                    // Dropping it ends and joins the threads started (the
+                    // domain is not tried again for FAILED_RETRY).
+                    drop(d);
                     return Err(failed(self, e.to_string()));
                 }
             }
         }
         self.failed.remove(domain);
-        lock(&self.later).extend(started);
         lock(&self.hellos).push(d.hello.clone());
         tracing::info!(%domain, "serving a domain a request named");
         self.domains.push(d);
@@ -2343,6 +2379,52 @@ impl Control {
             }
             let _ = self.domain_index(&d);
         }
+    }
+
+    /// Closes the domains opened on request that have had no client, no
+    /// registered node and no federated broker naming them for
+    /// `spec.domain_idle`, so that names made up, or no longer used, do
+    /// not keep their slots (`--max-domains`) until the broker stops. A
+    /// request naming one again opens it again.
+    fn close_idle_domains(&mut self, now: Instant) {
+        if self.open_domain.is_none() {
+            return;
+        }
+        let named: BTreeSet<String> = self
+            .fed
+            .others()
+            .flat_map(|l| l.domains.keys().cloned())
+            .collect();
+        let idle = self.spec.domain_idle;
+        let mut closing = Vec::new();
+        for (i, d) in self.domains.iter_mut().enumerate() {
+            let busy = !d.on_request
+                || !d.clients.is_empty()
+                || d.registry.registered_len() > 0
+                || named.contains(&d.hello.domain);
+            if busy {
+                d.idle_since = None;
+                continue;
+            }
+            let since = *d.idle_since.get_or_insert(now);
+            if now.duration_since(since) >= idle {
+                closing.push(i);
+            }
+        }
+        for i in closing.into_iter().rev() {
+            let mut d = self.domains.remove(i);
+            for id in std::mem::take(&mut d.shown).into_keys() {
+                d.host.hide(&id);
+            }
+            lock(&self.hellos).retain(|h| h.domain != d.hello.domain);
+            tracing::info!(domain = %d.hello.domain, idle_ms = idle.as_millis() as u64, "closed a domain without clients");
+            // Its threads end, then its node closes.
+            drop(d);
+            self.counters.domains_closed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.counters
+            .domains
+            .store(self.domains.len() as u64, Ordering::Relaxed);
     }
 
     /// Sends the registry pages due, at most [`REGISTRY_BUDGET`] bytes a
@@ -2519,6 +2601,10 @@ fn open_domain_io(
     host_of_domain: Box<dyn DomainHost>,
 ) -> Result<(Domain, DomainThreads), OpenError> {
     let domain = host_of_domain.domain().to_owned();
+    let stop = &Stop {
+        broker: stop.clone(),
+        domain: Arc::new(AtomicBool::new(false)),
+    };
     let mut threads: DomainThreads = Vec::new();
     let mut eps: Vec<[String; 3]> = Vec::new();
     let mut wanted = Vec::new();
@@ -2583,6 +2669,10 @@ fn open_domain_io(
         registry: Table::new(Duration::from_millis(spec.lease_ms)),
         registry_nodes: Vec::new(),
         registry_read: None,
+        closed: stop.domain.clone(),
+        threads: Vec::new(),
+        on_request: false,
+        idle_since: None,
     };
     Ok((d, threads))
 }
@@ -2663,11 +2753,9 @@ pub(crate) fn start(
     }
     counters.domains.store(ds.len() as u64, Ordering::Relaxed);
     let hellos = Arc::new(Mutex::new(hellos));
-    let later = Arc::new(Mutex::new(Vec::new()));
     let mut running = Running {
         stop: stop.clone(),
         threads: Vec::new(),
-        later: later.clone(),
         listen,
         counters: counters.clone(),
         hellos: hellos.clone(),
@@ -2697,7 +2785,6 @@ pub(crate) fn start(
         open_domain,
         ctx,
         host,
-        later,
         hellos,
         failed: HashMap::new(),
     };
@@ -2740,7 +2827,7 @@ struct CallPlane {
     applied: u64,
     cfg: Config,
     counters: Arc<BrokerCounters>,
-    stop: Arc<AtomicBool>,
+    stop: Stop,
     // Declared last: the sockets above close before the context goes.
     ctx: ContextRef,
 }
@@ -2751,7 +2838,7 @@ impl CallPlane {
         spec: &BrokerSpec,
         host: &str,
         counters: &Arc<BrokerCounters>,
-        stop: &Arc<AtomicBool>,
+        stop: &Stop,
     ) -> Result<(CallPlane, [String; 2]), OpenError> {
         let ep = format!("tcp://{host}:*");
         let err = sock_err(&ep);
@@ -2788,7 +2875,7 @@ impl CallPlane {
     }
 
     fn run(mut self) {
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.now() {
             self.reconcile();
             let tags: Vec<String> = self.out.keys().cloned().collect();
             let mut items = vec![
