@@ -23,9 +23,9 @@ pub struct BrokerArgs {
     /// naming one more is refused, and counted (domains_refused).
     #[arg(long, default_value_t = 16)]
     pub max_domains: usize,
-    /// Without --domain: a domain closes after this long (ms) without a
-    /// client, a registered node or a linked broker naming it, and opens
-    /// again when named again.
+    /// Without --domain: a domain closes after this long (ms, at least
+    /// --lease-ms) without a client, a registered node or a linked broker
+    /// naming it, and opens again when named again.
     #[arg(long, default_value_t = 60_000)]
     pub domain_idle_ms: u64,
     /// How often clients attach, in ms.

@@ -26,9 +26,9 @@ pub struct RecordArgs {
     #[arg(long)]
     duration: Option<f64>,
     /// Start a new file when this one holds this many bytes (chunks then
-    /// hold at most an eighth of it, so that a file passes it by at most
-    /// one chunk and its summary).
-    #[arg(long)]
+    /// hold about an eighth of it, 4 KiB at least, so that a file passes
+    /// it by at most one chunk, one sample and its summary).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     max_bytes: Option<u64>,
     /// Start a new file every this many seconds.
     #[arg(long)]
@@ -324,9 +324,6 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     meta.insert("expressions".to_owned(), a.exprs.join(" "));
     meta.insert("recorder".to_owned(), node.name().to_owned());
     meta.insert("started_ns".to_owned(), now_ns().to_string());
-    if a.max_bytes == Some(0) {
-        bail!("--max-bytes must be more than 0");
-    }
     let opts = RecordOptions {
         compression: a.compression,
         metadata: meta,

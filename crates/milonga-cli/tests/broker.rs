@@ -1501,11 +1501,19 @@ fn garbage_at_every_socket_of_the_broker_leaves_it_serving_everyone_else() {
         raw_garbage(&ep(n));
     }
     put(10);
+    // What the raw bytes made (libzmq reads a peer whose first byte is not
+    // 0xff as ZMTP 1.0, its bytes as messages, some of them counted as
+    // malformed requests), once read: the malformed calls below are
+    // counted from here.
+    let before = broker.stats_from_now()["stats"]["requests_malformed"]
+        .as_u64()
+        .unwrap();
 
     let ctx = zmq::Context::new();
     // A "publisher" at the broker's data input: the broker tells it the
     // client's subscriptions, and it sends corrupt frames under each.
     let fake_pub = ctx.socket(zmq::XPUB).unwrap();
+    fake_pub.set_linger(0).unwrap();
     fake_pub.connect(&ep("data_reliable_in")).unwrap();
     let mut topics = Vec::new();
     loop {
@@ -1537,6 +1545,7 @@ fn garbage_at_every_socket_of_the_broker_leaves_it_serving_everyone_else() {
     // A "subscriber" at the data output: subscriptions to everything and
     // messages that are neither subscriptions nor anything defined.
     let fake_sub = ctx.socket(zmq::XSUB).unwrap();
+    fake_sub.set_linger(0).unwrap();
     fake_sub.connect(&ep("data_best_effort_out")).unwrap();
     fake_sub.send(&b"\x01"[..], 0).unwrap();
     for junk in [&b"\x07junk"[..], &b"\x02"[..], &[0xfeu8; 300][..]] {
@@ -1544,17 +1553,20 @@ fn garbage_at_every_socket_of_the_broker_leaves_it_serving_everyone_else() {
     }
     // Callers with malformed calls: too many frames, a NUL in the identity.
     let caller = ctx.socket(zmq::DEALER).unwrap();
+    caller.set_linger(0).unwrap();
     caller.set_identity(b"no-such/s0|1").unwrap();
     caller.connect(&ep("calls")).unwrap();
     caller
         .send_multipart([&b"a"[..], b"b", b"c", b"d"], 0)
         .unwrap();
     let nul = ctx.socket(zmq::DEALER).unwrap();
+    nul.set_linger(0).unwrap();
     nul.set_identity(b"x\0y|1").unwrap();
     nul.connect(&ep("calls")).unwrap();
     nul.send(&b"request"[..], 0).unwrap();
     // A "server" with replies for nobody: one frame, a bad envelope.
     let server = ctx.socket(zmq::DEALER).unwrap();
+    server.set_linger(0).unwrap();
     server.set_identity(b"fake/s1").unwrap();
     server.connect(&ep("services_in")).unwrap();
     server.send(&b"lonely"[..], 0).unwrap();
@@ -1597,15 +1609,13 @@ fn garbage_at_every_socket_of_the_broker_leaves_it_serving_everyone_else() {
     assert_eq!(client.stats().payloads_malformed, 0);
     // Calls still go through.
     assert_eq!(peer.call("gb/echo", 7, T).unwrap(), milonga::Value::from(7));
-    // The malformed calls and replies are counted (these 4, and what
-    // libzmq made of the raw bytes: it takes a peer whose first byte is
-    // not 0xff for a ZMTP 1.0 one and reads its bytes as messages), and
-    // the two bad connections to the listen port (those to a domain's
-    // sockets are closed by the transport, not watched: docs/broker.md).
+    // The 4 malformed calls and replies are counted, and the two bad
+    // connections to the listen port (those to a domain's sockets are
+    // closed by the transport, not watched: docs/broker.md).
     let end = Instant::now() + T;
     let stats = loop {
         let v = broker.stats_from_now();
-        if v["stats"]["requests_malformed"].as_u64() >= Some(4)
+        if v["stats"]["requests_malformed"].as_u64() >= Some(before + 4)
             && v["stats"]["handshakes_failed"].as_u64() >= Some(2)
         {
             break v;
@@ -1739,17 +1749,6 @@ fn a_broker_serving_every_domain_closes_one_left_idle_and_opens_it_again() {
         .unwrap()
         .to_owned();
     let at = format!("milonga://{hp}/{}", env.domain);
-    let stats = |until: &dyn Fn(&Json) -> bool| {
-        let end = Instant::now() + T;
-        loop {
-            let line = proc.line(T).expect("a stats line");
-            let v: Json = serde_json::from_str(&line).unwrap();
-            if v["event"] == "stats" && until(&v["stats"]) {
-                return v;
-            }
-            assert!(Instant::now() < end, "{v}");
-        }
-    };
     // Two clients exchange a sample: the domain is open. The nodes are
     // returned, kept open as long as the caller holds them.
     let exchange = |round: u64| {
@@ -1770,15 +1769,88 @@ fn a_broker_serving_every_domain_closes_one_left_idle_and_opens_it_again() {
     // The clients close: once they are gone and the domain idle for
     // 500 ms, it closes.
     drop(first);
-    let closed = stats(&|s| s["domains"] == 0);
-    assert_eq!(closed["stats"]["domains_closed"], 1, "{closed}");
+    let closed = stats_until(&proc, |s| s["domains"] == 0 && s["domains_closed"] == 1);
     assert_eq!(closed["stats"]["clients"], 0, "{closed}");
     // Named again: open again, and working, as long as clients use it.
     let _second = exchange(2);
-    let open = stats(&|s| s["domains"] == 1 && s["clients"] == 2);
+    let open = stats_until(&proc, |s| s["domains"] == 1 && s["clients"] == 2);
     assert_eq!(open["stats"]["domains_closed"], 1, "{open}");
     assert_eq!(open["stats"]["domains_refused"], 0, "{open}");
     std::thread::sleep(Duration::from_millis(1500));
-    let still = stats(&|_| true);
+    while proc.line(Duration::ZERO).is_some() {}
+    let still = stats_until(&proc, |_| true);
     assert_eq!(still["stats"]["domains"], 1, "in use, not closed: {still}");
+}
+
+/// The first stats line of broker `proc` for which `until` holds, within
+/// T (lines printed before the call count too).
+fn stats_until(proc: &Proc, until: impl Fn(&Json) -> bool) -> Json {
+    let end = Instant::now() + T;
+    loop {
+        let line = proc.line(T).expect("a stats line");
+        let v: Json = serde_json::from_str(&line).unwrap();
+        if v["event"] == "stats" && until(&v["stats"]) {
+            return v;
+        }
+        assert!(Instant::now() < end, "{v}");
+    }
+}
+
+/// Two linked brokers serving every domain: a domain named at both
+/// carries samples from a client of one to a client of the other, and
+/// closes at both once its clients are gone (each broker lists every
+/// domain it has open to the other; only one where it reaches a node keeps
+/// the other's open, else the two kept each other's idle domains open for
+/// good).
+#[test]
+fn linked_brokers_serving_every_domain_carry_a_domain_and_both_close_it_idle() {
+    let env = Env::new("brk-idle-fed");
+    let start = |name: &str, peers: &[&str]| {
+        let dir = env.dir.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut args = vec![
+            "broker",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--json",
+            "--domain-idle-ms",
+            "1000",
+            "--lease-ms",
+            "1000",
+        ];
+        for p in peers {
+            args.extend(["--peer-broker", p]);
+        }
+        let mut cmd = env.cmd(&args);
+        cmd.env("MILONGA_RUNTIME_DIR", &dir);
+        let proc = Proc::spawn(cmd);
+        let v: Json = serde_json::from_str(&proc.line(T).expect("listening")).unwrap();
+        assert_eq!(v["every_domain"], true, "{v}");
+        let listen = v["listen"].as_str().unwrap().to_owned();
+        (proc, listen, dir)
+    };
+    let (a, a_listen, a_dir) = start("a", &[]);
+    let (b, b_listen, b_dir) = start("b", &[&a_listen]);
+    let client = |listen: &str, dir: &std::path::Path, name: &str| {
+        let hp = listen.strip_prefix("tcp://").unwrap();
+        let mut c = Config::new(&format!("milonga://{hp}/{}", env.domain), name);
+        c.runtime_dir = Some(dir.to_path_buf());
+        Node::open_with(c).expect("the domain opens at the broker")
+    };
+    let ca = client(&a_listen, &a_dir, "at-a");
+    let cb = client(&b_listen, &b_dir, "at-b");
+    let p = ca.publisher("fed/x").unwrap();
+    let sub = cb.subscribe("fed/x").unwrap();
+    wait_for("a sample across the link", T, || {
+        p.put(1.0).unwrap();
+        matches!(
+            sub.recv_timeout(Duration::from_millis(50)),
+            Ok(milonga::Event::Sample(_))
+        )
+    });
+    drop((p, sub, ca, cb));
+    for (name, proc) in [("a", &a), ("b", &b)] {
+        let v = stats_until(proc, |s| s["domains"] == 0);
+        assert_eq!(v["stats"]["domains_closed"], 1, "{name}: {v}");
+    }
 }

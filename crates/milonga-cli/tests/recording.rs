@@ -492,11 +492,19 @@ fn replay_loops_until_stopped_and_shows_progress_only_on_a_terminal() {
     replay.arg(&file);
     let mut replay = Proc::spawn(replay);
     let mut seen = Vec::new();
+    let end = std::time::Instant::now() + T;
     while seen.len() < 18 {
-        if let Ok(milonga::Event::Sample(s)) = sub.recv_timeout(T) {
-            seen.push((s.seq, s.value));
+        assert!(std::time::Instant::now() < end, "{seen:?}");
+        match sub.recv_timeout(T) {
+            Ok(milonga::Event::Sample(s)) => seen.push((s.seq, s.value)),
+            Ok(_) => {}
+            Err(e) => panic!("after {seen:?}: {e}"),
         }
     }
+    // The replay publishes reliably: with its subscriber gone it cannot be
+    // blocked in a put when it is told to stop.
+    drop(sub);
+    drop(node);
     replay.signal(libc::SIGINT);
     assert_eq!(replay.wait_exit(T).map(|s| s.code()), Some(Some(0)));
     let want: Vec<_> = (1..=18u64)
@@ -702,8 +710,9 @@ fn a_recorder_that_cannot_write_stops_and_says_why() {
 /// A disk that fills (a 256 KiB tmpfs mounted in a mount namespace of the
 /// test's own, so that it goes with the test): the recorder stops at
 /// ENOSPC with a clear error and exit 1; the file it leaves reads as
-/// incomplete, its finished chunks' samples in order, and `--recover`
-/// makes a complete copy of them. Needs root, as the multi-host tests do
+/// incomplete, the samples of its records written whole in order (the
+/// chunk cut short included: uncompressed, its records read one by one),
+/// and `--recover` makes a complete copy of them. Needs root, as the multi-host tests do
 /// (skipped, saying so, with MILONGA_SKIP_MULTIHOST=1).
 #[test]
 fn a_recorder_on_a_full_disk_stops_and_leaves_a_file_that_reads() {

@@ -479,8 +479,8 @@ impl Build {
             build.define("HAVE_STRNLEN", "1");
             build.define("ZMQ_HAVE_UIO", "1");
             build.define("ZMQ_HAVE_STRUCT_SOCKADDR_UN", "1");
-            // Milonga (PATCHES.md §5): what libzmq's own builds find on
-            // Linux. Without the first four, the ZMQ_TCP_KEEPALIVE* options
+            // Milonga (PATCHES.md §5): some of what libzmq's own builds
+            // find on Linux. Without the first four, the ZMQ_TCP_KEEPALIVE* options
             // are accepted and ignored; without eventfd, every wake-up of
             // another thread is a write to a socketpair.
             build.define("ZMQ_HAVE_SO_KEEPALIVE", "1");
@@ -491,6 +491,9 @@ impl Build {
             build.define("ZMQ_HAVE_EVENTFD_CLOEXEC", "1");
             build.define("ZMQ_HAVE_SOCK_CLOEXEC", "1");
             build.define("HAVE_ACCEPT4", "1");
+            // Without it libzmq's clock (its timers: handshakes,
+            // heartbeats, reconnects) reads the wall clock, which steps.
+            build.define("HAVE_CLOCK_GETTIME", "1");
 
             if target.contains("android") {
                 has_strlcpy = true;

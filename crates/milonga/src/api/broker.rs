@@ -49,8 +49,8 @@ pub struct BrokerOptions {
     pub max_domains: usize,
     /// A domain opened when named (`domains` empty) closes after this
     /// long without a client, a registered node or a federated broker
-    /// naming it (ms, default 60,000), and opens again when named again;
-    /// domains given in `domains` stay open.
+    /// naming it (ms, default 60,000; at least `lease_ms`), and opens
+    /// again when named again; domains given in `domains` stay open.
     pub domain_idle_ms: u64,
     /// How often clients attach (ms, default 250).
     pub attach_interval_ms: u64,
@@ -208,7 +208,9 @@ impl Broker {
             hold_mib: opts.hold_mib,
             max_clients: opts.max_clients,
             max_domains: opts.max_domains.clamp(1, MAX_DOMAINS),
-            domain_idle: std::time::Duration::from_millis(opts.domain_idle_ms),
+            // Not under a lease: a client between its hello and its
+            // first attach is not yet counted.
+            domain_idle: std::time::Duration::from_millis(opts.domain_idle_ms.max(opts.lease_ms)),
             peers: opts.peers,
             cfg: Config::from_env("milonga:///broker", "broker")?,
         };

@@ -908,6 +908,10 @@ impl PlaneIo {
                 }
             }
         }
+        // What it held goes with it (a domain closed, or the broker
+        // stopping): the gauges no longer count it.
+        self.held.clear();
+        self.tell_held();
     }
 
     /// Tells the control thread what the clients ask now, if it changed,
@@ -2150,6 +2154,15 @@ struct Control {
     failed: HashMap<String, (Instant, String)>,
 }
 
+impl Drop for Control {
+    /// Stops the listen socket's monitor before the sockets close (fields
+    /// drop after this): libzmq would block on a monitor event that
+    /// nobody reads.
+    fn drop(&mut self) {
+        zmq_io::stop_monitor(&mut self.router);
+    }
+}
+
 impl Control {
     fn run(mut self) {
         let lease = Duration::from_millis(self.spec.lease_ms);
@@ -2239,9 +2252,6 @@ impl Control {
                 d.host.hide(&id);
             }
         }
-        // Before the sockets close: libzmq would wait on a monitor whose
-        // reader has gone.
-        zmq_io::stop_monitor(&mut self.router);
     }
 
     /// Counts and logs what the listen socket's monitor reported.
@@ -2368,17 +2378,29 @@ impl Control {
         if self.open_domain.is_none() {
             return;
         }
-        let named: BTreeSet<String> = self
-            .fed
-            .others()
-            .flat_map(|l| l.domains.keys().cloned())
-            .collect();
-        for d in named {
+        for d in self.named_by_federation() {
             if self.domains.len() >= self.spec.max_domains {
                 break;
             }
             let _ = self.domain_index(&d);
         }
+    }
+
+    /// The domains in which another broker of the federation reaches a
+    /// node (a client, or a peer-to-peer node it sees): those worth
+    /// carrying. A broker lists every domain it has open, so counting the
+    /// empty ones would have brokers serving every domain keep each
+    /// other's idle domains open for good.
+    fn named_by_federation(&self) -> BTreeSet<String> {
+        self.fed
+            .others()
+            .flat_map(|l| {
+                l.domains
+                    .iter()
+                    .filter(|(_, d)| !d.nodes.is_empty())
+                    .map(|(name, _)| name.clone())
+            })
+            .collect()
     }
 
     /// Closes the domains opened on request that have had no client, no
@@ -2390,11 +2412,7 @@ impl Control {
         if self.open_domain.is_none() {
             return;
         }
-        let named: BTreeSet<String> = self
-            .fed
-            .others()
-            .flat_map(|l| l.domains.keys().cloned())
-            .collect();
+        let named = self.named_by_federation();
         let idle = self.spec.domain_idle;
         let mut closing = Vec::new();
         for (i, d) in self.domains.iter_mut().enumerate() {
@@ -2681,7 +2699,7 @@ fn open_domain_io(
 /// accepts. (Its other sockets, a domain's, are not watched: a monitor
 /// takes two of libzmq's 1,023 sockets a process, and a domain already
 /// takes about thirty; libzmq closes a bad connection to them all the same.)
-fn listen_monitor(ctx: &ContextRef, router: &zmq::Socket) -> Result<zmq::Socket, OpenError> {
+fn listen_monitor(ctx: &ContextRef, router: &mut zmq::Socket) -> Result<zmq::Socket, OpenError> {
     use crate::backend::p2p::control::{ACCEPT_FAILED, HANDSHAKE_FAILED};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let ep = format!(
@@ -2693,10 +2711,13 @@ fn listen_monitor(ctx: &ContextRef, router: &zmq::Socket) -> Result<zmq::Socket,
     router
         .monitor(&ep, HANDSHAKE_FAILED | ACCEPT_FAILED)
         .map_err(&err)?;
-    let pair = ctx.socket(zmq::PAIR)?;
-    pair.set_linger(0).map_err(&err)?;
-    pair.connect(&ep).map_err(&err)?;
-    Ok(pair)
+    let reader = || -> Result<zmq::Socket, OpenError> {
+        let pair = ctx.socket(zmq::PAIR)?;
+        pair.set_linger(0).map_err(&err)?;
+        pair.connect(&ep).map_err(&err)?;
+        Ok(pair)
+    };
+    reader().inspect_err(|_| zmq_io::stop_monitor(router))
 }
 
 fn spawn_named(name: String, f: Box<dyn FnOnce() + Send>) -> Result<JoinHandle<()>, OpenError> {
@@ -2732,7 +2753,6 @@ pub(crate) fn start(
         .map_err(&err)?;
     router.set_ipv6(host.starts_with('[')).map_err(&err)?;
     let listen = zmq_io::bind(&router, &spec.listen)?;
-    let monitor = listen_monitor(&ctx, &router)?;
     let broker_id = crate::backend::p2p::federation::new_id()?;
     let mut work: DomainThreads = Vec::new();
     let mut ds = Vec::new();
@@ -2774,6 +2794,9 @@ pub(crate) fn start(
         Duration::from_millis(spec.attach_interval_ms),
     )?;
     running.broker_id = fed.me.clone();
+    // Last before the control thread: from here `Control`'s drop stops
+    // the monitor, whatever ends it.
+    let monitor = listen_monitor(&ctx, &mut router)?;
     let control = Control {
         router,
         monitor,

@@ -168,7 +168,9 @@ pub(crate) fn answer_pings(sock: &mut zmq::Socket) -> zmq::Result<()> {
 /// apart (the user timeout then ends it at the first probe unanswered a
 /// lease after the last sign of life).
 fn kernel_liveness(sock: &mut zmq::Socket, cfg: &Config) -> zmq::Result<()> {
-    let lease_s = (cfg.heartbeat_timeout_ms.max(1) + 999) / 1000;
+    // Linux refuses an idle time over 32,767 s, and libzmq then fails
+    // the connection.
+    let lease_s = (cfg.heartbeat_timeout_ms.max(1).saturating_add(999) / 1000).min(32_767);
     sock.set_tcp_keepalive(1)?;
     sock.set_tcp_keepalive_idle(lease_s)?;
     sock.set_tcp_keepalive_intvl(1)?;
