@@ -653,6 +653,116 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Most recorded publishers a replay gives a node each; past that, one
+/// node replays them all (a node takes about ten of libzmq's 1,023
+/// sockets a process).
+const MAX_REPLAY_NODES: usize = 32;
+
+/// One replaying node: the publishers of the keys of one recorded
+/// publisher (or of all of them), while it is open.
+struct Replayer {
+    /// Its keys (all of them declared when it opens).
+    keys: std::collections::BTreeSet<String>,
+    open: Option<(milonga::Node, BTreeMap<String, milonga::Publisher>)>,
+    /// The keys with a sample published since it opened: a recorded
+    /// loss of one of them is passed on.
+    started: std::collections::HashSet<String>,
+    /// The fewest subscribers a publisher of it had when it closed: when
+    /// it opens again, it waits for as many (they find the new node
+    /// first), up to [`Replayers::wait`].
+    had: u32,
+}
+
+/// The nodes a replay publishes from: one per recorded publisher, so that
+/// its subscribers see each publisher's liveliness as recorded (a
+/// recorded `publisher_lost` closes its node, its next sample opens a new
+/// one, which they see come), or one for all when the recording has more
+/// than [`MAX_REPLAY_NODES`] publishers.
+struct Replayers<'a> {
+    net: &'a NetArgs,
+    qos: PublisherQos,
+    by_publisher: bool,
+    nodes: BTreeMap<NodeId, Replayer>,
+    /// How long a node opened again waits for its subscribers.
+    wait: Duration,
+}
+
+impl Replayers<'_> {
+    /// Which replayer replays what `publisher` published.
+    fn slot(&self, publisher: NodeId) -> NodeId {
+        if self.by_publisher {
+            publisher
+        } else {
+            NodeId([0; 16])
+        }
+    }
+
+    /// The publisher of `key` for `publisher`'s replayer, its node opened
+    /// (again) if it is closed.
+    fn publisher(&mut self, publisher: NodeId, key: &str) -> Result<&milonga::Publisher> {
+        let slot = self.slot(publisher);
+        let Some(r) = self.nodes.get_mut(&slot) else {
+            bail!("no replayer for {publisher}");
+        };
+        if r.open.is_none() {
+            let name = if self.by_publisher {
+                format!("replay-{}", &slot.to_hex()[..8])
+            } else {
+                "replay".to_owned()
+            };
+            let node = self.net.open(&name)?;
+            let mut pubs = BTreeMap::new();
+            for k in &r.keys {
+                pubs.insert(k.clone(), node.publisher_with(k, self.qos.clone())?);
+            }
+            // Subscribers find a new node within a discovery round or
+            // two: it waits for as many as the old one had.
+            let end = Instant::now() + self.wait;
+            while r.had > 0
+                && pubs.values().any(|p| p.subscriber_count() < r.had)
+                && Instant::now() < end
+                && !interrupted()
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            r.open = Some((node, pubs));
+            r.started.clear();
+        }
+        let Some(p) = r.open.as_ref().and_then(|(_, pubs)| pubs.get(key)) else {
+            bail!("no publisher of {key} for {publisher}");
+        };
+        Ok(p)
+    }
+
+    /// Every publisher open now.
+    fn all(&self) -> impl Iterator<Item = &milonga::Publisher> {
+        self.nodes
+            .values()
+            .filter_map(|r| r.open.as_ref())
+            .flat_map(|(_, pubs)| pubs.values())
+    }
+
+    /// Closes `publisher`'s node, as the recording says it went: its
+    /// subscribers are told it left. Whether it was open.
+    fn close(&mut self, publisher: NodeId) -> bool {
+        let slot = self.slot(publisher);
+        let Some(r) = self.nodes.get_mut(&slot) else {
+            return false;
+        };
+        let Some((node, pubs)) = r.open.take() else {
+            return false;
+        };
+        r.had = pubs
+            .values()
+            .map(|p| p.subscriber_count())
+            .min()
+            .unwrap_or(0);
+        drop(pubs);
+        node.close();
+        true
+    }
+}
+
 pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
     let speed: Option<f64> = match a.speed.as_str() {
         "max" => None,
@@ -661,54 +771,89 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             _ => bail!("--speed {s:?}: a positive number, or max"),
         },
     };
+    if !(a.wait_timeout >= 0.0 && a.wait_timeout.is_finite()) {
+        bail!(
+            "--wait-timeout must be a number of seconds, not {}",
+            a.wait_timeout
+        );
+    }
     let keys = key_filter(&a.keys)?;
-    // Every key first: publishers are declared before the first sample, so
-    // that subscribers can connect (--wait-subscribers).
-    let mut names = std::collections::BTreeSet::new();
+    // Every key of every publisher first: publishers are declared before
+    // the first sample, so that subscribers can connect
+    // (--wait-subscribers).
+    let mut keys_of: BTreeMap<NodeId, std::collections::BTreeSet<String>> = BTreeMap::new();
     let mut total = 0u64;
     let mut r = RecordReader::open(&a.file)?;
     while let Some(entry) = r.next_entry()? {
         if let Entry::Sample(s, _) = entry {
             if keys.as_ref().is_none_or(|k| k.matches(&s.key)) {
-                names.insert(s.key);
+                keys_of.entry(s.publisher).or_default().insert(s.key);
                 total += 1;
             }
         }
     }
-    if names.is_empty() {
+    if keys_of.is_empty() {
         bail!("{}: no sample to replay", a.file.display());
     }
-    let node = net.open("replay")?;
     // Every sample carries the replayed flag and its original timestamp.
-    let qos = || {
-        if speed.is_none() {
-            PublisherQos::reliable()
+    let qos = if speed.is_none() {
+        PublisherQos::reliable()
+    } else {
+        PublisherQos::best_effort()
+    }
+    .replay();
+    let by_publisher = keys_of.len() <= MAX_REPLAY_NODES;
+    if !by_publisher {
+        eprintln!(
+            "milonga replay: {} publishers recorded, more than {MAX_REPLAY_NODES}: replayed from one node (their comings and goings are not passed on)",
+            keys_of.len()
+        );
+    }
+    let mut nodes: BTreeMap<NodeId, Replayer> = BTreeMap::new();
+    for (publisher, ks) in keys_of {
+        let slot = if by_publisher {
+            publisher
         } else {
-            PublisherQos::best_effort()
-        }
-        .replay()
+            NodeId([0; 16])
+        };
+        nodes
+            .entry(slot)
+            .or_insert_with(|| Replayer {
+                keys: Default::default(),
+                open: None,
+                started: Default::default(),
+                had: 0,
+            })
+            .keys
+            .extend(ks);
+    }
+    let mut rs = Replayers {
+        net,
+        qos,
+        by_publisher,
+        nodes,
+        wait: Duration::from_secs_f64(a.wait_timeout),
     };
-    let mut pubs = BTreeMap::new();
-    for k in &names {
-        pubs.insert(k.clone(), node.publisher_with(k, qos())?);
+    // Open them all now, each publisher of each declared.
+    let firsts: Vec<(NodeId, String)> = rs
+        .nodes
+        .iter()
+        .filter_map(|(slot, r)| Some((*slot, r.keys.first()?.clone())))
+        .collect();
+    for (slot, key) in firsts {
+        rs.publisher(slot, &key)?;
     }
     catch_interrupts();
     if a.wait_subscribers > 0 {
         let end = Instant::now() + Duration::from_secs_f64(a.wait_timeout);
-        while pubs
-            .values()
-            .any(|p| p.subscriber_count() < a.wait_subscribers)
-        {
+        while rs.all().any(|p| p.subscriber_count() < a.wait_subscribers) {
             if Instant::now() > end || interrupted() {
                 bail!("not every key has {} subscribers", a.wait_subscribers);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    let (mut sent, mut skipped) = (0u64, 0u64);
-    // The keys with a sample published: a recorded loss of one of them is
-    // passed on.
-    let mut started = std::collections::HashSet::new();
+    let (mut sent, mut skipped, mut left) = (0u64, 0u64, 0u64);
     // A progress line when stderr is a terminal.
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut shown = Instant::now();
@@ -744,10 +889,15 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 // (Before a key's first sample a gap would be nobody's: a
                 // subscriber starts counting at the first it gets.)
                 Entry::Event(Event::Lost(l), _) => {
-                    let Some(p) = pubs.get(&l.key).filter(|_| started.contains(&l.key)) else {
+                    let slot = rs.slot(l.publisher);
+                    let started = rs
+                        .nodes
+                        .get(&slot)
+                        .is_some_and(|r| r.open.is_some() && r.started.contains(&l.key));
+                    if !started {
                         continue;
-                    };
-                    match p.skip(l.count) {
+                    }
+                    match rs.publisher(l.publisher, &l.key)?.skip(l.count) {
                         Ok(()) => skipped = skipped.saturating_add(l.count),
                         Err(e @ milonga::PutError::SkipTooLarge { .. }) => {
                             eprintln!(
@@ -759,9 +909,20 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                     }
                     continue;
                 }
+                // A publisher that went: its node goes too, and its
+                // subscribers are told (as closed: the replay cannot lose
+                // it otherwise). Its next sample brings a new one.
+                Entry::Event(Event::PublisherLost(l), _) => {
+                    if rs.by_publisher && rs.close(l.publisher) {
+                        left += 1;
+                    }
+                    continue;
+                }
                 Entry::Event(..) => continue,
             };
-            let Some(p) = pubs.get(&s.key) else { continue };
+            if keys.as_ref().is_some_and(|k| !k.matches(&s.key)) {
+                continue;
+            }
             if progress && shown.elapsed() >= Duration::from_millis(200) {
                 shown = Instant::now();
                 eprint!(
@@ -778,8 +939,12 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                     std::thread::sleep(d.min(Duration::from_millis(100)));
                 }
             }
-            p.put_at(s.value, s.timestamp_ns)?;
-            started.insert(s.key);
+            rs.publisher(s.publisher, &s.key)?
+                .put_at(s.value, s.timestamp_ns)?;
+            let slot = rs.slot(s.publisher);
+            if let Some(r) = rs.nodes.get_mut(&slot) {
+                r.started.insert(s.key);
+            }
             sent += 1;
         }
         if !a.repeat {
@@ -789,9 +954,12 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
     if progress {
         eprintln!();
     }
-    node.close();
+    let slots: Vec<NodeId> = rs.nodes.keys().copied().collect();
+    for slot in slots {
+        rs.close(slot);
+    }
     eprintln!(
-        "milonga replay: {sent} samples published, {skipped} recorded as lost passed on as gaps"
+        "milonga replay: {sent} samples published, {skipped} recorded as lost passed on as gaps, {left} publishers recorded as lost passed on as gone"
     );
     Ok(ExitCode::SUCCESS)
 }

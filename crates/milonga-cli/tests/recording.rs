@@ -539,6 +539,85 @@ fn replay_loops_until_stopped_and_shows_progress_only_on_a_terminal() {
     );
 }
 
+/// A replay publishes each recorded publisher from a node of its own, so
+/// that a recorded `publisher_lost` reaches its subscribers: that node
+/// leaves (they are told) where the recording says the publisher went,
+/// and its next sample comes from a new node (they see it come), while
+/// the other publisher's stream goes on untouched.
+#[test]
+fn a_replay_passes_a_recorded_publisher_loss_on_to_its_subscribers() {
+    use milonga::recording::{RecordOptions, RecordWriter};
+    use milonga::{Event, LostReason, NodeId, PublisherLost};
+    let env = Env::new("rec-plost");
+    let file = env.dir.path().join("plost.mcap");
+    let base = 1_700_000_000_000_000_000u64;
+    let of = |key: &str, publisher: u8, seq: u64| milonga::Sample {
+        publisher: NodeId([publisher; 16]),
+        ..float_sample(key, seq, base)
+    };
+    let mut w = RecordWriter::create(&file, &RecordOptions::default()).unwrap();
+    let mut t = base;
+    let mut at = || {
+        t += 1_000_000;
+        t
+    };
+    for seq in 1..=3 {
+        w.sample(&of("rp/a", 1, seq), at()).unwrap();
+        w.sample(&of("rp/b", 2, seq), at()).unwrap();
+    }
+    let gone = Event::PublisherLost(PublisherLost {
+        publisher: NodeId([1; 16]),
+        name: "a@host:1".into(),
+        reason: LostReason::Disconnected,
+    });
+    w.event(&gone, at()).unwrap();
+    for seq in 4..=6 {
+        w.sample(&of("rp/a", 1, seq), at()).unwrap();
+        w.sample(&of("rp/b", 2, seq), at()).unwrap();
+    }
+    w.finish().unwrap();
+
+    let node = env.node("watcher");
+    let sub = node
+        .subscribe_with("rp/**", milonga::SubscriberQos::default().reliable())
+        .unwrap();
+    let mut replay = env.cmd(&["replay", "--speed", "max", "--wait-subscribers", "1"]);
+    replay.arg(&file);
+    let replay = Proc::spawn(replay);
+    // Per key: (publisher, value) in order; the publishers told lost.
+    let mut seen: std::collections::BTreeMap<String, Vec<(NodeId, f64)>> = Default::default();
+    let mut lost = Vec::new();
+    let end = std::time::Instant::now() + T;
+    while seen.values().map(Vec::len).sum::<usize>() < 12 || lost.is_empty() {
+        assert!(std::time::Instant::now() < end, "{seen:?} {lost:?}");
+        match sub.recv_timeout(T) {
+            Ok(Event::Sample(s)) => seen
+                .entry(s.key.clone())
+                .or_default()
+                .push((s.publisher, s.value.as_f64().unwrap())),
+            Ok(Event::PublisherLost(l)) => lost.push(l.publisher),
+            Ok(_) => {}
+            Err(e) => panic!("{seen:?} {lost:?}: {e}"),
+        }
+    }
+    let mut replay = replay;
+    assert_eq!(replay.wait_exit(T).map(|s| s.code()), Some(Some(0)));
+    let a = &seen["rp/a"];
+    let b = &seen["rp/b"];
+    let values = |v: &[(NodeId, f64)]| v.iter().map(|x| x.1).collect::<Vec<_>>();
+    assert_eq!(values(a), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert_eq!(values(b), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    // rp/a: one node up to the loss, another after; rp/b: one node,
+    // neither of those.
+    let (a1, a2, b1) = (a[0].0, a[3].0, b[0].0);
+    assert!(a[..3].iter().all(|x| x.0 == a1) && a[3..].iter().all(|x| x.0 == a2));
+    assert!(b.iter().all(|x| x.0 == b1));
+    assert!(a1 != a2 && a1 != b1 && a2 != b1, "{a:?} {b:?}");
+    // The first rp/a node was told gone; the stream of rp/b was not.
+    assert!(lost.contains(&a1), "{lost:?}");
+    assert!(!lost.contains(&b1), "{lost:?}");
+}
+
 /// `record --last N` starts with the samples publishers keep (here the
 /// last 3 of 10, then nothing more is put), and `--split-every` starts a
 /// new complete file every interval, numbers running on.
