@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 
 import milonga
 from conftest import REPO, Domain, next_sample, ready_line, wait_for
-from test_services import SERVER, served
+from test_services import SERVER, every_outcome_of_a_call
 
 # Built by `cargo test` (and `make test`) before the Python tests run.
 MILONGA = Path(os.environ.get("MILONGA_BIN", REPO / "target" / "debug" / "milonga"))
@@ -220,41 +219,11 @@ def test_a_filter_and_a_deadline_hold_for_a_client_of_the_broker(
 
 def test_every_outcome_of_a_call_through_a_broker(domain: Domain, broker: str) -> None:
     """A client of the broker calls a peer-to-peer server in another
-    process: a reply, the handler's errors, no server, a timeout, a request
-    too large, and the server killed while its handler has the call
-    (``ServerLost``, well before the deadline)."""
+    process: every outcome, as peer-to-peer (``test_services.py``)."""
     server = domain.spawn(SERVER)
     assert ready_line(server) == "ready"
     client = milonga.open(
         broker, name="client", runtime_dir=str(domain.dir), max_message_bytes=1 << 20
     )
     domain.nodes.append(client)
-    for key in ["lab/echo", "lab/fail", "lab/slow"]:
-        served(client, key)
-    assert client.call("lab/echo", {"amps": 12.5}, timeout=5) == {"amps": 12.5}
-    with pytest.raises(milonga.RemoteError) as e:
-        client.call("lab/fail", 3, timeout=5)
-    assert e.value.kind == "ValueError" and e.value.remote_message == "bad value 3"
-    with pytest.raises(milonga.RemoteError) as e:
-        client.call("lab/fail", "choose", timeout=5)
-    assert e.value.kind == "out_of_range"
-    with pytest.raises(milonga.NoServer):
-        client.call("lab/nobody", 1, timeout=30)
-    started = time.monotonic()
-    with pytest.raises(milonga.TimeoutError):
-        client.call("lab/slow", 30.0, timeout=0.5)
-    assert time.monotonic() - started >= 0.5
-    assert ready_line(server) == "slow 30.0 started"
-    with pytest.raises(milonga.Rejected) as r:
-        client.call("lab/echo", b"x" * (2 << 20), timeout=5)
-    assert r.value.kind == "too_large"
-    pending = client.call_start("lab/slow", 60.0, timeout=20)
-    assert ready_line(server) == "slow 60.0 started"
-    killed = time.monotonic()
-    server.send_signal(signal.SIGKILL)
-    with pytest.raises(milonga.ServerLost):
-        pending.wait()
-    assert time.monotonic() - killed < 10, "noticed, not waited out"
-    stats = client.stats()
-    assert stats["calls_server_lost"] == 1
-    assert stats["calls_timed_out"] == 1, "only the call to the 30 s handler"
+    every_outcome_of_a_call(client, server)

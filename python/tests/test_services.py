@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import time
 
 import pytest
@@ -52,6 +53,14 @@ def test_every_outcome_of_a_call(domain: Domain) -> None:
     server = domain.spawn(SERVER)
     ready_line(server)
     client = domain.open("client", max_message_bytes=1 << 20)
+    every_outcome_of_a_call(client, server)
+
+
+def every_outcome_of_a_call(client: milonga.Node, server: subprocess.Popen[str]) -> None:
+    """Each outcome of a call from ``client`` to the services of ``SERVER``
+    running in ``server`` (ready): reply, remote errors, no server, timeout,
+    too large, and ``ServerLost`` once ``server`` is killed (well before the
+    deadline). ``test_broker.py`` runs it through a broker."""
     for key in ["lab/echo", "lab/fail", "lab/slow"]:
         served(client, key)
     # Reply.
@@ -92,9 +101,11 @@ def test_every_outcome_of_a_call(domain: Domain) -> None:
     assert ready_line(server) == "slow 60.0 started", (
         "the timed-out call's handler ended first: the call waited for it"
     )
+    killed = time.monotonic()
     server.send_signal(signal.SIGKILL)
     with pytest.raises(milonga.ServerLost):
         pending.wait()
+    assert time.monotonic() - killed < 10, "noticed, not waited out"
     stats = client.stats()
     assert stats["calls_server_lost"] == 1
     assert stats["calls_timed_out"] == 1, "only the call to the 30 s handler"

@@ -125,6 +125,23 @@ fn lines_until_summary(p: &Proc, timeout: Duration) -> Vec<Json> {
     out
 }
 
+/// The lines of subscriber process `p` up to the sample numbered `last`
+/// (panics if none comes within T of the one before).
+fn lines_until_seq(p: &Proc, last: u64) -> Vec<Json> {
+    let mut lines = Vec::new();
+    loop {
+        let line = p
+            .line(T)
+            .unwrap_or_else(|| panic!("up to seq {last}: {} lines", lines.len()));
+        let v: Json = serde_json::from_str(&line).unwrap();
+        let done = v["seq"].as_u64() == Some(last);
+        lines.push(v);
+        if done {
+            return lines;
+        }
+    }
+}
+
 /// The samples' sequence numbers by key, in the order they came.
 fn seqs_by_key(lines: &[Json]) -> BTreeMap<String, Vec<u64>> {
     let mut m: BTreeMap<String, Vec<u64>> = BTreeMap::new();
@@ -659,16 +676,8 @@ fn reliable_samples_through_the_broker_all_arrive_in_order_even_to_a_client_froz
     thaw.join().unwrap();
     let last = puts.get();
     for (who, proc) in &subs {
-        let mut lines = Vec::new();
-        loop {
-            let line = proc.line(T).unwrap_or_else(|| panic!("{who}: seq {last}"));
-            let v: Json = serde_json::from_str(&line).unwrap();
-            let done = v["seq"].as_u64() == Some(last);
-            lines.push(v);
-            if done {
-                break;
-            }
-        }
+        eprintln!("{who}: reading up to {last}");
+        let lines = lines_until_seq(proc, last);
         let upto = lines
             .iter()
             .filter_map(|v| v["seq"].as_u64())
@@ -1143,18 +1152,7 @@ fn a_stalled_reliable_client_delays_no_publisher_it_does_not_read() {
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     // The stopped reader reads again: everything, in order, nothing lost.
     signal_from_elsewhere(reads_a.pid(), libc::SIGCONT);
-    let mut lines = Vec::new();
-    loop {
-        let line = reads_a
-            .line(T)
-            .unwrap_or_else(|| panic!("sr/a/1 up to {puts_a}: {} lines", lines.len()));
-        let v: Json = serde_json::from_str(&line).unwrap();
-        let done = v["seq"].as_u64() == Some(puts_a);
-        lines.push(v);
-        if done {
-            break;
-        }
-    }
+    let lines = lines_until_seq(&reads_a, puts_a);
     assert_eq!(accounted(&lines, "sr/a/1", puts_a), 0, "nothing lost");
     assert!(consecutive(&seqs_by_key(&lines)["sr/a/1"]), "in order");
     let stats = broker.stats_from_now();
@@ -1430,22 +1428,6 @@ fn large_samples_reach_a_broker_client_through_the_socket_beside_a_shared_memory
     assert_eq!(client.stats().frames_malformed, 0);
 }
 
-/// Bytes that are not ZMTP, and a ZMTP greeting with a mechanism nobody
-/// speaks followed by junk, each on a connection of its own to `endpoint`.
-fn raw_garbage(endpoint: &str) {
-    use std::io::Write;
-    let addr = endpoint.strip_prefix("tcp://").unwrap();
-    let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0];
-    greeting.extend_from_slice(b"GARBAGE\0\0\0\0\0\0\0\0\0\0\0\0\0");
-    greeting.push(0);
-    greeting.extend_from_slice(&[0u8; 31]);
-    greeting.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef].repeat(64));
-    let mut a = std::net::TcpStream::connect(addr).unwrap();
-    let _ = a.write_all(&greeting);
-    let mut b = std::net::TcpStream::connect(addr).unwrap();
-    let _ = b.write_all(&[0x42; 512]);
-}
-
 /// Garbage at every socket of the broker: bytes that are not ZMTP and bad
 /// greetings at each; well-formed ZMTP carrying malformed messages where
 /// each kind of peer connects (a "publisher" sending corrupt samples under
@@ -1496,9 +1478,9 @@ fn garbage_at_every_socket_of_the_broker_leaves_it_serving_everyone_else() {
         "calls",
         "services_in",
     ];
-    raw_garbage(broker.listening["listen"].as_str().unwrap());
+    milonga_testkit::zmtp_garbage(broker.listening["listen"].as_str().unwrap());
     for n in names {
-        raw_garbage(&ep(n));
+        milonga_testkit::zmtp_garbage(&ep(n));
     }
     put(10);
     // What the raw bytes made (libzmq reads a peer whose first byte is not
@@ -1705,18 +1687,7 @@ fn a_broker_at_its_hold_limit_holds_reliable_publishers_back_and_loses_nothing()
     assert_eq!(stats["stats"]["reliable_dropped"], 0, "{stats}");
     // The reader reads again: everything, in order, nothing lost.
     signal_from_elsewhere(reader.pid(), libc::SIGCONT);
-    let mut lines = Vec::new();
-    loop {
-        let line = reader
-            .line(T)
-            .unwrap_or_else(|| panic!("hm/x up to {puts}: {} lines", lines.len()));
-        let v: Json = serde_json::from_str(&line).unwrap();
-        let done = v["seq"].as_u64() == Some(puts);
-        lines.push(v);
-        if done {
-            break;
-        }
-    }
+    let lines = lines_until_seq(&reader, puts);
     assert_eq!(accounted(&lines, "hm/x", puts), 0, "nothing lost");
     assert!(consecutive(&seqs_by_key(&lines)["hm/x"]), "in order");
     let stats = broker.stats_from_now();
@@ -1776,6 +1747,8 @@ fn a_broker_serving_every_domain_closes_one_left_idle_and_opens_it_again() {
     let open = stats_until(&proc, |s| s["domains"] == 1 && s["clients"] == 2);
     assert_eq!(open["stats"]["domains_closed"], 1, "{open}");
     assert_eq!(open["stats"]["domains_refused"], 0, "{open}");
+    // That it stays open is an absence: nothing to poll for. Past the
+    // idle time (here the lease's 1,000 ms, the floor) and a stats line.
     std::thread::sleep(Duration::from_millis(1500));
     while proc.line(Duration::ZERO).is_some() {}
     let still = stats_until(&proc, |_| true);

@@ -172,6 +172,24 @@ pub fn in_order_from_1(seqs: &[u64], sent: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Garbage at the TCP endpoint `tcp://HOST:PORT`, on two connections of
+/// its own: a ZMTP greeting with a mechanism nobody speaks followed by
+/// junk, and bytes that are not ZMTP at all (which libzmq may read as a
+/// ZMTP 1.0 peer's messages). The connections close when this returns.
+pub fn zmtp_garbage(endpoint: &str) {
+    use std::io::Write;
+    let addr = endpoint.strip_prefix("tcp://").expect("tcp://HOST:PORT");
+    let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0];
+    greeting.extend_from_slice(b"GARBAGE\0\0\0\0\0\0\0\0\0\0\0\0\0");
+    greeting.push(0);
+    greeting.extend_from_slice(&[0u8; 31]);
+    greeting.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef].repeat(64));
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    let _ = s.write_all(&greeting);
+    let mut s2 = std::net::TcpStream::connect(addr).expect("connect");
+    let _ = s2.write_all(&[0x42; 512]);
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -3,7 +3,6 @@
 //! points at a raw libzmq PUB socket of this test) feeds a subscriber frames
 //! that a Milonga publisher would never send.
 
-use std::io::Write;
 use std::time::Duration;
 
 use milonga::p2p::{NodeExt, ServiceExt};
@@ -186,20 +185,7 @@ fn garbage_on_the_data_and_control_ports_is_counted() {
     let node = Node::open_with(cfg).unwrap();
     let p = node.publisher("g/x").unwrap();
     let data = own_endpoint(&node, Reliability::BestEffort);
-    let garbage = |endpoint: &str| {
-        let addr = endpoint.strip_prefix("tcp://").unwrap();
-        // A ZMTP greeting with a mechanism nobody speaks, then junk.
-        let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0];
-        greeting.extend_from_slice(b"GARBAGE\0\0\0\0\0\0\0\0\0\0\0\0\0");
-        greeting.push(0);
-        greeting.extend_from_slice(&[0u8; 31]);
-        greeting.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef].repeat(64));
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        let _ = s.write_all(&greeting);
-        // And bytes that are not ZMTP at all.
-        let mut s2 = std::net::TcpStream::connect(addr).unwrap();
-        let _ = s2.write_all(&[0x42; 512]);
-    };
+    let garbage = milonga_testkit::zmtp_garbage;
     garbage(node.control_endpoint());
     garbage(&data);
     // Two connections on each port, each failed (or timed out in the
