@@ -14,7 +14,10 @@
 //!
 //! - requests_per_s: calls completed in the window, all clients, / duration;
 //! - latency_p50_us, latency_p99_us: over every call of every client;
-//! - server_cpu_us_per_request: server CPU time in the window / calls.
+//! - server_cpu_us_per_request: server CPU time in the window / calls;
+//! - clients_cpu_us_per_request: every client process's CPU time in the
+//!   window (the same way) / calls: with the server's and the relay's, what
+//!   a call costs the machine.
 //!
 //! The raw server is one thread: `recv` [identity, payload] from a ROUTER,
 //! `send` it back. A raw client is a DEALER sending the payload and waiting
@@ -343,6 +346,8 @@ struct Row {
     p50_us: f64,
     p99_us: f64,
     cpu_us_per_request: f64,
+    /// CPU time of every client process over the window, per call.
+    clients_cpu_us_per_request: f64,
     errors: u64,
 }
 
@@ -432,12 +437,20 @@ fn cell(
         stdin.flush()?;
     }
     let pid = server.child.id();
+    let clients_cpu = || -> Result<u64> {
+        procs
+            .iter()
+            .map(|p| cpu_ns(p.child.id()))
+            .sum::<Result<u64>>()
+    };
     std::thread::sleep(Duration::from_nanos(start.saturating_sub(now_ns())));
     let cpu0 = cpu_ns(pid)?;
     let relay0 = relay_pid.map(cpu_ns).transpose()?;
+    let clients0 = clients_cpu()?;
     std::thread::sleep(Duration::from_nanos(end.saturating_sub(now_ns())));
     let cpu1 = cpu_ns(pid)?;
     let relay1 = relay_pid.map(cpu_ns).transpose()?;
+    let clients1 = clients_cpu()?;
     let mut calls = 0;
     let mut errors = 0;
     let mut lat = Vec::new();
@@ -467,6 +480,13 @@ fn cell(
         let i = ((lat.len() as f64 - 1.0) * q).round() as usize;
         lat.get(i).copied().unwrap_or(0) as f64 / 1000.0
     };
+    let per_call = |ns: u64| {
+        if calls > 0 {
+            ns as f64 / 1000.0 / calls as f64
+        } else {
+            0.0
+        }
+    };
     Ok(Row {
         system,
         size,
@@ -474,11 +494,8 @@ fn cell(
         requests_per_s: calls as f64 / duration,
         p50_us: q(0.5),
         p99_us: q(0.99),
-        cpu_us_per_request: if calls > 0 {
-            (cpu1 - cpu0) as f64 / 1000.0 / calls as f64
-        } else {
-            0.0
-        },
+        cpu_us_per_request: per_call(cpu1 - cpu0),
+        clients_cpu_us_per_request: per_call(clients1.saturating_sub(clients0)),
         errors,
     })
 }
@@ -499,15 +516,23 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
         t.name(),
         a.duration
     );
-    eprintln!("# requests_per_s = calls completed in the window / duration; latency = send to reply, over every call; server_cpu_us_per_request = server CPU (all threads, /proc/PID/task/*/schedstat) / calls");
+    eprintln!("# requests_per_s = calls completed in the window / duration; latency = send to reply, over every call; server_cpu_us_per_request = server CPU (all threads, /proc/PID/task/*/schedstat) / calls; clients_cpu_us_per_request = every client process's CPU, the same way, / calls");
     let mut o = std::io::stdout().lock();
     if a.format == Format::Csv {
-        writeln!(o, "system,transport,payload_bytes,clients,requests_per_s,latency_p50_us,latency_p99_us,server_cpu_us_per_request")?;
+        writeln!(o, "system,transport,payload_bytes,clients,requests_per_s,latency_p50_us,latency_p99_us,server_cpu_us_per_request,clients_cpu_us_per_request")?;
     } else {
         writeln!(
             o,
-            "{:<8} {:>6} {:>7} {:>7} {:>12} {:>9} {:>9} {:>12}",
-            "system", "transp", "bytes", "clients", "requests/s", "p50_us", "p99_us", "cpu_us/req"
+            "{:<8} {:>6} {:>7} {:>7} {:>12} {:>9} {:>9} {:>12} {:>12}",
+            "system",
+            "transp",
+            "bytes",
+            "clients",
+            "requests/s",
+            "p50_us",
+            "p99_us",
+            "cpu_us/req",
+            "clients_cpu"
         )?;
     }
     o.flush()?;
@@ -531,7 +556,7 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
                 match a.format {
                     Format::Csv => writeln!(
                         o,
-                        "{},{},{},{},{:.0},{:.1},{:.1},{:.2}",
+                        "{},{},{},{},{:.0},{:.1},{:.1},{:.2},{:.2}",
                         r.system,
                         t.name(),
                         r.size,
@@ -539,11 +564,12 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
                         r.requests_per_s,
                         r.p50_us,
                         r.p99_us,
-                        r.cpu_us_per_request
+                        r.cpu_us_per_request,
+                        r.clients_cpu_us_per_request
                     )?,
                     Format::Table => writeln!(
                         o,
-                        "{:<8} {:>6} {:>7} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>12.2}",
+                        "{:<8} {:>6} {:>7} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>12.2} {:>12.2}",
                         r.system,
                         t.name(),
                         r.size,
@@ -551,7 +577,8 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
                         r.requests_per_s,
                         r.p50_us,
                         r.p99_us,
-                        r.cpu_us_per_request
+                        r.cpu_us_per_request,
+                        r.clients_cpu_us_per_request
                     )?,
                 }
                 o.flush()?;
