@@ -1827,3 +1827,106 @@ fn linked_brokers_serving_every_domain_carry_a_domain_and_both_close_it_idle() {
         assert_eq!(v["stats"]["domains_closed"], 1, "{name}: {v}");
     }
 }
+
+/// Another connection cannot take a client's place: an attach under the
+/// client's node id without its client key (or with another) is refused
+/// with an error, and so is a detach of it (both counted in
+/// `requests_refused`); calls keep reaching the real server. Nor can a
+/// client show a service at an endpoint the broker does not relay (it
+/// would send every caller elsewhere): such a service is left out of the
+/// view (found by a client written from docs/protocol.md alone, which did
+/// both before).
+#[test]
+fn another_connection_cannot_take_a_clients_place_or_send_its_callers_elsewhere() {
+    let env = Env::new("brk-impostor");
+    let broker = env.broker(&[]);
+    let l = broker.locator.clone();
+    let listen = broker.listening["listen"].as_str().unwrap().to_owned();
+    let _server = serve_at(&env, &l, &["im/echo", "--echo"]);
+    let watcher = Node::open_with(env.config_at(&l, "watcher")).unwrap();
+    let mut victim = None;
+    wait_for("the server in the watcher's view", T, || {
+        victim = watcher
+            .peers()
+            .into_iter()
+            .find(|a| a.services.iter().any(|s| s.key == "im/echo"));
+        victim.is_some()
+    });
+    let victim = victim.unwrap();
+    let calls_reach_the_server = || {
+        let (code, out, err) = call_at(&env, &l, &["im/echo", "7", "--wait-server", "5"]);
+        assert_eq!((code, out.as_str()), (0, "7"), "{err}");
+    };
+    calls_reach_the_server();
+
+    let ctx = zmq::Context::new();
+    let d = ctx.socket(zmq::DEALER).unwrap();
+    d.set_linger(0).unwrap();
+    d.set_rcvtimeo(5000).unwrap();
+    d.connect(&listen).unwrap();
+    let ask = |frames: Vec<Vec<u8>>| -> Vec<Vec<u8>> {
+        d.send_multipart(frames, 0).unwrap();
+        d.recv_multipart(0).expect("an answer")
+    };
+    // The victim's announcement under another name, its service at the
+    // impostor's own tag: without a key, then with one of its own.
+    let mut fake = victim.clone();
+    fake.name = "impostor@h:1".into();
+    let json = serde_json::to_vec(&fake).unwrap();
+    let key = "0123456789abcdef0123456789abcdef";
+    for extra in [vec![], vec![b"".to_vec(), key.as_bytes().to_vec()]] {
+        let mut req = vec![
+            b"MILONGA-BRK/1".to_vec(),
+            b"attach".to_vec(),
+            json.clone(),
+            b"0".to_vec(),
+        ];
+        req.extend(extra);
+        let r = ask(req);
+        assert_eq!(r[1], b"error", "{:?}", String::from_utf8_lossy(&r[1]));
+        assert!(
+            String::from_utf8_lossy(&r[2]).contains("another client key"),
+            "{}",
+            String::from_utf8_lossy(&r[2])
+        );
+    }
+    // Detaches of it, keyed and not.
+    let id = victim.node_id.as_bytes().to_vec();
+    for extra in [vec![], vec![key.as_bytes().to_vec()]] {
+        let mut req = vec![b"MILONGA-BRK/1".to_vec(), b"detach".to_vec(), id.clone()];
+        req.extend(extra);
+        d.send_multipart(req, 0).unwrap();
+    }
+    // A client of its own whose service names an endpoint that is not the
+    // broker's: attached, shown without that service.
+    let mut other = victim.clone();
+    other.node_id = "fedcba9876543210fedcba9876543210".into();
+    other.name = "elsewhere@h:1".into();
+    for s in &mut other.services {
+        s.key = "im/elsewhere".into();
+        s.endpoint = "tcp://127.0.0.1:9".into();
+    }
+    let r = ask(vec![
+        b"MILONGA-BRK/1".to_vec(),
+        b"attach".to_vec(),
+        serde_json::to_vec(&other).unwrap(),
+        b"0".to_vec(),
+        b"".to_vec(),
+        key.as_bytes().to_vec(),
+    ]);
+    assert_eq!(r[1], b"view", "{:?}", String::from_utf8_lossy(&r[1]));
+    let view: Vec<milonga::Announcement> = serde_json::from_slice(&r[3]).unwrap();
+    let shown = view.iter().find(|a| a.node_id == other.node_id).unwrap();
+    assert!(shown.services.is_empty(), "{:?}", shown.services);
+    // That view came after the detaches (one connection, in order): the
+    // server is still in it, under its own name.
+    let still = view.iter().find(|a| a.node_id == victim.node_id);
+    assert_eq!(
+        still.map(|a| a.name.as_str()),
+        Some(victim.name.as_str()),
+        "{view:?}"
+    );
+    let stats = stats_until(&broker.proc, |s| s["requests_refused"].as_u64() >= Some(4));
+    assert_eq!(stats["stats"]["requests_refused"], 4, "{stats}");
+    calls_reach_the_server();
+}

@@ -245,6 +245,11 @@ pub enum BrokerRequest {
         view: u64,
         /// Its report, when it sent one.
         report: Option<ClientReport>,
+        /// Its client key, when it sent one: a random secret of the
+        /// client's (32 lower-case hex digits, kept for its life), which
+        /// every later attach and its detach must carry (docs/protocol.md
+        /// §11.2).
+        key: Option<String>,
     },
     /// `clients`: the clients served in `domain`.
     Clients {
@@ -255,6 +260,8 @@ pub enum BrokerRequest {
     Detach {
         /// Its node id.
         node_id: String,
+        /// The client key it attached with, if any.
+        key: Option<String>,
     },
     /// `register`: a node keeps its place in the domain's registry
     /// (registry mode) and says what it holds of it.
@@ -301,6 +308,17 @@ pub fn is_node_id(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// A client key frame: 32 lower-case hex digits.
+fn client_key(f: &[u8]) -> Result<String, BrokerError> {
+    let k = text(f, "the client key")?;
+    if !is_node_id(&k) {
+        return Err(BrokerError::Malformed(
+            "the client key is not 32 lower-case hex digits".into(),
+        ));
+    }
+    Ok(k)
+}
+
 fn text(f: &[u8], what: &str) -> Result<String, BrokerError> {
     std::str::from_utf8(f)
         .map(str::to_owned)
@@ -317,10 +335,13 @@ impl BrokerRequest {
         let f: Vec<&[u8]> = frames.iter().map(AsRef::as_ref).collect();
         match (f.get(1).copied(), f.len()) {
             (Some(HELLO), 3) => {
-                let domain = text(f[2], "the domain")?;
+                // Not UTF-8: read lossily, so that the broker answers that
+                // the name is not a domain's (U+FFFD is not allowed in one)
+                // rather than nothing.
+                let domain = String::from_utf8_lossy(f[2]).into_owned();
                 Ok(BrokerRequest::Hello { domain })
             }
-            (Some(ATTACH), 4 | 5) => {
+            (Some(ATTACH), 4..=6) => {
                 if f[2].len() > MAX_ANNOUNCEMENT_BYTES {
                     return Err(bad("the announcement is over 256 KiB"));
                 }
@@ -334,29 +355,33 @@ impl BrokerRequest {
                 let view = text(f[3], "the view version")?
                     .parse::<u64>()
                     .map_err(|_| bad("the view version is not a decimal integer"))?;
-                let report = match f.get(4) {
+                // An empty report frame: none this time (a key follows).
+                let report = match f.get(4).filter(|r| !r.is_empty()) {
                     Some(r) => Some(
                         serde_json::from_slice::<ClientReport>(r)
                             .map_err(|e| BrokerError::Malformed(format!("the report: {e}")))?,
                     ),
                     None => None,
                 };
+                let key = f.get(5).map(|k| client_key(k)).transpose()?;
                 Ok(BrokerRequest::Attach {
                     announcement: Box::new(announcement),
                     view,
                     report,
+                    key,
                 })
             }
             (Some(CLIENTS), 3) => {
                 let domain = text(f[2], "the domain")?;
                 Ok(BrokerRequest::Clients { domain })
             }
-            (Some(DETACH), 3) => {
+            (Some(DETACH), 3 | 4) => {
                 let node_id = text(f[2], "the node id")?;
                 if !is_node_id(&node_id) {
                     return Err(bad("the node id is not 32 lower-case hex digits"));
                 }
-                Ok(BrokerRequest::Detach { node_id })
+                let key = f.get(3).map(|k| client_key(k)).transpose()?;
+                Ok(BrokerRequest::Detach { node_id, key })
             }
             (Some(REGISTER), 3 | 4) => {
                 let header: RegisterHeader = serde_json::from_slice(f[2])
@@ -443,7 +468,18 @@ mod tests {
         let id = "0123456789abcdef0123456789abcdef";
         assert_eq!(
             BrokerRequest::decode(&[MAGIC, DETACH, id.as_bytes()]).unwrap(),
-            BrokerRequest::Detach { node_id: id.into() }
+            BrokerRequest::Detach {
+                node_id: id.into(),
+                key: None
+            }
+        );
+        let key = "fedcba9876543210fedcba9876543210";
+        assert_eq!(
+            BrokerRequest::decode(&[MAGIC, DETACH, id.as_bytes(), key.as_bytes()]).unwrap(),
+            BrokerRequest::Detach {
+                node_id: id.into(),
+                key: Some(key.into())
+            }
         );
         // An attach naming a node id that is not one (a broker names files
         // after it) is refused, however well-formed the rest.
@@ -452,6 +488,32 @@ mod tests {
             .replace("/../../../../home/u/x", "0123456789abcdef0123456789abcdef");
         assert!(BrokerRequest::decode(&[MAGIC, ATTACH, good.as_bytes(), b"0"]).is_ok());
         assert!(BrokerRequest::decode(&[MAGIC, ATTACH, &evil[..], b"0"]).is_err());
+        // A client key after an empty report frame (no report this time),
+        // or after a report; a key that is not 32 hex digits is refused.
+        for report in [&b""[..], br#"{"subscriptions":["a/b"]}"#] {
+            match BrokerRequest::decode(&[
+                MAGIC,
+                ATTACH,
+                good.as_bytes(),
+                b"0",
+                report,
+                key.as_bytes(),
+            ])
+            .unwrap()
+            {
+                BrokerRequest::Attach {
+                    key: k, report: r, ..
+                } => {
+                    assert_eq!(k.as_deref(), Some(key));
+                    assert_eq!(r.is_some(), !report.is_empty());
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(
+            BrokerRequest::decode(&[MAGIC, ATTACH, good.as_bytes(), b"0", b"", b"short"]).is_err()
+        );
+        assert!(BrokerRequest::decode(&[MAGIC, DETACH, id.as_bytes(), b"KEY"]).is_err());
         // A peer message: its ids are checked like a client's.
         let header = format!(r#"{{"broker":"{id}","listen":"tcp://h:1"}}"#);
         let lsa = format!(r#"{{"broker":"{id}","seq":3,"neighbors":["{id}"]}}"#);

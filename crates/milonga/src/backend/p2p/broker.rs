@@ -103,6 +103,7 @@ pub(crate) struct BrokerCounters {
     pub requests_malformed: AtomicU64,
     pub clients_expired: AtomicU64,
     pub clients_refused: AtomicU64,
+    pub requests_refused: AtomicU64,
     pub clients: AtomicU64,
     pub calls_unroutable: AtomicU64,
     pub links: AtomicU64,
@@ -124,8 +125,10 @@ pub(crate) struct BrokerCounters {
 pub struct BrokerStats {
     /// Clients attached now, in all domains.
     pub clients: u64,
-    /// Frames (samples, batches, heartbeats, history replies) forwarded,
-    /// counted once per socket they were sent on.
+    /// Messages (samples, batches, heartbeats, history replies; one or
+    /// two frames each) forwarded, counted once per outgoing socket they
+    /// were sent on (the clients', the domain's, each link's), whether a
+    /// connection there subscribes or not.
     pub frames_forwarded: u64,
     /// Their bytes.
     pub bytes_forwarded: u64,
@@ -150,6 +153,11 @@ pub struct BrokerStats {
     pub clients_expired: u64,
     /// Clients refused: the broker serves `max_clients` already.
     pub clients_refused: u64,
+    /// Attaches and detaches refused: they name a client attached with
+    /// another client key (docs/protocol.md §11.2), so they come from
+    /// another connection than that client's (logged, the first ten and
+    /// every 1,000th).
+    pub requests_refused: u64,
     /// Calls for a service the broker could not reach (its server gone,
     /// or not connected yet): not relayed; the caller's deadline ends them.
     pub calls_unroutable: u64,
@@ -206,6 +214,7 @@ impl BrokerCounters {
             requests_malformed: g(&self.requests_malformed),
             clients_expired: g(&self.clients_expired),
             clients_refused: g(&self.clients_refused),
+            requests_refused: g(&self.requests_refused),
             calls_unroutable: g(&self.calls_unroutable),
             links: g(&self.links),
             federation_brokers: g(&self.federation_brokers),
@@ -1534,6 +1543,9 @@ fn recv_all(sock: &zmq::Socket) -> zmq::Result<Vec<zmq::Message>> {
 struct Client {
     /// Its announcement, as it attached it.
     announcement: Announcement,
+    /// The client key it first attached with: later attaches and its
+    /// detach must carry the same.
+    key: Option<String>,
     /// When it last attached.
     seen: Instant,
     /// When it first attached.
@@ -2041,10 +2053,33 @@ impl Domain {
         (self.view_version, &self.view)
     }
 
-    fn attach(&mut self, a: Announcement, report: Option<ClientReport>, now: Instant) {
+    /// Attaches a client, or says why not: its node id is attached with
+    /// another client key (another connection claims to be it).
+    fn attach(
+        &mut self,
+        a: Announcement,
+        report: Option<ClientReport>,
+        key: Option<String>,
+        now: Instant,
+    ) -> Result<(), String> {
+        if self.clients.get(&a.node_id).is_some_and(|c| c.key != key) {
+            return Err(format!(
+                "node id {} is attached to this broker with another client key",
+                a.node_id
+            ));
+        }
         // At this broker's endpoints, whatever the client last knew (it
-        // may have come from another broker).
+        // may have come from another broker). Its services are reached
+        // through this broker only, under tags of its own node id: an
+        // endpoint that is not such a tag is not shown (it would send
+        // every caller elsewhere).
         let mut a = Domain::at(&a, self.out());
+        let own = format!("{}/", a.node_id);
+        a.services.retain(|s| {
+            s.endpoint
+                .split_once('#')
+                .is_some_and(|(_, tag)| tag.starts_with(&own) && tag.len() > own.len())
+        });
         for s in &mut a.services {
             if let Some((_, tag)) = s.endpoint.split_once('#') {
                 s.endpoint = tagged(&self.hello.calls, tag);
@@ -2080,6 +2115,7 @@ impl Domain {
             .entry(a.node_id.clone())
             .or_insert_with(|| Client {
                 announcement: a.clone(),
+                key,
                 seen: now,
                 since: now,
                 report: None,
@@ -2092,6 +2128,17 @@ impl Domain {
         if let Some(mut r) = report {
             r.subscriptions.truncate(256);
             c.previous = c.report.replace((now, r));
+        }
+        Ok(())
+    }
+
+    /// Detaches the client `id` if `key` is the one it attached with;
+    /// whether there was such a client (`Err`: it has another key).
+    fn detach_keyed(&mut self, id: &str, key: Option<&str>) -> Result<bool, ()> {
+        match self.clients.get(id) {
+            Some(c) if c.key.as_deref() != key => Err(()),
+            Some(_) => Ok(self.detach(id)),
+            None => Ok(false),
         }
     }
 
@@ -2508,6 +2555,7 @@ impl Control {
                 announcement,
                 view,
                 report,
+                key,
             } => {
                 let total: usize = self.domains.iter().map(|d| d.clients.len()).sum();
                 let d = match self.domain_index(&announcement.domain) {
@@ -2526,7 +2574,18 @@ impl Control {
                     reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
                     return;
                 }
-                d.attach(*announcement, report, now);
+                if let Err(text) = d.attach(*announcement, report, key, now) {
+                    let n = self
+                        .counters
+                        .requests_refused
+                        .fetch_add(1, Ordering::Relaxed)
+                        + 1;
+                    if n <= 10 || n % 1000 == 0 {
+                        tracing::warn!(refused_so_far = n, "refused an attach: {text}");
+                    }
+                    reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                    return;
+                }
                 let (version, body) = d.view();
                 let v = version.to_string();
                 if version == view {
@@ -2535,9 +2594,18 @@ impl Control {
                     reply(&self.router, &[wire::MAGIC, wire::VIEW, v.as_bytes(), body]);
                 }
             }
-            BrokerRequest::Detach { node_id } => {
+            BrokerRequest::Detach { node_id, key } => {
                 for d in &mut self.domains {
-                    d.detach(&node_id);
+                    if d.detach_keyed(&node_id, key.as_deref()).is_err() {
+                        let n = self
+                            .counters
+                            .requests_refused
+                            .fetch_add(1, Ordering::Relaxed)
+                            + 1;
+                        if n <= 10 || n % 1000 == 0 {
+                            tracing::warn!(node = %node_id, refused_so_far = n, "refused a detach: the node is attached with another client key");
+                        }
+                    }
                 }
             }
             BrokerRequest::Register {

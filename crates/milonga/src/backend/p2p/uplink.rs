@@ -297,6 +297,10 @@ pub(crate) struct BrokerSource {
     /// attaches were sent.
     report: Vec<u8>,
     attaches: u64,
+    /// Its client key (docs/protocol.md §11.2): random, kept for the
+    /// node's life and across brokers, so that no other connection can
+    /// attach or detach this node.
+    key: String,
     // Declared last: the sockets close before the context goes.
     ctx: ContextRef,
 }
@@ -340,6 +344,20 @@ fn attach_socket(
     Ok((sock, monitor))
 }
 
+/// A new client key: 128 random bits as 32 lower-case hex digits.
+fn client_key() -> String {
+    let mut r = [0u8; 16];
+    // Without the OS's randomness (never seen on Linux), a key of the
+    // clock and the process still differs from every other client's.
+    if getrandom::fill(&mut r).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        r = (t ^ (u128::from(std::process::id()) << 96)).to_le_bytes();
+    }
+    r.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl BrokerSource {
     pub(crate) fn new(core: Arc<NodeCore>, up: Uplink) -> Result<BrokerSource, OpenError> {
         let ctx = ContextRef::acquire();
@@ -368,6 +386,7 @@ impl BrokerSource {
             view: Vec::new(),
             report: Vec::new(),
             attaches: 0,
+            key: client_key(),
             ctx,
         })
     }
@@ -486,7 +505,12 @@ impl BrokerSource {
     /// Tells the broker the node is leaving (its closing).
     pub(crate) fn leave(&self) {
         let id = self.core.id.to_hex();
-        let req: [&[u8]; 3] = [wire::MAGIC, wire::DETACH, id.as_bytes()];
+        let req: [&[u8]; 4] = [
+            wire::MAGIC,
+            wire::DETACH,
+            id.as_bytes(),
+            self.key.as_bytes(),
+        ];
         let _ = self.sock.send_multipart(req, zmq::DONTWAIT);
     }
 
@@ -536,6 +560,13 @@ impl BrokerSource {
                 self.view = peers;
                 changed
             }
+            [m, c1, text] if m == wire::MAGIC && c1 == wire::ERROR => {
+                // An attach refused (another connection holds this node's
+                // id, or the broker serves its most clients): said, and
+                // tried again at the next attach.
+                limited!(warn, broker = %self.current.broker, "the broker refused this node: {}", String::from_utf8_lossy(text));
+                false
+            }
             _ => {
                 c.control_malformed.fetch_add(1, Ordering::Relaxed);
                 false
@@ -564,9 +595,13 @@ impl Source for BrokerSource {
                 &self.announcement,
                 view.as_bytes(),
             ];
-            if self.attaches % REPORT_EVERY == 0 && !self.report.is_empty() {
+            // The report (or an empty frame: none this time), the key.
+            if self.attaches % REPORT_EVERY == 0 {
                 req.push(&self.report);
+            } else {
+                req.push(b"");
             }
+            req.push(self.key.as_bytes());
             if !self.announcement.is_empty() && self.sock.send_multipart(req, zmq::DONTWAIT).is_ok()
             {
                 self.sent = self.version;
