@@ -499,6 +499,13 @@ fn cat(a: &CatArgs) -> Result<ExitCode> {
             a.file.display()
         );
     }
+    if !r.skipped().is_empty() {
+        eprintln!(
+            "milonga cat: {} holds what is not shown: {}",
+            a.file.display(),
+            r.skipped()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -534,8 +541,8 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
                 k.samples += 1;
                 k.last_ns = at;
                 let p = k.publishers.entry(s.publisher).or_insert((0, 0));
-                if p.0 > 0 && s.seq > p.1 + 1 {
-                    k.gaps += s.seq - p.1 - 1;
+                if p.0 > 0 && s.seq > p.1.saturating_add(1) {
+                    k.gaps = k.gaps.saturating_add(s.seq - p.1 - 1);
                 }
                 p.0 += 1;
                 p.1 = p.1.max(s.seq);
@@ -548,7 +555,8 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
                 events += 1;
                 records += 31 + r.last_len() as u64;
                 if let Event::Lost(l) = &ev {
-                    lost_reported += l.count;
+                    // Saturating: a file may claim anything.
+                    lost_reported = lost_reported.saturating_add(l.count);
                 }
                 first = first.min(at);
                 last = last.max(at);
@@ -603,7 +611,7 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
             "samples": samples,
             "events": events,
             "lost_reported": lost_reported,
-            "gaps": keys.values().map(|k| k.gaps).sum::<u64>(),
+            "gaps": keys.values().fold(0u64, |a, k| a.saturating_add(k.gaps)),
             "first_ns": if samples + events > 0 { first } else { 0 },
             "last_ns": last,
             "duration_s": span,
@@ -611,6 +619,7 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
             "metadata": r.metadata(),
             "skipped_foreign": r.skipped().foreign,
             "skipped_undecodable": r.skipped().undecodable,
+            "skipped_other_records": r.skipped().other_records,
         });
         println!("{line}");
     } else {
@@ -642,16 +651,21 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
                 i.gaps
             );
         }
-        if r.skipped().foreign + r.skipped().undecodable > 0 {
-            println!(
-                "skipped:   {} messages of other channels, {} that did not decode",
-                r.skipped().foreign,
-                r.skipped().undecodable
-            );
+        if !r.skipped().is_empty() {
+            println!("skipped:   {}", r.skipped());
         }
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// The slowest and the fastest `--speed` (a factor): slower, a wait of a
+/// second recorded would not fit a `Duration`.
+const MIN_SPEED: f64 = 0.001;
+const MAX_SPEED: f64 = 1_000_000.0;
+
+/// A wait for the next sample this long is said on stderr (a recording
+/// silent for a night, or a receive time far off).
+const LONG_WAIT: Duration = Duration::from_secs(10);
 
 /// Most recorded publishers a replay gives a node each; past that, one
 /// node replays them all (a node takes about ten of libzmq's 1,023
@@ -711,10 +725,11 @@ impl Replayers<'_> {
                 "replay".to_owned()
             };
             let node = self.net.open(&name)?;
-            let mut pubs = BTreeMap::new();
-            for k in &r.keys {
-                pubs.insert(k.clone(), node.publisher_with(k, self.qos.clone())?);
-            }
+            // Announced once for all its keys (one by one, a recording of
+            // thousands of keys took minutes to start).
+            let list = node.publishers_with(r.keys.iter().map(String::as_str), self.qos.clone())?;
+            let pubs: BTreeMap<String, milonga::Publisher> =
+                r.keys.iter().cloned().zip(list).collect();
             // Subscribers find a new node within a discovery round or
             // two: it waits for as many as the old one had.
             let end = Instant::now() + self.wait;
@@ -757,8 +772,11 @@ impl Replayers<'_> {
             .map(|p| p.subscriber_count())
             .min()
             .unwrap_or(0);
-        drop(pubs);
+        // The node first: a publisher dropped from an open node announces
+        // the node's every publication left, which for thousands of keys
+        // took minutes (the goodbye names them all the same).
         node.close();
+        drop(pubs);
         true
     }
 }
@@ -767,8 +785,8 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
     let speed: Option<f64> = match a.speed.as_str() {
         "max" => None,
         s => match s.parse::<f64>() {
-            Ok(v) if v > 0.0 && v.is_finite() => Some(v),
-            _ => bail!("--speed {s:?}: a positive number, or max"),
+            Ok(v) if (MIN_SPEED..=MAX_SPEED).contains(&v) => Some(v),
+            _ => bail!("--speed {s:?}: a number from {MIN_SPEED} to {MAX_SPEED}, or max"),
         },
     };
     if !(a.wait_timeout >= 0.0 && a.wait_timeout.is_finite()) {
@@ -778,6 +796,21 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         );
     }
     let keys = key_filter(&a.keys)?;
+    let said = |r: &RecordReader| {
+        if !r.skipped().is_empty() {
+            eprintln!(
+                "milonga replay: {} holds what is not replayed: {}",
+                a.file.display(),
+                r.skipped()
+            );
+        }
+        if let Some(why) = r.truncated() {
+            eprintln!(
+                "milonga replay: {} was cut short ({why}); everything before is replayed",
+                a.file.display()
+            );
+        }
+    };
     // Every key of every publisher first: publishers are declared before
     // the first sample, so that subscribers can connect
     // (--wait-subscribers).
@@ -792,6 +825,7 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             }
         }
     }
+    said(&r);
     if keys_of.is_empty() {
         bail!("{}: no sample to replay", a.file.display());
     }
@@ -874,10 +908,15 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             let from_ns = a.from.map_or(0, |b| b.offset(first));
             let to_ns = a.to.map_or(u64::MAX, |b| b.offset(first));
             if to_ns <= from_ns {
-                bail!("--to must come after --from");
+                match a.from {
+                    Some(_) => bail!("--to must come after --from"),
+                    None => bail!("--to comes before the recording's start"),
+                }
             }
+            // Not the end: receive times follow the recorder's wall clock,
+            // which may have been set back.
             if offset > to_ns {
-                break;
+                continue;
             }
             if offset < from_ns {
                 continue;
@@ -932,6 +971,14 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             }
             if let Some(speed) = speed {
                 let due = start + Duration::from_nanos(offset - from_ns).div_f64(speed);
+                let wait = due.saturating_duration_since(Instant::now());
+                if wait >= LONG_WAIT {
+                    eprintln!(
+                        "{}milonga replay: the recording is silent here: the next sample is due in {} (--from skips ahead, --speed max does not wait)",
+                        if progress { "\n" } else { "" },
+                        humantime::format_duration(Duration::from_secs(wait.as_secs()))
+                    );
+                }
                 while let Some(d) = due.checked_duration_since(Instant::now()) {
                     if interrupted() {
                         break 'outer;

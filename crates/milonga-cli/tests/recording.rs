@@ -736,6 +736,70 @@ fn cat_and_info_refuse_a_file_that_is_not_a_recording() {
     }
 }
 
+/// What a hostile recording claims gets a clear answer, never a panic:
+/// losses that add past 2^64 (`info` saturates), a pace too slow to wait
+/// for (`replay --speed`, `file_speed`: refused with their range), and
+/// messages `cat` cannot show (said on stderr, not dropped silently).
+#[test]
+fn hostile_recordings_get_clear_answers() {
+    use milonga::recording::{RecordOptions, RecordWriter};
+    let env = Env::new("rec-hostile");
+    let file = env.dir.path().join("lost.mcap");
+    let mut w = RecordWriter::create(&file, &RecordOptions::default()).unwrap();
+    let base = 1_700_000_000_000_000_000;
+    w.sample(&float_sample("h/x", 1, base), base).unwrap();
+    for first_seq in [2, 3] {
+        let lost = milonga::Event::Lost(milonga::LostSamples {
+            publisher: milonga::NodeId([7; 16]),
+            key: "h/x".into(),
+            count: u64::MAX,
+            first_seq,
+        });
+        w.event(&lost, base + first_seq).unwrap();
+    }
+    w.finish().unwrap();
+    assert_eq!(info(&env, &file)["lost_reported"], u64::MAX);
+    let out = env
+        .cmd(&["replay", "--speed", "1e-300"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--speed") && err.contains("0.001"), "{err}");
+    let locator = format!("file://{}", file.display());
+    let out = env
+        .cmd(&["--locator", &locator, "sub", "h/**", "--json"])
+        .env("MILONGA_FILE_SPEED", "1e-300")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("FILE_SPEED") && err.contains("0.001"), "{err}");
+    // A message of a channel that is not Milonga's: `cat` says so.
+    let foreign = env.dir.path().join("foreign.mcap");
+    {
+        let f = std::io::BufWriter::new(std::fs::File::create(&foreign).unwrap());
+        let mut w = mcap::Writer::new(f).unwrap();
+        let ch = w.add_channel(0, "t", "json", &Default::default()).unwrap();
+        let header = mcap::records::MessageHeader {
+            channel_id: ch,
+            sequence: 1,
+            log_time: 1,
+            publish_time: 1,
+        };
+        w.write_to_known_channel(&header, b"{}").unwrap();
+        w.finish().unwrap();
+    }
+    let out = env.cmd(&["cat"]).arg(&foreign).output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1 messages of channels that are not Milonga's"),
+        "{err}"
+    );
+}
+
 /// A write that fails (here a file size limit, as a full disk would) stops
 /// the recorder with an error that says why, and leaves the file without
 /// a summary: read as cut short, never as complete.
@@ -789,8 +853,9 @@ fn a_recorder_that_cannot_write_stops_and_says_why() {
 /// A disk that fills (a 256 KiB tmpfs mounted in a mount namespace of the
 /// test's own, so that it goes with the test): the recorder stops at
 /// ENOSPC with a clear error and exit 1; the file it leaves reads as
-/// incomplete, the samples of its records written whole in order (the
-/// chunk cut short included: uncompressed, its records read one by one),
+/// incomplete, the samples of its chunks written whole in order (chunks
+/// of 125 KB, `--max-bytes 1000000`, so that some fit; the chunk cut
+/// short is not read: its CRC is checked before any of its messages),
 /// and `--recover` makes a complete copy of them. Needs root, as the multi-host tests do
 /// (skipped, saying so, with MILONGA_SKIP_MULTIHOST=1).
 #[test]
@@ -805,20 +870,23 @@ fn a_recorder_on_a_full_disk_stops_and_leaves_a_file_that_reads() {
         "rn/x",
         "--compression",
         "none",
+        "--max-bytes",
+        "1000000",
         "--duration",
         "20",
     ]);
     // In the namespace: mount, record onto it (about half a second of
-    // this stream fills it), then read what it left, with its exit
+    // this stream fills it; --max-bytes names the file run-0000.mcap),
+    // then read what it left, with its exit
     // status and error beside, outside the small disk.
     let script = r#"set -e
 mount -t tmpfs -o size=256k milonga-test "$DISK"
 set +e
 "$0" "$@" -o "$DISK/run.mcap" 2>"$OUT/err"
 echo $? >"$OUT/rc"
-"$0" info --json "$DISK/run.mcap" >"$OUT/info.json" 2>>"$OUT/err"
-"$0" cat --json "$DISK/run.mcap" >"$OUT/cat.json" 2>>"$OUT/err"
-"$0" record --recover "$DISK/run.mcap" -o "$OUT/clean.mcap" 2>>"$OUT/err"
+"$0" info --json "$DISK/run-0000.mcap" >"$OUT/info.json" 2>>"$OUT/err"
+"$0" cat --json "$DISK/run-0000.mcap" >"$OUT/cat.json" 2>>"$OUT/err"
+"$0" record --recover "$DISK/run-0000.mcap" -o "$OUT/clean.mcap" 2>>"$OUT/err"
 exit 0
 "#;
     let mut c = std::process::Command::new("unshare");

@@ -124,6 +124,60 @@ fn a_node_appends_to_an_existing_recording() {
     assert!(!dir.path().join("run.mcap.milonga-tmp").exists());
 }
 
+/// A node appends to a recording by copying it and putting the copy in
+/// its place: never to one the copy would not hold whole (cut short, or
+/// with what is not Milonga's), which is left as it is, the put refused
+/// with the reason.
+#[test]
+fn a_node_does_not_append_to_a_recording_a_copy_would_not_keep_whole() {
+    let dir = TempDir::new("file-noappend");
+    let good = dir.path().join("good.mcap");
+    let n = node(&good, "max").unwrap();
+    let p = n.publisher("f/a").unwrap();
+    for i in 0..10u64 {
+        p.put(i).unwrap();
+    }
+    drop(p);
+    n.close();
+    let bytes = std::fs::read(&good).unwrap();
+    // Cut short (its summary gone), and foreign (a JSON channel's
+    // message beside Milonga's).
+    let cut = dir.path().join("cut.mcap");
+    std::fs::write(&cut, &bytes[..bytes.len() - 200]).unwrap();
+    let foreign = dir.path().join("foreign.mcap");
+    {
+        let f = std::io::BufWriter::new(std::fs::File::create(&foreign).unwrap());
+        let mut w = mcap::Writer::new(f).unwrap();
+        let ch = w
+            .add_channel(0, "other/topic", "json", &Default::default())
+            .unwrap();
+        let header = mcap::records::MessageHeader {
+            channel_id: ch,
+            sequence: 1,
+            log_time: 1,
+            publish_time: 1,
+        };
+        w.write_to_known_channel(&header, b"{}").unwrap();
+        w.finish().unwrap();
+    }
+    for (path, why) in [(&cut, "cut short"), (&foreign, "leave out")] {
+        let before = std::fs::read(path).unwrap();
+        let n = node(path, "max").unwrap();
+        let p = n.publisher("f/b").unwrap();
+        let err = p.put(1u64).unwrap_err();
+        assert!(
+            err.to_string().contains("cannot append") && err.to_string().contains(why),
+            "{err}"
+        );
+        drop(p);
+        n.close();
+        assert_eq!(std::fs::read(path).unwrap(), before, "{path:?} changed");
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".milonga-tmp");
+        assert!(!std::path::Path::new(&tmp).exists());
+    }
+}
+
 #[test]
 fn file_speed_one_reads_at_the_recorded_pace() {
     let dir = TempDir::new("file-pace");

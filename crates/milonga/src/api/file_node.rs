@@ -87,6 +87,30 @@ impl FileNode {
         let _ = std::fs::remove_file(&tmp);
         let mut reader = RecordReader::open(&self.path)?;
         let (writer, _) = copy_recording(&mut reader, &tmp, &opts)?;
+        // The copy replaces the file when the node closes: only a finished
+        // recording the copy holds whole is appended to, never one whose
+        // damaged or foreign parts the copy would leave out.
+        let refuse = if !reader.complete() {
+            Some(match reader.truncated() {
+                Some(why) => format!("it is damaged or cut short ({why})"),
+                None => "it is not finished (no summary)".to_owned(),
+            })
+        } else if !reader.skipped().is_empty() {
+            Some(format!(
+                "it holds what a copy would leave out: {}",
+                reader.skipped()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = refuse {
+            drop(writer);
+            let _ = std::fs::remove_file(&tmp);
+            return Err(RecordError::Append {
+                path: self.path.clone(),
+                why: format!("{why}; it is left as it is (milonga record --recover writes a clean copy, which can be appended to)"),
+            });
+        }
         Ok(Sink::Writing {
             writer: Box::new(writer),
             tmp: Some(tmp),
@@ -201,6 +225,10 @@ impl FileNode {
             if let Some(speed) = self.speed {
                 let t0 = *first.get_or_insert(at);
                 let due = start + Duration::from_nanos(at.saturating_sub(t0)).div_f64(speed);
+                let wait = due.saturating_duration_since(Instant::now());
+                if wait >= Duration::from_secs(10) {
+                    tracing::warn!(file = %self.path.display(), wait_s = wait.as_secs(), "the recording is silent here: its next event is due after a long wait at this file_speed");
+                }
                 while let Some(d) = due.checked_duration_since(Instant::now()) {
                     if sub.stopped() {
                         return Ok(());
@@ -221,6 +249,9 @@ impl FileNode {
         }
         if let Some(why) = reader.truncated() {
             tracing::warn!(file = %self.path.display(), %why, "the recording was cut short; read to its last complete record");
+        }
+        if !reader.skipped().is_empty() {
+            tracing::warn!(file = %self.path.display(), skipped = %reader.skipped(), "the recording holds what a subscription cannot read");
         }
         Ok(())
     }

@@ -123,6 +123,35 @@ impl Node {
         key: &str,
         qos: PublisherQos,
     ) -> Result<Publisher, PublisherError> {
+        let p = self.declare_publisher(key, qos)?;
+        self.inner.publisher_started(p.key(), p.seq_counter());
+        Ok(p)
+    }
+
+    /// Declares a publisher of each of `keys` with `qos`, as
+    /// [`Node::publisher_with`] does one, announced once for all: each
+    /// declaration announces the node's every publication, so declaring
+    /// thousands one by one costs time in the square of their number (a
+    /// replay of a recording of many keys). On an error, the publishers
+    /// declared so far are withdrawn.
+    pub fn publishers_with<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k str>,
+        qos: PublisherQos,
+    ) -> Result<Vec<Publisher>, PublisherError> {
+        let mut out = Vec::new();
+        for key in keys {
+            let p = self.declare_publisher(key, qos.clone())?;
+            self.inner.publisher_ready(p.key(), p.seq_counter());
+            out.push(p);
+        }
+        if !out.is_empty() {
+            self.inner.announce();
+        }
+        Ok(out)
+    }
+
+    fn declare_publisher(&self, key: &str, qos: PublisherQos) -> Result<Publisher, PublisherError> {
         if self.inner.is_closed() {
             return Err(PublisherError::Closed);
         }
@@ -161,7 +190,6 @@ impl Node {
         }
         let mut p = Publisher::new(self.inner.clone(), key, qos, data, last_seq, schema);
         p.file = self.file.clone();
-        self.inner.publisher_started(p.key(), p.seq_counter());
         Ok(p)
     }
 

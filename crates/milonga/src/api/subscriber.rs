@@ -170,6 +170,12 @@ impl SubShared {
                         // through the new one: not disconnected.
                         self.core.broker_changed(&mut io);
                     }
+                    // A loss read from a recording counts as a live one
+                    // (`Subscriber::lost`, the node's `samples_lost`).
+                    if let Event::Lost(l) = &ev {
+                        self.core
+                            .count_lost(self.node.counters(), l.publisher, l.count);
+                    }
                     io.pending.push_back(ev);
                 }
             }

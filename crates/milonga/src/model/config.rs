@@ -837,10 +837,12 @@ pub(crate) struct Locator {
 pub(crate) fn parse_speed(s: &str) -> Result<Option<f64>, String> {
     match s {
         "max" => Ok(None),
+        // As `milonga replay --speed`: slower, a second recorded would
+        // not fit a `Duration`.
         _ => match s.parse::<f64>() {
-            Ok(v) if v > 0.0 && v.is_finite() => Ok(Some(v)),
+            Ok(v) if (0.001..=1_000_000.0).contains(&v) => Ok(Some(v)),
             _ => Err(format!(
-                "{s:?}: max, or a positive factor of the recorded pace"
+                "{s:?}: max, or a factor of the recorded pace from 0.001 to 1000000"
             )),
         },
     }

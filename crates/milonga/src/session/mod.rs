@@ -333,8 +333,14 @@ impl NodeInner {
     /// The publisher of `key` is ready: its sequence counter goes into the
     /// goodbye, and the announcement names it.
     pub(crate) fn publisher_started(&self, key: &str, seq: Arc<AtomicU64>) {
-        lock(&self.state).pub_seqs.insert(key.to_owned(), seq);
+        self.publisher_ready(key, seq);
         self.announce();
+    }
+
+    /// As [`NodeInner::publisher_started`], without announcing: the
+    /// caller announces once for many ([`crate::Node::publishers_with`]).
+    pub(crate) fn publisher_ready(&self, key: &str, seq: Arc<AtomicU64>) {
+        lock(&self.state).pub_seqs.insert(key.to_owned(), seq);
     }
 
     /// The publisher of `key` went, having sent up to `last`.

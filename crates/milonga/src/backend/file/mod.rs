@@ -18,7 +18,7 @@ use std::time::Duration;
 use mcap::records::Record;
 use mcap::sans_io::{LinearReadEvent, LinearReader, LinearReaderOptions};
 use milonga_wire::cbor::decode_cbor;
-use milonga_wire::{Bytes, Encoding, NodeId};
+use milonga_wire::{Bytes, Encoding, Key, NodeId};
 
 use crate::model::sample::{
     DeadlineMissed, Event, IncompatibleQos, LostReason, LostSamples, PermissionDenied,
@@ -108,6 +108,16 @@ pub enum RecordError {
     /// The file is not MCAP, or a record in it is malformed.
     #[error("{path}: not a readable MCAP recording: {why}")]
     Format {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// A `file:///` node cannot append to the recording there (it is
+    /// not finished, or holds what a copy would leave out): it is left
+    /// as it is.
+    #[error("{path}: cannot append to it: {why}")]
+    Append {
         /// The file.
         path: PathBuf,
         /// Why.
@@ -293,15 +303,44 @@ pub fn status_from_json(j: &serde_json::Value) -> Option<Event> {
 }
 
 /// What a reader skipped: messages of channels it does not know as
-/// Milonga's (a foreign MCAP file), and messages that do not decode (or
-/// status events of a kind this version does not know).
-#[derive(Debug, Clone, Default)]
+/// Milonga's (a foreign MCAP file), messages that do not decode (or
+/// status events of a kind this version does not know), and records that
+/// are not Milonga's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Skipped {
-    /// Messages of channels with another encoding, or of no channel.
+    /// Messages of channels with another encoding, a topic that is not a
+    /// Milonga key, no publisher, or of no channel.
     pub foreign: u64,
     /// Messages whose data did not decode.
     pub undecodable: u64,
+    /// Records a Milonga recording does not hold: attachments, metadata
+    /// other than `milonga` (or past [`METADATA_LIMIT`]), records of
+    /// opcodes MCAP does not define.
+    pub other_records: u64,
 }
+
+impl Skipped {
+    /// Whether nothing was skipped.
+    pub fn is_empty(&self) -> bool {
+        *self == Skipped::default()
+    }
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} messages of channels that are not Milonga's, {} that did not decode, {} other records",
+            self.foreign, self.undecodable, self.other_records
+        )
+    }
+}
+
+/// The most bytes of `milonga` metadata a reader keeps (names and values,
+/// all records together); past it, a record is skipped (counted in
+/// [`Skipped::other_records`]): a hostile file cannot make a reader hold
+/// more.
+pub const METADATA_LIMIT: usize = 1 << 20;
 
 /// Reads a recording from start to end, record by record (the file is
 /// never loaded whole). A file cut short (a recorder killed, a full disk)
@@ -322,6 +361,8 @@ pub struct RecordReader {
     seen_header: bool,
     /// Bytes of the last entry's message data, as stored.
     last_len: usize,
+    /// Bytes of `metadata`.
+    metadata_bytes: usize,
 }
 
 impl std::fmt::Debug for RecordReader {
@@ -353,8 +394,15 @@ impl RecordReader {
             path: path.to_path_buf(),
             source,
         })?;
+        // Every chunk's CRC is checked before any of its messages is
+        // given (a damaged chunk ends the read there, said, rather than
+        // giving a changed value), and the data section's; a file must end
+        // at the magic after its footer (a footer followed by more is not
+        // a whole recording).
         let opts = LinearReaderOptions::default()
-            .with_skip_end_magic(true)
+            .with_prevalidate_chunk_crcs(true)
+            .with_validate_data_section_crc(true)
+            .with_check_finishes_after_end_magic(true)
             .with_record_length_limit(RECORD_LIMIT);
         Ok(RecordReader {
             path: path.to_path_buf(),
@@ -368,6 +416,7 @@ impl RecordReader {
             complete: false,
             seen_header: false,
             last_len: 0,
+            metadata_bytes: 0,
         })
     }
 
@@ -377,9 +426,10 @@ impl RecordReader {
         self.truncated.as_deref()
     }
 
-    /// Whether the file ended with its footer: the recorder finished it.
+    /// Whether the file ended with its footer and the magic after it,
+    /// with nothing after: the recorder finished it.
     pub fn complete(&self) -> bool {
-        self.complete
+        self.complete && self.truncated.is_none()
     }
 
     /// Bytes of the last entry's message data as the file stores it (the
@@ -408,6 +458,9 @@ impl RecordReader {
             let event = match self.reader.next_event() {
                 None => {
                     self.finished = true;
+                    if !self.seen_header {
+                        return Err(format_err(&self.path, "it ends before its header record"));
+                    }
                     return Ok(None);
                 }
                 Some(Err(e)) => {
@@ -440,16 +493,29 @@ impl RecordReader {
                     return Ok(None);
                 }
             };
+            if !self.seen_header && !matches!(record, Record::Header(_)) {
+                self.finished = true;
+                return Err(format_err(&self.path, "its first record is not a header"));
+            }
             match record {
                 Record::Header(_) => self.seen_header = true,
                 Record::Metadata(m) if m.name == METADATA_NAME => {
-                    self.metadata.extend(m.metadata);
+                    let bytes: usize = m.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+                    if self.metadata_bytes + bytes > METADATA_LIMIT {
+                        self.skipped.other_records += 1;
+                    } else {
+                        self.metadata_bytes += bytes;
+                        self.metadata.extend(m.metadata);
+                    }
+                }
+                Record::Metadata(_) | Record::Attachment { .. } | Record::Unknown { .. } => {
+                    self.skipped.other_records += 1;
                 }
                 Record::Footer(_) => self.complete = true,
                 Record::Channel(c) => {
                     let ch = if c.topic == EVENTS_TOPIC {
                         Channel::Events
-                    } else if c.message_encoding == "cbor" {
+                    } else if c.message_encoding == "cbor" && Key::new(c.topic.as_str()).is_ok() {
                         match c
                             .metadata
                             .get(META_PUBLISHER)
@@ -878,11 +944,158 @@ mod tests {
                 continue;
             };
             let mut n = 0;
-            while let Ok(Some(_)) = r.next_entry() {
+            while let Ok(Some(e)) = r.next_entry() {
                 n += 1;
                 assert!(n <= 1000, "more entries than were written");
+                // Every chunk's CRC is checked before its messages are
+                // given: a damaged one never yields a changed value.
+                if let Entry::Sample(s, _) = e {
+                    let v = milonga_wire::Value::from(format!("value {}", s.seq));
+                    assert_eq!(s.value, v, "a damaged file gave a changed sample");
+                }
             }
         }
+    }
+
+    /// The first record after the magic: its offset.
+    fn first_record(b: &[u8], opcode: u8) -> usize {
+        let mut at = 8;
+        loop {
+            let len = u64::from_le_bytes(b[at + 1..at + 9].try_into().unwrap()) as usize;
+            if b[at] == opcode {
+                return at;
+            }
+            at += 9 + len;
+        }
+    }
+
+    /// One byte changed in a chunk (a value, where compression is off):
+    /// the read ends before that chunk and says why, rather than giving
+    /// the changed value; a copy (`--recover`) holds what came before.
+    #[test]
+    fn a_damaged_chunk_ends_the_read_there_and_says_so() {
+        let dir = milonga_testkit::TempDir::new("rec-crc");
+        let good = dir.path().join("good.mcap");
+        write(&good, Compression::None, 300);
+        let mut b = std::fs::read(&good).unwrap();
+        let needle = b"value 150";
+        let at = b.windows(needle.len()).position(|w| w == needle).unwrap();
+        b[at + 6] = b'9';
+        let p = dir.path().join("flipped.mcap");
+        std::fs::write(&p, &b).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        let seqs: Vec<u64> = r
+            .by_ref()
+            .filter_map(|e| match e.unwrap() {
+                Entry::Sample(s, _) => Some(s.seq),
+                Entry::Event(..) => None,
+            })
+            .collect();
+        assert!(!r.complete());
+        assert!(
+            r.truncated().unwrap().contains("CRC"),
+            "{:?}",
+            r.truncated()
+        );
+        assert!(!seqs.contains(&150) && !seqs.is_empty(), "{seqs:?}");
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    }
+
+    /// A footer followed by more (a second recording after the first, or
+    /// a footer written into the middle) is not a complete recording.
+    #[test]
+    fn what_follows_a_footer_makes_a_file_not_complete() {
+        let dir = milonga_testkit::TempDir::new("rec-tail");
+        let good = dir.path().join("good.mcap");
+        write(&good, Compression::Zstd, 50);
+        let mut b = std::fs::read(&good).unwrap();
+        b.extend_from_within(..);
+        let p = dir.path().join("twice.mcap");
+        std::fs::write(&p, &b).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        assert_eq!(r.by_ref().count(), 55);
+        assert!(!r.complete());
+        assert!(r.truncated().is_some());
+    }
+
+    /// An empty file, or one whose first record is not a header, is not a
+    /// recording: an error, not an empty recording read whole.
+    #[test]
+    fn a_file_without_a_header_is_an_error() {
+        let dir = milonga_testkit::TempDir::new("rec-nohdr");
+        let empty = dir.path().join("empty.mcap");
+        std::fs::write(&empty, b"").unwrap();
+        assert!(RecordReader::open(&empty).unwrap().next_entry().is_err());
+        let good = dir.path().join("good.mcap");
+        write(&good, Compression::Zstd, 10);
+        let b = std::fs::read(&good).unwrap();
+        // The magic, then the records after the header.
+        let header = first_record(&b, 0x01);
+        let len = u64::from_le_bytes(b[header + 1..header + 9].try_into().unwrap()) as usize;
+        let mut no_header = b[..8].to_vec();
+        no_header.extend_from_slice(&b[header + 9 + len..]);
+        let p = dir.path().join("noheader.mcap");
+        std::fs::write(&p, &no_header).unwrap();
+        let err = RecordReader::open(&p).unwrap().next_entry().unwrap_err();
+        assert!(err.to_string().contains("header"), "{err}");
+    }
+
+    /// A channel whose topic is not a Milonga key (`**`, 100 KiB long),
+    /// an attachment and another metadata record: skipped and counted,
+    /// never given as samples (and a topic is never kept past a key's
+    /// length).
+    #[test]
+    fn what_is_not_milonga_s_is_skipped_and_counted() {
+        let dir = milonga_testkit::TempDir::new("rec-foreign");
+        let p = dir.path().join("foreign.mcap");
+        let mut w = mcap::Writer::new(std::io::BufWriter::new(File::create(&p).unwrap())).unwrap();
+        let meta = BTreeMap::from([(META_PUBLISHER.to_owned(), "07".repeat(16))]);
+        let long = "k".repeat(100 << 10);
+        for (i, topic) in ["**", long.as_str(), "good/key"].into_iter().enumerate() {
+            let ch = w.add_channel(0, topic, "cbor", &meta).unwrap();
+            let mut data = Vec::new();
+            milonga_wire::cbor::encode_cbor(&milonga_wire::Value::from(1i64), &mut data).unwrap();
+            w.write_to_known_channel(
+                &mcap::records::MessageHeader {
+                    channel_id: ch,
+                    sequence: i as u32 + 1,
+                    log_time: 1,
+                    publish_time: 1,
+                },
+                &data,
+            )
+            .unwrap();
+        }
+        w.attach(&mcap::Attachment {
+            log_time: 1,
+            create_time: 1,
+            name: "x".into(),
+            media_type: "text/plain".into(),
+            data: std::borrow::Cow::Borrowed(b"hello"),
+        })
+        .unwrap();
+        w.write_metadata(&mcap::records::Metadata {
+            name: "calibration".into(),
+            metadata: BTreeMap::from([("a".to_owned(), "b".to_owned())]),
+        })
+        .unwrap();
+        w.finish().unwrap();
+        drop(w);
+        let mut r = RecordReader::open(&p).unwrap();
+        let keys: Vec<String> = r
+            .by_ref()
+            .filter_map(|e| match e.unwrap() {
+                Entry::Sample(s, _) => Some(s.key),
+                Entry::Event(..) => None,
+            })
+            .collect();
+        assert_eq!(keys, ["good/key"]);
+        let s = r.skipped();
+        assert_eq!(
+            (s.foreign, s.undecodable, s.other_records),
+            (2, 0, 2),
+            "{s}"
+        );
     }
 
     /// A chunk that claims to hold a terabyte once decompressed is refused,
