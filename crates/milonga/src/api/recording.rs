@@ -26,6 +26,6 @@
 
 pub use crate::backend::file::{
     copy_recording, status_from_json, status_json, Compression, Entry, RecordError, RecordOptions,
-    RecordReader, RecordWriter, Skipped, EVENTS_TOPIC, METADATA_NAME, META_ENCODING,
-    META_PUBLISHER, META_REPLAYED, RECORD_LIMIT,
+    RecordReader, RecordWriter, Skipped, EVENTS_TOPIC, METADATA_LIMIT, METADATA_NAME,
+    META_ENCODING, META_PUBLISHER, META_REPLAYED, RECORD_LIMIT,
 };
