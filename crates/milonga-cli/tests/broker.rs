@@ -1929,4 +1929,30 @@ fn another_connection_cannot_take_a_clients_place_or_send_its_callers_elsewhere(
     let stats = stats_until(&broker.proc, |s| s["requests_refused"].as_u64() >= Some(4));
     assert_eq!(stats["stats"]["requests_refused"], 4, "{stats}");
     calls_reach_the_server();
+    // A connection to the broker's services socket under the server's
+    // public tag (`<node id>/s1`): the broker hands a reconnecting
+    // identity over to the newest connection, but the server's identity
+    // also holds its client key, so the calls still reach the server and
+    // the impostor gets none.
+    let services_in = broker.listening["endpoints"][0]["services_in"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let tag = victim.services[0]
+        .endpoint
+        .split_once('#')
+        .unwrap()
+        .1
+        .to_owned();
+    assert_eq!(tag, format!("{}/s1", victim.node_id));
+    let thief = ctx.socket(zmq::ROUTER).unwrap();
+    thief.set_linger(0).unwrap();
+    thief.set_identity(tag.as_bytes()).unwrap();
+    thief.connect(&services_in).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    calls_reach_the_server();
+    assert!(
+        thief.recv_multipart(zmq::DONTWAIT).is_err(),
+        "a call reached the connection that took the service's tag"
+    );
 }

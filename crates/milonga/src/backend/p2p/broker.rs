@@ -2110,6 +2110,13 @@ impl Domain {
                 limited!(warn, node = %a.node_id, "a broker client is not shown to the registered nodes: the registry holds its most");
             }
         }
+        if !self.clients.contains_key(&a.node_id) {
+            if let Some(k) = &key {
+                lock(&self.services)
+                    .keys
+                    .insert(a.node_id.clone(), k.clone());
+            }
+        }
         let c = self
             .clients
             .entry(a.node_id.clone())
@@ -2144,6 +2151,7 @@ impl Domain {
 
     fn detach(&mut self, id: &str) -> bool {
         if self.clients.remove(id).is_some() {
+            lock(&self.services).keys.remove(id);
             self.host.hide(id);
             self.registry.release(id, Instant::now());
             self.dirty = true;
@@ -2893,6 +2901,9 @@ pub(crate) fn start(
 struct ServiceTable {
     generation: u64,
     endpoints: HashMap<String, String>,
+    /// The client key of each client that attached with one, by node
+    /// id: its services' identities at `services` end with it.
+    keys: HashMap<String, String>,
 }
 
 /// The tag of a peer-to-peer service at `endpoint` of node `id`.
@@ -3057,8 +3068,15 @@ impl CallPlane {
                 .rsplit_once('/')
                 .is_some_and(|(_, n)| n.starts_with('s'))
             {
-                // A client's service: its ROUTER is connected here.
-                let mut with_id = vec![zmq::Message::from(tag.as_bytes())];
+                // A client's service: its ROUTER is connected here, with
+                // the tag and its client's key as identity (the tag alone
+                // for a client that attached without a key).
+                let node = tag.split('/').next().unwrap_or_default();
+                let identity = match lock(&self.table).keys.get(node) {
+                    Some(key) => format!("{tag}/{key}"),
+                    None => tag.clone(),
+                };
+                let mut with_id = vec![zmq::Message::from(identity.as_bytes())];
                 with_id.extend(msg);
                 send_all_checked(&self.services, with_id)
             } else {

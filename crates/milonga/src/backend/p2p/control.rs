@@ -343,7 +343,7 @@ pub(crate) fn start<H: Host>(
     };
     let broker = match p2p.uplink() {
         Some(up) => {
-            let mut b = BrokerSource::new(p2p.core.clone(), up)?;
+            let mut b = BrokerSource::new(p2p.core.clone(), up, p2p.client_key().to_owned())?;
             let wait = Duration::from_millis(p2p.core().cfg.handshake_timeout_ms.max(1) as u64);
             b.first_view(
                 host.announcement_version(),

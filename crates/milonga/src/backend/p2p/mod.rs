@@ -91,6 +91,10 @@ pub(crate) struct P2p {
     /// A broker client's services, told when the node moves to another
     /// broker.
     service_moves: Mutex<Vec<Weak<serve_link::ServeMove>>>,
+    /// Its client key at brokers (docs/protocol.md §11.2): random, kept
+    /// for the node's life, sent with its attaches and in its services'
+    /// identities, so that no other connection can take its place.
+    client_key: String,
     // Declared last: sockets above are closed before the context goes.
     ctx: ContextRef,
 }
@@ -175,6 +179,7 @@ impl P2p {
                 excluded: Mutex::new(Vec::new()),
                 uplink: Mutex::new(uplink),
                 service_moves: Mutex::new(Vec::new()),
+                client_key: uplink::client_key(),
                 ctx,
             },
             wake_rx,
@@ -367,6 +372,11 @@ impl P2p {
     }
 
     /// The broker this node is attached to, if it is a broker client.
+    /// Its client key at brokers.
+    pub(crate) fn client_key(&self) -> &str {
+        &self.client_key
+    }
+
     pub(crate) fn uplink(&self) -> Option<uplink::Uplink> {
         lock(&self.uplink).clone()
     }

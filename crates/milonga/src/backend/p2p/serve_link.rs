@@ -103,8 +103,13 @@ impl ServeLink {
             Some(up) => {
                 at = Some(up.hello.services_in.clone());
                 let (to, announced) = up.service_endpoints(&p2p.core().id.to_hex(), n);
+                // The tag and the node's client key: the broker sends the
+                // tag's calls to that identity only (docs/protocol.md
+                // §11.4), so that a connection that knows the tag alone
+                // cannot take them.
                 let tag = announced.split_once('#').map_or("", |(_, t)| t);
-                sock.set_identity(tag.as_bytes()).map_err(opt_err)?;
+                let identity = format!("{tag}/{}", p2p.client_key());
+                sock.set_identity(identity.as_bytes()).map_err(opt_err)?;
                 sock.connect(&to)
                     .map_err(|source: zmq::Error| OpenError::Socket {
                         action: "connect",

@@ -345,7 +345,7 @@ fn attach_socket(
 }
 
 /// A new client key: 128 random bits as 32 lower-case hex digits.
-fn client_key() -> String {
+pub(crate) fn client_key() -> String {
     let mut r = [0u8; 16];
     // Without the OS's randomness (never seen on Linux), a key of the
     // clock and the process still differs from every other client's.
@@ -359,7 +359,11 @@ fn client_key() -> String {
 }
 
 impl BrokerSource {
-    pub(crate) fn new(core: Arc<NodeCore>, up: Uplink) -> Result<BrokerSource, OpenError> {
+    pub(crate) fn new(
+        core: Arc<NodeCore>,
+        up: Uplink,
+        key: String,
+    ) -> Result<BrokerSource, OpenError> {
         let ctx = ContextRef::acquire();
         let (sock, monitor) = attach_socket(&ctx, &core, &up)?;
         let brokers = crate::model::config::parse_locator(&core.cfg.locator)
@@ -386,7 +390,7 @@ impl BrokerSource {
             view: Vec::new(),
             report: Vec::new(),
             attaches: 0,
-            key: client_key(),
+            key,
             ctx,
         })
     }
