@@ -1843,16 +1843,25 @@ fn another_connection_cannot_take_a_clients_place_or_send_its_callers_elsewhere(
     let l = broker.locator.clone();
     let listen = broker.listening["listen"].as_str().unwrap().to_owned();
     let _server = serve_at(&env, &l, &["im/echo", "--echo"]);
+    let p2p = env.locator();
+    let _p2p_server = serve_at(&env, &p2p, &["im/p2p", "--echo"]);
     let watcher = Node::open_with(env.config_at(&l, "watcher")).unwrap();
     let mut victim = None;
-    wait_for("the server in the watcher's view", T, || {
-        victim = watcher
-            .peers()
-            .into_iter()
-            .find(|a| a.services.iter().any(|s| s.key == "im/echo"));
-        victim.is_some()
+    let mut p2p_node = None;
+    wait_for("both servers in the watcher's view", T, || {
+        let peers = watcher.peers();
+        let with = |k: &str| {
+            peers
+                .iter()
+                .find(|a| a.services.iter().any(|s| s.key == k))
+                .cloned()
+        };
+        victim = with("im/echo");
+        p2p_node = with("im/p2p");
+        victim.is_some() && p2p_node.is_some()
     });
     let victim = victim.unwrap();
+    let p2p_node = p2p_node.unwrap();
     let calls_reach_the_server = || {
         let (code, out, err) = call_at(&env, &l, &["im/echo", "7", "--wait-server", "5"]);
         assert_eq!((code, out.as_str()), (0, "7"), "{err}");
@@ -1886,6 +1895,34 @@ fn another_connection_cannot_take_a_clients_place_or_send_its_callers_elsewhere(
         assert_eq!(r[1], b"error", "{:?}", String::from_utf8_lossy(&r[1]));
         assert!(
             String::from_utf8_lossy(&r[2]).contains("another client key"),
+            "{}",
+            String::from_utf8_lossy(&r[2])
+        );
+    }
+    // The peer-to-peer node of the broker's host, and the broker's own
+    // node: not clients, never taken as one (the broker would write the
+    // claim over the node's own file in the host's directory, then
+    // remove it at the lease: the node gone from every view).
+    let hello = ask(vec![
+        b"MILONGA-BRK/1".to_vec(),
+        b"hello".to_vec(),
+        p2p_node.domain.as_bytes().to_vec(),
+    ]);
+    let hello: Json = serde_json::from_slice(&hello[2]).unwrap();
+    let mut own = p2p_node.clone();
+    own.node_id = hello["node_id"].as_str().unwrap().to_owned();
+    for fake in [&p2p_node, &own] {
+        let r = ask(vec![
+            b"MILONGA-BRK/1".to_vec(),
+            b"attach".to_vec(),
+            serde_json::to_vec(fake).unwrap(),
+            b"0".to_vec(),
+            b"".to_vec(),
+            key.as_bytes().to_vec(),
+        ]);
+        assert_eq!(r[1], b"error", "{:?}", String::from_utf8_lossy(&r[1]));
+        assert!(
+            String::from_utf8_lossy(&r[2]).contains("not a client"),
             "{}",
             String::from_utf8_lossy(&r[2])
         );
@@ -1926,9 +1963,11 @@ fn another_connection_cannot_take_a_clients_place_or_send_its_callers_elsewhere(
         Some(victim.name.as_str()),
         "{view:?}"
     );
-    let stats = stats_until(&broker.proc, |s| s["requests_refused"].as_u64() >= Some(4));
-    assert_eq!(stats["stats"]["requests_refused"], 4, "{stats}");
+    let stats = stats_until(&broker.proc, |s| s["requests_refused"].as_u64() >= Some(6));
+    assert_eq!(stats["stats"]["requests_refused"], 6, "{stats}");
     calls_reach_the_server();
+    let (code, out, err) = call_at(&env, &p2p, &["im/p2p", "8", "--wait-server", "5"]);
+    assert_eq!((code, out.as_str()), (0, "8"), "{err}");
     // A connection to the broker's services socket under the server's
     // public tag (`<node id>/s1`): the broker hands a reconnecting
     // identity over to the newest connection, but the server's identity

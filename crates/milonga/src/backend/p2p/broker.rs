@@ -1619,6 +1619,10 @@ struct Domain {
     clients: HashMap<String, Client>,
     /// The domain's nodes as the clients are told them, by node id.
     others: BTreeMap<String, Announcement>,
+    /// The peer-to-peer nodes of the host's directory that serve
+    /// something of their own (an endpoint not a broker's): no client
+    /// may attach under their ids.
+    peer_to_peer: HashSet<String>,
     view_version: u64,
     view: Vec<u8>,
     dirty: bool,
@@ -1742,6 +1746,22 @@ impl Domain {
         let mut table = HashMap::new();
         let mut direct = Vec::new();
         let local: HashSet<String> = peers.iter().map(|a| a.node_id.clone()).collect();
+        // A node that announces an endpoint of its own (not a broker's,
+        // tagged) is a peer-to-peer node, whose file in the directory is
+        // its own: a connection claiming its id as a client would have
+        // the broker overwrite that file, then remove it. (A client another
+        // broker of this host served is announced at that broker's tagged
+        // endpoints, or at none: it may move here.)
+        self.peer_to_peer = peers
+            .iter()
+            .filter(|a| {
+                let own = |e: &str| !e.contains('#');
+                a.data_endpoints().any(own)
+                    || a.liveliness.as_deref().is_some_and(own)
+                    || a.services.iter().any(|s| own(&s.endpoint))
+            })
+            .map(|a| a.node_id.clone())
+            .collect();
         for a in peers {
             // The broker's own node, its clients, and what it announced for
             // a client it no longer serves or for another broker's node (at
@@ -2065,6 +2085,16 @@ impl Domain {
         if self.clients.get(&a.node_id).is_some_and(|c| c.key != key) {
             return Err(format!(
                 "node id {} is attached to this broker with another client key",
+                a.node_id
+            ));
+        }
+        if !self.clients.contains_key(&a.node_id)
+            && (a.node_id == self.hello.node_id
+                || self.peer_to_peer.contains(&a.node_id)
+                || self.registry.is_registered(&a.node_id))
+        {
+            return Err(format!(
+                "node id {} is a node of this domain that is not a client (the broker's, a peer-to-peer node of its host, or one registered)",
                 a.node_id
             ));
         }
@@ -2757,6 +2787,7 @@ fn open_domain_io(
         services,
         clients: HashMap::new(),
         others: BTreeMap::new(),
+        peer_to_peer: HashSet::new(),
         view_version: 0,
         view: Vec::new(),
         dirty: true,

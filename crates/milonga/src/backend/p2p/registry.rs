@@ -305,6 +305,11 @@ impl Table {
         self.entries.get(node_id).is_some_and(|e| e.held)
     }
 
+    /// Whether `node_id` is a node that registered (not a client held).
+    pub(crate) fn is_registered(&self, node_id: &str) -> bool {
+        self.entries.get(node_id).is_some_and(|e| !e.held)
+    }
+
     /// How many nodes registered (not counting the clients held).
     pub(crate) fn registered_len(&self) -> usize {
         self.entries.len() - self.held
