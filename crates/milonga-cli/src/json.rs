@@ -94,6 +94,25 @@ pub fn summary(a: &milonga::TypedArray) -> (f64, f64) {
         })
 }
 
+/// `key` for a terminal: control characters (a key may hold any) written
+/// as `\u{..}` escapes, so that a key from the network or a file cannot
+/// move the cursor, retitle the terminal or forge a line.
+pub fn printable(key: &str) -> std::borrow::Cow<'_, str> {
+    if !key.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    key.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
 /// A short human summary of a value, for tables.
 pub fn short(v: &Value) -> String {
     match v {
@@ -149,6 +168,15 @@ mod tests {
         let j: serde_json::Value =
             serde_json::from_str(r#"{"a": 1, "b": [true, null, 2.5, "x"], "c": -7}"#).unwrap();
         assert_eq!(to_json(&from_json(&j)), j);
+    }
+
+    #[test]
+    fn a_key_prints_without_its_control_characters() {
+        assert_eq!(printable("sr/ps/1"), "sr/ps/1");
+        let evil = "a/\u{1b}]0;pwned\u{7}\r\nfake: 1";
+        let shown = printable(evil);
+        assert!(!shown.chars().any(char::is_control), "{shown}");
+        assert_eq!(shown, "a/\\u{1b}]0;pwned\\u{7}\\u{d}\\u{a}fake: 1");
     }
 
     #[test]

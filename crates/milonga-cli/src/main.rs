@@ -348,6 +348,8 @@ struct LsArgs {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colours on a terminal only, not in a file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
@@ -546,7 +548,13 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
             writeln!(o, "{}", json::event_line(&ev))?;
         } else {
             match &ev {
-                Event::Sample(s) => writeln!(o, "{} [{}] {}", s.key, s.seq, json::short(&s.value))?,
+                Event::Sample(s) => writeln!(
+                    o,
+                    "{} [{}] {}",
+                    json::printable(&s.key),
+                    s.seq,
+                    json::short(&s.value)
+                )?,
                 Event::Lost(l) => writeln!(
                     o,
                     "! lost {} samples of {} from {} (from seq {})",

@@ -422,8 +422,20 @@ fn recover(damaged: &Path, output: &Path, compression: Compression) -> Result<Ex
         compression,
         ..RecordOptions::default()
     };
-    let (w, n) = milonga::recording::copy_recording(&mut r, output, &opts)?;
+    let (w, n) = milonga::recording::copy_recording(&mut r, output, &opts).with_context(|| {
+        format!(
+            "copying {} into {} (not written)",
+            damaged.display(),
+            output.display()
+        )
+    })?;
     w.finish()?;
+    if !r.skipped().is_empty() {
+        eprintln!(
+            "milonga record --recover: left out of the copy: {}",
+            r.skipped()
+        );
+    }
     match r.truncated() {
         Some(why) => eprintln!(
             "milonga record --recover: {n} messages copied; {} was cut short ({why})",
@@ -478,7 +490,13 @@ fn cat(a: &CatArgs) -> Result<ExitCode> {
                     line["received_ns"] = at.into();
                     writeln!(out, "{line}")?;
                 } else {
-                    writeln!(out, "{} #{} {}", s.key, s.seq, json::short(&s.value))?;
+                    writeln!(
+                        out,
+                        "{} #{} {}",
+                        json::printable(&s.key),
+                        s.seq,
+                        json::short(&s.value)
+                    )?;
                 }
             }
             Entry::Event(ev, at) => {
@@ -520,6 +538,22 @@ struct KeyInfo {
 }
 
 pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
+    match info(&a) {
+        // `milonga info run.mcap | head`: the reader left, nothing failed.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(ExitCode::SUCCESS)
+        }
+        other => other,
+    }
+}
+
+fn info(a: &InfoArgs) -> Result<ExitCode> {
+    use std::io::Write;
+    let out = std::io::stdout();
+    let mut out = std::io::BufWriter::new(out.lock());
     let size = std::fs::metadata(&a.file)
         .with_context(|| a.file.display().to_string())?
         .len();
@@ -621,22 +655,26 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
             "skipped_undecodable": r.skipped().undecodable,
             "skipped_other_records": r.skipped().other_records,
         });
-        println!("{line}");
+        writeln!(out, "{line}")?;
     } else {
-        println!("file:      {} ({size} bytes, {state})", a.file.display());
-        println!(
+        writeln!(
+            out,
+            "file:      {} ({size} bytes, {state})",
+            a.file.display()
+        )?;
+        writeln!(out,
             "messages:  {samples} samples of {} keys, {events} events ({lost_reported} samples reported lost)",
             keys.len()
-        );
-        println!("duration:  {span:.3} s");
+        )?;
+        writeln!(out, "duration:  {span:.3} s")?;
         if samples + events > 0 {
             let utc =
                 |ns: u64| humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_nanos(ns));
-            println!("received:  {} to {} (UTC)", utc(first), utc(last));
+            writeln!(out, "received:  {} to {} (UTC)", utc(first), utc(last))?;
         }
-        println!(
+        writeln!(out,
             "size:      {payload} bytes of values; messages {ratio:.2}x the file's size before compression"
-        );
+        )?;
         for (k, i) in &keys {
             let secs = (i.last_ns.saturating_sub(i.first_ns)) as f64 / 1e9;
             let rate = if secs > 0.0 {
@@ -644,17 +682,20 @@ pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
             } else {
                 0.0
             };
-            println!(
-                "  {k}: {} samples, {} publisher(s), {rate:.1}/s, {} missing by sequence number",
+            writeln!(
+                out,
+                "  {}: {} samples, {} publisher(s), {rate:.1}/s, {} missing by sequence number",
+                json::printable(k),
                 i.samples,
                 i.publishers.len(),
                 i.gaps
-            );
+            )?;
         }
         if !r.skipped().is_empty() {
-            println!("skipped:   {}", r.skipped());
+            writeln!(out, "skipped:   {}", r.skipped())?;
         }
     }
+    out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -887,11 +928,12 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    let (mut sent, mut skipped, mut left) = (0u64, 0u64, 0u64);
+    let (mut sent, mut skipped, mut left, mut too_large) = (0u64, 0u64, 0u64, 0u64);
     // A progress line when stderr is a terminal.
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut shown = Instant::now();
     'outer: loop {
+        let sent_before = sent;
         let mut r = RecordReader::open(&a.file)?;
         let start = Instant::now();
         // The recording's first receive time: --from and --to count from it.
@@ -908,9 +950,10 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             let from_ns = a.from.map_or(0, |b| b.offset(first));
             let to_ns = a.to.map_or(u64::MAX, |b| b.offset(first));
             if to_ns <= from_ns {
-                match a.from {
-                    Some(_) => bail!("--to must come after --from"),
-                    None => bail!("--to comes before the recording's start"),
+                match (a.from, a.to) {
+                    (Some(_), Some(_)) => bail!("--to must come after --from"),
+                    (None, _) => bail!("--to comes before the recording's start"),
+                    (_, None) => bail!("--from is past any time a recording can hold"),
                 }
             }
             // Not the end: receive times follow the recorder's wall clock,
@@ -986,8 +1029,25 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                     std::thread::sleep(d.min(Duration::from_millis(100)));
                 }
             }
-            rs.publisher(s.publisher, &s.key)?
-                .put_at(s.value, s.timestamp_ns)?;
+            match rs
+                .publisher(s.publisher, &s.key)?
+                .put_at(s.value, s.timestamp_ns)
+            {
+                Ok(()) => {}
+                // One sample too large to send (a recording made with a
+                // larger max_message_bytes): said, and the replay goes on.
+                Err(e @ milonga::PutError::TooLarge { .. }) => {
+                    eprintln!(
+                        "{}milonga replay: a sample of {} #{} not published: {e}",
+                        if progress { "\n" } else { "" },
+                        s.key,
+                        s.seq
+                    );
+                    too_large += 1;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
             let slot = rs.slot(s.publisher);
             if let Some(r) = rs.nodes.get_mut(&slot) {
                 r.started.insert(s.key);
@@ -996,6 +1056,13 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         }
         if !a.repeat {
             break;
+        }
+        // A loop over a range that holds no sample would spin for ever.
+        if sent == sent_before {
+            bail!(
+                "--loop: {} holds no sample to replay in the range asked",
+                a.file.display()
+            );
         }
     }
     if progress {
@@ -1006,7 +1073,12 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         rs.close(slot);
     }
     eprintln!(
-        "milonga replay: {sent} samples published, {skipped} recorded as lost passed on as gaps, {left} publishers recorded as lost passed on as gone"
+        "milonga replay: {sent} samples published, {skipped} recorded as lost passed on as gaps, {left} publishers recorded as lost passed on as gone{}",
+        if too_large > 0 {
+            format!(", {too_large} too large to publish")
+        } else {
+            String::new()
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

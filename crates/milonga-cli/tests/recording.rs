@@ -776,6 +776,15 @@ fn hostile_recordings_get_clear_answers() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("FILE_SPEED") && err.contains("0.001"), "{err}");
+    // --loop over a range that holds no sample: an error, not a spin.
+    let out = env
+        .cmd(&["replay", "--speed", "max", "--loop", "--from", "1000"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds no sample"), "{err}");
     // A message of a channel that is not Milonga's: `cat` says so.
     let foreign = env.dir.path().join("foreign.mcap");
     {

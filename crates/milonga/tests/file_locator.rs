@@ -160,7 +160,31 @@ fn a_node_does_not_append_to_a_recording_a_copy_would_not_keep_whole() {
         w.write_to_known_channel(&header, b"{}").unwrap();
         w.finish().unwrap();
     }
-    for (path, why) in [(&cut, "cut short"), (&foreign, "leave out")] {
+    // Milonga's own channel, with what its channels never hold (another
+    // metadata key): a copy would drop it.
+    let extra = dir.path().join("extra.mcap");
+    {
+        let f = std::io::BufWriter::new(std::fs::File::create(&extra).unwrap());
+        let mut w = mcap::Writer::new(f).unwrap();
+        let meta = std::collections::BTreeMap::from([
+            ("milonga.publisher".to_owned(), "07".repeat(16)),
+            ("unit".to_owned(), "A".to_owned()),
+        ]);
+        let ch = w.add_channel(0, "f/c", "cbor", &meta).unwrap();
+        let header = mcap::records::MessageHeader {
+            channel_id: ch,
+            sequence: 1,
+            log_time: 1,
+            publish_time: 1,
+        };
+        w.write_to_known_channel(&header, &[0x01]).unwrap();
+        w.finish().unwrap();
+    }
+    for (path, why) in [
+        (&cut, "cut short"),
+        (&foreign, "leave out"),
+        (&extra, "1 other records"),
+    ] {
         let before = std::fs::read(path).unwrap();
         let n = node(path, "max").unwrap();
         let p = n.publisher("f/b").unwrap();

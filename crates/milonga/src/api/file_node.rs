@@ -86,7 +86,11 @@ impl FileNode {
         let tmp = tmp_path(&self.path);
         let _ = std::fs::remove_file(&tmp);
         let mut reader = RecordReader::open(&self.path)?;
-        let (writer, _) = copy_recording(&mut reader, &tmp, &opts)?;
+        let (writer, _) =
+            copy_recording(&mut reader, &tmp, &opts).map_err(|e| RecordError::Append {
+                path: self.path.clone(),
+                why: format!("its copy failed ({e}); it is left as it is"),
+            })?;
         // The copy replaces the file when the node closes: only a finished
         // recording the copy holds whole is appended to, never one whose
         // damaged or foreign parts the copy would leave out.

@@ -156,15 +156,26 @@ pub fn copy_recording(
     o.metadata.extend(reader.metadata().clone());
     let mut w = RecordWriter::create(path, &o)?;
     let mut n = 0;
-    while let Some(entry) = next {
-        match entry {
-            Entry::Sample(s, at) => w.sample(&s, at)?,
-            Entry::Event(ev, at) => w.event(&ev, at)?,
+    let mut copy = || -> Result<(), RecordError> {
+        while let Some(entry) = next.take() {
+            match entry {
+                Entry::Sample(s, at) => w.sample(&s, at)?,
+                Entry::Event(ev, at) => w.event(&ev, at)?,
+            }
+            n += 1;
+            next = reader.next_entry()?;
         }
-        n += 1;
-        next = reader.next_entry()?;
+        Ok(())
+    };
+    match copy() {
+        Ok(()) => Ok((w, n)),
+        Err(e) => {
+            // Not left behind as a complete recording of part of it.
+            w.abandon();
+            let _ = std::fs::remove_file(path);
+            Err(e)
+        }
     }
-    Ok((w, n))
 }
 
 fn encoding_name(e: Encoding) -> &'static str {
@@ -363,6 +374,8 @@ pub struct RecordReader {
     last_len: usize,
     /// Bytes of `metadata`.
     metadata_bytes: usize,
+    /// Past the data section: the summary repeats the channel records.
+    in_summary: bool,
 }
 
 impl std::fmt::Debug for RecordReader {
@@ -417,6 +430,7 @@ impl RecordReader {
             seen_header: false,
             last_len: 0,
             metadata_bytes: 0,
+            in_summary: false,
         })
     }
 
@@ -498,21 +512,49 @@ impl RecordReader {
                 return Err(format_err(&self.path, "its first record is not a header"));
             }
             match record {
-                Record::Header(_) => self.seen_header = true,
+                Record::Header(h) => {
+                    self.seen_header = true;
+                    // Milonga's recordings have no profile.
+                    if !h.profile.is_empty() {
+                        self.skipped.other_records += 1;
+                    }
+                }
                 Record::Metadata(m) if m.name == METADATA_NAME => {
                     let bytes: usize = m.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
-                    if self.metadata_bytes + bytes > METADATA_LIMIT {
+                    // One record of it in Milonga's recordings: a second
+                    // one's values are kept where they are new only.
+                    let again = m
+                        .metadata
+                        .iter()
+                        .any(|(k, v)| self.metadata.get(k).is_some_and(|old| old != v));
+                    if again || self.metadata_bytes + bytes > METADATA_LIMIT {
                         self.skipped.other_records += 1;
-                    } else {
+                    }
+                    if self.metadata_bytes + bytes <= METADATA_LIMIT {
                         self.metadata_bytes += bytes;
-                        self.metadata.extend(m.metadata);
+                        for (k, v) in m.metadata {
+                            self.metadata.entry(k).or_insert(v);
+                        }
                     }
                 }
                 Record::Metadata(_) | Record::Attachment { .. } | Record::Unknown { .. } => {
                     self.skipped.other_records += 1;
                 }
+                // The summary repeats the schemas: counted once.
+                Record::Schema { .. } if !self.in_summary => {
+                    self.skipped.other_records += 1;
+                }
                 Record::Footer(_) => self.complete = true,
+                Record::DataEnd(_) => self.in_summary = true,
                 Record::Channel(c) => {
+                    // What Milonga's channels do not hold (a schema, other
+                    // metadata) is not kept by a copy: counted.
+                    let known = [META_PUBLISHER, META_ENCODING, META_REPLAYED];
+                    let extra =
+                        c.schema_id != 0 || c.metadata.keys().any(|k| !known.contains(&k.as_str()));
+                    if extra && !self.in_summary {
+                        self.skipped.other_records += 1;
+                    }
                     let ch = if c.topic == EVENTS_TOPIC {
                         Channel::Events
                     } else if c.message_encoding == "cbor" && Key::new(c.topic.as_str()).is_ok() {

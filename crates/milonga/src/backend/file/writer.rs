@@ -683,6 +683,14 @@ impl RecordWriter {
 /// crate's does) unless a write failed, or a panic unwinds (it may have
 /// left a message half written in the chunk): then the file stays without
 /// a summary, so that no reader takes it for complete.
+impl RecordWriter {
+    /// Drops the writer without finishing the file (a copy that failed:
+    /// its file must not read as a complete recording).
+    pub(crate) fn abandon(mut self) {
+        self.failed = true;
+    }
+}
+
 impl Drop for RecordWriter {
     fn drop(&mut self) {
         if !self.failed && !self.finished && !std::thread::panicking() {
