@@ -103,7 +103,12 @@ def test_a_loan_without_room_stays_the_callers_and_goes_out_later(domain: Domain
         try:
             pub.put_loan(loan, timeout=0.05)
         except milonga.TimeoutError:
-            break
+            # Full, or only slow on a busy machine: a second chance of a
+            # second tells (the put without a timeout below must wait).
+            try:
+                pub.put_loan(loan, timeout=1.0)
+            except milonga.TimeoutError:
+                break
         sent += 1
     assert len(loan) == 100_000
     assert bytes(memoryview(loan)) == bytes([sent % 251]) * 100_000, "unchanged"

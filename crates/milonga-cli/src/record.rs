@@ -768,7 +768,15 @@ impl Replayers<'_> {
             let node = self.net.open(&name)?;
             // Announced once for all its keys (one by one, a recording of
             // thousands of keys took minutes to start).
-            let list = node.publishers_with(r.keys.iter().map(String::as_str), self.qos.clone())?;
+            let list = node
+                .publishers_with(r.keys.iter().map(String::as_str), self.qos.clone())
+                .with_context(|| {
+                    format!(
+                        "cannot replay the {} keys of recorded publisher {} from one node (replay a part of them with --keys)",
+                        r.keys.len(),
+                        publisher
+                    )
+                })?;
             let pubs: BTreeMap<String, milonga::Publisher> =
                 r.keys.iter().cloned().zip(list).collect();
             // Subscribers find a new node within a discovery round or

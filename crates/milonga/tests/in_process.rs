@@ -1129,3 +1129,52 @@ fn kept_samples_of_a_replay_publisher_are_marked_replayed() {
         ("r/x", 4, true, 1_004)
     );
 }
+
+/// A node whose announcement would pass what discovery takes (1 MiB here)
+/// is refused its next publication with a clear error, rather than having
+/// peers drop its whole announcement (a replay of 100,000 keys from one
+/// node was not seen at all and its samples lost); what it declared before
+/// stays announced, and another node sees it.
+#[test]
+fn a_node_refuses_publications_past_what_discovery_takes() {
+    let dir = milonga_testkit::TempDir::new("too-many-pubs");
+    let node = open("too-many-pubs", "many", Transport::Ipc, dir.path());
+    let keys: Vec<String> = (0..40_000).map(|i| format!("many/pub/{i:06}")).collect();
+    let err = node
+        .publishers_with(keys.iter().map(String::as_str), PublisherQos::default())
+        .unwrap_err();
+    let milonga::PublisherError::TooManyPublications {
+        publications,
+        limit,
+        ..
+    } = err
+    else {
+        panic!("{err}");
+    };
+    assert_eq!(limit, 1 << 20);
+    assert!(
+        publications > 1_000 && publications < 40_000,
+        "{publications}"
+    );
+    // Declared together up to the limit: all withdrawn with the error.
+    // Fewer are taken, and seen by another node.
+    let half: Vec<&str> = keys[..publications / 2]
+        .iter()
+        .map(String::as_str)
+        .collect();
+    let pubs = node
+        .publishers_with(half.iter().copied(), PublisherQos::default())
+        .unwrap();
+    assert_eq!(pubs.len(), half.len());
+    let other = open("too-many-pubs", "other", Transport::Ipc, dir.path());
+    wait_for(
+        "the node's announcement at the other node",
+        Duration::from_secs(20),
+        || {
+            other
+                .peers()
+                .iter()
+                .any(|a| a.name.starts_with("many@") && a.publications.len() == half.len())
+        },
+    );
+}

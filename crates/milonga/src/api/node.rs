@@ -140,15 +140,22 @@ impl Node {
         qos: PublisherQos,
     ) -> Result<Vec<Publisher>, PublisherError> {
         let mut out = Vec::new();
-        for key in keys {
-            let p = self.declare_publisher(key, qos.clone())?;
-            self.inner.publisher_ready(p.key(), p.seq_counter());
-            out.push(p);
-        }
-        if !out.is_empty() {
+        let declare = || -> Result<(), PublisherError> {
+            for key in keys {
+                let p = self.declare_publisher(key, qos.clone())?;
+                self.inner.publisher_ready(p.key(), p.seq_counter());
+                out.push(p);
+            }
+            Ok(())
+        };
+        let declared = declare();
+        if declared.is_err() {
+            // Withdrawn (announced by the node thread, once).
+            out.clear();
+        } else {
             self.inner.announce();
         }
-        Ok(out)
+        declared.map(|()| out)
     }
 
     fn declare_publisher(&self, key: &str, qos: PublisherQos) -> Result<Publisher, PublisherError> {
@@ -171,15 +178,13 @@ impl Node {
             }
             None => None,
         };
-        let Some(last_seq) = self.inner.declare_publication(
+        let last_seq = self.inner.declare_publication(
             key.as_str(),
             qos.reliability,
             qos.history,
             schema,
             &data,
-        ) else {
-            return Err(PublisherError::AlreadyDeclared(key.as_str().to_owned()));
-        };
+        )?;
         // After the check (a refused second declaration must not touch the
         // first one's history), and not under the state lock: a reliable
         // put may hold the data socket while it waits.

@@ -388,7 +388,9 @@ impl LocalDir {
     /// directory is made again if a node that closed removed it.
     pub(crate) fn write(&self, a: &Announcement) -> io::Result<()> {
         let tmp = self.dir.join(format!(".{}.tmp", a.node_id));
-        let text = serde_json::to_vec_pretty(a).map_err(io::Error::other)?;
+        // Compact: the size a node checks its publications against
+        // (`PublisherError::TooManyPublications`) is the file's.
+        let text = serde_json::to_vec(a).map_err(io::Error::other)?;
         if let Err(e) = fs::write(&tmp, &text) {
             if e.kind() != io::ErrorKind::NotFound {
                 return Err(e);

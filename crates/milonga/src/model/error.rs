@@ -171,6 +171,18 @@ pub enum PublisherError {
     /// data socket by another schema (docs/schemas.md).
     #[error(transparent)]
     Schema(#[from] milonga_wire::schema::SchemaError),
+    /// The node's announcement would pass what discovery takes (1 MiB;
+    /// 256 KiB for a node on a broker or a registry): peers would not see
+    /// the node at all. Publish from another node.
+    #[error("this node announces {publications} publications in {bytes} bytes; one more would pass the {limit} bytes discovery takes (publish the rest from another node)")]
+    TooManyPublications {
+        /// Publications declared now.
+        publications: usize,
+        /// Their bytes in the announcement.
+        bytes: usize,
+        /// The most an announcement may hold here.
+        limit: usize,
+    },
 }
 
 /// Why a subscription could not be declared.

@@ -61,6 +61,18 @@ struct NodeState {
     /// The sequence counters of the live publishers, by key: a goodbye
     /// tells subscribers the last sequence number of each key.
     pub_seqs: HashMap<String, Arc<AtomicU64>>,
+    /// Bytes of `publications` in the announcement's JSON.
+    publication_bytes: usize,
+}
+
+/// What an announcement holds besides its publications, at most (ids,
+/// names, endpoints, services): the budget left to publications is
+/// discovery's limit less this.
+const ANNOUNCEMENT_ROOM: usize = 32 << 10;
+
+/// Bytes `info` takes in an announcement's JSON (and a comma).
+fn publication_bytes(info: &PublicationInfo) -> usize {
+    serde_json::to_vec(info).map_or(0, |v| v.len()) + 1
 }
 
 /// Shared by the node handle, its publishers, subscribers and its thread.
@@ -312,10 +324,10 @@ impl NodeInner {
         history: usize,
         schema: Option<u32>,
         data: &DataSocket,
-    ) -> Option<u64> {
+    ) -> Result<u64, crate::PublisherError> {
         let mut st = lock(&self.state);
         if st.publications.contains_key(key) {
-            return None;
+            return Err(crate::PublisherError::AlreadyDeclared(key.to_owned()));
         }
         let own = !data.first;
         let info = PublicationInfo {
@@ -326,8 +338,31 @@ impl NodeInner {
             socket: own.then(|| data.name.clone()),
             schema,
         };
+        // Past what discovery takes, peers would drop the node's whole
+        // announcement: refused here, where it can be said.
+        let limit = self.announcement_limit();
+        let bytes = publication_bytes(&info);
+        if st.publication_bytes + bytes + ANNOUNCEMENT_ROOM > limit {
+            return Err(crate::PublisherError::TooManyPublications {
+                publications: st.publications.len(),
+                bytes: st.publication_bytes,
+                limit,
+            });
+        }
+        st.publication_bytes += bytes;
         st.publications.insert(key.to_owned(), info);
-        Some(st.last_seq.get(key).copied().unwrap_or(0))
+        Ok(st.last_seq.get(key).copied().unwrap_or(0))
+    }
+
+    /// The largest announcement every discovery this node uses takes: a
+    /// broker's (a client's attach, a registration) or the local
+    /// directory's.
+    fn announcement_limit(&self) -> usize {
+        if self.p2p.uplink().is_some() || !self.core.cfg.registry.is_empty() {
+            milonga_wire::broker::MAX_ANNOUNCEMENT_BYTES
+        } else {
+            crate::discovery::MAX_ANNOUNCEMENT_BYTES as usize
+        }
     }
 
     /// The publisher of `key` is ready: its sequence counter goes into the
@@ -343,16 +378,27 @@ impl NodeInner {
         lock(&self.state).pub_seqs.insert(key.to_owned(), seq);
     }
 
-    /// The publisher of `key` went, having sent up to `last`.
+    /// The publisher of `key` went, having sent up to `last`. Announced by
+    /// the node thread at its next turn (woken now), once for every
+    /// publisher dropped meanwhile: each announcement names every
+    /// publication, so dropping thousands one announcement each took time
+    /// in the square of their number.
     pub(crate) fn undeclare_publication(&self, key: &str, last: u64) {
         let removed = {
             let mut st = lock(&self.state);
             st.last_seq.insert(key.to_owned(), last);
             st.pub_seqs.remove(key);
-            st.publications.remove(key).is_some()
+            match st.publications.remove(key) {
+                Some(info) => {
+                    st.publication_bytes -= publication_bytes(&info);
+                    st.announce_dirty = true;
+                    true
+                }
+                None => false,
+            }
         };
         if removed && !self.is_closed() {
-            self.announce();
+            self.p2p.wake();
         }
     }
 
