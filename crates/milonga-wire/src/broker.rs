@@ -335,10 +335,14 @@ impl BrokerRequest {
         let f: Vec<&[u8]> = frames.iter().map(AsRef::as_ref).collect();
         match (f.get(1).copied(), f.len()) {
             (Some(HELLO), 3) => {
-                // Not UTF-8: read lossily, so that the broker answers that
-                // the name is not a domain's (U+FFFD is not allowed in one)
-                // rather than nothing.
-                let domain = String::from_utf8_lossy(f[2]).into_owned();
+                // Not UTF-8: a name no domain has (U+FFFD is not allowed in
+                // one), so that the broker answers that it is not a
+                // domain's rather than nothing; at most 64 bytes of it, so
+                // that a long one is not echoed back in full.
+                let domain = match std::str::from_utf8(f[2]) {
+                    Ok(d) => d.to_owned(),
+                    Err(_) => String::from_utf8_lossy(&f[2][..f[2].len().min(64)]).into_owned(),
+                };
                 Ok(BrokerRequest::Hello { domain })
             }
             (Some(ATTACH), 4..=6) => {

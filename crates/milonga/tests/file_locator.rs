@@ -193,6 +193,9 @@ fn a_node_does_not_append_to_a_recording_a_copy_would_not_keep_whole() {
             err.to_string().contains("cannot append") && err.to_string().contains(why),
             "{err}"
         );
+        // Said again at the next put, the file not copied again.
+        let again = p.put(2u64).unwrap_err();
+        assert_eq!(again.to_string(), err.to_string());
         drop(p);
         n.close();
         assert_eq!(std::fs::read(path).unwrap(), before, "{path:?} changed");

@@ -55,6 +55,9 @@ enum Sink {
         /// Appending: the copy being written, renamed over `path` at close.
         tmp: Option<PathBuf>,
     },
+    /// Appending was refused (the reason): every later put says it,
+    /// without copying the recording again.
+    Refused(String),
     Closed,
 }
 
@@ -108,7 +111,7 @@ impl FileNode {
             None
         };
         if let Some(why) = refuse {
-            drop(writer);
+            writer.abandon();
             let _ = std::fs::remove_file(&tmp);
             return Err(RecordError::Append {
                 path: self.path.clone(),
@@ -144,12 +147,17 @@ impl FileNode {
             .map_err(|e| PutError::Recording(format!("{key}: {e}")))?;
         let mut sink = lock(&self.sink);
         if matches!(*sink, Sink::Idle) {
-            *sink = self
-                .open_writer()
-                .map_err(|e| PutError::Recording(e.to_string()))?;
+            *sink = match self.open_writer() {
+                Ok(s) => s,
+                // Appending refused: said at every put, the file read once.
+                Err(e @ RecordError::Append { .. }) => Sink::Refused(e.to_string()),
+                Err(e) => return Err(PutError::Recording(e.to_string())),
+            };
         }
-        let Sink::Writing { writer, .. } = &mut *sink else {
-            return Err(PutError::Closed);
+        let writer = match &mut *sink {
+            Sink::Writing { writer, .. } => writer,
+            Sink::Refused(why) => return Err(PutError::Recording(why.clone())),
+            Sink::Idle | Sink::Closed => return Err(PutError::Closed),
         };
         let now = now_ns();
         let n = seq.load(Ordering::Relaxed) + 1;

@@ -679,10 +679,6 @@ impl RecordWriter {
     }
 }
 
-/// A writer dropped without `finish` finishes its file (as the `mcap`
-/// crate's does) unless a write failed, or a panic unwinds (it may have
-/// left a message half written in the chunk): then the file stays without
-/// a summary, so that no reader takes it for complete.
 impl RecordWriter {
     /// Drops the writer without finishing the file (a copy that failed:
     /// its file must not read as a complete recording).
@@ -691,6 +687,10 @@ impl RecordWriter {
     }
 }
 
+/// A writer dropped without `finish` finishes its file (as the `mcap`
+/// crate's does) unless a write failed, or a panic unwinds (it may have
+/// left a message half written in the chunk): then the file stays without
+/// a summary, so that no reader takes it for complete.
 impl Drop for RecordWriter {
     fn drop(&mut self) {
         if !self.failed && !self.finished && !std::thread::panicking() {
