@@ -460,9 +460,9 @@ fn key_filter(keys: &Option<String>) -> Result<Option<KeyExpr>> {
         .transpose()
 }
 
-pub fn cmd_cat(a: CatArgs) -> Result<ExitCode> {
-    match cat(&a) {
-        // `milonga cat run.mcap | head`: the reader left, nothing failed.
+/// `milonga cat run.mcap | head`: the reader left, nothing failed.
+fn reader_left_is_success(r: Result<ExitCode>) -> Result<ExitCode> {
+    match r {
         Err(e)
             if e.downcast_ref::<std::io::Error>()
                 .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
@@ -471,6 +471,10 @@ pub fn cmd_cat(a: CatArgs) -> Result<ExitCode> {
         }
         other => other,
     }
+}
+
+pub fn cmd_cat(a: CatArgs) -> Result<ExitCode> {
+    reader_left_is_success(cat(&a))
 }
 
 fn cat(a: &CatArgs) -> Result<ExitCode> {
@@ -538,16 +542,7 @@ struct KeyInfo {
 }
 
 pub fn cmd_info(a: InfoArgs) -> Result<ExitCode> {
-    match info(&a) {
-        // `milonga info run.mcap | head`: the reader left, nothing failed.
-        Err(e)
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
-        {
-            Ok(ExitCode::SUCCESS)
-        }
-        other => other,
-    }
+    reader_left_is_success(info(&a))
 }
 
 fn info(a: &InfoArgs) -> Result<ExitCode> {

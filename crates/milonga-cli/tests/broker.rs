@@ -1987,8 +1987,19 @@ fn another_connection_cannot_take_a_clients_place_or_send_its_callers_elsewhere(
     let thief = ctx.socket(zmq::ROUTER).unwrap();
     thief.set_linger(0).unwrap();
     thief.set_identity(tag.as_bytes()).unwrap();
+    // Its handshake with the broker done (so that the broker has handed
+    // the tag over to it) before the calls.
+    let watch = "inproc://brk-impostor-thief";
+    thief
+        .monitor(watch, zmq_sys::ZMQ_EVENT_HANDSHAKE_SUCCEEDED as i32)
+        .unwrap();
+    let events = ctx.socket(zmq::PAIR).unwrap();
+    events.set_rcvtimeo(T.as_millis() as i32).unwrap();
+    events.connect(watch).unwrap();
     thief.connect(&services_in).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    events
+        .recv_multipart(0)
+        .expect("the thief's handshake with the broker");
     calls_reach_the_server();
     assert!(
         thief.recv_multipart(zmq::DONTWAIT).is_err(),

@@ -41,6 +41,7 @@ use crate::backend::p2p::zmq_io::{self, ContextRef, Frame};
 use crate::model::config::Config;
 use crate::model::error::{IntoTransport, OpenError};
 use crate::util::lock;
+use crate::util::stats::log_drop;
 
 /// What the broker needs of its node in one domain.
 pub(crate) trait DomainHost: Send + 'static {
@@ -2618,9 +2619,7 @@ impl Control {
                         .requests_refused
                         .fetch_add(1, Ordering::Relaxed)
                         + 1;
-                    if n <= 10 || n % 1000 == 0 {
-                        tracing::warn!(refused_so_far = n, "refused an attach: {text}");
-                    }
+                    log_drop(n, "an attach", &text);
                     reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
                     return;
                 }
@@ -2640,9 +2639,8 @@ impl Control {
                             .requests_refused
                             .fetch_add(1, Ordering::Relaxed)
                             + 1;
-                        if n <= 10 || n % 1000 == 0 {
-                            tracing::warn!(node = %node_id, refused_so_far = n, "refused a detach: the node is attached with another client key");
-                        }
+                        let why = format!("node {node_id} is attached with another client key");
+                        log_drop(n, "a detach", &why);
                     }
                 }
             }
