@@ -618,6 +618,14 @@ fn co_located_linked_brokers_lose_nothing_while_the_route_moves_to_the_federatio
 /// copies that came by a link, the lagging direct path's samples reached
 /// the subscribers out of order (3 runs of 3); it now forwards a frame
 /// only if it is newer than every one it forwarded of that stream.
+///
+/// A client connects for a publisher when its view shows it (its next
+/// attach), each on its own time, and the publisher counts the broker as
+/// one subscriber: the first client's subscription does not tell that the
+/// others are in place (once, on a busy machine, one missed the first 477
+/// samples, as a late joiner). A probe publisher of the same node puts
+/// until every subscriber has one of its samples, which proves each
+/// connection for that node made.
 #[test]
 fn co_located_linked_brokers_deliver_everything_to_several_subscribers_while_the_route_moves() {
     let env = Env::new("fed-coloc-n");
@@ -629,18 +637,33 @@ fn co_located_linked_brokers_deliver_everything_to_several_subscribers_while_the
     let subs: Vec<Subscriber> = nodes
         .iter()
         .map(|n| {
-            n.subscribe_with("coloc/n", SubscriberQos::default().reliable())
+            n.subscribe_with("coloc/n/*", SubscriberQos::default().reliable())
                 .unwrap()
         })
         .collect();
     let publishing = node(&b1.locator, env.dir.path(), "pub");
     let p = publishing
-        .publisher_with("coloc/n", PublisherQos::reliable())
+        .publisher_with("coloc/n/data", PublisherQos::reliable())
         .unwrap();
-    // The subscribers subscribed at their broker before the publisher
-    // existed: the first subscription the publisher hears (directly from
-    // the second broker, or through the link, which carries the three as
-    // one) covers them all.
+    let probe = publishing
+        .publisher_with("coloc/n/probe", PublisherQos::reliable())
+        .unwrap();
+    let mut probed = vec![false; subs.len()];
+    let end = Instant::now() + T;
+    while probed.contains(&false) {
+        assert!(Instant::now() < end, "probe samples reached {probed:?}");
+        if probe.subscriber_count() > 0 {
+            probe.put(0.0).unwrap();
+        }
+        for (i, sub) in subs.iter().enumerate() {
+            while let Ok(e) = sub.recv_timeout(Duration::from_millis(20)) {
+                if matches!(e, Event::Sample(_)) {
+                    probed[i] = true;
+                }
+            }
+        }
+    }
+    drop(probe);
     wait_for("a subscription", T, || p.subscriber_count() >= 1);
     let sent = std::sync::atomic::AtomicU64::new(u64::MAX);
     let mut counts = Vec::new();
@@ -658,7 +681,7 @@ fn co_located_linked_brokers_deliver_everything_to_several_subscribers_while_the
                         && idle_since.elapsed() < Duration::from_secs(10)
                     {
                         match sub.recv_timeout(Duration::from_millis(100)) {
-                            Ok(Event::Sample(s)) => {
+                            Ok(Event::Sample(s)) if s.key == "coloc/n/data" => {
                                 seqs.push(s.seq);
                                 idle_since = Instant::now();
                             }
@@ -688,6 +711,11 @@ fn co_located_linked_brokers_deliver_everything_to_several_subscribers_while_the
             milonga_testkit::in_order_from_1(&seqs, n)
                 .unwrap_or_else(|e| panic!("subscriber {i}: {e}"));
         }
+    });
+    // The route did move while the publisher ran: the second broker got
+    // frames by both paths and dropped the copies.
+    b2.until_stats("copies dropped", |s| {
+        s["duplicates_dropped"].as_u64() > Some(0)
     });
     // Never zero while the route moves (which would let a reliable
     // publisher send into the void).
