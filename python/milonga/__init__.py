@@ -423,8 +423,10 @@ def open_recording(path: str | os.PathLike[str]) -> Recording:
     ``Lost``, ``PublisherAlive``, ``PublisherLost``, ...; ``received_ns``
     is when the last one yielded was received. A file cut short (a
     recorder killed) is read to its last complete record: ``complete`` is
-    then false and, once read to its end, ``truncated`` says why. Raises
-    ``OpenError`` for a missing file or one that is not a recording."""
+    then false and, once read to its end, ``truncated`` says why. A
+    damaged chunk is skipped and the read goes on: ``damage`` says why the
+    first was. Raises ``OpenError`` for a missing file or one that is not
+    a recording."""
     return Recording(os.fspath(path))
 
 

@@ -83,6 +83,15 @@ impl Recording {
         g.as_ref().and_then(|r| r.truncated().map(str::to_owned))
     }
 
+    /// Why the first damaged chunk was skipped (its CRC, its compressed
+    /// data), once read to its end; `None` if none was. The read went on
+    /// after it: its messages are lost, shown as gaps.
+    #[getter]
+    fn damage(&self) -> Option<String> {
+        let g = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().and_then(|r| r.damage().map(str::to_owned))
+    }
+
     /// The recording's `milonga` metadata (domain, expressions, recorder,
     /// started_ns).
     #[getter]

@@ -191,3 +191,35 @@ def test_the_file_locator_writes_and_reads_a_recording(tmp_path: Path) -> None:
     assert sum(isinstance(e, milonga.Sample) for e in milonga.open_recording(path)) == 4
     with pytest.raises(milonga.ConfigError, match="no such recording"):
         milonga.open(f"file://{tmp_path}/no/such/dir/x.mcap")
+
+
+def test_a_damaged_chunk_is_skipped_and_the_read_goes_on(tmp_path: Path) -> None:
+    import numpy as np
+
+    import milonga
+
+    path = tmp_path / "run.mcap"
+    with milonga.open(f"file://{path}", name="writer") as node:
+        pub = node.publisher("py/dmg/wave")
+        # 1.6 MB each: a chunk each (a chunk ends past 1 MiB).
+        for i in range(6):
+            pub.put(np.full(200_000, float(i)))
+    data = bytearray(path.read_bytes())
+    # The records after the 8-byte magic: opcode, u64 length, body; one
+    # byte in the third chunk (opcode 6) changes.
+    at, chunks = 8, []
+    while at + 9 <= len(data):
+        length = int.from_bytes(data[at + 1 : at + 9], "little")
+        if data[at] == 6:
+            chunks.append((at, length))
+        at += 9 + length
+    assert len(chunks) >= 5, chunks
+    start, length = chunks[2]
+    data[start + 9 + length - 5] ^= 0x10
+    path.write_bytes(bytes(data))
+    with milonga.open_recording(path) as r:
+        seqs = [e.seq for e in r if isinstance(e, milonga.Sample)]
+        assert not r.complete
+        assert r.damage is not None, r.truncated
+        assert r.truncated is None
+    assert seqs[-1] == 6 and 1 in seqs and len(seqs) < 6, seqs

@@ -436,22 +436,35 @@ fn recover(damaged: &Path, output: &Path, compression: Compression) -> Result<Ex
             r.skipped()
         );
     }
-    match r.truncated() {
-        Some(why) => eprintln!(
-            "milonga record --recover: {n} messages copied; {} was cut short ({why})",
-            damaged.display()
-        ),
-        None => eprintln!(
-            "milonga record --recover: {n} messages copied; {} was {}",
-            damaged.display(),
-            if r.complete() {
-                "complete"
-            } else {
-                "whole but without its summary"
-            }
-        ),
-    }
+    eprintln!(
+        "milonga record --recover: {n} messages copied; {} was {}",
+        damaged.display(),
+        state(&r)
+    );
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a recording read to its end was: complete, cut short, damaged
+/// (chunks skipped), or not finished.
+fn state(r: &RecordReader) -> String {
+    if r.complete() {
+        return "complete".to_owned();
+    }
+    let mut parts = Vec::new();
+    if let Some(why) = r.damage() {
+        parts.push(format!(
+            "damaged ({} chunks skipped, the first: {why}; everything else read)",
+            r.skipped().damaged_chunks
+        ));
+    }
+    match r.truncated() {
+        Some(why) => parts.push(format!(
+            "cut short ({why}); read to its last complete record"
+        )),
+        None if parts.is_empty() => parts.push("without a summary (not finished)".to_owned()),
+        None => {}
+    }
+    parts.join("; ")
 }
 
 fn key_filter(keys: &Option<String>) -> Result<Option<KeyExpr>> {
@@ -528,6 +541,12 @@ fn cat(a: &CatArgs) -> Result<ExitCode> {
             r.skipped()
         );
     }
+    if let Some(why) = r.damage() {
+        eprintln!(
+            "milonga cat: {} is damaged; the first damaged chunk: {why}",
+            a.file.display()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -598,11 +617,7 @@ fn info(a: &InfoArgs) -> Result<ExitCode> {
         0.0
     };
     let samples: u64 = keys.values().map(|k| k.samples).sum();
-    let state = match (r.complete(), r.truncated()) {
-        (true, _) => "complete".to_owned(),
-        (false, Some(why)) => format!("cut short ({why}); read to its last complete record"),
-        (false, None) => "without a summary (not finished)".to_owned(),
-    };
+    let state = state(&r);
     let ratio = if size > 0 {
         records as f64 / size as f64
     } else {
@@ -649,6 +664,8 @@ fn info(a: &InfoArgs) -> Result<ExitCode> {
             "skipped_foreign": r.skipped().foreign,
             "skipped_undecodable": r.skipped().undecodable,
             "skipped_other_records": r.skipped().other_records,
+            "skipped_damaged_chunks": r.skipped().damaged_chunks,
+            "damage": r.damage(),
         });
         writeln!(out, "{line}")?;
     } else {
@@ -846,6 +863,12 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 "milonga replay: {} holds what is not replayed: {}",
                 a.file.display(),
                 r.skipped()
+            );
+        }
+        if let Some(why) = r.damage() {
+            eprintln!(
+                "milonga replay: {} is damaged; the first damaged chunk: {why}",
+                a.file.display()
             );
         }
         if let Some(why) = r.truncated() {

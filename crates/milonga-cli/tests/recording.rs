@@ -809,6 +809,76 @@ fn hostile_recordings_get_clear_answers() {
     );
 }
 
+/// A recording with one byte changed in a chunk in its middle (a bad
+/// sector, a bit flipped in storage): `info` says it is damaged and what
+/// it skipped, `cat` shows the chunks before and after it, and
+/// `record --recover` writes a complete copy of all of them.
+#[test]
+fn a_damaged_chunk_in_the_middle_is_skipped_and_the_rest_recovered() {
+    use milonga::recording::{Compression, RecordOptions, RecordWriter};
+    let env = Env::new("rec-flip");
+    let file = env.dir.path().join("flipped.mcap");
+    let opts = RecordOptions {
+        compression: Compression::None,
+        chunk_bytes: 4096,
+        ..RecordOptions::default()
+    };
+    let mut w = RecordWriter::create(&file, &opts).unwrap();
+    let base = 1_700_000_000_000_000_000;
+    for seq in 1..=1000 {
+        w.sample(&float_sample("d/x", seq, base), base + seq)
+            .unwrap();
+    }
+    w.finish().unwrap();
+    // The chunks (opcode 6) after the 8-byte magic: opcode, u64 length,
+    // body. A byte in the middle one's records changes.
+    let mut b = std::fs::read(&file).unwrap();
+    let (mut at, mut chunks) = (8, Vec::new());
+    while at + 9 <= b.len() {
+        let len = u64::from_le_bytes(b[at + 1..at + 9].try_into().unwrap()) as usize;
+        if b[at] == 6 {
+            chunks.push((at, len));
+        }
+        at += 9 + len;
+    }
+    assert!(chunks.len() >= 5, "{} chunks", chunks.len());
+    let (at, len) = chunks[chunks.len() / 2];
+    b[at + 9 + len - 3] ^= 0x40;
+    std::fs::write(&file, &b).unwrap();
+    let i = info(&env, &file);
+    assert_eq!(i["complete"], false, "{i}");
+    assert_eq!(i["skipped_damaged_chunks"], 1, "{i}");
+    assert!(i["state"].as_str().unwrap().contains("damaged"), "{i}");
+    let n = i["samples"].as_u64().unwrap();
+    assert!(n > 800 && n < 1000, "{i}");
+    // The samples on both sides of it, and one run missing.
+    let seqs: Vec<u64> = cat(&env, &file).into_iter().map(|(_, s, _)| s).collect();
+    assert_eq!(seqs.len() as u64, n);
+    assert!(seqs.contains(&1) && seqs.contains(&1000));
+    assert_eq!(i["gaps"], 1000 - n, "{i}");
+    let out = env.cmd(&["cat"]).arg(&file).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1 damaged chunks") && err.contains("CRC"),
+        "{err}"
+    );
+    let clean = env.dir.path().join("clean.mcap");
+    let out = env
+        .cmd(&["record", "--recover"])
+        .arg(&file)
+        .arg("-o")
+        .arg(&clean)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "recover: {out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("damaged (1 chunks skipped"), "{err}");
+    let c = info(&env, &clean);
+    assert_eq!(c["complete"], true, "{c}");
+    assert_eq!(c["samples"].as_u64().unwrap(), n, "{c}");
+    assert_eq!(cat(&env, &clean), cat(&env, &file));
+}
+
 /// A write that fails (here a file size limit, as a full disk would) stops
 /// the recorder with an error that says why, and leaves the file without
 /// a summary: read as cut short, never as complete.

@@ -97,7 +97,12 @@ impl FileNode {
         // The copy replaces the file when the node closes: only a finished
         // recording the copy holds whole is appended to, never one whose
         // damaged or foreign parts the copy would leave out.
-        let refuse = if !reader.complete() {
+        let refuse = if let Some(why) = reader.damage() {
+            Some(format!(
+                "it holds {} damaged chunks ({why})",
+                reader.skipped().damaged_chunks
+            ))
+        } else if !reader.complete() {
             Some(match reader.truncated() {
                 Some(why) => format!("it is damaged or cut short ({why})"),
                 None => "it is not finished (no summary)".to_owned(),
@@ -263,7 +268,7 @@ impl FileNode {
             tracing::warn!(file = %self.path.display(), %why, "the recording was cut short; read to its last complete record");
         }
         if !reader.skipped().is_empty() {
-            tracing::warn!(file = %self.path.display(), skipped = %reader.skipped(), "the recording holds what a subscription cannot read");
+            tracing::warn!(file = %self.path.display(), skipped = %reader.skipped(), damage = reader.damage().unwrap_or("none"), "the recording holds what a subscription cannot read");
         }
         Ok(())
     }

@@ -3,7 +3,9 @@
 //! every `flush_every`, so a recorder killed with -9 (or stopped by a full
 //! disk) leaves a file whose completed chunks every MCAP reader can read;
 //! the reader reads such a file to its last complete record and says that
-//! it was cut short. A `file:///` backend will be built on these two.
+//! it was cut short, and skips a damaged chunk (its CRC, its compressed
+//! data) to read on after it. The `file:///` backend is built on these
+//! two.
 
 mod writer;
 
@@ -11,7 +13,7 @@ pub use writer::RecordWriter;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -315,12 +317,13 @@ pub fn status_from_json(j: &serde_json::Value) -> Option<Event> {
 
 /// What a reader skipped: messages of channels it does not know as
 /// Milonga's (a foreign MCAP file), messages that do not decode (or
-/// status events of a kind this version does not know), and records that
-/// are not Milonga's.
+/// status events of a kind this version does not know), records that
+/// are not Milonga's, and damaged chunks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Skipped {
     /// Messages of channels with another encoding, a topic that is not a
-    /// Milonga key, no publisher, or of no channel.
+    /// Milonga key, no publisher, or of no channel (one whose record was
+    /// in a damaged chunk of a file with no summary to repeat it).
     pub foreign: u64,
     /// Messages whose data did not decode.
     pub undecodable: u64,
@@ -328,6 +331,12 @@ pub struct Skipped {
     /// other than `milonga` (or past [`METADATA_LIMIT`]), records of
     /// opcodes MCAP does not define.
     pub other_records: u64,
+    /// Chunks skipped whole because they are damaged: their CRC does not
+    /// match what they hold, their data does not decompress or holds a
+    /// malformed record, or they claim more than [`RECORD_LIMIT`] once
+    /// decompressed ([`RecordReader::damage`] says why the first was).
+    /// Their messages are lost; the read goes on with the next record.
+    pub damaged_chunks: u64,
 }
 
 impl Skipped {
@@ -341,8 +350,8 @@ impl std::fmt::Display for Skipped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} messages of channels that are not Milonga's, {} that did not decode, {} other records",
-            self.foreign, self.undecodable, self.other_records
+            "{} messages of channels that are not Milonga's, {} that did not decode, {} other records, {} damaged chunks",
+            self.foreign, self.undecodable, self.other_records, self.damaged_chunks
         )
     }
 }
@@ -354,18 +363,33 @@ impl std::fmt::Display for Skipped {
 pub const METADATA_LIMIT: usize = 1 << 20;
 
 /// Reads a recording from start to end, record by record (the file is
-/// never loaded whole). A file cut short (a recorder killed, a full disk)
-/// is read to its last complete record; [`RecordReader::truncated`] then
-/// says why it ended.
+/// never loaded whole; a chunk at a time). A file cut short (a recorder
+/// killed, a full disk) is read to its last complete record;
+/// [`RecordReader::truncated`] then says why it ended. A damaged chunk is
+/// skipped whole, never read in part, and the read goes on after it
+/// ([`Skipped::damaged_chunks`], [`RecordReader::damage`]); a damaged
+/// record outside a chunk (a length, an opcode) ends the read there.
 pub struct RecordReader {
     path: PathBuf,
     /// Buffered: the reader asks for a few bytes at a time (a record's
     /// opcode and length, then its body), a system call each unbuffered.
     file: std::io::BufReader<File>,
     reader: LinearReader,
-    channels: HashMap<u16, Channel>,
+    /// Where in the file the bytes handed to `reader` end.
+    fed: u64,
+    /// A record boundary at or before `fed` (the start of the records, or
+    /// where the read went on after a damaged chunk): where the search
+    /// for a damaged chunk's end starts.
+    boundary: u64,
     truncated: Option<String>,
     finished: bool,
+    st: ReadState,
+}
+
+/// What a [`RecordReader`] learned from the records read so far.
+#[derive(Default)]
+struct ReadState {
+    channels: HashMap<u16, Channel>,
     skipped: Skipped,
     metadata: BTreeMap<String, String>,
     complete: bool,
@@ -376,6 +400,12 @@ pub struct RecordReader {
     metadata_bytes: usize,
     /// Past the data section: the summary repeats the channel records.
     in_summary: bool,
+    /// Why the first damaged chunk was skipped.
+    damage: Option<String>,
+    /// The file, for its summary.
+    path: PathBuf,
+    /// Its summary's channels were looked for.
+    summary_read: bool,
 }
 
 impl std::fmt::Debug for RecordReader {
@@ -400,6 +430,100 @@ enum Channel {
     Foreign,
 }
 
+impl Channel {
+    /// What a channel record describes: Milonga's events, samples of a
+    /// key by a publisher, or something foreign.
+    fn of(topic: &str, message_encoding: &str, metadata: &BTreeMap<String, String>) -> Channel {
+        if topic == EVENTS_TOPIC {
+            return Channel::Events;
+        }
+        if message_encoding != "cbor" || Key::new(topic).is_err() {
+            return Channel::Foreign;
+        }
+        match metadata
+            .get(META_PUBLISHER)
+            .and_then(|h| NodeId::from_hex(h))
+        {
+            Some(publisher) => Channel::Samples {
+                key: topic.to_owned(),
+                publisher,
+                encoding: encoding_of(metadata.get(META_ENCODING).map_or("cbor", String::as_str)),
+                replayed: metadata.get(META_REPLAYED).is_some_and(|v| v == "true"),
+                last_seq: 0,
+            },
+            None => Channel::Foreign,
+        }
+    }
+}
+
+/// The most bytes of a summary section read to learn the channels whose
+/// records were in a damaged chunk.
+const SUMMARY_LIMIT: u64 = 64 << 20;
+
+/// The channels a finished file's summary section repeats, if it has one
+/// of at most [`SUMMARY_LIMIT`] bytes that reads whole.
+fn summary_channels(path: &Path) -> Option<HashMap<u16, std::sync::Arc<mcap::Channel<'static>>>> {
+    use mcap::sans_io::summary_reader::{SummaryReadEvent, SummaryReader, SummaryReaderOptions};
+    // The footer record (opcode, length, summary start, summary offset
+    // start, CRC), then the magic.
+    const TAIL: u64 = 1 + 8 + 8 + 8 + 4 + 8;
+    let mut f = File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    if len < MAGIC_LEN + TAIL {
+        return None;
+    }
+    let mut tail = [0u8; TAIL as usize];
+    f.seek(std::io::SeekFrom::Start(len - TAIL)).ok()?;
+    f.read_exact(&mut tail).ok()?;
+    let start = u64::from_le_bytes(tail[9..17].try_into().ok()?);
+    if tail[0] != mcap::records::op::FOOTER
+        || tail[29..] != *mcap::MAGIC
+        || start < MAGIC_LEN
+        || len - TAIL < start
+        || len - TAIL - start > SUMMARY_LIMIT
+    {
+        return None;
+    }
+    let mut r = SummaryReader::new_with_options(
+        SummaryReaderOptions::default()
+            .with_file_size(len)
+            .with_record_length_limit(RECORD_LIMIT),
+    );
+    while let Some(event) = r.next_event() {
+        match event.ok()? {
+            SummaryReadEvent::ReadRequest(need) => {
+                let n = f.read(r.insert(need)).ok()?;
+                r.notify_read(n);
+            }
+            SummaryReadEvent::SeekRequest(to) => {
+                let at = f.seek(to).ok()?;
+                r.notify_seeked(at);
+            }
+        }
+    }
+    r.finish().map(|s| s.channels)
+}
+
+/// The MCAP magic that starts a file (and ends a finished one).
+const MAGIC_LEN: u64 = 8;
+
+/// A linear reader of the file's records from the start (`resumed`:
+/// from a record boundary after a damaged chunk). Every chunk's CRC is
+/// checked before any of its messages is given (a damaged chunk is
+/// skipped, said, rather than giving a changed value), and the data
+/// section's; a file must end at the magic after its footer (a footer
+/// followed by more is not a whole recording).
+fn linear_reader(resumed: bool) -> LinearReader {
+    LinearReader::new_with_options(
+        LinearReaderOptions::default()
+            .with_skip_start_magic(resumed)
+            .with_prevalidate_chunk_crcs(true)
+            .with_validate_data_section_crc(true)
+            .with_check_finishes_after_end_magic(true)
+            .with_record_length_limit(RECORD_LIMIT),
+    )
+}
+
 impl RecordReader {
     /// Opens a recording.
     pub fn open(path: &Path) -> Result<RecordReader, RecordError> {
@@ -407,30 +531,18 @@ impl RecordReader {
             path: path.to_path_buf(),
             source,
         })?;
-        // Every chunk's CRC is checked before any of its messages is
-        // given (a damaged chunk ends the read there, said, rather than
-        // giving a changed value), and the data section's; a file must end
-        // at the magic after its footer (a footer followed by more is not
-        // a whole recording).
-        let opts = LinearReaderOptions::default()
-            .with_prevalidate_chunk_crcs(true)
-            .with_validate_data_section_crc(true)
-            .with_check_finishes_after_end_magic(true)
-            .with_record_length_limit(RECORD_LIMIT);
         Ok(RecordReader {
             path: path.to_path_buf(),
             file: std::io::BufReader::with_capacity(1 << 16, file),
-            reader: LinearReader::new_with_options(opts),
-            channels: HashMap::new(),
+            reader: linear_reader(false),
+            fed: 0,
+            boundary: MAGIC_LEN,
             truncated: None,
             finished: false,
-            skipped: Skipped::default(),
-            metadata: BTreeMap::new(),
-            complete: false,
-            seen_header: false,
-            last_len: 0,
-            metadata_bytes: 0,
-            in_summary: false,
+            st: ReadState {
+                path: path.to_path_buf(),
+                ..ReadState::default()
+            },
         })
     }
 
@@ -441,25 +553,32 @@ impl RecordReader {
     }
 
     /// Whether the file ended with its footer and the magic after it,
-    /// with nothing after: the recorder finished it.
+    /// with nothing after, and no chunk was damaged: the recorder finished
+    /// it and it reads whole.
     pub fn complete(&self) -> bool {
-        self.complete && self.truncated.is_none()
+        self.st.complete && self.truncated.is_none() && self.st.skipped.damaged_chunks == 0
+    }
+
+    /// Why the first damaged chunk was skipped, if one was (read to the
+    /// end first); [`Skipped::damaged_chunks`] counts them.
+    pub fn damage(&self) -> Option<&str> {
+        self.st.damage.as_deref()
     }
 
     /// Bytes of the last entry's message data as the file stores it (the
     /// value's CBOR, an event's JSON).
     pub fn last_len(&self) -> usize {
-        self.last_len
+        self.st.last_len
     }
 
     /// Messages skipped so far.
     pub fn skipped(&self) -> &Skipped {
-        &self.skipped
+        &self.st.skipped
     }
 
     /// The `milonga` metadata record, once read (it comes first).
     pub fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.metadata
+        &self.st.metadata
     }
 
     /// The next entry, `Ok(None)` at the end (or where the file was cut
@@ -472,18 +591,35 @@ impl RecordReader {
             let event = match self.reader.next_event() {
                 None => {
                     self.finished = true;
-                    if !self.seen_header {
+                    if !self.st.seen_header {
                         return Err(format_err(&self.path, "it ends before its header record"));
                     }
                     return Ok(None);
                 }
                 Some(Err(e)) => {
-                    self.finished = true;
-                    if !self.seen_header {
+                    if !self.st.seen_header {
+                        self.finished = true;
                         return Err(format_err(&self.path, e));
                     }
-                    self.truncated = Some(e.to_string());
-                    return Ok(None);
+                    // The damaged chunks already said explain a data
+                    // section whose CRC does not match: everything else
+                    // in it was read.
+                    if matches!(e, mcap::McapError::BadDataCrc { .. })
+                        && self.st.skipped.damaged_chunks > 0
+                    {
+                        self.finished = true;
+                        return Ok(None);
+                    }
+                    // Cut short: whatever came last was read whole.
+                    if matches!(e, mcap::McapError::UnexpectedEof) {
+                        self.finished = true;
+                        self.truncated = Some(e.to_string());
+                        return Ok(None);
+                    }
+                    if !self.skip_damaged_chunk(e.to_string())? {
+                        return Ok(None);
+                    }
+                    continue;
                 }
                 Some(Ok(e)) => e,
             };
@@ -495,6 +631,7 @@ impl RecordReader {
                         source,
                     })?;
                     self.reader.notify_read(n);
+                    self.fed += n as u64;
                     continue;
                 }
                 LinearReadEvent::Record { opcode, data } => (opcode, data),
@@ -502,140 +639,210 @@ impl RecordReader {
             let record = match mcap::parse_record(opcode, data) {
                 Ok(r) => r,
                 Err(e) => {
-                    self.finished = true;
-                    self.truncated = Some(e.to_string());
-                    return Ok(None);
+                    if !self.skip_damaged_chunk(e.to_string())? {
+                        return Ok(None);
+                    }
+                    continue;
                 }
             };
-            if !self.seen_header && !matches!(record, Record::Header(_)) {
-                self.finished = true;
-                return Err(format_err(&self.path, "its first record is not a header"));
-            }
-            match record {
-                Record::Header(h) => {
-                    self.seen_header = true;
-                    // Milonga's recordings have no profile.
-                    if !h.profile.is_empty() {
-                        self.skipped.other_records += 1;
-                    }
+            match self.st.take(record) {
+                Ok(Some(entry)) => return Ok(Some(entry)),
+                Ok(None) => {}
+                Err(why) => {
+                    self.finished = true;
+                    return Err(format_err(&self.path, why));
                 }
-                Record::Metadata(m) if m.name == METADATA_NAME => {
-                    let bytes: usize = m.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
-                    // One record of it in Milonga's recordings: a second
-                    // one's values are kept where they are new only.
-                    let again = m
-                        .metadata
-                        .iter()
-                        .any(|(k, v)| self.metadata.get(k).is_some_and(|old| old != v));
-                    if again || self.metadata_bytes + bytes > METADATA_LIMIT {
-                        self.skipped.other_records += 1;
-                    }
-                    if self.metadata_bytes + bytes <= METADATA_LIMIT {
-                        self.metadata_bytes += bytes;
-                        for (k, v) in m.metadata {
-                            self.metadata.entry(k).or_insert(v);
-                        }
-                    }
-                }
-                Record::Metadata(_) | Record::Attachment { .. } | Record::Unknown { .. } => {
-                    self.skipped.other_records += 1;
-                }
-                // The summary repeats the schemas: counted once.
-                Record::Schema { .. } if !self.in_summary => {
-                    self.skipped.other_records += 1;
-                }
-                Record::Footer(_) => self.complete = true,
-                Record::DataEnd(_) => self.in_summary = true,
-                Record::Channel(c) => {
-                    // What Milonga's channels do not hold (a schema, other
-                    // metadata) is not kept by a copy: counted.
-                    let known = [META_PUBLISHER, META_ENCODING, META_REPLAYED];
-                    let extra =
-                        c.schema_id != 0 || c.metadata.keys().any(|k| !known.contains(&k.as_str()));
-                    if extra && !self.in_summary {
-                        self.skipped.other_records += 1;
-                    }
-                    let ch = if c.topic == EVENTS_TOPIC {
-                        Channel::Events
-                    } else if c.message_encoding == "cbor" && Key::new(c.topic.as_str()).is_ok() {
-                        match c
-                            .metadata
-                            .get(META_PUBLISHER)
-                            .and_then(|h| NodeId::from_hex(h))
-                        {
-                            Some(publisher) => Channel::Samples {
-                                key: c.topic.clone(),
-                                publisher,
-                                encoding: encoding_of(
-                                    c.metadata.get(META_ENCODING).map_or("cbor", String::as_str),
-                                ),
-                                replayed: c
-                                    .metadata
-                                    .get(META_REPLAYED)
-                                    .is_some_and(|v| v == "true"),
-                                last_seq: 0,
-                            },
-                            None => Channel::Foreign,
-                        }
-                    } else {
-                        Channel::Foreign
-                    };
-                    self.channels.insert(c.id, ch);
-                }
-                Record::Message { header, data } => {
-                    self.last_len = data.len();
-                    let entry = match self.channels.get_mut(&header.channel_id) {
-                        Some(Channel::Events) => match serde_json::from_slice(&data)
-                            .ok()
-                            .as_ref()
-                            .and_then(status_from_json)
-                        {
-                            Some(ev) => Entry::Event(ev, header.log_time),
-                            None => {
-                                self.skipped.undecodable += 1;
-                                continue;
-                            }
-                        },
-                        Some(Channel::Samples {
-                            key,
-                            publisher,
-                            encoding,
-                            replayed,
-                            last_seq,
-                        }) => {
-                            let value = match decode_cbor(&Bytes::copy_from_slice(&data)) {
-                                Ok(v) => v,
-                                Err(_) => {
-                                    self.skipped.undecodable += 1;
-                                    continue;
-                                }
-                            };
-                            *last_seq = extend_seq(*last_seq, header.sequence);
-                            Entry::Sample(
-                                Sample {
-                                    key: key.clone(),
-                                    value,
-                                    publisher: *publisher,
-                                    seq: *last_seq,
-                                    timestamp_ns: header.publish_time,
-                                    encoding: *encoding,
-                                    schema_id: 0,
-                                    replayed: *replayed,
-                                    compact: None,
-                                },
-                                header.log_time,
-                            )
-                        }
-                        Some(Channel::Foreign) | None => {
-                            self.skipped.foreign += 1;
-                            continue;
-                        }
-                    };
-                    return Ok(Some(entry));
-                }
-                _ => {}
             }
         }
+    }
+
+    /// The read failed (`why`) at the last byte handed to the reader. If
+    /// that byte is in a chunk that ends within the file (its CRC, its
+    /// compressed data, a record in it is damaged), the chunk is skipped
+    /// and the read goes on after it with a new reader; otherwise (the
+    /// file cut short, a record outside a chunk damaged: no boundary to
+    /// trust after it) the read ends there, said. Whether it goes on.
+    fn skip_damaged_chunk(&mut self, why: String) -> Result<bool, RecordError> {
+        let io = |source| RecordError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let end = self
+            .fed
+            .checked_sub(1)
+            .map(|at| chunk_end(&self.path, self.boundary, at))
+            .transpose()
+            .map_err(io)?
+            .flatten();
+        let Some(end) = end else {
+            self.finished = true;
+            self.truncated = Some(why);
+            return Ok(false);
+        };
+        self.st.skipped.damaged_chunks += 1;
+        self.st.damage.get_or_insert(why);
+        self.file.seek(std::io::SeekFrom::Start(end)).map_err(io)?;
+        self.reader = linear_reader(true);
+        self.fed = end;
+        self.boundary = end;
+        Ok(true)
+    }
+}
+
+/// The end of the chunk record of `path` that holds byte `at`, found by
+/// following the records' lengths from the boundary `from`; `None` if
+/// that byte is not in a chunk, or the chunk does not end within the file.
+fn chunk_end(path: &Path, from: u64, at: u64) -> std::io::Result<Option<u64>> {
+    let mut f = std::io::BufReader::new(File::open(path)?);
+    let len = f.get_ref().metadata()?.len();
+    let mut pos = from;
+    f.seek(std::io::SeekFrom::Start(pos))?;
+    let mut head = [0u8; 9];
+    while pos <= at {
+        if f.read_exact(&mut head).is_err() {
+            return Ok(None);
+        }
+        let body = u64::from_le_bytes(head[1..].try_into().unwrap_or_default());
+        let end = match pos.checked_add(9).and_then(|p| p.checked_add(body)) {
+            Some(end) if end <= len => end,
+            _ => return Ok(None),
+        };
+        if at < end {
+            return Ok((head[0] == mcap::records::op::CHUNK).then_some(end));
+        }
+        f.seek_relative(i64::try_from(body).unwrap_or(i64::MAX))?;
+        pos = end;
+    }
+    Ok(None)
+}
+
+impl ReadState {
+    /// After a damaged chunk, a message of a channel not known: the
+    /// channel's record may have been in that chunk. A finished file's
+    /// summary repeats every channel record: the channels not known yet
+    /// are taken from it (once).
+    fn learn_channels_from_summary(&mut self) {
+        if self.skipped.damaged_chunks == 0 || self.summary_read {
+            return;
+        }
+        self.summary_read = true;
+        for (id, c) in summary_channels(&self.path).unwrap_or_default() {
+            self.channels
+                .entry(id)
+                .or_insert_with(|| Channel::of(&c.topic, &c.message_encoding, &c.metadata));
+        }
+    }
+
+    /// Takes one record in: the entry it is, if any; an error if the
+    /// file's first record is not a header.
+    fn take(&mut self, record: Record<'_>) -> Result<Option<Entry>, &'static str> {
+        if !self.seen_header && !matches!(record, Record::Header(_)) {
+            return Err("its first record is not a header");
+        }
+        match record {
+            Record::Header(h) => {
+                self.seen_header = true;
+                // Milonga's recordings have no profile.
+                if !h.profile.is_empty() {
+                    self.skipped.other_records += 1;
+                }
+            }
+            Record::Metadata(m) if m.name == METADATA_NAME => {
+                let bytes: usize = m.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+                // One record of it in Milonga's recordings: a second
+                // one's values are kept where they are new only.
+                let again = m
+                    .metadata
+                    .iter()
+                    .any(|(k, v)| self.metadata.get(k).is_some_and(|old| old != v));
+                if again || self.metadata_bytes + bytes > METADATA_LIMIT {
+                    self.skipped.other_records += 1;
+                }
+                if self.metadata_bytes + bytes <= METADATA_LIMIT {
+                    self.metadata_bytes += bytes;
+                    for (k, v) in m.metadata {
+                        self.metadata.entry(k).or_insert(v);
+                    }
+                }
+            }
+            Record::Metadata(_) | Record::Attachment { .. } | Record::Unknown { .. } => {
+                self.skipped.other_records += 1;
+            }
+            // The summary repeats the schemas: counted once.
+            Record::Schema { .. } if !self.in_summary => {
+                self.skipped.other_records += 1;
+            }
+            Record::Footer(_) => self.complete = true,
+            Record::DataEnd(_) => self.in_summary = true,
+            Record::Channel(c) => {
+                // What Milonga's channels do not hold (a schema, other
+                // metadata) is not kept by a copy: counted.
+                let known = [META_PUBLISHER, META_ENCODING, META_REPLAYED];
+                let extra =
+                    c.schema_id != 0 || c.metadata.keys().any(|k| !known.contains(&k.as_str()));
+                if extra && !self.in_summary {
+                    self.skipped.other_records += 1;
+                }
+                let ch = Channel::of(&c.topic, &c.message_encoding, &c.metadata);
+                self.channels.insert(c.id, ch);
+            }
+            Record::Message { header, data } => {
+                self.last_len = data.len();
+                if !self.channels.contains_key(&header.channel_id) {
+                    self.learn_channels_from_summary();
+                }
+                let entry = match self.channels.get_mut(&header.channel_id) {
+                    Some(Channel::Events) => match serde_json::from_slice(&data)
+                        .ok()
+                        .as_ref()
+                        .and_then(status_from_json)
+                    {
+                        Some(ev) => Entry::Event(ev, header.log_time),
+                        None => {
+                            self.skipped.undecodable += 1;
+                            return Ok(None);
+                        }
+                    },
+                    Some(Channel::Samples {
+                        key,
+                        publisher,
+                        encoding,
+                        replayed,
+                        last_seq,
+                    }) => {
+                        let value = match decode_cbor(&Bytes::copy_from_slice(&data)) {
+                            Ok(v) => v,
+                            Err(_) => {
+                                self.skipped.undecodable += 1;
+                                return Ok(None);
+                            }
+                        };
+                        *last_seq = extend_seq(*last_seq, header.sequence);
+                        Entry::Sample(
+                            Sample {
+                                key: key.clone(),
+                                value,
+                                publisher: *publisher,
+                                seq: *last_seq,
+                                timestamp_ns: header.publish_time,
+                                encoding: *encoding,
+                                schema_id: 0,
+                                replayed: *replayed,
+                                compact: None,
+                            },
+                            header.log_time,
+                        )
+                    }
+                    Some(Channel::Foreign) | None => {
+                        self.skipped.foreign += 1;
+                        return Ok(None);
+                    }
+                };
+                return Ok(Some(entry));
+            }
+            _ => {}
+        }
+        Ok(None)
     }
 }
 
@@ -1012,10 +1219,11 @@ mod tests {
     }
 
     /// One byte changed in a chunk (a value, where compression is off):
-    /// the read ends before that chunk and says why, rather than giving
-    /// the changed value; a copy (`--recover`) holds what came before.
+    /// that chunk is skipped whole and said, rather than giving the
+    /// changed value, and the chunks after it are read; a copy
+    /// (`--recover`) holds everything else and reads whole.
     #[test]
-    fn a_damaged_chunk_ends_the_read_there_and_says_so() {
+    fn a_damaged_chunk_is_skipped_and_said_and_the_read_goes_on() {
         let dir = milonga_testkit::TempDir::new("rec-crc");
         let good = dir.path().join("good.mcap");
         write(&good, Compression::None, 300);
@@ -1025,22 +1233,60 @@ mod tests {
         b[at + 6] = b'9';
         let p = dir.path().join("flipped.mcap");
         std::fs::write(&p, &b).unwrap();
+        let seqs_of = |r: &mut RecordReader| -> Vec<u64> {
+            r.by_ref()
+                .filter_map(|e| match e.unwrap() {
+                    Entry::Sample(s, _) => Some(s.seq),
+                    Entry::Event(..) => None,
+                })
+                .collect()
+        };
         let mut r = RecordReader::open(&p).unwrap();
-        let seqs: Vec<u64> = r
-            .by_ref()
-            .filter_map(|e| match e.unwrap() {
-                Entry::Sample(s, _) => Some(s.seq),
-                Entry::Event(..) => None,
-            })
-            .collect();
+        let seqs = seqs_of(&mut r);
         assert!(!r.complete());
-        assert!(
-            r.truncated().unwrap().contains("CRC"),
-            "{:?}",
-            r.truncated()
+        assert_eq!(r.skipped().damaged_chunks, 1, "{}", r.skipped());
+        assert!(r.damage().unwrap().contains("CRC"), "{:?}", r.damage());
+        // The data section's CRC fails too, for the same chunk: not said
+        // as the file being cut short.
+        assert_eq!(r.truncated(), None);
+        // One run of numbers around 150 is missing, and only that: the
+        // chunks before and after it were read.
+        let missing: Vec<u64> = (1..=300).filter(|i| !seqs.contains(i)).collect();
+        assert!(missing.contains(&150), "{missing:?}");
+        assert!(seqs.contains(&1) && seqs.contains(&300), "{seqs:?}");
+        assert_eq!(
+            missing,
+            (missing[0]..=missing[missing.len() - 1]).collect::<Vec<_>>()
         );
-        assert!(!seqs.contains(&150) && !seqs.is_empty(), "{seqs:?}");
-        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+        assert_eq!(
+            seqs,
+            (1..=300)
+                .filter(|i| !missing.contains(i))
+                .collect::<Vec<_>>()
+        );
+        // The copy holds all of it, and no damage.
+        let mut r = RecordReader::open(&p).unwrap();
+        let copy = dir.path().join("copy.mcap");
+        let (w, n) = copy_recording(&mut r, &copy, &RecordOptions::default()).unwrap();
+        w.finish().unwrap();
+        assert!(n >= seqs.len() as u64);
+        let mut c = RecordReader::open(&copy).unwrap();
+        assert_eq!(seqs_of(&mut c), seqs);
+        assert!(c.complete() && c.skipped().is_empty(), "{}", c.skipped());
+        // The first chunk damaged, which held both channels' records: the
+        // summary repeats them, and the later chunks are read.
+        let mut b = std::fs::read(&good).unwrap();
+        let needle = b"value 2";
+        let at = b.windows(needle.len()).position(|w| w == needle).unwrap();
+        b[at + 6] = b'8';
+        std::fs::write(&p, &b).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        let seqs = seqs_of(&mut r);
+        assert_eq!(r.skipped().damaged_chunks, 1, "{}", r.skipped());
+        assert_eq!(r.skipped().foreign, 0, "{}", r.skipped());
+        assert!(!seqs.contains(&2) && seqs.contains(&299) && seqs.contains(&300));
+        let first = seqs[0];
+        assert_eq!(seqs, (first..=300).collect::<Vec<_>>());
     }
 
     /// A footer followed by more (a second recording after the first, or
@@ -1140,8 +1386,8 @@ mod tests {
         );
     }
 
-    /// A chunk that claims to hold a terabyte once decompressed is refused,
-    /// not allocated.
+    /// A chunk that claims to hold a terabyte once decompressed is skipped
+    /// as damaged, not allocated.
     #[test]
     fn a_chunk_claiming_a_huge_size_is_refused() {
         let dir = milonga_testkit::TempDir::new("rec-bomb");
@@ -1163,10 +1409,9 @@ mod tests {
         std::fs::write(&p, &b).unwrap();
         let mut r = RecordReader::open(&p).unwrap();
         while let Ok(Some(_)) = r.next_entry() {}
-        assert!(
-            r.truncated().is_some(),
-            "the damaged chunk is said to end the file"
-        );
+        assert_eq!(r.skipped().damaged_chunks, 1, "{}", r.skipped());
+        assert!(r.damage().is_some());
+        assert!(!r.complete());
     }
 
     #[test]
