@@ -453,7 +453,7 @@ fn state(r: &RecordReader) -> String {
     let mut parts = Vec::new();
     if let Some(why) = r.damage() {
         parts.push(format!(
-            "damaged ({} chunks skipped, the first: {why}; everything else read)",
+            "damaged ({} chunks skipped, the first: {why})",
             r.skipped().damaged_chunks
         ));
     }
@@ -461,8 +461,9 @@ fn state(r: &RecordReader) -> String {
         Some(why) => parts.push(format!(
             "cut short ({why}); read to its last complete record"
         )),
-        None if parts.is_empty() => parts.push("without a summary (not finished)".to_owned()),
-        None => {}
+        // Read to its end magic: all but the damaged chunks.
+        None if !parts.is_empty() => parts.push("everything else read".to_owned()),
+        None => parts.push("without a summary (not finished)".to_owned()),
     }
     parts.join("; ")
 }

@@ -331,11 +331,13 @@ pub struct Skipped {
     /// other than `milonga` (or past [`METADATA_LIMIT`]), records of
     /// opcodes MCAP does not define.
     pub other_records: u64,
-    /// Chunks skipped whole because they are damaged: their CRC does not
-    /// match what they hold, their data does not decompress or holds a
-    /// malformed record, or they claim more than [`RECORD_LIMIT`] once
-    /// decompressed ([`RecordReader::damage`] says why the first was).
-    /// Their messages are lost; the read goes on with the next record.
+    /// Chunks skipped because they are damaged: their CRC does not match
+    /// what they hold, their data does not decompress, or they claim more
+    /// than [`RECORD_LIMIT`] once decompressed (none of their messages is
+    /// given); or a record in them is malformed (those before it were
+    /// given). [`RecordReader::damage`] says why the first was. Their
+    /// messages are lost, shown as gaps; the read goes on with the next
+    /// record.
     pub damaged_chunks: u64,
 }
 
@@ -366,9 +368,10 @@ pub const METADATA_LIMIT: usize = 1 << 20;
 /// never loaded whole; a chunk at a time). A file cut short (a recorder
 /// killed, a full disk) is read to its last complete record;
 /// [`RecordReader::truncated`] then says why it ended. A damaged chunk is
-/// skipped whole, never read in part, and the read goes on after it
-/// ([`Skipped::damaged_chunks`], [`RecordReader::damage`]); a damaged
-/// record outside a chunk (a length, an opcode) ends the read there.
+/// skipped, never read as changed values, and the read goes on after it
+/// ([`Skipped::damaged_chunks`], [`RecordReader::damage`]); damage to the
+/// framing (a record's length, a chunk's header, a record outside a
+/// chunk) ends the read there.
 pub struct RecordReader {
     path: PathBuf,
     /// Buffered: the reader asks for a few bytes at a time (a record's
@@ -377,10 +380,17 @@ pub struct RecordReader {
     reader: LinearReader,
     /// Where in the file the bytes handed to `reader` end.
     fed: u64,
+    /// `fed` when the last record was given: a record given when `fed`
+    /// has grown by exactly its own size since was read on its own, not
+    /// out of a chunk (whose records come once it is loaded whole).
+    last_fed: u64,
     /// A record boundary at or before `fed` (the start of the records, or
     /// where the read went on after a damaged chunk): where the search
     /// for a damaged chunk's end starts.
     boundary: u64,
+    /// The summary's channel records were looked for (after a damaged
+    /// chunk).
+    summary_read: bool,
     truncated: Option<String>,
     finished: bool,
     st: ReadState,
@@ -402,10 +412,9 @@ struct ReadState {
     in_summary: bool,
     /// Why the first damaged chunk was skipped.
     damage: Option<String>,
-    /// The file, for its summary.
-    path: PathBuf,
-    /// Its summary's channels were looked for.
-    summary_read: bool,
+    /// Written by Milonga (its header says so), which puts every message
+    /// in a chunk.
+    only_chunked: bool,
 }
 
 impl std::fmt::Debug for RecordReader {
@@ -457,17 +466,18 @@ impl Channel {
 }
 
 /// The most bytes of a summary section read to learn the channels whose
-/// records were in a damaged chunk.
+/// records were in a damaged chunk (read whole, its CRC checked).
 const SUMMARY_LIMIT: u64 = 64 << 20;
 
-/// The channels a finished file's summary section repeats, if it has one
-/// of at most [`SUMMARY_LIMIT`] bytes that reads whole.
-fn summary_channels(path: &Path) -> Option<HashMap<u16, std::sync::Arc<mcap::Channel<'static>>>> {
-    use mcap::sans_io::summary_reader::{SummaryReadEvent, SummaryReader, SummaryReaderOptions};
+/// The channel records of a finished file's summary section: those of a
+/// summary of at most [`SUMMARY_LIMIT`] bytes whose CRC (not 0) matches,
+/// each as what it describes; nothing else of the summary is kept.
+fn summary_channels(f: &mut File) -> Option<Vec<(u16, Channel)>> {
     // The footer record (opcode, length, summary start, summary offset
-    // start, CRC), then the magic.
+    // start, CRC), then the magic. Its CRC covers the summary and the
+    // footer up to the CRC.
     const TAIL: u64 = 1 + 8 + 8 + 8 + 4 + 8;
-    let mut f = File::open(path).ok()?;
+    const COVERED: usize = 1 + 8 + 8 + 8;
     let len = f.metadata().ok()?.len();
     if len < MAGIC_LEN + TAIL {
         return None;
@@ -476,32 +486,39 @@ fn summary_channels(path: &Path) -> Option<HashMap<u16, std::sync::Arc<mcap::Cha
     f.seek(std::io::SeekFrom::Start(len - TAIL)).ok()?;
     f.read_exact(&mut tail).ok()?;
     let start = u64::from_le_bytes(tail[9..17].try_into().ok()?);
+    let crc = u32::from_le_bytes(tail[25..29].try_into().ok()?);
     if tail[0] != mcap::records::op::FOOTER
         || tail[29..] != *mcap::MAGIC
+        || crc == 0
         || start < MAGIC_LEN
         || len - TAIL < start
         || len - TAIL - start > SUMMARY_LIMIT
     {
         return None;
     }
-    let mut r = SummaryReader::new_with_options(
-        SummaryReaderOptions::default()
-            .with_file_size(len)
-            .with_record_length_limit(RECORD_LIMIT),
-    );
-    while let Some(event) = r.next_event() {
-        match event.ok()? {
-            SummaryReadEvent::ReadRequest(need) => {
-                let n = f.read(r.insert(need)).ok()?;
-                r.notify_read(n);
-            }
-            SummaryReadEvent::SeekRequest(to) => {
-                let at = f.seek(to).ok()?;
-                r.notify_seeked(at);
+    let summary_len = usize::try_from(len - TAIL - start).ok()?;
+    let mut bytes = vec![0u8; summary_len + COVERED];
+    f.seek(std::io::SeekFrom::Start(start)).ok()?;
+    f.read_exact(&mut bytes).ok()?;
+    if crc32fast::hash(&bytes) != crc {
+        return None;
+    }
+    let mut summary = &bytes[..summary_len];
+    let mut channels = Vec::new();
+    while summary.len() >= 9 {
+        let body = usize::try_from(u64::from_le_bytes(summary[1..9].try_into().ok()?)).ok()?;
+        let record = summary.get(9..9usize.checked_add(body)?)?;
+        if summary[0] == mcap::records::op::CHANNEL {
+            if let Ok(Record::Channel(c)) = mcap::parse_record(summary[0], record) {
+                channels.push((
+                    c.id,
+                    Channel::of(&c.topic, &c.message_encoding, &c.metadata),
+                ));
             }
         }
+        summary = &summary[9 + body..];
     }
-    r.finish().map(|s| s.channels)
+    Some(channels)
 }
 
 /// The MCAP magic that starts a file (and ends a finished one).
@@ -510,15 +527,16 @@ const MAGIC_LEN: u64 = 8;
 /// A linear reader of the file's records from the start (`resumed`:
 /// from a record boundary after a damaged chunk). Every chunk's CRC is
 /// checked before any of its messages is given (a damaged chunk is
-/// skipped, said, rather than giving a changed value), and the data
-/// section's; a file must end at the magic after its footer (a footer
-/// followed by more is not a whole recording).
+/// skipped, said, rather than giving a changed value), and, read from the
+/// start, the data section's (a reader resumed after a damaged chunk has
+/// not seen all of it); a file must end at the magic after its footer (a
+/// footer followed by more is not a whole recording).
 fn linear_reader(resumed: bool) -> LinearReader {
     LinearReader::new_with_options(
         LinearReaderOptions::default()
             .with_skip_start_magic(resumed)
             .with_prevalidate_chunk_crcs(true)
-            .with_validate_data_section_crc(true)
+            .with_validate_data_section_crc(!resumed)
             .with_check_finishes_after_end_magic(true)
             .with_record_length_limit(RECORD_LIMIT),
     )
@@ -536,13 +554,12 @@ impl RecordReader {
             file: std::io::BufReader::with_capacity(1 << 16, file),
             reader: linear_reader(false),
             fed: 0,
+            last_fed: MAGIC_LEN,
             boundary: MAGIC_LEN,
             truncated: None,
             finished: false,
-            st: ReadState {
-                path: path.to_path_buf(),
-                ..ReadState::default()
-            },
+            summary_read: false,
+            st: ReadState::default(),
         })
     }
 
@@ -601,15 +618,6 @@ impl RecordReader {
                         self.finished = true;
                         return Err(format_err(&self.path, e));
                     }
-                    // The damaged chunks already said explain a data
-                    // section whose CRC does not match: everything else
-                    // in it was read.
-                    if matches!(e, mcap::McapError::BadDataCrc { .. })
-                        && self.st.skipped.damaged_chunks > 0
-                    {
-                        self.finished = true;
-                        return Ok(None);
-                    }
                     // Cut short: whatever came last was read whole.
                     if matches!(e, mcap::McapError::UnexpectedEof) {
                         self.finished = true;
@@ -636,8 +644,14 @@ impl RecordReader {
                 }
                 LinearReadEvent::Record { opcode, data } => (opcode, data),
             };
+            let outside_chunks = self.fed == self.last_fed + 9 + data.len() as u64;
+            self.last_fed = self.fed;
             let record = match mcap::parse_record(opcode, data) {
                 Ok(r) => r,
+                Err(e) if !self.st.seen_header => {
+                    self.finished = true;
+                    return Err(format_err(&self.path, e));
+                }
                 Err(e) => {
                     if !self.skip_damaged_chunk(e.to_string())? {
                         return Ok(None);
@@ -645,6 +659,17 @@ impl RecordReader {
                     continue;
                 }
             };
+            // Milonga's writer puts every message in a chunk: one outside
+            // is a chunk's record read as the file's own, after a record
+            // length was damaged (no CRC covers it until the data
+            // section's, at the end): the framing cannot be trusted on.
+            if outside_chunks && self.st.only_chunked && matches!(record, Record::Message { .. }) {
+                self.finished = true;
+                self.truncated = Some(
+                    "a message outside a chunk, which this recorder does not write: the record lengths before it are damaged".to_owned(),
+                );
+                return Ok(None);
+            }
             match self.st.take(record) {
                 Ok(Some(entry)) => return Ok(Some(entry)),
                 Ok(None) => {}
@@ -657,23 +682,31 @@ impl RecordReader {
     }
 
     /// The read failed (`why`) at the last byte handed to the reader. If
-    /// that byte is in a chunk that ends within the file (its CRC, its
-    /// compressed data, a record in it is damaged), the chunk is skipped
-    /// and the read goes on after it with a new reader; otherwise (the
-    /// file cut short, a record outside a chunk damaged: no boundary to
-    /// trust after it) the read ends there, said. Whether it goes on.
+    /// that byte is in a chunk whose framing holds ([`resume_after`]: its
+    /// CRC, its compressed data or a record in it is damaged), the chunk
+    /// is skipped and the read goes on after it with a new reader;
+    /// otherwise (the file cut short, a record outside a chunk or a
+    /// chunk's framing damaged: no boundary to trust after it) the read
+    /// ends there, said. Whether it goes on.
     fn skip_damaged_chunk(&mut self, why: String) -> Result<bool, RecordError> {
         let io = |source| RecordError::Io {
             path: self.path.clone(),
             source,
         };
-        let end = self
-            .fed
-            .checked_sub(1)
-            .map(|at| chunk_end(&self.path, self.boundary, at))
-            .transpose()
-            .map_err(io)?
-            .flatten();
+        // The walk reads the file on a handle of its own: the same file,
+        // not one that replaced it at that path meanwhile.
+        let mut again = match self.reopen().map_err(io)? {
+            Some(f) => std::io::BufReader::with_capacity(1 << 13, f),
+            None => {
+                self.finished = true;
+                self.truncated = Some(format!("{why}; the file was replaced while it was read"));
+                return Ok(false);
+            }
+        };
+        let end = match self.fed.checked_sub(1) {
+            Some(at) => resume_after(&mut again, self.boundary, at).map_err(io)?,
+            None => None,
+        };
         let Some(end) = end else {
             self.finished = true;
             self.truncated = Some(why);
@@ -681,58 +714,103 @@ impl RecordReader {
         };
         self.st.skipped.damaged_chunks += 1;
         self.st.damage.get_or_insert(why);
-        self.file.seek(std::io::SeekFrom::Start(end)).map_err(io)?;
+        // The channel records that chunk held may be needed: a finished
+        // file's summary repeats them all (read once, at the first).
+        if !self.summary_read {
+            self.summary_read = true;
+            for (id, ch) in summary_channels(again.get_mut()).unwrap_or_default() {
+                self.st.channels.entry(id).or_insert(ch);
+            }
+        }
+        let ahead = i64::try_from(end - self.fed).unwrap_or(i64::MAX);
+        self.file.seek_relative(ahead).map_err(io)?;
         self.reader = linear_reader(true);
         self.fed = end;
+        self.last_fed = end;
         self.boundary = end;
         Ok(true)
     }
+
+    /// The file read, opened again; `None` if another file is at its path
+    /// now.
+    fn reopen(&self) -> std::io::Result<Option<File>> {
+        use std::os::unix::fs::MetadataExt;
+        let f = File::open(&self.path)?;
+        let (now, was) = (f.metadata()?, self.file.get_ref().metadata()?);
+        Ok((now.dev() == was.dev() && now.ino() == was.ino()).then_some(f))
+    }
 }
 
-/// The end of the chunk record of `path` that holds byte `at`, found by
-/// following the records' lengths from the boundary `from`; `None` if
-/// that byte is not in a chunk, or the chunk does not end within the file.
-fn chunk_end(path: &Path, from: u64, at: u64) -> std::io::Result<Option<u64>> {
-    let mut f = std::io::BufReader::new(File::open(path)?);
+/// Where a read that failed at byte `at` can go on, found by following
+/// the records' lengths from the record boundary `from`: the end of the
+/// chunk that holds that byte, if every chunk on the way has a header that
+/// agrees with its length (no CRC covers a chunk's length), that chunk
+/// ends within the file, and what follows it starts as a record does (an
+/// MCAP opcode and a length within the file) or is the file's end. `None`
+/// otherwise: the damage may be in the framing, after which no boundary
+/// can be trusted (a position inside a record could be taken for one).
+fn resume_after(
+    f: &mut std::io::BufReader<File>,
+    from: u64,
+    at: u64,
+) -> std::io::Result<Option<u64>> {
     let len = f.get_ref().metadata()?.len();
+    // Opcode and length: a record (0x01 header to 0x0F data end) that
+    // ends within the file.
+    let record = |head: &[u8; 9], pos: u64| -> Option<u64> {
+        let body = u64::from_le_bytes(head[1..].try_into().ok()?);
+        let end = pos.checked_add(9)?.checked_add(body)?;
+        (matches!(head[0], 0x01..=0x0F) && end <= len).then_some(end)
+    };
+    f.seek(std::io::SeekFrom::Start(from))?;
     let mut pos = from;
-    f.seek(std::io::SeekFrom::Start(pos))?;
     let mut head = [0u8; 9];
     while pos <= at {
         if f.read_exact(&mut head).is_err() {
             return Ok(None);
         }
-        let body = u64::from_le_bytes(head[1..].try_into().unwrap_or_default());
-        let end = match pos.checked_add(9).and_then(|p| p.checked_add(body)) {
-            Some(end) if end <= len => end,
-            _ => return Ok(None),
+        let Some(end) = record(&head, pos) else {
+            return Ok(None);
         };
-        if at < end {
-            return Ok((head[0] == mcap::records::op::CHUNK).then_some(end));
+        let mut left = end - pos - 9;
+        if head[0] == mcap::records::op::CHUNK {
+            // Start and end times, uncompressed size and CRC (28 bytes),
+            // the compression's name (its u32 length first), the
+            // compressed size (u64), then exactly that many bytes.
+            let mut fixed = [0u8; 32];
+            if left < 40 || f.read_exact(&mut fixed).is_err() {
+                return Ok(None);
+            }
+            let name = u64::from(u32::from_le_bytes(
+                fixed[28..].try_into().unwrap_or_default(),
+            ));
+            if left < 40 + name {
+                return Ok(None);
+            }
+            f.seek_relative(name as i64)?;
+            let mut size = [0u8; 8];
+            f.read_exact(&mut size)?;
+            if Some(left) != u64::from_le_bytes(size).checked_add(40 + name) {
+                return Ok(None);
+            }
+            left -= 40 + name;
         }
-        f.seek_relative(i64::try_from(body).unwrap_or(i64::MAX))?;
+        f.seek_relative(i64::try_from(left).unwrap_or(i64::MAX))?;
+        if at < end {
+            if head[0] != mcap::records::op::CHUNK {
+                return Ok(None);
+            }
+            if end < len && (f.read_exact(&mut head).is_err() || record(&head, end).is_none()) {
+                return Ok(None);
+            }
+            return Ok(Some(end));
+        }
         pos = end;
     }
     Ok(None)
 }
 
 impl ReadState {
-    /// After a damaged chunk, a message of a channel not known: the
-    /// channel's record may have been in that chunk. A finished file's
-    /// summary repeats every channel record: the channels not known yet
-    /// are taken from it (once).
-    fn learn_channels_from_summary(&mut self) {
-        if self.skipped.damaged_chunks == 0 || self.summary_read {
-            return;
-        }
-        self.summary_read = true;
-        for (id, c) in summary_channels(&self.path).unwrap_or_default() {
-            self.channels
-                .entry(id)
-                .or_insert_with(|| Channel::of(&c.topic, &c.message_encoding, &c.metadata));
-        }
-    }
-
     /// Takes one record in: the entry it is, if any; an error if the
     /// file's first record is not a header.
     fn take(&mut self, record: Record<'_>) -> Result<Option<Entry>, &'static str> {
@@ -742,6 +820,7 @@ impl ReadState {
         match record {
             Record::Header(h) => {
                 self.seen_header = true;
+                self.only_chunked = h.library.starts_with("milonga ");
                 // Milonga's recordings have no profile.
                 if !h.profile.is_empty() {
                     self.skipped.other_records += 1;
@@ -788,9 +867,6 @@ impl ReadState {
             }
             Record::Message { header, data } => {
                 self.last_len = data.len();
-                if !self.channels.contains_key(&header.channel_id) {
-                    self.learn_channels_from_summary();
-                }
                 let entry = match self.channels.get_mut(&header.channel_id) {
                     Some(Channel::Events) => match serde_json::from_slice(&data)
                         .ok()
@@ -1164,9 +1240,6 @@ mod tests {
     #[test]
     fn a_damaged_file_never_panics_the_reader() {
         let dir = milonga_testkit::TempDir::new("rec-fuzz");
-        let good = dir.path().join("good.mcap");
-        write(&good, Compression::Zstd, 300);
-        let bytes = std::fs::read(&good).unwrap();
         let mut x: u64 = 0x2545_f491_4f6c_dd1d;
         let mut next = move || {
             x ^= x << 13;
@@ -1175,32 +1248,44 @@ mod tests {
             x
         };
         let p = dir.path().join("bad.mcap");
-        for _ in 0..1000 {
-            let mut b = bytes.clone();
-            for _ in 0..1 + next() % 8 {
-                let at = (next() as usize) % b.len();
-                b[at] = match next() % 3 {
-                    0 => b[at] ^ (1 << (next() % 8)),
-                    1 => 0xff,
-                    _ => next() as u8,
+        for c in [Compression::Zstd, Compression::None] {
+            let good = dir.path().join(format!("good-{c:?}.mcap"));
+            write(&good, c, 300);
+            let bytes = std::fs::read(&good).unwrap();
+            for _ in 0..1000 {
+                let mut b = bytes.clone();
+                for _ in 0..1 + next() % 8 {
+                    let at = (next() as usize) % b.len();
+                    b[at] = match next() % 3 {
+                        0 => b[at] ^ (1 << (next() % 8)),
+                        1 => 0xff,
+                        _ => next() as u8,
+                    };
+                }
+                if next() % 4 == 0 {
+                    b.truncate((next() as usize) % b.len());
+                }
+                std::fs::write(&p, &b).unwrap();
+                let Ok(mut r) = RecordReader::open(&p) else {
+                    continue;
                 };
-            }
-            if next() % 4 == 0 {
-                b.truncate((next() as usize) % b.len());
-            }
-            std::fs::write(&p, &b).unwrap();
-            let Ok(mut r) = RecordReader::open(&p) else {
-                continue;
-            };
-            let mut n = 0;
-            while let Ok(Some(e)) = r.next_entry() {
-                n += 1;
-                assert!(n <= 1000, "more entries than were written");
-                // Every chunk's CRC is checked before its messages are
-                // given: a damaged one never yields a changed value.
-                if let Entry::Sample(s, _) = e {
-                    let v = milonga_wire::Value::from(format!("value {}", s.seq));
-                    assert_eq!(s.value, v, "a damaged file gave a changed sample");
+                let mut n = 0;
+                while let Ok(Some(e)) = r.next_entry() {
+                    n += 1;
+                    assert!(n <= 1000, "more entries than were written");
+                    // Every chunk's CRC is checked before its messages are
+                    // given, and a read goes on only after a chunk whose
+                    // framing holds: a damaged file never yields a changed
+                    // sample (value, key or publisher).
+                    if let Entry::Sample(s, _) = e {
+                        let v = milonga_wire::Value::from(format!("value {}", s.seq));
+                        let key = if s.seq % 2 == 0 { "a/b" } else { "a/c" };
+                        assert_eq!(
+                            (s.value, s.key.as_str(), s.publisher),
+                            (v, key, NodeId([7; 16])),
+                            "a damaged file gave a changed sample"
+                        );
+                    }
                 }
             }
         }
@@ -1287,6 +1372,42 @@ mod tests {
         assert!(!seqs.contains(&2) && seqs.contains(&299) && seqs.contains(&300));
         let first = seqs[0];
         assert_eq!(seqs, (first..=300).collect::<Vec<_>>());
+    }
+
+    /// A record length damaged outside the chunks (here the header's, made
+    /// to reach into the first chunk) would have the chunk's records read
+    /// as the file's own, where no CRC covers them: a value changed in
+    /// them came out as it was. A message outside a chunk, which
+    /// Milonga's writer never writes, ends the read instead.
+    #[test]
+    fn a_damaged_record_length_never_exposes_a_chunk_s_records() {
+        let dir = milonga_testkit::TempDir::new("rec-frame");
+        let good = dir.path().join("good.mcap");
+        write(&good, Compression::None, 300);
+        let mut b = std::fs::read(&good).unwrap();
+        // The first chunk's records start after its 40-byte header (no
+        // compression name); the header record (at 8) is made to end
+        // there.
+        let chunk = first_record(&b, 0x06);
+        let len = (chunk + 9 + 40 - 8 - 9) as u64;
+        b[9..17].copy_from_slice(&len.to_le_bytes());
+        let needle = b"value 3";
+        let at = b.windows(needle.len()).position(|w| w == needle).unwrap();
+        b[at + 6] = b'9';
+        let p = dir.path().join("framing.mcap");
+        std::fs::write(&p, &b).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        while let Some(e) = r.next_entry().unwrap() {
+            if let Entry::Sample(s, _) = e {
+                let v = milonga_wire::Value::from(format!("value {}", s.seq));
+                assert_eq!(s.value, v, "a changed value came out");
+            }
+        }
+        assert!(
+            r.truncated().unwrap().contains("outside a chunk"),
+            "{:?}",
+            r.truncated()
+        );
     }
 
     /// A footer followed by more (a second recording after the first, or
