@@ -379,10 +379,28 @@ fn main() -> ExitCode {
     match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("milonga: {e:#}");
+            eprintln!("milonga: {}", said_once(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, joined by `: `, each said once: the library's
+/// errors name their cause in their own message too (for callers that
+/// print only that), which `{:#}` would print again.
+fn said_once(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if out.contains(&c) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&c);
+    }
+    out
 }
 
 fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
@@ -911,6 +929,19 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn an_error_names_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let e = anyhow::Error::new(milonga::recording::RecordError::Io {
+            path: "run.mcap".into(),
+            source: io,
+        })
+        .context("copying run.mcap");
+        assert_eq!(said_once(&e), "copying run.mcap: run.mcap: No such file");
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(said_once(&plain), "outer: inner");
     }
 
     #[test]
