@@ -625,7 +625,10 @@ fn co_located_linked_brokers_lose_nothing_while_the_route_moves_to_the_federatio
 /// others are in place (once, on a busy machine, one missed the first 477
 /// samples, as a late joiner). A probe publisher of the same node puts
 /// until every subscriber has one of its samples, which proves each
-/// connection for that node made.
+/// connection for that node made. (On an idle machine the route moves
+/// while the publisher runs: the second broker's `duplicates_dropped`
+/// grows; on a busy one it may have moved before, which the test does
+/// not tell apart.)
 #[test]
 fn co_located_linked_brokers_deliver_everything_to_several_subscribers_while_the_route_moves() {
     let env = Env::new("fed-coloc-n");
@@ -711,11 +714,6 @@ fn co_located_linked_brokers_deliver_everything_to_several_subscribers_while_the
             milonga_testkit::in_order_from_1(&seqs, n)
                 .unwrap_or_else(|e| panic!("subscriber {i}: {e}"));
         }
-    });
-    // The route did move while the publisher ran: the second broker got
-    // frames by both paths and dropped the copies.
-    b2.until_stats("copies dropped", |s| {
-        s["duplicates_dropped"].as_u64() > Some(0)
     });
     // Never zero while the route moves (which would let a reliable
     // publisher send into the void).
