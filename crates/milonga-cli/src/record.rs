@@ -675,8 +675,14 @@ fn info(a: &InfoArgs) -> Result<ExitCode> {
             "file:      {} ({size} bytes, {state})",
             a.file.display()
         )?;
+        // A sum that saturated (losses reported past 2^64) says so.
+        let more = if lost_reported == u64::MAX {
+            " or more"
+        } else {
+            ""
+        };
         writeln!(out,
-            "messages:  {samples} samples of {} keys, {events} events ({lost_reported} samples reported lost)",
+            "messages:  {samples} samples of {} keys, {events} events ({lost_reported}{more} samples reported lost)",
             keys.len()
         )?;
         writeln!(out, "duration:  {span:.3} s")?;

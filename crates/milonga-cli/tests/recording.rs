@@ -759,6 +759,12 @@ fn hostile_recordings_get_clear_answers() {
     }
     w.finish().unwrap();
     assert_eq!(info(&env, &file)["lost_reported"], u64::MAX);
+    let out = env.cmd(&["info"]).arg(&file).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("18446744073709551615 or more samples reported lost"),
+        "{text}"
+    );
     let out = env
         .cmd(&["replay", "--speed", "1e-300"])
         .arg(&file)
