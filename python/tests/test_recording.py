@@ -218,8 +218,12 @@ def test_a_damaged_chunk_is_skipped_and_the_read_goes_on(tmp_path: Path) -> None
     data[start + 9 + length - 5] ^= 0x10
     path.write_bytes(bytes(data))
     with milonga.open_recording(path) as r:
-        seqs = [e.seq for e in r if isinstance(e, milonga.Sample)]
+        events = list(r)
         assert not r.complete
         assert r.damage is not None, r.truncated
         assert r.truncated is None
+    seqs = [e.seq for e in events if isinstance(e, milonga.Sample)]
     assert seqs[-1] == 6 and 1 in seqs and len(seqs) < 6, seqs
+    # What the damaged chunk held is said lost where the gap shows.
+    lost = [e for e in events if isinstance(e, milonga.Lost)]
+    assert sum(e.count for e in lost) == 6 - len(seqs), lost

@@ -866,6 +866,8 @@ fn a_damaged_chunk_in_the_middle_is_skipped_and_the_rest_recovered() {
     assert_eq!(seqs.len() as u64, n);
     assert!(seqs.contains(&1) && seqs.contains(&1000));
     assert_eq!(i["gaps"], 1000 - n, "{i}");
+    // The loss is said where it shows, as a live subscription says it.
+    assert_eq!(i["lost_reported"], 1000 - n, "{i}");
     let out = env.cmd(&["cat"]).arg(&file).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -886,6 +888,7 @@ fn a_damaged_chunk_in_the_middle_is_skipped_and_the_rest_recovered() {
     let c = info(&env, &clean);
     assert_eq!(c["complete"], true, "{c}");
     assert_eq!(c["samples"].as_u64().unwrap(), n, "{c}");
+    assert_eq!(c["lost_reported"], 1000 - n, "{c}");
     assert_eq!(cat(&env, &clean), cat(&env, &file));
 }
 

@@ -415,6 +415,8 @@ struct ReadState {
     /// Written by Milonga (its header says so), which puts every message
     /// in a chunk.
     only_chunked: bool,
+    /// A sample to give after the loss given before it.
+    pending: Option<Entry>,
 }
 
 impl std::fmt::Debug for RecordReader {
@@ -435,6 +437,8 @@ enum Channel {
         replayed: bool,
         /// The last sequence number read, extended to 64 bits.
         last_seq: u64,
+        /// Damaged chunks skipped before its last sample was read.
+        damage_seen: u64,
     },
     Foreign,
 }
@@ -459,6 +463,7 @@ impl Channel {
                 encoding: encoding_of(metadata.get(META_ENCODING).map_or("cbor", String::as_str)),
                 replayed: metadata.get(META_REPLAYED).is_some_and(|v| v == "true"),
                 last_seq: 0,
+                damage_seen: 0,
             },
             None => Channel::Foreign,
         }
@@ -601,6 +606,9 @@ impl RecordReader {
     /// The next entry, `Ok(None)` at the end (or where the file was cut
     /// short). An error is a file that is not MCAP at all.
     pub fn next_entry(&mut self) -> Result<Option<Entry>, RecordError> {
+        if let Some(entry) = self.st.pending.take() {
+            return Ok(Some(entry));
+        }
         if self.finished {
             return Ok(None);
         }
@@ -885,6 +893,7 @@ impl ReadState {
                         encoding,
                         replayed,
                         last_seq,
+                        damage_seen,
                     }) => {
                         let value = match decode_cbor(&Bytes::copy_from_slice(&data)) {
                             Ok(v) => v,
@@ -893,8 +902,22 @@ impl ReadState {
                                 return Ok(None);
                             }
                         };
-                        *last_seq = extend_seq(*last_seq, header.sequence);
-                        Entry::Sample(
+                        let seq = extend_seq(*last_seq, header.sequence);
+                        // The samples a damaged chunk held are lost: said
+                        // as a loss where the gap shows, as a live
+                        // subscription says it (a key's first sample
+                        // starts its count, as there).
+                        let damaged = self.skipped.damaged_chunks;
+                        let gap = (*damage_seen < damaged && *last_seq > 0 && seq > *last_seq + 1)
+                            .then(|| LostSamples {
+                                publisher: *publisher,
+                                key: key.clone(),
+                                count: seq - *last_seq - 1,
+                                first_seq: *last_seq + 1,
+                            });
+                        *damage_seen = damaged;
+                        *last_seq = seq;
+                        let sample = Entry::Sample(
                             Sample {
                                 key: key.clone(),
                                 value,
@@ -907,7 +930,14 @@ impl ReadState {
                                 compact: None,
                             },
                             header.log_time,
-                        )
+                        );
+                        match gap {
+                            Some(lost) => {
+                                self.pending = Some(sample);
+                                Entry::Event(Event::Lost(lost), header.log_time)
+                            }
+                            None => sample,
+                        }
                     }
                     Some(Channel::Foreign) | None => {
                         self.skipped.foreign += 1;
