@@ -870,8 +870,14 @@ impl ReadState {
                 if extra && !self.in_summary {
                     self.skipped.other_records += 1;
                 }
-                let ch = Channel::of(&c.topic, &c.message_encoding, &c.metadata);
-                self.channels.insert(c.id, ch);
+                // A channel id names one channel in a file: a record of it
+                // again (the summary's, one a writer repeats in each chunk,
+                // one the summary supplied after a damaged chunk) keeps what
+                // was read of it (its numbers, for 64-bit extension and
+                // gaps).
+                self.channels
+                    .entry(c.id)
+                    .or_insert_with(|| Channel::of(&c.topic, &c.message_encoding, &c.metadata));
             }
             Record::Message { header, data } => {
                 self.last_len = data.len();
