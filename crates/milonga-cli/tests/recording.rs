@@ -3,7 +3,7 @@
 //! a subscriber, a recorder killed with -9 and its file recovered, and
 //! files split by size.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use milonga_testkit::{wait_for, Proc};
@@ -18,6 +18,21 @@ fn info(env: &Env, file: &Path) -> Json {
     let out = env.cmd(&["info", "--json"]).arg(file).output().unwrap();
     assert!(out.status.success(), "info: {out:?}");
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `record --recover FILE -o clean.mcap` (in the test's directory), which
+/// must succeed: the copy's path and the command's output.
+fn recover(env: &Env, file: &Path) -> (PathBuf, std::process::Output) {
+    let clean = env.dir.path().join("clean.mcap");
+    let out = env
+        .cmd(&["record", "--recover"])
+        .arg(file)
+        .arg("-o")
+        .arg(&clean)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "recover: {out:?}");
+    (clean, out)
 }
 
 /// The samples of `cat --json`, as (key, seq, value).
@@ -202,15 +217,7 @@ fn a_recorder_killed_mid_run_leaves_a_file_that_reads_and_recovers() {
     assert!(n > 500, "{i}");
     assert_eq!(i["gaps"], 0, "{i}");
     // A clean copy: complete, the same samples.
-    let clean = env.dir.path().join("clean.mcap");
-    let out = env
-        .cmd(&["record", "--recover"])
-        .arg(&file)
-        .arg("-o")
-        .arg(&clean)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "recover: {out:?}");
+    let (clean, _) = recover(&env, &file);
     let c = info(&env, &clean);
     assert_eq!(c["complete"], true, "{c}");
     assert_eq!(c["samples"].as_u64().unwrap(), n, "{c}");
@@ -874,15 +881,7 @@ fn a_damaged_chunk_in_the_middle_is_skipped_and_the_rest_recovered() {
         err.contains("1 damaged chunks") && err.contains("CRC"),
         "{err}"
     );
-    let clean = env.dir.path().join("clean.mcap");
-    let out = env
-        .cmd(&["record", "--recover"])
-        .arg(&file)
-        .arg("-o")
-        .arg(&clean)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "recover: {out:?}");
+    let (clean, out) = recover(&env, &file);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("damaged (1 chunks skipped"), "{err}");
     let c = info(&env, &clean);

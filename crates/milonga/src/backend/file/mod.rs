@@ -1551,16 +1551,9 @@ mod tests {
         let good = dir.path().join("good.mcap");
         write(&good, Compression::Zstd, 300);
         let mut b = std::fs::read(&good).unwrap();
-        // Records after the 8-byte magic: opcode, u64 length, body.
-        let mut at = 8;
-        let chunk = loop {
-            let len = u64::from_le_bytes(b[at + 1..at + 9].try_into().unwrap()) as usize;
-            if b[at] == 0x06 {
-                break at + 9;
-            }
-            at += 9 + len;
-        };
-        // The body: start time, end time, then the uncompressed size.
+        // The first chunk's body: start time, end time, then the
+        // uncompressed size.
+        let chunk = first_record(&b, 0x06) + 9;
         b[chunk + 16..chunk + 24].copy_from_slice(&(1u64 << 40).to_le_bytes());
         let p = dir.path().join("bomb.mcap");
         std::fs::write(&p, &b).unwrap();
