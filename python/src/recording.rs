@@ -84,8 +84,8 @@ impl Recording {
     }
 
     /// Why the first damaged chunk was skipped (its CRC, its compressed
-    /// data), once read to its end; `None` if none was. The read went on
-    /// after it: its messages are lost, shown as gaps.
+    /// data, its framing), once read to its end; `None` if none was. The
+    /// read went on after it: its messages are lost, said as losses.
     #[getter]
     fn damage(&self) -> Option<String> {
         let g = self.reader.lock().unwrap_or_else(|p| p.into_inner());

@@ -453,7 +453,7 @@ fn state(r: &RecordReader) -> String {
     let mut parts = Vec::new();
     if let Some(why) = r.damage() {
         parts.push(format!(
-            "damaged ({} chunks skipped, the first: {why})",
+            "damaged ({} chunks skipped; the first damage: {why})",
             r.skipped().damaged_chunks
         ));
     }
@@ -544,7 +544,7 @@ fn cat(a: &CatArgs) -> Result<ExitCode> {
     }
     if let Some(why) = r.damage() {
         eprintln!(
-            "milonga cat: {} is damaged; the first damaged chunk: {why}",
+            "milonga cat: {} is damaged; the first damage: {why}",
             a.file.display()
         );
     }
@@ -874,7 +874,7 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         }
         if let Some(why) = r.damage() {
             eprintln!(
-                "milonga replay: {} is damaged; the first damaged chunk: {why}",
+                "milonga replay: {} is damaged; the first damage: {why}",
                 a.file.display()
             );
         }

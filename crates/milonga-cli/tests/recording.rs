@@ -856,6 +856,7 @@ fn a_damaged_chunk_in_the_middle_is_skipped_and_the_rest_recovered() {
     }
     assert!(chunks.len() >= 5, "{} chunks", chunks.len());
     let (at, len) = chunks[chunks.len() / 2];
+    let orig = b.clone();
     b[at + 9 + len - 3] ^= 0x40;
     std::fs::write(&file, &b).unwrap();
     let i = info(&env, &file);
@@ -889,6 +890,28 @@ fn a_damaged_chunk_in_the_middle_is_skipped_and_the_rest_recovered() {
     assert_eq!(c["samples"].as_u64().unwrap(), n, "{c}");
     assert_eq!(c["lost_reported"], 1000 - n, "{c}");
     assert_eq!(cat(&env, &clean), cat(&env, &file));
+    // The same chunk's length made shorter instead (its framing: no CRC
+    // covers it): the summary's chunk index says where the next chunk
+    // starts, and the same samples are read.
+    let mut b = orig;
+    let shorter = (len as u64 - 7).to_le_bytes();
+    b[at + 1..at + 9].copy_from_slice(&shorter);
+    let framing = env.dir.path().join("framing.mcap");
+    std::fs::write(&framing, &b).unwrap();
+    let f = info(&env, &framing);
+    assert_eq!(f["complete"], false, "{f}");
+    assert_eq!(f["skipped_damaged_chunks"], 1, "{f}");
+    assert!(f["damage"].as_str().unwrap().contains("framing"), "{f}");
+    assert!(
+        f["state"]
+            .as_str()
+            .unwrap()
+            .contains("everything else read"),
+        "{f}"
+    );
+    assert_eq!(f["samples"].as_u64().unwrap(), n, "{f}");
+    assert_eq!(f["lost_reported"], 1000 - n, "{f}");
+    assert_eq!(cat(&env, &framing), cat(&env, &file));
 }
 
 /// A write that fails (here a file size limit, as a full disk would) stops

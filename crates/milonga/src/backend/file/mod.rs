@@ -335,9 +335,10 @@ pub struct Skipped {
     /// what they hold, their data does not decompress, or they claim more
     /// than [`RECORD_LIMIT`] once decompressed (none of their messages is
     /// given); or a record in them is malformed (those before it were
-    /// given). [`RecordReader::damage`] says why the first was. Their
-    /// messages are lost, shown as gaps; the read goes on with the next
-    /// record.
+    /// given); or their framing is damaged (a record length, a chunk's
+    /// header: the read went on at the next chunk a finished file's
+    /// summary indexes). [`RecordReader::damage`] says why the first was.
+    /// Their messages are lost, said as losses; the read goes on.
     pub damaged_chunks: u64,
 }
 
@@ -369,9 +370,10 @@ pub const METADATA_LIMIT: usize = 1 << 20;
 /// killed, a full disk) is read to its last complete record;
 /// [`RecordReader::truncated`] then says why it ended. A damaged chunk is
 /// skipped, never read as changed values, and the read goes on after it
-/// ([`Skipped::damaged_chunks`], [`RecordReader::damage`]); damage to the
-/// framing (a record's length, a chunk's header, a record outside a
-/// chunk) ends the read there.
+/// ([`Skipped::damaged_chunks`], [`RecordReader::damage`]); after damage
+/// to the framing (a record's length, a chunk's header, a record outside
+/// a chunk) it goes on at the next chunk a finished file's summary
+/// indexes, and ends there in a file without one.
 pub struct RecordReader {
     path: PathBuf,
     /// Buffered: the reader asks for a few bytes at a time (a record's
@@ -388,9 +390,16 @@ pub struct RecordReader {
     /// where the read went on after a damaged chunk): where the search
     /// for a damaged chunk's end starts.
     boundary: u64,
-    /// The summary's channel records were looked for (after a damaged
-    /// chunk).
+    /// The end of the last chunk a message was read from (every message
+    /// of a Milonga recording is in a chunk, loaded whole before its
+    /// records are given): the records before it were read.
+    given_end: u64,
+    /// Where the last skip's count of the chunks it skipped ended.
+    counted_to: u64,
+    /// The summary was looked for (after a damaged chunk), and what it
+    /// held.
     summary_read: bool,
+    summary: Option<Summary>,
     truncated: Option<String>,
     finished: bool,
     st: ReadState,
@@ -410,10 +419,10 @@ struct ReadState {
     metadata_bytes: usize,
     /// Past the data section: the summary repeats the channel records.
     in_summary: bool,
-    /// Why the first damaged chunk was skipped.
+    /// Why the first damaged chunk (or damaged framing) was skipped.
     damage: Option<String>,
     /// Written by Milonga (its header says so), which puts every message
-    /// in a chunk.
+    /// and every channel record of the data section in a chunk.
     only_chunked: bool,
     /// A sample to give after the loss given before it.
     pending: Option<Entry>,
@@ -427,7 +436,7 @@ impl std::fmt::Debug for RecordReader {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Channel {
     Events,
     Samples {
@@ -468,16 +477,83 @@ impl Channel {
             None => Channel::Foreign,
         }
     }
+
+    /// Whether `self` and `other` describe the same channel (their numbers
+    /// aside).
+    fn same(&self, other: &Channel) -> bool {
+        match (self, other) {
+            (Channel::Events, Channel::Events) | (Channel::Foreign, Channel::Foreign) => true,
+            (
+                Channel::Samples {
+                    key,
+                    publisher,
+                    encoding,
+                    replayed,
+                    ..
+                },
+                Channel::Samples {
+                    key: k,
+                    publisher: p,
+                    encoding: e,
+                    replayed: r,
+                    ..
+                },
+            ) => key == k && publisher == p && encoding == e && replayed == r,
+            _ => false,
+        }
+    }
 }
 
-/// The most bytes of a summary section read to learn the channels whose
-/// records were in a damaged chunk (read whole, its CRC checked).
+/// The most bytes of a summary section read after a damaged chunk (read
+/// whole, its CRC checked).
 const SUMMARY_LIMIT: u64 = 64 << 20;
 
-/// The channel records of a finished file's summary section: those of a
-/// summary of at most [`SUMMARY_LIMIT`] bytes whose CRC (not 0) matches,
-/// each as what it describes; nothing else of the summary is kept.
-fn summary_channels(f: &mut File) -> Option<Vec<(u16, Channel)>> {
+/// What a finished file's summary tells a reader after a damaged chunk:
+/// every channel (the record of one may have been in that chunk), and
+/// where every chunk starts (the read goes on at the next one when the
+/// damage was to the framing).
+struct Summary {
+    channels: Vec<(u16, Channel)>,
+    /// Each chunk's start and the length of its record (opcode and length
+    /// included), by start.
+    chunks: Vec<(u64, u64)>,
+}
+
+impl Summary {
+    /// Where a read that lost its way can go on: the first chunk that
+    /// starts after `after` and at or after `from` and whose record's
+    /// head (read from `f`) agrees with the index, with the number of
+    /// indexed chunks from `from` (those the read has not counted yet)
+    /// that the read skips to get there.
+    fn next_chunk(
+        &self,
+        f: &mut std::io::BufReader<File>,
+        after: u64,
+        from: u64,
+    ) -> std::io::Result<Option<(u64, u64)>> {
+        let first = self.chunks.partition_point(|&(start, _)| start < from);
+        for (i, &(start, len)) in self.chunks[first..].iter().enumerate() {
+            if start <= after {
+                continue;
+            }
+            let mut head = [0u8; 9];
+            f.seek(std::io::SeekFrom::Start(start))?;
+            if f.read_exact(&mut head).is_err() {
+                break;
+            }
+            let body = u64::from_le_bytes(head[1..].try_into().unwrap_or_default());
+            if head[0] == mcap::records::op::CHUNK && body.checked_add(9) == Some(len) {
+                return Ok(Some((start, i as u64)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The summary section of a finished file: its channel records and chunk
+/// indexes, if it is at most [`SUMMARY_LIMIT`] bytes and its CRC (not 0)
+/// matches; nothing else of it is kept.
+fn read_summary(f: &mut File) -> Option<Summary> {
     // The footer record (opcode, length, summary start, summary offset
     // start, CRC), then the magic. Its CRC covers the summary and the
     // footer up to the CRC.
@@ -509,21 +585,31 @@ fn summary_channels(f: &mut File) -> Option<Vec<(u16, Channel)>> {
         return None;
     }
     let mut summary = &bytes[..summary_len];
-    let mut channels = Vec::new();
+    let mut found = Summary {
+        channels: Vec::new(),
+        chunks: Vec::new(),
+    };
     while summary.len() >= 9 {
         let body = usize::try_from(u64::from_le_bytes(summary[1..9].try_into().ok()?)).ok()?;
         let record = summary.get(9..9usize.checked_add(body)?)?;
-        if summary[0] == mcap::records::op::CHANNEL {
-            if let Ok(Record::Channel(c)) = mcap::parse_record(summary[0], record) {
-                channels.push((
-                    c.id,
-                    Channel::of(&c.topic, &c.message_encoding, &c.metadata),
-                ));
+        match mcap::parse_record(summary[0], record) {
+            Ok(Record::Channel(c)) => found.channels.push((
+                c.id,
+                Channel::of(&c.topic, &c.message_encoding, &c.metadata),
+            )),
+            // Chunks lie in the data section, after the header.
+            Ok(Record::ChunkIndex(c))
+                if c.chunk_start_offset >= MAGIC_LEN && c.chunk_start_offset < start =>
+            {
+                found.chunks.push((c.chunk_start_offset, c.chunk_length));
             }
+            _ => {}
         }
         summary = &summary[9 + body..];
     }
-    Some(channels)
+    found.chunks.sort_unstable();
+    found.chunks.dedup_by_key(|c| c.0);
+    Some(found)
 }
 
 /// The MCAP magic that starts a file (and ends a finished one).
@@ -561,9 +647,12 @@ impl RecordReader {
             fed: 0,
             last_fed: MAGIC_LEN,
             boundary: MAGIC_LEN,
+            given_end: MAGIC_LEN,
+            counted_to: MAGIC_LEN,
             truncated: None,
             finished: false,
             summary_read: false,
+            summary: None,
             st: ReadState::default(),
         })
     }
@@ -578,11 +667,12 @@ impl RecordReader {
     /// with nothing after, and no chunk was damaged: the recorder finished
     /// it and it reads whole.
     pub fn complete(&self) -> bool {
-        self.st.complete && self.truncated.is_none() && self.st.skipped.damaged_chunks == 0
+        self.st.complete && self.truncated.is_none() && self.st.damage.is_none()
     }
 
-    /// Why the first damaged chunk was skipped, if one was (read to the
-    /// end first); [`Skipped::damaged_chunks`] counts them.
+    /// Why the first damaged chunk was skipped, or the first damage to
+    /// the framing passed, if the read skipped any (read to the end
+    /// first); [`Skipped::damaged_chunks`] counts the chunks skipped.
     pub fn damage(&self) -> Option<&str> {
         self.st.damage.as_deref()
     }
@@ -626,13 +716,11 @@ impl RecordReader {
                         self.finished = true;
                         return Err(format_err(&self.path, e));
                     }
-                    // Cut short: whatever came last was read whole.
-                    if matches!(e, mcap::McapError::UnexpectedEof) {
-                        self.finished = true;
-                        self.truncated = Some(e.to_string());
-                        return Ok(None);
-                    }
-                    if !self.skip_damaged_chunk(e.to_string())? {
+                    // Cut short (whatever came last was read whole), or a
+                    // length damaged to run past the end of a finished
+                    // file: its summary says where the next chunk starts.
+                    let eof = matches!(e, mcap::McapError::UnexpectedEof);
+                    if !self.skip_damaged_chunk(e.to_string(), eof)? {
                         return Ok(None);
                     }
                     continue;
@@ -661,22 +749,34 @@ impl RecordReader {
                     return Err(format_err(&self.path, e));
                 }
                 Err(e) => {
-                    if !self.skip_damaged_chunk(e.to_string())? {
+                    if !self.skip_damaged_chunk(e.to_string(), false)? {
                         return Ok(None);
                     }
                     continue;
                 }
             };
-            // Milonga's writer puts every message in a chunk: one outside
-            // is a chunk's record read as the file's own, after a record
-            // length was damaged (no CRC covers it until the data
-            // section's, at the end): the framing cannot be trusted on.
-            if outside_chunks && self.st.only_chunked && matches!(record, Record::Message { .. }) {
-                self.finished = true;
-                self.truncated = Some(
-                    "a message outside a chunk, which this recorder does not write: the record lengths before it are damaged".to_owned(),
+            // Milonga's writer puts every message and every channel record
+            // of the data section in a chunk: one outside is a chunk's
+            // record read as the file's own, after a record length was
+            // damaged (no CRC covers it until the data section's, at the
+            // end): the framing cannot be trusted on.
+            let chunked = match record {
+                Record::Message { .. } => true,
+                Record::Channel(_) => !self.st.in_summary,
+                _ => false,
+            };
+            if chunked && outside_chunks && self.st.only_chunked {
+                let why = format!(
+                    "a {} outside a chunk, which this recorder does not write: a record length before it is damaged",
+                    if matches!(record, Record::Message { .. }) { "message" } else { "channel record" }
                 );
-                return Ok(None);
+                if !self.skip_damaged_chunk(why, true)? {
+                    return Ok(None);
+                }
+                continue;
+            }
+            if chunked && !outside_chunks {
+                self.given_end = self.fed;
             }
             match self.st.take(record) {
                 Ok(Some(entry)) => return Ok(Some(entry)),
@@ -692,11 +792,13 @@ impl RecordReader {
     /// The read failed (`why`) at the last byte handed to the reader. If
     /// that byte is in a chunk whose framing holds ([`resume_after`]: its
     /// CRC, its compressed data or a record in it is damaged), the chunk
-    /// is skipped and the read goes on after it with a new reader;
-    /// otherwise (the file cut short, a record outside a chunk or a
-    /// chunk's framing damaged: no boundary to trust after it) the read
-    /// ends there, said. Whether it goes on.
-    fn skip_damaged_chunk(&mut self, why: String) -> Result<bool, RecordError> {
+    /// is skipped and the read goes on after it with a new reader. If the
+    /// framing is damaged (`framing`, or a chunk whose framing does not
+    /// hold: no boundary can be trusted after it), a finished file's
+    /// summary says where the next chunk starts ([`Summary::next_chunk`]),
+    /// and the read goes on there. Otherwise (the file cut short, or no
+    /// summary to trust) the read ends there, said. Whether it goes on.
+    fn skip_damaged_chunk(&mut self, why: String, framing: bool) -> Result<bool, RecordError> {
         let io = |source| RecordError::Io {
             path: self.path.clone(),
             source,
@@ -712,30 +814,70 @@ impl RecordReader {
             }
         };
         let end = match self.fed.checked_sub(1) {
-            Some(at) => resume_after(&mut again, self.boundary, at).map_err(io)?,
-            None => None,
+            Some(at) if !framing => resume_after(&mut again, self.boundary, at).map_err(io)?,
+            _ => None,
         };
-        let Some(end) = end else {
-            self.finished = true;
-            self.truncated = Some(why);
-            return Ok(false);
-        };
-        self.st.skipped.damaged_chunks += 1;
-        self.st.damage.get_or_insert(why);
-        // The channel records that chunk held may be needed: a finished
-        // file's summary repeats them all (read once, at the first).
+        // The summary, read once, at the first damage: the channel records
+        // that chunk held may be needed (it repeats them all), and where
+        // the chunks start.
         if !self.summary_read {
             self.summary_read = true;
-            for (id, ch) in summary_channels(again.get_mut()).unwrap_or_default() {
-                self.st.channels.entry(id).or_insert(ch);
-            }
+            self.summary = read_summary(again.get_mut());
         }
-        let ahead = i64::try_from(end - self.fed).unwrap_or(i64::MAX);
-        self.file.seek_relative(ahead).map_err(io)?;
+        let resume = match (end, &self.summary) {
+            (Some(end), summary) => {
+                self.st.skipped.damaged_chunks += 1;
+                self.st.damage.get_or_insert(why);
+                for (id, ch) in summary.iter().flat_map(|s| &s.channels) {
+                    self.st.channels.entry(*id).or_insert_with(|| ch.clone());
+                }
+                end
+            }
+            (None, Some(summary)) => {
+                let from = self.given_end.max(self.counted_to);
+                let Some((start, skipped)) = summary
+                    .next_chunk(&mut again, self.boundary, from)
+                    .map_err(io)?
+                else {
+                    self.finished = true;
+                    self.truncated = Some(why);
+                    return Ok(false);
+                };
+                self.st.skipped.damaged_chunks += skipped;
+                self.st.damage.get_or_insert_with(|| {
+                    format!("{why}; the framing is damaged: the read went on at the next chunk the summary indexes")
+                });
+                // What was read since the damage may have been bytes
+                // inside records taken for records: the channels are the
+                // summary's (the numbers read of each kept where it is the
+                // same channel), and the read is in the data section.
+                let mut channels: HashMap<u16, Channel> =
+                    summary.channels.iter().cloned().collect();
+                for (id, ch) in channels.iter_mut() {
+                    if let Some(read) = self.st.channels.remove(id) {
+                        if read.same(ch) {
+                            *ch = read;
+                        }
+                    }
+                }
+                self.st.channels = channels;
+                self.st.in_summary = false;
+                start
+            }
+            (None, None) => {
+                self.finished = true;
+                self.truncated = Some(why);
+                return Ok(false);
+            }
+        };
+        self.file
+            .seek(std::io::SeekFrom::Start(resume))
+            .map_err(io)?;
         self.reader = linear_reader(true);
-        self.fed = end;
-        self.last_fed = end;
-        self.boundary = end;
+        self.fed = resume;
+        self.last_fed = resume;
+        self.boundary = resume;
+        self.counted_to = self.counted_to.max(resume);
         Ok(true)
     }
 
@@ -1272,7 +1414,10 @@ mod tests {
 
     /// Hostile files: a recording with bytes flipped, cut or overwritten
     /// at random, a thousand times, reads without a panic (every entry or
-    /// an error, then the end).
+    /// an error, then the end); in a third of them the damage includes a
+    /// byte of a record's length (of the file's own records, where no CRC
+    /// covers it), to exercise the reads that go on by the summary's
+    /// chunk indexes.
     #[test]
     fn a_damaged_file_never_panics_the_reader() {
         let dir = milonga_testkit::TempDir::new("rec-fuzz");
@@ -1288,8 +1433,20 @@ mod tests {
             let good = dir.path().join(format!("good-{c:?}.mcap"));
             write(&good, c, 300);
             let bytes = std::fs::read(&good).unwrap();
+            // Where the file's own records' lengths are.
+            let mut lengths = Vec::new();
+            let mut at = 8;
+            while at + 9 <= bytes.len() && bytes[at] != 0x02 {
+                lengths.push(at + 1);
+                at += 9 + u64::from_le_bytes(bytes[at + 1..at + 9].try_into().unwrap()) as usize;
+            }
+            assert!(lengths.len() > 10, "{}", lengths.len());
             for _ in 0..1000 {
                 let mut b = bytes.clone();
+                if next() % 3 == 0 {
+                    let at = lengths[next() as usize % lengths.len()] + (next() % 3) as usize;
+                    b[at] ^= 1 << (next() % 8);
+                }
                 for _ in 0..1 + next() % 8 {
                     let at = (next() as usize) % b.len();
                     b[at] = match next() % 3 {
@@ -1305,14 +1462,15 @@ mod tests {
                 let Ok(mut r) = RecordReader::open(&p) else {
                     continue;
                 };
-                let mut n = 0;
+                let (mut n, mut last) = (0, 0);
                 while let Ok(Some(e)) = r.next_entry() {
                     n += 1;
                     assert!(n <= 1000, "more entries than were written");
                     // Every chunk's CRC is checked before its messages are
                     // given, and a read goes on only after a chunk whose
-                    // framing holds: a damaged file never yields a changed
-                    // sample (value, key or publisher).
+                    // framing holds or at one the summary (its CRC
+                    // checked) indexes: a damaged file never yields a
+                    // changed sample (value, key or publisher).
                     if let Entry::Sample(s, _) = e {
                         let v = milonga_wire::Value::from(format!("value {}", s.seq));
                         let key = if s.seq % 2 == 0 { "a/b" } else { "a/c" };
@@ -1321,6 +1479,11 @@ mod tests {
                             (v, key, NodeId([7; 16])),
                             "a damaged file gave a changed sample"
                         );
+                        // Written in order: never a sample twice, never
+                        // one out of order (a read that went on after
+                        // damage starts after what it gave).
+                        assert!(s.seq > last, "{} after {last}", s.seq);
+                        last = s.seq;
                     }
                 }
             }
@@ -1410,11 +1573,32 @@ mod tests {
         assert_eq!(seqs, (first..=300).collect::<Vec<_>>());
     }
 
+    /// The samples read from a recording, in order; the losses said.
+    fn seqs_and_losses(r: &mut RecordReader) -> (Vec<u64>, Vec<(u64, u64)>) {
+        let (mut seqs, mut lost) = (Vec::new(), Vec::new());
+        for e in r.by_ref() {
+            match e.unwrap() {
+                Entry::Sample(s, _) => {
+                    let v = milonga_wire::Value::from(format!("value {}", s.seq));
+                    assert_eq!(s.value, v, "a changed value came out");
+                    seqs.push(s.seq);
+                }
+                Entry::Event(Event::Lost(l), _) if l.publisher == NodeId([7; 16]) => {
+                    lost.push((l.first_seq, l.count));
+                }
+                Entry::Event(..) => {}
+            }
+        }
+        (seqs, lost)
+    }
+
     /// A record length damaged outside the chunks (here the header's, made
     /// to reach into the first chunk) would have the chunk's records read
     /// as the file's own, where no CRC covers them: a value changed in
-    /// them came out as it was. A message outside a chunk, which
-    /// Milonga's writer never writes, ends the read instead.
+    /// them came out as it was. A channel record or a message outside a
+    /// chunk, which Milonga's writer never writes, is damage to the
+    /// framing: the read goes on at the next chunk the summary indexes
+    /// (here the first, whose changed value its CRC then refuses).
     #[test]
     fn a_damaged_record_length_never_exposes_a_chunk_s_records() {
         let dir = milonga_testkit::TempDir::new("rec-frame");
@@ -1433,17 +1617,92 @@ mod tests {
         let p = dir.path().join("framing.mcap");
         std::fs::write(&p, &b).unwrap();
         let mut r = RecordReader::open(&p).unwrap();
-        while let Some(e) = r.next_entry().unwrap() {
-            if let Entry::Sample(s, _) = e {
-                let v = milonga_wire::Value::from(format!("value {}", s.seq));
-                assert_eq!(s.value, v, "a changed value came out");
+        let (seqs, _) = seqs_and_losses(&mut r);
+        assert!(
+            r.damage().unwrap().contains("outside a chunk"),
+            "{:?}",
+            r.damage()
+        );
+        assert!(!r.complete() && r.truncated().is_none());
+        // The first chunk is refused, the rest read.
+        assert_eq!(r.skipped().damaged_chunks, 1, "{}", r.skipped());
+        assert!(!seqs.contains(&3) && seqs.contains(&300), "{seqs:?}");
+        assert_eq!(seqs, (seqs[0]..=300).collect::<Vec<_>>());
+    }
+
+    /// A chunk whose record length is damaged (no CRC covers it) leaves no
+    /// boundary to trust after it: in a finished file the summary's chunk
+    /// indexes say where the next chunk starts, and the read goes on
+    /// there, what was skipped said lost; without a summary (a file cut
+    /// short) the read ends there, said.
+    #[test]
+    fn damage_to_a_chunk_s_framing_is_passed_by_the_summary_s_index() {
+        let dir = milonga_testkit::TempDir::new("rec-index");
+        for c in [Compression::Zstd, Compression::None] {
+            let good = dir.path().join(format!("good-{c:?}.mcap"));
+            write(&good, c, 300);
+            let b = std::fs::read(&good).unwrap();
+            let summary = read_summary(&mut File::open(&good).unwrap()).unwrap();
+            assert!(summary.chunks.len() >= 4, "{}", summary.chunks.len());
+            let third = summary.chunks[2].0 as usize;
+            // Longer than the record: the chunk's own data is read whole
+            // (its compressed size is right), then the read runs past the
+            // file's end. Shorter: the chunk's data does not fit, and the
+            // chunk is skipped.
+            for (what, longer) in [("longer", true), ("shorter", false)] {
+                let mut d = b.clone();
+                let len = u64::from_le_bytes(d[third + 1..third + 9].try_into().unwrap());
+                let changed = if longer { len + (1 << 20) } else { len - 7 };
+                d[third + 1..third + 9].copy_from_slice(&changed.to_le_bytes());
+                let p = dir.path().join("chunk-length.mcap");
+                std::fs::write(&p, &d).unwrap();
+                let mut r = RecordReader::open(&p).unwrap();
+                let (seqs, lost) = seqs_and_losses(&mut r);
+                let case = format!("{c:?}, {what}: {:?}, {}", r.damage(), r.skipped());
+                assert!(r.damage().unwrap().contains("framing"), "{case}");
+                assert!(!r.complete() && r.truncated().is_none(), "{case}");
+                assert_eq!(r.skipped().damaged_chunks, u64::from(!longer), "{case}");
+                // At most one run of numbers is missing (the third
+                // chunk's), said lost by each key's first sample after it
+                // (the recorded losses are of one sample each; here the
+                // two keys share one run of numbers, as they do not live).
+                let missing: Vec<u64> = (1..=300).filter(|i| !seqs.contains(i)).collect();
+                assert_eq!(missing.is_empty(), longer, "{case}");
+                assert!(seqs.contains(&1) && seqs.contains(&300), "{case}");
+                let (lo, hi) = match (missing.first(), missing.last()) {
+                    (Some(&lo), Some(&hi)) => (lo, hi),
+                    _ => (301, 300),
+                };
+                assert_eq!(missing, (lo..=hi).collect::<Vec<_>>(), "{case}");
+                let said: Vec<_> = lost.iter().filter(|l| l.1 > 1).collect();
+                assert_eq!(said.len(), if longer { 0 } else { 2 }, "{case}: {lost:?}");
+                for n in lo..=hi {
+                    assert!(
+                        said.iter().any(|l| (l.0..l.0 + l.1).contains(&n)),
+                        "{case}: {lost:?}"
+                    );
+                }
+                // Without the summary (cut off), the read ends at the
+                // damage, said.
+                let data_end = first_record(
+                    &d[..third]
+                        .iter()
+                        .chain(&b[third..])
+                        .copied()
+                        .collect::<Vec<_>>(),
+                    0x0F,
+                );
+                std::fs::write(&p, &d[..data_end]).unwrap();
+                let mut r = RecordReader::open(&p).unwrap();
+                let (cut, _) = seqs_and_losses(&mut r);
+                assert!(r.truncated().is_some(), "{case}");
+                assert!(
+                    cut.len() >= 2 && cut.len() < 300 && !cut.contains(&lo),
+                    "{case}"
+                );
+                assert_eq!(cut, (1..=cut.len() as u64).collect::<Vec<_>>(), "{case}");
             }
         }
-        assert!(
-            r.truncated().unwrap().contains("outside a chunk"),
-            "{:?}",
-            r.truncated()
-        );
     }
 
     /// A footer followed by more (a second recording after the first, or
