@@ -379,25 +379,27 @@ pub struct RecordReader {
     /// Buffered: the reader asks for a few bytes at a time (a record's
     /// opcode and length, then its body), a system call each unbuffered.
     file: std::io::BufReader<File>,
+    /// Reads the file's own records; chunks come whole, as records, and
+    /// are opened here ([`open_chunk`]).
     reader: LinearReader,
     /// Where in the file the bytes handed to `reader` end.
     fed: u64,
-    /// `fed` when the last record was given: a record given when `fed`
-    /// has grown by exactly its own size since was read on its own, not
-    /// out of a chunk (whose records come once it is loaded whole).
-    last_fed: u64,
-    /// A record boundary at or before `fed` (the start of the records, or
-    /// where the read went on after a damaged chunk): where the search
-    /// for a damaged chunk's end starts.
+    /// Where the read started or last went on after damage to the
+    /// framing (a record boundary).
     boundary: u64,
-    /// The end of the last chunk a message was read from (every message
-    /// of a Milonga recording is in a chunk, loaded whole before its
-    /// records are given): the records before it were read.
-    given_end: u64,
-    /// Where the last skip's count of the chunks it skipped ended.
+    /// The end of the last chunk read (whole, damaged or not): the
+    /// records before it were read.
+    read_end: u64,
+    /// Where the count of the chunks the last resume passed ended.
     counted_to: u64,
-    /// The summary was looked for (after a damaged chunk), and what it
-    /// held.
+    /// The reader was made again after damage (it does not check the
+    /// data section's CRC).
+    resumed: bool,
+    /// The chunk whose records are being given, and where in it.
+    chunk: Option<(Bytes, usize)>,
+    zstd: Zstd,
+    /// The summary was looked for (at the first damage to the framing),
+    /// and what it held.
     summary_read: bool,
     summary: Option<Summary>,
     truncated: Option<String>,
@@ -426,6 +428,12 @@ struct ReadState {
     only_chunked: bool,
     /// A sample to give after the loss given before it.
     pending: Option<Entry>,
+    /// The channels whose records were read since the read last lost its
+    /// way: what [`ReadState::channels_from`] checks (a few, however long
+    /// the file).
+    new_channels: Vec<u16>,
+    /// The summary's channels were taken in.
+    merged: bool,
 }
 
 impl std::fmt::Debug for RecordReader {
@@ -508,42 +516,80 @@ impl Channel {
 /// whole, its CRC checked).
 const SUMMARY_LIMIT: u64 = 64 << 20;
 
-/// What a finished file's summary tells a reader after a damaged chunk:
-/// every channel (the record of one may have been in that chunk), and
-/// where every chunk starts (the read goes on at the next one when the
-/// damage was to the framing).
+/// What a finished file's summary tells a reader that lost its way after
+/// damage to the framing: every channel (its record may have been in
+/// what was passed), and where every chunk starts.
 struct Summary {
-    channels: Vec<(u16, Channel)>,
+    /// At most one a channel id (65,536).
+    channels: HashMap<u16, Channel>,
     /// Each chunk's start and the length of its record (opcode and length
     /// included), by start.
     chunks: Vec<(u64, u64)>,
 }
 
+/// Where a read that lost its way goes on ([`Summary::next_chunk`]).
+struct Resume {
+    /// Where the file's records are read again from.
+    at: u64,
+    /// The records of the chunk that ends at `at`, when that chunk's head
+    /// was damaged and its record was read as the index gives it.
+    records: Option<Bytes>,
+    /// The indexed chunks passed, not read.
+    passed: u64,
+}
+
 impl Summary {
-    /// Where a read that lost its way can go on: the first chunk that
-    /// starts after `after` and at or after `from` and whose record's
-    /// head (read from `f`) agrees with the index, with the number of
-    /// indexed chunks from `from` (those the read has not counted yet)
-    /// that the read skips to get there.
+    /// Where a read that lost its way goes on: at the first indexed chunk
+    /// that starts after `boundary` (where the read last started) and at
+    /// or after `read_end` (the end of the last chunk read) whose record's
+    /// head (read from `f`) agrees with the index; or after one whose head
+    /// does not but whose record, read as the index gives it, opens
+    /// ([`open_chunk`]) with a CRC (not 0) that matches. With the number
+    /// of indexed chunks it passes that start at or after `count_from`
+    /// (those not counted yet). The records read as indexed never overlap,
+    /// so that a hostile index cannot have the file read more than once.
     fn next_chunk(
         &self,
         f: &mut std::io::BufReader<File>,
-        after: u64,
-        from: u64,
-    ) -> std::io::Result<Option<(u64, u64)>> {
-        let first = self.chunks.partition_point(|&(start, _)| start < from);
-        for (i, &(start, len)) in self.chunks[first..].iter().enumerate() {
-            if start <= after {
-                continue;
+        (boundary, read_end, count_from): (u64, u64, u64),
+        exact: bool,
+        zstd: &mut Zstd,
+    ) -> std::io::Result<Option<Resume>> {
+        let file_len = f.get_ref().metadata()?.len();
+        let first = self.chunks.partition_point(|&(start, _)| start < read_end);
+        let (mut passed, mut free) = (0, boundary + 1);
+        for &(start, len) in &self.chunks[first..] {
+            if start >= free {
+                let mut head = [0u8; 9];
+                f.seek(std::io::SeekFrom::Start(start))?;
+                if f.read_exact(&mut head).is_err() {
+                    break;
+                }
+                let body = u64::from_le_bytes(head[1..].try_into().unwrap_or_default());
+                if head[0] == mcap::records::op::CHUNK && body.checked_add(9) == Some(len) {
+                    return Ok(Some(Resume {
+                        at: start,
+                        records: None,
+                        passed,
+                    }));
+                }
+                let end = start.checked_add(len).filter(|&end| end <= file_len);
+                if let Some(end) = end.filter(|_| len >= 9 && len - 9 <= RECORD_LIMIT as u64) {
+                    free = end;
+                    let mut body = vec![0u8; (len - 9) as usize];
+                    f.read_exact(&mut body)?;
+                    let crc = body.get(24..28).is_some_and(|c| c != [0; 4]);
+                    if let (true, Ok(records)) = (crc, open_chunk(&body, exact, zstd)) {
+                        return Ok(Some(Resume {
+                            at: end,
+                            records: Some(records),
+                            passed,
+                        }));
+                    }
+                }
             }
-            let mut head = [0u8; 9];
-            f.seek(std::io::SeekFrom::Start(start))?;
-            if f.read_exact(&mut head).is_err() {
-                break;
-            }
-            let body = u64::from_le_bytes(head[1..].try_into().unwrap_or_default());
-            if head[0] == mcap::records::op::CHUNK && body.checked_add(9) == Some(len) {
-                return Ok(Some((start, i as u64)));
+            if start >= count_from {
+                passed += 1;
             }
         }
         Ok(None)
@@ -586,17 +632,19 @@ fn read_summary(f: &mut File) -> Option<Summary> {
     }
     let mut summary = &bytes[..summary_len];
     let mut found = Summary {
-        channels: Vec::new(),
+        channels: HashMap::new(),
         chunks: Vec::new(),
     };
     while summary.len() >= 9 {
         let body = usize::try_from(u64::from_le_bytes(summary[1..9].try_into().ok()?)).ok()?;
         let record = summary.get(9..9usize.checked_add(body)?)?;
         match mcap::parse_record(summary[0], record) {
-            Ok(Record::Channel(c)) => found.channels.push((
-                c.id,
-                Channel::of(&c.topic, &c.message_encoding, &c.metadata),
-            )),
+            Ok(Record::Channel(c)) => {
+                found
+                    .channels
+                    .entry(c.id)
+                    .or_insert_with(|| Channel::of(&c.topic, &c.message_encoding, &c.metadata));
+            }
             // Chunks lie in the data section, after the header.
             Ok(Record::ChunkIndex(c))
                 if c.chunk_start_offset >= MAGIC_LEN && c.chunk_start_offset < start =>
@@ -615,22 +663,150 @@ fn read_summary(f: &mut File) -> Option<Summary> {
 /// The MCAP magic that starts a file (and ends a finished one).
 const MAGIC_LEN: u64 = 8;
 
-/// A linear reader of the file's records from the start (`resumed`:
-/// from a record boundary after a damaged chunk). Every chunk's CRC is
-/// checked before any of its messages is given (a damaged chunk is
-/// skipped, said, rather than giving a changed value), and, read from the
-/// start, the data section's (a reader resumed after a damaged chunk has
-/// not seen all of it); a file must end at the magic after its footer (a
-/// footer followed by more is not a whole recording).
+/// A linear reader of the file's records from the start (`resumed`: from
+/// a record boundary after damage). Chunks come whole, as records:
+/// [`open_chunk`] checks each before any of its messages is given. Read
+/// from the start, the data section's CRC is checked (a reader resumed
+/// has not seen all of it); the summary's CRC too; a file must end at the
+/// magic after its footer (a footer followed by more is not a whole
+/// recording).
 fn linear_reader(resumed: bool) -> LinearReader {
     LinearReader::new_with_options(
         LinearReaderOptions::default()
             .with_skip_start_magic(resumed)
-            .with_prevalidate_chunk_crcs(true)
+            .with_emit_chunks(true)
             .with_validate_data_section_crc(!resumed)
+            .with_validate_summary_section_crc(true)
             .with_check_finishes_after_end_magic(true)
             .with_record_length_limit(RECORD_LIMIT),
     )
+}
+
+/// A reader's zstd context, made at its first compressed chunk.
+type Zstd = Option<zstd::bulk::Decompressor<'static>>;
+
+/// What is wrong with a chunk.
+enum ChunkFault {
+    /// Its data: it is skipped, and the read goes on at the next record
+    /// (the chunk's header agrees with its length).
+    Data(String),
+    /// Its header, which does not agree with the record's length (no CRC
+    /// covers either): the record's end cannot be trusted.
+    Framing(String),
+}
+
+/// A chunk record's body opened: its records, decompressed, if its header
+/// agrees with the record's length (`exact`: no bytes after the chunk's
+/// data, which Milonga's writer never leaves), its data decompresses to
+/// the size it claims (at most [`RECORD_LIMIT`]) and its CRC (when not 0)
+/// matches what it holds.
+fn open_chunk(body: &[u8], exact: bool, zstd: &mut Zstd) -> Result<Bytes, ChunkFault> {
+    // Start and end times, uncompressed size, CRC, the compression's name
+    // (its u32 length first), the compressed size, then that many bytes.
+    let framing = |why: &str| ChunkFault::Framing(format!("a chunk header that {why}"));
+    let u64_at = |at: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(body.get(at..at + 8)?.try_into().ok()?))
+    };
+    let fixed = body.get(..32).ok_or_else(|| framing("is cut short"))?;
+    let size = u64::from_le_bytes(fixed[16..24].try_into().unwrap_or_default());
+    let crc = u32::from_le_bytes(fixed[24..28].try_into().unwrap_or_default());
+    let name_len = u32::from_le_bytes(fixed[28..32].try_into().unwrap_or_default()) as usize;
+    let name = body
+        .get(32..32usize.saturating_add(name_len))
+        .ok_or_else(|| framing("names a compression longer than the chunk"))?;
+    let at = 32 + name_len;
+    let packed_len = u64_at(at).ok_or_else(|| framing("is cut short"))?;
+    let data = &body[at + 8..];
+    if (data.len() as u64) < packed_len || (exact && data.len() as u64 != packed_len) {
+        return Err(framing("does not agree with the chunk's length"));
+    }
+    let data = &data[..packed_len as usize];
+    let damaged = |why: String| ChunkFault::Data(why);
+    if size > RECORD_LIMIT as u64 {
+        return Err(damaged(format!(
+            "a chunk claiming {size} bytes once decompressed, more than {RECORD_LIMIT}"
+        )));
+    }
+    let size = size as usize;
+    let records = match name {
+        b"" => Bytes::copy_from_slice(data),
+        b"zstd" | b"lz4" => {
+            let read = if name == b"zstd" {
+                // At most the size claimed (up to RECORD_LIMIT), at most
+                // what the data's frames say they hold.
+                match zstd {
+                    Some(z) => Ok(z),
+                    None => zstd::bulk::Decompressor::new().map(|z| zstd.insert(z)),
+                }
+                .and_then(|z| z.decompress(data, size))
+            } else {
+                // Decompressed as a stream, into memory that grows with
+                // what comes out: a header's claim alone allocates little.
+                let mut out = Vec::with_capacity(size.min(16 << 20));
+                lz4::Decoder::new(data)
+                    .and_then(|d| d.take(size as u64 + 1).read_to_end(&mut out))
+                    .map(|_| out)
+            };
+            let out = match read {
+                Ok(out) => out,
+                Err(e) => {
+                    return Err(damaged(format!(
+                        "a chunk whose data does not decompress: {e}"
+                    )))
+                }
+            };
+            if out.len() != size {
+                return Err(damaged(format!(
+                    "a chunk that decompresses to {} bytes, not the {size} it claims",
+                    out.len()
+                )));
+            }
+            Bytes::from(out)
+        }
+        other => {
+            return Err(damaged(format!(
+                "a chunk compressed with {:?}, which this reader does not know",
+                String::from_utf8_lossy(other)
+            )))
+        }
+    };
+    if records.len() != size {
+        return Err(damaged(format!(
+            "a chunk of {} bytes that claims {size}",
+            records.len()
+        )));
+    }
+    let calculated = crc32fast::hash(&records);
+    if crc != 0 && calculated != crc {
+        return Err(damaged(format!(
+            "Chunk CRC failed: saved {crc:08x}, calculated {calculated:08x}"
+        )));
+    }
+    Ok(records)
+}
+
+/// The next record of an opened chunk at `*pos` (its opcode, and the range
+/// of its body in `records`), `pos` moved past it; `None` at the chunk's
+/// end; an error if the record runs past the chunk's end.
+fn chunk_record(
+    records: &[u8],
+    pos: &mut usize,
+) -> Result<Option<(u8, std::ops::Range<usize>)>, String> {
+    if *pos >= records.len() {
+        return Ok(None);
+    }
+    let head = records
+        .get(*pos..*pos + 9)
+        .ok_or("a record in the chunk is cut short by its end")?;
+    let len = u64::from_le_bytes(head[1..].try_into().unwrap_or_default());
+    let start = *pos + 9;
+    let end = usize::try_from(len)
+        .ok()
+        .and_then(|l| start.checked_add(l))
+        .filter(|&end| end <= records.len())
+        .ok_or("a record in the chunk runs past its end")?;
+    *pos = end;
+    Ok(Some((head[0], start..end)))
 }
 
 impl RecordReader {
@@ -645,10 +821,12 @@ impl RecordReader {
             file: std::io::BufReader::with_capacity(1 << 16, file),
             reader: linear_reader(false),
             fed: 0,
-            last_fed: MAGIC_LEN,
             boundary: MAGIC_LEN,
-            given_end: MAGIC_LEN,
+            read_end: MAGIC_LEN,
             counted_to: MAGIC_LEN,
+            resumed: false,
+            chunk: None,
+            zstd: None,
             truncated: None,
             finished: false,
             summary_read: false,
@@ -664,8 +842,8 @@ impl RecordReader {
     }
 
     /// Whether the file ended with its footer and the magic after it,
-    /// with nothing after, and no chunk was damaged: the recorder finished
-    /// it and it reads whole.
+    /// with nothing after, and nothing in it was damaged: the recorder
+    /// finished it and it reads whole.
     pub fn complete(&self) -> bool {
         self.st.complete && self.truncated.is_none() && self.st.damage.is_none()
     }
@@ -696,13 +874,16 @@ impl RecordReader {
     /// The next entry, `Ok(None)` at the end (or where the file was cut
     /// short). An error is a file that is not MCAP at all.
     pub fn next_entry(&mut self) -> Result<Option<Entry>, RecordError> {
-        if let Some(entry) = self.st.pending.take() {
-            return Ok(Some(entry));
-        }
-        if self.finished {
-            return Ok(None);
-        }
         loop {
+            if let Some(entry) = self.st.pending.take() {
+                return Ok(Some(entry));
+            }
+            if let Some(entry) = self.next_in_chunk()? {
+                return Ok(Some(entry));
+            }
+            if self.finished {
+                return Ok(None);
+            }
             let event = match self.reader.next_event() {
                 None => {
                     self.finished = true;
@@ -716,11 +897,11 @@ impl RecordReader {
                         self.finished = true;
                         return Err(format_err(&self.path, e));
                     }
-                    // Cut short (whatever came last was read whole), or a
-                    // length damaged to run past the end of a finished
-                    // file: its summary says where the next chunk starts.
-                    let eof = matches!(e, mcap::McapError::UnexpectedEof);
-                    if !self.skip_damaged_chunk(e.to_string(), eof)? {
+                    // Cut short (whatever came last was read whole), or
+                    // the framing damaged: a length that runs past the
+                    // file's end or past what a reader takes, a record
+                    // that does not parse.
+                    if !self.lost_the_way(e.to_string())? {
                         return Ok(None);
                     }
                     continue;
@@ -740,8 +921,24 @@ impl RecordReader {
                 }
                 LinearReadEvent::Record { opcode, data } => (opcode, data),
             };
-            let outside_chunks = self.fed == self.last_fed + 9 + data.len() as u64;
-            self.last_fed = self.fed;
+            if opcode == mcap::records::op::CHUNK {
+                match open_chunk(data, self.st.only_chunked, &mut self.zstd) {
+                    Ok(records) => {
+                        self.read_end = self.fed;
+                        self.chunk = Some((records, 0));
+                    }
+                    Err(ChunkFault::Data(why)) => {
+                        self.read_end = self.fed;
+                        self.chunk_damaged(why)?;
+                    }
+                    Err(ChunkFault::Framing(why)) => {
+                        if !self.lost_the_way(why)? {
+                            return Ok(None);
+                        }
+                    }
+                }
+                continue;
+            }
             let record = match mcap::parse_record(opcode, data) {
                 Ok(r) => r,
                 Err(e) if !self.st.seen_header => {
@@ -749,7 +946,7 @@ impl RecordReader {
                     return Err(format_err(&self.path, e));
                 }
                 Err(e) => {
-                    if !self.skip_damaged_chunk(e.to_string(), false)? {
+                    if !self.lost_the_way(e.to_string())? {
                         return Ok(None);
                     }
                     continue;
@@ -760,26 +957,28 @@ impl RecordReader {
             // record read as the file's own, after a record length was
             // damaged (no CRC covers it until the data section's, at the
             // end): the framing cannot be trusted on.
-            let chunked = match record {
+            let in_chunks = match record {
                 Record::Message { .. } => true,
                 Record::Channel(_) => !self.st.in_summary,
                 _ => false,
             };
-            if chunked && outside_chunks && self.st.only_chunked {
+            if in_chunks && self.st.only_chunked {
                 let why = format!(
                     "a {} outside a chunk, which this recorder does not write: a record length before it is damaged",
                     if matches!(record, Record::Message { .. }) { "message" } else { "channel record" }
                 );
-                if !self.skip_damaged_chunk(why, true)? {
+                if !self.lost_the_way(why)? {
                     return Ok(None);
                 }
                 continue;
             }
-            if chunked && !outside_chunks {
-                self.given_end = self.fed;
-            }
-            match self.st.take(record) {
-                Ok(Some(entry)) => return Ok(Some(entry)),
+            match self.st.take(record, None) {
+                Ok(Some(entry)) => {
+                    // A message outside a chunk (another writer's file):
+                    // read, never read again after damage.
+                    self.read_end = self.fed;
+                    return Ok(Some(entry));
+                }
                 Ok(None) => {}
                 Err(why) => {
                     self.finished = true;
@@ -789,95 +988,152 @@ impl RecordReader {
         }
     }
 
-    /// The read failed (`why`) at the last byte handed to the reader. If
-    /// that byte is in a chunk whose framing holds ([`resume_after`]: its
-    /// CRC, its compressed data or a record in it is damaged), the chunk
-    /// is skipped and the read goes on after it with a new reader. If the
-    /// framing is damaged (`framing`, or a chunk whose framing does not
-    /// hold: no boundary can be trusted after it), a finished file's
-    /// summary says where the next chunk starts ([`Summary::next_chunk`]),
-    /// and the read goes on there. Otherwise (the file cut short, or no
-    /// summary to trust) the read ends there, said. Whether it goes on.
-    fn skip_damaged_chunk(&mut self, why: String, framing: bool) -> Result<bool, RecordError> {
+    /// The next entry of the open chunk, if it has one more; a record in
+    /// it that does not parse ends the chunk there, counted as damaged.
+    fn next_in_chunk(&mut self) -> Result<Option<Entry>, RecordError> {
+        let Some((records, pos)) = self.chunk.as_mut() else {
+            return Ok(None);
+        };
+        let damage = loop {
+            let (opcode, range) = match chunk_record(records, pos) {
+                Ok(Some(r)) => r,
+                Ok(None) => break None,
+                Err(why) => break Some(why.to_owned()),
+            };
+            let body = &records[range.clone()];
+            let record = match mcap::parse_record(opcode, body) {
+                Ok(r) => r,
+                Err(e) => break Some(format!("a record in the chunk does not parse: {e}")),
+            };
+            // A message most of the chunk holds is given as a view of
+            // it (no copy); a smaller one is copied, so that it does
+            // not keep the whole chunk in memory.
+            let view = match &record {
+                Record::Message { data, .. } if data.len() * 2 >= records.len() => {
+                    Some(records.slice(range.end - data.len()..range.end))
+                }
+                _ => None,
+            };
+            match self.st.take(record, view) {
+                Ok(Some(entry)) => return Ok(Some(entry)),
+                Ok(None) => {}
+                // Only a header can be refused, and a chunk never
+                // holds one (counted as another record).
+                Err(why) => break Some(why.to_owned()),
+            }
+        };
+        self.chunk = None;
+        if let Some(why) = damage {
+            self.chunk_damaged(why)?;
+        }
+        Ok(None)
+    }
+
+    /// A chunk was found damaged (`why`): counted, and said if it is the
+    /// first damage. It may have held channel records: a finished file's
+    /// summary repeats them all (read at the first damage).
+    fn chunk_damaged(&mut self, why: String) -> Result<(), RecordError> {
+        self.st.skipped.damaged_chunks += 1;
+        self.st.damage.get_or_insert(why);
+        // The data section's CRC fails now: the read goes on at the next
+        // record (the chunk read whole, its framing sound) without it.
+        if !self.resumed {
+            self.resumed = true;
+            self.reader = linear_reader(true);
+        }
+        if !self.summary_read {
+            self.summary_handle()?;
+        }
+        if let Some(summary) = &self.summary {
+            self.st.merge(&summary.channels);
+        }
+        Ok(())
+    }
+
+    /// The summary, read at the first call (on a handle of its own: the
+    /// same file, not one that replaced it at that path meanwhile); that
+    /// handle, `None` if another file is at the path now.
+    fn summary_handle(&mut self) -> Result<Option<std::io::BufReader<File>>, RecordError> {
+        let again = self.reopen().map_err(|source| RecordError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        let Some(f) = again else {
+            return Ok(None);
+        };
+        let mut f = std::io::BufReader::with_capacity(1 << 13, f);
+        if !self.summary_read {
+            self.summary_read = true;
+            self.summary = read_summary(f.get_mut());
+        }
+        Ok(Some(f))
+    }
+
+    /// The framing is damaged (`why`): no record boundary can be trusted
+    /// after the last one read. A finished file's summary says where each
+    /// chunk starts ([`Summary::next_chunk`]): the read goes on at the
+    /// next one after what was read, and the chunks passed are counted as
+    /// damaged. Otherwise (the file cut short, or no summary to trust)
+    /// the read ends here, said. Whether it goes on.
+    fn lost_the_way(&mut self, why: String) -> Result<bool, RecordError> {
+        let Some(mut again) = self.summary_handle()? else {
+            self.finished = true;
+            self.truncated = Some(format!("{why}; the file was replaced while it was read"));
+            return Ok(false);
+        };
         let io = |source| RecordError::Io {
             path: self.path.clone(),
             source,
         };
-        // The walk reads the file on a handle of its own: the same file,
-        // not one that replaced it at that path meanwhile.
-        let mut again = match self.reopen().map_err(io)? {
-            Some(f) => std::io::BufReader::with_capacity(1 << 13, f),
-            None => {
-                self.finished = true;
-                self.truncated = Some(format!("{why}; the file was replaced while it was read"));
-                return Ok(false);
-            }
+        let found = match &self.summary {
+            Some(summary) => summary
+                .next_chunk(
+                    &mut again,
+                    (
+                        self.boundary,
+                        self.read_end,
+                        self.read_end.max(self.counted_to),
+                    ),
+                    self.st.only_chunked,
+                    &mut self.zstd,
+                )
+                .map_err(io)?,
+            None => None,
         };
-        let end = match self.fed.checked_sub(1) {
-            Some(at) if !framing => resume_after(&mut again, self.boundary, at).map_err(io)?,
-            _ => None,
+        let Some(Resume {
+            at: start,
+            records,
+            passed,
+        }) = found
+        else {
+            self.finished = true;
+            self.truncated = Some(why);
+            return Ok(false);
         };
-        // The summary, read once, at the first damage: the channel records
-        // that chunk held may be needed (it repeats them all), and where
-        // the chunks start.
-        if !self.summary_read {
-            self.summary_read = true;
-            self.summary = read_summary(again.get_mut());
+        self.st.skipped.damaged_chunks += passed;
+        self.st.damage.get_or_insert_with(|| {
+            format!("{why}; the framing is damaged: the read went on at the next chunk the summary indexes")
+        });
+        // What was read since the last chunk may have been bytes inside
+        // records taken for records: the channels that came in since are
+        // the summary's (the numbers read of each kept where it is the
+        // same channel), and the read is in the data section.
+        if let Some(summary) = &self.summary {
+            self.st.channels_from(&summary.channels);
         }
-        let resume = match (end, &self.summary) {
-            (Some(end), summary) => {
-                self.st.skipped.damaged_chunks += 1;
-                self.st.damage.get_or_insert(why);
-                for (id, ch) in summary.iter().flat_map(|s| &s.channels) {
-                    self.st.channels.entry(*id).or_insert_with(|| ch.clone());
-                }
-                end
-            }
-            (None, Some(summary)) => {
-                let from = self.given_end.max(self.counted_to);
-                let Some((start, skipped)) = summary
-                    .next_chunk(&mut again, self.boundary, from)
-                    .map_err(io)?
-                else {
-                    self.finished = true;
-                    self.truncated = Some(why);
-                    return Ok(false);
-                };
-                self.st.skipped.damaged_chunks += skipped;
-                self.st.damage.get_or_insert_with(|| {
-                    format!("{why}; the framing is damaged: the read went on at the next chunk the summary indexes")
-                });
-                // What was read since the damage may have been bytes
-                // inside records taken for records: the channels are the
-                // summary's (the numbers read of each kept where it is the
-                // same channel), and the read is in the data section.
-                let mut channels: HashMap<u16, Channel> =
-                    summary.channels.iter().cloned().collect();
-                for (id, ch) in channels.iter_mut() {
-                    if let Some(read) = self.st.channels.remove(id) {
-                        if read.same(ch) {
-                            *ch = read;
-                        }
-                    }
-                }
-                self.st.channels = channels;
-                self.st.in_summary = false;
-                start
-            }
-            (None, None) => {
-                self.finished = true;
-                self.truncated = Some(why);
-                return Ok(false);
-            }
-        };
+        self.st.in_summary = false;
         self.file
-            .seek(std::io::SeekFrom::Start(resume))
+            .seek(std::io::SeekFrom::Start(start))
             .map_err(io)?;
         self.reader = linear_reader(true);
-        self.fed = resume;
-        self.last_fed = resume;
-        self.boundary = resume;
-        self.counted_to = self.counted_to.max(resume);
+        self.resumed = true;
+        self.fed = start;
+        self.boundary = start;
+        self.counted_to = start;
+        if records.is_some() {
+            self.read_end = start;
+            self.chunk = records.map(|r| (r, 0));
+        }
         Ok(true)
     }
 
@@ -891,83 +1147,51 @@ impl RecordReader {
     }
 }
 
-/// Where a read that failed at byte `at` can go on, found by following
-/// the records' lengths from the record boundary `from`: the end of the
-/// chunk that holds that byte, if every chunk on the way has a header that
-/// agrees with its length (no CRC covers a chunk's length), that chunk
-/// ends within the file, and what follows it starts as a record does (an
-/// MCAP opcode and a length within the file) or is the file's end. `None`
-/// otherwise: the damage may be in the framing, after which no boundary
-/// can be trusted (a position inside a record could be taken for one).
-fn resume_after(
-    f: &mut std::io::BufReader<File>,
-    from: u64,
-    at: u64,
-) -> std::io::Result<Option<u64>> {
-    let len = f.get_ref().metadata()?.len();
-    // Opcode and length: a record (0x01 header to 0x0F data end) that
-    // ends within the file.
-    let record = |head: &[u8; 9], pos: u64| -> Option<u64> {
-        let body = u64::from_le_bytes(head[1..].try_into().ok()?);
-        let end = pos.checked_add(9)?.checked_add(body)?;
-        (matches!(head[0], 0x01..=0x0F) && end <= len).then_some(end)
-    };
-    f.seek(std::io::SeekFrom::Start(from))?;
-    let mut pos = from;
-    let mut head = [0u8; 9];
-    while pos <= at {
-        if f.read_exact(&mut head).is_err() {
-            return Ok(None);
-        }
-        let Some(end) = record(&head, pos) else {
-            return Ok(None);
-        };
-        let mut left = end - pos - 9;
-        if head[0] == mcap::records::op::CHUNK {
-            // Start and end times, uncompressed size and CRC (28 bytes),
-            // the compression's name (its u32 length first), the
-            // compressed size (u64), then exactly that many bytes.
-            let mut fixed = [0u8; 32];
-            if left < 40 || f.read_exact(&mut fixed).is_err() {
-                return Ok(None);
-            }
-            let name = u64::from(u32::from_le_bytes(
-                fixed[28..].try_into().unwrap_or_default(),
-            ));
-            if left < 40 + name {
-                return Ok(None);
-            }
-            f.seek_relative(name as i64)?;
-            let mut size = [0u8; 8];
-            f.read_exact(&mut size)?;
-            if Some(left) != u64::from_le_bytes(size).checked_add(40 + name) {
-                return Ok(None);
-            }
-            left -= 40 + name;
-        }
-        f.seek_relative(i64::try_from(left).unwrap_or(i64::MAX))?;
-        if at < end {
-            if head[0] != mcap::records::op::CHUNK {
-                return Ok(None);
-            }
-            if end < len && (f.read_exact(&mut head).is_err() || record(&head, end).is_none()) {
-                return Ok(None);
-            }
-            return Ok(Some(end));
-        }
-        pos = end;
-    }
-    Ok(None)
-}
-
 impl ReadState {
+    /// The read lost its way and goes on at a chunk the summary indexes:
+    /// each channel whose record came in since it last did is the
+    /// summary's (its numbers kept where the summary's is the same
+    /// channel; gone if the summary has none of that id), as is each
+    /// channel of the summary not read yet.
+    fn channels_from(&mut self, summary: &HashMap<u16, Channel>) {
+        for id in std::mem::take(&mut self.new_channels) {
+            match (self.channels.get_mut(&id), summary.get(&id)) {
+                (Some(read), Some(known)) if !read.same(known) => *read = known.clone(),
+                (Some(_), None) => {
+                    self.channels.remove(&id);
+                }
+                _ => {}
+            }
+        }
+        self.merge(summary);
+    }
+
+    /// Each channel of the summary not read yet (once: they are all in
+    /// after that).
+    fn merge(&mut self, summary: &HashMap<u16, Channel>) {
+        if !self.merged {
+            self.merged = true;
+            for (id, ch) in summary {
+                self.channels.entry(*id).or_insert_with(|| ch.clone());
+            }
+        }
+    }
+
     /// Takes one record in: the entry it is, if any; an error if the
-    /// file's first record is not a header.
-    fn take(&mut self, record: Record<'_>) -> Result<Option<Entry>, &'static str> {
+    /// file's first record is not a header. A message's data is `view`
+    /// when given (a view of the chunk that holds it), else a copy.
+    fn take(
+        &mut self,
+        record: Record<'_>,
+        view: Option<Bytes>,
+    ) -> Result<Option<Entry>, &'static str> {
         if !self.seen_header && !matches!(record, Record::Header(_)) {
             return Err("its first record is not a header");
         }
         match record {
+            // A file has one header, first (another is bytes taken for a
+            // record, or a second file: counted).
+            Record::Header(_) if self.seen_header => self.skipped.other_records += 1,
             Record::Header(h) => {
                 self.seen_header = true;
                 self.only_chunked = h.library.starts_with("milonga ");
@@ -1017,9 +1241,10 @@ impl ReadState {
                 // one the summary supplied after a damaged chunk) keeps what
                 // was read of it (its numbers, for 64-bit extension and
                 // gaps).
-                self.channels
-                    .entry(c.id)
-                    .or_insert_with(|| Channel::of(&c.topic, &c.message_encoding, &c.metadata));
+                self.channels.entry(c.id).or_insert_with(|| {
+                    self.new_channels.push(c.id);
+                    Channel::of(&c.topic, &c.message_encoding, &c.metadata)
+                });
             }
             Record::Message { header, data } => {
                 self.last_len = data.len();
@@ -1043,7 +1268,8 @@ impl ReadState {
                         last_seq,
                         damage_seen,
                     }) => {
-                        let value = match decode_cbor(&Bytes::copy_from_slice(&data)) {
+                        let data = view.unwrap_or_else(|| Bytes::copy_from_slice(&data));
+                        let value = match decode_cbor(&data) {
                             Ok(v) => v,
                             Err(_) => {
                                 self.skipped.undecodable += 1;
@@ -1631,10 +1857,12 @@ mod tests {
     }
 
     /// A chunk whose record length is damaged (no CRC covers it) leaves no
-    /// boundary to trust after it: in a finished file the summary's chunk
-    /// indexes say where the next chunk starts, and the read goes on
-    /// there, what was skipped said lost; without a summary (a file cut
-    /// short) the read ends there, said.
+    /// boundary to trust after it. In a finished file the summary's chunk
+    /// indexes say where that chunk ends and where the next one starts:
+    /// the chunk is read as the index gives it (its CRC checked), and the
+    /// read goes on after it; if its data is damaged too, it is passed,
+    /// counted, and its samples said lost. Without a summary (a file cut
+    /// short) the read ends at the damage, said.
     #[test]
     fn damage_to_a_chunk_s_framing_is_passed_by_the_summary_s_index() {
         let dir = milonga_testkit::TempDir::new("rec-index");
@@ -1644,16 +1872,23 @@ mod tests {
             let b = std::fs::read(&good).unwrap();
             let summary = read_summary(&mut File::open(&good).unwrap()).unwrap();
             assert!(summary.chunks.len() >= 4, "{}", summary.chunks.len());
-            let third = summary.chunks[2].0 as usize;
-            // Longer than the record: the chunk's own data is read whole
-            // (its compressed size is right), then the read runs past the
-            // file's end. Shorter: the chunk's data does not fit, and the
-            // chunk is skipped.
-            for (what, longer) in [("longer", true), ("shorter", false)] {
+            let (third, len) = summary.chunks[2];
+            let (third, len) = (third as usize, len as usize);
+            // Its length made longer (the read runs past the file's end)
+            // or shorter (the chunk's data does not fit); then shorter and
+            // a byte of its data changed.
+            for (what, longer, data_too) in [
+                ("longer", true, false),
+                ("shorter", false, false),
+                ("shorter, data changed", false, true),
+            ] {
                 let mut d = b.clone();
-                let len = u64::from_le_bytes(d[third + 1..third + 9].try_into().unwrap());
-                let changed = if longer { len + (1 << 20) } else { len - 7 };
+                let old = (len - 9) as u64;
+                let changed = if longer { old + (1 << 20) } else { old - 7 };
                 d[third + 1..third + 9].copy_from_slice(&changed.to_le_bytes());
+                if data_too {
+                    d[third + len - 20] ^= 0x11;
+                }
                 let p = dir.path().join("chunk-length.mcap");
                 std::fs::write(&p, &d).unwrap();
                 let mut r = RecordReader::open(&p).unwrap();
@@ -1661,13 +1896,13 @@ mod tests {
                 let case = format!("{c:?}, {what}: {:?}, {}", r.damage(), r.skipped());
                 assert!(r.damage().unwrap().contains("framing"), "{case}");
                 assert!(!r.complete() && r.truncated().is_none(), "{case}");
-                assert_eq!(r.skipped().damaged_chunks, u64::from(!longer), "{case}");
+                assert_eq!(r.skipped().damaged_chunks, u64::from(data_too), "{case}");
                 // At most one run of numbers is missing (the third
                 // chunk's), said lost by each key's first sample after it
                 // (the recorded losses are of one sample each; here the
                 // two keys share one run of numbers, as they do not live).
                 let missing: Vec<u64> = (1..=300).filter(|i| !seqs.contains(i)).collect();
-                assert_eq!(missing.is_empty(), longer, "{case}");
+                assert_eq!(missing.is_empty(), !data_too, "{case}");
                 assert!(seqs.contains(&1) && seqs.contains(&300), "{case}");
                 let (lo, hi) = match (missing.first(), missing.last()) {
                     (Some(&lo), Some(&hi)) => (lo, hi),
@@ -1675,31 +1910,21 @@ mod tests {
                 };
                 assert_eq!(missing, (lo..=hi).collect::<Vec<_>>(), "{case}");
                 let said: Vec<_> = lost.iter().filter(|l| l.1 > 1).collect();
-                assert_eq!(said.len(), if longer { 0 } else { 2 }, "{case}: {lost:?}");
+                assert_eq!(said.len(), if data_too { 2 } else { 0 }, "{case}: {lost:?}");
                 for n in lo..=hi {
                     assert!(
                         said.iter().any(|l| (l.0..l.0 + l.1).contains(&n)),
                         "{case}: {lost:?}"
                     );
                 }
-                // Without the summary (cut off), the read ends at the
-                // damage, said.
-                let data_end = first_record(
-                    &d[..third]
-                        .iter()
-                        .chain(&b[third..])
-                        .copied()
-                        .collect::<Vec<_>>(),
-                    0x0F,
-                );
+                // Without the summary (cut off at its data end record),
+                // the read ends at the damage, said.
+                let data_end = third + len + first_record(&b[third + len - 8..], 0x0F) - 8;
                 std::fs::write(&p, &d[..data_end]).unwrap();
                 let mut r = RecordReader::open(&p).unwrap();
                 let (cut, _) = seqs_and_losses(&mut r);
                 assert!(r.truncated().is_some(), "{case}");
-                assert!(
-                    cut.len() >= 2 && cut.len() < 300 && !cut.contains(&lo),
-                    "{case}"
-                );
+                assert!(cut.len() >= 2 && cut.len() < 300, "{case}");
                 assert_eq!(cut, (1..=cut.len() as u64).collect::<Vec<_>>(), "{case}");
             }
         }
