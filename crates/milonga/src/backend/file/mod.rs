@@ -384,14 +384,18 @@ pub struct RecordReader {
     reader: LinearReader,
     /// Where in the file the bytes handed to `reader` end.
     fed: u64,
-    /// Where the read started or last went on after damage to the
-    /// framing (a record boundary).
-    boundary: u64,
     /// The end of the last chunk read (whole, damaged or not): the
     /// records before it were read.
     read_end: u64,
-    /// Where the count of the chunks the last resume passed ended.
-    counted_to: u64,
+    /// The furthest a linear reader took the file's bytes: a new one
+    /// starts only past it, so that no byte is framed twice (below it,
+    /// chunks are read as the summary's index gives them).
+    mark: u64,
+    /// The read goes on by the summary's chunk index, after damage to the
+    /// framing ([`RecordReader::next_by_index`]).
+    by_index: bool,
+    /// A chunk was seen (a metadata record after one is not Milonga's).
+    chunks_seen: bool,
     /// The reader was made again after damage (it does not check the
     /// data section's CRC).
     resumed: bool,
@@ -518,82 +522,13 @@ const SUMMARY_LIMIT: u64 = 64 << 20;
 
 /// What a finished file's summary tells a reader that lost its way after
 /// damage to the framing: every channel (its record may have been in
-/// what was passed), and where every chunk starts.
+/// what was passed), and where every chunk is.
 struct Summary {
     /// At most one a channel id (65,536).
     channels: HashMap<u16, Channel>,
     /// Each chunk's start and the length of its record (opcode and length
     /// included), by start.
     chunks: Vec<(u64, u64)>,
-}
-
-/// Where a read that lost its way goes on ([`Summary::next_chunk`]).
-struct Resume {
-    /// Where the file's records are read again from.
-    at: u64,
-    /// The records of the chunk that ends at `at`, when that chunk's head
-    /// was damaged and its record was read as the index gives it.
-    records: Option<Bytes>,
-    /// The indexed chunks passed, not read.
-    passed: u64,
-}
-
-impl Summary {
-    /// Where a read that lost its way goes on: at the first indexed chunk
-    /// that starts after `boundary` (where the read last started) and at
-    /// or after `read_end` (the end of the last chunk read) whose record's
-    /// head (read from `f`) agrees with the index; or after one whose head
-    /// does not but whose record, read as the index gives it, opens
-    /// ([`open_chunk`]) with a CRC (not 0) that matches. With the number
-    /// of indexed chunks it passes that start at or after `count_from`
-    /// (those not counted yet). The records read as indexed never overlap,
-    /// so that a hostile index cannot have the file read more than once.
-    fn next_chunk(
-        &self,
-        f: &mut std::io::BufReader<File>,
-        (boundary, read_end, count_from): (u64, u64, u64),
-        exact: bool,
-        zstd: &mut Zstd,
-    ) -> std::io::Result<Option<Resume>> {
-        let file_len = f.get_ref().metadata()?.len();
-        let first = self.chunks.partition_point(|&(start, _)| start < read_end);
-        let (mut passed, mut free) = (0, boundary + 1);
-        for &(start, len) in &self.chunks[first..] {
-            if start >= free {
-                let mut head = [0u8; 9];
-                f.seek(std::io::SeekFrom::Start(start))?;
-                if f.read_exact(&mut head).is_err() {
-                    break;
-                }
-                let body = u64::from_le_bytes(head[1..].try_into().unwrap_or_default());
-                if head[0] == mcap::records::op::CHUNK && body.checked_add(9) == Some(len) {
-                    return Ok(Some(Resume {
-                        at: start,
-                        records: None,
-                        passed,
-                    }));
-                }
-                let end = start.checked_add(len).filter(|&end| end <= file_len);
-                if let Some(end) = end.filter(|_| len >= 9 && len - 9 <= RECORD_LIMIT as u64) {
-                    free = end;
-                    let mut body = vec![0u8; (len - 9) as usize];
-                    f.read_exact(&mut body)?;
-                    let crc = body.get(24..28).is_some_and(|c| c != [0; 4]);
-                    if let (true, Ok(records)) = (crc, open_chunk(&body, exact, zstd)) {
-                        return Ok(Some(Resume {
-                            at: end,
-                            records: Some(records),
-                            passed,
-                        }));
-                    }
-                }
-            }
-            if start >= count_from {
-                passed += 1;
-            }
-        }
-        Ok(None)
-    }
 }
 
 /// The summary section of a finished file: its channel records and chunk
@@ -695,12 +630,12 @@ enum ChunkFault {
     Framing(String),
 }
 
-/// A chunk record's body opened: its records, decompressed, if its header
-/// agrees with the record's length (`exact`: no bytes after the chunk's
-/// data, which Milonga's writer never leaves), its data decompresses to
-/// the size it claims (at most [`RECORD_LIMIT`]) and its CRC (when not 0)
-/// matches what it holds.
-fn open_chunk(body: &[u8], exact: bool, zstd: &mut Zstd) -> Result<Bytes, ChunkFault> {
+/// A chunk record's body opened: its records, decompressed, and the bytes
+/// after its data, if its header agrees with the record's length (`exact`:
+/// no bytes after the chunk's data, which Milonga's writer never leaves),
+/// its data decompresses to the size it claims (at most [`RECORD_LIMIT`])
+/// and its CRC (when not 0) matches what it holds.
+fn open_chunk(body: &[u8], exact: bool, zstd: &mut Zstd) -> Result<(Bytes, u64), ChunkFault> {
     // Start and end times, uncompressed size, CRC, the compression's name
     // (its u32 length first), the compressed size, then that many bytes.
     let framing = |why: &str| ChunkFault::Framing(format!("a chunk header that {why}"));
@@ -720,6 +655,7 @@ fn open_chunk(body: &[u8], exact: bool, zstd: &mut Zstd) -> Result<Bytes, ChunkF
     if (data.len() as u64) < packed_len || (exact && data.len() as u64 != packed_len) {
         return Err(framing("does not agree with the chunk's length"));
     }
+    let padding = data.len() as u64 - packed_len;
     let data = &data[..packed_len as usize];
     let damaged = |why: String| ChunkFault::Data(why);
     if size > RECORD_LIMIT as u64 {
@@ -782,7 +718,17 @@ fn open_chunk(body: &[u8], exact: bool, zstd: &mut Zstd) -> Result<Bytes, ChunkF
             "Chunk CRC failed: saved {crc:08x}, calculated {calculated:08x}"
         )));
     }
-    Ok(records)
+    Ok((records, padding))
+}
+
+/// Whether a message index record's body (channel id, then its entries'
+/// byte length and the entries, 16 bytes each) is exactly as long as it
+/// says: one that is not is bytes of another record read as one.
+fn message_index_exact(body: &[u8]) -> bool {
+    body.get(2..6)
+        .and_then(|n| n.try_into().ok())
+        .map(|n| u32::from_le_bytes(n) as usize)
+        .is_some_and(|n| n == body.len() - 6 && n % 16 == 0)
 }
 
 /// The next record of an opened chunk at `*pos` (its opcode, and the range
@@ -821,9 +767,10 @@ impl RecordReader {
             file: std::io::BufReader::with_capacity(1 << 16, file),
             reader: linear_reader(false),
             fed: 0,
-            boundary: MAGIC_LEN,
             read_end: MAGIC_LEN,
-            counted_to: MAGIC_LEN,
+            mark: 0,
+            by_index: false,
+            chunks_seen: false,
             resumed: false,
             chunk: None,
             zstd: None,
@@ -884,6 +831,12 @@ impl RecordReader {
             if self.finished {
                 return Ok(None);
             }
+            if self.by_index {
+                if !self.next_by_index()? {
+                    return Ok(None);
+                }
+                continue;
+            }
             let event = match self.reader.next_event() {
                 None => {
                     self.finished = true;
@@ -922,9 +875,12 @@ impl RecordReader {
                 LinearReadEvent::Record { opcode, data } => (opcode, data),
             };
             if opcode == mcap::records::op::CHUNK {
+                self.chunks_seen = true;
                 match open_chunk(data, self.st.only_chunked, &mut self.zstd) {
-                    Ok(records) => {
-                        self.read_end = self.fed;
+                    Ok((records, padding)) => {
+                        // Bytes after a chunk's data (another writer's)
+                        // may hold chunks the index still has.
+                        self.read_end = self.fed - padding;
                         self.chunk = Some((records, 0));
                     }
                     Err(ChunkFault::Data(why)) => {
@@ -953,19 +909,26 @@ impl RecordReader {
                 }
             };
             // Milonga's writer puts every message and every channel record
-            // of the data section in a chunk: one outside is a chunk's
-            // record read as the file's own, after a record length was
-            // damaged (no CRC covers it until the data section's, at the
-            // end): the framing cannot be trusted on.
-            let in_chunks = match record {
-                Record::Message { .. } => true,
-                Record::Channel(_) => !self.st.in_summary,
-                _ => false,
+            // in a chunk, and nothing else in the data section but its
+            // header and metadata first, the chunks' message indexes and
+            // the data end: any other record there is bytes of another
+            // record read as one, after a record length was damaged (no
+            // CRC covers it until the data section's, at the end), or a
+            // chunk whose opcode was: the framing cannot be trusted on.
+            let stray = match &record {
+                _ if !self.st.only_chunked => None,
+                Record::Message { .. } => Some("a message outside a chunk"),
+                // The summary repeats the channels.
+                _ if self.st.in_summary => None,
+                Record::Header(_) | Record::Metadata(_) if !self.chunks_seen => None,
+                Record::DataEnd(_) => None,
+                Record::MessageIndex(_) if message_index_exact(data) => None,
+                Record::Channel(_) => Some("a channel record outside a chunk"),
+                _ => Some("a record out of place in the data section"),
             };
-            if in_chunks && self.st.only_chunked {
+            if let Some(what) = stray {
                 let why = format!(
-                    "a {} outside a chunk, which this recorder does not write: a record length before it is damaged",
-                    if matches!(record, Record::Message { .. }) { "message" } else { "channel record" }
+                    "{what} (opcode {opcode:#04x}), which this recorder does not write: a record length before it is damaged"
                 );
                 if !self.lost_the_way(why)? {
                     return Ok(None);
@@ -1071,69 +1034,102 @@ impl RecordReader {
 
     /// The framing is damaged (`why`): no record boundary can be trusted
     /// after the last one read. A finished file's summary says where each
-    /// chunk starts ([`Summary::next_chunk`]): the read goes on at the
-    /// next one after what was read, and the chunks passed are counted as
-    /// damaged. Otherwise (the file cut short, or no summary to trust)
-    /// the read ends here, said. Whether it goes on.
+    /// chunk is: the read goes on by it ([`RecordReader::next_by_index`]).
+    /// Otherwise (the file cut short, or no summary to trust) the read
+    /// ends here, said. Whether it goes on.
     fn lost_the_way(&mut self, why: String) -> Result<bool, RecordError> {
-        let Some(mut again) = self.summary_handle()? else {
+        let replaced = self.summary_handle()?.is_none();
+        let Some(summary) = self.summary.as_ref().filter(|_| !replaced) else {
             self.finished = true;
-            self.truncated = Some(format!("{why}; the file was replaced while it was read"));
+            self.truncated = Some(if replaced {
+                format!("{why}; the file was replaced while it was read")
+            } else {
+                why
+            });
             return Ok(false);
         };
-        let io = |source| RecordError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        let found = match &self.summary {
-            Some(summary) => summary
-                .next_chunk(
-                    &mut again,
-                    (
-                        self.boundary,
-                        self.read_end,
-                        self.read_end.max(self.counted_to),
-                    ),
-                    self.st.only_chunked,
-                    &mut self.zstd,
-                )
-                .map_err(io)?,
-            None => None,
-        };
-        let Some(Resume {
-            at: start,
-            records,
-            passed,
-        }) = found
-        else {
-            self.finished = true;
-            self.truncated = Some(why);
-            return Ok(false);
-        };
-        self.st.skipped.damaged_chunks += passed;
         self.st.damage.get_or_insert_with(|| {
-            format!("{why}; the framing is damaged: the read went on at the next chunk the summary indexes")
+            format!("{why}; the framing is damaged: the read went on by the summary's chunk index")
         });
         // What was read since the last chunk may have been bytes inside
         // records taken for records: the channels that came in since are
         // the summary's (the numbers read of each kept where it is the
         // same channel), and the read is in the data section.
-        if let Some(summary) = &self.summary {
-            self.st.channels_from(&summary.channels);
-        }
+        self.st.channels_from(&summary.channels);
         self.st.in_summary = false;
-        self.file
-            .seek(std::io::SeekFrom::Start(start))
-            .map_err(io)?;
-        self.reader = linear_reader(true);
+        self.mark = self.mark.max(self.fed);
         self.resumed = true;
-        self.fed = start;
-        self.boundary = start;
-        self.counted_to = start;
-        if records.is_some() {
-            self.read_end = start;
-            self.chunk = records.map(|r| (r, 0));
+        self.by_index = true;
+        Ok(true)
+    }
+
+    /// The read goes on by the summary's chunk index, at the first indexed
+    /// chunk after the last chunk read. Below the mark (bytes a linear
+    /// reader already took) it is read as its index gives it: its records
+    /// are given if it opens and either its record's head agrees with the
+    /// index or its CRC is not 0 (a length damaged, the index's trusted
+    /// only for a chunk whose CRC then matches). Past the mark, a chunk
+    /// whose head agrees starts a new linear reader there, which reads on
+    /// to the end. A chunk that does neither is passed, counted as damaged.
+    /// Each byte is read at most once by index and once by a linear
+    /// reader. Whether the read goes on.
+    fn next_by_index(&mut self) -> Result<bool, RecordError> {
+        let io = |source| RecordError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let Some(summary) = &self.summary else {
+            self.finished = true;
+            return Ok(false);
+        };
+        let next = summary
+            .chunks
+            .partition_point(|&(start, _)| start < self.read_end);
+        let Some(&(start, len)) = summary.chunks.get(next) else {
+            // No chunk left: what follows them is not read.
+            self.by_index = false;
+            self.finished = true;
+            return Ok(false);
+        };
+        let file_len = self.file.get_ref().metadata().map_err(io)?.len();
+        let end = start
+            .checked_add(len)
+            .filter(|&end| end <= file_len && len >= 9 && len - 9 <= RECORD_LIMIT as u64);
+        let mut head = [0u8; 9];
+        let f = self.file.get_mut();
+        f.seek(std::io::SeekFrom::Start(start)).map_err(io)?;
+        let agrees = f.read_exact(&mut head).is_ok()
+            && head[0] == mcap::records::op::CHUNK
+            && u64::from_le_bytes(head[1..].try_into().unwrap_or_default()).checked_add(9)
+                == Some(len);
+        if agrees && start >= self.mark {
+            // Framed from here by a new linear reader.
+            self.file
+                .seek(std::io::SeekFrom::Start(start))
+                .map_err(io)?;
+            self.reader = linear_reader(true);
+            self.fed = start;
+            self.by_index = false;
+            return Ok(true);
         }
+        if let Some(end) = end {
+            let mut body = vec![0u8; (len - 9) as usize];
+            self.file.get_mut().read_exact(&mut body).map_err(io)?;
+            self.read_end = end;
+            let checked = agrees || body.get(24..28).is_some_and(|c| c != [0; 4]);
+            if let (true, Ok((records, _))) = (
+                checked,
+                open_chunk(&body, self.st.only_chunked, &mut self.zstd),
+            ) {
+                self.chunk = Some((records, 0));
+                return Ok(true);
+            }
+        } else {
+            self.read_end = start + 1;
+        }
+        self.chunk_damaged(format!(
+            "the chunk the summary indexes at byte {start} does not open"
+        ))?;
         Ok(true)
     }
 
@@ -1282,13 +1278,15 @@ impl ReadState {
                         // subscription says it (a key's first sample
                         // starts its count, as there).
                         let damaged = self.skipped.damaged_chunks;
-                        let gap = (*damage_seen < damaged && *last_seq > 0 && seq > *last_seq + 1)
-                            .then(|| LostSamples {
-                                publisher: *publisher,
-                                key: key.clone(),
-                                count: seq - *last_seq - 1,
-                                first_seq: *last_seq + 1,
-                            });
+                        let gap = (*damage_seen < damaged
+                            && *last_seq > 0
+                            && seq > last_seq.saturating_add(1))
+                        .then(|| LostSamples {
+                            publisher: *publisher,
+                            key: key.clone(),
+                            count: seq - *last_seq - 1,
+                            first_seq: *last_seq + 1,
+                        });
                         *damage_seen = damaged;
                         *last_seq = seq;
                         let sample = Entry::Sample(
@@ -1339,8 +1337,9 @@ impl Iterator for RecordReader {
 fn extend_seq(last: u64, low: u32) -> u64 {
     let base = last & !0xffff_ffff;
     let candidate = base | u64::from(low);
+    // Past 2^64 (a hostile file of billions of messages) it stays put.
     if candidate < last && last - candidate > 1 << 31 {
-        candidate + (1 << 32)
+        candidate.checked_add(1 << 32).unwrap_or(candidate)
     } else {
         candidate
     }
@@ -1928,6 +1927,53 @@ mod tests {
                 assert_eq!(cut, (1..=cut.len() as u64).collect::<Vec<_>>(), "{case}");
             }
         }
+    }
+
+    /// A chunk's opcode changed (a flipped bit: a record MCAP does not
+    /// define, or one of the summary's) is a record out of place in a
+    /// Milonga file: the summary's index finds the chunk and it is read as
+    /// the index gives it, nothing lost. The last chunk's compressed size
+    /// damaged (its record length intact): it cannot be opened either way,
+    /// and is counted, its samples said lost.
+    #[test]
+    fn a_chunk_hidden_by_its_opcode_or_its_header_is_found_or_counted() {
+        let dir = milonga_testkit::TempDir::new("rec-opcode");
+        let good = dir.path().join("good.mcap");
+        write(&good, Compression::Zstd, 300);
+        let b = std::fs::read(&good).unwrap();
+        let summary = read_summary(&mut File::open(&good).unwrap()).unwrap();
+        let n = summary.chunks.len();
+        let third = summary.chunks[2].0 as usize;
+        let p = dir.path().join("damaged.mcap");
+        for opcode in [0x16u8, 0x0E, 0x86, 0x00] {
+            let mut d = b.clone();
+            d[third] = opcode;
+            std::fs::write(&p, &d).unwrap();
+            let mut r = RecordReader::open(&p).unwrap();
+            let (seqs, _) = seqs_and_losses(&mut r);
+            let case = format!("{opcode:#x}: {:?}, {}", r.damage(), r.skipped());
+            assert_eq!(seqs, (1..=300).collect::<Vec<_>>(), "{case}");
+            assert!(r.damage().unwrap().contains("framing"), "{case}");
+            assert_eq!(r.skipped().damaged_chunks, 0, "{case}");
+            assert!(!r.complete(), "{case}");
+        }
+        // The last chunk's compressed size, after its compression's name.
+        let (last, _) = summary.chunks[n - 1];
+        let at = last as usize + 9 + 32 + 4;
+        let mut d = b.clone();
+        d[at] ^= 0x01;
+        std::fs::write(&p, &d).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        let (seqs, lost) = seqs_and_losses(&mut r);
+        let case = format!("{:?}, {}", r.damage(), r.skipped());
+        assert_eq!(r.skipped().damaged_chunks, 1, "{case}");
+        assert!(!r.complete(), "{case}");
+        let first_missing = (1..=300).find(|i| !seqs.contains(i)).unwrap();
+        assert_eq!(seqs, (1..first_missing).collect::<Vec<_>>(), "{case}");
+        // The last chunk's samples are not followed by any: no gap shows,
+        // and none is said (as a live subscription cannot say it either
+        // until its publisher publishes again).
+        assert!(lost.iter().all(|l| l.1 == 1), "{lost:?}");
     }
 
     /// A footer followed by more (a second recording after the first, or
