@@ -377,7 +377,10 @@ pub const METADATA_LIMIT: usize = 1 << 20;
 pub struct RecordReader {
     path: PathBuf,
     /// Buffered: the reader asks for a few bytes at a time (a record's
-    /// opcode and length, then its body), a system call each unbuffered.
+    /// opcode and length, then its body), a system call each unbuffered;
+    /// a chunk's body, asked whole, is read past the buffer. Small, as a
+    /// read that goes on by the index fills it anew at each chunk it
+    /// starts a linear reader at.
     file: std::io::BufReader<File>,
     /// Reads the file's own records; chunks come whole, as records, and
     /// are opened here ([`open_chunk`]).
@@ -396,6 +399,10 @@ pub struct RecordReader {
     by_index: bool,
     /// A chunk was seen (a metadata record after one is not Milonga's).
     chunks_seen: bool,
+    /// Chunks opened or found damaged: at the end of a read that used the
+    /// summary, those it indexes beyond that many were passed unseen.
+    chunks_met: u64,
+    settled: bool,
     /// The reader was made again after damage (it does not check the
     /// data section's CRC).
     resumed: bool,
@@ -764,13 +771,15 @@ impl RecordReader {
         })?;
         Ok(RecordReader {
             path: path.to_path_buf(),
-            file: std::io::BufReader::with_capacity(1 << 16, file),
+            file: std::io::BufReader::with_capacity(1 << 13, file),
             reader: linear_reader(false),
             fed: 0,
             read_end: MAGIC_LEN,
             mark: 0,
             by_index: false,
             chunks_seen: false,
+            chunks_met: 0,
+            settled: false,
             resumed: false,
             chunk: None,
             zstd: None,
@@ -821,6 +830,32 @@ impl RecordReader {
     /// The next entry, `Ok(None)` at the end (or where the file was cut
     /// short). An error is a file that is not MCAP at all.
     pub fn next_entry(&mut self) -> Result<Option<Entry>, RecordError> {
+        let next = self.next_record_entry();
+        if matches!(next, Ok(None)) && !self.settled {
+            self.settled = true;
+            self.count_unmet_chunks();
+        }
+        next
+    }
+
+    /// At the end of a read that used the summary (after damage): the
+    /// chunks it indexes that the read neither opened nor counted (a
+    /// length damaged so that the read went past them on a boundary) are
+    /// counted as damaged, and said.
+    fn count_unmet_chunks(&mut self) {
+        let Some(summary) = &self.summary else {
+            return;
+        };
+        let unmet = (summary.chunks.len() as u64).saturating_sub(self.chunks_met);
+        if unmet > 0 {
+            self.st.skipped.damaged_chunks += unmet;
+            self.st.damage.get_or_insert_with(|| {
+                format!("{unmet} chunks the summary indexes were passed unread")
+            });
+        }
+    }
+
+    fn next_record_entry(&mut self) -> Result<Option<Entry>, RecordError> {
         loop {
             if let Some(entry) = self.st.pending.take() {
                 return Ok(Some(entry));
@@ -882,9 +917,11 @@ impl RecordReader {
                         // may hold chunks the index still has.
                         self.read_end = self.fed - padding;
                         self.chunk = Some((records, 0));
+                        self.chunks_met += 1;
                     }
                     Err(ChunkFault::Data(why)) => {
                         self.read_end = self.fed;
+                        self.chunks_met += 1;
                         self.chunk_damaged(why)?;
                     }
                     Err(ChunkFault::Framing(why)) => {
@@ -920,8 +957,8 @@ impl RecordReader {
                 Record::Message { .. } => Some("a message outside a chunk"),
                 // The summary repeats the channels.
                 _ if self.st.in_summary => None,
-                Record::Header(_) | Record::Metadata(_) if !self.chunks_seen => None,
-                Record::DataEnd(_) => None,
+                Record::Metadata(m) if !self.chunks_seen && m.name == METADATA_NAME => None,
+                Record::DataEnd(_) if data.len() == 4 => None,
                 Record::MessageIndex(_) if message_index_exact(data) => None,
                 Record::Channel(_) => Some("a channel record outside a chunk"),
                 _ => Some("a record out of place in the data section"),
@@ -1004,32 +1041,29 @@ impl RecordReader {
             self.resumed = true;
             self.reader = linear_reader(true);
         }
-        if !self.summary_read {
-            self.summary_handle()?;
-        }
+        self.load_summary();
         if let Some(summary) = &self.summary {
             self.st.merge(&summary.channels);
         }
         Ok(())
     }
 
-    /// The summary, read at the first call (on a handle of its own: the
-    /// same file, not one that replaced it at that path meanwhile); that
-    /// handle, `None` if another file is at the path now.
-    fn summary_handle(&mut self) -> Result<Option<std::io::BufReader<File>>, RecordError> {
-        let again = self.reopen().map_err(|source| RecordError::Io {
-            path: self.path.clone(),
-            source,
-        })?;
-        let Some(f) = again else {
-            return Ok(None);
-        };
-        let mut f = std::io::BufReader::with_capacity(1 << 13, f);
-        if !self.summary_read {
-            self.summary_read = true;
-            self.summary = read_summary(f.get_mut());
+    /// Reads the summary, at the first call, on a handle of its own: the
+    /// same file, not one that replaced it at that path meanwhile (then,
+    /// or if the path cannot be opened, no summary is used). Whether the
+    /// file was replaced.
+    fn load_summary(&mut self) -> bool {
+        if self.summary_read {
+            return false;
         }
-        Ok(Some(f))
+        self.summary_read = true;
+        match self.reopen() {
+            Ok(Some(mut f)) => {
+                self.summary = read_summary(&mut f);
+                false
+            }
+            _ => true,
+        }
     }
 
     /// The framing is damaged (`why`): no record boundary can be trusted
@@ -1038,7 +1072,7 @@ impl RecordReader {
     /// Otherwise (the file cut short, or no summary to trust) the read
     /// ends here, said. Whether it goes on.
     fn lost_the_way(&mut self, why: String) -> Result<bool, RecordError> {
-        let replaced = self.summary_handle()?.is_none();
+        let replaced = self.load_summary();
         let Some(summary) = self.summary.as_ref().filter(|_| !replaced) else {
             self.finished = true;
             self.truncated = Some(if replaced {
@@ -1060,6 +1094,8 @@ impl RecordReader {
         self.mark = self.mark.max(self.fed);
         self.resumed = true;
         self.by_index = true;
+        // Its buffer (up to a record's worth) goes.
+        self.reader = linear_reader(true);
         Ok(true)
     }
 
@@ -1122,11 +1158,13 @@ impl RecordReader {
                 open_chunk(&body, self.st.only_chunked, &mut self.zstd),
             ) {
                 self.chunk = Some((records, 0));
+                self.chunks_met += 1;
                 return Ok(true);
             }
         } else {
             self.read_end = start + 1;
         }
+        self.chunks_met += 1;
         self.chunk_damaged(format!(
             "the chunk the summary indexes at byte {start} does not open"
         ))?;
@@ -1197,6 +1235,9 @@ impl ReadState {
                 }
             }
             Record::Metadata(m) if m.name == METADATA_NAME => {
+                // Milonga's own record: its writer wrote the file (if a
+                // damaged header did not say so).
+                self.only_chunked = true;
                 let bytes: usize = m.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
                 // One record of it in Milonga's recordings: a second
                 // one's values are kept where they are new only.
@@ -1957,6 +1998,45 @@ mod tests {
             assert_eq!(r.skipped().damaged_chunks, 0, "{case}");
             assert!(!r.complete(), "{case}");
         }
+        // A chunk's data damaged (the read goes on without the data
+        // section's CRC), then a later chunk's opcode made a data end's:
+        // found by the index all the same, only the first chunk lost.
+        let fourth = summary.chunks[3].0 as usize;
+        let second = summary.chunks[1];
+        let mut d = b.clone();
+        d[(second.0 + second.1) as usize - 5] ^= 0x10;
+        d[fourth] = 0x0F;
+        std::fs::write(&p, &d).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        let (seqs, _) = seqs_and_losses(&mut r);
+        let case = format!("{:?}, {}", r.damage(), r.skipped());
+        assert_eq!(r.skipped().damaged_chunks, 1, "{case}");
+        let missing: Vec<u64> = (1..=300).filter(|i| !seqs.contains(i)).collect();
+        assert!(!missing.is_empty() && seqs.contains(&300), "{case}");
+        assert_eq!(
+            missing,
+            (missing[0]..=missing[missing.len() - 1]).collect::<Vec<_>>()
+        );
+        // The same in a file another writer made (no rule for what is out
+        // of place there): the chunk whose opcode changed is read as an
+        // unknown record, and counted at the end as a chunk the summary
+        // indexes that the read passed.
+        let mut d = d.clone();
+        let lib = d.windows(8).position(|w| w == b"milonga ").unwrap();
+        d[lib] = b'x';
+        // The metadata record's name (after its u32 length).
+        let meta = first_record(&d, 0x0C) + 9 + 4;
+        assert_eq!(&d[meta..meta + 7], b"milonga");
+        d[meta] = b'x';
+        d[fourth] = 0x80;
+        std::fs::write(&p, &d).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        let (seqs, _) = seqs_and_losses(&mut r);
+        let case = format!("{:?}, {}", r.damage(), r.skipped());
+        assert_eq!(r.skipped().damaged_chunks, 2, "{case}");
+        // (Here the fourth chunk is the last: the file ends short of it.)
+        assert!(seqs.contains(&1) && seqs.len() < 300, "{case}");
+        assert!(r.truncated().is_none() && !r.complete(), "{case}");
         // The last chunk's compressed size, after its compression's name.
         let (last, _) = summary.chunks[n - 1];
         let at = last as usize + 9 + 32 + 4;
