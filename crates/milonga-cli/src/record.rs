@@ -8,8 +8,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use milonga::recording::{Compression, Entry, RecordOptions, RecordReader, RecordWriter};
-use milonga::{Event, KeyExpr, NodeId, PublisherQos, SubscriberQos};
+use milonga::recording::{
+    Compression, Entry, RecordError, RecordOptions, RecordReader, RecordWriter,
+};
+use milonga::{Event, KeyExpr, LostSamples, NodeId, PublisherQos, SubscriberQos};
 
 use crate::{catch_interrupts, interrupted, json, NetArgs};
 
@@ -19,7 +21,8 @@ pub struct RecordArgs {
     #[arg(required_unless_present = "recover")]
     exprs: Vec<String>,
     /// The file to write (never overwritten). With --max-bytes or
-    /// --split-every, files STEM-0000.mcap, STEM-0001.mcap, ... beside it.
+    /// --split-every, files STEM-0000.mcap, STEM-0001.mcap, ... beside it
+    /// (and STEM-0001.mcap, ... after it once it holds 65,536 channels).
     #[arg(short, long)]
     output: PathBuf,
     /// Stop after this many seconds.
@@ -331,35 +334,19 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
         ..RecordOptions::default()
     };
     let split = a.max_bytes.is_some() || a.split_every.is_some();
-    let mut file_no = 0u32;
-    let path_of = |n: u32| {
-        if split {
-            split_name(&a.output, n)
-        } else {
-            a.output.clone()
-        }
-    };
-    let mut path = path_of(0);
-    let mut w = RecordWriter::create(&path, &opts)?;
-    let mut file_started = Instant::now();
+    let mut out = Files::create(&a.output, split, opts)?;
     let mut source = Source::subscribe(&node, &exprs, qos)?;
     catch_interrupts();
     let start = Instant::now();
     let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
-    let (mut samples, mut events) = (0u64, 0u64);
-    let mut total_bytes = 0u64;
     let result: Result<()> = (|| {
         let mut looks = Looks::default();
         while !interrupted() {
-            let written = w.bytes();
+            let written = out.w.bytes();
             let look = match source.next(Duration::from_millis(100)) {
                 Next::Event(ev, at) => {
-                    w.event(&ev, at)?;
-                    match ev {
-                        Event::Sample(_) => samples += 1,
-                        _ => events += 1,
-                    }
-                    looks.after_event(at, w.bytes() != written)
+                    out.event(ev, at)?;
+                    looks.after_event(at, out.w.bytes() != written)
                 }
                 Next::Nothing => true,
                 Next::Closed => break,
@@ -370,17 +357,13 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
             if end.is_some_and(|t| Instant::now() >= t) {
                 break;
             }
-            w.tick()?;
-            let full = a.max_bytes.is_some_and(|m| w.bytes() >= m);
+            out.w.tick()?;
+            let full = a.max_bytes.is_some_and(|m| out.w.bytes() >= m);
             let old = a
                 .split_every
-                .is_some_and(|s| file_started.elapsed() >= Duration::from_secs_f64(s));
+                .is_some_and(|s| out.started.elapsed() >= Duration::from_secs_f64(s));
             if full || old {
-                file_no += 1;
-                let next = RecordWriter::create(&path_of(file_no), &opts)?;
-                total_bytes += std::mem::replace(&mut w, next).finish()?;
-                path = path_of(file_no);
-                file_started = Instant::now();
+                out.next_file()?;
             }
         }
         Ok(())
@@ -388,14 +371,7 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     // Events handed over before the subscriptions closed are written
     // before the file is finished (Source::close).
     if result.is_ok() {
-        source.close(|ev, at| {
-            w.event(&ev, at)?;
-            match ev {
-                Event::Sample(_) => samples += 1,
-                _ => events += 1,
-            }
-            Ok(())
-        })?;
+        source.close(|ev, at| out.event(ev, at))?;
     } else {
         source.close(|_, _| Ok(()))?;
     }
@@ -405,15 +381,121 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
         // that no reader takes it for complete; its finished chunks read.
         bail!(
             "recording stopped: {e:#}; {} holds what was written before (milonga record --recover makes a clean copy)",
-            path.display()
+            out.path.display()
         );
     }
-    total_bytes += w.finish()?;
+    let (samples, events, unrecorded, files) =
+        (out.samples, out.events, out.unrecorded, out.no + 1);
+    let total_bytes = out.finish()?;
+    let unrecorded = match unrecorded {
+        0 => String::new(),
+        n => format!(" ({n} samples could not be recorded, each recorded as lost)"),
+    };
     eprintln!(
-        "milonga record: {samples} samples and {events} events in {} file(s), {total_bytes} bytes",
-        file_no + 1
+        "milonga record: {samples} samples and {events} events in {files} file(s), {total_bytes} bytes{unrecorded}"
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The files a recorder writes: one, or a numbered series (`split`, or
+/// once a file holds 65,536 channels, MCAP's most).
+struct Files {
+    w: RecordWriter,
+    output: PathBuf,
+    opts: RecordOptions,
+    /// The file being written, its number, and when it was started.
+    path: PathBuf,
+    no: u32,
+    started: Instant,
+    /// Bytes of the files finished.
+    bytes: u64,
+    samples: u64,
+    events: u64,
+    /// Samples whose value could not be written (recorded as lost).
+    unrecorded: u64,
+}
+
+impl Files {
+    fn create(output: &Path, split: bool, opts: RecordOptions) -> Result<Files> {
+        let path = if split {
+            split_name(output, 0)
+        } else {
+            output.to_path_buf()
+        };
+        Ok(Files {
+            w: RecordWriter::create(&path, &opts)?,
+            output: output.to_path_buf(),
+            opts,
+            path,
+            no: 0,
+            started: Instant::now(),
+            bytes: 0,
+            samples: 0,
+            events: 0,
+            unrecorded: 0,
+        })
+    }
+
+    /// Finishes this file and starts the next (numbered as a split
+    /// recording's, the first file keeping its name when not split).
+    fn next_file(&mut self) -> Result<()> {
+        let path = split_name(&self.output, self.no + 1);
+        let next = RecordWriter::create(&path, &self.opts)?;
+        self.bytes += std::mem::replace(&mut self.w, next).finish()?;
+        self.no += 1;
+        self.path = path;
+        self.started = Instant::now();
+        Ok(())
+    }
+
+    /// Records one event. A sample whose value cannot be written (a
+    /// publisher's malformed compact payload) is recorded as lost and
+    /// counted, and said (the first ten, then every 1,000th), rather than
+    /// stopping the recorder; a sample of a 65,537th channel starts the
+    /// next file. Only a failed write stops it.
+    fn event(&mut self, ev: Event, at: u64) -> Result<()> {
+        let written = match self.w.event(&ev, at) {
+            Err(RecordError::Channels { .. }) => {
+                let was = self.path.clone();
+                self.next_file()?;
+                eprintln!(
+                    "milonga record: {} holds 65,536 channels (key and publisher pairs), MCAP's most: going on in {}",
+                    was.display(),
+                    self.path.display()
+                );
+                self.w.event(&ev, at)
+            }
+            other => other,
+        };
+        match (written, ev) {
+            (Ok(()), Event::Sample(_)) => self.samples += 1,
+            (Ok(()), _) => self.events += 1,
+            (Err(RecordError::Value { key, why }), Event::Sample(s)) => {
+                self.unrecorded += 1;
+                if self.unrecorded <= 10 || self.unrecorded % 1000 == 0 {
+                    eprintln!(
+                        "milonga record: sample {} of {key} by {} not recorded ({} so far), recorded as lost: {why}",
+                        s.seq, s.publisher, self.unrecorded
+                    );
+                }
+                let lost = LostSamples {
+                    publisher: s.publisher,
+                    key: s.key,
+                    count: 1,
+                    first_seq: s.seq,
+                };
+                self.w.event(&Event::Lost(lost), at)?;
+                self.events += 1;
+            }
+            (Err(e), _) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// Finishes the last file: the bytes of all of them.
+    fn finish(self) -> Result<u64> {
+        Ok(self.bytes + self.w.finish()?)
+    }
 }
 
 fn recover(damaged: &Path, output: &Path, compression: Compression) -> Result<ExitCode> {
@@ -1135,6 +1217,61 @@ mod tests {
         assert!(!looks.after_event(t + 10_999_999, false));
         assert!(looks.after_event(t + 11_000_000, false), "10 ms later");
         assert!(looks.after_event(t, false), "the clock stepped back");
+    }
+
+    /// A sample whose value cannot be written is recorded as lost, and
+    /// the recorder goes on; a sample of a 65,537th channel starts the
+    /// next file, numbered as a split recording's, with that sample in it.
+    /// Both files read whole; every sample is in one of them.
+    #[test]
+    fn a_recorder_goes_on_past_a_value_it_cannot_write_and_past_65536_channels() {
+        let dir = milonga_testkit::TempDir::new("rec-files");
+        let run = dir.path().join("run.mcap");
+        let mut out = Files::create(&run, false, RecordOptions::default()).unwrap();
+        let publisher = NodeId([3; 16]);
+        let sample = |key: String, seq: u64, value: Value| {
+            Event::Sample(milonga::Sample {
+                key,
+                value,
+                publisher,
+                seq,
+                timestamp_ns: 1,
+                encoding: milonga::wire::Encoding::Cbor,
+                schema_id: 0,
+                replayed: false,
+                compact: None,
+            })
+        };
+        // Past CBOR's integers.
+        out.event(sample("a/x".into(), 1, Value::Int(i128::MAX)), 1)
+            .unwrap();
+        out.event(sample("a/x".into(), 2, Value::Int(2)), 2)
+            .unwrap();
+        assert_eq!((out.unrecorded, out.samples, out.events), (1, 1, 1));
+        // The events' channel, a/x, then 65,536 more keys.
+        for i in 0..65_536u64 {
+            out.event(sample(format!("k/{i}"), 1, Value::Int(1)), 3)
+                .unwrap();
+        }
+        assert_eq!(out.no, 1, "one new file");
+        assert_eq!(out.path, dir.path().join("run-0001.mcap"));
+        out.finish().unwrap();
+        let mut keys = std::collections::BTreeSet::new();
+        let mut lost = Vec::new();
+        for f in [run.clone(), dir.path().join("run-0001.mcap")] {
+            let mut r = RecordReader::open(&f).unwrap();
+            for e in r.by_ref() {
+                match e.unwrap() {
+                    Entry::Sample(s, _) => assert!(keys.insert((s.key, s.seq))),
+                    Entry::Event(Event::Lost(l), _) => lost.push((l.key, l.first_seq, l.count)),
+                    Entry::Event(..) => {}
+                }
+            }
+            assert!(r.complete(), "{}: {}", f.display(), r.skipped());
+        }
+        assert_eq!(keys.len(), 1 + 65_536);
+        assert!(keys.contains(&("a/x".to_owned(), 2)) && !keys.contains(&("a/x".to_owned(), 1)));
+        assert_eq!(lost, [("a/x".to_owned(), 1, 1)]);
     }
 
     /// Chunks are an eighth of `--max-bytes`, within 4 KiB and 1 MiB.

@@ -125,6 +125,14 @@ pub enum RecordError {
         /// Why.
         why: String,
     },
+    /// The recording holds 65,536 channels (key and publisher pairs),
+    /// MCAP's most: a sample of a new one cannot go in this file (a
+    /// recorder goes on in a new file).
+    #[error("a sample of {key} cannot be recorded: the recording holds 65,536 channels (key and publisher pairs), MCAP's most")]
+    Channels {
+        /// The sample's key.
+        key: String,
+    },
     /// A sample's value cannot be written as CBOR.
     #[error("a value of {key} cannot be recorded: {why}")]
     Value {

@@ -254,10 +254,8 @@ impl RecordWriter {
         encoding: &str,
         metadata: BTreeMap<String, String>,
     ) -> Result<u16, RecordError> {
-        let id = u16::try_from(self.channel_records.len()).map_err(|_| RecordError::Value {
+        let id = u16::try_from(self.channel_records.len()).map_err(|_| RecordError::Channels {
             key: topic.to_owned(),
-            why: "the recording holds 65,536 channels (key and publisher pairs), MCAP's most"
-                .into(),
         })?;
         let channel = records::Channel {
             id,
