@@ -593,7 +593,7 @@ fn a_replay_passes_a_recorded_publisher_loss_on_to_its_subscribers() {
     let replay = Proc::spawn(replay);
     // Per key: (publisher, value) in order; the publishers told lost.
     let mut seen: std::collections::BTreeMap<String, Vec<(NodeId, f64)>> = Default::default();
-    let (mut lost, mut b_seen_at_loss) = (Vec::new(), Vec::new());
+    let mut lost = Vec::new();
     let end = std::time::Instant::now() + T;
     while seen.values().map(Vec::len).sum::<usize>() < 12 || lost.is_empty() {
         assert!(std::time::Instant::now() < end, "{seen:?} {lost:?}");
@@ -602,13 +602,7 @@ fn a_replay_passes_a_recorded_publisher_loss_on_to_its_subscribers() {
                 .entry(s.key.clone())
                 .or_default()
                 .push((s.publisher, s.value.as_f64().unwrap())),
-            // With the number of rp/b samples seen before it: the replay
-            // closes its nodes when it ends, which may be told before the
-            // loop stops.
-            Ok(Event::PublisherLost(l)) => {
-                lost.push(l.publisher);
-                b_seen_at_loss.push(seen.get("rp/b").map_or(0, Vec::len));
-            }
+            Ok(Event::PublisherLost(l)) => lost.push(l.publisher),
             Ok(_) => {}
             Err(e) => panic!("{seen:?} {lost:?}: {e}"),
         }
@@ -626,12 +620,12 @@ fn a_replay_passes_a_recorded_publisher_loss_on_to_its_subscribers() {
     assert!(a[..3].iter().all(|x| x.0 == a1) && a[3..].iter().all(|x| x.0 == a2));
     assert!(b.iter().all(|x| x.0 == b1));
     assert!(a1 != a2 && a1 != b1 && a2 != b1, "{a:?} {b:?}");
-    // The first rp/a node was told gone; the stream of rp/b was not, before
-    // its end.
+    // The first rp/a node was told gone. The rp/b node was not closed
+    // with it: all six of its samples came from one node. (It closes when
+    // the replay ends, and its goodbye may be told before its last samples
+    // arrive, docs/protocol.md "Closing": a `PublisherLost` of it is no
+    // sign of a wrong close, so the test does not look at one.)
     assert!(lost.contains(&a1), "{lost:?}");
-    for (l, b_seen) in lost.iter().zip(&b_seen_at_loss) {
-        assert!(*l != b1 || *b_seen == 6, "{lost:?} {b_seen_at_loss:?}");
-    }
 }
 
 /// `record --last N` starts with the samples publishers keep (here the

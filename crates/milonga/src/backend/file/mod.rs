@@ -890,8 +890,14 @@ impl RecordReader {
                 }
                 Some(Err(e)) => {
                     if !self.st.seen_header {
-                        self.finished = true;
-                        return Err(format_err(&self.path, e));
+                        if matches!(e, mcap::McapError::BadMagic) {
+                            self.finished = true;
+                            return Err(format_err(&self.path, e));
+                        }
+                        if !self.no_header(e.to_string())? {
+                            return Ok(None);
+                        }
+                        continue;
                     }
                     // Cut short (whatever came last was read whole), or
                     // the framing damaged: a length that runs past the
@@ -917,6 +923,12 @@ impl RecordReader {
                 }
                 LinearReadEvent::Record { opcode, data } => (opcode, data),
             };
+            if opcode == mcap::records::op::CHUNK && !self.st.seen_header {
+                if !self.no_header("its first record is a chunk, not a header".into())? {
+                    return Ok(None);
+                }
+                continue;
+            }
             if opcode == mcap::records::op::CHUNK {
                 self.chunks_seen = true;
                 match open_chunk(data, self.st.only_chunked, &mut self.zstd) {
@@ -943,8 +955,10 @@ impl RecordReader {
             let record = match mcap::parse_record(opcode, data) {
                 Ok(r) => r,
                 Err(e) if !self.st.seen_header => {
-                    self.finished = true;
-                    return Err(format_err(&self.path, e));
+                    if !self.no_header(e.to_string())? {
+                        return Ok(None);
+                    }
+                    continue;
                 }
                 Err(e) => {
                     if !self.lost_the_way(e.to_string())? {
@@ -989,8 +1003,9 @@ impl RecordReader {
                 }
                 Ok(None) => {}
                 Err(why) => {
-                    self.finished = true;
-                    return Err(format_err(&self.path, why));
+                    if !self.no_header(why.into())? {
+                        return Ok(None);
+                    }
                 }
             }
         }
@@ -1072,6 +1087,20 @@ impl RecordReader {
             }
             _ => true,
         }
+    }
+
+    /// The file's first record is not a header that parses (`why`): not
+    /// a recording (an error), unless a finished file's summary (its CRC
+    /// matching) says where its chunks are: then the header's damage is
+    /// said and the read goes on by the summary. Whether it goes on.
+    fn no_header(&mut self, why: String) -> Result<bool, RecordError> {
+        let replaced = self.load_summary();
+        if replaced || self.summary.is_none() {
+            self.finished = true;
+            return Err(format_err(&self.path, why));
+        }
+        self.st.seen_header = true;
+        self.lost_the_way(format!("its header record is damaged: {why}"))
     }
 
     /// The framing is damaged (`why`): no record boundary can be trusted
@@ -2101,6 +2130,49 @@ mod tests {
         std::fs::write(&p, &no_header).unwrap();
         let err = RecordReader::open(&p).unwrap().next_entry().unwrap_err();
         assert!(err.to_string().contains("header"), "{err}");
+    }
+
+    /// A finished file whose header record is damaged (its length, its
+    /// opcode) is read by its summary's chunk index: every sample, the
+    /// damage said, never complete.
+    #[test]
+    fn a_damaged_header_in_a_finished_file_is_passed_by_the_index() {
+        let dir = milonga_testkit::TempDir::new("rec-badhdr");
+        let good = dir.path().join("good.mcap");
+        write(&good, Compression::Zstd, 300);
+        let b = std::fs::read(&good).unwrap();
+        let p = dir.path().join("badhdr.mcap");
+        for (what, at, change) in [("length", 9, 0x03u8), ("opcode", 8, 0x40)] {
+            let mut d = b.clone();
+            d[at] ^= change;
+            std::fs::write(&p, &d).unwrap();
+            let mut r = RecordReader::open(&p).unwrap();
+            let (seqs, _) = seqs_and_losses(&mut r);
+            let case = format!("{what}: {:?}, {}", r.damage(), r.skipped());
+            assert_eq!(seqs, (1..=300).collect::<Vec<_>>(), "{case}");
+            // Said as the header's damage, or (a header that still
+            // parses, shorter) as what follows it not parsing.
+            let damage = r.damage().unwrap();
+            assert!(
+                damage.contains("header") || damage.contains("framing"),
+                "{case}"
+            );
+            assert!(!r.complete(), "{case}");
+            // Without its summary, the same file is not a recording (its
+            // header unreadable), or is read as cut short at the damage.
+            let data_end = first_record(&b, 0x0F);
+            std::fs::write(&p, &d[..data_end]).unwrap();
+            let mut r = RecordReader::open(&p).unwrap();
+            match r.next_entry() {
+                Err(e) => assert!(e.to_string().contains("header"), "{what}: {e}"),
+                Ok(first) => {
+                    assert!(
+                        first.is_none() && r.truncated().is_some(),
+                        "{what}: {first:?}"
+                    );
+                }
+            }
+        }
     }
 
     /// A channel whose topic is not a Milonga key (`**`, 100 KiB long),
