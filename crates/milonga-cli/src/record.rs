@@ -198,11 +198,68 @@ enum Source {
     /// disk slower than the stream holds the dispatchers, so a reliable
     /// subscription holds its publishers back and a best-effort one
     /// reports what it loses (recorded as `lost` events), as a single
-    /// subscription's own queue does.
+    /// subscription's own queue does. Expressions may overlap: an event
+    /// of a key comes only through the first expression that matches it,
+    /// and a node's events that several subscriptions tell are recorded
+    /// once ([`NodeEvents`]).
     Many(
         Vec<milonga::Subscriber>,
         crossbeam_channel::Receiver<(Event, u64)>,
+        NodeEvents,
     ),
+}
+
+/// The key an event is about, if it is about one.
+fn key_of(ev: &Event) -> Option<&str> {
+    match ev {
+        Event::Sample(s) => Some(&s.key),
+        Event::Lost(l) => Some(&l.key),
+        Event::DeadlineMissed(d) => Some(&d.key),
+        Event::IncompatibleQos(q) => Some(&q.key),
+        _ => None,
+    }
+}
+
+/// What several subscriptions tell of the nodes they read, recorded once:
+/// a publisher's liveliness as its changes (alive, lost, alive again),
+/// and another event of a node (a refusal, a broker change) once when
+/// several subscriptions tell it within a second.
+#[derive(Default)]
+struct NodeEvents {
+    /// Each publisher told alive (`true`) or lost, at most 65,536 (then
+    /// forgotten, and told again).
+    alive: std::collections::HashMap<NodeId, bool>,
+    /// Other events recorded in the last second (at most 256).
+    recent: std::collections::VecDeque<(Event, u64)>,
+}
+
+impl NodeEvents {
+    /// Whether `ev`, received at `at`, is to be recorded.
+    fn is_new(&mut self, ev: &Event, at: u64) -> bool {
+        let mut changed = |publisher: NodeId, alive: bool| {
+            if self.alive.len() >= 1 << 16 {
+                self.alive.clear();
+            }
+            self.alive.insert(publisher, alive) != Some(alive)
+        };
+        match ev {
+            Event::PublisherAlive(a) => changed(a.publisher, true),
+            Event::PublisherLost(l) => changed(l.publisher, false),
+            Event::PermissionDenied(_) | Event::BrokerChanged(_) => {
+                while self.recent.front().is_some_and(|(_, t)| {
+                    at.abs_diff(*t) > 1_000_000_000 || self.recent.len() >= 256
+                }) {
+                    self.recent.pop_front();
+                }
+                if self.recent.iter().any(|(e, _)| e == ev) {
+                    return false;
+                }
+                self.recent.push_back((ev.clone(), at));
+                true
+            }
+            _ => true,
+        }
+    }
 }
 
 /// What [`Source::next`] found.
@@ -233,13 +290,19 @@ impl Source {
         }
         let (tx, rx) = crossbeam_channel::bounded::<(Event, u64)>(queue);
         let mut subs = Vec::new();
-        for e in exprs {
+        for (i, e) in exprs.iter().enumerate() {
             let tx = tx.clone();
+            // The expressions before this one: a key one of them matches
+            // is recorded through it.
+            let before = exprs[..i].to_vec();
             subs.push(node.subscribe_callback(e.as_str(), qos.clone(), move |ev| {
+                if key_of(&ev).is_some_and(|k| before.iter().any(|b| b.matches(k))) {
+                    return;
+                }
                 let _ = tx.send((ev, now_ns()));
             })?);
         }
-        Ok(Source::Many(subs, rx))
+        Ok(Source::Many(subs, rx, NodeEvents::default()))
     }
 
     /// The next event, waiting up to `timeout`.
@@ -252,10 +315,11 @@ impl Source {
                 Err(milonga::RecvError::Timeout | milonga::RecvError::Empty) => Next::Nothing,
                 Err(_) => Next::Closed,
             },
-            Source::Many(_, rx) => {
+            Source::Many(_, rx, told) => {
                 match rx.recv_timeout(timeout).map_err(|e| e.is_disconnected()) {
-                    Ok((ev, at)) => Next::Event(ev, at),
-                    Err(false) => Next::Nothing,
+                    Ok((ev, at)) if told.is_new(&ev, at) => Next::Event(ev, at),
+                    // Told already by another subscription.
+                    Ok(_) | Err(false) => Next::Nothing,
                     Err(true) => Next::Closed,
                 }
             }
@@ -269,18 +333,19 @@ impl Source {
     /// subscription's queue holds what arrived after the last event the
     /// loop took: not written, as a sample published after the stop.
     fn close(self, mut write: impl FnMut(Event, u64) -> Result<()>) -> Result<()> {
-        let (subs, rx) = match self {
+        let (subs, rx, mut told) = match self {
             Source::One(sub) => {
                 drop(sub);
                 return Ok(());
             }
-            Source::Many(subs, rx) => (subs, rx),
+            Source::Many(subs, rx, told) => (subs, rx, told),
         };
         let closing = std::thread::spawn(move || drop(subs));
         let mut result = Ok(());
         while result.is_ok() {
             match rx.recv_timeout(Duration::from_millis(10)) {
-                Ok((ev, at)) => result = write(ev, at),
+                Ok((ev, at)) if told.is_new(&ev, at) => result = write(ev, at),
+                Ok(_) => {}
                 // Every callback (and its sender) is gone.
                 Err(e) if e.is_disconnected() => break,
                 Err(_) if closing.is_finished() && rx.is_empty() => break,
@@ -1300,7 +1365,7 @@ mod tests {
         let (p, r) = (open("p"), open("r"));
         let exprs = [KeyExpr::new("rc/a").unwrap(), KeyExpr::new("rc/b").unwrap()];
         let source = Source::subscribe_with_queue(&r, &exprs, SubscriberQos::default(), 4).unwrap();
-        let Source::Many(_, rx) = &source else {
+        let Source::Many(_, rx, _) = &source else {
             panic!("two expressions are merged");
         };
         let rx = rx.clone();

@@ -90,9 +90,10 @@ fn a_recording_holds_every_sample_once_and_replays_into_a_subscriber() {
     let file = env.dir.path().join("run.mcap");
     let pa = env.spawn(&["pub", "rr/a", "{\"v\": [1.5, 2]}", "--rate", "200"]);
     let pb = env.spawn(&["pub", "rr/b", "\"text\"", "--rate", "50"]);
-    // Two expressions: the recorder merges two subscriptions (one is read
-    // directly; the other tests do that).
-    let mut rec = env.cmd(&["record", "rr/a", "rr/b", "--duration", "2", "-o"]);
+    // Two expressions that overlap (rr/a matches both): the recorder
+    // merges two subscriptions (one is read directly; the other tests do
+    // that), and records each sample and each publisher's liveliness once.
+    let mut rec = env.cmd(&["record", "rr/a", "rr/*", "--duration", "2", "-o"]);
     rec.arg(&file);
     let out = rec.output().unwrap();
     assert!(out.status.success(), "record: {out:?}");
@@ -114,6 +115,12 @@ fn a_recording_holds_every_sample_once_and_replays_into_a_subscriber() {
     assert!(samples
         .iter()
         .any(|s| s.0 == "rr/a" && s.2 == serde_json::json!({"v": [1.5, 2]})));
+    let alive: Vec<Json> = cat_lines(&env, &file)
+        .into_iter()
+        .filter(|j| j["event"] == "publisher_alive")
+        .map(|j| j["publisher"].clone())
+        .collect();
+    assert_eq!(alive.len(), 2, "each publisher told alive once: {alive:?}");
     // The live publishers go; the replay, as fast as a reliable
     // subscriber takes it, gives the same samples in the same order, with
     // their original timestamps and the replayed flag.

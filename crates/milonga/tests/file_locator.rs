@@ -124,6 +124,36 @@ fn a_node_appends_to_an_existing_recording() {
     assert!(!dir.path().join("run.mcap.milonga-tmp").exists());
 }
 
+/// Two nodes appending to one recording at once would each replace the
+/// other's copy (one's samples lost, its puts all `Ok`): the second is
+/// refused while the first writes, and its puts go through once the
+/// first has closed; both nodes' samples are in the file.
+#[test]
+fn a_second_node_appending_at_once_waits_for_the_first() {
+    let dir = TempDir::new("file-append2");
+    let path = dir.path().join("run.mcap");
+    let first = node(&path, "max").unwrap();
+    first.publisher("f/a").unwrap().put(0u64).unwrap();
+    first.close();
+    let (a, b) = (node(&path, "max").unwrap(), node(&path, "max").unwrap());
+    let (pa, pb) = (a.publisher("f/a").unwrap(), b.publisher("f/b").unwrap());
+    pa.put(1u64).unwrap();
+    let refused = pb.put(2u64).unwrap_err().to_string();
+    assert!(refused.contains("another node writes it"), "{refused}");
+    pa.put(3u64).unwrap();
+    drop(pa);
+    a.close();
+    pb.put(4u64).unwrap();
+    drop(pb);
+    b.close();
+    let keys: Vec<(String, f64)> = samples(&path)
+        .into_iter()
+        .map(|s| (s.key, s.value.as_f64().unwrap()))
+        .collect();
+    let want = [("f/a", 0.0), ("f/a", 1.0), ("f/a", 3.0), ("f/b", 4.0)];
+    assert_eq!(keys, want.map(|(k, v)| (k.to_owned(), v)));
+}
+
 /// A node appends to a recording by copying it and putting the copy in
 /// its place: never to one the copy would not hold whole (cut short, or
 /// with what is not Milonga's), which is left as it is, the put refused

@@ -17,6 +17,7 @@
 //! copy over `PATH` when the node closes (so that the original stays whole
 //! until then); a new file is written in place.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,6 +55,10 @@ enum Sink {
         writer: Box<RecordWriter>,
         /// Appending: the copy being written, renamed over `path` at close.
         tmp: Option<PathBuf>,
+        /// The recording, locked (`flock`) while this node writes it: a
+        /// second node appending at once is refused rather than each
+        /// replacing the other's copy.
+        _lock: File,
     },
     /// Appending was refused (the reason): every later put says it,
     /// without copying the recording again.
@@ -83,9 +88,15 @@ impl FileNode {
             .insert("started_ns".into(), now_ns().to_string());
         if !self.path.exists() {
             let writer = Box::new(RecordWriter::create(&self.path, &opts)?);
-            return Ok(Sink::Writing { writer, tmp: None });
+            let lock = self.lock()?;
+            return Ok(Sink::Writing {
+                writer,
+                tmp: None,
+                _lock: lock,
+            });
         }
         // Appending: the recording so far, copied into a new file.
+        let lock = self.lock()?;
         let tmp = tmp_path(&self.path);
         let _ = std::fs::remove_file(&tmp);
         let mut reader = RecordReader::open(&self.path)?;
@@ -126,7 +137,37 @@ impl FileNode {
         Ok(Sink::Writing {
             writer: Box::new(writer),
             tmp: Some(tmp),
+            _lock: lock,
         })
+    }
+
+    /// The recording at `path`, locked for this node: refused if another
+    /// node (here or in another process) writes it now. Locked, the file
+    /// must still be the one at `path` (an appender that finished meanwhile
+    /// put its copy there): else the new one is locked.
+    fn lock(&self) -> Result<File, RecordError> {
+        let io = |source| RecordError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        loop {
+            let f = File::open(&self.path).map_err(io)?;
+            // Not cached as a refusal: a later put tries again.
+            if !crate::util::sys::try_lock(&f).map_err(io)? {
+                return Err(io(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    "another node writes it now (a put tries again)",
+                )));
+            }
+            use std::os::unix::fs::MetadataExt;
+            let (locked, now) = (
+                f.metadata().map_err(io)?,
+                std::fs::metadata(&self.path).map_err(io)?,
+            );
+            if (locked.dev(), locked.ino()) == (now.dev(), now.ino()) {
+                return Ok(f);
+            }
+        }
     }
 
     /// Leaves out the next `n` sequence numbers of a publisher
@@ -191,7 +232,7 @@ impl FileNode {
     /// Idempotent; a failure is logged, the file then left as it is.
     pub(crate) fn close(&self) {
         let sink = std::mem::replace(&mut *lock(&self.sink), Sink::Closed);
-        if let Sink::Writing { writer, tmp } = sink {
+        if let Sink::Writing { writer, tmp, .. } = sink {
             let done = writer.finish().and_then(|_| match &tmp {
                 Some(t) => std::fs::rename(t, &self.path).map_err(|source| RecordError::Io {
                     path: self.path.clone(),

@@ -24,6 +24,24 @@ pub(crate) fn pid_exists(pid: u32) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Takes an exclusive advisory lock (`flock`) on `f` without waiting:
+/// `false` if another open file description holds one. Released when `f`
+/// (every descriptor of it) is closed.
+pub(crate) fn try_lock(f: &std::fs::File) -> std::io::Result<bool> {
+    // SAFETY: flock takes a descriptor `f` owns and open for its lifetime,
+    // and no memory.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
 /// Most processes a [`Pidfds`] holds a descriptor of; the others are
 /// checked with `kill(pid, 0)`.
 pub(crate) const MAX_PIDFDS: usize = 64;
