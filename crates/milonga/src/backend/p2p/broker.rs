@@ -2054,21 +2054,18 @@ impl Domain {
         if self.dirty {
             self.dirty = false;
             self.view_version += 1;
-            let mut v = b"[".to_vec();
             // A client is told as it attached, not as another broker of
-            // this host announces it.
-            let all = self
-                .others
-                .values()
-                .filter(|a| !self.clients.contains_key(&a.node_id))
-                .chain(self.clients.values().map(|c| &c.announcement));
-            for (i, a) in all.enumerate() {
-                if i > 0 {
-                    v.push(b',');
-                }
-                v.extend_from_slice(&a.to_json());
+            // this host announces it. Its clients first: a flood of
+            // registered or host nodes cannot push them out.
+            let all = self.clients.values().map(|c| &c.announcement).chain(
+                self.others
+                    .values()
+                    .filter(|a| !self.clients.contains_key(&a.node_id)),
+            );
+            let (v, left_out) = view_of(all, VIEW_LIMIT);
+            if left_out > 0 {
+                limited!(warn, left_out, limit = VIEW_LIMIT, "the view sent to this broker's clients leaves nodes out: it would pass its limit (clients take messages of at most 64 MiB)");
             }
-            v.push(b']');
             self.view = v;
         }
         (self.view_version, &self.view)
@@ -3188,6 +3185,31 @@ fn send_all_checked(sock: &zmq::Socket, frames: Vec<zmq::Message>) -> bool {
     true
 }
 
+/// Most bytes of the view a broker sends its clients: under the 64 MiB a
+/// client takes in one message (docs/broker.md "Limits").
+const VIEW_LIMIT: usize = 60 << 20;
+
+/// The view sent to clients, a JSON array of `anns` in that order, as many
+/// as fit in `limit` bytes; and how many were left out.
+fn view_of<'a>(anns: impl Iterator<Item = &'a Announcement>, limit: usize) -> (Vec<u8>, usize) {
+    let mut v = b"[".to_vec();
+    let mut left_out = 0;
+    for a in anns {
+        let json = a.to_json();
+        // The comma before it and the closing bracket.
+        if v.len() + json.len() + 2 > limit {
+            left_out += 1;
+            continue;
+        }
+        if v.len() > 1 {
+            v.push(b',');
+        }
+        v.extend_from_slice(&json);
+    }
+    v.push(b']');
+    (v, left_out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -3201,6 +3223,26 @@ mod tests {
             bytes,
             frames: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_view_never_passes_its_limit_and_says_what_it_left_out() {
+        use crate::engine::routes::test_announcement;
+        let anns: Vec<_> = (1..=10u8).map(|n| test_announcement(n, 1, &[])).collect();
+        let (all, none) = view_of(anns.iter(), usize::MAX);
+        assert_eq!(none, 0);
+        let parsed: serde_json::Value = serde_json::from_slice(&all).unwrap();
+        assert_eq!(parsed.as_array().unwrap().len(), 10);
+        // Room for about four: the first four in, the rest counted.
+        let one = anns[0].to_json().len() + 1;
+        let (some, left_out) = view_of(anns.iter(), 4 * one + 2);
+        assert!(some.len() <= 4 * one + 2);
+        let parsed: serde_json::Value = serde_json::from_slice(&some).unwrap();
+        let kept = parsed.as_array().unwrap().len();
+        assert_eq!((kept, left_out), (4, 6));
+        assert_eq!(parsed[0]["node_id"], serde_json::json!(anns[0].node_id));
+        let (empty, left_out) = view_of(anns.iter(), 3);
+        assert_eq!((&empty[..], left_out), (&b"[]"[..], 10));
     }
 
     #[test]
