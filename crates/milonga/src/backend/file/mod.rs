@@ -39,6 +39,12 @@ pub const META_ENCODING: &str = "milonga.encoding";
 /// Channel metadata, present when the publisher republished a recording
 /// (`Sample::replayed`): `true`.
 pub const META_REPLAYED: &str = "milonga.replayed";
+/// Channel metadata, present when the channel's first sequence number is
+/// past 2^32: its high 32 bits (decimal). MCAP keeps a message's low 32
+/// bits; a reader extends them from there, each after the one before. A
+/// publisher's numbers that would not read back that way (a jump of 2^31
+/// or more, or back past one) start a new channel for the key.
+pub const META_SEQ_HIGH: &str = "milonga.seq_high";
 /// The name of the metadata record that describes the recording.
 pub const METADATA_NAME: &str = "milonga";
 /// The longest record a reader accepts (a sample is at most
@@ -473,6 +479,9 @@ enum Channel {
         replayed: bool,
         /// The last sequence number read, extended to 64 bits.
         last_seq: u64,
+        /// The high bits of its first ([`META_SEQ_HIGH`]), where the
+        /// extension starts.
+        base: u64,
         /// Damaged chunks skipped before its last sample was read.
         damage_seen: u64,
     },
@@ -499,6 +508,10 @@ impl Channel {
                 encoding: encoding_of(metadata.get(META_ENCODING).map_or("cbor", String::as_str)),
                 replayed: metadata.get(META_REPLAYED).is_some_and(|v| v == "true"),
                 last_seq: 0,
+                base: metadata
+                    .get(META_SEQ_HIGH)
+                    .and_then(|h| h.parse::<u32>().ok())
+                    .map_or(0, |h| u64::from(h) << 32),
                 damage_seen: 0,
             },
             None => Channel::Foreign,
@@ -516,6 +529,7 @@ impl Channel {
                     publisher,
                     encoding,
                     replayed,
+                    base,
                     ..
                 },
                 Channel::Samples {
@@ -523,9 +537,10 @@ impl Channel {
                     publisher: p,
                     encoding: e,
                     replayed: r,
+                    base: b,
                     ..
                 },
-            ) => key == k && publisher == p && encoding == e && replayed == r,
+            ) => key == k && publisher == p && encoding == e && replayed == r && base == b,
             _ => false,
         }
     }
@@ -1304,7 +1319,7 @@ impl ReadState {
             Record::Channel(c) => {
                 // What Milonga's channels do not hold (a schema, other
                 // metadata) is not kept by a copy: counted.
-                let known = [META_PUBLISHER, META_ENCODING, META_REPLAYED];
+                let known = [META_PUBLISHER, META_ENCODING, META_REPLAYED, META_SEQ_HIGH];
                 let extra =
                     c.schema_id != 0 || c.metadata.keys().any(|k| !known.contains(&k.as_str()));
                 if extra && !self.in_summary {
@@ -1340,6 +1355,7 @@ impl ReadState {
                         encoding,
                         replayed,
                         last_seq,
+                        base,
                         damage_seen,
                     }) => {
                         let data = view.unwrap_or_else(|| Bytes::copy_from_slice(&data));
@@ -1350,7 +1366,8 @@ impl ReadState {
                                 return Ok(None);
                             }
                         };
-                        let seq = extend_seq(*last_seq, header.sequence);
+                        let from = if *last_seq == 0 { *base } else { *last_seq };
+                        let seq = extend_seq(from, header.sequence);
                         // The samples a damaged chunk held are lost: said
                         // as a loss where the gap shows, as a live
                         // subscription says it (a key's first sample
@@ -1444,7 +1461,7 @@ mod tests {
             value,
             publisher: NodeId([7; 16]),
             seq,
-            timestamp_ns: 1_000 + seq,
+            timestamp_ns: seq.wrapping_add(1_000),
             encoding: Encoding::Cbor,
             schema_id: 0,
             replayed: false,
@@ -2130,6 +2147,56 @@ mod tests {
         std::fs::write(&p, &no_header).unwrap();
         let err = RecordReader::open(&p).unwrap().next_entry().unwrap_err();
         assert!(err.to_string().contains("header"), "{err}");
+    }
+
+    /// Sequence numbers come back as written, whatever they are: past
+    /// 2^32 from the first, jumping by 2^31 and more, going back (a
+    /// restarted publisher, a forged frame): MCAP keeps their low 32 bits,
+    /// and a number that would not read back from them starts a new
+    /// channel for the key that says its high bits.
+    #[test]
+    fn sequence_numbers_read_back_as_written_whatever_their_jumps() {
+        let dir = milonga_testkit::TempDir::new("rec-seqs");
+        let p = dir.path().join("seqs.mcap");
+        let seqs = [
+            (1u64 << 33) + 5,
+            (1 << 33) + 6,
+            1,
+            2,
+            3,
+            (1 << 31) + 13,
+            4,
+            5,
+            u64::MAX - 1,
+            u64::MAX,
+            7,
+        ];
+        let mut w = RecordWriter::create(&p, &RecordOptions::default()).unwrap();
+        for (i, &seq) in seqs.iter().enumerate() {
+            let v = milonga_wire::Value::from(format!("value {seq}"));
+            w.sample(&sample("a/b", seq, v), 5_000 + i as u64).unwrap();
+        }
+        w.finish().unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        let got: Vec<u64> = r
+            .by_ref()
+            .filter_map(|e| match e.unwrap() {
+                Entry::Sample(s, _) => {
+                    assert_eq!(
+                        s.value,
+                        milonga_wire::Value::from(format!("value {}", s.seq))
+                    );
+                    Some(s.seq)
+                }
+                Entry::Event(..) => None,
+            })
+            .collect();
+        assert_eq!(got, seqs);
+        assert!(r.complete() && r.skipped().is_empty(), "{}", r.skipped());
+        // The mcap crate reads it too (one channel a run of numbers).
+        let bytes = std::fs::read(&p).unwrap();
+        let n = mcap::MessageStream::new(&bytes).unwrap().count();
+        assert_eq!(n, seqs.len());
     }
 
     /// A finished file whose header record is damaged (its length, its

@@ -26,8 +26,8 @@ use milonga_wire::cbor::encode_cbor;
 use milonga_wire::{NodeId, Value};
 
 use super::{
-    encoding_name, status_json, Compression, RecordError, RecordOptions, EVENTS_TOPIC,
-    METADATA_NAME, META_ENCODING, META_PUBLISHER, META_REPLAYED,
+    encoding_name, extend_seq, status_json, Compression, RecordError, RecordOptions, EVENTS_TOPIC,
+    METADATA_NAME, META_ENCODING, META_PUBLISHER, META_REPLAYED, META_SEQ_HIGH,
 };
 use crate::model::sample::{Event, Sample};
 
@@ -77,6 +77,10 @@ pub struct RecordWriter {
     channel_records: Vec<records::Channel>,
     /// Messages per channel id.
     counts: Vec<u64>,
+    /// Per channel id, the last sequence number written (its base, the
+    /// high bits of its first, before any): where a reader extends the
+    /// next one's low 32 bits from.
+    seqs: Vec<u64>,
     events: u16,
     messages: u64,
     times: Option<(u64, u64)>,
@@ -153,6 +157,7 @@ impl RecordWriter {
             last: None,
             channel_records: Vec::new(),
             counts: Vec::new(),
+            seqs: Vec::new(),
             events: 0,
             messages: 0,
             times: None,
@@ -186,7 +191,7 @@ impl RecordWriter {
             name: METADATA_NAME.into(),
         });
         w.write(&head)?;
-        w.events = w.add_channel(EVENTS_TOPIC, "json", BTreeMap::new())?;
+        w.events = w.add_channel(EVENTS_TOPIC, "json", BTreeMap::new(), 0)?;
         Ok(w)
     }
 
@@ -253,6 +258,7 @@ impl RecordWriter {
         topic: &str,
         encoding: &str,
         metadata: BTreeMap<String, String>,
+        base: u64,
     ) -> Result<u16, RecordError> {
         let id = u16::try_from(self.channel_records.len()).map_err(|_| RecordError::Channels {
             key: topic.to_owned(),
@@ -267,13 +273,22 @@ impl RecordWriter {
         put_record(&mut self.chunk, op::CHANNEL, &channel);
         self.channel_records.push(channel);
         self.counts.push(0);
+        self.seqs.push(base);
         self.index.push(Vec::new());
         Ok(id)
     }
 
+    /// The channel a sample goes in: its publisher's and key's. A reader
+    /// reads a channel's numbers back from their low 32 bits, each after
+    /// the one before ([`extend_seq`]): a number that would not read back
+    /// as itself (its first past 2^32, a jump of 2^31 or more, or back
+    /// past one) starts a new channel for the key, whose metadata holds
+    /// that number's high 32 bits ([`META_SEQ_HIGH`]).
     fn channel_of(&mut self, s: &Sample) -> Result<u16, RecordError> {
+        let reads_back = |c: u16| extend_seq(self.seqs[c as usize], s.seq as u32) == s.seq;
+        // A stream of one key: the last sample's channel, nothing else.
         if let Some((p, k, c)) = &self.last {
-            if *p == s.publisher && *k == s.key {
+            if *p == s.publisher && *k == s.key && reads_back(*c) {
                 return Ok(*c);
             }
         }
@@ -283,8 +298,8 @@ impl RecordWriter {
             .and_then(|keys| keys.get(s.key.as_str()))
             .copied();
         let c = match known {
-            Some(c) => c,
-            None => {
+            Some(c) if reads_back(c) => c,
+            _ => {
                 let mut meta = BTreeMap::new();
                 meta.insert(META_PUBLISHER.to_owned(), s.publisher.to_hex());
                 meta.insert(
@@ -294,7 +309,11 @@ impl RecordWriter {
                 if s.replayed {
                     meta.insert(META_REPLAYED.to_owned(), "true".to_owned());
                 }
-                let c = self.add_channel(&s.key, "cbor", meta)?;
+                let high = s.seq >> 32;
+                if high != 0 {
+                    meta.insert(META_SEQ_HIGH.to_owned(), high.to_string());
+                }
+                let c = self.add_channel(&s.key, "cbor", meta, high << 32)?;
                 self.channels
                     .entry(s.publisher)
                     .or_default()
@@ -376,7 +395,7 @@ impl RecordWriter {
             _ => &s.value,
         };
         // MCAP's sequence is 32 bits: the reader extends it again.
-        self.message(channel, s.seq as u32, received_ns, s.timestamp_ns, |buf| {
+        let written = self.message(channel, s.seq as u32, received_ns, s.timestamp_ns, |buf| {
             match value {
                 // Raw samples, the common case of a flood: a byte string's
                 // head and its bytes, without an encoder.
@@ -387,11 +406,13 @@ impl RecordWriter {
                 }
                 v => encode_cbor(v, buf),
             }
-        })?
-        .map_err(|e| RecordError::Value {
+        })?;
+        written.map_err(|e| RecordError::Value {
             key: s.key.clone(),
             why: e.to_string(),
-        })
+        })?;
+        self.seqs[channel as usize] = s.seq;
+        Ok(())
     }
 
     /// Records an event received at `received_ns`: a sample as
