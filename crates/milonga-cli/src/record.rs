@@ -198,15 +198,74 @@ enum Source {
     /// disk slower than the stream holds the dispatchers, so a reliable
     /// subscription holds its publishers back and a best-effort one
     /// reports what it loses (recorded as `lost` events), as a single
-    /// subscription's own queue does. Expressions may overlap: an event
-    /// of a key comes only through the first expression that matches it,
-    /// and a node's events that several subscriptions tell are recorded
-    /// once ([`NodeEvents`]).
+    /// subscription's own queue does. Expressions may overlap: what
+    /// several subscriptions tell (a sample of a key both match, a loss,
+    /// a node's events) is recorded once ([`NodeEvents`]). The flag says
+    /// whether another expression matches the event's key.
     Many(
         Vec<milonga::Subscriber>,
-        crossbeam_channel::Receiver<(Event, u64)>,
+        crossbeam_channel::Receiver<(Event, u64, bool)>,
         NodeEvents,
     ),
+}
+
+/// The sequence numbers recorded lately of a key several expressions
+/// match: a window of the last 1,024 up to the highest (a copy that comes
+/// later than that through the slower subscription is recorded again, a
+/// duplicate rather than a loss).
+struct Window {
+    high: u64,
+    bits: [u64; 16],
+}
+
+impl Window {
+    const SIZE: u64 = 1024;
+
+    fn new(seq: u64) -> Window {
+        let mut w = Window {
+            high: seq,
+            bits: [0; 16],
+        };
+        w.set(seq);
+        w
+    }
+
+    fn bit(seq: u64) -> (usize, u64) {
+        let i = seq % Self::SIZE;
+        ((i / 64) as usize, 1 << (i % 64))
+    }
+
+    fn set(&mut self, seq: u64) {
+        let (i, b) = Self::bit(seq);
+        self.bits[i] |= b;
+    }
+
+    /// Whether `seq` was not recorded yet (and now is).
+    fn is_new(&mut self, seq: u64) -> bool {
+        if seq > self.high {
+            if seq - self.high >= Self::SIZE {
+                self.bits = [0; 16];
+            } else {
+                for s in self.high + 1..seq {
+                    let (i, b) = Self::bit(s);
+                    self.bits[i] &= !b;
+                }
+                let (i, b) = Self::bit(seq);
+                self.bits[i] &= !b;
+            }
+            self.high = seq;
+            self.set(seq);
+            return true;
+        }
+        // Older than the window (a publisher that started over): new.
+        if self.high - seq >= Self::SIZE {
+            return true;
+        }
+        let (i, b) = Self::bit(seq);
+        let new = self.bits[i] & b == 0;
+        self.bits[i] |= b;
+        new
+    }
 }
 
 /// The key an event is about, if it is about one.
@@ -220,10 +279,12 @@ fn key_of(ev: &Event) -> Option<&str> {
     }
 }
 
-/// What several subscriptions tell of the nodes they read, recorded once:
-/// a publisher's liveliness as its changes (alive, lost, alive again),
-/// and another event of a node (a refusal, a broker change) once when
-/// several subscriptions tell it within a second.
+/// What several subscriptions tell, recorded once: a sample of a key
+/// several expressions match once by its sequence number ([`Window`]); a
+/// publisher's liveliness as its changes (alive, lost, alive again); a
+/// loss, deadline or QoS report of such a key, and another event of a
+/// node (a refusal, a broker change), once when several subscriptions
+/// tell it within a second.
 #[derive(Default)]
 struct NodeEvents {
     /// Each publisher told alive (`true`) or lost, at most 65,536 (then
@@ -231,11 +292,33 @@ struct NodeEvents {
     alive: std::collections::HashMap<NodeId, bool>,
     /// Other events recorded in the last second (at most 256).
     recent: std::collections::VecDeque<(Event, u64)>,
+    /// Per publisher, the keys several expressions match: their windows
+    /// (at most 65,536 keys in all, then forgotten: a copy may then be
+    /// recorded twice, never a sample left out). A publisher lost starts
+    /// its keys over (it may come back numbering from 1).
+    seen: std::collections::HashMap<NodeId, std::collections::HashMap<String, Window>>,
+    keys_seen: usize,
 }
 
 impl NodeEvents {
-    /// Whether `ev`, received at `at`, is to be recorded.
-    fn is_new(&mut self, ev: &Event, at: u64) -> bool {
+    /// Whether `ev`, received at `at`, is to be recorded; `overlap`:
+    /// another expression matches its key.
+    fn is_new(&mut self, ev: &Event, at: u64, overlap: bool) -> bool {
+        if let (true, Event::Sample(s)) = (overlap, ev) {
+            if self.keys_seen >= 1 << 16 {
+                self.seen.clear();
+                self.keys_seen = 0;
+            }
+            let keys = self.seen.entry(s.publisher).or_default();
+            return match keys.get_mut(s.key.as_str()) {
+                Some(w) => w.is_new(s.seq),
+                None => {
+                    keys.insert(s.key.clone(), Window::new(s.seq));
+                    self.keys_seen += 1;
+                    true
+                }
+            };
+        }
         let mut changed = |publisher: NodeId, alive: bool| {
             if self.alive.len() >= 1 << 16 {
                 self.alive.clear();
@@ -244,8 +327,20 @@ impl NodeEvents {
         };
         match ev {
             Event::PublisherAlive(a) => changed(a.publisher, true),
-            Event::PublisherLost(l) => changed(l.publisher, false),
-            Event::PermissionDenied(_) | Event::BrokerChanged(_) => {
+            Event::PublisherLost(l) => {
+                if let Some(keys) = self.seen.remove(&l.publisher) {
+                    self.keys_seen -= keys.len();
+                }
+                changed(l.publisher, false)
+            }
+            Event::Lost(_) | Event::DeadlineMissed(_) | Event::IncompatibleQos(_) if !overlap => {
+                true
+            }
+            Event::Lost(_)
+            | Event::DeadlineMissed(_)
+            | Event::IncompatibleQos(_)
+            | Event::PermissionDenied(_)
+            | Event::BrokerChanged(_) => {
                 while self.recent.front().is_some_and(|(_, t)| {
                     at.abs_diff(*t) > 1_000_000_000 || self.recent.len() >= 256
                 }) {
@@ -288,18 +383,21 @@ impl Source {
         if let [one] = exprs {
             return Ok(Source::One(node.subscribe_with(one.as_str(), qos)?));
         }
-        let (tx, rx) = crossbeam_channel::bounded::<(Event, u64)>(queue);
+        let (tx, rx) = crossbeam_channel::bounded::<(Event, u64, bool)>(queue);
         let mut subs = Vec::new();
         for (i, e) in exprs.iter().enumerate() {
             let tx = tx.clone();
-            // The expressions before this one: a key one of them matches
-            // is recorded through it.
-            let before = exprs[..i].to_vec();
+            // The other expressions: a key one of them matches too comes
+            // through both subscriptions, each of them on its own.
+            let others: Vec<KeyExpr> = exprs
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, e)| e.clone())
+                .collect();
             subs.push(node.subscribe_callback(e.as_str(), qos.clone(), move |ev| {
-                if key_of(&ev).is_some_and(|k| before.iter().any(|b| b.matches(k))) {
-                    return;
-                }
-                let _ = tx.send((ev, now_ns()));
+                let overlap = key_of(&ev).is_some_and(|k| others.iter().any(|o| o.matches(k)));
+                let _ = tx.send((ev, now_ns(), overlap));
             })?);
         }
         Ok(Source::Many(subs, rx, NodeEvents::default()))
@@ -317,7 +415,7 @@ impl Source {
             },
             Source::Many(_, rx, told) => {
                 match rx.recv_timeout(timeout).map_err(|e| e.is_disconnected()) {
-                    Ok((ev, at)) if told.is_new(&ev, at) => Next::Event(ev, at),
+                    Ok((ev, at, overlap)) if told.is_new(&ev, at, overlap) => Next::Event(ev, at),
                     // Told already by another subscription.
                     Ok(_) | Err(false) => Next::Nothing,
                     Err(true) => Next::Closed,
@@ -344,7 +442,7 @@ impl Source {
         let mut result = Ok(());
         while result.is_ok() {
             match rx.recv_timeout(Duration::from_millis(10)) {
-                Ok((ev, at)) if told.is_new(&ev, at) => result = write(ev, at),
+                Ok((ev, at, overlap)) if told.is_new(&ev, at, overlap) => result = write(ev, at),
                 Ok(_) => {}
                 // Every callback (and its sender) is gone.
                 Err(e) if e.is_disconnected() => break,
@@ -1337,6 +1435,30 @@ mod tests {
         assert_eq!(keys.len(), 1 + 65_536);
         assert!(keys.contains(&("a/x".to_owned(), 2)) && !keys.contains(&("a/x".to_owned(), 1)));
         assert_eq!(lost, [("a/x".to_owned(), 1, 1)]);
+    }
+
+    /// A key two expressions match comes through both subscriptions, in
+    /// any interleaving: each number is recorded once, whichever comes
+    /// first; a copy later than the window is recorded again (a duplicate,
+    /// never a loss); a publisher that starts over is recorded.
+    #[test]
+    fn a_window_records_each_number_of_an_overlapping_key_once() {
+        let mut w = Window::new(10);
+        assert!(!w.is_new(10));
+        assert!(w.is_new(11) && w.is_new(13));
+        assert!(!w.is_new(11) && !w.is_new(13));
+        assert!(w.is_new(12), "a number skipped by one subscription");
+        assert!(!w.is_new(12));
+        // The second subscription lags by up to the window.
+        for seq in 14..2000 {
+            assert!(w.is_new(seq));
+        }
+        for seq in 1000..2000 {
+            assert!(!w.is_new(seq), "{seq}");
+        }
+        assert!(w.is_new(900), "older than the window: recorded again");
+        assert!(w.is_new(5000) && !w.is_new(5000));
+        assert!(w.is_new(1), "a publisher numbering from 1 again");
     }
 
     /// Chunks are an eighth of `--max-bytes`, within 4 KiB and 1 MiB.

@@ -152,12 +152,21 @@ impl FileNode {
         };
         loop {
             let f = File::open(&self.path).map_err(io)?;
-            // Not cached as a refusal: a later put tries again.
-            if !crate::util::sys::try_lock(&f).map_err(io)? {
-                return Err(io(std::io::Error::new(
-                    std::io::ErrorKind::WouldBlock,
-                    "another node writes it now (a put tries again)",
-                )));
+            match crate::util::sys::try_lock(&f) {
+                Ok(true) => {}
+                // Not cached as a refusal: a later put tries again.
+                Ok(false) => {
+                    return Err(io(std::io::Error::new(
+                        std::io::ErrorKind::WouldBlock,
+                        "another node writes it now (a put tries again)",
+                    )))
+                }
+                // A file system without such locks (some NFS and FUSE
+                // mounts): written unlocked, as before locks were taken.
+                Err(e) => {
+                    tracing::warn!(file = %self.path.display(), error = %e, "the recording cannot be locked: a second node writing it at once is not refused");
+                    return Ok(f);
+                }
             }
             use std::os::unix::fs::MetadataExt;
             let (locked, now) = (

@@ -281,9 +281,9 @@ impl RecordWriter {
     /// The channel a sample goes in: its publisher's and key's. A reader
     /// reads a channel's numbers back from their low 32 bits, each after
     /// the one before ([`extend_seq`]): a number that would not read back
-    /// as itself (its first past 2^32, a jump of 2^31 or more, or back
-    /// past one) starts a new channel for the key, whose metadata holds
-    /// that number's high 32 bits ([`META_SEQ_HIGH`]).
+    /// as itself (a channel's first past 2^32, one in another block of
+    /// 2^32 than `extend_seq` picks) starts a new channel for the key,
+    /// whose metadata holds that number's high 32 bits ([`META_SEQ_HIGH`]).
     fn channel_of(&mut self, s: &Sample) -> Result<u16, RecordError> {
         let reads_back = |c: u16| extend_seq(self.seqs[c as usize], s.seq as u32) == s.seq;
         // A stream of one key: the last sample's channel, nothing else.
