@@ -27,5 +27,5 @@
 pub use crate::backend::file::{
     copy_recording, status_from_json, status_json, Compression, Entry, RecordError, RecordOptions,
     RecordReader, RecordWriter, Skipped, EVENTS_TOPIC, METADATA_LIMIT, METADATA_NAME,
-    META_ENCODING, META_PUBLISHER, META_REPLAYED, RECORD_LIMIT,
+    META_ENCODING, META_PUBLISHER, META_REPLAYED, META_SEQ_HIGH, RECORD_LIMIT,
 };

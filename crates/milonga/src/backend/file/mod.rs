@@ -41,10 +41,10 @@ pub const META_ENCODING: &str = "milonga.encoding";
 pub const META_REPLAYED: &str = "milonga.replayed";
 /// Channel metadata, present when the channel's first sequence number is
 /// past 2^32: its high 32 bits (decimal). MCAP keeps a message's low 32
-/// bits; a reader extends them from there, each after the one before
-/// ([`extend_seq`]). A publisher's number that would not read back that
-/// way (into the next block of 2^32, or back more than 2^31) starts a new
-/// channel for the key.
+/// bits; a reader extends them from there, each after the one before (in
+/// the last one's block of 2^32, or the next when that would be more than
+/// 2^31 below it). A publisher's number that would not read back that way
+/// starts a new channel for the key.
 pub const META_SEQ_HIGH: &str = "milonga.seq_high";
 /// The name of the metadata record that describes the recording.
 pub const METADATA_NAME: &str = "milonga";
