@@ -884,7 +884,7 @@ impl RecordReader {
             if let Some(entry) = self.st.pending.take() {
                 return Ok(Some(entry));
             }
-            if let Some(entry) = self.next_in_chunk()? {
+            if let Some(entry) = self.next_in_chunk() {
                 return Ok(Some(entry));
             }
             if self.finished {
@@ -919,7 +919,7 @@ impl RecordReader {
                     // the framing damaged: a length that runs past the
                     // file's end or past what a reader takes, a record
                     // that does not parse.
-                    if !self.lost_the_way(e.to_string())? {
+                    if !self.lost_the_way(e.to_string()) {
                         return Ok(None);
                     }
                     continue;
@@ -958,10 +958,10 @@ impl RecordReader {
                     Err(ChunkFault::Data(why)) => {
                         self.read_end = self.fed;
                         self.chunks_met += 1;
-                        self.chunk_damaged(why)?;
+                        self.chunk_damaged(why);
                     }
                     Err(ChunkFault::Framing(why)) => {
-                        if !self.lost_the_way(why)? {
+                        if !self.lost_the_way(why) {
                             return Ok(None);
                         }
                     }
@@ -977,7 +977,7 @@ impl RecordReader {
                     continue;
                 }
                 Err(e) => {
-                    if !self.lost_the_way(e.to_string())? {
+                    if !self.lost_the_way(e.to_string()) {
                         return Ok(None);
                     }
                     continue;
@@ -1005,7 +1005,7 @@ impl RecordReader {
                 let why = format!(
                     "{what} (opcode {opcode:#04x}), which this recorder does not write: a record length before it is damaged"
                 );
-                if !self.lost_the_way(why)? {
+                if !self.lost_the_way(why) {
                     return Ok(None);
                 }
                 continue;
@@ -1029,10 +1029,8 @@ impl RecordReader {
 
     /// The next entry of the open chunk, if it has one more; a record in
     /// it that does not parse ends the chunk there, counted as damaged.
-    fn next_in_chunk(&mut self) -> Result<Option<Entry>, RecordError> {
-        let Some((records, pos)) = self.chunk.as_mut() else {
-            return Ok(None);
-        };
+    fn next_in_chunk(&mut self) -> Option<Entry> {
+        let (records, pos) = self.chunk.as_mut()?;
         let damage = loop {
             let (opcode, range) = match chunk_record(records, pos) {
                 Ok(Some(r)) => r,
@@ -1054,7 +1052,7 @@ impl RecordReader {
                 _ => None,
             };
             match self.st.take(record, view) {
-                Ok(Some(entry)) => return Ok(Some(entry)),
+                Ok(Some(entry)) => return Some(entry),
                 Ok(None) => {}
                 // Only a header can be refused, and a chunk never
                 // holds one (counted as another record).
@@ -1063,15 +1061,15 @@ impl RecordReader {
         };
         self.chunk = None;
         if let Some(why) = damage {
-            self.chunk_damaged(why)?;
+            self.chunk_damaged(why);
         }
-        Ok(None)
+        None
     }
 
     /// A chunk was found damaged (`why`): counted, and said if it is the
     /// first damage. It may have held channel records: a finished file's
     /// summary repeats them all (read at the first damage).
-    fn chunk_damaged(&mut self, why: String) -> Result<(), RecordError> {
+    fn chunk_damaged(&mut self, why: String) {
         self.st.skipped.damaged_chunks += 1;
         self.st.damage.get_or_insert(why);
         // The data section's CRC fails now: the read goes on at the next
@@ -1084,7 +1082,6 @@ impl RecordReader {
         if let Some(summary) = &self.summary {
             self.st.merge(&summary.channels);
         }
-        Ok(())
     }
 
     /// Reads the summary, at the first call, on a handle of its own: the
@@ -1116,7 +1113,7 @@ impl RecordReader {
             return Err(format_err(&self.path, why));
         }
         self.st.seen_header = true;
-        self.lost_the_way(format!("its header record is damaged: {why}"))
+        Ok(self.lost_the_way(format!("its header record is damaged: {why}")))
     }
 
     /// The framing is damaged (`why`): no record boundary can be trusted
@@ -1124,7 +1121,7 @@ impl RecordReader {
     /// chunk is: the read goes on by it ([`RecordReader::next_by_index`]).
     /// Otherwise (the file cut short, or no summary to trust) the read
     /// ends here, said. Whether it goes on.
-    fn lost_the_way(&mut self, why: String) -> Result<bool, RecordError> {
+    fn lost_the_way(&mut self, why: String) -> bool {
         let replaced = self.load_summary();
         let Some(summary) = self.summary.as_ref().filter(|_| !replaced) else {
             self.finished = true;
@@ -1133,7 +1130,7 @@ impl RecordReader {
             } else {
                 why
             });
-            return Ok(false);
+            return false;
         };
         self.st.damage.get_or_insert_with(|| {
             format!("{why}; the framing is damaged: the read went on by the summary's chunk index")
@@ -1149,7 +1146,7 @@ impl RecordReader {
         self.by_index = true;
         // Its buffer (up to a record's worth) goes.
         self.reader = linear_reader(true);
-        Ok(true)
+        true
     }
 
     /// The read goes on by the summary's chunk index, at the first indexed
@@ -1220,7 +1217,7 @@ impl RecordReader {
         self.chunks_met += 1;
         self.chunk_damaged(format!(
             "the chunk the summary indexes at byte {start} does not open"
-        ))?;
+        ));
         Ok(true)
     }
 
