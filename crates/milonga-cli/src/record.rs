@@ -977,19 +977,66 @@ const LONG_WAIT: Duration = Duration::from_secs(10);
 /// sockets a process).
 const MAX_REPLAY_NODES: usize = 32;
 
+/// Most samples and gaps a node opened again holds while its subscribers
+/// find it; past that the replay waits for them (or for `--wait-timeout`)
+/// before it reads on.
+const MAX_HELD: usize = 65_536;
+
+/// How often a replay looks whether a node opened again has its
+/// subscribers back.
+const HELD_LOOK: Duration = Duration::from_millis(5);
+
+/// What a node opened again holds until its subscribers find it.
+enum Held {
+    Sample(String, milonga::Value, u64, u64),
+    Gap(String, u64),
+}
+
 /// One replaying node: the publishers of the keys of one recorded
 /// publisher (or of all of them), while it is open.
 struct Replayer {
     /// Its keys (all of them declared when it opens).
     keys: std::collections::BTreeSet<String>,
     open: Option<(milonga::Node, BTreeMap<String, milonga::Publisher>)>,
-    /// The keys with a sample published since it opened: a recorded
-    /// loss of one of them is passed on.
+    /// The keys with a sample published (or held) since it opened: a
+    /// recorded loss of one of them is passed on.
     started: std::collections::HashSet<String>,
     /// The fewest subscribers a publisher of it had when it closed: when
     /// it opens again, it waits for as many (they find the new node
     /// first), up to [`Replayers::wait`].
     had: u32,
+    /// Opened again and waiting for its subscribers until then: what it
+    /// would publish meanwhile is held, in order, while the other
+    /// replayers go on.
+    until: Option<Instant>,
+    held: std::collections::VecDeque<Held>,
+}
+
+impl Replayer {
+    /// Whether a node opened again may publish: its subscribers are back,
+    /// or it waited long enough.
+    fn ready(&self) -> bool {
+        let Some(until) = self.until else {
+            return true;
+        };
+        let Some((_, pubs)) = &self.open else {
+            return true;
+        };
+        Instant::now() >= until
+            || interrupted()
+            || pubs.values().all(|p| p.subscriber_count() >= self.had)
+    }
+}
+
+/// What a replay did, said at its end.
+#[derive(Default)]
+struct Replayed {
+    sent: u64,
+    /// Samples recorded as lost, passed on as gaps.
+    skipped: u64,
+    /// Publishers recorded as lost, passed on as gone.
+    left: u64,
+    too_large: u64,
 }
 
 /// The nodes a replay publishes from: one per recorded publisher, so that
@@ -1004,6 +1051,13 @@ struct Replayers<'a> {
     nodes: BTreeMap<NodeId, Replayer>,
     /// How long a node opened again waits for its subscribers.
     wait: Duration,
+    /// Replayers waiting for their subscribers, and when they were last
+    /// looked at.
+    waiting: usize,
+    looked: Instant,
+    /// A progress line is on the terminal (a message starts a new line).
+    progress: bool,
+    done: Replayed,
 }
 
 impl Replayers<'_> {
@@ -1016,9 +1070,10 @@ impl Replayers<'_> {
         }
     }
 
-    /// The publisher of `key` for `publisher`'s replayer, its node opened
-    /// (again) if it is closed.
-    fn publisher(&mut self, publisher: NodeId, key: &str) -> Result<&milonga::Publisher> {
+    /// `publisher`'s replayer, its node opened (again) if it is closed.
+    /// A node opened again holds what it publishes until its subscribers
+    /// find it (see [`Replayer::until`]).
+    fn open(&mut self, publisher: NodeId) -> Result<&mut Replayer> {
         let slot = self.slot(publisher);
         let Some(r) = self.nodes.get_mut(&slot) else {
             bail!("no replayer for {publisher}");
@@ -1043,23 +1098,151 @@ impl Replayers<'_> {
                 })?;
             let pubs: BTreeMap<String, milonga::Publisher> =
                 r.keys.iter().cloned().zip(list).collect();
-            // Subscribers find a new node within a discovery round or
-            // two: it waits for as many as the old one had.
-            let end = Instant::now() + self.wait;
-            while r.had > 0
-                && pubs.values().any(|p| p.subscriber_count() < r.had)
-                && Instant::now() < end
-                && !interrupted()
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
             r.open = Some((node, pubs));
             r.started.clear();
+            // Subscribers find a new node within a discovery round or
+            // two: it waits for as many as the old one had, holding what
+            // it would publish, while the others go on.
+            if r.had > 0 && !self.wait.is_zero() {
+                r.until = Some(Instant::now() + self.wait);
+                self.waiting += 1;
+            }
         }
-        let Some(p) = r.open.as_ref().and_then(|(_, pubs)| pubs.get(key)) else {
-            bail!("no publisher of {key} for {publisher}");
+        Ok(r)
+    }
+
+    /// Publishes a recorded sample, or holds it while its node waits for
+    /// its subscribers.
+    fn put(&mut self, s: milonga::Sample) -> Result<()> {
+        let key = s.key.clone();
+        self.give(
+            s.publisher,
+            Held::Sample(s.key, s.value, s.timestamp_ns, s.seq),
+        )?;
+        let r = self.open(s.publisher)?;
+        r.started.insert(key);
+        Ok(())
+    }
+
+    /// Passes a recorded loss on as a gap in the replaying publisher's
+    /// numbers, where it was. (Before a key's first sample a gap would be
+    /// nobody's: a subscriber starts counting at the first it gets.)
+    fn gap(&mut self, l: &LostSamples) -> Result<()> {
+        let slot = self.slot(l.publisher);
+        let started = self
+            .nodes
+            .get(&slot)
+            .is_some_and(|r| r.open.is_some() && r.started.contains(&l.key));
+        if started {
+            self.give(l.publisher, Held::Gap(l.key.clone(), l.count))?;
+        }
+        Ok(())
+    }
+
+    /// Sends `what` from `publisher`'s replayer, or holds it there while
+    /// it waits; a replayer holding too much waits for its subscribers
+    /// (or `--wait-timeout`) first.
+    fn give(&mut self, publisher: NodeId, what: Held) -> Result<()> {
+        let r = self.open(publisher)?;
+        if r.until.is_some() && r.held.len() >= MAX_HELD {
+            while !r.ready() {
+                std::thread::sleep(HELD_LOOK);
+            }
+        }
+        if r.until.is_some() && !r.ready() {
+            r.held.push_back(what);
+            return Ok(());
+        }
+        if r.until.take().is_some() {
+            self.waiting -= 1;
+        }
+        let slot = self.slot(publisher);
+        self.release(slot)?;
+        let r = &self.nodes[&slot];
+        Self::send(r, what, self.progress, &mut self.done)
+    }
+
+    /// Publishes what `slot`'s replayer holds, in order.
+    fn release(&mut self, slot: NodeId) -> Result<()> {
+        let Some(r) = self.nodes.get_mut(&slot) else {
+            return Ok(());
         };
-        Ok(p)
+        let held = std::mem::take(&mut r.held);
+        for what in held {
+            Self::send(r, what, self.progress, &mut self.done)?;
+        }
+        Ok(())
+    }
+
+    /// Publishes one sample or gap from an open replayer.
+    fn send(r: &Replayer, what: Held, progress: bool, done: &mut Replayed) -> Result<()> {
+        let Some((_, pubs)) = &r.open else {
+            bail!("a closed replayer publishes");
+        };
+        let nl = if progress { "\n" } else { "" };
+        match what {
+            Held::Sample(key, value, ts, seq) => {
+                let Some(p) = pubs.get(&key) else {
+                    bail!("no publisher of {key}");
+                };
+                match p.put_at(value, ts) {
+                    Ok(()) => done.sent += 1,
+                    // One sample too large to send (a recording made with
+                    // a larger max_message_bytes): said, and the replay
+                    // goes on.
+                    Err(e @ milonga::PutError::TooLarge { .. }) => {
+                        eprintln!(
+                            "{nl}milonga replay: a sample of {key} #{seq} not published: {e}"
+                        );
+                        done.too_large += 1;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Held::Gap(key, count) => {
+                let Some(p) = pubs.get(&key) else {
+                    bail!("no publisher of {key}");
+                };
+                match p.skip(count) {
+                    Ok(()) => done.skipped = done.skipped.saturating_add(count),
+                    Err(e @ milonga::PutError::SkipTooLarge { .. }) => {
+                        eprintln!(
+                            "{nl}milonga replay: a recorded loss of {count} on {key} not passed on: {e}"
+                        );
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes what the replayers whose subscribers came back hold;
+    /// with `all`, waits for every one of them (or its `--wait-timeout`).
+    /// Looks at most every [`HELD_LOOK`] unless `all`.
+    fn look(&mut self, all: bool) -> Result<()> {
+        if self.waiting == 0 || (!all && self.looked.elapsed() < HELD_LOOK) {
+            return Ok(());
+        }
+        self.looked = Instant::now();
+        let slots: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|(_, r)| r.until.is_some())
+            .map(|(slot, _)| *slot)
+            .collect();
+        for slot in slots {
+            let r = self.nodes.get_mut(&slot).expect("a slot listed");
+            while all && !r.ready() {
+                std::thread::sleep(HELD_LOOK);
+            }
+            if r.ready() {
+                r.until = None;
+                self.waiting -= 1;
+                self.release(slot)?;
+            }
+        }
+        Ok(())
     }
 
     /// Every publisher open now.
@@ -1071,14 +1254,26 @@ impl Replayers<'_> {
     }
 
     /// Closes `publisher`'s node, as the recording says it went: its
-    /// subscribers are told it left. Whether it was open.
-    fn close(&mut self, publisher: NodeId) -> bool {
+    /// subscribers are told it left (after what it held). Whether it was
+    /// open.
+    fn close(&mut self, publisher: NodeId) -> Result<bool> {
         let slot = self.slot(publisher);
         let Some(r) = self.nodes.get_mut(&slot) else {
-            return false;
+            return Ok(false);
+        };
+        if r.until.is_some() {
+            while !r.ready() {
+                std::thread::sleep(HELD_LOOK);
+            }
+            r.until = None;
+            self.waiting -= 1;
+            self.release(slot)?;
+        }
+        let Some(r) = self.nodes.get_mut(&slot) else {
+            return Ok(false);
         };
         let Some((node, pubs)) = r.open.take() else {
-            return false;
+            return Ok(false);
         };
         r.had = pubs
             .values()
@@ -1090,7 +1285,7 @@ impl Replayers<'_> {
         // took minutes (the goodbye names them all the same).
         node.close();
         drop(pubs);
-        true
+        Ok(true)
     }
 }
 
@@ -1176,25 +1371,29 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 open: None,
                 started: Default::default(),
                 had: 0,
+                until: None,
+                held: Default::default(),
             })
             .keys
             .extend(ks);
     }
+    // A progress line when stderr is a terminal.
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut rs = Replayers {
         net,
         qos,
         by_publisher,
         nodes,
         wait: Duration::from_secs_f64(a.wait_timeout),
+        waiting: 0,
+        looked: Instant::now(),
+        progress,
+        done: Replayed::default(),
     };
     // Open them all now, each publisher of each declared.
-    let firsts: Vec<(NodeId, String)> = rs
-        .nodes
-        .iter()
-        .filter_map(|(slot, r)| Some((*slot, r.keys.first()?.clone())))
-        .collect();
-    for (slot, key) in firsts {
-        rs.publisher(slot, &key)?;
+    let slots: Vec<NodeId> = rs.nodes.keys().copied().collect();
+    for slot in slots {
+        rs.open(slot)?;
     }
     catch_interrupts();
     if a.wait_subscribers > 0 {
@@ -1206,12 +1405,9 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    let (mut sent, mut skipped, mut left, mut too_large) = (0u64, 0u64, 0u64, 0u64);
-    // A progress line when stderr is a terminal.
-    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut shown = Instant::now();
     'outer: loop {
-        let sent_before = sent;
+        let sent_before = rs.done.sent;
         let mut r = RecordReader::open(&a.file)?;
         let start = Instant::now();
         // The recording's first receive time: --from and --to count from it.
@@ -1220,6 +1416,7 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             if interrupted() {
                 break 'outer;
             }
+            rs.look(false)?;
             let at = match &entry {
                 Entry::Sample(_, at) | Entry::Event(_, at) => *at,
             };
@@ -1244,37 +1441,16 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             }
             let s = match entry {
                 Entry::Sample(s, _) => s,
-                // A recorded loss reaches the replay's subscribers as a
-                // gap in the replaying publisher's numbers, where it was.
-                // (Before a key's first sample a gap would be nobody's: a
-                // subscriber starts counting at the first it gets.)
                 Entry::Event(Event::Lost(l), _) => {
-                    let slot = rs.slot(l.publisher);
-                    let started = rs
-                        .nodes
-                        .get(&slot)
-                        .is_some_and(|r| r.open.is_some() && r.started.contains(&l.key));
-                    if !started {
-                        continue;
-                    }
-                    match rs.publisher(l.publisher, &l.key)?.skip(l.count) {
-                        Ok(()) => skipped = skipped.saturating_add(l.count),
-                        Err(e @ milonga::PutError::SkipTooLarge { .. }) => {
-                            eprintln!(
-                                "milonga replay: a recorded loss of {} on {} not passed on: {e}",
-                                l.count, l.key
-                            );
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
+                    rs.gap(&l)?;
                     continue;
                 }
                 // A publisher that went: its node goes too, and its
                 // subscribers are told (as closed: the replay cannot lose
                 // it otherwise). Its next sample brings a new one.
                 Entry::Event(Event::PublisherLost(l), _) => {
-                    if rs.by_publisher && rs.close(l.publisher) {
-                        left += 1;
+                    if rs.by_publisher && rs.close(l.publisher)? {
+                        rs.done.left += 1;
                     }
                     continue;
                 }
@@ -1286,7 +1462,8 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             if progress && shown.elapsed() >= Duration::from_millis(200) {
                 shown = Instant::now();
                 eprint!(
-                    "\rmilonga replay: {sent} of {total} samples, {:.1} s into the recording",
+                    "\rmilonga replay: {} of {total} samples, {:.1} s into the recording",
+                    rs.done.sent,
                     offset as f64 / 1e9
                 );
             }
@@ -1304,39 +1481,25 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                     if interrupted() {
                         break 'outer;
                     }
-                    std::thread::sleep(d.min(Duration::from_millis(100)));
+                    let nap = if rs.waiting > 0 {
+                        HELD_LOOK
+                    } else {
+                        Duration::from_millis(100)
+                    };
+                    std::thread::sleep(d.min(nap));
+                    rs.look(false)?;
                 }
             }
-            match rs
-                .publisher(s.publisher, &s.key)?
-                .put_at(s.value, s.timestamp_ns)
-            {
-                Ok(()) => {}
-                // One sample too large to send (a recording made with a
-                // larger max_message_bytes): said, and the replay goes on.
-                Err(e @ milonga::PutError::TooLarge { .. }) => {
-                    eprintln!(
-                        "{}milonga replay: a sample of {} #{} not published: {e}",
-                        if progress { "\n" } else { "" },
-                        s.key,
-                        s.seq
-                    );
-                    too_large += 1;
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            }
-            let slot = rs.slot(s.publisher);
-            if let Some(r) = rs.nodes.get_mut(&slot) {
-                r.started.insert(s.key);
-            }
-            sent += 1;
+            rs.put(s)?;
         }
+        // What nodes opened again still hold goes out before the end (or
+        // the next loop).
+        rs.look(true)?;
         if !a.repeat {
             break;
         }
         // A loop over a range that holds no sample would spin for ever.
-        if sent == sent_before {
+        if rs.done.sent == sent_before {
             bail!(
                 "--loop: {} holds no sample to replay in the range asked",
                 a.file.display()
@@ -1348,12 +1511,20 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
     }
     let slots: Vec<NodeId> = rs.nodes.keys().copied().collect();
     for slot in slots {
-        rs.close(slot);
+        // Stopped (SIGINT): what is held is not published.
+        if let Some(r) = rs.nodes.get_mut(&slot) {
+            r.held.clear();
+        }
+        rs.close(slot)?;
     }
+    let d = &rs.done;
     eprintln!(
-        "milonga replay: {sent} samples published, {skipped} recorded as lost passed on as gaps, {left} publishers recorded as lost passed on as gone{}",
-        if too_large > 0 {
-            format!(", {too_large} too large to publish")
+        "milonga replay: {} samples published, {} recorded as lost passed on as gaps, {} publishers recorded as lost passed on as gone{}",
+        d.sent,
+        d.skipped,
+        d.left,
+        if d.too_large > 0 {
+            format!(", {} too large to publish", d.too_large)
         } else {
             String::new()
         }

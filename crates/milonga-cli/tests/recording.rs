@@ -635,6 +635,103 @@ fn a_replay_passes_a_recorded_publisher_loss_on_to_its_subscribers() {
     assert!(lost.contains(&a1), "{lost:?}");
 }
 
+/// A publisher recorded as lost and then publishing again (a partition
+/// that healed) is replayed from a new node, which waits for its
+/// subscribers to find it. Its samples wait meanwhile; the other
+/// publishers' do not. Here one subscriber is stopped (SIGSTOP) and never
+/// finds the new node, so it waits its whole `--wait-timeout`: every
+/// sample of rs/b, which runs on through that, arrives before the first
+/// rs/a sample of the new node, and then all of those do, in order.
+#[test]
+fn a_node_opened_again_waits_for_its_subscribers_without_stalling_the_others() {
+    use milonga::recording::{RecordOptions, RecordWriter};
+    use milonga::{Event, LostReason, NodeId, PublisherLost};
+    let env = Env::new("rec-stall");
+    let file = env.dir.path().join("stall.mcap");
+    let base = 1_700_000_000_000_000_000u64;
+    let ms = 1_000_000u64;
+    let of = |key: &str, publisher: u8, seq: u64| milonga::Sample {
+        publisher: NodeId([publisher; 16]),
+        ..float_sample(key, seq, base)
+    };
+    // rs/b every 20 ms for 3 s; rs/a every 200 ms, lost at 1 s, back
+    // (the same publisher) at 1.2 s.
+    let mut entries: Vec<(u64, Option<milonga::Sample>)> = Vec::new();
+    for seq in 1..=150 {
+        entries.push((base + seq * 20 * ms, Some(of("rs/b", 2, seq))));
+    }
+    for seq in 1..=8 {
+        let at = if seq <= 5 { seq * 200 } else { seq * 200 + 200 };
+        entries.push((base + at * ms - ms, Some(of("rs/a", 1, seq))));
+    }
+    entries.push((base + 1_100 * ms, None));
+    entries.sort_by_key(|e| e.0);
+    let mut w = RecordWriter::create(&file, &RecordOptions::default()).unwrap();
+    for (at, s) in &entries {
+        match s {
+            Some(s) => w.sample(s, *at).unwrap(),
+            None => {
+                let gone = Event::PublisherLost(PublisherLost {
+                    publisher: NodeId([1; 16]),
+                    name: "a@host:1".into(),
+                    reason: LostReason::Disconnected,
+                });
+                w.event(&gone, *at).unwrap();
+            }
+        }
+    }
+    w.finish().unwrap();
+
+    let node = env.node("watcher");
+    let sub = node.subscribe("rs/**").unwrap();
+    let stopped = env.spawn(&["sub", "rs/**"]);
+    let mut replay = env.cmd(&[
+        "replay",
+        "--speed",
+        "1",
+        "--wait-subscribers",
+        "2",
+        "--wait-timeout",
+        "6",
+    ]);
+    replay.arg(&file);
+    let mut replay = Proc::spawn(replay);
+    // (key, publisher, value) in arrival order.
+    let mut seen: Vec<(String, NodeId, f64)> = Vec::new();
+    let end = std::time::Instant::now() + T;
+    while seen.len() < 158 {
+        assert!(std::time::Instant::now() < end, "{seen:?}");
+        match sub.recv_timeout(T) {
+            Ok(Event::Sample(s)) => {
+                if seen.is_empty() {
+                    // Both subscribers were found; the second one now
+                    // stops answering, a second before rs/a's loss.
+                    stopped.signal(libc::SIGSTOP);
+                }
+                seen.push((s.key.clone(), s.publisher, s.value.as_f64().unwrap()));
+            }
+            Ok(_) => {}
+            Err(e) => panic!("{seen:?}: {e}"),
+        }
+    }
+    stopped.signal(libc::SIGCONT);
+    assert_eq!(replay.wait_exit(T).map(|s| s.code()), Some(Some(0)));
+    let a: Vec<_> = seen.iter().filter(|x| x.0 == "rs/a").collect();
+    let values =
+        |key: &str| -> Vec<f64> { seen.iter().filter(|x| x.0 == key).map(|x| x.2).collect() };
+    assert_eq!(values("rs/a"), (1..=8).map(f64::from).collect::<Vec<_>>());
+    assert_eq!(values("rs/b"), (1..=150).map(f64::from).collect::<Vec<_>>());
+    let (a1, a2) = (a[0].1, a[5].1);
+    assert!(a[..5].iter().all(|x| x.1 == a1) && a[5..].iter().all(|x| x.1 == a2));
+    assert_ne!(a1, a2, "rs/a's node opened again");
+    let first_again = seen.iter().position(|x| x.1 == a2).unwrap();
+    let last_b = seen.iter().rposition(|x| x.0 == "rs/b").unwrap();
+    assert!(
+        last_b < first_again,
+        "rs/b waited with rs/a's new node: {seen:?}"
+    );
+}
+
 /// `record --last N` starts with the samples publishers keep (here the
 /// last 3 of 10, then nothing more is put), and `--split-every` starts a
 /// new complete file every interval, numbers running on.
