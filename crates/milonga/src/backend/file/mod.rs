@@ -352,7 +352,9 @@ pub struct Skipped {
     /// given); or a record in them is malformed (those before it were
     /// given); or their framing is damaged (a record length, a chunk's
     /// header: the read went on at the next chunk a finished file's
-    /// summary indexes). [`RecordReader::damage`] says why the first was.
+    /// summary indexes, or, without a summary, at the next sound chunk
+    /// found; each chunk the search passed that looked sound but did not
+    /// open is counted). [`RecordReader::damage`] says why the first was.
     /// Their messages are lost, said as losses; the read goes on.
     pub damaged_chunks: u64,
 }
@@ -388,7 +390,7 @@ pub const METADATA_LIMIT: usize = 1 << 20;
 /// ([`Skipped::damaged_chunks`], [`RecordReader::damage`]); after damage
 /// to the framing (a record's length, a chunk's header, a record outside
 /// a chunk) it goes on at the next chunk a finished file's summary
-/// indexes, and ends there in a file without one.
+/// indexes, or in a file without one at the next sound chunk found.
 pub struct RecordReader {
     path: PathBuf,
     /// Buffered: the reader asks for a few bytes at a time (a record's
@@ -624,6 +626,60 @@ fn read_summary(f: &mut File) -> Option<Summary> {
     found.chunks.sort_unstable();
     found.chunks.dedup_by_key(|c| c.0);
     Some(found)
+}
+
+/// A chunk a search found ([`RecordReader::find_chunk`]).
+struct FoundChunk {
+    start: u64,
+    /// What it holds, decompressed, its CRC checked.
+    records: Bytes,
+    /// Where the record after it starts.
+    end: u64,
+}
+
+/// What a search for the next chunk in a file without a summary opens
+/// of candidates that fail, besides twice the bytes it searched
+/// ([`RecordReader::find_chunk`]).
+const SEARCH_BUDGET: u64 = 64 << 20;
+
+/// Whether the `head` of bytes at `start` (a chunk opcode first) begins a
+/// chunk record that agrees with itself and fits in the file: the length
+/// of the chunk's body its header gives, and where the record after it
+/// starts (after the record's own length where it is sound: another
+/// writer may leave bytes after a chunk's data; Milonga's, `exact`,
+/// never does). The body's CRC must not be 0: only a chunk it checks is
+/// trusted where the framing is lost.
+fn chunk_candidate(head: &[u8], start: u64, file_len: u64, exact: bool) -> Option<(u64, u64)> {
+    let u64_at = |at: usize| Some(u64::from_le_bytes(head.get(at..at + 8)?.try_into().ok()?));
+    let said = u64_at(1)?;
+    let (t0, t1, size) = (u64_at(9)?, u64_at(17)?, u64_at(25)?);
+    let crc = u32::from_le_bytes(head.get(33..37)?.try_into().ok()?);
+    let name_len = u32::from_le_bytes(head.get(37..41)?.try_into().ok()?) as usize;
+    let name: &[u8] = match name_len {
+        0 => b"",
+        3 => b"lz4",
+        4 => b"zstd",
+        _ => return None,
+    };
+    if head.get(41..41 + name_len)? != name || t0 > t1 || crc == 0 || size > RECORD_LIMIT as u64 {
+        return None;
+    }
+    let packed = u64_at(41 + name_len)?;
+    if name.is_empty() && packed != size {
+        return None;
+    }
+    let len = (32 + name_len as u64 + 8).checked_add(packed)?;
+    let body = start.checked_add(9)?;
+    if len > RECORD_LIMIT as u64 || body.checked_add(len)? > file_len {
+        return None;
+    }
+    let sound = if exact { said == len } else { said >= len };
+    let end = if sound && body.checked_add(said).is_some_and(|e| e <= file_len) {
+        body + said
+    } else {
+        body + len
+    };
+    Some((len, end))
 }
 
 /// The MCAP magic that starts a file (and ends a finished one).
@@ -919,7 +975,8 @@ impl RecordReader {
                     // the framing damaged: a length that runs past the
                     // file's end or past what a reader takes, a record
                     // that does not parse.
-                    if !self.lost_the_way(e.to_string()) {
+                    let eof = matches!(e, mcap::McapError::UnexpectedEof);
+                    if !self.lost_the_way(e.to_string(), eof) {
                         return Ok(None);
                     }
                     continue;
@@ -961,7 +1018,7 @@ impl RecordReader {
                         self.chunk_damaged(why);
                     }
                     Err(ChunkFault::Framing(why)) => {
-                        if !self.lost_the_way(why) {
+                        if !self.lost_the_way(why, false) {
                             return Ok(None);
                         }
                     }
@@ -977,7 +1034,7 @@ impl RecordReader {
                     continue;
                 }
                 Err(e) => {
-                    if !self.lost_the_way(e.to_string()) {
+                    if !self.lost_the_way(e.to_string(), false) {
                         return Ok(None);
                     }
                     continue;
@@ -1005,7 +1062,7 @@ impl RecordReader {
                 let why = format!(
                     "{what} (opcode {opcode:#04x}), which this recorder does not write: a record length before it is damaged"
                 );
-                if !self.lost_the_way(why) {
+                if !self.lost_the_way(why, false) {
                     return Ok(None);
                 }
                 continue;
@@ -1113,17 +1170,49 @@ impl RecordReader {
             return Err(format_err(&self.path, why));
         }
         self.st.seen_header = true;
-        Ok(self.lost_the_way(format!("its header record is damaged: {why}")))
+        Ok(self.lost_the_way(format!("its header record is damaged: {why}"), false))
     }
 
     /// The framing is damaged (`why`): no record boundary can be trusted
     /// after the last one read. A finished file's summary says where each
     /// chunk is: the read goes on by it ([`RecordReader::next_by_index`]).
-    /// Otherwise (the file cut short, or no summary to trust) the read
-    /// ends here, said. Whether it goes on.
-    fn lost_the_way(&mut self, why: String) -> bool {
+    /// Otherwise the read goes on at the next sound chunk found after the
+    /// last chunk read ([`RecordReader::find_chunk`]; with `eof`, the bytes
+    /// ran out inside a record, and only the bytes read are searched: a
+    /// file being written has grown since, its last record cut short, not
+    /// damaged), or ends here, said. Whether it goes on.
+    fn lost_the_way(&mut self, why: String, eof: bool) -> bool {
         let replaced = self.load_summary();
         let Some(summary) = self.summary.as_ref().filter(|_| !replaced) else {
+            // Past the data section (a footer, then more bytes: not one
+            // recording) no chunk is looked for.
+            if !replaced && !self.st.in_summary && !self.st.complete {
+                let mut passed = None;
+                let found = self.find_chunk(self.read_end, eof.then_some(self.fed), &mut passed);
+                if let Some(passed) = passed {
+                    self.st.damage.get_or_insert(passed);
+                }
+                match found {
+                    Ok(Some(FoundChunk {
+                        start,
+                        records,
+                        end,
+                    })) => {
+                        self.st.damage = Some(format!(
+                            "{why}; the framing is damaged: the read went on at the next sound chunk found, at byte {start}{}",
+                            self.st.damage.as_deref().map_or(String::new(), |d| format!(" (first damage: {d})"))
+                        ));
+                        self.resume_after(records, end);
+                        return true;
+                    }
+                    Ok(None) => {}
+                    Err(gave_up) => {
+                        self.finished = true;
+                        self.truncated = Some(format!("{why}; {gave_up}"));
+                        return false;
+                    }
+                }
+            }
             self.finished = true;
             self.truncated = Some(if replaced {
                 format!("{why}; the file was replaced while it was read")
@@ -1147,6 +1236,114 @@ impl RecordReader {
         // Its buffer (up to a record's worth) goes.
         self.reader = linear_reader(true);
         true
+    }
+
+    /// Searches the file from `from` (the end of the last chunk read) to
+    /// `upto` (or its end) for the next chunk, in a file without a
+    /// summary to say where its chunks are: a chunk opcode followed by a
+    /// header that agrees with itself (times in order, a compression this
+    /// reader knows, sizes within the file and [`RECORD_LIMIT`]) and a CRC
+    /// that is not 0 and matches what the chunk holds. Its length is the
+    /// one its header gives, so a chunk whose record length alone is
+    /// damaged is found whole. Each candidate that looks sound but does
+    /// not open is a damaged chunk, counted (why the first did not open in
+    /// `passed`). The chunk found, or none; an error if the search gave
+    /// up: it opens at most [`SEARCH_BUDGET`] bytes of candidates more
+    /// than twice the bytes it searched, so that a file crafted with many
+    /// headers that fail cannot make a read take much longer than reading
+    /// the file.
+    fn find_chunk(
+        &mut self,
+        from: u64,
+        upto: Option<u64>,
+        passed: &mut Option<String>,
+    ) -> Result<Option<FoundChunk>, String> {
+        use std::os::unix::fs::FileExt;
+        // A chunk record's opcode and length, times, size, CRC, the
+        // compression's name (its length, then at most "zstd") and the
+        // compressed size.
+        const HEAD: usize = 9 + 28 + 4 + 4 + 8;
+        const BLOCK: usize = 1 << 20;
+        let exact = self.st.only_chunked;
+        let f = self.file.get_ref();
+        let file_len = f
+            .metadata()
+            .map_err(|e| format!("the search for the next chunk failed: {e}"))?
+            .len()
+            .min(upto.unwrap_or(u64::MAX));
+        let mut block = vec![0u8; BLOCK + HEAD];
+        let (mut at, mut spent, mut allowed) = (from, 0u64, SEARCH_BUDGET);
+        while at < file_len {
+            let n =
+                usize::try_from(file_len - at).map_or(block.len(), |left| left.min(block.len()));
+            let f = self.file.get_ref();
+            f.read_exact_at(&mut block[..n], at)
+                .map_err(|e| format!("the search for the next chunk failed: {e}"))?;
+            let last = at + n as u64 == file_len;
+            // Each candidate searched here has its whole head in the block.
+            let searched = if last { n } else { n - HEAD };
+            let mut i = 0;
+            while let Some(k) = block[i..searched]
+                .iter()
+                .position(|&b| b == mcap::records::op::CHUNK)
+            {
+                let start = at + (i + k) as u64;
+                i += k + 1;
+                let Some((len, end)) = block[..n]
+                    .get(i - 1..i - 1 + HEAD)
+                    .and_then(|head| chunk_candidate(head, start, file_len, exact))
+                else {
+                    continue;
+                };
+                if spent > 0 && spent.saturating_add(len) > allowed {
+                    return Err(format!(
+                        "the search for the next chunk gave up at byte {start}, after opening {spent} bytes of chunks that did not open"
+                    ));
+                }
+                spent = spent.saturating_add(len);
+                let mut body = vec![0u8; len as usize];
+                if self
+                    .file
+                    .get_ref()
+                    .read_exact_at(&mut body, start + 9)
+                    .is_err()
+                {
+                    continue;
+                }
+                match open_chunk(&body, true, &mut self.zstd) {
+                    Ok((records, _)) => {
+                        return Ok(Some(FoundChunk {
+                            start,
+                            records,
+                            end,
+                        }))
+                    }
+                    Err(ChunkFault::Data(why) | ChunkFault::Framing(why)) => {
+                        self.st.skipped.damaged_chunks += 1;
+                        passed.get_or_insert(why);
+                    }
+                }
+            }
+            allowed = allowed.saturating_add(2 * searched as u64);
+            at += searched as u64;
+        }
+        Ok(None)
+    }
+
+    /// Gives the records of a chunk found or read by index, and starts a
+    /// new linear reader at `end`, the record after it.
+    fn resume_after(&mut self, records: Bytes, end: u64) {
+        self.chunks_seen = true;
+        self.chunk = Some((records, 0));
+        self.chunks_met += 1;
+        self.read_end = end;
+        self.mark = self.mark.max(self.fed).max(end);
+        self.fed = end;
+        self.resumed = true;
+        self.reader = linear_reader(true);
+        if self.file.seek(std::io::SeekFrom::Start(end)).is_err() {
+            self.finished = true;
+        }
     }
 
     /// The read goes on by the summary's chunk index, at the first indexed
@@ -1948,13 +2145,14 @@ mod tests {
         assert_eq!(seqs, (seqs[0]..=300).collect::<Vec<_>>());
     }
 
-    /// A chunk whose record length is damaged (no CRC covers it) leaves no
-    /// boundary to trust after it. In a finished file the summary's chunk
-    /// indexes say where that chunk ends and where the next one starts:
-    /// the chunk is read as the index gives it (its CRC checked), and the
-    /// read goes on after it; if its data is damaged too, it is passed,
-    /// counted, and its samples said lost. Without a summary (a file cut
-    /// short) the read ends at the damage, said.
+    /// A chunk's record length made longer or shorter (no CRC covers it),
+    /// then also a byte of its data changed: with a summary, the read
+    /// goes on by its chunk index; without one (cut off where a killed
+    /// recorder leaves it), at the next sound chunk found. Either way the
+    /// chunk whose length alone is damaged is read whole (its header and
+    /// CRC say where it ends), and the one whose data changed is skipped,
+    /// counted, its samples said lost; every other sample is read, once,
+    /// in order.
     #[test]
     fn damage_to_a_chunk_s_framing_is_passed_by_the_summary_s_index() {
         let dir = milonga_testkit::TempDir::new("rec-index");
@@ -1966,13 +2164,17 @@ mod tests {
             assert!(summary.chunks.len() >= 4, "{}", summary.chunks.len());
             let (third, len) = summary.chunks[2];
             let (third, len) = (third as usize, len as usize);
+            let data_end = third + len + first_record(&b[third + len - 8..], 0x0F) - 8;
             // Its length made longer (the read runs past the file's end)
             // or shorter (the chunk's data does not fit); then shorter and
             // a byte of its data changed.
-            for (what, longer, data_too) in [
-                ("longer", true, false),
-                ("shorter", false, false),
-                ("shorter, data changed", false, true),
+            for (what, longer, data_too, whole) in [
+                ("longer", true, false, true),
+                ("shorter", false, false, true),
+                ("shorter, data changed", false, true, true),
+                ("longer, no summary", true, false, false),
+                ("shorter, no summary", false, false, false),
+                ("shorter, data changed, no summary", false, true, false),
             ] {
                 let mut d = b.clone();
                 let old = (len - 9) as u64;
@@ -1981,13 +2183,27 @@ mod tests {
                 if data_too {
                     d[third + len - 20] ^= 0x11;
                 }
+                if !whole {
+                    d.truncate(data_end);
+                }
                 let p = dir.path().join("chunk-length.mcap");
                 std::fs::write(&p, &d).unwrap();
                 let mut r = RecordReader::open(&p).unwrap();
                 let (seqs, lost) = seqs_and_losses(&mut r);
-                let case = format!("{c:?}, {what}: {:?}, {}", r.damage(), r.skipped());
-                assert!(r.damage().unwrap().contains("framing"), "{case}");
-                assert!(!r.complete() && r.truncated().is_none(), "{case}");
+                let case = format!(
+                    "{c:?}, {what}: {:?}, {:?}, {}",
+                    r.damage(),
+                    r.truncated(),
+                    r.skipped()
+                );
+                let how = if whole {
+                    "summary's chunk index"
+                } else {
+                    "next sound chunk found"
+                };
+                assert!(r.damage().unwrap().contains(how), "{case}");
+                assert!(!r.complete(), "{case}");
+                assert_eq!(r.truncated().is_none(), whole, "{case}");
                 assert_eq!(r.skipped().damaged_chunks, u64::from(data_too), "{case}");
                 // At most one run of numbers is missing (the third
                 // chunk's), said lost by each key's first sample after it
@@ -1996,6 +2212,7 @@ mod tests {
                 let missing: Vec<u64> = (1..=300).filter(|i| !seqs.contains(i)).collect();
                 assert_eq!(missing.is_empty(), !data_too, "{case}");
                 assert!(seqs.contains(&1) && seqs.contains(&300), "{case}");
+                assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{case}: {seqs:?}");
                 let (lo, hi) = match (missing.first(), missing.last()) {
                     (Some(&lo), Some(&hi)) => (lo, hi),
                     _ => (301, 300),
@@ -2009,17 +2226,79 @@ mod tests {
                         "{case}: {lost:?}"
                     );
                 }
-                // Without the summary (cut off at its data end record),
-                // the read ends at the damage, said.
-                let data_end = third + len + first_record(&b[third + len - 8..], 0x0F) - 8;
-                std::fs::write(&p, &d[..data_end]).unwrap();
-                let mut r = RecordReader::open(&p).unwrap();
-                let (cut, _) = seqs_and_losses(&mut r);
-                assert!(r.truncated().is_some(), "{case}");
-                assert!(cut.len() >= 2 && cut.len() < 300, "{case}");
-                assert_eq!(cut, (1..=cut.len() as u64).collect::<Vec<_>>(), "{case}");
             }
         }
+    }
+
+    /// A file without a summary, whose framing is damaged before a run of
+    /// crafted chunk headers that agree with themselves but not with
+    /// their CRC: each is counted as a damaged chunk and the search goes
+    /// on to the real chunks after them; thousands of them, each claiming
+    /// a MiB, make the search give up (said) rather than open gigabytes.
+    /// A file cut short inside its last chunk (a recorder killed, or still
+    /// writing) is said cut short, not damaged.
+    #[test]
+    fn a_file_without_a_summary_goes_on_at_the_next_sound_chunk_within_a_bound() {
+        let dir = milonga_testkit::TempDir::new("rec-search");
+        let good = dir.path().join("good.mcap");
+        write(&good, Compression::Zstd, 300);
+        let b = std::fs::read(&good).unwrap();
+        let summary = read_summary(&mut File::open(&good).unwrap()).unwrap();
+        let (third, len) = summary.chunks[2];
+        let (third, len) = (third as usize, len as usize);
+        let data_end = third + len + first_record(&b[third + len - 8..], 0x0F) - 8;
+        // Headers of uncompressed chunks of `claim` bytes, CRC 1.
+        let crafted = |n: usize, claim: u64| {
+            let mut v = vec![0u8; 9]; // an opcode 0 record, out of place
+            for _ in 0..n {
+                v.push(mcap::records::op::CHUNK);
+                v.extend_from_slice(&(40 + claim).to_le_bytes());
+                v.extend_from_slice(&[0; 16]); // times
+                v.extend_from_slice(&claim.to_le_bytes());
+                v.extend_from_slice(&1u32.to_le_bytes());
+                v.extend_from_slice(&0u32.to_le_bytes());
+                v.extend_from_slice(&claim.to_le_bytes());
+            }
+            v
+        };
+        let p = dir.path().join("crafted.mcap");
+        // A few: each counted, and the chunks after them read.
+        let mut d = b[..third].to_vec();
+        d.extend(crafted(10, 1000));
+        d.extend_from_slice(&b[third..data_end]);
+        std::fs::write(&p, &d).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        let (seqs, _) = seqs_and_losses(&mut r);
+        let case = format!("{:?} {:?} {}", r.damage(), r.truncated(), r.skipped());
+        assert_eq!(seqs, (1..=300).collect::<Vec<_>>(), "{case}");
+        assert_eq!(r.skipped().damaged_chunks, 10, "{case}");
+        assert!(r.damage().unwrap().contains("CRC failed"), "{case}");
+        // Thousands claiming a MiB each: the search gives up within its
+        // budget, said; what came before is read.
+        let mut d = b[..third].to_vec();
+        d.extend(crafted(5_000, 1 << 20));
+        d.resize(d.len() + (1 << 20), 0);
+        d.extend_from_slice(&b[third..data_end]);
+        std::fs::write(&p, &d).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        let (seqs, _) = seqs_and_losses(&mut r);
+        let case = format!("{:?} {:?} {}", r.damage(), r.truncated(), r.skipped());
+        assert!(r.truncated().unwrap().contains("gave up"), "{case}");
+        let opened = r.skipped().damaged_chunks;
+        // 64 MiB, and twice the bytes searched (about 1.3 MiB).
+        assert!((60..=70).contains(&opened), "{case}");
+        assert!(!seqs.is_empty() && seqs.len() < 300, "{case}");
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{case}");
+        // Cut inside the third chunk: said cut short, no damage.
+        std::fs::write(&p, &b[..third + len / 2]).unwrap();
+        let mut r = RecordReader::open(&p).unwrap();
+        let (seqs, _) = seqs_and_losses(&mut r);
+        assert!(
+            r.truncated().is_some() && r.damage().is_none(),
+            "{:?}",
+            r.damage()
+        );
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
     }
 
     /// A chunk's opcode changed (a flipped bit: a record MCAP does not
@@ -2224,17 +2503,22 @@ mod tests {
             );
             assert!(!r.complete(), "{case}");
             // Without its summary, the same file is not a recording (its
-            // header unreadable), or is read as cut short at the damage.
+            // header unreadable), or (a header that still parses) is read
+            // on from its first sound chunk.
             let data_end = first_record(&b, 0x0F);
             std::fs::write(&p, &d[..data_end]).unwrap();
             let mut r = RecordReader::open(&p).unwrap();
             match r.next_entry() {
                 Err(e) => assert!(e.to_string().contains("header"), "{what}: {e}"),
                 Ok(first) => {
-                    assert!(
-                        first.is_none() && r.truncated().is_some(),
-                        "{what}: {first:?}"
-                    );
+                    let mut seqs = Vec::new();
+                    if let Some(Entry::Sample(s, _)) = first {
+                        seqs.push(s.seq);
+                    }
+                    seqs.extend(seqs_and_losses(&mut r).0);
+                    let case = format!("{what}: {:?}", r.damage());
+                    assert_eq!(seqs, (1..=300).collect::<Vec<_>>(), "{case}");
+                    assert!(r.damage().unwrap().contains("sound chunk found"), "{case}");
                 }
             }
         }
