@@ -39,7 +39,7 @@ pub const HEADER_LEN: usize = 44;
 pub const BATCH_ENTRY_HEADER_LEN: usize = 12;
 /// Where each field of the fixed header lies, from the header's first byte
 /// (which follows the key and its NUL); all integers little-endian
-/// (docs/protocol.md §3). Engines that patch a header in place (the
+/// (docs/protocol.md §4). Engines that patch a header in place (the
 /// sequence number and timestamp of a pre-built frame, a batch's kind) use
 /// these, never their own numbers.
 pub mod offset {
@@ -214,12 +214,11 @@ pub enum Kind {
     Reply = 6,
     /// A publisher refused a subscription or a history query (access
     /// control, docs/security.md), sent to that subscriber alone under the
-    /// key [`DENIED_KEY`]; the body is a JSON [`Denied`].
+    /// key `@r/<token>` ([`crate::history::REPLY_KEY_PREFIX`], docs/protocol.md
+    /// §2.2); the body is a JSON
+    /// [`Denied`].
     Denied = 7,
 }
-
-/// The key a refusal is sent under.
-pub const DENIED_KEY: &str = "@d";
 
 /// The body of a [`Kind::Denied`] frame: what was refused and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
