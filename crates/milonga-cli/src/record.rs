@@ -1022,9 +1022,19 @@ impl Replayer {
         let Some((_, pubs)) = &self.open else {
             return true;
         };
-        Instant::now() >= until
-            || interrupted()
-            || pubs.values().all(|p| p.subscriber_count() >= self.had)
+        Instant::now() >= until || pubs.values().all(|p| p.subscriber_count() >= self.had)
+    }
+
+    /// Waits until it is [`Replayer::ready`]; false if the replay was
+    /// stopped meanwhile (what it holds is then not published).
+    fn wait_ready(&self) -> bool {
+        while !self.ready() {
+            if interrupted() {
+                return false;
+            }
+            std::thread::sleep(HELD_LOOK);
+        }
+        !interrupted()
     }
 }
 
@@ -1115,12 +1125,10 @@ impl Replayers<'_> {
     /// its subscribers.
     fn put(&mut self, s: milonga::Sample) -> Result<()> {
         let key = s.key.clone();
-        self.give(
-            s.publisher,
-            Held::Sample(s.key, s.value, s.timestamp_ns, s.seq),
-        )?;
-        let r = self.open(s.publisher)?;
-        r.started.insert(key);
+        let sample = Held::Sample(s.key, s.value, s.timestamp_ns, s.seq);
+        if self.give(s.publisher, sample)? {
+            self.open(s.publisher)?.started.insert(key);
+        }
         Ok(())
     }
 
@@ -1141,17 +1149,16 @@ impl Replayers<'_> {
 
     /// Sends `what` from `publisher`'s replayer, or holds it there while
     /// it waits; a replayer holding too much waits for its subscribers
-    /// (or `--wait-timeout`) first.
-    fn give(&mut self, publisher: NodeId, what: Held) -> Result<()> {
+    /// (or `--wait-timeout`) first. Whether it was held or published
+    /// (not: a sample too large to send, or the replay was stopped).
+    fn give(&mut self, publisher: NodeId, what: Held) -> Result<bool> {
         let r = self.open(publisher)?;
-        if r.until.is_some() && r.held.len() >= MAX_HELD {
-            while !r.ready() {
-                std::thread::sleep(HELD_LOOK);
-            }
+        if r.until.is_some() && r.held.len() >= MAX_HELD && !r.wait_ready() {
+            return Ok(false);
         }
         if r.until.is_some() && !r.ready() {
             r.held.push_back(what);
-            return Ok(());
+            return Ok(true);
         }
         if r.until.take().is_some() {
             self.waiting -= 1;
@@ -1169,13 +1176,17 @@ impl Replayers<'_> {
         };
         let held = std::mem::take(&mut r.held);
         for what in held {
+            if interrupted() {
+                break;
+            }
             Self::send(r, what, self.progress, &mut self.done)?;
         }
         Ok(())
     }
 
-    /// Publishes one sample or gap from an open replayer.
-    fn send(r: &Replayer, what: Held, progress: bool, done: &mut Replayed) -> Result<()> {
+    /// Publishes one sample or gap from an open replayer; whether it did
+    /// (not: a sample too large to send, said).
+    fn send(r: &Replayer, what: Held, progress: bool, done: &mut Replayed) -> Result<bool> {
         let Some((_, pubs)) = &r.open else {
             bail!("a closed replayer publishes");
         };
@@ -1195,6 +1206,7 @@ impl Replayers<'_> {
                             "{nl}milonga replay: a sample of {key} #{seq} not published: {e}"
                         );
                         done.too_large += 1;
+                        return Ok(false);
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -1214,7 +1226,7 @@ impl Replayers<'_> {
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Publishes what the replayers whose subscribers came back hold;
@@ -1233,8 +1245,8 @@ impl Replayers<'_> {
             .collect();
         for slot in slots {
             let r = self.nodes.get_mut(&slot).expect("a slot listed");
-            while all && !r.ready() {
-                std::thread::sleep(HELD_LOOK);
+            if all && !r.wait_ready() {
+                return Ok(());
             }
             if r.ready() {
                 r.until = None;
@@ -1262,12 +1274,12 @@ impl Replayers<'_> {
             return Ok(false);
         };
         if r.until.is_some() {
-            while !r.ready() {
-                std::thread::sleep(HELD_LOOK);
-            }
+            let publish = r.wait_ready();
             r.until = None;
             self.waiting -= 1;
-            self.release(slot)?;
+            if publish {
+                self.release(slot)?;
+            }
         }
         let Some(r) = self.nodes.get_mut(&slot) else {
             return Ok(false);
