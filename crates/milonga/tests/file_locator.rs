@@ -154,6 +154,57 @@ fn a_second_node_appending_at_once_waits_for_the_first() {
     assert_eq!(keys, want.map(|(k, v)| (k.to_owned(), v)));
 }
 
+/// Two nodes putting their first sample into the same new recording at
+/// one instant: one creates it, the other waits (`another node writes it
+/// now`, a put tries again) and appends once the first closed. Before, the
+/// second could lock the file the first had just created and not yet
+/// locked, find it unfinished and refuse every put for good. Fifty rounds.
+#[test]
+fn two_nodes_creating_one_recording_at_once_both_write_it() {
+    let dir = TempDir::new("file-create2");
+    for round in 0..50 {
+        let path = dir.path().join(format!("run-{round}.mcap"));
+        let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let writers: Vec<_> = ["f/a", "f/b"]
+            .into_iter()
+            .map(|key| {
+                let (path, go) = (path.clone(), go.clone());
+                std::thread::spawn(move || {
+                    let n = node(&path, "max").unwrap();
+                    let p = n.publisher(key).unwrap();
+                    go.wait();
+                    let end = Instant::now() + Duration::from_secs(20);
+                    loop {
+                        match p.put(1u64) {
+                            Ok(()) => break,
+                            Err(e) => {
+                                let e = e.to_string();
+                                assert!(e.contains("another node writes it"), "{key}: {e}");
+                                assert!(Instant::now() < end, "{key}: still refused: {e}");
+                                std::thread::sleep(Duration::from_millis(2));
+                            }
+                        }
+                    }
+                    drop(p);
+                    n.close();
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        let mut keys: Vec<String> = samples(&path).into_iter().map(|s| s.key).collect();
+        keys.sort();
+        assert_eq!(keys, ["f/a", "f/b"], "round {round}");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.contains("milonga-"))
+            .collect();
+        assert!(names.is_empty(), "left behind: {names:?}");
+    }
+}
+
 /// A node appends to a recording by copying it and putting the copy in
 /// its place: never to one the copy would not hold whole (cut short, or
 /// with what is not Milonga's), which is left as it is, the put refused

@@ -87,13 +87,10 @@ impl FileNode {
         opts.metadata
             .insert("started_ns".into(), now_ns().to_string());
         if !self.path.exists() {
-            let writer = Box::new(RecordWriter::create(&self.path, &opts)?);
-            let lock = self.lock()?;
-            return Ok(Sink::Writing {
-                writer,
-                tmp: None,
-                _lock: lock,
-            });
+            if let Some(sink) = self.create(&opts)? {
+                return Ok(sink);
+            }
+            // Another node created it first: appended to, once it closed.
         }
         // Appending: the recording so far, copied into a new file.
         let lock = self.lock()?;
@@ -139,6 +136,55 @@ impl FileNode {
             tmp: Some(tmp),
             _lock: lock,
         })
+    }
+
+    /// A new recording at `path`, locked for this node before any other
+    /// node can see it: written under a name of its own, locked, then
+    /// linked at `path`, which fails if another node created `path`
+    /// meanwhile (`None`: that node's file is appended to, once it
+    /// closes). Created in place, as before, where the file system has no
+    /// hard links.
+    fn create(&self, opts: &RecordOptions) -> Result<Option<Sink>, RecordError> {
+        let io = |source| RecordError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let mut name = std::ffi::OsString::from(".");
+        name.push(self.path.file_name().unwrap_or_default());
+        name.push(format!(".milonga-new-{}", self.node.to_hex()));
+        let new = self.path.with_file_name(name);
+        let _ = std::fs::remove_file(&new);
+        let mut writer = Box::new(RecordWriter::create(&new, opts)?);
+        // A file none but this node has seen: its lock is this node's.
+        let _ = crate::util::sys::try_lock(writer.file());
+        let linked = std::fs::hard_link(&new, &self.path);
+        let _ = std::fs::remove_file(&new);
+        match linked {
+            Ok(()) => {
+                writer.moved_to(&self.path);
+                let lock = writer.file().try_clone().map_err(io)?;
+                Ok(Some(Sink::Writing {
+                    writer,
+                    tmp: None,
+                    _lock: lock,
+                }))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                writer.abandon();
+                Ok(None)
+            }
+            Err(e) => {
+                tracing::debug!(file = %self.path.display(), error = %e, "no hard link: the recording is created in place");
+                writer.abandon();
+                let writer = Box::new(RecordWriter::create(&self.path, opts)?);
+                let lock = self.lock()?;
+                Ok(Some(Sink::Writing {
+                    writer,
+                    tmp: None,
+                    _lock: lock,
+                }))
+            }
+        }
     }
 
     /// The recording at `path`, locked for this node: refused if another

@@ -195,6 +195,17 @@ impl RecordWriter {
         Ok(w)
     }
 
+    /// The file it writes (to lock it, or to hold a lock on it).
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The file was linked at `path` (and its first name removed): errors
+    /// name `path` from now on.
+    pub(crate) fn moved_to(&mut self, path: &Path) {
+        self.path = path.to_path_buf();
+    }
+
     fn io_err(&self, source: std::io::Error) -> RecordError {
         RecordError::Io {
             path: self.path.clone(),
