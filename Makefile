@@ -2,7 +2,7 @@
 # two commands of the README; .ci/run calls `make test`.
 CARGO ?= cargo
 
-.PHONY: setup demo test lint unit python pytest fuzz-smoke bench chaos fuzz clean coverage
+.PHONY: setup demo test lint unit python pytest fuzz-smoke bench device-binary chaos fuzz clean coverage
 
 # The Python package lives in its own virtual environment.
 PYTHON ?= python3
@@ -83,6 +83,14 @@ bench:
 	cd /tmp && $(CURDIR)/$(VPY) -m milonga.bench pubsub --format csv
 	cd /tmp && $(CURDIR)/$(VPY) -m milonga.bench signals --format csv
 	$(VPY) python/bench_memory.py
+
+# A stripped release binary small enough to carry to a machine that cannot
+# build, for tools/device-bench.sh (the scaling runs two cores cannot
+# settle; docs/benchmarks.md).
+device-binary:
+	$(CARGO) build --release -p milonga-cli
+	mkdir -p target/device
+	strip -o target/device/milonga target/release/milonga
 
 # The chaos suite (issue 10): a soak (MILONGA_CHAOS_MINUTES, default 2), 200
 # publishers killed at once, a 15 s history-query flood. Minutes long, so not
