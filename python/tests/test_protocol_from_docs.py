@@ -1,0 +1,341 @@
+"""A peer written from docs/protocol.md alone, with pyzmq and the standard
+library (no Milonga code on its side), against Milonga's own nodes: what an
+outside implementer gets by following the document.
+
+- A raw subscriber reads a Milonga publisher: it finds the publisher's
+  announcement file (§9.3), connects to its data endpoint (§2), subscribes
+  with the prefix of §3, and decodes each frame (§4: key, 44-byte header,
+  domain tag, CBOR body, §5).
+- A raw publisher is read by a Milonga subscription: it binds its sockets,
+  writes its announcement (§9.2, §9.3), sends heartbeats (§4.1) and samples,
+  then a goodbye, and the subscription sees it come, its samples and
+  numbers, and go (`closed`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+import milonga
+from conftest import Domain, wait_for
+
+HEADER = struct.Struct("<BBBBII16sQQ")  # §4: 44 bytes, little-endian
+assert HEADER.size == 44
+
+
+def domain_tag(name: str) -> int:
+    """§4 "Domain tag": FNV-1a 32 of the domain name."""
+    h = 0x811C9DC5
+    for b in name.encode():
+        h = ((h ^ b) * 0x01000193) % 2**32
+    return h
+
+
+def test_the_domain_tag_of_the_worked_example() -> None:
+    # §4.3
+    assert domain_tag("lab") == 0x626092F4
+    assert domain_tag("") == 0x811C9DC5
+
+
+def frame(key: str, kind: int, domain: str, node: bytes, seq: int, ts: int, body: bytes) -> bytes:
+    """Frame 1 of a single-frame data message, encoding CBOR (§4)."""
+    head = HEADER.pack(1, kind, 0, 1, domain_tag(domain), 0, node, seq, ts)
+    return key.encode() + b"\x00" + head + body
+
+
+def cbor_float(x: float) -> bytes:
+    """§5: a float is always written as float64, `fb` and 8 bytes."""
+    return b"\xfb" + struct.pack(">d", x)
+
+
+def cbor_leaving(leaving: bool) -> bytes:
+    """A heartbeat body (§4.1): the CBOR map {"leaving": bool}."""
+    return b"\xa1" + b"\x67leaving" + (b"\xf5" if leaving else b"\xf4")
+
+
+def domain_name(domain: Domain) -> str:
+    return domain.locator.removeprefix("milonga:///")
+
+
+def start_time() -> int:
+    """§9.2: field 22 of /proc/<pid>/stat (after the command in parentheses)."""
+    stat = Path(f"/proc/{os.getpid()}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def test_a_raw_subscriber_reads_a_milonga_publisher(domain: Domain) -> None:
+    node = domain.open("pub")
+    pub = node.publisher("sr/raw/x")
+    name = domain_name(domain)
+    # §9.3: <root>/<domain>/<node id hex>.json, the node that publishes it.
+    found: list[dict[str, Any]] = []
+
+    def announced() -> bool:
+        for f in (domain.dir / name).glob("*.json"):
+            a = json.loads(f.read_text())
+            if any(p["key"] == "sr/raw/x" for p in a["publications"]):
+                found.append(a)
+                return True
+        return False
+
+    wait_for("the publisher's announcement", announced)
+    a = found[0]
+    assert a["protocol"] == 1 and a["domain"] == name
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(a["data_best_effort"])
+    # §3: a literal expression subscribes to its key and a NUL.
+    sub.setsockopt(zmq.SUBSCRIBE, b"sr/raw/x\x00")
+    wait_for("the raw subscription", lambda: pub.subscriber_count() == 1)
+    got: list[tuple[int, float, int]] = []
+    sent = 0
+    end = time.monotonic() + 20
+    while len(got) < 20:
+        assert time.monotonic() < end, got
+        pub.put(float(sent) + 0.5)
+        sent += 1
+        if not sub.poll(20):
+            continue
+        while sub.poll(0):
+            msg = sub.recv_multipart()
+            assert len(msg) == 1, "a float takes no payload frame"
+            f1 = msg[0]
+            nul = f1.index(b"\x00")
+            assert f1[:nul] == b"sr/raw/x"
+            version, kind, flags, enc, tag, schema, nid, seq, ts = HEADER.unpack_from(f1, nul + 1)
+            assert (version, kind, flags, enc, schema) == (1, 1, 0, 1, 0)
+            assert tag == domain_tag(name)
+            assert nid.hex() == a["node_id"]
+            assert abs(ts - time.time_ns()) < 60 * 10**9
+            body = f1[nul + 1 + 44 :]
+            assert body[0] == 0xFB and len(body) == 9
+            got.append((seq, struct.unpack(">d", body[1:])[0], ts))
+    sub.close()
+    ctx.term()
+    # §6: numbers from 1, one a sample; the value is the one put with it.
+    for s, v, _ in got:
+        assert v == s - 1 + 0.5, got
+    seqs = [s for s, _, _ in got]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
+    name = domain_name(domain)
+    reader = domain.open("reader")
+    sub = reader.subscribe("sr/raw/**")
+    ctx = zmq.Context()
+    data = ctx.socket(zmq.XPUB)
+    live = ctx.socket(zmq.XPUB)
+    live.setsockopt(zmq.XPUB_VERBOSE, 1)
+    control = ctx.socket(zmq.ROUTER)
+    for s in (data, live, control):
+        s.setsockopt(zmq.LINGER, 0)
+        s.bind("tcp://127.0.0.1:*")
+    node = uuid.uuid4().bytes
+
+    def endpoint(s: zmq.Socket[bytes]) -> str:
+        return s.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    host = socket.gethostname()
+    announcement = {
+        "protocol": 1,
+        "domain": name,
+        "node_id": node.hex(),
+        "name": f"raw@{host}:{os.getpid()}",
+        "host": host,
+        "pid": os.getpid(),
+        "start_time": start_time(),
+        "control": endpoint(control),
+        "data_best_effort": endpoint(data),
+        "data_reliable": None,
+        "liveliness": endpoint(live),
+        "publications": [{"key": "sr/raw/y", "reliability": "best_effort", "history": 0}],
+    }
+    # §9.3: written to a temporary name, then renamed.
+    d = domain.dir / name
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{node.hex()}.tmp"
+    tmp.write_text(json.dumps(announcement, indent=2))
+    tmp.rename(d / f"{node.hex()}.json")
+    try:
+        # The subscription's prefix reaches the data XPUB (§3: `sr/` for
+        # `sr/raw/**`), and its liveliness subscription the liveliness one.
+        subscribed: list[bytes] = []
+        end = time.monotonic() + 20
+        while not any(p.startswith(b"\x01sr/") for p in subscribed):
+            assert time.monotonic() < end, subscribed
+            if data.poll(50):
+                subscribed.append(data.recv())
+        while live.poll(1000):
+            if live.recv().startswith(b"\x01"):
+                break
+        hb = 1
+        live.send(frame("@hb", 3, name, node, hb, time.time_ns(), cbor_leaving(False)))
+        stamps = []
+        for seq in range(1, 6):
+            ts = time.time_ns()
+            stamps.append(ts)
+            data.send(frame("sr/raw/y", 1, name, node, seq, ts, cbor_float(seq * 1.25)))
+        # A gap (§6): seq 8 after 5, two samples lost.
+        data.send(frame("sr/raw/y", 1, name, node, 8, time.time_ns(), cbor_float(10.0)))
+        events: list[Any] = []
+        end = time.monotonic() + 20
+        while sum(isinstance(e, milonga.Sample) for e in events) < 6:
+            assert time.monotonic() < end, events
+            e = sub.recv(timeout=1.0)
+            if e is not None:
+                events.append(e)
+        samples = [e for e in events if isinstance(e, milonga.Sample)]
+        assert [(s.key, s.seq, s.value) for s in samples] == [
+            ("sr/raw/y", 1, 1.25),
+            ("sr/raw/y", 2, 2.5),
+            ("sr/raw/y", 3, 3.75),
+            ("sr/raw/y", 4, 5.0),
+            ("sr/raw/y", 5, 6.25),
+            ("sr/raw/y", 8, 10.0),
+        ]
+        assert [s.timestamp_ns for s in samples[:5]] == stamps
+        assert all(s.publisher == node.hex() for s in samples)
+        alive = [e for e in events if isinstance(e, milonga.PublisherAlive)]
+        assert alive and alive[0].publisher == node.hex()
+        assert alive[0].name == announcement["name"]
+        lost = [e for e in events if isinstance(e, milonga.Lost)]
+        assert [(x.first_seq, x.count) for x in lost] == [(6, 2)]
+        # The goodbye (§4.1), then the file goes (§9.3): told `closed`.
+        hb += 1
+        live.send(frame("@hb", 3, name, node, hb, time.time_ns(), cbor_leaving(True)))
+        (d / f"{node.hex()}.json").unlink()
+        end = time.monotonic() + 20
+        while True:
+            assert time.monotonic() < end, "no publisher_lost"
+            e = sub.recv(timeout=1.0)
+            if isinstance(e, milonga.PublisherLost):
+                assert (e.publisher, e.reason) == (node.hex(), "closed")
+                break
+        assert reader.stats()["frames_malformed"] == 0
+    finally:
+        (d / f"{node.hex()}.json").unlink(missing_ok=True)
+        for s in (data, live, control):
+            s.close()
+        ctx.term()
+
+
+MAGIC = b"MILONGA-BRK/1"  # §11.2
+
+
+def test_a_raw_broker_client_publishes_to_a_milonga_client_of_the_broker(domain: Domain) -> None:
+    from test_broker import start_broker
+
+    name = domain_name(domain)
+    _, locator = start_broker(domain)
+    listen = "tcp://" + locator.removeprefix("milonga://").split("/")[0]
+    reader = milonga.open(locator, name="reader", runtime_dir=str(domain.dir))
+    domain.nodes.append(reader)
+    sub = reader.subscribe("sr/raw/**")
+    ctx = zmq.Context()
+    req = ctx.socket(zmq.DEALER)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(listen)
+    # hello (§11.2): the broker's sockets for the domain.
+    req.send_multipart([MAGIC, b"hello", name.encode()])
+    assert req.poll(10_000), "no answer to hello"
+    magic, what, body = req.recv_multipart()
+    assert (magic, what) == (MAGIC, b"hello"), body
+    hello = json.loads(body)
+    assert hello["domain"] == name
+    # The client's data and liveliness XPUBs connect to the broker's `_in`
+    # sockets (§11.1); it announces the `_out` ones, tagged with its id
+    # (§11.2 "What a client announces", §11.3).
+    data = ctx.socket(zmq.XPUB)
+    live = ctx.socket(zmq.XPUB)
+    live.setsockopt(zmq.XPUB_VERBOSE, 1)
+    control = ctx.socket(zmq.ROUTER)
+    for s in (data, live, control):
+        s.setsockopt(zmq.LINGER, 0)
+    data.connect(hello["data_best_effort_in"])
+    live.connect(hello["liveliness_in"])
+    control.bind("tcp://127.0.0.1:*")
+    node = uuid.uuid4().bytes
+    host = socket.gethostname()
+    announcement = {
+        "protocol": 1,
+        "domain": name,
+        "node_id": node.hex(),
+        "name": f"rawclient@{host}:{os.getpid()}",
+        "host": host,
+        "pid": os.getpid(),
+        "start_time": 0,
+        "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
+        "data_best_effort": f"{hello['data_best_effort_out']}#{node.hex()}",
+        "data_reliable": None,
+        "liveliness": f"{hello['liveliness_out']}#{node.hex()}",
+        "publications": [{"key": "sr/raw/b", "reliability": "best_effort", "history": 0}],
+    }
+    key = uuid.uuid4().hex
+    view = [b"0"]
+
+    def attach() -> None:
+        """§11.2: attach, the view held, no report, the client key; the
+        reply read if there is one."""
+        req.send_multipart(
+            [MAGIC, b"attach", json.dumps(announcement).encode(), view[0], b"", key.encode()]
+        )
+        while req.poll(0):
+            reply = req.recv_multipart()
+            assert reply[1] in (b"view", b"same"), reply
+            view[0] = reply[2]
+
+    try:
+        end = time.monotonic() + 20
+        while view[0] == b"0":
+            assert time.monotonic() < end, "no view"
+            attach()
+            req.poll(100)
+        last_attach = time.monotonic()
+        subscribed: list[bytes] = []
+        end = time.monotonic() + 20
+        while not any(p.startswith(b"\x01sr/") for p in subscribed):
+            assert time.monotonic() < end, subscribed
+            if time.monotonic() - last_attach > hello["attach_interval_ms"] / 1000:
+                attach()
+                last_attach = time.monotonic()
+            if data.poll(50):
+                subscribed.append(data.recv())
+        got: list[milonga.Sample] = []
+        seq = 0
+        hb = 0
+        end = time.monotonic() + 20
+        while len(got) < 5:
+            assert time.monotonic() < end, got
+            if time.monotonic() - last_attach > hello["attach_interval_ms"] / 1000:
+                attach()
+                last_attach = time.monotonic()
+                hb += 1
+                live.send(frame("@hb", 3, name, node, hb, time.time_ns(), cbor_leaving(False)))
+            seq += 1
+            data.send(frame("sr/raw/b", 1, name, node, seq, time.time_ns(), cbor_float(seq / 4)))
+            e = sub.recv(timeout=0.05)
+            if isinstance(e, milonga.Sample):
+                got.append(e)
+        assert all(s.key == "sr/raw/b" and s.publisher == node.hex() for s in got)
+        assert all(s.value == s.seq / 4 for s in got), [(s.seq, s.value) for s in got]
+        # detach (§11.2): the broker withdraws it at once.
+        req.send_multipart([MAGIC, b"detach", node.hex().encode(), key.encode()])
+        wait_for(
+            "the raw client gone from the reader's view",
+            lambda: node.hex() not in {a["node_id"] for a in reader.peers()},
+        )
+    finally:
+        for s in (req, data, live, control):
+            s.close()
+        ctx.term()
