@@ -339,3 +339,181 @@ def test_a_raw_broker_client_publishes_to_a_milonga_client_of_the_broker(domain:
         for s in (req, data, live, control):
             s.close()
         ctx.term()
+
+
+def cbor_text_map(b: bytes) -> dict[str, str]:
+    """A CBOR map of short text to short text (§4.5's failure map),
+    decoded by hand: heads of major types 5 and 3, lengths under 24 or in
+    one byte (0x18)."""
+
+    def head(i: int, major: int) -> tuple[int, int]:
+        assert b[i] >> 5 == major, (b.hex(), i)
+        n = b[i] & 0x1F
+        if n < 24:
+            return n, i + 1
+        assert n == 24, b.hex()
+        return b[i + 1], i + 2
+
+    def text(i: int) -> tuple[str, int]:
+        n, i = head(i, 3)
+        return b[i : i + n].decode(), i + n
+
+    pairs, i = head(0, 5)
+    out = {}
+    for _ in range(pairs):
+        k, i = text(i)
+        v, i = text(i)
+        out[k] = v
+    assert i == len(b)
+    return out
+
+
+def test_a_raw_caller_gets_every_outcome_of_a_milonga_service(domain: Domain) -> None:
+    name = domain_name(domain)
+    server = domain.open("server")
+
+    def fail(req: milonga.Request) -> object:
+        raise RuntimeError("no beam")
+
+    server.serve("sr/raw/double", lambda req: req.value * 2)
+    server.serve("sr/raw/fail", fail)
+    found: dict[str, str] = {}
+
+    def announced() -> bool:
+        for f in (domain.dir / name).glob("*.json"):
+            a = json.loads(f.read_text())
+            for s in a.get("services", []):
+                found[s["key"]] = s["endpoint"]
+            if len(found) == 2:
+                found["node"] = a["node_id"]
+                return True
+        return False
+
+    wait_for("the services' announcement", announced)
+    ctx = zmq.Context()
+    caller = uuid.uuid4().bytes
+
+    def call(endpoint: str, key: str, seq: int, body: bytes, dom: str = name) -> tuple[int, bytes]:
+        """§4.5: a request (kind 5) on a DEALER; the reply's status and rest."""
+        d = ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.connect(endpoint)
+        d.send(frame(key, 5, dom, caller, seq, time.time_ns(), body))
+        assert d.poll(10_000), f"no reply to {key}"
+        msg = d.recv_multipart()
+        d.close()
+        assert len(msg) == 1
+        f1 = msg[0]
+        nul = f1.index(b"\x00")
+        assert f1[:nul] == key.encode()
+        version, kind, flags, _enc, _tag, _schema, nid, rseq, _ts = HEADER.unpack_from(f1, nul + 1)
+        assert (version, kind, flags, rseq) == (1, 6, 0, seq)
+        assert nid.hex() == found["node"]
+        body = f1[nul + 1 + 44 :]
+        return body[0], body[1:]
+
+    try:
+        status, rest = call(found["sr/raw/double"], "sr/raw/double", 1, cbor_float(2.5))
+        assert (status, rest) == (0, cbor_float(5.0))
+        status, rest = call(found["sr/raw/fail"], "sr/raw/fail", 2, cbor_float(1.0))
+        assert status == 1
+        failure = cbor_text_map(rest)
+        assert "no beam" in failure["message"], failure
+        # Another domain's tag: rejected (status 2, `wrong_domain`).
+        status, rest = call(found["sr/raw/double"], "sr/raw/double", 3, cbor_float(1.0), "other")
+        assert (status, cbor_text_map(rest)["kind"]) == (2, "wrong_domain")
+        # A request the value of which does not decode: `bad_request`.
+        status, rest = call(found["sr/raw/double"], "sr/raw/double", 4, b"\xff\xff")
+        assert (status, cbor_text_map(rest)["kind"]) == (2, "bad_request")
+        # Another key on that service's socket: status 3.
+        status, rest = call(found["sr/raw/double"], "sr/raw/other", 5, cbor_float(1.0))
+        assert (status, cbor_text_map(rest)["kind"]) == (3, "no_such_service")
+    finally:
+        ctx.term()
+
+
+def test_a_milonga_caller_calls_a_raw_server(domain: Domain) -> None:
+    name = domain_name(domain)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    live = ctx.socket(zmq.XPUB)
+    control = ctx.socket(zmq.ROUTER)
+    for s in (router, live, control):
+        s.setsockopt(zmq.LINGER, 0)
+        s.bind("tcp://127.0.0.1:*")
+    node = uuid.uuid4().bytes
+    host = socket.gethostname()
+    announcement = {
+        "protocol": 1,
+        "domain": name,
+        "node_id": node.hex(),
+        "name": f"rawserver@{host}:{os.getpid()}",
+        "host": host,
+        "pid": os.getpid(),
+        "start_time": start_time(),
+        "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
+        "data_best_effort": None,
+        "data_reliable": None,
+        "liveliness": live.getsockopt_string(zmq.LAST_ENDPOINT),
+        "publications": [],
+        "services": [
+            {
+                "key": "sr/raw/add1",
+                "endpoint": router.getsockopt_string(zmq.LAST_ENDPOINT),
+                "workers": 1,
+                "max_request_bytes": 65536,
+            }
+        ],
+    }
+    d = domain.dir / name
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{node.hex()}.tmp"
+    tmp.write_text(json.dumps(announcement, indent=2))
+    tmp.rename(d / f"{node.hex()}.json")
+    caller = domain.open("caller")
+    wait_for(
+        "the raw server in the caller's view",
+        lambda: node.hex() in {a["node_id"] for a in caller.peers()},
+    )
+    try:
+        import threading
+
+        served: list[tuple[int, float]] = []
+
+        def serve() -> None:
+            # One request: [identity, frame 1] (§4.5), answered status 0
+            # with its value plus one; then one answered status 1.
+            for status in (0, 1):
+                assert router.poll(10_000)
+                identity, f1 = router.recv_multipart()
+                nul = f1.index(b"\x00")
+                key = f1[:nul].decode()
+                _v, kind, _f, enc, tag, _s, _nid, seq, _ts = HEADER.unpack_from(f1, nul + 1)
+                assert (kind, enc, tag) == (5, 1, domain_tag(name))
+                body = f1[nul + 1 + 44 :]
+                x = struct.unpack(">d", body[1:])[0]
+                served.append((seq, x))
+                if status == 0:
+                    reply = bytes([0]) + cbor_float(x + 1)
+                else:
+                    # {"kind": "busy", "message": "try later"}
+                    reply = bytes([1]) + b"\xa2\x64kind\x64busy\x67message\x69try later"
+                head = HEADER.pack(1, 6, 0, 1, domain_tag(name), 0, node, seq, time.time_ns())
+                router.send_multipart([identity, key.encode() + b"\x00" + head + reply])
+
+        t = threading.Thread(target=serve)
+        t.start()
+        assert caller.call("sr/raw/add1", 41.5) == 42.5
+        try:
+            caller.call("sr/raw/add1", 1.0)
+            raise AssertionError("a failure reply was taken as a value")
+        except milonga.RemoteError as e:
+            assert (e.kind, e.remote_message) == ("busy", "try later"), e
+        t.join(10)
+        assert [x for _, x in served] == [41.5, 1.0]
+        assert served[0][0] != served[1][0], "call ids are unique"
+    finally:
+        (d / f"{node.hex()}.json").unlink(missing_ok=True)
+        for s in (router, live, control):
+            s.close()
+        ctx.term()

@@ -330,7 +330,14 @@ impl Drop for Service {
                 kind: "withdrawn".into(),
                 message: "the service was withdrawn".into(),
             };
-            s.refuse(sock, r.identity, &r.header, ReplyStatus::NoSuchService, f);
+            s.refuse(
+                sock,
+                r.identity,
+                &r.header,
+                ReplyStatus::NoSuchService,
+                f,
+                None,
+            );
         };
         for r in waiting {
             turn_away(&mut sock, r);
@@ -505,7 +512,7 @@ impl Server {
                         kind: "overload".into(),
                         message: msg,
                     };
-                    self.refuse(s, r.identity, &r.header, ReplyStatus::Rejected, f);
+                    self.refuse(s, r.identity, &r.header, ReplyStatus::Rejected, f, None);
                     continue;
                 }
                 *p.queued_by.entry(caller).or_insert(0) += 1;
@@ -574,7 +581,7 @@ impl Server {
         match check_request(&me, &self.node.core().domain, &self.key, frames) {
             Check::Accept(r) => {
                 if let Err(f) = self.permitted(&identity) {
-                    self.refuse(sock, identity, &r.header, ReplyStatus::Rejected, f);
+                    self.refuse(sock, identity, &r.header, ReplyStatus::Rejected, f, None);
                     return None;
                 }
                 Some(Incoming {
@@ -585,8 +592,8 @@ impl Server {
                     second: r.second,
                 })
             }
-            Check::Refuse(header, status, f) => {
-                self.refuse(sock, identity, &header, status, f);
+            Check::Refuse(header, status, f, asked) => {
+                self.refuse(sock, identity, &header, status, f, asked.as_ref());
                 None
             }
             Check::Drop => None,
@@ -696,9 +703,11 @@ impl Server {
         h: &Header,
         status: ReplyStatus,
         f: Failure,
+        asked: Option<&Key>,
     ) {
         let me = Me::from(self.node.core());
-        let (head, _) = reply_of(&me, &self.key, h, Err((status, f)), crate::util::now_ns());
+        let key = asked.unwrap_or(&self.key);
+        let (head, _) = reply_of(&me, key, h, Err((status, f)), crate::util::now_ns());
         self.send(
             sock,
             Outgoing {

@@ -25,8 +25,10 @@ pub(crate) struct Received {
 pub(crate) enum Check {
     /// Run the handler.
     Accept(Received),
-    /// Answer at once with this status and failure, without the handler.
-    Refuse(Header, ReplyStatus, Failure),
+    /// Answer at once with this status and failure, without the handler;
+    /// under the request's key when it is not the service's (a reply goes
+    /// under the key of the request it answers, docs/protocol.md §4.5).
+    Refuse(Header, ReplyStatus, Failure, Option<Key>),
     /// Nothing to answer (malformed: counted in `frames_malformed`).
     Drop,
 }
@@ -65,7 +67,7 @@ pub(crate) fn check_request(me: &Me<'_>, domain: &str, key: &Key, mut frames: Ve
             kind: "wrong_domain".into(),
             message: format!("this service is in domain {domain:?}"),
         };
-        return Check::Refuse(header, ReplyStatus::Rejected, f);
+        return Check::Refuse(header, ReplyStatus::Rejected, f, None);
     }
     if view.key != key.as_str() {
         let f = Failure {
@@ -76,7 +78,9 @@ pub(crate) fn check_request(me: &Me<'_>, domain: &str, key: &Key, mut frames: Ve
                 view.key
             ),
         };
-        return Check::Refuse(header, ReplyStatus::NoSuchService, f);
+        // Decoded, so a valid key (one of `@` too, which no service has).
+        let asked = Key::internal(view.key).ok();
+        return Check::Refuse(header, ReplyStatus::NoSuchService, f, asked);
     }
     let body_offset = view.body_offset;
     Check::Accept(Received {
@@ -248,16 +252,22 @@ mod tests {
         let server = me(&c, "lab", 1 << 20);
         let key = Key::new("sr/ps/set").unwrap();
         let refused = |frames| match check_request(&server, "lab", &key, frames) {
-            Check::Refuse(_, status, f) => Some((status, f.kind)),
+            Check::Refuse(_, status, f, asked) => {
+                Some((status, f.kind, asked.map(|k| k.as_str().to_owned())))
+            }
             _ => None,
         };
         assert_eq!(
             refused(request("other", "sr/ps/set", &Value::Null)),
-            Some((ReplyStatus::Rejected, "wrong_domain".to_owned()))
+            Some((ReplyStatus::Rejected, "wrong_domain".to_owned(), None))
         );
         assert_eq!(
             refused(request("lab", "sr/ps/get", &Value::Null)),
-            Some((ReplyStatus::NoSuchService, "no_such_service".to_owned()))
+            Some((
+                ReplyStatus::NoSuchService,
+                "no_such_service".to_owned(),
+                Some("sr/ps/get".to_owned())
+            ))
         );
         assert_eq!(c.frames_foreign_domain.load(Relaxed), 1);
         assert!(matches!(
