@@ -517,3 +517,133 @@ def test_a_milonga_caller_calls_a_raw_server(domain: Domain) -> None:
         for s in (router, live, control):
             s.close()
         ctx.term()
+
+
+def cbor_encode(v: object) -> bytes:
+    """§5's written forms for what a history query holds: unsigned
+    integers, text, arrays and maps, definite lengths, shortest heads."""
+
+    def head(major: int, n: int) -> bytes:
+        if n < 24:
+            return bytes([major << 5 | n])
+        for extra, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
+            if n < 1 << (8 * size):
+                return bytes([major << 5 | extra]) + n.to_bytes(size, "big")
+        raise ValueError(n)
+
+    if isinstance(v, bool):
+        return b"\xf5" if v else b"\xf4"
+    if isinstance(v, int):
+        return head(0, v)
+    if isinstance(v, str):
+        b = v.encode()
+        return head(3, len(b)) + b
+    if isinstance(v, list):
+        return head(4, len(v)) + b"".join(cbor_encode(x) for x in v)
+    if isinstance(v, dict):
+        return head(5, len(v)) + b"".join(cbor_encode(k) + cbor_encode(x) for k, x in v.items())
+    raise TypeError(v)
+
+
+def cbor_decode(b: bytes) -> object:
+    """One CBOR item of definite lengths (what a history reply holds, §4.2)."""
+
+    def item(i: int) -> tuple[object, int]:
+        major, n = b[i] >> 5, b[i] & 0x1F
+        i += 1
+        if major == 7:
+            if n in (20, 21, 22):
+                return {20: False, 21: True, 22: None}[n], i
+            assert n == 27, b[i - 1]
+            return struct.unpack(">d", b[i : i + 8])[0], i + 8
+        if n >= 24:
+            size = 1 << (n - 24)
+            n, i = int.from_bytes(b[i : i + size], "big"), i + size
+        if major == 0:
+            return n, i
+        if major in (2, 3):
+            raw = b[i : i + n]
+            return (raw if major == 2 else raw.decode()), i + n
+        if major == 4:
+            out = []
+            for _ in range(n):
+                x, i = item(i)
+                out.append(x)
+            return out, i
+        if major == 5:
+            m = {}
+            for _ in range(n):
+                k, i = item(i)
+                x, i = item(i)
+                m[k] = x
+            return m, i
+        raise ValueError(f"major {major}")
+
+    v, end = item(0)
+    assert end == len(b)
+    return v
+
+
+def test_a_raw_subscriber_gets_a_milonga_publisher_s_kept_samples(domain: Domain) -> None:
+    name = domain_name(domain)
+    node = domain.open("keeper")
+    pub = node.publisher("sr/raw/h", milonga.PublisherQos(history=3))
+    for i in range(1, 6):
+        pub.put(i * 1.5)
+    found: list[dict[str, Any]] = []
+
+    def announced() -> bool:
+        for f in (domain.dir / name).glob("*.json"):
+            a = json.loads(f.read_text())
+            if any(p["key"] == "sr/raw/h" and p["history"] == 3 for p in a["publications"]):
+                found.append(a)
+                return True
+        return False
+
+    wait_for("the keeper's announcement", announced)
+    a = found[0]
+    ctx = zmq.Context()
+    xsub = ctx.socket(zmq.XSUB)
+    xsub.setsockopt(zmq.LINGER, 0)
+    xsub.connect(a["data_best_effort"])
+    token = uuid.uuid4().hex
+    # §3, §4.2: the key, then the reply prefix, subscribed upstream; the
+    # query once the connection is there.
+    xsub.send(b"\x01sr/raw/h\x00")
+    xsub.send(b"\x01@r/" + token.encode() + b"\x00")
+    wait_for("the raw subscription", lambda: pub.subscriber_count() == 1)
+    query = {
+        "node": a["node_id"],
+        "socket": "best_effort",
+        "token": token,
+        "expr": "sr/raw/**",
+        "last": 2,
+        "since": [],
+        "id": 7,
+    }
+    xsub.send(b"\x02" + cbor_encode(query))
+    assert xsub.poll(10_000), "no history reply"
+    f1 = xsub.recv()
+    nul = f1.index(b"\x00")
+    assert f1[:nul] == b"@r/" + token.encode()
+    version, kind, flags, enc, tag, _schema, nid, _seq, _ts = HEADER.unpack_from(f1, nul + 1)
+    assert (version, kind, flags, enc, tag) == (1, 4, 0, 1, domain_tag(name))
+    assert nid.hex() == a["node_id"]
+    reply = cbor_decode(f1[nul + 1 + 44 :])
+    assert isinstance(reply, dict)
+    assert (reply["socket"], reply["done"], reply["id"]) == ("best_effort", True, 7)
+    [k] = reply["keys"]
+    assert (k["key"], k["last"]) == ("sr/raw/h", 5)
+    entries = k["entries"]
+    assert [e[0] for e in entries] == [4, 5]
+    assert all(e[2] == 1 and e[3] == 0 for e in entries)
+    assert [cbor_decode(e[4]) for e in entries] == [6.0, 7.5]
+    assert node.stats()["history_queries_answered"] == 1
+    # A later live sample comes after the reply, on the same connection.
+    pub.put(9.0)
+    assert xsub.poll(10_000)
+    live = xsub.recv()
+    assert live.startswith(b"sr/raw/h\x00")
+    assert HEADER.unpack_from(live, 9)[7] == 6
+    xsub.close()
+    ctx.term()
