@@ -91,7 +91,32 @@ def test_a_raw_subscriber_reads_a_milonga_publisher(domain: Domain) -> None:
     a = found[0]
     assert a["protocol"] == 1 and a["domain"] == name
     ctx = zmq.Context()
+    try:
+        got = read_raw(ctx, a, pub, name)
+    finally:
+        ctx.destroy(linger=0)
+    # §6: numbers from 1, one a sample; the value is the one put with it.
+    for s, v, _ in got:
+        assert v == s - 1 + 0.5, got
+    seqs = [s for s, _, _ in got]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def read_raw(
+    ctx: zmq.Context[zmq.Socket[bytes]], a: dict[str, Any], pub: milonga.Publisher, name: str
+) -> list[tuple[int, float, int]]:
+    """Twenty samples of sr/raw/x read on a SUB of `a`'s best-effort data
+    socket, each put as the raw side waits: (seq, value, timestamp)."""
     sub = ctx.socket(zmq.SUB)
+    try:
+        return read_from(sub, a, pub, name)
+    finally:
+        sub.close()
+
+
+def read_from(
+    sub: zmq.Socket[bytes], a: dict[str, Any], pub: milonga.Publisher, name: str
+) -> list[tuple[int, float, int]]:
     sub.setsockopt(zmq.LINGER, 0)
     sub.connect(a["data_best_effort"])
     # §3: a literal expression subscribes to its key and a NUL.
@@ -120,13 +145,7 @@ def test_a_raw_subscriber_reads_a_milonga_publisher(domain: Domain) -> None:
             body = f1[nul + 1 + 44 :]
             assert body[0] == 0xFB and len(body) == 9
             got.append((seq, struct.unpack(">d", body[1:])[0], ts))
-    sub.close()
-    ctx.term()
-    # §6: numbers from 1, one a sample; the value is the one put with it.
-    for s, v, _ in got:
-        assert v == s - 1 + 0.5, got
-    seqs = [s for s, _, _ in got]
-    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    return got
 
 
 def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
@@ -176,11 +195,21 @@ def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
             assert time.monotonic() < end, subscribed
             if data.poll(50):
                 subscribed.append(data.recv())
-        while live.poll(1000):
-            if live.recv().startswith(b"\x01"):
-                break
-        hb = 1
-        live.send(frame("@hb", 3, name, node, hb, time.time_ns(), cbor_leaving(False)))
+        # §4.1: a heartbeat at once when the liveliness subscription
+        # comes, then every `heartbeat_interval_ms` (1 s; here every 0.5 s)
+        # while the test waits.
+        while not live.poll(100) or not live.recv().startswith(b"\x01@hb\x00"):
+            assert time.monotonic() < end, "no liveliness subscription"
+        hb = [0, 0.0]
+
+        def heartbeat(leaving: bool = False) -> None:
+            if leaving or time.monotonic() - hb[1] >= 0.5:
+                hb[0] += 1
+                hb[1] = time.monotonic()
+                body = cbor_leaving(leaving)
+                live.send(frame("@hb", 3, name, node, int(hb[0]), time.time_ns(), body))
+
+        heartbeat()
         stamps = []
         for seq in range(1, 6):
             ts = time.time_ns()
@@ -192,7 +221,8 @@ def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
         end = time.monotonic() + 20
         while sum(isinstance(e, milonga.Sample) for e in events) < 6:
             assert time.monotonic() < end, events
-            e = sub.recv(timeout=1.0)
+            heartbeat()
+            e = sub.recv(timeout=0.2)
             if e is not None:
                 events.append(e)
         samples = [e for e in events if isinstance(e, milonga.Sample)]
@@ -212,8 +242,7 @@ def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
         lost = [e for e in events if isinstance(e, milonga.Lost)]
         assert [(x.first_seq, x.count) for x in lost] == [(6, 2)]
         # The goodbye (§4.1), then the file goes (§9.3): told `closed`.
-        hb += 1
-        live.send(frame("@hb", 3, name, node, hb, time.time_ns(), cbor_leaving(True)))
+        heartbeat(leaving=True)
         (d / f"{node.hex()}.json").unlink()
         end = time.monotonic() + 20
         while True:
@@ -225,9 +254,7 @@ def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
         assert reader.stats()["frames_malformed"] == 0
     finally:
         (d / f"{node.hex()}.json").unlink(missing_ok=True)
-        for s in (data, live, control):
-            s.close()
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 MAGIC = b"MILONGA-BRK/1"  # §11.2
@@ -243,59 +270,59 @@ def test_a_raw_broker_client_publishes_to_a_milonga_client_of_the_broker(domain:
     domain.nodes.append(reader)
     sub = reader.subscribe("sr/raw/**")
     ctx = zmq.Context()
-    req = ctx.socket(zmq.DEALER)
-    req.setsockopt(zmq.LINGER, 0)
-    req.connect(listen)
-    # hello (§11.2): the broker's sockets for the domain.
-    req.send_multipart([MAGIC, b"hello", name.encode()])
-    assert req.poll(10_000), "no answer to hello"
-    magic, what, body = req.recv_multipart()
-    assert (magic, what) == (MAGIC, b"hello"), body
-    hello = json.loads(body)
-    assert hello["domain"] == name
-    # The client's data and liveliness XPUBs connect to the broker's `_in`
-    # sockets (§11.1); it announces the `_out` ones, tagged with its id
-    # (§11.2 "What a client announces", §11.3).
-    data = ctx.socket(zmq.XPUB)
-    live = ctx.socket(zmq.XPUB)
-    live.setsockopt(zmq.XPUB_VERBOSE, 1)
-    control = ctx.socket(zmq.ROUTER)
-    for s in (data, live, control):
-        s.setsockopt(zmq.LINGER, 0)
-    data.connect(hello["data_best_effort_in"])
-    live.connect(hello["liveliness_in"])
-    control.bind("tcp://127.0.0.1:*")
-    node = uuid.uuid4().bytes
-    host = socket.gethostname()
-    announcement = {
-        "protocol": 1,
-        "domain": name,
-        "node_id": node.hex(),
-        "name": f"rawclient@{host}:{os.getpid()}",
-        "host": host,
-        "pid": os.getpid(),
-        "start_time": 0,
-        "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
-        "data_best_effort": f"{hello['data_best_effort_out']}#{node.hex()}",
-        "data_reliable": None,
-        "liveliness": f"{hello['liveliness_out']}#{node.hex()}",
-        "publications": [{"key": "sr/raw/b", "reliability": "best_effort", "history": 0}],
-    }
-    key = uuid.uuid4().hex
-    view = [b"0"]
-
-    def attach() -> None:
-        """§11.2: attach, the view held, no report, the client key; the
-        reply read if there is one."""
-        req.send_multipart(
-            [MAGIC, b"attach", json.dumps(announcement).encode(), view[0], b"", key.encode()]
-        )
-        while req.poll(0):
-            reply = req.recv_multipart()
-            assert reply[1] in (b"view", b"same"), reply
-            view[0] = reply[2]
-
     try:
+        req = ctx.socket(zmq.DEALER)
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(listen)
+        # hello (§11.2): the broker's sockets for the domain.
+        req.send_multipart([MAGIC, b"hello", name.encode()])
+        assert req.poll(10_000), "no answer to hello"
+        magic, what, body = req.recv_multipart()
+        assert (magic, what) == (MAGIC, b"hello"), body
+        hello = json.loads(body)
+        assert hello["domain"] == name
+        # The client's data and liveliness XPUBs connect to the broker's `_in`
+        # sockets (§11.1); it announces the `_out` ones, tagged with its id
+        # (§11.2 "What a client announces", §11.3).
+        data = ctx.socket(zmq.XPUB)
+        live = ctx.socket(zmq.XPUB)
+        live.setsockopt(zmq.XPUB_VERBOSE, 1)
+        control = ctx.socket(zmq.ROUTER)
+        for s in (data, live, control):
+            s.setsockopt(zmq.LINGER, 0)
+        data.connect(hello["data_best_effort_in"])
+        live.connect(hello["liveliness_in"])
+        control.bind("tcp://127.0.0.1:*")
+        node = uuid.uuid4().bytes
+        host = socket.gethostname()
+        announcement = {
+            "protocol": 1,
+            "domain": name,
+            "node_id": node.hex(),
+            "name": f"rawclient@{host}:{os.getpid()}",
+            "host": host,
+            "pid": os.getpid(),
+            "start_time": 0,
+            "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
+            "data_best_effort": f"{hello['data_best_effort_out']}#{node.hex()}",
+            "data_reliable": None,
+            "liveliness": f"{hello['liveliness_out']}#{node.hex()}",
+            "publications": [{"key": "sr/raw/b", "reliability": "best_effort", "history": 0}],
+        }
+        key = uuid.uuid4().hex
+        view = [b"0"]
+
+        def attach() -> None:
+            """§11.2: attach, the view held, no report, the client key; the
+            reply read if there is one."""
+            req.send_multipart(
+                [MAGIC, b"attach", json.dumps(announcement).encode(), view[0], b"", key.encode()]
+            )
+            while req.poll(0):
+                reply = req.recv_multipart()
+                assert reply[1] in (b"view", b"same"), reply
+                view[0] = reply[2]
+
         end = time.monotonic() + 20
         while view[0] == b"0":
             assert time.monotonic() < end, "no view"
@@ -336,9 +363,7 @@ def test_a_raw_broker_client_publishes_to_a_milonga_client_of_the_broker(domain:
             lambda: node.hex() not in {a["node_id"] for a in reader.peers()},
         )
     finally:
-        for s in (req, data, live, control):
-            s.close()
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 def cbor_text_map(b: bytes) -> dict[str, str]:
@@ -396,12 +421,14 @@ def test_a_raw_caller_gets_every_outcome_of_a_milonga_service(domain: Domain) ->
     def call(endpoint: str, key: str, seq: int, body: bytes, dom: str = name) -> tuple[int, bytes]:
         """§4.5: a request (kind 5) on a DEALER; the reply's status and rest."""
         d = ctx.socket(zmq.DEALER)
-        d.setsockopt(zmq.LINGER, 0)
-        d.connect(endpoint)
-        d.send(frame(key, 5, dom, caller, seq, time.time_ns(), body))
-        assert d.poll(10_000), f"no reply to {key}"
-        msg = d.recv_multipart()
-        d.close()
+        try:
+            d.setsockopt(zmq.LINGER, 0)
+            d.connect(endpoint)
+            d.send(frame(key, 5, dom, caller, seq, time.time_ns(), body))
+            assert d.poll(10_000), f"no reply to {key}"
+            msg = d.recv_multipart()
+        finally:
+            d.close()
         assert len(msg) == 1
         f1 = msg[0]
         nul = f1.index(b"\x00")
@@ -429,7 +456,7 @@ def test_a_raw_caller_gets_every_outcome_of_a_milonga_service(domain: Domain) ->
         status, rest = call(found["sr/raw/double"], "sr/raw/other", 5, cbor_float(1.0))
         assert (status, cbor_text_map(rest)["kind"]) == (3, "no_such_service")
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 def test_a_milonga_caller_calls_a_raw_server(domain: Domain) -> None:
@@ -479,12 +506,15 @@ def test_a_milonga_caller_calls_a_raw_server(domain: Domain) -> None:
         import threading
 
         served: list[tuple[int, float]] = []
+        stop = threading.Event()
 
         def serve() -> None:
             # One request: [identity, frame 1] (§4.5), answered status 0
             # with its value plus one; then one answered status 1.
             for status in (0, 1):
-                assert router.poll(10_000)
+                while not router.poll(50):
+                    if stop.is_set():
+                        return
                 identity, f1 = router.recv_multipart()
                 nul = f1.index(b"\x00")
                 key = f1[:nul].decode()
@@ -503,20 +533,24 @@ def test_a_milonga_caller_calls_a_raw_server(domain: Domain) -> None:
 
         t = threading.Thread(target=serve)
         t.start()
-        assert caller.call("sr/raw/add1", 41.5) == 42.5
         try:
-            caller.call("sr/raw/add1", 1.0)
-            raise AssertionError("a failure reply was taken as a value")
-        except milonga.RemoteError as e:
-            assert (e.kind, e.remote_message) == ("busy", "try later"), e
-        t.join(10)
+            assert caller.call("sr/raw/add1", 41.5) == 42.5
+            try:
+                caller.call("sr/raw/add1", 1.0)
+                raise AssertionError("a failure reply was taken as a value")
+            except milonga.RemoteError as e:
+                assert (e.kind, e.remote_message) == ("busy", "try later"), e
+        finally:
+            # The router is the thread's until it ends (a socket is not
+            # shared between threads).
+            stop.set()
+            t.join(20)
+            assert not t.is_alive()
         assert [x for _, x in served] == [41.5, 1.0]
         assert served[0][0] != served[1][0], "call ids are unique"
     finally:
         (d / f"{node.hex()}.json").unlink(missing_ok=True)
-        for s in (router, live, control):
-            s.close()
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 def cbor_encode(v: object) -> bytes:
@@ -603,47 +637,48 @@ def test_a_raw_subscriber_gets_a_milonga_publisher_s_kept_samples(domain: Domain
     wait_for("the keeper's announcement", announced)
     a = found[0]
     ctx = zmq.Context()
-    xsub = ctx.socket(zmq.XSUB)
-    xsub.setsockopt(zmq.LINGER, 0)
-    xsub.connect(a["data_best_effort"])
-    token = uuid.uuid4().hex
-    # §3, §4.2: the key, then the reply prefix, subscribed upstream; the
-    # query once the connection is there.
-    xsub.send(b"\x01sr/raw/h\x00")
-    xsub.send(b"\x01@r/" + token.encode() + b"\x00")
-    wait_for("the raw subscription", lambda: pub.subscriber_count() == 1)
-    query = {
-        "node": a["node_id"],
-        "socket": "best_effort",
-        "token": token,
-        "expr": "sr/raw/**",
-        "last": 2,
-        "since": [],
-        "id": 7,
-    }
-    xsub.send(b"\x02" + cbor_encode(query))
-    assert xsub.poll(10_000), "no history reply"
-    f1 = xsub.recv()
-    nul = f1.index(b"\x00")
-    assert f1[:nul] == b"@r/" + token.encode()
-    version, kind, flags, enc, tag, _schema, nid, _seq, _ts = HEADER.unpack_from(f1, nul + 1)
-    assert (version, kind, flags, enc, tag) == (1, 4, 0, 1, domain_tag(name))
-    assert nid.hex() == a["node_id"]
-    reply = cbor_decode(f1[nul + 1 + 44 :])
-    assert isinstance(reply, dict)
-    assert (reply["socket"], reply["done"], reply["id"]) == ("best_effort", True, 7)
-    [k] = reply["keys"]
-    assert (k["key"], k["last"]) == ("sr/raw/h", 5)
-    entries = k["entries"]
-    assert [e[0] for e in entries] == [4, 5]
-    assert all(e[2] == 1 and e[3] == 0 for e in entries)
-    assert [cbor_decode(e[4]) for e in entries] == [6.0, 7.5]
-    assert node.stats()["history_queries_answered"] == 1
-    # A later live sample comes after the reply, on the same connection.
-    pub.put(9.0)
-    assert xsub.poll(10_000)
-    live = xsub.recv()
-    assert live.startswith(b"sr/raw/h\x00")
-    assert HEADER.unpack_from(live, 9)[7] == 6
-    xsub.close()
-    ctx.term()
+    try:
+        xsub = ctx.socket(zmq.XSUB)
+        xsub.setsockopt(zmq.LINGER, 0)
+        xsub.connect(a["data_best_effort"])
+        token = uuid.uuid4().hex
+        # §3, §4.2: the key, then the reply prefix, subscribed upstream; the
+        # query once the connection is there.
+        xsub.send(b"\x01sr/raw/h\x00")
+        xsub.send(b"\x01@r/" + token.encode() + b"\x00")
+        wait_for("the raw subscription", lambda: pub.subscriber_count() == 1)
+        query = {
+            "node": a["node_id"],
+            "socket": "best_effort",
+            "token": token,
+            "expr": "sr/raw/**",
+            "last": 2,
+            "since": [],
+            "id": 7,
+        }
+        xsub.send(b"\x02" + cbor_encode(query))
+        assert xsub.poll(10_000), "no history reply"
+        f1 = xsub.recv()
+        nul = f1.index(b"\x00")
+        assert f1[:nul] == b"@r/" + token.encode()
+        version, kind, flags, enc, tag, _schema, nid, _seq, _ts = HEADER.unpack_from(f1, nul + 1)
+        assert (version, kind, flags, enc, tag) == (1, 4, 0, 1, domain_tag(name))
+        assert nid.hex() == a["node_id"]
+        reply = cbor_decode(f1[nul + 1 + 44 :])
+        assert isinstance(reply, dict)
+        assert (reply["socket"], reply["done"], reply["id"]) == ("best_effort", True, 7)
+        [k] = reply["keys"]
+        assert (k["key"], k["last"]) == ("sr/raw/h", 5)
+        entries = k["entries"]
+        assert [e[0] for e in entries] == [4, 5]
+        assert all(e[2] == 1 and e[3] == 0 for e in entries)
+        assert [cbor_decode(e[4]) for e in entries] == [6.0, 7.5]
+        assert node.stats()["history_queries_answered"] == 1
+        # A later live sample comes after the reply, on the same connection.
+        pub.put(9.0)
+        assert xsub.poll(10_000)
+        live = xsub.recv()
+        assert live.startswith(b"sr/raw/h\x00")
+        assert HEADER.unpack_from(live, 9)[7] == 6
+    finally:
+        ctx.destroy(linger=0)

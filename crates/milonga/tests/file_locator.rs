@@ -205,6 +205,34 @@ fn two_nodes_creating_one_recording_at_once_both_write_it() {
     }
 }
 
+/// A node killed while creating a new recording leaves its hidden file
+/// (`.milonga-new-<node id>`): the next node creating a recording in that
+/// directory removes those a minute old that no node holds, and leaves a
+/// younger one (a node creating its own now).
+#[test]
+fn hidden_files_a_killed_node_left_are_removed_by_the_next_creation() {
+    let dir = TempDir::new("file-stale");
+    let stale = dir.path().join(".milonga-new-00112233445566778899aabbccddeeff");
+    let young = dir.path().join(".milonga-new-ffeeddccbbaa99887766554433221100");
+    for f in [&stale, &young] {
+        std::fs::write(f, b"\x89MCAP0\r\n").unwrap();
+    }
+    let old = std::time::SystemTime::now() - Duration::from_secs(120);
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let path = dir.path().join("run.mcap");
+    let n = node(&path, "max").unwrap();
+    n.publisher("f/a").unwrap().put(1u64).unwrap();
+    n.close();
+    assert!(!stale.exists(), "the stale hidden file stayed");
+    assert!(young.exists(), "a young hidden file was removed");
+    assert_eq!(samples(&path).len(), 1);
+}
+
 /// A node appends to a recording by copying it and putting the copy in
 /// its place: never to one the copy would not hold whole (cut short, or
 /// with what is not Milonga's), which is left as it is, the put refused

@@ -15,7 +15,9 @@
 //! A file that exists is appended to by copying it, record by record, to
 //! `PATH.milonga-tmp` at the first publisher, writing on, and renaming the
 //! copy over `PATH` when the node closes (so that the original stays whole
-//! until then); a new file is written in place.
+//! until then); a new file is written under a hidden name, locked, then
+//! linked at `PATH` (so that two nodes creating it at once never see each
+//! other's file unlocked).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -139,30 +141,44 @@ impl FileNode {
     }
 
     /// A new recording at `path`, locked for this node before any other
-    /// node can see it: written under a name of its own, locked, then
-    /// linked at `path`, which fails if another node created `path`
-    /// meanwhile (`None`: that node's file is appended to, once it
-    /// closes). Created in place, as before, where the file system has no
-    /// hard links.
+    /// node can see it: written under a hidden name of its own
+    /// (`.milonga-new-<node id>` beside it), locked, then linked at `path`,
+    /// which fails if another node created `path` meanwhile (`None`: that
+    /// node's file is appended to, once it closes). Created in place, as
+    /// before, where no hidden file can be made or linked there (a file
+    /// system without hard links).
     fn create(&self, opts: &RecordOptions) -> Result<Option<Sink>, RecordError> {
-        let io = |source| RecordError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        let mut name = std::ffi::OsString::from(".");
-        name.push(self.path.file_name().unwrap_or_default());
-        name.push(format!(".milonga-new-{}", self.node.to_hex()));
-        let new = self.path.with_file_name(name);
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        remove_stale_new_files(dir);
+        let new = dir.join(format!("{NEW_PREFIX}{}", self.node.to_hex()));
         let _ = std::fs::remove_file(&new);
-        let mut writer = Box::new(RecordWriter::create(&new, opts)?);
+        let mut writer = match RecordWriter::create(&new, opts) {
+            Ok(w) => Box::new(w),
+            Err(e) => {
+                tracing::warn!(file = %self.path.display(), error = %e, "no hidden file can be made beside the recording: it is created in place");
+                return self.create_in_place(opts).map(Some);
+            }
+        };
         // A file none but this node has seen: its lock is this node's.
-        let _ = crate::util::sys::try_lock(writer.file());
+        if let Err(e) = crate::util::sys::try_lock(writer.file()) {
+            tracing::warn!(file = %self.path.display(), error = %e, "the recording cannot be locked: a second node writing it at once is not refused");
+        }
+        let lock = match writer.file().try_clone() {
+            Ok(lock) => lock,
+            Err(e) => {
+                writer.abandon();
+                let _ = std::fs::remove_file(&new);
+                return Err(RecordError::Io {
+                    path: self.path.clone(),
+                    source: e,
+                });
+            }
+        };
         let linked = std::fs::hard_link(&new, &self.path);
         let _ = std::fs::remove_file(&new);
         match linked {
             Ok(()) => {
                 writer.moved_to(&self.path);
-                let lock = writer.file().try_clone().map_err(io)?;
                 Ok(Some(Sink::Writing {
                     writer,
                     tmp: None,
@@ -174,17 +190,22 @@ impl FileNode {
                 Ok(None)
             }
             Err(e) => {
-                tracing::debug!(file = %self.path.display(), error = %e, "no hard link: the recording is created in place");
+                tracing::warn!(file = %self.path.display(), error = %e, "the new recording cannot be linked into place: it is created in place (a second node creating it at once may be refused)");
                 writer.abandon();
-                let writer = Box::new(RecordWriter::create(&self.path, opts)?);
-                let lock = self.lock()?;
-                Ok(Some(Sink::Writing {
-                    writer,
-                    tmp: None,
-                    _lock: lock,
-                }))
+                self.create_in_place(opts).map(Some)
             }
         }
+    }
+
+    /// A new recording written where it lies, locked once created.
+    fn create_in_place(&self, opts: &RecordOptions) -> Result<Sink, RecordError> {
+        let writer = Box::new(RecordWriter::create(&self.path, opts)?);
+        let lock = self.lock()?;
+        Ok(Sink::Writing {
+            writer,
+            tmp: None,
+            _lock: lock,
+        })
     }
 
     /// The recording at `path`, locked for this node: refused if another
@@ -379,6 +400,37 @@ fn wanted(ev: &Event, expr: &KeyExpr) -> bool {
         Event::DeadlineMissed(d) => expr.matches(&d.key),
         Event::IncompatibleQos(q) => expr.matches(&q.key),
         _ => true,
+    }
+}
+
+/// The hidden name a node writes a new recording under before linking it
+/// into place, its node id after it.
+const NEW_PREFIX: &str = ".milonga-new-";
+
+/// The hidden files of `dir` that a node killed while creating a new
+/// recording left (before its link, or between the link and the removal
+/// of the hidden name, which then keeps that recording's space): removed
+/// once a minute old when no node holds their lock.
+fn remove_stale_new_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if !e.file_name().to_string_lossy().starts_with(NEW_PREFIX) {
+            continue;
+        }
+        let Ok(f) = File::open(e.path()) else {
+            continue;
+        };
+        let old = f
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(60));
+        if old && matches!(crate::util::sys::try_lock(&f), Ok(true)) {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 

@@ -61,13 +61,20 @@ pub(crate) fn check_request(me: &Me<'_>, domain: &str, key: &Key, mut frames: Ve
         stats::inc(&c.frames_malformed);
         return Check::Drop;
     }
+    // A refusal goes under the request's key (docs/protocol.md §4.5).
+    // Decoded, so a valid key (one of `@` too, which no service has).
+    let asked = || {
+        (view.key != key.as_str())
+            .then(|| Key::internal(view.key).ok())
+            .flatten()
+    };
     if header.domain_tag != me.domain_tag {
         stats::inc(&c.frames_foreign_domain);
         let f = Failure {
             kind: "wrong_domain".into(),
             message: format!("this service is in domain {domain:?}"),
         };
-        return Check::Refuse(header, ReplyStatus::Rejected, f, None);
+        return Check::Refuse(header, ReplyStatus::Rejected, f, asked());
     }
     if view.key != key.as_str() {
         let f = Failure {
@@ -78,9 +85,7 @@ pub(crate) fn check_request(me: &Me<'_>, domain: &str, key: &Key, mut frames: Ve
                 view.key
             ),
         };
-        // Decoded, so a valid key (one of `@` too, which no service has).
-        let asked = Key::internal(view.key).ok();
-        return Check::Refuse(header, ReplyStatus::NoSuchService, f, asked);
+        return Check::Refuse(header, ReplyStatus::NoSuchService, f, asked());
     }
     let body_offset = view.body_offset;
     Check::Accept(Received {
@@ -262,6 +267,14 @@ mod tests {
             Some((ReplyStatus::Rejected, "wrong_domain".to_owned(), None))
         );
         assert_eq!(
+            refused(request("other", "sr/ps/get", &Value::Null)),
+            Some((
+                ReplyStatus::Rejected,
+                "wrong_domain".to_owned(),
+                Some("sr/ps/get".to_owned())
+            ))
+        );
+        assert_eq!(
             refused(request("lab", "sr/ps/get", &Value::Null)),
             Some((
                 ReplyStatus::NoSuchService,
@@ -269,7 +282,7 @@ mod tests {
                 Some("sr/ps/get".to_owned())
             ))
         );
-        assert_eq!(c.frames_foreign_domain.load(Relaxed), 1);
+        assert_eq!(c.frames_foreign_domain.load(Relaxed), 2);
         assert!(matches!(
             check_request(&server, "lab", &key, vec![Bytes::from_static(b"junk")]),
             Check::Drop
