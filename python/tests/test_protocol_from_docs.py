@@ -682,3 +682,43 @@ def test_a_raw_subscriber_gets_a_milonga_publisher_s_kept_samples(domain: Domain
         assert HEADER.unpack_from(live, 9)[7] == 6
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_raw_control_query_gets_a_milonga_node_s_info(domain: Domain) -> None:
+    name = domain_name(domain)
+    node = domain.open("asked")
+    pub = node.publisher("sr/raw/c")
+    for i in range(3):
+        pub.put(float(i))
+    found: list[dict[str, Any]] = []
+
+    def announced() -> bool:
+        for f in (domain.dir / name).glob("*.json"):
+            a = json.loads(f.read_text())
+            if any(p["key"] == "sr/raw/c" for p in a["publications"]):
+                found.append(a)
+                return True
+        return False
+
+    wait_for("the node's announcement", announced)
+    ctl = b"MILONGA-CTL/1"  # §9.1
+    ctx = zmq.Context()
+    try:
+        d = ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.connect(found[0]["control"])
+        # A command §9.1 does not define: no reply, counted.
+        d.send_multipart([ctl, b"status"])
+        d.send_multipart([ctl, b"info"])
+        assert d.poll(10_000), "no answer to info"
+        magic, what, body = d.recv_multipart()
+        assert (magic, what) == (ctl, b"info")
+        info = json.loads(body)
+        assert info["announcement"]["node_id"] == found[0]["node_id"]
+        assert info["announcement"]["domain"] == name
+        stats = info["stats"]
+        assert stats["samples_sent"] == 3
+        assert stats["control_malformed"] == 1
+        assert not d.poll(200), "the bad command was answered"
+    finally:
+        ctx.destroy(linger=0)
