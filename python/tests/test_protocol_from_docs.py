@@ -62,6 +62,15 @@ def cbor_leaving(leaving: bool) -> bytes:
     return b"\xa1" + b"\x67leaving" + (b"\xf5" if leaving else b"\xf4")
 
 
+def next_event(sub: milonga.Subscription, timeout: float) -> object | None:
+    """The subscription's next event, or None if none comes within
+    `timeout` seconds."""
+    try:
+        return sub.recv(timeout=timeout)
+    except milonga.TimeoutError:
+        return None
+
+
 def domain_name(domain: Domain) -> str:
     return domain.locator.removeprefix("milonga:///")
 
@@ -217,12 +226,19 @@ def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
             data.send(frame("sr/raw/y", 1, name, node, seq, ts, cbor_float(seq * 1.25)))
         # A gap (§6): seq 8 after 5, two samples lost.
         data.send(frame("sr/raw/y", 1, name, node, 8, time.time_ns(), cbor_float(10.0)))
+        # A batch (kind 2, §4): seq 9, 10, 11, each entry its length, its
+        # timestamp and its payload; the header's timestamp the first's.
+        batch_ts = [time.time_ns() + i for i in range(3)]
+        entries = b"".join(
+            struct.pack("<IQ", 9, t) + cbor_float(11.0 + i) for i, t in enumerate(batch_ts)
+        )
+        data.send(frame("sr/raw/y", 2, name, node, 9, batch_ts[0], entries))
         events: list[Any] = []
         end = time.monotonic() + 20
-        while sum(isinstance(e, milonga.Sample) for e in events) < 6:
+        while sum(isinstance(e, milonga.Sample) for e in events) < 9:
             assert time.monotonic() < end, events
             heartbeat()
-            e = sub.recv(timeout=0.2)
+            e = next_event(sub, 0.2)
             if e is not None:
                 events.append(e)
         samples = [e for e in events if isinstance(e, milonga.Sample)]
@@ -233,8 +249,12 @@ def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
             ("sr/raw/y", 4, 5.0),
             ("sr/raw/y", 5, 6.25),
             ("sr/raw/y", 8, 10.0),
+            ("sr/raw/y", 9, 11.0),
+            ("sr/raw/y", 10, 12.0),
+            ("sr/raw/y", 11, 13.0),
         ]
         assert [s.timestamp_ns for s in samples[:5]] == stamps
+        assert [s.timestamp_ns for s in samples[6:]] == batch_ts
         assert all(s.publisher == node.hex() for s in samples)
         alive = [e for e in events if isinstance(e, milonga.PublisherAlive)]
         assert alive and alive[0].publisher == node.hex()
@@ -247,7 +267,7 @@ def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
         end = time.monotonic() + 20
         while True:
             assert time.monotonic() < end, "no publisher_lost"
-            e = sub.recv(timeout=1.0)
+            e = next_event(sub, 1.0)
             if isinstance(e, milonga.PublisherLost):
                 assert (e.publisher, e.reason) == (node.hex(), "closed")
                 break
@@ -351,7 +371,7 @@ def test_a_raw_broker_client_publishes_to_a_milonga_client_of_the_broker(domain:
                 live.send(frame("@hb", 3, name, node, hb, time.time_ns(), cbor_leaving(False)))
             seq += 1
             data.send(frame("sr/raw/b", 1, name, node, seq, time.time_ns(), cbor_float(seq / 4)))
-            e = sub.recv(timeout=0.05)
+            e = next_event(sub, 0.05)
             if isinstance(e, milonga.Sample):
                 got.append(e)
         assert all(s.key == "sr/raw/b" and s.publisher == node.hex() for s in got)
