@@ -1124,9 +1124,12 @@ impl Replayers<'_> {
     /// Publishes a recorded sample, or holds it while its node waits for
     /// its subscribers.
     fn put(&mut self, s: milonga::Sample) -> Result<()> {
-        let key = s.key.clone();
+        // The key is copied only for its first sample since the node
+        // opened, not for every sample.
+        let first = !self.open(s.publisher)?.started.contains(&s.key);
+        let key = first.then(|| s.key.clone());
         let sample = Held::Sample(s.key, s.value, s.timestamp_ns, s.seq);
-        if self.give(s.publisher, sample)? {
+        if let (true, Some(key)) = (self.give(s.publisher, sample)?, key) {
             self.open(s.publisher)?.started.insert(key);
         }
         Ok(())
