@@ -1126,6 +1126,21 @@ impl Replayers<'_> {
     fn put(&mut self, s: milonga::Sample) -> Result<()> {
         // The key is copied only for its first sample since the node
         // opened, not for every sample.
+        let slot = self.slot(s.publisher);
+        // Most samples: their node is open and holds nothing.
+        if let Some(r) = self
+            .nodes
+            .get_mut(&slot)
+            .filter(|r| r.open.is_some() && r.until.is_none() && r.held.is_empty())
+        {
+            let key = (!r.started.contains(&s.key)).then(|| s.key.clone());
+            let sample = Held::Sample(s.key, s.value, s.timestamp_ns, s.seq);
+            if let (true, Some(key)) = (Self::send(r, sample, self.progress, &mut self.done)?, key)
+            {
+                r.started.insert(key);
+            }
+            return Ok(());
+        }
         let first = !self.open(s.publisher)?.started.contains(&s.key);
         let key = first.then(|| s.key.clone());
         let sample = Held::Sample(s.key, s.value, s.timestamp_ns, s.seq);

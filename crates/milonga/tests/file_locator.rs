@@ -212,8 +212,12 @@ fn two_nodes_creating_one_recording_at_once_both_write_it() {
 #[test]
 fn hidden_files_a_killed_node_left_are_removed_by_the_next_creation() {
     let dir = TempDir::new("file-stale");
-    let stale = dir.path().join(".milonga-new-00112233445566778899aabbccddeeff");
-    let young = dir.path().join(".milonga-new-ffeeddccbbaa99887766554433221100");
+    let stale = dir
+        .path()
+        .join(".milonga-new-00112233445566778899aabbccddeeff");
+    let young = dir
+        .path()
+        .join(".milonga-new-ffeeddccbbaa99887766554433221100");
     for f in [&stale, &young] {
         std::fs::write(f, b"\x89MCAP0\r\n").unwrap();
     }
