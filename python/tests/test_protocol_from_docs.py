@@ -742,3 +742,85 @@ def test_a_raw_control_query_gets_a_milonga_node_s_info(domain: Domain) -> None:
         assert not d.poll(200), "the bad command was answered"
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_raw_broker_client_subscribes_to_a_milonga_client_of_the_broker(domain: Domain) -> None:
+    from test_broker import start_broker
+
+    name = domain_name(domain)
+    _, locator = start_broker(domain)
+    listen = "tcp://" + locator.removeprefix("milonga://").split("/")[0]
+    writer = milonga.open(locator, name="writer", runtime_dir=str(domain.dir))
+    domain.nodes.append(writer)
+    pub = writer.publisher("sr/raw/m")
+    ctx = zmq.Context()
+    try:
+        req = ctx.socket(zmq.DEALER)
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(listen)
+        req.send_multipart([MAGIC, b"hello", name.encode()])
+        assert req.poll(10_000), "no answer to hello"
+        hello = json.loads(req.recv_multipart()[2])
+        control = ctx.socket(zmq.ROUTER)
+        control.setsockopt(zmq.LINGER, 0)
+        control.bind("tcp://127.0.0.1:*")
+        node = uuid.uuid4().bytes
+        host = socket.gethostname()
+        announcement = {
+            "protocol": 1,
+            "domain": name,
+            "node_id": node.hex(),
+            "name": f"rawreader@{host}:{os.getpid()}",
+            "host": host,
+            "pid": os.getpid(),
+            "start_time": 0,
+            "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
+            "data_best_effort": None,
+            "data_reliable": None,
+            "liveliness": None,
+            "publications": [],
+        }
+        key = uuid.uuid4().hex
+        # §11.2: attach until the view shows the publisher's node with
+        # its publication; §11.3: its endpoint is the broker's, tagged.
+        entry: dict[str, Any] = {}
+        end = time.monotonic() + 20
+        while not entry:
+            assert time.monotonic() < end, "the publisher never in the view"
+            req.send_multipart(
+                [MAGIC, b"attach", json.dumps(announcement).encode(), b"0", b"", key.encode()]
+            )
+            if not req.poll(1000):
+                continue
+            reply = req.recv_multipart()
+            assert reply[1] == b"view", reply
+            for a in json.loads(reply[3]):
+                if any(p["key"] == "sr/raw/m" for p in a["publications"]):
+                    entry = a
+            time.sleep(0.1)
+        endpoint, tag = entry["data_best_effort"].split("#")
+        assert tag == entry["node_id"]
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(endpoint)
+        sub.setsockopt(zmq.SUBSCRIBE, b"sr/raw/m\x00")
+        got: list[tuple[int, float]] = []
+        i = 0
+        end = time.monotonic() + 20
+        while len(got) < 5:
+            assert time.monotonic() < end, got
+            i += 1
+            pub.put(i * 0.25)
+            if not sub.poll(20):
+                continue
+            while sub.poll(0):
+                f1 = sub.recv()
+                nul = f1.index(b"\x00")
+                assert f1[:nul] == b"sr/raw/m"
+                head = HEADER.unpack_from(f1, nul + 1)
+                assert head[1] == 1 and head[6].hex() == entry["node_id"]
+                got.append((head[7], struct.unpack(">d", f1[nul + 1 + 44 + 1 :])[0]))
+        assert all(v == seq * 0.25 for seq, v in got), got
+        req.send_multipart([MAGIC, b"detach", node.hex().encode(), key.encode()])
+    finally:
+        ctx.destroy(linger=0)
