@@ -589,6 +589,8 @@ def cbor_encode(v: object) -> bytes:
         return b"\xf5" if v else b"\xf4"
     if isinstance(v, int):
         return head(0, v)
+    if isinstance(v, float):
+        return cbor_float(v)
     if isinstance(v, str):
         b = v.encode()
         return head(3, len(b)) + b
@@ -822,5 +824,79 @@ def test_a_raw_broker_client_subscribes_to_a_milonga_client_of_the_broker(domain
                 got.append((head[7], struct.unpack(">d", f1[nul + 1 + 44 + 1 :])[0]))
         assert all(v == seq * 0.25 for seq, v in got), got
         req.send_multipart([MAGIC, b"detach", node.hex().encode(), key.encode()])
+    finally:
+        ctx.destroy(linger=0)
+
+
+def fnv1a64(data: bytes) -> int:
+    """FNV-1a 64 (§4.4's filter id)."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) % 2**64
+    return h
+
+
+def test_the_filter_id_of_the_document_s_example() -> None:
+    # §4.4
+    text = b"abs_change=3ff8000000000000;min_period_ms=100\nsr/**"
+    assert f"{fnv1a64(text):016x}" == "aa72652949134c50"
+
+
+def test_a_raw_subscriber_s_filter_is_applied_at_a_milonga_publisher(domain: Domain) -> None:
+    name = domain_name(domain)
+    node = domain.open("source")
+    pub = node.publisher("sr/raw/f")
+    found: list[dict[str, Any]] = []
+
+    def announced() -> bool:
+        for f in (domain.dir / name).glob("*.json"):
+            a = json.loads(f.read_text())
+            if any(p["key"] == "sr/raw/f" for p in a["publications"]):
+                found.append(a)
+                return True
+        return False
+
+    wait_for("the publisher's announcement", announced)
+    a = found[0]
+    expr = "sr/raw/**"
+    canonical = "abs_change=" + struct.pack(">d", 1.5).hex()
+    fid = "%016x" % fnv1a64((canonical + "\n" + expr).encode())
+    ctx = zmq.Context()
+    try:
+        xsub = ctx.socket(zmq.XSUB)
+        xsub.setsockopt(zmq.LINGER, 0)
+        xsub.connect(a["data_best_effort"])
+        # §3's prefixes of `sr/raw/**`, each behind `@f/<id>/`, instead of
+        # the plain ones; then the declaration (0x03, §4.4).
+        for prefix in (b"sr/raw/", b"sr/raw\x00"):
+            xsub.send(b"\x01@f/" + fid.encode() + b"/" + prefix)
+        wait_for("the raw subscription", lambda: pub.subscriber_count() == 1)
+        declaration = {
+            "node": a["node_id"],
+            "socket": "best_effort",
+            "keys": expr,
+            "abs_change": 1.5,
+        }
+        xsub.send(b"\x03" + cbor_encode(declaration))
+        wait_for("the filter declared", lambda: node.stats()["filters_declared"] == 1)
+        values = [0.0, 0.5, 1.0, 2.0, 2.5, 4.0, 4.1, 5.5]
+        for v in values:
+            pub.put(v)
+        got: list[tuple[str, int, object]] = []
+        end = time.monotonic() + 20
+        while len(got) < 4:
+            assert time.monotonic() < end, got
+            if not xsub.poll(100):
+                continue
+            f1 = xsub.recv()
+            nul = f1.index(b"\x00")
+            head = HEADER.unpack_from(f1, nul + 1)
+            assert head[1] == 1 and head[6].hex() == a["node_id"]
+            got.append((f1[:nul].decode(), head[7], cbor_decode(f1[nul + 1 + 44 :])))
+        # The first passes, then each that moved at least 1.5 from the
+        # last that passed; numbered per filter and key from 1.
+        k = f"@f/{fid}/sr/raw/f"
+        assert got == [(k, 1, 0.0), (k, 2, 2.0), (k, 3, 4.0), (k, 4, 5.5)]
+        assert not xsub.poll(200), "more passed the filter"
     finally:
         ctx.destroy(linger=0)
