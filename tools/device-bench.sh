@@ -51,14 +51,18 @@ step() {
     fi
 }
 
-# MILONGA_RUNTIME_DIR keeps each run's nodes apart from anything else.
+# MILONGA_RUNTIME_DIR keeps each run's nodes apart from anything else;
+# the recordings go under the current directory, on the machine's disk
+# (/tmp may be memory, which would make the disk comparison meaningless).
 export MILONGA_RUNTIME_DIR
 MILONGA_RUNTIME_DIR=$(mktemp -d)
-trap 'rm -rf "$MILONGA_RUNTIME_DIR"' EXIT
+files=$(mktemp -d -p . device-bench-files.XXXXXX)
+trap 'rm -rf "$MILONGA_RUNTIME_DIR" "$files"' EXIT
+echo "recordings in: $(realpath "$files") ($(df -T "$files" | awk 'NR == 2 {print $2}'))" >>"$log"
 
 step rpc-via-broker 150 rpc --via-broker --clients 1,10,50 --sizes 1,4096 --format csv
 step pubsub-via-broker 240 pubsub --via-broker --format csv
 step latency-via-broker 90 latency --via-broker --format csv
-step record 150 record --sizes 92,4096,1048576 --runs 3 --dir "$MILONGA_RUNTIME_DIR"
+step record 150 record --sizes 92,4096,1048576 --runs 3 --dir "$files"
 step scale 240 scale --format csv
 echo "total: $(($(date +%s) - start)) s" >>"$log"
