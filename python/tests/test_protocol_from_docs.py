@@ -900,3 +900,83 @@ def test_a_raw_subscriber_s_filter_is_applied_at_a_milonga_publisher(domain: Dom
         assert not xsub.poll(200), "more passed the filter"
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_milonga_node_finds_a_raw_static_peer_and_reads_it(domain: Domain) -> None:
+    """§9.4: a node given a static peer asks its control socket (`gossip`,
+    four frames, with a `tcp://` control endpoint of its own), takes the
+    announcement of the NodeInfo it gets back (§9.1), and subscribes to
+    what it publishes; no announcement file is written (§9.3 is not used)."""
+    name = domain_name(domain)
+    ctx = zmq.Context()
+    try:
+        control = ctx.socket(zmq.ROUTER)
+        data = ctx.socket(zmq.XPUB)
+        live = ctx.socket(zmq.XPUB)
+        live.setsockopt(zmq.XPUB_VERBOSE, 1)
+        for s in (control, data, live):
+            s.setsockopt(zmq.LINGER, 0)
+            s.bind("tcp://127.0.0.1:*")
+        node = uuid.uuid4().bytes
+        host = socket.gethostname()
+        info = {
+            "announcement": {
+                "protocol": 1,
+                "domain": name,
+                "node_id": node.hex(),
+                "name": f"rawpeer@{host}:{os.getpid()}",
+                "host": host,
+                "pid": os.getpid(),
+                "start_time": start_time(),
+                "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
+                "data_best_effort": data.getsockopt_string(zmq.LAST_ENDPOINT),
+                "data_reliable": None,
+                "liveliness": live.getsockopt_string(zmq.LAST_ENDPOINT),
+                "publications": [{"key": "sr/raw/s", "reliability": "best_effort"}],
+            },
+            "stats": {},
+        }
+        ctl = b"MILONGA-CTL/1"
+        asked: list[list[bytes]] = []
+
+        def answer() -> None:
+            """Answers every control request waiting (§9.1, §9.4)."""
+            while control.poll(0):
+                identity, *frames = control.recv_multipart()
+                assert frames[0] == ctl, frames
+                asked.append(frames)
+                control.send_multipart([identity, ctl, b"info", json.dumps(info).encode()])
+
+        seeker = domain.open(
+            "seeker",
+            local_discovery=False,
+            peers=[info["announcement"]["control"]],
+            control_endpoint="tcp://127.0.0.1:*",
+        )
+        sub = seeker.subscribe("sr/raw/**")
+        subscribed: list[bytes] = []
+        end = time.monotonic() + 20
+        while not any(p.startswith(b"\x01sr/") for p in subscribed):
+            assert time.monotonic() < end, (asked, subscribed)
+            answer()
+            if data.poll(20):
+                subscribed.append(data.recv())
+        # gossip: the asker's own tcp:// control endpoint and its domain.
+        command, *rest = asked[0][1:]
+        assert command == b"gossip", asked[0]
+        assert rest[0].startswith(b"tcp://127.0.0.1:") and rest[1] == name.encode()
+        got: list[milonga.Sample] = []
+        seq = 0
+        end = time.monotonic() + 20
+        while len(got) < 3:
+            assert time.monotonic() < end, got
+            answer()
+            seq += 1
+            live.send(frame("@hb", 3, name, node, seq, time.time_ns(), cbor_leaving(False)))
+            data.send(frame("sr/raw/s", 1, name, node, seq, time.time_ns(), cbor_float(seq + 0.5)))
+            e = next_event(sub, 0.05)
+            if isinstance(e, milonga.Sample):
+                got.append(e)
+        assert all(s.publisher == node.hex() and s.value == s.seq + 0.5 for s in got)
+    finally:
+        ctx.destroy(linger=0)
