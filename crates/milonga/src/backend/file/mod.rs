@@ -1343,8 +1343,8 @@ impl RecordReader {
         Ok(None)
     }
 
-    /// Gives the records of a chunk found or read by index, and starts a
-    /// new linear reader at `end`, the record after it.
+    /// Gives the records of the chunk a search found, and starts a new
+    /// linear reader at `end`, the record after it.
     fn resume_after(&mut self, records: Bytes, end: u64) {
         self.chunks_seen = true;
         self.chunk = Some((records, 0));
