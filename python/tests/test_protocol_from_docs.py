@@ -980,3 +980,123 @@ def test_a_milonga_node_finds_a_raw_static_peer_and_reads_it(domain: Domain) -> 
         assert all(s.publisher == node.hex() and s.value == s.seq + 0.5 for s in got)
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_raw_node_registers_with_a_broker_and_a_milonga_node_reads_it(domain: Domain) -> None:
+    """§11.6: a raw peer-to-peer node registers its announcement with a
+    broker, gets the domain's nodes in pages and acknowledges them; a
+    Milonga node using the same broker as its registry (no announcement
+    files) finds it and reads its samples directly."""
+    from test_broker import start_broker
+
+    name = domain_name(domain)
+    _, locator = start_broker(domain)
+    listen = "tcp://" + locator.removeprefix("milonga://").split("/")[0]
+    ctx = zmq.Context()
+    try:
+        reg = ctx.socket(zmq.DEALER)
+        data = ctx.socket(zmq.XPUB)
+        live = ctx.socket(zmq.XPUB)
+        control = ctx.socket(zmq.ROUTER)
+        for s in (reg, data, live, control):
+            s.setsockopt(zmq.LINGER, 0)
+        for s in (data, live, control):
+            s.bind("tcp://127.0.0.1:*")
+        reg.connect(listen)
+        node = uuid.uuid4().bytes
+        host = socket.gethostname()
+        announcement = json.dumps(
+            {
+                "protocol": 1,
+                "domain": name,
+                "node_id": node.hex(),
+                "name": f"rawreg@{host}:{os.getpid()}",
+                "host": host,
+                "pid": os.getpid(),
+                "start_time": start_time(),
+                "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
+                "data_best_effort": data.getsockopt_string(zmq.LAST_ENDPOINT),
+                "data_reliable": None,
+                "liveliness": live.getsockopt_string(zmq.LAST_ENDPOINT),
+                "publications": [{"key": "sr/raw/r", "reliability": "best_effort"}],
+            }
+        ).encode()
+        view: dict[str, Any] = {"epoch": 0, "have": 0, "nodes": {}, "lease_ms": 3000}
+        renewed = [0.0]
+
+        def register(with_announcement: bool) -> None:
+            header = {
+                "domain": name,
+                "node_id": node.hex(),
+                "epoch": view["epoch"],
+                "have": view["have"],
+                "announced": fnv1a64(announcement),
+            }
+            frames = [MAGIC, b"register", json.dumps(header).encode()]
+            reg.send_multipart(frames + ([announcement] if with_announcement else []))
+            renewed[0] = time.monotonic()
+
+        def follow() -> None:
+            """Reads the broker's pages and answers, renews every third of
+            the lease (§11.6)."""
+            while reg.poll(0):
+                frames = reg.recv_multipart()
+                assert frames[0] == MAGIC, frames
+                if frames[1] == b"announce":
+                    register(True)
+                    continue
+                assert frames[1] == b"entries", frames
+                head = json.loads(frames[2])
+                if head["reset"]:
+                    view["nodes"] = {}
+                elif head["epoch"] != view["epoch"] or head["from"] != view["have"]:
+                    register(False)
+                    continue
+                for a in frames[3:]:
+                    a = json.loads(a)
+                    view["nodes"][a["node_id"]] = a
+                for gone in head["removed"]:
+                    view["nodes"].pop(gone, None)
+                view.update(epoch=head["epoch"], have=head["to"], lease_ms=head["lease_ms"])
+                register(False)
+            if time.monotonic() - renewed[0] > view["lease_ms"] / 3000:
+                register(False)
+
+        register(True)
+        reader = domain.open("reader", local_discovery=False, registry=[listen])
+        sub = reader.subscribe("sr/raw/**")
+        subscribed: list[bytes] = []
+        end = time.monotonic() + 20
+        while not any(p.startswith(b"\x01sr/") for p in subscribed):
+            assert time.monotonic() < end, (view, subscribed)
+            follow()
+            if data.poll(20):
+                subscribed.append(data.recv())
+        # The registry told the raw node the reader (and itself).
+        end = time.monotonic() + 20
+        while reader.id not in view["nodes"]:
+            assert time.monotonic() < end, view
+            follow()
+            time.sleep(0.02)
+        assert node.hex() in view["nodes"]
+        got: list[milonga.Sample] = []
+        seq = 0
+        end = time.monotonic() + 20
+        while len(got) < 3:
+            assert time.monotonic() < end, got
+            follow()
+            seq += 1
+            live.send(frame("@hb", 3, name, node, seq, time.time_ns(), cbor_leaving(False)))
+            data.send(frame("sr/raw/r", 1, name, node, seq, time.time_ns(), cbor_float(seq * 2.0)))
+            e = next_event(sub, 0.05)
+            if isinstance(e, milonga.Sample):
+                got.append(e)
+        assert all(s.publisher == node.hex() and s.value == s.seq * 2.0 for s in got)
+        # §11.6: unregister; the reader's view loses it.
+        reg.send_multipart([MAGIC, b"unregister", name.encode(), node.hex().encode()])
+        wait_for(
+            "the raw node gone from the reader's view",
+            lambda: node.hex() not in {a["node_id"] for a in reader.peers()},
+        )
+    finally:
+        ctx.destroy(linger=0)
