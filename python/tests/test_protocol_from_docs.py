@@ -610,6 +610,8 @@ def cbor_decode(b: bytes) -> object:
         if major == 7:
             if n in (20, 21, 22):
                 return {20: False, 21: True, 22: None}[n], i
+            if n == 26:
+                return struct.unpack(">f", b[i : i + 4])[0], i + 4
             assert n == 27, b[i - 1]
             return struct.unpack(">d", b[i : i + 8])[0], i + 8
         if n >= 24:
@@ -1100,3 +1102,90 @@ def test_a_raw_node_registers_with_a_broker_and_a_milonga_node_reads_it(domain: 
         )
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_raw_subscriber_reads_a_schema_d_publisher_by_position(domain: Domain) -> None:
+    """§5.1: a compact payload (encoding 3) under the schema of the
+    document's example; the schema asked for in a history query (§4.2
+    `schemas`), its id checked (FNV-1a 32 of its bytes), the value read by
+    position."""
+    name = domain_name(domain)
+    node = domain.open("typed")
+    schema = {
+        "name": "p",
+        "fields": [
+            {"name": "id", "type": "i32"},
+            {"name": "kind", "type": {"enum": ["a", "b"]}},
+            {"name": "x", "type": "f32"},
+        ],
+    }
+    pub = node.publisher("sr/raw/t", milonga.PublisherQos(schema=schema))
+    found: list[dict[str, Any]] = []
+
+    def announced() -> bool:
+        for f in (domain.dir / name).glob("*.json"):
+            a = json.loads(f.read_text())
+            if any(p["key"] == "sr/raw/t" for p in a["publications"]):
+                found.append(a)
+                return True
+        return False
+
+    wait_for("the publisher's announcement", announced)
+    a = found[0]
+    [publication] = [p for p in a["publications"] if p["key"] == "sr/raw/t"]
+    ctx = zmq.Context()
+    try:
+        xsub = ctx.socket(zmq.XSUB)
+        xsub.setsockopt(zmq.LINGER, 0)
+        xsub.connect(a["data_best_effort"])
+        token = uuid.uuid4().hex
+        xsub.send(b"\x01sr/raw/t\x00")
+        xsub.send(b"\x01@r/" + token.encode() + b"\x00")
+        wait_for("the raw subscription", lambda: pub.subscriber_count() == 1)
+        pub.put({"id": 7, "kind": "b", "x": 0.5})
+        assert xsub.poll(10_000), "no sample"
+        f1 = xsub.recv()
+        nul = f1.index(b"\x00")
+        _v, kind, _f, enc, _t, schema_id, _n, _s, _ts = HEADER.unpack_from(f1, nul + 1)
+        assert (kind, enc) == (1, 3)
+        assert schema_id == publication["schema"] != 0
+        body = f1[nul + 1 + 44 :]
+        assert body == bytes.fromhex("8307 01fa 3f000000".replace(" ", ""))
+        # The schema, asked for by id.
+        query = {
+            "node": a["node_id"],
+            "socket": "best_effort",
+            "token": token,
+            "expr": "sr/raw/t",
+            "last": 0,
+            "since": [],
+            "schemas": [schema_id],
+        }
+        xsub.send(b"\x02" + cbor_encode(query))
+        assert xsub.poll(10_000), "no history reply"
+        r1 = xsub.recv()
+        reply = cbor_decode(r1[r1.index(b"\x00") + 1 + 44 :])
+        assert isinstance(reply, dict)
+        [(sid, raw)] = reply["schemas"]
+        assert sid == schema_id and domain_tag_of_bytes(raw) == schema_id
+        told = cbor_decode(raw)
+        assert isinstance(told, dict) and told["name"] == "p"
+        fields = told["fields"]
+        values = cbor_decode(body)
+        assert isinstance(values, list) and len(values) == len(fields)
+        read = {}
+        for f, v in zip(fields, values):
+            t = f["type"]
+            read[f["name"]] = t["enum"][v] if isinstance(t, dict) else v
+        assert read == {"id": 7, "kind": "b", "x": 0.5}
+    finally:
+        ctx.destroy(linger=0)
+
+
+def domain_tag_of_bytes(data: bytes) -> int:
+    """§5.1's schema id: FNV-1a 32 (as §4's domain tag) of the bytes, 0
+    read as 1."""
+    h = 0x811C9DC5
+    for b in data:
+        h = ((h ^ b) * 0x01000193) % 2**32
+    return h or 1
