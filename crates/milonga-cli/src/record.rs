@@ -282,9 +282,9 @@ fn key_of(ev: &Event) -> Option<&str> {
 /// What several subscriptions tell, recorded once: a sample of a key
 /// several expressions match once by its sequence number ([`Window`]); a
 /// publisher's liveliness as its changes (alive, lost, alive again); a
-/// loss, deadline or QoS report of such a key, and another event of a
-/// node (a refusal, a broker change), once when several subscriptions
-/// tell it within a second.
+/// loss, deadline or QoS report of such a key, and a refusal, once when
+/// several subscriptions tell it within a second (broker changes are
+/// counted where they are told, [`BrokerChanges`]).
 #[derive(Default)]
 struct NodeEvents {
     /// Each publisher told alive (`true`) or lost, at most 65,536 (then
@@ -339,8 +339,7 @@ impl NodeEvents {
             Event::Lost(_)
             | Event::DeadlineMissed(_)
             | Event::IncompatibleQos(_)
-            | Event::PermissionDenied(_)
-            | Event::BrokerChanged(_) => {
+            | Event::PermissionDenied(_) => {
                 while self.recent.front().is_some_and(|(_, t)| {
                     at.abs_diff(*t) > 1_000_000_000 || self.recent.len() >= 256
                 }) {
@@ -354,6 +353,24 @@ impl NodeEvents {
             }
             _ => true,
         }
+    }
+}
+
+/// The node's broker changes, which each of its subscriptions tells, in
+/// the same order: the n-th change is recorded by the first subscription
+/// to tell it (an equality test over a second dropped a change back to a
+/// broker left less than a second before).
+#[derive(Clone, Default)]
+struct BrokerChanges(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl BrokerChanges {
+    /// A subscription that has told `told` changes tells one more: whether
+    /// no other told that one first.
+    fn first_to_tell(&self, told: &mut u64) -> bool {
+        *told += 1;
+        self.0
+            .fetch_max(*told, std::sync::atomic::Ordering::Relaxed)
+            < *told
     }
 }
 
@@ -385,8 +402,11 @@ impl Source {
         }
         let (tx, rx) = crossbeam_channel::bounded::<(Event, u64, bool)>(queue);
         let mut subs = Vec::new();
+        let changes = BrokerChanges::default();
         for (i, e) in exprs.iter().enumerate() {
             let tx = tx.clone();
+            let changes = changes.clone();
+            let mut told = 0;
             // The other expressions: a key one of them matches too comes
             // through both subscriptions, each of them on its own.
             let others: Vec<KeyExpr> = exprs
@@ -396,6 +416,11 @@ impl Source {
                 .map(|(_, e)| e.clone())
                 .collect();
             subs.push(node.subscribe_callback(e.as_str(), qos.clone(), move |ev| {
+                // Every subscription tells each of the node's broker
+                // changes: recorded once.
+                if matches!(ev, Event::BrokerChanged(_)) && !changes.first_to_tell(&mut told) {
+                    return;
+                }
                 let overlap = key_of(&ev).is_some_and(|k| others.iter().any(|o| o.matches(k)));
                 let _ = tx.send((ev, now_ns(), overlap));
             })?);
@@ -1660,6 +1685,26 @@ mod tests {
         assert!(w.is_new(900), "older than the window: recorded again");
         assert!(w.is_new(5000) && !w.is_new(5000));
         assert!(w.is_new(1), "a publisher numbering from 1 again");
+    }
+
+    /// Two subscriptions each tell the node's broker changes A→B, B→A,
+    /// A→B: each change is recorded once, whichever tells it first, in any
+    /// interleaving (an equality test over a second dropped the third).
+    #[test]
+    fn each_broker_change_is_recorded_once_whatever_the_interleaving() {
+        for order in [[0, 0, 0, 1, 1, 1], [0, 1, 0, 1, 0, 1], [1, 1, 0, 0, 0, 1]] {
+            let changes = BrokerChanges::default();
+            let mut told = [0u64; 2];
+            let recorded: Vec<(usize, u64)> = order
+                .iter()
+                .filter_map(|&sub| {
+                    let first = changes.first_to_tell(&mut told[sub]);
+                    first.then_some((sub, told[sub]))
+                })
+                .collect();
+            let nth: Vec<u64> = recorded.iter().map(|r| r.1).collect();
+            assert_eq!(nth, [1, 2, 3], "{order:?}: {recorded:?}");
+        }
     }
 
     /// Chunks are an eighth of `--max-bytes`, within 4 KiB and 1 MiB.
