@@ -75,6 +75,59 @@ def domain_name(domain: Domain) -> str:
     return domain.locator.removeprefix("milonga:///")
 
 
+def announcement_of(domain: Domain, key: str) -> dict[str, Any]:
+    """§9.3: the announcement file in `<root>/<domain>/` of the node that
+    publishes `key`, once one is there."""
+    found: list[dict[str, Any]] = []
+
+    def announced() -> bool:
+        for f in (domain.dir / domain_name(domain)).glob("*.json"):
+            a = json.loads(f.read_text())
+            if any(p["key"] == key for p in a["publications"]):
+                found.append(a)
+                return True
+        return False
+
+    wait_for(f"the announcement of {key}", announced)
+    return found[0]
+
+
+def raw_announcement(
+    domain: Domain, node: bytes, what: str, control: str, **endpoints: object
+) -> dict[str, Any]:
+    """§9.2: a raw node's announcement (`name` `what@host:pid`), its
+    `data_best_effort`, `data_reliable`, `liveliness`, `publications`,
+    `services` and `start_time` as given (none, empty or 0 by default)."""
+    host = socket.gethostname()
+    a: dict[str, Any] = {
+        "protocol": 1,
+        "domain": domain_name(domain),
+        "node_id": node.hex(),
+        "name": f"{what}@{host}:{os.getpid()}",
+        "host": host,
+        "pid": os.getpid(),
+        "start_time": 0,
+        "control": control,
+        "data_best_effort": None,
+        "data_reliable": None,
+        "liveliness": None,
+        "publications": [],
+    }
+    a.update(endpoints)
+    return a
+
+
+def write_announcement(domain: Domain, a: dict[str, Any]) -> Path:
+    """§9.3: `a` written to `<root>/<domain>/.<id>.tmp`, then renamed to
+    `<id>.json`; the domain's directory."""
+    d = domain.dir / domain_name(domain)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{a['node_id']}.tmp"
+    tmp.write_text(json.dumps(a, indent=2))
+    tmp.rename(d / f"{a['node_id']}.json")
+    return d
+
+
 def start_time() -> int:
     """§9.2: field 22 of /proc/<pid>/stat (after the command in parentheses)."""
     stat = Path(f"/proc/{os.getpid()}/stat").read_text()
@@ -86,18 +139,7 @@ def test_a_raw_subscriber_reads_a_milonga_publisher(domain: Domain) -> None:
     pub = node.publisher("sr/raw/x")
     name = domain_name(domain)
     # §9.3: <root>/<domain>/<node id hex>.json, the node that publishes it.
-    found: list[dict[str, Any]] = []
-
-    def announced() -> bool:
-        for f in (domain.dir / name).glob("*.json"):
-            a = json.loads(f.read_text())
-            if any(p["key"] == "sr/raw/x" for p in a["publications"]):
-                found.append(a)
-                return True
-        return False
-
-    wait_for("the publisher's announcement", announced)
-    a = found[0]
+    a = announcement_of(domain, "sr/raw/x")
     assert a["protocol"] == 1 and a["domain"] == name
     ctx = zmq.Context()
     try:
@@ -174,27 +216,17 @@ def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
     def endpoint(s: zmq.Socket[bytes]) -> str:
         return s.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    host = socket.gethostname()
-    announcement = {
-        "protocol": 1,
-        "domain": name,
-        "node_id": node.hex(),
-        "name": f"raw@{host}:{os.getpid()}",
-        "host": host,
-        "pid": os.getpid(),
-        "start_time": start_time(),
-        "control": endpoint(control),
-        "data_best_effort": endpoint(data),
-        "data_reliable": None,
-        "liveliness": endpoint(live),
-        "publications": [{"key": "sr/raw/y", "reliability": "best_effort", "history": 0}],
-    }
-    # §9.3: written to a temporary name, then renamed.
-    d = domain.dir / name
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{node.hex()}.tmp"
-    tmp.write_text(json.dumps(announcement, indent=2))
-    tmp.rename(d / f"{node.hex()}.json")
+    announcement = raw_announcement(
+        domain,
+        node,
+        "raw",
+        endpoint(control),
+        start_time=start_time(),
+        data_best_effort=endpoint(data),
+        liveliness=endpoint(live),
+        publications=[{"key": "sr/raw/y", "reliability": "best_effort", "history": 0}],
+    )
+    d = write_announcement(domain, announcement)
     try:
         # The subscription's prefix reaches the data XPUB (§3: `sr/` for
         # `sr/raw/**`), and its liveliness subscription the liveliness one.
@@ -280,27 +312,35 @@ def test_a_milonga_subscription_reads_a_raw_publisher(domain: Domain) -> None:
 MAGIC = b"MILONGA-BRK/1"  # §11.2
 
 
-def test_a_raw_broker_client_publishes_to_a_milonga_client_of_the_broker(domain: Domain) -> None:
+def broker_hello(
+    ctx: zmq.Context[zmq.Socket[bytes]], domain: Domain
+) -> tuple[str, zmq.Socket[bytes], dict[str, Any]]:
+    """A broker started for the domain: its locator, a DEALER connected to
+    its listen endpoint, and its answer to `hello` (§11.2)."""
     from test_broker import start_broker
 
-    name = domain_name(domain)
     _, locator = start_broker(domain)
-    listen = "tcp://" + locator.removeprefix("milonga://").split("/")[0]
-    reader = milonga.open(locator, name="reader", runtime_dir=str(domain.dir))
-    domain.nodes.append(reader)
-    sub = reader.subscribe("sr/raw/**")
+    req = ctx.socket(zmq.DEALER)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect("tcp://" + locator.removeprefix("milonga://").split("/")[0])
+    req.send_multipart([MAGIC, b"hello", domain_name(domain).encode()])
+    assert req.poll(10_000), "no answer to hello"
+    magic, what, body = req.recv_multipart()
+    assert (magic, what) == (MAGIC, b"hello"), body
+    hello = json.loads(body)
+    assert hello["domain"] == domain_name(domain)
+    return locator, req, hello
+
+
+def test_a_raw_broker_client_publishes_to_a_milonga_client_of_the_broker(domain: Domain) -> None:
+    name = domain_name(domain)
     ctx = zmq.Context()
     try:
-        req = ctx.socket(zmq.DEALER)
-        req.setsockopt(zmq.LINGER, 0)
-        req.connect(listen)
         # hello (§11.2): the broker's sockets for the domain.
-        req.send_multipart([MAGIC, b"hello", name.encode()])
-        assert req.poll(10_000), "no answer to hello"
-        magic, what, body = req.recv_multipart()
-        assert (magic, what) == (MAGIC, b"hello"), body
-        hello = json.loads(body)
-        assert hello["domain"] == name
+        locator, req, hello = broker_hello(ctx, domain)
+        reader = milonga.open(locator, name="reader", runtime_dir=str(domain.dir))
+        domain.nodes.append(reader)
+        sub = reader.subscribe("sr/raw/**")
         # The client's data and liveliness XPUBs connect to the broker's `_in`
         # sockets (§11.1); it announces the `_out` ones, tagged with its id
         # (§11.2 "What a client announces", §11.3).
@@ -314,21 +354,15 @@ def test_a_raw_broker_client_publishes_to_a_milonga_client_of_the_broker(domain:
         live.connect(hello["liveliness_in"])
         control.bind("tcp://127.0.0.1:*")
         node = uuid.uuid4().bytes
-        host = socket.gethostname()
-        announcement = {
-            "protocol": 1,
-            "domain": name,
-            "node_id": node.hex(),
-            "name": f"rawclient@{host}:{os.getpid()}",
-            "host": host,
-            "pid": os.getpid(),
-            "start_time": 0,
-            "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
-            "data_best_effort": f"{hello['data_best_effort_out']}#{node.hex()}",
-            "data_reliable": None,
-            "liveliness": f"{hello['liveliness_out']}#{node.hex()}",
-            "publications": [{"key": "sr/raw/b", "reliability": "best_effort", "history": 0}],
-        }
+        announcement = raw_announcement(
+            domain,
+            node,
+            "rawclient",
+            control.getsockopt_string(zmq.LAST_ENDPOINT),
+            data_best_effort=f"{hello['data_best_effort_out']}#{node.hex()}",
+            liveliness=f"{hello['liveliness_out']}#{node.hex()}",
+            publications=[{"key": "sr/raw/b", "reliability": "best_effort", "history": 0}],
+        )
         key = uuid.uuid4().hex
         view = [b"0"]
 
@@ -489,21 +523,14 @@ def test_a_milonga_caller_calls_a_raw_server(domain: Domain) -> None:
         s.setsockopt(zmq.LINGER, 0)
         s.bind("tcp://127.0.0.1:*")
     node = uuid.uuid4().bytes
-    host = socket.gethostname()
-    announcement = {
-        "protocol": 1,
-        "domain": name,
-        "node_id": node.hex(),
-        "name": f"rawserver@{host}:{os.getpid()}",
-        "host": host,
-        "pid": os.getpid(),
-        "start_time": start_time(),
-        "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
-        "data_best_effort": None,
-        "data_reliable": None,
-        "liveliness": live.getsockopt_string(zmq.LAST_ENDPOINT),
-        "publications": [],
-        "services": [
+    announcement = raw_announcement(
+        domain,
+        node,
+        "rawserver",
+        control.getsockopt_string(zmq.LAST_ENDPOINT),
+        start_time=start_time(),
+        liveliness=live.getsockopt_string(zmq.LAST_ENDPOINT),
+        services=[
             {
                 "key": "sr/raw/add1",
                 "endpoint": router.getsockopt_string(zmq.LAST_ENDPOINT),
@@ -511,12 +538,8 @@ def test_a_milonga_caller_calls_a_raw_server(domain: Domain) -> None:
                 "max_request_bytes": 65536,
             }
         ],
-    }
-    d = domain.dir / name
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{node.hex()}.tmp"
-    tmp.write_text(json.dumps(announcement, indent=2))
-    tmp.rename(d / f"{node.hex()}.json")
+    )
+    d = write_announcement(domain, announcement)
     caller = domain.open("caller")
     wait_for(
         "the raw server in the caller's view",
@@ -648,18 +671,7 @@ def test_a_raw_subscriber_gets_a_milonga_publisher_s_kept_samples(domain: Domain
     pub = node.publisher("sr/raw/h", milonga.PublisherQos(history=3))
     for i in range(1, 6):
         pub.put(i * 1.5)
-    found: list[dict[str, Any]] = []
-
-    def announced() -> bool:
-        for f in (domain.dir / name).glob("*.json"):
-            a = json.loads(f.read_text())
-            if any(p["key"] == "sr/raw/h" and p["history"] == 3 for p in a["publications"]):
-                found.append(a)
-                return True
-        return False
-
-    wait_for("the keeper's announcement", announced)
-    a = found[0]
+    a = announcement_of(domain, "sr/raw/h")
     ctx = zmq.Context()
     try:
         xsub = ctx.socket(zmq.XSUB)
@@ -714,23 +726,13 @@ def test_a_raw_control_query_gets_a_milonga_node_s_info(domain: Domain) -> None:
     pub = node.publisher("sr/raw/c")
     for i in range(3):
         pub.put(float(i))
-    found: list[dict[str, Any]] = []
-
-    def announced() -> bool:
-        for f in (domain.dir / name).glob("*.json"):
-            a = json.loads(f.read_text())
-            if any(p["key"] == "sr/raw/c" for p in a["publications"]):
-                found.append(a)
-                return True
-        return False
-
-    wait_for("the node's announcement", announced)
+    a = announcement_of(domain, "sr/raw/c")
     ctl = b"MILONGA-CTL/1"  # §9.1
     ctx = zmq.Context()
     try:
         d = ctx.socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
-        d.connect(found[0]["control"])
+        d.connect(a["control"])
         # A command §9.1 does not define: no reply, counted.
         d.send_multipart([ctl, b"status"])
         d.send_multipart([ctl, b"info"])
@@ -738,7 +740,7 @@ def test_a_raw_control_query_gets_a_milonga_node_s_info(domain: Domain) -> None:
         magic, what, body = d.recv_multipart()
         assert (magic, what) == (ctl, b"info")
         info = json.loads(body)
-        assert info["announcement"]["node_id"] == found[0]["node_id"]
+        assert info["announcement"]["node_id"] == a["node_id"]
         assert info["announcement"]["domain"] == name
         stats = info["stats"]
         assert stats["samples_sent"] == 3
@@ -749,41 +751,23 @@ def test_a_raw_control_query_gets_a_milonga_node_s_info(domain: Domain) -> None:
 
 
 def test_a_raw_broker_client_subscribes_to_a_milonga_client_of_the_broker(domain: Domain) -> None:
-    from test_broker import start_broker
-
     name = domain_name(domain)
-    _, locator = start_broker(domain)
-    listen = "tcp://" + locator.removeprefix("milonga://").split("/")[0]
-    writer = milonga.open(locator, name="writer", runtime_dir=str(domain.dir))
-    domain.nodes.append(writer)
-    pub = writer.publisher("sr/raw/m")
     ctx = zmq.Context()
     try:
-        req = ctx.socket(zmq.DEALER)
-        req.setsockopt(zmq.LINGER, 0)
-        req.connect(listen)
-        req.send_multipart([MAGIC, b"hello", name.encode()])
-        assert req.poll(10_000), "no answer to hello"
-        hello = json.loads(req.recv_multipart()[2])
+        locator, req, hello = broker_hello(ctx, domain)
+        writer = milonga.open(locator, name="writer", runtime_dir=str(domain.dir))
+        domain.nodes.append(writer)
+        pub = writer.publisher("sr/raw/m")
         control = ctx.socket(zmq.ROUTER)
         control.setsockopt(zmq.LINGER, 0)
         control.bind("tcp://127.0.0.1:*")
         node = uuid.uuid4().bytes
-        host = socket.gethostname()
-        announcement = {
-            "protocol": 1,
-            "domain": name,
-            "node_id": node.hex(),
-            "name": f"rawreader@{host}:{os.getpid()}",
-            "host": host,
-            "pid": os.getpid(),
-            "start_time": 0,
-            "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
-            "data_best_effort": None,
-            "data_reliable": None,
-            "liveliness": None,
-            "publications": [],
-        }
+        announcement = raw_announcement(
+            domain,
+            node,
+            "rawreader",
+            control.getsockopt_string(zmq.LAST_ENDPOINT),
+        )
         key = uuid.uuid4().hex
         # §11.2: attach until the view shows the publisher's node with
         # its publication; §11.3: its endpoint is the broker's, tagged.
@@ -848,18 +832,7 @@ def test_a_raw_subscriber_s_filter_is_applied_at_a_milonga_publisher(domain: Dom
     name = domain_name(domain)
     node = domain.open("source")
     pub = node.publisher("sr/raw/f")
-    found: list[dict[str, Any]] = []
-
-    def announced() -> bool:
-        for f in (domain.dir / name).glob("*.json"):
-            a = json.loads(f.read_text())
-            if any(p["key"] == "sr/raw/f" for p in a["publications"]):
-                found.append(a)
-                return True
-        return False
-
-    wait_for("the publisher's announcement", announced)
-    a = found[0]
+    a = announcement_of(domain, "sr/raw/f")
     expr = "sr/raw/**"
     canonical = "abs_change=" + struct.pack(">d", 1.5).hex()
     fid = "%016x" % fnv1a64((canonical + "\n" + expr).encode())
@@ -920,22 +893,17 @@ def test_a_milonga_node_finds_a_raw_static_peer_and_reads_it(domain: Domain) -> 
             s.setsockopt(zmq.LINGER, 0)
             s.bind("tcp://127.0.0.1:*")
         node = uuid.uuid4().bytes
-        host = socket.gethostname()
         info = {
-            "announcement": {
-                "protocol": 1,
-                "domain": name,
-                "node_id": node.hex(),
-                "name": f"rawpeer@{host}:{os.getpid()}",
-                "host": host,
-                "pid": os.getpid(),
-                "start_time": start_time(),
-                "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
-                "data_best_effort": data.getsockopt_string(zmq.LAST_ENDPOINT),
-                "data_reliable": None,
-                "liveliness": live.getsockopt_string(zmq.LAST_ENDPOINT),
-                "publications": [{"key": "sr/raw/s", "reliability": "best_effort"}],
-            },
+            "announcement": raw_announcement(
+                domain,
+                node,
+                "rawpeer",
+                control.getsockopt_string(zmq.LAST_ENDPOINT),
+                start_time=start_time(),
+                data_best_effort=data.getsockopt_string(zmq.LAST_ENDPOINT),
+                liveliness=live.getsockopt_string(zmq.LAST_ENDPOINT),
+                publications=[{"key": "sr/raw/s", "reliability": "best_effort"}],
+            ),
             "stats": {},
         }
         ctl = b"MILONGA-CTL/1"
@@ -1006,22 +974,17 @@ def test_a_raw_node_registers_with_a_broker_and_a_milonga_node_reads_it(domain: 
             s.bind("tcp://127.0.0.1:*")
         reg.connect(listen)
         node = uuid.uuid4().bytes
-        host = socket.gethostname()
         announcement = json.dumps(
-            {
-                "protocol": 1,
-                "domain": name,
-                "node_id": node.hex(),
-                "name": f"rawreg@{host}:{os.getpid()}",
-                "host": host,
-                "pid": os.getpid(),
-                "start_time": start_time(),
-                "control": control.getsockopt_string(zmq.LAST_ENDPOINT),
-                "data_best_effort": data.getsockopt_string(zmq.LAST_ENDPOINT),
-                "data_reliable": None,
-                "liveliness": live.getsockopt_string(zmq.LAST_ENDPOINT),
-                "publications": [{"key": "sr/raw/r", "reliability": "best_effort"}],
-            }
+            raw_announcement(
+                domain,
+                node,
+                "rawreg",
+                control.getsockopt_string(zmq.LAST_ENDPOINT),
+                start_time=start_time(),
+                data_best_effort=data.getsockopt_string(zmq.LAST_ENDPOINT),
+                liveliness=live.getsockopt_string(zmq.LAST_ENDPOINT),
+                publications=[{"key": "sr/raw/r", "reliability": "best_effort"}],
+            )
         ).encode()
         view: dict[str, Any] = {"epoch": 0, "have": 0, "nodes": {}, "lease_ms": 3000}
         renewed = [0.0]
@@ -1120,18 +1083,7 @@ def test_a_raw_subscriber_reads_a_schema_d_publisher_by_position(domain: Domain)
         ],
     }
     pub = node.publisher("sr/raw/t", milonga.PublisherQos(schema=schema))
-    found: list[dict[str, Any]] = []
-
-    def announced() -> bool:
-        for f in (domain.dir / name).glob("*.json"):
-            a = json.loads(f.read_text())
-            if any(p["key"] == "sr/raw/t" for p in a["publications"]):
-                found.append(a)
-                return True
-        return False
-
-    wait_for("the publisher's announcement", announced)
-    a = found[0]
+    a = announcement_of(domain, "sr/raw/t")
     [publication] = [p for p in a["publications"] if p["key"] == "sr/raw/t"]
     ctx = zmq.Context()
     try:
