@@ -181,6 +181,7 @@ fn two_nodes_creating_one_recording_at_once_both_write_it() {
                                 let e = e.to_string();
                                 assert!(e.contains("another node writes it"), "{key}: {e}");
                                 assert!(Instant::now() < end, "{key}: still refused: {e}");
+                                // A put tries again (until the other closes).
                                 std::thread::sleep(Duration::from_millis(2));
                             }
                         }

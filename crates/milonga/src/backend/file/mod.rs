@@ -2018,6 +2018,33 @@ mod tests {
         }
     }
 
+    /// A finished recording of 300 samples ([`write`]) at `path`.
+    struct Written {
+        bytes: Vec<u8>,
+        summary: Summary,
+        /// Where its third chunk's record starts, and its length.
+        third: usize,
+        len: usize,
+        /// Where its data section ends: cut there, it has no summary.
+        data_end: usize,
+    }
+
+    fn written(path: &Path, c: Compression) -> Written {
+        write(path, c, 300);
+        let bytes = std::fs::read(path).unwrap();
+        let summary = read_summary(&mut File::open(path).unwrap()).unwrap();
+        let (third, len) = summary.chunks[2];
+        let (third, len) = (third as usize, len as usize);
+        let data_end = third + len + first_record(&bytes[third + len - 8..], 0x0F) - 8;
+        Written {
+            bytes,
+            summary,
+            third,
+            len,
+            data_end,
+        }
+    }
+
     /// The first record after the magic: its offset.
     fn first_record(b: &[u8], opcode: u8) -> usize {
         let mut at = 8;
@@ -2170,14 +2197,9 @@ mod tests {
     fn damage_to_a_chunk_s_framing_is_passed_by_the_summary_s_index() {
         let dir = milonga_testkit::TempDir::new("rec-index");
         for c in [Compression::Zstd, Compression::None] {
-            let good = dir.path().join(format!("good-{c:?}.mcap"));
-            write(&good, c, 300);
-            let b = std::fs::read(&good).unwrap();
-            let summary = read_summary(&mut File::open(&good).unwrap()).unwrap();
-            assert!(summary.chunks.len() >= 4, "{}", summary.chunks.len());
-            let (third, len) = summary.chunks[2];
-            let (third, len) = (third as usize, len as usize);
-            let data_end = third + len + first_record(&b[third + len - 8..], 0x0F) - 8;
+            let w = written(&dir.path().join(format!("good-{c:?}.mcap")), c);
+            assert!(w.summary.chunks.len() >= 4, "{}", w.summary.chunks.len());
+            let (b, third, len, data_end) = (w.bytes, w.third, w.len, w.data_end);
             // Its length made longer (the read runs past the file's end)
             // or shorter (the chunk's data does not fit); then shorter and
             // a byte of its data changed.
@@ -2253,13 +2275,8 @@ mod tests {
     #[test]
     fn a_file_without_a_summary_goes_on_at_the_next_sound_chunk_within_a_bound() {
         let dir = milonga_testkit::TempDir::new("rec-search");
-        let good = dir.path().join("good.mcap");
-        write(&good, Compression::Zstd, 300);
-        let b = std::fs::read(&good).unwrap();
-        let summary = read_summary(&mut File::open(&good).unwrap()).unwrap();
-        let (third, len) = summary.chunks[2];
-        let (third, len) = (third as usize, len as usize);
-        let data_end = third + len + first_record(&b[third + len - 8..], 0x0F) - 8;
+        let w = written(&dir.path().join("good.mcap"), Compression::Zstd);
+        let (b, third, len, data_end) = (w.bytes, w.third, w.len, w.data_end);
         // Headers of uncompressed chunks of `claim` bytes, CRC 1.
         let crafted = |n: usize, claim: u64| {
             let mut v = vec![0u8; 9]; // an opcode 0 record, out of place
@@ -2343,12 +2360,9 @@ mod tests {
     #[test]
     fn a_chunk_hidden_by_its_opcode_or_its_header_is_found_or_counted() {
         let dir = milonga_testkit::TempDir::new("rec-opcode");
-        let good = dir.path().join("good.mcap");
-        write(&good, Compression::Zstd, 300);
-        let b = std::fs::read(&good).unwrap();
-        let summary = read_summary(&mut File::open(&good).unwrap()).unwrap();
+        let w = written(&dir.path().join("good.mcap"), Compression::Zstd);
+        let (b, summary, third) = (w.bytes, w.summary, w.third);
         let n = summary.chunks.len();
-        let third = summary.chunks[2].0 as usize;
         let p = dir.path().join("damaged.mcap");
         for opcode in [0x16u8, 0x0E, 0x86, 0x00] {
             let mut d = b.clone();
