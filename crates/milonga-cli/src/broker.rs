@@ -58,16 +58,26 @@ pub struct BrokerArgs {
     /// Stop after this many seconds (default: at SIGINT or SIGTERM).
     #[arg(long)]
     pub duration: Option<f64>,
-    /// Listen on an address other hosts can reach, although brokered
-    /// connections are not secured in this version: only on a network
-    /// where every host is trusted (docs/broker.md).
+    /// Listen with security off on an address other hosts can reach:
+    /// only on a network where every host is trusted (docs/broker.md).
+    /// Without it, security is on there (the default, auto).
     #[arg(long)]
     pub insecure: bool,
 }
 
-pub fn run(a: BrokerArgs) -> Result<ExitCode> {
+pub fn run(net: &crate::NetArgs, a: BrokerArgs) -> Result<ExitCode> {
     crate::catch_interrupts();
+    // The global security flags are the broker's (docs/broker.md
+    // "Security"); --key alone turns it on, as for a node.
+    let security = match (net.security, &net.key_file) {
+        (Some(s), _) => s,
+        (None, Some(_)) => milonga::Security::On,
+        (None, None) => milonga::Security::Auto,
+    };
     let broker = Broker::start(BrokerOptions {
+        security,
+        key_file: net.key_file.clone(),
+        trust_dir: net.trust_dir.clone(),
         listen: a.listen.clone(),
         domains: a.domains.clone(),
         attach_interval_ms: a.attach_interval_ms,
@@ -90,6 +100,7 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
             "locators": locators,
             "every_domain": broker.serves_every_domain(),
             "endpoints": broker.endpoints(),
+            "key": broker.public_key().map(|k| k.to_z85()),
         });
         println!("{line}");
     } else {
@@ -98,6 +109,13 @@ pub fn run(a: BrokerArgs) -> Result<ExitCode> {
             broker.id(),
             broker.listen_endpoint()
         );
+        match broker.public_key() {
+            Some(k) => println!(
+                "  security on: key {} (clients trust its .pub and open NAME@HOST:PORT)",
+                k.fingerprint()
+            ),
+            None => println!("  security off"),
+        }
         for p in &a.peers {
             println!("  links to {p}");
         }

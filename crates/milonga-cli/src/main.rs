@@ -368,7 +368,7 @@ fn main() -> ExitCode {
         Cmd::Info(a) => record::cmd_info(a),
         Cmd::Replay(a) => record::cmd_replay(&cli.net, a),
         Cmd::Demo(a) => demo::run(&cli.net, a),
-        Cmd::Broker(a) => broker::run(a),
+        Cmd::Broker(a) => broker::run(&cli.net, a),
         Cmd::Device(a) => demo::device(&cli.net, a),
         Cmd::Bench(a) => bench::run(&cli.net, a),
         Cmd::BenchWorker(a) => bench::worker(a),

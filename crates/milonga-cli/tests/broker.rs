@@ -375,16 +375,26 @@ fn a_client_asking_for_a_domain_the_broker_does_not_serve_or_no_broker_gets_a_cl
         "{e}"
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
-    // A broker other hosts could reach is refused without --insecure
-    // (brokered connections are not secured yet).
+    // A broker other hosts could reach is secured by default (the user's
+    // default identity: its key is told), and refused with security off
+    // unless --insecure says the network is trusted.
+    let listen = [
+        "broker",
+        "--listen",
+        "tcp://0.0.0.0:0",
+        "--domain",
+        &env.domain,
+    ];
     let out = env
-        .cmd(&[
-            "broker",
-            "--listen",
-            "tcp://0.0.0.0:0",
-            "--domain",
-            &env.domain,
-        ])
+        .cmd(&[&listen[..], &["--json", "--duration", "0.2"]].concat())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let first = String::from_utf8_lossy(&out.stdout);
+    let v: Json = serde_json::from_str(first.lines().next().unwrap()).unwrap();
+    assert!(v["key"].as_str().is_some_and(|k| k.len() == 40), "{v}");
+    let out = env
+        .cmd(&[&["--security", "off"][..], &listen[..]].concat())
         .output()
         .unwrap();
     assert!(!out.status.success());

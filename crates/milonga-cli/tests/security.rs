@@ -1064,3 +1064,203 @@ fn a_trusted_peer_cannot_send_samples_under_another_nodes_id() {
         }
     }
 }
+
+/// A broker with security on (docs/broker.md "Security"): clients holding
+/// trusted keys exchange samples and calls through it, every connection
+/// CURVE; a client whose key the broker does not trust, one that names
+/// the wrong key for the broker, and one with security off are each
+/// refused at open with why. A trusted client cannot attach as another
+/// node nor send frames under another node's id through the broker: the
+/// attaches are refused (`requests_refused`) and the frames dropped
+/// (`frames_unattributed`), never delivered, while the real publisher's
+/// samples go on.
+#[test]
+fn a_secured_broker_admits_trusted_clients_only_and_forwards_frames_under_their_own_keys() {
+    use milonga::wire::frame::{self, domain_tag, Encoding, Header, Kind};
+    use milonga::{Announcement, Key, NodeId};
+
+    let env = Env::new("sec-broker");
+    let names = ["broker", "alice", "bob", "mallory"];
+    let keys = Keys::new("sec-broker", &names);
+    let trust = keys.trust("ok", &["broker", "alice", "bob"]);
+    let mallory_trust = keys.trust("mallory", &names);
+    let broker = Proc::spawn(secured(
+        &env,
+        &keys,
+        "broker",
+        &trust,
+        &[
+            "broker",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--domain",
+            &env.domain,
+            "--json",
+        ],
+    ));
+    let listening = json_line(&broker).expect("the broker says where it listens");
+    assert_eq!(listening["event"], "listening", "{listening}");
+    let broker_key = key_field(&keys.public("broker"), "public-key");
+    assert_eq!(
+        listening["key"]
+            .as_str()
+            .map(|k| zmq::z85_decode(k).unwrap()),
+        Some(broker_key.clone()),
+        "{listening}"
+    );
+    let listen = listening["listen"].as_str().unwrap().to_owned();
+    let hp = listen.trim_start_matches("tcp://").to_owned();
+    let at = |name: &str| format!("milonga://{name}@{hp}/{}", env.domain);
+    let as_client = |who: &str, trust: &Path, args: &[&str]| {
+        let locator = at("broker");
+        secured(
+            &env,
+            &keys,
+            who,
+            trust,
+            &[&["--locator", &locator][..], args].concat(),
+        )
+    };
+
+    // Trusted clients: samples and a call go through.
+    let _alice = Proc::spawn(as_client(
+        "alice",
+        &trust,
+        &["pub", "lab/x", "1", "--rate", "20"],
+    ));
+    let _server = Proc::spawn(as_client("alice", &trust, &["serve", "lab/echo", "--echo"]));
+    let bob = Proc::spawn(as_client("bob", &trust, &["sub", "lab/x", "--json"]));
+    let first = sample_of(&bob, "lab/x");
+    assert_eq!(first["value"], 1, "{first}");
+    let alice = NodeId::from_hex(first["publisher"].as_str().unwrap()).unwrap();
+    let out = as_client(
+        "bob",
+        &trust,
+        &["call", "lab/echo", "7", "--wait-server", "10"],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "7");
+
+    // Refused at open, each with why.
+    let refused = |cmd: &mut std::process::Command, why: &str| {
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{why}: {err}");
+    };
+    refused(
+        &mut as_client("mallory", &mallory_trust, &["ls"]),
+        "refused this node's key",
+    );
+    let wrong = at("alice");
+    refused(
+        &mut secured(&env, &keys, "bob", &trust, &["--locator", &wrong, "ls"]),
+        "secured handshake",
+    );
+    let plain = format!("milonga://{hp}/{}", env.domain);
+    refused(
+        &mut env.cmd(&["--locator", &plain, "ls"]),
+        "its security may be on",
+    );
+
+    // Bob, trusted, as a raw client: it attaches as Alice, then as a node
+    // of its own key under Alice's id, and sends frames naming Alice.
+    let ctx = zmq::Context::new();
+    let curve = |s: &zmq::Socket| {
+        s.set_curve_serverkey(&broker_key).unwrap();
+        s.set_curve_publickey(&key_field(&keys.public("bob"), "public-key"))
+            .unwrap();
+        s.set_curve_secretkey(&key_field(&keys.key("bob"), "secret-key"))
+            .unwrap();
+        s.set_linger(0).unwrap();
+    };
+    let d = ctx.socket(zmq::DEALER).unwrap();
+    curve(&d);
+    d.set_rcvtimeo(10_000).unwrap();
+    d.connect(&listen).unwrap();
+    let ask = |frames: Vec<Vec<u8>>| -> Vec<Vec<u8>> {
+        d.send_multipart(frames, 0).unwrap();
+        d.recv_multipart(0).expect("an answer")
+    };
+    let hello = ask(vec![
+        b"MILONGA-BRK/1".to_vec(),
+        b"hello".to_vec(),
+        env.domain.as_bytes().to_vec(),
+    ]);
+    let hello: Json = serde_json::from_slice(&hello[2]).unwrap();
+    let bob_key = key_field(&keys.public("bob"), "public-key");
+    let alice_key = key_field(&keys.public("alice"), "public-key");
+    let claim = |key: &[u8]| Announcement {
+        protocol: 1,
+        domain: env.domain.clone(),
+        node_id: alice.to_hex(),
+        name: "impostor".into(),
+        host: "localhost".into(),
+        pid: std::process::id(),
+        start_time: 0,
+        control: "tcp://127.0.0.1:9".into(),
+        data_best_effort: None,
+        data_reliable: None,
+        liveliness: None,
+        publications: vec![],
+        services: vec![],
+        key: Some(zmq::z85_encode(key).unwrap()),
+        id_salt: Some("00".repeat(16)),
+    };
+    for (key, why) in [
+        (&alice_key, "not its connection's"),
+        (&bob_key, "not its own"),
+    ] {
+        let r = ask(vec![
+            b"MILONGA-BRK/1".to_vec(),
+            b"attach".to_vec(),
+            serde_json::to_vec(&claim(key)).unwrap(),
+            b"0".to_vec(),
+            b"".to_vec(),
+            b"0123456789abcdef0123456789abcdef".to_vec(),
+        ]);
+        let text = String::from_utf8_lossy(&r[2]);
+        assert!(r[1] == b"error" && text.contains(why), "{why}: {text}");
+    }
+    let xpub = ctx.socket(zmq::XPUB).unwrap();
+    curve(&xpub);
+    xpub.set_rcvtimeo(10_000).unwrap();
+    xpub.connect(hello["data_best_effort_in"].as_str().unwrap())
+        .unwrap();
+    // The broker subscribes on behalf of Bob's subscription.
+    let sub = xpub.recv_bytes(0).expect("the broker subscribes");
+    assert_eq!(sub[0], 1, "{sub:?}");
+    let forged = |seq: u64| {
+        let h = Header {
+            kind: Kind::Sample,
+            flags: 0,
+            encoding: Encoding::Cbor,
+            domain_tag: domain_tag(&env.domain),
+            schema_id: 0,
+            node_id: alice,
+            seq,
+            timestamp_ns: 1,
+        };
+        // CBOR 666.
+        frame::encode(&Key::new("lab/x").unwrap(), &h, &[0x19, 0x02, 0x9a])
+    };
+    let mut genuine = 0;
+    let mut seq = 1_000_000;
+    while genuine < 20 {
+        xpub.send(forged(seq), 0).unwrap();
+        seq += 1;
+        let j = sample_of(&bob, "lab/x");
+        assert_ne!(j["value"], 666, "a forged frame was delivered: {j}");
+        assert!(j["seq"].as_u64().unwrap() < 1_000_000, "{j}");
+        genuine += 1;
+    }
+    let mut stats = json_line(&broker).unwrap();
+    while !(stats["event"] == "stats"
+        && stats["stats"]["frames_unattributed"].as_u64() >= Some(10)
+        && stats["stats"]["requests_refused"].as_u64() >= Some(2)
+        && stats["stats"]["auth_refused"].as_u64() >= Some(1))
+    {
+        stats = json_line(&broker).expect("stats that count what was refused");
+    }
+}

@@ -72,11 +72,24 @@ pub struct BrokerOptions {
     /// (`tcp://HOST:PORT` or `HOST:PORT`): a federation (docs/broker.md).
     /// A link is two-way; one end naming the other is enough.
     pub peers: Vec<String>,
-    /// Serve on an address other hosts can reach although brokered
-    /// connections are not secured in this version (docs/broker.md):
-    /// only on a network where every host is trusted. Without it, such
-    /// a `listen` is refused.
+    /// Serve with security off on an address other hosts can reach
+    /// (docs/broker.md): only on a network where every host is trusted.
+    /// It turns `Auto` security off; without it, such a `listen` with
+    /// security off is refused.
     pub insecure: bool,
+    /// Its security (docs/broker.md "Security"): `Auto` (the default)
+    /// is on when `listen` is not on loopback or a key is given, as for a
+    /// node. On: every connection a client makes to it is CURVE,
+    /// admitted only for the keys of `trust_dir`, and a client's frames
+    /// are forwarded only under node ids its key gives. `MILONGA_SECURITY`
+    /// when left `Auto` here.
+    pub security: crate::Security,
+    /// Its secret key file (default: `MILONGA_KEY`, else the user's
+    /// default identity, docs/security.md).
+    pub key_file: Option<std::path::PathBuf>,
+    /// The directory of the keys it admits (default: `MILONGA_TRUST`,
+    /// else the user's default trust directory).
+    pub trust_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for BrokerOptions {
@@ -93,6 +106,9 @@ impl Default for BrokerOptions {
             domain_idle_ms: 60_000,
             peers: Vec::new(),
             insecure: false,
+            security: crate::Security::Auto,
+            key_file: None,
+            trust_dir: None,
         }
     }
 }
@@ -113,7 +129,7 @@ pub struct Broker {
 /// `timeout`. `milonga ls` shows them.
 pub fn clients(node: &Node, timeout: std::time::Duration) -> Option<Vec<ClientInfo>> {
     let up = node.inner.backend().uplink()?;
-    crate::backend::p2p::uplink::clients(node.inner.cfg(), &up.broker, node.domain(), timeout)
+    crate::backend::p2p::uplink::clients(node.inner.cfg(), &up, node.domain(), timeout)
 }
 
 impl std::fmt::Debug for Broker {
@@ -137,6 +153,67 @@ fn open_domain_node(domain: &str) -> Result<std::sync::Arc<Node>, OpenError> {
     // Its clients are announced in the local directory.
     cfg.local_discovery = true;
     Ok(std::sync::Arc::new(Node::open_with(cfg)?))
+}
+
+/// The broker's security, when `cfg`'s is on: its identity, its trust
+/// directory, and the ZAP handler that judges its clients' connections.
+fn broker_security(cfg: &Config) -> Result<Option<broker::BrokerSecurity>, OpenError> {
+    let Some((identity, trust_dir)) = crate::backend::p2p::load_identity(cfg)? else {
+        return Ok(None);
+    };
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id).map_err(|e| OpenError::Config {
+        key: "broker id".into(),
+        why: format!("no randomness available: {e}"),
+    })?;
+    let core = std::sync::Arc::new(crate::model::node::NodeCore::new(
+        milonga_wire::NodeId(id),
+        format!("broker@{}", std::process::id()),
+        "broker".into(),
+        cfg.clone(),
+    ));
+    let guard = crate::backend::p2p::curve::Guard::new(&core, identity, &trust_dir, None)?;
+    Ok(Some(broker::BrokerSecurity {
+        guard,
+        core,
+        keys: Default::default(),
+    }))
+}
+
+/// A domain of a broker whose security is on: no peer-to-peer node of
+/// the host (its clients see each other only).
+struct ClientsOnly {
+    domain: String,
+    id: String,
+}
+
+impl ClientsOnly {
+    fn new(domain: &str) -> Result<ClientsOnly, OpenError> {
+        crate::model::config::parse_locator(&format!("milonga:///{domain}"))?;
+        let mut id = [0u8; 16];
+        getrandom::fill(&mut id).map_err(|e| OpenError::Config {
+            key: "node id".into(),
+            why: format!("no randomness available: {e}"),
+        })?;
+        Ok(ClientsOnly {
+            domain: domain.to_owned(),
+            id: milonga_wire::NodeId(id).to_hex(),
+        })
+    }
+}
+
+impl DomainHost for ClientsOnly {
+    fn domain(&self) -> &str {
+        &self.domain
+    }
+    fn node_id(&self) -> String {
+        self.id.clone()
+    }
+    fn peers(&self) -> Vec<Announcement> {
+        Vec::new()
+    }
+    fn show(&self, _: &Announcement) {}
+    fn hide(&self, _: &str) {}
 }
 
 /// The broker's node in one domain.
@@ -166,37 +243,59 @@ impl Broker {
     /// domain given, it serves every domain named to it, opening its node
     /// there when first named.
     pub fn start(opts: BrokerOptions) -> Result<Broker, OpenError> {
-        let loopback = opts
-            .listen
-            .strip_prefix("tcp://")
-            .and_then(|hp| hp.rsplit_once(':'))
-            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
-            .is_some_and(|h| {
-                h == "localhost"
-                    || h.parse::<std::net::IpAddr>()
-                        .is_ok_and(|ip| ip.is_loopback())
-            });
-        if !loopback && !opts.insecure {
+        let loopback = crate::model::config::is_loopback_endpoint(&opts.listen);
+        let mut cfg = Config::from_env("milonga:///broker", "broker")?;
+        if opts.security != crate::Security::Auto {
+            cfg.security = opts.security;
+        }
+        if opts.key_file.is_some() {
+            cfg.key_file = opts.key_file.clone();
+        }
+        if opts.trust_dir.is_some() {
+            cfg.trust_dir = opts.trust_dir.clone();
+        }
+        if cfg.security == crate::Security::Auto {
+            // `insecure` asks for security off on any address.
+            cfg.security = match (!loopback || cfg.key_file.is_some()) && !opts.insecure {
+                true => crate::Security::On,
+                false => crate::Security::Off,
+            };
+        }
+        let security = broker_security(&cfg)?;
+        if security.is_none() && !loopback && !opts.insecure {
             return Err(OpenError::Config {
                 key: "listen".into(),
                 why: format!(
-                    "{}: other hosts could reach this broker, and brokered connections are not secured in this version; listen on loopback, or accept that risk on a trusted network with --insecure (docs/broker.md)",
+                    "{}: other hosts could reach this broker and its security is off; leave security on (the default there), listen on loopback, or accept that risk on a trusted network with --insecure (docs/broker.md)",
                     opts.listen
                 ),
+            });
+        }
+        if security.is_some() && !opts.peers.is_empty() {
+            return Err(OpenError::Unsupported {
+                what: "linking brokers with security on (--peer-broker): brokers link without security only in this version (docs/broker.md)".into(),
             });
         }
         let mut nodes = Vec::new();
         let mut hosts: Vec<Box<dyn DomainHost>> = Vec::new();
         for d in &opts.domains {
+            // With security on the broker serves its clients only (no
+            // peer-to-peer node in the domain: docs/broker.md).
+            if security.is_some() {
+                hosts.push(Box::new(ClientsOnly::new(d)?));
+                continue;
+            }
             let node = open_domain_node(d)?;
             hosts.push(Box::new(NodeHost(node.clone())));
             nodes.push(node);
         }
         // Every domain: a domain's node opens when a request first names
         // it, and closes with the broker's control thread.
+        let secured = security.is_some();
         let open_domain: Option<broker::OpenDomain> = match opts.domains.is_empty() {
-            true => Some(Box::new(|d: &str| {
-                Ok(Box::new(NodeHost(open_domain_node(d)?)) as Box<dyn DomainHost>)
+            true => Some(Box::new(move |d: &str| match secured {
+                true => Ok(Box::new(ClientsOnly::new(d)?) as Box<dyn DomainHost>),
+                false => Ok(Box::new(NodeHost(open_domain_node(d)?)) as Box<dyn DomainHost>),
             })),
             false => None,
         };
@@ -212,7 +311,8 @@ impl Broker {
             // first attach is not yet counted.
             domain_idle: std::time::Duration::from_millis(opts.domain_idle_ms.max(opts.lease_ms)),
             peers: opts.peers,
-            cfg: Config::from_env("milonga:///broker", "broker")?,
+            cfg,
+            security,
         };
         let running = broker::start(spec, hosts, open_domain)?;
         Ok(Broker {
@@ -260,7 +360,14 @@ impl Broker {
 
     /// A snapshot of its counters.
     pub fn stats(&self) -> BrokerStats {
-        self.running.counters.snapshot()
+        self.running.stats()
+    }
+
+    /// Its public key when its security is on (what clients name in
+    /// their locator, `NAME@HOST:PORT`, with `NAME.pub` in their trust
+    /// directory).
+    pub fn public_key(&self) -> Option<crate::security::PublicKey> {
+        self.running.public_key()
     }
 
     /// Stops it: its clients are withdrawn from the domains, then its

@@ -822,6 +822,20 @@ impl Config {
     }
 }
 
+/// Whether `endpoint` (`tcp://HOST:PORT`) is on loopback (`localhost`, or
+/// an address of 127.0.0.0/8 or `::1`).
+pub(crate) fn is_loopback_endpoint(endpoint: &str) -> bool {
+    endpoint
+        .strip_prefix("tcp://")
+        .and_then(|hp| hp.rsplit_once(':'))
+        .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+        .is_some_and(|h| {
+            h == "localhost"
+                || h.parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        })
+}
+
 /// A parsed locator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Locator {
@@ -831,6 +845,9 @@ pub(crate) struct Locator {
     /// `milonga://HOST:PORT[,HOST:PORT...]/DOMAIN`: the brokers, in the
     /// order they are tried, as `tcp://HOST:PORT` (docs/broker.md).
     pub brokers: Vec<String>,
+    /// For each broker, the name of its key in the trust directory when
+    /// the locator gives one (`NAME@HOST:PORT`, docs/security.md).
+    pub broker_keys: Vec<Option<String>>,
 }
 
 /// `file_speed`: `None` for `max`, else the factor of the recorded pace.
@@ -871,6 +888,7 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
                 domain: format!("file-{hash:016x}"),
                 file: Some(PathBuf::from(rest)),
                 brokers: Vec::new(),
+                broker_keys: Vec::new(),
             });
         }
         _ => {
@@ -883,8 +901,19 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
         .split_once('/')
         .ok_or_else(|| bad("no domain: expected milonga:///DOMAIN"))?;
     let mut brokers = Vec::new();
+    let mut broker_keys = Vec::new();
     if !authority.is_empty() {
         for b in authority.split(',') {
+            // NAME@HOST:PORT: the broker holds the key NAME.pub of the
+            // trust directory.
+            let (key, b) = match b.split_once('@') {
+                Some((name, b)) if crate::backend::p2p::curve::valid_name(name) => {
+                    (Some(name.to_owned()), b)
+                }
+                Some(_) => return Err(bad("a broker's key is named NAME@HOST:PORT, NAME a key of the trust directory (letters, digits, '.', '_', '-')")),
+                None => (None, b),
+            };
+            broker_keys.push(key);
             let (host, port) = b.rsplit_once(':').ok_or_else(|| {
                 bad("a broker is HOST:PORT, such as milonga://localhost:7447/lab")
             })?;
@@ -917,6 +946,7 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
         domain: path.to_owned(),
         file: None,
         brokers,
+        broker_keys,
     })
 }
 
@@ -930,6 +960,10 @@ mod tests {
         let b = parse_locator("milonga://b1:7447,10.0.0.2:7448/lab").unwrap();
         assert_eq!(b.brokers, ["tcp://b1:7447", "tcp://10.0.0.2:7448"]);
         assert_eq!(b.domain, "lab");
+        assert_eq!(b.broker_keys, [None, None]);
+        let k = parse_locator("milonga://ctl-broker@b1:7447,b2:7447/lab").unwrap();
+        assert_eq!(k.brokers, ["tcp://b1:7447", "tcp://b2:7447"]);
+        assert_eq!(k.broker_keys, [Some("ctl-broker".to_owned()), None]);
         assert!(parse_locator("milonga:///lab").unwrap().brokers.is_empty());
         let f = parse_locator("file:///tmp/x.mcap").unwrap();
         assert_eq!(f.file, Some(PathBuf::from("/tmp/x.mcap")));
@@ -951,6 +985,8 @@ mod tests {
             "milonga://host:x/lab",
             "milonga://:7447/lab",
             "milonga://a:1,/lab",
+            "milonga://@b1:7447/lab",
+            "milonga://a b@b1:7447/lab",
         ] {
             assert!(
                 matches!(parse_locator(bad), Err(OpenError::BadLocator { .. })),

@@ -140,13 +140,19 @@ impl NodeInner {
         let loc = parse_locator(&cfg.locator)?;
         if !loc.brokers.is_empty() {
             // A broker client: the broker is its discovery and its
-            // connections (docs/broker.md).
-            if cfg.effective_security() == crate::Security::On {
-                return Err(OpenError::Unsupported {
-                    what: "security through a broker: a brokered node runs with security off in this version (docs/broker.md)".into(),
-                });
+            // connections (docs/broker.md). Its security follows the
+            // brokers' addresses: on when one is not on loopback (or a key
+            // is given), as a node's follows its own address.
+            if cfg.security == crate::Security::Auto {
+                let remote = loc
+                    .brokers
+                    .iter()
+                    .any(|b| !crate::model::config::is_loopback_endpoint(b));
+                cfg.security = match remote || cfg.key_file.is_some() {
+                    true => crate::Security::On,
+                    false => crate::Security::Off,
+                };
             }
-            cfg.security = crate::Security::Off;
             cfg.local_discovery = false;
             cfg.scouting = false;
             cfg.peers.clear();
@@ -197,20 +203,21 @@ impl NodeInner {
             id = NodeId::keyed(me.public().as_bytes(), &s).0;
             salt = Some(s);
         }
-        let mut core = NodeCore::new(NodeId(id), name, loc.domain, cfg);
+        let mut core = NodeCore::new(NodeId(id), name, loc.domain.clone(), cfg);
         core.other_hosts = other_hosts;
         core.id_salt = salt;
         let core = Arc::new(core);
-        let uplink = match loc.brokers.is_empty() {
+        let brokers = crate::backend::p2p::uplink::brokers_of(&loc, identity.as_ref())?;
+        let uplink = match brokers.is_empty() {
             true => None,
             false => Some(crate::backend::p2p::uplink::hello(
                 &core.cfg,
-                &loc.brokers,
+                &brokers,
                 &core.domain,
                 std::time::Duration::from_millis(core.cfg.handshake_timeout_ms.max(1) as u64),
             )?),
         };
-        let (p2p, wake_rx) = P2p::new(core.clone(), identity, uplink)?;
+        let (p2p, wake_rx) = P2p::new(core.clone(), identity, uplink, brokers)?;
         let socks = control::bind_node(&p2p)?;
         let inner = Arc::new(NodeInner {
             core: core.clone(),

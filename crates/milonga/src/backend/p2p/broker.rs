@@ -89,6 +89,60 @@ pub(crate) struct BrokerSpec {
     pub peers: Vec<String>,
     /// Socket options (high-water marks, heartbeats, message size).
     pub cfg: Config,
+    /// With security on: the broker's identity and trust, and the key
+    /// each client node attached with (docs/broker.md).
+    pub security: Option<BrokerSecurity>,
+}
+
+/// A key in Z85, shared.
+type Z85 = Arc<str>;
+
+/// A broker's security: every socket its clients reach is a CURVE server
+/// of its identity admitting the keys of its trust directory, a client
+/// attaches only under a node id its key gives, and each frame a client
+/// sends must name a node that attached with the key of its connection.
+#[derive(Clone)]
+pub(crate) struct BrokerSecurity {
+    pub guard: Arc<crate::backend::p2p::curve::Guard>,
+    /// What the guard counts (`auth_refused`) in: the guard holds it weakly.
+    pub core: Arc<crate::model::node::NodeCore>,
+    /// The key each client node id attached with.
+    pub keys: Arc<std::sync::RwLock<HashMap<[u8; 16], Z85>>>,
+}
+
+impl std::fmt::Debug for BrokerSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerSecurity")
+            .field("key", &self.guard.identity.public())
+            .finish_non_exhaustive()
+    }
+}
+
+impl BrokerSecurity {
+    /// Makes `sock`, which binds, a CURVE server of the broker's identity
+    /// admitting the trusted keys only.
+    fn secure(&self, sock: &mut zmq::Socket, ep: &str) -> Result<(), OpenError> {
+        crate::backend::p2p::curve::secure_server(&self.guard, sock, &self.guard.zap_domain)
+            .map_err(sock_err(ep))
+    }
+
+    /// Whether a frame naming node `origin` may come on a connection
+    /// admitted with `user` (a key in Z85).
+    fn vouches(&self, origin: Option<[u8; 16]>, user: Option<&[u8]>) -> bool {
+        let (Some(origin), Some(user)) = (origin, user) else {
+            return false;
+        };
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        keys.get(&origin).is_some_and(|k| k.as_bytes() == user)
+    }
+}
+
+/// [`BrokerSecurity::secure`] when security is on.
+fn secure(spec: &BrokerSpec, sock: &mut zmq::Socket, ep: &str) -> Result<(), OpenError> {
+    match &spec.security {
+        Some(sec) => sec.secure(sock, ep),
+        None => Ok(()),
+    }
 }
 
 /// The broker's counters, shared by its threads.
@@ -118,6 +172,7 @@ pub(crate) struct BrokerCounters {
     pub domains_closed: AtomicU64,
     pub handshakes_failed: AtomicU64,
     pub accepts_failed: AtomicU64,
+    pub frames_unattributed: AtomicU64,
     pub tree: Mutex<Vec<String>>,
 }
 
@@ -195,6 +250,13 @@ pub struct BrokerStats {
     /// Connections to its listen port it could not accept (file
     /// descriptors exhausted; logged likewise).
     pub accepts_failed: u64,
+    /// With security on: connections refused because their key is not
+    /// in the broker's trust directory (logged, rate-limited).
+    pub auth_refused: u64,
+    /// With security on: frames a client sent under a node id that did
+    /// not attach with the key of its connection, dropped (logged, the
+    /// first ten and every 1,000th).
+    pub frames_unattributed: u64,
     /// The peers (broker ids) of its links in the federation's spanning
     /// tree, which data crosses.
     pub tree: Vec<String>,
@@ -228,6 +290,8 @@ impl BrokerCounters {
             domains_closed: g(&self.domains_closed),
             handshakes_failed: g(&self.handshakes_failed),
             accepts_failed: g(&self.accepts_failed),
+            auth_refused: 0,
+            frames_unattributed: g(&self.frames_unattributed),
             tree: lock(&self.tree).clone(),
         }
     }
@@ -244,9 +308,24 @@ pub(crate) struct Running {
     pub(crate) hellos: Arc<Mutex<Vec<BrokerHello>>>,
     /// Its id in a federation (new at each start).
     pub(crate) broker_id: String,
+    security: Option<BrokerSecurity>,
 }
 
 impl Running {
+    /// Its public key, when its security is on.
+    pub(crate) fn public_key(&self) -> Option<crate::backend::p2p::curve::PublicKey> {
+        self.security.as_ref().map(|s| s.guard.identity.public())
+    }
+
+    /// A snapshot of its counters.
+    pub(crate) fn stats(&self) -> BrokerStats {
+        let mut s = self.counters.snapshot();
+        if let Some(sec) = &self.security {
+            s.auth_refused = sec.core.counters.auth_refused.load(Ordering::Relaxed);
+        }
+        s
+    }
+
     /// Stops the threads and waits for them.
     pub(crate) fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -551,6 +630,9 @@ struct PlaneIo {
     held_told: (u64, u64),
     counters: Arc<BrokerCounters>,
     stop: Stop,
+    /// With security on: each client frame's node must have attached
+    /// with the key of the connection it came on.
+    security: Option<BrokerSecurity>,
 }
 
 /// The longest stall limit: a day (a longer one is taken as a day).
@@ -828,8 +910,12 @@ impl PlaneIo {
         if plane == Plane::Liveliness {
             zmq_io::set_pings(&from_domain, cfg, false).map_err(sock_err(&ep))?;
         }
-        let to_clients = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms, true)?;
-        let to_domain = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms, true)?;
+        let mut to_clients = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms, true)?;
+        let mut to_domain = new_xpub(ctx, cfg, v6, &ep, plane, spec.stall_ms, true)?;
+        let mut from_clients = from_clients;
+        for s in [&mut from_clients, &mut to_clients, &mut to_domain] {
+            secure(spec, s, &ep)?;
+        }
         let fc = zmq_io::bind(&from_clients, &ep)?;
         let tc = zmq_io::bind(&to_clients, &ep)?;
         let td = zmq_io::bind(&to_domain, &ep)?;
@@ -864,6 +950,7 @@ impl PlaneIo {
                 held_told: (0, 0),
                 counters: counters.clone(),
                 stop: stop.clone(),
+                security: spec.security.clone(),
             },
             [fc, tc, td],
         ))
@@ -1189,6 +1276,27 @@ impl PlaneIo {
             let Ok(frames) = recv_frames(sock) else {
                 return;
             };
+            if let (Port::Clients, Some(sec)) = (src, &self.security) {
+                let first = frames.first();
+                let origin = first.and_then(|f| origin(f.bytes()));
+                if !sec.vouches(origin, first.and_then(Frame::user_id)) {
+                    let n = self
+                        .counters
+                        .frames_unattributed
+                        .fetch_add(1, Ordering::Relaxed)
+                        + 1;
+                    let who = origin.map(|o| milonga_wire::NodeId(o).to_hex());
+                    log_drop(
+                        n,
+                        "a client's frame",
+                        &format_args!(
+                            "it names node {} and came on a connection of another key",
+                            who.as_deref().unwrap_or("(none)")
+                        ),
+                    );
+                    continue;
+                }
+            }
             // In a federation, a frame no newer than one forwarded is
             // dropped, whichever path it came by ([`Seen`]): a publisher of
             // this host reached both directly and through a link sends on
@@ -2263,11 +2371,24 @@ impl Control {
             if ready[1] {
                 self.count_monitor_events();
             }
+            if let Some(sec) = &self.spec.security {
+                // Keys added to or removed from the trust directory count
+                // for new connections (at most once a second).
+                sec.guard.refresh();
+            }
             for _ in 0..BURST {
-                let Ok(frames) = self.router.recv_multipart(zmq::DONTWAIT) else {
+                let Ok(mut msgs) = recv_all(&self.router) else {
                     break;
                 };
-                self.serve(frames, now);
+                // The key the connection was admitted with (security
+                // on) comes with the frames it sent, not the ROUTER's
+                // identity frame.
+                let user = msgs
+                    .get_mut(1)
+                    .and_then(|m| m.gets("User-Id"))
+                    .map(str::to_owned);
+                let frames = msgs.iter().map(|m| m.to_vec()).collect();
+                self.serve(frames, user, now);
             }
             self.registry_pages();
             for (i, r) in ready.iter().skip(2).enumerate() {
@@ -2546,7 +2667,58 @@ impl Control {
         }
     }
 
-    fn serve(&mut self, frames: Vec<Vec<u8>>, now: Instant) {
+    /// With security on, why a request of the connection admitted with
+    /// `user` is refused: an attach must name a node id its key gives
+    /// and be sent with that key; a broker (`peer`) or a registry
+    /// request is not served with security on in this version.
+    fn refused(&self, req: &BrokerRequest, user: Option<&str>) -> Option<String> {
+        self.spec.security.as_ref()?;
+        match req {
+            BrokerRequest::Attach { announcement, .. } => {
+                if announcement.key.as_deref() != user {
+                    return Some(format!(
+                        "node {} announces a key that is not its connection's (security on: a client attaches under its own key)",
+                        announcement.node_id
+                    ));
+                }
+                crate::backend::p2p::curve::attributed(announcement).err()
+            }
+            BrokerRequest::Register { .. } | BrokerRequest::Unregister { .. } => Some(
+                "this broker's security is on, and a registry is served without security only in this version (docs/broker.md)".into(),
+            ),
+            BrokerRequest::Peer { .. } => Some(
+                "this broker's security is on, and brokers link without security only in this version (docs/broker.md)".into(),
+            ),
+            _ => None,
+        }
+    }
+
+    /// Security on: notes that node `a` attached with its key, so that
+    /// the planes forward its frames from connections of that key. Past
+    /// twice the most clients, the node ids no longer attached are
+    /// forgotten.
+    fn note_key(&self, a: &Announcement) {
+        let Some(sec) = &self.spec.security else {
+            return;
+        };
+        let (Some(id), Some(k)) = (milonga_wire::NodeId::from_hex(&a.node_id), &a.key) else {
+            return;
+        };
+        let mut keys = sec.keys.write().unwrap_or_else(|e| e.into_inner());
+        if keys.len() >= 2 * self.spec.max_clients.max(1024) {
+            let attached: HashSet<[u8; 16]> = self
+                .domains
+                .iter()
+                .flat_map(|d| d.clients.keys())
+                .filter_map(|id| milonga_wire::NodeId::from_hex(id))
+                .map(|id| id.0)
+                .collect();
+            keys.retain(|id, _| attached.contains(id));
+        }
+        keys.insert(id.0, k.as_str().into());
+    }
+
+    fn serve(&mut self, frames: Vec<Vec<u8>>, user: Option<String>, now: Instant) {
         let Some((who, rest)) = frames.split_first() else {
             return;
         };
@@ -2569,6 +2741,16 @@ impl Control {
                 return;
             }
         };
+        if let Some(text) = self.refused(&req, user.as_deref()) {
+            let n = self
+                .counters
+                .requests_refused
+                .fetch_add(1, Ordering::Relaxed)
+                + 1;
+            log_drop(n, "a request", &text);
+            reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+            return;
+        }
         match req {
             BrokerRequest::Hello { domain } => match self.domain_index(&domain) {
                 Ok(i) => {
@@ -2593,6 +2775,9 @@ impl Control {
                 report,
                 key,
             } => {
+                // Security on: the node id is its connection's key's
+                // (checked in `refused`), whose frames it may send.
+                self.note_key(&announcement);
                 let total: usize = self.domains.iter().map(|d| d.clients.len()).sum();
                 let d = match self.domain_index(&announcement.domain) {
                     Ok(i) => &mut self.domains[i],
@@ -2845,6 +3030,10 @@ pub(crate) fn start(
             why: format!("{}: expected tcp://HOST:PORT", spec.listen),
         })?
         .to_owned();
+    if spec.security.is_some() {
+        // The handler that admits the trusted keys (RFC 27).
+        ctx.ensure_zap()?;
+    }
     let mut router = ctx.socket(zmq::ROUTER)?;
     let listen_ep = spec.listen.clone();
     let err = sock_err(&listen_ep);
@@ -2854,6 +3043,7 @@ pub(crate) fn start(
         .set_maxmsgsize(wire::MAX_REQUEST_BYTES as i64)
         .map_err(&err)?;
     router.set_ipv6(host.starts_with('[')).map_err(&err)?;
+    secure(&spec, &mut router, &listen_ep)?;
     let listen = zmq_io::bind(&router, &spec.listen)?;
     let broker_id = crate::backend::p2p::federation::new_id()?;
     let mut work: DomainThreads = Vec::new();
@@ -2882,6 +3072,7 @@ pub(crate) fn start(
         counters: counters.clone(),
         hellos: hellos.clone(),
         broker_id: String::new(),
+        security: spec.security.clone(),
     };
     let mut threads = Vec::new();
     for (name, f) in work {
@@ -2981,8 +3172,10 @@ impl CallPlane {
             s.set_router_handover(true).map_err(&err)?;
             Ok(s)
         };
-        let calls = router()?;
-        let services = router()?;
+        let mut calls = router()?;
+        let mut services = router()?;
+        secure(spec, &mut calls, &ep)?;
+        secure(spec, &mut services, &ep)?;
         let c = zmq_io::bind(&calls, &ep)?;
         let s = zmq_io::bind(&services, &ep)?;
         Ok((

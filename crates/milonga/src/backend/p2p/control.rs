@@ -343,7 +343,12 @@ pub(crate) fn start<H: Host>(
     };
     let broker = match p2p.uplink() {
         Some(up) => {
-            let mut b = BrokerSource::new(p2p.core.clone(), up, p2p.client_key().to_owned())?;
+            let mut b = BrokerSource::new(
+                p2p.core.clone(),
+                up,
+                p2p.brokers(),
+                p2p.client_key().to_owned(),
+            )?;
             let wait = Duration::from_millis(p2p.core().cfg.handshake_timeout_ms.max(1) as u64);
             b.first_view(
                 host.announcement_version(),
@@ -644,7 +649,10 @@ impl<H: Host> Control<H> {
                 if let Some(old) = old {
                     let _ = self.live.disconnect(old.endpoints(live, &id).0);
                 }
-                if let Err(e) = self.live.connect(to.endpoints(live, &id).0) {
+                let at = to.endpoints(live, &id).0;
+                if let Err(e) = p2p.secure_client(&self.live, at) {
+                    tracing::warn!(err = %e, "the liveliness socket cannot connect to the new broker");
+                } else if let Err(e) = self.live.connect(at) {
                     tracing::warn!(err = %e, "the liveliness socket cannot connect to the new broker");
                 }
                 self.host.broker_changed(&from, &to.broker);

@@ -578,6 +578,46 @@ pub(crate) struct Guard {
     /// to before the socket admits it (`admit`). Only grows: a key whose
     /// publisher went stays, which can only refuse more.
     data_keys: Mutex<BTreeMap<u32, BTreeSet<String>>>,
+    /// A broker client: the broker's endpoints (without tags) and its key,
+    /// the server key of every connection the node makes (docs/broker.md).
+    broker: Mutex<Option<(std::collections::HashSet<String>, PublicKey)>>,
+}
+
+/// What a socket needs to connect as a CURVE client to a server whose key
+/// is known: made where the node's identity is, applied on the thread
+/// that owns the socket.
+#[derive(Clone)]
+pub(crate) struct ClientKeys {
+    pub(crate) server: PublicKey,
+    public: PublicKey,
+    secret: [u8; KEY_BYTES],
+}
+
+impl std::fmt::Debug for ClientKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientKeys")
+            .field("server", &self.server)
+            .field("public", &self.public)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientKeys {
+    /// `identity` connecting to a server holding `server`.
+    pub(crate) fn new(identity: &Identity, server: PublicKey) -> ClientKeys {
+        ClientKeys {
+            server,
+            public: identity.public,
+            secret: identity.secret,
+        }
+    }
+
+    /// Makes `sock` a CURVE client of the server for its next `connect`.
+    pub(crate) fn apply(&self, sock: &zmq::Socket) -> zmq::Result<()> {
+        sock.set_curve_serverkey(self.server.as_bytes())?;
+        sock.set_curve_publickey(self.public.as_bytes())?;
+        sock.set_curve_secretkey(&self.secret)
+    }
 }
 
 /// A file's modification time and size, if it can be read.
@@ -622,6 +662,7 @@ impl Guard {
             acl: RwLock::new(acl),
             acl_stamp: Mutex::new(acl_stamp),
             data_keys: Mutex::default(),
+            broker: Mutex::default(),
         });
         register(&g);
         Ok(g)
@@ -900,8 +941,30 @@ impl Guard {
         m.insert(endpoint.to_owned(), key);
     }
 
+    /// A broker client: every connection to one of `endpoints` (the
+    /// broker's, told by its hello) names `key`, the broker's, whatever
+    /// node is announced there (the broker vouches for the frames of the
+    /// nodes it serves: docs/broker.md).
+    pub(crate) fn set_broker(&self, endpoints: impl IntoIterator<Item = String>, key: PublicKey) {
+        *lock(&self.broker) = Some((endpoints.into_iter().collect(), key));
+    }
+
+    /// Whether `endpoint` (tagged or not) is one of the broker's.
+    pub(crate) fn brokered(&self, endpoint: &str) -> bool {
+        let untagged = crate::backend::p2p::uplink::untagged(endpoint);
+        lock(&self.broker)
+            .as_ref()
+            .is_some_and(|(eps, _)| eps.contains(untagged))
+    }
+
     /// The server key a connection to `endpoint` must name, if known.
     pub(crate) fn key_for(&self, endpoint: &str) -> Option<PublicKey> {
+        let untagged = crate::backend::p2p::uplink::untagged(endpoint);
+        if let Some((eps, key)) = &*lock(&self.broker) {
+            if eps.contains(untagged) {
+                return Some(*key);
+            }
+        }
         let configured = lock(&self.configured_keys).get(endpoint).copied();
         let learned = || lock(&self.peer_keys).get(endpoint).copied();
         configured
@@ -948,6 +1011,20 @@ pub(crate) fn secure_client(
     }
 }
 
+/// Makes `sock`, a socket that binds, a CURVE server of `g`'s identity
+/// whose connections the ZAP handler judges under `zap_domain` (before
+/// `bind`).
+pub(crate) fn secure_server(
+    g: &Guard,
+    sock: &mut zmq::Socket,
+    zap_domain: &str,
+) -> zmq::Result<()> {
+    sock.set_curve_server(true)?;
+    sock.set_curve_secretkey(g.identity.secret())?;
+    sock.set_zap_domain(zap_domain)?;
+    crate::backend::p2p::zmq_io::set_zap_enforce(sock)
+}
+
 /// The server key a connection to `endpoint` names: none with security
 /// off or for `inproc://` (no handshake). An endpoint no peer announced
 /// is this node's own (a subscription to its own publications: its
@@ -979,12 +1056,9 @@ pub(crate) fn secure_client_to(
             None,
         ));
     }
-    let set = || -> zmq::Result<()> {
-        sock.set_curve_serverkey(server.as_bytes())?;
-        sock.set_curve_publickey(g.identity.public().as_bytes())?;
-        sock.set_curve_secretkey(g.identity.secret())
-    };
-    set().map_err(IntoTransport::transport)
+    ClientKeys::new(&g.identity, server)
+        .apply(sock)
+        .map_err(IntoTransport::transport)
 }
 
 /// A static peer as configured: `tcp://HOST:PORT`, or `WHO@tcp://HOST:PORT`

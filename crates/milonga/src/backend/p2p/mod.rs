@@ -88,6 +88,8 @@ pub(crate) struct P2p {
     /// The broker a `milonga://HOST:PORT/DOMAIN` node is attached to: its
     /// data and liveliness sockets connect there instead of binding.
     uplink: Mutex<Option<uplink::Uplink>>,
+    /// A broker client: the locator's brokers (it fails over among them).
+    brokers: Vec<uplink::BrokerAt>,
     /// A broker client's services, told when the node moves to another
     /// broker.
     service_moves: Mutex<Vec<Weak<serve_link::ServeMove>>>,
@@ -110,6 +112,14 @@ struct Sockets {
     /// sockets (counted), of subscriptions (closed connections), of
     /// services (counted while the service lives).
     new: control::NewMonitors,
+}
+
+/// A broker client with security on: every connection to one of `up`'s
+/// endpoints names the broker's key.
+fn broker_keys(g: &curve::Guard, up: &uplink::Uplink) {
+    if let Some(c) = &up.curve {
+        g.set_broker(up.all_endpoints(), c.server);
+    }
 }
 
 /// The identity and trust directory of a node opened with `cfg`, if its
@@ -157,6 +167,7 @@ impl P2p {
         core: Arc<NodeCore>,
         identity: Option<(curve::Identity, std::path::PathBuf)>,
         uplink: Option<uplink::Uplink>,
+        brokers: Vec<uplink::BrokerAt>,
     ) -> Result<(P2p, WakeRx), OpenError> {
         let ctx = ContextRef::acquire();
         let (waker, wake_rx) = NodeWaker::pair(&ctx, core.id)?;
@@ -165,6 +176,9 @@ impl P2p {
                 let guard =
                     curve::Guard::new(&core, identity, &trust_dir, core.cfg.acl_file.as_deref())?;
                 ctx.ensure_zap()?;
+                if let Some(up) = &uplink {
+                    broker_keys(&guard, up);
+                }
                 Some(guard)
             }
             None => None,
@@ -178,6 +192,7 @@ impl P2p {
                 security,
                 excluded: Mutex::new(Vec::new()),
                 uplink: Mutex::new(uplink),
+                brokers,
                 service_moves: Mutex::new(Vec::new()),
                 client_key: uplink::client_key(),
                 ctx,
@@ -249,10 +264,7 @@ impl P2p {
             endpoint: "a listening socket".into(),
             source: source.transport(),
         };
-        sock.set_curve_server(true).map_err(err)?;
-        sock.set_curve_secretkey(g.identity.secret()).map_err(err)?;
-        sock.set_zap_domain(&domain).map_err(err)?;
-        zmq_io::set_zap_enforce(sock).map_err(err)
+        curve::secure_server(g, sock, &domain).map_err(err)
     }
 
     /// Makes `sock` a CURVE client for its next `connect`, to `endpoint`
@@ -381,6 +393,11 @@ impl P2p {
         lock(&self.uplink).clone()
     }
 
+    /// A broker client: the locator's brokers.
+    pub(crate) fn brokers(&self) -> Vec<uplink::BrokerAt> {
+        self.brokers.clone()
+    }
+
     /// Notes a broker client's service, to move it with the node.
     pub(crate) fn watch_service_move(&self, m: Weak<serve_link::ServeMove>) {
         let mut v = lock(&self.service_moves);
@@ -393,6 +410,9 @@ impl P2p {
     /// liveliness socket is the node thread's to move. The broker before.
     pub(crate) fn move_uplink(&self, to: uplink::Uplink) -> Option<uplink::Uplink> {
         let old = lock(&self.uplink).replace(to.clone());
+        if let Some(g) = &self.security {
+            broker_keys(g, &to);
+        }
         for d in self.data_sockets() {
             let plane = match d.reliability {
                 Reliability::BestEffort => uplink::Plane::BestEffort,
@@ -403,12 +423,15 @@ impl P2p {
             if let Some(old) = &old {
                 let _ = sock.sock.disconnect(old.endpoints(plane, &id).0);
             }
-            if let Err(e) = sock.sock.connect(to.endpoints(plane, &id).0) {
+            let at = to.endpoints(plane, &id).0;
+            if let Err(e) = self.secure_client(&sock.sock, at) {
+                tracing::warn!(err = %e, broker = %to.broker, "a data socket cannot connect to the new broker");
+            } else if let Err(e) = sock.sock.connect(at) {
                 tracing::warn!(err = %e, broker = %to.broker, "a data socket cannot connect to the new broker");
             }
         }
         for m in lock(&self.service_moves).iter().filter_map(Weak::upgrade) {
-            m.move_to(to.hello.services_in.clone());
+            m.move_to(to.hello.services_in.clone(), to.curve.clone());
         }
         old
     }
@@ -434,6 +457,12 @@ impl P2p {
             return self.bind(sock, endpoint);
         };
         let (to, announced) = up.endpoints(plane, &self.core.id.to_hex());
+        self.secure_client(sock, to)
+            .map_err(|source| OpenError::Socket {
+                action: "secure",
+                endpoint: to.to_owned(),
+                source,
+            })?;
         sock.connect(to)
             .map_err(|source: zmq::Error| OpenError::Socket {
                 action: "connect",

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
+use crate::backend::p2p::curve::ClientKeys;
 use crate::backend::p2p::zmq_io::{self, message_bytes, recv_parts};
 use crate::backend::p2p::P2p;
 use crate::model::error::{IntoTransport, OpenError, TransportError};
@@ -22,14 +23,16 @@ pub(crate) struct ServeLink {
 /// Where a broker client's service should connect next (the node moved
 /// to another broker), and a way to wake the leader blocked on it.
 pub(crate) struct ServeMove {
-    to: Mutex<Option<String>>,
+    /// The broker's services endpoint, and the keys its connection names
+    /// (security on).
+    to: Mutex<Option<(String, Option<ClientKeys>)>>,
     waker: ServeWaker,
 }
 
 impl ServeMove {
     /// Tells the service to connect to `endpoint` instead.
-    pub(crate) fn move_to(&self, endpoint: String) {
-        *crate::util::lock(&self.to) = Some(endpoint);
+    pub(crate) fn move_to(&self, endpoint: String, curve: Option<ClientKeys>) {
+        *crate::util::lock(&self.to) = Some((endpoint, curve));
         self.waker.wake();
     }
 }
@@ -110,6 +113,12 @@ impl ServeLink {
                 let tag = announced.split_once('#').map_or("", |(_, t)| t);
                 let identity = format!("{tag}/{}", p2p.client_key());
                 sock.set_identity(identity.as_bytes()).map_err(opt_err)?;
+                p2p.secure_client(&sock, &to)
+                    .map_err(|source| OpenError::Socket {
+                        action: "secure",
+                        endpoint: to.clone(),
+                        source,
+                    })?;
                 sock.connect(&to)
                     .map_err(|source: zmq::Error| OpenError::Socket {
                         action: "connect",
@@ -167,9 +176,10 @@ impl ServeLink {
         wait: bool,
     ) -> Result<Option<(Caller, Vec<Bytes>)>, TransportError> {
         if let Some((at, m)) = &mut self.at {
-            if let Some(to) = crate::util::lock(&m.to).take() {
+            if let Some((to, curve)) = crate::util::lock(&m.to).take() {
                 let _ = self.sock.disconnect(at);
-                if let Err(e) = self.sock.connect(&to) {
+                let secured = curve.map_or(Ok(()), |c| c.apply(&self.sock));
+                if let Err(e) = secured.and_then(|()| self.sock.connect(&to)) {
                     tracing::warn!(err = %e, broker = %to, "a service cannot connect to the new broker");
                 }
                 *at = to;

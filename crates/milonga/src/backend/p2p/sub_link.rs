@@ -59,8 +59,9 @@ pub(crate) struct SubLink {
 
 /// One XSUB socket and the key every connection it made names.
 struct Group {
-    /// The server key (Z85) of its connections; `None`: keyless (security
-    /// off, or `inproc://` in the node's own process).
+    /// The server key (Z85) of its connections; `None`: frames not held
+    /// to a key (security off, `inproc://` in the node's own process, or
+    /// a broker, which vouches for the frames it forwards).
     key: Option<Arc<str>>,
     sock: zmq::Socket,
     /// Whether it connected an endpoint yet (the first group, unclaimed,
@@ -430,7 +431,14 @@ impl SubLink {
     }
 
     fn connect_untagged(&mut self, endpoint: &str, pinged: bool) -> Result<(), TransportError> {
-        let key = curve::server_key(self.guard.as_deref(), endpoint).map(|k| k.to_z85().into());
+        // A broker's connection carries the frames of every node it
+        // serves: the broker checked each against the key of the
+        // connection it came on (docs/broker.md), so it vouches for them,
+        // and they are not held to its own key here (no key: no check).
+        let key = match self.guard.as_deref() {
+            Some(g) if g.brokered(endpoint) => None,
+            g => curve::server_key(g, endpoint).map(|k| k.to_z85().into()),
+        };
         let g = self.group_for(key)?;
         let group = &mut self.groups[g];
         curve::secure_client(self.guard.as_deref(), &group.sock, endpoint)?;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use milonga_wire::announce::Announcement;
 use milonga_wire::broker::{self as wire, BrokerHello};
 
+use crate::backend::p2p::curve::{ClientKeys, Identity};
 use crate::backend::p2p::zmq_io::ContextRef;
 use crate::discovery::Source;
 use crate::model::error::{IntoTransport, OpenError};
@@ -31,6 +32,61 @@ pub(crate) struct Uplink {
     /// The broker's ROUTER, `tcp://HOST:PORT`.
     pub(crate) broker: String,
     pub(crate) hello: BrokerHello,
+    /// With security on, the keys every connection to it names (the
+    /// broker's key as the server's).
+    pub(crate) curve: Option<ClientKeys>,
+}
+
+/// A broker of the locator: its listen endpoint, and with security on the
+/// keys a connection to it names.
+#[derive(Debug, Clone)]
+pub(crate) struct BrokerAt {
+    pub(crate) endpoint: String,
+    pub(crate) curve: Option<ClientKeys>,
+}
+
+/// The brokers of locator `loc`: with security on (`identity`, the node's
+/// and its trust directory), each with the key it must hold: the one the
+/// locator names (`NAME@HOST:PORT`, `NAME.pub` in the trust directory),
+/// else the node's own (as for a static peer, docs/security.md).
+pub(crate) fn brokers_of(
+    loc: &crate::model::config::Locator,
+    identity: Option<&(Identity, std::path::PathBuf)>,
+) -> Result<Vec<BrokerAt>, OpenError> {
+    let trust = match identity {
+        Some((_, dir)) if loc.broker_keys.iter().any(Option::is_some) => {
+            Some(crate::backend::p2p::curve::Trust::load(dir)?)
+        }
+        _ => None,
+    };
+    let mut out = Vec::new();
+    for (i, endpoint) in loc.brokers.iter().enumerate() {
+        let name = loc.broker_keys.get(i).cloned().flatten();
+        let curve = match identity {
+            None => None,
+            Some((me, dir)) => {
+                let server = match (&name, &trust) {
+                    (Some(n), Some(t)) => t.key_of(n).ok_or_else(|| OpenError::Config {
+                        key: "locator".into(),
+                        why: format!(
+                            "the broker {n}@{endpoint}: no key named {n} in the trust directory {} (copy the broker's {n}.pub there)",
+                            dir.display()
+                        ),
+                    })?,
+                    _ => me.public(),
+                };
+                Some(ClientKeys::new(me, server))
+            }
+        };
+        if name.is_some() && identity.is_none() {
+            tracing::warn!(broker = %endpoint, "a broker's key is named in the locator, but this node's security is off: the name is not used");
+        }
+        out.push(BrokerAt {
+            endpoint: endpoint.clone(),
+            curve,
+        });
+    }
+    Ok(out)
 }
 
 /// Which of a node's sockets an endpoint is for.
@@ -56,6 +112,25 @@ impl Uplink {
 }
 
 impl Uplink {
+    /// Every endpoint of the broker (as a socket connects to it).
+    pub(crate) fn all_endpoints(&self) -> Vec<String> {
+        let h = &self.hello;
+        [
+            &h.data_best_effort_in,
+            &h.data_reliable_in,
+            &h.liveliness_in,
+            &h.data_best_effort_out,
+            &h.data_reliable_out,
+            &h.liveliness_out,
+            &h.calls,
+            &h.services_in,
+        ]
+        .into_iter()
+        .cloned()
+        .chain([self.broker.clone()])
+        .collect()
+    }
+
     /// Where service number `n` of node `id` connects, and the endpoint
     /// callers are told (the broker's, tagged `<node id>/s<n>`).
     pub(crate) fn service_endpoints(&self, id: &str, n: u64) -> (String, String) {
@@ -111,11 +186,13 @@ pub(crate) fn untagged(endpoint: &str) -> &str {
     endpoint.split_once('#').map_or(endpoint, |(e, _)| e)
 }
 
-/// A DEALER to `broker` with the options every broker client socket has.
+/// A DEALER to `broker` with the options every broker client socket has
+/// (a CURVE client with `curve`).
 fn dealer(
     ctx: &ContextRef,
     core_cfg: &crate::Config,
     broker: &str,
+    curve: Option<&ClientKeys>,
 ) -> Result<zmq::Socket, OpenError> {
     let mut sock = ctx.socket(zmq::DEALER)?;
     let err = |source: zmq::Error| OpenError::Socket {
@@ -123,6 +200,9 @@ fn dealer(
         endpoint: broker.to_owned(),
         source: source.transport(),
     };
+    if let Some(c) = curve {
+        c.apply(&sock).map_err(err)?;
+    }
     crate::backend::p2p::zmq_io::apply_common(&sock, core_cfg).map_err(err)?;
     crate::backend::p2p::zmq_io::apply_leased(&mut sock, core_cfg).map_err(err)?;
     sock.set_maxmsgsize(64 << 20).map_err(err)?;
@@ -145,18 +225,20 @@ const PREFERENCE_WAIT: Duration = Duration::from_millis(50);
 /// listed first costs no more than the wait for the others.
 pub(crate) fn hello(
     cfg: &crate::Config,
-    brokers: &[String],
+    brokers: &[BrokerAt],
     domain: &str,
     wait: Duration,
 ) -> Result<Uplink, OpenError> {
     let ctx = ContextRef::acquire();
     let mut why = String::new();
     let mut socks = Vec::new();
-    for broker in brokers {
-        let sock = dealer(&ctx, cfg, broker)?;
+    for b in brokers {
+        let sock = dealer(&ctx, cfg, &b.endpoint, b.curve.as_ref())?;
+        // A handshake that fails says why the broker does not answer.
+        let monitor = handshake_monitor(&ctx, &sock)?;
         let req: [&[u8]; 3] = [wire::MAGIC, wire::HELLO, domain.as_bytes()];
         if sock.send_multipart(req, zmq::DONTWAIT).is_ok() {
-            socks.push((broker, sock));
+            socks.push((b, sock, monitor));
         }
     }
     let start = Instant::now();
@@ -165,6 +247,10 @@ pub(crate) fn hello(
     let mut found: Vec<Option<Uplink>> = (0..socks.len()).map(|_| None).collect();
     let mut settled = vec![false; socks.len()];
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        // Every broker refused or failed the handshake: no use waiting.
+        if settled.iter().all(|s| *s) && found.iter().all(Option::is_none) {
+            break;
+        }
         // The first listed that answered, if every one before it gave up.
         if let Some(i) = found.iter().position(Option::is_some) {
             if settled[..i].iter().all(|s| *s) {
@@ -173,7 +259,7 @@ pub(crate) fn hello(
         }
         let mut items: Vec<zmq::PollItem> = socks
             .iter()
-            .map(|(_, s)| s.as_poll_item(zmq::POLLIN))
+            .flat_map(|(_, s, m)| [s.as_poll_item(zmq::POLLIN), m.as_poll_item(zmq::POLLIN)])
             .collect();
         let ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
         if !matches!(zmq::poll(&mut items, ms), Ok(n) if n > 0) {
@@ -181,8 +267,15 @@ pub(crate) fn hello(
         }
         let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
         drop(items);
-        for (i, (broker, sock)) in socks.iter().enumerate() {
-            if !ready[i] {
+        for (i, (b, sock, monitor)) in socks.iter().enumerate() {
+            let broker = &b.endpoint;
+            if ready[2 * i + 1] {
+                if let Some(failed) = handshake_failure(monitor, b) {
+                    why = failed;
+                    settled[i] = true;
+                }
+            }
+            if !ready[2 * i] {
                 continue;
             }
             let Ok(frames) = sock.recv_multipart(zmq::DONTWAIT) else {
@@ -205,8 +298,9 @@ pub(crate) fn hello(
                                 *e = reached(e, broker);
                             }
                             found[i] = Some(Uplink {
-                                broker: (*broker).clone(),
+                                broker: broker.clone(),
                                 hello,
+                                curve: b.curve.clone(),
                             });
                             // Those listed before it get a moment more.
                             deadline = deadline.min(Instant::now() + PREFERENCE_WAIT);
@@ -229,7 +323,11 @@ pub(crate) fn hello(
         return Ok(found.swap_remove(i).expect("found"));
     }
     Err(OpenError::BrokerUnreachable {
-        brokers: brokers.join(","),
+        brokers: brokers
+            .iter()
+            .map(|b| b.endpoint.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
         domain: domain.to_owned(),
         waited_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
         why,
@@ -240,12 +338,12 @@ pub(crate) fn hello(
 /// with their last reports); `None` without an answer within `wait`.
 pub(crate) fn clients(
     cfg: &crate::Config,
-    broker: &str,
+    up: &Uplink,
     domain: &str,
     wait: Duration,
 ) -> Option<Vec<wire::ClientInfo>> {
     let ctx = ContextRef::acquire();
-    let sock = dealer(&ctx, cfg, broker).ok()?;
+    let sock = dealer(&ctx, cfg, &up.broker, up.curve.as_ref()).ok()?;
     let req: [&[u8]; 3] = [wire::MAGIC, wire::CLIENTS, domain.as_bytes()];
     sock.send_multipart(req, zmq::DONTWAIT).ok()?;
     let mut items = [sock.as_poll_item(zmq::POLLIN)];
@@ -275,7 +373,7 @@ pub(crate) struct BrokerSource {
     /// The reader of `sock`'s monitor: a closed connection.
     monitor: zmq::Socket,
     /// The locator's brokers, and which one is the node's.
-    brokers: Vec<String>,
+    brokers: Vec<BrokerAt>,
     current: Uplink,
     /// A move the node thread has not made yet: from, to.
     moved: Option<(String, Uplink)>,
@@ -321,7 +419,7 @@ fn attach_socket(
     core: &NodeCore,
     up: &Uplink,
 ) -> Result<(zmq::Socket, zmq::Socket), OpenError> {
-    let sock = dealer(ctx, &core.cfg, &up.broker)?;
+    let sock = dealer(ctx, &core.cfg, &up.broker, up.curve.as_ref())?;
     // The detach at close gets a moment to leave.
     let _ = sock.set_linger(200);
     let err = |source: zmq::Error| OpenError::Socket {
@@ -344,6 +442,48 @@ fn attach_socket(
     Ok((sock, monitor))
 }
 
+/// A monitor of `sock`'s failed handshakes (a broker that refuses the
+/// node's key, or holds another, or runs with the other security).
+fn handshake_monitor(ctx: &ContextRef, sock: &zmq::Socket) -> Result<zmq::Socket, OpenError> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let ep = format!(
+        "inproc://milonga-hellomon-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let err = |source: zmq::Error| OpenError::Socket {
+        action: "monitor",
+        endpoint: ep.clone(),
+        source: source.transport(),
+    };
+    sock.monitor(&ep, crate::backend::p2p::control::HANDSHAKE_FAILED)
+        .map_err(err)?;
+    let monitor = ctx.socket(zmq::PAIR)?;
+    monitor.set_linger(0).map_err(err)?;
+    monitor.connect(&ep).map_err(err)?;
+    Ok(monitor)
+}
+
+/// Why the handshake with `b` failed, if its monitor says it did.
+fn handshake_failure(monitor: &zmq::Socket, b: &BrokerAt) -> Option<String> {
+    let ev = monitor.recv_multipart(zmq::DONTWAIT).ok()?;
+    let first = ev.first().filter(|f| f.len() >= 2)?;
+    let event = u32::from(u16::from_le_bytes([first[0], first[1]]));
+    let broker = &b.endpoint;
+    Some(match (&b.curve, event) {
+        (Some(_), zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) => format!(
+            " ({broker} refused this node's key: it is not in the broker's trust directory)"
+        ),
+        (Some(c), _) => format!(
+            " (the secured handshake with {broker} failed: is its security on, and does it hold the key {}? Name the broker's key NAME@HOST:PORT in the locator; docs/broker.md)",
+            c.server.fingerprint()
+        ),
+        (None, _) => format!(
+            " (the handshake with {broker} failed: its security may be on while this node's is off; docs/broker.md)"
+        ),
+    })
+}
+
 /// A new client key: 128 random bits as 32 lower-case hex digits.
 pub(crate) fn client_key() -> String {
     let mut r = [0u8; 16];
@@ -362,13 +502,11 @@ impl BrokerSource {
     pub(crate) fn new(
         core: Arc<NodeCore>,
         up: Uplink,
+        brokers: Vec<BrokerAt>,
         key: String,
     ) -> Result<BrokerSource, OpenError> {
         let ctx = ContextRef::acquire();
         let (sock, monitor) = attach_socket(&ctx, &core, &up)?;
-        let brokers = crate::model::config::parse_locator(&core.cfg.locator)
-            .map(|l| l.brokers)
-            .unwrap_or_default();
         let now = Instant::now();
         Ok(BrokerSource {
             sock,
@@ -433,16 +571,19 @@ impl BrokerSource {
         let i = self
             .brokers
             .iter()
-            .position(|b| *b == self.current.broker)
+            .position(|b| b.endpoint == self.current.broker)
             .unwrap_or(0);
         let n = self.brokers.len().max(1);
-        let order: Vec<String> = (1..=n)
+        let order: Vec<BrokerAt> = (1..=n)
             .filter_map(|k| self.brokers.get((i + k) % n).cloned())
             .collect();
-        let found = hello(&self.core.cfg, &order, &self.core.domain, FAILOVER_HELLO).ok();
-        let Some(up) = found else {
-            limited!(warn, brokers = %order.join(","), "no broker answers: the node keeps trying");
-            return;
+        let found = hello(&self.core.cfg, &order, &self.core.domain, FAILOVER_HELLO);
+        let up = match found {
+            Ok(up) => up,
+            Err(e) => {
+                limited!(warn, %e, "no broker answers: the node keeps trying");
+                return;
+            }
         };
         match attach_socket(&self.ctx, &self.core, &up) {
             Ok((sock, monitor)) if up.hello == self.current.hello => {

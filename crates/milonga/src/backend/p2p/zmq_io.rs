@@ -645,6 +645,21 @@ impl Frame {
         }
     }
 
+    /// The `User-Id` of the connection it came on (the key, in Z85, a
+    /// CURVE server's ZAP handler admitted it with), if any.
+    pub(crate) fn user_id(&self) -> Option<&[u8]> {
+        // SAFETY: zmq_msg_gets reads the message's metadata, which lives
+        // as long as the message (borrowed by `&self`); the property name
+        // is NUL-terminated; a null result means no such property.
+        unsafe {
+            let p = zmq_sys::zmq_msg_gets(&self.0, c"User-Id".as_ptr());
+            if p.is_null() {
+                return None;
+            }
+            Some(std::ffi::CStr::from_ptr(p).to_bytes())
+        }
+    }
+
     /// Another reference to the same frame (no copy of a large one).
     pub(crate) fn share(&mut self) -> zmq::Result<Frame> {
         let mut msg = zmq_sys::zmq_msg_t::default();
