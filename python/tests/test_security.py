@@ -4,9 +4,11 @@ directory, and what a refused subscriber and caller are told."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import TypeVar
@@ -14,7 +16,7 @@ from typing import TypeVar
 import pytest
 
 import milonga
-from conftest import Domain
+from conftest import Domain, ready_line
 
 
 def _keys(tmp: Path, *names: str) -> Path:
@@ -154,3 +156,60 @@ def test_a_secured_node_receives_its_own_samples(domain: Domain, tmp_path: Path)
     sub = node.subscribe("own/x")
     got = _first(sub, milonga.Sample, node.publisher("own/x"))
     assert got.value == 5
+
+
+def test_through_a_secured_broker_trusted_clients_talk_and_an_untrusted_key_is_refused(
+    domain: Domain, tmp_path: Path
+) -> None:
+    """A broker with security on (docs/broker.md "Security"), its key named
+    in the clients' locator: trusted clients exchange samples and a call
+    through it; a client whose key it does not trust fails to open, saying
+    so."""
+    from test_broker import MILONGA
+
+    keys = _keys(tmp_path, "ctl", "alice", "bob", "eve")
+    trust = _trust(tmp_path, keys, "ok", "ctl", "alice", "bob")
+    eve_trust = _trust(tmp_path, keys, "eve", "ctl", "alice", "bob", "eve")
+    name = domain.locator.removeprefix("milonga:///")
+    child = subprocess.Popen(
+        [str(MILONGA), "--key", str(keys / "ctl.key"), "--trust", str(trust)]
+        + ["broker", "--listen", "tcp://127.0.0.1:0", "--domain", name, "--json"],
+        env=domain.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    domain.children.append(child)
+    line = json.loads(ready_line(child))
+    assert line["event"] == "listening" and line["key"], line
+    hp = line["listen"].removeprefix("tcp://")
+    locator = f"milonga://ctl@{hp}/{name}"
+
+    def client(who: str, trust_dir: Path) -> milonga.Node:
+        node = milonga.open(
+            locator,
+            name=who,
+            runtime_dir=str(domain.dir),
+            key_file=str(keys / f"{who}.key"),
+            trust_dir=str(trust_dir),
+        )
+        domain.nodes.append(node)
+        return node
+
+    alice = client("alice", trust)
+    bob = client("bob", trust)
+    pub = alice.publisher("sec/b")
+    sub = bob.subscribe("sec/b")
+    assert _first(sub, milonga.Sample, pub).value == 5
+    svc = alice.serve("sec/echo", lambda req: req.value)
+    for _ in range(100):
+        try:
+            assert bob.call("sec/echo", 7, timeout=5) == 7
+            break
+        except milonga.NoServer:
+            time.sleep(0.05)
+    else:
+        raise AssertionError("the service never reached bob")
+    svc.close()
+    with pytest.raises(milonga.OpenError, match="refused this node's key"):
+        client("eve", eve_trust)
