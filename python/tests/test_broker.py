@@ -22,14 +22,17 @@ from test_services import SERVER, every_outcome_of_a_call
 MILONGA = Path(os.environ.get("MILONGA_BIN", REPO / "target" / "debug" / "milonga"))
 
 
-def start_broker(domain: Domain) -> tuple[subprocess.Popen[str], str]:
-    """A broker process serving the test's domain on a free port, and its
-    locator."""
+def broker_process(
+    domain: Domain, options: list[str] | None = None
+) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    """A broker process (with global ``options`` such as ``--key``) serving
+    the test's domain on a free port, and its ``listening`` line."""
     if not MILONGA.exists():
         pytest.fail(f"{MILONGA} is missing: build it first (cargo build -p milonga-cli)")
     name = domain.locator.removeprefix("milonga:///")
     child = subprocess.Popen(
-        [str(MILONGA), "broker", "--listen", "tcp://127.0.0.1:0", "--domain", name, "--json"],
+        [str(MILONGA), *(options or [])]
+        + ["broker", "--listen", "tcp://127.0.0.1:0", "--domain", name, "--json"],
         env=domain.env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -38,7 +41,16 @@ def start_broker(domain: Domain) -> tuple[subprocess.Popen[str], str]:
     domain.children.append(child)
     line = json.loads(ready_line(child))
     assert line["event"] == "listening", line
-    return child, str(line["locators"][0])
+    return child, line
+
+
+def start_broker(domain: Domain) -> tuple[subprocess.Popen[str], str]:
+    """A broker process serving the test's domain on a free port, and its
+    locator."""
+    child, line = broker_process(domain)
+    locators = line["locators"]
+    assert isinstance(locators, list)
+    return child, str(locators[0])
 
 
 @pytest.fixture

@@ -4,11 +4,9 @@ directory, and what a refused subscriber and caller are told."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
-import subprocess
 import time
 from pathlib import Path
 from typing import TypeVar
@@ -16,7 +14,7 @@ from typing import TypeVar
 import pytest
 
 import milonga
-from conftest import Domain, ready_line
+from conftest import Domain
 
 
 def _keys(tmp: Path, *names: str) -> Path:
@@ -165,25 +163,15 @@ def test_through_a_secured_broker_trusted_clients_talk_and_an_untrusted_key_is_r
     in the clients' locator: trusted clients exchange samples and a call
     through it; a client whose key it does not trust fails to open, saying
     so."""
-    from test_broker import MILONGA
+    from test_broker import broker_process
 
     keys = _keys(tmp_path, "ctl", "alice", "bob", "eve")
     trust = _trust(tmp_path, keys, "ok", "ctl", "alice", "bob")
     eve_trust = _trust(tmp_path, keys, "eve", "ctl", "alice", "bob", "eve")
-    name = domain.locator.removeprefix("milonga:///")
-    child = subprocess.Popen(
-        [str(MILONGA), "--key", str(keys / "ctl.key"), "--trust", str(trust)]
-        + ["broker", "--listen", "tcp://127.0.0.1:0", "--domain", name, "--json"],
-        env=domain.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    domain.children.append(child)
-    line = json.loads(ready_line(child))
-    assert line["event"] == "listening" and line["key"], line
-    hp = line["listen"].removeprefix("tcp://")
-    locator = f"milonga://ctl@{hp}/{name}"
+    _, line = broker_process(domain, ["--key", str(keys / "ctl.key"), "--trust", str(trust)])
+    assert line["key"], line
+    hp = str(line["listen"]).removeprefix("tcp://")
+    locator = f"milonga://ctl@{hp}/{domain.locator.removeprefix('milonga:///')}"
 
     def client(who: str, trust_dir: Path) -> milonga.Node:
         node = milonga.open(

@@ -136,7 +136,8 @@ struct PubsubArgs {
     #[arg(long = "shm-small")]
     shm_small: Option<usize>,
     /// Also measure Milonga with security on (CURVE on every connection,
-    /// docs/security.md), as a row `mlg+curve` in the same run.
+    /// docs/security.md), as a row `mlg+curve` in the same run; with
+    /// --via-broker, a row `mlg-brk+curve` (a broker with security on).
     #[arg(long = "with-security")]
     with_security: bool,
     /// Measure through a relay instead: a raw libzmq XSUB/XPUB proxy
@@ -176,7 +177,8 @@ struct LatencyArgs {
     #[arg(long = "shm-small")]
     shm_small: Option<usize>,
     /// Also measure Milonga with security on (CURVE on every connection,
-    /// docs/security.md), as a row `mlg+curve` in the same run.
+    /// docs/security.md), as a row `mlg+curve` in the same run; with
+    /// --via-broker, a row `mlg-brk+curve` (a broker with security on).
     #[arg(long = "with-security")]
     with_security: bool,
     /// Measure through a relay instead: raw libzmq proxies, Milonga
@@ -240,7 +242,11 @@ pub(crate) struct Place {
 /// Milonga peer-to-peer and Milonga through a broker.
 fn systems(baseline: Baseline, security: bool, via_broker: bool) -> Vec<&'static str> {
     if via_broker {
-        return vec!["raw-proxy", "milonga", "mlg-broker"];
+        let mut s = vec!["raw-proxy", "milonga", "mlg-broker"];
+        if security {
+            s.push("mlg-brk+curve");
+        }
+        return s;
     }
     let mut s = Vec::new();
     if baseline == Baseline::RawZmq {
@@ -738,8 +744,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
-    if a.via_broker && (t != Transport::Tcp || a.hosts != 1 || a.with_security) {
-        bail!("--via-broker runs over tcp on one host, without --with-security");
+    if a.via_broker && (t != Transport::Tcp || a.hosts != 1) {
+        bail!("--via-broker runs over tcp on one host");
     }
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
@@ -820,8 +826,13 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                         a.mode == Mode::Reliable,
                     )?),
                     "mlg-broker" | "mlg-fed2" => {
-                        Some(crate::bench_broker::Relay::broker(&domain, hwm)?)
+                        Some(crate::bench_broker::Relay::broker(&domain, hwm, None)?)
                     }
+                    "mlg-brk+curve" => Some(crate::bench_broker::Relay::broker(
+                        &domain,
+                        hwm,
+                        Some(&bench_keys(&tmp)?),
+                    )?),
                     _ => None,
                 };
                 // The second broker of a federation, the subscribers'.
@@ -842,7 +853,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                             &cell.to_string(),
                             20_000 + cell as u16,
                         )?,
-                        ("mlg-broker" | "mlg-fed2", Some(r)) => r.front.clone(),
+                        ("mlg-broker" | "mlg-fed2" | "mlg-brk+curve", Some(r)) => r.front.clone(),
                         (_, Some(r)) => r.back.clone(),
                         _ => format!("milonga:///{domain}"),
                     },
@@ -850,7 +861,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     transport: t.name().to_owned(),
                     hwm,
                     history: a.history,
-                    keys: (system == "mlg+curve")
+                    keys: matches!(system, "mlg+curve" | "mlg-brk+curve")
                         .then(|| bench_keys(&tmp))
                         .transpose()?,
                     spin_us: 0,
@@ -1414,8 +1425,8 @@ fn mlg_pong(at: &Place) -> Result<Outcome> {
 }
 
 fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
-    if a.via_broker && (t != Transport::Tcp || a.hosts != 1 || a.with_security) {
-        bail!("--via-broker runs over tcp on one host, without --with-security");
+    if a.via_broker && (t != Transport::Tcp || a.hosts != 1) {
+        bail!("--via-broker runs over tcp on one host");
     }
     let tmp = std::env::temp_dir().join(format!("mlg-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
@@ -1463,9 +1474,18 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                     crate::bench_broker::Relay::raw_proxy(hwm_for(size), false)?,
                     crate::bench_broker::Relay::raw_proxy(hwm_for(size), false)?,
                 ],
-                "mlg-broker" => vec![crate::bench_broker::Relay::broker(&domain, hwm_for(size))?],
+                "mlg-broker" => vec![crate::bench_broker::Relay::broker(
+                    &domain,
+                    hwm_for(size),
+                    None,
+                )?],
+                "mlg-brk+curve" => vec![crate::bench_broker::Relay::broker(
+                    &domain,
+                    hwm_for(size),
+                    Some(&bench_keys(&tmp)?),
+                )?],
                 "mlg-fed2" => {
-                    let b1 = crate::bench_broker::Relay::broker(&domain, hwm_for(size))?;
+                    let b1 = crate::bench_broker::Relay::broker(&domain, hwm_for(size), None)?;
                     let b2 = crate::bench_broker::Relay::linked_broker(
                         &domain,
                         hwm_for(size),
@@ -1476,7 +1496,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                 _ => vec![],
             };
             let at = Place {
-                address: if system == "mlg-broker" || system == "mlg-fed2" {
+                address: if matches!(system, "mlg-broker" | "mlg-fed2" | "mlg-brk+curve") {
                     relays[0].front.clone()
                 } else if system == "raw-zmq" {
                     endpoint_on(
@@ -1493,7 +1513,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
                 transport: t.name().to_owned(),
                 hwm: hwm_for(size),
                 history: 0,
-                keys: (system == "mlg+curve")
+                keys: matches!(system, "mlg+curve" | "mlg-brk+curve")
                     .then(|| bench_keys(&tmp))
                     .transpose()?,
                 spin_us: if system == "mlg-spin" { a.spin_us } else { 0 },

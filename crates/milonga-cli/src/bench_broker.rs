@@ -42,14 +42,25 @@ impl Relay {
     }
 
     /// `milonga broker` on a free loopback port serving `domain`, with
-    /// high-water mark `hwm` on its sockets.
-    pub(crate) fn broker(domain: &str, hwm: i32) -> Result<Relay> {
-        Relay::linked_broker(domain, hwm, None)
+    /// high-water mark `hwm` on its sockets; with security on when given
+    /// `keys` (a directory holding `bench.key` and `trust/`, the identity
+    /// of every worker: each names the broker's key by holding it).
+    pub(crate) fn broker(domain: &str, hwm: i32, keys: Option<&str>) -> Result<Relay> {
+        Relay::start_broker(domain, hwm, None, keys)
     }
 
     /// A broker as [`Relay::broker`], linked to the broker `peer` (its
-    /// listen endpoint) in a federation when given.
+    /// listen endpoint) in a federation.
     pub(crate) fn linked_broker(domain: &str, hwm: i32, peer: Option<&str>) -> Result<Relay> {
+        Relay::start_broker(domain, hwm, peer, None)
+    }
+
+    fn start_broker(
+        domain: &str,
+        hwm: i32,
+        peer: Option<&str>,
+        keys: Option<&str>,
+    ) -> Result<Relay> {
         let mut args = vec![
             "broker",
             "--listen",
@@ -60,6 +71,13 @@ impl Relay {
         ];
         if let Some(p) = peer {
             args.extend(["--peer-broker", p]);
+        }
+        let key_file;
+        let trust;
+        if let Some(k) = keys {
+            key_file = format!("{k}/bench.key");
+            trust = format!("{k}/trust");
+            args.extend(["--security", "on", "--key", &key_file, "--trust", &trust]);
         }
         let mut child = Command::new(std::env::current_exe()?)
             .args(args)

@@ -400,6 +400,7 @@ fn cell(
             let b = crate::bench_broker::Relay::broker(
                 &format!("rpc-{}-{n}", std::process::id()),
                 1000,
+                None,
             )?;
             at.locator = b.front.clone();
             broker = Some(b);

@@ -822,6 +822,17 @@ impl Config {
     }
 }
 
+/// Whether `name` can name a key (a key file's name without `.key` or
+/// `.pub`): 1 to 64 ASCII letters, digits, '.', '_' and '-', not starting
+/// with '.'.
+pub(crate) fn valid_key_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// Whether `endpoint` (`tcp://HOST:PORT`) is on loopback (`localhost`, or
 /// an address of 127.0.0.0/8 or `::1`).
 pub(crate) fn is_loopback_endpoint(endpoint: &str) -> bool {
@@ -907,7 +918,7 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
             // NAME@HOST:PORT: the broker holds the key NAME.pub of the
             // trust directory.
             let (key, b) = match b.split_once('@') {
-                Some((name, b)) if crate::backend::p2p::curve::valid_name(name) => {
+                Some((name, b)) if valid_key_name(name) => {
                     (Some(name.to_owned()), b)
                 }
                 Some(_) => return Err(bad("a broker's key is named NAME@HOST:PORT, NAME a key of the trust directory (letters, digits, '.', '_', '-')")),

@@ -102,11 +102,7 @@ fn encode_key(bytes: &[u8; KEY_BYTES]) -> String {
 
 /// Whether `name` may name a key file (and an identity in ACL rules).
 pub fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    crate::model::config::valid_key_name(name)
 }
 
 /// A node's identity: a name and a CURVE key pair. The secret never

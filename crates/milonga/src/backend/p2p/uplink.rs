@@ -194,6 +194,27 @@ fn dealer(
     broker: &str,
     curve: Option<&ClientKeys>,
 ) -> Result<zmq::Socket, OpenError> {
+    let sock = dealer_unconnected(ctx, core_cfg, broker, curve)?;
+    connect(&sock, broker)?;
+    Ok(sock)
+}
+
+fn connect(sock: &zmq::Socket, broker: &str) -> Result<(), OpenError> {
+    sock.connect(broker).map_err(|source| OpenError::Socket {
+        action: "connect",
+        endpoint: broker.to_owned(),
+        source: source.transport(),
+    })
+}
+
+/// [`dealer`] before its `connect` (a monitor must be there first to see
+/// the handshake).
+fn dealer_unconnected(
+    ctx: &ContextRef,
+    core_cfg: &crate::Config,
+    broker: &str,
+    curve: Option<&ClientKeys>,
+) -> Result<zmq::Socket, OpenError> {
     let mut sock = ctx.socket(zmq::DEALER)?;
     let err = |source: zmq::Error| OpenError::Socket {
         action: "connect",
@@ -210,7 +231,6 @@ fn dealer(
     sock.set_ipv6(true).map_err(err)?;
     sock.set_sndhwm(16).map_err(err)?;
     sock.set_linger(0).map_err(err)?;
-    sock.connect(broker).map_err(err)?;
     Ok(sock)
 }
 
@@ -233,9 +253,11 @@ pub(crate) fn hello(
     let mut why = String::new();
     let mut socks = Vec::new();
     for b in brokers {
-        let sock = dealer(&ctx, cfg, &b.endpoint, b.curve.as_ref())?;
-        // A handshake that fails says why the broker does not answer.
+        let sock = dealer_unconnected(&ctx, cfg, &b.endpoint, b.curve.as_ref())?;
+        // A handshake that fails says why the broker does not answer (the
+        // monitor first, so that it sees the first handshake).
         let monitor = handshake_monitor(&ctx, &sock)?;
+        connect(&sock, &b.endpoint)?;
         let req: [&[u8]; 3] = [wire::MAGIC, wire::HELLO, domain.as_bytes()];
         if sock.send_multipart(req, zmq::DONTWAIT).is_ok() {
             socks.push((b, sock, monitor));
