@@ -140,6 +140,9 @@ def test_a_client_fails_over_to_the_next_broker_and_its_subscription_says_so(
     seqs: list[int] = []
     lost = 0
     changed: list[milonga.BrokerChanged] = []
+    # Every event but samples, with the number of samples before it: what
+    # a failure shows (a failover that stalls the stream was seen once).
+    others: list[str] = []
 
     def take(timeout: float) -> bool:
         """Takes one event; False when none came within ``timeout``."""
@@ -150,11 +153,21 @@ def test_a_client_fails_over_to_the_next_broker_and_its_subscription_says_so(
             return False
         if isinstance(event, milonga.Sample):
             seqs.append(event.seq)
-        elif isinstance(event, milonga.Lost):
+            return True
+        others.append(f"after {len(seqs)} samples: {event!r}")
+        if isinstance(event, milonga.Lost):
             lost += event.count
         elif isinstance(event, milonga.BrokerChanged):
             changed.append(event)
         return True
+
+    def diagnosis() -> str:
+        """What the client saw and sees, for a failure's message."""
+        views = [
+            (a["name"], [(p["key"], p.get("endpoint")) for p in a["publications"]])
+            for a in client.peers()
+        ]
+        return f"events {others[-12:]}; the client's view {views}; put {n}"
 
     end = time.monotonic() + 20
     while not seqs:
@@ -179,7 +192,9 @@ def test_a_client_fails_over_to_the_next_broker_and_its_subscription_says_so(
     end = time.monotonic() + 20
     while (not seqs or seqs[-1] < n) and time.monotonic() < end:
         take(0.2)
-    assert seqs and seqs[-1] == n, f"the last sample, {n}, through the second broker: {seqs[-5:]}"
+    assert seqs and seqs[-1] == n, (
+        f"the last sample, {n}, through the second broker: {seqs[-5:]}; {diagnosis()}"
+    )
     assert host_port(l1) in changed[0].from_broker, changed[0].from_broker
     assert host_port(l2) in changed[0].to_broker, changed[0].to_broker
     # Every number once, in order, from the first received: those not
