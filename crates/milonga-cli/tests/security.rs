@@ -1264,3 +1264,108 @@ fn a_secured_broker_admits_trusted_clients_only_and_forwards_frames_under_their_
         stats = json_line(&broker).expect("stats that count what was refused");
     }
 }
+
+/// Failover between two secured brokers (docs/broker.md "Failover" and
+/// "Security"): when the client's broker is killed, its reliable stream
+/// goes on through the other with every sequence number once, nothing
+/// reported lost, and the new broker drops none of the clients' frames as
+/// unattributed: the client's attach, sent on a connection up since the
+/// hello, reaches the new broker before the frames of its data sockets,
+/// whose connections are new (a handshake each), so that the broker knows
+/// the client's key before its frames come.
+#[test]
+fn clients_of_secured_brokers_fail_over_with_nothing_dropped_as_unattributed() {
+    let env = Env::new("sec-failover");
+    let names = ["broker", "alice", "bob"];
+    let keys = Keys::new("sec-failover", &names);
+    let trust = keys.trust("ok", &names);
+    let ports = [milonga_testkit::free_port(), milonga_testkit::free_port()];
+    let at = |i: usize| format!("tcp://127.0.0.1:{}", ports[i]);
+    let mut brokers: Vec<Proc> = (0..2)
+        .map(|i| {
+            let p = Proc::spawn(secured(
+                &env,
+                &keys,
+                "broker",
+                &trust,
+                &[
+                    "broker",
+                    "--listen",
+                    &at(i),
+                    "--domain",
+                    &env.domain,
+                    "--json",
+                ],
+            ));
+            json_line(&p).expect("the broker listens");
+            p
+        })
+        .collect();
+    let locator = format!(
+        "milonga://broker@127.0.0.1:{},broker@127.0.0.1:{}/{}",
+        ports[0], ports[1], env.domain
+    );
+    let client = |who: &str, args: &[&str]| {
+        Proc::spawn(secured(
+            &env,
+            &keys,
+            who,
+            &trust,
+            &[&["--locator", &locator][..], args].concat(),
+        ))
+    };
+    let _alice = client(
+        "alice",
+        &[
+            "pub",
+            "sr/f/1",
+            "1",
+            "--rate",
+            "200",
+            "--reliable",
+            "--history",
+            "1000",
+        ],
+    );
+    let bob = client("bob", &["sub", "sr/**", "--reliable", "--json"]);
+    let first = sample_of(&bob, "sr/f/1")["seq"].as_u64().unwrap();
+    brokers[0].kill9();
+    // Samples and events until the move and two seconds of samples after.
+    let mut seqs = vec![first];
+    let mut events = Vec::new();
+    let mut moved_at = None;
+    while moved_at.is_none_or(|n| seqs.len() < n + 400) {
+        let j = json_line(&bob).expect("a line before the timeout");
+        match j["seq"].as_u64() {
+            Some(s) => seqs.push(s),
+            None => {
+                if j["event"] == "broker_changed" {
+                    moved_at = Some(seqs.len());
+                }
+                events.push(j);
+            }
+        }
+    }
+    let last = *seqs.last().unwrap();
+    let mut sorted = seqs.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(
+        sorted,
+        (first..=last).collect::<Vec<_>>(),
+        "every sequence number once; events {events:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["event"] == "lost" || e["event"] == "publisher_lost"),
+        "{events:?}"
+    );
+    let stats = loop {
+        let j = json_line(&brokers[1]).expect("a stats line");
+        if j["event"] == "stats" && j["stats"]["clients"].as_u64() == Some(2) {
+            break j;
+        }
+    };
+    assert_eq!(stats["stats"]["frames_unattributed"], 0, "{stats}");
+}
