@@ -1,7 +1,8 @@
 //! The broker (docs/broker.md): serves nodes opened on
-//! `milonga://HOST:PORT/DOMAIN`, and is a node of each domain it serves,
-//! so that its clients and the peer-to-peer nodes of its host see each
-//! other's publications.
+//! `milonga://HOST:PORT/DOMAIN`, and (with security off) is a node of
+//! each domain it serves, so that its clients and the peer-to-peer nodes
+//! of its host see each other's publications. With security on it serves
+//! its clients only, each admitted by its key (docs/broker.md "Security").
 //!
 //! ```no_run
 //! let broker = milonga::broker::Broker::start(milonga::broker::BrokerOptions {
@@ -161,13 +162,8 @@ fn broker_security(cfg: &Config) -> Result<Option<broker::BrokerSecurity>, OpenE
     let Some((identity, trust_dir)) = crate::backend::p2p::load_identity(cfg)? else {
         return Ok(None);
     };
-    let mut id = [0u8; 16];
-    getrandom::fill(&mut id).map_err(|e| OpenError::Config {
-        key: "broker id".into(),
-        why: format!("no randomness available: {e}"),
-    })?;
     let core = std::sync::Arc::new(crate::model::node::NodeCore::new(
-        milonga_wire::NodeId(id),
+        random_id()?,
         format!("broker@{}", std::process::id()),
         "broker".into(),
         cfg.clone(),
@@ -180,6 +176,16 @@ fn broker_security(cfg: &Config) -> Result<Option<broker::BrokerSecurity>, OpenE
     }))
 }
 
+/// A random id (the broker's own in a domain, or its guard's).
+fn random_id() -> Result<milonga_wire::NodeId, OpenError> {
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id).map_err(|e| OpenError::Config {
+        key: "node id".into(),
+        why: format!("no randomness available: {e}"),
+    })?;
+    Ok(milonga_wire::NodeId(id))
+}
+
 /// A domain of a broker whose security is on: no peer-to-peer node of
 /// the host (its clients see each other only).
 struct ClientsOnly {
@@ -189,15 +195,11 @@ struct ClientsOnly {
 
 impl ClientsOnly {
     fn new(domain: &str) -> Result<ClientsOnly, OpenError> {
+        // The domain's name is checked as a node's would be.
         crate::model::config::parse_locator(&format!("milonga:///{domain}"))?;
-        let mut id = [0u8; 16];
-        getrandom::fill(&mut id).map_err(|e| OpenError::Config {
-            key: "node id".into(),
-            why: format!("no randomness available: {e}"),
-        })?;
         Ok(ClientsOnly {
             domain: domain.to_owned(),
-            id: milonga_wire::NodeId(id).to_hex(),
+            id: random_id()?.to_hex(),
         })
     }
 }
