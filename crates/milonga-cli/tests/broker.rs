@@ -923,9 +923,17 @@ fn clients_move_to_the_next_broker_when_theirs_is_killed_and_back_when_it_return
             .take(50)
             .any(|v| v["seq"].as_u64() == Some(last))
         {
-            let line = sub
-                .line(T)
-                .unwrap_or_else(|| panic!("round {round}: up to {last}"));
+            let Some(line) = sub.line(T) else {
+                // Where the stream stopped, and what came around the move
+                // (a stall after the move was seen: 1 run in 20).
+                let seqs: Vec<u64> = lines.iter().filter_map(|v| v["seq"].as_u64()).collect();
+                let tail = &lines[lines.len().saturating_sub(8)..];
+                panic!(
+                    "round {round}: up to {last}: the last numbers {:?}, the last lines {tail:?}, the publisher's counters {:?}",
+                    &seqs[seqs.len().saturating_sub(5)..],
+                    node.stats()
+                );
+            };
             lines.push(serde_json::from_str(&line).unwrap());
         }
         assert_eq!(accounted(&lines, "sr/f/1", last), 0, "round {round}");

@@ -292,9 +292,12 @@ pub(crate) fn hello(
         for (i, (b, sock, monitor)) in socks.iter().enumerate() {
             let broker = &b.endpoint;
             if ready[2 * i + 1] {
-                if let Some(failed) = handshake_failure(monitor, b) {
+                // A refused key or another mechanism is an answer; a
+                // handshake cut short (a broker dying, a connection
+                // dropped) is only said if nothing else answers.
+                if let Some((failed, answer)) = handshake_failure(monitor, b) {
                     why = failed;
-                    settled[i] = true;
+                    settled[i] |= answer;
                 }
             }
             if !ready[2 * i] {
@@ -486,13 +489,19 @@ fn handshake_monitor(ctx: &ContextRef, sock: &zmq::Socket) -> Result<zmq::Socket
     Ok(monitor)
 }
 
-/// Why the handshake with `b` failed, if its monitor says it did.
-fn handshake_failure(monitor: &zmq::Socket, b: &BrokerAt) -> Option<String> {
+/// Why the handshake with `b` failed, if its monitor says it did, and
+/// whether that is the broker's answer (it refused the key, or speaks
+/// another mechanism) rather than a handshake cut short.
+fn handshake_failure(monitor: &zmq::Socket, b: &BrokerAt) -> Option<(String, bool)> {
     let ev = monitor.recv_multipart(zmq::DONTWAIT).ok()?;
     let first = ev.first().filter(|f| f.len() >= 2)?;
     let event = u32::from(u16::from_le_bytes([first[0], first[1]]));
+    let answer = matches!(
+        event,
+        zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+    );
     let broker = &b.endpoint;
-    Some(match (&b.curve, event) {
+    let why = match (&b.curve, event) {
         (Some(_), zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) => format!(
             " ({broker} refused this node's key: it is not in the broker's trust directory)"
         ),
@@ -503,7 +512,8 @@ fn handshake_failure(monitor: &zmq::Socket, b: &BrokerAt) -> Option<String> {
         (None, _) => format!(
             " (the handshake with {broker} failed: its security may be on while this node's is off; docs/broker.md)"
         ),
-    })
+    };
+    Some((why, answer))
 }
 
 /// A new client key: 128 random bits as 32 lower-case hex digits.
