@@ -195,6 +195,8 @@ def test_through_a_secured_broker_trusted_clients_talk_and_an_untrusted_key_is_r
             assert bob.call("sec/echo", 7, timeout=5) == 7
             break
         except milonga.NoServer:
+            # Bob's view does not show the service yet: ask again (at most
+            # 100 times, 5 s).
             time.sleep(0.05)
     else:
         raise AssertionError("the service never reached bob")

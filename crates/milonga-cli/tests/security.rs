@@ -1065,6 +1065,27 @@ fn a_trusted_peer_cannot_send_samples_under_another_nodes_id() {
     }
 }
 
+/// `milonga broker --json` holding the key `broker`, trusting `trust`, on
+/// `listen`, serving the test's domain; its `listening` line.
+fn secured_broker(env: &Env, keys: &Keys, trust: &Path, listen: &str) -> (Proc, Json) {
+    let p = Proc::spawn(secured(
+        env,
+        keys,
+        "broker",
+        trust,
+        &[
+            "broker",
+            "--listen",
+            listen,
+            "--domain",
+            &env.domain,
+            "--json",
+        ],
+    ));
+    let listening = json_line(&p).expect("the broker says where it listens");
+    (p, listening)
+}
+
 /// A broker with security on (docs/broker.md "Security"): clients holding
 /// trusted keys exchange samples and calls through it, every connection
 /// CURVE; a client whose key the broker does not trust, one that names
@@ -1084,21 +1105,7 @@ fn a_secured_broker_admits_trusted_clients_only_and_forwards_frames_under_their_
     let keys = Keys::new("sec-broker", &names);
     let trust = keys.trust("ok", &["broker", "alice", "bob"]);
     let mallory_trust = keys.trust("mallory", &names);
-    let broker = Proc::spawn(secured(
-        &env,
-        &keys,
-        "broker",
-        &trust,
-        &[
-            "broker",
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--domain",
-            &env.domain,
-            "--json",
-        ],
-    ));
-    let listening = json_line(&broker).expect("the broker says where it listens");
+    let (broker, listening) = secured_broker(&env, &keys, &trust, "tcp://127.0.0.1:0");
     assert_eq!(listening["event"], "listening", "{listening}");
     let broker_key = key_field(&keys.public("broker"), "public-key");
     assert_eq!(
@@ -1282,24 +1289,7 @@ fn clients_of_secured_brokers_fail_over_with_nothing_dropped_as_unattributed() {
     let ports = [milonga_testkit::free_port(), milonga_testkit::free_port()];
     let at = |i: usize| format!("tcp://127.0.0.1:{}", ports[i]);
     let mut brokers: Vec<Proc> = (0..2)
-        .map(|i| {
-            let p = Proc::spawn(secured(
-                &env,
-                &keys,
-                "broker",
-                &trust,
-                &[
-                    "broker",
-                    "--listen",
-                    &at(i),
-                    "--domain",
-                    &env.domain,
-                    "--json",
-                ],
-            ));
-            json_line(&p).expect("the broker listens");
-            p
-        })
+        .map(|i| secured_broker(&env, &keys, &trust, &at(i)).0)
         .collect();
     let locator = format!(
         "milonga://broker@127.0.0.1:{},broker@127.0.0.1:{}/{}",
