@@ -446,6 +446,22 @@ impl SubShared {
             }
         }
     }
+
+    /// Applies the routes set last to `io`, held by a thread that is not
+    /// receiving. Events that makes must not share the receive time of
+    /// events still pending: then the receiving thread applies them once
+    /// those are taken (this wakes it).
+    fn apply_held(&self, io: &mut SubState<SubLink>) {
+        if !io.pending.is_empty() && self.stamps.load(Ordering::Relaxed) {
+            self.wake();
+            return;
+        }
+        self.core.apply(io);
+        if !io.pending.is_empty() {
+            self.stamp_now(io);
+        }
+        self.watch_new_sockets(io);
+    }
 }
 
 impl RouteTarget for SubShared {
@@ -454,26 +470,15 @@ impl RouteTarget for SubShared {
     }
 
     /// Applied at once if the socket is free, else by the thread using it,
-    /// which this wakes.
+    /// which this wakes: a receiving thread, or an accessor that holds the
+    /// socket for a moment ([`Subscriber::connected_endpoints`]), which
+    /// applies the routes set last whenever it takes the socket.
     fn set_routes(&self, routes: Routes) {
         if !self.core.set_target(routes) {
             return;
         }
         match try_lock(&self.io) {
-            // Events it makes must not share the receive time of events
-            // still pending: the receiving thread applies it once they
-            // are taken.
-            Some(io) if !io.pending.is_empty() && self.stamps.load(Ordering::Relaxed) => {
-                drop(io);
-                self.wake();
-            }
-            Some(mut io) => {
-                self.core.apply(&mut io);
-                if !io.pending.is_empty() {
-                    self.stamp_now(&mut io);
-                }
-                self.watch_new_sockets(&mut io);
-            }
+            Some(mut io) => self.apply_held(&mut io),
             None => self.wake(),
         }
     }
@@ -681,7 +686,12 @@ impl Subscriber {
     /// Number of publisher data endpoints this subscription is connected to.
     pub fn connected_endpoints(&self) -> usize {
         match try_lock(&self.shared.io) {
-            Some(io) => io.data_connections(),
+            // New routes that came while another call held the socket (this
+            // one, a moment ago) are applied now: nobody else may.
+            Some(mut io) => {
+                self.shared.apply_held(&mut io);
+                io.data_connections()
+            }
             None => self.shared.core.target_data_endpoints(),
         }
     }
@@ -736,4 +746,41 @@ impl Drop for Subscriber {
 fn assert_send_sync() {
     fn is<T: Send + Sync>() {}
     is::<Subscriber>();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use milonga_testkit::TempDir;
+
+    use crate::util::lock;
+    use crate::{Config, Node};
+
+    /// Routes that come while an accessor holds the socket for a moment
+    /// are applied by the next call of that accessor: a subscription nobody
+    /// receives on, polled with `connected_endpoints`, saw no publisher
+    /// (the routes waited for a receive that never came; a test setup of
+    /// `tests/bad_input.rs` timed out on it on a busy machine).
+    #[test]
+    fn routes_set_while_the_socket_is_held_are_applied_by_the_next_accessor() {
+        let dir = TempDir::new("held-routes");
+        let open = |name: &str| {
+            let mut cfg = Config::new("milonga:///held", name);
+            cfg.runtime_dir = Some(dir.path().to_path_buf());
+            Node::open_with(cfg).unwrap()
+        };
+        let a = open("a");
+        let sub = a.subscribe("t/**").unwrap();
+        let held = lock(&sub.shared.io);
+        let b = open("b");
+        let _p = b.publisher("t/x").unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        while sub.shared.core.target_data_endpoints() == 0 {
+            assert!(Instant::now() < end, "the publisher was never found");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(held);
+        assert_eq!(sub.connected_endpoints(), 1);
+    }
 }
