@@ -48,8 +48,10 @@ pub struct BrokerArgs {
     /// Link to the broker listening at tcp://HOST:PORT (repeat for
     /// several): brokers linked in any graph form a federation whose
     /// clients see each other (docs/broker.md). One end naming the other
-    /// is enough.
-    #[arg(long = "peer-broker", value_name = "tcp://HOST:PORT")]
+    /// is enough; with security on, NAME@tcp://HOST:PORT names the peer's
+    /// key (NAME.pub in the trust directory), and each end names the other
+    /// (or both hold one identity).
+    #[arg(long = "peer-broker", value_name = "[NAME@]tcp://HOST:PORT")]
     pub peers: Vec<String>,
     /// Print a JSON line with the broker's counters every second (and
     /// its endpoints first).

@@ -1359,3 +1359,90 @@ fn clients_of_secured_brokers_fail_over_with_nothing_dropped_as_unattributed() {
     };
     assert_eq!(stats["stats"]["frames_unattributed"], 0, "{stats}");
 }
+
+/// Two secured brokers that name each other's key (`--peer-broker
+/// NAME@tcp://HOST:PORT`, docs/broker.md "Federation") link: a client of
+/// one receives the samples and answers the calls of a client of the
+/// other, every connection CURVE (the call relayed to the other broker's
+/// calls socket under the key its record tells). A third broker, trusted
+/// by both but named by neither, is refused each time it asks to link
+/// (`requests_refused`), and the first keeps its one link.
+#[test]
+fn secured_brokers_link_only_with_the_keys_they_name_and_carry_samples_and_calls() {
+    let env = Env::new("sec-fed");
+    let names = ["b1", "b2", "b3", "alice", "bob"];
+    let keys = Keys::new("sec-fed", &names);
+    let trust = keys.trust("ok", &names);
+    let ports = [
+        milonga_testkit::free_port(),
+        milonga_testkit::free_port(),
+        milonga_testkit::free_port(),
+    ];
+    let at = |i: usize| format!("tcp://127.0.0.1:{}", ports[i]);
+    let broker = |i: usize, me: &str, peer: &str, peer_at: usize| {
+        let named = format!("{peer}@{}", at(peer_at));
+        let listen = at(i);
+        Proc::spawn(secured(
+            &env,
+            &keys,
+            me,
+            &trust,
+            &[
+                "broker",
+                "--listen",
+                &listen,
+                "--domain",
+                &env.domain,
+                "--peer-broker",
+                &named,
+                "--json",
+            ],
+        ))
+    };
+    let b1 = broker(0, "b1", "b2", 1);
+    let _b2 = broker(1, "b2", "b1", 0);
+    let _b3 = broker(2, "b3", "b1", 0);
+    let client = |who: &str, broker: &str, i: usize, args: &[&str]| {
+        let locator = format!("milonga://{broker}@127.0.0.1:{}/{}", ports[i], env.domain);
+        secured(
+            &env,
+            &keys,
+            who,
+            &trust,
+            &[&["--locator", &locator][..], args].concat(),
+        )
+    };
+    let _alice = Proc::spawn(client(
+        "alice",
+        "b1",
+        0,
+        &["pub", "lab/x", "1", "--rate", "20"],
+    ));
+    let _server = Proc::spawn(client("alice", "b1", 0, &["serve", "lab/echo", "--echo"]));
+    let bob = Proc::spawn(client("bob", "b2", 1, &["sub", "lab/x", "--json"]));
+    let first = sample_of(&bob, "lab/x");
+    assert_eq!(first["value"], 1, "{first}");
+    let out = client(
+        "bob",
+        "b2",
+        1,
+        &["call", "lab/echo", "7", "--wait-server", "10"],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "7");
+    // The third broker asks once an interval: refused each time, and the
+    // first broker keeps its one link (a stats line a second; 20 at most).
+    for n in 0.. {
+        let j = json_line(&b1).expect("b1's stats");
+        if j["event"] != "stats" {
+            continue;
+        }
+        assert_eq!(j["stats"]["links"].as_u64(), Some(1), "{j}");
+        if j["stats"]["requests_refused"].as_u64() >= Some(3) {
+            break;
+        }
+        assert!(n < 20, "the third broker is not refused: {j}");
+    }
+}

@@ -167,6 +167,11 @@ pub struct Lsa {
     /// What it serves, by domain.
     #[serde(default)]
     pub domains: std::collections::BTreeMap<String, LsaDomain>,
+    /// The broker's public key (Z85), when its security is on: the key
+    /// another broker of the federation names when it relays a call to
+    /// this one's calls socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// A broker's part of one domain in its [`Lsa`].

@@ -71,7 +71,10 @@ pub struct BrokerOptions {
     pub max_clients: usize,
     /// The brokers it links to, by their listen endpoints
     /// (`tcp://HOST:PORT` or `HOST:PORT`): a federation (docs/broker.md).
-    /// A link is two-way; one end naming the other is enough.
+    /// A link is two-way; one end naming the other is enough. With
+    /// security on, `NAME@tcp://HOST:PORT` names the peer's key (a name of
+    /// the trust directory, or a key in Z85; none: the broker's own), and
+    /// a broker takes links only from the keys it names so.
     pub peers: Vec<String>,
     /// Serve with security off on an address other hosts can reach
     /// (docs/broker.md): only on a network where every host is trusted.
@@ -271,11 +274,6 @@ impl Broker {
                     "{}: other hosts could reach this broker and its security is off; leave security on (the default there), listen on loopback, or accept that risk on a trusted network with --insecure (docs/broker.md)",
                     opts.listen
                 ),
-            });
-        }
-        if security.is_some() && !opts.peers.is_empty() {
-            return Err(OpenError::Unsupported {
-                what: "linking brokers with security on (--peer-broker): brokers link without security only in this version (docs/broker.md)".into(),
             });
         }
         let mut nodes = Vec::new();

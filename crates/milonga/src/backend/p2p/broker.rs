@@ -352,6 +352,8 @@ struct Wanted {
     /// The links in the federation's spanning tree, by peer: the peer's
     /// XPUB for this broker on this plane, once told.
     links: BTreeMap<String, Option<String>>,
+    /// Security on: the key each link's peer is reached with (Z85).
+    link_keys: BTreeMap<String, String>,
     /// The nodes of other brokers shown to the domain.
     shown: Arc<HashSet<[u8; 16]>>,
     /// The registered nodes connected to: their frames go to the clients
@@ -1037,6 +1039,7 @@ impl PlaneIo {
         self.applied = w.generation;
         let wanted = w.endpoints.clone();
         let links = w.links.clone();
+        let link_keys = w.link_keys.clone();
         self.shown = w.shown.clone();
         self.registered = w.registered.clone();
         drop(w);
@@ -1085,6 +1088,27 @@ impl PlaneIo {
                 if let Some(old) = l.peer_out.take() {
                     let _ = l.inp.disconnect(&old);
                 }
+                if let (Some(_), Some(sec)) = (&peer_out, &self.security) {
+                    // Reached with the key of the peer's messages: it
+                    // holds the link's other end.
+                    let keys = link_keys
+                        .get(&id)
+                        .and_then(|k| crate::backend::p2p::curve::PublicKey::from_z85(k).ok())
+                        .map(|k| {
+                            crate::backend::p2p::curve::ClientKeys::new(&sec.guard.identity, k)
+                        });
+                    match keys.map(|k| k.apply(&l.inp)) {
+                        Some(Ok(())) => {}
+                        Some(Err(e)) => {
+                            tracing::warn!(peer = %id, err = %e, "the broker cannot secure a link");
+                            continue;
+                        }
+                        None => {
+                            tracing::warn!(peer = %id, "a link's peer has no key known yet: not connected");
+                            continue;
+                        }
+                    }
+                }
                 if let Some(ep) = &peer_out {
                     if let Err(e) = l.inp.connect(ep) {
                         tracing::warn!(endpoint = %ep, err = %e, "the broker cannot connect to a federated broker");
@@ -1103,7 +1127,7 @@ impl PlaneIo {
         let v6 = self.host.starts_with('[');
         let stall_ms = u64::try_from(self.stall.as_millis()).unwrap_or(u64::MAX);
         let inp = new_xsub(&self.ctx, &self.spec_cfg, true, &ep)?;
-        let out = new_xpub(
+        let mut out = new_xpub(
             &self.ctx,
             &self.spec_cfg,
             v6,
@@ -1112,6 +1136,11 @@ impl PlaneIo {
             stall_ms,
             false,
         )?;
+        if let Some(sec) = &self.security {
+            // Trusted keys only; the peer broker's is one (it links only
+            // once designated, the control thread's `refused`).
+            sec.secure(&mut out, &ep)?;
+        }
         let bound = zmq_io::bind(&out, &ep)?;
         let others = std::iter::once(&self.clients_interest)
             .chain(std::iter::once(&self.domain_interest))
@@ -1853,6 +1882,8 @@ impl Domain {
         let mut others = BTreeMap::new();
         let mut wanted: [BTreeSet<String>; 3] = Default::default();
         let mut table = HashMap::new();
+        // Security on: the key of the broker each relayed service is at.
+        let mut servers = HashMap::new();
         let mut direct = Vec::new();
         let local: HashSet<String> = peers.iter().map(|a| a.node_id.clone()).collect();
         // A node that announces an endpoint of its own (not a broker's,
@@ -1986,6 +2017,9 @@ impl Domain {
             for s in &mut told.services {
                 let tag = service_tag(id, &s.endpoint);
                 table.insert(tag.clone(), s.endpoint.clone());
+                if let Some(k) = fed.broker_key(owner) {
+                    servers.insert(tag.clone(), k.to_owned());
+                }
                 s.endpoint = tagged(&self.hello.calls, &tag);
             }
             // A co-located broker shows its own clients.
@@ -2018,8 +2052,9 @@ impl Domain {
         direct.extend(self.clients.values().map(|c| c.announcement.clone()));
         self.direct = direct;
         let mut t = lock(&self.services);
-        if t.endpoints != table {
+        if t.endpoints != table || t.servers != servers {
             t.endpoints = table;
+            t.servers = servers;
             t.generation += 1;
         }
         drop(t);
@@ -2046,14 +2081,20 @@ impl Domain {
                     (p.clone(), ep.filter(|e| e.starts_with("tcp://")))
                 })
                 .collect();
+            let link_keys: BTreeMap<String, String> = tree
+                .iter()
+                .filter_map(|p| Some((p.clone(), fed.peer_key(p)?.to_owned())))
+                .collect();
             let mut w = lock(w);
             if w.endpoints != set
                 || w.links != links
+                || w.link_keys != link_keys
                 || *w.shown != *shown_ids
                 || *w.registered != *registered
             {
                 w.endpoints = set;
                 w.links = links;
+                w.link_keys = link_keys;
                 w.shown = shown_ids.clone();
                 w.registered = registered.clone();
                 w.generation += 1;
@@ -2686,9 +2727,12 @@ impl Control {
             BrokerRequest::Register { .. } | BrokerRequest::Unregister { .. } => Some(
                 "this broker's security is on, and a registry is served without security only in this version (docs/broker.md)".into(),
             ),
-            BrokerRequest::Peer { .. } => Some(
-                "this broker's security is on, and brokers link without security only in this version (docs/broker.md)".into(),
-            ),
+            BrokerRequest::Peer { header, .. } => (!self.fed.designated(user)).then(|| {
+                format!(
+                    "broker {} links with a key this broker does not name as a peer broker (security on: each of two linked brokers names the other's key, or both hold one identity)",
+                    header.broker
+                )
+            }),
             _ => None,
         }
     }
@@ -2866,7 +2910,7 @@ impl Control {
             }
             BrokerRequest::Peer { header, lsas } => {
                 let peer = header.broker.clone();
-                if !self.fed.take(header, lsas, now) {
+                if !self.fed.take(header, lsas, now, user) {
                     return;
                 }
                 let out = link_out_all(&self.domains, &peer);
@@ -3085,6 +3129,7 @@ pub(crate) fn start(
         &spec.cfg,
         Duration::from_millis(spec.lease_ms),
         Duration::from_millis(spec.attach_interval_ms),
+        spec.security.as_ref().map(|s| &*s.guard),
     )?;
     running.broker_id = fed.me.clone();
     // Last before the control thread: from here `Control`'s drop stops
@@ -3118,6 +3163,9 @@ pub(crate) fn start(
 struct ServiceTable {
     generation: u64,
     endpoints: HashMap<String, String>,
+    /// Security on: the key (Z85) of the broker whose calls socket serves
+    /// each service of another broker, by tag (its record's).
+    servers: HashMap<String, String>,
     /// The client key of each client that attached with one, by node
     /// id: its services' identities at `services` end with it.
     keys: HashMap<String, String>,
@@ -3142,6 +3190,11 @@ struct CallPlane {
     services: zmq::Socket,
     /// DEALERs to peer-to-peer services, by tag.
     out: HashMap<String, zmq::Socket>,
+    /// The key each DEALER of `out` reached its broker with (security on).
+    out_keys: HashMap<String, String>,
+    /// With security on: the broker's identity, which its DEALERs to
+    /// other brokers' calls sockets present.
+    security: Option<BrokerSecurity>,
     table: Arc<Mutex<ServiceTable>>,
     applied: u64,
     cfg: Config,
@@ -3184,6 +3237,8 @@ impl CallPlane {
                 calls,
                 services,
                 out: HashMap::new(),
+                out_keys: HashMap::new(),
+                security: spec.security.clone(),
                 table: Arc::new(Mutex::new(ServiceTable::default())),
                 applied: 0,
                 cfg: spec.cfg.clone(),
@@ -3243,7 +3298,11 @@ impl CallPlane {
             return;
         }
         self.applied = t.generation;
-        self.out.retain(|tag, _| t.endpoints.contains_key(tag));
+        // A service gone, or at a broker of another key now.
+        let keys = &mut self.out_keys;
+        self.out
+            .retain(|tag, _| t.endpoints.contains_key(tag) && t.servers.get(tag) == keys.get(tag));
+        keys.retain(|tag, _| self.out.contains_key(tag));
     }
 
     /// Relays what callers sent: `[caller, request...]`.
@@ -3317,10 +3376,21 @@ impl CallPlane {
     /// first use.
     fn dealer(&mut self, tag: &str) -> Option<&zmq::Socket> {
         if !self.out.contains_key(tag) {
-            let endpoint = lock(&self.table).endpoints.get(tag).cloned()?;
+            let (endpoint, key) = {
+                let t = lock(&self.table);
+                (t.endpoints.get(tag).cloned()?, t.servers.get(tag).cloned())
+            };
             let s = self.ctx.socket(zmq::DEALER).ok()?;
             zmq_io::apply_common(&s, &self.cfg).ok()?;
             s.set_ipv6(true).ok()?;
+            if let Some(sec) = &self.security {
+                // Another broker's calls socket, of the key its record
+                // tells; none known yet: not reachable now.
+                let key = crate::backend::p2p::curve::PublicKey::from_z85(key.as_deref()?).ok()?;
+                crate::backend::p2p::curve::ClientKeys::new(&sec.guard.identity, key)
+                    .apply(&s)
+                    .ok()?;
+            }
             // Another broker's service: its calls socket, as a caller of
             // that tag (§11.4).
             let endpoint = match endpoint.split_once('#') {
@@ -3333,6 +3403,9 @@ impl CallPlane {
             };
             s.connect(&endpoint).ok()?;
             self.out.insert(tag.to_owned(), s);
+            if let Some(k) = key {
+                self.out_keys.insert(tag.to_owned(), k);
+            }
         }
         self.out.get(tag)
     }

@@ -673,6 +673,15 @@ impl Guard {
             .map(str::to_owned)
     }
 
+    /// The trust directory it reads.
+    pub(crate) fn trust_dir(&self) -> PathBuf {
+        self.trust
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .dir()
+            .to_path_buf()
+    }
+
     /// The trusted key named `name`.
     pub(crate) fn key_named(&self, name: &str) -> Option<PublicKey> {
         self.trust

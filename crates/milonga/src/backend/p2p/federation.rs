@@ -23,6 +23,10 @@ use crate::model::error::OpenError;
 /// A link to a peer broker, up while its messages come.
 struct Link {
     heard: Instant,
+    /// Its public key (Z85), security on: the key of the connection its
+    /// messages came on (the one named for it, for a dealer's answers),
+    /// which its link sockets are reached with.
+    key: Option<String>,
     /// The sequence number of each record last sent to it.
     told: BTreeMap<String, u64>,
     /// Its link XPUBs for this broker, by domain.
@@ -39,6 +43,8 @@ struct Known {
 struct Dealer {
     addr: String,
     sock: zmq::Socket,
+    /// The key it is reached with (Z85), security on.
+    key: Option<String>,
     /// The broker that answered there last.
     peer: Option<String>,
 }
@@ -54,6 +60,9 @@ pub(crate) struct Federation {
     links: BTreeMap<String, Link>,
     lsdb: BTreeMap<String, Known>,
     mine: Lsa,
+    /// Security on: the keys (Z85) a broker's `peer` messages must come
+    /// with: this broker's own and those its `--peer-broker`s name.
+    designated: Option<BTreeSet<String>>,
     bumped: Instant,
     next_send: Instant,
     // Declared last: the sockets above close before the context goes.
@@ -82,9 +91,33 @@ fn tcp(addr: &str) -> String {
     }
 }
 
+/// A `--peer-broker` as the key it names, if any (`NAME@` or `KEY@`, as
+/// a static peer's, docs/security.md), and its listen endpoint.
+pub(crate) fn peer_spec(spec: &str) -> (Option<String>, String) {
+    use crate::backend::p2p::curve::{PublicKey, Z85_KEY_CHARS};
+    // A Z85 key may hold '@', ':' and '/': it is known by its length.
+    let key = spec.get(..Z85_KEY_CHARS).filter(|k| {
+        spec.as_bytes().get(Z85_KEY_CHARS) == Some(&b'@') && PublicKey::from_z85(k).is_ok()
+    });
+    let (who, ep) = match key {
+        Some(k) => (Some(k), &spec[Z85_KEY_CHARS + 1..]),
+        // A name has no '@', nor an endpoint.
+        None => match spec.split_once('@') {
+            Some((who, ep)) if !who.contains("://") => (Some(who), ep),
+            _ => (None, spec),
+        },
+    };
+    (who.map(str::to_owned), tcp(ep))
+}
+
 impl Federation {
     /// A federation member with links to `peers` (`tcp://HOST:PORT` or
     /// `HOST:PORT`, their listen endpoints).
+    ///
+    /// With security on (`guard`, the broker's), each is reached with the
+    /// key it names (`NAME@HOST:PORT`, a name of the trust directory or a
+    /// key in Z85), else with this broker's own, and only those keys may
+    /// link to this broker (docs/broker.md "Federation with security").
     pub(crate) fn new(
         me: String,
         listen: &str,
@@ -92,17 +125,42 @@ impl Federation {
         cfg: &Config,
         lease: Duration,
         interval: Duration,
+        guard: Option<&crate::backend::p2p::curve::Guard>,
     ) -> Result<Federation, OpenError> {
+        use crate::backend::p2p::curve::{resolve_key, ClientKeys};
         let ctx = ContextRef::acquire();
         let mut dealers = Vec::new();
+        let own = guard.map(|g| g.identity.public().to_z85());
+        let mut designated = own.iter().cloned().collect::<BTreeSet<String>>();
         for p in peers {
-            let addr = tcp(p);
+            let (who, addr) = peer_spec(p);
+            let bad = |why: String| OpenError::Config {
+                key: "peer-broker".into(),
+                why: format!("{p}: {why}"),
+            };
+            let key = match (guard, who) {
+                (None, Some(_)) => {
+                    return Err(bad("names a key, but this broker's security is off".into()))
+                }
+                (None, None) => None,
+                (Some(g), None) => Some(g.identity.public()),
+                (Some(g), Some(who)) => Some(resolve_key(g, &who).ok_or_else(|| {
+                    bad(format!(
+                        "no key named {who} in the trust directory {}",
+                        g.trust_dir().display()
+                    ))
+                })?),
+            };
             let err = |source: zmq::Error| OpenError::Socket {
                 action: "connect to a peer broker at",
                 endpoint: addr.clone(),
                 source: crate::model::error::IntoTransport::transport(source),
             };
             let mut sock = ctx.socket(zmq::DEALER)?;
+            if let (Some(g), Some(k)) = (guard, key) {
+                ClientKeys::new(&g.identity, k).apply(&sock).map_err(err)?;
+                designated.insert(k.to_z85());
+            }
             zmq_io::apply_common(&sock, cfg).map_err(err)?;
             zmq_io::apply_leased(&mut sock, cfg).map_err(err)?;
             sock.set_maxmsgsize(wire::MAX_REQUEST_BYTES as i64)
@@ -116,6 +174,7 @@ impl Federation {
             dealers.push(Dealer {
                 addr,
                 sock,
+                key: key.map(|k| k.to_z85()),
                 peer: None,
             });
         }
@@ -124,8 +183,10 @@ impl Federation {
             mine: Lsa {
                 broker: me.clone(),
                 seq: 1,
+                key: own,
                 ..Lsa::default()
             },
+            designated: guard.is_some().then_some(designated),
             me,
             listen: listen.to_owned(),
             lease,
@@ -159,10 +220,12 @@ impl Federation {
             };
             match wire::BrokerRequest::decode(&frames) {
                 Ok(wire::BrokerRequest::Peer { header, lsas }) => {
+                    let mut key = None;
                     if let Some(d) = self.dealers.get_mut(i) {
                         d.peer = Some(header.broker.clone());
+                        key.clone_from(&d.key);
                     }
-                    let _ = self.take(header, lsas, now);
+                    let _ = self.take(header, lsas, now, key);
                 }
                 Ok(_) | Err(_) => malformed += 1,
             }
@@ -170,9 +233,26 @@ impl Federation {
         malformed
     }
 
+    /// Whether a `peer` message that came with `user` (the key of its
+    /// connection, security on) may be taken: security off, any; on, only
+    /// a key this broker names as a peer broker, or its own.
+    pub(crate) fn designated(&self, user: Option<&str>) -> bool {
+        match &self.designated {
+            None => true,
+            Some(keys) => user.is_some_and(|u| keys.contains(u)),
+        }
+    }
+
     /// Takes a peer's message in (a request on the listen ROUTER, or the
-    /// answer to one of ours); whether it is a peer to answer.
-    pub(crate) fn take(&mut self, header: PeerHeader, lsas: Vec<Lsa>, now: Instant) -> bool {
+    /// answer to one of ours), that came with `key` (its connection's,
+    /// security on); whether it is a peer to answer.
+    pub(crate) fn take(
+        &mut self,
+        header: PeerHeader,
+        lsas: Vec<Lsa>,
+        now: Instant,
+        key: Option<String>,
+    ) -> bool {
         if header.broker == self.me {
             // A broker listed as its own peer.
             return false;
@@ -188,11 +268,15 @@ impl Federation {
                 tracing::info!(peer = %header.broker, listen = %header.listen, "a federation link is up");
                 Link {
                     heard: now,
+                    key: None,
                     told: BTreeMap::new(),
                     their_out: BTreeMap::new(),
                 }
             });
         link.heard = now;
+        if key.is_some() {
+            link.key = key;
+        }
         link.their_out = header.links;
         for l in lsas {
             // What the peer told need not be told back to it.
@@ -315,6 +399,17 @@ impl Federation {
         }
     }
 
+    /// The key of peer `peer`'s link sockets (Z85), security on.
+    pub(crate) fn peer_key(&self, peer: &str) -> Option<&str> {
+        self.links.get(peer)?.key.as_deref()
+    }
+
+    /// The key broker `id` of the federation told in its record (Z85),
+    /// security on: its calls socket's.
+    pub(crate) fn broker_key(&self, id: &str) -> Option<&str> {
+        self.lsdb.get(id)?.lsa.key.as_deref()
+    }
+
     /// The links up now, with the XPUBs each peer told for `domain`.
     pub(crate) fn peer_out(&self, peer: &str, domain: &str) -> Option<&[String; 3]> {
         self.links.get(peer)?.their_out.get(domain)
@@ -405,6 +500,35 @@ fn tree_neighbors(me: &str, lists: &BTreeMap<&str, &[String]>) -> BTreeSet<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `--peer-broker` names a key by a name or a Z85 key before `@`,
+    /// with or without the scheme; without `@`, none.
+    #[test]
+    fn a_peer_broker_names_its_key_before_the_at_sign() {
+        let key = crate::backend::p2p::curve::Identity::generate("k")
+            .unwrap()
+            .public()
+            .to_z85();
+        let cases = [
+            ("h:7447", None, "tcp://h:7447"),
+            ("tcp://h:7447", None, "tcp://h:7447"),
+            ("site-b@h:7447", Some("site-b"), "tcp://h:7447"),
+            ("site-b@tcp://h:7447", Some("site-b"), "tcp://h:7447"),
+            (&format!("{key}@h:7447"), Some(key.as_str()), "tcp://h:7447"),
+            (
+                &format!("{key}@tcp://[::1]:7447"),
+                Some(key.as_str()),
+                "tcp://[::1]:7447",
+            ),
+        ];
+        for (spec, who, ep) in cases {
+            assert_eq!(
+                peer_spec(spec),
+                (who.map(str::to_owned), ep.to_owned()),
+                "{spec}"
+            );
+        }
+    }
 
     /// The tree edges of a graph given as `a-b` pairs, from every vertex's
     /// own computation.
