@@ -1446,3 +1446,101 @@ fn secured_brokers_link_only_with_the_keys_they_name_and_carry_samples_and_calls
         assert!(n < 20, "the third broker is not refused: {j}");
     }
 }
+
+/// A secured broker is a registry for peer-to-peer nodes with security
+/// on (docs/discovery.md "A registry"): they register over CURVE naming
+/// its key (`registry = NAME@tcp://HOST:PORT`), find each other through
+/// it, and their data flows directly. A trusted connection cannot
+/// register an announcement of another node or key, nor remove another
+/// node's registration: each is answered `error` and counted in
+/// `requests_refused`, and the real publisher's samples go on.
+#[test]
+fn a_secured_registry_takes_each_node_under_its_own_key_only() {
+    use milonga::{Announcement, NodeId};
+
+    let env = Env::new("sec-registry");
+    let names = ["broker", "alice", "bob"];
+    let keys = Keys::new("sec-registry", &names);
+    let trust = keys.trust("ok", &names);
+    let (broker, listening) = secured_broker(&env, &keys, &trust, "tcp://127.0.0.1:0");
+    let listen = listening["listen"].as_str().unwrap().to_owned();
+    let registry = format!("broker@{listen}");
+    let node = |who: &str, args: &[&str]| {
+        let mut c = secured(&env, &keys, who, &trust, args);
+        c.env("MILONGA_LOCAL_DISCOVERY", "0")
+            .env("MILONGA_REGISTRY", &registry);
+        Proc::spawn(c)
+    };
+    let _alice = node("alice", &["pub", "lab/x", "1", "--rate", "20"]);
+    let bob = node("bob", &["sub", "lab/x", "--json"]);
+    let first = sample_of(&bob, "lab/x");
+    assert_eq!(first["value"], 1, "{first}");
+    let alice = first["publisher"].as_str().unwrap().to_owned();
+    assert!(NodeId::from_hex(&alice).is_some(), "{first}");
+
+    // Bob's key on a raw connection: registers Alice's id, then removes it.
+    let ctx = zmq::Context::new();
+    let d = ctx.socket(zmq::DEALER).unwrap();
+    d.set_curve_serverkey(&key_field(&keys.public("broker"), "public-key"))
+        .unwrap();
+    d.set_curve_publickey(&key_field(&keys.public("bob"), "public-key"))
+        .unwrap();
+    d.set_curve_secretkey(&key_field(&keys.key("bob"), "secret-key"))
+        .unwrap();
+    d.set_linger(0).unwrap();
+    d.set_rcvtimeo(10_000).unwrap();
+    d.connect(&listen).unwrap();
+    let ask = |frames: Vec<Vec<u8>>| -> String {
+        d.send_multipart(frames, 0).unwrap();
+        let r = d.recv_multipart(0).expect("an answer");
+        assert_eq!(r[1], b"error", "{r:?}");
+        String::from_utf8_lossy(&r[2]).into_owned()
+    };
+    let header = serde_json::json!({
+        "domain": env.domain, "node_id": alice, "epoch": 0, "have": 0, "announced": 0,
+    });
+    for key in ["alice", "bob"] {
+        let claim = Announcement {
+            protocol: 1,
+            domain: env.domain.clone(),
+            node_id: alice.clone(),
+            name: "impostor".into(),
+            host: "localhost".into(),
+            pid: std::process::id(),
+            start_time: 0,
+            control: "tcp://127.0.0.1:9".into(),
+            data_best_effort: None,
+            data_reliable: None,
+            liveliness: None,
+            publications: vec![],
+            services: vec![],
+            key: Some(zmq::z85_encode(&key_field(&keys.public(key), "public-key")).unwrap()),
+            id_salt: Some("00".repeat(16)),
+        };
+        let why = ask(vec![
+            b"MILONGA-BRK/1".to_vec(),
+            b"register".to_vec(),
+            serde_json::to_vec(&header).unwrap(),
+            serde_json::to_vec(&claim).unwrap(),
+        ]);
+        assert!(
+            why.contains("another node or key") || why.contains("not its own"),
+            "{key}: {why}"
+        );
+    }
+    let why = ask(vec![
+        b"MILONGA-BRK/1".to_vec(),
+        b"unregister".to_vec(),
+        env.domain.as_bytes().to_vec(),
+        alice.as_bytes().to_vec(),
+    ]);
+    assert!(why.contains("registered under another key"), "{why}");
+    for _ in 0..20 {
+        assert_eq!(sample_of(&bob, "lab/x")["publisher"], alice.as_str());
+    }
+    let mut stats = json_line(&broker).unwrap();
+    while !(stats["event"] == "stats" && stats["stats"]["requests_refused"].as_u64() >= Some(3)) {
+        stats = json_line(&broker).expect("stats that count the refusals");
+    }
+    assert_eq!(stats["stats"]["registered"], 2, "{stats}");
+}

@@ -1732,6 +1732,10 @@ struct Domain {
     hello: BrokerHello,
     /// The peer-to-peer nodes that use this broker as their registry.
     registry: Table,
+    /// The broker's security is on: its clients and the registered nodes
+    /// are not shown to each other (a registered node would take the
+    /// broker's frames under its clients' ids, docs/broker.md).
+    secured: bool,
     /// The registered nodes as the clients are told them, read when the
     /// table or what the clients ask last changed (at this key: the
     /// table's version, and what is asked on each data plane).
@@ -1971,10 +1975,10 @@ impl Domain {
         // client, nobody is told them: nothing to do (a pure registry of
         // thousands costs nothing here).
         let mut registered = HashSet::new();
-        if !self.clients.is_empty() {
+        if !self.clients.is_empty() && !self.secured {
             self.read_registry();
         }
-        let registry_nodes: &[RegistryNode] = if self.clients.is_empty() {
+        let registry_nodes: &[RegistryNode] = if self.clients.is_empty() || self.secured {
             &[]
         } else {
             &self.registry_nodes
@@ -2277,7 +2281,7 @@ impl Domain {
         }
         // The registered nodes see it too (at the same sockets): put again
         // until the table takes it.
-        if changed || !self.registry.holds(&a.node_id) {
+        if !self.secured && (changed || !self.registry.holds(&a.node_id)) {
             let td = [
                 self.to_domain[0].as_str(),
                 self.to_domain[1].as_str(),
@@ -2724,9 +2728,31 @@ impl Control {
                 }
                 crate::backend::p2p::curve::attributed(announcement).err()
             }
-            BrokerRequest::Register { .. } | BrokerRequest::Unregister { .. } => Some(
-                "this broker's security is on, and a registry is served without security only in this version (docs/broker.md)".into(),
-            ),
+            BrokerRequest::Register {
+                header,
+                announcement,
+            } => {
+                // A node registers and renews only itself, under its own
+                // key (as a client attaches).
+                if let Some(json) = announcement {
+                    let a = Announcement::from_json(json).map_err(|e| e.to_string());
+                    let a = match a {
+                        Ok(a) => a,
+                        Err(e) => return Some(e),
+                    };
+                    if a.node_id != header.node_id || a.key.as_deref() != user {
+                        return Some(format!(
+                            "node {} registers an announcement of another node or key (security on: a node registers under its own key)",
+                            header.node_id
+                        ));
+                    }
+                    return crate::backend::p2p::curve::attributed(&a).err();
+                }
+                self.registered_by_another(&header.domain, &header.node_id, user)
+            }
+            BrokerRequest::Unregister { domain, node_id } => {
+                self.registered_by_another(domain, node_id, user)
+            }
             BrokerRequest::Peer { header, .. } => (!self.fed.designated(user)).then(|| {
                 format!(
                     "broker {} links with a key this broker does not name as a peer broker (security on: each of two linked brokers names the other's key, or both hold one identity)",
@@ -2735,6 +2761,18 @@ impl Control {
             }),
             _ => None,
         }
+    }
+
+    /// Security on: why a `register` without an announcement, or an
+    /// `unregister`, of node `id` in `domain` that came with key `user` is
+    /// refused: that node registered under another key (a trusted node
+    /// could otherwise keep a dead node registered, or remove a live one).
+    fn registered_by_another(&self, domain: &str, id: &str, user: Option<&str>) -> Option<String> {
+        let d = self.domains.iter().find(|d| d.hello.domain == domain)?;
+        let key = d.registry.key_of(id)?;
+        (key != user).then(|| {
+            format!("node {id} is registered under another key (security on: a node renews and removes only itself)")
+        })
     }
 
     /// Security on: notes that node `a` attached with its key, so that
@@ -3016,6 +3054,7 @@ fn open_domain_io(
         view: Vec::new(),
         dirty: true,
         registry: Table::new(Duration::from_millis(spec.lease_ms)),
+        secured: spec.security.is_some(),
         registry_nodes: Vec::new(),
         registry_read: None,
         closed: stop.domain.clone(),

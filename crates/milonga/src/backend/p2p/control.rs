@@ -365,7 +365,7 @@ pub(crate) fn start<H: Host>(
         tracing::warn!("registry is ignored by a broker's client: the broker is its discovery");
         None
     } else {
-        let mut r = RegistrySource::new(p2p.core.clone())?;
+        let mut r = RegistrySource::new(p2p.core.clone(), p2p.guard().as_deref())?;
         let wait = Duration::from_millis(p2p.core().cfg.handshake_timeout_ms.max(1) as u64);
         r.first_view(
             host.announcement_version(),

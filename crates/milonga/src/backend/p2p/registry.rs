@@ -301,6 +301,13 @@ impl Table {
     }
 
     /// Whether it holds `node_id` for one of the broker's clients.
+    /// The key the announcement registered for `node_id` names (`None`
+    /// in it: none), or `None` if no node of that id is registered.
+    pub(crate) fn key_of(&self, node_id: &str) -> Option<Option<&str>> {
+        let e = self.entries.get(node_id)?;
+        Some(e.parsed.as_ref().and_then(|a| a.key.as_deref()))
+    }
+
     pub(crate) fn holds(&self, node_id: &str) -> bool {
         self.entries.get(node_id).is_some_and(|e| e.held)
     }
@@ -496,12 +503,44 @@ struct Conn {
 }
 
 impl RegistrySource {
-    /// Connects to every registry of the configuration (`registry`).
-    pub(crate) fn new(core: Arc<NodeCore>) -> Result<RegistrySource, OpenError> {
+    /// Connects to every registry of the configuration (`registry`,
+    /// each `tcp://HOST:PORT` or `NAME@tcp://HOST:PORT`). With this node's
+    /// security on (`guard`), each connection is a CURVE client naming the
+    /// registry's key: the one `NAME` gives (a name of the trust directory
+    /// or a key in Z85), else this node's own (docs/discovery.md).
+    pub(crate) fn new(
+        core: Arc<NodeCore>,
+        guard: Option<&crate::backend::p2p::curve::Guard>,
+    ) -> Result<RegistrySource, OpenError> {
+        use crate::backend::p2p::curve;
         let ctx = ContextRef::acquire();
         let mut conns = Vec::new();
-        for endpoint in &core.cfg.registry {
+        for spec in &core.cfg.registry {
+            let (who, endpoint) = curve::split_peer(spec);
+            let endpoint = endpoint.to_owned();
+            let bad = |why: String| OpenError::Config {
+                key: "registry".into(),
+                why: format!("{spec}: {why}"),
+            };
             let mut sock = ctx.socket(zmq::DEALER)?;
+            match (guard, who) {
+                (None, Some(_)) => {
+                    return Err(bad("names a key, but this node's security is off".into()))
+                }
+                (None, None) => {}
+                (Some(g), who) => {
+                    let key = match who {
+                        Some(w) => curve::resolve_key(g, w).ok_or_else(|| {
+                            bad(format!(
+                                "no key named {w} in the trust directory {}",
+                                g.trust_dir().display()
+                            ))
+                        })?,
+                        None => g.identity.public(),
+                    };
+                    curve::secure_client_to(g, &sock, key).map_err(|e| bad(e.to_string()))?;
+                }
+            }
             let err = |source: zmq::Error| OpenError::Socket {
                 action: "connect",
                 endpoint: endpoint.clone(),
@@ -514,9 +553,9 @@ impl RegistrySource {
                 .map_err(err)?;
             // The `unregister` of a closing node gets a moment to leave.
             sock.set_linger(200).map_err(err)?;
-            sock.connect(endpoint).map_err(err)?;
+            sock.connect(&endpoint).map_err(err)?;
             conns.push(Conn {
-                endpoint: endpoint.clone(),
+                endpoint,
                 sock,
                 epoch: 0,
                 have: 0,
