@@ -1366,14 +1366,17 @@ fn clients_of_secured_brokers_fail_over_with_nothing_dropped_as_unattributed() {
 /// other, every connection CURVE (the call relayed to the other broker's
 /// calls socket under the key its record tells). A third broker, trusted
 /// by both but named by neither, is refused each time it asks to link
-/// (`requests_refused`), and the first keeps its one link.
+/// (`requests_refused`), and the first keeps its one link; a fourth that
+/// names the first by the wrong key fails the handshake, counted in its
+/// `handshakes_failed`.
 #[test]
 fn secured_brokers_link_only_with_the_keys_they_name_and_carry_samples_and_calls() {
     let env = Env::new("sec-fed");
-    let names = ["b1", "b2", "b3", "alice", "bob"];
+    let names = ["b1", "b2", "b3", "b4", "alice", "bob"];
     let keys = Keys::new("sec-fed", &names);
     let trust = keys.trust("ok", &names);
     let ports = [
+        milonga_testkit::free_port(),
         milonga_testkit::free_port(),
         milonga_testkit::free_port(),
         milonga_testkit::free_port(),
@@ -1402,6 +1405,9 @@ fn secured_brokers_link_only_with_the_keys_they_name_and_carry_samples_and_calls
     let b1 = broker(0, "b1", "b2", 1);
     let _b2 = broker(1, "b2", "b1", 0);
     let _b3 = broker(2, "b3", "b1", 0);
+    // A fourth names the first by the wrong key: its handshakes fail,
+    // counted and logged, never a link.
+    let b4 = broker(3, "b4", "alice", 0);
     let client = |who: &str, broker: &str, i: usize, args: &[&str]| {
         let locator = format!("milonga://{broker}@127.0.0.1:{}/{}", ports[i], env.domain);
         secured(
@@ -1444,6 +1450,17 @@ fn secured_brokers_link_only_with_the_keys_they_name_and_carry_samples_and_calls
             break;
         }
         assert!(n < 20, "the third broker is not refused: {j}");
+    }
+    for n in 0.. {
+        let j = json_line(&b4).expect("b4's stats");
+        if j["event"] != "stats" {
+            continue;
+        }
+        assert_eq!(j["stats"]["links"].as_u64(), Some(0), "{j}");
+        if j["stats"]["handshakes_failed"].as_u64() >= Some(1) {
+            break;
+        }
+        assert!(n < 20, "the wrong key's handshakes are not counted: {j}");
     }
 }
 

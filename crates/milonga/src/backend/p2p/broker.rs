@@ -2416,6 +2416,9 @@ impl Control {
             if ready[1] {
                 self.count_monitor_events();
             }
+            self.counters
+                .handshakes_failed
+                .fetch_add(self.fed.handshake_failures(), Ordering::Relaxed);
             if let Some(sec) = &self.spec.security {
                 // Keys added to or removed from the trust directory count
                 // for new connections (at most once a second).

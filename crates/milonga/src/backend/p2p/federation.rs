@@ -45,6 +45,10 @@ struct Dealer {
     sock: zmq::Socket,
     /// The key it is reached with (Z85), security on.
     key: Option<String>,
+    /// Security on: the reader of its handshake failures (a peer that
+    /// refuses this broker's key, holds another, or has security off),
+    /// which are otherwise silent retries.
+    monitor: Option<zmq::Socket>,
     /// The broker that answered there last.
     peer: Option<String>,
 }
@@ -157,9 +161,12 @@ impl Federation {
                 source: crate::model::error::IntoTransport::transport(source),
             };
             let mut sock = ctx.socket(zmq::DEALER)?;
+            let mut monitor = None;
             if let (Some(g), Some(k)) = (guard, key) {
                 ClientKeys::new(&g.identity, k).apply(&sock).map_err(err)?;
                 designated.insert(k.to_z85());
+                // Before the connect, so that no failure goes unseen.
+                monitor = Some(crate::backend::p2p::uplink::handshake_monitor(&ctx, &sock)?);
             }
             zmq_io::apply_common(&sock, cfg).map_err(err)?;
             zmq_io::apply_leased(&mut sock, cfg).map_err(err)?;
@@ -175,6 +182,7 @@ impl Federation {
                 addr,
                 sock,
                 key: key.map(|k| k.to_z85()),
+                monitor,
                 peer: None,
             });
         }
@@ -399,6 +407,28 @@ impl Federation {
         }
     }
 
+    /// Reads the handshake failures of the dials to peer brokers (security
+    /// on), logs them (rate-limited) with what they likely mean, and
+    /// returns how many there were.
+    pub(crate) fn handshake_failures(&self) -> u64 {
+        let mut n = 0;
+        for d in &self.dealers {
+            let Some(m) = &d.monitor else { continue };
+            while let Ok(frames) = m.recv_multipart(zmq::DONTWAIT) {
+                let (event, _) = zmq_io::monitor_event(&frames);
+                let why = match u32::try_from(event).unwrap_or(0) {
+                    zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_AUTH => {
+                        "it refused this broker's key (not in its trust directory)"
+                    }
+                    _ => "is its security on, and does it hold the key named for it (NAME@ in --peer-broker)?",
+                };
+                n += 1;
+                limited!(warn, peer = %d.addr, "the secured handshake with a peer broker failed: {why}");
+            }
+        }
+        n
+    }
+
     /// The key of peer `peer`'s link sockets (Z85), security on.
     pub(crate) fn peer_key(&self, peer: &str) -> Option<&str> {
         self.links.get(peer)?.key.as_deref()
@@ -440,6 +470,18 @@ impl Federation {
     /// The other brokers' records, freshest known.
     pub(crate) fn others(&self) -> impl Iterator<Item = &Lsa> {
         self.lsdb.values().map(|k| &k.lsa)
+    }
+}
+
+impl Drop for Federation {
+    fn drop(&mut self) {
+        // Before the monitors' readers close: libzmq's I/O thread sends
+        // monitor events with a blocking send.
+        for d in &mut self.dealers {
+            if d.monitor.is_some() {
+                zmq_io::stop_monitor(&mut d.sock);
+            }
+        }
     }
 }
 

@@ -469,7 +469,10 @@ fn attach_socket(
 
 /// A monitor of `sock`'s failed handshakes (a broker that refuses the
 /// node's key, or holds another, or runs with the other security).
-fn handshake_monitor(ctx: &ContextRef, sock: &zmq::Socket) -> Result<zmq::Socket, OpenError> {
+pub(crate) fn handshake_monitor(
+    ctx: &ContextRef,
+    sock: &zmq::Socket,
+) -> Result<zmq::Socket, OpenError> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let ep = format!(
         "inproc://milonga-hellomon-{}-{}",
