@@ -464,6 +464,8 @@ fn rand_epoch() -> u64 {
 /// The node's side: one connection to each registry of `registry`.
 pub(crate) struct RegistrySource {
     core: Arc<NodeCore>,
+    /// This node's security is on: its registries are reached over CURVE.
+    secured: bool,
     conns: Vec<Conn>,
     announcement: Vec<u8>,
     /// `util::fnv1a64` of `announcement`, named in every `register`.
@@ -572,6 +574,7 @@ impl RegistrySource {
             });
         }
         Ok(RegistrySource {
+            secured: guard.is_some(),
             core,
             conns,
             announcement: Vec::new(),
@@ -614,7 +617,10 @@ impl RegistrySource {
             .any(|c| c.heard.is_none() || c.filling.is_some())
         {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                tracing::warn!("a registry sent nothing in time: the node starts without its view");
+                match self.secured {
+                    true => tracing::warn!("a registry sent nothing in time: the node starts without its view (this node's security is on: its registry must be a broker with security on, holding the key named in registry = NAME@tcp://HOST:PORT, or this node's own)"),
+                    false => tracing::warn!("a registry sent nothing in time: the node starts without its view"),
+                }
                 return;
             };
             let mut items = self.poll_items();
