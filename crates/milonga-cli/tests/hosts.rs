@@ -987,3 +987,80 @@ fn an_eavesdropper_between_hosts_reads_payloads_only_with_security_off() {
         }
     }
 }
+
+/// What a user of one identity runs across hosts, with no key configured
+/// (docs/broker.md "Federation with security", docs/discovery.md "A
+/// registry"): brokers listening on the network are secured by default,
+/// one links to the other naming no key (both hold the user's identity),
+/// and a client of each exchanges samples through the two; peer-to-peer
+/// nodes of two other hosts, secured by default too, register with the
+/// first broker and exchange samples directly.
+#[test]
+fn a_federation_and_a_registry_across_hosts_are_secured_by_default() {
+    let Some(lan) = Lan::new("secfed", 3) else {
+        return;
+    };
+    let at = |i: usize| format!("tcp://{}:7447", lan.bed.host(i).addr);
+    let broker = |i: usize, peer: Option<usize>| {
+        let listen = at(i);
+        let mut args = vec![
+            "broker",
+            "--listen",
+            &listen,
+            "--domain",
+            &lan.domain,
+            "--json",
+        ];
+        let named = peer.map(at);
+        if let Some(p) = &named {
+            args.extend(["--peer-broker", p.as_str()]);
+        }
+        let p = Proc::spawn(lan.cmd(i, &args));
+        let listening = json_line(&p, T).expect("the broker starts");
+        assert!(
+            listening["key"].is_string(),
+            "secured by default: {listening}"
+        );
+        p
+    };
+    let a = broker(0, None);
+    let _b = broker(1, Some(0));
+    let client = |i: usize, args: &[&str]| {
+        let locator = format!("milonga://{}:7447/{}", lan.bed.host(i).addr, lan.domain);
+        Proc::spawn(lan.cmd(i, &[&["--locator", &locator][..], args].concat()))
+    };
+    let _publ = client(0, &["pub", "fed/x", "1", "--rate", "20"]);
+    let sub = client(1, &["sub", "fed/x", "--json"]);
+    let mut ledger = SeqLedger::default();
+    let j = read_until(
+        &sub,
+        &mut ledger,
+        "a sample through both brokers",
+        is_sample,
+    );
+    assert_eq!(j["value"], 1, "{j}");
+    let registered = |i: usize, args: &[&str]| {
+        let mut c = lan.cmd(i, args);
+        c.env("MILONGA_REGISTRY", at(0))
+            .env("MILONGA_LOCAL_DISCOVERY", "0");
+        Proc::spawn(c)
+    };
+    let _p2p = registered(2, &["pub", "reg/y", "2", "--rate", "20"]);
+    let reader = registered(1, &["sub", "reg/y", "--json"]);
+    let j = read_until(
+        &reader,
+        &mut ledger,
+        "a sample found through the registry",
+        is_sample,
+    );
+    assert_eq!(j["value"], 2, "{j}");
+    for n in 0.. {
+        let j = json_line(&a, T).expect("the first broker's stats");
+        if j["event"] == "stats" && j["stats"]["links"] == 1 && j["stats"]["registered"] == 2 {
+            // Every attach, link and registration under its own key.
+            assert_eq!(j["stats"]["requests_refused"], 0, "{j}");
+            break;
+        }
+        assert!(n < 20, "{j}");
+    }
+}
