@@ -958,6 +958,7 @@ fn a_trusted_peer_cannot_send_samples_under_another_nodes_id() {
         services: vec![],
         key: Some(zmq::z85_encode(&attacker_key).unwrap()),
         id_salt: Some("00".repeat(16)),
+        via: None,
     };
     std::fs::write(
         env.dir
@@ -1214,6 +1215,7 @@ fn a_secured_broker_admits_trusted_clients_only_and_forwards_frames_under_their_
         services: vec![],
         key: Some(zmq::z85_encode(key).unwrap()),
         id_salt: Some("00".repeat(16)),
+        via: None,
     };
     for (key, why) in [
         (&alice_key, "not its connection's"),
@@ -1533,6 +1535,7 @@ fn a_secured_registry_takes_each_node_under_its_own_key_only() {
             services: vec![],
             key: Some(zmq::z85_encode(&key_field(&keys.public(key), "public-key")).unwrap()),
             id_salt: Some("00".repeat(16)),
+            via: None,
         };
         let why = ask(vec![
             b"MILONGA-BRK/1".to_vec(),
@@ -1560,4 +1563,81 @@ fn a_secured_registry_takes_each_node_under_its_own_key_only() {
         stats = json_line(&broker).expect("stats that count the refusals");
     }
     assert_eq!(stats["stats"]["registered"], 2, "{stats}");
+}
+
+/// A secured broker is a node of its host's domain for the nodes of its
+/// own identity (docs/broker.md "Security"): a client receives a host
+/// peer-to-peer publisher's samples through it, and a host subscriber
+/// receives a client's, the client shown in the host's directory `via`
+/// the broker's key. A host node of another key, trusted by all, is not
+/// brought in, and takes nothing the broker shows (it lists the client
+/// as not connected, with why): only a node's own identity may speak for
+/// others to it.
+#[test]
+fn a_secured_broker_bridges_the_host_nodes_of_its_own_identity() {
+    let env = Env::new("sec-bridge");
+    let names = ["broker", "alice", "bob"];
+    let keys = Keys::new("sec-bridge", &names);
+    let trust = keys.trust("ok", &names);
+    let (_broker, listening) = secured_broker(&env, &keys, &trust, "tcp://127.0.0.1:0");
+    let hp = listening["listen"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("tcp://")
+        .to_owned();
+    let locator = format!("milonga://broker@{hp}/{}", env.domain);
+    let client = |args: &[&str]| {
+        Proc::spawn(secured(
+            &env,
+            &keys,
+            "alice",
+            &trust,
+            &[&["--locator", &locator][..], args].concat(),
+        ))
+    };
+    let host = |who: &str, args: &[&str]| Proc::spawn(secured(&env, &keys, who, &trust, args));
+
+    // The host's node of the broker's identity, each way.
+    let _host_pub = host("broker", &["pub", "host/x", "1", "--rate", "20"]);
+    let from_host = client(&["sub", "host/x", "--json"]);
+    assert_eq!(sample_of(&from_host, "host/x")["value"], 1);
+    let client_pub = client(&["pub", "cli/y", "2", "--rate", "20"]);
+    let host_sub = host("broker", &["sub", "cli/y", "--json"]);
+    let j = sample_of(&host_sub, "cli/y");
+    assert_eq!(j["value"], 2, "{j}");
+    let alice = j["publisher"].as_str().unwrap().to_owned();
+
+    // Bob, another key: not brought in, and the broker cannot speak to him.
+    let _bob_pub = host("bob", &["pub", "host/z", "3", "--rate", "20"]);
+    let listed = poll_until(T, || {
+        ls_as(&env, &keys, "bob", &trust).iter().any(|n| {
+            n["node_id"] == alice.as_str()
+                && n["excluded"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("not this node's own"))
+        })
+    });
+    assert!(listed, "{:?}", ls_as(&env, &keys, "bob", &trust));
+    let out = secured(
+        &env,
+        &keys,
+        "alice",
+        &trust,
+        &[
+            "--locator",
+            &locator,
+            "sub",
+            "host/z",
+            "--json",
+            "--timeout",
+            "2",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("\"seq\""),
+        "a node of another key was bridged: {out:?}"
+    );
+    drop(client_pub);
 }

@@ -120,6 +120,14 @@ pub struct Announcement {
     /// takes an announcement only if they do: it names a node of that key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id_salt: Option<String>,
+    /// A secured broker's key (Z85) when the broker shows this node, one of
+    /// its clients, to the peer-to-peer nodes of its host: the node's
+    /// frames come from the broker's sockets, which are reached with that
+    /// key, and the broker vouches for them (docs/broker.md "Security").
+    /// A secured node takes such a node only if it designates that key
+    /// (its own identity's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 impl Announcement {

@@ -133,6 +133,7 @@ fn announcement() -> Announcement {
         }],
         key: None,
         id_salt: None,
+        via: None,
     }
 }
 

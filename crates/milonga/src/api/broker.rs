@@ -146,10 +146,20 @@ impl std::fmt::Debug for Broker {
 }
 
 /// Opens the broker's peer-to-peer node in `domain`, configured from the
-/// environment (docs/config.md).
-fn open_domain_node(domain: &str) -> Result<std::sync::Arc<Node>, OpenError> {
+/// environment (docs/config.md); with the broker's security (`secured`:
+/// its configuration) when that is on: the node holds the broker's
+/// identity and trust, and meets the host's nodes of that identity.
+fn open_domain_node(
+    domain: &str,
+    secured: Option<&Config>,
+) -> Result<std::sync::Arc<Node>, OpenError> {
     let locator = format!("milonga:///{domain}");
     let mut cfg = Config::from_env(&locator, "broker")?;
+    if let Some(b) = secured {
+        cfg.security = crate::Security::On;
+        cfg.key_file.clone_from(&b.key_file);
+        cfg.trust_dir.clone_from(&b.trust_dir);
+    }
     // Its node is in the domain it serves, peer-to-peer, whatever
     // MILONGA_LOCATOR says (the environment's other settings hold); the
     // name is checked where the node opens.
@@ -187,38 +197,6 @@ fn random_id() -> Result<milonga_wire::NodeId, OpenError> {
         why: format!("no randomness available: {e}"),
     })?;
     Ok(milonga_wire::NodeId(id))
-}
-
-/// A domain of a broker whose security is on: no peer-to-peer node of
-/// the host (its clients see each other only).
-struct ClientsOnly {
-    domain: String,
-    id: String,
-}
-
-impl ClientsOnly {
-    fn new(domain: &str) -> Result<ClientsOnly, OpenError> {
-        // The domain's name is checked as a node's would be.
-        crate::model::config::parse_locator(&format!("milonga:///{domain}"))?;
-        Ok(ClientsOnly {
-            domain: domain.to_owned(),
-            id: random_id()?.to_hex(),
-        })
-    }
-}
-
-impl DomainHost for ClientsOnly {
-    fn domain(&self) -> &str {
-        &self.domain
-    }
-    fn node_id(&self) -> String {
-        self.id.clone()
-    }
-    fn peers(&self) -> Vec<Announcement> {
-        Vec::new()
-    }
-    fn show(&self, _: &Announcement) {}
-    fn hide(&self, _: &str) {}
 }
 
 /// The broker's node in one domain.
@@ -278,24 +256,20 @@ impl Broker {
         }
         let mut nodes = Vec::new();
         let mut hosts: Vec<Box<dyn DomainHost>> = Vec::new();
+        // With security on, the broker's node in each domain holds its
+        // identity (docs/broker.md "Security").
+        let secured = security.is_some().then(|| cfg.clone());
         for d in &opts.domains {
-            // With security on the broker serves its clients only (no
-            // peer-to-peer node in the domain: docs/broker.md).
-            if security.is_some() {
-                hosts.push(Box::new(ClientsOnly::new(d)?));
-                continue;
-            }
-            let node = open_domain_node(d)?;
+            let node = open_domain_node(d, secured.as_ref())?;
             hosts.push(Box::new(NodeHost(node.clone())));
             nodes.push(node);
         }
         // Every domain: a domain's node opens when a request first names
         // it, and closes with the broker's control thread.
-        let secured = security.is_some();
         let open_domain: Option<broker::OpenDomain> = match opts.domains.is_empty() {
-            true => Some(Box::new(move |d: &str| match secured {
-                true => Ok(Box::new(ClientsOnly::new(d)?) as Box<dyn DomainHost>),
-                false => Ok(Box::new(NodeHost(open_domain_node(d)?)) as Box<dyn DomainHost>),
+            true => Some(Box::new(move |d: &str| {
+                Ok(Box::new(NodeHost(open_domain_node(d, secured.as_ref())?))
+                    as Box<dyn DomainHost>)
             })),
             false => None,
         };

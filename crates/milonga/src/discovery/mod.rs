@@ -668,6 +668,7 @@ mod tests {
             services: vec![],
             key: None,
             id_salt: None,
+            via: None,
         };
         assert!(is_alive(&a));
         a.start_time += 1;
@@ -741,6 +742,7 @@ mod tests {
             services: vec![],
             key: None,
             id_salt: None,
+            via: None,
         }
     }
 

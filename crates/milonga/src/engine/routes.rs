@@ -59,7 +59,9 @@ pub(crate) fn routes_for(expr: &KeyExpr, peers: &[&Announcement]) -> Routes {
     for a in peers {
         let Some(id) = a.id() else { continue };
         r.live.insert(id);
-        if let Some(k) = &a.key {
+        // The key its frames come with: a secured broker's that shows it
+        // (and vouches for them), else its own.
+        if let Some(k) = a.via.as_ref().or(a.key.as_ref()) {
             r.node_keys.insert(id, k.clone());
         }
         r.announced.extend(a.data_endpoints().map(str::to_owned));
@@ -134,6 +136,7 @@ pub(crate) fn test_announcement(
         services: vec![],
         key: None,
         id_salt: None,
+        via: None,
     }
 }
 

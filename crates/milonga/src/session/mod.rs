@@ -490,6 +490,7 @@ impl NodeInner {
                 .core
                 .id_salt
                 .map(|s| s.iter().map(|b| format!("{b:02x}")).collect()),
+            via: None,
         }
     }
 

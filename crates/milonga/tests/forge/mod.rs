@@ -81,6 +81,7 @@ pub fn forge_publisher(
         services: vec![],
         key: None,
         id_salt: None,
+        via: None,
     };
     let file = dir.join(domain).join(format!("{}.json", FORGER.to_hex()));
     std::fs::write(file, serde_json::to_vec(&announcement).unwrap()).unwrap();

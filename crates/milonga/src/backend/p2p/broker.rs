@@ -907,6 +907,14 @@ impl PlaneIo {
         let from_clients = new_xsub(ctx, cfg, v6, &ep)?;
         // It connects to publishers, which may be at IPv6 addresses.
         let from_domain = new_xsub(ctx, cfg, true, &ep)?;
+        if let Some(sec) = &spec.security {
+            // It connects only to nodes of the broker's own key (its
+            // domain's `refresh`).
+            let own = sec.guard.identity.public();
+            crate::backend::p2p::curve::ClientKeys::new(&sec.guard.identity, own)
+                .apply(&from_domain)
+                .map_err(sock_err(&ep))?;
+        }
         // As a subscription's: no PINGs to the nodes' liveliness sockets,
         // whose heartbeats are the lease (docs/protocol.md §1).
         if plane == Plane::Liveliness {
@@ -1732,10 +1740,11 @@ struct Domain {
     hello: BrokerHello,
     /// The peer-to-peer nodes that use this broker as their registry.
     registry: Table,
-    /// The broker's security is on: its clients and the registered nodes
-    /// are not shown to each other (a registered node would take the
-    /// broker's frames under its clients' ids, docs/broker.md).
-    secured: bool,
+    /// The broker's key (Z85) when its security is on: its clients are
+    /// shown to the domain `via` it, only host nodes of that key are
+    /// brought in, and its clients and the registered nodes are not shown
+    /// to each other (docs/broker.md "Security").
+    key: Option<String>,
     /// The registered nodes as the clients are told them, read when the
     /// table or what the clients ask last changed (at this key: the
     /// table's version, and what is asked on each data plane).
@@ -1819,6 +1828,9 @@ impl Domain {
     /// `[best effort, reliable, liveliness]` sockets, tagged with its id.
     fn at(a: &Announcement, eps: [&str; 3]) -> Announcement {
         let mut a = a.clone();
+        // Reached through this broker: whoever showed it before does not
+        // vouch for it here (the host's view sets its own, `Domain::key`).
+        a.via = None;
         let id = a.node_id.clone();
         a.data_best_effort = a.data_best_effort.as_ref().map(|_| tagged(eps[0], &id));
         a.data_reliable = a.data_reliable.as_ref().map(|_| tagged(eps[1], &id));
@@ -1919,6 +1931,12 @@ impl Domain {
             {
                 continue;
             }
+            // Security on: only the host's nodes of the broker's own key
+            // (its identity: the same principal) are brought in; the
+            // broker vouches for their frames to its clients.
+            if self.key.is_some() && a.key != self.key {
+                continue;
+            }
             let brokered = a.data_endpoints().any(|e| e.contains('#'))
                 || a.liveliness.as_ref().is_some_and(|e| e.contains('#'));
             // A node another broker serves comes through the federation if
@@ -1956,6 +1974,9 @@ impl Domain {
             for s in &mut told.services {
                 let tag = service_tag(&a.node_id, &s.endpoint);
                 table.insert(tag.clone(), s.endpoint.clone());
+                if let (Some(_), Some(k)) = (&self.key, &a.key) {
+                    servers.insert(tag.clone(), k.clone());
+                }
                 s.endpoint = tagged(&self.hello.calls, &tag);
             }
             if in_direct {
@@ -1975,10 +1996,10 @@ impl Domain {
         // client, nobody is told them: nothing to do (a pure registry of
         // thousands costs nothing here).
         let mut registered = HashSet::new();
-        if !self.clients.is_empty() && !self.secured {
+        if !self.clients.is_empty() && self.key.is_none() {
             self.read_registry();
         }
-        let registry_nodes: &[RegistryNode] = if self.clients.is_empty() || self.secured {
+        let registry_nodes: &[RegistryNode] = if self.clients.is_empty() || self.key.is_some() {
             &[]
         } else {
             &self.registry_nodes
@@ -2029,6 +2050,7 @@ impl Domain {
             // A co-located broker shows its own clients.
             if gateway && !colocated.contains_key(owner.as_str()) {
                 let mut s = Domain::at(a, td);
+                s.via.clone_from(&self.key);
                 s.services.clone_from(&told.services);
                 shown.insert(id.clone(), s);
             }
@@ -2276,12 +2298,14 @@ impl Domain {
                 self.to_domain[1].as_str(),
                 self.to_domain[2].as_str(),
             ];
-            self.host.show(&Domain::at(&a, td));
+            let mut shown = Domain::at(&a, td);
+            shown.via.clone_from(&self.key);
+            self.host.show(&shown);
             self.dirty = true;
         }
         // The registered nodes see it too (at the same sockets): put again
         // until the table takes it.
-        if !self.secured && (changed || !self.registry.holds(&a.node_id)) {
+        if self.key.is_none() && (changed || !self.registry.holds(&a.node_id)) {
             let td = [
                 self.to_domain[0].as_str(),
                 self.to_domain[1].as_str(),
@@ -3057,7 +3081,10 @@ fn open_domain_io(
         view: Vec::new(),
         dirty: true,
         registry: Table::new(Duration::from_millis(spec.lease_ms)),
-        secured: spec.security.is_some(),
+        key: spec
+            .security
+            .as_ref()
+            .map(|s| s.guard.identity.public().to_z85()),
         registry_nodes: Vec::new(),
         registry_read: None,
         closed: stop.domain.clone(),

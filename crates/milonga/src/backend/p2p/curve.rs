@@ -838,10 +838,25 @@ impl Guard {
         let mut excluded = Vec::new();
         peers.retain(|id, a| {
             let key = a.key.as_deref().map(PublicKey::from_z85);
+            // A broker's client shown to its host: reached at the broker's
+            // sockets with the broker's key, which must be this node's own
+            // (the only relay it designates, docs/security.md).
+            let via = a.via.as_deref().map(PublicKey::from_z85);
+            let relay_ok = match &via {
+                None => true,
+                Some(Ok(v)) => *v == self.identity.public,
+                Some(Err(_)) => false,
+            };
             match key {
-                Some(Ok(k)) if self.trusted(&k).is_some() => {
+                Some(Ok(k)) if self.trusted(&k).is_some() && relay_ok => {
+                    let reached = match via {
+                        Some(Ok(v)) => v,
+                        _ => k,
+                    };
                     for ep in endpoints_of(a) {
-                        keys.insert(ep.to_owned(), k);
+                        // Its own control socket, if any, holds its own key.
+                        let server = if ep == a.control { k } else { reached };
+                        keys.insert(ep.to_owned(), server);
                     }
                     self.filter_offers(id, a, &k, &mut untrusted);
                     true
@@ -850,9 +865,13 @@ impl Guard {
                     let why = match other {
                         None => "it announces no key (its security is off)".to_owned(),
                         Some(Err(e)) => format!("its key is malformed: {e}"),
-                        Some(Ok(k)) => {
+                        Some(Ok(k)) if self.trusted(&k).is_none() => {
                             format!("its key {} is not in the trust directory", k.fingerprint())
                         }
+                        Some(Ok(_)) => format!(
+                            "it is a broker's client shown through the broker key {}, which is not this node's own (the one relay a node designates)",
+                            a.via.as_deref().unwrap_or_default()
+                        ),
                     };
                     if untrusted.len() < 4096 && untrusted.insert(id.clone()) {
                         if let Some(core) = self.core.upgrade() {
