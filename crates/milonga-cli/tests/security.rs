@@ -1441,28 +1441,24 @@ fn secured_brokers_link_only_with_the_keys_they_name_and_carry_samples_and_calls
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "7");
     // The third broker asks once an interval: refused each time, and the
-    // first broker keeps its one link (a stats line a second; 20 at most).
+    // first broker keeps its one link; the fourth links to none.
+    stats_until(&b1, 1, "requests_refused", 3);
+    stats_until(&b4, 0, "handshakes_failed", 1);
+}
+
+/// Reads broker `p`'s stats lines (one a second, 20 at most) until
+/// `counter` reaches `at_least`, each showing `links` links up.
+fn stats_until(p: &Proc, links: u64, counter: &str, at_least: u64) {
     for n in 0.. {
-        let j = json_line(&b1).expect("b1's stats");
+        let j = json_line(p).expect("a broker's stats");
         if j["event"] != "stats" {
             continue;
         }
-        assert_eq!(j["stats"]["links"].as_u64(), Some(1), "{j}");
-        if j["stats"]["requests_refused"].as_u64() >= Some(3) {
-            break;
+        assert_eq!(j["stats"]["links"].as_u64(), Some(links), "{j}");
+        if j["stats"][counter].as_u64() >= Some(at_least) {
+            return;
         }
-        assert!(n < 20, "the third broker is not refused: {j}");
-    }
-    for n in 0.. {
-        let j = json_line(&b4).expect("b4's stats");
-        if j["event"] != "stats" {
-            continue;
-        }
-        assert_eq!(j["stats"]["links"].as_u64(), Some(0), "{j}");
-        if j["stats"]["handshakes_failed"].as_u64() >= Some(1) {
-            break;
-        }
-        assert!(n < 20, "the wrong key's handshakes are not counted: {j}");
+        assert!(n < 20, "{counter} stays under {at_least}: {j}");
     }
 }
 
