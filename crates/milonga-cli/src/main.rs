@@ -763,7 +763,7 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
     let infos = node.query_many(&controls, Duration::from_millis(500));
     let secured = node.security() == milonga::Security::On;
     let row = |peer: &milonga::Announcement| {
-        serde_json::json!({
+        let mut r = serde_json::json!({
             "name": peer.name,
             "node_id": peer.node_id,
             "host": peer.host,
@@ -776,7 +776,12 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             "services": peer.services,
             "key": peer.key,
             "fingerprint": peer.key.as_deref().map(|k| k.chars().take(8).collect::<String>()),
-        })
+        });
+        // A broker's client shown by a secured broker (its key).
+        if let Some(via) = &peer.via {
+            r["via"] = serde_json::json!(via);
+        }
+        r
     };
     for (peer, info) in peers.iter().zip(infos) {
         let mut r = row(peer);
@@ -844,6 +849,11 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
                 "not trusted"
             };
             writeln!(o, "  key {fp}... ({trust})")?;
+        }
+        if let Some(via) = r["via"].as_str() {
+            // A broker's client, shown here by that secured broker.
+            let fp: String = via.chars().take(8).collect();
+            writeln!(o, "  through the secured broker of key {fp}...")?;
         }
         if let Some(why) = r["excluded"].as_str() {
             writeln!(o, "  not connected: {why}")?;

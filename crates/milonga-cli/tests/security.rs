@@ -1602,6 +1602,20 @@ fn a_secured_broker_bridges_the_host_nodes_of_its_own_identity() {
     let j = sample_of(&host_sub, "cli/y");
     assert_eq!(j["value"], 2, "{j}");
     let alice = j["publisher"].as_str().unwrap().to_owned();
+    // Listed on the host as shown through the broker.
+    let broker_key = zmq::z85_encode(&key_field(&keys.public("broker"), "public-key")).unwrap();
+    let listed = ls_as(&env, &keys, "broker", &trust);
+    assert!(
+        listed
+            .iter()
+            .any(|n| n["node_id"] == alice.as_str() && n["via"] == broker_key.as_str()),
+        "{listed:?}"
+    );
+    let text = secured(&env, &keys, "broker", &trust, &["ls"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("through the secured broker of key"), "{text}");
 
     // Bob, another key: not brought in, and the broker cannot speak to him.
     let _bob_pub = host("bob", &["pub", "host/z", "3", "--rate", "20"]);
