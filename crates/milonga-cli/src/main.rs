@@ -815,6 +815,10 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
                 "last_attach_ms": c.last_attach_ms,
                 "subscriptions": c.subscriptions,
                 "rates": c.rates,
+                // Events waiting in the client for its application, as it
+                // last reported (the broker's own queue to it is libzmq's,
+                // not observable: its overflow shows as `samples_lost`).
+                "queued": c.stats.get("queued"),
             });
         }
     }
@@ -890,12 +894,13 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             let rate = |k: &str| c["rates"][k].as_f64().unwrap_or(0.0);
             writeln!(
                 o,
-                "  broker client for {:.0} s: subscribes {}; {:.0} sent/s, {:.0} received/s, {:.0} lost/s",
+                "  broker client for {:.0} s: subscribes {}; {:.0} sent/s, {:.0} received/s, {:.0} lost/s, {} queued",
                 c["attached_s"].as_f64().unwrap_or(0.0),
                 if subs.is_empty() { "nothing".to_owned() } else { subs.join(", ") },
                 rate("samples_sent_per_s"),
                 rate("samples_received_per_s"),
                 rate("samples_lost_per_s"),
+                c["queued"].as_u64().unwrap_or(0),
             )?;
         }
         for p in r["services"].as_array().into_iter().flatten() {

@@ -971,28 +971,47 @@ fn clients_move_to_the_next_broker_when_theirs_is_killed_and_back_when_it_return
 }
 
 #[test]
-fn ls_through_a_broker_lists_its_clients_with_their_subscriptions_and_rates() {
+fn ls_through_a_broker_lists_its_clients_with_their_subscriptions_rates_and_queues() {
     let env = Env::new("brk-ls");
     let broker = env.broker(&[]);
     let l = broker.locator.as_str();
     let _p = env.spawn_at(l, &["pub", "sr/m/1", "1", "--rate", "100"]);
     let _s = env.spawn_at(l, &["sub", "sr/m/**"]);
+    // A client whose application reads nothing: its queue grows.
+    let slow = Node::open_with(env.config_at(l, "slow")).unwrap();
+    let _unread = slow
+        .subscribe_with(
+            "sr/m/**",
+            milonga::SubscriberQos::default().keep_all(100_000),
+        )
+        .unwrap();
     // Clients report once a second; the rates need two reports.
     let mut rows = Vec::new();
-    wait_for("ls to show both clients with their rates", T, || {
-        let out = env.cmd(&["--locator", l, "ls", "--json"]).output().unwrap();
-        let Ok(Json::Array(r)) = serde_json::from_slice::<Json>(&out.stdout) else {
-            return false;
-        };
-        rows = r;
-        let rate = |name: &str, k: &str| {
-            rows.iter()
-                .find(|r| r["name"].as_str().is_some_and(|n| n.starts_with(name)))
-                .and_then(|r| r["broker_client"]["rates"][k].as_f64())
-                .unwrap_or(0.0)
-        };
-        rate("pub@", "samples_sent_per_s") > 20.0 && rate("sub@", "samples_received_per_s") > 20.0
-    });
+    wait_for(
+        "ls to show the clients with their rates and queue",
+        T,
+        || {
+            let out = env.cmd(&["--locator", l, "ls", "--json"]).output().unwrap();
+            let Ok(Json::Array(r)) = serde_json::from_slice::<Json>(&out.stdout) else {
+                return false;
+            };
+            rows = r;
+            let rate = |name: &str, k: &str| {
+                rows.iter()
+                    .find(|r| r["name"].as_str().is_some_and(|n| n.starts_with(name)))
+                    .and_then(|r| r["broker_client"]["rates"][k].as_f64())
+                    .unwrap_or(0.0)
+            };
+            let queued = rows
+                .iter()
+                .find(|r| r["name"].as_str().is_some_and(|n| n.starts_with("slow@")))
+                .and_then(|r| r["broker_client"]["queued"].as_u64())
+                .unwrap_or(0);
+            rate("pub@", "samples_sent_per_s") > 20.0
+                && rate("sub@", "samples_received_per_s") > 20.0
+                && queued >= 50
+        },
+    );
     let sub = rows
         .iter()
         .find(|r| r["name"].as_str().is_some_and(|n| n.starts_with("sub@")))
@@ -1007,12 +1026,16 @@ fn ls_through_a_broker_lists_its_clients_with_their_subscriptions_and_rates() {
         "{sub}"
     );
     assert!(sub["stats"]["samples_received"].as_u64() > Some(0), "{sub}");
+    // The reading client's queue stays short.
+    assert!(sub["broker_client"]["queued"].as_u64() < Some(50), "{sub}");
     // The table form says the same.
     let out = env.cmd(&["--locator", l, "ls"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("through tcp://127.0.0.1:"), "{text}");
     assert!(
-        text.contains("broker client for") && text.contains("subscribes sr/m/**"),
+        text.contains("broker client for")
+            && text.contains("subscribes sr/m/**")
+            && text.contains(" queued"),
         "{text}"
     );
 }

@@ -487,6 +487,13 @@ impl RouteTarget for SubShared {
         SubShared::wake(self);
     }
 
+    fn queued(&self) -> usize {
+        // A receiving thread holds `io`: what it decoded ahead is not
+        // counted then (a few events at most).
+        let pending = try_lock(&self.io).map_or(0, |io| io.pending.len());
+        pending + self.app.as_ref().map_or(0, AppQueue::len)
+    }
+
     fn denied(&self, ev: crate::model::sample::PermissionDenied) {
         {
             let mut told = lock(&self.denied);

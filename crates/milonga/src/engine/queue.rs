@@ -148,6 +148,11 @@ impl AppQueue {
 
     /// The next event, waiting at most `timeout` (`None`: without a limit).
     /// `Err(true)`: closed and empty; `Err(false)`: nothing in time.
+    /// Events waiting for the application.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.inner).events.len()
+    }
+
     pub(crate) fn pop(&self, timeout: Option<Duration>) -> Result<Event, bool> {
         // A timeout too long to add to the clock waits forever.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));

@@ -42,6 +42,12 @@ pub(crate) trait RouteTarget: Send + Sync {
     fn denied(&self, ev: crate::model::sample::PermissionDenied);
     /// An event from the node itself (its broker changed).
     fn inject(&self, ev: crate::model::sample::Event);
+    /// Events received and not yet taken by the application (its queue
+    /// policy's queue and what a receive has decoded ahead), as far as it
+    /// can tell without waiting for a receiving thread.
+    fn queued(&self) -> usize {
+        0
+    }
 }
 
 /// What [`NodeInner::state`] guards.
@@ -661,13 +667,17 @@ impl Host for NodeInner {
             .take(256)
             .map(|s| s.expr().as_str().to_owned())
             .collect();
-        let stats = match serde_json::to_value(self.core.counters.snapshot()) {
-            Ok(serde_json::Value::Object(m)) => m
-                .into_iter()
-                .filter_map(|(k, v)| v.as_u64().map(|v| (k, v)))
-                .collect(),
-            _ => Default::default(),
-        };
+        let mut stats: std::collections::BTreeMap<String, u64> =
+            match serde_json::to_value(self.core.counters.snapshot()) {
+                Ok(serde_json::Value::Object(m)) => m
+                    .into_iter()
+                    .filter_map(|(k, v)| v.as_u64().map(|v| (k, v)))
+                    .collect(),
+                _ => Default::default(),
+            };
+        // Not a counter: how far the application is behind now.
+        let queued: usize = self.live_subs().iter().map(|s| s.queued()).sum();
+        stats.insert("queued".into(), queued as u64);
         serde_json::to_vec(&milonga_wire::broker::ClientReport {
             subscriptions,
             stats,
