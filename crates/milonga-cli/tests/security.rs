@@ -1563,9 +1563,9 @@ fn a_secured_registry_takes_each_node_under_its_own_key_only() {
 
 /// A secured broker is a node of its host's domain for the nodes of its
 /// own identity (docs/broker.md "Security"): a client receives a host
-/// peer-to-peer publisher's samples through it, and a host subscriber
+/// peer-to-peer publisher's samples through it, a host subscriber
 /// receives a client's, the client shown in the host's directory `via`
-/// the broker's key. A host node of another key, trusted by all, is not
+/// the broker's key, and each calls the other's service. A host node of another key, trusted by all, is not
 /// brought in, and takes nothing the broker shows (it lists the client
 /// as not connected, with why): only a node's own identity may speak for
 /// others to it.
@@ -1616,6 +1616,42 @@ fn a_secured_broker_bridges_the_host_nodes_of_its_own_identity() {
         .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("through the secured broker of key"), "{text}");
+    // Calls, each way.
+    let _client_serves = client(&["serve", "cli/echo", "--echo"]);
+    let _host_serves = host("broker", &["serve", "host/echo", "--echo"]);
+    let call = |mut cmd: std::process::Command, value: &str| {
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), value);
+    };
+    call(
+        secured(
+            &env,
+            &keys,
+            "broker",
+            &trust,
+            &["call", "cli/echo", "7", "--wait-server", "10"],
+        ),
+        "7",
+    );
+    call(
+        secured(
+            &env,
+            &keys,
+            "alice",
+            &trust,
+            &[
+                "--locator",
+                &locator,
+                "call",
+                "host/echo",
+                "8",
+                "--wait-server",
+                "10",
+            ],
+        ),
+        "8",
+    );
 
     // Bob, another key: not brought in, and the broker cannot speak to him.
     let _bob_pub = host("bob", &["pub", "host/z", "3", "--rate", "20"]);
