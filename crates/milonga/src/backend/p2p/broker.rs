@@ -1898,7 +1898,7 @@ impl Domain {
         let mut others = BTreeMap::new();
         let mut wanted: [BTreeSet<String>; 3] = Default::default();
         let mut table = HashMap::new();
-        // Security on: the key of the broker each relayed service is at.
+        // Security on: the key each relayed service is reached with.
         let mut servers = HashMap::new();
         let mut direct = Vec::new();
         let local: HashSet<String> = peers.iter().map(|a| a.node_id.clone()).collect();
@@ -3232,8 +3232,9 @@ pub(crate) fn start(
 struct ServiceTable {
     generation: u64,
     endpoints: HashMap<String, String>,
-    /// Security on: the key (Z85) of the broker whose calls socket serves
-    /// each service of another broker, by tag (its record's).
+    /// Security on: the key (Z85) each relayed service is reached with, by
+    /// tag: another broker's service, that broker's (its record's); a host
+    /// node's, the node's.
     servers: HashMap<String, String>,
     /// The client key of each client that attached with one, by node
     /// id: its services' identities at `services` end with it.
@@ -3259,7 +3260,7 @@ struct CallPlane {
     services: zmq::Socket,
     /// DEALERs to peer-to-peer services, by tag.
     out: HashMap<String, zmq::Socket>,
-    /// The key each DEALER of `out` reached its broker with (security on).
+    /// The key each DEALER of `out` reached its server with (security on).
     out_keys: HashMap<String, String>,
     /// With security on: the broker's identity, which its DEALERs to
     /// other brokers' calls sockets present.
@@ -3453,8 +3454,9 @@ impl CallPlane {
             zmq_io::apply_common(&s, &self.cfg).ok()?;
             s.set_ipv6(true).ok()?;
             if let Some(sec) = &self.security {
-                // Another broker's calls socket, of the key its record
-                // tells; none known yet: not reachable now.
+                // Another broker's calls socket (the key its record tells)
+                // or a host node's service (its key); none known yet: not
+                // reachable now.
                 let key = crate::backend::p2p::curve::PublicKey::from_z85(key.as_deref()?).ok()?;
                 crate::backend::p2p::curve::ClientKeys::new(&sec.guard.identity, key)
                     .apply(&s)

@@ -300,7 +300,6 @@ impl Table {
         );
     }
 
-    /// Whether it holds `node_id` for one of the broker's clients.
     /// The key the announcement registered for `node_id` names (`None`
     /// in it: none), or `None` if no node of that id is registered.
     pub(crate) fn key_of(&self, node_id: &str) -> Option<Option<&str>> {
@@ -308,6 +307,7 @@ impl Table {
         Some(e.parsed.as_ref().and_then(|a| a.key.as_deref()))
     }
 
+    /// Whether it holds `node_id` for one of the broker's clients.
     pub(crate) fn holds(&self, node_id: &str) -> bool {
         self.entries.get(node_id).is_some_and(|e| e.held)
     }
