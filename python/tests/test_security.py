@@ -203,3 +203,54 @@ def test_through_a_secured_broker_trusted_clients_talk_and_an_untrusted_key_is_r
     svc.close()
     with pytest.raises(milonga.OpenError, match="refused this node's key"):
         client("eve", eve_trust)
+
+
+def test_a_secured_broker_bridges_its_hosts_nodes_and_keeps_a_secured_registry(
+    domain: Domain, tmp_path: Path
+) -> None:
+    """A secured broker (docs/broker.md "Security") is a node of its host's
+    domain for the nodes of its own identity: a client and a host node of
+    the broker's key exchange samples each way through it. Nodes with
+    security on register with it (``registry = NAME@tcp://HOST:PORT``,
+    docs/discovery.md "A registry") and find each other without local
+    discovery."""
+    from test_broker import broker_process
+
+    keys = _keys(tmp_path, "ctl", "alice")
+    trust = _trust(tmp_path, keys, "ok", "ctl", "alice")
+    _, line = broker_process(domain, ["--key", str(keys / "ctl.key"), "--trust", str(trust)])
+    listen = str(line["listen"])
+    name = domain.locator.removeprefix("milonga:///")
+    client = milonga.open(
+        f"milonga://ctl@{listen.removeprefix('tcp://')}/{name}",
+        name="alice",
+        runtime_dir=str(domain.dir),
+        key_file=str(keys / "alice.key"),
+        trust_dir=str(trust),
+    )
+    domain.nodes.append(client)
+
+    def host(who: str, **config: object) -> milonga.Node:
+        node = milonga.open(
+            domain.locator,
+            name=who,
+            runtime_dir=str(domain.dir),
+            key_file=str(keys / "ctl.key"),
+            trust_dir=str(trust),
+            security="on",
+            **config,
+        )
+        domain.nodes.append(node)
+        return node
+
+    on_host = host("host")
+    assert _first(client.subscribe("br/h"), milonga.Sample, on_host.publisher("br/h")).value == 5
+    assert _first(on_host.subscribe("br/c"), milonga.Sample, client.publisher("br/c")).value == 5
+
+    registered = {
+        "local_discovery": False,
+        "registry": [f"ctl@{listen}"],
+    }
+    writer = host("writer", **registered)
+    reader = host("reader", **registered)
+    assert _first(reader.subscribe("br/r"), milonga.Sample, writer.publisher("br/r")).value == 5
