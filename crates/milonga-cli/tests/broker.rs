@@ -130,9 +130,13 @@ fn lines_until_summary(p: &Proc, timeout: Duration) -> Vec<Json> {
 fn lines_until_seq(p: &Proc, last: u64) -> Vec<Json> {
     let mut lines = Vec::new();
     loop {
-        let line = p
-            .line(T)
-            .unwrap_or_else(|| panic!("up to seq {last}: {} lines", lines.len()));
+        let line = p.line(T).unwrap_or_else(|| {
+            panic!(
+                "up to seq {last}: {} lines, the last {:?}",
+                lines.len(),
+                lines.last()
+            )
+        });
         let v: Json = serde_json::from_str(&line).unwrap();
         let done = v["seq"].as_u64() == Some(last);
         lines.push(v);
@@ -645,24 +649,27 @@ fn reliable_samples_through_the_broker_all_arrive_in_order_even_to_a_client_froz
         puts.set(puts.get() + 1);
     };
     // A client subscriber, one frozen for a moment, a peer-to-peer one.
+    // Their --timeout is a safety net (a dropped Proc is killed): 30 s
+    // ended the frozen one before it had printed its 20,000 lines once,
+    // on a loaded machine.
     let subs = [
         (
             "client",
             env.spawn_at(
                 l,
-                &["sub", "sr/**", "--reliable", "--json", "--timeout", "30"],
+                &["sub", "sr/**", "--reliable", "--json", "--timeout", "120"],
             ),
         ),
         (
             "frozen",
             env.spawn_at(
                 l,
-                &["sub", "sr/**", "--reliable", "--json", "--timeout", "30"],
+                &["sub", "sr/**", "--reliable", "--json", "--timeout", "120"],
             ),
         ),
         (
             "peer-to-peer",
-            env.spawn(&["sub", "sr/**", "--reliable", "--json", "--timeout", "30"]),
+            env.spawn(&["sub", "sr/**", "--reliable", "--json", "--timeout", "120"]),
         ),
     ];
     until_each_takes_a_sample(&[&subs[0].1, &subs[1].1, &subs[2].1], || put(0.0));
@@ -1051,11 +1058,11 @@ fn a_reliable_client_stuck_past_the_stall_limit_does_not_hold_the_others() {
         .unwrap();
     let live = env.spawn_at(
         l,
-        &["sub", "sr/**", "--reliable", "--json", "--timeout", "30"],
+        &["sub", "sr/**", "--reliable", "--json", "--timeout", "120"],
     );
     let stuck = env.spawn_at(
         l,
-        &["sub", "sr/**", "--reliable", "--json", "--timeout", "30"],
+        &["sub", "sr/**", "--reliable", "--json", "--timeout", "120"],
     );
     let mut puts = 0u64;
     until_each_takes_a_sample(&[&live, &stuck], || {
