@@ -1071,6 +1071,41 @@ fn a_trusted_peer_cannot_send_samples_under_another_nodes_id() {
 
 /// `milonga broker --json` holding the key `broker`, trusting `trust`, on
 /// `listen`, serving the test's domain; its `listening` line.
+/// An announcement of node `node_id` in `domain` naming the public key
+/// `key` (raw bytes) with a salt that does not give that id: what a
+/// trusted connection forges to pass for another node.
+fn impostor(domain: &str, node_id: &str, key: &[u8]) -> milonga::Announcement {
+    milonga::Announcement {
+        protocol: 1,
+        domain: domain.into(),
+        node_id: node_id.into(),
+        name: "impostor".into(),
+        host: "localhost".into(),
+        pid: std::process::id(),
+        start_time: 0,
+        control: "tcp://127.0.0.1:9".into(),
+        data_best_effort: None,
+        data_reliable: None,
+        liveliness: None,
+        publications: vec![],
+        services: vec![],
+        key: Some(zmq::z85_encode(key).unwrap()),
+        id_salt: Some("00".repeat(16)),
+        via: None,
+    }
+}
+
+/// Makes raw socket `s` a CURVE client of the server key `server` (raw
+/// bytes) holding `who`'s keys, lingering not.
+fn curve_as(s: &zmq::Socket, keys: &Keys, who: &str, server: &[u8]) {
+    s.set_curve_serverkey(server).unwrap();
+    s.set_curve_publickey(&key_field(&keys.public(who), "public-key"))
+        .unwrap();
+    s.set_curve_secretkey(&key_field(&keys.key(who), "secret-key"))
+        .unwrap();
+    s.set_linger(0).unwrap();
+}
+
 fn secured_broker(env: &Env, keys: &Keys, trust: &Path, listen: &str) -> (Proc, Json) {
     let p = Proc::spawn(secured(
         env,
@@ -1102,7 +1137,7 @@ fn secured_broker(env: &Env, keys: &Keys, trust: &Path, listen: &str) -> (Proc, 
 #[test]
 fn a_secured_broker_admits_trusted_clients_only_and_forwards_frames_under_their_own_keys() {
     use milonga::wire::frame::{self, domain_tag, Encoding, Header, Kind};
-    use milonga::{Announcement, Key, NodeId};
+    use milonga::{Key, NodeId};
 
     let env = Env::new("sec-broker");
     let names = ["broker", "alice", "bob", "mallory"];
@@ -1178,14 +1213,7 @@ fn a_secured_broker_admits_trusted_clients_only_and_forwards_frames_under_their_
     // Bob, trusted, as a raw client: it attaches as Alice, then as a node
     // of its own key under Alice's id, and sends frames naming Alice.
     let ctx = zmq::Context::new();
-    let curve = |s: &zmq::Socket| {
-        s.set_curve_serverkey(&broker_key).unwrap();
-        s.set_curve_publickey(&key_field(&keys.public("bob"), "public-key"))
-            .unwrap();
-        s.set_curve_secretkey(&key_field(&keys.key("bob"), "secret-key"))
-            .unwrap();
-        s.set_linger(0).unwrap();
-    };
+    let curve = |s: &zmq::Socket| curve_as(s, &keys, "bob", &broker_key);
     let d = ctx.socket(zmq::DEALER).unwrap();
     curve(&d);
     d.set_rcvtimeo(10_000).unwrap();
@@ -1202,24 +1230,7 @@ fn a_secured_broker_admits_trusted_clients_only_and_forwards_frames_under_their_
     let hello: Json = serde_json::from_slice(&hello[2]).unwrap();
     let bob_key = key_field(&keys.public("bob"), "public-key");
     let alice_key = key_field(&keys.public("alice"), "public-key");
-    let claim = |key: &[u8]| Announcement {
-        protocol: 1,
-        domain: env.domain.clone(),
-        node_id: alice.to_hex(),
-        name: "impostor".into(),
-        host: "localhost".into(),
-        pid: std::process::id(),
-        start_time: 0,
-        control: "tcp://127.0.0.1:9".into(),
-        data_best_effort: None,
-        data_reliable: None,
-        liveliness: None,
-        publications: vec![],
-        services: vec![],
-        key: Some(zmq::z85_encode(key).unwrap()),
-        id_salt: Some("00".repeat(16)),
-        via: None,
-    };
+    let claim = |key: &[u8]| impostor(&env.domain, &alice.to_hex(), key);
     for (key, why) in [
         (&alice_key, "not its connection's"),
         (&bob_key, "not its own"),
@@ -1474,7 +1485,7 @@ fn stats_until(p: &Proc, links: u64, counter: &str, at_least: u64) {
 /// `requests_refused`, and the real publisher's samples go on.
 #[test]
 fn a_secured_registry_takes_each_node_under_its_own_key_only() {
-    use milonga::{Announcement, NodeId};
+    use milonga::NodeId;
 
     let env = Env::new("sec-registry");
     let names = ["broker", "alice", "bob"];
@@ -1499,13 +1510,12 @@ fn a_secured_registry_takes_each_node_under_its_own_key_only() {
     // Bob's key on a raw connection: registers Alice's id, then removes it.
     let ctx = zmq::Context::new();
     let d = ctx.socket(zmq::DEALER).unwrap();
-    d.set_curve_serverkey(&key_field(&keys.public("broker"), "public-key"))
-        .unwrap();
-    d.set_curve_publickey(&key_field(&keys.public("bob"), "public-key"))
-        .unwrap();
-    d.set_curve_secretkey(&key_field(&keys.key("bob"), "secret-key"))
-        .unwrap();
-    d.set_linger(0).unwrap();
+    curve_as(
+        &d,
+        &keys,
+        "bob",
+        &key_field(&keys.public("broker"), "public-key"),
+    );
     d.set_rcvtimeo(10_000).unwrap();
     d.connect(&listen).unwrap();
     let ask = |frames: Vec<Vec<u8>>| -> String {
@@ -1518,24 +1528,11 @@ fn a_secured_registry_takes_each_node_under_its_own_key_only() {
         "domain": env.domain, "node_id": alice, "epoch": 0, "have": 0, "announced": 0,
     });
     for key in ["alice", "bob"] {
-        let claim = Announcement {
-            protocol: 1,
-            domain: env.domain.clone(),
-            node_id: alice.clone(),
-            name: "impostor".into(),
-            host: "localhost".into(),
-            pid: std::process::id(),
-            start_time: 0,
-            control: "tcp://127.0.0.1:9".into(),
-            data_best_effort: None,
-            data_reliable: None,
-            liveliness: None,
-            publications: vec![],
-            services: vec![],
-            key: Some(zmq::z85_encode(&key_field(&keys.public(key), "public-key")).unwrap()),
-            id_salt: Some("00".repeat(16)),
-            via: None,
-        };
+        let claim = impostor(
+            &env.domain,
+            &alice,
+            &key_field(&keys.public(key), "public-key"),
+        );
         let why = ask(vec![
             b"MILONGA-BRK/1".to_vec(),
             b"register".to_vec(),
