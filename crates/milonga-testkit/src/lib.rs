@@ -190,8 +190,31 @@ pub fn zmtp_garbage(endpoint: &str) {
     let _ = s2.write_all(&[0x42; 512]);
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, below Linux's
+/// ephemeral range (32768 and up by default): a port the kernel hands
+/// out could be taken, before the test binds it (or binds it again after
+/// killing its server), as the source port of any connection made
+/// meanwhile (seen once: a broker restarted on its port found it in
+/// use). Picked at random in 20000..32768 (from the clock and the
+/// process id), checked free; the kernel's pick if none is found.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut x = nanos ^ u64::from(std::process::id()) << 32 ^ CALLS.fetch_add(1, Ordering::Relaxed);
+    for _ in 0..64 {
+        // xorshift64*
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        let port = 20_000 + (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) % 12_768;
+        let port = port as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -70,6 +70,13 @@ pub const MAX_LSAS: usize = 256;
 /// Largest request a broker reads (bytes): an announcement with its
 /// publications and services.
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// Most subscriptions a client's report may list.
+pub const MAX_REPORT_SUBSCRIPTIONS: usize = 256;
+/// Most counters a client's report may carry.
+pub const MAX_REPORT_STATS: usize = 512;
+/// Largest report frame (bytes): 256 key expressions of the longest key,
+/// with room for the counters.
+pub const MAX_REPORT_BYTES: usize = 192 << 10;
 
 /// Where a broker serves one domain. A client's data and liveliness
 /// sockets connect to the `*_in` endpoints (the broker subscribes to
@@ -366,10 +373,26 @@ impl BrokerRequest {
                     .map_err(|_| bad("the view version is not a decimal integer"))?;
                 // An empty report frame: none this time (a key follows).
                 let report = match f.get(4).filter(|r| !r.is_empty()) {
-                    Some(r) => Some(
-                        serde_json::from_slice::<ClientReport>(r)
-                            .map_err(|e| BrokerError::Malformed(format!("the report: {e}")))?,
-                    ),
+                    Some(r) if r.len() > MAX_REPORT_BYTES => {
+                        return Err(bad("the report is over 192 KiB"));
+                    }
+                    Some(r) => {
+                        let r = serde_json::from_slice::<ClientReport>(r)
+                            .map_err(|e| BrokerError::Malformed(format!("the report: {e}")))?;
+                        // What a broker keeps of each client is bounded.
+                        if r.subscriptions.len() > MAX_REPORT_SUBSCRIPTIONS
+                            || r.stats.len() > MAX_REPORT_STATS
+                            || r.subscriptions
+                                .iter()
+                                .any(|s| s.len() > crate::key::MAX_KEY_BYTES)
+                            || r.stats.keys().any(|k| k.len() > 64)
+                        {
+                            return Err(bad(
+                                "the report lists over 256 subscriptions or 512 counters, or one too long",
+                            ));
+                        }
+                        Some(r)
+                    }
                     None => None,
                 };
                 let key = f.get(5).map(|k| client_key(k)).transpose()?;
@@ -522,6 +545,29 @@ mod tests {
         assert!(
             BrokerRequest::decode(&[MAGIC, ATTACH, good.as_bytes(), b"0", b"", b"short"]).is_err()
         );
+        // A report past what a broker keeps of a client is refused: too
+        // many subscriptions or counters, one too long, or too many bytes.
+        let subs = |n: usize, len: usize| {
+            let list: Vec<String> = (0..n).map(|i| format!("{i:0len$}")).collect();
+            serde_json::to_vec(&serde_json::json!({ "subscriptions": list })).unwrap()
+        };
+        let stats = |n: usize| {
+            let m: std::collections::BTreeMap<String, u64> =
+                (0..n).map(|i| (format!("c{i}"), 1)).collect();
+            serde_json::to_vec(&serde_json::json!({ "stats": m })).unwrap()
+        };
+        let attach = |report: &[u8]| {
+            BrokerRequest::decode(&[MAGIC, ATTACH, good.as_bytes(), b"0", report, key.as_bytes()])
+        };
+        assert!(attach(&subs(256, 512)).is_ok());
+        assert!(attach(&subs(257, 4)).is_err());
+        assert!(attach(&subs(1, 513)).is_err());
+        assert!(attach(&stats(512)).is_ok());
+        assert!(attach(&stats(513)).is_err());
+        let mut big = br#"{"subscriptions":[],"pad":""#.to_vec();
+        big.resize(MAX_REPORT_BYTES, b' ');
+        big.extend_from_slice(br#""}"#);
+        assert!(attach(&big).is_err());
         assert!(BrokerRequest::decode(&[MAGIC, DETACH, id.as_bytes(), b"KEY"]).is_err());
         // A peer message: its ids are checked like a client's.
         let header = format!(r#"{{"broker":"{id}","listen":"tcp://h:1"}}"#);

@@ -173,6 +173,7 @@ pub(crate) struct BrokerCounters {
     pub handshakes_failed: AtomicU64,
     pub accepts_failed: AtomicU64,
     pub frames_unattributed: AtomicU64,
+    pub replies_dropped: AtomicU64,
     pub tree: Mutex<Vec<String>>,
 }
 
@@ -257,6 +258,11 @@ pub struct BrokerStats {
     /// not attach with the key of its connection, dropped (logged, the
     /// first ten and every 1,000th).
     pub frames_unattributed: u64,
+    /// Answers to requests on its listen port (hellos, views, client
+    /// lists, registry pages, federation records) dropped: the
+    /// connection's queue held 16 unread already (a peer
+    /// that does not read), or the peer was gone.
+    pub replies_dropped: u64,
     /// The peers (broker ids) of its links in the federation's spanning
     /// tree, which data crosses.
     pub tree: Vec<String>,
@@ -292,6 +298,7 @@ impl BrokerCounters {
             accepts_failed: g(&self.accepts_failed),
             auth_refused: 0,
             frames_unattributed: g(&self.frames_unattributed),
+            replies_dropped: g(&self.replies_dropped),
             tree: lock(&self.tree).clone(),
         }
     }
@@ -443,31 +450,57 @@ struct Interest {
 /// more are forwarded but not told to a link made later.
 const MAX_TRACKED: usize = 65_536;
 
+/// Longest subscription topic a port's [`Interest`] keeps.
+const MAX_TRACKED_TOPIC_BYTES: usize = 1024;
+
 impl Interest {
-    /// Takes note of an upstream message.
-    fn note(&mut self, msg: &[u8]) {
+    /// Takes note of an upstream message; whether it goes on to the other
+    /// ports. A port's subscription to a topic is forwarded once, when
+    /// its first subscriber asks, and withdrawn once, when its last one
+    /// leaves: the other ports' sockets count ports, not subscribers, so
+    /// that a subscribe repeated a million times (a flood, or a million
+    /// subscribers) costs the other ports and the publishers behind them
+    /// one message, and a link made later is told each topic once. What
+    /// is not tracked (past [`MAX_TRACKED`] topics) goes on every time.
+    fn note(&mut self, msg: &[u8]) -> bool {
         match msg.split_first() {
             Some((1, topic)) => {
                 if let Some(n) = self.topics.get_mut(topic) {
-                    *n += 1;
-                } else if self.topics.len() < MAX_TRACKED {
-                    self.topics.insert(topic.to_vec(), 1);
+                    *n = n.saturating_add(1);
+                    false
+                } else {
+                    // A topic longer than any key's subscription (a key
+                    // of 512 bytes behind a filter's prefix) is passed on
+                    // untracked: it matches nothing, and must not hold
+                    // memory here.
+                    if self.topics.len() < MAX_TRACKED && topic.len() <= MAX_TRACKED_TOPIC_BYTES {
+                        self.topics.insert(topic.to_vec(), 1);
+                    }
+                    true
                 }
             }
-            Some((0, topic)) => {
-                if let Some(n) = self.topics.get_mut(topic) {
+            Some((0, topic)) => match self.topics.get_mut(topic) {
+                Some(n) if *n > 1 => {
                     *n -= 1;
-                    if *n == 0 {
-                        self.topics.remove(topic);
+                    false
+                }
+                Some(_) => {
+                    self.topics.remove(topic);
+                    true
+                }
+                // Not tracked: its subscribe went on (or there was none,
+                // and the other ports ignore it).
+                None => true,
+            },
+            Some((&milonga_wire::filter::DECLARE_TAG, _)) => {
+                if self.decls.len() < MAX_TRACKED {
+                    if let Ok(d) = milonga_wire::filter::Declaration::decode(msg) {
+                        self.decls.insert(d.filter.id_for(&d.keys), msg.to_vec());
                     }
                 }
+                true
             }
-            Some((&milonga_wire::filter::DECLARE_TAG, _)) if self.decls.len() < MAX_TRACKED => {
-                if let Ok(d) = milonga_wire::filter::Declaration::decode(msg) {
-                    self.decls.insert(d.filter.id_for(&d.keys), msg.to_vec());
-                }
-            }
-            _ => {}
+            _ => true,
         }
     }
 
@@ -1153,13 +1186,12 @@ impl PlaneIo {
         let others = std::iter::once(&self.clients_interest)
             .chain(std::iter::once(&self.domain_interest))
             .chain(self.links.values().map(|l| &l.interest));
+        // Each port's topics once ([`Interest::note`]).
         for i in others {
-            for (topic, n) in &i.topics {
+            for topic in i.topics.keys() {
                 let mut m = vec![1u8];
                 m.extend_from_slice(topic);
-                for _ in 0..*n {
-                    let _ = inp.send(&m[..], zmq::DONTWAIT);
-                }
+                let _ = inp.send(&m[..], zmq::DONTWAIT);
             }
         }
         tracing::debug!(broker = %self.me, plane = ?self.plane, peer = %id, out = %bound, "a link opens");
@@ -1208,15 +1240,13 @@ impl PlaneIo {
         };
         let _ = l.inp.set_linger(0);
         let _ = l.out.set_linger(0);
-        for (topic, n) in &l.interest.topics {
+        for topic in l.interest.topics.keys() {
             let mut m = vec![0u8];
             m.extend_from_slice(topic);
-            for _ in 0..*n {
-                let _ = self.from_clients.send(&m[..], zmq::DONTWAIT);
-                let _ = self.from_domain.send(&m[..], zmq::DONTWAIT);
-                for o in self.links.values() {
-                    let _ = o.inp.send(&m[..], zmq::DONTWAIT);
-                }
+            let _ = self.from_clients.send(&m[..], zmq::DONTWAIT);
+            let _ = self.from_domain.send(&m[..], zmq::DONTWAIT);
+            for o in self.links.values() {
+                let _ = o.inp.send(&m[..], zmq::DONTWAIT);
             }
         }
     }
@@ -1626,7 +1656,11 @@ impl PlaneIo {
                     Port::Link(id) => self.links.get_mut(id).map(|l| &mut l.interest),
                 };
                 if let Some(i) = interest {
-                    i.note(only.bytes());
+                    if !i.note(only.bytes()) {
+                        // Another subscriber of a topic this port has
+                        // asked for already, or one of several leaving.
+                        continue;
+                    }
                     self.asked_changed |= *src == Port::Clients;
                     if let Some((&b @ (0 | 1), topic)) = only.bytes().split_first() {
                         tracing::debug!(broker = %self.me, plane = ?self.plane, from = ?src, subscribe = b == 1, topic = %String::from_utf8_lossy(topic), "upstream");
@@ -1775,7 +1809,8 @@ struct Domain {
     /// may attach under their ids.
     peer_to_peer: HashSet<String>,
     view_version: u64,
-    view: Vec<u8>,
+    /// Shared by every reply that carries it (no copy per client).
+    view: bytes::Bytes,
     dirty: bool,
     /// Set to end its threads (see [`Stop`]).
     closed: Arc<AtomicBool>,
@@ -2225,7 +2260,7 @@ impl Domain {
     }
 
     /// The view's version and JSON, rebuilt if anything changed.
-    fn view(&mut self) -> (u64, &[u8]) {
+    fn view(&mut self) -> (u64, bytes::Bytes) {
         if self.dirty {
             self.dirty = false;
             self.view_version += 1;
@@ -2241,9 +2276,9 @@ impl Domain {
             if left_out > 0 {
                 limited!(warn, left_out, limit = VIEW_LIMIT, "the view sent to this broker's clients leaves nodes out: it would pass its limit (clients take messages of at most 64 MiB)");
             }
-            self.view = v;
+            self.view = v.into();
         }
-        (self.view_version, &self.view)
+        (self.view_version, self.view.clone())
     }
 
     /// Attaches a client, or says why not: its node id is attached with
@@ -2734,7 +2769,11 @@ impl Control {
                 msg.extend(frames.iter().map(Vec::as_slice));
                 // Dropped on a full queue: the node's next renewal says what
                 // it holds, and the page goes again.
-                let _ = self.router.send_multipart(msg, zmq::DONTWAIT);
+                if self.router.send_multipart(msg, zmq::DONTWAIT).is_err() {
+                    self.counters
+                        .replies_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -2831,10 +2870,9 @@ impl Control {
         let Some((who, rest)) = frames.split_first() else {
             return;
         };
-        let reply = |router: &zmq::Socket, parts: &[&[u8]]| {
-            let mut msg: Vec<&[u8]> = vec![who];
-            msg.extend_from_slice(parts);
-            let _ = router.send_multipart(msg, zmq::DONTWAIT);
+        let counters = self.counters.clone();
+        let reply = |router: &mut zmq::Socket, parts: &[&[u8]]| {
+            send_reply(router, &counters, who, parts, None);
         };
         let req = match BrokerRequest::decode(rest) {
             Ok(r) => r,
@@ -2857,16 +2895,22 @@ impl Control {
                 .fetch_add(1, Ordering::Relaxed)
                 + 1;
             log_drop(n, "a request", &text);
-            reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+            reply(
+                &mut self.router,
+                &[wire::MAGIC, wire::ERROR, text.as_bytes()],
+            );
             return;
         }
         match req {
             BrokerRequest::Hello { domain } => match self.domain_index(&domain) {
                 Ok(i) => {
                     let body = serde_json::to_vec(&self.domains[i].hello).unwrap_or_default();
-                    reply(&self.router, &[wire::MAGIC, wire::HELLO, &body]);
+                    reply(&mut self.router, &[wire::MAGIC, wire::HELLO, &body]);
                 }
-                Err(text) => reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]),
+                Err(text) => reply(
+                    &mut self.router,
+                    &[wire::MAGIC, wire::ERROR, text.as_bytes()],
+                ),
             },
             BrokerRequest::Clients { domain } => {
                 let infos: Vec<ClientInfo> = self
@@ -2876,7 +2920,7 @@ impl Control {
                     .flat_map(|d| d.clients.values().map(|c| c.info(now)))
                     .collect();
                 let body = serde_json::to_vec(&infos).unwrap_or_default();
-                reply(&self.router, &[wire::MAGIC, wire::CLIENTS, &body]);
+                reply(&mut self.router, &[wire::MAGIC, wire::CLIENTS, &body]);
             }
             BrokerRequest::Attach {
                 announcement,
@@ -2891,7 +2935,10 @@ impl Control {
                 let d = match self.domain_index(&announcement.domain) {
                     Ok(i) => &mut self.domains[i],
                     Err(text) => {
-                        reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                        reply(
+                            &mut self.router,
+                            &[wire::MAGIC, wire::ERROR, text.as_bytes()],
+                        );
                         return;
                     }
                 };
@@ -2901,7 +2948,10 @@ impl Control {
                         .clients_refused
                         .fetch_add(1, Ordering::Relaxed);
                     let text = format!("this broker serves {total} clients, its most");
-                    reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                    reply(
+                        &mut self.router,
+                        &[wire::MAGIC, wire::ERROR, text.as_bytes()],
+                    );
                     return;
                 }
                 if let Err(text) = d.attach(*announcement, report, key, now) {
@@ -2911,15 +2961,24 @@ impl Control {
                         .fetch_add(1, Ordering::Relaxed)
                         + 1;
                     log_drop(n, "an attach", &text);
-                    reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                    reply(
+                        &mut self.router,
+                        &[wire::MAGIC, wire::ERROR, text.as_bytes()],
+                    );
                     return;
                 }
                 let (version, body) = d.view();
                 let v = version.to_string();
                 if version == view {
-                    reply(&self.router, &[wire::MAGIC, wire::SAME, v.as_bytes()]);
+                    reply(&mut self.router, &[wire::MAGIC, wire::SAME, v.as_bytes()]);
                 } else {
-                    reply(&self.router, &[wire::MAGIC, wire::VIEW, v.as_bytes(), body]);
+                    send_reply(
+                        &mut self.router,
+                        &counters,
+                        who,
+                        &[wire::MAGIC, wire::VIEW, v.as_bytes()],
+                        Some(body),
+                    );
                 }
             }
             BrokerRequest::Detach { node_id, key } => {
@@ -2939,24 +2998,34 @@ impl Control {
                 header,
                 announcement,
             } => {
-                let total: usize = self.domains.iter().map(|d| d.registry.len()).sum();
+                let total = self.domains.iter().fold((0, 0), |(n, b), d| {
+                    (n + d.registry.len(), b + d.registry.bytes())
+                });
                 let d = match self.domain_index(&header.domain) {
                     Ok(i) => &mut self.domains[i],
                     Err(text) => {
-                        reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                        reply(
+                            &mut self.router,
+                            &[wire::MAGIC, wire::ERROR, text.as_bytes()],
+                        );
                         return;
                     }
                 };
-                let registered = d.registry.register(who, &header, announcement, total, now);
+                let registered = d
+                    .registry
+                    .register_in(who, &header, announcement, total, now);
                 let text = match registered {
                     Ok(true) => return,
                     Ok(false) => {
-                        reply(&self.router, &[wire::MAGIC, wire::ANNOUNCE]);
+                        reply(&mut self.router, &[wire::MAGIC, wire::ANNOUNCE]);
                         return;
                     }
                     Err(Refused::Full) => {
-                        limited!(warn, node = %header.node_id, "refused a registration: the registry holds its most nodes");
-                        format!("this registry holds {total} nodes, its most")
+                        limited!(warn, node = %header.node_id, "refused a registration: the registry holds its most nodes or bytes");
+                        format!(
+                            "this registry holds {} nodes and {} bytes of announcements, its most (20,000 nodes, 256 MiB)",
+                            total.0, total.1
+                        )
                     }
                     Err(Refused::Taken) => {
                         limited!(warn, node = %header.node_id, "refused a registration: the node id is a client's of this broker");
@@ -2966,7 +3035,10 @@ impl Control {
                 self.counters
                     .registry_refused
                     .fetch_add(1, Ordering::Relaxed);
-                reply(&self.router, &[wire::MAGIC, wire::ERROR, text.as_bytes()]);
+                reply(
+                    &mut self.router,
+                    &[wire::MAGIC, wire::ERROR, text.as_bytes()],
+                );
             }
             BrokerRequest::Unregister { domain, node_id } => {
                 for d in self.domains.iter_mut().filter(|d| d.hello.domain == domain) {
@@ -2984,9 +3056,50 @@ impl Control {
                 parts.extend(msg.iter().map(Vec::as_slice));
                 if self.router.send_multipart(parts, zmq::DONTWAIT).is_ok() {
                     self.fed.told(&peer, told);
+                } else {
+                    self.counters
+                        .replies_dropped
+                        .fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
+    }
+}
+
+/// Most answers queued for one connection to the listen port: a peer
+/// that asks and never reads holds at most this many (a view each is
+/// shared, not copied), and the rest are dropped and counted
+/// (`replies_dropped`).
+const CONTROL_HWM: i32 = 16;
+
+/// Sends the answer `[who, parts..., body]` without waiting, the body (a
+/// view) shared rather than copied; counted in `replies_dropped` when
+/// the connection's queue is full or the peer is gone.
+fn send_reply(
+    router: &mut zmq::Socket,
+    counters: &BrokerCounters,
+    who: &[u8],
+    parts: &[&[u8]],
+    body: Option<bytes::Bytes>,
+) {
+    let has_body = body.is_some();
+    let send = || -> zmq::Result<()> {
+        router.send(who, zmq::SNDMORE | zmq::DONTWAIT)?;
+        for (i, p) in parts.iter().enumerate() {
+            let more = if i + 1 < parts.len() || has_body {
+                zmq::SNDMORE
+            } else {
+                0
+            };
+            router.send(*p, more | zmq::DONTWAIT)?;
+        }
+        if let Some(b) = body {
+            zmq_io::send_bytes(router, b, zmq::DONTWAIT)?;
+        }
+        Ok(())
+    };
+    if send().is_err() {
+        counters.replies_dropped.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -3078,7 +3191,7 @@ fn open_domain_io(
         others: BTreeMap::new(),
         peer_to_peer: HashSet::new(),
         view_version: 0,
-        view: Vec::new(),
+        view: bytes::Bytes::new(),
         dirty: true,
         registry: Table::new(Duration::from_millis(spec.lease_ms)),
         key: spec
@@ -3114,6 +3227,7 @@ fn listen_monitor(ctx: &ContextRef, router: &mut zmq::Socket) -> Result<zmq::Soc
     let reader = || -> Result<zmq::Socket, OpenError> {
         let pair = ctx.socket(zmq::PAIR)?;
         pair.set_linger(0).map_err(&err)?;
+        zmq_io::unbounded_monitor_queue(&pair).map_err(&err)?;
         pair.connect(&ep).map_err(&err)?;
         Ok(pair)
     };
@@ -3155,6 +3269,10 @@ pub(crate) fn start(
     router
         .set_maxmsgsize(wire::MAX_REQUEST_BYTES as i64)
         .map_err(&err)?;
+    // A full connection's answer fails (counted) rather than being
+    // dropped unseen, and a connection queues few.
+    router.set_router_mandatory(true).map_err(&err)?;
+    router.set_sndhwm(CONTROL_HWM).map_err(&err)?;
     router.set_ipv6(host.starts_with('[')).map_err(&err)?;
     secure(&spec, &mut router, &listen_ep)?;
     let listen = zmq_io::bind(&router, &spec.listen)?;
@@ -3226,6 +3344,10 @@ pub(crate) fn start(
     Ok(running)
 }
 
+/// Most DEALERs the calls relay holds to peer-to-peer services (and other
+/// brokers' calls sockets) at once.
+const MAX_RELAY_DEALERS: usize = 256;
+
 /// Where the calls plane relays a call to a peer-to-peer service: by
 /// its tag (`<node id>/e<hash of its endpoint>`), its endpoint.
 #[derive(Default)]
@@ -3258,8 +3380,11 @@ struct CallPlane {
     me: String,
     calls: zmq::Socket,
     services: zmq::Socket,
-    /// DEALERs to peer-to-peer services, by tag.
+    /// DEALERs to peer-to-peer services, by tag: at most
+    /// [`MAX_RELAY_DEALERS`], the least recently used closed for a new one.
     out: HashMap<String, zmq::Socket>,
+    /// When each DEALER of `out` last relayed a call.
+    used: HashMap<String, Instant>,
     /// The key each DEALER of `out` reached its server with (security on).
     out_keys: HashMap<String, String>,
     /// With security on: the broker's identity, which its DEALERs to
@@ -3307,6 +3432,7 @@ impl CallPlane {
                 calls,
                 services,
                 out: HashMap::new(),
+                used: HashMap::new(),
                 out_keys: HashMap::new(),
                 security: spec.security.clone(),
                 table: Arc::new(Mutex::new(ServiceTable::default())),
@@ -3373,6 +3499,8 @@ impl CallPlane {
         self.out
             .retain(|tag, _| t.endpoints.contains_key(tag) && t.servers.get(tag) == keys.get(tag));
         keys.retain(|tag, _| self.out.contains_key(tag));
+        let out = &self.out;
+        self.used.retain(|tag, _| out.contains_key(tag));
     }
 
     /// Relays what callers sent: `[caller, request...]`.
@@ -3428,10 +3556,14 @@ impl CallPlane {
                 with_id.extend(msg);
                 send_all_checked(&self.services, with_id)
             } else {
-                match self.dealer(&tag) {
+                let sent = match self.dealer(&tag) {
                     Some(d) => send_all_checked(d, msg),
                     None => false,
+                };
+                if let Some(t) = self.used.get_mut(&tag) {
+                    *t = Instant::now();
                 }
+                sent
             };
             if !sent {
                 self.counters
@@ -3445,6 +3577,24 @@ impl CallPlane {
     /// The DEALER to the peer-to-peer service tagged `tag`, connected on
     /// first use.
     fn dealer(&mut self, tag: &str) -> Option<&zmq::Socket> {
+        if !self.out.contains_key(tag) && self.out.len() >= MAX_RELAY_DEALERS {
+            // Each DEALER is a socket of the process (libzmq has 1,023)
+            // and a connection: a client calling ever new services (a
+            // registered node can announce thousands) must not take them
+            // all. A call in flight on the one closed gets no reply (its
+            // caller's deadline ends it).
+            if let Some(lru) = self
+                .used
+                .iter()
+                .min_by_key(|(_, t)| **t)
+                .map(|(tag, _)| tag.clone())
+            {
+                limited!(info, service = %lru, "the calls relay closed its connection to the service it used least recently: it holds {MAX_RELAY_DEALERS}");
+                self.out.remove(&lru);
+                self.out_keys.remove(&lru);
+                self.used.remove(&lru);
+            }
+        }
         if !self.out.contains_key(tag) {
             let (endpoint, key) = {
                 let t = lock(&self.table);
@@ -3474,6 +3624,7 @@ impl CallPlane {
             };
             s.connect(&endpoint).ok()?;
             self.out.insert(tag.to_owned(), s);
+            self.used.insert(tag.to_owned(), Instant::now());
             if let Some(k) = key {
                 self.out_keys.insert(tag.to_owned(), k);
             }
@@ -3699,13 +3850,20 @@ mod tests {
     #[test]
     fn a_port_keeps_the_counts_and_live_declarations_its_subscribers_asked_for() {
         let mut i = Interest::default();
-        i.note(b"\x01a");
-        i.note(b"\x01a");
-        i.note(b"\x00a");
+        // The first subscriber and the last to leave go on; the others
+        // are counted here only.
+        assert!(i.note(b"\x01a"));
+        assert!(!i.note(b"\x01a"));
+        assert!(!i.note(b"\x01a"));
+        assert!(!i.note(b"\x00a"));
+        assert!(!i.note(b"\x00a"));
         assert_eq!(i.topics.get(&b"a"[..]), Some(&1));
-        i.note(b"\x00a");
+        assert!(i.note(b"\x00a"));
         assert!(i.topics.is_empty());
-        i.note(b"\x00never");
+        assert!(i.note(b"\x00never"), "not tracked: goes on as it came");
+        let long = [&[1u8][..], &[b'x'; 2000][..]].concat();
+        assert!(i.note(&long) && i.note(&long), "too long to track");
+        assert!(i.topics.is_empty());
         assert!(
             i.topics.is_empty(),
             "an unsubscribe of nothing changes nothing"

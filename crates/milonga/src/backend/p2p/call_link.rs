@@ -55,6 +55,7 @@ impl CallLink {
             .map_err(sock_err("monitor"))?;
         let monitor = p2p.ctx().socket(zmq::PAIR)?;
         monitor.set_linger(0).map_err(sock_err("monitor"))?;
+        zmq_io::unbounded_monitor_queue(&monitor).map_err(sock_err("monitor"))?;
         monitor.connect(&mon).map_err(sock_err("monitor"))?;
         p2p.secure_client(&sock, endpoint)
             .map_err(|source| OpenError::Socket {

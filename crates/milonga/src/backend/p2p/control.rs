@@ -73,7 +73,9 @@ pub const CONTROL_INFO: &[u8] = milonga_wire::control::INFO;
 pub struct NodeInfo {
     /// The node's announcement.
     pub announcement: Announcement,
-    /// The node's counters.
+    /// The node's counters (absent from a reply: all 0; docs/protocol.md
+    /// §9.1).
+    #[serde(default)]
     pub stats: NodeStats,
     /// The `tcp://` control endpoints at which it checked other nodes of
     /// its domain (at most 1,024; loopback ones only to an asker on
@@ -155,6 +157,7 @@ pub(crate) fn monitor(p2p: &P2p, sock: &zmq::Socket, what: &str) -> Result<zmq::
         .map_err(err)?;
     let pair = p2p.ctx().socket(zmq::PAIR)?;
     pair.set_linger(0).map_err(err)?;
+    zmq_io::unbounded_monitor_queue(&pair).map_err(err)?;
     pair.connect(&ep).map_err(err)?;
     Ok(pair)
 }

@@ -287,8 +287,11 @@ impl Federation {
         }
         link.their_out = header.links;
         for l in lsas {
-            // What the peer told need not be told back to it.
-            link.told.insert(l.broker.clone(), l.seq);
+            // What the peer told need not be told back to it (at most
+            // what a message carries; pruned in `tick`).
+            if link.told.len() < 4 * wire::MAX_LSAS || link.told.contains_key(&l.broker) {
+                link.told.insert(l.broker.clone(), l.seq);
+            }
             if l.broker == self.me {
                 continue;
             }
@@ -380,6 +383,12 @@ impl Federation {
         });
         self.lsdb
             .retain(|_, k| now.duration_since(k.fresh) <= lease);
+        // What each peer was told of brokers no longer known goes too (a
+        // peer naming ever new brokers must not grow it without end).
+        let (me, lsdb) = (&self.me, &self.lsdb);
+        for l in self.links.values_mut() {
+            l.told.retain(|b, _| b == me || lsdb.contains_key(b));
+        }
         let neighbors: Vec<String> = self.links.keys().cloned().collect();
         if neighbors != self.mine.neighbors
             || domains != self.mine.domains

@@ -29,7 +29,9 @@ use crate::util::stats;
 /// Most nodes one registry holds, over all its domains' tables; a node
 /// beyond is refused with an error it logs (`registry_refused`).
 pub(crate) const MAX_NODES: usize = 20_000;
-/// Most bytes of announcements one domain's table holds.
+/// Most bytes of announcements a broker's tables hold, over all its
+/// domains (registered nodes'; those of its clients that registered
+/// nodes see are counted in their domain's table).
 pub(crate) const MAX_TABLE_BYTES: usize = 256 << 20;
 /// Most removals listed; beyond, the oldest is forgotten (and a view older
 /// than it is sent the whole table again).
@@ -128,6 +130,11 @@ impl Table {
         self.entries.len()
     }
 
+    /// The bytes of the announcements it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     fn bump(&mut self, node_id: &str, old: Option<u64>) -> u64 {
         if let Some(v) = old {
             self.by_version.remove(&v);
@@ -140,12 +147,27 @@ impl Table {
     /// A `register` from connection `who`; `total` is how many nodes the
     /// broker's tables hold in all. `Ok(false)`: the node is not in the
     /// table and sent no announcement (it should, `announce`).
+    #[cfg(test)]
     pub(crate) fn register(
         &mut self,
         who: &[u8],
         header: &RegisterHeader,
         announcement: Option<Vec<u8>>,
         total: usize,
+        now: Instant,
+    ) -> Result<bool, Refused> {
+        let bytes = self.bytes;
+        self.register_in(who, header, announcement, (total, bytes), now)
+    }
+
+    /// [`Table::register`], with `total` the nodes and the bytes of
+    /// announcements the broker's tables hold in all.
+    pub(crate) fn register_in(
+        &mut self,
+        who: &[u8],
+        header: &RegisterHeader,
+        announcement: Option<Vec<u8>>,
+        (total, total_bytes): (usize, usize),
         now: Instant,
     ) -> Result<bool, Refused> {
         let id = &header.node_id;
@@ -162,10 +184,10 @@ impl Table {
                 .map(|e| (e.json == json, e.version, e.json.len()))
             {
                 Some((true, _, _)) => {}
-                Some((false, _, len)) if self.bytes - len + json.len() > MAX_TABLE_BYTES => {
+                Some((false, _, len)) if total_bytes - len + json.len() > MAX_TABLE_BYTES => {
                     return Err(Refused::Full)
                 }
-                None if total >= MAX_NODES || self.bytes + json.len() > MAX_TABLE_BYTES => {
+                None if total >= MAX_NODES || total_bytes + json.len() > MAX_TABLE_BYTES => {
                     return Err(Refused::Full)
                 }
                 _ => self.put(id, json, false, now),

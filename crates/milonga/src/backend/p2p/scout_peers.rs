@@ -551,6 +551,7 @@ fn query(
             s.monitor(ep, zmq_io::AUTH_FAILED).map_err(err)?;
             let m = ctx.socket(zmq::PAIR)?;
             m.set_linger(0).map_err(err)?;
+            zmq_io::unbounded_monitor_queue(&m).map_err(err)?;
             m.connect(ep).map_err(err)?;
             Some(m)
         }

@@ -440,6 +440,7 @@ fn connect(
             s.monitor(m, zmq_io::AUTH_FAILED).map_err(err("monitor"))?;
             let r = ctx.socket(zmq::PAIR)?;
             let _ = r.set_linger(0);
+            let _ = zmq_io::unbounded_monitor_queue(&r);
             if let Err(e) = r.connect(m) {
                 zmq_io::stop_monitor(&mut s);
                 return Err(err("monitor")(e));

@@ -163,6 +163,7 @@ impl Spec {
         .map_err(cfg_err)?;
         let monitor = ctx.socket(zmq::PAIR)?;
         monitor.set_linger(0).map_err(cfg_err)?;
+        zmq_io::unbounded_monitor_queue(&monitor).map_err(cfg_err)?;
         monitor.connect(&mon_ep).map_err(cfg_err)?;
         sock.connect(&self.wake_ep)
             .map_err(|source: zmq::Error| OpenError::Socket {

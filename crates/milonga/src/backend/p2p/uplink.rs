@@ -234,6 +234,21 @@ fn dealer_unconnected(
     Ok(sock)
 }
 
+/// A hello's DEALER and the reader of its handshake monitor: the
+/// monitor stops before the reader goes, whichever way the hello ends
+/// (libzmq's I/O thread would block for good on an event for a reader
+/// gone: see `zmq_io::stop_monitor`).
+struct Asking {
+    sock: zmq::Socket,
+    monitor: zmq::Socket,
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        crate::backend::p2p::zmq_io::stop_monitor(&mut self.sock);
+    }
+}
+
 /// How long, once a broker answered, the answer of one listed before it
 /// is awaited (the locator's order is the order of preference).
 const PREFERENCE_WAIT: Duration = Duration::from_millis(50);
@@ -257,10 +272,13 @@ pub(crate) fn hello(
         // A handshake that fails says why the broker does not answer (the
         // monitor first, so that it sees the first handshake).
         let monitor = handshake_monitor(&ctx, &sock)?;
-        connect(&sock, &b.endpoint)?;
+        let mut asking = Asking { sock, monitor };
+        connect(&asking.sock, &b.endpoint)?;
         let req: [&[u8]; 3] = [wire::MAGIC, wire::HELLO, domain.as_bytes()];
-        if sock.send_multipart(req, zmq::DONTWAIT).is_ok() {
-            socks.push((b, sock, monitor));
+        if asking.sock.send_multipart(req, zmq::DONTWAIT).is_ok() {
+            socks.push((b, asking));
+        } else {
+            crate::backend::p2p::zmq_io::stop_monitor(&mut asking.sock);
         }
     }
     let start = Instant::now();
@@ -281,7 +299,12 @@ pub(crate) fn hello(
         }
         let mut items: Vec<zmq::PollItem> = socks
             .iter()
-            .flat_map(|(_, s, m)| [s.as_poll_item(zmq::POLLIN), m.as_poll_item(zmq::POLLIN)])
+            .flat_map(|(_, a)| {
+                [
+                    a.sock.as_poll_item(zmq::POLLIN),
+                    a.monitor.as_poll_item(zmq::POLLIN),
+                ]
+            })
             .collect();
         let ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
         if !matches!(zmq::poll(&mut items, ms), Ok(n) if n > 0) {
@@ -289,7 +312,7 @@ pub(crate) fn hello(
         }
         let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
         drop(items);
-        for (i, (b, sock, monitor)) in socks.iter().enumerate() {
+        for (i, (b, Asking { sock, monitor })) in socks.iter().enumerate() {
             let broker = &b.endpoint;
             if ready[2 * i + 1] {
                 // A refused key or another mechanism is an answer; a
@@ -463,6 +486,8 @@ fn attach_socket(
         .map_err(err)?;
     let monitor = ctx.socket(zmq::PAIR)?;
     monitor.set_linger(0).map_err(err)?;
+    crate::backend::p2p::zmq_io::unbounded_monitor_queue(&monitor).map_err(err)?;
+    crate::backend::p2p::zmq_io::unbounded_monitor_queue(&monitor).map_err(err)?;
     monitor.connect(&ep).map_err(err)?;
     Ok((sock, monitor))
 }
@@ -488,6 +513,8 @@ pub(crate) fn handshake_monitor(
         .map_err(err)?;
     let monitor = ctx.socket(zmq::PAIR)?;
     monitor.set_linger(0).map_err(err)?;
+    crate::backend::p2p::zmq_io::unbounded_monitor_queue(&monitor).map_err(err)?;
+    crate::backend::p2p::zmq_io::unbounded_monitor_queue(&monitor).map_err(err)?;
     monitor.connect(&ep).map_err(err)?;
     Ok(monitor)
 }
@@ -511,6 +538,9 @@ fn handshake_failure(monitor: &zmq::Socket, b: &BrokerAt) -> Option<(String, boo
         (Some(c), _) => format!(
             " (the secured handshake with {broker} failed: is its security on, and does it hold the key {}? Name the broker's key NAME@HOST:PORT in the locator; docs/broker.md)",
             c.server.fingerprint()
+        ),
+        (None, zmq_sys::ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) => format!(
+            " (the handshake with {broker} was cut short: it may be stopping, or its security may be on while this node's is off; docs/broker.md)"
         ),
         (None, _) => format!(
             " (the handshake with {broker} failed: its security may be on while this node's is off; docs/broker.md)"
@@ -550,8 +580,10 @@ impl BrokerSource {
             moved: None,
             lost_since: None,
             next_try: now,
-            interval: Duration::from_millis(up.hello.attach_interval_ms.max(10)),
-            lease: Duration::from_millis(up.hello.lease_ms.max(100)),
+            // Within bounds whatever a broker says (a hostile one's hello
+            // must not overflow the clock arithmetic below).
+            interval: Duration::from_millis(up.hello.attach_interval_ms.clamp(10, 60_000)),
+            lease: Duration::from_millis(up.hello.lease_ms.clamp(100, 3_600_000)),
             current: up,
             core,
             announcement: Vec::new(),
@@ -837,5 +869,74 @@ mod tests {
         );
         assert_eq!(untagged("tcp://10.0.0.5:4001#00ff"), "tcp://10.0.0.5:4001");
         assert_eq!(untagged("tcp://10.0.0.5:4001"), "tcp://10.0.0.5:4001");
+    }
+
+    /// A broker that answers every hello for `domain`, on a thread.
+    fn answering_broker(domain: &str) -> (String, std::thread::JoinHandle<()>) {
+        let ctx = ContextRef::acquire();
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.set_linger(0).unwrap();
+        router.bind("tcp://127.0.0.1:*").unwrap();
+        let ep = router.get_last_endpoint().unwrap().unwrap();
+        let at = ep.clone();
+        let hello = serde_json::to_vec(&serde_json::json!({
+            "domain": domain, "node_id": "00".repeat(16),
+            "data_best_effort_in": at, "data_reliable_in": at, "liveliness_in": at,
+            "data_best_effort_out": at, "data_reliable_out": at, "liveliness_out": at,
+            "calls": at, "services_in": at, "attach_interval_ms": 250, "lease_ms": 1000
+        }))
+        .unwrap();
+        let t = std::thread::spawn(move || {
+            let _ctx = ctx;
+            // Two hellos (one from each `hello` below), then done.
+            for _ in 0..2 {
+                let Ok(mut f) = router.recv_multipart(0) else {
+                    return;
+                };
+                f.truncate(3);
+                f.push(hello.clone());
+                let _ = router.send_multipart(f, 0);
+            }
+        });
+        (ep, t)
+    }
+
+    #[test]
+    fn a_handshake_failing_after_a_hello_returned_leaves_the_io_thread_running() {
+        // The second broker listed accepts the connection and says
+        // nothing; the first answers, so `hello` returns while the second
+        // one's handshake is under way. That connection is then reset:
+        // libzmq reports the failed handshake to the hello's monitor from
+        // its I/O thread, with a blocking send. Were the monitor's reader
+        // gone with the monitor still on, that send would never return
+        // and every socket of the process would stop (seen in a failover
+        // test: the client never reached the next broker).
+        let (good, answering) = answering_broker("lab");
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let silent_ep = format!("tcp://{}", silent.local_addr().unwrap());
+        let cfg = crate::Config::new("milonga:///lab", "hs-test");
+        let brokers = [
+            BrokerAt {
+                endpoint: good.clone(),
+                curve: None,
+            },
+            BrokerAt {
+                endpoint: silent_ep,
+                curve: None,
+            },
+        ];
+        let up = hello(&cfg, &brokers, "lab", Duration::from_secs(10)).expect("the first answers");
+        assert_eq!(up.broker, good);
+        // The second's connection, accepted and mid-handshake, reset.
+        let (conn, _) = silent.accept().unwrap();
+        socket2::SockRef::from(&conn)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(conn);
+        std::thread::sleep(Duration::from_millis(200));
+        // The I/O thread still runs: another hello is answered.
+        let again = hello(&cfg, &brokers[..1], "lab", Duration::from_secs(5));
+        assert!(again.is_ok(), "no answer after the reset: {again:?}");
+        answering.join().unwrap();
     }
 }

@@ -482,6 +482,18 @@ pub(crate) fn auth_refusal(mon: &zmq::Socket) -> Option<u32> {
     refused
 }
 
+/// Lets the monitor reader `reader` (before it connects) take every event
+/// libzmq sends it, however many: libzmq's I/O thread sends monitor
+/// events with a blocking send, so a reader whose queue were full (one
+/// not read for a while, as an idle call connection's to a server that
+/// went away, whose reconnection attempts are events) would stall every
+/// socket of the context. The queue's size is then the events' (tens of
+/// bytes each, a few a second at most per socket), until they are read
+/// or the monitor stops.
+pub(crate) fn unbounded_monitor_queue(reader: &zmq::Socket) -> zmq::Result<()> {
+    reader.set_rcvhwm(0)
+}
+
 /// Stops the socket monitor of `sock`. Must run before the PAIR socket
 /// reading the monitor is closed: libzmq sends monitor events with a
 /// blocking send from its I/O thread, so an event with nobody to take it
@@ -704,6 +716,63 @@ impl Drop for Frame {
 mod tests {
     use super::*;
     use crate::model::error::OpenError;
+
+    #[test]
+    fn a_monitor_nobody_reads_never_stalls_the_io_thread() {
+        // A socket retrying a closed port every millisecond: an event each
+        // time, which its monitor's reader does not read. libzmq sends
+        // them with a blocking send from the I/O thread; past a bounded
+        // queue's 2,000 frames that send, and every socket of the
+        // context, would stop for good.
+        let ctx = ContextRef::acquire();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let mut retrying = ctx.socket(zmq::DEALER).unwrap();
+        retrying.set_linger(0).unwrap();
+        retrying.set_reconnect_ivl(1).unwrap();
+        retrying.set_reconnect_ivl_max(1).unwrap();
+        let ep = format!(
+            "inproc://milonga-test-unread-monitor-{}",
+            std::process::id()
+        );
+        retrying
+            .monitor(&ep, zmq_sys::ZMQ_EVENT_CONNECT_RETRIED as i32)
+            .unwrap();
+        let reader = ctx.socket(zmq::PAIR).unwrap();
+        reader.set_linger(0).unwrap();
+        unbounded_monitor_queue(&reader).unwrap();
+        reader.connect(&ep).unwrap();
+        retrying
+            .connect(&format!("tcp://127.0.0.1:{port}"))
+            .unwrap();
+        // Meanwhile, TCP through the same I/O thread keeps working.
+        let pull = ctx.socket(zmq::PULL).unwrap();
+        pull.set_linger(0).unwrap();
+        pull.bind("tcp://127.0.0.1:*").unwrap();
+        let at = pull.get_last_endpoint().unwrap().unwrap();
+        let push = ctx.socket(zmq::PUSH).unwrap();
+        push.set_linger(0).unwrap();
+        push.connect(&at).unwrap();
+        for round in 0..6 {
+            std::thread::sleep(std::time::Duration::from_millis(700));
+            push.send(&b"ping"[..], zmq::DONTWAIT).unwrap();
+            let mut items = [pull.as_poll_item(zmq::POLLIN)];
+            let got = zmq::poll(&mut items, 5_000).unwrap();
+            assert_eq!(got, 1, "round {round}: the I/O thread stalled");
+            pull.recv_bytes(0).unwrap();
+        }
+        // More events came than a bounded queue holds: the case was made.
+        let mut frames = 0;
+        while reader.recv_bytes(zmq::DONTWAIT).is_ok() {
+            frames += 1;
+        }
+        stop_monitor(&mut retrying);
+        assert!(
+            frames > 2_000,
+            "only {frames} event frames in 4 s: the retries were too slow to test this"
+        );
+    }
 
     /// The kernel's timers of the TCP connections whose remote port is
     /// `port`, from /proc/net/tcp and tcp6 (`tr`: 0 none, 1 retransmit,
