@@ -1523,7 +1523,10 @@ fn large_samples_reach_a_broker_client_through_the_socket_beside_a_shared_memory
 /// each kind of peer connects (a "publisher" sending corrupt samples under
 /// a client's own subscription, a "subscriber" sending subscriptions and
 /// requests nobody defined, callers with malformed calls, a "server" with
-/// malformed replies). The broker forwards what it does not read (a frame
+/// malformed replies), and a peer of its listen port that asks 40,000
+/// times and never reads (its answers past what the kernel buffers and
+/// the 16 queued for it are dropped and counted, `replies_dropped`). The
+/// broker forwards what it does not read (a frame
 /// is not decoded on the way: the client counts it), counts what it reads
 /// and cannot use and the bad connections to its listen port, and goes on
 /// serving: the
@@ -1645,6 +1648,20 @@ fn garbage_at_every_socket_of_the_broker_leaves_it_serving_everyone_else() {
     server
         .send_multipart([&b"not an envelope"[..], b"reply"], 0)
         .unwrap();
+    // A peer of the listen port that asks and never reads: its answers
+    // fill the kernel's buffers, then the 16 the broker queues for a
+    // connection; the rest are dropped and counted, not kept.
+    let asker = ctx.socket(zmq::DEALER).unwrap();
+    asker.set_linger(0).unwrap();
+    asker.set_rcvhwm(1).unwrap();
+    asker
+        .connect(broker.listening["listen"].as_str().unwrap())
+        .unwrap();
+    for _ in 0..40_000 {
+        asker
+            .send_multipart([&b"MILONGA-BRK/1"[..], b"hello", env.domain.as_bytes()], 0)
+            .unwrap();
+    }
     put(10);
 
     // The client's stream: every number, in order, nothing lost.
@@ -1689,6 +1706,7 @@ fn garbage_at_every_socket_of_the_broker_leaves_it_serving_everyone_else() {
         let v = broker.stats_from_now();
         if v["stats"]["requests_malformed"].as_u64() >= Some(before + 4)
             && v["stats"]["handshakes_failed"].as_u64() >= Some(2)
+            && v["stats"]["replies_dropped"].as_u64() >= Some(1)
         {
             break v;
         }
