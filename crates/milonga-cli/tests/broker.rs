@@ -2114,3 +2114,47 @@ fn another_connection_cannot_take_a_clients_place_or_send_its_callers_elsewhere(
         "a call reached the connection that took the service's tag"
     );
 }
+
+/// A subscription sent again and again (a flood, or as many subscribers)
+/// reaches the publishers behind the broker once: the broker passes a
+/// topic on when its first subscriber on a side asks, not each time
+/// (docs/broker.md "Limits"). Before, each of the 5,000 copies went on to
+/// every publisher the broker reads.
+#[test]
+fn a_subscription_repeated_reaches_the_publishers_behind_the_broker_once() {
+    let env = Env::new("brk-resub");
+    let broker = env.broker(&[]);
+    let l = broker.locator.clone();
+    let client = Node::open_with(env.config_at(&l, "client")).unwrap();
+    let _sub = client
+        .subscribe_with("rp/**", milonga::SubscriberQos::default().reliable())
+        .unwrap();
+    let peer = env.node("peer");
+    let p = peer
+        .publisher_with("rp/x", milonga::PublisherQos::reliable())
+        .unwrap();
+    wait_for("the client's subscription at the publisher", T, || {
+        p.subscriber_count() >= 1
+    });
+    let eps = &broker.listening["endpoints"][0];
+    let out = eps["data_reliable_out"].as_str().unwrap();
+    let ctx = zmq::Context::new();
+    let flood = ctx.socket(zmq::XSUB).unwrap();
+    flood.set_linger(0).unwrap();
+    flood.connect(out).unwrap();
+    let before = peer.stats().subscription_messages;
+    for _ in 0..5_000 {
+        flood.send(&b"\x01rp/zz"[..], 0).unwrap();
+    }
+    // A marker after them: once it is there, the copies went before it.
+    flood.send(&b"\x01rp/yy"[..], 0).unwrap();
+    wait_for("the flood and the marker at the publisher", T, || {
+        peer.stats().subscription_messages >= before + 2
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let got = peer.stats().subscription_messages - before;
+    assert!(
+        got <= 10,
+        "{got} subscription messages reached the publisher for 5,001 sent"
+    );
+}
