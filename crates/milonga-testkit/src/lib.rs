@@ -203,7 +203,8 @@ pub fn free_port() -> u16 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let mut x = nanos ^ u64::from(std::process::id()) << 32 ^ CALLS.fetch_add(1, Ordering::Relaxed);
+    let mut x =
+        nanos ^ (u64::from(std::process::id()) << 32) ^ CALLS.fetch_add(1, Ordering::Relaxed);
     for _ in 0..64 {
         // xorshift64*
         x ^= x >> 12;

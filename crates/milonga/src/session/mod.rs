@@ -660,12 +660,22 @@ impl Host for NodeInner {
     }
 
     fn broker_report(&self) -> Vec<u8> {
+        // Within what a broker takes (docs/protocol.md §11.2): at most
+        // 256 expressions of at most 512 bytes, in at most 192 KiB with
+        // the counters (160 KiB for the expressions as JSON writes them).
+        let mut room = 160usize << 10;
         let subscriptions: Vec<String> = lock(&self.state)
             .subs
             .iter()
             .filter_map(Weak::upgrade)
-            .take(256)
             .map(|s| s.expr().as_str().to_owned())
+            .filter(|e| e.len() <= milonga_wire::key::MAX_KEY_BYTES)
+            .take_while(|e| {
+                let json = serde_json::to_string(e).map_or(usize::MAX, |j| j.len() + 1);
+                room = room.saturating_sub(json);
+                room > 0
+            })
+            .take(milonga_wire::broker::MAX_REPORT_SUBSCRIPTIONS)
             .collect();
         let mut stats: std::collections::BTreeMap<String, u64> =
             match serde_json::to_value(self.core.counters.snapshot()) {

@@ -453,21 +453,40 @@ const MAX_TRACKED: usize = 65_536;
 /// Longest subscription topic a port's [`Interest`] keeps.
 const MAX_TRACKED_TOPIC_BYTES: usize = 1024;
 
+/// What becomes of an upstream message once its port took note of it
+/// ([`Interest::note`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Pass {
+    /// Another subscriber of a topic the port asked for already, or one
+    /// of several leaving: it stops here.
+    Skip,
+    /// The port's first subscriber of the topic, or its last leaving: it
+    /// goes on where no other port has asked for the topic
+    /// ([`Plane::held_elsewhere`]).
+    Edge,
+    /// Not tracked (a query, a declaration, a topic past the limits): it
+    /// goes on as it came.
+    Always,
+}
+
 impl Interest {
-    /// Takes note of an upstream message; whether it goes on to the other
-    /// ports. A port's subscription to a topic is forwarded once, when
-    /// its first subscriber asks, and withdrawn once, when its last one
-    /// leaves: the other ports' sockets count ports, not subscribers, so
+    /// Takes note of an upstream message; what becomes of it. A port's
+    /// subscription to a topic goes on once, when its first subscriber
+    /// asks, and is withdrawn once, when its last one leaves, and only to
+    /// the sockets that no other port's subscription to it reached: so
     /// that a subscribe repeated a million times (a flood, or a million
-    /// subscribers) costs the other ports and the publishers behind them
-    /// one message, and a link made later is told each topic once. What
-    /// is not tracked (past [`MAX_TRACKED`] topics) goes on every time.
-    fn note(&mut self, msg: &[u8]) -> bool {
+    /// subscribers) costs the publishers behind them one message, and so
+    /// that each socket (whose libzmq XSUB passes every subscribe but only
+    /// the last unsubscribe on) hears each topic once and its withdrawal
+    /// once, and the publishers' counts return to 0. A link made later is
+    /// told each topic once. What is not tracked (past [`MAX_TRACKED`]
+    /// topics) goes on every time.
+    fn note(&mut self, msg: &[u8]) -> Pass {
         match msg.split_first() {
             Some((1, topic)) => {
                 if let Some(n) = self.topics.get_mut(topic) {
                     *n = n.saturating_add(1);
-                    false
+                    Pass::Skip
                 } else {
                     // A topic longer than any key's subscription (a key
                     // of 512 bytes behind a filter's prefix) is passed on
@@ -475,22 +494,24 @@ impl Interest {
                     // memory here.
                     if self.topics.len() < MAX_TRACKED && topic.len() <= MAX_TRACKED_TOPIC_BYTES {
                         self.topics.insert(topic.to_vec(), 1);
+                        Pass::Edge
+                    } else {
+                        Pass::Always
                     }
-                    true
                 }
             }
             Some((0, topic)) => match self.topics.get_mut(topic) {
                 Some(n) if *n > 1 => {
                     *n -= 1;
-                    false
+                    Pass::Skip
                 }
                 Some(_) => {
                     self.topics.remove(topic);
-                    true
+                    Pass::Edge
                 }
                 // Not tracked: its subscribe went on (or there was none,
                 // and the other ports ignore it).
-                None => true,
+                None => Pass::Always,
             },
             Some((&milonga_wire::filter::DECLARE_TAG, _)) => {
                 if self.decls.len() < MAX_TRACKED {
@@ -498,9 +519,9 @@ impl Interest {
                         self.decls.insert(d.filter.id_for(&d.keys), msg.to_vec());
                     }
                 }
-                true
+                Pass::Always
             }
-            _ => true,
+            _ => Pass::Always,
         }
     }
 
@@ -1186,13 +1207,12 @@ impl PlaneIo {
         let others = std::iter::once(&self.clients_interest)
             .chain(std::iter::once(&self.domain_interest))
             .chain(self.links.values().map(|l| &l.interest));
-        // Each port's topics once ([`Interest::note`]).
-        for i in others {
-            for topic in i.topics.keys() {
-                let mut m = vec![1u8];
-                m.extend_from_slice(topic);
-                let _ = inp.send(&m[..], zmq::DONTWAIT);
-            }
+        // Each topic any port asked for, once ([`Interest::note`]).
+        let topics: BTreeSet<&Vec<u8>> = others.flat_map(|i| i.topics.keys()).collect();
+        for topic in topics {
+            let mut m = vec![1u8];
+            m.extend_from_slice(topic);
+            let _ = inp.send(&m[..], zmq::DONTWAIT);
         }
         tracing::debug!(broker = %self.me, plane = ?self.plane, peer = %id, out = %bound, "a link opens");
         lock(&self.bound).insert(id.to_owned(), bound);
@@ -1240,13 +1260,21 @@ impl PlaneIo {
         };
         let _ = l.inp.set_linger(0);
         let _ = l.out.set_linger(0);
+        // Withdrawn where no other port still asks for it.
+        let gone = Port::Link(id.to_owned());
         for topic in l.interest.topics.keys() {
             let mut m = vec![0u8];
             m.extend_from_slice(topic);
-            let _ = self.from_clients.send(&m[..], zmq::DONTWAIT);
-            let _ = self.from_domain.send(&m[..], zmq::DONTWAIT);
-            for o in self.links.values() {
-                let _ = o.inp.send(&m[..], zmq::DONTWAIT);
+            if !self.held_elsewhere(topic, &gone, &Port::Clients) {
+                let _ = self.from_clients.send(&m[..], zmq::DONTWAIT);
+            }
+            if !self.held_elsewhere(topic, &gone, &Port::Domain) {
+                let _ = self.from_domain.send(&m[..], zmq::DONTWAIT);
+            }
+            for (oid, o) in &self.links {
+                if !self.held_elsewhere(topic, &gone, &Port::Link(oid.clone())) {
+                    let _ = o.inp.send(&m[..], zmq::DONTWAIT);
+                }
             }
         }
     }
@@ -1308,6 +1336,19 @@ impl PlaneIo {
     /// The links other than `but`.
     /// The links other than `but`; those leaving the tree too only if
     /// `retiring`.
+    /// Whether a port other than `but` that feeds `target`'s socket its
+    /// subscriptions (every port but `target` itself; the clients' own
+    /// too, for their publishers) has asked for `topic`: then `target`
+    /// heard it from there already, or still needs it.
+    fn held_elsewhere(&self, topic: &[u8], but: &Port, target: &Port) -> bool {
+        let feeds = |p: &Port| p != but && (p != target || *p == Port::Clients);
+        (feeds(&Port::Clients) && self.clients_interest.topics.contains_key(topic))
+            || (feeds(&Port::Domain) && self.domain_interest.topics.contains_key(topic))
+            || self.links.iter().any(|(id, l)| {
+                feeds(&Port::Link(id.clone())) && l.interest.topics.contains_key(topic)
+            })
+    }
+
     fn other_links(&self, but: &Port, retiring: bool) -> impl Iterator<Item = Port> + '_ {
         let but = match but {
             Port::Link(id) => Some(id.clone()),
@@ -1649,6 +1690,7 @@ impl PlaneIo {
             self.counters
                 .upstream_messages
                 .fetch_add(1, Ordering::Relaxed);
+            let mut edge = None;
             if let [only] = &frames[..] {
                 let interest = match src {
                     Port::Clients => Some(&mut self.clients_interest),
@@ -1656,10 +1698,10 @@ impl PlaneIo {
                     Port::Link(id) => self.links.get_mut(id).map(|l| &mut l.interest),
                 };
                 if let Some(i) = interest {
-                    if !i.note(only.bytes()) {
-                        // Another subscriber of a topic this port has
-                        // asked for already, or one of several leaving.
-                        continue;
+                    match i.note(only.bytes()) {
+                        Pass::Skip => continue,
+                        Pass::Edge => edge = only.bytes().get(1..).map(<[u8]>::to_vec),
+                        Pass::Always => {}
                     }
                     self.asked_changed |= *src == Port::Clients;
                     if let Some((&b @ (0 | 1), topic)) = only.bytes().split_first() {
@@ -1672,6 +1714,12 @@ impl PlaneIo {
                 targets.push(Port::Domain);
             }
             targets.extend(self.other_links(src, subscription));
+            if let Some(topic) = edge {
+                targets.retain(|t| !self.held_elsewhere(&topic, src, t));
+                if targets.is_empty() {
+                    continue;
+                }
+            }
             self.fan_out(targets, frames, |me, t, f| {
                 if let Some(s) = me.in_socket(t) {
                     send_frames(s, f);
@@ -3348,6 +3396,10 @@ pub(crate) fn start(
 /// brokers' calls sockets) at once.
 const MAX_RELAY_DEALERS: usize = 256;
 
+/// How long a relay DEALER must have carried no call and no reply before
+/// it may be closed for another.
+const RELAY_IDLE: Duration = Duration::from_secs(10);
+
 /// Where the calls plane relays a call to a peer-to-peer service: by
 /// its tag (`<node id>/e<hash of its endpoint>`), its endpoint.
 #[derive(Default)]
@@ -3481,6 +3533,9 @@ impl CallPlane {
                     let Some(Ok(frames)) = self.out.get(tag).map(recv_all) else {
                         break;
                     };
+                    if let Some(t) = self.used.get_mut(tag) {
+                        *t = Instant::now();
+                    }
                     self.reply(frames);
                 }
             }
@@ -3577,29 +3632,35 @@ impl CallPlane {
     /// The DEALER to the peer-to-peer service tagged `tag`, connected on
     /// first use.
     fn dealer(&mut self, tag: &str) -> Option<&zmq::Socket> {
-        if !self.out.contains_key(tag) && self.out.len() >= MAX_RELAY_DEALERS {
-            // Each DEALER is a socket of the process (libzmq has 1,023)
-            // and a connection: a client calling ever new services (a
-            // registered node can announce thousands) must not take them
-            // all. A call in flight on the one closed gets no reply (its
-            // caller's deadline ends it).
-            if let Some(lru) = self
-                .used
-                .iter()
-                .min_by_key(|(_, t)| **t)
-                .map(|(tag, _)| tag.clone())
-            {
-                limited!(info, service = %lru, "the calls relay closed its connection to the service it used least recently: it holds {MAX_RELAY_DEALERS}");
-                self.out.remove(&lru);
-                self.out_keys.remove(&lru);
-                self.used.remove(&lru);
-            }
-        }
         if !self.out.contains_key(tag) {
             let (endpoint, key) = {
                 let t = lock(&self.table);
                 (t.endpoints.get(tag).cloned()?, t.servers.get(tag).cloned())
             };
+            if self.security.is_some() && key.is_none() {
+                // Its key not known yet: not reachable now.
+                return None;
+            }
+            if self.out.len() >= MAX_RELAY_DEALERS {
+                // Each DEALER is a socket of the process (libzmq has
+                // 1,023) and a connection: a client calling ever new
+                // services (a registered node can announce thousands)
+                // must not take them all. The one used least recently
+                // goes, if no call or reply crossed it for
+                // RELAY_IDLE (a reply still due on it would be lost);
+                // else this call is not relayed (counted).
+                let now = Instant::now();
+                let lru = self
+                    .used
+                    .iter()
+                    .min_by_key(|(_, t)| **t)
+                    .filter(|(_, t)| now.duration_since(**t) >= RELAY_IDLE)
+                    .map(|(tag, _)| tag.clone())?;
+                limited!(info, service = %lru, "the calls relay closed its connection to the service it used least recently: it holds {MAX_RELAY_DEALERS}");
+                self.out.remove(&lru);
+                self.out_keys.remove(&lru);
+                self.used.remove(&lru);
+            }
             let s = self.ctx.socket(zmq::DEALER).ok()?;
             zmq_io::apply_common(&s, &self.cfg).ok()?;
             s.set_ipv6(true).ok()?;
@@ -3852,22 +3913,27 @@ mod tests {
         let mut i = Interest::default();
         // The first subscriber and the last to leave go on; the others
         // are counted here only.
-        assert!(i.note(b"\x01a"));
-        assert!(!i.note(b"\x01a"));
-        assert!(!i.note(b"\x01a"));
-        assert!(!i.note(b"\x00a"));
-        assert!(!i.note(b"\x00a"));
+        assert_eq!(i.note(b"\x01a"), Pass::Edge);
+        assert_eq!(i.note(b"\x01a"), Pass::Skip);
+        assert_eq!(i.note(b"\x01a"), Pass::Skip);
+        assert_eq!(i.note(b"\x00a"), Pass::Skip);
+        assert_eq!(i.note(b"\x00a"), Pass::Skip);
         assert_eq!(i.topics.get(&b"a"[..]), Some(&1));
-        assert!(i.note(b"\x00a"));
+        assert_eq!(i.note(b"\x00a"), Pass::Edge);
         assert!(i.topics.is_empty());
-        assert!(i.note(b"\x00never"), "not tracked: goes on as it came");
-        let long = [&[1u8][..], &[b'x'; 2000][..]].concat();
-        assert!(i.note(&long) && i.note(&long), "too long to track");
-        assert!(i.topics.is_empty());
+        assert_eq!(
+            i.note(b"\x00never"),
+            Pass::Always,
+            "not tracked: goes on as it came"
+        );
         assert!(
             i.topics.is_empty(),
             "an unsubscribe of nothing changes nothing"
         );
+        let long = [&[1u8][..], &[b'x'; 2000][..]].concat();
+        assert_eq!(i.note(&long), Pass::Always, "too long to track");
+        assert_eq!(i.note(&long), Pass::Always);
+        assert!(i.topics.is_empty());
         let d = milonga_wire::filter::Declaration {
             node: "00".repeat(16),
             socket: "reliable".into(),

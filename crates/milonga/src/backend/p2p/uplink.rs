@@ -487,7 +487,6 @@ fn attach_socket(
     let monitor = ctx.socket(zmq::PAIR)?;
     monitor.set_linger(0).map_err(err)?;
     crate::backend::p2p::zmq_io::unbounded_monitor_queue(&monitor).map_err(err)?;
-    crate::backend::p2p::zmq_io::unbounded_monitor_queue(&monitor).map_err(err)?;
     monitor.connect(&ep).map_err(err)?;
     Ok((sock, monitor))
 }
@@ -513,7 +512,6 @@ pub(crate) fn handshake_monitor(
         .map_err(err)?;
     let monitor = ctx.socket(zmq::PAIR)?;
     monitor.set_linger(0).map_err(err)?;
-    crate::backend::p2p::zmq_io::unbounded_monitor_queue(&monitor).map_err(err)?;
     crate::backend::p2p::zmq_io::unbounded_monitor_queue(&monitor).map_err(err)?;
     monitor.connect(&ep).map_err(err)?;
     Ok(monitor)
