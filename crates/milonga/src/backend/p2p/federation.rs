@@ -482,14 +482,13 @@ impl Federation {
     }
 }
 
-impl Drop for Federation {
+impl Drop for Dealer {
+    /// Before its monitor's reader closes, whatever drops it (the
+    /// federation, or an error while it is built): libzmq's I/O thread
+    /// sends monitor events with a blocking send.
     fn drop(&mut self) {
-        // Before the monitors' readers close: libzmq's I/O thread sends
-        // monitor events with a blocking send.
-        for d in &mut self.dealers {
-            if d.monitor.is_some() {
-                zmq_io::stop_monitor(&mut d.sock);
-            }
+        if self.monitor.is_some() {
+            zmq_io::stop_monitor(&mut self.sock);
         }
     }
 }
