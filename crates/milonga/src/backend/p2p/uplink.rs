@@ -926,7 +926,15 @@ mod tests {
         let up = hello(&cfg, &brokers, "lab", Duration::from_secs(10)).expect("the first answers");
         assert_eq!(up.broker, good);
         // The second's connection, accepted and mid-handshake, reset.
-        let (conn, _) = silent.accept().unwrap();
+        silent.set_nonblocking(true).unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        let conn = loop {
+            match silent.accept() {
+                Ok((c, _)) => break c,
+                Err(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => panic!("the hello never connected to the second broker: {e}"),
+            }
+        };
         socket2::SockRef::from(&conn)
             .set_linger(Some(Duration::ZERO))
             .unwrap();
