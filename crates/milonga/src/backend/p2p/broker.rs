@@ -1771,6 +1771,9 @@ fn recv_all(sock: &zmq::Socket) -> zmq::Result<Vec<zmq::Message>> {
 struct Client {
     /// Its announcement, as it attached it.
     announcement: Announcement,
+    /// The bytes of its announcement (as JSON), counted in
+    /// [`MAX_CLIENT_BYTES`].
+    bytes: usize,
     /// The client key it first attached with: later attaches and its
     /// detach must carry the same.
     key: Option<String>,
@@ -1850,6 +1853,8 @@ struct Domain {
     /// The peer-to-peer services calls are relayed to.
     services: Arc<Mutex<ServiceTable>>,
     clients: HashMap<String, Client>,
+    /// The bytes of its clients' announcements (their `bytes`).
+    client_bytes: usize,
     /// The domain's nodes as the clients are told them, by node id.
     others: BTreeMap<String, Announcement>,
     /// The peer-to-peer nodes of the host's directory that serve
@@ -2331,11 +2336,14 @@ impl Domain {
 
     /// Attaches a client, or says why not: its node id is attached with
     /// another client key (another connection claims to be it).
+    /// Attaches (or renews) a client; `all_bytes`: its broker's clients'
+    /// announcements in all domains.
     fn attach(
         &mut self,
         a: Announcement,
         report: Option<ClientReport>,
         key: Option<String>,
+        all_bytes: usize,
         now: Instant,
     ) -> Result<(), String> {
         if self.clients.get(&a.node_id).is_some_and(|c| c.key != key) {
@@ -2375,7 +2383,16 @@ impl Domain {
             .clients
             .get(&a.node_id)
             .is_none_or(|c| c.announcement != a);
+        let bytes = if changed { a.to_json().len() } else { 0 };
         if changed {
+            let old = self.clients.get(&a.node_id).map_or(0, |c| c.bytes);
+            if all_bytes - old + bytes > MAX_CLIENT_BYTES {
+                return Err(format!(
+                    "this broker holds {} MiB of its clients' announcements, its most ({} MiB)",
+                    all_bytes >> 20,
+                    MAX_CLIENT_BYTES >> 20
+                ));
+            }
             let td = [
                 self.to_domain[0].as_str(),
                 self.to_domain[1].as_str(),
@@ -2410,6 +2427,7 @@ impl Domain {
             .entry(a.node_id.clone())
             .or_insert_with(|| Client {
                 announcement: a.clone(),
+                bytes: 0,
                 key,
                 seen: now,
                 since: now,
@@ -2419,6 +2437,8 @@ impl Domain {
         c.seen = now;
         if changed {
             c.announcement = a;
+            self.client_bytes = self.client_bytes - c.bytes + bytes;
+            c.bytes = bytes;
         }
         if let Some(mut r) = report {
             r.subscriptions.truncate(256);
@@ -2438,7 +2458,8 @@ impl Domain {
     }
 
     fn detach(&mut self, id: &str) -> bool {
-        if self.clients.remove(id).is_some() {
+        if let Some(c) = self.clients.remove(id) {
+            self.client_bytes -= c.bytes;
             lock(&self.services).keys.remove(id);
             self.host.hide(id);
             self.registry.release(id, Instant::now());
@@ -2980,6 +3001,7 @@ impl Control {
                 // (checked in `refused`), whose frames it may send.
                 self.note_key(&announcement);
                 let total: usize = self.domains.iter().map(|d| d.clients.len()).sum();
+                let all_bytes: usize = self.domains.iter().map(|d| d.client_bytes).sum();
                 let d = match self.domain_index(&announcement.domain) {
                     Ok(i) => &mut self.domains[i],
                     Err(text) => {
@@ -3002,7 +3024,7 @@ impl Control {
                     );
                     return;
                 }
-                if let Err(text) = d.attach(*announcement, report, key, now) {
+                if let Err(text) = d.attach(*announcement, report, key, all_bytes, now) {
                     let n = self
                         .counters
                         .requests_refused
@@ -3236,6 +3258,7 @@ fn open_domain_io(
         lingering: Default::default(),
         services,
         clients: HashMap::new(),
+        client_bytes: 0,
         others: BTreeMap::new(),
         peer_to_peer: HashSet::new(),
         view_version: 0,
@@ -3391,6 +3414,11 @@ pub(crate) fn start(
     running.threads = threads;
     Ok(running)
 }
+
+/// Most bytes of its clients' announcements a broker holds, over all its
+/// domains (10,000 clients of 256 KiB each would be 2.5 GiB, and as many
+/// files in its host's runtime directory); an attach past it is refused.
+const MAX_CLIENT_BYTES: usize = 256 << 20;
 
 /// Most DEALERs the calls relay holds to peer-to-peer services (and other
 /// brokers' calls sockets) at once.
