@@ -206,6 +206,34 @@ fn garbage_on_the_data_and_control_ports_is_counted() {
     assert_eq!(node.call("g/svc", 5, T).unwrap(), milonga::Value::from(5));
 }
 
+/// A connection to a node's control port that asks `info` 10,000 times
+/// and never reads: the node keeps at most 16 answers for it and counts
+/// the rest (`control_replies_dropped`) rather than queueing a thousand
+/// NodeInfos per connection, and answers everyone else.
+#[test]
+fn a_control_asker_that_never_reads_has_its_answers_dropped_and_counted() {
+    let dir = TempDir::new("ctl-asker");
+    let mut cfg = Config::new("milonga:///ctlasker", "target");
+    cfg.runtime_dir = Some(dir.path().to_path_buf());
+    let node = Node::open_with(cfg).unwrap();
+    let ctx = zmq::Context::new();
+    let asker = ctx.socket(zmq::DEALER).unwrap();
+    asker.set_linger(0).unwrap();
+    asker.set_rcvhwm(1).unwrap();
+    asker.set_sndhwm(0).unwrap();
+    asker.connect(node.control_endpoint()).unwrap();
+    // Each answer is a few KiB: 10,000 pass what the kernel buffers.
+    for _ in 0..10_000 {
+        asker
+            .send_multipart(milonga::wire::control::Request::Info.frames(), 0)
+            .unwrap();
+    }
+    wait_for("answers dropped for the asker that never reads", T, || {
+        node.stats().control_replies_dropped > 0
+    });
+    assert!(node.query(node.control_endpoint(), T).is_some());
+}
+
 /// Bad history queries and filter declarations, an absurd repair range and
 /// a flood of subscribe/unsubscribe, sent by a raw XSUB to a publisher's
 /// data socket: each is answered, counted or dropped, and the publisher

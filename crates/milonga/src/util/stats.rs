@@ -115,6 +115,9 @@ counters! {
     accepts_failed,
     /// Control requests dropped as malformed.
     control_malformed,
+    /// Control replies not sent: the asking connection had 16 unread
+    /// already (a peer that asks and does not read), or had gone.
+    control_replies_dropped,
     /// Peers ignored because they belong to another domain.
     peers_foreign_domain,
     /// Scouting datagrams dropped: not a hello, of another version,

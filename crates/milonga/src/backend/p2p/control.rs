@@ -288,6 +288,11 @@ pub(crate) fn bind_node(p2p: &P2p) -> Result<NodeSockets, OpenError> {
     let ep = p2p.endpoint_for("c", cfg.control_endpoint.as_ref());
     zmq_io::apply_common(&router, cfg)
         .and_then(|_| router.set_maxmsgsize(65_536))
+        // A connection that asks and never reads holds at most 16
+        // answers (each up to tens of KiB, with its peers); the rest fail
+        // at once, counted, rather than being dropped unseen.
+        .and_then(|_| router.set_sndhwm(16))
+        .and_then(|_| router.set_router_mandatory(true))
         .map_err(|source: zmq::Error| OpenError::Socket {
             action: "configure",
             endpoint: ep.clone(),
@@ -958,7 +963,9 @@ impl<H: Host> Control<H> {
             let body = serde_json::to_vec(&info).unwrap_or_default();
             let [magic, info, body] = milonga_wire::control::info_reply(&body);
             let reply: [&[u8]; 4] = [&frames[0], magic, info, body];
-            let _ = self.router.send_multipart(reply, zmq::DONTWAIT);
+            if self.router.send_multipart(reply, zmq::DONTWAIT).is_err() {
+                stats::inc(&c.control_replies_dropped);
+            }
         }
     }
 
