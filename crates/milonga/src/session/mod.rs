@@ -672,8 +672,9 @@ impl Host for NodeInner {
             .filter(|e| e.len() <= milonga_wire::key::MAX_KEY_BYTES)
             .take_while(|e| {
                 let json = serde_json::to_string(e).map_or(usize::MAX, |j| j.len() + 1);
+                let fits = json <= room;
                 room = room.saturating_sub(json);
-                room > 0
+                fits
             })
             .take(milonga_wire::broker::MAX_REPORT_SUBSCRIPTIONS)
             .collect();

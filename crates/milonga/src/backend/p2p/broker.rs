@@ -444,6 +444,12 @@ enum Port {
 struct Interest {
     topics: BTreeMap<Vec<u8>, u32>,
     decls: BTreeMap<String, Vec<u8>>,
+    /// Subscribes passed on untracked (past the limits) and not yet
+    /// withdrawn: an unsubscribe of a topic not tracked goes on only
+    /// while there are some (else it withdraws nothing of this port's,
+    /// and could only withdraw another port's: a client's stray
+    /// unsubscribe).
+    untracked: u64,
 }
 
 /// Most distinct topics (and declarations) a port's [`Interest`] keeps;
@@ -496,6 +502,7 @@ impl Interest {
                         self.topics.insert(topic.to_vec(), 1);
                         Pass::Edge
                     } else {
+                        self.untracked += 1;
                         Pass::Always
                     }
                 }
@@ -509,9 +516,14 @@ impl Interest {
                     self.topics.remove(topic);
                     Pass::Edge
                 }
-                // Not tracked: its subscribe went on (or there was none,
-                // and the other ports ignore it).
-                None => Pass::Always,
+                // Not tracked: its subscribe went on untracked, or there
+                // was none (a stray, which must not withdraw what another
+                // port asked for).
+                None if self.untracked > 0 => {
+                    self.untracked -= 1;
+                    Pass::Always
+                }
+                None => Pass::Skip,
             },
             Some((&milonga_wire::filter::DECLARE_TAG, _)) => {
                 if self.decls.len() < MAX_TRACKED {
@@ -1333,22 +1345,23 @@ impl PlaneIo {
         }
     }
 
-    /// The links other than `but`.
-    /// The links other than `but`; those leaving the tree too only if
-    /// `retiring`.
     /// Whether a port other than `but` that feeds `target`'s socket its
     /// subscriptions (every port but `target` itself; the clients' own
     /// too, for their publishers) has asked for `topic`: then `target`
     /// heard it from there already, or still needs it.
     fn held_elsewhere(&self, topic: &[u8], but: &Port, target: &Port) -> bool {
         let feeds = |p: &Port| p != but && (p != target || *p == Port::Clients);
+        let is = |p: &Port, id: &str| matches!(p, Port::Link(l) if l == id);
         (feeds(&Port::Clients) && self.clients_interest.topics.contains_key(topic))
             || (feeds(&Port::Domain) && self.domain_interest.topics.contains_key(topic))
             || self.links.iter().any(|(id, l)| {
-                feeds(&Port::Link(id.clone())) && l.interest.topics.contains_key(topic)
+                // A link feeds every socket but its own.
+                !is(but, id) && !is(target, id) && l.interest.topics.contains_key(topic)
             })
     }
 
+    /// The links other than `but`; those leaving the tree too only if
+    /// `retiring`.
     fn other_links(&self, but: &Port, retiring: bool) -> impl Iterator<Item = Port> + '_ {
         let but = match but {
             Port::Link(id) => Some(id.clone()),
@@ -2334,10 +2347,12 @@ impl Domain {
         (self.view_version, self.view.clone())
     }
 
-    /// Attaches a client, or says why not: its node id is attached with
-    /// another client key (another connection claims to be it).
-    /// Attaches (or renews) a client; `all_bytes`: its broker's clients'
-    /// announcements in all domains.
+    /// Attaches (or renews) a client, or says why not: its node id is
+    /// attached with another client key (another connection claims to be
+    /// it), or is a node of the domain that is not a client, or its
+    /// announcement would pass [`MAX_CLIENT_BYTES`] (`all_bytes`: its
+    /// broker's clients' announcements in all domains; an attached
+    /// client stays, with the announcement it had).
     fn attach(
         &mut self,
         a: Announcement,
@@ -2387,6 +2402,9 @@ impl Domain {
         if changed {
             let old = self.clients.get(&a.node_id).map_or(0, |c| c.bytes);
             if all_bytes - old + bytes > MAX_CLIENT_BYTES {
+                if let Some(c) = self.clients.get_mut(&a.node_id) {
+                    c.seen = now;
+                }
                 return Err(format!(
                     "this broker holds {} MiB of its clients' announcements, its most ({} MiB)",
                     all_bytes >> 20,
@@ -3669,26 +3687,25 @@ impl CallPlane {
                 // Its key not known yet: not reachable now.
                 return None;
             }
-            if self.out.len() >= MAX_RELAY_DEALERS {
-                // Each DEALER is a socket of the process (libzmq has
-                // 1,023) and a connection: a client calling ever new
-                // services (a registered node can announce thousands)
-                // must not take them all. The one used least recently
-                // goes, if no call or reply crossed it for
-                // RELAY_IDLE (a reply still due on it would be lost);
-                // else this call is not relayed (counted).
+            // Each DEALER is a socket of the process (libzmq has 1,023)
+            // and a connection: a client calling ever new services (a
+            // registered node can announce thousands) must not take them
+            // all. Past the most, the one used least recently goes, if
+            // no call or reply crossed it for RELAY_IDLE (a reply still
+            // due on it would be lost); else this call is not relayed
+            // (counted). Chosen before, closed once the new one is made.
+            let evict = if self.out.len() >= MAX_RELAY_DEALERS {
                 let now = Instant::now();
-                let lru = self
-                    .used
-                    .iter()
-                    .min_by_key(|(_, t)| **t)
-                    .filter(|(_, t)| now.duration_since(**t) >= RELAY_IDLE)
-                    .map(|(tag, _)| tag.clone())?;
-                limited!(info, service = %lru, "the calls relay closed its connection to the service it used least recently: it holds {MAX_RELAY_DEALERS}");
-                self.out.remove(&lru);
-                self.out_keys.remove(&lru);
-                self.used.remove(&lru);
-            }
+                Some(
+                    self.used
+                        .iter()
+                        .min_by_key(|(_, t)| **t)
+                        .filter(|(_, t)| now.duration_since(**t) >= RELAY_IDLE)
+                        .map(|(tag, _)| tag.clone())?,
+                )
+            } else {
+                None
+            };
             let s = self.ctx.socket(zmq::DEALER).ok()?;
             zmq_io::apply_common(&s, &self.cfg).ok()?;
             s.set_ipv6(true).ok()?;
@@ -3712,6 +3729,12 @@ impl CallPlane {
                 None => endpoint,
             };
             s.connect(&endpoint).ok()?;
+            if let Some(lru) = evict {
+                limited!(info, service = %lru, "the calls relay closed its connection to the service it used least recently: it holds {MAX_RELAY_DEALERS}");
+                self.out.remove(&lru);
+                self.out_keys.remove(&lru);
+                self.used.remove(&lru);
+            }
             self.out.insert(tag.to_owned(), s);
             self.used.insert(tag.to_owned(), Instant::now());
             if let Some(k) = key {
@@ -3951,8 +3974,8 @@ mod tests {
         assert!(i.topics.is_empty());
         assert_eq!(
             i.note(b"\x00never"),
-            Pass::Always,
-            "not tracked: goes on as it came"
+            Pass::Skip,
+            "a stray unsubscribe withdraws nothing"
         );
         assert!(
             i.topics.is_empty(),
@@ -3962,6 +3985,11 @@ mod tests {
         assert_eq!(i.note(&long), Pass::Always, "too long to track");
         assert_eq!(i.note(&long), Pass::Always);
         assert!(i.topics.is_empty());
+        // Its two unsubscribes go on as they came; a third is a stray.
+        let unlong = [&[0u8][..], &[b'x'; 2000][..]].concat();
+        assert_eq!(i.note(&unlong), Pass::Always);
+        assert_eq!(i.note(&unlong), Pass::Always);
+        assert_eq!(i.note(&unlong), Pass::Skip);
         let d = milonga_wire::filter::Declaration {
             node: "00".repeat(16),
             socket: "reliable".into(),
