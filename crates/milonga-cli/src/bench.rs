@@ -1147,11 +1147,14 @@ fn mlg_pub(
     }
     .history(at.history);
     let p = node.publisher_with("bench/data", qos)?;
-    // Subscribers behind another broker of a federation count as one at
-    // the publisher (one subscription per link, `subscriber_count`): wait
-    // for that one, then give the others the time they take to subscribe
-    // at their broker, which all of them start doing at once.
-    let expected = if behind_link { 1 } else { subs };
+    // Subscribers behind a broker count as one at the publisher (the
+    // broker passes a topic on once, `subscriber_count`): wait for that
+    // one; then, behind this broker, until it lists every subscriber
+    // client with its subscription (their reports, once a second), and
+    // behind another broker of a federation, the time they take to
+    // subscribe there, which all of them start doing at once.
+    let brokered = milonga::broker::clients(&node, Duration::from_secs(2)).is_some();
+    let expected = if behind_link || brokered { 1 } else { subs };
     let wait_end = Instant::now() + Duration::from_secs(30);
     while (p.subscriber_count() as usize) < expected {
         if Instant::now() > wait_end {
@@ -1169,6 +1172,21 @@ fn mlg_pub(
     }
     if behind_link {
         std::thread::sleep(Duration::from_secs(2));
+    } else if brokered {
+        loop {
+            let ready = milonga::broker::clients(&node, Duration::from_secs(2))
+                .unwrap_or_default()
+                .iter()
+                .filter(|c| c.subscriptions.iter().any(|e| e == "bench/data"))
+                .count();
+            if ready >= subs {
+                break;
+            }
+            if Instant::now() > wait_end {
+                bail!("{ready} subscriber clients listed by the broker of the {subs} awaited");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
     let payload = Value::Bytes(Bytes::from(vec![0xa5u8; size]));
     let cpu0 = own_cpu_ns();
