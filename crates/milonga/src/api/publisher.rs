@@ -266,10 +266,13 @@ impl Publisher {
 
     /// How many subscriptions currently match this key, as far as this
     /// publisher's socket has heard (subscriptions travel asynchronously).
-    /// Each subscriber peer-to-peer or behind this node's broker counts
-    /// once; subscribers behind another broker of a federation reach it
-    /// through a link, which carries their subscriptions to a key as one
-    /// (docs/broker.md, "Federation").
+    /// Each peer-to-peer subscriber counts once. A broker counts once for
+    /// all the subscribers behind it (its clients, its host's nodes, the
+    /// brokers it links to): it passes a subscription on when the first
+    /// of them asks and withdraws it when the last leaves, so a count of 1
+    /// through a broker tells that the first is in place, not the others
+    /// (docs/broker.md, "Quality of service through a broker"; their list
+    /// with their subscriptions: [`crate::broker::clients`]).
     pub fn subscriber_count(&self) -> u32 {
         let mut d = lock(&self.data.sock);
         d.drain_subscriptions(self.node.core());
