@@ -74,7 +74,7 @@ enum BenchKind {
 #[derive(Args, Debug)]
 struct IdleArgs {
     /// Seconds to stay idle before measuring.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = crate::args::seconds)]
     duration: f64,
 }
 
@@ -110,7 +110,7 @@ struct PubsubArgs {
     #[arg(long, value_enum, default_value = "reliable")]
     mode: Mode,
     /// Seconds of sending per cell.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = crate::args::positive_seconds)]
     duration: f64,
     /// Baseline measured in the same run.
     #[arg(long, value_enum, default_value = "raw-zmq")]

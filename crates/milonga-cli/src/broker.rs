@@ -58,7 +58,7 @@ pub struct BrokerArgs {
     #[arg(long)]
     pub json: bool,
     /// Stop after this many seconds (default: at SIGINT or SIGTERM).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::seconds)]
     pub duration: Option<f64>,
     /// Listen with security off on an address other hosts can reach:
     /// only on a network where every host is trusted (docs/broker.md).

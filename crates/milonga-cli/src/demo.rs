@@ -17,7 +17,7 @@ use crate::NetArgs;
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// How long to run, in seconds.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = crate::args::seconds)]
     duration: f64,
 }
 

@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use milonga::p2p::{NodeExt, ServiceExt};
 use milonga::{Config, Event, Node, PublisherQos, RecvError, SubscriberQos, Transport};
 
+mod args;
 mod bench;
 mod bench_broker;
 mod bench_deadlines;
@@ -195,7 +196,7 @@ struct PubArgs {
     #[arg(long, conflicts_with = "value")]
     bytes: Option<usize>,
     /// Puts per second; may be fractional (0.5 = every two seconds).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = args::rate)]
     rate: f64,
     /// Stop after this many puts (default: run until interrupted).
     #[arg(long)]
@@ -214,7 +215,7 @@ struct PubArgs {
     #[arg(long, default_value_t = 0)]
     wait_subscribers: u32,
     /// How long to wait for them, in seconds.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = args::seconds)]
     wait_timeout: f64,
 }
 
@@ -234,7 +235,7 @@ struct SubArgs {
     count: Option<u64>,
     /// Exit after this many seconds; with --count, exit status 2 if fewer
     /// samples arrived.
-    #[arg(long)]
+    #[arg(long, value_parser = args::seconds)]
     timeout: Option<f64>,
     /// On joining, first receive the last N samples publishers keep of
     /// every matching key, then `subscription_live`, then the live stream.
@@ -269,11 +270,11 @@ struct SubArgs {
     keep_all: Option<usize>,
     /// Report `deadline_missed` for a key silent longer than this many
     /// milliseconds (and again each period until it speaks).
-    #[arg(long)]
+    #[arg(long, value_parser = args::positive_millis)]
     deadline_ms: Option<f64>,
     /// Sleep this many milliseconds after each sample: a deliberately slow
     /// consumer, to see reliable back-pressure or best-effort loss.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = args::millis)]
     sleep_ms: f64,
 }
 
@@ -298,7 +299,7 @@ struct CallArgs {
     /// The request as JSON, such as 12.5 or '{"amps": 12.5}'.
     value: String,
     /// Give up after this many seconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = args::seconds)]
     timeout: f64,
     /// Call every server of every matching key and print one JSON line per
     /// server: {"key", "server", "reply"} or {"key", "server", "error"}.
@@ -306,7 +307,7 @@ struct CallArgs {
     all: bool,
     /// Wait up to this many seconds for discovery to find a server (useful
     /// with static peers, which are asked asynchronously).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = args::seconds)]
     wait_server: f64,
 }
 
@@ -341,7 +342,7 @@ struct LsArgs {
     #[arg(long)]
     json: bool,
     /// How long to look for nodes, in seconds.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, default_value_t = 0.3, value_parser = args::seconds)]
     wait: f64,
 }
 
@@ -404,12 +405,6 @@ fn said_once(e: &anyhow::Error) -> String {
 }
 
 fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
-    if !(a.rate > 0.0 && a.rate.is_finite()) {
-        bail!(
-            "--rate must be a positive number of puts per second, got {}",
-            a.rate
-        );
-    }
     let value = match (&a.value, a.bytes) {
         (_, Some(n)) => milonga::Value::Bytes(vec![0x5a; n].into()),
         (Some(v), None) => {
@@ -491,9 +486,6 @@ fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
         qos = qos.keep_all(n);
     }
     if let Some(ms) = a.deadline_ms {
-        if !(ms > 0.0 && ms.is_finite()) {
-            bail!("--deadline-ms must be a positive number of milliseconds, not {ms}");
-        }
         qos = qos.deadline(Duration::from_secs_f64(ms / 1000.0));
     }
     let sub = node.subscribe_with(&a.expr, qos)?;
@@ -622,15 +614,12 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
 
 fn cmd_call(net: &NetArgs, a: CallArgs) -> Result<ExitCode> {
     use milonga::CallError;
-    if !(a.timeout >= 0.0 && a.timeout.is_finite()) {
-        bail!("--timeout must be a number of seconds, got {}", a.timeout);
-    }
     let value: serde_json::Value = serde_json::from_str(&a.value)
         .with_context(|| format!("VALUE {:?} is not JSON", a.value))?;
     let value = json::from_json(&value);
     let node = net.open("call")?;
     let timeout = Duration::from_secs_f64(a.timeout);
-    let until = Instant::now() + Duration::from_secs_f64(a.wait_server.max(0.0));
+    let until = Instant::now() + Duration::from_secs_f64(a.wait_server);
     let exit = |e: &CallError| match e {
         CallError::Timeout { .. } => call_exit::TIMEOUT,
         CallError::NoServer { .. } => call_exit::NO_SERVER,

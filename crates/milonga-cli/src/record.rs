@@ -26,15 +26,15 @@ pub struct RecordArgs {
     #[arg(short, long)]
     output: PathBuf,
     /// Stop after this many seconds.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::seconds)]
     duration: Option<f64>,
     /// Start a new file when this one holds this many bytes (chunks then
     /// hold about an eighth of it, 4 KiB at least, so that a file passes
     /// it by at most one chunk, one sample and its summary).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(MIN_MAX_BYTES..))]
     max_bytes: Option<u64>,
-    /// Start a new file every this many seconds.
-    #[arg(long)]
+    /// Start a new file every this many seconds (at least 1).
+    #[arg(long, value_parser = split_seconds)]
     split_every: Option<f64>,
     /// Chunk compression: zstd, lz4 or none.
     #[arg(long, default_value = "zstd")]
@@ -49,7 +49,7 @@ pub struct RecordArgs {
     /// Record a `deadline_missed` event for a key silent longer than this
     /// many milliseconds (and again each period until it speaks), so that
     /// the recording shows when a key fell silent.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::positive_millis)]
     deadline_ms: Option<f64>,
     /// Write a clean copy of DAMAGED (a recording cut short by a crash or
     /// a full disk) to --output: every complete record, and a summary.
@@ -104,7 +104,7 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 0)]
     wait_subscribers: u32,
     /// How long to wait for them, in seconds.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = crate::args::seconds)]
     wait_timeout: f64,
 }
 
@@ -141,7 +141,21 @@ fn parse_bound(s: &str) -> Result<Bound, String> {
         .duration_since(UNIX_EPOCH)
         .map_err(|_| format!("{s}: before 1970"))?
         .as_nanos();
-    Ok(Bound::At(ns as u64))
+    let ns = u64::try_from(ns).map_err(|_| format!("{s}: after 2554, past any receive time"))?;
+    Ok(Bound::At(ns))
+}
+
+/// The smallest `--max-bytes`: a chunk (4 KiB at least) and its file's
+/// header, metadata and summary.
+const MIN_MAX_BYTES: u64 = 16 << 10;
+
+/// `--split-every`: seconds, at least 1 (a file a second at most).
+fn split_seconds(s: &str) -> Result<f64, String> {
+    let v = crate::args::seconds(s)?;
+    if v < 1.0 {
+        return Err(format!("{v}: a new file at most every second (1 or more)"));
+    }
+    Ok(v)
 }
 
 /// The chunk size for files of at most `max_bytes`: an eighth of it,
@@ -504,9 +518,6 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
         qos = qos.reliable();
     }
     if let Some(ms) = a.deadline_ms {
-        if !(ms > 0.0 && ms.is_finite()) {
-            bail!("--deadline-ms must be a positive number of milliseconds, not {ms}");
-        }
         qos = qos.deadline(Duration::from_secs_f64(ms / 1000.0));
     }
     let node = net.open("record")?;
@@ -546,7 +557,11 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
                 break;
             }
             out.w.tick()?;
-            let full = a.max_bytes.is_some_and(|m| out.w.bytes() >= m);
+            // Full once a chunk takes it past the limit: never a file of
+            // its header alone.
+            let full = a
+                .max_bytes
+                .is_some_and(|m| out.w.bytes() >= m && out.w.chunks() > 0);
             let old = a
                 .split_every
                 .is_some_and(|s| out.started.elapsed() >= Duration::from_secs_f64(s));
@@ -1072,6 +1087,9 @@ struct Replayed {
     /// Publishers recorded as lost, passed on as gone.
     left: u64,
     too_large: u64,
+    /// Samples of a publisher or key the first pass did not see (the file
+    /// grew, or was replaced, after the replay began): not replayed.
+    unknown: u64,
 }
 
 /// The nodes a replay publishes from: one per recorded publisher, so that
@@ -1096,6 +1114,14 @@ struct Replayers<'a> {
 }
 
 impl Replayers<'_> {
+    /// Whether `key` of `publisher` has a replayer: the replay declared
+    /// the samples the file held when it began (one that grew since, or
+    /// was replaced, may hold more).
+    fn knows(&self, publisher: NodeId, key: &str) -> bool {
+        let slot = self.slot(publisher);
+        self.nodes.get(&slot).is_some_and(|r| r.keys.contains(key))
+    }
+
     /// Which replayer replays what `publisher` published.
     fn slot(&self, publisher: NodeId) -> NodeId {
         if self.by_publisher {
@@ -1352,12 +1378,6 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             _ => bail!("--speed {s:?}: a number from {MIN_SPEED} to {MAX_SPEED}, or max"),
         },
     };
-    if !(a.wait_timeout >= 0.0 && a.wait_timeout.is_finite()) {
-        bail!(
-            "--wait-timeout must be a number of seconds, not {}",
-            a.wait_timeout
-        );
-    }
     let keys = key_filter(&a.keys)?;
     let said = |r: &RecordReader| {
         if !r.skipped().is_empty() {
@@ -1463,6 +1483,11 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
     let mut shown = Instant::now();
     'outer: loop {
         let sent_before = rs.done.sent;
+        // Each pass starts its keys afresh: a loss recorded before a key's
+        // first sample in the range is nobody's gap in any pass.
+        for r in rs.nodes.values_mut() {
+            r.started.clear();
+        }
         let mut r = RecordReader::open(&a.file)?;
         let start = Instant::now();
         // The recording's first receive time: --from and --to count from it.
@@ -1497,7 +1522,10 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             let s = match entry {
                 Entry::Sample(s, _) => s,
                 Entry::Event(Event::Lost(l), _) => {
-                    rs.gap(&l)?;
+                    // (A key with no sample to replay has no gap either.)
+                    if rs.knows(l.publisher, &l.key) {
+                        rs.gap(&l)?;
+                    }
                     continue;
                 }
                 // A publisher that went: its node goes too, and its
@@ -1512,6 +1540,10 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 Entry::Event(..) => continue,
             };
             if keys.as_ref().is_some_and(|k| !k.matches(&s.key)) {
+                continue;
+            }
+            if !rs.knows(s.publisher, &s.key) {
+                rs.done.unknown += 1;
                 continue;
             }
             if progress && shown.elapsed() >= Duration::from_millis(200) {
@@ -1584,6 +1616,13 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
             String::new()
         }
     );
+    if d.unknown > 0 {
+        eprintln!(
+            "milonga replay: {} samples not replayed: of publishers or keys {} gained after the replay began",
+            d.unknown,
+            a.file.display()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -707,6 +707,45 @@ fn bad_cli_input_gets_a_clear_error() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("no broker answered"));
+    // Numbers no Duration holds (each panicked once: NaN, infinity, a
+    // negative number, 1e19 s past what an Instant can be moved by) and a
+    // split that would make a file at every turn are refused by the
+    // argument parser, before any node or file is made.
+    let rec = env.dir.path().join("never.mcap");
+    let rec = rec.to_str().unwrap();
+    for args in [
+        &["ls", "--wait=-1"][..],
+        &["sub", "a/b", "--timeout", "inf"],
+        &["sub", "a/b", "--sleep-ms", "nan", "--count", "1"],
+        &["pub", "a/b", "1", "--rate", "1e-300"],
+        &[
+            "pub",
+            "a/b",
+            "1",
+            "--wait-subscribers",
+            "1",
+            "--wait-timeout",
+            "1e20",
+        ],
+        &["call", "a/b", "1", "--timeout", "1e19"],
+        &["record", "a/**", "-o", rec, "--duration", "1e19"],
+        &["record", "a/**", "-o", rec, "--split-every", "0"],
+        &["record", "a/**", "-o", rec, "--max-bytes", "100"],
+        &["record", "a/**", "-o", rec, "--deadline-ms", "1e300"],
+        &["replay", rec, "--wait-timeout", "1e20"],
+        &["replay", rec, "--to", "2610-07-01T00:00:00Z"],
+        &["demo", "--duration=-5"],
+    ] {
+        let out = env.cmd(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("invalid value"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    assert!(
+        !std::path::Path::new(rec).exists(),
+        "a refused record made {rec}"
+    );
 }
 
 /// A short run of each benchmark: the exact CSV columns, a row per system

@@ -608,6 +608,11 @@ impl RecordWriter {
         self.messages
     }
 
+    /// Chunks written to the file so far.
+    pub fn chunks(&self) -> usize {
+        self.chunk_indexes.len()
+    }
+
     /// Bytes written to the file so far (what is still in the open chunk
     /// is not).
     pub fn bytes(&self) -> u64 {
