@@ -263,6 +263,7 @@ class Subscription:
         self._dispatcher.start()
 
     def _dispatch(self, callback: Callable[[Event], object]) -> None:
+        failures = 0
         while not self._stopping.is_set():
             try:
                 event = self._native.recv(0.1)
@@ -270,6 +271,19 @@ class Subscription:
                 continue
             except Closed:
                 return
+            except Exception:
+                # An event that cannot be made a Python object (a map key
+                # Python cannot hash, an array of more dimensions than
+                # numpy takes): logged (the first ten, then every
+                # 1,000th), and the subscription goes on.
+                failures += 1
+                if failures <= 10 or failures % 1000 == 0:
+                    log.exception(
+                        "subscription %r: an event could not be received (%d so far)",
+                        self.key_expr,
+                        failures,
+                    )
+                continue
             try:
                 callback(event)
             except Exception:

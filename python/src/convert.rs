@@ -384,9 +384,14 @@ fn from_py_at(obj: &Bound<'_, PyAny>, threshold: usize, depth: usize) -> PyResul
             .map(Value::Array);
     }
     if let Ok(d) = obj.cast::<PyDict>() {
+        // A snapshot of its items: converting one may run Python code
+        // (`__index__`, a dataclass's fields) or let another thread in,
+        // which may change the dict, and PyO3's dict iterator panics then.
         return d
+            .items()
             .iter()
-            .map(|(k, x)| {
+            .map(|kv| {
+                let (k, x): (Bound<'_, PyAny>, Bound<'_, PyAny>) = kv.extract()?;
                 Ok((
                     from_py_at(&k, threshold, depth + 1)?,
                     from_py_at(&x, threshold, depth + 1)?,

@@ -518,6 +518,9 @@ impl Publisher {
                     if deadline.is_none_or(|d| Instant::now() < d) =>
                 {
                     py.check_signals()?;
+                    // Closed from another thread meanwhile: this put ends
+                    // too (it holds its own handle of the publisher).
+                    self.get(py)?;
                 }
                 Err(milonga::PutError::Timeout(_)) => return Err(no_room(py, limit)),
                 Err(e) => return Err(errors::put(py, e)),
@@ -606,7 +609,7 @@ impl Publisher {
                 owner.restore(*back);
                 return Err(no_room(py, limit));
             }
-            if let Err(interrupted) = py.check_signals() {
+            if let Err(interrupted) = py.check_signals().and_then(|()| self.get(py).map(drop)) {
                 owner.restore(*back);
                 return Err(interrupted);
             }
@@ -767,6 +770,10 @@ impl Subscription {
                 return Ok(true);
             }
             py.check_signals()?;
+            // Closed from another thread meanwhile: this wait ends with
+            // `Closed` (it holds its own handle of the subscriber, which
+            // goes with it).
+            self.get(py)?;
         }
     }
 

@@ -1005,6 +1005,98 @@ fn clients_move_to_the_next_broker_when_theirs_is_killed_and_back_when_it_return
     }
 }
 
+/// A reliable put that waits for room on the dead broker's connection
+/// (libzmq keeps it, full, while it retries a broker that is gone) does
+/// not keep its node from moving: the move, which alone lets that
+/// connection go, is left to the put, and the puts go on through the next
+/// broker. (The node thread waited for the data socket's lock, which the
+/// put held while it waited: both for ever.)
+#[test]
+fn a_reliable_put_waiting_on_a_dead_broker_does_not_keep_its_node_from_moving() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let env = Env::new("brk-putmove");
+    let ports = [milonga_testkit::free_port(), milonga_testkit::free_port()];
+    let start = |i: usize| {
+        let p = env.spawn(&[
+            "broker",
+            "--listen",
+            &format!("tcp://127.0.0.1:{}", ports[i]),
+            "--domain",
+            &env.domain,
+            "--json",
+        ]);
+        p.line(T).expect("the broker listens");
+        p
+    };
+    let mut b = [start(0), start(1)];
+    let l = format!(
+        "milonga://127.0.0.1:{},127.0.0.1:{}/{}",
+        ports[0], ports[1], env.domain
+    );
+    let node = Node::open_with(env.config_at(&l, "pub")).unwrap();
+    // 32 KiB samples go one by one (no batch), so that the old
+    // connection's queue (reliable_send_hwm, 16) fills at once.
+    let p = node
+        .publisher_with("sr/m/1", milonga::PublisherQos::reliable())
+        .unwrap();
+    let reader = Node::open_with(env.config_at(&l, "sub")).unwrap();
+    let sub = reader
+        .subscribe_with("sr/**", milonga::SubscriberQos::default().reliable())
+        .unwrap();
+    // Whether a sample came, and whether the reader moved.
+    let read = |sampled: &mut bool, moved: &mut bool| {
+        let until = Instant::now() + Duration::from_millis(50);
+        while let Ok(ev) = sub.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            match ev {
+                milonga::Event::Sample(_) => *sampled = true,
+                milonga::Event::BrokerChanged(_) => *moved = true,
+                _ => {}
+            }
+        }
+    };
+    let (puts, stop) = (AtomicU64::new(0), AtomicBool::new(false));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                // No put timeout: the put waits as long as it must.
+                if p.put(vec![7u8; 32 << 10]).is_err() {
+                    return;
+                }
+                puts.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let (mut sampled, mut moved) = (false, false);
+            wait_for("the subscriber takes samples", T, || {
+                read(&mut sampled, &mut moved);
+                sampled
+            });
+            b[0].kill9();
+            let at_kill = puts.load(Ordering::Relaxed);
+            let end = Instant::now() + T;
+            // A hang guard, not a timing: the puts go on once the node
+            // moved, or never.
+            while !moved || puts.load(Ordering::Relaxed) < at_kill + 200 {
+                assert!(
+                    Instant::now() < end,
+                    "puts stuck at {} ({at_kill} at the kill), the subscriber moved: {moved}; the publisher's counters {:?}",
+                    puts.load(Ordering::Relaxed),
+                    node.stats()
+                );
+                read(&mut sampled, &mut moved);
+            }
+        }));
+        stop.store(true, Ordering::Relaxed);
+        // A put still waiting ends with the node.
+        node.close();
+        reader.close();
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    });
+    drop(b);
+}
+
 #[test]
 fn ls_through_a_broker_lists_its_clients_with_their_subscriptions_rates_and_queues() {
     let env = Env::new("brk-ls");

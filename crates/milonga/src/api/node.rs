@@ -249,6 +249,12 @@ impl Node {
             s.encode()
                 .map_err(|e| SubscribeError::Qos(format!("the reader's schema: {e}")))?;
         }
+        // libzmq takes a queue of 0 for one without a bound: refused.
+        if let Some(q) = qos.queue_depth.filter(|q| *q < 1) {
+            return Err(SubscribeError::Qos(format!(
+                "queue_depth {q}: at least 1 (messages per publisher)"
+            )));
+        }
         if qos
             .deadline
             .is_some_and(|d| d.is_zero() || d > Duration::from_secs(365 * 86_400))

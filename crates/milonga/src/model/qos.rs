@@ -186,7 +186,8 @@ impl SubscriberQos {
         self
     }
 
-    /// Sets the per-publisher queue depth.
+    /// Sets the per-publisher queue depth (at least 1: a subscription
+    /// with less is refused, `SubscribeError::Qos`).
     pub fn queue_depth(mut self, depth: i32) -> Self {
         self.queue_depth = Some(depth);
         self

@@ -37,6 +37,36 @@ pub(crate) struct DataSocket {
     /// The node's first of its reliability: the one the announcement's
     /// `data_best_effort` / `data_reliable` names.
     pub(crate) first: bool,
+    /// A broker client's move to another broker, left here when a put
+    /// holds `sock` (`P2p::move_uplink`): shared with the [`DataSock`].
+    pub(crate) moving: Arc<Mutex<Option<SocketMove>>>,
+}
+
+/// A broker client's data socket leaving its broker's endpoint for the
+/// next broker's (`P2p::move_uplink`). Made by the node thread; applied by
+/// whoever holds the socket: the node thread, or a reliable put that
+/// waits for room. Such a put waits on the old broker's connection,
+/// which libzmq keeps (full) while it tries to reconnect to a broker that
+/// is gone: only the move frees it, so the put must not keep the node
+/// thread from making it.
+pub(crate) struct SocketMove {
+    /// The endpoint to leave, if the socket was at a broker.
+    pub(crate) from: Option<String>,
+    pub(crate) to: String,
+}
+
+impl SocketMove {
+    /// Disconnects `sock` from the old broker and connects it to the new.
+    pub(crate) fn apply(self, p2p: &P2p, sock: &zmq::Socket) {
+        if let Some(from) = &self.from {
+            let _ = sock.disconnect(from);
+        }
+        if let Err(e) = p2p.secure_client(sock, &self.to) {
+            tracing::warn!(err = %e, broker = %self.to, "a data socket cannot connect to the new broker");
+        } else if let Err(e) = sock.connect(&self.to) {
+            tracing::warn!(err = %e, broker = %self.to, "a data socket cannot connect to the new broker");
+        }
+    }
 }
 
 impl DataSocket {
@@ -84,7 +114,7 @@ impl DataSocket {
         let gate = p2p.guard().filter(|g| g.has_acl());
         if reliability == Reliability::Reliable {
             zmq_io::set_xpub_nodrop(&mut sock, true).map_err(opt_err)?;
-            sock.set_sndhwm(node.cfg.reliable_send_hwm)
+            sock.set_sndhwm(node.cfg.reliable_send_hwm.max(1))
                 .map_err(opt_err)?;
         } else {
             // No subscriber holds a best-effort publisher back: its side
@@ -104,12 +134,14 @@ impl DataSocket {
             true => reliability.as_str().to_owned(),
             false => format!("{}/{number}", reliability.as_str()),
         };
+        let moving = Arc::new(Mutex::new(None));
         Ok((
             DataSocket {
                 sock: Mutex::new(DataSock {
                     out: Outlet::named(name.clone()),
                     gate,
                     inproc: node.cfg.transport == crate::model::config::Transport::Inproc,
+                    moving: moving.clone(),
                     ..DataSock::new(sock, reliability)
                 }),
                 endpoint: bound,
@@ -117,6 +149,7 @@ impl DataSocket {
                 name,
                 number,
                 first,
+                moving,
             },
             (role, monitor),
         ))
@@ -455,6 +488,13 @@ impl Put<'_> {
             if self.p2p.core().is_closed() {
                 return Err(PutError::Closed);
             }
+            // A move to another broker, left for this put (which holds the
+            // socket): the room it waits for may be on the old broker's
+            // connection, which only the move lets go.
+            let moved = lock(&d.moving).take();
+            if let Some(m) = moved {
+                m.apply(self.p2p, &d.sock);
+            }
             let slice = left.min(Duration::from_millis(100));
             d.sock
                 .set_sndtimeo(slice.as_millis().max(1) as i32)
@@ -547,6 +587,9 @@ pub(crate) struct DataSock {
     ring: Option<Result<shm::Ring, ()>>,
     /// The socket is reliable (`XPUB_NODROP`).
     reliable: bool,
+    /// A move to another broker waiting for this socket's holder
+    /// ([`SocketMove`]).
+    moving: Arc<Mutex<Option<SocketMove>>>,
 }
 
 /// What the gate makes of one message from a subscriber.
@@ -573,6 +616,7 @@ impl DataSock {
             inproc: false,
             ring: None,
             reliable: reliability == Reliability::Reliable,
+            moving: Arc::new(Mutex::new(None)),
         }
     }
 

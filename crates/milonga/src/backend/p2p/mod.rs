@@ -409,25 +409,48 @@ impl P2p {
     /// its data sockets and services connect there instead. The
     /// liveliness socket is the node thread's to move. The broker before.
     pub(crate) fn move_uplink(&self, to: uplink::Uplink) -> Option<uplink::Uplink> {
-        let old = lock(&self.uplink).replace(to.clone());
+        // The data sockets as the uplink changes: one made meanwhile
+        // (`data_socket` holds the list while it places one) is either in
+        // the list, placed at the old broker, or placed at the new one and
+        // not moved again (a second connect of an XPUB to the same
+        // endpoint would send it every sample twice).
+        let (old, data) = {
+            let sockets = lock(&self.sockets);
+            let old = lock(&self.uplink).replace(to.clone());
+            (old, sockets.data.clone())
+        };
         if let Some(g) = &self.security {
             broker_keys(g, &to);
         }
-        for d in self.data_sockets() {
+        for d in data {
             let plane = match d.reliability {
                 Reliability::BestEffort => uplink::Plane::BestEffort,
                 Reliability::Reliable => uplink::Plane::Reliable,
             };
             let id = self.core.id.to_hex();
-            let sock = lock(&d.sock);
-            if let Some(old) = &old {
-                let _ = sock.sock.disconnect(old.endpoints(plane, &id).0);
-            }
-            let at = to.endpoints(plane, &id).0;
-            if let Err(e) = self.secure_client(&sock.sock, at) {
-                tracing::warn!(err = %e, broker = %to.broker, "a data socket cannot connect to the new broker");
-            } else if let Err(e) = sock.sock.connect(at) {
-                tracing::warn!(err = %e, broker = %to.broker, "a data socket cannot connect to the new broker");
+            *lock(&d.moving) = Some(data::SocketMove {
+                from: old.as_ref().map(|o| o.endpoints(plane, &id).0.to_owned()),
+                to: to.endpoints(plane, &id).0.to_owned(),
+            });
+            // Made here, or by a reliable put that holds the socket while
+            // it waits for room (`data::SocketMove`): never waited for.
+            loop {
+                let held = match d.sock.try_lock() {
+                    Ok(g) => Some(g),
+                    Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                    Err(std::sync::TryLockError::WouldBlock) => None,
+                };
+                if let Some(g) = held {
+                    let moved = lock(&d.moving).take();
+                    if let Some(m) = moved {
+                        m.apply(self, &g.sock);
+                    }
+                    break;
+                }
+                if lock(&d.moving).is_none() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
         for m in lock(&self.service_moves).iter().filter_map(Weak::upgrade) {

@@ -149,6 +149,11 @@ impl ServeLink {
                     waker: ServeWaker(Mutex::new(w)),
                 });
                 p2p.watch_service_move(Arc::downgrade(&m));
+                // A move the node made after the uplink was read above, and
+                // before this service was watched, passed it by: made now.
+                if let Some(up) = p2p.uplink().filter(|u| u.hello.services_in != to) {
+                    m.move_to(up.hello.services_in.clone(), up.curve.clone());
+                }
                 Some((to, m))
             }
             None => None,

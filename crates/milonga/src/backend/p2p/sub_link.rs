@@ -135,7 +135,7 @@ impl Spec {
             .map_err(cfg_err)?;
         // Publishers may be at IPv6 addresses.
         sock.set_ipv6(true).map_err(cfg_err)?;
-        sock.set_rcvhwm(self.hwm).map_err(cfg_err)?;
+        sock.set_rcvhwm(self.hwm.max(1)).map_err(cfg_err)?;
         for p in self.prefixes.iter().map(Vec::as_slice).chain([WAKE]) {
             let mut msg = Vec::with_capacity(p.len() + 1);
             msg.push(1);

@@ -105,8 +105,9 @@ pub(crate) fn apply_common(sock: &zmq::Socket, cfg: &Config) -> zmq::Result<()> 
     sock.set_heartbeat_ttl(((cfg.heartbeat_timeout_ms.max(1) + 99) / 100 * 100).min(65_500))?;
     sock.set_handshake_ivl(cfg.handshake_timeout_ms.max(1))?;
     sock.set_maxmsgsize(i64::try_from(cfg.max_message_bytes).unwrap_or(i64::MAX))?;
-    sock.set_sndhwm(cfg.send_hwm)?;
-    sock.set_rcvhwm(cfg.recv_hwm)?;
+    // libzmq takes 0 for a queue without a bound: at least 1.
+    sock.set_sndhwm(cfg.send_hwm.max(1))?;
+    sock.set_rcvhwm(cfg.recv_hwm.max(1))?;
     sock.set_linger(0)?;
     sock.set_reconnect_ivl(100)?;
     sock.set_reconnect_ivl_max(2000)?;
