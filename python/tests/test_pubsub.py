@@ -162,6 +162,111 @@ def test_bad_input_gets_a_clear_error(domain: Domain) -> None:
         pub.put(1)
 
 
+def test_closing_from_another_thread_ends_the_waits_on_it(domain: Domain) -> None:
+    """A recv, an iteration or a reliable put waiting in one thread ends
+    with Closed when another thread closes its subscription or publisher
+    (they held their own handle and waited on)."""
+    a = domain.open("pub")
+    b = domain.open("sub")
+    ended: dict[str, BaseException] = {}
+
+    def wait_in_thread(name: str, wait: Callable[[], object]) -> threading.Thread:
+        def run() -> None:
+            try:
+                wait()
+            except BaseException as e:  # noqa: BLE001 - kept for the assertion
+                ended[name] = e
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+    quiet = b.subscribe("cl/quiet")
+    iterated = b.subscribe("cl/quiet2")
+    t1 = wait_in_thread("recv", quiet.recv)
+    t2 = wait_in_thread("iter", lambda: list(iterated))
+    # A reliable publisher whose one subscriber reads nothing: its puts
+    # wait once the queues are full.
+    stuck = b.subscribe("cl/full", qos=milonga.SubscriberQos(reliable=True, queue_depth=1))
+    pub = a.publisher("cl/full", milonga.PublisherQos(reliable=True))
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+    puts = [0]
+
+    def put_until_closed() -> None:
+        while True:
+            pub.put(b"x" * 65536)
+            puts[0] += 1
+
+    t3 = wait_in_thread("put", put_until_closed)
+
+    def waiting() -> bool:
+        n = puts[0]
+        time.sleep(0.3)
+        return n > 0 and puts[0] == n
+
+    wait_for("the puts to wait", waiting)
+    quiet.close()
+    iterated.close()
+    pub.close()
+    for name, t in [("recv", t1), ("iter", t2), ("put", t3)]:
+        t.join(timeout=5)
+        assert not t.is_alive(), f"{name} still waits after close"
+    assert isinstance(ended["recv"], milonga.Closed), ended
+    assert isinstance(ended["put"], milonga.Closed), ended
+    # Iteration ends quietly at Closed.
+    assert "iter" not in ended, ended
+    stuck.close()
+
+
+def test_a_callback_subscription_goes_on_past_an_event_it_cannot_convert(
+    domain: Domain, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = domain.open("pub")
+    b = domain.open("sub")
+    pub = a.publisher("cv/k")
+    got: list[object] = []
+    done = threading.Event()
+
+    def callback(event: milonga.Event) -> None:
+        if isinstance(event, milonga.Sample):
+            got.append(event.value)
+            if event.value == 5:
+                done.set()
+
+    sub = b.subscribe("cv/**", callback=callback)
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+    with caplog.at_level(logging.ERROR, logger="milonga"):
+        # A map key that arrives as a list, which Python cannot hash.
+        pub.put({(1, (2,)): "x"})
+        pub.put(5)
+        assert done.wait(10), got
+    assert got == [5]
+    assert "could not be received" in caplog.text
+    sub.close()
+
+
+def test_a_dict_changed_while_it_is_converted_is_an_error_not_a_panic(domain: Domain) -> None:
+    node = domain.open("dict")
+    pub = node.publisher("dc/k")
+    d: dict[object, object] = {}
+
+    class Grows:
+        def __index__(self) -> int:
+            d[len(d) + 100] = 0
+            return 1
+
+    d["a"] = Grows()
+    d["b"] = 2
+    # Sent as the items were when its conversion began, or refused: never a
+    # pyo3 PanicException (a BaseException that `except Exception` misses).
+    try:
+        pub.put(d)
+    except milonga.Error:
+        pass
+    with pytest.raises(milonga.ConfigError, match="queue_depth"):
+        node.subscribe("dc/k", qos=milonga.SubscriberQos(queue_depth=0))
+
+
 def test_a_publisher_in_another_process_is_found_and_its_loss_reported(domain: Domain) -> None:
     node = domain.open("gui")
     sub = node.subscribe("sr/*/1/**")
