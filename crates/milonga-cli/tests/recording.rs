@@ -929,6 +929,51 @@ fn hostile_recordings_get_clear_answers() {
     );
 }
 
+/// A 44-byte file whose one record claims 256 MiB: the reader asks for no
+/// more than the file holds, so `info` says it is cut short within a
+/// 200 MiB address space (it allocated and zeroed the 256 MiB claimed,
+/// and was aborted there).
+#[test]
+fn a_tiny_file_claiming_a_huge_record_allocates_nothing_of_it() {
+    use std::os::unix::process::CommandExt;
+    let env = Env::new("rec-claim");
+    let file = env.dir.path().join("claims.mcap");
+    let text = |s: &[u8]| [&(s.len() as u32).to_le_bytes()[..], s].concat();
+    let header = [text(b""), text(b"milonga")].concat();
+    let mut bytes = b"\x89MCAP0\r\n".to_vec();
+    bytes.push(0x01);
+    bytes.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&header);
+    bytes.push(0x0c);
+    bytes.extend_from_slice(&(256u64 << 20).to_le_bytes());
+    bytes.extend_from_slice(b"abc");
+    std::fs::write(&file, &bytes).unwrap();
+    let mut cmd = env.cmd(&["info"]);
+    cmd.arg(&file);
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 200 << 20,
+                rlim_max: 200 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?} {stdout} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("cut short"), "{stdout}");
+}
+
 /// A recording with one byte changed in a chunk in its middle (a bad
 /// sector, a bit flipped in storage): `info` says it is damaged and what
 /// it skipped, `cat` shows the chunks before and after it, and

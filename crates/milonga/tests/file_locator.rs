@@ -96,6 +96,43 @@ fn publishers_write_the_file_and_subscriptions_read_it_back_then_end() {
     ));
 }
 
+/// A new recording's open chunk is written out once it is a second old
+/// (`flush_every`) even when no put follows: a node that then dies loses
+/// at most that second, as `milonga record` does (it waited for the next
+/// put, so an idle node killed lost all it had put since the chunk began).
+#[test]
+fn an_idle_node_writes_out_its_open_chunk_within_a_second_or_so() {
+    let dir = TempDir::new("file-idle");
+    let path = dir.path().join("run.mcap");
+    let writer = node(&path, "max").unwrap();
+    let p = writer.publisher("f/idle").unwrap();
+    for i in 1..=5u64 {
+        p.put(i).unwrap();
+    }
+    // Read as another process would, while the node lives (no summary
+    // yet): what completed chunks hold. A hang guard, not a timing.
+    let readable = || {
+        let Ok(mut r) = RecordReader::open(&path) else {
+            return 0;
+        };
+        let mut n = 0;
+        while let Ok(Some(e)) = r.next_entry() {
+            n += usize::from(matches!(e, Entry::Sample(..)));
+        }
+        n
+    };
+    let end = Instant::now() + Duration::from_secs(20);
+    while readable() < 5 {
+        assert!(
+            Instant::now() < end,
+            "the idle node's samples never reached the file"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    writer.close();
+    assert_eq!(samples(&path).len(), 5);
+}
+
 #[test]
 fn a_node_appends_to_an_existing_recording() {
     let dir = TempDir::new("file-append");

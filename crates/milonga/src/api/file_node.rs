@@ -40,6 +40,12 @@ use crate::util::lock;
 /// How many events a feeder hands over before the subscription reads them.
 const FEED_AHEAD: usize = 1024;
 
+/// How often a writing node's open chunk is looked at by its flusher
+/// thread: a chunk is written out once it is `flush_every` old (1 s),
+/// whether puts follow or not, so that a node killed while idle loses at
+/// most that much (as `milonga record`).
+const FLUSH_LOOK: Duration = Duration::from_millis(250);
+
 /// The recording behind a `file:///` node.
 pub(crate) struct FileNode {
     pub(crate) path: PathBuf,
@@ -48,6 +54,8 @@ pub(crate) struct FileNode {
     node: NodeId,
     name: String,
     sink: Mutex<Sink>,
+    /// The thread that ends chunks while the node is idle, once it writes.
+    flusher: Mutex<Option<std::thread::Thread>>,
 }
 
 enum Sink {
@@ -80,6 +88,7 @@ impl FileNode {
             node,
             name: name.to_owned(),
             sink: Mutex::new(Sink::Idle),
+            flusher: Mutex::new(None),
         }
     }
 
@@ -176,6 +185,9 @@ impl FileNode {
         };
         let linked = std::fs::hard_link(&new, &self.path);
         let _ = std::fs::remove_file(&new);
+        // The name on the disk: a power loss must not leave the hidden
+        // name alone, which the next creation takes for a killed node's.
+        crate::util::sys::sync_dir(dir);
         match linked {
             Ok(()) => {
                 writer.moved_to(&self.path);
@@ -257,7 +269,7 @@ impl FileNode {
     /// Writes one sample of `key` put by this node: its sequence number
     /// is the next of `seq`, its timestamp `timestamp_ns` or now.
     pub(crate) fn put(
-        &self,
+        self: &Arc<Self>,
         key: &str,
         seq: &AtomicU64,
         enc: Encoded,
@@ -275,6 +287,9 @@ impl FileNode {
                 Err(e @ RecordError::Append { .. }) => Sink::Refused(e.to_string()),
                 Err(e) => return Err(PutError::Recording(e.to_string())),
             };
+            if matches!(*sink, Sink::Writing { .. }) {
+                self.start_flusher();
+            }
         }
         let writer = match &mut *sink {
             Sink::Writing { writer, .. } => writer,
@@ -304,16 +319,64 @@ impl FileNode {
         Ok(())
     }
 
+    /// Starts the thread that writes out the open chunk once it is
+    /// `flush_every` old while no put comes ([`FLUSH_LOOK`]); it ends with
+    /// the node, or at the first failed write (which every later put
+    /// reports).
+    fn start_flusher(self: &Arc<Self>) {
+        let mut flusher = lock(&self.flusher);
+        if flusher.is_some() {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("milonga-file-flush".into())
+            .spawn(move || loop {
+                std::thread::park_timeout(FLUSH_LOOK);
+                let Some(node) = me.upgrade() else {
+                    return;
+                };
+                let mut sink = lock(&node.sink);
+                match &mut *sink {
+                    Sink::Writing { writer, .. } => {
+                        if let Err(e) = writer.tick() {
+                            tracing::error!(file = %node.path.display(), error = %e, "the recording's open chunk could not be written out");
+                            return;
+                        }
+                    }
+                    Sink::Closed => return,
+                    Sink::Idle | Sink::Refused(_) => {}
+                }
+            });
+        match spawned {
+            Ok(t) => *flusher = Some(t.thread().clone()),
+            Err(e) => {
+                tracing::warn!(file = %self.path.display(), error = %e, "no thread to write out chunks while idle: a chunk waits for the next put")
+            }
+        }
+    }
+
     /// Finishes the recording (and puts an appended copy in its place).
     /// Idempotent; a failure is logged, the file then left as it is.
     pub(crate) fn close(&self) {
         let sink = std::mem::replace(&mut *lock(&self.sink), Sink::Closed);
+        if let Some(t) = lock(&self.flusher).as_ref() {
+            t.unpark();
+        }
         if let Sink::Writing { writer, tmp, .. } = sink {
             let done = writer.finish().and_then(|_| match &tmp {
-                Some(t) => std::fs::rename(t, &self.path).map_err(|source| RecordError::Io {
-                    path: self.path.clone(),
-                    source,
-                }),
+                Some(t) => {
+                    let renamed =
+                        std::fs::rename(t, &self.path).map_err(|source| RecordError::Io {
+                            path: self.path.clone(),
+                            source,
+                        });
+                    // The copy in place on the disk, not only in memory.
+                    if renamed.is_ok() {
+                        crate::util::sys::sync_dir(self.path.parent().unwrap_or(Path::new(".")));
+                    }
+                    renamed
+                }
                 None => Ok(()),
             });
             if let Err(e) = done {

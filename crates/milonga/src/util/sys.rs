@@ -27,6 +27,20 @@ pub(crate) fn pid_exists(pid: u32) -> bool {
 /// Takes an exclusive advisory lock (`flock`) on `f` without waiting:
 /// `false` if another open file description holds one. Released when `f`
 /// (every descriptor of it) is closed.
+/// Makes a directory's entries durable (a file created, linked or renamed
+/// in it): the file's own sync does not. Best effort: said when it fails.
+pub(crate) fn sync_dir(dir: &std::path::Path) {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let synced = std::fs::File::open(dir).and_then(|d| d.sync_all());
+    if let Err(e) = synced {
+        tracing::warn!(dir = %dir.display(), error = %e, "the directory's entries could not be synced: a power loss now may lose a recording's name");
+    }
+}
+
 pub(crate) fn try_lock(f: &std::fs::File) -> std::io::Result<bool> {
     // SAFETY: flock takes a descriptor `f` owns and open for its lifetime,
     // and no memory.

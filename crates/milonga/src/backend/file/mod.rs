@@ -404,6 +404,9 @@ pub struct RecordReader {
     reader: LinearReader,
     /// Where in the file the bytes handed to `reader` end.
     fed: u64,
+    /// The file's length when last looked at (it may grow: a recording
+    /// still being written). A read asks for no more than it holds.
+    known_len: u64,
     /// The end of the last chunk read (whole, damaged or not): the
     /// records before it were read.
     read_end: u64,
@@ -853,6 +856,7 @@ impl RecordReader {
             file: std::io::BufReader::with_capacity(1 << 13, file),
             reader: linear_reader(false),
             fed: 0,
+            known_len: 0,
             read_end: MAGIC_LEN,
             mark: 0,
             by_index: false,
@@ -985,7 +989,21 @@ impl RecordReader {
             };
             let (opcode, data) = match event {
                 LinearReadEvent::ReadRequest(need) => {
-                    let buf = self.reader.insert(need);
+                    // No more than the file holds (looked at again when
+                    // that is passed): the reader makes room for what it
+                    // is asked, so a length field claiming 256 MiB in a
+                    // file of 60 bytes would allocate 256 MiB.
+                    let mut room = self.known_len.saturating_sub(self.fed);
+                    if room < need as u64 {
+                        self.known_len = self
+                            .file
+                            .get_ref()
+                            .metadata()
+                            .map_or(self.known_len, |m| m.len());
+                        room = self.known_len.saturating_sub(self.fed);
+                    }
+                    let ask = need.min(usize::try_from(room).unwrap_or(usize::MAX)).max(1);
+                    let buf = self.reader.insert(ask);
                     let n = self.file.read(buf).map_err(|source| RecordError::Io {
                         path: self.path.clone(),
                         source,

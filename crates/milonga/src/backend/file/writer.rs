@@ -628,6 +628,14 @@ impl RecordWriter {
 
     fn finish_file(&mut self) -> Result<(), RecordError> {
         self.end_chunk()?;
+        // The data on the disk before a summary says the file is whole: a
+        // sync that fails (EIO, or a quota or a full disk told only now,
+        // as on NFS) leaves the file without one.
+        if let Err(e) = self.file.sync_data() {
+            self.failed = true;
+            return Err(self.io_err(e));
+        }
+        let data_end = self.pos;
         let mut out = Vec::new();
         put_record(
             &mut out,
@@ -710,7 +718,19 @@ impl RecordWriter {
         // Truncating to its own size gives back the blocks allocated past
         // the end; the file is complete without it (best effort).
         let _ = self.file.set_len(self.pos);
-        self.file.sync_all().map_err(|e| self.io_err(e))
+        if let Err(e) = self.file.sync_all() {
+            // Whether the summary reached the disk is unknown: taken away
+            // (best effort), so that the file reads as cut short, its
+            // chunks whole, rather than complete.
+            let _ = self.file.set_len(data_end);
+            let _ = self.file.sync_all();
+            return Err(self.io_err(e));
+        }
+        // Its name on the disk too (a new file's directory entry).
+        if let Some(dir) = self.path.parent() {
+            crate::util::sys::sync_dir(dir);
+        }
+        Ok(())
     }
 }
 
