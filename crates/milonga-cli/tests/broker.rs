@@ -1005,6 +1005,57 @@ fn clients_move_to_the_next_broker_when_theirs_is_killed_and_back_when_it_return
     }
 }
 
+/// A call in flight through a broker that falls silent (SIGSTOP: its
+/// connections stay up) ends `ServerLost` when the caller moves to the
+/// next broker, not at its deadline: its reply cannot come any more. The
+/// caller's ZMTP heartbeat timeout is a minute here, so that only the move
+/// can end the call before its 20 s deadline (it ended `Timeout`).
+#[test]
+fn a_call_through_a_broker_that_falls_silent_ends_server_lost_at_the_move() {
+    let env = Env::new("brk-silent");
+    let ports = [milonga_testkit::free_port(), milonga_testkit::free_port()];
+    let start = |i: usize| {
+        let p = env.spawn(&[
+            "broker",
+            "--listen",
+            &format!("tcp://127.0.0.1:{}", ports[i]),
+            "--domain",
+            &env.domain,
+            "--json",
+        ]);
+        p.line(T).expect("the broker listens");
+        p
+    };
+    let b = [start(0), start(1)];
+    let l = format!(
+        "milonga://127.0.0.1:{},127.0.0.1:{}/{}",
+        ports[0], ports[1], env.domain
+    );
+    let _svc = serve_at(&env, &l, &["f/slow", "--echo", "--delay-ms", "2000"]);
+    let mut cfg = env.config_at(&l, "caller");
+    cfg.heartbeat_timeout_ms = 60_000;
+    let node = Node::open_with(cfg).unwrap();
+    wait_for("the slow service", T, || {
+        node.call("f/slow", 1, Duration::from_secs(10)).is_ok()
+    });
+    let outcome = std::thread::scope(|s| {
+        let call = s.spawn(|| node.call("f/slow", 2, Duration::from_secs(20)));
+        // Not a condition to wait for: the call is in flight from its
+        // start; 300 ms lets its request reach the server (frozen earlier,
+        // it waits in the caller's queue to the broker, the same case).
+        std::thread::sleep(Duration::from_millis(300));
+        b[0].signal(libc::SIGSTOP);
+        let outcome = call.join().unwrap();
+        b[0].signal(libc::SIGCONT);
+        outcome
+    });
+    assert!(
+        matches!(outcome, Err(milonga::CallError::ServerLost { .. })),
+        "{outcome:?}"
+    );
+    node.close();
+}
+
 /// A reliable put that waits for room on the dead broker's connection
 /// (libzmq keeps it, full, while it retries a broker that is gone) does
 /// not keep its node from moving: the move, which alone lets that

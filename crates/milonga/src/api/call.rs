@@ -80,6 +80,10 @@ struct InFlight {
     timeout: Duration,
     /// Set when nobody waits for the outcome any more.
     cancelled: Option<Arc<AtomicBool>>,
+    /// A broker client: the broker the call went through. Once the node
+    /// moved to another, its reply can no longer come (the old broker is
+    /// dead or silent): the call ends `ServerLost` (docs/broker.md).
+    via: Option<String>,
 }
 
 impl Drop for InFlight {
@@ -319,6 +323,7 @@ fn send(
         deadline,
         timeout,
         cancelled: None,
+        via: node.backend().broker_in_use(),
     };
     let ch = call.channel.as_mut().expect("just set");
     if let Err(e) = ch.send(msg, enc.tail.as_ref()) {
@@ -424,8 +429,11 @@ impl InFlight {
                 return Some(Err(CallError::Closed));
             }
             // A server whose process is gone before its connection was
-            // made never reports a disconnection: discovery does.
-            let gone = !self.node.knows_peer(self.target.node);
+            // made never reports a disconnection: discovery does. Through
+            // a broker the node left (it died, or fell silent), nothing
+            // comes back either.
+            let gone = !self.node.knows_peer(self.target.node)
+                || self.via.is_some() && self.node.backend().broker_in_use() != self.via;
             if gone {
                 stats::inc(&c.calls_server_lost);
                 return Some(Err(CallError::ServerLost { server }));

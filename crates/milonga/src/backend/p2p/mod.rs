@@ -393,6 +393,11 @@ impl P2p {
         lock(&self.uplink).clone()
     }
 
+    /// A broker client: the broker in use now (its listen endpoint).
+    pub(crate) fn broker_in_use(&self) -> Option<String> {
+        lock(&self.uplink).as_ref().map(|u| u.broker.clone())
+    }
+
     /// A broker client: the locator's brokers.
     pub(crate) fn brokers(&self) -> Vec<uplink::BrokerAt> {
         self.brokers.clone()

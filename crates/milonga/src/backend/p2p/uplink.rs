@@ -436,7 +436,13 @@ pub(crate) struct BrokerSource {
     /// The version last attached.
     sent: u64,
     next_attach: Instant,
+    /// When a broker last answered (a hello of the one moved to counts):
+    /// silence past `FAILOVER_AFTER` attaches looks for another.
     last_heard: Instant,
+    /// When an attach was last answered: the view stands for the lease
+    /// after that, then empties (a broker that answers hellos but no
+    /// attach keeps no dead broker's view alive).
+    view_heard: Instant,
     view_version: u64,
     view: Vec<Announcement>,
     /// The report sent with every [`REPORT_EVERY`]th attach, and how many
@@ -589,6 +595,7 @@ impl BrokerSource {
             sent: 0,
             next_attach: now,
             last_heard: now,
+            view_heard: now,
             view_version: 0,
             view: Vec::new(),
             report: Vec::new(),
@@ -632,7 +639,6 @@ impl BrokerSource {
         if now < self.next_try {
             return;
         }
-        self.next_try = now + FAILOVER_HELLO;
         let i = self
             .brokers
             .iter()
@@ -643,6 +649,10 @@ impl BrokerSource {
             .filter_map(|k| self.brokers.get((i + k) % n).cloned())
             .collect();
         let found = hello(&self.core.cfg, &order, &self.core.domain, FAILOVER_HELLO);
+        // The next ask counted from this one's end: a hello that waits
+        // for brokers that are all down takes up to FAILOVER_HELLO of the
+        // node thread, which must get its other work done between asks.
+        self.next_try = Instant::now() + FAILOVER_HELLO;
         let up = match found {
             Ok(up) => up,
             Err(e) => {
@@ -661,12 +671,14 @@ impl BrokerSource {
                 self.sent = 0;
                 self.next_attach = now;
                 self.last_heard = now;
+                self.follow(&up);
             }
             Ok((sock, monitor)) => {
                 tracing::warn!(from = %self.current.broker, to = %up.broker, "the broker was lost: the node moves to another");
                 crate::backend::p2p::zmq_io::stop_monitor(&mut self.sock);
                 self.sock = sock;
                 self.monitor = monitor;
+                self.follow(&up);
                 let from = std::mem::replace(&mut self.current, up.clone());
                 self.moved = Some((from.broker, up));
                 self.lost_since = None;
@@ -678,6 +690,13 @@ impl BrokerSource {
             }
             Err(e) => tracing::warn!(err = %e, "cannot connect to the broker that answered"),
         }
+    }
+
+    /// Takes the attach interval and lease of the broker now used (each
+    /// broker says its own in its hello).
+    fn follow(&mut self, up: &Uplink) {
+        self.interval = Duration::from_millis(up.hello.attach_interval_ms.clamp(10, 60_000));
+        self.lease = Duration::from_millis(up.hello.lease_ms.clamp(100, 3_600_000));
     }
 
     /// The version of the announcement it attaches.
@@ -735,6 +754,7 @@ impl BrokerSource {
                     == Some(self.view_version)
                 {
                     self.last_heard = now;
+                    self.view_heard = now;
                 }
                 false
             }
@@ -748,6 +768,7 @@ impl BrokerSource {
                     return false;
                 };
                 self.last_heard = now;
+                self.view_heard = now;
                 self.view_version = version;
                 let me = self.core.id.to_hex();
                 let mut peers = Vec::with_capacity(view.len());
@@ -819,7 +840,7 @@ impl Source for BrokerSource {
             }
             self.next_attach = now + self.interval;
         }
-        if now.duration_since(self.last_heard) > self.lease && !self.view.is_empty() {
+        if now.duration_since(self.view_heard) > self.lease && !self.view.is_empty() {
             // No broker answers: everything the last one showed is gone.
             tracing::warn!(broker = %self.current.broker, "no broker has answered for the lease: its nodes are gone from view");
             self.view.clear();
