@@ -18,6 +18,7 @@ import asyncio
 import atexit
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -137,6 +138,22 @@ Event = (
 )
 
 
+def _check_int(what: str, v: object, low: int, none_ok: bool = True) -> None:
+    if v is None and none_ok:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ConfigError(f"{what} must be an integer >= {low}, not {v!r}")
+
+
+def _check_seconds(what: str, v: object, positive: bool = False) -> None:
+    if v is None:
+        return
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not ok or not isinstance(v, (int, float)) or v < 0 or (positive and v == 0):
+        low = "> 0" if positive else ">= 0"
+        raise ConfigError(f"{what} must be a number of seconds {low}, not {v!r}")
+
+
 @dataclass(frozen=True)
 class PublisherQos:
     """QoS of a publisher.
@@ -164,6 +181,19 @@ class PublisherQos:
     compression_level: int | None = None
     schema: type | dict[str, Any] | None = None
     compression_dictionary: bool | None = None
+
+    def __post_init__(self) -> None:
+        # Said as a ConfigError (a milonga.Error and a ValueError) here,
+        # rather than as an OverflowError or TypeError of the native call.
+        _check_int("history", self.history, 0, none_ok=False)
+        _check_seconds("put_timeout", self.put_timeout)
+        if self.compression not in (None, "none", "lz4", "zstd"):
+            raise ConfigError(
+                f"compression {self.compression!r}: expected 'none', 'lz4' or 'zstd'"
+            )
+        _check_int("compression_threshold", self.compression_threshold, 0)
+        if self.compression_level is not None:
+            _check_int("compression_level", self.compression_level, -(2**31))
 
 
 @dataclass(frozen=True)
@@ -195,6 +225,14 @@ class SubscriberQos:
     rel_change: float | None = None
     min_period_ms: int | None = None
     schema: type | dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("last", self.last, 0, none_ok=False)
+        _check_seconds("deadline", self.deadline, positive=True)
+        _check_int("queue_depth", self.queue_depth, 1)
+        _check_int("keep_all", self.keep_all, 1)
+        _check_int("keep_last", self.keep_last, 1)
+        _check_int("min_period_ms", self.min_period_ms, 0)
 
 
 class Subscription:
@@ -374,6 +412,8 @@ class Node(_native.Node):
 
         The service lives as long as the node, or until ``close()`` on the
         returned :class:`Service`."""
+        _check_int("workers", workers, 1, none_ok=False)
+        _check_int("max_queued", max_queued, 0, none_ok=False)
         service = self._serve(key, handler, workers, max_queued)
         self._services.append(service)
         return service

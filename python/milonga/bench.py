@@ -340,9 +340,11 @@ def pubsub(argv: list[str]) -> None:
 
 #: The child of ``signals``, and of tests/test_signals.py (which checks the
 #: outcome that this bench times): ``python -c SIGNALS_CHILD recv|call``, with
-#: ``LOCATOR`` in its environment. Its main thread blocks in ``sub.recv()``
-#: on a key nobody publishes, or in ``node.call()`` of its own service, whose
-#: handler sleeps 30 s (the call's timeout is 60 s). It prints ``blocked`` once
+#: ``LOCATOR`` in its environment (also ``call_all`` and ``close``). Its
+#: main thread blocks in ``sub.recv()`` on a key nobody publishes, in
+#: ``node.call()`` or ``node.call_all()`` of its own service, whose handler
+#: sleeps 30 s (the call's timeout is 60 s), or in that service's
+#: ``close()`` while a call from another thread runs the handler. It prints ``blocked`` once
 #: that thread is inside the native call, then ``interrupted <t>`` (``t`` =
 #: ``time.monotonic()`` where KeyboardInterrupt is caught) or ``returned`` if
 #: the call ended by itself.
@@ -358,12 +360,23 @@ if sys.argv[1] == "recv":
     sub = n.subscribe("nothing/ever")
     block = lambda: sub.recv()
 else:
+    started = threading.Event()
     def slow(req):
+        started.set()
         time.sleep(30)
-    n.serve("lab/slow", slow)
+    svc = n.serve("lab/slow", slow)
     while not any(s["key"] == "lab/slow" for p in n.peers() for s in p.get("services", [])):
         time.sleep(0.01)
-    block = lambda: n.call("lab/slow", 1, timeout=60)
+    if sys.argv[1] == "call":
+        block = lambda: n.call("lab/slow", 1, timeout=60)
+    elif sys.argv[1] == "call_all":
+        block = lambda: n.call_all("lab/slow", 1, timeout=60)
+    else:
+        # close: a handler runs (a call from another thread), and closing
+        # the service waits for it to finish.
+        threading.Thread(target=lambda: n.call("lab/slow", 1, timeout=60), daemon=True).start()
+        started.wait(10)
+        block = lambda: svc.close()
 
 # Evidence that the main thread is blocked inside the call, not about to
 # enter it: a watcher thread samples the main thread's innermost Python

@@ -49,9 +49,48 @@ fn seconds(what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
     match s {
         None => Ok(None),
         Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s.min(1e9)))),
-        Some(s) => Err(PyValueError::new_err(format!(
-            "{what} must be a number of seconds >= 0, not {s}"
-        ))),
+        Some(s) => Err(Python::attach(|py| {
+            errors::raise(
+                py,
+                "ConfigError",
+                format!("{what} must be a number of seconds >= 0, not {s}"),
+            )
+        })),
+    }
+}
+
+/// Runs `work` on a thread of its own and waits for it in slices, between
+/// which signals are checked (Ctrl-C): a wait that may last (a handler
+/// that runs for an hour, a long timeout) stays interruptible. Interrupted,
+/// the work goes on in the background and its outcome is dropped.
+fn in_slices<T: Send + 'static>(
+    py: Python<'_>,
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> PyResult<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .map_err(|e| errors::raise(py, "Error", format!("cannot start a thread: {e}")))?;
+    let mut rx = rx;
+    loop {
+        // (The receiver is moved in and out: it may not be shared.)
+        let (got, back) = py.detach(move || (rx.recv_timeout(SLICE), rx));
+        rx = back;
+        match got {
+            Ok(v) => return Ok(v),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(errors::raise(
+                    py,
+                    "Error",
+                    format!("{name} ended without an outcome"),
+                ))
+            }
+        }
     }
 }
 
@@ -90,7 +129,9 @@ fn apply_config(cfg: &mut Config, config: &Bound<'_, PyDict>) -> PyResult<()> {
 /// A node: the handle on a domain (`milonga.open`).
 #[pyclass(frozen, subclass, module = "milonga._native", name = "Node")]
 pub(crate) struct Node {
-    node: milonga::Node,
+    /// Shared with the threads that run a `call_all` or a `close` while
+    /// the calling thread waits for them in slices (Ctrl-C).
+    node: Arc<milonga::Node>,
     threshold: usize,
     /// `max_message_bytes`: no loan can be larger.
     max_message: usize,
@@ -119,7 +160,7 @@ impl Node {
             .detach(|| milonga::Node::open_with(cfg))
             .map_err(|e| errors::open(py, e))?;
         Ok(Node {
-            node,
+            node: Arc::new(node),
             threshold,
             max_message,
             compression,
@@ -179,9 +220,11 @@ impl Node {
                 Some("lz4") => milonga::Compression::lz4(),
                 Some("zstd") => milonga::Compression::zstd(),
                 Some(other) => {
-                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                        "compression {other:?}: expected 'none', 'lz4' or 'zstd'"
-                    )))
+                    return Err(errors::raise(
+                        py,
+                        "ConfigError",
+                        format!("compression {other:?}: expected 'none', 'lz4' or 'zstd'"),
+                    ))
                 }
             };
             if let Some(t) = compression_threshold {
@@ -353,8 +396,8 @@ impl Node {
     ) -> PyResult<Vec<ServerReply>> {
         let t = seconds("timeout", Some(timeout))?.unwrap_or_default();
         let v = from_py(value, self.threshold)?;
-        let replies = py
-            .detach(|| self.node.call_all(expr, v, t))
+        let (node, expr) = (self.node.clone(), expr.to_owned());
+        let replies = in_slices(py, "milonga-call-all", move || node.call_all(&expr, v, t))?
             .map_err(|e| errors::call(py, e))?;
         replies
             .into_iter()
@@ -387,9 +430,12 @@ impl Node {
         serde_json::to_string(&self.node.stats()).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
-    /// Closes the node: its publishers, subscriptions and services stop.
-    fn close(&self, py: Python<'_>) {
-        py.detach(|| self.node.close());
+    /// Closes the node: its publishers, subscriptions and services stop
+    /// (running handlers finish first). Ctrl-C ends the wait; the closing
+    /// goes on in the background.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let node = self.node.clone();
+        in_slices(py, "milonga-close", move || node.close())
     }
 }
 
@@ -1198,11 +1244,12 @@ impl Service {
     }
 
     /// Withdraws the service: callers stop finding it, waiting requests are
-    /// turned away, running handlers finish.
-    fn close(&self, py: Python<'_>) {
+    /// turned away, running handlers finish. Ctrl-C ends the wait for them
+    /// (they finish in the background).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
         let s = lock(&self.inner).take();
         // Workers may wait for the interpreter to run a handler.
-        py.detach(|| drop(s));
+        in_slices(py, "milonga-service-close", move || drop(s))
     }
 }
 

@@ -157,6 +157,20 @@ def test_bad_input_gets_a_clear_error(domain: Domain) -> None:
         node.publisher("lab/bad")
     with pytest.raises(ValueError, match="seconds >= 0"):
         node.subscribe("lab/bad").recv(timeout=-1)
+    # QoS values out of range or of the wrong type: a ConfigError (a
+    # milonga.Error), not the native call's OverflowError or TypeError.
+    for bad in [
+        lambda: milonga.PublisherQos(history=-1),
+        lambda: milonga.PublisherQos(history=1.5),  # type: ignore[arg-type]
+        lambda: milonga.PublisherQos(put_timeout=-1),
+        lambda: milonga.PublisherQos(compression="gzip"),
+        lambda: milonga.SubscriberQos(last=-1),
+        lambda: milonga.SubscriberQos(deadline=0),
+        lambda: milonga.SubscriberQos(keep_all=-1),
+        lambda: node.serve("lab/bad-svc", lambda r: r, workers=-1),
+    ]:
+        with pytest.raises(milonga.ConfigError):
+            bad()
     pub.close()
     with pytest.raises(milonga.Closed):
         pub.put(1)

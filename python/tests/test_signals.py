@@ -1,5 +1,6 @@
-"""Ctrl-C interrupts a blocking recv or call. How long it takes is measured
-by ``python -m milonga.bench signals``, with the same child program."""
+"""Ctrl-C interrupts a blocking recv, call, call_all or service close (which
+waits for a running handler). How long it takes is measured by ``python -m
+milonga.bench signals`` (recv and call), with the same child program."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from conftest import Domain, ready_line
 HANG_GUARD_S = 2.0
 
 
-@pytest.mark.parametrize("what", ["recv", "call"])
+@pytest.mark.parametrize("what", ["recv", "call", "call_all", "close"])
 def test_ctrl_c_interrupts_a_blocking_wait(domain: Domain, what: str) -> None:
     child = domain.spawn(SIGNALS_CHILD, what)
     # Printed once the child's main thread is inside the native call (see
