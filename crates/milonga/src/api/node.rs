@@ -249,7 +249,7 @@ impl Node {
             s.encode()
                 .map_err(|e| SubscribeError::Qos(format!("the reader's schema: {e}")))?;
         }
-        // libzmq takes a queue of 0 for one without a bound: refused.
+        // The transport takes a queue of 0 for one without a bound: refused.
         if let Some(q) = qos.queue_depth.filter(|q| *q < 1) {
             return Err(SubscribeError::Qos(format!(
                 "queue_depth {q}: at least 1 (messages per publisher)"
