@@ -418,9 +418,11 @@ impl LocalDir {
     /// may announce by now).
     pub(crate) fn remove_if_of(&mut self, id: &str, pid: u32) {
         let path = self.file_of(id);
-        let ours = fs::read(&path)
+        // Read as any announcement is (a FIFO or a link to /dev/zero put in
+        // its place must not block or fill the broker that withdraws it).
+        let ours = read_announcement(&path)
             .ok()
-            .and_then(|t| Announcement::from_json(&t).ok())
+            .and_then(|(_, t)| Announcement::from_json(&t).ok())
             .is_some_and(|a| a.pid == pid);
         if ours {
             let _ = fs::remove_file(path);
@@ -574,13 +576,15 @@ impl LocalDir {
             };
             if alive {
                 // By node id when the file is named after it, as its node
-                // writes it; a file of another name under its own name, so
-                // that it cannot hide the node's own (with security on the
-                // node thread sets aside one whose id is not its key's).
+                // writes it; a file of another name under its own name
+                // after every id (`~` sorts after hex digits), so that it
+                // cannot hide the node's own: the first entry of a node
+                // stands (with security on the node thread sets aside one
+                // whose id is not its key's).
                 let own_file = e.file_name().to_str() == Some(&format!("{}.json", a.node_id));
                 let slot = match own_file {
                     true => a.node_id.clone(),
-                    false => e.file_name().to_string_lossy().into_owned(),
+                    false => format!("~{}", e.file_name().to_string_lossy()),
                 };
                 out.insert(slot, a);
             } else {
@@ -606,7 +610,18 @@ pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path, own: bool) {
         .chain(std::iter::once(a.control.as_str()))
         .chain(a.services.iter().map(|s| s.endpoint.as_str()))
     {
-        if let Some(path) = ep.strip_prefix("ipc://").map(Path::new) {
+        if let Some(named_as) = ep.strip_prefix("ipc://").map(Path::new) {
+            // Judged and removed under the name Milonga gives it (the
+            // directory's path and the file's name), not as spelled: a
+            // forged `DIR/./NAME` is the same file, which /proc/net/unix
+            // lists as `DIR/NAME`.
+            if named_as.parent() != Some(within) {
+                continue;
+            }
+            let Some(name) = named_as.file_name() else {
+                continue;
+            };
+            let path = &within.join(name);
             // Only a socket file in the domain directory, with the name
             // Milonga gives a node's sockets (`<first 12 hex digits of its
             // id>-<role>.sock`), and not in use: a stale or forged
@@ -621,8 +636,7 @@ pub(crate) fn remove_ipc_files(a: &Announcement, within: &Path, own: bool) {
                 use std::os::unix::fs::FileTypeExt;
                 m.file_type().is_socket()
             });
-            if path.parent() == Some(within) && named && is_socket && (own || !socket_in_use(path))
-            {
+            if named && is_socket && (own || !socket_in_use(path)) {
                 let _ = fs::remove_file(path);
             }
         }
@@ -786,6 +800,33 @@ mod tests {
         let _ = fs::remove_dir_all(&root);
     }
 
+    /// A broker withdrawing a client whose announcement file was replaced
+    /// by a FIFO or a link to /dev/zero neither blocks (it read the file
+    /// with a plain open) nor reads without end, and removes neither; its
+    /// own file it removes.
+    #[test]
+    fn withdrawing_a_client_reads_its_file_as_any_announcement() {
+        let root = temp_dir("withdraw");
+        let mut dir = LocalDir::open(&root, "d", false).unwrap();
+        let (fifo, zero) = ("f1".repeat(16), "f2".repeat(16));
+        assert!(crate::util::sys::testing::mkfifo(&dir.file_of(&fifo)));
+        std::os::unix::fs::symlink("/dev/zero", dir.file_of(&zero)).unwrap();
+        let pid = std::process::id();
+        dir.remove_if_of(&fifo, pid);
+        dir.remove_if_of(&zero, pid);
+        assert!(dir.file_of(&fifo).exists() && fs::symlink_metadata(dir.file_of(&zero)).is_ok());
+        let mine = announcement(&"ab".repeat(16), pid, 0, "tcp://127.0.0.1:9");
+        dir.write(&mine).unwrap();
+        dir.remove_if_of(&mine.node_id, pid + 1);
+        assert!(
+            dir.file_of(&mine.node_id).exists(),
+            "another process's: kept"
+        );
+        dir.remove_if_of(&mine.node_id, pid);
+        assert!(!dir.file_of(&mine.node_id).exists());
+        let _ = fs::remove_dir_all(&root);
+    }
+
     /// A change in the directory checks the processes of the files that
     /// changed to name another process, not of every announcement; a known
     /// peer's process ending checks its own announcements, a full scan all
@@ -908,7 +949,12 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let gone = child.id();
         child.wait().unwrap();
-        for (node, sock) in [(&id, &live), (&dead_id, &dead)] {
+        // The live one also under another spelling of its path
+        // (`DIR/./NAME`), which /proc/net/unix does not list.
+        let respelled = dir.dir.join(".").join(live.file_name().unwrap());
+        // (Another id whose first 12 digits name the same socket.)
+        let twin = format!("{}{}", &id[..12], "00".repeat(10));
+        for (node, sock) in [(&id, &live), (&dead_id, &dead), (&twin, &respelled)] {
             let a = announcement(node, gone, 1, &format!("ipc://{}", sock.display()));
             dir.write(&a).unwrap();
         }

@@ -69,6 +69,12 @@ struct Registrant {
     /// No page before this ([`pace`]: pages are paced).
     next_at: Instant,
     last: Instant,
+    /// When the last reset page was sent to it: a view rebuilt from empty
+    /// since then holds no node removed before, so it goes on from the
+    /// version it reached even below `floor` (a reset of several pages
+    /// otherwise started over at each page whose versions were below the
+    /// floor, for ever), for as long as removals are remembered.
+    reset_at: Option<Instant>,
 }
 
 /// One domain's registry, in a broker.
@@ -202,8 +208,7 @@ impl Table {
             }
             None => false,
         };
-        let fresh =
-            header.epoch == self.epoch && header.have >= self.floor && header.have <= self.version;
+        let kept = self.lease * REMOVED_KEPT_LEASES;
         let r = self
             .registrants
             .entry(who.to_vec())
@@ -214,7 +219,12 @@ impl Table {
                 in_flight: None,
                 next_at: now,
                 last: now,
+                reset_at: None,
             });
+        let rebuilt = r.reset_at.is_some_and(|t| now.duration_since(t) < kept);
+        let fresh = header.epoch == self.epoch
+            && header.have <= self.version
+            && (header.have >= self.floor || rebuilt);
         r.node_id.clone_from(id);
         // An acknowledgement (the view moved), or a page gone too long:
         // the next may go. A renewal that crossed the page does not send
@@ -418,10 +428,14 @@ impl Table {
             }
             self.rotate += 1;
             let r = &self.registrants[&who];
+            let reset = !r.fresh;
             let (frames, to) = self.page(r.fresh, r.have);
             spent += frames.iter().map(Vec::len).sum::<usize>();
             let (version, pace) = (self.version, pace(self.entries.len()));
             if let Some(r) = self.registrants.get_mut(&who) {
+                if reset {
+                    r.reset_at = Some(now);
+                }
                 r.in_flight = Some(now);
                 // The rest of what is there now follows at once; later
                 // changes wait for the pace.
@@ -1063,6 +1077,67 @@ mod tests {
         assert_eq!(t.register(b"a", &h, None, 2, later), Ok(true));
         h.announced ^= 1;
         assert_eq!(t.register(b"a", &h, None, 2, later), Ok(false));
+    }
+
+    /// A newcomer to a table of more nodes than one page holds, once a
+    /// removal was forgotten (`floor` above the stable nodes' versions),
+    /// gets its whole view page by page: each page of its reset is
+    /// acknowledged below the floor, and the next page goes on from there
+    /// (it started the reset over, for ever).
+    #[test]
+    fn a_reset_of_several_pages_completes_below_the_floor() {
+        let lease = Duration::from_secs(3);
+        let now = Instant::now();
+        let mut t = Table::new(lease);
+        let n = MAX_PAGE_ENTRIES as u32 * 3;
+        for i in 0..n {
+            let (id, json) = ann(i);
+            t.register(b"x", &header(&t, &id, 0), Some(json), i as usize, now)
+                .unwrap();
+        }
+        // One leaves; ten leases later its removal is forgotten.
+        let (gone, _) = ann(n);
+        t.register(b"g", &header(&t, &gone, 0), Some(ann(n).1), n as usize, now)
+            .unwrap();
+        t.unregister(&gone, now);
+        let later = now + lease * (REMOVED_KEPT_LEASES + 1);
+        // (Those that stay renew.)
+        for i in 0..n {
+            let (id, _) = ann(i);
+            t.register(b"x", &header(&t, &id, t.version), None, n as usize, later)
+                .unwrap();
+        }
+        t.expire(later);
+        assert!(t.floor > MAX_PAGE_ENTRIES as u64, "floor {}", t.floor);
+        // The newcomer: acknowledges each page where it ends.
+        let (me, json) = ann(n + 1);
+        t.register(b"me", &header(&t, &me, 0), Some(json), n as usize, later)
+            .unwrap();
+        let (mut have, mut got, mut resets) = (0, 0, 0);
+        for _ in 0..20 {
+            let Some((_, frames)) = t
+                .pages(usize::MAX, later)
+                .into_iter()
+                .find(|(who, _)| who == b"me")
+            else {
+                break;
+            };
+            let (h, k) = entries(&frames);
+            if h.reset {
+                resets += 1;
+                got = 0;
+            }
+            got += k;
+            have = h.to;
+            t.register(b"me", &header(&t, &me, have), None, n as usize, later)
+                .unwrap();
+            if have >= h.latest {
+                break;
+            }
+        }
+        assert_eq!(resets, 1, "the reset started over");
+        assert_eq!(have, t.version);
+        assert_eq!(got, n as usize + 1, "every node, the newcomer too");
     }
 
     #[test]
