@@ -666,6 +666,21 @@ fn hostile_scouting_datagrams_are_dropped_and_counted() {
     let host0 = lan.bed.host(0).addr;
     let mut v2 = hello("tcp://10.99.0.2:9", tag).encode();
     v2[4] = 2;
+    // From its own address, carrying an announcement whose data endpoint
+    // is host 0's: every node hearing it would connect there.
+    let reflect = {
+        let mut h = hello("tcp://10.99.0.2:9", tag);
+        h.node_id = milonga::NodeId([0x77; 16]);
+        h.announcement = Some(
+            format!(
+                r#"{{"protocol":1,"domain":"{}","node_id":"{}","name":"x","host":"h","pid":1,"start_time":0,"control":"tcp://10.99.0.2:9","data_best_effort":"tcp://{host0}:9","publications":[]}}"#,
+                lan.domain,
+                "77".repeat(16)
+            )
+            .into_bytes(),
+        );
+        h.encode()
+    };
     let datagrams: Vec<Vec<u8>> = vec![
         b"not a hello at all".to_vec(),
         v2,
@@ -676,6 +691,7 @@ fn hostile_scouting_datagrams_are_dropped_and_counted() {
         hello("tcp://10.99.0.2:9", tag).encode()[..30].to_vec(),
         // Another domain.
         hello("tcp://10.99.0.2:9", tag ^ 1).encode(),
+        reflect,
     ];
     let hex: Vec<String> = datagrams
         .iter()
@@ -703,10 +719,11 @@ fn hostile_scouting_datagrams_are_dropped_and_counted() {
             s["peers_foreign_domain"].as_u64().unwrap_or(0),
         )
     };
-    // Each dropped and counted once: five malformed (the forged endpoint
-    // and the host name among them), one of another domain.
-    milonga_testkit::poll_until(Duration::from_secs(5), || counts() == (5, 1));
-    assert_eq!(counts(), (5, 1), "{}", stats());
+    // Each dropped and counted once: six malformed (the forged endpoint,
+    // the host name and the reflecting announcement among them), one of
+    // another domain.
+    milonga_testkit::poll_until(Duration::from_secs(5), || counts() == (6, 1));
+    assert_eq!(counts(), (6, 1), "{}", stats());
 }
 
 #[test]

@@ -78,6 +78,28 @@ impl Scouted {
     }
 }
 
+/// Whether every endpoint announcement `a` names (data, liveliness,
+/// control, services; a broker's `#tag` aside) is a tcp endpoint at the
+/// address of `control`, the hello's, which scouting checked is the
+/// datagram's sender. A hello is not authenticated: an announcement riding
+/// in one that named another host's endpoints would make every node that
+/// hears it connect there (a reflection of one datagram onto a victim),
+/// and an ipc one, a socket of the hearer's own host.
+fn all_at_sender(a: &Announcement, control: &str) -> bool {
+    use crate::discovery::{ip_of, tcp_host_port};
+    let Some(sender) = tcp_host_port(control).and_then(|(h, _)| ip_of(h)) else {
+        return false;
+    };
+    a.data_endpoints()
+        .chain(a.liveliness.as_deref())
+        .chain(std::iter::once(a.control.as_str()))
+        .chain(a.services.iter().map(|s| s.endpoint.as_str()))
+        .all(|ep| {
+            let ep = ep.split_once('#').map_or(ep, |(e, _)| e);
+            tcp_host_port(ep).and_then(|(h, _)| ip_of(h)) == Some(sender)
+        })
+}
+
 /// A query for a node's announcement: its socket, when it was sent, the
 /// version asked, and with security on a monitor that tells a refused key
 /// (the peer's ZAP handler) from no answer.
@@ -286,6 +308,11 @@ impl ScoutPeers {
         match Announcement::from_json(json) {
             Ok(mut a) if a.node_id == h.node_id.to_hex() && a.domain == self.node.domain => {
                 reached_at(&mut a, &h.control);
+                if !all_at_sender(&a, &h.control) {
+                    stats::inc(&self.node.counters.scout_malformed);
+                    limited!(warn, node = %h.node_id, control = %h.control, "a hello's announcement names endpoints away from its sender: dropped (nodes would connect there)");
+                    return None;
+                }
                 Some(a)
             }
             Ok(_) | Err(_) => {
@@ -394,7 +421,11 @@ impl ScoutPeers {
                 if let Ok(frames) = sock.recv_multipart(zmq::DONTWAIT) {
                     let info = milonga_wire::control::decode_info_reply(&frames)
                         .ok()
-                        .and_then(|body| serde_json::from_slice::<NodeInfo>(body).ok());
+                        .and_then(|body| serde_json::from_slice::<NodeInfo>(body).ok())
+                        .map(|mut i| {
+                            reached_at(&mut i.announcement, &n.control);
+                            i
+                        });
                     let asked = *asked;
                     n.query = None;
                     // Asked again only for a newer version, or after a
@@ -408,9 +439,12 @@ impl ScoutPeers {
                             stats::inc(&c.control_malformed);
                             limited!(warn, endpoint = %n.control, "a scouted node's control endpoint answered for another node");
                         }
-                        Some(mut i) => {
+                        Some(i) if !all_at_sender(&i.announcement, &n.control) => {
+                            stats::inc(&c.scout_malformed);
+                            limited!(warn, endpoint = %n.control, "a scouted node's announcement names endpoints away from its control endpoint's address: dropped");
+                        }
+                        Some(i) => {
                             n.failed = None;
-                            reached_at(&mut i.announcement, &n.control);
                             if n.fetched().is_none_or(|v| v < asked) {
                                 changed |= n
                                     .announcement
