@@ -492,9 +492,19 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
                 continue;
             };
             let r = &msg["result"];
-            if r["canceled"].as_bool() == Some(true) || int(&r["compact_revision"]).unwrap_or(0) > 0
+            // A store behind the view (etcd restored from a snapshot, or
+            // started again on empty data): a watch from a revision it has
+            // not reached would say nothing until it did, missing every
+            // change meanwhile; read it all again.
+            let behind = int(&r["header"]["revision"]).is_some_and(|now| now < rev);
+            if r["canceled"].as_bool() == Some(true)
+                || int(&r["compact_revision"]).unwrap_or(0) > 0
+                || behind
             {
-                // Compacted past the view: read it all again.
+                // Compacted past the view, or behind it: read it all again.
+                if behind {
+                    tracing::warn!(at = rev, "etcd is at an older revision than this view (restored?): reading the nodes again");
+                }
                 at = None;
                 break;
             }
