@@ -206,7 +206,11 @@ impl Table {
                 e.expires = now + self.lease;
                 header.announced == 0 || header.announced == e.hash
             }
-            None => false,
+            // Not registered (and no announcement came): asked for it, and
+            // no place taken among the registrants (a connection naming
+            // fresh ids without ever announcing one would fill them, and
+            // newcomers be refused).
+            None => return Ok(false),
         };
         let kept = self.lease * REMOVED_KEPT_LEASES;
         let r = self
@@ -1077,6 +1081,29 @@ mod tests {
         assert_eq!(t.register(b"a", &h, None, 2, later), Ok(true));
         h.announced ^= 1;
         assert_eq!(t.register(b"a", &h, None, 2, later), Ok(false));
+    }
+
+    /// Renewals naming ids that are not registered, without ever an
+    /// announcement, take no place among the registrants: past MAX_NODES
+    /// of them, a real newcomer is still let in (it was refused `Full`).
+    #[test]
+    fn renewals_of_unknown_ids_take_no_place() {
+        let now = Instant::now();
+        let mut t = Table::new(Duration::from_secs(3));
+        for i in 0..(MAX_NODES as u32 + 10) {
+            let (id, _) = ann(i);
+            let who = i.to_le_bytes();
+            assert_eq!(
+                t.register(&who, &header(&t, &id, 0), None, 0, now),
+                Ok(false)
+            );
+        }
+        assert!(t.registrants.is_empty());
+        let (id, json) = ann(MAX_NODES as u32 + 20);
+        assert_eq!(
+            t.register(b"real", &header(&t, &id, 0), Some(json), 0, now),
+            Ok(true)
+        );
     }
 
     /// A newcomer to a table of more nodes than one page holds, once a
