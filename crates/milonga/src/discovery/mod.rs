@@ -344,29 +344,39 @@ impl LocalDir {
     /// Opens (creating, mode 0700) `<root>/<domain>`. When `root` is the
     /// default shared location (`private_root`), it must belong to this user
     /// and be closed to others: otherwise another user could plant
-    /// announcements.
+    /// announcements. A root given (`runtime_dir`) and the domain's
+    /// directory must belong to this user and be writable by nobody else
+    /// (another user who can write there could plant announcements, links
+    /// where this node writes its own, or sockets in place of its ipc ones).
     pub(crate) fn open(root: &Path, domain: &str, private_root: bool) -> io::Result<LocalDir> {
         use std::os::unix::fs::{DirBuilderExt, MetadataExt};
         let mut b = fs::DirBuilder::new();
         b.recursive(true).mode(0o700);
         b.create(root)?;
-        if private_root {
-            let m = fs::metadata(root)?;
-            let uid = crate::util::sys::uid();
-            if m.uid() != uid || m.mode() & 0o077 != 0 {
+        let uid = crate::util::sys::uid();
+        let owned = |dir: &Path, closed: u32, want: &str| -> io::Result<()> {
+            let m = fs::metadata(dir)?;
+            if m.uid() != uid || m.mode() & closed != 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!(
-                        "{} must belong to uid {uid} with mode 0700 (it has uid {} and mode {:o})",
-                        root.display(),
+                        "{} must belong to uid {uid} with {want} (it has uid {} and mode {:o})",
+                        dir.display(),
                         m.uid(),
                         m.mode() & 0o777
                     ),
                 ));
             }
+            Ok(())
+        };
+        if private_root {
+            owned(root, 0o077, "mode 0700")?;
+        } else {
+            owned(root, 0o022, "no write permission for others")?;
         }
         let dir = root.join(domain);
         b.create(&dir)?;
+        owned(&dir, 0o022, "no write permission for others")?;
         Ok(LocalDir {
             watch: Watch::new(&dir),
             dir,
@@ -797,6 +807,29 @@ mod tests {
         let again = dir.scan(&mut bad);
         assert_eq!((bad, again.len()), (0, 1), "counted once per version");
         assert_eq!(dir.files_read, 2, "nothing unchanged is read again");
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    /// A runtime directory given, or its domain's directory, that others
+    /// may write to is refused with a clear error (another user could plant
+    /// announcements, or links where the node writes its own).
+    #[test]
+    fn a_runtime_directory_others_may_write_to_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = temp_dir("open-to-all");
+        fs::create_dir_all(root.join("d")).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = LocalDir::open(&root, "d", false).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert!(
+            e.to_string().contains("no write permission for others"),
+            "{e}"
+        );
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(root.join("d"), fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(LocalDir::open(&root, "d", false).is_err());
+        fs::set_permissions(root.join("d"), fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(LocalDir::open(&root, "d", false).is_ok());
         let _ = fs::remove_dir_all(&root);
     }
 
