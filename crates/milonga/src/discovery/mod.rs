@@ -252,13 +252,13 @@ pub(crate) fn socket_in_use(path: &Path) -> bool {
 /// of a written, renamed or removed announcement at once and need not look
 /// at the directory on a timer.
 #[derive(Debug)]
-pub(crate) struct Watch(crate::util::sys::Inotify);
+pub(crate) struct Watch(crate::util::sys::Inotify, std::cell::Cell<bool>);
 
 impl Watch {
     /// A watch on `dir`, or `None` where inotify is not available (the
     /// directory's modification time is then compared on every turn).
     fn new(dir: &Path) -> Option<Watch> {
-        crate::util::sys::Inotify::watch(dir).map(Watch)
+        crate::util::sys::Inotify::watch(dir).map(|w| Watch(w, std::cell::Cell::new(false)))
     }
 
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
@@ -294,6 +294,9 @@ impl Watch {
                     // directory was removed): anything may have changed.
                     names.insert(None);
                     any = true;
+                    if mask & libc::IN_IGNORED != 0 {
+                        self.1.set(true);
+                    }
                 } else if name.ends_with(b".json") {
                     // Not a node's temporary file, written before it is
                     // renamed into place (which names the .json).
@@ -442,7 +445,18 @@ impl LocalDir {
     /// Whether the directory changed since the last [`LocalDir::scan`].
     pub(crate) fn changed(&mut self) -> bool {
         if let Some(w) = &self.watch {
-            return w.drain(&mut self.dirty);
+            let changed = w.drain(&mut self.dirty);
+            let lost = w.1.get();
+            // Its directory was removed (and made again by a node's
+            // write): watched again, or looked at by its time meanwhile.
+            if lost && w.0.add(&self.dir) {
+                w.1.set(false);
+                self.dirty.insert(None);
+                return true;
+            }
+            if !lost {
+                return changed;
+            }
         }
         let m = fs::metadata(&self.dir).and_then(|m| m.modified()).ok();
         let changed = m.is_none() || m != self.last_mtime;
@@ -807,6 +821,44 @@ mod tests {
         let again = dir.scan(&mut bad);
         assert_eq!((bad, again.len()), (0, 1), "counted once per version");
         assert_eq!(dir.files_read, 2, "nothing unchanged is read again");
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    /// A domain directory removed and made again (by a node's next write)
+    /// is watched again: a file written after that is seen at once, not
+    /// at the next full scan (the watch went with the directory).
+    #[test]
+    fn a_domain_directory_removed_and_made_again_is_watched_again() {
+        let root = temp_dir("rewatch");
+        let mut dir = LocalDir::open(&root, "d", false).unwrap();
+        assert!(dir.watch.is_some(), "inotify here");
+        let pid = std::process::id();
+        let start = process_start_time(pid).unwrap();
+        fs::remove_dir_all(&dir.dir).unwrap();
+        dir.write(&announcement(
+            &"a1".repeat(16),
+            pid,
+            start,
+            "tcp://127.0.0.1:9",
+        ))
+        .unwrap();
+        // Told once that the watch went: a full look.
+        assert!(dir.changed());
+        let mut bad = 0;
+        assert_eq!(dir.scan(&mut bad).len(), 1);
+        assert!(!dir.changed());
+        dir.write(&announcement(
+            &"b2".repeat(16),
+            pid,
+            start,
+            "tcp://127.0.0.1:9",
+        ))
+        .unwrap();
+        assert!(
+            dir.changed(),
+            "a file written after the directory came back"
+        );
+        assert_eq!(dir.scan(&mut bad).len(), 2);
         let _ = fs::remove_dir_all(&root);
     }
 

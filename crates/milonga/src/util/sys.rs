@@ -248,8 +248,6 @@ impl Inotify {
     /// Watches `dir` for files moved in or out, deleted or closed after a
     /// write; `None` where inotify is not available.
     pub(crate) fn watch(dir: &Path) -> Option<Inotify> {
-        use std::os::unix::ffi::OsStrExt;
-        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
         // SAFETY: inotify_init1 has no memory preconditions; a non-negative
         // result is a new descriptor, owned from here on.
         let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
@@ -258,14 +256,23 @@ impl Inotify {
         }
         // SAFETY: `fd` is fresh and owned by nobody else.
         let w = Inotify(unsafe { OwnedFd::from_raw_fd(fd) });
-        let mask = libc::IN_MOVED_TO | libc::IN_MOVED_FROM | libc::IN_DELETE | libc::IN_CLOSE_WRITE;
-        // SAFETY: `path` is a NUL-terminated string that outlives the call.
-        let wd = unsafe { libc::inotify_add_watch(w.fd(), path.as_ptr(), mask) };
-        (wd >= 0).then_some(w)
+        w.add(dir).then_some(w)
     }
 
     pub(crate) fn fd(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+
+    /// Watches `dir` again on this descriptor (the directory was removed
+    /// and made again: its watch went with it); whether it could.
+    pub(crate) fn add(&self, dir: &Path) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+            return false;
+        };
+        let mask = libc::IN_MOVED_TO | libc::IN_MOVED_FROM | libc::IN_DELETE | libc::IN_CLOSE_WRITE;
+        // SAFETY: `path` is a NUL-terminated string that outlives the call.
+        unsafe { libc::inotify_add_watch(self.fd(), path.as_ptr(), mask) >= 0 }
     }
 
     /// Reads pending events into `buf`: the bytes read, 0 when none are
