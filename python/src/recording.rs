@@ -1,7 +1,8 @@
 //! `milonga.open_recording(path)`: a recording read back as the events a
 //! live subscription yields (docs/recording.md).
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use milonga::recording::{Entry, RecordReader};
 use milonga::Event;
@@ -12,14 +13,31 @@ use crate::{errors, event_to_py};
 
 /// A recording opened for reading: iterate it for its events in file
 /// order (samples and status events, as a live subscription yields them).
-#[pyclass(module = "milonga._native", name = "Recording")]
+/// Usable from several threads: one reads at a time, and `close()` from
+/// another ends its reading at the next event (`Closed`).
+#[pyclass(frozen, module = "milonga._native", name = "Recording")]
 pub(crate) struct Recording {
     path: String,
     reader: Mutex<Option<RecordReader>>,
     threshold: usize,
-    /// When the event last yielded was received (ns since the Unix epoch).
-    #[pyo3(get)]
-    received_ns: u64,
+    received_ns: AtomicU64,
+}
+
+impl Recording {
+    /// The reader's lock, waited for without the interpreter (its holder
+    /// may be reading without it, and takes it back when done).
+    fn reader<'a>(&'a self, py: Python<'_>) -> MutexGuard<'a, Option<RecordReader>> {
+        loop {
+            match self.reader.try_lock() {
+                Ok(g) => return g,
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                // Waits for the holder to let go, then tries again.
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    py.detach(|| drop(self.reader.lock()));
+                }
+            }
+        }
+    }
 }
 
 fn open_error(py: Python<'_>, e: milonga::recording::RecordError) -> PyErr {
@@ -37,7 +55,7 @@ impl Recording {
             // Arrays from this size on are views, as on a live node.
             threshold: milonga::Config::new("milonga:///recording", "recording")
                 .zero_copy_threshold_bytes,
-            received_ns: 0,
+            received_ns: AtomicU64::new(0),
         })
     }
 
@@ -45,70 +63,82 @@ impl Recording {
         slf
     }
 
-    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        let mut guard = self.reader.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(reader) = guard.as_mut() else {
-            return Err(errors::raise(
-                py,
-                "Closed",
-                format!("{} is closed", self.path),
-            ));
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let next = {
+            let mut guard = self.reader(py);
+            let Some(reader) = guard.as_mut() else {
+                return Err(errors::raise(
+                    py,
+                    "Closed",
+                    format!("{} is closed", self.path),
+                ));
+            };
+            py.detach(|| reader.next_entry())
         };
-        let next = py.detach(|| reader.next_entry());
-        match next.map_err(|e| open_error(py, e))? {
-            None => Ok(None),
-            Some(Entry::Sample(s, at)) => {
-                self.received_ns = at;
-                event_to_py(py, Event::Sample(s), self.threshold).map(Some)
-            }
-            Some(Entry::Event(ev, at)) => {
-                self.received_ns = at;
-                event_to_py(py, ev, self.threshold).map(Some)
-            }
-        }
+        let (ev, at) = match next.map_err(|e| open_error(py, e))? {
+            None => return Ok(None),
+            Some(Entry::Sample(s, at)) => (Event::Sample(s), at),
+            Some(Entry::Event(ev, at)) => (ev, at),
+        };
+        self.received_ns.store(at, Ordering::Relaxed);
+        event_to_py(py, ev, self.threshold).map(Some)
+    }
+
+    /// When the event last yielded was received (ns since the Unix epoch).
+    #[getter]
+    fn received_ns(&self) -> u64 {
+        self.received_ns.load(Ordering::Relaxed)
     }
 
     /// Whether the file ended with its summary (the recorder finished it).
     #[getter]
-    fn complete(&self) -> bool {
-        let g = self.reader.lock().unwrap_or_else(|p| p.into_inner());
-        g.as_ref().is_some_and(RecordReader::complete)
+    fn complete(&self, py: Python<'_>) -> bool {
+        self.reader(py).as_ref().is_some_and(RecordReader::complete)
     }
 
     /// Why the file ended before its summary, once read to its end: it was
     /// cut short (a recorder killed, a full disk). `None` otherwise.
     #[getter]
-    fn truncated(&self) -> Option<String> {
-        let g = self.reader.lock().unwrap_or_else(|p| p.into_inner());
-        g.as_ref().and_then(|r| r.truncated().map(str::to_owned))
+    fn truncated(&self, py: Python<'_>) -> Option<String> {
+        self.reader(py)
+            .as_ref()
+            .and_then(|r| r.truncated().map(str::to_owned))
     }
 
     /// Why the first damaged chunk was skipped (its CRC, its compressed
     /// data, its framing), once read to its end; `None` if none was. The
     /// read went on after it: its messages are lost, said as losses.
     #[getter]
-    fn damage(&self) -> Option<String> {
-        let g = self.reader.lock().unwrap_or_else(|p| p.into_inner());
-        g.as_ref().and_then(|r| r.damage().map(str::to_owned))
+    fn damage(&self, py: Python<'_>) -> Option<String> {
+        self.reader(py)
+            .as_ref()
+            .and_then(|r| r.damage().map(str::to_owned))
     }
 
     /// The recording's `milonga` metadata (domain, expressions, recorder,
     /// started_ns).
     #[getter]
     fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let meta: Vec<(String, String)> = self
+            .reader(py)
+            .as_ref()
+            .map(|r| {
+                r.metadata()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
         let d = PyDict::new(py);
-        let g = self.reader.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = g.as_ref() {
-            for (k, v) in r.metadata() {
-                d.set_item(k, v)?;
-            }
+        for (k, v) in meta {
+            d.set_item(k, v)?;
         }
         Ok(d)
     }
 
-    /// Closes the file.
-    fn close(&self) {
-        *self.reader.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    /// Closes the file (a read in another thread ends at its next event).
+    fn close(&self, py: Python<'_>) {
+        *self.reader(py) = None;
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -123,7 +153,7 @@ impl Recording {
         tb: &Bound<'_, PyAny>,
     ) -> bool {
         let _ = (ty, value, tb);
-        self.close();
+        self.close(ty.py());
         false
     }
 

@@ -193,6 +193,44 @@ def test_the_file_locator_writes_and_reads_a_recording(tmp_path: Path) -> None:
         milonga.open(f"file://{tmp_path}/no/such/dir/x.mcap")
 
 
+def test_a_recording_read_in_one_thread_is_closed_from_another(tmp_path: Path) -> None:
+    """A reading thread and a closing one: the reader gets its events, then
+    Closed (or the end); its properties read meanwhile; never a RuntimeError
+    of a borrow, nor a deadlock (a hang guard on the threads)."""
+    import threading
+
+    import milonga
+
+    path = tmp_path / "run.mcap"
+    with milonga.open(f"file://{path}", name="writer") as node:
+        pub = node.publisher("py/two/x")
+        for i in range(20000):
+            pub.put(i)
+    rec = milonga.open_recording(path)
+    seen: list[object] = []
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for e in rec:
+                seen.append(e)
+        except milonga.Closed:
+            pass
+        except BaseException as e:  # noqa: BLE001 - kept for the assertion
+            errors.append(e)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    wait_for("some events read", lambda: len(seen) > 100)
+    assert isinstance(rec.complete, bool) and rec.received_ns > 0
+    rec.close()
+    t.join(timeout=10)
+    assert not t.is_alive(), "the reader still reads after close"
+    assert not errors, errors
+    with pytest.raises(milonga.Closed):
+        next(rec)
+
+
 def test_a_damaged_chunk_is_skipped_and_the_read_goes_on(tmp_path: Path) -> None:
     import numpy as np
 
