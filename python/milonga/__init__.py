@@ -19,6 +19,7 @@ import atexit
 import json
 import logging
 import math
+import operator
 import os
 import sys
 import threading
@@ -141,15 +142,23 @@ Event = (
 def _check_int(what: str, v: object, low: int, none_ok: bool = True) -> None:
     if v is None and none_ok:
         return
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise ConfigError(f"{what} must be an integer >= {low}, not {v!r}")
+    # Any integer (numpy's too, through __index__), not a bool or a float.
+    try:
+        n = None if isinstance(v, bool) else operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        n = None
+    if n is None or n < low or n > 2**63 - 1:
+        raise ConfigError(f"{what} must be an integer from {low} to 2**63-1, not {v!r}")
 
 
 def _check_seconds(what: str, v: object, positive: bool = False) -> None:
     if v is None:
         return
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if not ok or not isinstance(v, (int, float)) or v < 0 or (positive and v == 0):
+    try:
+        s = None if isinstance(v, (bool, str, bytes)) else float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        s = None
+    if s is None or not math.isfinite(s) or s < 0 or (positive and s == 0):
         low = "> 0" if positive else ">= 0"
         raise ConfigError(f"{what} must be a number of seconds {low}, not {v!r}")
 
@@ -321,6 +330,9 @@ class Subscription:
                         self.key_expr,
                         failures,
                     )
+                # An error that comes back at once (not a value's) must
+                # not spin: a short pause before the next receive.
+                self._stopping.wait(0.01)
                 continue
             try:
                 callback(event)

@@ -1,7 +1,7 @@
 //! `milonga.open_recording(path)`: a recording read back as the events a
 //! live subscription yields (docs/recording.md).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use milonga::recording::{Entry, RecordReader};
@@ -21,22 +21,27 @@ pub(crate) struct Recording {
     reader: Mutex<Option<RecordReader>>,
     threshold: usize,
     received_ns: AtomicU64,
+    /// Set by `close()` before it waits for the reader's lock: a read in
+    /// another thread stops at its next event, so that `close` gets the
+    /// lock (a reader that takes it again at once would starve it).
+    closed: AtomicBool,
 }
 
 impl Recording {
-    /// The reader's lock, waited for without the interpreter (its holder
-    /// may be reading without it, and takes it back when done).
-    fn reader<'a>(&'a self, py: Python<'_>) -> MutexGuard<'a, Option<RecordReader>> {
-        loop {
-            match self.reader.try_lock() {
-                Ok(g) => return g,
-                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
-                // Waits for the holder to let go, then tries again.
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    py.detach(|| drop(self.reader.lock()));
-                }
-            }
-        }
+    /// Runs `f` on the reader under its lock, without the interpreter
+    /// (taken and let go while detached: no thread waits for the lock
+    /// while holding the interpreter, nor for the interpreter while
+    /// holding the lock).
+    fn with_reader<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Option<RecordReader>) -> T + Send,
+    ) -> T {
+        py.detach(|| f(&mut self.lock()))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<RecordReader>> {
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -56,6 +61,7 @@ impl Recording {
             threshold: milonga::Config::new("milonga:///recording", "recording")
                 .zero_copy_threshold_bytes,
             received_ns: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -64,16 +70,16 @@ impl Recording {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        let next = {
-            let mut guard = self.reader(py);
-            let Some(reader) = guard.as_mut() else {
-                return Err(errors::raise(
-                    py,
-                    "Closed",
-                    format!("{} is closed", self.path),
-                ));
-            };
-            py.detach(|| reader.next_entry())
+        let next = match self.closed.load(Ordering::Acquire) {
+            true => None,
+            false => self.with_reader(py, |r| r.as_mut().map(RecordReader::next_entry)),
+        };
+        let Some(next) = next else {
+            return Err(errors::raise(
+                py,
+                "Closed",
+                format!("{} is closed", self.path),
+            ));
         };
         let (ev, at) = match next.map_err(|e| open_error(py, e))? {
             None => return Ok(None),
@@ -93,16 +99,16 @@ impl Recording {
     /// Whether the file ended with its summary (the recorder finished it).
     #[getter]
     fn complete(&self, py: Python<'_>) -> bool {
-        self.reader(py).as_ref().is_some_and(RecordReader::complete)
+        self.with_reader(py, |r| r.as_ref().is_some_and(RecordReader::complete))
     }
 
     /// Why the file ended before its summary, once read to its end: it was
     /// cut short (a recorder killed, a full disk). `None` otherwise.
     #[getter]
     fn truncated(&self, py: Python<'_>) -> Option<String> {
-        self.reader(py)
-            .as_ref()
-            .and_then(|r| r.truncated().map(str::to_owned))
+        self.with_reader(py, |r| {
+            r.as_ref().and_then(|r| r.truncated().map(str::to_owned))
+        })
     }
 
     /// Why the first damaged chunk was skipped (its CRC, its compressed
@@ -110,25 +116,25 @@ impl Recording {
     /// read went on after it: its messages are lost, said as losses.
     #[getter]
     fn damage(&self, py: Python<'_>) -> Option<String> {
-        self.reader(py)
-            .as_ref()
-            .and_then(|r| r.damage().map(str::to_owned))
+        self.with_reader(py, |r| {
+            r.as_ref().and_then(|r| r.damage().map(str::to_owned))
+        })
     }
 
     /// The recording's `milonga` metadata (domain, expressions, recorder,
     /// started_ns).
     #[getter]
     fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let meta: Vec<(String, String)> = self
-            .reader(py)
-            .as_ref()
-            .map(|r| {
-                r.metadata()
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let meta: Vec<(String, String)> = self.with_reader(py, |r| {
+            r.as_ref()
+                .map(|r| {
+                    r.metadata()
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        });
         let d = PyDict::new(py);
         for (k, v) in meta {
             d.set_item(k, v)?;
@@ -138,7 +144,8 @@ impl Recording {
 
     /// Closes the file (a read in another thread ends at its next event).
     fn close(&self, py: Python<'_>) {
-        *self.reader(py) = None;
+        self.closed.store(true, Ordering::Release);
+        self.with_reader(py, |r| *r = None);
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

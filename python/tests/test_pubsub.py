@@ -162,6 +162,8 @@ def test_bad_input_gets_a_clear_error(domain: Domain) -> None:
     for bad in [
         lambda: milonga.PublisherQos(history=-1),
         lambda: milonga.PublisherQos(history=1.5),  # type: ignore[arg-type]
+        lambda: milonga.PublisherQos(history=10**400),
+        lambda: milonga.PublisherQos(put_timeout=10**400),
         lambda: milonga.PublisherQos(put_timeout=-1),
         lambda: milonga.PublisherQos(compression="gzip"),
         lambda: milonga.SubscriberQos(last=-1),
@@ -171,6 +173,10 @@ def test_bad_input_gets_a_clear_error(domain: Domain) -> None:
     ]:
         with pytest.raises(milonga.ConfigError):
             bad()
+    # A numpy integer is an integer.
+    import numpy as np
+
+    assert milonga.PublisherQos(history=np.int64(5)).history == 5
     pub.close()
     with pytest.raises(milonga.Closed):
         pub.put(1)

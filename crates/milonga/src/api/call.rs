@@ -307,6 +307,9 @@ fn send(
         crate::util::now_ns(),
     );
 
+    // The broker in use before a channel is chosen: a move between the two
+    // makes the call end `ServerLost` (its channel may go to the old one).
+    let via = node.backend().broker_in_use();
     let channel = match target.idle_channel() {
         Some(c) => c,
         None => open_channel(node, &target)?,
@@ -323,7 +326,7 @@ fn send(
         deadline,
         timeout,
         cancelled: None,
-        via: node.backend().broker_in_use(),
+        via,
     };
     let ch = call.channel.as_mut().expect("just set");
     if let Err(e) = ch.send(msg, enc.tail.as_ref()) {

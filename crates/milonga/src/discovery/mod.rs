@@ -347,10 +347,13 @@ impl LocalDir {
     /// Opens (creating, mode 0700) `<root>/<domain>`. When `root` is the
     /// default shared location (`private_root`), it must belong to this user
     /// and be closed to others: otherwise another user could plant
-    /// announcements. A root given (`runtime_dir`) and the domain's
-    /// directory must belong to this user and be writable by nobody else
-    /// (another user who can write there could plant announcements, links
-    /// where this node writes its own, or sockets in place of its ipc ones).
+    /// announcements. A root given (`runtime_dir`) must belong to this user
+    /// or be a sticky directory (as /tmp), and not be writable by all
+    /// unless sticky; the domain's directory must belong to this user and
+    /// not be writable by all (another user who can write there could
+    /// plant announcements, links where this node writes its own, or
+    /// sockets in place of its ipc ones). Group write is let be: with a
+    /// umask of 002 directories are made so, in the user's own group.
     pub(crate) fn open(root: &Path, domain: &str, private_root: bool) -> io::Result<LocalDir> {
         use std::os::unix::fs::{DirBuilderExt, MetadataExt};
         let mut b = fs::DirBuilder::new();
@@ -359,7 +362,14 @@ impl LocalDir {
         let uid = crate::util::sys::uid();
         let owned = |dir: &Path, closed: u32, want: &str| -> io::Result<()> {
             let m = fs::metadata(dir)?;
-            if m.uid() != uid || m.mode() & closed != 0 {
+            let sticky = m.mode() & 0o1000 != 0;
+            let ok = match closed {
+                // A root given: this user's, or a sticky directory (others
+                // cannot move or remove what this user makes in it).
+                0o002 if dir == root => sticky || (m.uid() == uid && m.mode() & 0o002 == 0),
+                _ => m.uid() == uid && m.mode() & closed == 0,
+            };
+            if !ok {
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!(
@@ -375,11 +385,15 @@ impl LocalDir {
         if private_root {
             owned(root, 0o077, "mode 0700")?;
         } else {
-            owned(root, 0o022, "no write permission for others")?;
+            owned(
+                root,
+                0o002,
+                "no write permission for all (unless sticky, as /tmp)",
+            )?;
         }
         let dir = root.join(domain);
         b.create(&dir)?;
-        owned(&dir, 0o022, "no write permission for others")?;
+        owned(&dir, 0o002, "no write permission for all")?;
         Ok(LocalDir {
             watch: Watch::new(&dir),
             dir,
@@ -448,15 +462,15 @@ impl LocalDir {
             let changed = w.drain(&mut self.dirty);
             let lost = w.1.get();
             // Its directory was removed (and made again by a node's
-            // write): watched again, or looked at by its time meanwhile.
+            // write): watched again, and read whole.
             if lost && w.0.add(&self.dir) {
                 w.1.set(false);
                 self.dirty.insert(None);
                 return true;
             }
-            if !lost {
-                return changed;
-            }
+            // Watching, or the directory is gone (and nothing in it can
+            // change: a node's write makes it again, then it is watched).
+            return changed;
         }
         let m = fs::metadata(&self.dir).and_then(|m| m.modified()).ok();
         let changed = m.is_none() || m != self.last_mtime;
@@ -862,9 +876,10 @@ mod tests {
         let _ = fs::remove_dir_all(&root);
     }
 
-    /// A runtime directory given, or its domain's directory, that others
-    /// may write to is refused with a clear error (another user could plant
-    /// announcements, or links where the node writes its own).
+    /// A runtime directory given, or its domain's directory, that all may
+    /// write to is refused with a clear error (another user could plant
+    /// announcements, or links where the node writes its own); a sticky
+    /// root (as /tmp) and group write (a umask of 002) are let be.
     #[test]
     fn a_runtime_directory_others_may_write_to_is_refused() {
         use std::os::unix::fs::PermissionsExt;
@@ -873,15 +888,15 @@ mod tests {
         fs::set_permissions(&root, fs::Permissions::from_mode(0o777)).unwrap();
         let e = LocalDir::open(&root, "d", false).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
-        assert!(
-            e.to_string().contains("no write permission for others"),
-            "{e}"
-        );
-        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(e.to_string().contains("no write permission for all"), "{e}");
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o1777)).unwrap();
         fs::set_permissions(root.join("d"), fs::Permissions::from_mode(0o777)).unwrap();
         assert!(LocalDir::open(&root, "d", false).is_err());
-        fs::set_permissions(root.join("d"), fs::Permissions::from_mode(0o755)).unwrap();
-        assert!(LocalDir::open(&root, "d", false).is_ok());
+        fs::set_permissions(root.join("d"), fs::Permissions::from_mode(0o775)).unwrap();
+        assert!(
+            LocalDir::open(&root, "d", false).is_ok(),
+            "sticky root, group write"
+        );
         let _ = fs::remove_dir_all(&root);
     }
 

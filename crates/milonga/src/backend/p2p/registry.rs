@@ -69,12 +69,16 @@ struct Registrant {
     /// No page before this ([`pace`]: pages are paced).
     next_at: Instant,
     last: Instant,
-    /// When the last reset page was sent to it: a view rebuilt from empty
-    /// since then holds no node removed before, so it goes on from the
-    /// version it reached even below `floor` (a reset of several pages
+    /// The last reset page sent to it: when, and the version it brings
+    /// the view to.
+    reset_sent: Option<(Instant, u64)>,
+    /// When a reset page it acknowledged was sent: a view rebuilt from
+    /// empty since then holds no node removed before, so it goes on from
+    /// the version it reached even below `floor` (a reset of several pages
     /// otherwise started over at each page whose versions were below the
-    /// floor, for ever), for as long as removals are remembered.
-    reset_at: Option<Instant>,
+    /// floor, for ever), for as long as removals are remembered. A reset
+    /// page that was lost is not acknowledged: the next is a reset again.
+    rebuilt_at: Option<Instant>,
 }
 
 /// One domain's registry, in a broker.
@@ -223,9 +227,16 @@ impl Table {
                 in_flight: None,
                 next_at: now,
                 last: now,
-                reset_at: None,
+                reset_sent: None,
+                rebuilt_at: None,
             });
-        let rebuilt = r.reset_at.is_some_and(|t| now.duration_since(t) < kept);
+        if let Some((at, to)) = r.reset_sent {
+            if header.epoch == self.epoch && header.have == to {
+                r.rebuilt_at = Some(at);
+                r.reset_sent = None;
+            }
+        }
+        let rebuilt = r.rebuilt_at.is_some_and(|t| now.duration_since(t) < kept);
         let fresh = header.epoch == self.epoch
             && header.have <= self.version
             && (header.have >= self.floor || rebuilt);
@@ -438,7 +449,7 @@ impl Table {
             let (version, pace) = (self.version, pace(self.entries.len()));
             if let Some(r) = self.registrants.get_mut(&who) {
                 if reset {
-                    r.reset_at = Some(now);
+                    r.reset_sent = Some((now, to));
                 }
                 r.in_flight = Some(now);
                 // The rest of what is there now follows at once; later
@@ -1139,6 +1150,13 @@ mod tests {
         // The newcomer: acknowledges each page where it ends.
         let (me, json) = ann(n + 1);
         t.register(b"me", &header(&t, &me, 0), Some(json), n as usize, later)
+            .unwrap();
+        // Its first reset page is lost: it renews from where it was, and
+        // gets a reset again (not pages after a view it never rebuilt).
+        let first = t.pages(usize::MAX, later);
+        assert!(first.iter().any(|(w, f)| w == b"me" && entries(f).0.reset));
+        let later = later + PAGE_LOST_AFTER;
+        t.register(b"me", &header(&t, &me, 0), None, n as usize, later)
             .unwrap();
         let (mut have, mut got, mut resets) = (0, 0, 0);
         for _ in 0..20 {

@@ -181,7 +181,10 @@ impl ServeLink {
         wait: bool,
     ) -> Result<Option<(Caller, Vec<Bytes>)>, TransportError> {
         if let Some((at, m)) = &mut self.at {
-            if let Some((to, curve)) = crate::util::lock(&m.to).take() {
+            // (A move to where it is already, told twice when the service
+            // was made during a move, changes nothing.)
+            let moving = crate::util::lock(&m.to).take().filter(|(to, _)| to != at);
+            if let Some((to, curve)) = moving {
                 let _ = self.sock.disconnect(at);
                 let secured = curve.map_or(Ok(()), |c| c.apply(&self.sock));
                 if let Err(e) = secured.and_then(|()| self.sock.connect(&to)) {
