@@ -83,6 +83,36 @@ impl Env {
         }
     }
 
+    /// Two brokers of this domain on free ports, listening, and the
+    /// failover locator naming both (the first preferred).
+    fn failover_pair(&self) -> ([u16; 2], [Proc; 2], String) {
+        let ports = [milonga_testkit::free_port(), milonga_testkit::free_port()];
+        let b = [
+            self.failover_broker(ports[0]),
+            self.failover_broker(ports[1]),
+        ];
+        let l = format!(
+            "milonga://127.0.0.1:{},127.0.0.1:{}/{}",
+            ports[0], ports[1], self.domain
+        );
+        (ports, b, l)
+    }
+
+    /// A broker of this domain listening on `port` (`--json`), once it
+    /// listens.
+    fn failover_broker(&self, port: u16) -> Proc {
+        let p = self.spawn(&[
+            "broker",
+            "--listen",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--domain",
+            &self.domain,
+            "--json",
+        ]);
+        p.line(T).expect("the broker listens");
+        p
+    }
+
     /// A node configuration on `locator`, in this environment.
     fn config_at(&self, locator: &str, name: &str) -> Config {
         let mut c = Config::new(locator, name);
@@ -877,25 +907,8 @@ fn calls_through_the_broker_reach_every_server_with_every_outcome() {
 #[test]
 fn clients_move_to_the_next_broker_when_theirs_is_killed_and_back_when_it_returns() {
     let env = Env::new("brk-failover");
-    let ports = [milonga_testkit::free_port(), milonga_testkit::free_port()];
+    let (ports, mut b, l) = env.failover_pair();
     let at = |i: usize| format!("tcp://127.0.0.1:{}", ports[i]);
-    let start = |i: usize| {
-        let p = env.spawn(&[
-            "broker",
-            "--listen",
-            &at(i),
-            "--domain",
-            &env.domain,
-            "--json",
-        ]);
-        p.line(T).expect("the broker listens");
-        p
-    };
-    let mut b = [start(0), start(1)];
-    let l = format!(
-        "milonga://127.0.0.1:{},127.0.0.1:{}/{}",
-        ports[0], ports[1], env.domain
-    );
     // A reliable publisher keeping 1,000 samples, a service, both behind
     // the brokers; a reliable subscriber process.
     let node = Node::open_with(env.config_at(&l, "pub")).unwrap();
@@ -1001,7 +1014,7 @@ fn clients_move_to_the_next_broker_when_theirs_is_killed_and_back_when_it_return
         assert_eq!((code, out.as_str()), (0, "7"), "round {round}: {err}");
         // The dead broker comes back (same port), to be used again when
         // the other one dies.
-        b[dead] = start(dead);
+        b[dead] = env.failover_broker(ports[dead]);
     }
 }
 
@@ -1013,24 +1026,7 @@ fn clients_move_to_the_next_broker_when_theirs_is_killed_and_back_when_it_return
 #[test]
 fn a_call_through_a_broker_that_falls_silent_ends_server_lost_at_the_move() {
     let env = Env::new("brk-silent");
-    let ports = [milonga_testkit::free_port(), milonga_testkit::free_port()];
-    let start = |i: usize| {
-        let p = env.spawn(&[
-            "broker",
-            "--listen",
-            &format!("tcp://127.0.0.1:{}", ports[i]),
-            "--domain",
-            &env.domain,
-            "--json",
-        ]);
-        p.line(T).expect("the broker listens");
-        p
-    };
-    let b = [start(0), start(1)];
-    let l = format!(
-        "milonga://127.0.0.1:{},127.0.0.1:{}/{}",
-        ports[0], ports[1], env.domain
-    );
+    let (_, b, l) = env.failover_pair();
     let _svc = serve_at(&env, &l, &["f/slow", "--echo", "--delay-ms", "2000"]);
     let mut cfg = env.config_at(&l, "caller");
     cfg.heartbeat_timeout_ms = 60_000;
@@ -1066,24 +1062,7 @@ fn a_call_through_a_broker_that_falls_silent_ends_server_lost_at_the_move() {
 fn a_reliable_put_waiting_on_a_dead_broker_does_not_keep_its_node_from_moving() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let env = Env::new("brk-putmove");
-    let ports = [milonga_testkit::free_port(), milonga_testkit::free_port()];
-    let start = |i: usize| {
-        let p = env.spawn(&[
-            "broker",
-            "--listen",
-            &format!("tcp://127.0.0.1:{}", ports[i]),
-            "--domain",
-            &env.domain,
-            "--json",
-        ]);
-        p.line(T).expect("the broker listens");
-        p
-    };
-    let mut b = [start(0), start(1)];
-    let l = format!(
-        "milonga://127.0.0.1:{},127.0.0.1:{}/{}",
-        ports[0], ports[1], env.domain
-    );
+    let (_, mut b, l) = env.failover_pair();
     let node = Node::open_with(env.config_at(&l, "pub")).unwrap();
     // 32 KiB samples go one by one (no batch), so that the old
     // connection's queue (reliable_send_hwm, 16) fills at once.
