@@ -220,6 +220,9 @@ def test_closing_from_another_thread_ends_the_waits_on_it(domain: Domain) -> Non
     t3 = wait_in_thread("put", put_until_closed)
 
     def waiting() -> bool:
+        # Whether the puts stopped: none counted in 0.3 s (a reliable put
+        # without room waits in 50 ms slices, so a put still going would
+        # count several). Polled by wait_for, which has the deadline.
         n = puts[0]
         time.sleep(0.3)
         return n > 0 and puts[0] == n
