@@ -485,9 +485,11 @@ fn numpy_to_value(
         .find(|(e, _)| *e == element)
         .map(|(_, d)| d.bind(py))
         .expect("every element type has a dtype");
+    // The shape before the copy: `ascontiguousarray` makes a 0-d array
+    // 1-D.
+    let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
     // Little-endian and C-contiguous, or a copy that is.
     let arr = np.ascontiguousarray.bind(py).call1((obj, le))?;
-    let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
     let flat = arr.call_method1("reshape", (-1,))?;
     let view = PyMemoryView::from(&flat)?.call_method1("cast", ("B",))?;
     let buf = pyo3::buffer::PyBuffer::<u8>::get(&view)?;

@@ -43,6 +43,7 @@ def test_shapes_strides_and_byte_order_are_honoured(domain: Domain) -> None:
         image[::2, ::3],  # not contiguous: sent as a contiguous copy
         np.arange(10, dtype=">f8"),  # big-endian: sent little-endian
         np.zeros((2, 0, 3)),  # empty
+        np.array(3.5),  # 0-d: shape () kept (it came 1-D)
         np.float64(2.5),  # numpy scalars are numbers
         np.int32(-7),
     ]
