@@ -32,6 +32,25 @@ use convert::{from_py, to_py};
 /// Longest a blocking call waits between looks at Python's signals.
 const SLICE: Duration = Duration::from_millis(50);
 
+/// Bytes of a value's bulk data (`bytes`, an array), from which a put
+/// releases the interpreter while it encodes, compresses and sends.
+const RELEASE_FROM: usize = 64 << 10;
+
+/// The bytes of `v`'s bulk data, if it is one: a byte string, a typed
+/// array, or a multi-dimensional array (anything else counts 0; a large
+/// list is converted element by element with the interpreter anyway).
+fn bulk_bytes(v: &Value) -> usize {
+    match v {
+        Value::Bytes(b) => b.len(),
+        Value::Typed(t) => t.bytes().len(),
+        Value::Tagged(_, inner) => match inner.as_ref() {
+            Value::Array(parts) => parts.iter().map(bulk_bytes).sum(),
+            other => bulk_bytes(other),
+        },
+        _ => 0,
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -538,15 +557,27 @@ impl Publisher {
             Some(ts) => p.put_at_timeout(v, ts, t),
             None => p.put_timeout(v, t),
         };
+        let best_effort = |v: Value| match timestamp_ns {
+            Some(ts) => p.put_at(v, ts),
+            None => p.put(v),
+        };
+        // A large value is encoded, compressed and copied with the
+        // interpreter released: other threads run meanwhile.
+        let large = bulk_bytes(&v) >= RELEASE_FROM;
         if !self.reliable {
-            let put = match timestamp_ns {
-                Some(ts) => p.put_at(v, ts),
-                None => p.put(v),
+            let put = match large {
+                true => py.detach(|| best_effort(v)),
+                false => best_effort(v),
             };
             return put.map_err(|e| errors::put(py, e));
         }
-        // Room now: no need to release the interpreter.
-        match try_put(v.clone()) {
+        // Room now: no need to wait, nor (unless large) to release the
+        // interpreter.
+        let tried = match large {
+            true => py.detach(|| try_put(v.clone())),
+            false => try_put(v.clone()),
+        };
+        match tried {
             Ok(()) => return Ok(()),
             Err(milonga::PutError::WouldBlock) => {}
             Err(e) => return Err(errors::put(py, e)),

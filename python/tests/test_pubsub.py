@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
+import numpy as np
 import pytest
 
 import milonga
@@ -174,8 +176,6 @@ def test_bad_input_gets_a_clear_error(domain: Domain) -> None:
         with pytest.raises(milonga.ConfigError):
             bad()
     # A numpy integer is an integer.
-    import numpy as np
-
     assert milonga.PublisherQos(history=np.int64(5)).history == 5
     pub.close()
     with pytest.raises(milonga.Closed):
@@ -288,6 +288,44 @@ def test_a_dict_changed_while_it_is_converted_is_an_error_not_a_panic(domain: Do
         pass
     with pytest.raises(milonga.ConfigError, match="queue_depth"):
         node.subscribe("dc/k", qos=milonga.SubscriberQos(queue_depth=0))
+
+
+def test_a_large_put_lets_other_threads_run_while_it_compresses(domain: Domain) -> None:
+    # With a switch interval of a minute, the thread below runs while the
+    # main thread holds the interpreter only where the main thread releases
+    # it: a best-effort put of 16 MiB compressed by zstd (which held it
+    # throughout) must, and so must a reliable one.
+    a, b = domain.open("pub"), domain.open("sub")
+    best = a.publisher("gil/b", milonga.PublisherQos(compression="zstd"))
+    reliable = a.publisher("gil/r", milonga.PublisherQos(reliable=True, compression="zstd"))
+    sub = b.subscribe("gil/**", qos=milonga.SubscriberQos(reliable=True))
+    for p in (best, reliable):
+        wait_for("the subscription", lambda p=p: p.subscriber_count() == 1)
+    value = np.random.default_rng(1).integers(0, 256, 16 << 20, dtype=np.uint8)
+    ran = [0]
+    done = threading.Event()
+
+    def other() -> None:
+        while not done.is_set():
+            ran[0] += 1
+            time.sleep(0.0001)
+
+    t = threading.Thread(target=other)
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        t.start()
+        for p in (best, reliable):
+            time.sleep(0.01)  # the other thread waits for the interpreter
+            start = ran[0]
+            p.put(value)
+            assert ran[0] > start, p
+    finally:
+        done.set()
+        sys.setswitchinterval(before)
+        t.join()
+    for _ in range(2):
+        assert next_sample(sub).value.nbytes == value.nbytes
 
 
 def test_a_publisher_in_another_process_is_found_and_its_loss_reported(domain: Domain) -> None:
