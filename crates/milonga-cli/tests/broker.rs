@@ -2193,6 +2193,22 @@ fn another_connection_cannot_take_a_clients_place_or_send_its_callers_elsewhere(
         Some(victim.name.as_str()),
         "{view:?}"
     );
+    // A new client naming the version its own attach makes (as one come
+    // from another broker may: versions are each broker's own) gets the
+    // whole view, not `same` (it kept the other broker's).
+    let version: u64 = String::from_utf8_lossy(&r[2]).parse().unwrap();
+    let mut moved = other.clone();
+    moved.node_id = "0f1e2d3c4b5a69780f1e2d3c4b5a6978".into();
+    moved.name = "moved@h:1".into();
+    let r = ask(vec![
+        b"MILONGA-BRK/1".to_vec(),
+        b"attach".to_vec(),
+        serde_json::to_vec(&moved).unwrap(),
+        (version + 1).to_string().into_bytes(),
+        b"".to_vec(),
+        key.as_bytes().to_vec(),
+    ]);
+    assert_eq!(r[1], b"view", "{:?}", String::from_utf8_lossy(&r[1]));
     let stats = stats_until(&broker.proc, |s| s["requests_refused"].as_u64() >= Some(6));
     assert_eq!(stats["stats"]["requests_refused"], 6, "{stats}");
     calls_reach_the_server();

@@ -3042,6 +3042,10 @@ impl Control {
                     );
                     return;
                 }
+                // A client this broker does not hold (new, back after its
+                // lease, or come from another broker, whose versions are
+                // its own) gets the whole view, whatever version it names.
+                let first = !d.clients.contains_key(&announcement.node_id);
                 if let Err(text) = d.attach(*announcement, report, key, all_bytes, now) {
                     let n = self
                         .counters
@@ -3057,7 +3061,7 @@ impl Control {
                 }
                 let (version, body) = d.view();
                 let v = version.to_string();
-                if version == view {
+                if version == view && !first {
                     reply(&mut self.router, &[wire::MAGIC, wire::SAME, v.as_bytes()]);
                 } else {
                     send_reply(
