@@ -1081,3 +1081,53 @@ fn a_federation_and_a_registry_across_hosts_are_secured_by_default() {
         assert!(n < 20, "{j}");
     }
 }
+
+/// A broker listening on every address (`0.0.0.0`) names its sockets
+/// with the wildcard: a peer-to-peer node of another host that uses it as
+/// its registry reaches the broker's clients at the address it reached
+/// the registry at (it connected to `0.0.0.0`, its own host, and never
+/// got a sample), as the broker's clients do.
+#[test]
+fn a_registry_node_reaches_the_clients_of_a_broker_listening_on_every_address() {
+    let Some(lan) = Lan::new("wildreg", 3) else {
+        return;
+    };
+    // Security off: a secured broker does not show its clients to its
+    // registered nodes in this version (docs/broker.md).
+    let cmd = |i: usize, args: &[&str]| {
+        let mut c = lan.cmd(i, args);
+        c.env("MILONGA_SECURITY", "off");
+        c
+    };
+    let at = format!("tcp://{}:7447", lan.bed.host(0).addr);
+    let broker = Proc::spawn(cmd(
+        0,
+        &[
+            "broker",
+            "--listen",
+            "tcp://0.0.0.0:7447",
+            "--insecure",
+            "--domain",
+            &lan.domain,
+            "--json",
+        ],
+    ));
+    json_line(&broker, T).expect("the broker starts");
+    let locator = format!("milonga://{}:7447/{}", lan.bed.host(0).addr, lan.domain);
+    let _client = Proc::spawn(cmd(
+        1,
+        &["--locator", &locator, "pub", "wild/x", "3", "--rate", "20"],
+    ));
+    let mut c = cmd(2, &["sub", "wild/x", "--json"]);
+    c.env("MILONGA_REGISTRY", &at)
+        .env("MILONGA_LOCAL_DISCOVERY", "0");
+    let reader = Proc::spawn(c);
+    let mut ledger = SeqLedger::default();
+    let j = read_until(
+        &reader,
+        &mut ledger,
+        "a broker client's sample found through the registry",
+        is_sample,
+    );
+    assert_eq!(j["value"], 3, "{j}");
+}

@@ -808,7 +808,11 @@ impl Conn {
             match Announcement::from_json(raw) {
                 Ok(a) if a.domain != core.domain => stats::inc(&c.peers_foreign_domain),
                 Ok(a) if a.node_id == me => {}
-                Ok(a) => {
+                Ok(mut a) => {
+                    // A broker on a wildcard address holds its clients at
+                    // sockets named with it: reached at the address this
+                    // node reached the registry at.
+                    crate::backend::p2p::uplink::reached_all(&mut a, &self.endpoint);
                     if target.get(&a.node_id) != Some(&a) {
                         target.insert(a.node_id.clone(), a);
                         changed = true;

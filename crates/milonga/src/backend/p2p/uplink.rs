@@ -159,8 +159,10 @@ pub(crate) fn reached(endpoint: &str, broker: &str) -> String {
     }
 }
 
-/// [`reached`] for every endpoint of an announcement told by `broker`.
-fn reached_all(a: &mut Announcement, broker: &str) {
+/// [`reached`] for every endpoint of an announcement told by `broker`
+/// (or by a registry at that endpoint: it holds its broker's clients at
+/// the broker's sockets).
+pub(crate) fn reached_all(a: &mut Announcement, broker: &str) {
     for e in [
         &mut a.data_best_effort,
         &mut a.data_reliable,
