@@ -1037,7 +1037,7 @@ fn a_broker_frozen_past_the_lease_is_used_again_when_it_wakes() {
         puts.set(puts.get() + 1);
     };
     let mut lines: Vec<Json> = Vec::new();
-    let mut read = |lines: &mut Vec<Json>| {
+    let read = |lines: &mut Vec<Json>| {
         while let Some(line) = sub.line(Duration::ZERO) {
             lines.push(serde_json::from_str(&line).unwrap());
         }
