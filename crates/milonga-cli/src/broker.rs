@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use milonga::broker::{Broker, BrokerOptions, DEFAULT_PORT, MAX_DOMAINS};
 
@@ -21,29 +21,36 @@ pub struct BrokerArgs {
     pub domains: Vec<String>,
     /// Most domains served without --domain (at most 24): a request
     /// naming one more is refused, and counted (domains_refused).
-    #[arg(long, default_value_t = 16)]
-    pub max_domains: usize,
+    #[arg(long, default_value_t = 16,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_DOMAINS as u64))]
+    pub max_domains: u64,
     /// Without --domain: a domain closes after this long (ms, at least
     /// --lease-ms) without a client, a registered node or a linked broker
     /// naming it, and opens again when named again.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_MS))]
     pub domain_idle_ms: u64,
-    /// How often clients attach, in ms.
-    #[arg(long, default_value_t = 250)]
+    /// How often clients attach, in ms (10 to 60,000).
+    #[arg(long, default_value_t = 250,
+          value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub attach_interval_ms: u64,
     /// A client silent this long is forgotten, and a broker silent this
-    /// long is lost to its clients (ms).
-    #[arg(long, default_value_t = 3000)]
+    /// long is lost to its clients (ms; 100 to 3,600,000, and at least
+    /// twice --attach-interval-ms).
+    #[arg(long, default_value_t = 3000,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub lease_ms: u64,
     /// How long a reliable message waits for a full client before it is
     /// dropped for that client (ms); other publishers' messages do not
     /// wait (docs/broker.md).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     pub stall_ms: u64,
     /// MiB of reliable messages held, per domain, for clients whose queue
     /// is full before the broker stops reading the publishers until they
     /// have room (docs/broker.md).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub hold_mib: u64,
     /// Link to the broker listening at tcp://HOST:PORT (repeat for
     /// several): brokers linked in any graph form a federation whose
@@ -67,7 +74,30 @@ pub struct BrokerArgs {
     pub insecure: bool,
 }
 
+/// The longest of the broker's times in ms: 10^9 s, as the other
+/// options' (`crate::args::MAX_SECONDS`).
+const MAX_MS: u64 = 1_000_000_000_000;
+
 pub fn run(net: &crate::NetArgs, a: BrokerArgs) -> Result<ExitCode> {
+    // What the options' ranges alone cannot say, refused before anything
+    // starts (the library would quietly raise a value to its least).
+    if a.lease_ms < 2 * a.attach_interval_ms {
+        bail!(
+            "--lease-ms {} is less than twice --attach-interval-ms {}: clients would be forgotten between their attaches",
+            a.lease_ms,
+            a.attach_interval_ms
+        );
+    }
+    if a.domains.is_empty() && a.domain_idle_ms < a.lease_ms {
+        bail!(
+            "--domain-idle-ms {} is less than --lease-ms {}: a domain would close while its clients still hold it",
+            a.domain_idle_ms,
+            a.lease_ms
+        );
+    }
+    if net.acl_file.is_some() {
+        bail!("a broker applies no access-control rules in this version (docs/broker.md \"Security\"): --acl is for nodes; without it every trusted key may publish, subscribe, serve and call through the broker");
+    }
     crate::catch_interrupts();
     // The global security flags are the broker's (docs/broker.md
     // "Security"); --key alone turns it on, as for a node.
@@ -88,7 +118,7 @@ pub fn run(net: &crate::NetArgs, a: BrokerArgs) -> Result<ExitCode> {
         hold_mib: a.hold_mib,
         insecure: a.insecure,
         peers: a.peers.clone(),
-        max_domains: a.max_domains,
+        max_domains: a.max_domains as usize,
         domain_idle_ms: a.domain_idle_ms,
         ..Default::default()
     })
@@ -128,7 +158,7 @@ pub fn run(net: &crate::NetArgs, a: BrokerArgs) -> Result<ExitCode> {
             println!(
                 "  clients open {} for any DOMAIN (at most {})",
                 broker.locator("DOMAIN"),
-                a.max_domains.clamp(1, MAX_DOMAINS)
+                a.max_domains
             );
         }
     }

@@ -53,7 +53,8 @@ pub struct RecordArgs {
     deadline_ms: Option<f64>,
     /// Write a clean copy of DAMAGED (a recording cut short by a crash or
     /// a full disk) to --output: every complete record, and a summary.
-    #[arg(long, value_name = "DAMAGED")]
+    #[arg(long, value_name = "DAMAGED",
+          conflicts_with_all = ["exprs", "duration", "max_bytes", "split_every", "reliable", "last", "deadline_ms"])]
     recover: Option<PathBuf>,
 }
 

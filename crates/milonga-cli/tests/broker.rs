@@ -2015,7 +2015,7 @@ fn a_broker_serving_every_domain_closes_one_left_idle_and_opens_it_again() {
         "tcp://127.0.0.1:0",
         "--json",
         "--domain-idle-ms",
-        "500",
+        "1000",
         "--lease-ms",
         "1000",
     ]));

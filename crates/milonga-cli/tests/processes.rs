@@ -735,12 +735,52 @@ fn bad_cli_input_gets_a_clear_error() {
         &["replay", rec, "--wait-timeout", "1e20"],
         &["replay", rec, "--to", "2610-07-01T00:00:00Z"],
         &["demo", "--duration=-5"],
+        // Broker options out of their documented ranges (each started,
+        // the value quietly raised or lowered).
+        &["broker", "--max-domains", "30"],
+        &["broker", "--max-domains", "0"],
+        &["broker", "--lease-ms", "0"],
+        &["broker", "--attach-interval-ms", "0"],
+        &["broker", "--hold-mib", "0"],
+        &["broker", "--stall-ms", "999999999999"],
     ] {
         let out = env.cmd(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains("invalid value"), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // What the ranges alone cannot refuse; an ACL a broker would not apply
+    // (it started without a word, every trusted key allowed); a recovery
+    // that would drop what else it was told.
+    let acl = env.dir.path().join("rules.acl");
+    std::fs::write(&acl, "allow * publish a/**\n").unwrap();
+    for (args, says) in [
+        (
+            &["broker", "--lease-ms", "300", "--attach-interval-ms", "250"][..],
+            "twice --attach-interval-ms",
+        ),
+        (
+            &["broker", "--domain-idle-ms", "100"],
+            "less than --lease-ms",
+        ),
+        (
+            &["broker", "--acl", acl.to_str().unwrap()],
+            "no access-control rules",
+        ),
+        (
+            &["record", "--recover", rec, "a/**", "-o", rec],
+            "cannot be used with",
+        ),
+        (
+            &["record", "--recover", rec, "--duration", "1", "-o", rec],
+            "cannot be used with",
+        ),
+    ] {
+        let out = env.cmd(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
     }
     assert!(
         !std::path::Path::new(rec).exists(),
