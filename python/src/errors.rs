@@ -66,6 +66,7 @@ pub(crate) fn subscribe(py: Python<'_>, e: SubscribeError) -> PyErr {
         SubscribeError::Qos(_) | SubscribeError::Filter(_) => {
             raise(py, "ConfigError", e.to_string())
         }
+        SubscribeError::Recording(_) => raise(py, "OpenError", e.to_string()),
         other => raise(py, "Error", other.to_string()),
     }
 }

@@ -150,10 +150,20 @@ def test_open_recording_refuses_what_is_not_a_recording(tmp_path: Path) -> None:
 
     bad = tmp_path / "bad.mcap"
     bad.write_bytes(b"not MCAP at all")
+    # At open, not at the first read (a program that opens a list of files
+    # first learned only later which was not one).
     with pytest.raises(milonga.OpenError, match="not a readable MCAP"):
-        list(milonga.open_recording(bad))
+        milonga.open_recording(bad)
+    (tmp_path / "empty.mcap").write_bytes(b"")
+    for path in (tmp_path / "empty.mcap", tmp_path):
+        with pytest.raises(milonga.OpenError, match="not a recording"):
+            milonga.open_recording(path)
     with pytest.raises(milonga.OpenError, match="missing.mcap"):
         milonga.open_recording(tmp_path / "missing.mcap")
+    # A file:/// node has none to read there: its subscription says so.
+    with milonga.open(f"file://{tmp_path / 'missing.mcap'}") as node:
+        with pytest.raises(milonga.OpenError, match="missing.mcap"):
+            node.subscribe("**")
 
 
 def test_put_with_a_source_timestamp_arrives_with_it(domain: Domain) -> None:

@@ -404,3 +404,27 @@ fn what_is_not_a_recording_is_a_clear_error() {
     assert!(err.to_string().contains("file_speed"), "{err}");
     assert!(Node::open_with(Config::new("file://relative.mcap", "x")).is_err());
 }
+
+/// A subscription on a path that holds no recording (a typo, or one not
+/// written yet) is an error at `subscribe`: it read as an empty recording
+/// that ended at once.
+#[test]
+fn a_subscription_where_no_recording_is_fails_saying_why() {
+    let dir = TempDir::new("file-none");
+    let missing = dir.path().join("nosuch.mcap");
+    let n = node(&missing, "max").unwrap();
+    let err = n.subscribe("f/**").unwrap_err();
+    assert!(
+        matches!(err, milonga::SubscribeError::Recording(_)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("nosuch.mcap"), "{err}");
+    let text = dir.path().join("notes.mcap");
+    std::fs::write(&text, "not a recording\n").unwrap();
+    // (A file that is not a recording is refused at open already.)
+    let err = node(&text, "max").unwrap_err();
+    assert!(
+        err.to_string().contains("not a readable MCAP recording"),
+        "{err}"
+    );
+}

@@ -385,27 +385,36 @@ impl FileNode {
         }
     }
 
-    /// Starts the thread that reads the recording into `sub`.
+    /// Starts the thread that reads the recording into `sub`, once it is
+    /// open: no recording at the path (none written there yet, or a typo),
+    /// or a file that is not one, is the subscription's error, not an
+    /// empty recording.
     pub(crate) fn feed(
         self: &Arc<Self>,
         sub: Arc<SubShared>,
         expr: KeyExpr,
-    ) -> std::io::Result<()> {
+    ) -> Result<(), crate::SubscribeError> {
+        let reader = RecordReader::open(&self.path)?;
         let me = self.clone();
         std::thread::Builder::new()
             .name(format!("milonga-file {expr}"))
             .spawn(move || {
-                if let Err(e) = me.read_into(&sub, &expr) {
+                if let Err(e) = me.read_into(reader, &sub, &expr) {
                     tracing::error!(file = %me.path.display(), error = %e, "reading the recording failed; the subscription ends there");
                 }
                 sub.ended.store(true, Ordering::Release);
                 sub.wake();
             })
             .map(|_| ())
+            .map_err(crate::SubscribeError::Thread)
     }
 
-    fn read_into(&self, sub: &SubShared, expr: &KeyExpr) -> Result<(), RecordError> {
-        let mut reader = RecordReader::open(&self.path)?;
+    fn read_into(
+        &self,
+        mut reader: RecordReader,
+        sub: &SubShared,
+        expr: &KeyExpr,
+    ) -> Result<(), RecordError> {
         let start = Instant::now();
         let mut first: Option<u64> = None;
         while let Some(entry) = reader.next_entry()? {

@@ -278,8 +278,7 @@ impl Node {
                 .watch_subscription(Arc::downgrade(&watcher), m);
         }
         if let Some(file) = &self.file {
-            file.feed(shared.clone(), shared.core.expr.clone())
-                .map_err(SubscribeError::Thread)?;
+            file.feed(shared.clone(), shared.core.expr.clone())?;
         }
         Subscriber::start(self.inner.clone(), shared, callback)
     }

@@ -207,6 +207,11 @@ pub enum SubscribeError {
     /// The filter does not parse or is out of range.
     #[error(transparent)]
     Filter(#[from] milonga_wire::filter::FilterError),
+    /// A `file:///` node's recording cannot be read: there is none at its
+    /// path (the node has not finished writing one there), or it is not
+    /// an MCAP recording.
+    #[error("cannot read the recording: {0}")]
+    Recording(#[from] crate::backend::file::RecordError),
 }
 
 /// Why a `put` did not send its sample.

@@ -845,12 +845,32 @@ fn chunk_record(
 }
 
 impl RecordReader {
-    /// Opens a recording.
+    /// Opens a recording: a file that starts with MCAP's magic (anything
+    /// else, a directory or an empty file among others, is refused here
+    /// rather than at the first read).
     pub fn open(path: &Path) -> Result<RecordReader, RecordError> {
-        let file = File::open(path).map_err(|source| RecordError::Io {
+        let io = |source| RecordError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let not = |why: &str| RecordError::Format {
+            path: path.to_path_buf(),
+            why: format!("{why}: not a recording"),
+        };
+        if !file.metadata().map_err(io)?.is_file() {
+            return Err(not("not a regular file"));
+        }
+        let mut magic = [0u8; MAGIC_LEN as usize];
+        match std::io::Read::read_exact(&mut file, &mut magic) {
+            Ok(()) if magic == *writer::MAGIC => {}
+            Ok(()) => return Err(not("it does not start with MCAP's magic")),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(not("it is shorter than MCAP's magic"))
+            }
+            Err(e) => return Err(io(e)),
+        }
+        std::io::Seek::rewind(&mut file).map_err(io)?;
         Ok(RecordReader {
             path: path.to_path_buf(),
             file: std::io::BufReader::with_capacity(1 << 13, file),
@@ -2476,7 +2496,7 @@ mod tests {
         let dir = milonga_testkit::TempDir::new("rec-nohdr");
         let empty = dir.path().join("empty.mcap");
         std::fs::write(&empty, b"").unwrap();
-        assert!(RecordReader::open(&empty).unwrap().next_entry().is_err());
+        assert!(RecordReader::open(&empty).is_err());
         let good = dir.path().join("good.mcap");
         write(&good, Compression::Zstd, 10);
         let b = std::fs::read(&good).unwrap();
@@ -2673,9 +2693,13 @@ mod tests {
         let dir = milonga_testkit::TempDir::new("rec-bad");
         let p = dir.path().join("bad.mcap");
         std::fs::write(&p, b"not an mcap file at all").unwrap();
-        let mut r = RecordReader::open(&p).unwrap();
-        let err = r.next_entry().unwrap_err();
+        // Refused at open (a program that opens first and reads later
+        // learns it there), as is a directory.
+        let err = RecordReader::open(&p).err().unwrap();
         assert!(err.to_string().contains("not a readable MCAP"), "{err}");
+        assert!(err.to_string().contains("magic"), "{err}");
+        let err = RecordReader::open(dir.path()).err().unwrap();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
         let missing = RecordReader::open(&dir.path().join("none.mcap")).unwrap_err();
         assert!(missing.to_string().contains("none.mcap"), "{missing}");
     }

@@ -32,7 +32,7 @@ use super::{
 use crate::model::sample::{Event, Sample};
 
 /// MCAP's magic, at both ends of a file.
-const MAGIC: &[u8] = b"\x89MCAP0\r\n";
+pub(super) const MAGIC: &[u8; 8] = b"\x89MCAP0\r\n";
 
 /// How far ahead of what it wrote the writer has the file's blocks
 /// allocated.
