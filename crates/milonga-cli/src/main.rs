@@ -379,6 +379,16 @@ fn main() -> ExitCode {
     };
     match r {
         Ok(code) => code,
+        // `milonga sub ... | head`: the reader of the output left, which
+        // ends the command, and nothing failed.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("milonga: {}", said_once(&e));
             ExitCode::FAILURE

@@ -65,6 +65,43 @@ fn discovery_subscriber_first() {
     assert!(status.success(), "{status}");
 }
 
+/// `milonga sub ... | head -1`: the reader of its output leaves, and the
+/// subscriber ends with success, saying nothing (it printed "Broken pipe"
+/// and exited 1).
+#[test]
+fn a_subscriber_whose_reader_leaves_ends_quietly() {
+    let env = Env::new("subpipe");
+    let _publ = env.spawn(&["pub", "lab/pp/1", "1", "--rate", "200"]);
+    let mut sub = env
+        .cmd(&["sub", "lab/pp/*", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(sub.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert!(line.starts_with('{'), "{line}");
+    drop(out);
+    // Its next write fails: the command ends (killed at the deadline).
+    let end = Instant::now() + T;
+    let status = loop {
+        if let Some(s) = sub.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= end {
+            let _ = sub.kill();
+            let _ = sub.wait();
+            panic!("the subscriber went on writing into a closed pipe");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(sub.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{status}: {err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
+}
+
 #[test]
 fn discovery_publisher_first() {
     let env = Env::new("pubfirst");
