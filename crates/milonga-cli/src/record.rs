@@ -86,8 +86,8 @@ pub struct ReplayArgs {
     file: PathBuf,
     /// 1 is the recorded pace, 2 twice as fast, `max` as fast as the
     /// subscribers take them (reliable publishers).
-    #[arg(long, default_value = "1")]
-    speed: String,
+    #[arg(long, default_value = "1", value_parser = replay_speed)]
+    speed: Speed,
     /// Only the keys this expression matches.
     #[arg(long)]
     keys: Option<String>,
@@ -1009,6 +1009,24 @@ fn info(a: &InfoArgs) -> Result<ExitCode> {
 const MIN_SPEED: f64 = 0.001;
 const MAX_SPEED: f64 = 1_000_000.0;
 
+/// `--speed`: a factor of the recorded pace, or `max` (`None`).
+#[derive(Debug, Clone, Copy)]
+struct Speed(Option<f64>);
+
+/// Parses `--speed` (a clear error from the argument parser, exit 2, as
+/// for every other value out of range).
+fn replay_speed(s: &str) -> Result<Speed, String> {
+    match s {
+        "max" => Ok(Speed(None)),
+        s => match s.trim().parse::<f64>() {
+            Ok(v) if (MIN_SPEED..=MAX_SPEED).contains(&v) => Ok(Speed(Some(v))),
+            _ => Err(format!(
+                "{s:?}: a number from {MIN_SPEED} to {MAX_SPEED}, or max"
+            )),
+        },
+    }
+}
+
 /// A wait for the next sample this long is said on stderr (a recording
 /// silent for a night, or a receive time far off).
 const LONG_WAIT: Duration = Duration::from_secs(10);
@@ -1372,13 +1390,7 @@ impl Replayers<'_> {
 }
 
 pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
-    let speed: Option<f64> = match a.speed.as_str() {
-        "max" => None,
-        s => match s.parse::<f64>() {
-            Ok(v) if (MIN_SPEED..=MAX_SPEED).contains(&v) => Some(v),
-            _ => bail!("--speed {s:?}: a number from {MIN_SPEED} to {MAX_SPEED}, or max"),
-        },
-    };
+    let speed = a.speed.0;
     let keys = key_filter(&a.keys)?;
     let said = |r: &RecordReader| {
         if !r.skipped().is_empty() {

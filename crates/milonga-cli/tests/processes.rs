@@ -770,6 +770,8 @@ fn bad_cli_input_gets_a_clear_error() {
         &["record", "a/**", "-o", rec, "--max-bytes", "100"],
         &["record", "a/**", "-o", rec, "--deadline-ms", "1e300"],
         &["replay", rec, "--wait-timeout", "1e20"],
+        &["replay", rec, "--speed", "fast"],
+        &["replay", rec, "--speed", "0"],
         &["replay", rec, "--to", "2610-07-01T00:00:00Z"],
         &["demo", "--duration=-5"],
         // Broker options out of their documented ranges (each started,

@@ -886,7 +886,9 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
     };
     let (scheme, rest) = s
         .split_once("://")
-        .ok_or_else(|| bad("expected scheme://..., such as milonga:///lab"))?;
+        .ok_or_else(|| {
+            bad("expected milonga:///DOMAIN (peer-to-peer), milonga://HOST:PORT/DOMAIN (through a broker) or file:///PATH (a recording)")
+        })?;
     match scheme {
         "milonga" => {}
         "file" => {
@@ -908,9 +910,9 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
             ))
         }
     }
-    let (authority, path) = rest
-        .split_once('/')
-        .ok_or_else(|| bad("no domain: expected milonga:///DOMAIN"))?;
+    let (authority, path) = rest.split_once('/').ok_or_else(|| {
+        bad("no domain: expected milonga:///DOMAIN or milonga://HOST:PORT/DOMAIN")
+    })?;
     let mut brokers = Vec::new();
     let mut broker_keys = Vec::new();
     if !authority.is_empty() {

@@ -51,7 +51,7 @@ pub enum OpenError {
     },
     /// No broker of a `milonga://HOST:PORT/DOMAIN` locator answered, or
     /// none serves the domain (docs/broker.md).
-    #[error("no broker answered for domain {domain} at {brokers} within {waited_ms} ms{why}")]
+    #[error("{}", unreachable_text(.brokers, .domain, *.waited_ms, .why))]
     BrokerUnreachable {
         /// The brokers tried.
         brokers: String,
@@ -396,4 +396,14 @@ pub enum CallError {
     /// The node is closed.
     #[error("the node is closed")]
     Closed,
+}
+
+/// [`OpenError::BrokerUnreachable`] in words: silence, or each broker's
+/// answer (`why`, a broker that answered but does not serve the domain).
+fn unreachable_text(brokers: &str, domain: &str, waited_ms: u64, why: &str) -> String {
+    if why.is_empty() {
+        format!("no broker answered for domain {domain} at {brokers} within {waited_ms} ms")
+    } else {
+        format!("no broker at {brokers} serves domain {domain}{why}")
+    }
 }
