@@ -2338,7 +2338,11 @@ impl Subscription {
         match io.seqs.check(node, key, seq, member, can_repair) {
             Step::Unknown => {
                 let n = c.samples_unknown_publisher.fetch_add(1, Ordering::Relaxed) + 1;
-                log_drop(
+                // At info: a subscription that starts while samples flow
+                // (through a broker, ahead of the view that shows their
+                // node) drops its first few here, before its stream
+                // begins; counted all the same.
+                crate::util::stats::log_drop_info(
                     n,
                     "a sample of a node that discovery does not show",
                     &format_args!("{key} from {node}"),

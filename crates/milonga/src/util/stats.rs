@@ -260,6 +260,14 @@ pub(crate) fn log_drop(count: u64, what: &str, detail: &dyn std::fmt::Display) {
     }
 }
 
+/// [`log_drop`] at `info`, for drops that are expected in normal use
+/// (counted all the same).
+pub(crate) fn log_drop_info(count: u64, what: &str, detail: &dyn std::fmt::Display) {
+    if count <= 10 || count % 1000 == 0 {
+        tracing::info!(dropped_so_far = count, "dropped {what}: {detail}");
+    }
+}
+
 pub(crate) fn inc(c: &AtomicU64) {
     c.fetch_add(1, Relaxed);
 }
