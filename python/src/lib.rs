@@ -36,19 +36,41 @@ const SLICE: Duration = Duration::from_millis(50);
 /// releases the interpreter while it encodes, compresses and sends.
 const RELEASE_FROM: usize = 64 << 10;
 
-/// The bytes of `v`'s bulk data, if it is one: a byte string, a typed
-/// array, or a multi-dimensional array (anything else counts 0; a large
-/// list is converted element by element with the interpreter anyway).
+/// The bytes of `v`'s bulk data (byte strings, typed arrays), wherever
+/// they are in it (a dict of arrays, a list of images), counted up to
+/// [`RELEASE_FROM`] (a long list of numbers is not walked to its end).
 fn bulk_bytes(v: &Value) -> usize {
-    match v {
-        Value::Bytes(b) => b.len(),
-        Value::Typed(t) => t.bytes().len(),
-        Value::Tagged(_, inner) => match inner.as_ref() {
-            Value::Array(parts) => parts.iter().map(bulk_bytes).sum(),
-            other => bulk_bytes(other),
-        },
-        _ => 0,
+    fn walk(v: &Value, sum: &mut usize) {
+        if *sum >= RELEASE_FROM {
+            return;
+        }
+        match v {
+            Value::Bytes(b) => *sum += b.len(),
+            Value::Typed(t) => *sum += t.bytes().len(),
+            Value::Tagged(_, inner) => walk(inner, sum),
+            Value::Array(items) => {
+                for x in items {
+                    walk(x, sum);
+                    if *sum >= RELEASE_FROM {
+                        return;
+                    }
+                }
+            }
+            Value::Map(pairs) => {
+                for (k, x) in pairs {
+                    walk(k, sum);
+                    walk(x, sum);
+                    if *sum >= RELEASE_FROM {
+                        return;
+                    }
+                }
+            }
+            _ => {}
+        }
     }
+    let mut sum = 0;
+    walk(v, &mut sum);
+    sum
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -120,3 +120,16 @@ fn rusage_ns(who: libc::c_int) -> u64 {
     let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
     (us(u.ru_utime) + us(u.ru_stime)) * 1000
 }
+
+/// Whether stdout is a pipe (or socket) whose reader has gone: `poll`
+/// says an error on its write end.
+pub fn stdout_reader_gone() -> bool {
+    let mut fd = libc::pollfd {
+        fd: libc::STDOUT_FILENO,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n > 0 && fd.revents & libc::POLLERR != 0
+}

@@ -380,12 +380,13 @@ fn main() -> ExitCode {
     match r {
         Ok(code) => code,
         // `milonga sub ... | head`: the reader of the output left, which
-        // ends the command, and nothing failed.
+        // ends the command, and nothing failed. (A broken pipe elsewhere,
+        // a bench worker's input, is a failure: stdout is still read.)
         Err(e)
             if e.chain().any(|c| {
                 c.downcast_ref::<std::io::Error>()
                     .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-            }) =>
+            }) && ffi::stdout_reader_gone() =>
         {
             ExitCode::SUCCESS
         }

@@ -2046,7 +2046,7 @@ fn a_broker_serving_every_domain_closes_one_left_idle_and_opens_it_again() {
     };
     let first = exchange(1);
     // The clients close: once they are gone and the domain idle for
-    // 500 ms, it closes.
+    // 1 s (--domain-idle-ms, no less than the lease), it closes.
     drop(first);
     let closed = stats_until(&proc, |s| s["domains"] == 0 && s["domains_closed"] == 1);
     assert_eq!(closed["stats"]["clients"], 0, "{closed}");

@@ -394,7 +394,8 @@ impl FileNode {
         sub: Arc<SubShared>,
         expr: KeyExpr,
     ) -> Result<(), crate::SubscribeError> {
-        let reader = RecordReader::open(&self.path)?;
+        let reader = RecordReader::open(&self.path)
+            .map_err(|e| crate::SubscribeError::Recording(e.to_string()))?;
         let me = self.clone();
         std::thread::Builder::new()
             .name(format!("milonga-file {expr}"))

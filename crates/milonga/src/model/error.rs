@@ -51,7 +51,7 @@ pub enum OpenError {
     },
     /// No broker of a `milonga://HOST:PORT/DOMAIN` locator answered, or
     /// none serves the domain (docs/broker.md).
-    #[error("{}", unreachable_text(.brokers, .domain, *.waited_ms, .why))]
+    #[error("{}", unreachable_text(.brokers, .domain, *.waited_ms, .why, *.answered))]
     BrokerUnreachable {
         /// The brokers tried.
         brokers: String,
@@ -59,8 +59,12 @@ pub enum OpenError {
         domain: String,
         /// How long the node waited for each.
         waited_ms: u64,
-        /// What a broker that answered said (empty when none answered).
+        /// What a broker said, or how its handshake failed (empty when
+        /// nothing was heard).
         why: String,
+        /// A broker answered (it serves another domain, refused the
+        /// node's key, or sent an error), rather than staying silent.
+        answered: bool,
     },
     /// The locator names a deployment this version does not provide.
     #[error("unsupported: {what}")]
@@ -208,10 +212,10 @@ pub enum SubscribeError {
     #[error(transparent)]
     Filter(#[from] milonga_wire::filter::FilterError),
     /// A `file:///` node's recording cannot be read: there is none at its
-    /// path (the node has not finished writing one there), or it is not
-    /// an MCAP recording.
+    /// path (a mistyped path, or a new one before the node's first put
+    /// creates it).
     #[error("cannot read the recording: {0}")]
-    Recording(#[from] crate::backend::file::RecordError),
+    Recording(String),
 }
 
 /// Why a `put` did not send its sample.
@@ -398,12 +402,18 @@ pub enum CallError {
     Closed,
 }
 
-/// [`OpenError::BrokerUnreachable`] in words: silence, or each broker's
-/// answer (`why`, a broker that answered but does not serve the domain).
-fn unreachable_text(brokers: &str, domain: &str, waited_ms: u64, why: &str) -> String {
-    if why.is_empty() {
-        format!("no broker answered for domain {domain} at {brokers} within {waited_ms} ms")
+/// [`OpenError::BrokerUnreachable`] in words: silence (with how a
+/// handshake failed, if one did), or a broker's answer (`why`).
+fn unreachable_text(
+    brokers: &str,
+    domain: &str,
+    waited_ms: u64,
+    why: &str,
+    answered: bool,
+) -> String {
+    if answered {
+        format!("no broker at {brokers} serves this node in domain {domain}{why}")
     } else {
-        format!("no broker at {brokers} serves domain {domain}{why}")
+        format!("no broker answered for domain {domain} at {brokers} within {waited_ms} ms{why}")
     }
 }

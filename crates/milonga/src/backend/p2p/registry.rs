@@ -810,9 +810,17 @@ impl Conn {
                 Ok(a) if a.node_id == me => {}
                 Ok(mut a) => {
                     // A broker on a wildcard address holds its clients at
-                    // sockets named with it: reached at the address this
-                    // node reached the registry at.
-                    crate::backend::p2p::uplink::reached_all(&mut a, &self.endpoint);
+                    // its sockets, named with it and tagged with the
+                    // client's id: reached at the address this node
+                    // reached the registry at. (A peer-to-peer node's own
+                    // endpoints, untagged, are left as it announced them.)
+                    let tagged = |e: &str| e.contains('#');
+                    if a.data_endpoints().any(tagged)
+                        || a.liveliness.as_deref().is_some_and(tagged)
+                        || a.services.iter().any(|s| tagged(&s.endpoint))
+                    {
+                        crate::backend::p2p::uplink::reached_all(&mut a, &self.endpoint);
+                    }
                     if target.get(&a.node_id) != Some(&a) {
                         target.insert(a.node_id.clone(), a);
                         changed = true;

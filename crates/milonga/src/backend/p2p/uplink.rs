@@ -268,6 +268,9 @@ pub(crate) fn hello(
 ) -> Result<Uplink, OpenError> {
     let ctx = ContextRef::acquire();
     let mut why = String::new();
+    // A broker said something (`why` is its answer), rather than a
+    // handshake cut short or silence.
+    let mut answered = false;
     let mut socks = Vec::new();
     for b in brokers {
         let sock = dealer_unconnected(&ctx, cfg, &b.endpoint, b.curve.as_ref())?;
@@ -321,7 +324,10 @@ pub(crate) fn hello(
                 // handshake cut short (a broker dying, a connection
                 // dropped) is only said if nothing else answers.
                 if let Some((failed, answer)) = handshake_failure(monitor, b) {
-                    why = failed;
+                    if answer || !answered {
+                        why = failed;
+                    }
+                    answered |= answer;
                     settled[i] |= answer;
                 }
             }
@@ -355,13 +361,20 @@ pub(crate) fn hello(
                             // Those listed before it get a moment more.
                             deadline = deadline.min(Instant::now() + PREFERENCE_WAIT);
                         }
-                        Ok(h) => why = format!(" ({broker} answered for domain {})", h.domain),
-                        Err(e) => why = format!(" ({broker} sent a bad hello: {e})"),
+                        Ok(h) => {
+                            why = format!(" ({broker} answered for domain {})", h.domain);
+                            answered = true;
+                        }
+                        Err(e) => {
+                            why = format!(" ({broker} sent a bad hello: {e})");
+                            answered = true;
+                        }
                     }
                     settled[i] = true;
                 }
                 [m, c, text] if m == wire::MAGIC && c == wire::ERROR => {
                     why = format!(" ({broker}: {})", String::from_utf8_lossy(text));
+                    answered = true;
                     settled[i] = true;
                 }
                 _ => {}
@@ -381,6 +394,7 @@ pub(crate) fn hello(
         domain: domain.to_owned(),
         waited_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
         why,
+        answered,
     })
 }
 
