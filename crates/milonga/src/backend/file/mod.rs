@@ -249,7 +249,8 @@ pub fn status_json(ev: &Event) -> Option<serde_json::Value> {
         Event::DeadlineMissed(d) => json!({
             "event": "deadline_missed",
             "key": d.key,
-            "silent_ms": d.silent_for.as_secs_f64() * 1000.0,
+            // Milliseconds to the microsecond (100.864, not 100.86390800000001).
+            "silent_ms": d.silent_for.as_micros() as f64 / 1000.0,
         }),
         Event::SubscriptionLive => json!({ "event": "subscription_live" }),
         Event::IncompatibleQos(q) => json!({
