@@ -52,6 +52,13 @@ pub struct BrokerArgs {
     #[arg(long, default_value_t = 16,
           value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub hold_mib: u64,
+    /// Registry mode: most endpoints of registered nodes' publishers it
+    /// connects to for its clients, a domain (each a connection and a
+    /// file descriptor); past it, such a node is left out of the clients'
+    /// view, counted (registered_unconnected).
+    #[arg(long, default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub max_registered_connected: u64,
     /// Link to the broker listening at tcp://HOST:PORT (repeat for
     /// several): brokers linked in any graph form a federation whose
     /// clients see each other (docs/broker.md). One end naming the other
@@ -119,6 +126,7 @@ pub fn run(net: &crate::NetArgs, a: BrokerArgs) -> Result<ExitCode> {
         insecure: a.insecure,
         peers: a.peers.clone(),
         max_domains: a.max_domains as usize,
+        max_registered_connected: a.max_registered_connected as usize,
         domain_idle_ms: a.domain_idle_ms,
         ..Default::default()
     })

@@ -366,3 +366,103 @@ fn registered_nodes_and_the_broker_s_clients_see_each_other_s_publications_and_s
         closed.elapsed()
     );
 }
+
+/// A client that asks for every publisher of a large registry does not
+/// make the broker connect to all of them: past
+/// `--max-registered-connected` endpoints (here 2: one node's data and
+/// liveliness endpoints), the nodes are left out of the clients' view,
+/// not shown without their samples, and counted.
+#[test]
+fn a_client_asking_for_everything_connects_the_broker_to_a_bounded_number_of_registered_nodes() {
+    let env = Env::new("reg-cap");
+    let hosts: Vec<TempDir> = (0..5)
+        .map(|i| TempDir::new(&format!("reg-cap-h{i}")))
+        .collect();
+    let listen = format!("tcp://127.0.0.1:{}", free_port());
+    let via = Via::Registry(listen.clone());
+    let mut cmd = env.cmd(&[
+        "broker",
+        "--listen",
+        &listen,
+        "--json",
+        "--domain",
+        &env.domain,
+        "--max-registered-connected",
+        "2",
+    ]);
+    cmd.env("MILONGA_RUNTIME_DIR", hosts[0].path());
+    let broker = Proc::spawn(cmd);
+    broker.line(T).expect("the broker listens");
+    let nodes: Vec<Node> = (1..=3)
+        .map(|i| via.node(&env, hosts[i].path(), &format!("n{i}")))
+        .collect();
+    let pubs: Vec<Publisher> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| n.publisher(&format!("cap/{i}")).unwrap())
+        .collect();
+    let mut cfg = Config::new(
+        &format!(
+            "milonga://{}/{}",
+            listen.strip_prefix("tcp://").unwrap(),
+            env.domain
+        ),
+        "client",
+    );
+    cfg.runtime_dir = Some(hosts[4].path().to_path_buf());
+    let c = Node::open_with(cfg).unwrap();
+    wait_for("the client sees the three publications", T, || {
+        c.peers()
+            .iter()
+            .filter(|x| x.publications.iter().any(|p| p.key.starts_with("cap/")))
+            .count()
+            == 3
+    });
+    // Asking for them all: one is connected, two are left out.
+    let sub = c.subscribe("cap/**").unwrap();
+    let end = Instant::now() + T;
+    let stats = loop {
+        let line = broker.line(T).expect("a stats line");
+        let v: Json = serde_json::from_str(&line).unwrap();
+        if v["event"] == "stats" && v["stats"]["registered_unconnected"] == 2 {
+            break v;
+        }
+        assert!(Instant::now() < end, "two nodes left out: {v}");
+    };
+    assert_eq!(stats["stats"]["registered"], 3, "{stats}");
+    wait_for("the client's view holds the connected one only", T, || {
+        c.peers()
+            .iter()
+            .filter(|x| x.publications.iter().any(|p| p.key.starts_with("cap/")))
+            .count()
+            == 1
+    });
+    let shown: Vec<String> = c
+        .peers()
+        .iter()
+        .flat_map(|x| x.publications.iter().map(|p| p.key.clone()))
+        .filter(|k| k.starts_with("cap/"))
+        .collect();
+    // Its samples come; the others' never do.
+    let end = Instant::now() + T;
+    let mut got = std::collections::BTreeSet::new();
+    while Instant::now() < end && got.is_empty() {
+        for p in &pubs {
+            p.put(1.0).unwrap();
+        }
+        while let Ok(Event::Sample(s)) = sub.recv_timeout(Duration::from_millis(20)) {
+            got.insert(s.key);
+        }
+    }
+    for _ in 0..20 {
+        for p in &pubs {
+            p.put(1.0).unwrap();
+        }
+        while let Ok(ev) = sub.recv_timeout(Duration::from_millis(10)) {
+            if let Event::Sample(s) = ev {
+                got.insert(s.key);
+            }
+        }
+    }
+    assert_eq!(got.into_iter().collect::<Vec<_>>(), shown);
+}

@@ -69,6 +69,12 @@ pub struct BrokerOptions {
     pub hold_mib: u64,
     /// Most clients served at once (default 10,000).
     pub max_clients: usize,
+    /// Registry mode: most endpoints of registered nodes' publishers the
+    /// broker connects to for its clients, a domain (default 1,024; each
+    /// a connection and a file descriptor). Past it, a registered node
+    /// whose publications a client asks for is neither connected to nor
+    /// told to the clients (counted in `registered_unconnected`).
+    pub max_registered_connected: usize,
     /// The brokers it links to, by their listen endpoints
     /// (`tcp://HOST:PORT` or `HOST:PORT`): a federation (docs/broker.md).
     /// A link is two-way; one end naming the other is enough. With
@@ -106,6 +112,7 @@ impl Default for BrokerOptions {
             stall_ms: 1000,
             hold_mib: 16,
             max_clients: 10_000,
+            max_registered_connected: 1024,
             max_domains: 16,
             domain_idle_ms: 60_000,
             peers: Vec::new(),
@@ -280,6 +287,7 @@ impl Broker {
             stall_ms: opts.stall_ms,
             hold_mib: opts.hold_mib,
             max_clients: opts.max_clients,
+            max_registered_connected: opts.max_registered_connected.max(1),
             max_domains: opts.max_domains.clamp(1, MAX_DOMAINS),
             // Not under a lease: a client between its hello and its
             // first attach is not yet counted.

@@ -79,6 +79,8 @@ pub(crate) struct BrokerSpec {
     pub hold_mib: u64,
     /// Most clients served at once.
     pub max_clients: usize,
+    /// Most endpoints of registered nodes connected to, a domain.
+    pub max_registered_connected: usize,
     /// Most domains served when it serves every domain asked for (an
     /// [`OpenDomain`] given to [`start`]).
     pub max_domains: usize,
@@ -165,6 +167,7 @@ pub(crate) struct BrokerCounters {
     pub federation_brokers: AtomicU64,
     pub duplicates_dropped: AtomicU64,
     pub registered: AtomicU64,
+    pub registered_unconnected: AtomicU64,
     pub registry_refused: AtomicU64,
     pub registry_expired: AtomicU64,
     pub domains: AtomicU64,
@@ -230,6 +233,11 @@ pub struct BrokerStats {
     /// Peer-to-peer nodes in its registry now, in all domains (registry
     /// mode, docs/discovery.md "A registry").
     pub registered: u64,
+    /// Registered nodes whose publishers a client asks for but that the
+    /// broker does not connect to, nor tell its clients of, now: it
+    /// connects to at most `max_registered_connected` of their endpoints
+    /// a domain.
+    pub registered_unconnected: u64,
     /// Registrations refused: the registry holds its most.
     pub registry_refused: u64,
     /// Registered nodes removed after their lease (not unregistered).
@@ -289,6 +297,7 @@ impl BrokerCounters {
             federation_brokers: g(&self.federation_brokers),
             duplicates_dropped: g(&self.duplicates_dropped),
             registered: g(&self.registered),
+            registered_unconnected: g(&self.registered_unconnected),
             registry_refused: g(&self.registry_refused),
             registry_expired: g(&self.registry_expired),
             domains: g(&self.domains),
@@ -1847,6 +1856,11 @@ struct Domain {
     /// table or what the clients ask last changed (at this key: the
     /// table's version, and what is asked on each data plane).
     registry_nodes: Vec<RegistryNode>,
+    /// Registered nodes left out at the last refresh (past
+    /// `max_registered_connected` endpoints).
+    registered_unconnected: usize,
+    /// The most endpoints of registered nodes connected to.
+    max_registered_connected: usize,
     registry_read: Option<(u64, [Arc<Asked>; 2])>,
     /// `to_domain` endpoints: best effort, reliable, liveliness.
     to_domain: [String; 3],
@@ -2105,6 +2119,13 @@ impl Domain {
         } else {
             &self.registry_nodes
         };
+        // Each endpoint is a connection (a file descriptor, libzmq's
+        // buffers): a client that asks for everything must not make the
+        // broker connect to every publisher of a registry of thousands.
+        // Past the most, a node is neither connected to nor told (a
+        // client would see a publisher whose samples never come).
+        let mut connected = 0usize;
+        let mut unconnected = 0usize;
         for r in registry_nodes {
             if local.contains(&r.id)
                 || self.clients.contains_key(&r.id)
@@ -2113,6 +2134,16 @@ impl Domain {
             {
                 continue;
             }
+            let new = r
+                .wanted
+                .iter()
+                .filter(|(i, ep)| !wanted[*i].contains(ep))
+                .count();
+            if new > 0 && connected + new > self.max_registered_connected {
+                unconnected += 1;
+                continue;
+            }
+            connected += new;
             for (i, ep) in &r.wanted {
                 wanted[*i].insert(ep.clone());
             }
@@ -2124,6 +2155,10 @@ impl Domain {
             }
             others.insert(r.id.clone(), r.told.clone());
         }
+        if unconnected > 0 && self.registered_unconnected == 0 {
+            limited!(warn, domain = %self.hello.domain, unconnected, limit = self.max_registered_connected, "the broker's clients ask for the publishers of more registered nodes than it connects to: those are left out (registered_unconnected)");
+        }
+        self.registered_unconnected = unconnected;
         // The federation's other nodes: told to the clients at this
         // broker's sockets, and shown to the domain by its gateway.
         let td = [
@@ -2632,6 +2667,10 @@ impl Control {
                     .map(|d| d.registry.registered_len())
                     .sum();
                 self.counters.registered.store(n as u64, Ordering::Relaxed);
+                let n: usize = self.domains.iter().map(|d| d.registered_unconnected).sum();
+                self.counters
+                    .registered_unconnected
+                    .store(n as u64, Ordering::Relaxed);
                 self.counters
                     .links
                     .store(self.fed.links_up() as u64, Ordering::Relaxed);
@@ -3292,6 +3331,8 @@ fn open_domain_io(
             .as_ref()
             .map(|s| s.guard.identity.public().to_z85()),
         registry_nodes: Vec::new(),
+        registered_unconnected: 0,
+        max_registered_connected: spec.max_registered_connected,
         registry_read: None,
         closed: stop.domain.clone(),
         threads: Vec::new(),
