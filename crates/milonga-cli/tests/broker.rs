@@ -904,6 +904,56 @@ fn calls_through_the_broker_reach_every_server_with_every_outcome() {
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }
 
+/// A caller that dies with its call in flight through the broker: the
+/// server's reply has nobody to go back to, and the broker counts it
+/// (`replies_undeliverable`; it was dropped without a trace).
+#[test]
+fn a_reply_for_a_caller_gone_is_counted_at_the_broker() {
+    let env = Env::new("brk-gone");
+    let broker = env.broker(&[]);
+    let l = broker.locator.clone();
+    let _svc = serve_at(&env, &l, &["g/slow", "--echo", "--delay-ms", "2000"]);
+    let watcher = Node::open_with(env.config_at(&l, "watcher")).unwrap();
+    let mut caller = env
+        .cmd(&[
+            "--locator",
+            &l,
+            "call",
+            "g/slow",
+            "1",
+            "--timeout",
+            "10",
+            "--wait-server",
+            "5",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut server = None;
+    wait_for("the slow service", T, || {
+        server = watcher
+            .peers()
+            .into_iter()
+            .find(|a| a.services.iter().any(|s| s.key == "g/slow"));
+        server.is_some()
+    });
+    let server = server.unwrap();
+    wait_for("the server reads the call", T, || {
+        use milonga::p2p::NodeExt;
+        watcher
+            .query(&server.control, Duration::from_millis(500))
+            .is_some_and(|i| i.stats.requests_received >= 1)
+    });
+    caller.kill().unwrap();
+    caller.wait().unwrap();
+    // The reply comes 2 s after the call, to a caller gone.
+    let stats = stats_until(&broker.proc, |s| {
+        s["replies_undeliverable"].as_u64() >= Some(1)
+    });
+    assert_eq!(stats["stats"]["replies_undeliverable"], 1, "{stats}");
+}
+
 #[test]
 fn clients_move_to_the_next_broker_when_theirs_is_killed_and_back_when_it_returns() {
     let env = Env::new("brk-failover");

@@ -163,6 +163,7 @@ pub(crate) struct BrokerCounters {
     pub requests_refused: AtomicU64,
     pub clients: AtomicU64,
     pub calls_unroutable: AtomicU64,
+    pub replies_undeliverable: AtomicU64,
     pub links: AtomicU64,
     pub federation_brokers: AtomicU64,
     pub duplicates_dropped: AtomicU64,
@@ -221,6 +222,9 @@ pub struct BrokerStats {
     /// Calls for a service the broker could not reach (its server gone,
     /// or not connected yet): not relayed; the caller's deadline ends them.
     pub calls_unroutable: u64,
+    /// Replies the broker could not pass back: their caller had gone, or
+    /// its connection was full (or a reply named no caller).
+    pub replies_undeliverable: u64,
     /// Federation links up now (docs/broker.md "Federation").
     pub links: u64,
     /// Other brokers of its federation it knows now.
@@ -293,6 +297,7 @@ impl BrokerCounters {
             clients_refused: g(&self.clients_refused),
             requests_refused: g(&self.requests_refused),
             calls_unroutable: g(&self.calls_unroutable),
+            replies_undeliverable: g(&self.replies_undeliverable),
             links: g(&self.links),
             federation_brokers: g(&self.federation_brokers),
             duplicates_dropped: g(&self.duplicates_dropped),
@@ -468,6 +473,13 @@ const MAX_TRACKED: usize = 65_536;
 /// Longest subscription topic a port's [`Interest`] keeps.
 const MAX_TRACKED_TOPIC_BYTES: usize = 1024;
 
+/// Most filter declarations a port's [`Interest`] keeps, and the longest
+/// it keeps (a declaration names a node, a socket, a key expression of at
+/// most 512 bytes and a filter of at most 1 KiB: under 2 KiB): 16 MiB a
+/// port at most. Others are forwarded, not told to a link made later.
+const MAX_TRACKED_DECLS: usize = 4096;
+const MAX_TRACKED_DECL_BYTES: usize = 4096;
+
 /// What becomes of an upstream message once its port took note of it
 /// ([`Interest::note`]).
 #[derive(Debug, PartialEq, Eq)]
@@ -535,9 +547,15 @@ impl Interest {
                 None => Pass::Skip,
             },
             Some((&milonga_wire::filter::DECLARE_TAG, _)) => {
-                if self.decls.len() < MAX_TRACKED {
-                    if let Ok(d) = milonga_wire::filter::Declaration::decode(msg) {
-                        self.decls.insert(d.filter.id_for(&d.keys), msg.to_vec());
+                if msg.len() <= MAX_TRACKED_DECL_BYTES {
+                    if self.decls.len() >= MAX_TRACKED_DECLS {
+                        // Those no subscription holds any more go first.
+                        self.prune_decls();
+                    }
+                    if self.decls.len() < MAX_TRACKED_DECLS {
+                        if let Ok(d) = milonga_wire::filter::Declaration::decode(msg) {
+                            self.decls.insert(d.filter.id_for(&d.keys), msg.to_vec());
+                        }
                     }
                 }
                 Pass::Always
@@ -548,6 +566,13 @@ impl Interest {
 
     /// The declarations whose filtered samples are still subscribed to.
     fn live_decls(&mut self) -> Vec<Vec<u8>> {
+        self.prune_decls();
+        self.decls.values().cloned().collect()
+    }
+
+    /// Forgets the declarations whose filtered samples nobody of this
+    /// port subscribes to any more.
+    fn prune_decls(&mut self) {
         let topics = &self.topics;
         self.decls.retain(|id, _| {
             let p = format!("{}{id}/", milonga_wire::filter::FILTERED_KEY_PREFIX);
@@ -556,7 +581,6 @@ impl Interest {
                 .next()
                 .is_some_and(|(t, _)| t.starts_with(p.as_bytes()))
         });
-        self.decls.values().cloned().collect()
     }
 }
 
@@ -3813,8 +3837,13 @@ impl CallPlane {
             None => vec![zmq::Message::from(caller)],
         };
         msg.extend(frames);
-        // A caller that has gone: nothing to do.
-        let _ = send_all_checked(&self.calls, msg);
+        // A caller that has gone (or is full): counted, as a node counts
+        // the replies it cannot deliver.
+        if !send_all_checked(&self.calls, msg) {
+            self.counters
+                .replies_undeliverable
+                .fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -4053,5 +4082,38 @@ mod tests {
         i.note(d.encode().as_slice());
         i.note(format!("\x01@f/{id}/sr/").as_bytes());
         assert_eq!(i.live_decls(), vec![d.encode()]);
+    }
+
+    /// Declarations flooded in (ever new filters, huge ones) are kept
+    /// within [`MAX_TRACKED_DECLS`] of at most [`MAX_TRACKED_DECL_BYTES`]
+    /// (65,536 of up to 256 KiB were kept, and pruned only when a link
+    /// or publisher connected), and a live one still gets a place.
+    #[test]
+    fn a_flood_of_declarations_is_kept_within_bounds_and_a_live_one_gets_in() {
+        let decl = |expr: String| milonga_wire::filter::Declaration {
+            node: "00".repeat(16),
+            socket: "reliable".into(),
+            keys: "sr/**".into(),
+            filter: milonga_wire::filter::Filter {
+                expr: Some(expr),
+                ..Default::default()
+            },
+        };
+        let mut i = Interest::default();
+        let huge = decl(format!("value > 1 or value < {}", "9".repeat(8000)));
+        assert!(huge.encode().len() > MAX_TRACKED_DECL_BYTES);
+        assert_eq!(i.note(&huge.encode()), Pass::Always, "forwarded");
+        assert!(i.decls.is_empty(), "not kept");
+        for n in 0..2 * MAX_TRACKED_DECLS {
+            assert_eq!(i.note(&decl(format!("value > {n}")).encode()), Pass::Always);
+            assert!(i.decls.len() <= MAX_TRACKED_DECLS);
+        }
+        // One whose filtered samples are subscribed to: kept, the stale
+        // ones pruned to make room.
+        let live = decl("value > -1".into());
+        let id = live.filter.id_for(&live.keys);
+        i.note(format!("\x01@f/{id}/sr/").as_bytes());
+        i.note(&live.encode());
+        assert_eq!(i.live_decls(), vec![live.encode()]);
     }
 }
