@@ -3431,6 +3431,10 @@ pub(crate) fn start(
     // dropped unseen, and a connection queues few.
     router.set_router_mandatory(true).map_err(&err)?;
     router.set_sndhwm(CONTROL_HWM).map_err(&err)?;
+    // And reads few ahead from each: a peer that sends requests faster
+    // than they are answered is held back (its connection is not read)
+    // rather than queued here, a thousand of up to a few MiB each.
+    router.set_rcvhwm(CONTROL_HWM).map_err(&err)?;
     router.set_ipv6(host.starts_with('[')).map_err(&err)?;
     secure(&spec, &mut router, &listen_ep)?;
     let listen = zmq_io::bind(&router, &spec.listen)?;
