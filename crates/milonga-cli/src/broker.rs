@@ -57,7 +57,7 @@ pub struct BrokerArgs {
     /// file descriptor); past it, such a node is left out of the clients'
     /// view, counted (registered_unconnected).
     #[arg(long, default_value_t = 1024,
-          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+          value_parser = clap::value_parser!(u64).range(2..=65_536))]
     pub max_registered_connected: u64,
     /// Link to the broker listening at tcp://HOST:PORT (repeat for
     /// several): brokers linked in any graph form a federation whose

@@ -912,7 +912,7 @@ fn a_reply_for_a_caller_gone_is_counted_at_the_broker() {
     let env = Env::new("brk-gone");
     let broker = env.broker(&[]);
     let l = broker.locator.clone();
-    let _svc = serve_at(&env, &l, &["g/slow", "--echo", "--delay-ms", "2000"]);
+    let _svc = serve_at(&env, &l, &["g/slow", "--echo", "--delay-ms", "8000"]);
     let watcher = Node::open_with(env.config_at(&l, "watcher")).unwrap();
     let mut caller = env
         .cmd(&[
@@ -922,7 +922,7 @@ fn a_reply_for_a_caller_gone_is_counted_at_the_broker() {
             "g/slow",
             "1",
             "--timeout",
-            "10",
+            "20",
             "--wait-server",
             "5",
         ])
@@ -945,9 +945,13 @@ fn a_reply_for_a_caller_gone_is_counted_at_the_broker() {
             .query(&server.control, Duration::from_millis(500))
             .is_some_and(|i| i.stats.requests_received >= 1)
     });
+    // Still waiting (the reply comes 8 s after the call): killed.
+    assert!(
+        caller.try_wait().unwrap().is_none(),
+        "the caller ended early"
+    );
     caller.kill().unwrap();
     caller.wait().unwrap();
-    // The reply comes 2 s after the call, to a caller gone.
     let stats = stats_until(&broker.proc, |s| {
         s["replies_undeliverable"].as_u64() >= Some(1)
     });

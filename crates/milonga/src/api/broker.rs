@@ -287,7 +287,8 @@ impl Broker {
             stall_ms: opts.stall_ms,
             hold_mib: opts.hold_mib,
             max_clients: opts.max_clients,
-            max_registered_connected: opts.max_registered_connected.max(1),
+            // A node needs two: a data endpoint and its liveliness one.
+            max_registered_connected: opts.max_registered_connected.max(2),
             max_domains: opts.max_domains.clamp(1, MAX_DOMAINS),
             // Not under a lease: a client between its hello and its
             // first attach is not yet counted.

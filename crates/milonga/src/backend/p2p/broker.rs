@@ -464,6 +464,11 @@ struct Interest {
     /// and could only withdraw another port's: a client's stray
     /// unsubscribe).
     untracked: u64,
+    /// Bumped when `topics` gains or loses one, and its value at the
+    /// last pruning of `decls`: a prune that can free nothing is skipped
+    /// (a flood of declarations must not cost a full prune each).
+    topics_gen: u64,
+    pruned_gen: Option<u64>,
 }
 
 /// Most distinct topics (and declarations) a port's [`Interest`] keeps;
@@ -521,6 +526,7 @@ impl Interest {
                     // memory here.
                     if self.topics.len() < MAX_TRACKED && topic.len() <= MAX_TRACKED_TOPIC_BYTES {
                         self.topics.insert(topic.to_vec(), 1);
+                        self.topics_gen += 1;
                         Pass::Edge
                     } else {
                         self.untracked += 1;
@@ -535,6 +541,7 @@ impl Interest {
                 }
                 Some(_) => {
                     self.topics.remove(topic);
+                    self.topics_gen += 1;
                     Pass::Edge
                 }
                 // Not tracked: its subscribe went on untracked, or there
@@ -566,6 +573,7 @@ impl Interest {
 
     /// The declarations whose filtered samples are still subscribed to.
     fn live_decls(&mut self) -> Vec<Vec<u8>> {
+        self.pruned_gen = None;
         self.prune_decls();
         self.decls.values().cloned().collect()
     }
@@ -573,6 +581,10 @@ impl Interest {
     /// Forgets the declarations whose filtered samples nobody of this
     /// port subscribes to any more.
     fn prune_decls(&mut self) {
+        if self.pruned_gen == Some(self.topics_gen) {
+            return;
+        }
+        self.pruned_gen = Some(self.topics_gen);
         let topics = &self.topics;
         self.decls.retain(|id, _| {
             let p = format!("{}{id}/", milonga_wire::filter::FILTERED_KEY_PREFIX);
@@ -1885,6 +1897,9 @@ struct Domain {
     registered_unconnected: usize,
     /// The most endpoints of registered nodes connected to.
     max_registered_connected: usize,
+    /// The registered nodes connected to at the last refresh: they keep
+    /// their places.
+    admitted: HashSet<String>,
     registry_read: Option<(u64, [Arc<Asked>; 2])>,
     /// `to_domain` endpoints: best effort, reliable, liveliness.
     to_domain: [String; 3],
@@ -2148,9 +2163,18 @@ impl Domain {
         // broker connect to every publisher of a registry of thousands.
         // Past the most, a node is neither connected to nor told (a
         // client would see a publisher whose samples never come).
+        // Those connected before keep their places (the registry's order
+        // changes with every registration: a node admitted must not be
+        // displaced by another, connections churning and publishers
+        // coming and going for the clients), then the others by id.
         let mut connected = 0usize;
         let mut unconnected = 0usize;
-        for r in registry_nodes {
+        let mut admitted = HashSet::new();
+        let mut order: Vec<&RegistryNode> = registry_nodes.iter().collect();
+        order.sort_by(|a, b| {
+            (!self.admitted.contains(&a.id), &a.id).cmp(&(!self.admitted.contains(&b.id), &b.id))
+        });
+        for r in order {
             if local.contains(&r.id)
                 || self.clients.contains_key(&r.id)
                 || listed.contains_key(&r.id)
@@ -2158,14 +2182,25 @@ impl Domain {
             {
                 continue;
             }
+            for (tag, ep) in &r.services {
+                table.insert(tag.clone(), ep.clone());
+            }
             let new = r
                 .wanted
                 .iter()
                 .filter(|(i, ep)| !wanted[*i].contains(ep))
                 .count();
             if new > 0 && connected + new > self.max_registered_connected {
+                // Told without its publications (none would come), its
+                // services still relayed.
                 unconnected += 1;
+                let mut told = r.told.clone();
+                told.publications.clear();
+                others.insert(r.id.clone(), told);
                 continue;
+            }
+            if new > 0 {
+                admitted.insert(r.id.clone());
             }
             connected += new;
             for (i, ep) in &r.wanted {
@@ -2174,11 +2209,9 @@ impl Domain {
             if let Some(id) = r.registered {
                 registered.insert(id);
             }
-            for (tag, ep) in &r.services {
-                table.insert(tag.clone(), ep.clone());
-            }
             others.insert(r.id.clone(), r.told.clone());
         }
+        self.admitted = admitted;
         if unconnected > 0 && self.registered_unconnected == 0 {
             limited!(warn, domain = %self.hello.domain, unconnected, limit = self.max_registered_connected, "the broker's clients ask for the publishers of more registered nodes than it connects to: those are left out (registered_unconnected)");
         }
@@ -3357,6 +3390,7 @@ fn open_domain_io(
         registry_nodes: Vec::new(),
         registered_unconnected: 0,
         max_registered_connected: spec.max_registered_connected,
+        admitted: HashSet::new(),
         registry_read: None,
         closed: stop.domain.clone(),
         threads: Vec::new(),
