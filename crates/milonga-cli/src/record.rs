@@ -978,7 +978,7 @@ fn info(a: &InfoArgs) -> Result<ExitCode> {
             writeln!(out, "received:  {} to {} (UTC)", utc(first), utc(last))?;
         }
         writeln!(out,
-            "size:      {payload} bytes of values; messages {ratio:.2}x the file's size before compression"
+            "size:      {payload} bytes of values; compression ratio {ratio:.2} (the messages' bytes before compression over the file's)"
         )?;
         for (k, i) in &keys {
             let secs = (i.last_ns.saturating_sub(i.first_ns)) as f64 / 1e9;

@@ -1150,6 +1150,62 @@ fn a_broker_frozen_past_the_lease_is_used_again_when_it_wakes() {
     eprintln!("{lost} of {last} lost; events {:?}", events(&lines));
 }
 
+/// A publisher that moves to the next broker well after its subscriber
+/// (stopped for 0.7 s when the broker died: a busy or slow host) still
+/// has what was in flight at the kill repaired from its history: the
+/// subscriber's query went where the publisher was not yet, and is asked
+/// again when its samples come. (The gap was reported `Lost`: the query
+/// and its copies at 300 and 900 ms found nobody, and the join gave up.)
+#[test]
+fn a_publisher_that_moves_after_its_subscriber_still_repairs_the_gap() {
+    let env = Env::new("brk-late");
+    let (_, mut b, l) = env.failover_pair();
+    let publ = env.spawn_at(
+        &l,
+        &[
+            "pub",
+            "sr/l/1",
+            "1",
+            "--reliable",
+            "--history",
+            "1000",
+            "--rate",
+            "200",
+        ],
+    );
+    let sub = env.spawn_at(&l, &["sub", "sr/**", "--reliable", "--json"]);
+    let mut lines: Vec<Json> = Vec::new();
+    let last_seq = |lines: &[Json]| lines.iter().filter_map(|v| v["seq"].as_u64()).max();
+    while last_seq(&lines).is_none_or(|s| s < 50) {
+        let line = sub.line(T).expect("samples flow");
+        lines.push(serde_json::from_str(&line).unwrap());
+    }
+    publ.signal(libc::SIGSTOP);
+    b[0].kill9();
+    // The scenario, not a wait for a condition: the publisher is away for
+    // 0.7 s, past the subscriber's move and the query's first copy.
+    std::thread::sleep(Duration::from_millis(700));
+    publ.signal(libc::SIGCONT);
+    let at_kill = last_seq(&lines).unwrap();
+    while last_seq(&lines).is_none_or(|s| s < at_kill + 400) {
+        let Some(line) = sub.line(T) else {
+            panic!(
+                "no sample up to {}: {:?}",
+                at_kill + 400,
+                &lines[lines.len().saturating_sub(5)..]
+            );
+        };
+        lines.push(serde_json::from_str(&line).unwrap());
+    }
+    let upto = last_seq(&lines).unwrap();
+    let events: Vec<&Json> = lines.iter().filter(|v| v.get("seq").is_none()).collect();
+    assert_eq!(
+        accounted(&lines, "sr/l/1", upto),
+        0,
+        "repaired, not lost: {events:?}"
+    );
+}
+
 /// A call in flight through a broker that falls silent (SIGSTOP: its
 /// connections stay up) ends `ServerLost` when the caller moves to the
 /// next broker, not at its deadline: its reply cannot come any more. The

@@ -296,6 +296,9 @@ struct Join {
     /// [`MAX_HELD_BYTES`].
     held: Vec<(Bytes, Option<Bytes>)>,
     held_bytes: usize,
+    /// The queries were sent again when the node's samples came after
+    /// they had gone unanswered ([`Subscription::deliver`]): once a join.
+    woken: bool,
 }
 
 /// Most raw messages a join holds for a dictionary.
@@ -1026,6 +1029,7 @@ impl Subscription {
             chained: false,
             held: Vec::new(),
             held_bytes: 0,
+            woken: false,
         });
         if j.pending.insert(q.socket.clone()) && initial && j.pending.len() == 1 {
             io.initial_joins += 1;
@@ -1580,13 +1584,47 @@ impl Subscription {
         self.settle_goodbye(io, node);
     }
 
+    /// A sample of `node`, whose join queries went unanswered past their
+    /// first copy, came (it was just buffered): the node's connection is there now (a publisher that
+    /// moved to this subscription's broker after it, or whose connection
+    /// was made late), so the queries go again at once, and the join's
+    /// time starts again from here (else it would give up, and report as
+    /// lost what the publisher's history holds, if the publisher came
+    /// after the last copy). Once a join.
+    fn wake_join<L: Link>(&self, io: &mut SubState<L>, c: &Counters, node: NodeId) {
+        let now = io.link.now();
+        let Some(j) = io.joins.get_mut(&node).filter(|j| !j.woken) else {
+            return;
+        };
+        let (pending, heard) = (&j.pending, &j.heard);
+        let again: Vec<Vec<u8>> = j
+            .again
+            .iter()
+            .filter(|r| r.copies >= 1 && pending.contains(&r.socket) && !heard.contains(&r.socket))
+            .map(|r| r.msg.clone())
+            .collect();
+        if again.is_empty() {
+            return;
+        }
+        j.woken = true;
+        j.started = now;
+        for msg in again {
+            if io.link.send(msg).is_ok() {
+                stats::inc(&c.history_queries_resent);
+            }
+        }
+        io.arm(now + JOIN_TIMEOUT);
+    }
+
     /// Passes a decoded sample through the sequence check and queues it;
     /// holds it if its node has a history query in flight, or asks for a
     /// repair if it reveals a gap history can fill (`repair`).
     fn deliver<L: Link>(&self, io: &mut SubState<L>, c: &Counters, mut s: Sample, repair: bool) {
         if let Some(j) = io.joins.get_mut(&s.publisher) {
             if j.buffer.len() < MAX_JOIN_BUFFER {
+                let node = s.publisher;
                 j.buffer.push(s);
+                self.wake_join(io, c, node);
                 return;
             }
             let node = s.publisher;
@@ -3300,6 +3338,59 @@ mod tests {
         let t1 = f.io.link.now;
         f.core.check_timers(&mut f.io, t1 + RESEND_AFTER[1], true);
         assert_eq!(f.io.link.sent.len(), asked, "a repair goes once");
+    }
+
+    /// A join whose query and its copies went where the publisher was not
+    /// yet (a publisher that moves to this subscriber's broker a second
+    /// after it) is asked again when the publisher's samples come, and
+    /// given its time again from there: its history fills the gap, which
+    /// was reported lost (the join gave up at 2 s, the last copy at
+    /// 900 ms having found nobody).
+    #[test]
+    fn a_join_unanswered_is_asked_again_when_the_publishers_samples_come() {
+        let mut f = fixture("sr/**", wants(2, true, None));
+        f.route(&announcement("sr/a", Reliability::Reliable, 10));
+        let t0 = f.io.link.now;
+        let first = f.io.link.sent[0].clone();
+        let id = Query::decode(&first).unwrap().id.unwrap();
+        f.core.check_timers(&mut f.io, t0 + RESEND_AFTER[0], true);
+        f.core.check_timers(&mut f.io, t0 + RESEND_AFTER[1], true);
+        assert_eq!(f.io.link.sent.len(), 3, "the query and its two copies");
+        // The publisher is there 1.5 s after: its samples come, held.
+        f.io.link.now = t0 + Duration::from_millis(1500);
+        f.receive(sample("sr/a", 9));
+        assert_eq!(f.io.link.sent.len(), 4, "asked again at once");
+        assert_eq!(f.io.link.sent[3], first, "the same query, the same id");
+        f.receive(sample("sr/a", 10));
+        assert_eq!(f.io.link.sent.len(), 4, "once a join");
+        assert!(seqs(&f.events()).is_empty(), "held for the reply");
+        // Past the first 2 s: still waiting for the answer.
+        f.core.check_timers(&mut f.io, t0 + Duration::from_millis(2500), true);
+        assert!(f.events().is_empty(), "not given up");
+        let reply = Reply {
+            socket: "reliable".into(),
+            keys: vec![KeyHistory {
+                key: "sr/a".into(),
+                first: 7,
+                last: 10,
+                entries: (7..=8).map(entry).collect(),
+                replayed: false,
+            }],
+            done: true,
+            id: Some(id),
+            schemas: Vec::new(),
+            dictionaries: Vec::new(),
+        };
+        let key = Key::internal("@r/tok").unwrap();
+        f.receive(frame::encode(
+            &key,
+            &header(Kind::History, 1, "lab"),
+            &reply.encode(),
+        ));
+        let ev = f.events();
+        assert_eq!(seqs(&ev), [7, 8, 9, 10], "the kept ones, then the held");
+        assert!(losses(&ev).is_empty(), "nothing reported lost");
+        assert_eq!(f.counters.history_queries_resent.load(Relaxed), 3);
     }
 
     #[test]
