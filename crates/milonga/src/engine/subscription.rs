@@ -3365,7 +3365,8 @@ mod tests {
         assert_eq!(f.io.link.sent.len(), 4, "once a join");
         assert!(seqs(&f.events()).is_empty(), "held for the reply");
         // Past the first 2 s: still waiting for the answer.
-        f.core.check_timers(&mut f.io, t0 + Duration::from_millis(2500), true);
+        f.core
+            .check_timers(&mut f.io, t0 + Duration::from_millis(2500), true);
         assert!(f.events().is_empty(), "not given up");
         let reply = Reply {
             socket: "reliable".into(),

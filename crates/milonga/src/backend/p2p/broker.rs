@@ -380,6 +380,12 @@ struct Wanted {
     /// The registered nodes connected to: their frames go to the clients
     /// only (they are not brought into the federation).
     registered: Arc<HashSet<[u8; 16]>>,
+    /// Some of `endpoints` linger (no longer wanted, still connected for
+    /// [`LINK_LINGER`]): a publisher's frames may come by two paths (one
+    /// that moved to this broker from another of its host, whose
+    /// backlog comes late, a broker frozen and woken), so copies are
+    /// dropped ([`Seen`]), as in a federation.
+    lingering: bool,
 }
 
 /// What the clients subscribe to on one plane, as key prefixes
@@ -725,6 +731,9 @@ struct PlaneIo {
     shown: Arc<HashSet<[u8; 16]>>,
     /// Registered nodes (registry mode): their frames go to no link.
     registered: Arc<HashSet<[u8; 16]>>,
+    /// Copies are dropped ([`Seen`]) without links too: domain endpoints
+    /// linger ([`Wanted::lingering`]).
+    dedupe_domain: bool,
     host: String,
     ctx: ContextRef,
     spec_cfg: Config,
@@ -1059,6 +1068,7 @@ impl PlaneIo {
                 bound: Arc::default(),
                 shown: Arc::default(),
                 registered: Arc::default(),
+                dedupe_domain: false,
                 host: host.to_owned(),
                 ctx: ContextRef::acquire(),
                 spec_cfg: cfg.clone(),
@@ -1161,6 +1171,7 @@ impl PlaneIo {
         let link_keys = w.link_keys.clone();
         self.shown = w.shown.clone();
         self.registered = w.registered.clone();
+        self.dedupe_domain = w.lingering;
         drop(w);
         for ep in self.connected.difference(&wanted) {
             let _ = self.from_domain.disconnect(ep);
@@ -1470,7 +1481,7 @@ impl PlaneIo {
             // the tree carries only what can be told apart from its copies,
             // so that nothing goes round a cycle of old and new links.
             let mut tellable = true;
-            if !self.links.is_empty() {
+            if !self.links.is_empty() || self.dedupe_domain {
                 let first = frames.first().map(|f| f.bytes()).unwrap_or_default();
                 let stream = stream_of(first);
                 tellable = stream.is_some();
@@ -2292,6 +2303,7 @@ impl Domain {
             }
             lingering.retain(|ep, until| *until > now && !set.contains(ep));
             previous.clone_from(&set);
+            let lingers = !lingering.is_empty();
             set.extend(lingering.keys().cloned());
             let links: BTreeMap<String, Option<String>> = tree
                 .iter()
@@ -2310,12 +2322,14 @@ impl Domain {
                 || w.link_keys != link_keys
                 || *w.shown != *shown_ids
                 || *w.registered != *registered
+                || w.lingering != lingers
             {
                 w.endpoints = set;
                 w.links = links;
                 w.link_keys = link_keys;
                 w.shown = shown_ids.clone();
                 w.registered = registered.clone();
+                w.lingering = lingers;
                 w.generation += 1;
             }
         }
