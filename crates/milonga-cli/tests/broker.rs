@@ -1256,6 +1256,58 @@ fn a_broker_woken_after_its_clients_left_sends_no_sample_twice() {
     assert_eq!(accounted(&lines, "sr/w/1", upto), 0, "nothing lost");
 }
 
+/// A client's entry in the host's directory written by another process
+/// (as a broker of the host it left does, frozen and woken, from the
+/// attaches it had queued; that broker then forgets the client and
+/// removes the file, and the host's nodes lost the client for good) is
+/// written again by the broker the client attaches to. Forged here by
+/// the test, so that it happens every run (the freeze does in about half
+/// of them).
+#[test]
+fn a_broker_takes_back_its_clients_entry_in_the_hosts_directory() {
+    let env = Env::new("brk-entry");
+    let (_, b, l) = env.failover_pair();
+    let publ = env.spawn_at(&l, &["pub", "sr/e/1", "1", "--rate", "100"]);
+    let sub = env.spawn(&["sub", "sr/**", "--json"]);
+    wait_for("the host's subscriber takes samples", T, || {
+        sub.line(Duration::from_millis(100))
+            .is_some_and(|l| l.contains("\"seq\""))
+    });
+    // The publisher's entry, written by the first broker (it attaches
+    // there), claimed by the second.
+    let dir = env.dir.path().join(&env.domain);
+    let entry_of = |pid: Option<u32>| -> Option<(std::path::PathBuf, Json)> {
+        std::fs::read_dir(&dir).ok()?.flatten().find_map(|e| {
+            let text = std::fs::read_to_string(e.path()).ok()?;
+            let a: Json = serde_json::from_str(&text).ok()?;
+            let name = a["name"].as_str()?;
+            let wanted = match pid {
+                None => name.starts_with("pub@"),
+                // A broker's own node's entry.
+                Some(p) => name.starts_with("broker@") && a["pid"] == p,
+            };
+            wanted.then_some((e.path(), a))
+        })
+    };
+    let entry = || entry_of(None);
+    let (path, mut a) = entry().expect("the publisher's entry");
+    assert_eq!(a["pid"], b[0].pid(), "{a}");
+    // As the second broker writes it (its process and start time: the
+    // directory's readers check both).
+    let (_, second) = entry_of(Some(b[1].pid())).expect("the second broker's entry");
+    a["pid"] = second["pid"].clone();
+    a["start_time"] = second["start_time"].clone();
+    let tmp = dir.join(".forged.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&a).unwrap()).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    wait_for(
+        "the first broker writes its client's entry again",
+        T,
+        || entry().is_some_and(|(_, a)| a["pid"] == b[0].pid()),
+    );
+    drop(publ);
+}
+
 /// A call in flight through a broker that falls silent (SIGSTOP: its
 /// connections stay up) ends `ServerLost` when the caller moves to the
 /// next broker, not at its deadline: its reply cannot come any more. The

@@ -1846,8 +1846,9 @@ struct Client {
     /// The client key it first attached with: later attaches and its
     /// detach must carry the same.
     key: Option<String>,
-    /// When it last attached.
+    /// When it last attached, and the time before.
     seen: Instant,
+    previous_seen: Option<Instant>,
     /// When it first attached.
     since: Instant,
     /// Its last two reports, with when they came.
@@ -2050,6 +2051,39 @@ impl Domain {
             }
         }
         let peers = self.host.peers();
+        // A client attaching here whose entry in the host's directory
+        // another process wrote (a broker of the host it attached to
+        // before, frozen and woken, showed it again from attaches it had
+        // queued): shown again here, at this broker's sockets, or the
+        // host's nodes would follow the other broker's entry, then lose
+        // the client when that broker forgets it (and removes its file).
+        // A broker the client no longer attaches to does not show it
+        // again (it shows a client when an attach changes it).
+        // Attaching here: its last attach within two intervals, and half
+        // an interval or more after the one before (attaches it queued
+        // for a frozen broker come at once when that broker wakes: they
+        // do not make the client that broker's).
+        let interval = Duration::from_millis(self.hello.attach_interval_ms.max(10));
+        let now = Instant::now();
+        let attaching = |c: &Client| {
+            now.duration_since(c.seen) <= 2 * interval
+                && c.previous_seen
+                    .is_some_and(|p| c.seen.duration_since(p) >= interval / 2)
+        };
+        for a in peers.iter().filter(|a| a.pid != my_pid) {
+            let Some(c) = self.clients.get(&a.node_id).filter(|c| attaching(c)) else {
+                continue;
+            };
+            let td = [
+                self.to_domain[0].as_str(),
+                self.to_domain[1].as_str(),
+                self.to_domain[2].as_str(),
+            ];
+            let mut shown = Domain::at(&c.announcement, td);
+            shown.via.clone_from(&self.key);
+            tracing::info!(node = %a.node_id, other_pid = a.pid, "a client's entry in the host's directory was another process's: shown again at this broker");
+            self.host.show(&shown);
+        }
         // The brokers of the federation that share this domain's local
         // directory (their nodes are among the peers), with their pid: of
         // them, the one of smallest id brings the domain's peer-to-peer
@@ -2554,10 +2588,12 @@ impl Domain {
                 bytes: 0,
                 key,
                 seen: now,
+                previous_seen: None,
                 since: now,
                 report: None,
                 previous: None,
             });
+        c.previous_seen = Some(c.seen);
         c.seen = now;
         if changed {
             c.announcement = a;
