@@ -1150,6 +1150,37 @@ fn a_broker_frozen_past_the_lease_is_used_again_when_it_wakes() {
     eprintln!("{lost} of {last} lost; events {:?}", events(&lines));
 }
 
+/// A reliable publisher process keeping 1,000 samples of `key`, putting
+/// `rate` a second through `locator`, and a reliable subscriber process
+/// of `sr/**`, once the subscriber has taken 50: both, and its lines.
+fn reliable_stream(env: &Env, locator: &str, key: &str, rate: &str) -> (Proc, Proc, Vec<Json>) {
+    let publ = env.spawn_at(
+        locator,
+        &[
+            "pub",
+            key,
+            "1",
+            "--reliable",
+            "--history",
+            "1000",
+            "--rate",
+            rate,
+        ],
+    );
+    let sub = env.spawn_at(locator, &["sub", "sr/**", "--reliable", "--json"]);
+    let mut lines: Vec<Json> = Vec::new();
+    while last_seq(&lines).is_none_or(|s| s < 50) {
+        let line = sub.line(T).expect("samples flow");
+        lines.push(serde_json::from_str(&line).unwrap());
+    }
+    (publ, sub, lines)
+}
+
+/// The highest sequence number among `lines`.
+fn last_seq(lines: &[Json]) -> Option<u64> {
+    lines.iter().filter_map(|v| v["seq"].as_u64()).max()
+}
+
 /// A publisher that moves to the next broker well after its subscriber
 /// (stopped for 0.7 s when the broker died: a busy or slow host) still
 /// has what was in flight at the kill repaired from its history: the
@@ -1160,26 +1191,7 @@ fn a_broker_frozen_past_the_lease_is_used_again_when_it_wakes() {
 fn a_publisher_that_moves_after_its_subscriber_still_repairs_the_gap() {
     let env = Env::new("brk-late");
     let (_, mut b, l) = env.failover_pair();
-    let publ = env.spawn_at(
-        &l,
-        &[
-            "pub",
-            "sr/l/1",
-            "1",
-            "--reliable",
-            "--history",
-            "1000",
-            "--rate",
-            "200",
-        ],
-    );
-    let sub = env.spawn_at(&l, &["sub", "sr/**", "--reliable", "--json"]);
-    let mut lines: Vec<Json> = Vec::new();
-    let last_seq = |lines: &[Json]| lines.iter().filter_map(|v| v["seq"].as_u64()).max();
-    while last_seq(&lines).is_none_or(|s| s < 50) {
-        let line = sub.line(T).expect("samples flow");
-        lines.push(serde_json::from_str(&line).unwrap());
-    }
+    let (publ, sub, mut lines) = reliable_stream(&env, &l, "sr/l/1", "200");
     publ.signal(libc::SIGSTOP);
     b[0].kill9();
     // The scenario, not a wait for a condition: the publisher is away for
@@ -1215,26 +1227,7 @@ fn a_publisher_that_moves_after_its_subscriber_still_repairs_the_gap() {
 fn a_broker_woken_after_its_clients_left_sends_no_sample_twice() {
     let env = Env::new("brk-woken");
     let (_, b, l) = env.failover_pair();
-    let publ = env.spawn_at(
-        &l,
-        &[
-            "pub",
-            "sr/w/1",
-            "1",
-            "--reliable",
-            "--history",
-            "1000",
-            "--rate",
-            "100",
-        ],
-    );
-    let sub = env.spawn_at(&l, &["sub", "sr/**", "--reliable", "--json"]);
-    let mut lines: Vec<Json> = Vec::new();
-    let last_seq = |lines: &[Json]| lines.iter().filter_map(|v| v["seq"].as_u64()).max();
-    while last_seq(&lines).is_none_or(|s| s < 50) {
-        let line = sub.line(T).expect("samples flow");
-        lines.push(serde_json::from_str(&line).unwrap());
-    }
+    let (publ, sub, mut lines) = reliable_stream(&env, &l, "sr/w/1", "100");
     b[0].signal(libc::SIGSTOP);
     // The scenario: frozen for 1.8 s, past the clients' move (4 attach
     // intervals of silence), within the 2 s the next broker stays

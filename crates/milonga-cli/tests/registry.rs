@@ -288,6 +288,15 @@ fn until_live(sub: &Subscriber) -> Vec<u64> {
     }
 }
 
+/// A client of the broker listening at `listen`, on a "host" of its own
+/// (`dir`).
+fn client(env: &Env, listen: &str, dir: &Path) -> Node {
+    let at = listen.strip_prefix("tcp://").unwrap();
+    let mut cfg = Config::new(&format!("milonga://{at}/{}", env.domain), "client");
+    cfg.runtime_dir = Some(dir.to_path_buf());
+    Node::open_with(cfg).unwrap()
+}
+
 #[test]
 fn registered_nodes_and_the_broker_s_clients_see_each_other_s_publications_and_services() {
     let env = Env::new("reg-join");
@@ -310,16 +319,7 @@ fn registered_nodes_and_the_broker_s_clients_see_each_other_s_publications_and_s
         .serve("reg/a/echo", |r: milonga::Request| Ok(r.value))
         .unwrap();
     // A client of the broker, on a host of its own.
-    let mut cfg = Config::new(
-        &format!(
-            "milonga://{}/{}",
-            listen.strip_prefix("tcp://").unwrap(),
-            env.domain
-        ),
-        "client",
-    );
-    cfg.runtime_dir = Some(hosts[3].path().to_path_buf());
-    let c = Node::open_with(cfg).unwrap();
+    let c = client(&env, &listen, hosts[3].path());
     wait_for("the client sees the registered publication", T, || {
         c.peers()
             .iter()
@@ -401,16 +401,7 @@ fn a_client_asking_for_everything_connects_the_broker_to_a_bounded_number_of_reg
         .enumerate()
         .map(|(i, n)| n.publisher(&format!("cap/{i}")).unwrap())
         .collect();
-    let mut cfg = Config::new(
-        &format!(
-            "milonga://{}/{}",
-            listen.strip_prefix("tcp://").unwrap(),
-            env.domain
-        ),
-        "client",
-    );
-    cfg.runtime_dir = Some(hosts[4].path().to_path_buf());
-    let c = Node::open_with(cfg).unwrap();
+    let c = client(&env, &listen, hosts[4].path());
     wait_for("the client sees the three publications", T, || {
         c.peers()
             .iter()
