@@ -2215,10 +2215,11 @@ impl Domain {
         let mut connected = 0usize;
         let mut unconnected = 0usize;
         let mut admitted = HashSet::new();
-        let mut order: Vec<&RegistryNode> = registry_nodes.iter().collect();
-        order.sort_by(|a, b| {
-            (!self.admitted.contains(&a.id), &a.id).cmp(&(!self.admitted.contains(&b.id), &b.id))
-        });
+        let was = &self.admitted;
+        let order = registry_nodes
+            .iter()
+            .filter(|r| was.contains(&r.id))
+            .chain(registry_nodes.iter().filter(|r| !was.contains(&r.id)));
         for r in order {
             if local.contains(&r.id)
                 || self.clients.contains_key(&r.id)
@@ -2455,6 +2456,10 @@ impl Domain {
                 services,
             });
         }
+        // By id: the order in which nodes past `max_registered_connected`
+        // are left out, the same at every refresh (the table's own order
+        // changes with every registration).
+        nodes.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         self.registry_nodes = nodes;
     }
 
