@@ -1585,12 +1585,12 @@ impl Subscription {
     }
 
     /// A sample of `node`, whose join queries went unanswered past their
-    /// first copy, came (it was just buffered): the node's connection is there now (a publisher that
-    /// moved to this subscription's broker after it, or whose connection
-    /// was made late), so the queries go again at once, and the join's
-    /// time starts again from here (else it would give up, and report as
-    /// lost what the publisher's history holds, if the publisher came
-    /// after the last copy). Once a join.
+    /// first copy, came (it was just buffered): the node's connection is
+    /// there now (a publisher that moved to this subscription's broker
+    /// after it, or whose connection was made late), so the queries go
+    /// again at once, and the join's time starts again from here (else it
+    /// would give up, and report as lost what the publisher's history
+    /// holds, if the publisher came after the last copy). Once a join.
     fn wake_join<L: Link>(&self, io: &mut SubState<L>, c: &Counters, node: NodeId) {
         let now = io.link.now();
         let Some(j) = io.joins.get_mut(&node).filter(|j| !j.woken) else {
