@@ -308,6 +308,8 @@ def test_a_large_put_lets_other_threads_run_while_it_compresses(domain: Domain) 
     def other() -> None:
         while not done.is_set():
             ran[0] += 1
+            # Gives the interpreter back at once (a sleep releases it), so
+            # the main thread takes it when its put returns.
             time.sleep(0.0001)
 
     t = threading.Thread(target=other)

@@ -1096,6 +1096,8 @@ fn a_broker_frozen_past_the_lease_is_used_again_when_it_wakes() {
             lines.push(serde_json::from_str(&line).unwrap());
         }
     };
+    // The 10 ms sleeps below pace the puts (about 100 a second); each
+    // wait is a polled condition with its deadline, or the freeze's 5 s.
     wait_for("the subscriber takes samples", T, || {
         put();
         std::thread::sleep(Duration::from_millis(10));

@@ -2766,6 +2766,12 @@ mod tests {
         )
     }
 
+    /// A history reply `r` to the fixture's subscription (token `tok`).
+    fn reply_frame(r: &Reply) -> Vec<u8> {
+        let key = Key::internal("@r/tok").unwrap();
+        frame::encode(&key, &header(Kind::History, 1, "lab"), &r.encode())
+    }
+
     fn heartbeat(leaving: bool) -> Vec<u8> {
         let body = Value::Map(vec![(Value::from("leaving"), Value::Bool(leaving))]);
         let key = Key::internal(frame::HEARTBEAT_KEY).unwrap();
@@ -3056,12 +3062,7 @@ mod tests {
             schemas: Vec::new(),
             dictionaries: Vec::new(),
         };
-        let key = Key::internal("@r/tok").unwrap();
-        f.receive(frame::encode(
-            &key,
-            &header(Kind::History, 1, "lab"),
-            &reply.encode(),
-        ));
+        f.receive(reply_frame(&reply));
         let ev = f.events();
         assert_eq!(seqs(&ev), [7, 8, 9], "kept first, then the held live one");
         assert!(ev.iter().any(|e| matches!(e, Event::SubscriptionLive)));
@@ -3311,14 +3312,7 @@ mod tests {
             schemas: Vec::new(),
             dictionaries: Vec::new(),
         };
-        let key = Key::internal("@r/tok").unwrap();
-        let send = |f: &mut Fixture, r: Reply| {
-            f.receive(frame::encode(
-                &key,
-                &header(Kind::History, 1, "lab"),
-                &r.encode(),
-            ))
-        };
+        let send = |f: &mut Fixture, r: Reply| f.receive(reply_frame(&r));
         // An answer naming another query (a copy of an earlier one) is not
         // this join's: it neither fills nor ends it.
         send(&mut f, reply(vec![7, 8], true, id + 100));
@@ -3382,12 +3376,7 @@ mod tests {
             schemas: Vec::new(),
             dictionaries: Vec::new(),
         };
-        let key = Key::internal("@r/tok").unwrap();
-        f.receive(frame::encode(
-            &key,
-            &header(Kind::History, 1, "lab"),
-            &reply.encode(),
-        ));
+        f.receive(reply_frame(&reply));
         let ev = f.events();
         assert_eq!(seqs(&ev), [7, 8, 9, 10], "the kept ones, then the held");
         assert!(losses(&ev).is_empty(), "nothing reported lost");
@@ -3480,8 +3469,7 @@ mod tests {
                 schemas: Vec::new(),
                 dictionaries: vec![(id, bytes)],
             };
-            let key = Key::internal("@r/tok").unwrap();
-            frame::encode(&key, &header(Kind::History, 1, "lab"), &r.encode())
+            reply_frame(&r)
         };
         let sent = f.io.link.sent.len();
         f.receive(with_dict(1, &body));
@@ -3601,8 +3589,7 @@ mod tests {
                 schemas: Vec::new(),
                 dictionaries: Vec::new(),
             };
-            let key = Key::internal("@r/tok").unwrap();
-            frame::encode(&key, &header(Kind::History, 1, "lab"), &r.encode())
+            reply_frame(&r)
         };
         // A reliable subscription joins first: nothing kept yet.
         assert_eq!(f.io.link.sent.len(), 1, "the join");

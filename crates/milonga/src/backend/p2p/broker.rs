@@ -2074,11 +2074,7 @@ impl Domain {
             let Some(c) = self.clients.get(&a.node_id).filter(|c| attaching(c)) else {
                 continue;
             };
-            let td = [
-                self.to_domain[0].as_str(),
-                self.to_domain[1].as_str(),
-                self.to_domain[2].as_str(),
-            ];
+            let td = self.to_domain.each_ref().map(String::as_str);
             let mut shown = Domain::at(&c.announcement, td);
             shown.via.clone_from(&self.key);
             tracing::info!(node = %a.node_id, other_pid = a.pid, "a client's entry in the host's directory was another process's: shown again at this broker");
@@ -2264,11 +2260,7 @@ impl Domain {
         self.registered_unconnected = unconnected;
         // The federation's other nodes: told to the clients at this
         // broker's sockets, and shown to the domain by its gateway.
-        let td = [
-            self.to_domain[0].as_str(),
-            self.to_domain[1].as_str(),
-            self.to_domain[2].as_str(),
-        ];
+        let td = self.to_domain.each_ref().map(String::as_str);
         let mut shown = BTreeMap::new();
         for (id, (owner, a)) in &listed {
             if self.clients.contains_key(id) || others.contains_key(id) {
@@ -2323,7 +2315,6 @@ impl Domain {
             t.generation += 1;
         }
         drop(t);
-        let now = Instant::now();
         for (i, (w, mut set)) in self.wanted.iter().zip(wanted).enumerate() {
             // A publisher no longer taken from the domain (it comes through
             // the federation now, or it left) stays connected for
@@ -2556,11 +2547,7 @@ impl Domain {
                     MAX_CLIENT_BYTES >> 20
                 ));
             }
-            let td = [
-                self.to_domain[0].as_str(),
-                self.to_domain[1].as_str(),
-                self.to_domain[2].as_str(),
-            ];
+            let td = self.to_domain.each_ref().map(String::as_str);
             let mut shown = Domain::at(&a, td);
             shown.via.clone_from(&self.key);
             self.host.show(&shown);
@@ -2569,11 +2556,7 @@ impl Domain {
         // The registered nodes see it too (at the same sockets): put again
         // until the table takes it.
         if self.key.is_none() && (changed || !self.registry.holds(&a.node_id)) {
-            let td = [
-                self.to_domain[0].as_str(),
-                self.to_domain[1].as_str(),
-                self.to_domain[2].as_str(),
-            ];
+            let td = self.to_domain.each_ref().map(String::as_str);
             if self.registry.hold(&Domain::at(&a, td), now).is_err() {
                 limited!(warn, node = %a.node_id, "a broker client is not shown to the registered nodes: the registry holds its most");
             }
