@@ -108,6 +108,10 @@ pub(crate) struct SubState<L> {
     /// [`MAX_RECENTLY_GONE`]): samples they sent before leaving may still
     /// be read, a first one included.
     recently_gone: VecDeque<NodeId>,
+    /// Those of `recently_gone` that had a reliable publication keeping
+    /// history matching this subscription when they left: a gap their
+    /// samples reveal before they are shown again can be repaired then.
+    gone_repairable: BTreeSet<NodeId>,
     /// The key each node announced (security on), kept while the node is
     /// live or its data connection may still deliver (at most
     /// [`MAX_NODE_KEYS`] beyond those).
@@ -299,6 +303,13 @@ struct Join {
     /// The queries were sent again when the node's samples came after
     /// they had gone unanswered ([`Subscription::deliver`]): once a join.
     woken: bool,
+    /// Opened by a sample of a node discovery no longer shows that
+    /// revealed a gap its history may fill ([`Subscription::deliver`]):
+    /// nothing is asked yet. The query that goes when the node is shown
+    /// again (`apply`) takes the join over, its time starting then; if
+    /// none goes within [`JOIN_TIMEOUT`], the samples go on and the gap is
+    /// reported.
+    out_of_view: bool,
 }
 
 /// Most raw messages a join holds for a dictionary.
@@ -519,6 +530,7 @@ impl<L> SubState<L> {
             live: BTreeSet::new(),
             node_keys: HashMap::new(),
             recently_gone: VecDeque::new(),
+            gone_repairable: BTreeSet::new(),
             backoff: HashMap::new(),
             refused: BTreeSet::new(),
             publishers: HashMap::new(),
@@ -731,6 +743,11 @@ impl Subscription {
             }
         }
         self.check_qos(io, r);
+        for id in io.live.difference(&r.live) {
+            if of_node(&io.matched, *id).any(|(k, _)| self.repairable(&io.matched, *id, k)) {
+                io.gone_repairable.insert(*id);
+            }
+        }
         io.matched = r.publications.clone();
         // What was learned and asked of nodes gone from the domain goes
         // too (a restarted publisher is a new node): the caches hold the
@@ -752,9 +769,17 @@ impl Subscription {
             } else {
                 self.last as u64
             };
+            // A node shown again whose samples came while it was out of
+            // view, revealing a gap: asked on its connections kept too.
+            let waiting: BTreeSet<NodeId> = io
+                .joins
+                .iter()
+                .filter(|(_, j)| j.out_of_view)
+                .map(|(id, _)| *id)
+                .collect();
             for ((node, _), p) in &r.publications {
-                if p.history > 0 && fresh.contains(&p.endpoint) && asked.insert(p.endpoint.clone())
-                {
+                let now_or_back = fresh.contains(&p.endpoint) || waiting.contains(node);
+                if p.history > 0 && now_or_back && asked.insert(p.endpoint.clone()) {
                     let q = Query {
                         node: node.to_hex(),
                         socket: p.socket.clone(),
@@ -855,6 +880,8 @@ impl Subscription {
         while io.recently_gone.len() > MAX_RECENTLY_GONE {
             io.recently_gone.pop_front();
         }
+        let gone = &io.recently_gone;
+        io.gone_repairable.retain(|id| gone.contains(id));
         io.absent
             .retain(|id| !r.live.contains(id) && io.seqs.knows(*id));
         let mut newly: Vec<NodeId> = io
@@ -1030,7 +1057,11 @@ impl Subscription {
             held: Vec::new(),
             held_bytes: 0,
             woken: false,
+            out_of_view: false,
         });
+        if std::mem::take(&mut j.out_of_view) {
+            j.started = now;
+        }
         if j.pending.insert(q.socket.clone()) && initial && j.pending.len() == 1 {
             io.initial_joins += 1;
         }
@@ -1528,7 +1559,9 @@ impl Subscription {
                 }
             }
         }
-        if !answered {
+        if j.out_of_view {
+            tracing::info!(expr = %self.expr, publisher = %node, "a publisher whose samples came while out of view was not shown again in time: its gap is reported");
+        } else if !answered {
             stats::inc(&c.history_queries_unanswered);
             tracing::warn!(expr = %self.expr, publisher = %node, "a history query got no answer in time; going on live");
         }
@@ -1620,6 +1653,30 @@ impl Subscription {
     /// holds it if its node has a history query in flight, or asks for a
     /// repair if it reveals a gap history can fill (`repair`).
     fn deliver<L: Link>(&self, io: &mut SubState<L>, c: &Counters, mut s: Sample, repair: bool) {
+        if repair && self.waits_for_view(io, &s) {
+            let now = io.link.now();
+            tracing::debug!(expr = %self.expr, publisher = %s.publisher, key = %s.key, seq = s.seq,
+                "a gap in the samples of a publisher out of view: they wait for it to be shown again");
+            io.joins.insert(
+                s.publisher,
+                Join {
+                    pending: BTreeSet::new(),
+                    replies: Vec::new(),
+                    buffer: Vec::new(),
+                    started: now,
+                    initial: false,
+                    ids: BTreeMap::new(),
+                    again: Vec::new(),
+                    heard: BTreeSet::new(),
+                    chained: false,
+                    held: Vec::new(),
+                    held_bytes: 0,
+                    woken: false,
+                    out_of_view: true,
+                },
+            );
+            io.arm(now + JOIN_TIMEOUT);
+        }
         if let Some(j) = io.joins.get_mut(&s.publisher) {
             if j.buffer.len() < MAX_JOIN_BUFFER {
                 let node = s.publisher;
@@ -1675,6 +1732,21 @@ impl Subscription {
                 self.deliver(io, c, s, false);
             }
         }
+    }
+
+    /// Whether `s`, of a node discovery no longer shows, reveals a gap that
+    /// the node's history may fill once it is shown again (see
+    /// [`Join::out_of_view`]).
+    fn waits_for_view<L: Link>(&self, io: &SubState<L>, s: &Sample) -> bool {
+        let node = s.publisher;
+        self.reliable
+            && !io.live.contains(&node)
+            && !io.joins.contains_key(&node)
+            && io.gone_repairable.contains(&node)
+            && io
+                .seqs
+                .held_at(node, &s.key)
+                .is_some_and(|held| s.seq > held.saturating_add(1))
     }
 
     /// Whether a gap on (`node`, `key`) can be repaired: the subscription
@@ -3381,6 +3453,102 @@ mod tests {
         assert_eq!(seqs(&ev), [7, 8, 9, 10], "the kept ones, then the held");
         assert!(losses(&ev).is_empty(), "nothing reported lost");
         assert_eq!(f.counters.history_queries_resent.load(Relaxed), 3);
+    }
+
+    /// A reliable subscription whose publisher left discovery (a broker
+    /// or a partition out past the lease) and whose samples come again
+    /// before discovery shows it (on a connection kept for its last
+    /// samples, or through a broker that forwards before it tells): the
+    /// sample that reveals a gap waits for the node to be shown again,
+    /// and the gap is then repaired from its history rather than reported
+    /// lost. One that is not shown again within the join's time goes on,
+    /// the gap reported.
+    #[test]
+    fn a_gap_of_a_publisher_out_of_view_waits_for_it_to_be_shown_again_and_is_repaired() {
+        const RE: &str = "tcp://127.0.0.1:5502";
+        // Shown again with its connection kept, shown again after it
+        // closed, never shown again.
+        for case in ["kept", "closed", "never"] {
+            let mut f = fixture("sr/**", wants(0, true, None));
+            f.route(&announcement("sr/a", Reliability::Reliable, 10));
+            let join = Query::decode(&f.io.link.sent[0]).unwrap();
+            f.receive(reply_frame(&Reply {
+                socket: "reliable".into(),
+                keys: Vec::new(),
+                done: true,
+                id: join.id,
+                schemas: Vec::new(),
+                dictionaries: Vec::new(),
+            }));
+            f.receive(sample("sr/a", 1));
+            f.receive(sample("sr/a", 2));
+            assert_eq!(seqs(&f.events()), [1, 2]);
+            // Out of view; a sample in flight still comes.
+            assert!(f.core.set_target(routes_for(&f.core.expr, &[])));
+            f.core.apply(&mut f.io);
+            f.receive(sample("sr/a", 3));
+            assert_eq!(seqs(&f.events()), [3]);
+            // Its samples come again, 4 to 8 missing: held, nothing lost.
+            let t0 = f.io.link.now;
+            f.receive(sample("sr/a", 9));
+            f.receive(sample("sr/a", 10));
+            let ev = f.events();
+            assert!(seqs(&ev).is_empty() && losses(&ev).is_empty(), "{ev:?}");
+            let sent = f.io.link.sent.len();
+            if case == "never" {
+                f.core.check_timers(&mut f.io, t0 + JOIN_TIMEOUT, true);
+                let ev = f.events();
+                assert_eq!(seqs(&ev), [9, 10], "given up: they go on");
+                assert_eq!(losses(&ev), [(4, 5)], "and the gap is reported");
+                assert_eq!(
+                    f.io.link.sent.len(),
+                    sent,
+                    "nothing asked of a node out of view"
+                );
+                assert_eq!(f.counters.history_queries_unanswered.load(Relaxed), 0);
+                continue;
+            }
+            if case == "closed" {
+                f.core.connections_closed(&mut f.io, vec![RE.into()], t0);
+                assert!(f.io.link.disconnected.contains(&RE.to_owned()));
+            }
+            // Shown again 1.5 s later: asked at once for what came after
+            // 3, with 2 s of its own.
+            f.io.link.now = t0 + Duration::from_millis(1500);
+            f.route(&announcement("sr/a", Reliability::Reliable, 10));
+            let connects = f.io.link.connected.iter().filter(|e| *e == RE).count();
+            assert_eq!(connects, if case == "kept" { 1 } else { 2 }, "{case}");
+            let q = Query::decode(f.io.link.sent.last().unwrap()).unwrap();
+            assert_eq!(f.io.link.sent.len(), sent + 1);
+            assert_eq!(q.since, [("sr/a".to_owned(), 3)]);
+            f.core.check_timers(
+                &mut f.io,
+                t0 + JOIN_TIMEOUT + Duration::from_millis(100),
+                true,
+            );
+            let ev = f.events();
+            assert!(
+                seqs(&ev).is_empty() && losses(&ev).is_empty(),
+                "still waiting: {ev:?}"
+            );
+            f.receive(reply_frame(&Reply {
+                socket: "reliable".into(),
+                keys: vec![KeyHistory {
+                    key: "sr/a".into(),
+                    first: 1,
+                    last: 10,
+                    entries: (4..=10).map(entry).collect(),
+                    replayed: false,
+                }],
+                done: true,
+                id: q.id,
+                schemas: Vec::new(),
+                dictionaries: Vec::new(),
+            }));
+            let ev = f.events();
+            assert_eq!(seqs(&ev), [4, 5, 6, 7, 8, 9, 10], "{case}");
+            assert!(losses(&ev).is_empty(), "{case}: {ev:?}");
+        }
     }
 
     #[test]
