@@ -38,7 +38,7 @@ import tempfile
 import time
 from typing import Any
 
-COLUMNS = "system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost"
+COLUMNS = "system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost,sent,received"
 ZERO_COPY = 64 << 10
 
 
@@ -278,7 +278,9 @@ def pubsub(argv: list[str]) -> None:
 
     print(
         f"# python -m milonga.bench pubsub: transport {a.transport}, mode {a.mode}, "
-        f"{a.duration} s per cell, hwm = 64 MiB / size (16..10000) for both systems; "
+        f"{a.duration} s per cell, hwm = 64 MiB / size (16..10000) for both systems "
+        f"(a reliable milonga publisher: reliable_send_hwm = 16 messages, a message being "
+        f"a sample or a batch <= 128 KiB); "
         f"every publisher and subscriber a Python {sys.version.split()[0]} process; "
         f"milonga-py {milonga.__version__} puts bytes and reads sample.value "
         f"(from 64 KiB on through shared memory; mlg-py-sock: with it off; "
@@ -288,13 +290,18 @@ def pubsub(argv: list[str]) -> None:
     )
     print(
         "# events_per_s_per_sub = median over subscribers of received / (last - first arrival); "
-        "lost = sent - received, summed over subscribers",
+        "MB = 10^6 bytes; sent = the publisher's puts (pyzmq: sends), received = summed over "
+        "subscribers, lost = sent - received, summed over subscribers (received > sent is flagged)",
         file=sys.stderr,
     )
     if a.format == "csv":
         print(COLUMNS, flush=True)
     else:
-        print(f"{'system':<11} {'transp':>6} {'bytes':>9} {'subs':>5} {'events/s/sub':>14} {'MB/s/sub':>10} {'lost':>8}", flush=True)
+        print(
+            f"{'system':<11} {'transp':>6} {'bytes':>9} {'subs':>5} {'events/s/sub':>14} "
+            f"{'MB/s/sub':>10} {'lost':>8} {'sent':>10} {'received':>10}",
+            flush=True,
+        )
     tmp = tempfile.mkdtemp(prefix="mlg-pybench-")
     systems = ["milonga-py"] if a.baseline == "none" else ["pyzmq", "milonga-py"]
     # Large payloads on one host go through shared memory
@@ -327,13 +334,23 @@ def pubsub(argv: list[str]) -> None:
                 pub, subs_out = run_cell(system, role, subs)
                 sent = pub["sent"]
                 lost = sum(max(0, sent - s["received"]) for s in subs_out)
+                received = sum(s["received"] for s in subs_out)
                 rates = [s["received"] / s["seconds"] if s["seconds"] > 0 else 0.0 for s in subs_out]
                 rate = statistics.median(rates)
                 mb = rate * size / 1e6
                 if a.format == "csv":
-                    print(f"{system},{a.transport},{size},{subs},{rate:.0f},{mb:.2f},{lost}", flush=True)
+                    print(f"{system},{a.transport},{size},{subs},{rate:.0f},{mb:.2f},{lost},{sent},{received}", flush=True)
                 else:
-                    print(f"{system:<11} {a.transport:>6} {size:>9} {subs:>5} {rate:>14.0f} {mb:>10.2f} {lost:>8}", flush=True)
+                    print(
+                        f"{system:<11} {a.transport:>6} {size:>9} {subs:>5} {rate:>14.0f} "
+                        f"{mb:>10.2f} {lost:>8} {sent:>10} {received:>10}",
+                        flush=True,
+                    )
+                if any(s["received"] > sent for s in subs_out):
+                    print(f"# note: {system} {size} B x{subs}: a subscriber received more than the {sent} sent: duplicates", file=sys.stderr)
+                reported = sum(s.get("lost_reported", 0) for s in subs_out)
+                if reported > lost:
+                    print(f"# note: {system} subscribers reported {reported} lost (gaps), more than sent - received = {lost}", file=sys.stderr)
 
 
 # ---- signals: Ctrl-C during a blocking call ----

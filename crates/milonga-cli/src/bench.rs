@@ -386,6 +386,10 @@ pub(crate) struct Outcome {
     pub(crate) received: u64,
     pub(crate) seconds: f64,
     lost_reported: u64,
+    /// `bench pubsub`: samples a Milonga subscriber received through
+    /// shared memory (the `path` column).
+    #[serde(default)]
+    shm_received: u64,
     p50_us: f64,
     p99_us: f64,
     /// `bench scale`: the latencies measured (put or end to end).
@@ -728,6 +732,11 @@ struct Row {
     subs: usize,
     events_per_s: f64,
     lost: u64,
+    /// Samples the publisher sent, and the subscribers received (summed).
+    sent: u64,
+    received: u64,
+    /// How the samples came: `socket`, `shm` (shared memory), or `mixed`.
+    path: &'static str,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -761,15 +770,26 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
         a.duration,
         a.history
     );
-    eprintln!("# events_per_s_per_sub = median over subscribers of received / (last - first arrival); lost = sent - received, summed over subscribers");
+    eprintln!("# events_per_s_per_sub = median over subscribers of received / (last - first arrival); MB = 10^6 bytes of payload; sent = the publisher's puts (raw: zmq_send calls), received = summed over subscribers, lost = sent - received summed over subscribers (received > sent is flagged)");
+    eprintln!("# an event is one sample: milonga batches small samples into messages of up to 128 KiB, raw libzmq sends one message per event (ratios at 92 B and 4 KiB compare batched with unbatched sending); every subscriber reads one byte in each 4 KiB of each payload (both systems)");
+    eprintln!("# path: how the samples came (socket; shm = through shared memory, on one host; mixed = some through the socket, as when a put finds the ring full); `transport` is what the sockets use");
     if a.format == Format::Csv {
         println!(
-            "system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost"
+            "system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost,sent,received,path"
         );
     } else {
         println!(
-            "{:<9} {:>6} {:>9} {:>5} {:>14} {:>10} {:>8}",
-            "system", "transp", "bytes", "subs", "events/s/sub", "MB/s/sub", "lost"
+            "{:<9} {:>6} {:>9} {:>5} {:>14} {:>10} {:>8} {:>11} {:>11} {:>6}",
+            "system",
+            "transp",
+            "bytes",
+            "subs",
+            "events/s/sub",
+            "MB/s/sub",
+            "lost",
+            "sent",
+            "received",
+            "path"
         );
     }
     let mut cell = 0;
@@ -913,6 +933,19 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     .iter()
                     .map(|o| sent.saturating_sub(o.received))
                     .sum();
+                let received: u64 = subs_out.iter().map(|o| o.received).sum();
+                if let Some(o) = subs_out.iter().find(|o| o.received > sent) {
+                    eprintln!(
+                        "# note: {system} {size} B x{subs}: a subscriber received {} of {sent} sent: duplicates",
+                        o.received
+                    );
+                }
+                let shm: u64 = subs_out.iter().map(|o| o.shm_received).sum();
+                let path = match shm {
+                    0 => "socket",
+                    n if n >= received => "shm",
+                    _ => "mixed",
+                };
                 let rates: Vec<f64> = subs_out
                     .iter()
                     .map(|o| {
@@ -929,6 +962,9 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     subs,
                     events_per_s: median(rates),
                     lost,
+                    sent,
+                    received,
+                    path,
                 };
                 print_row(&row, t, a.format)?;
                 // Threads of one process for inproc: no CPU of its own.
@@ -966,25 +1002,31 @@ fn print_row(r: &Row, t: Transport, f: Format) -> Result<()> {
     match f {
         Format::Csv => writeln!(
             o,
-            "{},{},{},{},{:.0},{:.2},{}",
+            "{},{},{},{},{:.0},{:.2},{},{},{},{}",
             r.system,
             t.name(),
             r.size,
             r.subs,
             r.events_per_s,
             mb,
-            r.lost
+            r.lost,
+            r.sent,
+            r.received,
+            r.path
         )?,
         Format::Table => writeln!(
             o,
-            "{:<9} {:>6} {:>9} {:>5} {:>14.0} {:>10.2} {:>8}",
+            "{:<9} {:>6} {:>9} {:>5} {:>14.0} {:>10.2} {:>8} {:>11} {:>11} {:>6}",
             r.system,
             t.name(),
             r.size,
             r.subs,
             r.events_per_s,
             mb,
-            r.lost
+            r.lost,
+            r.sent,
+            r.received,
+            r.path
         )?,
     }
     o.flush()?;
@@ -1089,6 +1131,7 @@ fn raw_sub(ctx: &zmq::Context, at: &Place, deadline_s: f64) -> Result<Outcome> {
         if msg.is_empty() {
             break;
         }
+        read_payload(&msg);
         last = Instant::now();
         first.get_or_insert(last);
         received += 1;
@@ -1240,6 +1283,9 @@ fn mlg_sub(at: &Place, deadline_s: f64) -> Result<Outcome> {
                 if s.bytes().is_some_and(Bytes::is_empty) {
                     break;
                 }
+                if let Some(b) = s.bytes() {
+                    read_payload(b);
+                }
                 last = Instant::now();
                 first.get_or_insert(last);
                 received += 1;
@@ -1255,8 +1301,18 @@ fn mlg_sub(at: &Place, deadline_s: f64) -> Result<Outcome> {
         received,
         seconds,
         lost_reported,
+        shm_received: node.stats().shm_received,
         ..Default::default()
     })
+}
+
+/// Reads one byte in each 4 KiB of a received payload, as a consumer of
+/// the data would at the least: a sample through shared memory is a
+/// reference to the ring until read, a raw libzmq message has had its
+/// bytes copied in by the kernel.
+fn read_payload(b: &[u8]) {
+    let x = b.iter().step_by(4096).fold(0u8, |a, x| a ^ x);
+    std::hint::black_box(x);
 }
 
 // ---- latency ----
@@ -1450,12 +1506,12 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
     std::fs::create_dir_all(&tmp)?;
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
     let bed = bed_for(a.hosts, t, a.delay_ms)?;
-    eprintln!("# milonga bench latency: transport {}, one message in flight, one-way latency = round trip / 2", t.name());
+    eprintln!("# milonga bench latency: transport {}, one message in flight, one-way latency = round trip / 2; the q-quantile is the round((n - 1) q)-th of the n sorted round trips (ZeroMQ's local_lat prints the mean instead)", t.name());
     if bed.is_some() {
         eprintln!("# two hosts: ping on one network namespace (10.99.0.1), pong on another (10.99.0.2), joined by veth pairs and a bridge");
     }
     if a.format == Format::Csv {
-        println!("system,transport,payload_bytes,latency_p50_us,latency_p99_us");
+        println!("system,transport,payload_bytes,latency_p50_us,latency_p99_us,round_trips");
     } else {
         println!(
             "{:<9} {:>6} {:>9} {:>10} {:>10} {:>8}",
@@ -1612,7 +1668,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
             match a.format {
                 Format::Csv => writeln!(
                     out,
-                    "{system},{},{size},{:.1},{:.1}",
+                    "{system},{},{size},{:.1},{:.1},{n}",
                     t.name(),
                     o.p50_us,
                     o.p99_us

@@ -472,7 +472,7 @@ fn cell(
     if let (Some(c0), Some(c1)) = (relay0, relay1) {
         eprintln!(
             "# {system} {size} B x{clients}: relay CPU {:.2} us per call",
-            (c1 - c0) as f64 / 1000.0 / calls.max(1) as f64
+            c1.saturating_sub(c0) as f64 / 1000.0 / calls.max(1) as f64
         );
     }
     let _ = std::fs::remove_dir_all(&tmp);
@@ -495,7 +495,7 @@ fn cell(
         requests_per_s: calls as f64 / duration,
         p50_us: q(0.5),
         p99_us: q(0.99),
-        cpu_us_per_request: per_call(cpu1 - cpu0),
+        cpu_us_per_request: per_call(cpu1.saturating_sub(cpu0)),
         clients_cpu_us_per_request: per_call(clients1.saturating_sub(clients0)),
         errors,
     })
@@ -517,14 +517,14 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
         t.name(),
         a.duration
     );
-    eprintln!("# requests_per_s = calls completed in the window / duration; latency = send to reply, over every call; server_cpu_us_per_request = server CPU (all threads, /proc/PID/task/*/schedstat) / calls; clients_cpu_us_per_request = every client process's CPU, the same way, / calls");
+    eprintln!("# requests_per_s = calls completed in the window / duration; latency = send to reply, over every call; server_cpu_us_per_request = server CPU (all threads, /proc/PID/task/*/schedstat) / calls; clients_cpu_us_per_request = every client process's CPU, the same way, / calls; errors = calls that failed or timed out in the window (not in the latencies); the q-quantile is the round((n - 1) q)-th of the sorted latencies");
     let mut o = std::io::stdout().lock();
     if a.format == Format::Csv {
-        writeln!(o, "system,transport,payload_bytes,clients,requests_per_s,latency_p50_us,latency_p99_us,server_cpu_us_per_request,clients_cpu_us_per_request")?;
+        writeln!(o, "system,transport,payload_bytes,clients,requests_per_s,latency_p50_us,latency_p99_us,server_cpu_us_per_request,clients_cpu_us_per_request,errors")?;
     } else {
         writeln!(
             o,
-            "{:<8} {:>6} {:>7} {:>7} {:>12} {:>9} {:>9} {:>12} {:>12}",
+            "{:<8} {:>6} {:>7} {:>7} {:>12} {:>9} {:>9} {:>12} {:>12} {:>7}",
             "system",
             "transp",
             "bytes",
@@ -533,7 +533,8 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
             "p50_us",
             "p99_us",
             "cpu_us/req",
-            "clients_cpu"
+            "clients_cpu",
+            "errors"
         )?;
     }
     o.flush()?;
@@ -557,7 +558,7 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
                 match a.format {
                     Format::Csv => writeln!(
                         o,
-                        "{},{},{},{},{:.0},{:.1},{:.1},{:.2},{:.2}",
+                        "{},{},{},{},{:.0},{:.1},{:.1},{:.2},{:.2},{}",
                         r.system,
                         t.name(),
                         r.size,
@@ -566,11 +567,12 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
                         r.p50_us,
                         r.p99_us,
                         r.cpu_us_per_request,
-                        r.clients_cpu_us_per_request
+                        r.clients_cpu_us_per_request,
+                        r.errors
                     )?,
                     Format::Table => writeln!(
                         o,
-                        "{:<8} {:>6} {:>7} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>12.2} {:>12.2}",
+                        "{:<8} {:>6} {:>7} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>12.2} {:>12.2} {:>7}",
                         r.system,
                         t.name(),
                         r.size,
@@ -579,13 +581,11 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
                         r.p50_us,
                         r.p99_us,
                         r.cpu_us_per_request,
-                        r.clients_cpu_us_per_request
+                        r.clients_cpu_us_per_request,
+                        r.errors
                     )?,
                 }
                 o.flush()?;
-                if r.errors > 0 {
-                    eprintln!("# {} errors in that cell", r.errors);
-                }
             }
         }
     }

@@ -133,3 +133,30 @@ pub fn stdout_reader_gone() -> bool {
     let n = unsafe { libc::poll(&mut fd, 1, 0) };
     n > 0 && fd.revents & libc::POLLERR != 0
 }
+
+/// Allocates disk blocks for `len` bytes of `file` from `offset` on,
+/// keeping its size (`fallocate(FALLOC_FL_KEEP_SIZE)`), as Milonga's
+/// recording writer does; best effort.
+pub(crate) fn preallocate(file: &std::fs::File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return;
+    };
+    // SAFETY: `file` is open for the call; no memory of ours is touched.
+    unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, offset, len) };
+}
+
+/// Starts writeback of a range of `file` without waiting for it
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), as Milonga's recording
+/// writer does after each chunk; best effort.
+pub(crate) fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (
+        libc::off64_t::try_from(offset),
+        libc::off64_t::try_from(len),
+    ) else {
+        return;
+    };
+    // SAFETY: `file` is open for the call; no memory of ours is touched.
+    unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE) };
+}

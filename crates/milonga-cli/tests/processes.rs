@@ -861,7 +861,7 @@ fn bench_prints_the_documented_csv() {
     ]);
     assert_eq!(
         rows[0].join(","),
-        "system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost"
+        "system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost,sent,received,path"
     );
     let systems: Vec<&str> = rows[1..].iter().map(|r| r[0].as_str()).collect();
     assert_eq!(systems, ["raw-zmq", "milonga"]);
@@ -869,7 +869,44 @@ fn bench_prints_the_documented_csv() {
         assert_eq!(&r[1..4], ["ipc", "92", "2"]);
         assert!(r[4].parse::<f64>().unwrap() > 0.0, "{r:?}");
         assert_eq!(r[6], "0", "reliable mode lost samples: {r:?}");
+        let (sent, received): (u64, u64) = (r[7].parse().unwrap(), r[8].parse().unwrap());
+        assert!(sent > 0 && received == 2 * sent, "{r:?}");
+        assert_eq!(r[9], "socket", "92 B goes through the socket: {r:?}");
     }
+    // 64 KiB: Milonga's samples through shared memory, and the column
+    // says so (the raw ones and those with shared memory off: socket; a
+    // put that finds the ring full goes through the socket: `mixed`).
+    let rows = run(&[
+        "bench",
+        "pubsub",
+        "--transport",
+        "ipc",
+        "--sizes",
+        "65536",
+        "--subs",
+        "1",
+        "--duration",
+        "0.3",
+        "--format",
+        "csv",
+    ]);
+    let paths: Vec<(&str, &str)> = rows[1..]
+        .iter()
+        .map(|r| (r[0].as_str(), r[9].as_str()))
+        .collect();
+    let shm = |p: &str| matches!(p, "shm" | "mixed");
+    assert!(
+        matches!(
+            paths[..],
+            [
+                ("raw-zmq", "socket"),
+                ("milonga", a),
+                ("mlg-loan", b),
+                ("mlg-sock", "socket")
+            ] if shm(a) && shm(b)
+        ),
+        "{paths:?}"
+    );
     let rows = run(&[
         "bench",
         "latency",
@@ -884,12 +921,13 @@ fn bench_prints_the_documented_csv() {
     ]);
     assert_eq!(
         rows[0].join(","),
-        "system,transport,payload_bytes,latency_p50_us,latency_p99_us"
+        "system,transport,payload_bytes,latency_p50_us,latency_p99_us,round_trips"
     );
     assert_eq!(rows.len(), 3, "{rows:?}");
     for r in &rows[1..] {
         let (p50, p99): (f64, f64) = (r[3].parse().unwrap(), r[4].parse().unwrap());
         assert!(p50 > 0.0 && p99 >= p50, "{r:?}");
+        assert_eq!(r[5], "200", "{r:?}");
     }
     // bench record: a table, a row per mode, every rate a real figure.
     let out = env
