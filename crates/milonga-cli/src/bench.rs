@@ -946,6 +946,11 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
                     n if n >= received => "shm",
                     _ => "mixed",
                 };
+                if path == "mixed" {
+                    eprintln!(
+                        "# {system} {size} B x{subs}: {shm} of the {received} samples received came through shared memory, the others through the socket"
+                    );
+                }
                 let rates: Vec<f64> = subs_out
                     .iter()
                     .map(|o| {
