@@ -32,6 +32,23 @@ const MAX_DEPTH: usize = 64;
 #[pyclass(frozen, module = "milonga._native", name = "Buffer")]
 pub(crate) struct Buffer {
     bytes: Bytes,
+    born: crate::fork::Born,
+}
+
+impl Buffer {
+    pub(crate) fn new(bytes: Bytes) -> Buffer {
+        Buffer {
+            bytes,
+            born: crate::fork::Born::now(),
+        }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // A slot of shared memory, in a forked child, stays the parent's.
+        self.born.release(std::mem::take(&mut self.bytes));
+    }
 }
 
 #[pymethods]
@@ -234,7 +251,7 @@ pub(crate) fn to_py<'py>(
         Value::Text(s) => PyString::new(py, s).into_any(),
         Value::Bytes(b) => {
             if b.len() >= threshold.max(1) {
-                let buf = Bound::new(py, Buffer { bytes: b.clone() })?;
+                let buf = Bound::new(py, Buffer::new(b.clone()))?;
                 PyMemoryView::from(&buf.into_any())?.into_any()
             } else {
                 PyBytes::new(py, b).into_any()
@@ -309,12 +326,7 @@ fn typed_to_numpy<'py>(py: Python<'py>, t: &TypedArray) -> PyResult<Bound<'py, P
         .find(|(e, _)| *e == t.element())
         .map(|(_, d)| d.bind(py))
         .ok_or_else(|| PyTypeError::new_err(format!("no numpy type for {}", t.element().name())))?;
-    let buf = Bound::new(
-        py,
-        Buffer {
-            bytes: t.bytes().clone(),
-        },
-    )?;
+    let buf = Bound::new(py, Buffer::new(t.bytes().clone()))?;
     np.frombuffer.bind(py).call1((buf, dtype))
 }
 

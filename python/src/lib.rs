@@ -23,11 +23,13 @@ use pyo3::types::PyDict;
 #[allow(unsafe_code)]
 mod convert;
 mod errors;
+mod fork;
 #[allow(unsafe_code)]
 mod loan;
 mod recording;
 
 use convert::{from_py, to_py};
+use fork::Born;
 
 /// Longest a blocking call waits between looks at Python's signals.
 const SLICE: Duration = Duration::from_millis(50);
@@ -178,6 +180,16 @@ pub(crate) struct Node {
     max_message: usize,
     /// The node's `compression` settings, which a publisher's QoS changes.
     compression: milonga::Compression,
+    born: Born,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // In a forked child, the parent's node is never closed from here.
+        if self.born.inherited() {
+            std::mem::forget(self.node.clone());
+        }
+    }
 }
 
 #[pymethods]
@@ -205,6 +217,7 @@ impl Node {
             threshold,
             max_message,
             compression,
+            born: Born::now(),
         })
     }
 
@@ -243,6 +256,7 @@ impl Node {
         schema: Option<&Bound<'_, PyAny>>,
         compression_dictionary: Option<bool>,
     ) -> PyResult<Publisher> {
+        self.born.check(py, "node")?;
         let mut qos = if reliable {
             PublisherQos::reliable()
         } else {
@@ -293,6 +307,7 @@ impl Node {
             put_timeout: timeout,
             threshold: self.threshold,
             max_message: self.max_message,
+            born: Born::now(),
         })
     }
 
@@ -316,6 +331,7 @@ impl Node {
         min_period_ms: Option<u64>,
         schema: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Subscription> {
+        self.born.check(py, "node")?;
         let mut qos = SubscriberQos::default().last(last);
         if let Some(s) = schema {
             qos = qos.schema(schema_of(s, self.threshold)?);
@@ -362,6 +378,7 @@ impl Node {
             threshold: self.threshold,
             stash: Mutex::new(VecDeque::new()),
             taking: Mutex::new(()),
+            born: Born::now(),
         })
     }
 
@@ -374,6 +391,7 @@ impl Node {
         workers: usize,
         max_queued: usize,
     ) -> PyResult<Service> {
+        self.born.check(py, "node")?;
         let threshold = self.threshold;
         let handler = Arc::new(handler);
         let opts = ServeOptions::default()
@@ -390,6 +408,7 @@ impl Node {
         Ok(Service {
             inner: Mutex::new(Some(svc)),
             key: key.to_owned(),
+            born: Born::now(),
         })
     }
 
@@ -414,6 +433,7 @@ impl Node {
         value: &Bound<'_, PyAny>,
         timeout: f64,
     ) -> PyResult<PendingCall> {
+        self.born.check(py, "node")?;
         let t = seconds("timeout", Some(timeout))?.unwrap_or_default();
         let v = from_py(value, self.threshold)?;
         let p = self
@@ -423,6 +443,7 @@ impl Node {
         Ok(PendingCall {
             inner: Mutex::new(Some(p)),
             threshold: self.threshold,
+            born: Born::now(),
         })
     }
 
@@ -435,6 +456,7 @@ impl Node {
         value: &Bound<'_, PyAny>,
         timeout: f64,
     ) -> PyResult<Vec<ServerReply>> {
+        self.born.check(py, "node")?;
         let t = seconds("timeout", Some(timeout))?.unwrap_or_default();
         let v = from_py(value, self.threshold)?;
         let (node, expr) = (self.node.clone(), expr.to_owned());
@@ -462,12 +484,14 @@ impl Node {
     }
 
     /// The peers discovery knows, as JSON (announcements).
-    fn _peers_json(&self) -> PyResult<String> {
+    fn _peers_json(&self, py: Python<'_>) -> PyResult<String> {
+        self.born.check(py, "node")?;
         serde_json::to_string(&self.node.peers()).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
     /// The node's counters, as JSON.
-    fn _stats_json(&self) -> PyResult<String> {
+    fn _stats_json(&self, py: Python<'_>) -> PyResult<String> {
+        self.born.check(py, "node")?;
         serde_json::to_string(&self.node.stats()).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
@@ -475,6 +499,10 @@ impl Node {
     /// (running handlers finish first). Ctrl-C ends the wait; the closing
     /// goes on in the background.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.born.inherited() {
+            // A forked child's copy: the parent's node goes on.
+            return Ok(());
+        }
         let node = self.node.clone();
         in_slices(py, "milonga-close", move || node.close())
     }
@@ -537,10 +565,22 @@ pub(crate) struct Publisher {
     put_timeout: Option<Duration>,
     threshold: usize,
     max_message: usize,
+    born: Born,
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        let p = self
+            .inner
+            .get_mut()
+            .map_or_else(|e| e.into_inner().take(), Option::take);
+        self.born.release(p);
+    }
 }
 
 impl Publisher {
     fn get(&self, py: Python<'_>) -> PyResult<Arc<milonga::Publisher>> {
+        self.born.check(py, "publisher")?;
         self.inner
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -726,6 +766,9 @@ impl Publisher {
 
     /// Withdraws the publication.
     fn close(&self, py: Python<'_>) {
+        if self.born.inherited() {
+            return;
+        }
         let p = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
         py.detach(|| drop(p));
     }
@@ -790,10 +833,28 @@ pub(crate) struct Subscription {
     /// Held (with the GIL released) by whoever moves events from the
     /// subscriber to `stash`.
     taking: Mutex<()>,
+    born: Born,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let s = self
+            .inner
+            .get_mut()
+            .map_or_else(|e| e.into_inner().take(), Option::take);
+        self.born.release(s);
+        // Samples of shared memory among them: their slots are the parent's.
+        let stash = self
+            .stash
+            .get_mut()
+            .map_or_else(|e| std::mem::take(e.into_inner()), std::mem::take);
+        self.born.release(stash);
+    }
 }
 
 impl Subscription {
     fn get(&self, py: Python<'_>) -> PyResult<Arc<milonga::Subscriber>> {
+        self.born.check(py, "subscription")?;
         self.inner
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -845,6 +906,7 @@ impl Subscription {
     /// The oldest stashed event, as a Python object (converted after the
     /// stash's lock is let go: the conversion may run Python code).
     fn pop(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.born.check(py, "subscription")?;
         let ev = lock(&self.stash).pop_front();
         ev.map(|ev| event_to_py(py, ev, self.threshold)).transpose()
     }
@@ -976,6 +1038,9 @@ impl Subscription {
 
     /// Ends the subscription.
     fn close(&self, py: Python<'_>) {
+        if self.born.inherited() {
+            return;
+        }
         let s = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
         py.detach(|| drop(s));
     }
@@ -1286,6 +1351,7 @@ impl Request {
 pub(crate) struct Service {
     inner: Mutex<Option<milonga::Service>>,
     key: String,
+    born: Born,
 }
 
 #[pymethods]
@@ -1300,6 +1366,9 @@ impl Service {
     /// turned away, running handlers finish. Ctrl-C ends the wait for them
     /// (they finish in the background).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.born.inherited() {
+            return Ok(());
+        }
         let s = lock(&self.inner).take();
         // Workers may wait for the interpreter to run a handler.
         in_slices(py, "milonga-service-close", move || drop(s))
@@ -1308,6 +1377,14 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
+        if self.born.inherited() {
+            let s = self
+                .inner
+                .get_mut()
+                .map_or_else(|e| e.into_inner().take(), Option::take);
+            self.born.release(s);
+            return;
+        }
         if let Some(s) = lock(&self.inner).take() {
             Python::attach(|py| py.detach(|| drop(s)));
         }
@@ -1319,12 +1396,24 @@ impl Drop for Service {
 pub(crate) struct PendingCall {
     inner: Mutex<Option<milonga::PendingCall>>,
     threshold: usize,
+    born: Born,
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        let p = self
+            .inner
+            .get_mut()
+            .map_or_else(|e| e.into_inner().take(), Option::take);
+        self.born.release(p);
+    }
 }
 
 #[pymethods]
 impl PendingCall {
     /// Waits for the reply (or raises why there is none).
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.born.check(py, "call")?;
         // Never block on this lock while holding the interpreter: the
         // holder releases it between slices and needs the interpreter back.
         let mut g = match self.inner.try_lock() {
@@ -1436,5 +1525,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<convert::Tagged>()?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(keygen, m)?)?;
+    fork::register(m)?;
     Ok(())
 }

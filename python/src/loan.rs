@@ -16,6 +16,15 @@ use crate::lock;
 #[pyclass(frozen, module = "milonga._native", name = "Loan")]
 pub(crate) struct Loan {
     state: Mutex<State>,
+    born: crate::fork::Born,
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        // A slot of shared memory, in a forked child, stays the parent's.
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        self.born.release(st.loan.take());
+    }
 }
 
 struct State {
@@ -43,6 +52,7 @@ impl Loan {
                 putting: false,
                 views: 0,
             }),
+            born: crate::fork::Born::now(),
         }
     }
 

@@ -18,15 +18,25 @@ use crate::model::error::{IntoTransport, TransportError};
 /// queued messages leave within each socket's linger, when the last socket
 /// closes. A node opened while an earlier generation's sockets still live
 /// gets a fresh context and cannot reach their `inproc://` endpoints.
+///
+/// A process forked from one with a context gets a copy of it whose
+/// threads stayed with the parent and whose wake-up file descriptors are
+/// the parent's: a socket made on it (a node opened in the child) would
+/// wake the parent's threads with commands they never find, and libzmq
+/// aborts the parent. The first node of the child leaves that copy alone
+/// and makes a context of its own.
 static CONTEXT: Mutex<Shared> = Mutex::new(Shared {
     refs: 0,
     ctx: None,
     zap: None,
+    pid: 0,
 });
 
 /// What [`CONTEXT`] guards.
 struct Shared {
     refs: usize,
+    /// The process that made `ctx`.
+    pid: u32,
     ctx: Option<zmq::Context>,
     /// The ZAP handler, once a secured node opened: it lives as long as
     /// the context, so that no secured socket is ever without it.
@@ -34,11 +44,22 @@ struct Shared {
 }
 
 /// A reference on the process context; dropping the last one terminates it.
-pub(crate) struct ContextRef(Option<zmq::Context>);
+/// Its second field is the process that took it: one dropped in a forked
+/// child is let go without a word to libzmq or to [`CONTEXT`].
+pub(crate) struct ContextRef(Option<zmq::Context>, u32);
 
 impl ContextRef {
     pub(crate) fn acquire() -> ContextRef {
         let mut g = CONTEXT.lock().unwrap_or_else(|e| e.into_inner());
+        let pid = std::process::id();
+        if g.ctx.is_some() && g.pid != pid {
+            // Forked: the parent's context and handler are never touched
+            // here, not even to be released.
+            std::mem::forget(g.ctx.take());
+            std::mem::forget(g.zap.take());
+            g.refs = 0;
+        }
+        g.pid = pid;
         g.refs += 1;
         let ctx = g.ctx.get_or_insert_with(|| {
             let c = zmq::Context::new();
@@ -47,7 +68,7 @@ impl ContextRef {
             let _ = c.set_io_threads(1);
             c
         });
-        ContextRef(Some(ctx.clone()))
+        ContextRef(Some(ctx.clone()), pid)
     }
 
     /// Starts the process's ZAP handler if it is not running: every
@@ -76,6 +97,10 @@ impl ContextRef {
 impl Drop for ContextRef {
     fn drop(&mut self) {
         let mine = self.0.take();
+        if self.1 != std::process::id() {
+            std::mem::forget(mine);
+            return;
+        }
         let (last, zap) = {
             let mut g = CONTEXT.lock().unwrap_or_else(|e| e.into_inner());
             g.refs -= 1;
