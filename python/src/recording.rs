@@ -25,6 +25,9 @@ pub(crate) struct Recording {
     /// another thread stops at its next event, so that `close` gets the
     /// lock (a reader that takes it again at once would starve it).
     closed: AtomicBool,
+    /// A forked child's copy shares the file's offset with the parent's:
+    /// it does not read (`fork.rs`).
+    born: crate::fork::Born,
 }
 
 impl Recording {
@@ -62,6 +65,7 @@ impl Recording {
                 .zero_copy_threshold_bytes,
             received_ns: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            born: crate::fork::Born::now(),
         })
     }
 
@@ -70,6 +74,7 @@ impl Recording {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.born.check(py, "recording")?;
         let next = match self.closed.load(Ordering::Acquire) {
             true => None,
             false => self.with_reader(py, |r| r.as_mut().map(RecordReader::next_entry)),

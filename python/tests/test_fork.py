@@ -34,6 +34,12 @@ while pub.subscriber_count() < 1 and time.monotonic() < end:
 pub.put(1.0)
 sample(sub, 1.0)
 assert node.call("fork/echo", 1.0) == 1.0
+# And a recording open for reading.
+path = os.path.join(os.environ["MILONGA_RUNTIME_DIR"], "fork.mcap")
+writer = milonga.open("file://" + path, name="rec")
+writer.publisher("fork/rec").put(1.0)
+writer.close()
+rec = milonga.open_recording(path)
 
 with warnings.catch_warnings():
     # Python 3.12 and later warn of a fork in a process with threads.
@@ -47,6 +53,7 @@ if pid == 0:
         "call": lambda: node.call("fork/echo", 2.0, timeout=1.0),
         "publisher": lambda: node.publisher("fork/other"),
         "subscribe": lambda: node.subscribe("fork/other"),
+        "recording": lambda: next(iter(rec)),
     }
     for name, use in uses.items():
         try:
@@ -77,7 +84,9 @@ if pid == 0:
     sys.exit(1 if wrong else 0)
 
 _, status = os.waitpid(pid, 0)
-# The parent goes on: its node, publisher, subscription and service.
+# The parent goes on: its node, publisher, subscription, service and
+# recording.
+assert any(isinstance(ev, milonga.Sample) and ev.value == 1.0 for ev in rec)
 pub.put(3.0)
 sample(sub, 3.0)
 assert node.call("fork/echo", 3.0) == 3.0
