@@ -1,5 +1,5 @@
 //! `milonga broker`: serves nodes opened on `milonga://HOST:PORT/DOMAIN`
-//! (docs/broker.md) until SIGINT or SIGTERM.
+//! (docs/broker.md) until SIGINT, SIGTERM or SIGHUP.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -71,7 +71,7 @@ pub struct BrokerArgs {
     /// its endpoints first).
     #[arg(long)]
     pub json: bool,
-    /// Stop after this many seconds (default: at SIGINT or SIGTERM).
+    /// Stop after this many seconds (default: at SIGINT, SIGTERM or SIGHUP).
     #[arg(long, value_parser = crate::args::seconds)]
     pub duration: Option<f64>,
     /// Listen with security off on an address other hosts can reach:

@@ -11,9 +11,10 @@ extern "C" fn on_signal(_: libc::c_int) {
     crate::INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// Makes SIGINT and SIGTERM set `crate::INTERRUPTED`.
+/// Makes SIGINT, SIGTERM and SIGHUP (the terminal or the ssh session
+/// closed) set `crate::INTERRUPTED`.
 pub(crate) fn catch_interrupts() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only stores to an atomic, which is
         // async-signal-safe.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };

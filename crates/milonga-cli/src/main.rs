@@ -32,13 +32,13 @@ mod record;
 pub(crate) static INTERRUPTED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-/// Makes SIGINT and SIGTERM set a flag that long-running commands check, so
+/// Makes SIGINT, SIGTERM and SIGHUP set a flag that long-running commands check, so
 /// that they close their node (withdrawing its announcement) before exiting.
 pub fn catch_interrupts() {
     ffi::catch_interrupts();
 }
 
-/// Whether SIGINT or SIGTERM arrived (after [`catch_interrupts`]).
+/// Whether SIGINT, SIGTERM or SIGHUP arrived (after [`catch_interrupts`]).
 pub fn interrupted() -> bool {
     INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
 }

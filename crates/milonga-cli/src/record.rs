@@ -119,11 +119,12 @@ pub enum Bound {
 }
 
 impl Bound {
-    /// Nanoseconds after `t0`, the first entry's receive time.
-    fn offset(self, t0: u64) -> u64 {
+    /// Nanoseconds after `t0`, the first entry's receive time (a time
+    /// before it: negative).
+    fn offset(self, t0: u64) -> i128 {
         match self {
-            Bound::Offset(n) => n,
-            Bound::At(t) => t.saturating_sub(t0),
+            Bound::Offset(n) => i128::from(n),
+            Bound::At(t) => i128::from(t) - i128::from(t0),
         }
     }
 }
@@ -534,9 +535,10 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
         ..RecordOptions::default()
     };
     let split = a.max_bytes.is_some() || a.split_every.is_some();
+    // Before the file exists: a stop from then on finishes it.
+    catch_interrupts();
     let mut out = Files::create(&a.output, split, opts)?;
     let mut source = Source::subscribe(&node, &exprs, qos)?;
-    catch_interrupts();
     let start = Instant::now();
     let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
     let result: Result<()> = (|| {
@@ -581,12 +583,23 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     }
     node.close();
     if let Err(e) = result {
-        // A full disk: the file is left as it is, without a summary, so
-        // that no reader takes it for complete; its finished chunks read.
-        bail!(
-            "recording stopped: {e:#}; {} holds what was written before (milonga record --recover makes a clean copy)",
-            out.path.display()
-        );
+        let path = out.path.clone();
+        // A failed write (a full disk) leaves the file as it is, without a
+        // summary, so that no reader takes it for complete (its finished
+        // chunks read); anything else (the next file of a split that
+        // cannot be made) lets it be finished.
+        match out.finish() {
+            Ok(_) => bail!(
+                "recording stopped: {}; {} is finished, with what was recorded before",
+                causes(&e),
+                path.display()
+            ),
+            Err(_) => bail!(
+                "recording stopped: {}; {} holds what was written before (milonga record --recover makes a clean copy)",
+                causes(&e),
+                path.display()
+            ),
+        }
     }
     let (samples, events, unrecorded, files) =
         (out.samples, out.events, out.unrecorded, out.no + 1);
@@ -700,6 +713,22 @@ impl Files {
     fn finish(self) -> Result<u64> {
         Ok(self.bytes + self.w.finish()?)
     }
+}
+
+/// An error and its causes, each said once (a cause whose text the
+/// message already holds is not repeated).
+fn causes(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for c in e.chain() {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn recover(damaged: &Path, output: &Path, compression: Compression) -> Result<ExitCode> {
@@ -1040,6 +1069,9 @@ const MAX_REPLAY_NODES: usize = 32;
 /// find it; past that the replay waits for them (or for `--wait-timeout`)
 /// before it reads on.
 const MAX_HELD: usize = 65_536;
+/// And most bytes of their values ([`milonga::Value::approx_bytes`]): a
+/// recording's samples may be up to 256 MiB each.
+const MAX_HELD_BYTES: usize = 256 << 20;
 
 /// How often a replay looks whether a node opened again has its
 /// subscribers back.
@@ -1069,6 +1101,8 @@ struct Replayer {
     /// replayers go on.
     until: Option<Instant>,
     held: std::collections::VecDeque<Held>,
+    /// About the bytes of `held`'s values.
+    held_bytes: usize,
 }
 
 impl Replayer {
@@ -1241,10 +1275,14 @@ impl Replayers<'_> {
     /// (not: a sample too large to send, or the replay was stopped).
     fn give(&mut self, publisher: NodeId, what: Held) -> Result<bool> {
         let r = self.open(publisher)?;
-        if r.until.is_some() && r.held.len() >= MAX_HELD && !r.wait_ready() {
+        let full = r.held.len() >= MAX_HELD || r.held_bytes >= MAX_HELD_BYTES;
+        if r.until.is_some() && full && !r.wait_ready() {
             return Ok(false);
         }
         if r.until.is_some() && !r.ready() {
+            if let Held::Sample(_, v, ..) = &what {
+                r.held_bytes += v.approx_bytes();
+            }
             r.held.push_back(what);
             return Ok(true);
         }
@@ -1263,6 +1301,7 @@ impl Replayers<'_> {
             return Ok(());
         };
         let held = std::mem::take(&mut r.held);
+        r.held_bytes = 0;
         for what in held {
             if interrupted() {
                 break;
@@ -1461,6 +1500,7 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 had: 0,
                 until: None,
                 held: Default::default(),
+                held_bytes: 0,
             })
             .keys
             .extend(ks);
@@ -1514,15 +1554,13 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 Entry::Sample(_, at) | Entry::Event(_, at) => *at,
             };
             let first = *t0.get_or_insert(at);
-            let offset = at.saturating_sub(first);
-            let from_ns = a.from.map_or(0, |b| b.offset(first));
-            let to_ns = a.to.map_or(u64::MAX, |b| b.offset(first));
-            if to_ns <= from_ns {
-                match (a.from, a.to) {
-                    (Some(_), Some(_)) => bail!("--to must come after --from"),
-                    (None, _) => bail!("--to comes before the recording's start"),
-                    (_, None) => bail!("--from is past any time a recording can hold"),
-                }
+            let offset = i128::from(at) - i128::from(first);
+            // Both ends belong to the window; one that holds no entry
+            // publishes nothing (`--to` before the recording's start, say).
+            let from_ns = a.from.map_or(i128::MIN, |b| b.offset(first));
+            let to_ns = a.to.map_or(i128::MAX, |b| b.offset(first));
+            if to_ns < from_ns {
+                bail!("--to comes before --from");
             }
             // Not the end: receive times follow the recorder's wall clock,
             // which may have been set back.
@@ -1568,7 +1606,10 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 );
             }
             if let Some(speed) = speed {
-                let due = start + Duration::from_nanos(offset - from_ns).div_f64(speed);
+                // From the window's start (an entry the wall clock put
+                // before it: at once).
+                let ahead = u64::try_from(offset - from_ns.max(0)).unwrap_or(0);
+                let due = start + Duration::from_nanos(ahead).div_f64(speed);
                 let wait = due.saturating_duration_since(Instant::now());
                 if wait >= LONG_WAIT {
                     eprintln!(
@@ -1614,6 +1655,7 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
         // Stopped (SIGINT): what is held is not published.
         if let Some(r) = rs.nodes.get_mut(&slot) {
             r.held.clear();
+            r.held_bytes = 0;
         }
         rs.close(slot)?;
     }

@@ -203,6 +203,28 @@ fn a_recording_holds_every_sample_once_and_replays_into_a_subscriber() {
     have.sort_by_key(|f| f.2.as_u64());
     want.sort_by_key(|f| f.2.as_u64());
     assert_eq!(have, want);
+    // Both ends belong to the window; a window that holds nothing (`--to`
+    // before the recording began) publishes nothing and succeeds, as
+    // documented (it exited 1, as did `--from 0 --to 0`); `--to` before
+    // `--from` is an error.
+    let replay = |args: &[&str]| {
+        let out = env
+            .cmd(&["replay", "--speed", "max"])
+            .args(args)
+            .arg(&file)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), err)
+    };
+    let (code, err) = replay(&["--to", "2000-01-01T00:00:00Z"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("0 samples published"), "{err}");
+    let (code, err) = replay(&["--from", "0", "--to", "0"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = replay(&["--from", "2", "--to", "1"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--to comes before --from"), "{err}");
 }
 
 #[test]
@@ -776,6 +798,30 @@ fn record_last_starts_with_kept_samples_and_split_every_makes_complete_files() {
         .map(|i| ("rl/x".to_owned(), i, serde_json::json!(i as f64)))
         .collect();
     assert_eq!(got, want);
+    // A split file's name taken already: never overwritten; the recorder
+    // stops (exit 1) saying so once, and the file it was writing is
+    // finished (it said to recover it, and named the cause twice).
+    let other = env.dir.path().join("other.mcap");
+    let taken = env.dir.path().join("other-0001.mcap");
+    std::fs::write(&taken, b"someone else's").unwrap();
+    let mut rec = env.cmd(&[
+        "record",
+        "rl/**",
+        "--split-every",
+        "1",
+        "--duration",
+        "5",
+        "-o",
+    ]);
+    rec.arg(&other);
+    let out = rec.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("File exists").count(), 1, "{err}");
+    assert!(err.contains("other-0000.mcap is finished"), "{err}");
+    assert_eq!(std::fs::read(&taken).unwrap(), b"someone else's");
+    let first = env.dir.path().join("other-0000.mcap");
+    assert_eq!(info(&env, &first)["complete"], true);
 }
 
 /// `replay --keys` and `cat --keys` take only the keys an expression

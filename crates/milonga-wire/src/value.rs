@@ -287,6 +287,24 @@ pub enum Value {
 }
 
 impl Value {
+    /// About the bytes of memory this value holds: its byte strings, text
+    /// and numeric arrays, and 64 for each value besides (to bound what
+    /// waits in a queue in bytes, not only in values).
+    pub fn approx_bytes(&self) -> usize {
+        64 + match self {
+            Value::Bytes(b) => b.len(),
+            Value::Text(t) => t.len(),
+            Value::Typed(t) => t.bytes().len(),
+            Value::Tagged(_, inner) => inner.approx_bytes(),
+            Value::Array(items) => items.iter().map(Value::approx_bytes).sum(),
+            Value::Map(pairs) => pairs
+                .iter()
+                .map(|(k, v)| k.approx_bytes() + v.approx_bytes())
+                .sum(),
+            Value::Null | Value::Bool(_) | Value::Int(_) | Value::Float(_) => 0,
+        }
+    }
+
     /// Looks up a text key in a map value.
     pub fn get(&self, key: &str) -> Option<&Value> {
         match self {

@@ -428,3 +428,126 @@ fn a_subscription_where_no_recording_is_fails_saying_why() {
         "{err}"
     );
 }
+
+/// Runs `f` on a thread and fails the test if it has not returned within
+/// 10 s (a FIFO's open would block it for ever).
+fn within_10_s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("{what}: still waiting after 10 s"))
+}
+
+fn mkfifo(path: &std::path::Path) {
+    let ok = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+/// A FIFO where a recording should be, or among the hidden names a node
+/// creating a recording sweeps (anyone who may write the directory can
+/// make one): a clear error, or passed over, never an open that waits for
+/// a writer for ever (`milonga info`, `sub` and `pub` on such a path hung
+/// until killed, SIGTERM included).
+#[test]
+fn a_fifo_at_the_path_or_among_hidden_names_is_refused_or_passed_over_never_waited_on() {
+    let dir = TempDir::new("file-fifo");
+    let fifo = dir.path().join("f.mcap");
+    mkfifo(&fifo);
+    let at = fifo.clone();
+    let err = within_10_s("opening a node on a FIFO", move || {
+        node(&at, "max").map(|_| ()).unwrap_err().to_string()
+    });
+    assert!(err.contains("not a regular file"), "{err}");
+    let at = fifo.clone();
+    let err = within_10_s("opening a FIFO as a recording", move || {
+        RecordReader::open(&at).map(|_| ()).unwrap_err().to_string()
+    });
+    assert!(err.contains("not a regular file"), "{err}");
+    mkfifo(&dir.path().join(".milonga-new-evil"));
+    let path = dir.path().join("run.mcap");
+    let at = path.clone();
+    within_10_s("creating a recording beside a hidden FIFO", move || {
+        let n = node(&at, "max").unwrap();
+        n.publisher("f/a").unwrap().put(1u64).unwrap();
+        n.close();
+    });
+    assert_eq!(samples(&path).len(), 1);
+}
+
+/// The copy a node killed while appending left (`PATH.milonga-tmp`: the
+/// recording and what that node added) is kept beside the recording when
+/// the next node appends, never removed (the next node removed it: what
+/// the killed node wrote was lost for good).
+#[test]
+fn the_copy_a_killed_appender_left_is_kept_aside_not_removed() {
+    let dir = TempDir::new("file-killed");
+    let path = dir.path().join("run.mcap");
+    let first = node(&path, "max").unwrap();
+    first.publisher("f/a").unwrap().put(1u64).unwrap();
+    first.close();
+    // What a killed appender leaves: its copy, cut short.
+    let left = std::fs::read(&path).unwrap();
+    let tmp = dir.path().join("run.mcap.milonga-tmp");
+    std::fs::write(&tmp, &left[..left.len() / 2]).unwrap();
+    let second = node(&path, "max").unwrap();
+    second.publisher("f/b").unwrap().put(2u64).unwrap();
+    second.close();
+    assert_eq!(samples(&path).len(), 2, "the append went on");
+    let kept: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("run.mcap.unfinished-") && n.ends_with(".mcap"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(
+        std::fs::read(dir.path().join(&kept[0])).unwrap(),
+        &left[..left.len() / 2],
+        "kept as it was"
+    );
+    assert!(!tmp.exists(), "the copy of this append took its place");
+}
+
+/// Appending replaces the file with a copy: the copy keeps the
+/// recording's mode; through a symbolic link the link's target is
+/// appended to and the link stays a link; a recording nobody may write
+/// is not replaced (the put refused, saying so). Before, a `chmod 444`
+/// recording was replaced by one of mode 0644, and a link by a file.
+#[test]
+fn appending_keeps_the_mode_follows_a_link_and_refuses_a_read_only_recording() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("file-mode");
+    let path = dir.path().join("run.mcap");
+    let first = node(&path, "max").unwrap();
+    first.publisher("f/a").unwrap().put(1u64).unwrap();
+    first.close();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let link = dir.path().join("latest.mcap");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    let second = node(&link, "max").unwrap();
+    second.publisher("f/b").unwrap().put(2u64).unwrap();
+    second.close();
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link stays a link"
+    );
+    assert_eq!(samples(&path).len(), 2, "the target was appended to");
+    assert_eq!(mode(&path), 0o640);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let third = node(&path, "max").unwrap();
+    let err = third.publisher("f/c").unwrap().put(3u64).unwrap_err();
+    assert!(err.to_string().contains("read-only"), "{err}");
+    third.close();
+    assert_eq!(std::fs::read(&path).unwrap(), before, "left as it was");
+    assert_eq!(mode(&path), 0o444);
+}

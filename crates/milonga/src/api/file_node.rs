@@ -39,6 +39,10 @@ use crate::util::lock;
 
 /// How many events a feeder hands over before the subscription reads them.
 const FEED_AHEAD: usize = 1024;
+/// And how many bytes of their values, one event at least: a recording's
+/// samples may be up to 256 MiB each (a reader's limit), and a thousand
+/// of those must not wait in memory for a slow subscription.
+const FEED_AHEAD_BYTES: usize = 64 << 20;
 
 /// How often a writing node's open chunk is looked at by its flusher
 /// thread: a chunk is written out once it is `flush_every` old (1 s),
@@ -56,6 +60,8 @@ pub(crate) struct FileNode {
     sink: Mutex<Sink>,
     /// The thread that ends chunks while the node is idle, once it writes.
     flusher: Mutex<Option<std::thread::Thread>>,
+    /// [`FEED_AHEAD_BYTES`] (tests lower it).
+    ahead_bytes: std::sync::atomic::AtomicUsize,
 }
 
 enum Sink {
@@ -63,8 +69,9 @@ enum Sink {
     Idle,
     Writing {
         writer: Box<RecordWriter>,
-        /// Appending: the copy being written, renamed over `path` at close.
-        tmp: Option<PathBuf>,
+        /// Appending: the copy being written, and the file it is renamed
+        /// over at close (`path`, or the file a symbolic link there names).
+        tmp: Option<(PathBuf, PathBuf)>,
         /// The recording, locked (`flock`) while this node writes it: a
         /// second node appending at once is refused rather than each
         /// replacing the other's copy.
@@ -89,6 +96,7 @@ impl FileNode {
             name: name.to_owned(),
             sink: Mutex::new(Sink::Idle),
             flusher: Mutex::new(None),
+            ahead_bytes: std::sync::atomic::AtomicUsize::new(FEED_AHEAD_BYTES),
         }
     }
 
@@ -103,11 +111,48 @@ impl FileNode {
             }
             // Another node created it first: appended to, once it closed.
         }
-        // Appending: the recording so far, copied into a new file.
+        // Appending: the recording so far, copied into a new file beside
+        // the one the path names (a symbolic link's target: the link
+        // stays a link).
         let lock = self.lock()?;
-        let tmp = tmp_path(&self.path);
-        let _ = std::fs::remove_file(&tmp);
-        let mut reader = RecordReader::open(&self.path)?;
+        let target = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
+        let refused = |why: String| RecordError::Append {
+            path: self.path.clone(),
+            why,
+        };
+        let meta = std::fs::metadata(&target).map_err(|source| RecordError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        {
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            // The copy replaces it: a file nobody may write is not
+            // replaced (whoever may write the directory could).
+            let mode = meta.permissions().mode() & 0o7777;
+            if mode & 0o222 == 0 {
+                return Err(refused(format!(
+                    "it is read-only (mode {mode:04o}); it is left as it is"
+                )));
+            }
+            if meta.nlink() > 1 {
+                tracing::warn!(file = %self.path.display(), links = meta.nlink(), "the recording has other names (hard links): appending replaces this name's file, and the others keep the recording as it was");
+            }
+        }
+        let tmp = tmp_path(&target);
+        if std::fs::symlink_metadata(&tmp).is_ok() {
+            // A node killed while appending (it held the lock this node
+            // holds now) left its copy: the recording and what that node
+            // added, cut short. Kept, beside, never removed.
+            let aside = aside_path(&target);
+            if let Err(e) = std::fs::rename(&tmp, &aside) {
+                return Err(refused(format!(
+                    "{} holds what a node killed while appending added, and cannot be moved aside ({e}): move it away to append; it is left as it is",
+                    tmp.display()
+                )));
+            }
+            tracing::warn!(file = %self.path.display(), kept = %aside.display(), "a node killed while appending to this recording left its copy, with the samples it added: kept beside it (milonga record --recover makes a finished recording of it)");
+        }
+        let mut reader = RecordReader::open(&target)?;
         let (writer, _) =
             copy_recording(&mut reader, &tmp, &opts).map_err(|e| RecordError::Append {
                 path: self.path.clone(),
@@ -142,9 +187,11 @@ impl FileNode {
                 why: format!("{why}; it is left as it is (milonga record --recover writes a clean copy, which can be appended to)"),
             });
         }
+        // The copy takes the recording's permissions (not the umask's).
+        let _ = std::fs::set_permissions(&tmp, meta.permissions());
         Ok(Sink::Writing {
             writer: Box::new(writer),
-            tmp: Some(tmp),
+            tmp: Some((tmp, target)),
             _lock: lock,
         })
     }
@@ -230,7 +277,7 @@ impl FileNode {
             source,
         };
         loop {
-            let f = File::open(&self.path).map_err(io)?;
+            let f = crate::util::sys::open_regular(&self.path).map_err(io)?;
             match crate::util::sys::try_lock(&f) {
                 Ok(true) => {}
                 // Not cached as a refusal: a later put tries again.
@@ -365,15 +412,14 @@ impl FileNode {
         }
         if let Sink::Writing { writer, tmp, .. } = sink {
             let done = writer.finish().and_then(|_| match &tmp {
-                Some(t) => {
-                    let renamed =
-                        std::fs::rename(t, &self.path).map_err(|source| RecordError::Io {
-                            path: self.path.clone(),
-                            source,
-                        });
+                Some((t, target)) => {
+                    let renamed = std::fs::rename(t, target).map_err(|source| RecordError::Io {
+                        path: self.path.clone(),
+                        source,
+                    });
                     // The copy in place on the disk, not only in memory.
                     if renamed.is_ok() {
-                        crate::util::sys::sync_dir(self.path.parent().unwrap_or(Path::new(".")));
+                        crate::util::sys::sync_dir(target.parent().unwrap_or(Path::new(".")));
                     }
                     renamed
                 }
@@ -443,14 +489,28 @@ impl FileNode {
                     std::thread::sleep(d.min(Duration::from_millis(100)));
                 }
             }
-            // At most FEED_AHEAD events wait for the reader.
-            while lock(&sub.injected).len() >= FEED_AHEAD {
+            // At most FEED_AHEAD events and FEED_AHEAD_BYTES of their
+            // values wait for the reader (who takes them all at once, and
+            // sets the bytes back to 0).
+            let bytes = event_bytes(&ev);
+            let ahead = self.ahead_bytes.load(Ordering::Relaxed);
+            loop {
+                let waiting = lock(&sub.injected).len();
+                let full = waiting >= FEED_AHEAD
+                    || waiting > 0 && sub.injected_bytes.load(Ordering::Acquire) + bytes > ahead;
+                if !full {
+                    break;
+                }
                 if sub.stopped() {
                     return Ok(());
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
-            lock(&sub.injected).push_back(ev);
+            {
+                let mut q = lock(&sub.injected);
+                sub.injected_bytes.fetch_add(bytes, Ordering::AcqRel);
+                q.push_back(ev);
+            }
             sub.has_injected.store(true, Ordering::Release);
             sub.wake();
         }
@@ -461,6 +521,14 @@ impl FileNode {
             tracing::warn!(file = %self.path.display(), skipped = %reader.skipped(), damage = reader.damage().unwrap_or("none"), "the recording holds what a subscription cannot read");
         }
         Ok(())
+    }
+}
+
+/// About the bytes an event holds ([`milonga_wire::Value::approx_bytes`]).
+fn event_bytes(ev: &Event) -> usize {
+    match ev {
+        Event::Sample(s) => s.value.approx_bytes(),
+        _ => 64,
     }
 }
 
@@ -492,7 +560,12 @@ fn remove_stale_new_files(dir: &Path) {
         if !e.file_name().to_string_lossy().starts_with(NEW_PREFIX) {
             continue;
         }
-        let Ok(f) = File::open(e.path()) else {
+        // Only a node's files: a FIFO or a device of that name (anyone
+        // who can write the directory can make one) would block the open.
+        if !e.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let Ok(f) = crate::util::sys::open_regular(&e.path()) else {
             continue;
         };
         let old = f
@@ -507,8 +580,71 @@ fn remove_stale_new_files(dir: &Path) {
     }
 }
 
+/// Where a killed appender's copy is kept: `NAME.unfinished-<ns>.mcap`
+/// beside the recording.
+fn aside_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".unfinished-{}.mcap", now_ns()));
+    path.with_file_name(name)
+}
+
 fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".milonga-tmp");
     path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A subscription that does not read a recording of large samples
+    /// holds at most about FEED_AHEAD_BYTES of them waiting (here lowered
+    /// to 1 MiB, samples of 256 KiB): a 31 KB hostile file of twelve
+    /// 64 MiB values made a reader that did not keep up hold 808 MB, the
+    /// bound being 1,024 events of any size.
+    #[test]
+    fn a_subscription_that_does_not_read_holds_a_bounded_number_of_bytes() {
+        let dir = std::env::temp_dir().join(format!("mlg-feed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("big.mcap");
+        let _ = std::fs::remove_file(&path);
+        let locator = format!("file://{}", path.display());
+        let w = crate::Node::open(&locator, "writer").unwrap();
+        let p = w.publisher("big/k").unwrap();
+        for i in 0..20u8 {
+            p.put(milonga_wire::Value::Bytes(vec![i; 256 << 10].into()))
+                .unwrap();
+        }
+        drop(p);
+        w.close();
+        let r = crate::Node::open(&locator, "reader").unwrap();
+        let file = r.file.clone().unwrap();
+        file.ahead_bytes.store(1 << 20, Ordering::Relaxed);
+        let sub = r.subscribe("big/**").unwrap();
+        // The feeder fills what it may, then waits: its queue no longer
+        // grows.
+        let queued = || lock(&sub.shared.injected).len();
+        let mut last = usize::MAX;
+        let end = Instant::now() + Duration::from_secs(10);
+        while queued() != last && Instant::now() < end {
+            last = queued();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let bytes = sub.shared.injected_bytes.load(Ordering::Acquire);
+        assert!(
+            (3..=4).contains(&last),
+            "{last} samples waiting, {bytes} bytes"
+        );
+        assert!(bytes <= 1 << 20, "{bytes}");
+        // Read, they all come.
+        let mut n = 0;
+        while let Ok(ev) = sub.recv_timeout(Duration::from_secs(5)) {
+            if matches!(ev, Event::Sample(_)) {
+                n += 1;
+            }
+        }
+        assert_eq!(n, 20);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

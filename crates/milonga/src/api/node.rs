@@ -30,7 +30,7 @@ use crate::util::stats::NodeStats;
 pub struct Node {
     pub(crate) inner: Arc<NodeInner>,
     /// With a `file:///` locator: the recording (api/file_node.rs).
-    file: Option<Arc<FileNode>>,
+    pub(crate) file: Option<Arc<FileNode>>,
 }
 
 impl Node {

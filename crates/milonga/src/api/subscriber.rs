@@ -47,6 +47,9 @@ pub(crate) struct SubShared {
     /// over by the feeder thread (api/file_node.rs), and whether some wait.
     pub(crate) injected: Mutex<std::collections::VecDeque<Event>>,
     pub(crate) has_injected: AtomicBool,
+    /// About the bytes of `injected`'s values (`file_node`'s feeder adds,
+    /// the reader that takes them all sets 0).
+    pub(crate) injected_bytes: std::sync::atomic::AtomicUsize,
     /// The feeder read the recording to its end: once what it handed over
     /// is read, `recv` says so ([`RecvError::EndOfRecording`]).
     pub(crate) ended: AtomicBool,
@@ -128,6 +131,7 @@ impl SubShared {
             stop: AtomicBool::new(false),
             injected: Mutex::new(std::collections::VecDeque::new()),
             has_injected: AtomicBool::new(false),
+            injected_bytes: std::sync::atomic::AtomicUsize::new(0),
             ended: AtomicBool::new(false),
             denied: Mutex::new(std::collections::HashSet::new()),
             app: qos.queue.map(AppQueue::new),
@@ -163,7 +167,11 @@ impl SubShared {
             if io.pending.is_empty() && self.has_injected.load(Ordering::Acquire) {
                 self.stamp_now(&mut io);
                 self.has_injected.store(false, Ordering::Release);
-                let injected: Vec<Event> = lock(&self.injected).drain(..).collect();
+                let injected: Vec<Event> = {
+                    let mut q = lock(&self.injected);
+                    self.injected_bytes.store(0, Ordering::Release);
+                    q.drain(..).collect()
+                };
                 for ev in injected {
                     if matches!(ev, Event::BrokerChanged(_)) {
                         // The nodes behind the lost broker are reached
@@ -545,7 +553,7 @@ impl ConnectionWatcher for SubShared {
 /// (and its variants, and the iterator), or go to the callback given at
 /// declaration. Dropping it undeclares the subscription.
 pub struct Subscriber {
-    shared: Arc<SubShared>,
+    pub(crate) shared: Arc<SubShared>,
     dispatcher: Option<JoinHandle<()>>,
     pump: Option<JoinHandle<()>>,
 }

@@ -41,6 +41,26 @@ pub(crate) fn sync_dir(dir: &std::path::Path) {
     }
 }
 
+/// Opens `path` for reading if it is a regular file: opened without
+/// waiting (`O_NONBLOCK`: a FIFO or a device at the path would block the
+/// open, or every read, until a writer came), then refused unless it is a
+/// regular file (`ErrorKind::InvalidInput`, "not a regular file"). The
+/// flag changes nothing for a regular file's reads.
+pub(crate) fn open_regular(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(f)
+}
+
 pub(crate) fn try_lock(f: &std::fs::File) -> std::io::Result<bool> {
     // SAFETY: flock takes a descriptor `f` owns and open for its lifetime,
     // and no memory.

@@ -854,14 +854,18 @@ impl RecordReader {
             path: path.to_path_buf(),
             source,
         };
-        let mut file = File::open(path).map_err(io)?;
         let not = |why: &str| RecordError::Format {
             path: path.to_path_buf(),
             why: format!("{why}: not a recording"),
         };
-        if !file.metadata().map_err(io)?.is_file() {
-            return Err(not("not a regular file"));
-        }
+        // Not a FIFO or a device: their open or reads would wait for ever.
+        let mut file = match crate::util::sys::open_regular(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                return Err(not("not a regular file"))
+            }
+            Err(e) => return Err(io(e)),
+        };
         let mut magic = [0u8; MAGIC_LEN as usize];
         match std::io::Read::read_exact(&mut file, &mut magic) {
             Ok(()) if magic == *writer::MAGIC => {}
@@ -1474,7 +1478,7 @@ impl RecordReader {
     /// now.
     fn reopen(&self) -> std::io::Result<Option<File>> {
         use std::os::unix::fs::MetadataExt;
-        let f = File::open(&self.path)?;
+        let f = crate::util::sys::open_regular(&self.path)?;
         let (now, was) = (f.metadata()?, self.file.get_ref().metadata()?);
         Ok((now.dev() == was.dev() && now.ino() == was.ino()).then_some(f))
     }
