@@ -98,12 +98,23 @@ pub fn summary(a: &milonga::TypedArray) -> (f64, f64) {
 /// as `\u{..}` escapes, so that a key from the network or a file cannot
 /// move the cursor, retitle the terminal or forge a line.
 pub fn printable(key: &str) -> std::borrow::Cow<'_, str> {
-    if !key.chars().any(char::is_control) {
-        return std::borrow::Cow::Borrowed(key);
+    escaped(key, |_| false)
+}
+
+/// Text for a terminal, its line breaks kept: every other control
+/// character of what remote nodes announced (names, hosts, endpoints,
+/// reasons) is shown escaped, never sent to the terminal as a command.
+pub fn printable_lines(text: &str) -> std::borrow::Cow<'_, str> {
+    escaped(text, |c| c == '\n')
+}
+
+fn escaped(text: &str, keep: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() && !keep(c)) {
+        return std::borrow::Cow::Borrowed(text);
     }
-    key.chars()
+    text.chars()
         .map(|c| {
-            if c.is_control() {
+            if c.is_control() && !keep(c) {
                 c.escape_unicode().to_string()
             } else {
                 c.to_string()
@@ -162,6 +173,24 @@ pub fn event_line(ev: &Event) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What other nodes announce reaches the terminal with its control
+    /// characters escaped (a node named with an escape sequence would
+    /// otherwise send the operator's terminal commands): line breaks of
+    /// the text itself stay in `printable_lines`.
+    #[test]
+    fn control_characters_of_remote_text_are_shown_escaped() {
+        assert_eq!(printable("sr/ps/1"), "sr/ps/1");
+        assert_eq!(printable("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(
+            printable_lines("node x\u{1b}]0;owned\u{7}\n  host h\u{9b}\n"),
+            "node x\\u{1b}]0;owned\\u{7}\n  host h\\u{9b}\n"
+        );
+        assert!(matches!(
+            printable_lines("ok\n"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 
     #[test]
     fn json_round_trip() {

@@ -400,7 +400,7 @@ fn main() -> ExitCode {
 /// An error and its causes, joined by `: `, each said once: the library's
 /// errors name their cause in their own message too (for callers that
 /// print only that), which `{:#}` would print again.
-fn said_once(e: &anyhow::Error) -> String {
+pub(crate) fn said_once(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in e.chain() {
         let c = cause.to_string();
@@ -568,6 +568,8 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
         if a.json {
             writeln!(o, "{}", json::event_line(&ev))?;
         } else {
+            // Names, reasons and endpoints come from other nodes.
+            let p = json::printable;
             match &ev {
                 Event::Sample(s) => writeln!(
                     o,
@@ -579,37 +581,42 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
                 Event::Lost(l) => writeln!(
                     o,
                     "! lost {} samples of {} from {} (from seq {})",
-                    l.count, l.key, l.publisher, l.first_seq
+                    l.count,
+                    p(&l.key),
+                    l.publisher,
+                    l.first_seq
                 )?,
-                Event::PublisherAlive(p) => writeln!(o, "! alive: {} {}", p.publisher, p.name)?,
-                Event::PublisherLost(p) => {
-                    writeln!(o, "! lost ({}): {} {}", p.reason, p.publisher, p.name)?
+                Event::PublisherAlive(a) => writeln!(o, "! alive: {} {}", a.publisher, p(&a.name))?,
+                Event::PublisherLost(l) => {
+                    writeln!(o, "! lost ({}): {} {}", l.reason, l.publisher, p(&l.name))?
                 }
                 Event::SubscriptionLive => writeln!(o, "! live")?,
                 Event::IncompatibleQos(q) => writeln!(
                     o,
                     "! incompatible QoS ({}) on {} from {}: {}",
                     q.policy.as_str(),
-                    q.key,
+                    p(&q.key),
                     q.publisher,
-                    q.detail
+                    p(&q.detail)
                 )?,
                 Event::DeadlineMissed(d) => writeln!(
                     o,
                     "! deadline missed: {} silent for {:.0} ms",
-                    d.key,
+                    p(&d.key),
                     d.silent_for.as_secs_f64() * 1000.0
                 )?,
-                Event::PermissionDenied(p) => writeln!(
+                Event::PermissionDenied(d) => writeln!(
                     o,
                     "! permission denied by {}{}: {}",
-                    p.endpoint,
-                    p.publisher
+                    p(&d.endpoint),
+                    d.publisher
                         .map(|n| format!(" (node {n})"))
                         .unwrap_or_default(),
-                    p.reason
+                    p(&d.reason)
                 )?,
-                Event::BrokerChanged(b) => writeln!(o, "! broker changed: {} -> {}", b.from, b.to)?,
+                Event::BrokerChanged(b) => {
+                    writeln!(o, "! broker changed: {} -> {}", p(&b.from), p(&b.to))?
+                }
                 other => writeln!(o, "! {other:?}")?,
             }
         }
@@ -822,11 +829,13 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             });
         }
     }
-    let mut o = std::io::stdout().lock();
     if a.json {
-        writeln!(o, "{}", serde_json::Value::Array(rows))?;
+        writeln!(std::io::stdout(), "{}", serde_json::Value::Array(rows))?;
         return Ok(ExitCode::SUCCESS);
     }
+    // The text is written out once made: what other nodes announced
+    // (names, hosts, endpoints) shown with its control characters escaped.
+    let mut o = Vec::new();
     match node.broker() {
         Some(b) => writeln!(
             o,
@@ -931,6 +940,8 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             )?;
         }
     }
+    let text = String::from_utf8_lossy(&o);
+    std::io::stdout().write_all(json::printable_lines(&text).as_bytes())?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -591,12 +591,12 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
         match out.finish() {
             Ok(_) => bail!(
                 "recording stopped: {}; {} is finished, with what was recorded before",
-                causes(&e),
+                crate::said_once(&e),
                 path.display()
             ),
             Err(_) => bail!(
                 "recording stopped: {}; {} holds what was written before (milonga record --recover makes a clean copy)",
-                causes(&e),
+                crate::said_once(&e),
                 path.display()
             ),
         }
@@ -713,22 +713,6 @@ impl Files {
     fn finish(self) -> Result<u64> {
         Ok(self.bytes + self.w.finish()?)
     }
-}
-
-/// An error and its causes, each said once (a cause whose text the
-/// message already holds is not repeated).
-fn causes(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for c in e.chain() {
-        let text = c.to_string();
-        if !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-    }
-    out
 }
 
 fn recover(damaged: &Path, output: &Path, compression: Compression) -> Result<ExitCode> {

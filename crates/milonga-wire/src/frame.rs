@@ -540,11 +540,21 @@ pub fn decode(frame: &'_ [u8]) -> Result<FrameView<'_>, FrameError> {
     // Validate without allocating on the hot path: only a bad key (which
     // then fails) goes through `Key::new`.
     let b = key.as_bytes();
-    let suspicious = b.is_empty()
-        || b[0] == b'/'
-        || b[b.len() - 1] == b'/'
-        || b.windows(2).any(|w| w == b"//")
-        || b.contains(&b'*');
+    let mut suspicious = b.is_empty() || b[0] == b'/' || b[b.len() - 1] == b'/';
+    let mut prev = 0u8;
+    for &c in b {
+        // `*`, `//`, a C0 control or DEL, a C1 control (UTF-8 C2 80..9F).
+        if c == b'*'
+            || c < 0x20
+            || c == 0x7f
+            || prev == b'/' && c == b'/'
+            || prev == 0xc2 && (0x80..0xa0).contains(&c)
+        {
+            suspicious = true;
+            break;
+        }
+        prev = c;
+    }
     if suspicious {
         Key::new(key)?;
     }

@@ -49,6 +49,14 @@ pub enum KeyError {
         /// The refused key.
         key: String,
     },
+    /// The key contains a control character (U+0001 to U+001F, U+007F to
+    /// U+009F): keys reach operators' terminals, where such characters
+    /// are commands.
+    #[error("key {key:?} contains a control character")]
+    Control {
+        /// The refused key.
+        key: String,
+    },
     /// A published key contains a wildcard.
     #[error("key {key:?} contains the wildcard '*': published keys must be concrete")]
     Wildcard {
@@ -80,6 +88,9 @@ fn check_common(s: &str) -> Result<(), KeyError> {
     }
     if s.contains('\0') {
         return Err(KeyError::Nul { key: s.to_owned() });
+    }
+    if s.chars().any(char::is_control) {
+        return Err(KeyError::Control { key: s.to_owned() });
     }
     if s.split('/').any(str::is_empty) {
         return Err(KeyError::EmptyChunk { key: s.to_owned() });
@@ -315,6 +326,35 @@ mod tests {
         assert!(matches!(Key::new("a/*"), Err(KeyError::Wildcard { .. })));
         assert!(matches!(Key::new("a/b*"), Err(KeyError::Wildcard { .. })));
         assert!(matches!(Key::new("a\0b"), Err(KeyError::Nul { .. })));
+        // Control characters (an escape sequence for the terminal that
+        // prints the key), C0, DEL and C1; printable Unicode is fine.
+        for bad in ["sr/\u{1b}[2J", "a\tb", "a\u{7f}", "a/\u{85}", "a\nb"] {
+            assert!(
+                matches!(Key::new(bad), Err(KeyError::Control { .. })),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(KeyExpr::new(bad), Err(KeyError::Control { .. })),
+                "{bad:?}"
+            );
+            let mut f = crate::frame::encode(
+                &Key::new("x").unwrap(),
+                &crate::frame::Header {
+                    kind: crate::frame::Kind::Sample,
+                    flags: 0,
+                    encoding: crate::Encoding::Raw,
+                    domain_tag: 1,
+                    schema_id: 0,
+                    node_id: crate::NodeId([0; 16]),
+                    seq: 1,
+                    timestamp_ns: 1,
+                },
+                b"v",
+            );
+            f.splice(0..1, bad.bytes());
+            assert!(crate::frame::decode(&f).is_err(), "{bad:?} on the wire");
+        }
+        assert!(Key::new("sr/µA/température").is_ok());
         assert!(matches!(Key::new("@hb"), Err(KeyError::Reserved { .. })));
         assert!(Key::new("a/@b").is_ok(), "only a leading '@' is reserved");
         assert_eq!(Key::internal("@hb").unwrap().as_str(), "@hb");

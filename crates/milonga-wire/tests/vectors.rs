@@ -230,7 +230,7 @@ fn sample(
 /// `cases()` must make exactly these: a vector that goes missing (its files
 /// deleted, or its case) fails the check instead of shrinking it, here and
 /// in every language that checks the same files.
-const VECTORS: [&str; 30] = [
+const VECTORS: [&str; 31] = [
     "sample_cbor_float",
     "sample_split_ndarray_u16",
     "history_reply_schemas",
@@ -259,6 +259,7 @@ const VECTORS: [&str; 30] = [
     "bad_encoding",
     "truncated_header",
     "key_with_wildcard",
+    "key_with_control",
     "key_bad_utf8",
     "batch_truncated_entry",
 ];
@@ -725,6 +726,12 @@ fn cases() -> Vec<Case> {
         "key_with_wildcard",
         "a published key may not hold '*'",
         with(0, b'*'),
+        "BadKey",
+    ));
+    v.push(bad(
+        "key_with_control",
+        "a key may not hold a control character (here ESC, U+001B)",
+        with(0, 0x1b),
         "BadKey",
     ));
     v.push(bad(

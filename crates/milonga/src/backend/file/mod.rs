@@ -278,12 +278,15 @@ pub fn status_json(ev: &Event) -> Option<serde_json::Value> {
 /// for a kind or a field this version does not know.
 pub fn status_from_json(j: &serde_json::Value) -> Option<Event> {
     let text = |f: &str| j.get(f)?.as_str().map(str::to_owned);
+    // A key must be one (as a sample's topic must): anything else is a
+    // field this version does not know.
+    let key = |f: &str| text(f).filter(|k| milonga_wire::Key::new(k).is_ok());
     let node = |f: &str| NodeId::from_hex(j.get(f)?.as_str()?);
     let num = |f: &str| j.get(f)?.as_u64();
     Some(match j.get("event")?.as_str()? {
         "lost" => Event::Lost(LostSamples {
             publisher: node("publisher")?,
-            key: text("key")?,
+            key: key("key")?,
             count: num("count")?,
             first_seq: num("first_seq")?,
         }),
@@ -304,13 +307,13 @@ pub fn status_from_json(j: &serde_json::Value) -> Option<Event> {
             },
         }),
         "deadline_missed" => Event::DeadlineMissed(DeadlineMissed {
-            key: text("key")?,
+            key: key("key")?,
             silent_for: Duration::try_from_secs_f64(j.get("silent_ms")?.as_f64()? / 1000.0).ok()?,
         }),
         "subscription_live" => Event::SubscriptionLive,
         "incompatible_qos" => Event::IncompatibleQos(IncompatibleQos {
             publisher: node("publisher")?,
-            key: text("key")?,
+            key: key("key")?,
             policy: match j.get("policy")?.as_str()? {
                 "reliability" => QosPolicy::Reliability,
                 "history" => QosPolicy::History,
@@ -1981,6 +1984,15 @@ mod tests {
             assert_eq!(status_from_json(&j).as_ref(), Some(&ev), "{j}");
         }
         assert!(status_from_json(&serde_json::json!({"event": "from_the_future"})).is_none());
+        // A key that is not one (a terminal's escape sequence, say) is not
+        // taken for one.
+        for event in ["lost", "deadline_missed"] {
+            let bad = serde_json::json!({
+                "event": event, "publisher": "05".repeat(16), "key": "sr/\u{1b}[2J",
+                "count": 1, "first_seq": 1, "silent_ms": 1.0,
+            });
+            assert!(status_from_json(&bad).is_none(), "{bad}");
+        }
     }
 
     /// Hostile files: a recording with bytes flipped, cut or overwritten
