@@ -25,7 +25,9 @@ def _keys(tmp: Path, *names: str) -> Path:
 
 def _trust(tmp: Path, keys: Path, tag: str, *names: str) -> Path:
     d = tmp / f"trust-{tag}"
-    d.mkdir()
+    # Writable by its owner alone, whatever the umask (a trust directory
+    # others may write is refused).
+    d.mkdir(mode=0o700)
     for n in names:
         shutil.copy(keys / f"{n}.pub", d / f"{n}.pub")
     return d

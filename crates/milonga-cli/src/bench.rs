@@ -266,7 +266,10 @@ fn bench_keys(dir: &std::path::Path) -> Result<String> {
     if !keys.join("bench.key").exists() {
         let id = milonga::security::Identity::generate("bench")?;
         id.write(&keys)?;
-        std::fs::create_dir_all(keys.join("trust"))?;
+        // Writable by its owner alone, whatever the umask (a trust
+        // directory others may write is refused).
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(keys.join("trust"))?;
         std::fs::copy(keys.join("bench.pub"), keys.join("trust").join("bench.pub"))?;
     }
     Ok(keys.display().to_string())

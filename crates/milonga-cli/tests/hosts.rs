@@ -776,7 +776,11 @@ impl Keys {
         let k = Keys {
             dir: TempDir::new(&format!("{tag}-keys")),
         };
-        std::fs::create_dir_all(k.trust()).unwrap();
+        // Writable by its owner alone, whatever the umask (a trust
+        // directory others may write is refused).
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(k.trust())
+            .unwrap();
         for n in names {
             milonga::security::Identity::generate(n)
                 .unwrap()

@@ -343,6 +343,38 @@ pub(crate) struct LocalDir {
     recheck_pids: std::collections::HashSet<u32>,
 }
 
+/// Writes `bytes` to a new file at `path`, never through what is there:
+/// whatever is at the name goes first, and the file is created exclusively
+/// without following a link (`O_EXCL | O_NOFOLLOW`). A member of the
+/// directory's group who put a link at this predictable name, to a file of
+/// this user's, had `fs::write` write the announcement into that file.
+fn write_fresh(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut last = None;
+    // Someone who re-creates the name between the removal and the
+    // creation is outlasted a few times, then refused.
+    for _ in 0..3 {
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o644)
+            .open(path)
+        {
+            Ok(mut f) => return f.write_all(bytes),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("the name is taken")))
+}
+
 impl LocalDir {
     /// Opens (creating, mode 0700) `<root>/<domain>`. When `root` is the
     /// default shared location (`private_root`), it must belong to this user
@@ -418,13 +450,13 @@ impl LocalDir {
         // Compact: the size a node checks its publications against
         // (`PublisherError::TooManyPublications`) is the file's.
         let text = serde_json::to_vec(a).map_err(io::Error::other)?;
-        if let Err(e) = fs::write(&tmp, &text) {
+        if let Err(e) = write_fresh(&tmp, &text) {
             if e.kind() != io::ErrorKind::NotFound {
                 return Err(e);
             }
             use std::os::unix::fs::DirBuilderExt;
             fs::DirBuilder::new().mode(0o700).create(&self.dir)?;
-            fs::write(&tmp, &text)?;
+            write_fresh(&tmp, &text)?;
         }
         fs::rename(&tmp, self.file_of(&a.node_id))
     }
@@ -873,6 +905,32 @@ mod tests {
             "a file written after the directory came back"
         );
         assert_eq!(dir.scan(&mut bad).len(), 2);
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    /// A link planted at the name a node writes its announcement under
+    /// first (`.<id>.tmp`, predictable; a member of the directory's group
+    /// can) is replaced, never written through: the file it names stays as
+    /// it was, the announcement is in place.
+    #[test]
+    fn an_announcement_is_never_written_through_a_planted_link() {
+        let root = temp_dir("planted");
+        let dir = LocalDir::open(&root, "d", false).unwrap();
+        let victim = root.join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let id = "c3".repeat(16);
+        std::os::unix::fs::symlink(&victim, dir.dir.join(format!(".{id}.tmp"))).unwrap();
+        let pid = std::process::id();
+        let start = process_start_time(pid).unwrap();
+        dir.write(&announcement(&id, pid, start, "tcp://127.0.0.1:9"))
+            .unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        let written = fs::read_to_string(dir.file_of(&id)).unwrap();
+        assert!(written.contains(&id), "{written}");
+        assert!(!fs::symlink_metadata(dir.file_of(&id))
+            .unwrap()
+            .file_type()
+            .is_symlink());
         let _ = fs::remove_dir_all(&root);
     }
 

@@ -780,20 +780,37 @@ impl Config {
         PathBuf::from(format!("/tmp/milonga-{uid}"))
     }
 
+    /// Whether the node listens on tcp at an address other hosts may
+    /// reach (not loopback): its `tcp_host`, or a fixed endpoint of its
+    /// own (`control_endpoint` and the data endpoints bind where they say,
+    /// `tcp://0.0.0.0:7447` among others, whatever `tcp_host` is).
+    pub(crate) fn reachable(&self) -> bool {
+        if self.transport != Transport::Tcp {
+            return false;
+        }
+        let host = self.tcp_host.trim_start_matches('[').trim_end_matches(']');
+        let by_host = match host.parse::<std::net::IpAddr>() {
+            Ok(ip) => !ip.is_loopback(),
+            Err(_) => host != "localhost",
+        };
+        by_host
+            || [
+                &self.control_endpoint,
+                &self.data_endpoint,
+                &self.reliable_data_endpoint,
+            ]
+            .into_iter()
+            .flatten()
+            .any(|e| e.starts_with("tcp://") && !is_loopback_endpoint(e))
+    }
+
     /// The security a node with this configuration runs with: `auto`
-    /// resolved (on when a key is given, or when the node listens on tcp
-    /// at an address other hosts may reach: not loopback).
+    /// resolved (on when a key is given, or when the node is
+    /// [`Config::reachable`] from other hosts).
     pub(crate) fn effective_security(&self) -> Security {
         match self.security {
             Security::Auto => {
-                let reachable = self.transport == Transport::Tcp && {
-                    let host = self.tcp_host.trim_start_matches('[').trim_end_matches(']');
-                    match host.parse::<std::net::IpAddr>() {
-                        Ok(ip) => !ip.is_loopback(),
-                        Err(_) => host != "localhost",
-                    }
-                };
-                if self.key_file.is_some() || reachable {
+                if self.key_file.is_some() || self.reachable() {
                     Security::On
                 } else {
                     Security::Off
@@ -966,6 +983,63 @@ pub(crate) fn parse_locator(s: &str) -> Result<Locator, OpenError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `security = auto` is on wherever other hosts can reach the node:
+    /// its `tcp_host`, or a fixed endpoint of its own on a network
+    /// address (a node with `control_endpoint = tcp://0.0.0.0:7447` and
+    /// the default `tcp_host` ran with security off, its samples read by
+    /// plain peers from the network).
+    #[test]
+    fn auto_security_is_on_wherever_a_fixed_endpoint_is_reachable() {
+        let c = |f: &dyn Fn(&mut Config)| {
+            let mut c = Config::new("milonga:///lab", "n");
+            f(&mut c);
+            c.effective_security()
+        };
+        assert_eq!(c(&|_| {}), Security::Off, "loopback");
+        assert_eq!(c(&|c| c.tcp_host = "10.0.0.5".into()), Security::On);
+        for ep in [
+            "tcp://0.0.0.0:7447",
+            "tcp://*:7447",
+            "tcp://10.0.0.5:7447",
+            "tcp://[::]:7447",
+        ] {
+            assert_eq!(
+                c(&|c| c.control_endpoint = Some(ep.into())),
+                Security::On,
+                "{ep}"
+            );
+            assert_eq!(
+                c(&|c| c.data_endpoint = Some(ep.into())),
+                Security::On,
+                "{ep}"
+            );
+            assert_eq!(
+                c(&|c| c.reliable_data_endpoint = Some(ep.into())),
+                Security::On,
+                "{ep}"
+            );
+        }
+        for ep in [
+            "tcp://127.0.0.1:7447",
+            "tcp://localhost:7447",
+            "tcp://[::1]:7447",
+        ] {
+            assert_eq!(
+                c(&|c| c.control_endpoint = Some(ep.into())),
+                Security::Off,
+                "{ep}"
+            );
+        }
+        assert_eq!(
+            c(&|c| {
+                c.transport = Transport::Ipc;
+                c.tcp_host = "10.0.0.5".into();
+            }),
+            Security::Off,
+            "ipc reaches no other host"
+        );
+    }
 
     #[test]
     fn locators() {

@@ -126,6 +126,26 @@ pub enum SecurityError {
         /// Its permission bits.
         mode: u32,
     },
+    /// A secret key file another user owns: that user controls this
+    /// node's identity.
+    #[error("{path}: a secret key must belong to the user who uses it or to root (it belongs to uid {owner})")]
+    Owner {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Its owner.
+        owner: u32,
+    },
+    /// A trust directory another user may write to (anyone who can add a
+    /// file there is trusted).
+    #[error("{path}: a trust directory must be writable by its owner alone, this user or root (it has uid {owner} and mode {mode:o}: anyone who may write it can add a trusted key)")]
+    TrustWritable {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// Not a key file.
     #[error("{path}: not a Milonga (ZPL) key file: {why}")]
     Malformed {

@@ -155,7 +155,7 @@ impl Identity {
     /// its owner only (mode 0600 or stricter), and its public key must be
     /// the one its secret key gives.
     pub fn load(path: &Path) -> Result<Identity, SecurityError> {
-        let text = read_small(path)?;
+        let (text, meta) = read_small_with(path)?;
         let fields = parse_zpl(&text, path)?;
         let malformed = |why: &str| SecurityError::Malformed {
             path: path.into(),
@@ -164,13 +164,15 @@ impl Identity {
         let secret = fields
             .get("secret-key")
             .ok_or_else(|| malformed("no secret-key (a .pub file is not an identity)"))?;
-        let mode = fs::metadata(path)
-            .map_err(|source| SecurityError::Io {
+        // The file read, not a second look at the path.
+        let mode = meta.permissions().mode();
+        let owner = std::os::unix::fs::MetadataExt::uid(&meta);
+        if owner != crate::util::sys::uid() && owner != 0 {
+            return Err(SecurityError::Owner {
                 path: path.into(),
-                source,
-            })?
-            .permissions()
-            .mode();
+                owner,
+            });
+        }
         if mode & 0o077 != 0 {
             return Err(SecurityError::Permissions {
                 path: path.into(),
@@ -367,9 +369,23 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
 /// Reads a regular file of at most [`MAX_FILE_BYTES`], not following a
 /// link and not blocking on a FIFO.
 fn read_small(path: &Path) -> Result<String, SecurityError> {
-    let io = |source| SecurityError::Io {
-        path: path.into(),
-        source,
+    read_small_with(path).map(|(text, _)| text)
+}
+
+/// [`read_small`], and the file's metadata (of the descriptor read).
+fn read_small_with(path: &Path) -> Result<(String, fs::Metadata), SecurityError> {
+    let io = |source: std::io::Error| {
+        if source.raw_os_error() == Some(libc::ELOOP) {
+            // O_NOFOLLOW's refusal: say what it means.
+            return SecurityError::Malformed {
+                path: path.into(),
+                why: "a symbolic link, not followed: name the file it points to".into(),
+            };
+        }
+        SecurityError::Io {
+            path: path.into(),
+            source,
+        }
     };
     let f = fs::OpenOptions::new()
         .read(true)
@@ -396,7 +412,7 @@ fn read_small(path: &Path) -> Result<String, SecurityError> {
             path: path.into(),
             why: e.to_string(),
         })?;
-    Ok(text)
+    Ok((text, meta))
 }
 
 /// The `name = "value"` lines of a ZPL file (sections and comments aside):
@@ -429,8 +445,12 @@ fn parse_zpl(text: &str, path: &Path) -> Result<HashMap<String, String>, Securit
 
 /// Reads a public key file (`NAME.pub`, or a `.key` file's public part).
 pub fn load_public(path: &Path) -> Result<(String, PublicKey), SecurityError> {
-    let text = read_small(path)?;
-    let fields = parse_zpl(&text, path)?;
+    public_of_text(&read_small(path)?, path)
+}
+
+/// The name and key of a public key file's text.
+fn public_of_text(text: &str, path: &Path) -> Result<(String, PublicKey), SecurityError> {
+    let fields = parse_zpl(text, path)?;
     let p = fields
         .get("public-key")
         .ok_or_else(|| SecurityError::Malformed {
@@ -473,15 +493,21 @@ impl Trust {
             dir: dir.into(),
             ..Trust::default()
         };
-        let mut entries: Vec<PathBuf> = fs::read_dir(dir)
-            .map_err(io)?
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "pub"))
-            .collect();
-        entries.sort();
-        for path in entries.into_iter().take(MAX_TRUSTED) {
-            match load_public(&path) {
+        // Who may add a key: its owner alone (this user or root). A sticky
+        // directory (as /tmp) lets others add files, so it is no better.
+        let meta = fs::metadata(dir).map_err(io)?;
+        let (owner, mode) = (meta.uid(), meta.mode() & 0o7777);
+        let me = crate::util::sys::uid();
+        if (owner != me && owner != 0) || mode & 0o022 != 0 {
+            return Err(SecurityError::TrustWritable {
+                path: dir.into(),
+                owner,
+                mode,
+            });
+        }
+        let entries = trusted_files(dir).map_err(io)?;
+        for path in entries {
+            match load_public_checked(&path, me) {
                 Ok((name, key)) => t.insert(name, key),
                 Err(e) => t.skipped.push((path, e.to_string())),
             }
@@ -531,19 +557,57 @@ impl Trust {
 type DirStamp = Vec<(PathBuf, i64, i64, u64)>;
 
 fn dir_stamp(dir: &Path) -> DirStamp {
-    let mut out: Vec<_> = fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "pub"))
-        .filter_map(|e| {
-            let m = e.metadata().ok()?;
-            Some((e.path(), m.mtime(), m.mtime_nsec(), m.len()))
+    // The directory's own: a file added, removed or renamed anywhere in
+    // it, read or not; then the files read, each (an edit in place).
+    let own = fs::metadata(dir)
+        .map(|m| {
+            (
+                dir.to_path_buf(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.mode().into(),
+            )
         })
-        .take(MAX_TRUSTED + 1)
+        .into_iter();
+    let files = trusted_files(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|p| {
+            let m = fs::symlink_metadata(&p).ok()?;
+            Some((p, m.mtime(), m.mtime_nsec(), m.len()))
+        });
+    own.chain(files).collect()
+}
+
+/// The `*.pub` files of a trust directory a node reads: the first
+/// [`MAX_TRUSTED`] by name (the others are said, and not trusted).
+fn trusted_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut entries: Vec<PathBuf> = fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pub"))
         .collect();
-    out.sort();
-    out
+    entries.sort();
+    if entries.len() > MAX_TRUSTED {
+        limited!(warn, dir = %dir.display(), files = entries.len(), "trust directory: more key files than the {MAX_TRUSTED} a node reads; those after the first {MAX_TRUSTED} by name are not trusted");
+        entries.truncate(MAX_TRUSTED);
+    }
+    Ok(entries)
+}
+
+/// [`load_public`] of a file in a trust directory, which must be writable
+/// by its owner alone, this user (`me`) or root: a key file another user
+/// may change is a key that user chooses.
+fn load_public_checked(path: &Path, me: u32) -> Result<(String, PublicKey), SecurityError> {
+    let (text, meta) = read_small_with(path)?;
+    let (owner, mode) = (meta.uid(), meta.mode() & 0o7777);
+    if (owner != me && owner != 0) || mode & 0o022 != 0 {
+        return Err(SecurityError::Malformed {
+            path: path.into(),
+            why: format!("writable by others (uid {owner}, mode {mode:o}): not trusted"),
+        });
+    }
+    public_of_text(&text, path)
 }
 
 /// A node's security: its identity, what it trusts (reloaded when the
@@ -641,8 +705,13 @@ impl Guard {
         let acl = acl_file.map(Acl::load).transpose()?;
         let stamp = dir_stamp(trust_dir);
         let mut trust = Trust::load(trust_dir)?;
-        for (path, why) in &trust.skipped {
+        // The first ten said each, the others counted (ten thousand junk
+        // files made ten thousand lines).
+        for (path, why) in trust.skipped.iter().take(10) {
             tracing::warn!(file = %path.display(), %why, "trust directory: skipped a file that is not a public key");
+        }
+        if trust.skipped.len() > 10 {
+            tracing::warn!(dir = %trust_dir.display(), more = trust.skipped.len() - 10, "trust directory: skipped more files that are not public keys");
         }
         trust.insert(identity.name.clone(), identity.public);
         let g = Arc::new(Guard {
@@ -1314,6 +1383,27 @@ mod tests {
             Identity::load(&dir.join("missing.key")),
             Err(SecurityError::Io { .. })
         ));
+        // A link is not followed, and the error says so (it said "Too
+        // many levels of symbolic links").
+        let good = Identity::generate("carol").unwrap().write(&dir).unwrap().0;
+        let link = dir.join("link.key");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        let e = Identity::load(&link).unwrap_err().to_string();
+        assert!(e.contains("symbolic link, not followed"), "{e}");
+        // Another user's secret key (that user controls the identity):
+        // refused. Only root can give a file away; as another user this
+        // part has nothing to try.
+        if crate::util::sys::uid() == 0 {
+            std::os::unix::fs::chown(&good, Some(65534), None).unwrap();
+            assert!(
+                matches!(
+                    Identity::load(&good),
+                    Err(SecurityError::Owner { owner: 65534, .. })
+                ),
+                "{:?}",
+                Identity::load(&good).map(|_| ())
+            );
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1331,6 +1421,52 @@ mod tests {
         assert_eq!(t.key_of("b"), Some(b.public()));
         assert_eq!(t.skipped().len(), 1);
         assert!(Trust::load(&dir.join("nope")).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Whoever may write the trust directory or one of its key files
+    /// chooses who is trusted: a directory writable by others (group or
+    /// all, sticky or not) is refused, a key file writable by others is
+    /// skipped; as root, a key file of another user is skipped too. They
+    /// were trusted silently. A file removed from the directory, wherever
+    /// it sorts, is seen (past the first 10,001 files read it was not).
+    #[test]
+    fn a_trust_directory_others_may_write_is_refused_and_so_are_their_key_files() {
+        let dir = tmp("trust-perm");
+        let a = Identity::generate("a").unwrap();
+        let b = Identity::generate("b").unwrap();
+        let c = Identity::generate("c").unwrap();
+        a.write(&dir).unwrap();
+        b.write(&dir).unwrap();
+        c.write(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(Trust::load(&dir).unwrap().len(), 3);
+        for mode in [0o777, 0o1777, 0o770, 0o720] {
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).unwrap();
+            assert!(
+                matches!(Trust::load(&dir), Err(SecurityError::TrustWritable { .. })),
+                "mode {mode:o}"
+            );
+        }
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(dir.join("b.pub"), fs::Permissions::from_mode(0o666)).unwrap();
+        if crate::util::sys::uid() == 0 {
+            std::os::unix::fs::chown(dir.join("c.pub"), Some(65534), None).unwrap();
+        }
+        let t = Trust::load(&dir).unwrap();
+        assert_eq!(t.name_of(&a.public()), Some("a"));
+        assert_eq!(t.name_of(&b.public()), None, "writable by all");
+        if crate::util::sys::uid() == 0 {
+            assert_eq!(t.name_of(&c.public()), None, "another user's");
+        }
+        assert!(t
+            .skipped()
+            .iter()
+            .any(|(p, why)| p.ends_with("b.pub") && why.contains("writable by others")));
+        // Removing a file changes the stamp (the directory's own time).
+        let before = dir_stamp(&dir);
+        fs::remove_file(dir.join("a.pub")).unwrap();
+        assert_ne!(dir_stamp(&dir), before);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

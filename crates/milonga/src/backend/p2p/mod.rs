@@ -153,6 +153,19 @@ pub(crate) fn load_identity(
             let identity = curve::Identity::load(&key_file)?;
             Ok(Some((identity, trust_dir)))
         }
+        Security::Off if cfg.reachable() => {
+            if cfg.acl_file.is_some() {
+                return Err(OpenError::Config {
+                    key: "acl_file".into(),
+                    why: "access control needs security on (its rules name keys)".into(),
+                });
+            }
+            tracing::warn!(
+                tcp_host = %cfg.tcp_host,
+                "security is off on a node other hosts can reach: anyone on the network can read, publish and call (docs/security.md)"
+            );
+            Ok(None)
+        }
         _ if cfg.acl_file.is_some() => Err(OpenError::Config {
             key: "acl_file".into(),
             why: "access control needs security on (its rules name keys)".into(),
