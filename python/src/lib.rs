@@ -712,7 +712,7 @@ impl Publisher {
         let layout = loan_layout(py, dtype, shape)?;
         let limit = seconds("timeout", timeout)?.or(self.put_timeout);
         let owner = loan.get();
-        let mut l = owner.take()?;
+        let mut l = owner.take(py)?;
         // Room now (or best effort): no need to release the interpreter.
         let deadline = limit.map(|t| Instant::now() + t);
         let mut slice = Duration::ZERO;

@@ -59,7 +59,9 @@ impl Loan {
     /// The loan, to put: refused while Python holds a view of it (the
     /// memory would stay writable after it is published), while another
     /// put has it, or once put.
-    pub(crate) fn take(&self) -> PyResult<milonga::Loan> {
+    pub(crate) fn take(&self, py: Python<'_>) -> PyResult<milonga::Loan> {
+        // A forked child's copy: its slot is the parent's.
+        self.born.check(py, "loan")?;
         let mut st = lock(&self.state);
         if st.views > 0 {
             return Err(PyBufferError::new_err(format!(
@@ -106,6 +108,9 @@ impl Loan {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
+        // A forked child writing the parent's slot would change what the
+        // parent publishes.
+        slf.get().born.check(slf.py(), "loan")?;
         let mut st = lock(&slf.get().state);
         let putting = st.putting;
         let Some(loan) = st.loan.as_mut() else {

@@ -40,6 +40,8 @@ writer = milonga.open("file://" + path, name="rec")
 writer.publisher("fork/rec").put(1.0)
 writer.close()
 rec = milonga.open_recording(path)
+# And a loan not yet put.
+loan = pub.loan(64)
 
 with warnings.catch_warnings():
     # Python 3.12 and later warn of a fork in a process with threads.
@@ -54,6 +56,7 @@ if pid == 0:
         "publisher": lambda: node.publisher("fork/other"),
         "subscribe": lambda: node.subscribe("fork/other"),
         "recording": lambda: next(iter(rec)),
+        "loan": lambda: memoryview(loan),
     }
     for name, use in uses.items():
         try:

@@ -355,11 +355,11 @@ fn disk_rate(dir: &Path, bytes: u64) -> Result<f64> {
     while pos < bytes {
         let n = (bytes - pos).min(block.len() as u64);
         if pos + n > allocated {
-            crate::ffi::preallocate(&f, allocated, pos + n + AHEAD - allocated);
+            milonga::recording::io::preallocate(&f, allocated, pos + n + AHEAD - allocated);
             allocated = pos + n + AHEAD;
         }
         f.write_all(&block[..n as usize])?;
-        crate::ffi::start_writeback(&f, pos, n);
+        milonga::recording::io::start_writeback(&f, pos, n);
         pos += n;
     }
     f.set_len(bytes)?;

@@ -12,12 +12,17 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 /// Makes SIGINT, SIGTERM and SIGHUP (the terminal or the ssh session
-/// closed) set `crate::INTERRUPTED`.
+/// closed) set `crate::INTERRUPTED`; SIGHUP only if it is not ignored
+/// (`nohup milonga broker &` goes on after the session closes).
 pub(crate) fn catch_interrupts() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only stores to an atomic, which is
         // async-signal-safe.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+        let old = unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+        if sig == libc::SIGHUP && old == libc::SIG_IGN {
+            // SAFETY: putting back the disposition the process had.
+            unsafe { libc::signal(sig, libc::SIG_IGN) };
+        }
     }
 }
 
@@ -133,31 +138,4 @@ pub fn stdout_reader_gone() -> bool {
     // SAFETY: one valid pollfd, a zero timeout.
     let n = unsafe { libc::poll(&mut fd, 1, 0) };
     n > 0 && fd.revents & libc::POLLERR != 0
-}
-
-/// Allocates disk blocks for `len` bytes of `file` from `offset` on,
-/// keeping its size (`fallocate(FALLOC_FL_KEEP_SIZE)`), as Milonga's
-/// recording writer does; best effort.
-pub(crate) fn preallocate(file: &std::fs::File, offset: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return;
-    };
-    // SAFETY: `file` is open for the call; no memory of ours is touched.
-    unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, offset, len) };
-}
-
-/// Starts writeback of a range of `file` without waiting for it
-/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), as Milonga's recording
-/// writer does after each chunk; best effort.
-pub(crate) fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    let (Ok(offset), Ok(len)) = (
-        libc::off64_t::try_from(offset),
-        libc::off64_t::try_from(len),
-    ) else {
-        return;
-    };
-    // SAFETY: `file` is open for the call; no memory of ours is touched.
-    unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE) };
 }

@@ -94,27 +94,17 @@ pub fn summary(a: &milonga::TypedArray) -> (f64, f64) {
         })
 }
 
-/// `key` for a terminal: control characters (a key may hold any) written
-/// as `\u{..}` escapes, so that a key from the network or a file cannot
-/// move the cursor, retitle the terminal or forge a line.
-pub fn printable(key: &str) -> std::borrow::Cow<'_, str> {
-    escaped(key, |_| false)
-}
-
-/// Text for a terminal, its line breaks kept: every other control
-/// character of what remote nodes announced (names, hosts, endpoints,
-/// reasons) is shown escaped, never sent to the terminal as a command.
-pub fn printable_lines(text: &str) -> std::borrow::Cow<'_, str> {
-    escaped(text, |c| c == '\n')
-}
-
-fn escaped(text: &str, keep: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(|c| c.is_control() && !keep(c)) {
+/// Text from the network or a file (a key, a node's name, host or
+/// endpoint, a reason) for a terminal: control characters, line breaks
+/// included, written as `\u{..}` escapes, so that it cannot move the
+/// cursor, retitle the terminal or forge a line.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
         return std::borrow::Cow::Borrowed(text);
     }
     text.chars()
         .map(|c| {
-            if c.is_control() && !keep(c) {
+            if c.is_control() {
                 c.escape_unicode().to_string()
             } else {
                 c.to_string()
@@ -175,21 +165,18 @@ mod tests {
     use super::*;
 
     /// What other nodes announce reaches the terminal with its control
-    /// characters escaped (a node named with an escape sequence would
-    /// otherwise send the operator's terminal commands): line breaks of
-    /// the text itself stay in `printable_lines`.
+    /// characters escaped, line breaks included (a node named with an
+    /// escape sequence sent the operator's terminal commands; one named
+    /// with a line break could add lines of its own to `ls`).
     #[test]
     fn control_characters_of_remote_text_are_shown_escaped() {
         assert_eq!(printable("sr/ps/1"), "sr/ps/1");
         assert_eq!(printable("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
         assert_eq!(
-            printable_lines("node x\u{1b}]0;owned\u{7}\n  host h\u{9b}\n"),
-            "node x\\u{1b}]0;owned\\u{7}\n  host h\\u{9b}\n"
+            printable("x\n  pub sr/fake (reliable)\u{9b}"),
+            "x\\u{a}  pub sr/fake (reliable)\\u{9b}"
         );
-        assert!(matches!(
-            printable_lines("ok\n"),
-            std::borrow::Cow::Borrowed(_)
-        ));
+        assert!(matches!(printable("ok"), std::borrow::Cow::Borrowed(_)));
     }
 
     #[test]

@@ -833,9 +833,11 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
         writeln!(std::io::stdout(), "{}", serde_json::Value::Array(rows))?;
         return Ok(ExitCode::SUCCESS);
     }
-    // The text is written out once made: what other nodes announced
-    // (names, hosts, endpoints) shown with its control characters escaped.
-    let mut o = Vec::new();
+    // What other nodes announced (names, hosts, endpoints, keys) is shown
+    // with its control characters escaped, line breaks included: a name
+    // cannot add lines of its own.
+    let p = |v: &serde_json::Value| json::printable(v.as_str().unwrap_or("?")).into_owned();
+    let mut o = std::io::stdout().lock();
     match node.broker() {
         Some(b) => writeln!(
             o,
@@ -849,13 +851,13 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
         writeln!(
             o,
             "{}  id {}  host {} pid {}  control {}",
-            r["name"].as_str().unwrap_or("?"),
-            r["node_id"].as_str().unwrap_or("?"),
-            r["host"].as_str().unwrap_or("?"),
+            p(&r["name"]),
+            p(&r["node_id"]),
+            p(&r["host"]),
             r["pid"],
-            r["control"].as_str().unwrap_or("?")
+            p(&r["control"])
         )?;
-        if let Some(fp) = r["fingerprint"].as_str() {
+        if let Some(fp) = r["fingerprint"].as_str().map(json::printable) {
             let trust = if r["trusted"] == true {
                 "trusted"
             } else {
@@ -865,10 +867,10 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
         }
         if let Some(via) = r["via"].as_str() {
             // A broker's client, shown here by that secured broker.
-            let fp: String = via.chars().take(8).collect();
+            let fp: String = json::printable(via).chars().take(8).collect();
             writeln!(o, "  through the secured broker of key {fp}...")?;
         }
-        if let Some(why) = r["excluded"].as_str() {
+        if let Some(why) = r["excluded"].as_str().map(json::printable) {
             writeln!(o, "  not connected: {why}")?;
             continue;
         }
@@ -876,29 +878,25 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             ("best-effort data", "data_best_effort"),
             ("reliable data", "data_reliable"),
         ] {
-            if let Some(ep) = r[field].as_str() {
+            if let Some(ep) = r[field].as_str().map(json::printable) {
                 writeln!(o, "  {label}: {ep}")?;
             }
         }
-        for p in r["publications"].as_array().into_iter().flatten() {
+        for pb in r["publications"].as_array().into_iter().flatten() {
             // A data socket of its own (access control), if it has one.
-            let at = p["endpoint"]
+            let at = pb["endpoint"]
                 .as_str()
-                .map(|e| format!(" at {e}"))
+                .map(|e| format!(" at {}", json::printable(e)))
                 .unwrap_or_default();
-            writeln!(
-                o,
-                "  pub {} ({}){at}",
-                p["key"].as_str().unwrap_or("?"),
-                p["reliability"].as_str().unwrap_or("?")
-            )?;
+            writeln!(o, "  pub {} ({}){at}", p(&pb["key"]), p(&pb["reliability"]))?;
         }
         if let Some(c) = r["broker_client"].as_object() {
-            let subs: Vec<&str> = c["subscriptions"]
+            let subs: Vec<String> = c["subscriptions"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter_map(|s| s.as_str())
+                .map(|s| json::printable(s).into_owned())
                 .collect();
             let rate = |k: &str| c["rates"][k].as_f64().unwrap_or(0.0);
             writeln!(
@@ -912,13 +910,13 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
                 c["queued"].as_u64().unwrap_or(0),
             )?;
         }
-        for p in r["services"].as_array().into_iter().flatten() {
+        for sv in r["services"].as_array().into_iter().flatten() {
             writeln!(
                 o,
                 "  service {} at {} ({} workers)",
-                p["key"].as_str().unwrap_or("?"),
-                p["endpoint"].as_str().unwrap_or("?"),
-                p["workers"]
+                p(&sv["key"]),
+                p(&sv["endpoint"]),
+                sv["workers"]
             )?;
         }
         if r["stats"].is_null() {
@@ -940,8 +938,6 @@ fn cmd_ls(net: &NetArgs, a: LsArgs) -> Result<ExitCode> {
             )?;
         }
     }
-    let text = String::from_utf8_lossy(&o);
-    std::io::stdout().write_all(json::printable_lines(&text).as_bytes())?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1538,7 +1538,9 @@ pub fn cmd_replay(net: &NetArgs, a: ReplayArgs) -> Result<ExitCode> {
                 Entry::Sample(_, at) | Entry::Event(_, at) => *at,
             };
             let first = *t0.get_or_insert(at);
-            let offset = i128::from(at) - i128::from(first);
+            // An entry the recorder's wall clock put before the first
+            // (set back) counts as at it, as without --from.
+            let offset = (i128::from(at) - i128::from(first)).max(0);
             // Both ends belong to the window; one that holds no entry
             // publishes nothing (`--to` before the recording's start, say).
             let from_ns = a.from.map_or(i128::MIN, |b| b.offset(first));

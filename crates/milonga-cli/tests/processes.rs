@@ -1270,3 +1270,48 @@ fn sub_filters_are_applied_by_the_publisher() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("at byte 7"), "{err}");
 }
+
+/// SIGHUP (the terminal or the ssh session closed) stops a command
+/// cleanly, exit 0, as SIGINT does (a recorder left its file unfinished);
+/// under `nohup` (SIGHUP ignored) it goes on, as `nohup milonga broker &`
+/// must.
+#[test]
+fn sighup_stops_a_command_cleanly_unless_nohup_ignores_it() {
+    use std::os::unix::process::CommandExt;
+    let env = Env::new("hup");
+    let watcher = env.node("watcher");
+    let sub = watcher.subscribe("hup/**").unwrap();
+    // Samples of the publisher seen, counted from now: it is in its loop
+    // (its handler set), or still alive.
+    let samples_after = |n: usize| {
+        let mut seen = 0;
+        let end = Instant::now() + Duration::from_secs(30);
+        while seen < n && Instant::now() < end {
+            if let Ok(milonga::Event::Sample(_)) = sub.recv_timeout(Duration::from_millis(100)) {
+                seen += 1;
+            }
+        }
+        seen >= n
+    };
+    let mut plain = Proc::spawn(env.cmd(&["pub", "hup/a", "1", "--rate", "20"]));
+    assert!(samples_after(2), "the publisher publishes");
+    plain.signal(libc::SIGHUP);
+    let status = plain.wait_exit(Duration::from_secs(10)).expect("it stops");
+    assert!(status.success(), "{status:?}");
+    let mut cmd = env.cmd(&["pub", "hup/b", "1", "--rate", "20"]);
+    // SAFETY: signal() is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut nohup = Proc::spawn(cmd);
+    assert!(samples_after(2), "the nohup publisher publishes");
+    nohup.signal(libc::SIGHUP);
+    assert!(samples_after(5), "it goes on after SIGHUP");
+    assert!(nohup.wait_exit(Duration::ZERO).is_none());
+    nohup.signal(libc::SIGTERM);
+    let status = nohup.wait_exit(Duration::from_secs(10)).expect("it stops");
+    assert!(status.success(), "{status:?}");
+}

@@ -44,7 +44,11 @@ impl Keys {
     /// A trust directory `tag` holding the public keys of `names`.
     fn trust(&self, tag: &str, names: &[&str]) -> PathBuf {
         let d = self.dir.path().join(format!("trust-{tag}"));
-        std::fs::create_dir_all(&d).unwrap();
+        // Writable by its owner alone, whatever the umask (a trust
+        // directory others may write is refused).
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&d)
+            .unwrap();
         for n in names {
             std::fs::copy(self.public(n), d.join(format!("{n}.pub"))).unwrap();
         }

@@ -153,6 +153,13 @@ impl FileNode {
             tracing::warn!(file = %self.path.display(), kept = %aside.display(), "a node killed while appending to this recording left its copy, with the samples it added: kept beside it (milonga record --recover makes a finished recording of it)");
         }
         let mut reader = RecordReader::open(&target)?;
+        // The copy is created with the recording's permissions (not wider
+        // while the recording is copied into it; no set-id bits).
+        let mode = {
+            use std::os::unix::fs::PermissionsExt;
+            meta.permissions().mode() & 0o777
+        };
+        let opts = RecordOptions { mode, ..opts };
         let (writer, _) =
             copy_recording(&mut reader, &tmp, &opts).map_err(|e| RecordError::Append {
                 path: self.path.clone(),
@@ -187,8 +194,9 @@ impl FileNode {
                 why: format!("{why}; it is left as it is (milonga record --recover writes a clean copy, which can be appended to)"),
             });
         }
-        // The copy takes the recording's permissions (not the umask's).
-        let _ = std::fs::set_permissions(&tmp, meta.permissions());
+        // Exactly the recording's (the umask may have taken some away).
+        let perms = std::os::unix::fs::PermissionsExt::from_mode(mode);
+        let _ = std::fs::set_permissions(&tmp, perms);
         Ok(Sink::Writing {
             writer: Box::new(writer),
             tmp: Some((tmp, target)),
@@ -625,8 +633,12 @@ mod tests {
         // The feeder fills what it may, then waits: its queue no longer
         // grows.
         let queued = || lock(&sub.shared.injected).len();
-        let mut last = usize::MAX;
         let end = Instant::now() + Duration::from_secs(10);
+        // Its thread started (a busy machine may take a while).
+        while queued() == 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut last = usize::MAX;
         while queued() != last && Instant::now() < end {
             last = queued();
             std::thread::sleep(Duration::from_millis(200));

@@ -29,3 +29,11 @@ pub use crate::backend::file::{
     RecordReader, RecordWriter, Skipped, EVENTS_TOPIC, METADATA_LIMIT, METADATA_NAME,
     META_ENCODING, META_PUBLISHER, META_REPLAYED, META_SEQ_HIGH, RECORD_LIMIT,
 };
+
+/// The recording writer's own I/O habits (blocks allocated ahead,
+/// writeback started as it goes), for a baseline that writes as it does
+/// (`milonga bench record`'s disk rate). Not part of the API.
+#[doc(hidden)]
+pub mod io {
+    pub use crate::util::sys::{preallocate, start_writeback};
+}

@@ -1481,7 +1481,27 @@ impl Subscription {
             return;
         }
         j.heard.insert(reply.socket.clone());
-        j.replies.extend(reply.keys);
+        // Only keys this subscription matches, valid as keys: a reply is
+        // the publisher's word, and it may be hostile.
+        let expr = &self.expr;
+        let (kept, refused): (Vec<KeyHistory>, Vec<KeyHistory>) = reply
+            .keys
+            .into_iter()
+            .partition(|k| milonga_wire::Key::new(k.key.as_str()).is_ok() && expr.matches(&k.key));
+        if !refused.is_empty() {
+            let n = c.frames_malformed.fetch_add(1, Ordering::Relaxed) + 1;
+            log_drop(
+                n,
+                "a history reply's keys",
+                &format_args!(
+                    "{} keys that are not keys or that {} does not match (first {:?})",
+                    refused.len(),
+                    self.expr,
+                    refused[0].key
+                ),
+            );
+        }
+        j.replies.extend(kept);
         if reply.done {
             // A socket asked twice (a schema query after a join query) is
             // done when both are answered; a reply naming no query (an
@@ -1739,14 +1759,17 @@ impl Subscription {
     /// [`Join::out_of_view`]).
     fn waits_for_view<L: Link>(&self, io: &SubState<L>, s: &Sample) -> bool {
         let node = s.publisher;
+        // Not a node that said goodbye (it does not come back), nor a
+        // jump no history holds (corrupt or forged: seq.rs says so).
         self.reliable
             && !io.live.contains(&node)
             && !io.joins.contains_key(&node)
+            && !io.goodbyes.contains_key(&node)
             && io.gone_repairable.contains(&node)
             && io
                 .seqs
                 .held_at(node, &s.key)
-                .is_some_and(|held| s.seq > held.saturating_add(1))
+                .is_some_and(|held| s.seq > held.saturating_add(1) && s.seq - held <= MAX_SEQ_JUMP)
     }
 
     /// Whether a gap on (`node`, `key`) can be repaired: the subscription
@@ -3453,6 +3476,39 @@ mod tests {
         assert_eq!(seqs(&ev), [7, 8, 9, 10], "the kept ones, then the held");
         assert!(losses(&ev).is_empty(), "nothing reported lost");
         assert_eq!(f.counters.history_queries_resent.load(Relaxed), 3);
+    }
+
+    /// A history reply's keys are the publisher's word: those the
+    /// subscription does not match, or that are not keys (an escape
+    /// sequence for the terminal that prints them), are dropped and
+    /// counted, never delivered as samples.
+    #[test]
+    fn a_history_reply_delivers_only_keys_the_subscription_matches() {
+        let mut f = fixture("sr/**", wants(5, false, None));
+        f.route(&announcement("sr/a", Reliability::Reliable, 10));
+        let join = Query::decode(&f.io.link.sent[0]).unwrap();
+        let kh = |key: &str| KeyHistory {
+            key: key.into(),
+            first: 1,
+            last: 2,
+            entries: (1..=2).map(entry).collect(),
+            replayed: false,
+        };
+        f.receive(reply_frame(&Reply {
+            socket: join.socket.clone(),
+            keys: vec![kh("sr/a"), kh("other/x"), kh("sr/\u{1b}[2J")],
+            done: true,
+            id: join.id,
+            schemas: Vec::new(),
+            dictionaries: Vec::new(),
+        }));
+        let ev = f.events();
+        let keys: Vec<&str> = ev
+            .iter()
+            .filter_map(|e| e.as_sample().map(|s| s.key.as_str()))
+            .collect();
+        assert_eq!(keys, ["sr/a", "sr/a"]);
+        assert_eq!(f.counters.frames_malformed.load(Relaxed), 1);
     }
 
     /// A reliable subscription whose publisher left discovery (a broker

@@ -785,14 +785,14 @@ impl Config {
     /// own (`control_endpoint` and the data endpoints bind where they say,
     /// `tcp://0.0.0.0:7447` among others, whatever `tcp_host` is).
     pub(crate) fn reachable(&self) -> bool {
-        if self.transport != Transport::Tcp {
-            return false;
-        }
+        // `tcp_host` counts for the tcp transport; a fixed tcp endpoint is
+        // bound as written whatever the transport.
         let host = self.tcp_host.trim_start_matches('[').trim_end_matches(']');
-        let by_host = match host.parse::<std::net::IpAddr>() {
-            Ok(ip) => !ip.is_loopback(),
-            Err(_) => host != "localhost",
-        };
+        let by_host = self.transport == Transport::Tcp
+            && match host.parse::<std::net::IpAddr>() {
+                Ok(ip) => !ip.is_loopback(),
+                Err(_) => host != "localhost",
+            };
         by_host
             || [
                 &self.control_endpoint,
@@ -1038,6 +1038,14 @@ mod tests {
             }),
             Security::Off,
             "ipc reaches no other host"
+        );
+        assert_eq!(
+            c(&|c| {
+                c.transport = Transport::Ipc;
+                c.control_endpoint = Some("tcp://0.0.0.0:7447".into());
+            }),
+            Security::On,
+            "a fixed tcp endpoint is bound whatever the transport"
         );
     }
 

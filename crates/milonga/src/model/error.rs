@@ -137,7 +137,7 @@ pub enum SecurityError {
     },
     /// A trust directory another user may write to (anyone who can add a
     /// file there is trusted).
-    #[error("{path}: a trust directory must be writable by its owner alone, this user or root (it has uid {owner} and mode {mode:o}: anyone who may write it can add a trusted key)")]
+    #[error("{path}: a trust directory must be writable by its owner alone, this user or root (it has uid {owner} and mode {mode:o}: anyone who may write it can add a trusted key; chmod go-w it)")]
     TrustWritable {
         /// The directory.
         path: std::path::PathBuf,

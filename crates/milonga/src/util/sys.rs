@@ -58,6 +58,15 @@ pub(crate) fn open_regular(path: &std::path::Path) -> std::io::Result<std::fs::F
             "not a regular file",
         ));
     }
+    // A regular file's reads ignore the flag, but some network and FUSE
+    // file systems pass it on: taken off again.
+    // SAFETY: fcntl on a descriptor `f` owns, touching no memory of ours.
+    unsafe {
+        let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
     Ok(f)
 }
 
@@ -417,7 +426,7 @@ impl Drop for SharedMap {
 /// holds gigabytes of unwritten pages). It does not wait, unless the
 /// device's queue is full (a disk slower than the stream slows the
 /// writer); a failure only means the pages are written later.
-pub(crate) fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
+pub fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
     use std::os::fd::AsRawFd;
     let (Ok(offset), Ok(len)) = (
         libc::off64_t::try_from(offset),
@@ -438,7 +447,7 @@ pub(crate) fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
 /// allocation to reserve and convert). Blocks past the end are given back
 /// by truncating the file to its size. Best effort: false if the file
 /// system cannot (then writes allocate as usual).
-pub(crate) fn preallocate(file: &std::fs::File, offset: u64, len: u64) -> bool {
+pub fn preallocate(file: &std::fs::File, offset: u64, len: u64) -> bool {
     use std::os::fd::AsRawFd;
     let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
         return false;

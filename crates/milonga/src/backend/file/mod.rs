@@ -89,6 +89,10 @@ pub struct RecordOptions {
     pub flush_every: Duration,
     /// Written into the `milonga` metadata record.
     pub metadata: BTreeMap<String, String>,
+    /// The permissions the file is created with (the umask applies):
+    /// 0o666 by default, as any file; a copy that replaces a recording
+    /// takes the recording's from its first byte.
+    pub mode: u32,
 }
 
 impl Default for RecordOptions {
@@ -98,6 +102,7 @@ impl Default for RecordOptions {
             chunk_bytes: 1 << 20,
             flush_every: Duration::from_secs(1),
             metadata: BTreeMap::new(),
+            mode: 0o666,
         }
     }
 }

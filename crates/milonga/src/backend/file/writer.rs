@@ -130,9 +130,11 @@ impl RecordWriter {
     /// Creates `path` (it must not exist: a recording is never
     /// overwritten).
     pub fn create(path: &Path, opts: &RecordOptions) -> Result<RecordWriter, RecordError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let file = File::options()
             .write(true)
             .create_new(true)
+            .mode(opts.mode & 0o777)
             .open(path)
             .map_err(|source| RecordError::Io {
                 path: path.to_path_buf(),
