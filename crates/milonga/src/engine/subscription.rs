@@ -305,11 +305,12 @@ struct Join {
     woken: bool,
     /// Opened by a sample of a node discovery no longer shows that
     /// revealed a gap its history may fill ([`Subscription::deliver`]):
-    /// nothing is asked yet. The query that goes when the node is shown
-    /// again (`apply`) takes the join over, its time starting then; if
-    /// none goes within [`JOIN_TIMEOUT`], the samples go on and the gap is
-    /// reported.
-    out_of_view: bool,
+    /// nothing is asked yet, and this is how long the samples wait for
+    /// the node to be shown again (the lease, [`JOIN_TIMEOUT`] at least).
+    /// The query that goes when it is (`apply`) takes the join over, its
+    /// time starting then; if none goes by then, the samples go on and
+    /// the gap is reported.
+    out_of_view: Option<Instant>,
 }
 
 /// Most raw messages a join holds for a dictionary.
@@ -774,7 +775,7 @@ impl Subscription {
             let waiting: BTreeSet<NodeId> = io
                 .joins
                 .iter()
-                .filter(|(_, j)| j.out_of_view)
+                .filter(|(_, j)| j.out_of_view.is_some())
                 .map(|(id, _)| *id)
                 .collect();
             for ((node, _), p) in &r.publications {
@@ -1057,9 +1058,9 @@ impl Subscription {
             held: Vec::new(),
             held_bytes: 0,
             woken: false,
-            out_of_view: false,
+            out_of_view: None,
         });
-        if std::mem::take(&mut j.out_of_view) {
+        if j.out_of_view.take().is_some() {
             j.started = now;
         }
         if j.pending.insert(q.socket.clone()) && initial && j.pending.len() == 1 {
@@ -1579,7 +1580,7 @@ impl Subscription {
                 }
             }
         }
-        if j.out_of_view {
+        if j.out_of_view.is_some() {
             tracing::info!(expr = %self.expr, publisher = %node, "a publisher whose samples came while out of view was not shown again in time: its gap is reported");
         } else if !answered {
             stats::inc(&c.history_queries_unanswered);
@@ -1675,6 +1676,7 @@ impl Subscription {
     fn deliver<L: Link>(&self, io: &mut SubState<L>, c: &Counters, mut s: Sample, repair: bool) {
         if repair && self.waits_for_view(io, &s) {
             let now = io.link.now();
+            let until = now + self.lease.max(JOIN_TIMEOUT);
             tracing::debug!(expr = %self.expr, publisher = %s.publisher, key = %s.key, seq = s.seq,
                 "a gap in the samples of a publisher out of view: they wait for it to be shown again");
             io.joins.insert(
@@ -1692,10 +1694,10 @@ impl Subscription {
                     held: Vec::new(),
                     held_bytes: 0,
                     woken: false,
-                    out_of_view: true,
+                    out_of_view: Some(until),
                 },
             );
-            io.arm(now + JOIN_TIMEOUT);
+            io.arm(until);
         }
         if let Some(j) = io.joins.get_mut(&s.publisher) {
             if j.buffer.len() < MAX_JOIN_BUFFER {
@@ -1958,11 +1960,12 @@ impl Subscription {
         let mut late = Vec::new();
         let mut again = Vec::new();
         for (id, j) in &mut io.joins {
-            if now >= j.started + JOIN_TIMEOUT {
+            let due = j.out_of_view.unwrap_or(j.started + JOIN_TIMEOUT);
+            if now >= due {
                 late.push(*id);
                 continue;
             }
-            earliest(j.started + JOIN_TIMEOUT);
+            earliest(due);
             let (pending, heard) = (&j.pending, &j.heard);
             for r in j
                 .again
