@@ -111,6 +111,12 @@ fn in_slices<T: Send + 'static>(
     name: &str,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> PyResult<T> {
+    if IN_HANDLER.get() {
+        // A handler closing its own service or node: the close runs on
+        // this worker, which the service's drop does not wait for; a
+        // helper thread would wait for the worker, and the worker for it.
+        return Ok(py.detach(work));
+    }
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name(name.into())
@@ -508,12 +514,34 @@ impl Node {
     }
 }
 
+thread_local! {
+    /// Set while this thread runs a service's handler (`in_slices`).
+    static IN_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as running a handler while it lives.
+struct HandlerRunning;
+
+impl HandlerRunning {
+    fn start() -> HandlerRunning {
+        IN_HANDLER.set(true);
+        HandlerRunning
+    }
+}
+
+impl Drop for HandlerRunning {
+    fn drop(&mut self) {
+        IN_HANDLER.set(false);
+    }
+}
+
 fn run_handler(
     py: Python<'_>,
     handler: &Py<PyAny>,
     req: milonga::Request,
     threshold: usize,
 ) -> Result<Value, ServiceError> {
+    let _running = HandlerRunning::start();
     let value = to_py(py, &req.value, threshold)
         .map_err(|e| ServiceError::new("bad_request", e.to_string()))?;
     let request = Request {

@@ -151,3 +151,37 @@ def test_a_handler_can_call_and_calls_await(domain: Domain) -> None:
     served(client, "lab/gone", 0)
     with pytest.raises(milonga.NoServer):
         client.call("lab/gone", 1)
+
+
+def test_a_handler_may_close_its_own_service_or_node(domain: Domain) -> None:
+    """A "stop" or "shutdown" service: its handler closes its service, or
+    its whole node. The close ran on a helper thread that waited for the
+    handler's worker, which waited for the close: the caller timed out, the
+    node never closed. Now each call ends at once (its reply, or the server
+    lost), and the service, then the node, is gone."""
+    server = domain.open("server")
+    client = domain.open("client")
+    services: dict[str, milonga.Service] = {}
+
+    def stop_service(req: milonga.Request) -> str:
+        services["stop"].close()
+        return "stopped"
+
+    def shutdown(req: milonga.Request) -> str:
+        server.close()
+        return "bye"
+
+    services["stop"] = server.serve("ctl/stop", stop_service)
+    server.serve("ctl/shutdown", shutdown)
+    served(client, "ctl/stop")
+    served(client, "ctl/shutdown")
+    for key in ["ctl/stop", "ctl/shutdown"]:
+        start = time.monotonic()
+        try:
+            client.call(key, 1, timeout=20)
+        except (milonga.ServerLost, milonga.NoServer):
+            pass
+        took = time.monotonic() - start
+        assert took < 10, f"{key}: the call took {took:.1f} s"
+    served(client, "ctl/stop", 0)
+    served(client, "ctl/shutdown", 0)
