@@ -14,6 +14,7 @@
 //! own and work as usual (docs/python.md, "Processes").
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -75,5 +76,22 @@ impl Born {
         } else {
             drop(v);
         }
+    }
+
+    /// [`Born::release`] of what `slot` holds, for a `Drop` (no lock is
+    /// taken: a forked child's copy of a lock may be held for ever).
+    pub(crate) fn release_mutex<T>(self, slot: &mut Mutex<Option<T>>) {
+        self.release(
+            slot.get_mut()
+                .map_or_else(|e| e.into_inner().take(), Option::take),
+        );
+    }
+
+    /// [`Born::release_mutex`] for a `RwLock`.
+    pub(crate) fn release_rwlock<T>(self, slot: &mut RwLock<Option<T>>) {
+        self.release(
+            slot.get_mut()
+                .map_or_else(|e| e.into_inner().take(), Option::take),
+        );
     }
 }

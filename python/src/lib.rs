@@ -598,11 +598,7 @@ pub(crate) struct Publisher {
 
 impl Drop for Publisher {
     fn drop(&mut self) {
-        let p = self
-            .inner
-            .get_mut()
-            .map_or_else(|e| e.into_inner().take(), Option::take);
-        self.born.release(p);
+        self.born.release_rwlock(&mut self.inner);
     }
 }
 
@@ -866,11 +862,7 @@ pub(crate) struct Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let s = self
-            .inner
-            .get_mut()
-            .map_or_else(|e| e.into_inner().take(), Option::take);
-        self.born.release(s);
+        self.born.release_rwlock(&mut self.inner);
         // Samples of shared memory among them: their slots are the parent's.
         let stash = self
             .stash
@@ -1406,11 +1398,7 @@ impl Service {
 impl Drop for Service {
     fn drop(&mut self) {
         if self.born.inherited() {
-            let s = self
-                .inner
-                .get_mut()
-                .map_or_else(|e| e.into_inner().take(), Option::take);
-            self.born.release(s);
+            self.born.release_mutex(&mut self.inner);
             return;
         }
         if let Some(s) = lock(&self.inner).take() {
@@ -1429,11 +1417,7 @@ pub(crate) struct PendingCall {
 
 impl Drop for PendingCall {
     fn drop(&mut self) {
-        let p = self
-            .inner
-            .get_mut()
-            .map_or_else(|e| e.into_inner().take(), Option::take);
-        self.born.release(p);
+        self.born.release_mutex(&mut self.inner);
     }
 }
 

@@ -313,6 +313,27 @@ struct Join {
     out_of_view: Option<Instant>,
 }
 
+impl Join {
+    /// A join begun at `now`, nothing asked yet.
+    fn new(now: Instant, initial: bool, out_of_view: Option<Instant>) -> Join {
+        Join {
+            pending: BTreeSet::new(),
+            replies: Vec::new(),
+            buffer: Vec::new(),
+            started: now,
+            initial,
+            ids: BTreeMap::new(),
+            again: Vec::new(),
+            heard: BTreeSet::new(),
+            chained: false,
+            held: Vec::new(),
+            held_bytes: 0,
+            woken: false,
+            out_of_view,
+        }
+    }
+}
+
 /// Most raw messages a join holds for a dictionary.
 const MAX_HELD_FRAMES: usize = 10_000;
 /// Most bytes of raw messages a join holds for a dictionary.
@@ -1045,21 +1066,10 @@ impl Subscription {
             return false;
         }
         let now = io.link.now();
-        let j = io.joins.entry(node).or_insert_with(|| Join {
-            pending: BTreeSet::new(),
-            replies: Vec::new(),
-            buffer: Vec::new(),
-            started: now,
-            initial,
-            ids: BTreeMap::new(),
-            again: Vec::new(),
-            heard: BTreeSet::new(),
-            chained: false,
-            held: Vec::new(),
-            held_bytes: 0,
-            woken: false,
-            out_of_view: None,
-        });
+        let j = io
+            .joins
+            .entry(node)
+            .or_insert_with(|| Join::new(now, initial, None));
         if j.out_of_view.take().is_some() {
             j.started = now;
         }
@@ -1679,24 +1689,8 @@ impl Subscription {
             let until = now + self.lease.max(JOIN_TIMEOUT);
             tracing::debug!(expr = %self.expr, publisher = %s.publisher, key = %s.key, seq = s.seq,
                 "a gap in the samples of a publisher out of view: they wait for it to be shown again");
-            io.joins.insert(
-                s.publisher,
-                Join {
-                    pending: BTreeSet::new(),
-                    replies: Vec::new(),
-                    buffer: Vec::new(),
-                    started: now,
-                    initial: false,
-                    ids: BTreeMap::new(),
-                    again: Vec::new(),
-                    heard: BTreeSet::new(),
-                    chained: false,
-                    held: Vec::new(),
-                    held_bytes: 0,
-                    woken: false,
-                    out_of_view: Some(until),
-                },
-            );
+            io.joins
+                .insert(s.publisher, Join::new(now, false, Some(until)));
             io.arm(until);
         }
         if let Some(j) = io.joins.get_mut(&s.publisher) {
