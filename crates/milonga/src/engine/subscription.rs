@@ -108,10 +108,11 @@ pub(crate) struct SubState<L> {
     /// [`MAX_RECENTLY_GONE`]): samples they sent before leaving may still
     /// be read, a first one included.
     recently_gone: VecDeque<NodeId>,
-    /// Those of `recently_gone` that had a reliable publication keeping
-    /// history matching this subscription when they left: a gap their
-    /// samples reveal before they are shown again can be repaired then.
-    gone_repairable: BTreeSet<NodeId>,
+    /// The keys of `recently_gone` nodes whose publication matching this
+    /// subscription was reliable and kept history when they left: a gap
+    /// their samples reveal before they are shown again can be repaired
+    /// then (a key without history goes on at once).
+    gone_repairable: BTreeSet<(NodeId, String)>,
     /// The key each node announced (security on), kept while the node is
     /// live or its data connection may still deliver (at most
     /// [`MAX_NODE_KEYS`] beyond those).
@@ -766,8 +767,10 @@ impl Subscription {
         }
         self.check_qos(io, r);
         for id in io.live.difference(&r.live) {
-            if of_node(&io.matched, *id).any(|(k, _)| self.repairable(&io.matched, *id, k)) {
-                io.gone_repairable.insert(*id);
+            for (k, _) in of_node(&io.matched, *id) {
+                if self.repairable(&io.matched, *id, k) {
+                    io.gone_repairable.insert((*id, k.clone()));
+                }
             }
         }
         io.matched = r.publications.clone();
@@ -903,7 +906,7 @@ impl Subscription {
             io.recently_gone.pop_front();
         }
         let gone = &io.recently_gone;
-        io.gone_repairable.retain(|id| gone.contains(id));
+        io.gone_repairable.retain(|(id, _)| gone.contains(id));
         io.absent
             .retain(|id| !r.live.contains(id) && io.seqs.knows(*id));
         let mut newly: Vec<NodeId> = io
@@ -1761,7 +1764,7 @@ impl Subscription {
             && !io.live.contains(&node)
             && !io.joins.contains_key(&node)
             && !io.goodbyes.contains_key(&node)
-            && io.gone_repairable.contains(&node)
+            && io.gone_repairable.contains(&(node, s.key.clone()))
             && io
                 .seqs
                 .held_at(node, &s.key)
@@ -3473,6 +3476,46 @@ mod tests {
         assert_eq!(seqs(&ev), [7, 8, 9, 10], "the kept ones, then the held");
         assert!(losses(&ev).is_empty(), "nothing reported lost");
         assert_eq!(f.counters.history_queries_resent.load(Relaxed), 3);
+    }
+
+    /// Out of view, only a key whose publication keeps history waits for
+    /// the node to be shown again: a gap of its other keys is reported at
+    /// once, their samples delivered.
+    #[test]
+    fn out_of_view_only_keys_with_history_wait() {
+        let mut f = fixture("sr/**", wants(0, true, None));
+        let a = crate::engine::routes::test_announcement(
+            5,
+            1,
+            &[
+                ("sr/a", Reliability::Reliable, 10),
+                ("sr/b", Reliability::Reliable, 0),
+            ],
+        );
+        f.route(&a);
+        for q in f.io.link.sent.clone() {
+            let q = Query::decode(&q).unwrap();
+            f.receive(reply_frame(&Reply {
+                socket: q.socket,
+                keys: Vec::new(),
+                done: true,
+                id: q.id,
+                schemas: Vec::new(),
+                dictionaries: Vec::new(),
+            }));
+        }
+        f.receive(sample("sr/a", 1));
+        f.receive(sample("sr/b", 1));
+        f.events();
+        assert!(f.core.set_target(routes_for(&f.core.expr, &[])));
+        f.core.apply(&mut f.io);
+        f.receive(sample("sr/b", 5));
+        let ev = f.events();
+        assert_eq!(seqs(&ev), [5], "no history: delivered at once");
+        assert_eq!(losses(&ev), [(2, 3)]);
+        f.receive(sample("sr/a", 5));
+        let ev = f.events();
+        assert!(seqs(&ev).is_empty() && losses(&ev).is_empty(), "{ev:?}");
     }
 
     /// A history reply's keys are the publisher's word: those the
