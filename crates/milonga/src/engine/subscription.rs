@@ -2867,6 +2867,18 @@ mod tests {
         frame::encode(&key, &header(Kind::History, 1, "lab"), &r.encode())
     }
 
+    /// The whole answer to query `q`: `keys`, done.
+    fn answer(q: &Query, keys: Vec<KeyHistory>) -> Vec<u8> {
+        reply_frame(&Reply {
+            socket: q.socket.clone(),
+            keys,
+            done: true,
+            id: q.id,
+            schemas: Vec::new(),
+            dictionaries: Vec::new(),
+        })
+    }
+
     fn heartbeat(leaving: bool) -> Vec<u8> {
         let body = Value::Map(vec![(Value::from("leaving"), Value::Bool(leaving))]);
         let key = Key::internal(frame::HEARTBEAT_KEY).unwrap();
@@ -3494,15 +3506,7 @@ mod tests {
         );
         f.route(&a);
         for q in f.io.link.sent.clone() {
-            let q = Query::decode(&q).unwrap();
-            f.receive(reply_frame(&Reply {
-                socket: q.socket,
-                keys: Vec::new(),
-                done: true,
-                id: q.id,
-                schemas: Vec::new(),
-                dictionaries: Vec::new(),
-            }));
+            f.receive(answer(&Query::decode(&q).unwrap(), Vec::new()));
         }
         f.receive(sample("sr/a", 1));
         f.receive(sample("sr/b", 1));
@@ -3534,14 +3538,10 @@ mod tests {
             entries: (1..=2).map(entry).collect(),
             replayed: false,
         };
-        f.receive(reply_frame(&Reply {
-            socket: join.socket.clone(),
-            keys: vec![kh("sr/a"), kh("other/x"), kh("sr/\u{1b}[2J")],
-            done: true,
-            id: join.id,
-            schemas: Vec::new(),
-            dictionaries: Vec::new(),
-        }));
+        f.receive(answer(
+            &join,
+            vec![kh("sr/a"), kh("other/x"), kh("sr/\u{1b}[2J")],
+        ));
         let ev = f.events();
         let keys: Vec<&str> = ev
             .iter()
@@ -3568,14 +3568,7 @@ mod tests {
             let mut f = fixture("sr/**", wants(0, true, None));
             f.route(&announcement("sr/a", Reliability::Reliable, 10));
             let join = Query::decode(&f.io.link.sent[0]).unwrap();
-            f.receive(reply_frame(&Reply {
-                socket: "reliable".into(),
-                keys: Vec::new(),
-                done: true,
-                id: join.id,
-                schemas: Vec::new(),
-                dictionaries: Vec::new(),
-            }));
+            f.receive(answer(&join, Vec::new()));
             f.receive(sample("sr/a", 1));
             f.receive(sample("sr/a", 2));
             assert_eq!(seqs(&f.events()), [1, 2]);
@@ -3627,20 +3620,14 @@ mod tests {
                 seqs(&ev).is_empty() && losses(&ev).is_empty(),
                 "still waiting: {ev:?}"
             );
-            f.receive(reply_frame(&Reply {
-                socket: "reliable".into(),
-                keys: vec![KeyHistory {
-                    key: "sr/a".into(),
-                    first: 1,
-                    last: 10,
-                    entries: (4..=10).map(entry).collect(),
-                    replayed: false,
-                }],
-                done: true,
-                id: q.id,
-                schemas: Vec::new(),
-                dictionaries: Vec::new(),
-            }));
+            let kept = KeyHistory {
+                key: "sr/a".into(),
+                first: 1,
+                last: 10,
+                entries: (4..=10).map(entry).collect(),
+                replayed: false,
+            };
+            f.receive(answer(&q, vec![kept]));
             let ev = f.events();
             assert_eq!(seqs(&ev), [4, 5, 6, 7, 8, 9, 10], "{case}");
             assert!(losses(&ev).is_empty(), "{case}: {ev:?}");
