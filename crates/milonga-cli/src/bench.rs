@@ -259,6 +259,21 @@ fn systems(baseline: Baseline, security: bool, via_broker: bool) -> Vec<&'static
     s
 }
 
+/// `systems` in the order cell number `cell` runs them: rotated by one
+/// each cell, so that no system always runs first (on a warm or a cold
+/// machine) and each is first as often as the others over a matrix.
+pub(crate) fn in_turn<T: Copy>(systems: &[T], cell: usize) -> Vec<T> {
+    let mut v = systems.to_vec();
+    if !v.is_empty() {
+        let n = v.len();
+        v.rotate_left(cell % n);
+    }
+    v
+}
+
+/// The line that says so, in each benchmark's header.
+pub(crate) const IN_TURN: &str = "# the systems of a cell run one after the other, their order rotated by one each cell (no system always first)";
+
 /// Makes the one identity every worker of a secured run uses (in `dir`),
 /// trusted by all: the cost measured is CURVE's, not key management's.
 fn bench_keys(dir: &std::path::Path) -> Result<String> {
@@ -775,6 +790,7 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
     );
     eprintln!("# events_per_s_per_sub = median over subscribers of received / (last - first arrival); MB = 10^6 bytes of payload; sent = the publisher's puts (raw: zmq_send calls), received = summed over subscribers, lost = sent - received summed over subscribers (received > sent is flagged)");
     eprintln!("# an event is one sample: milonga batches small samples into messages of up to 128 KiB, raw libzmq sends one message per event (ratios at 92 B and 4 KiB compare batched with unbatched sending); every subscriber reads one byte in each 4 KiB of each payload (both systems)");
+    eprintln!("{IN_TURN}");
     eprintln!("# path: how the samples came (socket; shm = through shared memory, on one host; mixed = some through the socket, as when a put finds the ring full); `transport` is what the sockets use");
     if a.format == Format::Csv {
         println!(
@@ -827,9 +843,11 @@ fn pubsub(a: PubsubArgs, t: Transport) -> Result<ExitCode> {
             );
         }
     }
+    let mut turn = 0;
     for &size in &a.sizes {
         for &subs in &a.subs {
-            for &system in &these {
+            turn += 1;
+            for system in in_turn(&these, turn) {
                 if matches!(system, "mlg-sock" | "mlg-loan") && size < shm_from {
                     continue;
                 }
@@ -1515,6 +1533,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
     let inproc_ctx = (t == Transport::Inproc).then(zmq::Context::new);
     let bed = bed_for(a.hosts, t, a.delay_ms)?;
     eprintln!("# milonga bench latency: transport {}, one message in flight, one-way latency = round trip / 2; the q-quantile is the round((n - 1) q)-th of the n sorted round trips (ZeroMQ's local_lat prints the mean instead)", t.name());
+    eprintln!("{IN_TURN}");
     if bed.is_some() {
         eprintln!("# two hosts: ping on one network namespace (10.99.0.1), pong on another (10.99.0.2), joined by veth pairs and a bridge");
     }
@@ -1528,7 +1547,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
     }
     let shm_from = milonga::Config::new("milonga:///x", "x").shm_threshold_bytes;
     let mut cell = 0;
-    for &size in &a.sizes {
+    for (turn, &size) in a.sizes.iter().enumerate() {
         let n = if size >= 1 << 20 {
             (a.round_trips / 10).max(100)
         } else {
@@ -1546,7 +1565,7 @@ fn latency(a: LatencyArgs, t: Transport) -> Result<ExitCode> {
             // other (two hops each way).
             these.push("mlg-fed2");
         }
-        for system in these {
+        for system in in_turn(&these, turn) {
             cell += 1;
             let domain = format!("bench-lat-{}-{cell}", std::process::id());
             // Through raw proxies: one each way (ping to pong, pong to

@@ -518,6 +518,7 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
         a.duration
     );
     eprintln!("# requests_per_s = calls completed in the window / duration; latency = send to reply, over every call; server_cpu_us_per_request = server CPU (all threads, /proc/PID/task/*/schedstat) / calls; clients_cpu_us_per_request = every client process's CPU, the same way, / calls; errors = calls that failed or timed out in the window (not in the latencies); the q-quantile is the round((n - 1) q)-th of the sorted latencies");
+    eprintln!("{}", crate::bench::IN_TURN);
     let mut o = std::io::stdout().lock();
     if a.format == Format::Csv {
         writeln!(o, "system,transport,payload_bytes,clients,requests_per_s,latency_p50_us,latency_p99_us,server_cpu_us_per_request,clients_cpu_us_per_request,errors")?;
@@ -540,6 +541,7 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
     o.flush()?;
     drop(o);
     let mut n = 0;
+    let mut turn = 0;
     for &size in &a.sizes {
         for &clients in &a.clients {
             if clients == 0 {
@@ -551,7 +553,8 @@ pub fn run(a: RpcArgs, t: Transport) -> Result<ExitCode> {
             } else if a.baseline == RpcBaseline::RawZmq {
                 systems.insert(0, "raw-zmq");
             }
-            for system in systems {
+            turn += 1;
+            for system in crate::bench::in_turn(&systems, turn) {
                 n += 1;
                 let r = cell(system, t, size, clients, a.duration, n)?;
                 let mut o = std::io::stdout().lock();

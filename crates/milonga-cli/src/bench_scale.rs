@@ -150,8 +150,10 @@ pub fn run(a: ScaleArgs) -> Result<std::process::ExitCode> {
         "# milonga bench scale: seed 004's cases, each publisher and subscriber a node (raw: a socket) of its own, as threads of at most {} worker processes per side; best effort over tcp on one host; each publisher puts {} samples at {}/s (a tenth, at least 10, at 1 MiB); put = the time `put` (raw: `send`) takes; e2e = source timestamp to `recv`; per-sub rate = samples a subscriber got a second, from its first to its last (the publishers together put pubs x rate a second); cpu = CPU time of all worker processes per delivered sample: subscribers from when every one of the process has subscribed (their connections to the publishers included) until the last is done (a subscriber that heard from every publisher and then got nothing for 3 s is), publishers from the first put to the last (what their I/O threads send after is left out), closing left out",
         a.processes, a.puts, a.rate
     );
+    eprintln!("{}", crate::bench::IN_TURN);
     let mut rows = Vec::new();
     let mut cell = 0;
+    let mut turn = 0;
     for &size in &a.sizes {
         for &(pubs, subs) in &cases {
             let big = size >= 1 << 20;
@@ -169,7 +171,8 @@ pub fn run(a: ScaleArgs) -> Result<std::process::ExitCode> {
             } else {
                 &["raw-zmq", "milonga"]
             };
-            for &system in systems {
+            turn += 1;
+            for system in crate::bench::in_turn(systems, turn) {
                 cell += 1;
                 match run_cell(&a, system, pubs, subs, size, cell, &tmp) {
                     Ok(row) => {
