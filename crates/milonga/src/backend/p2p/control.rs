@@ -684,31 +684,13 @@ impl<H: Host> Control<H> {
         if !changed && !force {
             return;
         }
-        // With security on, an announcement whose node id its key does not
-        // give is set aside before the sources' views are merged by node
-        // id, so that a claim of another node's id cannot displace it.
-        let security = self.host.p2p().guard();
-        let mut peers = BTreeMap::new();
-        let mut unattributed = Vec::new();
-        // Within a source the first entry of a node stands; a later source
-        // replaces an earlier one's.
-        let mut merge = |from: Vec<Announcement>| {
-            let mut mine = BTreeMap::new();
-            for a in from {
-                match security.as_ref().map(|_| curve::attributed(&a)) {
-                    Some(Err(why)) => unattributed.push((a, why)),
-                    _ => {
-                        mine.entry(a.node_id.clone()).or_insert(a);
-                    }
-                }
-            }
-            peers.extend(mine);
-        };
-        for source in self.sources().into_iter().flatten() {
+        // (With security on, claims of another node's id are set aside.)
+        let views = self.sources().into_iter().flatten().map(|source| {
             let mut v = Vec::new();
             source.peers_into(&mut v);
-            merge(v);
-        }
+            v
+        });
+        let (mut peers, unattributed) = merge_views(self.host.p2p().security().is_some(), views);
         // Told to gossip askers: endpoints checked, not claimed: where a
         // static peer answered, where a hello came from, and the local
         // nodes (their files are this user's).
@@ -1328,9 +1310,89 @@ pub(crate) fn query(p2p: &P2p, endpoint: &str, timeout: Duration) -> Option<Node
     serde_json::from_slice(body).ok()
 }
 
+/// Merges the discovery sources' views (in [`Control::sources`]' order)
+/// into the peers by node id: within a source the first entry of a node
+/// stands, a later source's replaces an earlier one's. With security on
+/// (`secure`), an announcement whose node id its key does not give is set
+/// aside (returned with why) before the merge, so that a claim of another
+/// node's id cannot displace it; and one that names no key, or a
+/// malformed one, is never connected to (`admit_peers` says why) and is
+/// merged last, so that such a claim, which anyone who can write to a
+/// discovery store can make, cannot hide a node announced with its key.
+fn merge_views(
+    secure: bool,
+    views: impl IntoIterator<Item = Vec<Announcement>>,
+) -> (BTreeMap<String, Announcement>, Vec<(Announcement, String)>) {
+    let mut peers = BTreeMap::new();
+    let mut unattributed = Vec::new();
+    let mut keyless = BTreeMap::new();
+    for view in views {
+        let mut mine = BTreeMap::new();
+        for a in view {
+            if !secure {
+                mine.entry(a.node_id.clone()).or_insert(a);
+                continue;
+            }
+            match curve::attributed(&a) {
+                Err(why) => unattributed.push((a, why)),
+                Ok(()) if !curve::has_key(&a) => {
+                    keyless.entry(a.node_id.clone()).or_insert(a);
+                }
+                Ok(()) => {
+                    mine.entry(a.node_id.clone()).or_insert(a);
+                }
+            }
+        }
+        peers.extend(mine);
+    }
+    for (id, a) in keyless {
+        peers.entry(id).or_insert(a);
+    }
+    (peers, unattributed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn with_security_a_claim_without_a_key_cannot_hide_a_node_announced_with_its_key() {
+        use crate::backend::p2p::curve::Identity;
+        let id = Identity::generate("alice").unwrap();
+        let salt = [5u8; 16];
+        let mut real = crate::engine::routes::test_announcement(1, 1, &[]);
+        real.node_id = NodeId::keyed(id.public().as_bytes(), &salt).to_hex();
+        real.key = Some(id.public().to_z85());
+        real.id_salt = Some(NodeId(salt).to_hex());
+        real.control = "tcp://127.0.0.1:1".into();
+        // A later source (etcd after the local directory) claims its id
+        // with no key, or with a malformed one.
+        let mut claim = real.clone();
+        claim.control = "tcp://127.0.0.1:2".into();
+        claim.key = None;
+        let mut bad = claim.clone();
+        bad.key = Some("not a key".into());
+        for claim in [claim, bad] {
+            let views = vec![vec![real.clone()], vec![claim.clone()]];
+            let (peers, unattributed) = merge_views(true, views.clone());
+            assert_eq!(peers[&real.node_id].control, "tcp://127.0.0.1:1");
+            assert!(unattributed.is_empty());
+            // Alone, it is still merged (and `admit_peers` says why it is
+            // not connected to).
+            let (peers, _) = merge_views(true, vec![vec![claim.clone()]]);
+            assert_eq!(peers[&real.node_id].control, "tcp://127.0.0.1:2");
+            // Security off: a later source replaces an earlier one's.
+            let (peers, _) = merge_views(false, views);
+            assert_eq!(peers[&real.node_id].control, "tcp://127.0.0.1:2");
+        }
+        // Another key claiming the id is set aside, with why.
+        let mallory = Identity::generate("mallory").unwrap();
+        let mut forged = real.clone();
+        forged.key = Some(mallory.public().to_z85());
+        let (peers, unattributed) = merge_views(true, vec![vec![real.clone()], vec![forged]]);
+        assert_eq!(peers[&real.node_id].key, real.key);
+        assert!(unattributed[0].1.contains("not its own"), "{unattributed:?}");
+    }
 
     #[test]
     fn a_gossip_asker_is_learned_at_the_address_it_came_from() {

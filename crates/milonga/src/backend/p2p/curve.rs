@@ -1207,6 +1207,12 @@ pub(crate) fn attributed(a: &Announcement) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether announcement `a` names a well-formed key (with security on,
+/// one that does not is never connected to).
+pub(crate) fn has_key(a: &Announcement) -> bool {
+    matches!(a.key.as_deref().map(PublicKey::from_z85), Some(Ok(_)))
+}
+
 /// Every endpoint an announcement names.
 fn endpoints_of(a: &Announcement) -> impl Iterator<Item = &str> {
     [Some(a.control.as_str()), a.liveliness.as_deref()]
