@@ -273,6 +273,69 @@ fn with_discovery_etcd_nodes_find_each_other_and_a_lease_is_a_node_s_liveness() 
     wait_for("a knows e", T, || knows(&a, &e.id().to_hex()));
 }
 
+/// With `discovery = etcd`: a node whose grown announcement etcd refuses
+/// (over its `--max-request-bytes`) keeps its lease alive, so that its
+/// entry already there stays (the writer used to retry the put alone,
+/// and the lease ended after 3 s); an entry an operator deletes from etcd
+/// is put back by its node; and the prefix is read in pages (a hundred
+/// junk keys that sort before every node's, counted as malformed, and
+/// the nodes after them found, 32 keys a page).
+#[test]
+fn with_discovery_etcd_an_entry_outlives_refused_puts_comes_back_when_deleted_and_is_read_in_pages()
+{
+    use milonga_testkit::etcd::b64;
+    let env = Env::new("etcd-keep");
+    let hosts: Vec<TempDir> = (0..4)
+        .map(|i| TempDir::new(&format!("etcd-k{i}")))
+        .collect();
+    let etcd = Etcd::start_with(hosts[0].path(), T, &["--max-request-bytes", "65536"])
+        .expect("etcd starts");
+    let via = Via::Etcd(etcd.url.clone());
+    let a = via.node(&env, hosts[1].path(), "a");
+    let b = via.node(&env, hosts[2].path(), "b");
+    wait_for("a and b know each other", T, || know_each_other(&a, &b));
+    // a's announcement grows past 64 KiB: etcd refuses each put of it.
+    let long = "x".repeat(200);
+    let _pubs: Vec<Publisher> = (0..400)
+        .map(|i| a.publisher(&format!("etcd/{long}/{i}")).unwrap())
+        .collect();
+    // Twice the lease (3 s) and more: b knows a all along. (A fixed span:
+    // what is asserted is that nothing goes in it.)
+    let end = Instant::now() + Duration::from_secs(7);
+    while Instant::now() < end {
+        assert!(
+            knows(&b, &a.id().to_hex()),
+            "a's entry went with its lease while etcd refused its puts"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // An operator deletes b's entry: b puts it back.
+    let key = format!("milonga/{}/{}", env.domain, b.id().to_hex());
+    let one = format!(r#"{{"key":"{}"}}"#, b64(key.as_bytes()));
+    let deleted = etcd.post("/v3/kv/deleterange", &one).unwrap();
+    assert!(deleted.contains(r#""deleted":"1""#), "{deleted}");
+    wait_for("b's entry is back in etcd", T, || {
+        etcd.post("/v3/kv/range", &one)
+            .unwrap()
+            .contains(r#""kvs""#)
+    });
+    // Junk before every node's key: a newcomer reads past it, page after
+    // page, and finds a and b when it opens.
+    for i in 0..100 {
+        let k = format!("milonga/{}/!junk-{i:03}", env.domain);
+        let put = format!(
+            r#"{{"key":"{}","value":"{}"}}"#,
+            b64(k.as_bytes()),
+            b64(b"junk")
+        );
+        let answer = etcd.post("/v3/kv/put", &put).unwrap();
+        assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    }
+    let c = via.node(&env, hosts[3].path(), "c");
+    assert!(knows(&c, &a.id().to_hex()) && knows(&c, &b.id().to_hex()));
+    assert_eq!(c.stats().announcements_malformed, 100);
+}
+
 /// The samples `sub` delivers until `SubscriptionLive`, by sequence
 /// number.
 fn until_live(sub: &Subscriber) -> Vec<u64> {

@@ -16,6 +16,8 @@ pub struct Etcd {
     pub url: String,
     client: u16,
     peer: u16,
+    /// Options given to every start.
+    args: Vec<String>,
 }
 
 impl Etcd {
@@ -23,9 +25,15 @@ impl Etcd {
     /// may be taken by another process before etcd binds it, and etcd
     /// then exits: other ports are tried, five pairs in all.
     pub fn start(dir: &Path, timeout: Duration) -> Result<Etcd, String> {
+        Etcd::start_with(dir, timeout, &[])
+    }
+
+    /// The same, with more of etcd's options (`--max-request-bytes`, ...).
+    pub fn start_with(dir: &Path, timeout: Duration, args: &[&str]) -> Result<Etcd, String> {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let mut last = String::new();
         for _ in 0..5 {
-            match Etcd::on(dir, free_port(), free_port(), timeout) {
+            match Etcd::on(dir, free_port(), free_port(), timeout, &args) {
                 Ok(e) => return Ok(e),
                 Err(e) => last = e,
             }
@@ -35,7 +43,7 @@ impl Etcd {
 
     /// Starts it again on the same ports and data (after [`Etcd::kill9`]).
     pub fn restart(&mut self, timeout: Duration) -> Result<(), String> {
-        *self = Etcd::on(&self.dir, self.client, self.peer, timeout)?;
+        *self = Etcd::on(&self.dir, self.client, self.peer, timeout, &self.args)?;
         Ok(())
     }
 
@@ -58,7 +66,13 @@ impl Etcd {
 
     /// etcd on `client` and `peer`, once it answers a range (its port opens
     /// before it has elected itself leader).
-    fn on(dir: &Path, client: u16, peer: u16, timeout: Duration) -> Result<Etcd, String> {
+    fn on(
+        dir: &Path,
+        client: u16,
+        peer: u16,
+        timeout: Duration,
+        args: &[String],
+    ) -> Result<Etcd, String> {
         let url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let mut cmd = std::process::Command::new("etcd");
@@ -75,6 +89,7 @@ impl Etcd {
             .args(["--listen-peer-urls", &peer_url])
             .args(["--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("default={peer_url}")])
+            .args(args)
             .stderr(std::process::Stdio::null());
         let mut proc = Proc::spawn(cmd);
         let end = Instant::now() + timeout;
@@ -95,23 +110,39 @@ impl Etcd {
             url,
             client,
             peer,
+            args: args.to_vec(),
         })
     }
+
+    /// POSTs the JSON `body` to `path` of its gateway (`/v3/kv/put`, ...):
+    /// the answer's status line and body.
+    pub fn post(&self, path: &str, body: &str) -> Result<String, String> {
+        post(self.client, path, body)
+    }
+}
+
+/// Base64, as the gateway's JSON carries keys and values.
+pub fn b64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn post(port: u16, path: &str, body: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let req = format!(
+        "POST {path} HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut answer = String::new();
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    s.read_to_string(&mut answer).map_err(|e| e.to_string())?;
+    Ok(answer)
 }
 
 /// Whether etcd's JSON gateway on `port` answers a range.
 fn answers(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let body = r#"{"key":"AA=="}"#;
-    let req = format!(
-        "POST /v3/kv/range HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let mut answer = String::new();
-    s.write_all(req.as_bytes()).is_ok()
-        && s.read_to_string(&mut answer).is_ok()
-        && answer.starts_with("HTTP/1.0 200")
+    post(port, "/v3/kv/range", r#"{"key":"AA=="}"#).is_ok_and(|a| a.starts_with("HTTP/1.0 200"))
 }

@@ -33,6 +33,12 @@ const MAX_VIEW: usize = 20_000;
 const WATCH_SPAN: Duration = Duration::from_secs(5);
 /// Wait after a failed request before the next.
 const RETRY: Duration = Duration::from_millis(500);
+/// Keys a range request asks for at once: the prefix is read in pages,
+/// each answer at most about 45 MiB (announcements of up to 1 MiB, in
+/// base64), whatever the number of nodes.
+const PAGE: usize = 32;
+/// The largest answer read (a page, or a line of a watch).
+const MAX_ANSWER: u64 = 64 << 20;
 
 /// Wakes the node thread (a change of the view is looked at at once).
 pub(crate) type Wake = Box<dyn Fn() + Send + Sync>;
@@ -60,6 +66,10 @@ struct State {
     put: Option<u64>,
     /// The writer has revoked the lease and ended.
     done: bool,
+    /// Grows each time the reader sees the node's own key gone from etcd
+    /// or holding another value (an operator's delete, a restored
+    /// snapshot, an overwrite): the writer puts it again.
+    repairs: u64,
 }
 
 /// The node's side of `discovery = etcd`.
@@ -86,7 +96,7 @@ impl Client {
     /// partitioned away or black-holed must not hold a thread longer).
     fn new(endpoints: &[String], per_call: Duration) -> Client {
         let config = ureq::Agent::config_builder()
-            .timeout_connect(Some(Duration::from_secs(2)))
+            .timeout_connect(Some(per_call.min(Duration::from_secs(2))))
             .timeout_per_call(Some(per_call))
             .http_status_as_error(false)
             .build();
@@ -145,7 +155,7 @@ impl Client {
         let text = r
             .body_mut()
             .with_config()
-            .limit(64 << 20)
+            .limit(MAX_ANSWER)
             .read_to_vec()
             .map_err(|e| format!("{path}: {e}"))?;
         serde_json::from_slice(&text).map_err(|e| format!("{path}: {e}"))
@@ -311,46 +321,98 @@ impl Source for EtcdSource {
     }
 }
 
+/// Counts a thread's failed requests and logs the first few of a run of
+/// them, then every hundredth, and the end of the run.
+struct Failures {
+    count: u64,
+}
+
+impl Failures {
+    fn failed(&mut self, what: &str, e: &str) {
+        self.count += 1;
+        if self.count <= 3 || self.count % 100 == 0 {
+            tracing::warn!(failures = self.count, err = %e, "etcd: {what} failed");
+        }
+    }
+
+    fn worked(&mut self, what: &str) {
+        if self.count > 0 {
+            tracing::info!(failures = self.count, "etcd: {what} works again");
+            self.count = 0;
+        }
+    }
+}
+
 /// The writer: a lease of `ttl_s` seconds, the announcement put under
-/// `key` with it whenever it changes, the lease kept alive every third of
-/// its time; at stop, the lease revoked.
+/// `key` with it whenever it changes (or the reader finds it gone), the
+/// lease kept alive every third of its time, before anything else (a put
+/// that keeps failing, of an announcement etcd refuses, must not let the
+/// lease, and the node's entry already there, end); at stop, the lease
+/// revoked.
 fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
+    let keep_every = Duration::from_millis(ttl_s as u64 * 1000 / 3);
+    // Grants, puts (of up to 1 MiB) and the revocation.
     let mut c = Client::new(endpoints, Duration::from_secs(5));
+    // Keep-alives end well inside the lease: a member that does not
+    // answer is left for the next in time.
+    let mut keeper = Client::new(endpoints, (keep_every / 2).max(Duration::from_millis(250)));
     let mut lease: Option<i64> = None;
     // The announcement version put under the current lease.
     let mut put: Option<u64> = None;
-    let keep_every = Duration::from_millis(ttl_s as u64 * 1000 / 3);
+    let mut repairs = 0;
     let mut next_keep = Instant::now();
-    let mut failures = 0u64;
-    let mut fail = |what: &str, e: String| {
-        failures += 1;
-        if failures <= 3 || failures % 100 == 0 {
-            tracing::warn!(failures, err = %e, "etcd: {what} failed");
-        }
-    };
+    let mut failures = Failures { count: 0 };
     while !shared.stop.load(Ordering::Relaxed) {
         let (announcement, version) = {
             let s = lock(&shared.state);
+            if s.repairs != repairs {
+                repairs = s.repairs;
+                put = None;
+            }
             (s.announcement.clone(), s.version)
         };
+        let now = Instant::now();
         let mut wait = RETRY;
         match lease {
             None => match c.call("/v3/lease/grant", &json!({ "TTL": ttl_s })) {
                 Ok(r) => match int(&r["ID"]) {
                     Some(id) => {
+                        failures.worked("taking a lease");
                         lease = Some(id);
                         put = None;
                         next_keep = Instant::now() + keep_every;
                         continue;
                     }
-                    None => fail("a lease grant", format!("no lease id in {r}")),
+                    None => failures.failed("a lease grant", &format!("no lease id in {r}")),
                 },
-                Err(e) => fail("a lease grant", e),
+                Err(e) => failures.failed("a lease grant", &e),
             },
+            Some(id) if now >= next_keep => {
+                match keeper.call("/v3/lease/keepalive", &json!({ "ID": id.to_string() })) {
+                    Ok(r) if int(&r["result"]["TTL"]).unwrap_or(0) > 0 => {
+                        failures.worked("keeping the lease alive");
+                        next_keep = now + keep_every;
+                    }
+                    // Expired (the node was stopped, or etcd out of reach,
+                    // longer than the lease): its key is gone; put again
+                    // under a new one.
+                    Ok(_) => {
+                        limited!(warn, ttl_s, "etcd: this node's lease ended (the node was stopped, or etcd out of reach, longer than it): its entry is put again under a new one");
+                        lease = None;
+                    }
+                    Err(e) => {
+                        // Tried again after a pause, not at once.
+                        next_keep = now + RETRY;
+                        failures.failed("a keep-alive", &e);
+                    }
+                }
+                continue;
+            }
             Some(id) if put != Some(version) && !announcement.is_empty() => {
                 let body = json!({ "key": b64(key.as_bytes()), "value": b64(&announcement), "lease": id.to_string() });
                 match c.call("/v3/kv/put", &body) {
                     Ok(_) => {
+                        failures.worked("putting this node's announcement");
                         put = Some(version);
                         lock(&shared.state).put = put;
                         shared.wake.notify_all();
@@ -361,34 +423,16 @@ fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
                         if e.contains("lease not found") {
                             lease = None;
                         }
-                        fail("a put", e);
+                        failures.failed("a put", &e);
+                        wait = RETRY.min(next_keep.saturating_duration_since(now));
                     }
                 }
             }
-            Some(id) => {
-                let now = Instant::now();
-                if now >= next_keep {
-                    match c.call("/v3/lease/keepalive", &json!({ "ID": id.to_string() })) {
-                        Ok(r) if int(&r["result"]["TTL"]).unwrap_or(0) > 0 => {
-                            next_keep = now + keep_every;
-                        }
-                        // Expired (the node was stopped longer than the
-                        // lease): its key is gone; put again under a new one.
-                        Ok(_) => lease = None,
-                        Err(e) => {
-                            // Tried again after a pause, not at once.
-                            next_keep = now + RETRY;
-                            fail("a keep-alive", e);
-                        }
-                    }
-                    continue;
-                }
-                wait = next_keep - now;
-            }
+            Some(_) => wait = next_keep - now,
         }
         let s = lock(&shared.state);
         let _ = shared.wake.wait_timeout_while(s, wait, |s| {
-            s.version == version && !shared.stop.load(Ordering::Relaxed)
+            s.version == version && s.repairs == repairs && !shared.stop.load(Ordering::Relaxed)
         });
     }
     if let Some(id) = lease {
@@ -398,28 +442,105 @@ fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
     shared.wake.notify_all();
 }
 
+/// Tells the writer to put the node's announcement again if `value` (its
+/// key's value in etcd; `None`: deleted) is not the one it put.
+fn check_own(shared: &Shared, value: Option<&[u8]>) {
+    let mut s = lock(&shared.state);
+    if s.put.is_some() && value != Some(&s.announcement[..]) {
+        s.repairs += 1;
+        shared.wake.notify_all();
+    }
+}
+
+/// The whole prefix at one revision, in pages of [`PAGE`] keys: each key
+/// and value given to `each`, and the revision. Stops early, `Ok(false)`
+/// with it, once `each` says so.
+fn read_all(
+    c: &mut Client,
+    prefix: &str,
+    end: &[u8],
+    mut each: impl FnMut(&[u8], &[u8]) -> bool,
+) -> Result<(i64, bool), String> {
+    let mut from = prefix.as_bytes().to_vec();
+    let mut at: Option<i64> = None;
+    loop {
+        let mut body = json!({
+            "key": b64(&from),
+            "range_end": b64(end),
+            "limit": PAGE.to_string(),
+        });
+        if let Some(rev) = at {
+            // The next pages at the first one's revision: one snapshot.
+            body["revision"] = json!(rev.to_string());
+        }
+        let r = c.call("/v3/kv/range", &body)?;
+        let rev = match at {
+            Some(rev) => rev,
+            None => int(&r["header"]["revision"])
+                .ok_or_else(|| format!("no revision in the answer to a range: {}", r["header"]))?,
+        };
+        at = Some(rev);
+        let kvs = r["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let mut last = None;
+        for kv in kvs {
+            let Some(k) = decoded(kv, "key") else {
+                continue;
+            };
+            let v = decoded(kv, "value").unwrap_or_default();
+            if !each(&k, &v) {
+                return Ok((rev, false));
+            }
+            last = Some(k);
+        }
+        match last {
+            // The next page starts just after this one's last key.
+            Some(mut k) if r["more"].as_bool() == Some(true) => {
+                k.push(0);
+                from = k;
+            }
+            _ => return Ok((rev, true)),
+        }
+    }
+}
+
+/// A base64 field of a key-value of the gateway's JSON, decoded.
+fn decoded(kv: &Json, field: &str) -> Option<Vec<u8>> {
+    B64.decode(kv[field].as_str().unwrap_or_default()).ok()
+}
+
 /// The reader: the prefix's keys, then the changes from the revision
 /// after, for as long as the node runs.
 fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
     let endpoints = &core.cfg.etcd_endpoints;
     let mut c = Client::new(endpoints, WATCH_SPAN);
-    let mut failures = 0u64;
+    let mut failures = Failures { count: 0 };
     // The revision the view is at; None: read the whole prefix.
     let mut at: Option<i64> = None;
     let end = range_end(prefix);
+    let is_me = |k: &[u8]| {
+        std::str::from_utf8(k)
+            .ok()
+            .and_then(|k| k.strip_prefix(prefix))
+            == Some(me)
+    };
+    // What another node's key `k` and its value `v` (`None`: deleted) say
+    // of the view: whether they changed it.
     let take = |view: &mut BTreeMap<String, Announcement>, k: &[u8], v: Option<&[u8]>| -> bool {
         let Some(id) = std::str::from_utf8(k)
             .ok()
             .and_then(|k| k.strip_prefix(prefix))
         else {
+            crate::util::stats::inc(&core.counters.announcements_malformed);
             return false;
         };
-        if id == me {
-            return false;
-        }
         let Some(v) = v else {
             return view.remove(id).is_some();
         };
+        // At most the size every discovery takes (unread past it).
+        if v.len() as u64 > crate::discovery::MAX_ANNOUNCEMENT_BYTES {
+            crate::util::stats::inc(&core.counters.announcements_malformed);
+            return false;
+        }
         match Announcement::from_json(v) {
             Ok(a) if a.node_id == id && a.domain == core.domain => {
                 if view.len() >= MAX_VIEW && !view.contains_key(id) {
@@ -435,21 +556,29 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
             }
         }
     };
-    let value = |kv: &Json, field: &str| -> Option<Vec<u8>> {
-        B64.decode(kv[field].as_str().unwrap_or_default()).ok()
-    };
     while !shared.stop.load(Ordering::Relaxed) {
         let Some(rev) = at else {
-            let body = json!({ "key": b64(prefix.as_bytes()), "range_end": b64(&end) });
-            match c.call("/v3/kv/range", &body) {
-                Ok(r) => {
-                    let mut view = BTreeMap::new();
-                    for kv in r["kvs"].as_array().into_iter().flatten() {
-                        if let Some(k) = value(kv, "key") {
-                            take(&mut view, &k, Some(&value(kv, "value").unwrap_or_default()));
-                        }
+            let mut view = BTreeMap::new();
+            let mut own = None;
+            // Past twice the view's room, the rest is not read (counted in
+            // `scout_nodes_dropped` as far as read).
+            let mut keys = 0usize;
+            let read = read_all(&mut c, prefix, &end, |k, v| {
+                keys += 1;
+                if is_me(k) {
+                    own = Some(v.to_vec());
+                } else {
+                    take(&mut view, k, Some(v));
+                }
+                keys < 2 * MAX_VIEW
+            });
+            match read {
+                Ok((rev, whole)) => {
+                    failures.worked("reading the nodes");
+                    if whole {
+                        check_own(shared, own.as_deref());
                     }
-                    at = int(&r["header"]["revision"]);
+                    at = Some(rev);
                     let mut s = lock(&shared.state);
                     s.view = view;
                     s.generation += 1;
@@ -459,10 +588,7 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
                     (shared.wake_node)();
                 }
                 Err(e) => {
-                    failures += 1;
-                    if failures <= 3 || failures % 100 == 0 {
-                        tracing::warn!(failures, err = %e, "etcd: reading the nodes failed");
-                    }
+                    failures.failed("reading the nodes", &e);
                     std::thread::sleep(RETRY);
                 }
             }
@@ -473,22 +599,32 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
             "range_end": b64(&end),
             "start_revision": (rev + 1).to_string(),
         }});
+        let started = Instant::now();
         let stream = match c.send("/v3/watch", &body) {
             Ok(r) => r,
             Err(e) => {
-                failures += 1;
-                if failures <= 3 || failures % 100 == 0 {
-                    tracing::warn!(failures, err = %e, "etcd: watching the nodes failed");
-                }
+                failures.failed("watching the nodes", &e);
                 std::thread::sleep(RETRY);
                 at = None;
                 continue;
             }
         };
         // One JSON message a line, until the span ends (an error here).
-        for line in BufReader::new(stream.into_body().into_reader()).lines() {
-            let Ok(line) = line else { break };
-            let Ok(msg) = serde_json::from_str::<Json>(&line) else {
+        let mut reader = BufReader::new(stream.into_body().into_reader());
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match std::io::Read::take(&mut reader, MAX_ANSWER).read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) if !line.ends_with(b"\n") && line.len() as u64 >= MAX_ANSWER => {
+                    // Too long to hold: what it said is read again whole.
+                    failures.failed("watching the nodes", "an answer of more than 64 MiB");
+                    at = None;
+                    break;
+                }
+                Ok(_) => {}
+            }
+            let Ok(msg) = serde_json::from_slice::<Json>(&line) else {
                 continue;
             };
             let r = &msg["result"];
@@ -508,29 +644,49 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
                 at = None;
                 break;
             }
-            let mut changed = false;
-            let mut s = lock(&shared.state);
+            failures.worked("watching the nodes");
+            let mut events = Vec::new();
             for ev in r["events"].as_array().into_iter().flatten() {
                 let kv = &ev["kv"];
-                let Some(k) = value(kv, "key") else { continue };
+                let Some(k) = decoded(kv, "key") else {
+                    continue;
+                };
                 let deleted = ev["type"].as_str() == Some("DELETE");
-                let v = (!deleted).then(|| value(kv, "value").unwrap_or_default());
-                changed |= take(&mut s.view, &k, v.as_deref());
+                let v = (!deleted).then(|| decoded(kv, "value").unwrap_or_default());
+                events.push((k, v));
                 // The next watch starts after the last change applied.
                 if let Some(rev) = int(&kv["mod_revision"]) {
                     at = Some(at.map_or(rev, |a| a.max(rev)));
+                }
+            }
+            let mut own = None;
+            let mut changed = false;
+            let mut s = lock(&shared.state);
+            for (k, v) in events {
+                if is_me(&k) {
+                    own = Some(v);
+                } else {
+                    changed |= take(&mut s.view, &k, v.as_deref());
                 }
             }
             if changed {
                 s.generation += 1;
             }
             drop(s);
+            if let Some(v) = own {
+                check_own(shared, v.as_deref());
+            }
             if changed {
                 (shared.wake_node)();
             }
             if shared.stop.load(Ordering::Relaxed) {
                 return;
             }
+        }
+        // A watch that ended at once (a proxy that closes it) is not made
+        // again in a busy loop.
+        if started.elapsed() < RETRY {
+            std::thread::sleep(RETRY);
         }
     }
 }

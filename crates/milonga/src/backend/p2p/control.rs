@@ -1391,7 +1391,10 @@ mod tests {
         forged.key = Some(mallory.public().to_z85());
         let (peers, unattributed) = merge_views(true, vec![vec![real.clone()], vec![forged]]);
         assert_eq!(peers[&real.node_id].key, real.key);
-        assert!(unattributed[0].1.contains("not its own"), "{unattributed:?}");
+        assert!(
+            unattributed[0].1.contains("not its own"),
+            "{unattributed:?}"
+        );
     }
 
     #[test]
