@@ -159,10 +159,13 @@ struct Borrowed {
     len: usize,
 }
 
-// SAFETY: the memory belongs to an immutable object (bytes) or to a numpy
-// array the user handed over for sending; `_owner` keeps it alive, and a
-// `Py` may be dropped on any thread (its reference is released when a
-// thread next holds the interpreter).
+// SAFETY: the memory belongs to an immutable object (bytes), to a numpy
+// array the user handed over for sending, or to the exporter of a
+// read-only memoryview, pinned by a view of Milonga's own that nobody else
+// can release; `_owner` keeps it alive, and a `Py` may be dropped on any
+// thread without waiting (its reference is released when a thread next
+// holds the interpreter): a message is often let go under a lock of the
+// node's, which a thread holding the interpreter may be waiting for.
 unsafe impl Send for Borrowed {}
 // SAFETY: shared access only reads the memory, which nobody writes (above).
 unsafe impl Sync for Borrowed {}
@@ -174,30 +177,12 @@ impl AsRef<[u8]> for Borrowed {
     }
 }
 
-/// A read-only buffer (a memoryview's) sent without a copy: held, so the
-/// exporter can neither free nor resize the memory, until the message has
-/// left.
-struct HeldView {
-    _view: pyo3::buffer::PyBuffer<u8>,
-    ptr: *const u8,
-    len: usize,
-}
-
-// SAFETY: the view is read-only and held (`PyBuffer` releases it with the
-// interpreter on whatever thread drops it); ptr/len describe its memory.
-unsafe impl Send for HeldView {}
-// SAFETY: shared access only reads the view's memory, which is read-only.
-unsafe impl Sync for HeldView {}
-
-impl AsRef<[u8]> for HeldView {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: see above.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
 struct Numpy {
     ndarray: Py<PyAny>,
+    /// numpy's bool and complex scalar types: neither is a number here
+    /// (a bool went out as 1.0, a complex as its real part).
+    bool_: Py<PyAny>,
+    complexfloating: Py<PyAny>,
     frombuffer: Py<PyAny>,
     ascontiguousarray: Py<PyAny>,
     dtypes: Vec<(ElementType, Py<PyAny>)>,
@@ -226,6 +211,8 @@ fn numpy(py: Python<'_>) -> PyResult<&Numpy> {
         }
         Ok(Numpy {
             ndarray: np.getattr("ndarray")?.unbind(),
+            bool_: np.getattr("bool_")?.unbind(),
+            complexfloating: np.getattr("complexfloating")?.unbind(),
             frombuffer: np.getattr("frombuffer")?.unbind(),
             ascontiguousarray: np.getattr("ascontiguousarray")?.unbind(),
             dtypes,
@@ -423,15 +410,21 @@ fn from_py_at(obj: &Bound<'_, PyAny>, threshold: usize, depth: usize) -> PyResul
         // A read-only view (of bytes, or of a received message) is sent
         // from its own memory, held until it has left; a writable one is
         // copied once (the caller may change it while it is on its way).
-        let view = match pyo3::buffer::PyBuffer::<u8>::get(obj) {
-            Ok(v) => v,
-            Err(_) => pyo3::buffer::PyBuffer::<u8>::get(&m.call_method1("cast", ("B",))?)?,
+        // Held through a view of Milonga's own (a new memoryview, or the
+        // cast of one): it pins the exporter's buffer as the caller's view
+        // does, but the caller's `release()` cannot end it.
+        let own = match pyo3::buffer::PyBuffer::<u8>::get(obj) {
+            Ok(_) => PyMemoryView::from(obj)?.into_any(),
+            Err(_) => m.call_method1("cast", ("B",))?,
         };
+        let view = pyo3::buffer::PyBuffer::<u8>::get(&own)?;
         let len = view.len_bytes();
         if view.readonly() && view.is_c_contiguous() && len >= threshold.max(1) {
             let ptr = view.buf_ptr() as *const u8;
-            return Ok(Value::Bytes(Bytes::from_owner(HeldView {
-                _view: view,
+            // (Released here, with the interpreter held.)
+            drop(view);
+            return Ok(Value::Bytes(Bytes::from_owner(Borrowed {
+                _owner: own.unbind(),
                 ptr,
                 len,
             })));
@@ -443,6 +436,14 @@ fn from_py_at(obj: &Bound<'_, PyAny>, threshold: usize, depth: usize) -> PyResul
         return numpy_to_value(py, np, obj, threshold);
     }
     // numpy scalars and other numbers.
+    if obj.is_instance(np.bool_.bind(py))? {
+        return Ok(Value::Bool(obj.is_truthy()?));
+    }
+    if obj.is_instance(np.complexfloating.bind(py))? {
+        return Err(encode_err(
+            "cannot send a complex number (send its real and imaginary parts)",
+        ));
+    }
     if obj.hasattr("__index__")? {
         if let Ok(i) = obj.extract::<i128>() {
             return Ok(Value::Int(i));

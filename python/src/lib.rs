@@ -9,6 +9,7 @@
 #![deny(unsafe_code)]
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -400,6 +401,7 @@ impl Node {
         self.born.check(py, "node")?;
         let threshold = self.threshold;
         let handler = Arc::new(handler);
+        let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let opts = ServeOptions::default()
             .workers(workers)
             .max_queued(max_queued);
@@ -407,7 +409,7 @@ impl Node {
             .detach(|| {
                 self.node
                     .serve_with(key, opts, move |req: milonga::Request| {
-                        Python::attach(|py| run_handler(py, &handler, req, threshold))
+                        Python::attach(|py| run_handler(py, &handler, req, threshold, &failures))
                     })
             })
             .map_err(|e| errors::serve(py, e))?;
@@ -535,15 +537,50 @@ impl Drop for HandlerRunning {
     }
 }
 
+/// Logs on the `milonga` logger, with its traceback, an exception of a
+/// service's handler that the caller gets as `RemoteError` (not a
+/// `ServiceError` the handler raised on purpose): the first ten of the
+/// service, then every thousandth, as a subscription's callback's.
+fn log_handler_failure(py: Python<'_>, key: &str, what: &str, err: &PyErr, failures: &AtomicU64) {
+    let n = failures.fetch_add(1, Ordering::Relaxed) + 1;
+    if n > 10 && n % 1000 != 0 {
+        return;
+    }
+    let logged = (|| -> PyResult<()> {
+        let log = py
+            .import("logging")?
+            .call_method1("getLogger", ("milonga",))?;
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("exc_info", err.value(py))?;
+        log.call_method(
+            "error",
+            (
+                "service %r: %s (the caller gets RemoteError; %d so far)",
+                key,
+                what,
+                n,
+            ),
+            Some(&kwargs),
+        )?;
+        Ok(())
+    })();
+    if let Err(e) = logged {
+        // (Logging itself failed: said where it can be.)
+        e.write_unraisable(py, None);
+    }
+}
+
 fn run_handler(
     py: Python<'_>,
     handler: &Py<PyAny>,
     req: milonga::Request,
     threshold: usize,
+    failures: &AtomicU64,
 ) -> Result<Value, ServiceError> {
     let _running = HandlerRunning::start();
     let value = to_py(py, &req.value, threshold)
         .map_err(|e| ServiceError::new("bad_request", e.to_string()))?;
+    let key = req.key.clone();
     let request = Request {
         key: req.key,
         value: value.unbind(),
@@ -553,6 +590,13 @@ fn run_handler(
     };
     match handler.bind(py).call1((request,)) {
         Ok(reply) => from_py(&reply, threshold).map_err(|e| {
+            log_handler_failure(
+                py,
+                &key,
+                "the handler's return value cannot be sent",
+                &e,
+                failures,
+            );
             ServiceError::new(
                 "bad_reply",
                 format!("the handler's return value cannot be sent: {e}"),
@@ -572,6 +616,7 @@ fn run_handler(
                 }
             })();
             let (kind, message) = explicit.unwrap_or_else(|_| {
+                log_handler_failure(py, &key, "the handler raised", &err, failures);
                 let kind = exc
                     .get_type()
                     .name()

@@ -95,6 +95,30 @@ def test_in_process_the_receiver_sees_the_senders_memory(domain: Domain) -> None
     assert not np.shares_memory(next_sample(sub).value, small)
 
 
+def test_numpy_scalars_go_as_the_numbers_and_booleans_they_are(domain: Domain) -> None:
+    # A numpy bool went as 1.0 (numpy's bool has no __index__, and fell
+    # through to __float__), a complex scalar as its real part.
+    a = domain.open("pub", transport="inproc")
+    b = domain.open("sub", transport="inproc")
+    pub = a.publisher("np/scalar")
+    sub = b.subscribe("np/scalar")
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+    for sent, want in [
+        (np.bool_(True), True),
+        (np.float32(1.5) > 1, True),
+        ({"ok": np.bool_(False)}, {"ok": False}),
+        (np.int64(-3), -3),
+        (np.uint8(200), 200),
+        (np.float32(1.5), 1.5),
+    ]:
+        pub.put(sent)
+        got = next_sample(sub).value
+        assert got == want and type(got) is type(want), (sent, got)
+    for bad in (np.complex128(1 + 2j), [np.complex64(1j)]):
+        with pytest.raises(milonga.EncodeError, match="complex"):
+            pub.put(bad)
+
+
 def test_a_read_only_memoryview_is_sent_without_a_copy(domain: Domain) -> None:
     """Issue 10, finding 14: put(memoryview) of 1 MiB copied twice; a
     read-only view (of bytes, or a received value, so an echo) is now sent
@@ -113,6 +137,13 @@ def test_a_read_only_memoryview_is_sent_without_a_copy(domain: Domain) -> None:
     pub.put(got)  # an echo of what was received
     again = next_sample(sub).value
     assert np.shares_memory(as_array(again), as_array(data))
+    # The caller's view released, and the bytes it viewed gone from the
+    # caller: the message holds them still.
+    view = memoryview(bytes(range(256)) * 4096)
+    pub.put(view)
+    view.release()
+    del view
+    assert next_sample(sub).value == data
     writable = bytearray(data)
     pub.put(memoryview(writable))
     copied = next_sample(sub).value

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -337,6 +338,50 @@ def test_a_large_put_lets_other_threads_run_while_it_compresses(domain: Domain) 
         got = next_sample(sub).value
         got = got["image"] if isinstance(got, dict) else got
         assert got.nbytes == value.nbytes
+
+
+def test_a_read_only_view_let_go_under_a_node_lock_never_deadlocks_a_thread_holding_the_gil(
+    domain: Domain,
+) -> None:
+    # A read-only memoryview of 64 KiB or more is sent from its own
+    # memory, held until the message is let go: here by the history of
+    # one sample, while the node's socket lock is held, in a thread whose
+    # put released the interpreter. The main thread holds the interpreter
+    # in small puts, which take that lock. Letting the view go waited for
+    # the interpreter under the lock: both threads stopped for good. In a
+    # child process, so that a hang is a timeout here, not a hung suite.
+    child = domain.spawn(
+        """
+        import os, threading, time, milonga
+        node = milonga.open(os.environ["LOCATOR"], name="relay", transport="tcp")
+        big = node.publisher("dl/big", milonga.PublisherQos(history=1))
+        small = node.publisher("dl/small")
+        view = memoryview(bytes(1 << 20))
+        stop = time.monotonic() + 3
+        puts = [0]
+        def pump():
+            while time.monotonic() < stop:
+                big.put(view)
+                puts[0] += 1
+        t = threading.Thread(target=pump)
+        t.start()
+        n = 0
+        while time.monotonic() < stop:
+            small.put(float(n))
+            n += 1
+        t.join()
+        node.close()
+        print("done", puts[0], n, flush=True)
+        """
+    )
+    try:
+        out, err = child.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        pytest.fail("deadlocked: the child did not end within 30 s")
+    assert child.returncode == 0, err
+    words = out.split()
+    assert words[0] == "done" and int(words[1]) > 10 and int(words[2]) > 10, out
 
 
 def test_a_publisher_in_another_process_is_found_and_its_loss_reported(domain: Domain) -> None:

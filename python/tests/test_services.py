@@ -153,6 +153,41 @@ def test_a_handler_can_call_and_calls_await(domain: Domain) -> None:
         client.call("lab/gone", 1)
 
 
+def test_a_handler_s_unexpected_exception_is_logged_at_the_server(
+    domain: Domain, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The caller got RemoteError and the server's log said nothing: a bug
+    # in a handler left no traceback where it ran. A ServiceError raised on
+    # purpose is an answer, not logged; a reply that cannot be sent is.
+    node = domain.open("server")
+
+    def handler(req: milonga.Request) -> object:
+        if req.value == "refuse":
+            raise milonga.ServiceError("busy", "come back later")
+        if req.value == "unsendable":
+            return object()
+        return 1 / 0
+
+    node.serve("lab/buggy", handler)
+    client = domain.open("client")
+    served(client, "lab/buggy")
+    with caplog.at_level("ERROR", logger="milonga"):
+        with pytest.raises(milonga.RemoteError) as e:
+            client.call("lab/buggy", "divide", timeout=5)
+        assert e.value.kind == "ZeroDivisionError"
+        with pytest.raises(milonga.RemoteError):
+            client.call("lab/buggy", "refuse", timeout=5)
+        with pytest.raises(milonga.RemoteError) as e:
+            client.call("lab/buggy", "unsendable", timeout=5)
+        assert e.value.kind == "bad_reply"
+    records = [r for r in caplog.records if r.name == "milonga"]
+    assert len(records) == 2, [r.getMessage() for r in records]
+    raised, unsendable = records
+    assert "lab/buggy" in raised.getMessage() and "raised" in raised.getMessage()
+    assert raised.exc_info is not None and raised.exc_info[0] is ZeroDivisionError
+    assert "cannot be sent" in unsendable.getMessage()
+
+
 def test_a_handler_may_close_its_own_service_or_node(domain: Domain) -> None:
     """A "stop" or "shutdown" service: its handler closes its service, or
     its whole node. The close ran on a helper thread that waited for the
