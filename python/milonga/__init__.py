@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -244,6 +245,31 @@ class SubscriberQos:
         _check_int("min_period_ms", self.min_period_ms, 0)
 
 
+# The threads `async for` receives in (a tenth of a second at a time), so
+# that quiet subscriptions never hold the threads of the event loop's
+# default executor, which `run_in_executor(None, ...)`, `to_thread` and
+# name lookups wait for. At most this many subscriptions wait at once;
+# more wait their turn (docs/python.md "asyncio").
+FILL_THREADS = 128
+_fills: ThreadPoolExecutor | None = None
+_fills_lock = threading.Lock()
+
+
+def _fill_executor() -> ThreadPoolExecutor:
+    global _fills
+    with _fills_lock:
+        if _fills is None:
+            _fills = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="milonga-async")
+        return _fills
+
+
+def _retrieve(f: asyncio.Future[bool]) -> None:
+    # A fill nobody awaits any more (its await was cancelled): its outcome
+    # is taken here, so that asyncio does not log it as never retrieved.
+    if not f.cancelled():
+        f.exception()
+
+
 class Subscription:
     """A subscription's events (samples and status events), in order.
 
@@ -261,6 +287,10 @@ class Subscription:
         self.try_recv: Callable[[], Event | None] = native.try_recv
         self._dispatcher: threading.Thread | None = None
         self._stopping = threading.Event()
+        # The one receive in a worker thread that awaits share: a cancelled
+        # await leaves it running, and the next await waits for it rather
+        # than start another.
+        self._filling: asyncio.Future[bool] | None = None
 
     @property
     def key_expr(self) -> str:
@@ -295,8 +325,15 @@ class Subscription:
                 if event is not None:
                     return event
                 # Received in a worker thread into the subscription's own
-                # stash: a cancelled await loses nothing.
-                await loop.run_in_executor(None, self._native._fill, 0.1)
+                # stash: a cancelled await loses nothing. At most one at a
+                # time: an await cancelled (a `wait_for` timeout) leaves it
+                # running, and the next await waits for that one.
+                fill = self._filling
+                if fill is None or fill.done() or fill.get_loop() is not loop:
+                    fill = loop.run_in_executor(_fill_executor(), self._native._fill, 0.1)
+                    fill.add_done_callback(_retrieve)
+                    self._filling = fill
+                await asyncio.shield(fill)
             except Closed:
                 raise StopAsyncIteration from None
 

@@ -620,7 +620,9 @@ class Recording(ThreadPoolExecutor):
         return future
 
 
-def test_async_for_and_a_cancelled_await_loses_nothing(domain: Domain) -> None:
+def test_async_for_and_a_cancelled_await_loses_nothing(
+    domain: Domain, monkeypatch: pytest.MonkeyPatch
+) -> None:
     a = domain.open("pub")
     b = domain.open("sub")
     pub = a.publisher("aio/k")
@@ -637,10 +639,10 @@ def test_async_for_and_a_cancelled_await_loses_nothing(domain: Domain) -> None:
 
     async def main() -> list[int]:
         # An await on the subscription runs its `_fill` in a worker thread of
-        # the loop's default executor: with a pool that keeps the futures of
-        # what it runs, the test sees when one is in `_fill` and when it left.
+        # Milonga's pool: with a pool that keeps the futures of what it runs,
+        # the test sees when one is in `_fill` and when it left.
         executor = Recording()
-        asyncio.get_running_loop().set_default_executor(executor)
+        monkeypatch.setattr(milonga, "_fills", executor)
         # An await cancelled while its worker thread waits for an event...
         while True:
             n = len(executor.submitted)
@@ -675,7 +677,7 @@ def test_async_for_and_a_cancelled_await_loses_nothing(domain: Domain) -> None:
 
 
 def test_a_cancelled_await_with_samples_in_flight_loses_none_and_keeps_their_order(
-    domain: Domain,
+    domain: Domain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The cancelled await's worker is still waiting when samples come: it
     takes the first one into the subscription's stash while the next await
@@ -689,7 +691,7 @@ def test_a_cancelled_await_with_samples_in_flight_loses_none_and_keeps_their_ord
 
     async def main() -> list[int]:
         executor = Recording()
-        asyncio.get_running_loop().set_default_executor(executor)
+        monkeypatch.setattr(milonga, "_fills", executor)
         rounds: list[int] = []
         for r in range(20):
             while True:
@@ -720,3 +722,45 @@ def test_a_cancelled_await_with_samples_in_flight_loses_none_and_keeps_their_ord
 
     expected = [r * 100 + i for r in range(20) for i in range(20)]
     assert asyncio.run(main()) == expected
+
+
+def test_awaits_that_time_out_share_one_receive_and_leave_the_default_executor_alone(
+    domain: Domain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop polling a quiet subscription with short timeouts started a
+    receive of a tenth of a second in the loop's default executor at each
+    await, faster than they ended: the pile grew for as long as it polled,
+    and `asyncio.run` waited it out at its end. One receive at a time now,
+    in Milonga's own pool."""
+    a = domain.open("pub")
+    b = domain.open("sub")
+    pub = a.publisher("aio/p")
+    sub = b.subscribe("aio/p")
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+    fills = Recording()
+    default = Recording()
+    monkeypatch.setattr(milonga, "_fills", fills)
+
+    async def main() -> object:
+        asyncio.get_running_loop().set_default_executor(default)
+        timeouts = 0
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            try:
+                event = await asyncio.wait_for(sub.__anext__(), 0.01)
+                assert not isinstance(event, milonga.Sample), event
+            except asyncio.TimeoutError:
+                timeouts += 1
+            pending = [f for f in fills.submitted if not f.done()]
+            assert len(pending) <= 1, f"{len(pending)} receives at once"
+        assert timeouts >= 10, timeouts
+        pub.put(7)
+        while True:
+            event = await asyncio.wait_for(sub.__anext__(), 10)
+            if isinstance(event, milonga.Sample):
+                return event.value
+
+    assert asyncio.run(main()) == 7
+    assert default.submitted == [], "the default executor was used"
+    # A tenth of a second each, one at a time, over about a second.
+    assert 1 <= len(fills.submitted) <= 15, len(fills.submitted)
