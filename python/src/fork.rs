@@ -78,6 +78,18 @@ impl Born {
         }
     }
 
+    /// [`Born::release`], the interpreter released while `v` drops: a
+    /// node or subscription closing waits for its threads (a service's
+    /// workers among them, which may be waiting for the interpreter to run
+    /// a handler), as their `close()` does.
+    pub(crate) fn release_detached<T: Send>(self, v: T) {
+        if self.inherited() {
+            std::mem::forget(v);
+        } else {
+            Python::attach(|py| py.detach(|| drop(v)));
+        }
+    }
+
     /// [`Born::release`] of what `slot` holds, for a `Drop` (no lock is
     /// taken: a forked child's copy of a lock may be held for ever).
     pub(crate) fn release_mutex<T>(self, slot: &mut Mutex<Option<T>>) {
@@ -87,9 +99,10 @@ impl Born {
         );
     }
 
-    /// [`Born::release_mutex`] for a `RwLock`.
-    pub(crate) fn release_rwlock<T>(self, slot: &mut RwLock<Option<T>>) {
-        self.release(
+    /// [`Born::release_mutex`] for a `RwLock`, the interpreter released
+    /// ([`Born::release_detached`]).
+    pub(crate) fn release_rwlock<T: Send>(self, slot: &mut RwLock<Option<T>>) {
+        self.release_detached(
             slot.get_mut()
                 .map_or_else(|e| e.into_inner().take(), Option::take),
         );

@@ -193,8 +193,14 @@ pub(crate) struct Node {
 impl Drop for Node {
     fn drop(&mut self) {
         // In a forked child, the parent's node is never closed from here.
+        // Otherwise a node let go without `close()` closes here, the
+        // interpreter released as `close()` does (a handler running on
+        // one of its workers may be waiting for it).
         if self.born.inherited() {
             std::mem::forget(self.node.clone());
+        } else if Arc::strong_count(&self.node) == 1 {
+            let node = &self.node;
+            Python::attach(|py| py.detach(|| node.close()));
         }
     }
 }

@@ -4,6 +4,7 @@ wildcards, loss counts, reliable mode, status events, callbacks, asyncio."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import subprocess
@@ -382,6 +383,60 @@ def test_a_read_only_view_let_go_under_a_node_lock_never_deadlocks_a_thread_hold
     assert child.returncode == 0, err
     words = out.split()
     assert words[0] == "done" and int(words[1]) > 10 and int(words[2]) > 10, out
+
+
+def test_a_node_let_go_without_close_lets_other_threads_run_while_it_closes(
+    domain: Domain,
+) -> None:
+    # A node closing waits up to `close_linger_ms` for subscribers sent a
+    # shared-memory reference to open the segment; here one is stopped
+    # (SIGSTOP), so the wait is the whole linger. `close()` waits without
+    # the interpreter; a node let go without it (garbage) waited with it,
+    # and every other thread of the program stopped meanwhile.
+    child = domain.spawn(
+        """
+        import os, milonga
+        node = milonga.open(os.environ["LOCATOR"], name="sub")
+        sub = node.subscribe("gc/**")
+        print("ready", flush=True)
+        for event in sub:
+            pass
+        """
+    )
+    assert ready_line(child) == "ready"
+    node = milonga.open(
+        domain.locator, name="pub", runtime_dir=str(domain.dir), close_linger_ms=1500
+    )
+    pub = node.publisher("gc/big")
+    wait_for("the subscriber", lambda: pub.subscriber_count() == 1)
+    value = np.zeros(1 << 17)  # 1 MiB: through shared memory
+    pub.put(value)
+    child.send_signal(signal.SIGSTOP)
+    try:
+        pub.put(value)
+        ran = [0]
+        done = threading.Event()
+
+        def other() -> None:
+            while not done.is_set():
+                ran[0] += 1
+                time.sleep(0.001)
+
+        t = threading.Thread(target=other)
+        t.start()
+        time.sleep(0.05)
+        before = ran[0]
+        started = time.monotonic()
+        del pub, node
+        gc.collect()
+        took = time.monotonic() - started
+        during = ran[0] - before
+        done.set()
+        t.join()
+    finally:
+        child.send_signal(signal.SIGCONT)
+    assert took >= 0.5, f"no wait to look at ({took:.2f} s)"
+    assert during >= 10, f"other threads ran {during} times in the {took:.2f} s the drop took"
 
 
 def test_a_publisher_in_another_process_is_found_and_its_loss_reported(domain: Domain) -> None:
