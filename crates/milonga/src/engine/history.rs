@@ -63,6 +63,13 @@ impl QueryBudget {
         self.bytes = self.bytes.saturating_add(n);
     }
 
+    /// Whether this second's bytes of replies are spent: the rest of an
+    /// answer being sent is not (the subscriber reports what it misses).
+    pub(crate) fn bytes_spent(&mut self) -> bool {
+        self.roll(std::time::Instant::now());
+        self.bytes >= REPLY_BYTES_PER_SECOND
+    }
+
     /// Whether this second's budget is spent, whoever asks.
     pub(crate) fn exhausted(&mut self) -> bool {
         self.roll(std::time::Instant::now());

@@ -151,12 +151,23 @@ impl Outlet {
     }
 
     /// The frame of one reply of `answer`, numbered in this socket's
-    /// sequence of replies and counted in this second's budget.
-    pub(crate) fn reply_frame(&mut self, me: &Me, answer: &Answer, reply: &Reply) -> Vec<u8> {
+    /// sequence of replies and counted in this second's budget; `None`
+    /// once this second's bytes of replies are spent (64 MiB: an answer
+    /// admitted may be larger, up to what its histories keep), so that
+    /// the rest of the answer is not sent.
+    pub(crate) fn reply_frame(
+        &mut self,
+        me: &Me,
+        answer: &Answer,
+        reply: &Reply,
+    ) -> Option<Vec<u8>> {
+        if self.query_budget.bytes_spent() {
+            return None;
+        }
         self.replies += 1;
         let f = answer.frame(me, self.replies, reply);
         self.query_budget.spend(f.len());
-        f
+        Some(f)
     }
 
     /// Subscribers whose subscription lets `frame_prefix` (key + NUL)
@@ -439,7 +450,7 @@ mod tests {
         assert!(a.replies.last().unwrap().done);
         // Replies are numbered per socket.
         for (i, r) in a.replies.iter().enumerate() {
-            let f = o.reply_frame(&me, &a, r);
+            let f = o.reply_frame(&me, &a, r).unwrap();
             let h = milonga_wire::frame::decode(&f).unwrap().header;
             assert_eq!(h.seq, i as u64 + 1);
             assert_eq!(h.node_id, me.id);
@@ -463,6 +474,58 @@ mod tests {
             panic!("an answer");
         };
         assert!(a.replies.iter().all(|r| r.keys.is_empty()));
+    }
+
+    #[test]
+    fn an_answer_stops_where_the_second_s_bytes_of_replies_are_spent() {
+        // 100 MiB of history answered at once: the frames stop after the
+        // 64 MiB a socket answers a second (it sent them all).
+        let c = Counters::default();
+        let me = me(&c);
+        let mut o = Outlet::new(Reliability::BestEffort);
+        o.keep_history("sr/big", 200, false);
+        let payload = bytes::Bytes::from(vec![7u8; 512 << 10]);
+        for seq in 1..=200 {
+            let enc = encode_payload(&Value::Bytes(payload.clone()), 1 << 20).unwrap();
+            let stamp = Stamp {
+                seq,
+                timestamp_ns: seq,
+                schema_id: 0,
+                flags: 0,
+            };
+            o.accepted(&me, "sr/big", &enc, stamp);
+        }
+        o.upstream(&me, &sub("@r/t1\0"));
+        let q = Query {
+            node: me.id.to_hex(),
+            socket: "best_effort".into(),
+            token: "t1".into(),
+            expr: "sr/**".into(),
+            last: 200,
+            since: vec![],
+            id: None,
+            schemas: Vec::new(),
+            dictionaries: Vec::new(),
+        };
+        let Upstream::Answer(a) = o.upstream(&me, &q.encode()) else {
+            panic!("an answer");
+        };
+        let frames = a.replies.len();
+        assert_eq!(frames, 200, "a frame a sample");
+        let mut bytes = 0;
+        let mut sent = 0;
+        for r in &a.replies {
+            let Some(f) = o.reply_frame(&me, &a, r) else {
+                break;
+            };
+            bytes += f.len();
+            sent += 1;
+        }
+        assert!(sent < frames, "all {frames} sent");
+        assert!(
+            (64 << 20..(64 << 20) + (1 << 20)).contains(&bytes),
+            "{bytes} bytes in {sent} frames"
+        );
     }
 
     fn other_token(me: &Me) -> Vec<u8> {

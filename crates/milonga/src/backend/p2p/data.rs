@@ -817,7 +817,11 @@ impl DataSock {
                 Upstream::Freed(bytes) => zmq_io::note_freed(bytes),
                 Upstream::Answer(answer) => {
                     for r in &answer.replies {
-                        let f = self.out.reply_frame(&me, &answer, r);
+                        let Some(f) = self.out.reply_frame(&me, &answer, r) else {
+                            stats::inc(&me.counters.history_replies_dropped);
+                            limited!(warn, token = %answer.token, "a history answer cut short: this data socket's 64 MiB of replies a second are spent; the subscriber reports what it misses");
+                            break;
+                        };
                         if self.sock.send(f, zmq::DONTWAIT).is_err() {
                             stats::inc(&me.counters.history_replies_dropped);
                             limited!(warn, token = %answer.token, "could not send a history reply at once; the subscriber will go on live");
