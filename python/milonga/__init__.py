@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import json
 import logging
 import math
@@ -263,6 +264,18 @@ def _fill_executor() -> ThreadPoolExecutor:
         return _fills
 
 
+def _not_async(what: str, f: Callable[..., object]) -> None:
+    # Called from a thread with no event loop, a coroutine function returns
+    # a coroutine nobody awaits: the callback would never run, the handler
+    # would reply with what it cannot send.
+    if inspect.iscoroutinefunction(f):
+        raise TypeError(
+            f"the {what} is a coroutine function (async def): it is called on a "
+            "thread of its own, with no event loop; give a plain function (use "
+            "`async for` on the subscription, or call_async, for asyncio)"
+        )
+
+
 def _retrieve(f: asyncio.Future[bool]) -> None:
     # A fill nobody awaits any more (its await was cancelled): its outcome
     # is taken here, so that asyncio does not log it as never retrieved.
@@ -428,6 +441,8 @@ class Node(_native.Node):
     ) -> Subscription:
         """Subscribes to the keys matching ``expr`` (``*`` one chunk, ``**``
         any number). With ``callback``, events go to it on a dispatcher thread."""
+        if callback is not None:
+            _not_async("callback", callback)
         q = qos or SubscriberQos()
         native = self._subscribe(
             expr,
@@ -461,6 +476,7 @@ class Node(_native.Node):
 
         The service lives as long as the node, or until ``close()`` on the
         returned :class:`Service`."""
+        _not_async("handler", handler)
         _check_int("workers", workers, 1, none_ok=False)
         _check_int("max_queued", max_queued, 0, none_ok=False)
         service = self._serve(key, handler, workers, max_queued)

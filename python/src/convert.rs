@@ -144,6 +144,13 @@ impl Tagged {
         ))
     }
 
+    /// The hash of `(tag, value)`: a tagged value may be a map's key.
+    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
+        (self.tag, self.value.clone_ref(py))
+            .into_pyobject(py)?
+            .hash()
+    }
+
     fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
         match other.cast::<Tagged>() {
             Ok(o) => Ok(self.tag == o.get().tag && self.value.bind(py).eq(o.get().value.bind(py))?),

@@ -92,7 +92,8 @@ fn schema_of(obj: &Bound<'_, PyAny>, threshold: usize) -> PyResult<milonga::Sche
 fn seconds(what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
     match s {
         None => Ok(None),
-        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s.min(1e9)))),
+        // (Infinity: no limit, as about 31 years.)
+        Some(s) if s >= 0.0 => Ok(Some(Duration::from_secs_f64(s.min(1e9)))),
         Some(s) => Err(Python::attach(|py| {
             errors::raise(
                 py,
@@ -685,6 +686,9 @@ impl Publisher {
         timestamp_ns: Option<u64>,
     ) -> PyResult<()> {
         let p = self.get(py)?;
+        // Checked first: a bad timeout is an error whether or not it was
+        // needed.
+        let limit = seconds("timeout", timeout)?.or(self.put_timeout);
         let v = from_py(value, self.threshold)?;
         let try_put = |v: Value| match timestamp_ns {
             Some(ts) => p.try_put_at(v, ts),
@@ -719,7 +723,6 @@ impl Publisher {
             Err(milonga::PutError::WouldBlock) => {}
             Err(e) => return Err(errors::put(py, e)),
         }
-        let limit = seconds("timeout", timeout)?.or(self.put_timeout);
         let deadline = limit.map(|t| Instant::now() + t);
         loop {
             let slice = deadline.map_or(SLICE, |d| {
@@ -871,7 +874,7 @@ fn loan_layout(
     let Some(dtype) = dtype else {
         return match shape {
             None => Ok(milonga::LoanLayout::Bytes),
-            Some(_) => Err(PyValueError::new_err("a shape needs a dtype")),
+            Some(_) => Err(errors::raise(py, "ConfigError", "a shape needs a dtype")),
         };
     };
     let dtype = py.import("numpy")?.getattr("dtype")?.call1((dtype,))?;

@@ -161,6 +161,28 @@ def test_bad_input_gets_a_clear_error(domain: Domain) -> None:
         node.publisher("lab/bad")
     with pytest.raises(ValueError, match="seconds >= 0"):
         node.subscribe("lab/bad").recv(timeout=-1)
+    # A bad timeout is refused even where no wait was needed (it went
+    # unnoticed on a put that found room); infinity is no limit.
+    for t in (-1.0, float("nan")):
+        with pytest.raises(milonga.ConfigError, match="seconds >= 0"):
+            pub.put(1, timeout=t)
+    pub.put(1, timeout=float("inf"))
+    # A coroutine function is called on a thread with no event loop: never
+    # run (a callback), or a reply that cannot be sent (a handler).
+
+    async def coro(_: object) -> None:
+        return None
+
+    with pytest.raises(TypeError, match="coroutine function"):
+        node.subscribe("lab/async", callback=coro)
+    with pytest.raises(TypeError, match="coroutine function"):
+        node.serve("lab/async", coro)
+    # A loan's shape without its dtype.
+    with pytest.raises(milonga.ConfigError, match="shape needs a dtype"):
+        pub.put_loan(pub.loan(16), shape=[4])
+    # A tagged value is hashable (a map may be keyed by one).
+    tagged = milonga.Tagged(1000, "x")
+    assert {tagged: 1}[milonga.Tagged(1000, "x")] == 1
     # QoS values out of range or of the wrong type: a ConfigError (a
     # milonga.Error), not the native call's OverflowError or TypeError.
     for bad in [
