@@ -3297,6 +3297,35 @@ mod tests {
         f.core.check_timers(&mut f.io, at, true);
         f.core.apply(&mut f.io);
         assert_eq!(count(&f), 2, "connected again");
+        // Closed again at once, each time: the back-off doubles from
+        // 100 ms (half of it, plus up to half at random) up to 2 s.
+        for k in 2..=8u32 {
+            let now = f.io.link.now;
+            f.core.connections_closed(&mut f.io, vec![BE.into()], now);
+            let base = Duration::from_millis((100u64 << (k - 1).min(5)).min(2000));
+            let at = f.io.backoff[BE].next;
+            assert!(
+                at >= now + base / 2 && at <= now + base,
+                "close {k}: {:?} (base {base:?})",
+                at - now
+            );
+            f.core.apply(&mut f.io);
+            assert_eq!(count(&f), k as usize, "close {k}: not before the back-off");
+            f.io.link.now = at;
+            f.core.check_timers(&mut f.io, at, true);
+            f.core.apply(&mut f.io);
+            assert_eq!(count(&f), k as usize + 1, "close {k}: connected again");
+        }
+        // Up longer than BACKOFF_RESET since the last close: over again.
+        let now = f.io.link.now + BACKOFF_RESET + Duration::from_secs(1);
+        f.io.link.now = now;
+        f.core.connections_closed(&mut f.io, vec![BE.into()], now);
+        let at = f.io.backoff[BE].next;
+        assert!(
+            at >= now + Duration::from_millis(50) && at <= now + Duration::from_millis(100),
+            "{:?}",
+            at - now
+        );
     }
 
     #[test]
@@ -3929,6 +3958,76 @@ mod tests {
         f.core.connections_closed(&mut f.io, vec![BE.into()], now);
         assert!(losses(&f.events()).is_empty(), "no loss of 2^32 samples");
         assert_eq!(f.counters.sequence_jumps.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn an_unanswered_schema_or_dictionary_is_asked_again_after_a_doubling_back_off() {
+        let mut asked = HashMap::new();
+        let (a, b) = (NodeId([1; 16]), NodeId([2; 16]));
+        let t0 = Instant::now();
+        let mut at = t0;
+        // Asked at once, then after JOIN_TIMEOUT x 1, 2, 4, 8, 16, 32, 32...
+        for (n, wait) in [0u32, 1, 2, 4, 8, 16, 32, 32].into_iter().enumerate() {
+            at += JOIN_TIMEOUT * wait;
+            if wait > 0 {
+                let early = at - Duration::from_millis(1);
+                assert!(
+                    !may_ask(&mut asked, false, (a, 7), early, 8),
+                    "ask {n} early"
+                );
+            }
+            assert!(may_ask(&mut asked, false, (a, 7), at, 8), "ask {n}");
+            assert!(!may_ask(&mut asked, false, (a, 7), at, 8), "ask {n} twice");
+        }
+        // Known: never asked.
+        assert!(!may_ask(&mut asked, true, (b, 1), t0, 8));
+        // Full: this node's oldest ask makes room, never another node's
+        // while this one has some.
+        for id in 0..7 {
+            assert!(may_ask(
+                &mut asked,
+                false,
+                (b, id),
+                t0 + Duration::from_millis(u64::from(id)),
+                8
+            ));
+        }
+        assert_eq!(asked.len(), 8);
+        assert!(may_ask(&mut asked, false, (b, 100), at, 8));
+        assert!(asked.contains_key(&(a, 7)) && !asked.contains_key(&(b, 0)));
+        assert_eq!(asked.len(), 8);
+    }
+
+    #[test]
+    fn at_most_1024_nodes_that_left_are_remembered_for_their_last_samples() {
+        let mut f = fixture("sr/**", wants(0, false, None));
+        let id = |i: u32| {
+            let mut b = [9u8; 16];
+            b[..4].copy_from_slice(&i.to_be_bytes());
+            NodeId(b)
+        };
+        let n = MAX_RECENTLY_GONE as u32 + 1;
+        let nodes: Vec<Announcement> = (0..n)
+            .map(|i| {
+                let mut a = announcement("sr/a", Reliability::BestEffort, 0);
+                a.node_id = id(i).to_hex();
+                a.data_best_effort = Some(format!("tcp://127.0.0.1:{}", 10_000 + i));
+                a.data_reliable = None;
+                a
+            })
+            .collect();
+        let all: Vec<&Announcement> = nodes.iter().collect();
+        assert!(f.core.set_target(routes_for(&f.core.expr, &all)));
+        f.core.apply(&mut f.io);
+        // The first leaves, then all the others: the first is let go.
+        assert!(f.core.set_target(routes_for(&f.core.expr, &all[1..])));
+        f.core.apply(&mut f.io);
+        assert_eq!(f.io.recently_gone, [id(0)]);
+        assert!(f.core.set_target(routes_for(&f.core.expr, &[])));
+        f.core.apply(&mut f.io);
+        assert_eq!(f.io.recently_gone.len(), MAX_RECENTLY_GONE);
+        assert!(!f.io.recently_gone.contains(&id(0)));
+        assert!(f.io.recently_gone.contains(&id(1)) && f.io.recently_gone.contains(&id(n - 1)));
     }
 
     #[test]
