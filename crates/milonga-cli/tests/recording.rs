@@ -235,16 +235,33 @@ fn a_recorder_killed_mid_run_leaves_a_file_that_reads_and_recovers() {
     let mut rec = env.cmd(&["record", "rk/x", "-o"]);
     rec.arg(&file);
     let mut rec = Proc::spawn(rec);
-    // Chunks end every second: wait for two to be on disk.
+    // Chunks end every second: wait for two to be on disk, then about
+    // three seconds more (a fixed span: chunks kept longer than a second,
+    // the loss at the kill would reach it).
     wait_for("two chunks on disk", T, || {
         file.exists() && info(&env, &file)["samples"].as_u64().unwrap_or(0) > 500
     });
+    std::thread::sleep(Duration::from_millis(2700));
+    let killed_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
     rec.kill9();
     let i = info(&env, &file);
     assert_eq!(i["complete"], false, "{i}");
     let n = i["samples"].as_u64().unwrap();
     assert!(n > 500, "{i}");
     assert_eq!(i["gaps"], 0, "{i}");
+    // At most about a second lost: the last sample on disk was received
+    // less than 2 s (the chunk's second, and one of slack for a busy
+    // machine) before the kill.
+    let last = cat_all(&env, &file)
+        .iter()
+        .map(|j| j["received_ns"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let lost_ms = killed_ns.saturating_sub(last) / 1_000_000;
+    assert!(lost_ms < 2000, "the last {lost_ms} ms before the kill lost");
     // A clean copy: complete, the same samples.
     let (clean, _) = recover(&env, &file);
     let c = info(&env, &clean);
