@@ -311,9 +311,10 @@ impl Node {
             qos = qos.schema(schema_of(s, self.threshold)?);
         }
         let timeout = seconds("put_timeout", put_timeout)?;
-        let p = self
-            .node
-            .publisher_with(key, qos)
+        // Declaring writes the node's announcement and waits for its
+        // thread: without the interpreter, as a subscription does.
+        let p = py
+            .detach(|| self.node.publisher_with(key, qos))
             .map_err(|e| errors::publisher(py, e))?;
         Ok(Publisher {
             inner: RwLock::new(Some(Arc::new(p))),
