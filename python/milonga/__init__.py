@@ -304,6 +304,7 @@ class Subscription:
         # await leaves it running, and the next await waits for it rather
         # than start another.
         self._filling: asyncio.Future[bool] | None = None
+        self._node: object = None
 
     @property
     def key_expr(self) -> str:
@@ -459,6 +460,8 @@ class Node(_native.Node):
             _schema(q.schema),
         )
         sub = Subscription(native)
+        # Its node lives as long as it does (as a publisher's).
+        sub._node = self
         if callback is not None:
             sub._start(callback)
         return sub

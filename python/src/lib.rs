@@ -258,7 +258,7 @@ impl Node {
                         compression_threshold=None, compression_level=None, schema=None,
                         compression_dictionary=None))]
     fn _publisher(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         key: &str,
         reliable: bool,
@@ -270,7 +270,8 @@ impl Node {
         schema: Option<&Bound<'_, PyAny>>,
         compression_dictionary: Option<bool>,
     ) -> PyResult<Publisher> {
-        self.born.check(py, "node")?;
+        let this = slf.get();
+        this.born.check(py, "node")?;
         let mut qos = if reliable {
             PublisherQos::reliable()
         } else {
@@ -284,7 +285,7 @@ impl Node {
             || compression_dictionary.is_some()
         {
             let mut c = match compression {
-                None => self.compression,
+                None => this.compression,
                 Some("none") => milonga::Compression::none(),
                 Some("lz4") => milonga::Compression::lz4(),
                 Some("zstd") => milonga::Compression::zstd(),
@@ -308,21 +309,22 @@ impl Node {
             qos = qos.compression(c);
         }
         if let Some(s) = schema {
-            qos = qos.schema(schema_of(s, self.threshold)?);
+            qos = qos.schema(schema_of(s, this.threshold)?);
         }
         let timeout = seconds("put_timeout", put_timeout)?;
         // Declaring writes the node's announcement and waits for its
         // thread: without the interpreter, as a subscription does.
         let p = py
-            .detach(|| self.node.publisher_with(key, qos))
+            .detach(|| this.node.publisher_with(key, qos))
             .map_err(|e| errors::publisher(py, e))?;
         Ok(Publisher {
             inner: RwLock::new(Some(Arc::new(p))),
             reliable,
             put_timeout: timeout,
-            threshold: self.threshold,
-            max_message: self.max_message,
+            threshold: this.threshold,
+            max_message: this.max_message,
             born: Born::now(),
+            _node: slf.clone().into_any().unbind(),
         })
     }
 
@@ -647,6 +649,9 @@ pub(crate) struct Publisher {
     threshold: usize,
     max_message: usize,
     born: Born,
+    /// Its node, kept alive while the publisher is (a node let go closes,
+    /// and a publisher of a closed node can only raise `Closed`).
+    _node: Py<PyAny>,
 }
 
 impl Drop for Publisher {

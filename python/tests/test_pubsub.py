@@ -461,6 +461,22 @@ def test_a_node_let_go_without_close_lets_other_threads_run_while_it_closes(
     assert during >= 10, f"other threads ran {during} times in the {took:.2f} s the drop took"
 
 
+def test_a_publisher_and_a_subscription_keep_their_node_open(domain: Domain) -> None:
+    # `milonga.open(...).publisher(k)` let the node go at once: it closed,
+    # and the publisher could only raise Closed.
+    opened = lambda name: milonga.open(  # noqa: E731
+        domain.locator, name=name, runtime_dir=str(domain.dir), transport="tcp"
+    )
+    pub = opened("keep-pub").publisher("keep/x")
+    sub = opened("keep-sub").subscribe("keep/x")
+    gc.collect()
+    wait_for("the subscription", lambda: pub.subscriber_count() == 1)
+    pub.put(1.5)
+    assert next_sample(sub).value == 1.5
+    pub.close()
+    sub.close()
+
+
 def test_a_publisher_in_another_process_is_found_and_its_loss_reported(domain: Domain) -> None:
     node = domain.open("gui")
     sub = node.subscribe("sr/*/1/**")
