@@ -38,9 +38,20 @@ pub fn millis(s: &str) -> Result<f64, String> {
     within(number(s)?, true, MAX_SECONDS * 1e3, "milliseconds")
 }
 
-/// Milliseconds, more than zero, at most [`MAX_SECONDS`] worth.
-pub fn positive_millis(s: &str) -> Result<f64, String> {
-    within(number(s)?, false, MAX_SECONDS * 1e3, "milliseconds")
+/// A deadline in milliseconds: more than zero, at most a year (the
+/// library's bound: a larger one would be refused after the command made
+/// its file or node).
+pub fn deadline_millis(s: &str) -> Result<f64, String> {
+    within(number(s)?, false, 365.0 * 86_400e3, "milliseconds")
+}
+
+/// A benchmark's payload size in bytes: at least 1 (the raw baseline's
+/// end marker is an empty message), at most 1 GiB.
+pub fn payload_size(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=1 << 30).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?}: a size from 1 to 1073741824 bytes")),
+    }
 }
 
 /// Events a second: a period of at most [`MAX_SECONDS`], at least 1 ns.
@@ -70,10 +81,12 @@ mod tests {
         }
         for bad in ["nan", "inf", "-1", "1e13", "x"] {
             assert!(millis(bad).is_err(), "{bad}");
-            assert!(positive_millis(bad).is_err(), "{bad}");
+            assert!(deadline_millis(bad).is_err(), "{bad}");
         }
+        assert!(deadline_millis("3.2e10").is_err(), "over a year");
+        assert_eq!(deadline_millis("3.1e10").unwrap(), 3.1e10);
         assert!(positive_seconds("0").is_err());
-        assert!(positive_millis("0").is_err());
+        assert!(deadline_millis("0").is_err());
         assert!(rate("0").is_err());
         assert!(rate("1e-300").is_err());
         assert_eq!(seconds("0").unwrap(), 0.0);

@@ -101,7 +101,7 @@ pub(crate) enum Mode {
 #[derive(Args, Debug)]
 struct PubsubArgs {
     /// Payload sizes in bytes.
-    #[arg(long, default_value = "92,4096,1048576", value_delimiter = ',')]
+    #[arg(long, default_value = "92,4096,1048576", value_delimiter = ',', value_parser = crate::args::payload_size)]
     sizes: Vec<usize>,
     /// Numbers of subscriber processes.
     #[arg(long, default_value = "1,2,5,10", value_delimiter = ',')]
@@ -153,7 +153,7 @@ struct PubsubArgs {
 #[derive(Args, Debug)]
 struct LatencyArgs {
     /// Payload sizes in bytes.
-    #[arg(long, default_value = "92,4096,1048576", value_delimiter = ',')]
+    #[arg(long, default_value = "92,4096,1048576", value_delimiter = ',', value_parser = crate::args::payload_size)]
     sizes: Vec<usize>,
     /// Round trips per size (fewer for 1 MiB: a tenth, at least 100).
     #[arg(long, default_value_t = 5000)]

@@ -38,7 +38,7 @@ pub struct DiscoveryArgs {
     #[arg(long, default_value_t = 1)]
     hosts: usize,
     /// Seconds at rest over which the scouting traffic is measured.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::args::positive_seconds)]
     rest: f64,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]

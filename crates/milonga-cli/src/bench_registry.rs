@@ -47,7 +47,7 @@ pub struct RegistryArgs {
     via: Vec<Via>,
     /// Seconds at rest, after full view, over which the registry's CPU is
     /// measured.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::args::positive_seconds)]
     rest: f64,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]

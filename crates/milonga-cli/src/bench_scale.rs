@@ -39,7 +39,7 @@ pub struct ScaleArgs {
     #[arg(long, default_value_t = 100)]
     puts: usize,
     /// Puts a second per publisher (a tenth at 1 MiB and above).
-    #[arg(long, default_value_t = 100.0)]
+    #[arg(long, default_value_t = 100.0, value_parser = crate::args::rate)]
     rate: f64,
     /// Most worker processes per side; more nodes are threads of these.
     #[arg(long, default_value_t = 10)]

@@ -1,6 +1,7 @@
 //! `milonga broker`: serves nodes opened on `milonga://HOST:PORT/DOMAIN`
 //! (docs/broker.md) until SIGINT, SIGTERM or SIGHUP.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -132,63 +133,71 @@ pub fn run(net: &crate::NetArgs, a: BrokerArgs) -> Result<ExitCode> {
     })
     .with_context(|| format!("cannot start a broker at {}", a.listen))?;
     let locators: Vec<String> = a.domains.iter().map(|d| broker.locator(d)).collect();
-    if a.json {
-        let line = serde_json::json!({
-            "event": "listening",
-            "listen": broker.listen_endpoint(),
-            "broker_id": broker.id(),
-            "locators": locators,
-            "every_domain": broker.serves_every_domain(),
-            "endpoints": broker.endpoints(),
-            "key": broker.public_key().map(|k| k.to_z85()),
-        });
-        println!("{line}");
-    } else {
-        println!(
-            "broker {} listening at {}",
-            broker.id(),
-            broker.listen_endpoint()
-        );
-        match broker.public_key() {
-            Some(k) => println!(
-                "  security on: key {} (clients trust its .pub and open NAME@HOST:PORT)",
-                k.fingerprint()
-            ),
-            None => println!("  security off"),
+    // A line on stdout; a reader gone (`| head`) stops the broker, which
+    // then says nothing more.
+    let say = |line: &dyn std::fmt::Display| -> std::io::Result<()> {
+        let mut o = std::io::stdout().lock();
+        writeln!(o, "{line}")?;
+        o.flush()
+    };
+    let said = (|| -> std::io::Result<()> {
+        if a.json {
+            let line = serde_json::json!({
+                "event": "listening",
+                "listen": broker.listen_endpoint(),
+                "broker_id": broker.id(),
+                "locators": locators,
+                "every_domain": broker.serves_every_domain(),
+                "endpoints": broker.endpoints(),
+                "key": broker.public_key().map(|k| k.to_z85()),
+            });
+            say(&line)?;
+        } else {
+            say(&format_args!(
+                "broker {} listening at {}",
+                broker.id(),
+                broker.listen_endpoint()
+            ))?;
+            match broker.public_key() {
+                Some(k) => say(&format_args!(
+                    "  security on: key {} (clients trust its .pub and open NAME@HOST:PORT)",
+                    k.fingerprint()
+                ))?,
+                None => say(&"  security off")?,
+            }
+            for p in &a.peers {
+                say(&format_args!("  links to {p}"))?;
+            }
+            for l in &locators {
+                say(&format_args!("  clients open {l}"))?;
+            }
+            if broker.serves_every_domain() {
+                say(&format_args!(
+                    "  clients open {} for any DOMAIN (at most {})",
+                    broker.locator("DOMAIN"),
+                    a.max_domains
+                ))?;
+            }
         }
-        for p in &a.peers {
-            println!("  links to {p}");
+        let start = Instant::now();
+        let mut next = start + Duration::from_secs(1);
+        while !crate::interrupted() && a.duration.is_none_or(|d| start.elapsed().as_secs_f64() < d)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+            if a.json && Instant::now() >= next {
+                next += Duration::from_secs(1);
+                say(&serde_json::json!({"event": "stats", "stats": broker.stats()}))?;
+            }
         }
-        for l in &locators {
-            println!("  clients open {l}");
-        }
-        if broker.serves_every_domain() {
-            println!(
-                "  clients open {} for any DOMAIN (at most {})",
-                broker.locator("DOMAIN"),
-                a.max_domains
-            );
-        }
-    }
-    let start = Instant::now();
-    let mut next = start + Duration::from_secs(1);
-    while !crate::interrupted() && a.duration.is_none_or(|d| start.elapsed().as_secs_f64() < d) {
-        std::thread::sleep(Duration::from_millis(50));
-        if a.json && Instant::now() >= next {
-            next += Duration::from_secs(1);
-            let line = serde_json::json!({"event": "stats", "stats": broker.stats()});
-            println!("{line}");
-        }
-    }
+        Ok(())
+    })();
     let stats = broker.stats();
     broker.stop();
+    said?;
     if a.json {
-        println!(
-            "{}",
-            serde_json::json!({"event": "stopped", "stats": stats})
-        );
+        say(&serde_json::json!({"event": "stopped", "stats": stats}))?;
     } else {
-        println!("broker stopped");
+        say(&"broker stopped")?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -171,13 +171,18 @@ pub fn run(net: &NetArgs, a: DemoArgs) -> Result<ExitCode> {
             }
         }
     }
-    println!(
-        "milonga demo: {} device servers in domain {} for {} s (watch it: milonga sub --locator {} 'demo/**')",
-        children.len(),
-        node.domain(),
-        a.duration,
-        net.locator
-    );
+    {
+        let mut o = std::io::stdout().lock();
+        writeln!(
+            o,
+            "milonga demo: {} device servers in domain {} for {} s (watch it: milonga sub --locator {} 'demo/**')",
+            children.len(),
+            node.domain(),
+            a.duration,
+            net.locator
+        )?;
+        o.flush()?;
+    }
     let tty = std::io::stdout().is_terminal();
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
     let start = Instant::now();
@@ -219,7 +224,7 @@ pub fn run(net: &NetArgs, a: DemoArgs) -> Result<ExitCode> {
     if !missing.is_empty() {
         bail!("no samples received from {}", missing.join(", "));
     }
-    println!("milonga demo: done, devices stopped");
+    writeln!(std::io::stdout(), "milonga demo: done, devices stopped")?;
     Ok(ExitCode::SUCCESS)
 }
 

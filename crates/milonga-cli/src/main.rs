@@ -43,6 +43,33 @@ pub fn interrupted() -> bool {
     INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
+/// Sleeps `d`, or until interrupted (looked at every 50 ms).
+pub(crate) fn sleep_unless_interrupted(d: Duration) {
+    let end = Instant::now() + d;
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        if interrupted() || left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
+/// Puts with `put`, given how long it may wait for room, in waits of at
+/// most 100 ms, so that Ctrl-C or SIGTERM ends a reliable put held up by
+/// a subscriber that does not read (a reliable publisher waits for ever
+/// otherwise): `Ok(false)` if interrupted before the put was taken.
+pub(crate) fn put_interruptibly(
+    mut put: impl FnMut(Duration) -> Result<(), milonga::PutError>,
+) -> Result<bool, milonga::PutError> {
+    loop {
+        match put(Duration::from_millis(100)) {
+            Err(milonga::PutError::Timeout(_)) if !interrupted() => {}
+            Err(milonga::PutError::Timeout(_)) => return Ok(false),
+            other => return other.map(|()| true),
+        }
+    }
+}
+
 /// Milonga: event and messaging middleware for control systems.
 #[derive(Parser, Debug)]
 #[command(name = "milonga", version, about, propagate_version = true)]
@@ -269,8 +296,9 @@ struct SubArgs {
     #[arg(long)]
     keep_all: Option<usize>,
     /// Report `deadline_missed` for a key silent longer than this many
-    /// milliseconds (and again each period until it speaks).
-    #[arg(long, value_parser = args::positive_millis)]
+    /// milliseconds (and again each period until it speaks; at most a
+    /// year).
+    #[arg(long, value_parser = args::deadline_millis)]
     deadline_ms: Option<f64>,
     /// Sleep this many milliseconds after each sample: a deliberately slow
     /// consumer, to see reliable back-pressure or best-effort loss.
@@ -290,7 +318,8 @@ mod call_exit {
 #[derive(Args, Debug)]
 #[command(
     after_help = "Exit status: 0 reply, 3 timeout, 4 no server, 5 remote error, \
-6 server lost, 7 rejected, 1 anything else (bad arguments, no node)."
+6 server lost, 7 rejected, 2 arguments the parser refuses, 1 anything else \
+(a VALUE that is not JSON, no node)."
 )]
 struct CallArgs {
     /// The service's key, such as sr/ps/1/set_current; with --all, a key
@@ -327,9 +356,10 @@ struct ServeArgs {
     /// Requests that may wait for a worker before calls are rejected.
     #[arg(long, default_value_t = milonga::ServeOptions::default().max_queued)]
     max_queued: usize,
-    /// Sleep this many milliseconds in the handler before answering.
-    #[arg(long, default_value_t = 0)]
-    delay_ms: u64,
+    /// Sleep this many milliseconds in the handler before answering (a
+    /// stop cuts the sleep short).
+    #[arg(long, default_value_t = 0.0, value_parser = args::millis)]
+    delay_ms: f64,
     /// Panic in the handler when the request equals this JSON value (to
     /// show that a panic is a remote error and the service goes on).
     #[arg(long, value_name = "JSON")]
@@ -416,7 +446,12 @@ pub(crate) fn said_once(e: &anyhow::Error) -> String {
 }
 
 fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
+    // Checked before it is made: 2^64 bytes asked panicked.
+    let max = net.config("pub")?.max_message_bytes;
     let value = match (&a.value, a.bytes) {
+        (_, Some(n)) if n > max => {
+            bail!("--bytes {n}: more than max_message_bytes ({max}) allows")
+        }
         (_, Some(n)) => milonga::Value::Bytes(vec![0x5a; n].into()),
         (Some(v), None) => {
             let j: serde_json::Value =
@@ -458,7 +493,9 @@ fn cmd_pub(net: &NetArgs, a: PubArgs) -> Result<ExitCode> {
     let mut n = 0u64;
     catch_interrupts();
     while a.count.is_none_or(|c| n < c) && !interrupted() {
-        p.put(value.clone())?;
+        if !put_interruptibly(|t| p.put_timeout(value.clone(), t))? {
+            break;
+        }
         n += 1;
         if a.count.is_some_and(|c| n >= c) {
             break;
@@ -511,7 +548,9 @@ fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
     if a.json {
         let line =
             serde_json::json!({"event": "summary", "lost": sub.lost(), "lost_by_publisher": by});
-        println!("{line}");
+        let mut o = std::io::stdout().lock();
+        writeln!(o, "{line}")?;
+        o.flush()?;
     } else if sub.lost() > 0 {
         eprintln!(
             "milonga sub: lost {} samples; by publisher: {}",
@@ -624,7 +663,7 @@ fn receive(sub: &milonga::Subscriber, a: &SubArgs) -> Result<ExitCode> {
         if matches!(ev, Event::Sample(_)) {
             got += 1;
             if a.sleep_ms > 0.0 {
-                std::thread::sleep(Duration::from_secs_f64(a.sleep_ms / 1000.0));
+                sleep_unless_interrupted(Duration::from_secs_f64(a.sleep_ms / 1000.0));
             }
         }
     }
@@ -706,7 +745,7 @@ fn cmd_serve(net: &NetArgs, a: ServeArgs) -> Result<ExitCode> {
         None => None,
     };
     let node = net.open("serve")?;
-    let delay = Duration::from_millis(a.delay_ms);
+    let delay = Duration::from_secs_f64(a.delay_ms / 1000.0);
     let error = a.error.clone();
     let opts = ServeOptions::default()
         .workers(a.workers)
@@ -716,7 +755,7 @@ fn cmd_serve(net: &NetArgs, a: ServeArgs) -> Result<ExitCode> {
             panic!("asked to panic by the request");
         }
         if !delay.is_zero() {
-            std::thread::sleep(delay);
+            sleep_unless_interrupted(delay);
         }
         match &error {
             Some(kind) => Err(ServiceError::new(
@@ -743,15 +782,18 @@ fn cmd_serve(net: &NetArgs, a: ServeArgs) -> Result<ExitCode> {
 fn cmd_keygen(a: &KeygenArgs) -> Result<ExitCode> {
     let id = milonga::security::Identity::generate(&a.name)?;
     let (secret, public) = id.write(&a.out)?;
-    println!(
+    let mut o = std::io::stdout().lock();
+    writeln!(
+        o,
         "secret key: {} (mode 0600: keep it to this node)",
         secret.display()
-    );
-    println!(
+    )?;
+    writeln!(
+        o,
         "public key: {} (copy it into the trust directories of the nodes that talk to this one)",
         public.display()
-    );
-    println!("key: {}", id.public());
+    )?;
+    writeln!(o, "key: {}", id.public())?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -47,9 +47,9 @@ pub struct RecordArgs {
     #[arg(long, default_value_t = 0)]
     last: usize,
     /// Record a `deadline_missed` event for a key silent longer than this
-    /// many milliseconds (and again each period until it speaks), so that
-    /// the recording shows when a key fell silent.
-    #[arg(long, value_parser = crate::args::positive_millis)]
+    /// many milliseconds (and again each period until it speaks, so that
+    /// the recording shows when a key fell silent; at most a year).
+    #[arg(long, value_parser = crate::args::deadline_millis)]
     deadline_ms: Option<f64>,
     /// Write a clean copy of DAMAGED (a recording cut short by a crash or
     /// a full disk) to --output: every complete record, and a summary.
@@ -537,8 +537,9 @@ pub fn cmd_record(net: &NetArgs, a: RecordArgs) -> Result<ExitCode> {
     let split = a.max_bytes.is_some() || a.split_every.is_some();
     // Before the file exists: a stop from then on finishes it.
     catch_interrupts();
-    let mut out = Files::create(&a.output, split, opts)?;
+    // Subscribed first: a subscription refused makes no file.
     let mut source = Source::subscribe(&node, &exprs, qos)?;
+    let mut out = Files::create(&a.output, split, opts)?;
     let start = Instant::now();
     let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
     let result: Result<()> = (|| {
@@ -1307,8 +1308,11 @@ impl Replayers<'_> {
                 let Some(p) = pubs.get(&key) else {
                     bail!("no publisher of {key}");
                 };
-                match p.put_at(value, ts) {
-                    Ok(()) => done.sent += 1,
+                // (A stop ends a put held up by a subscriber that does
+                // not read: the replay ends.)
+                match crate::put_interruptibly(|t| p.put_at_timeout(value.clone(), ts, t)) {
+                    Ok(true) => done.sent += 1,
+                    Ok(false) => return Ok(false),
                     // One sample too large to send (a recording made with
                     // a larger max_message_bytes): said, and the replay
                     // goes on.

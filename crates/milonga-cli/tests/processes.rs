@@ -769,6 +769,13 @@ fn bad_cli_input_gets_a_clear_error() {
         &["record", "a/**", "-o", rec, "--split-every", "0"],
         &["record", "a/**", "-o", rec, "--max-bytes", "100"],
         &["record", "a/**", "-o", rec, "--deadline-ms", "1e300"],
+        // Over a year: the library refuses it, after the file was made.
+        &["record", "a/**", "-o", rec, "--deadline-ms", "1e11"],
+        &["sub", "a/b", "--deadline-ms", "1e11"],
+        &["serve", "a/b", "--echo", "--delay-ms=-1"],
+        &["bench", "pubsub", "--sizes", "0"],
+        &["bench", "scale", "--rate=-1"],
+        &["bench", "registry", "--rest", "nan"],
         &["replay", rec, "--wait-timeout", "1e20"],
         &["replay", rec, "--speed", "fast"],
         &["replay", rec, "--speed", "0"],
@@ -814,6 +821,11 @@ fn bad_cli_input_gets_a_clear_error() {
         (
             &["record", "--recover", rec, "--duration", "1", "-o", rec],
             "cannot be used with",
+        ),
+        // 2^64 bytes asked for: a capacity overflow, before.
+        (
+            &["pub", "a/b", "--bytes", "18446744073709551615"],
+            "more than max_message_bytes",
         ),
     ] {
         let out = env.cmd(args).output().unwrap();
@@ -1282,6 +1294,52 @@ fn sub_filters_are_applied_by_the_publisher() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("at byte 7"), "{err}");
+}
+
+/// SIGHUP (the terminal or the ssh session closed) stops a command
+/// cleanly, exit 0, as SIGINT does (a recorder left its file unfinished);
+/// under `nohup` (SIGHUP ignored) it goes on, as `nohup milonga broker &`
+/// must.
+/// A reliable `pub` held up by a subscriber that does not read waited for
+/// room for ever: Ctrl-C and SIGTERM did nothing (its handler only set a
+/// flag). Its put now waits in slices, and a stop ends it. The
+/// subscriber, alive (its heartbeats keep the connection) but asleep
+/// after its first sample (`--sleep-ms`, ten minutes), stops on SIGTERM
+/// at once too (its sleep was one that nothing cut short).
+#[test]
+fn a_reliable_pub_held_up_by_a_sleeping_subscriber_stops_on_sigint() {
+    let env = Env::new("stuck");
+    let mut sub = Proc::spawn(env.cmd(&["sub", "st/x", "--reliable", "--sleep-ms", "600000"]));
+    let mut publisher = Proc::spawn(env.cmd(&[
+        "pub",
+        "st/x",
+        "--bytes",
+        "4096",
+        "--reliable",
+        "--rate",
+        "1000000",
+        "--wait-subscribers",
+        "1",
+    ]));
+    assert!(sub.line(T).is_some(), "the subscriber receives");
+    // Four seconds at a million puts a second fill every queue and buffer
+    // between them, past the lease (a fixed span: the publisher is then
+    // stuck in a put, its subscriber alive).
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        publisher.wait_exit(Duration::ZERO).is_none(),
+        "still running"
+    );
+    publisher.signal(libc::SIGINT);
+    let status = publisher
+        .wait_exit(Duration::from_secs(10))
+        .expect("the stuck publisher stops on SIGINT");
+    assert!(status.success(), "{status:?}");
+    sub.signal(libc::SIGTERM);
+    let status = sub
+        .wait_exit(Duration::from_secs(10))
+        .expect("the sleeping subscriber stops on SIGTERM");
+    assert!(status.success(), "{status:?}");
 }
 
 /// SIGHUP (the terminal or the ssh session closed) stops a command
