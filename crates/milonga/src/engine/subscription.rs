@@ -1730,7 +1730,7 @@ impl Subscription {
                 let socket = io
                     .matched
                     .get(&(s.publisher, s.key.clone()))
-                    .map(|p| p.reliability.as_str().to_owned());
+                    .map(|p| p.socket.clone());
                 if let Some(socket) = socket {
                     let key = s.key.clone();
                     let q = Query {
@@ -3889,6 +3889,55 @@ mod tests {
         };
         f.receive(reply(vec![two], 3));
         assert_eq!(seqs(&f.events()), [2, 3]);
+        assert_eq!(f.counters.samples_lost.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_repair_asks_the_data_socket_the_publication_names() {
+        // A publication on a data socket of its own (access control:
+        // `reliable/2`): the repair named `reliable`, a socket that does
+        // not keep its key, and the gap was reported lost.
+        let mut f = fixture("sr/**", wants(0, true, None));
+        let mut a = announcement("sr/a", Reliability::Reliable, 10);
+        a.publications[0].socket = Some("reliable/2".into());
+        a.publications[0].endpoint = Some("tcp://127.0.0.1:5599".into());
+        f.route(&a);
+        let reply = |entries: Vec<Entry>, last: u64| {
+            reply_frame(&Reply {
+                socket: "reliable/2".into(),
+                keys: vec![KeyHistory {
+                    key: "sr/a".into(),
+                    first: 1,
+                    last,
+                    entries,
+                    replayed: false,
+                }],
+                done: true,
+                id: None,
+                schemas: Vec::new(),
+                dictionaries: Vec::new(),
+            })
+        };
+        let join = Query::decode(&f.io.link.sent[0]).unwrap();
+        assert_eq!(join.socket, "reliable/2");
+        f.receive(reply(Vec::new(), 0));
+        f.receive(sample("sr/a", 1));
+        f.receive(sample("sr/a", 3));
+        assert_eq!(f.io.link.sent.len(), 2, "a repair query");
+        let q = Query::decode(&f.io.link.sent[1]).unwrap();
+        assert_eq!(
+            (q.socket.as_str(), q.since.as_slice()),
+            ("reliable/2", &[("sr/a".to_owned(), 1)][..])
+        );
+        let two = Entry {
+            seq: 2,
+            timestamp_ns: 1,
+            encoding: Encoding::Cbor,
+            schema_id: 0,
+            payload: Bytes::from(cbor(&Value::Float(2.0))),
+        };
+        f.receive(reply(vec![two], 3));
+        assert_eq!(seqs(&f.events()), [1, 2, 3]);
         assert_eq!(f.counters.samples_lost.load(Relaxed), 0);
     }
 
