@@ -304,6 +304,18 @@ fn a_zero_high_water_mark_is_refused() {
     cfg.reliable_send_hwm = 0;
     let err = Node::open_with(cfg).unwrap_err();
     assert!(err.to_string().contains("reliable_send_hwm"), "{err}");
+    // Timings libzmq would take otherwise than meant: a handshake limit of
+    // 0 (none; it became 1 ms and failed every handshake), heartbeats
+    // further apart than a PING's 16-bit time to live (65.5 s).
+    let mut cfg = Config::new("milonga:///hwm", "x");
+    cfg.handshake_timeout_ms = 0;
+    let err = Node::open_with(cfg).unwrap_err();
+    assert!(err.to_string().contains("handshake_timeout_ms"), "{err}");
+    let mut cfg = Config::new("milonga:///hwm", "x");
+    cfg.heartbeat_interval_ms = 70_000;
+    cfg.heartbeat_timeout_ms = 210_000;
+    let err = Node::open_with(cfg).unwrap_err();
+    assert!(err.to_string().contains("at most 65500"), "{err}");
 }
 
 /// The next event that is not a sample.

@@ -151,8 +151,7 @@ impl Kind {
     fn read_text(self, text: &str) -> ConfigValue {
         match self {
             Kind::Text | Kind::OptText => ConfigValue::Text(text.to_owned()),
-            // Anything but these enables, as documented.
-            Kind::Bool => ConfigValue::Bool(!matches!(text, "0" | "false" | "off" | "no")),
+            Kind::Bool => flag(text).map_or_else(ConfigValue::Bad, ConfigValue::Bool),
             Kind::Int => text.trim().parse().map_or_else(
                 |e| ConfigValue::Bad(format!("{text:?} is not a whole number: {e}")),
                 ConfigValue::Int,
@@ -160,6 +159,55 @@ impl Kind {
             Kind::List => ConfigValue::List(text.split(',').map(|s| s.trim().to_owned()).collect()),
         }
     }
+}
+
+/// A flag's text, any case, spaces around ignored: `1`, `true`, `on`,
+/// `yes` or `0`, `false`, `off`, `no` (anything else is refused: `False`
+/// or `disabled` meant off, and turned the feature on).
+fn flag(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "0" | "false" | "off" | "no" => Ok(false),
+        _ => Err(format!(
+            "{text:?} is not a flag: true/false, on/off, yes/no or 1/0"
+        )),
+    }
+}
+
+/// Environment variables of the key-named spelling (`MILONGA_` and the
+/// key in capitals) taken for the three whose documented variable is
+/// shorter: a misspelled security variable went unnoticed, the node
+/// opening without the access control or identity it named.
+const ALIASES: &[(&str, &str)] = &[
+    ("MILONGA_KEY_FILE", "MILONGA_KEY"),
+    ("MILONGA_TRUST_DIR", "MILONGA_TRUST"),
+    ("MILONGA_ACL_FILE", "MILONGA_ACL"),
+];
+
+/// `MILONGA_*` variables that are not configuration: the command line's,
+/// and the build's, tests' and benchmarks' own.
+const NOT_CONFIG: &[&str] = &[
+    "MILONGA_LOCATOR",
+    "MILONGA_BENCH_",
+    "MILONGA_CHAOS_",
+    "MILONGA_DEP_",
+    "MILONGA_BLESS_VECTORS",
+    "MILONGA_GUARANTEES_RUNTIME_CHILD",
+    "MILONGA_SKIP_MULTIHOST",
+];
+
+/// The names among `vars` that start with `MILONGA_` and that no key,
+/// alias or other use of Milonga's takes: a misspelling, said once at
+/// open.
+fn unknown_vars(vars: impl Iterator<Item = String>) -> Vec<String> {
+    let mut unknown: Vec<String> = vars
+        .filter(|v| v.starts_with("MILONGA_"))
+        .filter(|v| !KEYS.iter().any(|k| k.env == Some(v.as_str())))
+        .filter(|v| !ALIASES.iter().any(|(a, _)| a == v))
+        .filter(|v| !NOT_CONFIG.iter().any(|n| v.starts_with(n)))
+        .collect();
+    unknown.sort();
+    unknown
 }
 
 /// One configuration key: the field it sets, its environment variable and
@@ -605,6 +653,16 @@ impl Config {
     /// [`Config::keys`] (docs/config.md). `locator` is used when
     /// `MILONGA_LOCATOR` is unset; an empty variable counts as unset.
     pub fn from_env(locator: &str, name: &str) -> Result<Self, OpenError> {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            let unknown = unknown_vars(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()));
+            if !unknown.is_empty() {
+                tracing::warn!(
+                    variables = %unknown.join(", "),
+                    "ignoring MILONGA_ variables that no configuration key takes (misspelled? docs/config.md lists them)"
+                );
+            }
+        });
         Config::from_lookup(locator, name, |k| {
             std::env::var(k).ok().filter(|v| !v.is_empty())
         })
@@ -619,7 +677,14 @@ impl Config {
         let mut c = Config::new(locator, name);
         for spec in KEYS {
             let Some(env) = spec.env else { continue };
-            if let Some(text) = var(env) {
+            // The documented variable, else its key-named spelling.
+            let found = var(env).map(|t| (env, t)).or_else(|| {
+                ALIASES
+                    .iter()
+                    .filter(|(_, documented)| *documented == env)
+                    .find_map(|(alias, _)| var(alias).map(|t| (*alias, t)))
+            });
+            if let Some((env, text)) = found {
                 c.set(spec.name, spec.kind.read_text(&text))
                     .map_err(|e| match e {
                         // Named as the user wrote it.
@@ -709,6 +774,10 @@ impl Config {
                     "acl_file" => self.acl_file = t.map(PathBuf::from),
                     _ => unreachable!("an optional key without a field: {key}"),
                 }
+            }
+            // A flag given as text (Python's `shared_memory="off"`).
+            (Kind::Bool, V::Text(t)) => {
+                return self.set(key, V::Bool(flag(&t).map_err(err)?));
             }
             (Kind::Bool, V::Bool(b)) => match key {
                 "local_discovery" => self.local_discovery = b,
@@ -1215,6 +1284,68 @@ mod tests {
         assert_eq!(c.compression().compressor, Some(crate::Compressor::Zstd));
         let none = Config::from_lookup("milonga:///given", "n", |_| None).unwrap();
         assert_eq!(none.locator, "milonga:///given");
+    }
+
+    #[test]
+    fn flags_take_any_case_and_refuse_what_is_not_one_and_aliases_name_the_security_files() {
+        let with = |vars: &[(&str, &str)]| {
+            let vars: std::collections::HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            Config::from_lookup("milonga:///x", "n", |k| vars.get(k).cloned())
+        };
+        // `False` (Python's str(False)) and a trailing space meant off:
+        // they turned scouting on.
+        for off in ["False", "OFF", "off ", " no", "0"] {
+            let c = with(&[("MILONGA_SCOUTING", off)]).unwrap();
+            assert!(!c.scouting, "{off:?}");
+        }
+        for on in ["True", "ON", "yes", "1"] {
+            let c = with(&[("MILONGA_SHARED_MEMORY", on)]).unwrap();
+            assert!(c.shared_memory, "{on:?}");
+        }
+        for bad in ["disabled", "2", "nope"] {
+            let e = with(&[("MILONGA_SHARED_MEMORY", bad)]).unwrap_err();
+            assert!(
+                matches!(&e, OpenError::Config { key, why } if key == "MILONGA_SHARED_MEMORY" && why.contains("not a flag")),
+                "{bad:?}: {e}"
+            );
+        }
+        // A flag given as text, as Python's keyword arguments may.
+        let mut c = Config::new("milonga:///x", "n");
+        c.set("shared_memory", ConfigValue::Text("off".into()))
+            .unwrap();
+        assert!(!c.shared_memory);
+        assert!(c.set("gossip", ConfigValue::Text("maybe".into())).is_err());
+        // The key-named spellings of the three security variables.
+        let c = with(&[
+            ("MILONGA_KEY_FILE", "/k/a.key"),
+            ("MILONGA_TRUST_DIR", "/k/trust"),
+            ("MILONGA_ACL_FILE", "/k/acl.rules"),
+        ])
+        .unwrap();
+        assert_eq!(c.key_file, Some(PathBuf::from("/k/a.key")));
+        assert_eq!(c.trust_dir, Some(PathBuf::from("/k/trust")));
+        assert_eq!(c.acl_file, Some(PathBuf::from("/k/acl.rules")));
+        // The documented one wins over its alias.
+        let c = with(&[("MILONGA_ACL", "/k/one"), ("MILONGA_ACL_FILE", "/k/two")]).unwrap();
+        assert_eq!(c.acl_file, Some(PathBuf::from("/k/one")));
+        // Misspellings are named; Milonga's other variables are not.
+        let unknown = unknown_vars(
+            [
+                "MILONGA_HEARTBEAT_TIMEOUT",
+                "MILONGA_ACL_FILE",
+                "MILONGA_SCOUTING",
+                "MILONGA_LOCATOR",
+                "MILONGA_BENCH_DEBUG",
+                "MILONGA_SECURTY",
+                "PATH",
+            ]
+            .into_iter()
+            .map(str::to_owned),
+        );
+        assert_eq!(unknown, ["MILONGA_HEARTBEAT_TIMEOUT", "MILONGA_SECURTY"]);
     }
 
     #[test]

@@ -136,6 +136,27 @@ fn check(cfg: &Config) -> Result<(), OpenError> {
             ),
         });
     }
+    // A PING's time to live travels in tenths of a second, 16 bits: a
+    // best-effort connection whose PINGs come further apart than 65.5 s
+    // is closed between them.
+    if cfg.heartbeat_interval_ms > 65_500 {
+        return Err(OpenError::Config {
+            key: "heartbeat_interval_ms".into(),
+            why: format!(
+                "{} ms: at most 65500 (a heartbeat's time to live is carried in 16 bits of tenths of a second)",
+                cfg.heartbeat_interval_ms
+            ),
+        });
+    }
+    if cfg.handshake_timeout_ms < 1 {
+        return Err(OpenError::Config {
+            key: "handshake_timeout_ms".into(),
+            why: format!(
+                "{} ms: at least 1 (ZeroMQ's 0, no limit, would let a peer that never completes its handshake hold a connection)",
+                cfg.handshake_timeout_ms
+            ),
+        });
+    }
     Ok(())
 }
 
