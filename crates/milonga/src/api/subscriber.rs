@@ -518,6 +518,9 @@ impl RouteTarget for SubShared {
     }
 }
 
+/// Most closed connections a subscription holds until it is next read.
+const MAX_CLOSED: usize = 4096;
+
 impl SubShared {
     fn inject_event(&self, ev: Event) {
         lock(&self.injected).push_back(ev);
@@ -529,7 +532,18 @@ impl SubShared {
 impl ConnectionWatcher for SubShared {
     /// Called by the node thread, which watches the socket monitor.
     fn connection_closed(&self, endpoint: String) {
-        lock(&self.closed_connections).push(endpoint);
+        // Read when the application next receives: an endpoint once (its
+        // handling is the same), and at most MAX_CLOSED, the oldest let
+        // go (a subscription nobody reads, its publishers restarting on
+        // new ports, grew this for ever).
+        let mut closed = lock(&self.closed_connections);
+        if !closed.contains(&endpoint) {
+            if closed.len() >= MAX_CLOSED {
+                closed.remove(0);
+            }
+            closed.push(endpoint);
+        }
+        drop(closed);
         self.has_closed_connections.store(true, Ordering::Release);
         self.wake();
     }

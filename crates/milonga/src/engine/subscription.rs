@@ -773,6 +773,9 @@ impl Subscription {
                 }
             }
         }
+        if self.deadline.is_some() {
+            Self::retire_deadlines(io, r);
+        }
         io.matched = r.publications.clone();
         // What was learned and asked of nodes gone from the domain goes
         // too (a restarted publisher is a new node): the caches hold the
@@ -2061,6 +2064,33 @@ impl Subscription {
     }
 
     /// Notes that `key` spoke, for its deadline.
+    /// Stops watching the deadline of each key that every publisher
+    /// matched so far undeclared: its node still in view without it, or
+    /// gone with a goodbye. The key was retired, not silenced: reporting
+    /// it missed each period for ever was noise, and the watched keys
+    /// only grew. A key whose publisher was lost (killed, cut off) stays
+    /// watched: that silence is what a deadline is for.
+    fn retire_deadlines<L: Link>(io: &mut SubState<L>, r: &Routes) {
+        let mut publishers: HashMap<&str, Vec<NodeId>> = HashMap::new();
+        for (node, key) in io.matched.keys() {
+            if io.deadlines.contains_key(key) && !r.keys.contains(key) {
+                publishers.entry(key.as_str()).or_default().push(*node);
+            }
+        }
+        let retired: Vec<String> = publishers
+            .into_iter()
+            .filter(|(_, nodes)| {
+                nodes
+                    .iter()
+                    .all(|n| r.live.contains(n) || io.goodbyes.contains_key(n))
+            })
+            .map(|(k, _)| k.to_owned())
+            .collect();
+        for key in retired {
+            io.deadlines.remove(&key);
+        }
+    }
+
     fn note_deadline<L: Link>(io: &mut SubState<L>, d: Duration, key: &str) {
         let now = io.link.now();
         let full = io.deadlines.len() >= MAX_DEADLINE_KEYS;
@@ -3123,6 +3153,41 @@ mod tests {
             .all(|e| !matches!(e, Event::DeadlineMissed(_))));
         f.core.check_timers(&mut f.io, later + d, true);
         assert_eq!(f.events().len(), 1);
+    }
+
+    #[test]
+    fn a_key_its_publisher_undeclared_is_no_longer_watched_one_whose_publisher_was_lost_is() {
+        let d = Duration::from_millis(100);
+        let mut f = fixture("sr/**", wants(0, false, Some(d)));
+        let both = crate::engine::routes::test_announcement(
+            5,
+            1,
+            &[
+                ("sr/a", Reliability::BestEffort, 0),
+                ("sr/b", Reliability::BestEffort, 0),
+            ],
+        );
+        f.route(&both);
+        assert_eq!(f.io.deadlines.len(), 2);
+        // The node, still in view, no longer announces sr/b: retired.
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        assert!(f.io.deadlines.contains_key("sr/a") && !f.io.deadlines.contains_key("sr/b"));
+        let later = f.io.link.now + d * 3;
+        f.core.check_timers(&mut f.io, later, true);
+        let missed: Vec<String> = f
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::DeadlineMissed(m) => Some(m.key),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(missed, ["sr/a"]);
+        // The node leaves discovery without a goodbye (lost): sr/a stays
+        // watched.
+        assert!(f.core.set_target(routes_for(&f.core.expr, &[])));
+        f.core.apply(&mut f.io);
+        assert!(f.io.deadlines.contains_key("sr/a"));
     }
 
     #[test]

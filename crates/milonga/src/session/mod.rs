@@ -50,6 +50,11 @@ pub(crate) trait RouteTarget: Send + Sync {
     }
 }
 
+/// Keys a node keeps the last sequence numbers of after their publisher
+/// went (docs/guarantees.md, "Resources"); declared again later, a key
+/// let go starts over at 1.
+const MAX_RETIRED_SEQS: usize = 65_536;
+
 /// What [`NodeInner::state`] guards.
 #[derive(Default)]
 struct NodeState {
@@ -62,8 +67,13 @@ struct NodeState {
     peers: BTreeMap<String, Announcement>,
     /// The announcement changed since it was last published.
     announce_dirty: bool,
-    /// Last sequence number of keys whose publisher was dropped.
-    last_seq: HashMap<String, u64>,
+    /// Last sequence number of keys whose publisher was dropped, and when
+    /// (a count of drops): a key declared again goes on from there. At
+    /// most [`MAX_RETIRED_SEQS`] and a quarter, the longest retired then
+    /// let go (a gateway retiring keys for months grew this for ever).
+    last_seq: HashMap<String, (u64, u64)>,
+    /// Drops counted, for `last_seq`'s order.
+    retirements: u64,
     /// The sequence counters of the live publishers, by key: a goodbye
     /// tells subscribers the last sequence number of each key.
     pub_seqs: HashMap<String, Arc<AtomicU64>>,
@@ -385,7 +395,7 @@ impl NodeInner {
         }
         st.publication_bytes += bytes;
         st.publications.insert(key.to_owned(), info);
-        Ok(st.last_seq.get(key).copied().unwrap_or(0))
+        Ok(st.last_seq.get(key).map_or(0, |(seq, _)| *seq))
     }
 
     /// The largest announcement every discovery this node uses takes: a
@@ -420,8 +430,24 @@ impl NodeInner {
     pub(crate) fn undeclare_publication(&self, key: &str, last: u64) {
         let removed = {
             let mut st = lock(&self.state);
-            st.last_seq.insert(key.to_owned(), last);
+            st.retirements += 1;
+            let when = st.retirements;
+            st.last_seq.insert(key.to_owned(), (last, when));
             st.pub_seqs.remove(key);
+            if st.last_seq.len() > MAX_RETIRED_SEQS + MAX_RETIRED_SEQS / 4 {
+                // The longest retired go (those declared now stay).
+                let mut retired: Vec<(u64, String)> = st
+                    .last_seq
+                    .iter()
+                    .filter(|(k, _)| !st.pub_seqs.contains_key(*k))
+                    .map(|(k, (_, when))| (*when, k.clone()))
+                    .collect();
+                retired.sort_unstable();
+                let excess = st.last_seq.len().saturating_sub(MAX_RETIRED_SEQS);
+                for (_, k) in retired.into_iter().take(excess) {
+                    st.last_seq.remove(&k);
+                }
+            }
             match st.publications.remove(key) {
                 Some(info) => {
                     st.publication_bytes -= publication_bytes(&info);
@@ -475,6 +501,10 @@ impl NodeInner {
         if let Some(s) = sub.upgrade() {
             connect_subscription(&st, &*s);
         }
+        // Those closed since go now, not at the next change of peers: a
+        // quiet domain and a program that subscribes and closes for each
+        // read grew this for ever.
+        st.subs.retain(|w| w.strong_count() > 0);
         st.subs.push(sub);
     }
 
@@ -740,12 +770,25 @@ impl Host for NodeInner {
         }
     }
 
+    /// The last sequence number of each key, for a goodbye: the keys
+    /// declared now first (by key), then those retired, the latest first
+    /// (a goodbye carries 8,192: retired keys pushed declared ones out).
     fn last_seqs(&self) -> Vec<(String, u64)> {
         let st = lock(&self.state);
-        let mut last: BTreeMap<String, u64> = st.last_seq.clone().into_iter().collect();
-        for (k, s) in &st.pub_seqs {
-            last.insert(k.clone(), s.load(Ordering::Relaxed));
-        }
-        last.into_iter().collect()
+        let mut declared: Vec<(String, u64)> = st
+            .pub_seqs
+            .iter()
+            .map(|(k, s)| (k.clone(), s.load(Ordering::Relaxed)))
+            .collect();
+        declared.sort_unstable();
+        let mut retired: Vec<(u64, &String, u64)> = st
+            .last_seq
+            .iter()
+            .filter(|(k, _)| !st.pub_seqs.contains_key(*k))
+            .map(|(k, (seq, when))| (*when, k, *seq))
+            .collect();
+        retired.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
+        declared.extend(retired.into_iter().map(|(_, k, seq)| (k.clone(), seq)));
+        declared
     }
 }
