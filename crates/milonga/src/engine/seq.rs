@@ -23,8 +23,8 @@ pub(crate) enum Step {
     /// A node of which nothing is known and that the domain does not show:
     /// dropped (a forged id would otherwise cost state).
     Unknown,
-    /// A new key of a node that already has [`MAX_KEYS_PER_PUBLISHER`]:
-    /// dropped.
+    /// A new key of a node that already has [`MAX_KEYS_PER_PUBLISHER`]
+    /// that it still announces: dropped.
     OverKeyLimit,
     /// The first sample of a stream: the count starts here (joining
     /// mid-stream is no loss).
@@ -114,7 +114,11 @@ impl SeqBook {
     /// What sample `seq` of (`node`, `key`) means, and the stream's state
     /// updated for it. `member` says whether the domain shows `node` (asked
     /// only for a node of which nothing is held); `repair` whether a gap
-    /// should wait for a history repair (asked only for a gap).
+    /// should wait for a history repair (asked only for a gap);
+    /// `announced` whether the node still announces a key (asked only when
+    /// a new key finds the node at [`MAX_KEYS_PER_PUBLISHER`]: the state
+    /// of the keys it retired makes room, or a node publishing for months,
+    /// keys coming and going, had every new key's samples dropped).
     pub(crate) fn check(
         &mut self,
         node: NodeId,
@@ -122,6 +126,7 @@ impl SeqBook {
         seq: u64,
         member: impl FnOnce() -> bool,
         repair: impl FnOnce() -> bool,
+        announced: impl Fn(&str) -> bool,
     ) -> Step {
         if !self.is_current(node, key) {
             self.park();
@@ -131,7 +136,14 @@ impl SeqBook {
             match known.and_then(|m| m.remove_entry(key)) {
                 Some((key, held)) => self.current = Some(Stream { node, key, held }),
                 None if !remembered && !member() => return Step::Unknown,
-                None if keys >= MAX_KEYS_PER_PUBLISHER => return Step::OverKeyLimit,
+                None if keys >= MAX_KEYS_PER_PUBLISHER
+                    && self.last.get_mut(&node).is_none_or(|m| {
+                        m.retain(|k, _| announced(k));
+                        m.len() >= MAX_KEYS_PER_PUBLISHER
+                    }) =>
+                {
+                    return Step::OverKeyLimit
+                }
                 None => {
                     self.current = Some(Stream {
                         node,
@@ -289,7 +301,7 @@ mod tests {
 
     /// Checks `seq` of (`n`, `key`) for a member node, repairing nothing.
     fn check(b: &mut SeqBook, n: u8, key: &str, seq: u64) -> Step {
-        b.check(node(n), key, seq, || true, || false)
+        b.check(node(n), key, seq, || true, || false, |_| true)
     }
 
     #[test]
@@ -422,21 +434,24 @@ mod tests {
     #[test]
     fn an_unknown_node_costs_no_state_unless_remembered() {
         let mut b = SeqBook::default();
-        assert_eq!(b.check(node(9), "k", 1, || false, || false), Step::Unknown);
+        assert_eq!(
+            b.check(node(9), "k", 1, || false, || false, |_| true),
+            Step::Unknown
+        );
         assert!(!b.knows(node(9)));
         // A node whose state is kept (absent from discovery, say) is
         // checked against it even while the domain does not show it.
         check(&mut b, 3, "k", 5);
         check(&mut b, 3, "other", 1);
         assert_eq!(
-            b.check(node(3), "k", 8, || false, || false),
+            b.check(node(3), "k", 8, || false, || false, |_| true),
             Step::Gap {
                 lost: 2,
                 first_seq: 6
             }
         );
         assert_eq!(
-            b.check(node(3), "new", 1, || false, || false),
+            b.check(node(3), "new", 1, || false, || false, |_| true),
             Step::First,
             "a known node's new key"
         );
@@ -452,13 +467,32 @@ mod tests {
         assert_eq!(check(&mut b, 1, "one/more", 1), Step::OverKeyLimit);
         assert_eq!(check(&mut b, 2, "one/more", 1), Step::First, "per node");
         assert_eq!(check(&mut b, 1, "k0", 2), Step::Next, "known keys go on");
+        // The node no longer announces its odd keys: they make room for
+        // a new one, whose stream starts; the even ones go on.
+        let even = |k: &str| {
+            k.strip_prefix('k')
+                .and_then(|n| n.parse::<usize>().ok())
+                .is_some_and(|n| n % 2 == 0)
+                || k == "one/more"
+        };
+        assert_eq!(
+            b.check(node(1), "one/more", 1, || true, || false, even),
+            Step::First
+        );
+        assert_eq!(b.keys_of(node(1)), MAX_KEYS_PER_PUBLISHER / 2 + 1);
+        assert_eq!(check(&mut b, 1, "k2", 2), Step::Next);
+        assert_eq!(
+            check(&mut b, 1, "k3", 5),
+            Step::First,
+            "forgotten: starts over"
+        );
     }
 
     #[test]
     fn a_gap_to_repair_keeps_the_baseline_until_history_fills_it() {
         let mut b = SeqBook::default();
         check(&mut b, 1, "k", 10);
-        let step = b.check(node(1), "k", 14, || true, || true);
+        let step = b.check(node(1), "k", 14, || true, || true, |_| true);
         assert_eq!(step, Step::Repair { last: 10 });
         assert!(!delivers(step), "the sample waits for the repair");
         assert_eq!(b.held_at(node(1), "k"), Some(10));
@@ -500,7 +534,10 @@ mod tests {
         assert_eq!(b.forget(node(1)), 2);
         assert!(!b.knows(node(1)));
         assert_eq!(b.held_at(node(2), "a"), Some(1));
-        assert_eq!(b.check(node(1), "a", 3, || false, || false), Step::Unknown);
+        assert_eq!(
+            b.check(node(1), "a", 3, || false, || false, |_| true),
+            Step::Unknown
+        );
         assert_eq!(check(&mut b, 1, "a", 3), Step::First, "starts over");
     }
 

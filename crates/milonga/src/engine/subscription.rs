@@ -2498,7 +2498,9 @@ impl Subscription {
         let (live, gone) = (&io.live, &io.recently_gone);
         let member = || live.contains(&node) || gone.contains(&node);
         let can_repair = || repair && self.repairable(&io.matched, node, key);
-        match io.seqs.check(node, key, seq, member, can_repair) {
+        let matched = &io.matched;
+        let announced = |k: &str| matched.contains_key(&(node, k.to_owned()));
+        match io.seqs.check(node, key, seq, member, can_repair, announced) {
             Step::Unknown => {
                 let n = c.samples_unknown_publisher.fetch_add(1, Ordering::Relaxed) + 1;
                 // At info: a subscription that starts while samples flow
