@@ -2065,11 +2065,11 @@ impl Subscription {
 
     /// Notes that `key` spoke, for its deadline.
     /// Stops watching the deadline of each key that every publisher
-    /// matched so far undeclared: its node still in view without it, or
-    /// gone with a goodbye. The key was retired, not silenced: reporting
-    /// it missed each period for ever was noise, and the watched keys
-    /// only grew. A key whose publisher was lost (killed, cut off) stays
-    /// watched: that silence is what a deadline is for.
+    /// matched so far undeclared while its node stays in view: the key was
+    /// retired, not silenced (reporting it missed each period for ever was
+    /// noise, and a node retiring keys for months grew the watched keys).
+    /// A key whose publisher's node closed or was lost stays watched:
+    /// that silence is what a deadline is for.
     fn retire_deadlines<L: Link>(io: &mut SubState<L>, r: &Routes) {
         let mut publishers: HashMap<&str, Vec<NodeId>> = HashMap::new();
         for (node, key) in io.matched.keys() {
@@ -2079,11 +2079,7 @@ impl Subscription {
         }
         let retired: Vec<String> = publishers
             .into_iter()
-            .filter(|(_, nodes)| {
-                nodes
-                    .iter()
-                    .all(|n| r.live.contains(n) || io.goodbyes.contains_key(n))
-            })
+            .filter(|(_, nodes)| nodes.iter().all(|n| r.live.contains(n)))
             .map(|(k, _)| k.to_owned())
             .collect();
         for key in retired {
@@ -3185,8 +3181,7 @@ mod tests {
             })
             .collect();
         assert_eq!(missed, ["sr/a"]);
-        // The node leaves discovery without a goodbye (lost): sr/a stays
-        // watched.
+        // The node leaves discovery (closed or lost): sr/a stays watched.
         assert!(f.core.set_target(routes_for(&f.core.expr, &[])));
         f.core.apply(&mut f.io);
         assert!(f.io.deadlines.contains_key("sr/a"));
