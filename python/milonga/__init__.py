@@ -264,6 +264,17 @@ def _fill_executor() -> ThreadPoolExecutor:
         return _fills
 
 
+def _forget_fills() -> None:
+    # A forked child has the pool's object but none of its threads: a
+    # receive queued there would never run. It makes its own.
+    global _fills, _fills_lock
+    _fills = None
+    _fills_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_fills)
+
+
 def _not_async(what: str, f: Callable[..., object]) -> None:
     # Called from a thread with no event loop, a coroutine function returns
     # a coroutine nobody awaits: the callback would never run, the handler

@@ -11,7 +11,7 @@ from conftest import Domain
 # own, and exits the normal way (the interpreter finalizes, dropping what
 # it inherited). The parent then publishes, receives and calls again.
 FORKING = r"""
-import os, sys, time, warnings
+import asyncio, os, sys, time, warnings
 import milonga
 
 LOCATOR = os.environ["LOCATOR"]
@@ -34,6 +34,20 @@ while pub.subscriber_count() < 1 and time.monotonic() < end:
 pub.put(1.0)
 sample(sub, 1.0)
 assert node.call("fork/echo", 1.0) == 1.0
+
+async def first(s, value):
+    async def go():
+        async for ev in s:
+            if isinstance(ev, milonga.Sample) and ev.value == value:
+                return
+    await asyncio.wait_for(go(), 10)
+
+# `async for` before the fork, waiting for a sample put later: Milonga's
+# pool of receiving threads exists (the child has its object, none of its
+# threads).
+import threading
+threading.Timer(0.3, pub.put, args=(1.5,)).start()
+asyncio.run(first(sub, 1.5))
 # And a recording open for reading.
 path = os.path.join(os.environ["MILONGA_RUNTIME_DIR"], "fork.mcap")
 writer = milonga.open("file://" + path, name="rec")
@@ -82,6 +96,13 @@ if pid == 0:
         time.sleep(0.01)
     p2.put(5.0)
     sample(s2, 5.0)
+    # `async for` in the child (it hung: its receive was queued to the
+    # parent's pool, whose threads the child does not have).
+    threading.Timer(0.3, p2.put, args=(6.0,)).start()
+    try:
+        asyncio.run(first(s2, 6.0))
+    except asyncio.TimeoutError:
+        wrong.append("async for: hung")
     own.close()
     print("child:", "; ".join(wrong) or "ok", flush=True)
     sys.exit(1 if wrong else 0)

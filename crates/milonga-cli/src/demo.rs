@@ -137,6 +137,29 @@ fn spawn_device(net: &NetArgs, kind: DeviceKind) -> Result<Child> {
     if let Some(t) = net.transport {
         cmd.arg("--transport").arg(t.name());
     }
+    // The devices join as the demo's own node does: its peers, and its
+    // security (they failed to find one another with security on). Not
+    // its fixed control endpoint, which one process alone can bind.
+    for p in &net.peers {
+        cmd.arg("--peer").arg(p);
+    }
+    if let Some(s) = net.security {
+        let s = match s {
+            milonga::Security::Auto => "auto",
+            milonga::Security::On => "on",
+            milonga::Security::Off => "off",
+        };
+        cmd.arg("--security").arg(s);
+    }
+    if let Some(k) = &net.key_file {
+        cmd.arg("--key").arg(k);
+    }
+    if let Some(t) = &net.trust_dir {
+        cmd.arg("--trust").arg(t);
+    }
+    if let Some(a) = &net.acl_file {
+        cmd.arg("--acl").arg(a);
+    }
     cmd.arg("device").arg(kind.name()).stdin(Stdio::null());
     cmd.spawn()
         .with_context(|| format!("cannot start the {} device", kind.name()))

@@ -720,6 +720,28 @@ fn demo_runs_and_exits_zero() {
     assert_eq!(files, 0);
 }
 
+/// `milonga --security on demo`: the device servers run with the demo's
+/// security (they ran with the default, off on loopback, and the demo's
+/// node, refusing plain peers, received nothing: exit 1).
+#[test]
+fn demo_with_security_on_passes_it_to_its_devices() {
+    let env = Env::new("demo-sec");
+    let xdg = env.dir.path().join("xdg");
+    std::fs::create_dir_all(&xdg).unwrap();
+    let out = env
+        .cmd(&["--security", "on", "demo", "--duration", "3"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("demo/sr/cam/1/image"), "{text}");
+}
+
 #[test]
 fn bad_cli_input_gets_a_clear_error() {
     let env = Env::new("badcli");
@@ -1296,10 +1318,6 @@ fn sub_filters_are_applied_by_the_publisher() {
     assert!(err.contains("at byte 7"), "{err}");
 }
 
-/// SIGHUP (the terminal or the ssh session closed) stops a command
-/// cleanly, exit 0, as SIGINT does (a recorder left its file unfinished);
-/// under `nohup` (SIGHUP ignored) it goes on, as `nohup milonga broker &`
-/// must.
 /// A reliable `pub` held up by a subscriber that does not read waited for
 /// room for ever: Ctrl-C and SIGTERM did nothing (its handler only set a
 /// flag). Its put now waits in slices, and a stop ends it. The

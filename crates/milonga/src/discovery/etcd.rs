@@ -34,9 +34,12 @@ const WATCH_SPAN: Duration = Duration::from_secs(5);
 /// Wait after a failed request before the next.
 const RETRY: Duration = Duration::from_millis(500);
 /// Keys a range request asks for at once: the prefix is read in pages,
-/// each answer at most about 45 MiB (announcements of up to 1 MiB, in
-/// base64), whatever the number of nodes.
+/// the first of 32 (an answer of at most about 45 MiB with announcements
+/// of up to 1 MiB, in base64), the next sized by the largest value seen
+/// so far to about half of [`MAX_ANSWER`], up to 1,024 keys (20,000
+/// nodes of a few KiB: 20 requests, not 625).
 const PAGE: usize = 32;
+const MAX_PAGE: usize = 1024;
 /// The largest answer read (a page, or a line of a watch).
 const MAX_ANSWER: u64 = 64 << 20;
 
@@ -328,6 +331,10 @@ struct Failures {
 }
 
 impl Failures {
+    fn new() -> Failures {
+        Failures { count: 0 }
+    }
+
     fn failed(&mut self, what: &str, e: &str) {
         self.count += 1;
         if self.count <= 3 || self.count % 100 == 0 {
@@ -361,7 +368,8 @@ fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
     let mut put: Option<u64> = None;
     let mut repairs = 0;
     let mut next_keep = Instant::now();
-    let mut failures = Failures { count: 0 };
+    // A run of failures per request, ended by that request's success.
+    let (mut grants, mut keeps, mut puts) = (Failures::new(), Failures::new(), Failures::new());
     while !shared.stop.load(Ordering::Relaxed) {
         let (announcement, version) = {
             let s = lock(&shared.state);
@@ -377,20 +385,20 @@ fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
             None => match c.call("/v3/lease/grant", &json!({ "TTL": ttl_s })) {
                 Ok(r) => match int(&r["ID"]) {
                     Some(id) => {
-                        failures.worked("taking a lease");
+                        grants.worked("taking a lease");
                         lease = Some(id);
                         put = None;
                         next_keep = Instant::now() + keep_every;
                         continue;
                     }
-                    None => failures.failed("a lease grant", &format!("no lease id in {r}")),
+                    None => grants.failed("a lease grant", &format!("no lease id in {r}")),
                 },
-                Err(e) => failures.failed("a lease grant", &e),
+                Err(e) => grants.failed("a lease grant", &e),
             },
             Some(id) if now >= next_keep => {
                 match keeper.call("/v3/lease/keepalive", &json!({ "ID": id.to_string() })) {
                     Ok(r) if int(&r["result"]["TTL"]).unwrap_or(0) > 0 => {
-                        failures.worked("keeping the lease alive");
+                        keeps.worked("keeping the lease alive");
                         next_keep = now + keep_every;
                     }
                     // Expired (the node was stopped, or etcd out of reach,
@@ -403,7 +411,7 @@ fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
                     Err(e) => {
                         // Tried again after a pause, not at once.
                         next_keep = now + RETRY;
-                        failures.failed("a keep-alive", &e);
+                        keeps.failed("a keep-alive", &e);
                     }
                 }
                 continue;
@@ -412,7 +420,7 @@ fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
                 let body = json!({ "key": b64(key.as_bytes()), "value": b64(&announcement), "lease": id.to_string() });
                 match c.call("/v3/kv/put", &body) {
                     Ok(_) => {
-                        failures.worked("putting this node's announcement");
+                        puts.worked("putting this node's announcement");
                         put = Some(version);
                         lock(&shared.state).put = put;
                         shared.wake.notify_all();
@@ -423,7 +431,7 @@ fn write(shared: &Shared, endpoints: &[String], key: &str, ttl_s: i64) {
                         if e.contains("lease not found") {
                             lease = None;
                         }
-                        failures.failed("a put", &e);
+                        puts.failed("a put", &e);
                         wait = RETRY.min(next_keep.saturating_duration_since(now));
                     }
                 }
@@ -463,11 +471,12 @@ fn read_all(
 ) -> Result<(i64, bool), String> {
     let mut from = prefix.as_bytes().to_vec();
     let mut at: Option<i64> = None;
+    let (mut page, mut largest) = (PAGE, 0usize);
     loop {
         let mut body = json!({
             "key": b64(&from),
             "range_end": b64(end),
-            "limit": PAGE.to_string(),
+            "limit": page.to_string(),
         });
         if let Some(rev) = at {
             // The next pages at the first one's revision: one snapshot.
@@ -487,11 +496,15 @@ fn read_all(
                 continue;
             };
             let v = decoded(kv, "value").unwrap_or_default();
+            largest = largest.max(k.len() + v.len());
             if !each(&k, &v) {
                 return Ok((rev, false));
             }
             last = Some(k);
         }
+        // base64 makes 4 of 3 bytes; a few hundred more of JSON a key.
+        let per_key = largest / 3 * 4 + 512;
+        page = (MAX_ANSWER as usize / 2 / per_key).clamp(PAGE, MAX_PAGE);
         match last {
             // The next page starts just after this one's last key.
             Some(mut k) if r["more"].as_bool() == Some(true) => {
@@ -513,7 +526,7 @@ fn decoded(kv: &Json, field: &str) -> Option<Vec<u8>> {
 fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
     let endpoints = &core.cfg.etcd_endpoints;
     let mut c = Client::new(endpoints, WATCH_SPAN);
-    let mut failures = Failures { count: 0 };
+    let (mut reads, mut watches) = (Failures::new(), Failures::new());
     // The revision the view is at; None: read the whole prefix.
     let mut at: Option<i64> = None;
     let end = range_end(prefix);
@@ -574,7 +587,7 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
             });
             match read {
                 Ok((rev, whole)) => {
-                    failures.worked("reading the nodes");
+                    reads.worked("reading the nodes");
                     if whole {
                         check_own(shared, own.as_deref());
                     }
@@ -588,7 +601,7 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
                     (shared.wake_node)();
                 }
                 Err(e) => {
-                    failures.failed("reading the nodes", &e);
+                    reads.failed("reading the nodes", &e);
                     std::thread::sleep(RETRY);
                 }
             }
@@ -603,7 +616,7 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
         let stream = match c.send("/v3/watch", &body) {
             Ok(r) => r,
             Err(e) => {
-                failures.failed("watching the nodes", &e);
+                watches.failed("watching the nodes", &e);
                 std::thread::sleep(RETRY);
                 at = None;
                 continue;
@@ -618,7 +631,7 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
                 Ok(0) | Err(_) => break,
                 Ok(_) if !line.ends_with(b"\n") && line.len() as u64 >= MAX_ANSWER => {
                     // Too long to hold: what it said is read again whole.
-                    failures.failed("watching the nodes", "an answer of more than 64 MiB");
+                    watches.failed("watching the nodes", "an answer of more than 64 MiB");
                     at = None;
                     break;
                 }
@@ -644,7 +657,7 @@ fn watch(shared: &Shared, core: &NodeCore, prefix: &str, me: &str) {
                 at = None;
                 break;
             }
-            failures.worked("watching the nodes");
+            watches.worked("watching the nodes");
             let mut events = Vec::new();
             for ev in r["events"].as_array().into_iter().flatten() {
                 let kv = &ev["kv"];

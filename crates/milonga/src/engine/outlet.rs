@@ -170,6 +170,22 @@ impl Outlet {
         Some(f)
     }
 
+    /// The last frame of an answer that [`Outlet::reply_frame`] cut short:
+    /// an empty reply marked done (a few bytes, past the budget), so that
+    /// the asking subscription ends its wait at once and reports what it
+    /// misses, rather than waiting out its join as for no answer.
+    pub(crate) fn cut_frame(&mut self, me: &Me, answer: &Answer) -> Vec<u8> {
+        self.replies += 1;
+        let first = answer.replies.first();
+        let done = Reply {
+            socket: first.map(|r| r.socket.clone()).unwrap_or_default(),
+            id: first.and_then(|r| r.id),
+            done: true,
+            ..Reply::default()
+        };
+        answer.frame(me, self.replies, &done)
+    }
+
     /// Subscribers whose subscription lets `frame_prefix` (key + NUL)
     /// through. A filtered subscription (prefix `@f/<id>/...`) counts when
     /// what follows its filter prefix lets the key through.
@@ -526,6 +542,13 @@ mod tests {
             (64 << 20..(64 << 20) + (1 << 20)).contains(&bytes),
             "{bytes} bytes in {sent} frames"
         );
+        // Its end: an empty reply marked done, numbered next.
+        let f = o.cut_frame(&me, &a);
+        let d = milonga_wire::frame::decode(&f).unwrap();
+        assert_eq!(d.header.seq, sent as u64 + 1);
+        let r = Reply::decode(&bytes::Bytes::copy_from_slice(d.body)).unwrap();
+        assert!(r.done && r.keys.is_empty(), "{r:?}");
+        assert_eq!(r.socket, "best_effort");
     }
 
     fn other_token(me: &Me) -> Vec<u8> {

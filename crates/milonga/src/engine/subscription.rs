@@ -121,6 +121,10 @@ pub(crate) struct SubState<L> {
     publishers: HashMap<NodeId, PubState>,
     /// Per-key deadline state, when the QoS sets a deadline.
     deadlines: HashMap<String, KeyDeadline>,
+    /// Keys every publisher undeclared while its node stays in view, and
+    /// since when: their deadline watch ends a lease later, unless one
+    /// comes back or its node leaves (see `retire_deadlines`).
+    deadline_retiring: HashMap<String, (Instant, Vec<NodeId>)>,
     /// When a lease or a deadline may next run out (never later than the
     /// first that does).
     pub(crate) next_timer: Option<Instant>,
@@ -558,6 +562,7 @@ impl<L> SubState<L> {
             refused: BTreeSet::new(),
             publishers: HashMap::new(),
             deadlines: HashMap::new(),
+            deadline_retiring: HashMap::new(),
             next_timer: None,
             handled: 0,
             matched: BTreeMap::new(),
@@ -774,7 +779,7 @@ impl Subscription {
             }
         }
         if self.deadline.is_some() {
-            Self::retire_deadlines(io, r);
+            Self::retire_deadlines(io, r, now);
         }
         io.matched = r.publications.clone();
         // What was learned and asked of nodes gone from the domain goes
@@ -1926,6 +1931,18 @@ impl Subscription {
             }
         }
         if let Some(d) = self.deadline {
+            // Keys retired a lease ago: no longer watched.
+            let lease = self.lease;
+            let retired: Vec<String> = io
+                .deadline_retiring
+                .iter()
+                .filter(|(_, (since, _))| now >= *since + lease)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in retired {
+                io.deadline_retiring.remove(&key);
+                io.deadlines.remove(&key);
+            }
             for (key, k) in io.deadlines.iter_mut() {
                 if now >= k.due {
                     io.pending.push_back(Event::DeadlineMissed(DeadlineMissed {
@@ -1935,6 +1952,9 @@ impl Subscription {
                     k.due = now + d;
                 }
                 earliest(k.due);
+            }
+            for (since, _) in io.deadline_retiring.values() {
+                earliest(*since + lease);
             }
         }
         // A back-off ran out: `apply` connects again.
@@ -2063,30 +2083,37 @@ impl Subscription {
         self.settle_goodbye(io, node);
     }
 
-    /// Notes that `key` spoke, for its deadline.
-    /// Stops watching the deadline of each key that every publisher
-    /// matched so far undeclared while its node stays in view: the key was
-    /// retired, not silenced (reporting it missed each period for ever was
-    /// noise, and a node retiring keys for months grew the watched keys).
-    /// A key whose publisher's node closed or was lost stays watched:
-    /// that silence is what a deadline is for.
-    fn retire_deadlines<L: Link>(io: &mut SubState<L>, r: &Routes) {
+    /// Notes each key that every publisher matched so far undeclared
+    /// while its node stays in view: its deadline watch ends a lease
+    /// later (in `check_timers`), the key retired, not silenced
+    /// (reporting it missed each period for ever was noise, and a node
+    /// retiring keys for months grew the watched keys). Not at once: a
+    /// program that drops its publisher, then closes its node, shows the
+    /// first before the second. A key announced again, or whose node
+    /// closed or was lost meanwhile, stays watched: that silence is what
+    /// a deadline is for.
+    fn retire_deadlines<L: Link>(io: &mut SubState<L>, r: &Routes, now: Instant) {
         let mut publishers: HashMap<&str, Vec<NodeId>> = HashMap::new();
         for (node, key) in io.matched.keys() {
             if io.deadlines.contains_key(key) && !r.keys.contains(key) {
                 publishers.entry(key.as_str()).or_default().push(*node);
             }
         }
-        let retired: Vec<String> = publishers
+        let retiring: Vec<(String, Vec<NodeId>)> = publishers
             .into_iter()
             .filter(|(_, nodes)| nodes.iter().all(|n| r.live.contains(n)))
-            .map(|(k, _)| k.to_owned())
+            .map(|(k, nodes)| (k.to_owned(), nodes))
             .collect();
-        for key in retired {
-            io.deadlines.remove(&key);
+        // Announced again, or one of its nodes gone since: watched on.
+        io.deadline_retiring.retain(|k, (_, nodes)| {
+            !r.keys.contains(k) && nodes.iter().all(|n| r.live.contains(n))
+        });
+        for (key, nodes) in retiring {
+            io.deadline_retiring.entry(key).or_insert((now, nodes));
         }
     }
 
+    /// Notes that `key` spoke, for its deadline.
     fn note_deadline<L: Link>(io: &mut SubState<L>, d: Duration, key: &str) {
         let now = io.link.now();
         let full = io.deadlines.len() >= MAX_DEADLINE_KEYS;
@@ -3167,24 +3194,39 @@ mod tests {
         );
         f.route(&both);
         assert_eq!(f.io.deadlines.len(), 2);
-        // The node, still in view, no longer announces sr/b: retired.
+        // The node, still in view, no longer announces sr/b: retired a
+        // lease later (reported missed until then).
         f.route(&announcement("sr/a", Reliability::BestEffort, 0));
+        let missed = |f: &mut Fixture| -> Vec<String> {
+            let mut keys: Vec<String> = f
+                .events()
+                .into_iter()
+                .filter_map(|e| match e {
+                    Event::DeadlineMissed(m) => Some(m.key),
+                    _ => None,
+                })
+                .collect();
+            keys.sort();
+            keys
+        };
+        let t0 = f.io.link.now;
+        f.core.check_timers(&mut f.io, t0 + d * 2, true);
+        assert_eq!(missed(&mut f), ["sr/a", "sr/b"], "within the lease");
+        let lease = f.core.lease;
+        f.core.check_timers(&mut f.io, t0 + lease + d, true);
         assert!(f.io.deadlines.contains_key("sr/a") && !f.io.deadlines.contains_key("sr/b"));
-        let later = f.io.link.now + d * 3;
-        f.core.check_timers(&mut f.io, later, true);
-        let missed: Vec<String> = f
-            .events()
-            .into_iter()
-            .filter_map(|e| match e {
-                Event::DeadlineMissed(m) => Some(m.key),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(missed, ["sr/a"]);
-        // The node leaves discovery (closed or lost): sr/a stays watched.
+        assert_eq!(missed(&mut f), ["sr/a"]);
+        // Undeclared, then its node closes within the lease (a program
+        // that drops its publisher, then its node): watched on.
+        let mut f = fixture("sr/**", wants(0, false, Some(d)));
+        f.route(&both);
+        f.route(&announcement("sr/a", Reliability::BestEffort, 0));
         assert!(f.core.set_target(routes_for(&f.core.expr, &[])));
         f.core.apply(&mut f.io);
-        assert!(f.io.deadlines.contains_key("sr/a"));
+        let t0 = f.io.link.now;
+        f.core.check_timers(&mut f.io, t0 + lease * 2, true);
+        assert!(f.io.deadlines.contains_key("sr/a") && f.io.deadlines.contains_key("sr/b"));
+        assert_eq!(missed(&mut f), ["sr/a", "sr/b"]);
     }
 
     #[test]

@@ -194,6 +194,7 @@ const NOT_CONFIG: &[&str] = &[
     "MILONGA_BLESS_VECTORS",
     "MILONGA_GUARANTEES_RUNTIME_CHILD",
     "MILONGA_SKIP_MULTIHOST",
+    "MILONGA_BIN",
 ];
 
 /// The names among `vars` that start with `MILONGA_` and that no key,

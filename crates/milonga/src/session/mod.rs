@@ -419,7 +419,11 @@ impl NodeInner {
     /// As [`NodeInner::publisher_started`], without announcing: the
     /// caller announces once for many ([`crate::Node::publishers_with`]).
     pub(crate) fn publisher_ready(&self, key: &str, seq: Arc<AtomicU64>) {
-        lock(&self.state).pub_seqs.insert(key.to_owned(), seq);
+        let mut st = lock(&self.state);
+        // Declared again: its counter goes on from the number kept (read
+        // at its declaration), which `last_seq` no longer needs to hold.
+        st.last_seq.remove(key);
+        st.pub_seqs.insert(key.to_owned(), seq);
     }
 
     /// The publisher of `key` went, having sent up to `last`. Announced by

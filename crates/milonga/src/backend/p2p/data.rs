@@ -820,6 +820,11 @@ impl DataSock {
                         let Some(f) = self.out.reply_frame(&me, &answer, r) else {
                             stats::inc(&me.counters.history_replies_dropped);
                             limited!(warn, token = %answer.token, "a history answer cut short: this data socket's 64 MiB of replies a second are spent; the subscriber reports what it misses");
+                            // Its end, so that the subscriber does not
+                            // wait for the rest.
+                            let _ = self
+                                .sock
+                                .send(self.out.cut_frame(&me, &answer), zmq::DONTWAIT);
                             break;
                         };
                         if self.sock.send(f, zmq::DONTWAIT).is_err() {
