@@ -289,12 +289,12 @@ struct SubArgs {
     min_period_ms: Option<u64>,
     /// Keep only the newest N samples of each key when this reader is slow
     /// (older ones are squashed, not lost).
-    #[arg(long, conflicts_with = "keep_all")]
-    keep_last: Option<usize>,
+    #[arg(long, conflicts_with = "keep_all", value_parser = clap::value_parser!(u32).range(1..))]
+    keep_last: Option<u32>,
     /// Keep every sample, at most N waiting when this reader is slow;
     /// beyond, report them lost.
-    #[arg(long)]
-    keep_all: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    keep_all: Option<u32>,
     /// Report `deadline_missed` for a key silent longer than this many
     /// milliseconds (and again each period until it speaks; at most a
     /// year).
@@ -519,7 +519,7 @@ fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
         qos = qos.reliable();
     }
     if let Some(n) = a.keep_last {
-        qos = qos.keep_last(n);
+        qos = qos.keep_last(n as usize);
     }
     let filter = milonga::Filter {
         expr: a.filter.clone(),
@@ -531,7 +531,7 @@ fn cmd_sub(net: &NetArgs, a: SubArgs) -> Result<ExitCode> {
         qos = qos.filter(filter);
     }
     if let Some(n) = a.keep_all {
-        qos = qos.keep_all(n);
+        qos = qos.keep_all(n as usize);
     }
     if let Some(ms) = a.deadline_ms {
         qos = qos.deadline(Duration::from_secs_f64(ms / 1000.0));

@@ -798,6 +798,8 @@ fn bad_cli_input_gets_a_clear_error() {
         &["bench", "pubsub", "--sizes", "0"],
         &["bench", "scale", "--rate=-1"],
         &["bench", "registry", "--rest", "nan"],
+        &["sub", "a/b", "--keep-last", "0"],
+        &["sub", "a/b", "--keep-all", "0"],
         &["replay", rec, "--wait-timeout", "1e20"],
         &["replay", rec, "--speed", "fast"],
         &["replay", rec, "--speed", "0"],
@@ -849,6 +851,8 @@ fn bad_cli_input_gets_a_clear_error() {
             &["pub", "a/b", "--bytes", "18446744073709551615"],
             "more than max_message_bytes",
         ),
+        // A node's option a broker quietly ignored.
+        (&["--peer", "tcp://127.0.0.1:1", "broker"], "--peer-broker"),
     ] {
         let out = env.cmd(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

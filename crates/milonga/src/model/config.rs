@@ -156,7 +156,13 @@ impl Kind {
                 |e| ConfigValue::Bad(format!("{text:?} is not a whole number: {e}")),
                 ConfigValue::Int,
             ),
-            Kind::List => ConfigValue::List(text.split(',').map(|s| s.trim().to_owned()).collect()),
+            // (Empty items, from a trailing comma, are not endpoints.)
+            Kind::List => ConfigValue::List(
+                text.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+            ),
         }
     }
 }
@@ -1203,7 +1209,7 @@ mod tests {
             ("MILONGA_RELIABLE_DATA_ENDPOINT", "tcp://10.0.0.1:7001"),
             ("MILONGA_CONTROL_ENDPOINT", "tcp://10.0.0.1:7002"),
             ("MILONGA_LOCAL_DISCOVERY", "off"),
-            ("MILONGA_PEERS", "tcp://a:1, tcp://b:2"),
+            ("MILONGA_PEERS", "tcp://a:1, tcp://b:2,"),
             ("MILONGA_GOSSIP", "off"),
             ("MILONGA_REGISTRY", "tcp://r:7447"),
             ("MILONGA_DISCOVERY", "etcd"),
