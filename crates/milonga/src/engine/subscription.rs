@@ -4151,24 +4151,34 @@ mod tests {
         assert_eq!(asked.len(), 8);
     }
 
+    /// Node `i` of [`many_nodes`].
+    fn nth_node(i: u32) -> NodeId {
+        let mut b = [7u8; 16];
+        b[..4].copy_from_slice(&i.to_be_bytes());
+        NodeId(b)
+    }
+
+    /// `n` nodes publishing `sr/a` best effort, each at endpoints of its
+    /// own.
+    fn many_nodes(n: u32) -> Vec<Announcement> {
+        (0..n)
+            .map(|i| {
+                let mut a = announcement("sr/a", Reliability::BestEffort, 0);
+                a.node_id = nth_node(i).to_hex();
+                a.data_best_effort = Some(format!("tcp://127.0.0.1:{}", 10_000 + i));
+                a.data_reliable = None;
+                a.liveliness = Some(format!("tcp://127.0.0.1:{}", 30_000 + i));
+                a
+            })
+            .collect()
+    }
+
     #[test]
     fn at_most_1024_nodes_that_left_are_remembered_for_their_last_samples() {
         let mut f = fixture("sr/**", wants(0, false, None));
-        let id = |i: u32| {
-            let mut b = [9u8; 16];
-            b[..4].copy_from_slice(&i.to_be_bytes());
-            NodeId(b)
-        };
+        let id = nth_node;
         let n = MAX_RECENTLY_GONE as u32 + 1;
-        let nodes: Vec<Announcement> = (0..n)
-            .map(|i| {
-                let mut a = announcement("sr/a", Reliability::BestEffort, 0);
-                a.node_id = id(i).to_hex();
-                a.data_best_effort = Some(format!("tcp://127.0.0.1:{}", 10_000 + i));
-                a.data_reliable = None;
-                a
-            })
-            .collect();
+        let nodes = many_nodes(n);
         let all: Vec<&Announcement> = nodes.iter().collect();
         assert!(f.core.set_target(routes_for(&f.core.expr, &all)));
         f.core.apply(&mut f.io);
@@ -4186,22 +4196,9 @@ mod tests {
     #[test]
     fn past_the_limit_of_absent_publishers_the_oldest_is_forgotten_and_reported() {
         let mut f = fixture("sr/**", wants(0, false, None));
-        let id = |i: u32| {
-            let mut b = [7u8; 16];
-            b[..4].copy_from_slice(&i.to_be_bytes());
-            NodeId(b)
-        };
+        let id = nth_node;
         let n = MAX_ABSENT_PUBLISHERS as u32 + 1;
-        let nodes: Vec<Announcement> = (0..n)
-            .map(|i| {
-                let mut a = announcement("sr/a", Reliability::BestEffort, 0);
-                a.node_id = id(i).to_hex();
-                a.data_best_effort = Some(format!("tcp://127.0.0.1:{}", 10_000 + i));
-                a.data_reliable = None;
-                a.liveliness = Some(format!("tcp://127.0.0.1:{}", 30_000 + i));
-                a
-            })
-            .collect();
+        let nodes = many_nodes(n);
         let all: Vec<&Announcement> = nodes.iter().collect();
         assert!(f.core.set_target(routes_for(&f.core.expr, &all)));
         f.core.apply(&mut f.io);
