@@ -87,11 +87,8 @@ pub struct BrokerArgs {
 const MAX_MS: u64 = 1_000_000_000_000;
 
 pub fn run(net: &crate::NetArgs, a: BrokerArgs) -> Result<ExitCode> {
-    // The node options a broker does not take, refused rather than
-    // quietly ignored (`--peer` is easily taken for `--peer-broker`).
-    if !net.peers.is_empty() {
-        bail!("--peer names a node's static peer, which a broker does not take: link brokers with --peer-broker");
-    }
+    // A node's option a broker does not take, refused rather than
+    // quietly ignored. (`--peer` is `--peer-broker` here: one argument.)
     if net.node_name.is_some() {
         bail!("--node-name is a node's, which a broker does not take (it is named by its id, and listens at --listen)");
     }

@@ -852,7 +852,7 @@ fn bad_cli_input_gets_a_clear_error() {
             "more than max_message_bytes",
         ),
         // A node's option a broker quietly ignored.
-        (&["--peer", "tcp://127.0.0.1:1", "broker"], "--peer-broker"),
+        (&["--node-name", "x", "broker"], "--node-name"),
     ] {
         let out = env.cmd(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
