@@ -314,6 +314,29 @@ def test_a_dict_changed_while_it_is_converted_is_an_error_not_a_panic(domain: Do
         node.subscribe("dc/k", qos=milonga.SubscriberQos(queue_depth=0))
 
 
+class Ticker:
+    """Another thread, counting its turns; each ends in a sleep of
+    ``pause`` seconds, which gives the interpreter back."""
+
+    def __init__(self, pause: float) -> None:
+        self.ran = 0
+        self._pause = pause
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self.ran += 1
+            time.sleep(self._pause)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def test_a_large_put_lets_other_threads_run_while_it_compresses(domain: Domain) -> None:
     # With a switch interval of a minute, the thread below runs while the
     # main thread holds the interpreter only where the main thread releases
@@ -326,37 +349,28 @@ def test_a_large_put_lets_other_threads_run_while_it_compresses(domain: Domain) 
     for p in (best, reliable):
         wait_for("the subscription", lambda p=p: p.subscriber_count() == 1)
     value = np.random.default_rng(1).integers(0, 256, 16 << 20, dtype=np.uint8)
-    ran = [0]
-    done = threading.Event()
-
-    def other() -> None:
-        while not done.is_set():
-            ran[0] += 1
-            # Gives the interpreter back at once (a sleep releases it), so
-            # the main thread takes it when its put returns.
-            time.sleep(0.0001)
-
-    t = threading.Thread(target=other)
+    # Its sleep gives the interpreter back at once, so the main thread
+    # takes it when its put returns.
+    other = Ticker(0.0001)
     before = sys.getswitchinterval()
     sys.setswitchinterval(60.0)
     try:
-        t.start()
+        other.start()
         # The value alone, and inside a dict. On a busy machine the other
         # thread may not get a core before a put is over: a few tries each.
         puts = 0
         for p, v in ((best, value), (reliable, {"image": value})):
-            start = ran[0]
+            start = other.ran
             for _ in range(5):
                 time.sleep(0.01)  # the other thread waits for the interpreter
                 p.put(v)
                 puts += 1
-                if ran[0] > start:
+                if other.ran > start:
                     break
-            assert ran[0] > start, p
+            assert other.ran > start, p
     finally:
-        done.set()
+        other.stop()
         sys.setswitchinterval(before)
-        t.join()
     for _ in range(puts):
         got = next_sample(sub).value
         got = got["image"] if isinstance(got, dict) else got
@@ -436,25 +450,16 @@ def test_a_node_let_go_without_close_lets_other_threads_run_while_it_closes(
     child.send_signal(signal.SIGSTOP)
     try:
         pub.put(value)
-        ran = [0]
-        done = threading.Event()
-
-        def other() -> None:
-            while not done.is_set():
-                ran[0] += 1
-                time.sleep(0.001)
-
-        t = threading.Thread(target=other)
-        t.start()
-        time.sleep(0.05)
-        before = ran[0]
+        other = Ticker(0.001)
+        other.start()
+        wait_for("the other thread to run", lambda: other.ran > 0)
+        before = other.ran
         started = time.monotonic()
         del pub, node
         gc.collect()
         took = time.monotonic() - started
-        during = ran[0] - before
-        done.set()
-        t.join()
+        during = other.ran - before
+        other.stop()
     finally:
         child.send_signal(signal.SIGCONT)
     assert took >= 0.5, f"no wait to look at ({took:.2f} s)"

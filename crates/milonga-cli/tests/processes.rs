@@ -883,20 +883,23 @@ fn bench_prints_the_documented_csv() {
             .map(|l| l.split(',').map(str::to_owned).collect())
             .collect()
     };
-    let rows = run(&[
-        "bench",
-        "pubsub",
-        "--transport",
-        "ipc",
-        "--sizes",
-        "92",
-        "--subs",
-        "1,2",
-        "--duration",
-        "0.3",
-        "--format",
-        "csv",
-    ]);
+    let pubsub = |sizes: &str, subs: &str| {
+        run(&[
+            "bench",
+            "pubsub",
+            "--transport",
+            "ipc",
+            "--sizes",
+            sizes,
+            "--subs",
+            subs,
+            "--duration",
+            "0.3",
+            "--format",
+            "csv",
+        ])
+    };
+    let rows = pubsub("92", "1,2");
     assert_eq!(
         rows[0].join(","),
         "system,transport,payload_bytes,subscribers,events_per_s_per_sub,mb_per_s_per_sub,lost,sent,received,path"
@@ -927,20 +930,7 @@ fn bench_prints_the_documented_csv() {
     // 64 KiB: Milonga's samples through shared memory, and the column
     // says so (the raw ones and those with shared memory off: socket; a
     // put that finds the ring full goes through the socket: `mixed`).
-    let rows = run(&[
-        "bench",
-        "pubsub",
-        "--transport",
-        "ipc",
-        "--sizes",
-        "65536",
-        "--subs",
-        "1",
-        "--duration",
-        "0.3",
-        "--format",
-        "csv",
-    ]);
+    let rows = pubsub("65536", "1");
     let paths: Vec<(&str, &str)> = rows[1..]
         .iter()
         .map(|r| (r[0].as_str(), r[9].as_str()))

@@ -2855,7 +2855,12 @@ mod tests {
     /// The publisher's announcement: one publication of `key`; its best
     /// effort data endpoint is `BE`, its liveliness endpoint `LIVE`.
     fn announcement(key: &str, reliability: Reliability, history: usize) -> Announcement {
-        crate::engine::routes::test_announcement(5, 1, &[(key, reliability, history)])
+        publishing(&[(key, reliability, history)])
+    }
+
+    /// The test publisher node announcing `pubs`.
+    fn publishing(pubs: &[(&str, Reliability, usize)]) -> Announcement {
+        crate::engine::routes::test_announcement(5, 1, pubs)
     }
 
     const BE: &str = "tcp://127.0.0.1:5501";
@@ -3184,14 +3189,10 @@ mod tests {
     fn a_key_its_publisher_undeclared_is_no_longer_watched_one_whose_publisher_was_lost_is() {
         let d = Duration::from_millis(100);
         let mut f = fixture("sr/**", wants(0, false, Some(d)));
-        let both = crate::engine::routes::test_announcement(
-            5,
-            1,
-            &[
-                ("sr/a", Reliability::BestEffort, 0),
-                ("sr/b", Reliability::BestEffort, 0),
-            ],
-        );
+        let both = publishing(&[
+            ("sr/a", Reliability::BestEffort, 0),
+            ("sr/b", Reliability::BestEffort, 0),
+        ]);
         f.route(&both);
         assert_eq!(f.io.deadlines.len(), 2);
         // The node, still in view, no longer announces sr/b: retired a
@@ -3305,7 +3306,7 @@ mod tests {
         f.receive(heartbeat(false));
         f.events();
         // The node lives on without the publication.
-        f.route(&crate::engine::routes::test_announcement(5, 1, &[]));
+        f.route(&publishing(&[]));
         let t = f.io.link.now + DEPARTURE_GRACE;
         f.core.check_timers(&mut f.io, t, false);
         assert!(
@@ -3363,14 +3364,10 @@ mod tests {
         // One publisher with a best-effort and a reliable key: three
         // connections (best effort, reliable, liveliness), two pinged.
         let mut f = fixture("sr/**", wants(0, true, None));
-        let a = crate::engine::routes::test_announcement(
-            5,
-            1,
-            &[
-                ("sr/a", Reliability::BestEffort, 0),
-                ("sr/b", Reliability::Reliable, 0),
-            ],
-        );
+        let a = publishing(&[
+            ("sr/a", Reliability::BestEffort, 0),
+            ("sr/b", Reliability::Reliable, 0),
+        ]);
         f.route(&a);
         let mut connected = f.io.link.connected.clone();
         connected.sort();
@@ -3629,14 +3626,10 @@ mod tests {
     #[test]
     fn out_of_view_only_keys_with_history_wait() {
         let mut f = fixture("sr/**", wants(0, true, None));
-        let a = crate::engine::routes::test_announcement(
-            5,
-            1,
-            &[
-                ("sr/a", Reliability::Reliable, 10),
-                ("sr/b", Reliability::Reliable, 0),
-            ],
-        );
+        let a = publishing(&[
+            ("sr/a", Reliability::Reliable, 10),
+            ("sr/b", Reliability::Reliable, 0),
+        ]);
         f.route(&a);
         for q in f.io.link.sent.clone() {
             f.receive(answer(&Query::decode(&q).unwrap(), Vec::new()));
